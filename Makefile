@@ -1,0 +1,66 @@
+# precnb — the single source of truth for installing, testing and running.
+# Fresh machine: `make demo` (install + run on bundled samples) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+CHROMIUM ?= /usr/bin/chromium
+OUT ?= out
+
+.PHONY: help install system-deps demo test test-fast lint lab samples bench clean
+
+help:
+	@echo "make demo    install, then run precnb on the bundled samples (writes $(OUT)/)"
+	@echo "make test    install (incl. Debian chromium for browser tests), then run the test suite"
+	@echo "make lab     install, then start JupyterLab on the notebook templates"
+	@echo "make lint    ruff"
+	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (extra [samples])"
+	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian chromium for the real-browser tests (root on a fresh machine; skipped if present)
+system-deps:
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium missing: run 'sudo apt-get install chromium' (browser tests will skip)"; fi; \
+	fi
+
+demo: install
+	@mkdir -p $(OUT)
+	$(VENV)/bin/precnb info data_samples/healthy
+	$(VENV)/bin/precnb nan data_samples/dp_nan
+	$(VENV)/bin/precnb diff data_samples/divergence/baseline data_samples/divergence/target
+	$(VENV)/bin/precnb anomalies data_samples/monitor
+	@echo "demo finished; outputs in $(OUT)/"
+
+test: install system-deps
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check precnb tests benchmarks
+
+lab: install
+	$(VENV)/bin/jupyter lab --allow-root --no-browser notebooks/
+
+samples: install
+	$(PIP) install -q -e '.[samples]'
+	$(PY) -m precnb.samples --out data_samples
+
+bench: install
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) build $(OUT) .pytest_cache

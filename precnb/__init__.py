@@ -1,0 +1,66 @@
+"""precnb: numerical-accuracy triage of distributed training, in Jupyter.
+
+Load msprobe dumps and monitor output as xarray datasets indexed by step, rank and
+tensor, find where two runs first diverge and where NaN/Inf came from, merge TP/PP
+shards, and explore it all in linked notebook widgets.
+
+``import precnb`` stays light: xarray and numpy only; the readers, analysis, charts
+and widgets are imported on first use.
+
+Examples
+--------
+>>> import precnb
+>>> precnb.__version__  # doctest: +ELLIPSIS
+'0.1...'
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0.dev0"
+
+_LAZY = {
+    "open_run": "precnb.io.api",
+    "open_runs": "precnb.io.api",
+    "load_report": "precnb.io.api",
+    "detect_format": "precnb.io.api",
+    "combine_runs": "precnb.io.combine",
+    "load_tensor": "precnb.io.tensors",
+    "to_zarr": "precnb.io.store",
+    "open_store": "precnb.io.store",
+    "validate": "precnb.schema",
+    "sample_path": "precnb._samples_path",
+    "first_divergence": "precnb.analysis",
+    "nan_origin": "precnb.analysis",
+    "anomalies": "precnb.analysis",
+    "Tolerance": "precnb.analysis",
+    "Finding": "precnb.analysis",
+    "Layout": "precnb.analysis",
+    "merge_shards": "precnb.analysis",
+    "check_replicas": "precnb.analysis",
+    "explore": "precnb.widgets",
+    "write_html": "precnb.report",
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        mod = importlib.import_module(_LAZY[name])
+        value = getattr(mod, name)
+        globals()[name] = value
+        return value
+    if name == "accessor":
+        return importlib.import_module("precnb.accessor")
+    raise AttributeError(f"module 'precnb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+# register the ``ds.prec`` accessor (cheap: xarray is needed anyway)
+from precnb import accessor as _accessor  # noqa: E402,F401

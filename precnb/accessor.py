@@ -1,0 +1,1 @@
+"""The ``ds.prec`` accessor (filled in below)."""

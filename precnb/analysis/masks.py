@@ -1,0 +1,77 @@
+"""Masks that separate recorded values from absent and null ones.
+
+A statistic is *recorded* where the tensor is ``present`` and its ``null_stats`` bit is
+clear. Only recorded values may count as NaN or Inf: absent tensors and null statistics
+(an int tensor's Mean in msprobe 26.x) are neither.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from precnb.schema import NULL_BITS, STATS
+
+__all__ = ["nonfinite", "recorded", "stat_vars"]
+
+
+def stat_vars(ds: xr.Dataset) -> list[str]:
+    """The float statistic variables of *ds* (max/min/mean/norm first, then extras).
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> stat_vars(empty_dataset())
+    ['max', 'min', 'mean', 'norm']
+    """
+    extras = [n for n, v in ds.data_vars.items()
+              if n not in STATS and v.dtype.kind == "f" and v.dims == ds["max"].dims]
+    return [*STATS, *sorted(extras)]
+
+
+def recorded(ds: xr.Dataset, stat: str) -> xr.DataArray:
+    """Boolean mask: *stat* was recorded (present and not null).
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> recorded(empty_dataset(), "max").dtype
+    dtype('bool')
+    """
+    mask = ds["present"]
+    bit = NULL_BITS.get(stat)
+    if bit is not None:
+        mask = mask & ((ds["null_stats"] & bit) == 0)
+    return mask
+
+
+def nonfinite(ds: xr.Dataset, stats: tuple[str, ...] = STATS, *, kind: str = "any") -> xr.DataArray:
+    """Boolean mask over (…, step, rank, tensor): a recorded statistic is NaN/Inf.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+    stats : tuple of str
+        Statistics to look at.
+    kind : {"any", "nan", "inf"}
+
+    Returns
+    -------
+    xarray.DataArray
+    """
+    out = None
+    for s in stats:
+        if s not in ds:
+            continue
+        v = ds[s]
+        if kind == "nan":
+            bad = np.isnan(v)
+        elif kind == "inf":
+            bad = np.isinf(v)
+        else:
+            bad = ~np.isfinite(v)
+        m = bad & recorded(ds, s)
+        out = m if out is None else (out | m)
+    if out is None:
+        return xr.zeros_like(ds["present"])
+    return out

@@ -1,0 +1,189 @@
+"""The ``precnb`` command line: thin argparse wrappers over the Python API.
+
+Exit codes: 0 success (whether or not a problem was found in the data), 1 unreadable
+input, 2 usage error. ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from precnb.errors import PrecnbError
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """A command-line usage error (exit code 2)."""
+
+
+def _add_load_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", help="steps to load: N, A:B (inclusive) or a comma list")
+    p.add_argument("--ranks", help="ranks to load: comma list or A:B")
+    p.add_argument("--format", choices=["msprobe", "monitor", "kernel", "compare", "zarr"],
+                   help="force a reader instead of detecting it")
+
+
+def parse_int_set(text: str | None, what: str) -> list[int] | None:
+    """Parse ``"3"``, ``"1:4"`` (inclusive) or ``"0,3,5"`` into a list of ints."""
+    if text is None:
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if ":" in part:
+                a, b = part.split(":", 1)
+                out += list(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise UsageError(f"--{what}: expected N, A:B or a comma list, got {text!r}") from None
+    return out
+
+
+def _open(path: str, args: argparse.Namespace) -> Any:
+    import warnings
+
+    from precnb.io.api import open_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return open_run(path, format=args.format, steps=parse_int_set(args.steps, "steps"),
+                        ranks=parse_int_set(args.ranks, "ranks"), progress=None)
+
+
+def _emit(obj: dict[str, Any], as_json: bool, text: str) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(obj, indent=2, default=_json_default, allow_nan=False) + "\n")
+    else:
+        sys.stdout.write(text.rstrip() + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from precnb.analysis.summary import summarize
+    from precnb.io.api import load_report
+
+    ds = _open(args.path, args)
+    s = summarize(ds)
+    rep = load_report(ds)
+    lines = [
+        f"source     {s['source'] or args.path}",
+        f"format     {s['format']}  task={s['task'] or '-'}  level={s['level'] or '-'}  "
+        f"framework={s['framework'] or '-'}",
+    ]
+    if s["runs"]:
+        lines.append(f"runs       {', '.join(s['runs'])}")
+    lines += [
+        f"steps      {_ranges(s['steps'])}  ({len(s['steps'])})",
+        f"ranks      {_ranges(s['ranks'])}  ({len(s['ranks'])})",
+        f"tensors    {s['tensors']} in {s['nodes']} nodes; {s['records']} records",
+        "kinds      " + ", ".join(f"{k}={v}" for k, v in s["kinds"].items()),
+        "dtypes     " + ", ".join(f"{k or '?'}={v}" for k, v in s["dtypes"].items()),
+        f"non-finite {s['nonfinite']['nan_values']} NaN and {s['nonfinite']['inf_values']} ±inf "
+        f"statistic values in {s['nonfinite']['tensors']} tensors",
+    ]
+    if s["has_crc"]:
+        lines.append("checksums  CRC recorded (md5 mode)")
+    for w in rep.warnings:
+        lines.append(f"warning    {w}")
+    for path, reason in rep.skipped:
+        lines.append(f"SKIPPED    {reason}" if reason.startswith(path) else f"SKIPPED    {path}: {reason}")
+    _emit(s, args.json, "\n".join(lines))
+    return 1 if rep.skipped else 0
+
+
+def _ranges(vals: list[int]) -> str:
+    if not vals:
+        return "-"
+    parts: list[str] = []
+    start = prev = vals[0]
+    for v in vals[1:]:
+        if v == prev + 1:
+            prev = v
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        start = prev = v
+    parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from precnb.io.store import to_zarr
+
+    ds = _open(args.path, args)
+    out = to_zarr(ds, args.output, mode="w" if args.overwrite else "w-")
+    sys.stdout.write(f"wrote {out} ({ds.sizes['step']} steps × {ds.sizes['rank']} ranks × "
+                     f"{ds.sizes['tensor']} tensors)\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser (also used to generate docs)."""
+    from precnb import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="precnb", description="Numerical-accuracy triage of msprobe dumps and monitor data.")
+    parser.add_argument("--version", action="version", version=f"precnb {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("info", help="summarise a run: steps, ranks, tensors, dtypes, non-finite")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_load_options(p)
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("convert", help="materialise a run into a zarr store that reopens instantly")
+    p.add_argument("path")
+    p.add_argument("-o", "--output", required=True, help="store folder to create (e.g. run.zarr)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    _add_load_options(p)
+    p.set_defaults(func=_cmd_convert)
+
+    from precnb.cli import analysis_cmds
+
+    analysis_cmds.register(sub, _add_load_options)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        if args.debug:
+            raise
+        sys.stderr.write(f"precnb {args.command}: usage error: {exc}\n")
+        return 2
+    except (PrecnbError, FileExistsError, OSError) as exc:
+        if args.debug:
+            raise
+        sys.stderr.write(f"precnb {args.command}: error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

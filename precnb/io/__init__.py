@@ -1,0 +1,23 @@
+"""Readers: one per source format, each returning the canonical dataset.
+
+See :mod:`precnb.schema` for the contract. Start with :func:`open_run`.
+"""
+
+from __future__ import annotations
+
+from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
+from precnb.io.api import FORMATS, detect_format, load_report, open_run, open_runs
+from precnb.io.combine import combine_runs
+
+__all__ = [
+    "FORMATS",
+    "FileRecords",
+    "LoadReport",
+    "RecordBuilder",
+    "assemble",
+    "combine_runs",
+    "detect_format",
+    "load_report",
+    "open_run",
+    "open_runs",
+]

@@ -1,0 +1,3 @@
+"""Reader for msprobe compare CSVs (placeholder until implemented)."""
+def is_compare_csv(path) -> bool:
+    return False

@@ -1,0 +1,3 @@
+"""Reader for MindSpore kernel dumps (placeholder until implemented)."""
+def is_kernel_dump(path) -> bool:
+    return False
