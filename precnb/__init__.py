@@ -44,6 +44,9 @@ _LAZY = {
     "write_html": "precnb.report",
 }
 
+_SUBMODULES = {"accessor", "analysis", "cli", "errors", "io", "naming", "report", "schema", "viz",
+               "widgets"}
+
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
@@ -53,8 +56,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(mod, name)
         globals()[name] = value
         return value
-    if name == "accessor":
-        return importlib.import_module("precnb.accessor")
+    if name in _SUBMODULES:
+        return importlib.import_module(f"precnb.{name}")
     raise AttributeError(f"module 'precnb' has no attribute {name!r}")
 
 

@@ -1,1 +1,137 @@
-"""The ``ds.prec`` accessor (filled in below)."""
+"""The ``ds.prec`` accessor: delegation to :mod:`precnb.analysis`, no cached results.
+
+Examples
+--------
+>>> import precnb
+>>> from precnb.schema import empty_dataset
+>>> empty_dataset().prec.stacks()
+{}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import xarray as xr
+
+from precnb.schema import side_table
+
+__all__ = ["PrecAccessor"]
+
+
+@xr.register_dataset_accessor("prec")
+class PrecAccessor:
+    """precnb helpers on canonical datasets (``ds.prec.*``)."""
+
+    def __init__(self, ds: xr.Dataset) -> None:
+        self._ds = ds
+
+    # -- side tables -------------------------------------------------------------------
+    def stacks(self) -> dict[str, list[str]]:
+        """All call stacks, node → frames (innermost first as msprobe writes them)."""
+        return side_table(self._ds, "stacks")
+
+    def stack(self, node_or_tensor: str) -> list[str]:
+        """Call-stack frames of a node (a tensor label is mapped to its node)."""
+        node = self.node_of(node_or_tensor)
+        return list(self.stacks().get(node, []))
+
+    def construct(self) -> dict[str, str]:
+        """The module tree from construct.json, node → parent node."""
+        return side_table(self._ds, "construct")
+
+    def ancestors(self, node_or_tensor: str) -> list[str]:
+        """Parent chain of a node, innermost first."""
+        tree = self.construct()
+        node = self.node_of(node_or_tensor)
+        out: list[str] = []
+        seen = {node}
+        while (parent := tree.get(node)) and parent not in seen:
+            out.append(parent)
+            seen.add(parent)
+            node = parent
+        return out
+
+    def node_of(self, node_or_tensor: str) -> str:
+        """The node of a tensor label (identity for node names)."""
+        ds = self._ds
+        if node_or_tensor in ds.indexes["tensor"]:
+            return str(ds["node"].sel(tensor=node_or_tensor).values)
+        return node_or_tensor
+
+    # -- selection ---------------------------------------------------------------------
+    def select(
+        self,
+        pattern: str | None = None,
+        *,
+        kind: str | None = None,
+        role: str | None = None,
+        direction: str | None = None,
+        module: str | None = None,
+    ) -> xr.Dataset:
+        """Tensors whose label matches the regex *pattern* and the given coordinates.
+
+        Examples
+        --------
+        >>> from precnb.schema import empty_dataset
+        >>> empty_dataset().prec.select("linear", kind="api").sizes["tensor"]
+        0
+        """
+        ds = self._ds
+        keep = [True] * ds.sizes["tensor"]
+        if pattern:
+            rx = re.compile(pattern)
+            keep = [k and bool(rx.search(str(t))) for k, t in zip(keep, ds["tensor"].values, strict=True)]
+        for name, want in (("kind", kind), ("role", role), ("direction", direction)):
+            if want is not None:
+                vals = ds[name].values
+                keep = [k and str(v) == want for k, v in zip(keep, vals, strict=True)]
+        if module is not None:
+            rx = re.compile(module)
+            vals = ds["module"].values
+            keep = [k and bool(rx.search(str(v))) for k, v in zip(keep, vals, strict=True)]
+        return ds.isel(tensor=[i for i, k in enumerate(keep) if k])
+
+    def nonfinite(self, **kw: Any) -> xr.DataArray:
+        """See :func:`precnb.analysis.nonfinite`."""
+        from precnb.analysis import nonfinite
+
+        return nonfinite(self._ds, **kw)
+
+    def summary(self) -> dict[str, Any]:
+        """See :func:`precnb.analysis.summarize`."""
+        from precnb.analysis import summarize
+
+        return summarize(self._ds)
+
+    def load_report(self) -> Any:
+        """See :func:`precnb.load_report`."""
+        from precnb.io.api import load_report
+
+        return load_report(self._ds)
+
+    # -- diagnosis ---------------------------------------------------------------------
+    def first_divergence(self, target: xr.Dataset, **kw: Any) -> Any:
+        """This run as the baseline; see :func:`precnb.first_divergence`."""
+        from precnb.analysis import first_divergence
+
+        return first_divergence(self._ds, target, **kw)
+
+    def nan_origin(self, **kw: Any) -> Any:
+        """See :func:`precnb.nan_origin`."""
+        from precnb.analysis import nan_origin
+
+        return nan_origin(self._ds, **kw)
+
+    def anomalies(self, **kw: Any) -> Any:
+        """See :func:`precnb.anomalies`."""
+        from precnb.analysis import anomalies
+
+        return anomalies(self._ds, **kw)
+
+    def explore(self, **kw: Any) -> Any:
+        """Open the notebook explorer; see :func:`precnb.explore`."""
+        from precnb.widgets import explore
+
+        return explore(self._ds, **kw)

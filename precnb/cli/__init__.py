@@ -104,7 +104,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for path, reason in rep.skipped:
         lines.append(f"SKIPPED    {reason}" if reason.startswith(path) else f"SKIPPED    {path}: {reason}")
     _emit(s, args.json, "\n".join(lines))
-    return 1 if rep.skipped else 0
+    return 0 if rep.ok else 1
 
 
 def _ranges(vals: list[int]) -> str:

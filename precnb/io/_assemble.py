@@ -41,9 +41,14 @@ class LoadReport:
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def failures(self) -> list[tuple[str, str]]:
+        """Skipped entries that failed to load (not those ignored on purpose)."""
+        return [(p, r) for p, r in self.skipped if not r.startswith("ignored")]
+
+    @property
     def ok(self) -> bool:
-        """True when nothing was skipped."""
-        return not self.skipped
+        """True when no file failed to load."""
+        return not self.failures
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""

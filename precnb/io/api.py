@@ -253,9 +253,9 @@ def open_run(
 
         ds = store.open_store(p)
     rep = load_report(ds)
-    if rep.skipped:
+    if rep.failures:
         warnings.warn(
-            f"{p}: {len(rep.skipped)} file(s) could not be read and were skipped; "
+            f"{p}: {len(rep.failures)} file(s) could not be read and were skipped; "
             "see precnb.load_report(ds)", stacklevel=2)
     if lazy:
         ds = ds.chunk({"step": 1})

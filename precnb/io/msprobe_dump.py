@@ -104,14 +104,14 @@ def _rank_dirs_in_step(step_dir: Path, step: int, report: LoadReport) -> list[Ra
         if _RANK.match(child.name):
             df = _dump_file(child)
             if df is None:
-                report.skipped.append((str(child), "no dump.json in rank folder"))
+                report.skipped.append((str(child), "no dump.json in rank folder (job died before the first flush?)"))
                 continue
             ranks.append(RankDir(child, step, _int_or(_RANK.match(child.name)), df))
         elif _PROC.match(child.name):
             procs.append(child)
     if procs and ranks:
         for p in procs:
-            report.skipped.append((str(p), "proc* folder ignored because rank* folders exist"))
+            report.skipped.append((str(p), "ignored: proc* folder (rank* folders exist; msprobe tools do the same)"))
     elif procs:
         if len(procs) > 1:
             report.warnings.append(

@@ -1,0 +1,40 @@
+"""Shared fixtures: paths to bundled samples and to ../shared (skipped when absent)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data_samples"
+SHARED = Path(os.environ.get("PRECNB_SHARED", ROOT.parent / "shared"))
+
+os.environ.setdefault("PRECNB_NO_DASK_CLIENT", "1")
+
+
+def shared_path(*parts: str) -> Path:
+    """Path below ../shared, or skip the test when it is not there."""
+    p = SHARED.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"{p} not available (../shared is absent on this machine)")
+    return p
+
+
+def sample_path(*parts: str) -> Path:
+    """Path below data_samples/, or skip when the sample was not generated."""
+    p = SAMPLES.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"bundled sample {p} missing (run `make samples`)")
+    return p
+
+
+@pytest.fixture
+def shared():
+    return shared_path
+
+
+@pytest.fixture
+def samples():
+    return sample_path
