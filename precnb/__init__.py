@@ -26,7 +26,7 @@ _LAZY = {
     "open_runs": "precnb.io.api",
     "load_report": "precnb.io.api",
     "detect_format": "precnb.io.api",
-    "combine_runs": "precnb.io.combine",
+    "combine_runs": "precnb.combine",
     "load_tensor": "precnb.io.tensors",
     "to_zarr": "precnb.io.store",
     "open_store": "precnb.io.store",

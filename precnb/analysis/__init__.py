@@ -1,8 +1,35 @@
-"""Pure analysis functions on canonical datasets."""
+"""Pure analysis functions on canonical datasets: Dataset(s) in, Finding / Dataset out.
+
+Nothing here reads files, prints or plots.
+"""
 
 from __future__ import annotations
 
+from precnb.analysis.anomalies import SpikeRule, anomalies, anomaly_table
+from precnb.analysis.compare import Comparison, compare_runs
+from precnb.analysis.divergence import first_divergence, structural_differences
+from precnb.analysis.findings import FINDING_SCHEMA, Finding, to_json
+from precnb.analysis.nan_origin import nan_origin
 from precnb.analysis.masks import nonfinite, recorded, stat_vars
 from precnb.analysis.summary import summarize
+from precnb.analysis.tolerance import Tolerance, relative_difference
 
-__all__ = ["nonfinite", "recorded", "stat_vars", "summarize"]
+__all__ = [
+    "FINDING_SCHEMA",
+    "Comparison",
+    "SpikeRule",
+    "Finding",
+    "Tolerance",
+    "anomalies",
+    "anomaly_table",
+    "compare_runs",
+    "first_divergence",
+    "nan_origin",
+    "nonfinite",
+    "recorded",
+    "relative_difference",
+    "stat_vars",
+    "structural_differences",
+    "summarize",
+    "to_json",
+]

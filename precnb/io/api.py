@@ -13,7 +13,7 @@ import xarray as xr
 
 from precnb.errors import NotADumpError, PrecnbError
 from precnb.io._assemble import FileRecords, LoadReport, assemble
-from precnb.io.combine import combine_runs
+from precnb.combine import combine_runs
 
 __all__ = ["FORMATS", "detect_format", "load_report", "open_run", "open_runs"]
 

@@ -208,8 +208,9 @@ def _walk(value: Any, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield from _walk(v, f"{prefix}.{i}")
 
 
-_FORWARD_SECTIONS = (("input_args", "input"), ("input_kwargs", "input"), ("output", "output"),
-                     ("parameters", "parameter"))
+# parameters are inputs of the forward: they come before the outputs in execution order
+_FORWARD_SECTIONS = (("input_args", "input"), ("input_kwargs", "input"), ("parameters", "parameter"),
+                     ("output", "output"))
 _BACKWARD_SECTIONS = (("input", "input"), ("output", "output"))
 
 

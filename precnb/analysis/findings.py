@@ -1,0 +1,156 @@
+"""Findings: the one machine-readable shape every diagnosis returns.
+
+JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
+
+    {
+      "schema": "precnb.finding/1",
+      "kind": "first_divergence" | "nan_origin" | "anomaly" | "none",
+      "step": int | null, "rank": int | null,
+      "node": str | null,          # msprobe node, e.g. "Functional.linear.3.forward"
+      "tensor": str | null,        # tensor label, e.g. "Functional.linear.3.forward.output.0"
+      "module": str | null,        # module path, e.g. "blocks.1.attn"
+      "reason": str,               # one sentence
+      "values": {...},             # statistics, both sides where relevant
+      "structural": [{"node": str, "only_in": str}, ...],
+      "crc_only": [{"step", "rank", "tensor"}, ...],   # CRC differs, statistics identical
+      "hints": [str, ...],         # likely causes
+      "suspects": [{...}, ...],    # ranked, most likely first
+      "evidence": {"stack": [...], "module_path": [...], ...},
+      "stats": {...}               # counts: compared, differing, ...
+    }
+
+Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so the
+output is strict JSON.
+
+Examples
+--------
+>>> f = Finding(kind="none", reason="no divergence")
+>>> f.to_dict()["schema"]
+'precnb.finding/1'
+>>> to_json({"x": float("nan")})
+'{"x": "nan"}'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["FINDING_SCHEMA", "Finding", "jsonable", "to_json"]
+
+FINDING_SCHEMA = "precnb.finding/1"
+Kind = Literal["first_divergence", "nan_origin", "anomaly", "none"]
+
+
+def jsonable(obj: Any) -> Any:
+    """Convert numpy scalars/arrays and non-finite floats into strict-JSON values."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [jsonable(v) for v in obj.tolist()]
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        f = float(obj)
+        if math.isnan(f):
+            return "nan"
+        if math.isinf(f):
+            return "inf" if f > 0 else "-inf"
+        return f
+    return obj
+
+
+def to_json(obj: Any, *, indent: int | None = None) -> str:
+    """Strict JSON text of *obj* (non-finite floats as strings)."""
+    return json.dumps(jsonable(obj), indent=indent, allow_nan=False)
+
+
+@dataclass
+class Finding:
+    """A diagnosis result; see the module docstring for the JSON shape."""
+
+    kind: Kind
+    reason: str
+    step: int | None = None
+    rank: int | None = None
+    node: str | None = None
+    tensor: str | None = None
+    module: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    structural: list[dict[str, Any]] = field(default_factory=list)
+    crc_only: list[dict[str, Any]] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def found(self) -> bool:
+        """False for kind ``"none"``."""
+        return self.kind != "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict (strict JSON values)."""
+        d = {"schema": FINDING_SCHEMA, **asdict(self)}
+        return jsonable(d)
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """Strict JSON text."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def summary(self) -> str:
+        """A readable multi-line summary (what the CLI prints without ``--json``)."""
+        title = {
+            "first_divergence": "FIRST DIVERGENCE",
+            "nan_origin": "NaN/Inf ORIGIN",
+            "anomaly": "FIRST ANOMALY",
+            "none": "NOTHING FOUND",
+        }[self.kind]
+        lines = [f"{title}: {self.reason}"]
+        if self.kind != "none":
+            lines.append(f"  step {self.step}, rank {self.rank}")
+            if self.node:
+                lines.append(f"  node   {self.node}")
+            if self.tensor:
+                lines.append(f"  tensor {self.tensor}")
+            if self.module:
+                lines.append(f"  module {self.module}")
+        for k, v in self.values.items():
+            if isinstance(v, dict):
+                vs = "  ".join(f"{a}={_fmt(b)}" for a, b in v.items())
+                lines.append(f"  {k:<9} {vs}")
+        for h in self.hints:
+            lines.append(f"  hint: {h}")
+        if self.structural:
+            lines.append(f"  structural differences: {len(self.structural)} node(s) in one run only, e.g.")
+            for s in self.structural[:5]:
+                lines.append(f"    {s['node']} (only in {s['only_in']})")
+        if self.crc_only:
+            lines.append(f"  CRC-only differences (statistics identical): {len(self.crc_only)}, e.g.")
+            for c in self.crc_only[:3]:
+                lines.append(f"    step {c['step']} rank {c['rank']} {c['tensor']}")
+        if self.suspects:
+            lines.append("  suspects:")
+            for s in self.suspects[:5]:
+                lines.append(f"    step {s.get('step')} rank {s.get('rank')} {s.get('tensor') or s.get('node')}"
+                             f"  ({s.get('why', '')})")
+        stack = self.evidence.get("stack") or []
+        if stack:
+            lines.append("  stack (innermost first):")
+            for fr in stack[:4]:
+                lines.append("    " + fr.replace("\n", " ").strip())
+        return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)

@@ -1,0 +1,210 @@
+"""NaN/Inf origin: the first NaN, or the first *new* infinity, in causal order across ranks.
+
+Healthy models carry ±inf on purpose: a causal mask written with ``masked_fill(-inf)`` and
+the softmax that reads it. Those are *benign* and never reported as the origin:
+
+* an output infinity created by a masking API (:data:`MASKING_APIS`) is benign;
+* an infinity that flows on unchanged (an input whose statistics equal an earlier benign
+  tensor's: the same tensor seen again as the next op's input) is benign, and so is an
+  output of a node whose inputs carry benign infinities;
+* a tensor that is non-finite at every step and rank where it is recorded is so by design.
+
+Everything else that is NaN, or infinite, is an *event*. Per (step, rank) the first event
+in execution order is that rank's first event; across ranks, a first event at the output of
+a collective whose inputs were clean is inherited from another rank, and the origin is the
+rank with the earliest non-inherited event (see :mod:`precnb.analysis.order`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from precnb.analysis.evidence import entry_values, node_evidence
+from precnb.analysis.findings import Finding
+from precnb.analysis.masks import nonfinite
+from precnb.analysis.order import first_event_per_rank, pick_origin
+
+__all__ = ["MASKING_APIS", "event_mask", "nan_origin"]
+
+MASKING_APIS = frozenset({
+    "masked_fill", "masked_fill_", "where", "fill_", "full", "full_like", "new_full", "triu", "tril",
+    "triu_", "tril_", "masked_scatter", "masked_scatter_", "index_fill", "index_fill_", "fill",
+    "scatter", "scatter_", "log", "clamp", "clamp_min", "minimum", "maximum",
+})
+
+
+def _api_short(api: str) -> str:
+    return api.rsplit(".", 1)[-1]
+
+
+def event_mask(ds: xr.Dataset) -> tuple[xr.DataArray, xr.DataArray]:
+    """Events (non-benign NaN/Inf) and benign infinities, both (step, rank, tensor) bool."""
+    nan = nonfinite(ds, kind="nan").values
+    inf = (nonfinite(ds, kind="inf").values & ~nan)
+    anynf = nan | inf
+    present = ds["present"].values
+    n_rec = present.sum(axis=(0, 1))
+    persistent = (anynf.sum(axis=(0, 1)) == n_rec) & (n_rec >= 2)
+    kinds = ds["kind"].values
+    persistent_nan_ok = persistent & (kinds == "monitor")
+    roles = ds["role"].values
+    nodes = ds["node"].values
+    masking = np.fromiter((_api_short(str(a)) in MASKING_APIS for a in ds["api"].values), bool,
+                          ds.sizes["tensor"])
+    seq = ds["seq"].values
+    stats = np.stack([ds[s].values for s in ("max", "min", "mean", "norm")], axis=-1)
+    events = np.zeros_like(anynf)
+    benign = np.zeros_like(anynf)
+    for si in range(anynf.shape[0]):
+        for ri in range(anynf.shape[1]):
+            cols = np.flatnonzero(anynf[si, ri])
+            if not len(cols):
+                continue
+            cols = cols[np.argsort(seq[si, ri, cols], kind="stable")]
+            sigs: set[bytes] = set()
+            benign_input_nodes: set[str] = set()
+            for j in cols:
+                sig = stats[si, ri, j].tobytes()
+                if persistent[j] and (inf[si, ri, j] or persistent_nan_ok[j]):
+                    benign[si, ri, j] = True
+                    sigs.add(sig)
+                    continue
+                if nan[si, ri, j]:
+                    events[si, ri, j] = True
+                    continue
+                node = str(nodes[j])
+                if roles[j] in ("input", "parameter"):
+                    ok = sig in sigs
+                    if ok:
+                        benign_input_nodes.add(node)
+                else:
+                    ok = bool(masking[j]) or node in benign_input_nodes or sig in sigs
+                if ok:
+                    benign[si, ri, j] = True
+                    sigs.add(sig)
+                else:
+                    events[si, ri, j] = True
+    like = ds["present"]
+    return like.copy(data=events), like.copy(data=benign)
+
+
+def nan_origin(
+    ds: xr.Dataset,
+    *,
+    run: str | None = None,
+    steps: Sequence[int] | None = None,
+    ranks: Sequence[int] | None = None,
+) -> Finding:
+    """Find where NaN (or a new ±inf) first appeared.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run (or a dataset with a ``run`` dim: pass *run*).
+    run : str, optional
+    steps, ranks : sequence of int, optional
+        Restrict the search.
+
+    Returns
+    -------
+    Finding
+        Kind ``nan_origin`` (says whether the NaN came in through the node's inputs or was
+        created by the node), or ``none``.
+
+    Examples
+    --------
+    >>> import precnb
+    >>> f = precnb.nan_origin(precnb.open_run("dump/"))  # doctest: +SKIP
+    >>> f.kind, f.step, f.rank, f.node  # doctest: +SKIP
+    ('nan_origin', 1, 1, 'Functional.softmax.1.forward')
+    """
+    if "run" in ds.dims:
+        if run is None:
+            if ds.sizes["run"] != 1:
+                raise ValueError("dataset has several runs; pass run=NAME")
+            run = str(ds["run"].values[0])
+        ds = ds.sel(run=run).drop_vars("run")
+    if steps is not None:
+        ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
+    if ranks is not None:
+        ds = ds.sel(rank=[r for r in ds["rank"].values if r in set(ranks)])
+    events, benign = event_mask(ds)
+    n_benign = int(benign.sum())
+    stats: dict[str, Any] = {
+        "nan_values": int(nonfinite(ds, kind="nan").sum()),
+        "inf_values": int(nonfinite(ds, kind="inf").sum()),
+        "event_records": int(events.sum()),
+        "benign_inf_records": n_benign,
+        "steps": [int(s) for s in ds["step"].values],
+        "ranks": [int(r) for r in ds["rank"].values],
+    }
+    benign_nodes = sorted({str(n) for n in ds["node"].values[benign.any(["step", "rank"]).values]})
+    hints: list[str] = []
+    if benign_nodes:
+        hints.append(f"{len(benign_nodes)} node(s) carry ±inf by design (masks) and were not counted, "
+                     f"e.g. {', '.join(benign_nodes[:4])}")
+    any_step = events.any(["rank", "tensor"])
+    if not bool(any_step.any()):
+        return Finding(kind="none", reason="no NaN and no unexpected ±inf in the recorded statistics",
+                       hints=hints, stats=stats, evidence={"benign_nodes": benign_nodes[:50]})
+    step = int(ds["step"].values[int(np.argmax(any_step.values))])
+    per_rank = first_event_per_rank(events, ds["seq"], ds, step)
+    origin, others = pick_origin(per_rank)
+    assert origin is not None
+    j = list(ds["tensor"].values).index(origin.tensor)
+    role = str(ds["role"].values[j])
+    kind = str(ds["kind"].values[j])
+    e = ds.sel(step=step, rank=origin.rank)
+    is_nan = bool(nonfinite(e.sel(tensor=[origin.tensor]), kind="nan").any())
+    what = "NaN" if is_nan else "±inf"
+    node = origin.node
+    node_cols = np.flatnonzero(ds["node"].values == node)
+    inputs = [c for c in node_cols if ds["role"].values[c] in ("input", "parameter")]
+    input_inf = [str(ds["tensor"].values[c]) for c in inputs
+                 if bool(e["present"].values[c]) and not np.isfinite(
+                     [e[s].values[c] for s in ("max", "min", "mean", "norm")]).all()]
+    if kind == "monitor":
+        how = "first recorded in this monitored tensor"
+        created = True
+    elif origin.inherited:
+        how = "arrived through a collective while this rank's own earlier tensors were clean"
+        created = False
+    elif role in ("output", "grad"):
+        created = True
+        how = "created by this node (its inputs hold no NaN)" if is_nan else \
+            "created by this node from finite inputs (overflow?)"
+        if input_inf and is_nan:
+            how = "created by this node from ±inf inputs (inf − inf, 0 × inf, or a fully masked row)"
+    else:
+        created = False
+        how = "came in through this node's inputs (not produced by any recorded op: data, " \
+              "parameters or an unhooked op)"
+    reason = f"first {what} at step {step}, rank {origin.rank}: {node} — {how}"
+    values = {"entry": entry_values(ds, step=step, rank=origin.rank, tensor=origin.tensor),
+              "created_by_node": created}
+    if input_inf:
+        values["inputs_with_inf"] = input_inf
+    suspects = [{"step": step, "rank": origin.rank, "node": node, "tensor": origin.tensor,
+                 "why": "origin", "epoch": origin.epoch}]
+    for ev in others:
+        suspects.append({"step": ev.step, "rank": ev.rank, "node": ev.node, "tensor": ev.tensor,
+                         "why": "inherited via communication" if ev.inherited else
+                         f"first event on rank {ev.rank} (epoch {ev.epoch})", "epoch": ev.epoch})
+    if origin.inherited:
+        hints.append("no rank shows a local origin: the collective itself produced the NaN "
+                     "(check its dtype / reduce op), or the source rank was not dumped")
+    if len([p for p in per_rank if not p.inherited]) > 1:
+        hints.append("several ranks create NaN independently at this step: suspect shared data "
+                     "or shared parameters rather than one rank")
+    if kind != "monitor" and created and "backward" in node:
+        hints.append("created in the backward pass: check the loss scale and gradient clipping")
+    evidence = node_evidence(ds, node)
+    evidence["ranks_with_events"] = [p.rank for p in per_rank]
+    evidence["benign_nodes"] = benign_nodes[:50]
+    return Finding(kind="nan_origin", reason=reason, step=step, rank=origin.rank, node=node,
+                   tensor=origin.tensor, module=str(ds["module"].values[j]) or None, values=values,
+                   hints=hints, suspects=suspects, evidence=evidence, stats=stats)

@@ -1,0 +1,99 @@
+"""Causal ordering helpers shared by the divergence and NaN-origin searches.
+
+Within one (step, rank), execution order is ``seq``. Across ranks, collectives are the only
+synchronisation points: a rank's *epoch* at a tensor is the number of distinct communication
+nodes it executed before that tensor. A difference (or NaN) first seen at the output of a
+collective on a rank whose earlier tensors are clean was *inherited* from another rank; the
+origin is the rank whose own first event is not inherited, in the earliest epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from precnb.naming import is_communication
+
+__all__ = ["RankEvent", "comm_mask", "first_event_per_rank", "pick_origin"]
+
+
+COMM_MONITOR_FAMILIES = ("grad_reduced", "cc")
+
+
+def comm_mask(ds: xr.Dataset) -> np.ndarray:
+    """Boolean per tensor: the tensor belongs to a communication node.
+
+    For monitor data, ``grad_reduced`` (after the data-parallel all-reduce) and ``cc``
+    families count as communication.
+    """
+    nodes = ds["node"].values
+    apis = ds["api"].values
+    kinds = ds["kind"].values
+    return np.fromiter(
+        (is_communication(str(n)) or (k == "monitor" and a in COMM_MONITOR_FAMILIES)
+         for n, a, k in zip(nodes, apis, kinds, strict=True)),
+        bool, ds.sizes["tensor"])
+
+
+@dataclass
+class RankEvent:
+    """The first event (difference, NaN…) of one rank at one step."""
+
+    step: int
+    rank: int
+    tensor: str
+    node: str
+    seq: int
+    epoch: int
+    inherited: bool
+
+
+def first_event_per_rank(event: xr.DataArray, seq: xr.DataArray, ds: xr.Dataset, step: int,
+                         *, inherited_if_comm_output: bool = True) -> list[RankEvent]:
+    """For one step, each rank's first tensor (by seq) where *event* is True.
+
+    Parameters
+    ----------
+    event : DataArray (step, rank, tensor) of bool
+    seq : DataArray (step, rank, tensor) of int
+        Execution order (-1 where absent).
+    ds : Dataset
+        Supplies the ``node`` and ``role`` coordinates.
+    step : int
+    """
+    ev = event.sel(step=step)
+    sq = seq.sel(step=step)
+    comm = comm_mask(ds)
+    nodes = ds["node"].values
+    roles = ds["role"].values
+    labels = ds["tensor"].values
+    out: list[RankEvent] = []
+    for r in ev["rank"].values:
+        e = ev.sel(rank=r).values
+        if not e.any():
+            continue
+        s = sq.sel(rank=r).values.astype(np.int64)
+        s_ev = np.where(e & (s >= 0), s, np.iinfo(np.int64).max)
+        j = int(np.argmin(s_ev))
+        if s_ev[j] == np.iinfo(np.int64).max:  # events without seq (should not happen): take first
+            j = int(np.flatnonzero(e)[0])
+        first_seq = int(s[j])
+        earlier_comm = comm & (s >= 0) & (s < first_seq)
+        epoch = len(set(nodes[earlier_comm].tolist()))
+        inherited = bool(comm[j]) and (roles[j] == "output" or not inherited_if_comm_output)
+        out.append(RankEvent(int(step), int(r), str(labels[j]), str(nodes[j]), first_seq, epoch, inherited))
+    return out
+
+
+def pick_origin(events: list[RankEvent]) -> tuple[RankEvent | None, list[RankEvent]]:
+    """The origin among per-rank first events, and the others ranked.
+
+    Non-inherited events win over inherited ones; then the earliest epoch; then the lowest
+    rank (ranks in the same epoch run concurrently: they are all listed as suspects).
+    """
+    if not events:
+        return None, []
+    ranked = sorted(events, key=lambda e: (e.inherited, e.epoch, e.seq, e.rank))
+    return ranked[0], ranked[1:]

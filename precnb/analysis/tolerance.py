@@ -1,0 +1,163 @@
+"""Tolerances for comparing statistics between runs.
+
+Differences are measured on statistics, relative to the tensor's own magnitude::
+
+    scale = max(|a|, |b|, rms_a, rms_b, atol)     rms = norm / sqrt(numel)
+    rel   = |a - b| / scale
+
+so a Mean near zero is judged against the tensor's RMS instead of against itself. Two
+non-finite values agree when both are NaN or both are the same infinity. Defaults come from
+the dtype (bf16 2^-8, fp16 2^-11, fp32 2^-14, fp64 2^-40; integers and bools exact), can be
+overridden per call, or calibrated from a reference pair of healthy runs.
+
+Examples
+--------
+>>> tol = Tolerance()
+>>> tol.rtol_for("torch.bfloat16") == 2 ** -8
+True
+>>> Tolerance(rtol=0.0).rtol_for("torch.float32")
+0.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+__all__ = ["DTYPE_RTOL", "Tolerance", "relative_difference"]
+
+DTYPE_RTOL: dict[str, float] = {
+    "bfloat16": 2.0 ** -8,
+    "float16": 2.0 ** -11,
+    "half": 2.0 ** -11,
+    "float32": 2.0 ** -14,
+    "float": 2.0 ** -14,
+    "float64": 2.0 ** -40,
+    "double": 2.0 ** -40,
+    "float8": 2.0 ** -3,
+    "hifloat8": 2.0 ** -3,
+}
+
+
+def _dtype_key(dtype: str) -> str:
+    d = dtype.lower().replace("torch.", "").replace("mindspore.", "").replace("numpy.", "")
+    return d
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far two statistics may differ and still count as equal.
+
+    Parameters
+    ----------
+    rtol : float, optional
+        One relative tolerance for every tensor (overrides the dtype defaults).
+    by_dtype : dict, optional
+        Overrides for some dtypes, e.g. ``{"bfloat16": 1e-2}``.
+    per_tensor : dict, optional
+        Calibrated tolerances by tensor label (see :meth:`calibrate`); the larger of this
+        and the dtype tolerance applies.
+    atol : float
+        Absolute floor of the scale, so all-zero tensors compare exactly.
+    """
+
+    rtol: float | None = None
+    by_dtype: dict[str, float] = field(default_factory=dict)
+    per_tensor: dict[str, float] = field(default_factory=dict)
+    atol: float = 1e-30
+
+    def rtol_for(self, dtype: str, tensor: str | None = None) -> float:
+        """Relative tolerance for one tensor."""
+        if self.rtol is not None:
+            base = self.rtol
+        else:
+            key = _dtype_key(str(dtype))
+            base = self.by_dtype.get(key, DTYPE_RTOL.get(key))
+            if base is None:
+                base = 0.0 if ("int" in key or "bool" in key) else DTYPE_RTOL["float32"]
+            if "float8" in key or "fp8" in key:
+                base = max(base, DTYPE_RTOL["float8"])
+        if tensor is not None and tensor in self.per_tensor:
+            return max(base, self.per_tensor[tensor])
+        return base
+
+    def rtol_array(self, dtypes: Any, tensors: Any) -> np.ndarray:
+        """Vector of tolerances aligned with the tensor coordinate."""
+        return np.asarray([self.rtol_for(str(d), str(t)) for d, t in zip(dtypes, tensors, strict=True)],
+                          dtype=np.float64)
+
+    @classmethod
+    def calibrate(cls, reference_a: xr.Dataset, reference_b: xr.Dataset, *, factor: float = 4.0,
+                  **kw: Any) -> Tolerance:
+        """Learn per-tensor tolerances from two healthy runs of the same job.
+
+        The largest relative difference seen for each tensor across steps, ranks and the four
+        statistics, times *factor*, becomes that tensor's tolerance.
+
+        Parameters
+        ----------
+        reference_a, reference_b : xarray.Dataset
+            Two healthy runs (e.g. a run and its identical rerun).
+        factor : float
+            Safety factor.
+        **kw
+            Other :class:`Tolerance` fields.
+
+        Returns
+        -------
+        Tolerance
+        """
+        from precnb.combine import combine_runs
+
+        both = combine_runs({"a": reference_a, "b": reference_b})
+        rel = relative_difference(both.sel(run="a"), both.sel(run="b"))
+        mask = both["present"].all("run")
+        worst = rel.where(mask).max(["step", "rank", "stat"], skipna=True)
+        per = {}
+        for t, v in zip(both["tensor"].values, worst.values, strict=True):
+            if np.isfinite(v) and v > 0:
+                per[str(t)] = float(v) * factor
+            elif v == np.inf:
+                per[str(t)] = math.inf
+        return cls(per_tensor=per, **kw)
+
+
+def relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...] = ("max", "min", "mean", "norm"),
+                        *, atol: float = 1e-30) -> xr.DataArray:
+    """Relative difference of statistics, stacked along a new ``stat`` dimension.
+
+    Non-finite pairs: equal NaN/NaN or same-signed infinities give 0; any other pair that
+    involves a non-finite value gives ``inf``. Null statistics give 0 (nothing to compare).
+    """
+    from precnb.analysis.masks import recorded
+
+    numel_a = a["numel"].where(a["numel"] > 0, 1).astype(np.float64)
+    numel_b = b["numel"].where(b["numel"] > 0, 1).astype(np.float64)
+    rms_a = np.abs(a["norm"]) / np.sqrt(numel_a)
+    rms_b = np.abs(b["norm"]) / np.sqrt(numel_b)
+    rms = np.fmax(rms_a.fillna(0), rms_b.fillna(0))
+    rms = rms.where(np.isfinite(rms), 0)
+    out = []
+    for s in stats:
+        x, y = a[s], b[s]
+        both_rec = recorded(a, s) & recorded(b, s)
+        scale = np.fmax(np.fmax(np.abs(x), np.abs(y)), rms)
+        scale = scale.where(np.isfinite(scale), 0)
+        scale = np.fmax(scale, atol)
+        with np.errstate(invalid="ignore", over="ignore"):
+            rel = np.abs(x - y) / scale
+        same_nf = (np.isnan(x) & np.isnan(y)) | ((x == y) & np.isinf(x))
+        rel = xr.where(same_nf, 0.0, rel)
+        rel = xr.where(~np.isfinite(rel) & ~same_nf, np.inf, rel)
+        # a statistic null on both sides compares equal; null on one side only is a difference
+        null_a = ~recorded(a, s) & a["present"]
+        null_b = ~recorded(b, s) & b["present"]
+        rel = xr.where(null_a & null_b, 0.0, rel)
+        rel = xr.where(null_a ^ null_b, np.inf, rel)
+        rel = rel.where(both_rec | (null_a ^ null_b) | (null_a & null_b), 0.0)
+        out.append(rel)
+    return xr.concat(out, dim=xr.DataArray(list(stats), dims="stat", name="stat"))

@@ -1,0 +1,135 @@
+"""Combine several canonical datasets along a leading ``run`` dimension."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from precnb.schema import TENSOR_COORDS, side_table, validate
+
+__all__ = ["FILL_VALUES", "combine_runs", "reindex_tensors"]
+
+FILL_VALUES: dict[str, Any] = {
+    "present": False,
+    "null_stats": np.uint8(0),
+    "seq": np.int32(-1),
+    "numel": np.int64(-1),
+    "crc": "",
+    "data_name": "",
+}
+
+
+def _fill_for(var: xr.DataArray) -> Any:
+    name = str(var.name)
+    if name in FILL_VALUES:
+        return FILL_VALUES[name]
+    if var.dtype == object or var.dtype.kind in "UST":
+        return ""
+    if var.dtype.kind in "iu":
+        return -1
+    if var.dtype.kind == "b":
+        return False
+    return np.nan
+
+
+def reindex_tensors(ds: xr.Dataset, labels: list[str], coords: dict[str, np.ndarray]) -> xr.Dataset:
+    """Reindex *ds* onto *labels* with the schema's fill values and the given tensor coords."""
+    fills = {name: _fill_for(ds[name]) for name in ds.data_vars}
+    base = ds.drop_vars([c for c in TENSOR_COORDS if c in ds.coords])
+    out = base.reindex(tensor=np.asarray(labels, dtype=object), fill_value=fills)
+    for name, fill in fills.items():  # reindex promotes ints/bools when filling: restore dtypes
+        if out[name].dtype != ds[name].dtype:
+            out[name] = out[name].fillna(fill).astype(ds[name].dtype)
+    return out.assign_coords({k: ("tensor", v) for k, v in coords.items()})
+
+
+def _union_coords(datasets: list[xr.Dataset]) -> tuple[list[str], dict[str, np.ndarray]]:
+    order: dict[str, int] = {}
+    for ds in datasets:
+        for lbl in ds["tensor"].values.tolist():
+            order.setdefault(str(lbl), len(order))
+    labels = list(order)
+    coords: dict[str, np.ndarray] = {}
+    for name, kind in TENSOR_COORDS.items():
+        is_str = kind is str
+        arr = np.full(len(labels), "" if is_str else -1, dtype=object if is_str else np.int64)
+        filled = np.zeros(len(labels), bool)
+        for ds in datasets:
+            if name not in ds.coords:
+                continue
+            idx = np.fromiter((order[str(t)] for t in ds["tensor"].values), np.int64, ds.sizes["tensor"])
+            vals = ds.coords[name].values
+            take = ~filled[idx]
+            arr[idx[take]] = vals[take]
+            filled[idx] = True
+        coords[name] = arr
+    return labels, coords
+
+
+def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
+    """Stack runs along a new leading ``run`` dimension (outer join on step, rank, tensor).
+
+    Parameters
+    ----------
+    runs : mapping of str to xarray.Dataset
+        Canonical single-run datasets, keyed by run name.
+
+    Returns
+    -------
+    xarray.Dataset
+        Dims ``(run, step, rank, tensor)``; ``present`` is False wherever a run lacks a tensor.
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> combine_runs({"a": empty_dataset(), "b": empty_dataset()}).sizes["run"]
+    2
+    """
+    if not runs:
+        raise ValueError("combine_runs needs at least one run")
+    names = list(runs)
+    dsets = [runs[n] for n in names]
+    for n, ds in zip(names, dsets, strict=True):
+        if "run" in ds.dims:
+            raise ValueError(f"run {n!r} already has a 'run' dimension")
+    labels, coords = _union_coords(dsets)
+    steps = sorted({int(s) for ds in dsets for s in ds["step"].values})
+    ranks = sorted({int(r) for ds in dsets for r in ds["rank"].values})
+    aligned = []
+    for ds in dsets:
+        r = reindex_tensors(ds, labels, coords)
+        fills = {name: _fill_for(ds[name]) for name in ds.data_vars}
+        r = r.reindex(step=steps, rank=ranks, fill_value=fills)
+        for name, fill in fills.items():
+            if r[name].dtype != ds[name].dtype:
+                r[name] = r[name].fillna(fill).astype(ds[name].dtype)
+        aligned.append(r.drop_attrs() if hasattr(r, "drop_attrs") else r)
+    all_vars = sorted({v for ds in aligned for v in ds.data_vars})
+    for i, ds in enumerate(aligned):  # a variable missing from one run (e.g. crc) is filled
+        for v in all_vars:
+            if v not in ds.data_vars:
+                src = next(d[v] for d in aligned if v in d.data_vars)
+                fill = _fill_for(src)
+                aligned[i] = aligned[i].assign({v: src.copy(data=np.full(src.shape, fill, src.dtype))})
+    out = xr.concat(aligned, dim=xr.DataArray(np.asarray(names, dtype=object), dims="run", name="run"),
+                    data_vars="all", coords="minimal", compat="override", join="exact")
+    construct: dict[str, Any] = {}
+    stacks: dict[str, Any] = {}
+    for ds in dsets:
+        for k, v in side_table(ds, "construct").items():
+            construct.setdefault(k, v)
+        for k, v in side_table(ds, "stacks").items():
+            stacks.setdefault(k, v)
+    attrs = dict(dsets[0].attrs)
+    attrs["construct"] = json.dumps(construct)
+    attrs["stacks"] = json.dumps(stacks)
+    attrs["run_attrs"] = json.dumps(
+        {n: {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks")}
+         for n, ds in zip(names, dsets, strict=True)}
+    )
+    out.attrs = attrs
+    return validate(out)
