@@ -9,21 +9,29 @@ from precnb.analysis.anomalies import SpikeRule, anomalies, anomaly_table
 from precnb.analysis.compare import Comparison, compare_runs
 from precnb.analysis.divergence import first_divergence, structural_differences
 from precnb.analysis.findings import FINDING_SCHEMA, Finding, to_json
-from precnb.analysis.nan_origin import nan_origin
+from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.masks import nonfinite, recorded, stat_vars
+from precnb.analysis.merge import classify_shards, merge_shards
+from precnb.analysis.nan_origin import nan_origin
+from precnb.analysis.replicas import check_replicas
 from precnb.analysis.summary import summarize
 from precnb.analysis.tolerance import Tolerance, relative_difference
 
 __all__ = [
     "FINDING_SCHEMA",
     "Comparison",
-    "SpikeRule",
     "Finding",
+    "Layout",
+    "LayoutError",
+    "SpikeRule",
     "Tolerance",
     "anomalies",
     "anomaly_table",
+    "check_replicas",
+    "classify_shards",
     "compare_runs",
     "first_divergence",
+    "merge_shards",
     "nan_origin",
     "nonfinite",
     "recorded",

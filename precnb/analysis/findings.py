@@ -4,7 +4,7 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
 
     {
       "schema": "precnb.finding/1",
-      "kind": "first_divergence" | "nan_origin" | "anomaly" | "none",
+      "kind": "first_divergence" | "nan_origin" | "anomaly" | "replica_mismatch" | "none",
       "step": int | null, "rank": int | null,
       "node": str | null,          # msprobe node, e.g. "Functional.linear.3.forward"
       "tensor": str | null,        # tensor label, e.g. "Functional.linear.3.forward.output.0"
@@ -43,7 +43,7 @@ import numpy as np
 __all__ = ["FINDING_SCHEMA", "Finding", "jsonable", "to_json"]
 
 FINDING_SCHEMA = "precnb.finding/1"
-Kind = Literal["first_divergence", "nan_origin", "anomaly", "none"]
+Kind = Literal["first_divergence", "nan_origin", "anomaly", "replica_mismatch", "none"]
 
 
 def jsonable(obj: Any) -> Any:
@@ -112,6 +112,7 @@ class Finding:
             "first_divergence": "FIRST DIVERGENCE",
             "nan_origin": "NaN/Inf ORIGIN",
             "anomaly": "FIRST ANOMALY",
+            "replica_mismatch": "REPLICA MISMATCH",
             "none": "NOTHING FOUND",
         }[self.kind]
         lines = [f"{title}: {self.reason}"]

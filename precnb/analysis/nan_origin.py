@@ -145,7 +145,8 @@ def nan_origin(
     benign_nodes = sorted({str(n) for n in ds["node"].values[benign.any(["step", "rank"]).values]})
     hints: list[str] = []
     if benign_nodes:
-        hints.append(f"{len(benign_nodes)} node(s) carry ±inf by design (masks) and were not counted, "
+        hints.append(f"{len(benign_nodes)} node(s) carry non-finite values by design (masks, or monitor "
+                     "rows of tensors that never exist) and were not counted, "
                      f"e.g. {', '.join(benign_nodes[:4])}")
     any_step = events.any(["rank", "tensor"])
     if not bool(any_step.any()):

@@ -131,7 +131,7 @@ def relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...] = (
     """Relative difference of statistics, stacked along a new ``stat`` dimension.
 
     Non-finite pairs: equal NaN/NaN or same-signed infinities give 0; any other pair that
-    involves a non-finite value gives ``inf``. Null statistics give 0 (nothing to compare).
+    involves a non-finite value gives ``inf``. A statistic null on either side gives 0.
     """
     from precnb.analysis.masks import recorded
 
@@ -153,11 +153,8 @@ def relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...] = (
         same_nf = (np.isnan(x) & np.isnan(y)) | ((x == y) & np.isinf(x))
         rel = xr.where(same_nf, 0.0, rel)
         rel = xr.where(~np.isfinite(rel) & ~same_nf, np.inf, rel)
-        # a statistic null on both sides compares equal; null on one side only is a difference
-        null_a = ~recorded(a, s) & a["present"]
-        null_b = ~recorded(b, s) & b["present"]
-        rel = xr.where(null_a & null_b, 0.0, rel)
-        rel = xr.where(null_a ^ null_b, np.inf, rel)
-        rel = rel.where(both_rec | (null_a ^ null_b) | (null_a & null_b), 0.0)
+        # a statistic that is null on either side has nothing to compare (e.g. the Max of a
+        # merged partial sum); dtype changes are reported separately
+        rel = rel.where(both_rec, 0.0)
         out.append(rel)
     return xr.concat(out, dim=xr.DataArray(list(stats), dims="stat", name="stat"))

@@ -77,14 +77,22 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         ref_a = _load(args.reference[0], args, steps=None)
         ref_b = _load(args.reference[1], args, steps=None)
         tol = Tolerance.calibrate(ref_a, ref_b, **tol_kw)
-    if args.baseline_layout or args.target_layout:
-        from precnb.analysis.layout import Layout, merge_shards
-
-        if args.baseline_layout:
-            base = merge_shards(base, Layout.parse(args.baseline_layout, world_size=base.sizes["rank"]))
-        if args.target_layout:
-            target = merge_shards(target, Layout.parse(args.target_layout, world_size=target.sizes["rank"]))
     from precnb.cli import UsageError
+
+    if args.baseline_layout or args.target_layout:
+        from precnb.analysis import Layout, LayoutError, merge_shards
+
+        try:
+            b_lay = Layout.parse(args.baseline_layout, world_size=base.sizes["rank"]) \
+                if args.baseline_layout else None
+            t_lay = Layout.parse(args.target_layout, world_size=target.sizes["rank"]) \
+                if args.target_layout else None
+            merged_base = merge_shards(base, b_lay, reference=None if t_lay else target) if b_lay else base
+            if t_lay:
+                target = merge_shards(target, t_lay, reference=None if b_lay else base)
+            base = merged_base
+        except LayoutError as exc:
+            raise UsageError(str(exc)) from None
 
     try:
         finding = first_divergence(base, target, tolerance=tol, steps=steps,
@@ -108,6 +116,69 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
     ds = _load(args.run, args, steps=_steps_arg(args))
     rule = SpikeRule(z=args.z, ratio=args.ratio, stats=tuple(args.stat or ("norm",)))
     return _emit_finding(anomalies(ds, rule=rule, limit=args.limit), args)
+
+
+def _layout_from_args(args: argparse.Namespace, world_size: int) -> Any:
+    from precnb.analysis import Layout
+
+    if args.layout:
+        return Layout.parse(args.layout, world_size=world_size)
+    return Layout(world_size, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
+                  order=args.order, num_layers=args.num_layers)
+
+
+def _add_layout_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", help="layout as text, e.g. tp=2,pp=2 (instead of the flags below)")
+    for dim in ("tp", "pp", "vpp", "cp", "ep"):
+        p.add_argument(f"--{dim}", type=int, default=1, help=f"{dim.upper()} size (default 1)")
+    p.add_argument("--order", default="tp-cp-ep-dp-pp", help="Megatron order string")
+    p.add_argument("--num-layers", type=int, help="total layers, for PP/VPP renumbering")
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from precnb.analysis import LayoutError, merge_shards
+    from precnb.cli import UsageError
+    from precnb.io.store import to_zarr
+
+    ds = _load(args.run, args, steps=_steps_arg(args))
+    ref = _load(args.reference, args, steps=_steps_arg(args)) if args.reference else None
+    try:
+        layout = _layout_from_args(args, ds.sizes["rank"])
+        merged = merge_shards(ds, layout, reference=ref)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+    counts: dict[str, int] = {}
+    for name in [c for c in merged.coords if str(c).startswith("shard_kind_")]:
+        for k in merged[name].values:
+            counts[f"{name[len('shard_kind_'):]}:{k}"] = counts.get(f"{name[len('shard_kind_'):]}:{k}", 0) + 1
+    if args.output:
+        to_zarr(merged, args.output, mode="w" if args.overwrite else "w-")
+    summary = {"layout": layout.describe(), "merged_ranks": [int(r) for r in merged["rank"].values],
+               "tensors": int(merged.sizes["tensor"]), "classification": counts, "output": args.output}
+    if args.json:
+        from precnb.analysis.findings import to_json
+
+        sys.stdout.write(to_json(summary, indent=2) + "\n")
+    else:
+        sys.stdout.write(f"merged {layout.describe()} into ranks {summary['merged_ranks']}\n")
+        for k, v in sorted(counts.items()):
+            sys.stdout.write(f"  {k:<24} {v}\n")
+        if args.output:
+            sys.stdout.write(f"wrote {args.output}\n")
+    return 0
+
+
+def _cmd_replicas(args: argparse.Namespace) -> int:
+    from precnb.analysis import LayoutError, check_replicas
+    from precnb.cli import UsageError
+
+    ds = _load(args.run, args, steps=_steps_arg(args))
+    try:
+        layout = _layout_from_args(args, ds.sizes["rank"])
+        finding = check_replicas(ds, layout, rtol=args.rtol)
+    except (LayoutError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    return _emit_finding(finding, args)
 
 
 def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -147,4 +218,24 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
                    help="statistic(s) to test for spikes (default norm)")
     p.add_argument("--limit", type=int, default=50, help="how many further anomalies to list")
     add_load_options(p)
-    p.set_defaults(func=_cmd_anomalies, stat_default=("norm",))
+    p.set_defaults(func=_cmd_anomalies)
+
+    p = sub.add_parser("merge", help="merge TP/CP shards (and PP/VPP/EP stages) into whole-layer statistics")
+    p.add_argument("run")
+    p.add_argument("-o", "--output", help="zarr store to write (e.g. merged.zarr)")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--reference", help="an unsharded run: names split dims, spots partial sums by shape")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--step", type=int, help="only this step")
+    _add_layout_options(p)
+    add_load_options(p)
+    p.set_defaults(func=_cmd_merge)
+
+    p = sub.add_parser("replicas", help="ranks whose replicated tensors differ from their replicas")
+    p.add_argument("run")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--step", type=int, help="only this step")
+    p.add_argument("--rtol", type=_positive, default=1e-6, help="relative tolerance (default 1e-6)")
+    _add_layout_options(p)
+    add_load_options(p)
+    p.set_defaults(func=_cmd_replicas)

@@ -153,7 +153,7 @@ class RecordBuilder:
             f = _to_float(v)
             if f is None:
                 f = np.nan
-                if bit < 8:
+                if bit < len(STATS):  # null bits exist for max/min/mean/norm only
                     null |= 1 << bit
             self.values[name].append(f)
         self.null.append(null & 0xFF)

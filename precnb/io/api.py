@@ -77,14 +77,14 @@ def _progress(total: int, progress: bool | None, desc: str) -> Any:
 
 def parse_files(
     items: Sequence[Any],
-    parse: Callable[[Any], FileRecords],
+    parse: Callable[[Any], Any],
     *,
     describe: Callable[[Any], str],
     report: LoadReport,
     errors: Literal["report", "raise"] = "report",
     client: Any = None,
     progress: bool | None = None,
-) -> list[FileRecords]:
+) -> list[Any]:
     """Run *parse* on every item, in-process or on a dask cluster, with a progress bar.
 
     One task per (step, rank) file. A file that fails is recorded in *report* (or re-raised
@@ -120,7 +120,7 @@ def parse_files(
     return results
 
 
-def _safe_parse(parse: Callable[[Any], FileRecords], item: Any) -> tuple[Any, PrecnbError | None]:
+def _safe_parse(parse: Callable[[Any], Any], item: Any) -> tuple[Any, PrecnbError | None]:
     try:
         return parse(item), None
     except PrecnbError as exc:
@@ -171,12 +171,17 @@ def _open_msprobe(path: Path, *, errors: Any, client: Any, progress: bool | None
         reasons = "; ".join(f"{p}: {r}" for p, r in report.skipped[:3])
         raise NotADumpError(f"{path}: no dump file could be read ({reasons})")
     rank_dirs = {d.key: str(d.path) for d in dirs}
+    comm_groups: dict[str, str] = {}
+    for rec in recs:
+        for g, node in rec.meta.get("comm_groups", {}).items():
+            comm_groups.setdefault(g, node)
     ds = assemble(
         recs,
         source_format="msprobe",
         steps=[d.step for d in dirs],
         ranks=[d.rank for d in dirs],
         attrs={"source": str(path), "rank_dirs": json.dumps(rank_dirs),
+               "comm_groups": json.dumps([{"ranks": json.loads(g), "node": n} for g, n in comm_groups.items()]),
                "load_report": json.dumps(report.to_dict())},
     )
     return ds

@@ -8,6 +8,7 @@ both stack.json formats; Megatron ``[parent, micro_step]`` construct values; bar
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -236,6 +237,24 @@ def _leaves_of(node: str, record: Any, kind: str) -> Iterator[tuple[str, str, di
             yield label, "", lf
 
 
+def _find_groups(value: Any, depth: int = 0) -> Iterator[list[int]]:
+    """``group_ranks`` of ProcessGroup leaves (communication records)."""
+    if depth > 6:
+        return
+    if isinstance(value, dict):
+        g = value.get("group_ranks")
+        if isinstance(g, list) and all(isinstance(x, int) for x in g):
+            yield [int(x) for x in g]
+            return
+        for v in value.values():
+            if isinstance(v, (dict, list)):
+                yield from _find_groups(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            if isinstance(v, (dict, list)):
+                yield from _find_groups(v, depth + 1)
+
+
 def _parse_construct(raw: Any) -> tuple[dict[str, str], dict[str, int]]:
     parents: dict[str, str] = {}
     micro: dict[str, int] = {}
@@ -325,8 +344,13 @@ def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None) -> FileRecor
     b = RecordBuilder(rd.step, rd.rank)
     data_names: list[str] = []
     any_data_name = False
+    groups: dict[str, list[int]] = {}
     for node, record in data.items():
         nn = parse_node(node)
+        if node.startswith(("Distributed.", "MintDistributed.")) and isinstance(record, dict):
+            for g in _find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
+                groups.setdefault(json.dumps(g), node)
+                break
         parent = parents.get(node, "")
         module = nn.module if nn.kind != "api" else module_path_of(parent)
         for label, role, leaf in _leaves_of(node, record, nn.kind):
@@ -361,6 +385,7 @@ def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None) -> FileRecor
         "framework": framework,
         "path": str(rd.path),
     }
+    meta["comm_groups"] = groups
     rec = b.build(construct=parents, stacks=stacks, meta=meta)
     if any_data_name:
         rec.strings["data_name"] = data_names

@@ -1,0 +1,283 @@
+"""Exact merge of TP / CP shards (and PP / VPP / EP relabelling) into whole-layer statistics.
+
+For each tensor and each group of ranks that shard it (a TP or CP group) the tensor is
+classified, with the reason kept in the ``shard_reason`` coordinate:
+
+``replicated``
+    every shard has the same statistics (relative 1e-5 on the tensor's scale) — keep one;
+``partial_sum``
+    each rank holds an addend of the full tensor: its statistics equal the input of a later
+    all-reduce / reduce-scatter on the same rank, or (with a reference run) its shape is the
+    full shape although the shards differ — the full Mean is Σ Meanᵢ; Max, Min and Norm
+    cannot be derived from shard statistics and become null;
+``sharded``
+    otherwise — Max = max Maxᵢ, Min = min Minᵢ, Mean = Σ(Meanᵢ·numelᵢ)/Σ numelᵢ (numel-weighted,
+    exact for unequal shards), Norm = √Σ Normᵢ², numel = Σ numelᵢ.
+
+NaN and ±inf propagate (a NaN shard makes the merged Max NaN). PP stages are stitched into
+one rank after renumbering ``layers.N`` to global layer indices and offsetting API call
+counters; VPP model-chunk prefixes (``Module.{chunk}.``) are folded; EP local expert indices
+become global.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from precnb.analysis.layout import Layout, LayoutError
+from precnb.analysis.pp import relabel_pipeline
+from precnb.naming import is_communication
+from precnb.schema import NULL_BITS, validate
+
+__all__ = ["classify_shards", "merge_group_dim", "merge_shards"]
+
+_REDUCERS = re.compile(r"(all_reduce|reduce_scatter|_reduce_scatter_base|reduce_scatter_tensor)")
+
+
+def _partial_by_reduce_inputs(ds: xr.Dataset) -> np.ndarray:
+    """Per tensor: at some (step, rank) its statistics equal a later reduce op's input."""
+    nodes = ds["node"].values
+    roles = ds["role"].values
+    is_red_in = np.fromiter(((is_communication(str(n)) and bool(_REDUCERS.search(str(n))) and r == "input")
+                             for n, r in zip(nodes, roles, strict=True)), bool, ds.sizes["tensor"])
+    comm = np.fromiter((is_communication(str(n)) for n in nodes), bool, ds.sizes["tensor"])
+    out = is_red_in.copy()  # the input of a reduction is itself an addend
+    if not is_red_in.any():
+        return out
+    stats = np.stack([ds[s].values for s in ("max", "min", "mean", "norm")], axis=-1)
+    present = ds["present"].values
+    seq = ds["seq"].values
+    for si in range(ds.sizes["step"]):
+        for ri in range(ds.sizes["rank"]):
+            red = np.flatnonzero(is_red_in & present[si, ri])
+            if not len(red):
+                continue
+            sig = {stats[si, ri, j].tobytes(): int(seq[si, ri, j]) for j in red}
+            cand = np.flatnonzero(present[si, ri] & ~comm)
+            for j in cand:
+                s = sig.get(stats[si, ri, j].tobytes())
+                if s is not None and seq[si, ri, j] < s and np.isfinite(stats[si, ri, j]).any():
+                    out[j] = True
+    return out
+
+
+def _close(a: np.ndarray, b: np.ndarray, scale: np.ndarray, rtol: float) -> np.ndarray:
+    same_nf = (np.isnan(a) & np.isnan(b)) | ((a == b) & np.isinf(a))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = np.abs(a - b) <= rtol * scale
+    return ok | same_nf
+
+
+def classify_shards(
+    ds: xr.Dataset,
+    groups: list[list[int]],
+    *,
+    rtol: float = 1e-5,
+    reference: xr.Dataset | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Classify each tensor across rank groups.
+
+    Returns
+    -------
+    kinds : ndarray of str
+        ``replicated`` / ``sharded`` / ``partial_sum`` / ``local`` (never on all members).
+    reasons : ndarray of str
+    shard_dim : ndarray of int
+        Negative dim index of the shard split when a reference shape says so, else 0.
+    """
+    ranks = [int(r) for r in ds["rank"].values]
+    idx = [[ranks.index(r) for r in g] for g in groups]
+    pres = ds["present"].values[:, idx, :]  # (step, G, n, tensor)
+    stats = {s: ds[s].values[:, idx, :] for s in ("max", "min", "mean", "norm")}
+    numel = ds["numel"].values[:, idx, :]
+    all_present = pres.all(axis=2)
+    rms = np.abs(stats["norm"]) / np.sqrt(np.maximum(numel, 1))
+    scale = np.fmax(np.fmax(np.abs(stats["max"]), np.abs(stats["min"])), rms)
+    scale = np.where(np.isfinite(scale), scale, 0)
+    scale = np.fmax(scale.max(axis=2, keepdims=True), 1e-30)
+    same = np.ones(pres.shape, bool)
+    for s, v in stats.items():
+        del s
+        same &= _close(v, v[:, :, :1], scale, rtol)
+    same &= numel == numel[:, :, :1]
+    rep_sg = (same.all(axis=2) | ~all_present)  # (step, G, tensor)
+    any_present = all_present.any(axis=(0, 1))
+    replicated = rep_sg.all(axis=(0, 1)) & any_present
+    partial = _partial_by_reduce_inputs(ds)
+    n_t = ds.sizes["tensor"]
+    shard_dim = np.zeros(n_t, np.int64)
+    ref_reason = np.full(n_t, "", dtype=object)
+    if reference is not None:
+        ref_shape = reference["shape"].to_series().to_dict()
+        local = ds["shape"].values
+        k = len(groups[0]) if groups else 1
+        for j, lbl in enumerate(ds["tensor"].values):
+            full = ref_shape.get(lbl)
+            if not full or not local[j] or replicated[j]:
+                continue
+            a, b = _shape(local[j]), _shape(full)
+            if a is None or b is None or len(a) != len(b):
+                continue
+            if a == b:
+                partial[j] = True
+                ref_reason[j] = "same shape as the reference but shards differ"
+            else:
+                diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+                if len(diff) == 1 and a[diff[0]] * k == b[diff[0]]:
+                    shard_dim[j] = diff[0] - len(a)
+    kinds = np.full(n_t, "sharded", dtype=object)
+    reasons = np.full(n_t, "shards differ: statistics merged as one tensor split across ranks", dtype=object)
+    kinds[replicated] = "replicated"
+    reasons[replicated] = "identical statistics on every rank of the group"
+    pmask = partial & ~replicated
+    kinds[pmask] = "partial_sum"
+    reasons[pmask] = "equals the input of a later all-reduce/reduce-scatter (an addend of the full tensor)"
+    for j in np.flatnonzero(pmask & (ref_reason != "")):
+        reasons[j] = str(ref_reason[j])
+    local_only = ~any_present
+    kinds[local_only] = "local"
+    reasons[local_only] = "not recorded on every rank of the group"
+    for j in np.flatnonzero(kinds == "sharded"):
+        if shard_dim[j]:
+            reasons[j] = f"shards differ; split along dim {shard_dim[j]} (reference shape)"
+    return kinds, reasons, shard_dim
+
+
+def _shape(text: Any) -> list[int] | None:
+    try:
+        import json
+
+        v = json.loads(str(text))
+        return [int(x) for x in v] if isinstance(v, list) else None
+    except (ValueError, TypeError):
+        return None
+
+
+def merge_group_dim(
+    ds: xr.Dataset,
+    layout: Layout,
+    dim: str,
+    *,
+    rtol: float = 1e-5,
+    reference: xr.Dataset | None = None,
+) -> tuple[xr.Dataset, Layout]:
+    """Merge one sharding dimension (``"tp"`` or ``"cp"``) of *ds* laid out as *layout*."""
+    groups = layout.groups(dim)
+    new_layout = layout.reduced(dim)
+    kinds, reasons, shard_dim = classify_shards(ds, groups, rtol=rtol, reference=reference)
+    ranks = [int(r) for r in ds["rank"].values]
+    idx = [[ranks.index(r) for r in g] for g in groups]
+    pres = ds["present"].values[:, idx, :]
+    allp = pres.all(axis=2)
+    v = {s: ds[s].values[:, idx, :] for s in ("max", "min", "mean", "norm")}
+    numel = ds["numel"].values[:, idx, :].astype(np.float64)
+    null = ds["null_stats"].values[:, idx, :]
+    first = {s: a[:, :, 0, :] for s, a in v.items()}
+    with np.errstate(invalid="ignore", over="ignore"):
+        sh = {
+            "max": v["max"].max(axis=2),
+            "min": v["min"].min(axis=2),
+            "mean": (v["mean"] * numel).sum(axis=2) / numel.sum(axis=2),
+            "norm": np.sqrt((v["norm"] ** 2).sum(axis=2)),
+        }
+        ps_mean = v["mean"].sum(axis=2)
+    is_sh = (kinds == "sharded")[None, None, :]
+    is_ps = (kinds == "partial_sum")[None, None, :]
+    out_vals = {}
+    for s in ("max", "min", "mean", "norm"):
+        val = np.where(is_sh, sh[s], first[s])
+        if s == "mean":
+            val = np.where(is_ps, ps_mean, val)
+        out_vals[s] = val
+    null_or = np.bitwise_or.reduce(null, axis=2)
+    out_null = np.where(is_sh | is_ps, null_or, null[:, :, 0, :]).astype(np.uint8)
+    ps_bits = NULL_BITS["max"] | NULL_BITS["min"] | NULL_BITS["norm"]
+    out_null = np.where(is_ps, out_null | ps_bits, out_null).astype(np.uint8)
+    for s, bit in NULL_BITS.items():
+        out_vals[s] = np.where(out_null & bit, np.nan, out_vals[s])
+    out_numel = np.where(is_sh, numel.sum(axis=2), numel[:, :, 0, :]).astype(np.int64)
+    out_numel = np.where(allp, out_numel, -1)
+    present = np.where((kinds == "local")[None, None, :], pres[:, :, 0, :], allp)
+    seq = ds["seq"].values[:, [g[0] for g in idx], :]
+    new_ranks = [new_layout.rank_of(**{k: c for k, c in layout.coords(g[0]).items() if k != dim})
+                 for g in groups]
+    dims = ("step", "rank", "tensor")
+    data: dict[str, Any] = {s: (dims, np.where(present, out_vals[s], np.nan)) for s in out_vals}
+    data["present"] = (dims, present)
+    data["null_stats"] = (dims, np.where(present, out_null, 0).astype(np.uint8))
+    data["seq"] = (dims, np.where(present, seq, -1).astype(np.int32))
+    data["numel"] = (dims, np.where(present, out_numel, -1).astype(np.int64))
+    for name in ds.data_vars:
+        if name in data or ds[name].dims != dims:
+            continue
+        data[name] = (dims, ds[name].values[:, [g[0] for g in idx], :])
+    coords = {k: v for k, v in ds.coords.items() if k != "rank" and "rank" not in v.dims}
+    out = xr.Dataset(data, coords={**coords, "rank": np.asarray(new_ranks, np.int64)}, attrs=dict(ds.attrs))
+    prev_kind = out.coords.get(f"shard_kind_{dim}")
+    del prev_kind
+    out = out.assign_coords({f"shard_kind_{dim}": ("tensor", kinds.astype(object)),
+                             f"shard_reason_{dim}": ("tensor", reasons.astype(object)),
+                             f"shard_dim_{dim}": ("tensor", shard_dim)})
+    if reference is not None:
+        ref_shape = reference["shape"].to_series().to_dict()
+        shapes = out["shape"].values.copy()
+        for j, lbl in enumerate(out["tensor"].values):
+            if kinds[j] == "sharded" and shard_dim[j] and lbl in ref_shape:
+                shapes[j] = ref_shape[lbl]
+        out = out.assign_coords(shape=("tensor", shapes))
+    out = out.sortby("rank")
+    return out, new_layout
+
+
+def merge_shards(
+    ds: xr.Dataset,
+    layout: Layout,
+    *,
+    reference: xr.Dataset | None = None,
+    rtol: float = 1e-5,
+) -> xr.Dataset:
+    """Merge a sharded run into whole-layer statistics (one entry per model replica).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run whose ranks are 0 .. world_size-1.
+    layout : Layout
+    reference : xarray.Dataset, optional
+        An unsharded run of the same model; its shapes name the split dimension and single
+        out partial sums by shape.
+    rtol : float
+        Relative tolerance for "identical on every rank" (replicated).
+
+    Returns
+    -------
+    xarray.Dataset
+        Ranks of the reduced layout (tp = cp = pp = ep = 1: one per data-parallel replica);
+        coordinates ``shard_kind_tp`` / ``shard_reason_tp`` / ``shard_dim_tp`` (and ``_cp``)
+        record the classification; ``attrs["merged_layout"]`` the layout.
+
+    Examples
+    --------
+    >>> import precnb
+    >>> merged = precnb.merge_shards(tp2, precnb.Layout(2, tp=2), reference=tp1)  # doctest: +SKIP
+    """
+    if "run" in ds.dims:
+        raise ValueError("merge_shards works on one run; select it with ds.sel(run=...)")
+    ranks = sorted(int(r) for r in ds["rank"].values)
+    if ranks != list(range(layout.world_size)):
+        raise LayoutError(
+            f"layout {layout.describe()} needs ranks 0..{layout.world_size - 1}, the run has "
+            f"{len(ranks)} rank(s) {ranks[:8]}{'…' if len(ranks) > 8 else ''}")
+    out = ds
+    lay = layout
+    if layout.pp > 1 or layout.vpp > 1 or layout.ep > 1:
+        out, lay = relabel_pipeline(out, lay)
+    for dim in ("tp", "cp"):
+        if getattr(lay, dim) > 1:
+            out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=reference)
+    out.attrs["merged_layout"] = layout.describe()
+    return validate(out)

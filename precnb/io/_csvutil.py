@@ -1,0 +1,150 @@
+"""Small CSV helpers shared by the monitor, kernel and compare readers.
+
+All readers open files read-only, accept a UTF-8 byte-order mark, and report problems as
+:class:`~precnb.errors.DumpFormatError` naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from precnb.errors import DumpFormatError
+
+__all__ = ["iter_rows", "parse_float", "parse_shape", "read_header"]
+
+_INTS = re.compile(r"-?\d+")
+_BOOLS = {"true": 1.0, "false": 0.0}
+
+
+def read_header(path: str | Path) -> list[str] | None:
+    """Return the stripped header cells of a CSV file, or None when unreadable.
+
+    Parameters
+    ----------
+    path : str or Path
+
+    Returns
+    -------
+    list of str or None
+
+    Examples
+    --------
+    >>> read_header("/nonexistent.csv") is None
+    True
+    """
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            line = fh.readline(65536)
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not line:
+        return None
+    try:
+        cells = next(csv.reader([line]))
+    except (csv.Error, StopIteration):
+        return None
+    return [c.strip() for c in cells]
+
+
+def iter_rows(path: str | Path) -> Iterator[tuple[int, list[str]]]:
+    """Yield ``(line_number, cells)`` for every non-blank row, header first.
+
+    Parameters
+    ----------
+    path : str or Path
+
+    Yields
+    ------
+    (int, list of str)
+        The physical line number where the row starts (1-based) and its cells.
+
+    Raises
+    ------
+    DumpFormatError
+        When the file cannot be opened, is not UTF-8 text or is not valid CSV.
+    """
+    try:
+        fh = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise DumpFormatError(path, f"cannot open: {exc.strerror or exc}") from exc
+    with fh:
+        reader = csv.reader(fh)
+        start = 1
+        try:
+            for row in reader:
+                if row and any(c.strip() for c in row):
+                    yield start, row
+                start = reader.line_num + 1
+        except csv.Error as exc:
+            raise DumpFormatError(path, f"line {reader.line_num}: malformed CSV: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            where = f"near line {reader.line_num}"
+            raise DumpFormatError(path, f"not UTF-8 text {where}: {exc}") from exc
+
+
+def parse_float(text: str, *, bools: bool = True) -> float | None:
+    """Parse one numeric CSV cell exactly as :func:`float` does.
+
+    Parameters
+    ----------
+    text : str
+        The cell. Surrounding blanks are ignored (compare CSVs write ``" inf"``).
+    bools : bool
+        Accept ``True``/``False`` as 1.0/0.0.
+
+    Returns
+    -------
+    float or None
+        None for empty, ``null``, ``None`` and ``N/A`` cells.
+
+    Raises
+    ------
+    ValueError
+        When the cell is not a number.
+
+    Examples
+    --------
+    >>> parse_float(" inf"), parse_float("null"), parse_float("True")
+    (inf, None, 1.0)
+    """
+    s = text.strip()
+    if not s or s.lower() in ("null", "none", "n/a"):
+        return None
+    if bools and s.lower() in _BOOLS:
+        return _BOOLS[s.lower()]
+    return float(s)
+
+
+def parse_shape(text: str) -> list[int] | None:
+    """Parse a shape cell (``"[4, 16]"``, ``"(1,4096)"``, ``"()"``, ``"torch.Size([2])"``).
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    list of int or None
+        None when the cell holds no shape (empty, ``nan``, ``N/A``).
+
+    Examples
+    --------
+    >>> parse_shape("(1,4096)"), parse_shape("()"), parse_shape("nan")
+    ([1, 4096], [], None)
+    """
+    s = text.strip()
+    if not s or s.lower() in ("nan", "n/a", "none", "null"):
+        return None
+    try:
+        val = json.loads(s)
+    except ValueError:
+        val = None
+    if isinstance(val, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in val):
+        return [int(v) for v in val]
+    if "[" not in s and "(" not in s:
+        return None
+    return [int(v) for v in _INTS.findall(s)]
