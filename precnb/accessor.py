@@ -113,7 +113,7 @@ class PrecAccessor:
 
     # -- diagnosis ---------------------------------------------------------------------
     def first_divergence(self, target: xr.Dataset, **kw: Any) -> Any:
-        """This run as the baseline; see :func:`precnb.first_divergence`."""
+        """Compare with *target*, this run as the baseline; see :func:`precnb.first_divergence`."""
         from precnb.analysis import first_divergence
 
         return first_divergence(self._ds, target, **kw)

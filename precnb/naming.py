@@ -7,8 +7,8 @@ shared by the readers and the analysis functions (it depends on nothing but ``re
 
 Examples
 --------
->>> parse_node("Functional.linear.3.forward")
-NodeName(node='Functional.linear.3.forward', kind='api', api='Functional.linear', module='', direction='forward', call=3)
+>>> parse_node("Functional.linear.3.forward")[1:]
+('api', 'Functional.linear', '', 'forward', 3)
 >>> parse_node("Module.blocks.1.attn.Attention.backward.0").module
 'blocks.1.attn'
 >>> parse_node("Module.fc.Linear.parameters_grad").kind

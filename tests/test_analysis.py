@@ -68,7 +68,7 @@ def _later_tensors(ds, step, rank, tensor):
 
 def test_injected_divergence_found_exactly(tp2):
     lbl = "Functional.gelu.0.forward.output.0" if "Functional.gelu.0.forward.output.0" in tp2.tensor \
-        else [t for t in tp2.tensor.values if t.startswith("Functional.linear.3.forward.output")][0]
+        else next(t for t in tp2.tensor.values if t.startswith("Functional.linear.3.forward.output"))
     target = _perturb(tp2, step=1, rank=1, tensor=lbl)
     # everything after the injection point on rank 1 step 1 differs too
     for t in _later_tensors(tp2, 1, 1, lbl)[:50]:
@@ -82,7 +82,7 @@ def test_injected_divergence_found_exactly(tp2):
 
 def test_divergence_is_communication_aware(tp2):
     """Rank 0 differs first in wall order at an all_reduce output, rank 1 computed it."""
-    ar = [t for t in tp2.tensor.values if t.startswith("Distributed.all_reduce.0.forward.output")][0]
+    ar = next(t for t in tp2.tensor.values if t.startswith("Distributed.all_reduce.0.forward.output"))
     seq = tp2["seq"].sel(step=0)
     compute = [t for t in tp2.tensor.values
                if tp2.kind.sel(tensor=t) == "api" and not is_communication(str(tp2.node.sel(tensor=t).values))
@@ -118,7 +118,7 @@ def test_grad_sum_not_average_hint(tp2):
 
 
 def test_zero_parameter_hint(tp2):
-    p = [t for t in tp2.tensor.values if str(tp2.role.sel(tensor=t).values) == "parameter"][0]
+    p = next(t for t in tp2.tensor.values if str(tp2.role.sel(tensor=t).values) == "parameter")
     target = tp2.copy(deep=True)
     for v in ("max", "min", "mean", "norm"):
         target[v].loc[dict(tensor=p)] = 0.0
@@ -162,7 +162,7 @@ def test_nan_origin_across_ranks(tp2):
         ds["mean"].loc[dict(step=1, rank=1, tensor=t)] = np.nan
     ar = [t for t in tp2.tensor.values if t.startswith("Distributed.all_reduce") and ".output." in t]
     first_ar_after = min((t for t in ar if t in later), key=lambda t: int(tp2.seq.sel(step=1, rank=0, tensor=t)))
-    for t in _later_tensors(tp2, 1, 0, first_ar_after) + [first_ar_after]:
+    for t in [*_later_tensors(tp2, 1, 0, first_ar_after), first_ar_after]:
         ds["mean"].loc[dict(step=1, rank=0, tensor=t)] = np.nan
     f = nan_origin(ds)
     assert (f.kind, f.step, f.rank, f.node) == ("nan_origin", 1, 1, "Functional.softmax.1.forward")
@@ -183,7 +183,7 @@ def test_nan_through_inputs(tp2):
 
 def test_new_overflow_inf_is_origin_but_masks_are_not(tp2):
     ds = tp2.copy(deep=True)
-    lbl = [t for t in tp2.tensor.values if t.startswith("Functional.linear.2.forward.output")][0]
+    lbl = next(t for t in tp2.tensor.values if t.startswith("Functional.linear.2.forward.output"))
     ds["max"].loc[dict(step=1, rank=0, tensor=lbl)] = np.inf
     f = nan_origin(ds)
     assert (f.kind, f.step, f.rank, f.tensor) == ("nan_origin", 1, 0, lbl)

@@ -49,7 +49,7 @@ def test_info_broken_rank_exits_1_and_names_file(capsys, tmp_path):
 def test_convert_round_trip(capsys, tmp_path):
     src = shared_path(*S, "S1_baseline", "md5")
     out_store = tmp_path / "run.zarr"
-    code, out, _ = run(capsys, "convert", str(src), "-o", str(out_store))
+    code, _out, _ = run(capsys, "convert", str(src), "-o", str(out_store))
     assert code == 0 and out_store.is_dir()
     xr.testing.assert_identical(precnb.open_run(src), precnb.open_run(out_store))
     code, _, err = run(capsys, "convert", str(src), "-o", str(out_store))

@@ -206,7 +206,8 @@ def test_bare_nan_tokens_megatron_construct_and_old_param_grad(tmp_path):
     (d / "construct.json").write_text(json.dumps({
         "Module.layers.0.Linear.forward.0": ["Module.Model.forward.0", 1],
         "megatron_micro_step_number": 2}))
-    (d / "stack.json").write_text(json.dumps({"0": [["Module.layers.0.Linear.forward.0"], ["File a, line 1, in f, \n x"]]}))
+    stack = {"0": [["Module.layers.0.Linear.forward.0"], ["File a, line 1, in f, \n x"]]}
+    (d / "stack.json").write_text(json.dumps(stack))
     ds = precnb.open_run(tmp_path)
     assert list(ds.step.values) == [3] and list(ds["rank"].values) == [2]
     x = ds.sel(tensor="Module.layers.0.Linear.forward.0.input.0", step=3, rank=2)
@@ -248,7 +249,7 @@ def test_broken_rank_file_is_reported_and_others_load(tmp_path):
     rep = precnb.load_report(ds)
     (path, reason), = rep.skipped
     assert path.endswith("rank1/dump.json") and "line" in reason and "column" in reason
-    with pytest.raises(precnb.errors.DumpFormatError, match="rank1/dump.json"):
+    with pytest.raises(precnb.errors.DumpFormatError, match=r"rank1/dump\.json"):
         precnb.open_run(tmp_path, errors="raise")
 
 

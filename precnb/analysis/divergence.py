@@ -38,7 +38,7 @@ def structural_differences(cmp: Comparison) -> list[dict[str, Any]]:
         m = mine.values  # (step, rank, tensor)
         o = other.values
         n_nodes = len(uniq)
-        node_m = np.zeros(m.shape[:2] + (n_nodes,), bool)
+        node_m = np.zeros((*m.shape[:2], n_nodes), bool)
         node_o = np.zeros_like(node_m)
         for j in range(m.shape[2]):  # small loop over tensors; vectorised over (step, rank)
             node_m[:, :, inv[j]] |= m[:, :, j]
@@ -184,7 +184,8 @@ def first_divergence(
     else:
         why = "an input differs before any recorded op changed it"
     if origin.inherited:
-        why = "the output of a collective differs while this rank's own inputs agree (no rank has an earlier local difference)"
+        why = ("the output of a collective differs while this rank's own inputs agree "
+               "(no rank has an earlier local difference)")
     reason = f"{origin.node} at step {step}, rank {r}: {why}"
     # structural difference just before the divergence on the same (step, rank)
     before = [s for s in structural if s["step"] == step and s["rank"] == r]

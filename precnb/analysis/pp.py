@@ -109,7 +109,7 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
     # per-rank label maps
     label_maps: dict[int, np.ndarray] = {}
     member_order: dict[int, tuple[int, int]] = {}
-    for new, members in groups.items():
+    for members in groups.values():
         members.sort(key=lambda r: (layout.coords(r)["pp"], layout.coords(r)["ep"]))
         offsets: dict[str, int] = defaultdict(int)
         for r in members:

@@ -47,7 +47,7 @@ def summarize(ds: xr.Dataset) -> dict[str, Any]:
         "steps": [int(s) for s in ds["step"].values],
         "ranks": [int(r) for r in ds["rank"].values],
         "tensors": int(ds.sizes["tensor"]),
-        "nodes": int(len(np.unique(ds["node"].values))) if ds.sizes["tensor"] else 0,
+        "nodes": len(np.unique(ds["node"].values)) if ds.sizes["tensor"] else 0,
         "records": int(present.sum()),
         "task": ds.attrs.get("task", ""),
         "level": ds.attrs.get("level", ""),

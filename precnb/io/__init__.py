@@ -5,9 +5,9 @@ See :mod:`precnb.schema` for the contract. Start with :func:`open_run`.
 
 from __future__ import annotations
 
+from precnb.combine import combine_runs
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
 from precnb.io.api import FORMATS, detect_format, load_report, open_run, open_runs
-from precnb.combine import combine_runs
 
 __all__ = [
     "FORMATS",

@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 import xarray as xr
 
+from precnb.combine import combine_runs
 from precnb.errors import NotADumpError, PrecnbError
 from precnb.io._assemble import FileRecords, LoadReport, assemble
-from precnb.combine import combine_runs
 
 __all__ = ["FORMATS", "detect_format", "load_report", "open_run", "open_runs"]
 
@@ -190,7 +190,7 @@ def _open_msprobe(path: Path, *, errors: Any, client: Any, progress: bool | None
 def open_run(
     path: str | os.PathLike[str],
     *,
-    format: str | None = None,  # noqa: A002 - mirrors xarray's engine= naming
+    format: str | None = None,
     steps: Sequence[int] | None = None,
     ranks: Sequence[int] | None = None,
     errors: Literal["report", "raise"] = "report",

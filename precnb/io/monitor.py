@@ -382,10 +382,7 @@ def _describe(family: str, name: str) -> tuple[str, str, str]:
     if family in ("actv", "actv_grad") or family.endswith("_hook"):
         m = _IO_NAME.match(name)
         module = m["module"] if m else name
-        if family == "actv":
-            role = m["io"] if m else ""
-        else:
-            role = "grad" if family == "actv_grad" else ""
+        role = (m["io"] if m else "") if family == "actv" else "grad" if family == "actv_grad" else ""
         return module, direction, role
     return "", direction, ""
 

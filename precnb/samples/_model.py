@@ -37,7 +37,7 @@ class ModelConfig:
             f"TinyGPT: vocab {self.vocab}, hidden {self.hidden}, {self.heads} heads, "
             f"ffn {self.ffn}, {self.blocks} pre-norm blocks (RMSNorm), seq {self.seq}, "
             f"batch {self.batch} per rank, no biases, AdamW(lr={self.lr}, "
-            f"weight_decay={self.weight_decay}, foreach=False), no grad clipping, seed {self.seed}"
+            f"weight_decay={self.weight_decay}, fused=True), no grad clipping, seed {self.seed}"
         )
 
 
@@ -50,8 +50,9 @@ class Faults:
     nan_attention_block:
         Block index whose attention scores get ``+ sqrt(poison)``, where ``poison`` is zero
         everywhere except ``-1`` at ``nan_position`` while ``nan_active`` is true (so the
-        ``Torch.sqrt`` output holds exactly one NaN and its input is finite). ``None`` disables
-        the extra ops altogether.
+        ``Torch.sqrt`` output holds exactly one NaN and its input is finite). The position is
+        assigned (``Tensor.__setitem__``) on every step so all ranks and steps record the same
+        nodes. ``None`` disables the extra ops altogether.
     nan_active:
         Whether the poison holds the ``-1`` in this step (otherwise it is all zeros and the
         extra ops change nothing).
@@ -80,13 +81,27 @@ class _CopyToTP(torch.autograd.Function):
     """Identity in forward, all-reduce of the input gradient in backward (Megatron ``f``)."""
 
     @staticmethod
-    def forward(ctx, x):  # noqa: D102
+    def forward(ctx, x):
         return x
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: D102
+    def backward(ctx, grad):
         grad = grad.clone()
         dist.all_reduce(grad)
+        return grad
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """In-place all-reduce of the partial sums in forward, identity in backward (Megatron ``g``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
         return grad
 
 
@@ -101,7 +116,7 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(shard)
         self.tp = tp
 
-    def forward(self, x):  # noqa: D102
+    def forward(self, x):
         if self.tp.size > 1:
             x = _CopyToTP.apply(x)
         return F.linear(x, self.weight)
@@ -118,10 +133,10 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(shard)
         self.tp = tp
 
-    def forward(self, x):  # noqa: D102
+    def forward(self, x):
         partial = F.linear(x, self.weight)
         if self.tp.size > 1:
-            dist.all_reduce(partial)
+            return _ReduceFromTP.apply(partial)
         return partial
 
 
@@ -133,7 +148,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x):  # noqa: D102
+    def forward(self, x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
@@ -163,7 +178,7 @@ class Attention(nn.Module):
         mask = torch.triu(torch.ones(cfg.seq, cfg.seq, dtype=torch.bool), diagonal=1)
         self.register_buffer("causal_mask", mask, persistent=False)
 
-    def forward(self, x):  # noqa: D102
+    def forward(self, x):
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.local_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.local_heads, self.head_dim).transpose(1, 2)
@@ -171,8 +186,8 @@ class Attention(nn.Module):
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         if self.faults.nan_attention_block == self.index:
             poison = torch.zeros_like(scores)
-            if self.faults.nan_active:
-                poison[self.faults.nan_position] = -1.0
+            # same ops on every step and rank; only the value differs when the fault is active
+            poison[self.faults.nan_position] = -1.0 if self.faults.nan_active else 0.0
             scores = scores + torch.sqrt(poison)
         scores = scores.masked_fill(self.causal_mask[:s, :s], float("-inf"))
         probs = F.softmax(scores, dim=-1)
@@ -190,13 +205,10 @@ class MLP(nn.Module):
         self.up_proj = _make_linear(cfg.hidden, cfg.ffn, "column", tp)
         self.down_proj = _make_linear(cfg.ffn, cfg.hidden, "row", tp)
 
-    def forward(self, x):  # noqa: D102
+    def forward(self, x):
         h = self.up_proj(x)
         dtype = self.faults.mlp_act_dtype.get(self.index)
-        if dtype is not None:
-            h = F.gelu(h.to(dtype)).to(torch.float32)
-        else:
-            h = F.gelu(h)
+        h = F.gelu(h) if dtype is None else F.gelu(h.to(dtype)).to(torch.float32)
         return self.down_proj(h)
 
 
@@ -210,7 +222,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden)
         self.mlp = MLP(cfg, index, faults, tp)
 
-    def forward(self, x):  # noqa: D102
+    def forward(self, x):
         x = x + self.attn(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
 
@@ -229,7 +241,7 @@ class TinyGPT(nn.Module):
         self.norm_out = RMSNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
-    def forward(self, tokens):  # noqa: D102
+    def forward(self, tokens):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
@@ -244,7 +256,12 @@ def make_batch(cfg: ModelConfig, step: int, data_rank: int) -> tuple[torch.Tenso
 
 
 def make_optimizer(model: nn.Module, cfg: ModelConfig) -> torch.optim.Optimizer:
-    """AdamW with the single-tensor (foreach=False) implementation, as on CPU by default."""
+    """AdamW with the fused implementation (one ``Torch._fused_adamw_`` record per step).
+
+    The CPU default (single-tensor, ``foreach=False``) records about nine in-place ops per
+    parameter, which would make the committed dumps ~40% larger; the shared S1 sample already
+    shows that form.
+    """
     return torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True
     )
