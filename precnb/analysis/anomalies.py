@@ -40,7 +40,7 @@ class SpikeRule:
     z: float = 10.0
     ratio: float = 5.0
     rel_floor: float = 0.05
-    min_history: int = 2
+    min_history: int = 1
 
 
 def _spikes(values: np.ndarray, rec: np.ndarray, rule: SpikeRule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

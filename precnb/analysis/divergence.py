@@ -11,7 +11,13 @@ import xarray as xr
 from precnb.analysis.compare import Comparison, compare_runs
 from precnb.analysis.evidence import entry_values, first_by_seq, node_evidence
 from precnb.analysis.findings import Finding
-from precnb.analysis.hints import divergence_hints, grad_ratio_hint, structural_hints, zero_parameter_hints
+from precnb.analysis.hints import (
+    divergence_hints,
+    grad_ratio_hint,
+    ratio_hint,
+    structural_hints,
+    zero_parameter_hints,
+)
 from precnb.analysis.order import first_event_per_rank, pick_origin
 from precnb.analysis.tolerance import Tolerance
 
@@ -53,10 +59,9 @@ def structural_differences(cmp: Comparison) -> list[dict[str, Any]]:
             first_seq = int(sv[sv >= 0].min()) if (sv >= 0).any() else -1
             out.append({"node": str(uniq[k]), "only_in": run, "step": int(ds["step"].values[si]),
                         "rank": int(ds["rank"].values[ri]), "count": int(only[:, :, k].sum()),
-                        "_order": (int(si), first_seq)})
-    out.sort(key=lambda d: d["_order"])
-    for d in out:
-        del d["_order"]
+                        "seq": first_seq, "tensor": str(ds["tensor"].values[cols[0]]),
+                        "module": str(ds["module"].values[cols[0]])})
+    out.sort(key=lambda d: (d["step"], d["seq"], d["rank"]))
     return out
 
 
@@ -135,7 +140,7 @@ def first_divergence(
     b, t = ds.isel(run=0), ds.isel(run=1)
     hints: list[str] = []
     world = int(ds.sizes["rank"])
-    gh = grad_ratio_hint(b, t, cmp.both, world, names)
+    gh = grad_ratio_hint(b, t, cmp.both, world, names) or ratio_hint(b, t, diff, world, names)
     if gh:
         hints.append(gh)
     hints += zero_parameter_hints(b, t, cmp.both, names)
@@ -195,7 +200,7 @@ def first_divergence(
                              origin_seq=origin.seq, first_step=step,
                              steps=[int(s) for s in ds["step"].values],
                              dtype_changed=cmp.dtype_changed, shape_changed=cmp.shape_changed,
-                             names=names) + hints
+                             names=names, structural_before=[x["node"] for x in before]) + hints
     suspects: list[dict[str, Any]] = [{"step": step, "rank": r, "node": origin.node, "tensor": tensor,
                                        "why": "origin", "epoch": origin.epoch}]
     for e in others:
@@ -218,10 +223,41 @@ def first_divergence(
     evidence = node_evidence(ev_ds, origin.node) or {}
     if j_api is not None:
         evidence["first_api_node"] = str(b["node"].values[j_api])
+    # the first differing module: the innermost module around the first differing API, and the
+    # first Module record (msprobe writes a module's record when it completes) that differs
+    parent = str(b["parent"].values[j]) if str(b["kind"].values[j]) == "api" else origin.node
+    evidence["first_module"] = module or ""
+    evidence["first_module_node"] = parent
     if j_mod is not None:
-        evidence["first_module_node"] = str(b["node"].values[j_mod])
-        evidence["first_module"] = str(b["module"].values[j_mod])
+        evidence["first_differing_module_record"] = str(b["node"].values[j_mod])
     evidence["ranks_with_differences"] = [e.rank for e in events]
+    # an op that exists in one run only and runs before the first value difference is the cause
+    side_of = {names[0]: 0, names[1]: 1}
+    pre = []
+    for x in structural:
+        if x["step"] < step:
+            pre.append(x)
+        elif x["step"] == step and x["rank"] == r and x["seq"] >= 0:
+            own = int(ds["seq"].isel(run=side_of[x["only_in"]]).values[si, ri, j])
+            if own >= 0 and x["seq"] < own:
+                pre.append(x)
+    if pre:
+        x = pre[0]
+        evidence["first_value_difference"] = {"step": step, "rank": r, "node": origin.node, "tensor": tensor,
+                                              "reason": reason}
+        evidence.update({k: v for k, v in node_evidence(b if x["only_in"] == names[0] else t,
+                                                        x["node"]).items()})
+        missing = names[1] if x["only_in"] == names[0] else names[0]
+        reason = (f"{x['node']} runs in {x['only_in']} but not in {missing} (step {x['step']}, rank {x['rank']}), "
+                  f"before the first value difference ({origin.node}, step {step}, rank {r})")
+        suspects.insert(0, {"step": x["step"], "rank": x["rank"], "node": x["node"], "tensor": x["tensor"],
+                            "why": f"only in {x['only_in']}"})
+        own_ds = cmp.base if x["only_in"] == names[0] else cmp.targ
+        pre_values = {x["only_in"]: entry_values(own_ds, step=x["step"], rank=x["rank"], tensor=x["tensor"]),
+                      "first_value_difference": {"tensor": tensor, **values}}
+        return Finding(kind="first_divergence", reason=reason, step=x["step"], rank=x["rank"], node=x["node"],
+                       tensor=x["tensor"], module=x["module"] or None, values=pre_values, structural=struct_out,
+                       crc_only=crc_only, hints=hints, suspects=suspects, evidence=evidence, stats=stats)
     return Finding(kind="first_divergence", reason=reason, step=step, rank=r, node=origin.node,
                    tensor=tensor, module=module, values=values, structural=struct_out,
                    crc_only=crc_only, hints=hints, suspects=suspects, evidence=evidence, stats=stats)

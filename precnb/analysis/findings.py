@@ -126,8 +126,12 @@ class Finding:
                 lines.append(f"  module {self.module}")
         for k, v in self.values.items():
             if isinstance(v, dict):
-                vs = "  ".join(f"{a}={_fmt(b)}" for a, b in v.items())
+                flat = {a: b for a, b in v.items() if not isinstance(b, dict)}
+                vs = "  ".join(f"{a}={_fmt(b)}" for a, b in flat.items())
                 lines.append(f"  {k:<9} {vs}")
+                for a, b in v.items():
+                    if isinstance(b, dict):
+                        lines.append(f"    {a:<9} " + "  ".join(f"{c}={_fmt(d)}" for c, d in b.items()))
         for h in self.hints:
             lines.append(f"  hint: {h}")
         if self.structural:

@@ -48,6 +48,33 @@ def grad_ratio_hint(b: xr.Dataset, t: xr.Dataset, both: xr.DataArray, world_size
     return None
 
 
+def ratio_hint(b: xr.Dataset, t: xr.Dataset, differs: xr.DataArray, world_size: int,
+               names: tuple[str, str]) -> str | None:
+    """Differing tensors whose target/baseline norm ratio is one integer (e.g. the DP world size)."""
+    nb = b["norm"].values[differs.values]
+    nt = t["norm"].values[differs.values]
+    ok = np.isfinite(nb) & np.isfinite(nt) & (np.abs(nb) > 0) & (np.abs(nt) > 0)
+    if ok.sum() < 3:
+        return None
+    ratio = nt[ok] / nb[ok]
+    for inverse in (False, True):
+        r = 1 / ratio if inverse else ratio
+        k = round(float(np.median(r)))
+        if k < 2:
+            continue
+        near = np.abs(r - k) <= 0.01 * k
+        if near.mean() < 0.5:
+            continue
+        big, small = (names[0], names[1]) if inverse else (names[1], names[0])
+        msg = (f"{int(near.sum())} of {int(ok.sum())} differing tensors have norms exactly {k}× larger in {big} "
+               f"than in {small}")
+        if k == world_size:
+            msg += (f"; {k} is the data-parallel world size: gradients summed, not averaged "
+                    "(missing division by world size after the all-reduce)")
+        return msg
+    return None
+
+
 def zero_parameter_hints(b: xr.Dataset, t: xr.Dataset, both: xr.DataArray, names: tuple[str, str],
                          limit: int = 3) -> list[str]:
     """Parameters whose statistics are exactly zero in one run only (weights not loaded)."""
@@ -106,6 +133,7 @@ def divergence_hints(
     dtype_changed: dict[str, tuple[str, str]],
     shape_changed: dict[str, tuple[str, str]] | None = None,
     names: tuple[str, str],
+    structural_before: list[str] | None = None,
 ) -> list[str]:
     """Hints about the divergence point itself."""
     hints: list[str] = []
@@ -131,6 +159,14 @@ def divergence_hints(
     if origin_role == "input" and origin_seq == 0:
         hints.append("the very first input of the step differs: the input batch differs "
                      "(data order, shuffling seed or preprocessing)")
+    elif origin_role == "input" and structural_before:
+        hints.append(f"ops present in one run only ran before this point on this rank "
+                     f"({', '.join(structural_before[:3])}{'…' if len(structural_before) > 3 else ''}): "
+                     "they explain why this input differs")
+    elif origin_role == "input":
+        hints.append("this input differs although no earlier recorded op differs: it was produced by "
+                     "an op that was not dumped (msprobe's scope/list/risk level, e.g. dtype casts "
+                     "such as Tensor.to, or code outside hooked APIs)")
     elif origin_role == "parameter":
         if first_step != min(steps):
             hints.append(f"parameters agree before step {first_step} but not at it: the optimizer "

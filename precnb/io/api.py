@@ -234,7 +234,9 @@ def open_run(
     >>> ds = precnb.open_run(precnb.sample_path("healthy"))  # doctest: +SKIP
     >>> ds.sizes  # doctest: +SKIP
     """
-    p = Path(path)
+    from precnb.io._resolve import resolve_input
+
+    p = Path(path) if format else resolve_input(Path(path))
     fmt = format or detect_format(p)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")

@@ -1,0 +1,137 @@
+"""Generator of the committed msprobe sample dumps (``data_samples/``).
+
+Runs a tiny GPT-like model on CPU under the real MindStudio Probe (msprobe) and writes raw
+msprobe output plus a ``ground_truth.json`` per sample that records exactly what was injected
+and where (the node names are read back from the produced dumps)::
+
+    python -m precnb.samples [--out data_samples] [--only NAME ...]
+
+Importing this package does not import torch or msprobe; they are imported when a sample is
+generated (install them with ``pip install 'precnb[samples]'``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+__all__ = [
+    "COMMAND",
+    "INSTALL_HINT",
+    "SAMPLE_NAMES",
+    "generate",
+    "main",
+    "require_generator_deps",
+]
+
+SAMPLE_NAMES: tuple[str, ...] = ("healthy", "dp_nan", "divergence", "dp_sum", "tp", "monitor")
+"""Names of the samples (folders under the output directory), in generation order."""
+
+INSTALL_HINT = "pip install 'precnb[samples]'"
+COMMAND = "python -m precnb.samples --out data_samples"
+
+
+def require_generator_deps() -> None:
+    """Import torch and msprobe, raising an ImportError that names the install command."""
+    missing = []
+    for module in ("torch", "msprobe.pytorch"):
+        try:
+            __import__(module)
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            missing.append(f"{module} ({exc})")
+    if missing:
+        raise ImportError(
+            "the sample generator needs torch==2.13.0 and mindstudio-probe==26.2.0; missing: "
+            + ", ".join(missing)
+            + f". Install them with: {INSTALL_HINT}"
+        )
+
+
+def generate(
+    out: str | Path = "data_samples",
+    only: Iterable[str] | None = None,
+    log: Callable[[str], None] = print,
+    write_readme: bool = True,
+    log_dir: str | Path | None = None,
+) -> list[Path]:
+    """Generate samples into ``out`` (each sample folder is replaced) and return their paths.
+
+    Parameters
+    ----------
+    out:
+        Output folder (created if needed).
+    only:
+        Sample names to generate (default: all of :data:`SAMPLE_NAMES`).
+    log:
+        Progress callback.
+    write_readme:
+        Rewrite ``out/README.md`` from every ``ground_truth.json`` found under ``out``.
+    log_dir:
+        Keep the worker processes' logs (msprobe's output) in this folder; by default they go
+        to a temporary folder that is removed after a successful run.
+    """
+    names = list(only) if only else list(SAMPLE_NAMES)
+    unknown = [n for n in names if n not in SAMPLE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown sample(s) {unknown}; choose from {list(SAMPLE_NAMES)}")
+    require_generator_deps()
+    from . import _readme, _scenarios
+
+    out_path = Path(out).resolve()
+    out_path.mkdir(parents=True, exist_ok=True)
+    keep_logs = log_dir is not None
+    if keep_logs:
+        log_dir = Path(log_dir).resolve()
+        log_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        log_dir = Path(tempfile.mkdtemp(prefix="precnb-samples-logs-"))
+    ctx = _scenarios.Context(out=out_path, log_dir=log_dir, command=COMMAND, log=log)
+    done = []
+    try:
+        for name in (n for n in SAMPLE_NAMES if n in names):
+            t0 = time.monotonic()
+            log(f"[precnb.samples] generating {name} ...")
+            done.append(_scenarios.generate_one(ctx, name))
+            log(f"[precnb.samples]   {name} done in {time.monotonic() - t0:.1f} s")
+    except Exception:
+        log(f"[precnb.samples] failed; worker logs kept in {log_dir}")
+        raise
+    if not keep_logs:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    if write_readme:
+        _readme.write_readme(out_path)
+        log(f"[precnb.samples] wrote {out_path / 'README.md'}")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point of ``python -m precnb.samples``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m precnb.samples",
+        description="Generate msprobe sample dumps (real msprobe, tiny GPT on CPU).",
+    )
+    parser.add_argument(
+        "--out", default="data_samples", help="output folder (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=SAMPLE_NAMES,
+        metavar="NAME",
+        help=f"generate only these samples: {', '.join(SAMPLE_NAMES)}",
+    )
+    parser.add_argument("--no-readme", action="store_true", help="do not rewrite README.md")
+    parser.add_argument("--logs", metavar="DIR", help="keep the workers' msprobe logs in DIR")
+    args = parser.parse_args(argv)
+    try:
+        generate(args.out, args.only, write_readme=not args.no_readme, log_dir=args.logs)
+    except ImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

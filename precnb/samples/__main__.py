@@ -1,0 +1,8 @@
+"""``python -m precnb.samples``: regenerate the msprobe sample dumps."""
+
+import sys
+
+from . import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Write ``data_samples/README.md`` from the samples' ``ground_truth.json`` files (no torch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import SAMPLE_NAMES
+from ._dumps import rank_dirs, step_dirs
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _kb(n: int) -> str:
+    return f"{n / 1e3:.1f} kB"
+
+
+def _dump_root_lines(root: Path, indent: str) -> list[str]:
+    lines = []
+    for step, sdir in step_dirs(root):
+        for rdir in rank_dirs(sdir):
+            files = ", ".join(
+                f"{f.name} {_kb(f.stat().st_size)}" for f in sorted(rdir.iterdir()) if f.is_file()
+            )
+            lines.append(f"{indent}step{step}/{rdir.name}/  ({files})")
+    return lines
+
+
+def _tree(sample: Path) -> list[str]:
+    lines = [f"{sample.name}/  ({_mb(_size(sample))})"]
+    for child in sorted(sample.iterdir()):
+        if child.is_file():
+            lines.append(f"  {child.name}  ({_kb(_size(child))})")
+        elif step_dirs(child):
+            lines.append(f"  {child.name}/  (dump root, {_mb(_size(child))})")
+            lines += _dump_root_lines(child, "    ")
+        elif child.name.startswith("step"):
+            continue
+        elif child.name == "monitor_output":
+            lines.append(f"  {child.name}/  ({_mb(_size(child))})")
+            for sub in sorted(child.iterdir()):
+                if sub.name == "anomaly_detected":
+                    for f in sorted(sub.rglob("*.json")):
+                        lines.append(f"    {f.relative_to(child)}  ({_kb(_size(f))})")
+                else:
+                    csvs = sorted(sub.glob("*.csv"))
+                    lines.append(
+                        f"    {sub.name}/  ({len(csvs)} CSV files, {_kb(_size(sub))}: "
+                        f"{csvs[0].name} ... {csvs[-1].name})"
+                    )
+        else:
+            lines.append(
+                f"  {child.name}/  "
+                + ", ".join(f"{f.name}" for f in sorted(child.iterdir()) if f.is_file())
+            )
+    if step_dirs(sample):
+        lines.insert(1, "  (dump root = this folder)")
+        lines += _dump_root_lines(sample, "  ")
+    return lines
+
+
+def _fault_line(f: dict[str, Any]) -> str:
+    where = f"step {f['step']}, rank {f['rank']}"
+    what = f.get("node") or f.get("name")
+    role = f" ({f['role']})" if "role" in f else ""
+    where += f", `{what}`" if what else ""
+    return f"- **{f['kind']}{role}**: {where}" + (
+        f" in `{f['dump_json']}`"
+        if "dump_json" in f
+        else (f" in `{f['csv']}`" if "csv" in f else "")
+    )
+
+
+def _digest(gt: dict[str, Any]) -> list[str]:
+    name = gt["scenario"]
+    out: list[str] = []
+    if name == "healthy":
+        c = gt["checks"]
+        out.append(f"- no fault; first NaN node per step: {c['first_nan_node_by_step']}")
+        out.append(
+            f"- non-finite statistics in healthy step 0 (causal mask): "
+            f"{sorted(c['nonfinite_stats_step0'])}"
+        )
+        out.append(f"- rank folder: `{gt['rank_dir_names'][0]}` ({gt['rank_dir_note']})")
+    elif name == "dp_nan":
+        for f in gt["faults"]:
+            out.append(_fault_line(f))
+        origin = gt["faults"][0]
+        out.append(
+            f"- origin module `{origin['module']}`; next NaN node `{origin['next_nan_node']}`"
+        )
+        for k, v in gt["checks"]["per_step_rank"].items():
+            out.append(f"- {k}: first NaN node `{v['first_nan_node']}`")
+    elif name == "divergence":
+        for f in gt["faults"]:
+            out.append(_fault_line(f) + f" — differing leaves: {sorted(f['differing_leaves'])}")
+        for k, v in gt["checks"]["per_step_rank"].items():
+            out.append(
+                f"- {k}: first differing node `{v['first_differing_node']}` "
+                f"({v['differing_nodes']} of {v['nodes']} nodes differ)"
+            )
+    elif name == "dp_sum":
+        for k, v in gt["nodes_only_in_baseline"].items():
+            out.append(
+                f"- {k}: only in baseline: `{v[0]}` ... `{v[-1]}` ({len(v)} nodes); "
+                "only in target: none"
+            )
+        out.append(
+            f"- step 0 gradient norm ratio target/baseline: "
+            f"{gt['checks']['step0_grad_norm_ratio_target_over_baseline']}"
+        )
+        out.append(
+            f"- first common node that differs: {gt['checks']['first_common_differing_node']}"
+        )
+    elif name == "tp":
+        for step, c in gt["checks"].items():
+            rel = ", ".join(f"{k}: {v['count']}" for k, v in c["by_relation"].items())
+            out.append(
+                f"- {step}: {rel}; partial sums: "
+                + ", ".join(f"`{x['node']}` {x['leaf']}" for x in c["partial_sum_tensors"])
+                + "; nodes only in "
+                f"tp2: {len(c['nodes_only_in_tp2'])} (Distributed.all_reduce)"
+            )
+        out.append("- per module (step 0):")
+        for m in gt["module_correspondence"]:
+            out.append(
+                f"  - `{m['module']}` ({m['kind']}): weight {m['parameters.weight']}, "
+                f"input {m['forward.input']}, output {m['forward.output']}, "
+                f"`{m['inner_api']}` output {m['inner_api.output']}"
+            )
+        out.append("- every tensor's relation: `tensors` in ground_truth.json")
+    elif name == "monitor":
+        for f in gt["faults"]:
+            line = _fault_line(f)
+            if f["kind"] == "gradient_spike":
+                line += (
+                    f" — grad_unreduced total norm x"
+                    f"{f['grad_unreduced_total_norm_ratio_vs_previous_step']:.0f} vs step "
+                    f"{f['step'] - 1}"
+                )
+            out.append(line)
+        for r, facts in gt["facts_from_csvs"].items():
+            a = facts["first_nan_step_and_names_in_csv_order"].get("actv")
+            if a:
+                out.append(f"- {r}: first NaN activation step {a['step']}: `{a['names'][0]}`")
+        for r, a in gt["anomaly_detected_summary"].items():
+            if a and a["first_AnomalyNan_excluding_embed.input"]:
+                e = a["first_AnomalyNan_excluding_embed.input"]
+                out.append(
+                    f"- {r} anomaly.json: {a['entries']} entries; first AnomalyNan (not "
+                    f"embed.input): step {e['step']} `{e['tag_name']}`"
+                )
+    return out
+
+
+_NOTES = """\
+## msprobe behaviour observed while generating (msprobe 26.2.0, torch 2.13.0+cpu)
+
+- Dump layout `<dump root>/step<N>/<rank dir>/{dump.json, construct.json, stack.json}`. The rank
+  folder is `rank<R>` when torch.distributed is initialised before the first `start()` (also for a
+  world size of 1: `tp/tp1`), otherwise `proc<PID>` (`healthy/`). The PID changes on every
+  regeneration; the generator keeps what msprobe writes.
+- dump.json holds bare `NaN`, `Infinity`, `-Infinity` tokens (Python's `json` reads them; strict
+  JSON parsers do not). The generator's `ground_truth.json` files also contain `NaN` where losses or
+  norms are NaN.
+- With the default `risk_level` (FOCUS) low-risk APIs (`Tensor.to`, `view`, `reshape`,
+  `transpose`, `clone`, ...) are recorded in construct.json but not in dump.json. In `divergence/`
+  the bfloat16 cast itself (`Tensor.to`) is therefore invisible: the first differing node,
+  `Functional.gelu.0.forward`, already has a differing (bfloat16) *input*, while the
+  `Functional.linear` that produced that input is identical.
+- Statistics are taken when the hook runs: `Distributed.all_reduce.N.forward` has
+  `input_args` = before and `output` = after the reduction; a `Functional.linear` output that is
+  all-reduced in place afterwards keeps its pre-reduction (partial-sum) statistics, while the
+  enclosing module's output record shows the reduced value (`tp/`).
+- Collectives issued during backward (`_CopyToTP.backward` in `tp/tp2`) are still named
+  `Distributed.all_reduce.N.forward`.
+- API backward records (`X.N.backward`) exist; `Functional.linear.N.backward` has `input` = the
+  grad of the output and `output` = the grad of its 2-D view (`[tokens, features]`), not the grad of
+  the linear's input.
+- The optimizer is `torch.optim.AdamW(fused=True)`, recorded as one `Torch._fused_adamw_.0.forward`
+  node whose `input_args` are lists (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps).
+  The CPU default single-tensor AdamW records ~9 ops per parameter and made the samples exceed the
+  size budget (the shared S1 sample shows that form).
+- torch warns "Full backward hook is firing when gradients are computed with respect to module
+  outputs since no inputs require gradients" on every backward (msprobe's module hook on the
+  embedding, whose input is integer token ids); harmless.
+- TrainerMon: one folder per rank named `<Mon><DD>_<HH-MM-SS>-rank<R>-<uuid8>` (time in
+  Asia/Shanghai, so names change on regeneration); `shape` and `dtype` are appended to the
+  configured ops; `exp_avg`/`exp_avg_sq` have no step-0 CSV ("optimizer state can not
+  accessed" is logged at step 0); `embed.input` rows of `actv_grad` are all `nan` (int token
+  ids have no grad), so AnomalyNan fires on them at every step; anomaly.json keeps only the
+  last op per tag and step, so the grad-norm hits of the spike are only in the log (counted
+  in ground_truth.json).
+- TrainerMon is created with `params_have_main_grad=False` (plain PyTorch grads, no Megatron
+  `main_grad`) and `set_monitor(model, optimizer=opt, grad_acc_steps=1)`; the data-parallel
+  all-reduce is a manual loop over `model.parameters()`, so `grad_reduced` is read in the
+  optimizer pre-step hook after it.
+- The row-parallel all-reduce is done inside an autograd.Function (`_ReduceFromTP`, identity in
+  backward, like Megatron): a bare in-place `dist.all_reduce` on a tensor that requires grad makes
+  torch warn that `c10d::allreduce_` has no autograd kernel.
+- Fault injection for NaN: `scores + torch.sqrt(poison)` with `poison` zero except `-1` at one
+  position on the faulty step/rank. The same ops run on every step and rank (the position is
+  written with `Tensor.__setitem__` every time), so node names line up across ranks and steps and
+  `Torch.sqrt.0.forward` is an API whose input is finite and whose output holds the NaN.
+"""
+
+
+def write_readme(out: str | Path) -> Path:
+    """Rewrite ``out/README.md`` describing every sample that has a ground_truth.json."""
+    out = Path(out)
+    gts = {}
+    for name in SAMPLE_NAMES:
+        path = out / name / "ground_truth.json"
+        if path.exists():
+            with open(path, encoding="utf-8") as fh:
+                gts[name] = json.load(fh)
+    first = next(iter(gts.values()), None)
+    versions = first["generated_by"] if first else {}
+    total = sum(_size(out / n) for n in gts)
+    lines = [
+        "# precnb data samples: real msprobe output with recorded ground truth",
+        "",
+        "Every `dump.json`/`construct.json`/`stack.json`, monitor CSV and `anomaly.json` here was "
+        "written by the real MindStudio Probe (PyPI `mindstudio-probe`) while a tiny GPT trained "
+        "on "
+        "CPU (torch.distributed with the gloo backend on 127.0.0.1, ranks spawned with "
+        "torch.multiprocessing). Only `ground_truth.json`, `configs/` and this README are written "
+        "by the generator, `precnb/samples/` (the fault locations in `ground_truth.json` are read "
+        "back "
+        "from the produced dumps and checked against what was injected).",
+        "",
+        "## How they were made",
+        "",
+        "```",
+        "pip install -e '.[samples]'      # torch==2.13.0 (CPU wheel) and mindstudio-probe==26.2.0",
+        "make samples                     # = the line above + the next one",
+        "python -m precnb.samples --out data_samples                  # all samples",
+        "python -m precnb.samples --out data_samples --only dp_nan tp # some of them",
+        "```",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "command") + ".",
+        "All samples take 1-1.5 minutes on 2 CPU cores. Seeds, data and fault positions are "
+        "fixed and every rank runs single-threaded with "
+        "`torch.use_deterministic_algorithms(True)`, "
+        "so a rerun reproduces the statistics bit for bit and the faults at the same step, rank "
+        "and node; only `proc<PID>` folder names, monitor folder names (time + uuid) and the "
+        "absolute paths in `configs/` and `stack.json` change.",
+        "",
+        "Model: " + (first["model"] if first else "") + ". `healthy`, `dp_nan` and `monitor` use "
+        "2 blocks; `divergence`, `dp_sum` and `tp` use 1 block (the same model otherwise) to keep "
+        "all samples well under 12 MB. Each `ground_truth.json` states its model.",
+        "",
+        f"Total size: {_mb(total)}.",
+        "",
+        "`ground_truth.json` common fields: `scenario`, `what`, `generated_by` (command and "
+        "versions), `model`, `world_size`, `steps`, `dump_files` ([dump root ->] step -> rank -> "
+        "dump.json path), "
+        "`faults` (list of `{kind, role, step, rank, node | name, dump_json | csv, how, ...}`; "
+        "`role` is `origin` for where the fault first shows and `spread` for where it reaches "
+        "another rank), `checks` (facts re-derived from the dumps) and `losses` (per rank, per "
+        "step; NaN where the loss was NaN).",
+        "",
+        "| sample | what | world size | steps | size | ground truth |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, gt in gts.items():
+        faults = (
+            "; ".join(
+                f"{f['kind']}{'/' + f['role'] if 'role' in f else ''} step {f['step']} rank "
+                f"{f['rank']}"
+                + (f" `{f.get('node') or f.get('name')}`" if f.get("node") or f.get("name") else "")
+                for f in gt["faults"]
+            )
+            or "no fault"
+        )
+        if name == "tp":
+            faults = "no fault; sharded / replicated / partial-sum tensors listed"
+        ws = gt.get("world_size")
+        ws = ", ".join(f"{k}: {v}" for k, v in ws.items()) if isinstance(ws, dict) else ws
+        lines.append(
+            f"| `{name}/` | {gt['what']} | {ws} | {len(gt['steps'])} | "
+            f"{_mb(_size(out / name))} | {faults} |"
+        )
+    for name, gt in gts.items():
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            gt["what"] + ".",
+            "",
+            f"Regenerate: `{gt['generated_by']['command']}`",
+            "",
+        ]
+        seen = set()
+        for f in gt["faults"]:
+            if "how" in f and f["how"] not in seen:
+                seen.add(f["how"])
+                lines.append(f"- how ({f['kind']}, step {f['step']}, rank {f['rank']}): {f['how']}")
+        lines += ["", "Ground truth digest (full detail in `ground_truth.json`):", ""]
+        lines += _digest(gt)
+        lines += ["", "```", *_tree(out / name), "```"]
+    lines += ["", _NOTES]
+    path = out / "README.md"
+    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,192 @@
+"""Training workers run under the real msprobe (imports torch; spawned with torch.multiprocessing).
+
+Each run is described by a picklable :class:`RunSpec`; :func:`launch` spawns ``world_size``
+processes (also for one process, so that every run gets a fresh msprobe singleton and its own
+``proc<PID>`` folder) and waits for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F  # noqa: N812
+
+from ._model import Faults, ModelConfig, TinyGPT, TPGroup, make_batch, make_optimizer
+
+
+@dataclass(frozen=True)
+class NanFault:
+    """``scores + sqrt(poison)`` with ``poison = -1`` at one position (see :class:`Faults`)."""
+
+    step: int
+    rank: int
+    block: int = 1
+    position: tuple[int, int, int, int] = (0, 0, 5, 3)
+
+
+@dataclass(frozen=True)
+class ActDtypeFault:
+    """Compute block ``block``'s MLP GELU in ``dtype`` on ``rank`` from ``from_step`` on."""
+
+    rank: int
+    from_step: int
+    block: int = 0
+    dtype: str = "bfloat16"
+
+
+@dataclass(frozen=True)
+class GradSpike:
+    """``(loss * factor).backward()`` on ``rank`` at ``step`` (the logged loss is unscaled)."""
+
+    step: int
+    rank: int
+    factor: float = 1000.0
+
+
+@dataclass
+class RunSpec:
+    """Everything a worker process needs to run one training job."""
+
+    tool: str  # "dump" (PrecisionDebugger) or "monitor" (TrainerMon)
+    config_path: str
+    world_size: int
+    steps: int
+    log_dir: str
+    init_dist: bool = True
+    parallel: str = "dp"  # "dp" or "tp"
+    divide_grads: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    nan: NanFault | None = None
+    act_dtype: ActDtypeFault | None = None
+    act_cast_block: int | None = None  # run the (float32) cast path in this block on every rank
+    spike: GradSpike | None = None
+    monitor_dir: str | None = None
+    port: int = 0
+    tag: str = "run"
+
+
+def free_port() -> int:
+    """Ask the OS for a free TCP port on the loopback interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _redirect_output(log_path: Path) -> None:
+    """Send this process's stdout/stderr (msprobe logs a lot) to ``log_path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _dtype_map(spec: RunSpec, rank: int, step: int) -> dict[int, torch.dtype]:
+    out: dict[int, torch.dtype] = {}
+    if spec.act_cast_block is not None:
+        out[spec.act_cast_block] = torch.float32
+    f = spec.act_dtype
+    if f is not None and rank == f.rank and step >= f.from_step:
+        out[f.block] = getattr(torch, f.dtype)
+    return out
+
+
+def worker(rank: int, spec: RunSpec) -> None:
+    """Train the tiny GPT for ``spec.steps`` steps on one rank under msprobe."""
+    log_dir = Path(spec.log_dir)
+    _redirect_output(log_dir / f"{spec.tag}_rank{rank}.log")
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    if spec.monitor_dir is not None:
+        os.environ["MONITOR_OUTPUT_DIR"] = spec.monitor_dir
+    if spec.init_dist:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{spec.port}",
+            rank=rank,
+            world_size=spec.world_size,
+        )
+    cfg = spec.model
+    tp = TPGroup(spec.world_size, rank) if spec.parallel == "tp" else None
+    faults = Faults(nan_attention_block=spec.nan.block if spec.nan else None)
+    if spec.nan is not None:
+        faults.nan_position = spec.nan.position
+    model = TinyGPT(cfg, faults, tp)
+    opt = make_optimizer(model, cfg)
+
+    debugger = monitor = None
+    if spec.tool == "dump":
+        from msprobe.pytorch import PrecisionDebugger
+
+        debugger = PrecisionDebugger(config_path=spec.config_path)
+    else:
+        from msprobe.pytorch import TrainerMon
+
+        monitor = TrainerMon(spec.config_path, params_have_main_grad=False)
+        monitor.set_monitor(model, optimizer=opt, grad_acc_steps=1)
+
+    dp = spec.parallel == "dp" and spec.init_dist and spec.world_size > 1
+    losses: list[float] = []
+    for step in range(spec.steps):
+        faults.nan_active = spec.nan is not None and (step, rank) == (spec.nan.step, spec.nan.rank)
+        faults.mlp_act_dtype = _dtype_map(spec, rank, step)
+        scale = 1.0
+        if spec.spike is not None and (step, rank) == (spec.spike.step, spec.spike.rank):
+            scale = spec.spike.factor
+        x, y = make_batch(cfg, step, rank if spec.parallel == "dp" else 0)
+        opt.zero_grad(set_to_none=True)
+        if debugger is not None:
+            debugger.start(model)
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), y.reshape(-1))
+        (loss * scale if scale != 1.0 else loss).backward()
+        if dp:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                if spec.divide_grads:
+                    p.grad.div_(spec.world_size)
+        opt.step()
+        if debugger is not None:
+            debugger.stop()
+            debugger.step()
+        losses.append(float(loss.detach()))
+
+    with open(log_dir / f"{spec.tag}_losses_rank{rank}.json", "w", encoding="utf-8") as fh:
+        json.dump(losses, fh)
+    if spec.init_dist:
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def launch(spec: RunSpec) -> dict[int, list[float]]:
+    """Spawn ``spec.world_size`` workers and return their losses by rank."""
+    spec.port = free_port()
+    Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        mp.spawn(worker, args=(spec,), nprocs=spec.world_size, join=True)
+    except Exception as exc:
+        tails = []
+        for r in range(spec.world_size):
+            log = Path(spec.log_dir) / f"{spec.tag}_rank{r}.log"
+            if log.exists():
+                tails.append(
+                    f"--- {log} (tail) ---\n" + "\n".join(log.read_text().splitlines()[-30:])
+                )
+        raise RuntimeError(f"sample run {spec.tag!r} failed: {exc}\n" + "\n".join(tails)) from exc
+    out = {}
+    for r in range(spec.world_size):
+        path = Path(spec.log_dir) / f"{spec.tag}_losses_rank{r}.json"
+        out[r] = json.loads(path.read_text())
+    return out

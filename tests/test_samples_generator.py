@@ -1,0 +1,417 @@
+"""The committed msprobe samples (data_samples/) and their generator (precnb.samples).
+
+The first part needs neither torch nor msprobe: it parses every committed dump with Python's
+json module (which accepts msprobe's bare NaN/Infinity tokens) and re-checks each recorded ground
+truth against the dumps with its own small helpers. The last test regenerates one sample with the
+real msprobe and is skipped when torch or msprobe is not installed.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data_samples"
+NAMES = ("healthy", "dp_nan", "divergence", "dp_sum", "tp", "monitor")
+STATS = ("Max", "Min", "Mean", "Norm")
+
+
+# ----------------------------------------------------------------------------------- helpers
+def load(path: Path):
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def gt(name: str) -> dict:
+    path = DATA / name / "ground_truth.json"
+    if not path.exists():
+        pytest.skip(f"{path} missing (run `python -m precnb.samples --out data_samples`)")
+    return load(path)
+
+
+def leaves(obj, path=()):
+    """(dotted path, leaf) for every leaf record (dict with a str 'type') of a node record."""
+    if isinstance(obj, dict):
+        if isinstance(obj.get("type"), str):
+            yield ".".join(path), obj
+            return
+        for k, v in obj.items():
+            yield from leaves(v, (*path, str(k)))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from leaves(v, (*path, str(i)))
+
+
+def has_nan(leaf: dict) -> bool:
+    return any(isinstance(leaf.get(k), float) and math.isnan(leaf[k]) for k in (*STATS, "value"))
+
+
+def is_input(path: str) -> bool:
+    return path.split(".", 1)[0] in ("input_args", "input_kwargs", "input", "parameters")
+
+
+def same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def record_differs(a: dict, b: dict) -> bool:
+    la, lb = dict(leaves(a)), dict(leaves(b))
+    if la.keys() != lb.keys():
+        return True
+    return any(
+        not same(la[p].get(k), lb[p].get(k))
+        for p in la
+        for k in ("dtype", "shape", *STATS, "value")
+    )
+
+
+def dump_jsons(root: Path) -> list[Path]:
+    return sorted(root.rglob("dump.json"))
+
+
+# ------------------------------------------------------------------------ structure / parsing
+def test_import_does_not_pull_torch():
+    code = (
+        "import sys, precnb.samples as s; "
+        "assert 'torch' not in sys.modules and 'msprobe' not in sys.modules, "
+        "[m for m in sys.modules if m.startswith(('torch', 'msprobe'))]; "
+        "print(s.SAMPLE_NAMES)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "healthy" in out.stdout
+
+
+def test_missing_torch_names_the_extra(tmp_path):
+    code = (
+        "import sys; sys.modules['torch'] = None; "
+        "from precnb.samples import main; "
+        f"sys.exit(main(['--out', {str(tmp_path)!r}, '--only', 'healthy']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "pip install 'precnb[samples]'" in out.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_sample_names_match_package():
+    from precnb.samples import SAMPLE_NAMES
+
+    assert tuple(SAMPLE_NAMES) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sample_folder_and_ground_truth(name):
+    g = gt(name)
+    assert g["scenario"] == name
+    for key in ("what", "generated_by", "model", "world_size", "steps", "faults"):
+        assert key in g, key
+    assert g["generated_by"]["command"].startswith("python -m precnb.samples")
+    assert "2.13.0" in g["generated_by"]["torch"]
+    assert g["generated_by"]["mindstudio-probe (msprobe)"] == "26.2.0"
+    assert list((DATA / name / "configs").glob("*.json")), "configs/ is empty"
+    for f in g["faults"]:
+        assert {"kind", "step", "rank"} <= f.keys()
+
+
+def test_readme_and_total_size():
+    readme = DATA / "README.md"
+    if not readme.exists():
+        pytest.skip("data_samples/README.md missing")
+    text = readme.read_text(encoding="utf-8")
+    for name in NAMES:
+        assert f"## {name}" in text
+    assert "python -m precnb.samples" in text
+    total = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file())
+    assert total < 12e6, f"data_samples is {total / 1e6:.1f} MB"
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "monitor"])
+def test_dumps_parse_and_have_msprobe_layout(name):
+    g = gt(name)
+    roots = [DATA / name / r for r in g.get("dump_roots", {"": "."}).values()]
+    for root in roots:
+        steps = sorted(p.name for p in root.iterdir() if re.fullmatch(r"step\d+", p.name))
+        assert steps == [f"step{i}" for i in g["steps"]], root
+        for path in dump_jsons(root):
+            top = load(path)
+            assert list(top)[:4] == ["task", "level", "framework", "dump_data_dir"]
+            assert top["task"] == "statistics" and top["level"] == "mix"
+            assert top["framework"] == "pytorch" and top["dump_data_dir"] is None
+            assert isinstance(top["data"], dict) and len(top["data"]) > 50
+            assert re.fullmatch(r"rank\d+|proc\d+", path.parent.name)
+            for other in ("construct.json", "stack.json"):
+                assert isinstance(load(path.parent / other), dict)
+
+    # every dump listed in the ground truth exists
+    def strings(obj):
+        if isinstance(obj, dict):
+            for v in obj.values():
+                yield from strings(v)
+        elif isinstance(obj, str):
+            yield obj
+
+    listed = list(strings(g["dump_files"]))
+    assert len(listed) == sum(len(dump_jsons(root)) for root in roots)
+    for rel in listed:
+        assert (DATA / name / rel).is_file(), rel
+
+
+def test_healthy_has_no_nan_and_proc_folder():
+    g = gt("healthy")
+    assert g["faults"] == [] and g["distributed_initialised"] is False
+    paths = dump_jsons(DATA / "healthy")
+    assert len(paths) == 3
+    for path in paths:
+        assert re.fullmatch(r"proc\d+", path.parent.name)
+        for rec in load(path)["data"].values():
+            assert not any(has_nan(leaf) for _, leaf in leaves(rec))
+
+
+# ------------------------------------------------------------------------------ ground truths
+def test_dp_nan_origin_and_spread():
+    g = gt("dp_nan")
+    origin, spread = g["faults"]
+    assert (origin["role"], origin["kind"], origin["step"], origin["rank"]) == (
+        "origin",
+        "nan",
+        1,
+        1,
+    )
+    data = load(DATA / "dp_nan" / origin["dump_json"])["data"]
+    assert origin["dump_json"].startswith(f"step{origin['step']}/rank{origin['rank']}/")
+    rec = data[origin["node"]]
+    paths = dict(leaves(rec))
+    assert any(has_nan(leaf) for p, leaf in paths.items() if not is_input(p)), "output not NaN"
+    assert not any(has_nan(leaf) for p, leaf in paths.items() if is_input(p)), "input has NaN"
+    # it is the first node holding NaN anywhere in that dump, and no earlier step has NaN
+    first = next(n for n, r in data.items() if any(has_nan(lf) for _, lf in leaves(r)))
+    assert first == origin["node"]
+    for r in (0, 1):
+        for step in range(origin["step"]):
+            for rec in load(DATA / "dp_nan" / f"step{step}/rank{r}/dump.json")["data"].values():
+                assert not any(has_nan(lf) for _, lf in leaves(rec))
+    construct = load(DATA / "dp_nan" / origin["dump_json"].replace("dump.json", "construct.json"))
+    assert construct[origin["node"]] == origin["module"]
+    assert "blocks.1.attn" in origin["module"]
+
+    # spread: the healthy rank's first NaN node is a communication op with NaN-free input
+    assert spread["role"] == "spread" and spread["rank"] != origin["rank"]
+    d0 = load(DATA / "dp_nan" / spread["dump_json"])["data"]
+    first0 = next(n for n, r in d0.items() if any(has_nan(lf) for _, lf in leaves(r)))
+    assert first0 == spread["node"] and first0.startswith("Distributed.")
+    p0 = dict(leaves(d0[first0]))
+    assert not any(has_nan(lf) for p, lf in p0.items() if is_input(p))
+    assert any(has_nan(lf) for p, lf in p0.items() if not is_input(p))
+    # on the faulty rank the same communication node receives NaN
+    p1 = dict(leaves(data[spread["node"]]))
+    assert any(has_nan(lf) for p, lf in p1.items() if is_input(p))
+
+
+def _divergence_pair(name: str, fault: dict) -> tuple[dict, dict]:
+    target = load(DATA / name / fault["dump_json"])["data"]
+    baseline_rel = fault.get("baseline_dump_json") or fault["dump_json"].replace(
+        "target/", "baseline/", 1
+    )
+    baseline = load(DATA / name / baseline_rel)["data"]
+    return baseline, target
+
+
+def test_divergence_first_differing_node():
+    g = gt("divergence")
+    origin = next(f for f in g["faults"] if f["role"] == "origin")
+    assert (origin["step"], origin["rank"]) == (1, 0)
+    baseline, target = _divergence_pair("divergence", origin)
+    assert list(baseline) == list(target)
+    node = origin["node"]
+    assert record_differs(baseline[node], target[node])
+    names = list(target)
+    for n in names[: names.index(node)]:
+        assert not record_differs(baseline[n], target[n]), f"{n} differs before {node}"
+    # step 0 is bit-identical on every rank
+    for r in (0, 1):
+        b = load(DATA / "divergence" / f"baseline/step0/rank{r}/dump.json")["data"]
+        t = load(DATA / "divergence" / f"target/step0/rank{r}/dump.json")["data"]
+        assert not any(record_differs(b[n], t[n]) for n in t)
+    # the other rank diverges first at a communication node
+    spread = next(f for f in g["faults"] if f["role"] == "spread")
+    b1, t1 = _divergence_pair("divergence", spread)
+    first = next(n for n in t1 if record_differs(b1[n], t1[n]))
+    assert first == spread["node"] and first.startswith("Distributed.")
+
+
+def test_dp_sum_nodes_only_in_baseline():
+    g = gt("dp_sum")
+    assert g["nodes_only_in_baseline"]
+    for key, nodes in g["nodes_only_in_baseline"].items():
+        b = load(DATA / "dp_sum" / "baseline" / key / "dump.json")["data"]
+        t = load(DATA / "dp_sum" / "target" / key / "dump.json")["data"]
+        assert [n for n in b if n not in t] == nodes
+        assert not [n for n in t if n not in b]
+        assert all(n.startswith("Tensor.div_.") for n in nodes)
+    # at step 0 the target's all-reduced gradients are exactly 2x the baseline's divided ones
+    b = load(DATA / "dp_sum" / "baseline/step0/rank0/dump.json")["data"]
+    t = load(DATA / "dp_sum" / "target/step0/rank0/dump.json")["data"]
+    for i, _ in enumerate(g["nodes_only_in_baseline"]["step0/rank0"]):
+        tn = t[f"Distributed.all_reduce.{i}.forward"]["output"][0]["Norm"]
+        bn = b[f"Tensor.div_.{i}.forward"]["output"][0]["Norm"]
+        assert tn == pytest.approx(2 * bn, rel=1e-6)
+
+
+def test_tp_relations_hold_in_dumps():
+    g = gt("tp")
+    rels = g["tensors"]["step0"]
+    kinds = {v for leaves_ in rels.values() for v in leaves_.values()}
+    assert {"replicated", "partial_sum"} <= kinds
+    assert any(v.startswith("sharded dim") for v in kinds)
+    tp1 = load(DATA / "tp" / "tp1/step0/rank0/dump.json")["data"]
+    r0 = load(DATA / "tp" / "tp2/step0/rank0/dump.json")["data"]
+    r1 = load(DATA / "tp" / "tp2/step0/rank1/dump.json")["data"]
+    checked = 0
+    for node, node_rels in rels.items():
+        la, lb, lc = (dict(leaves(d[node])) for d in (tp1, r0, r1))
+        for path, rel in node_rels.items():
+            a, b, c = la[path], lb[path], lc[path]
+            if rel == "partial_sum":
+                assert a["shape"] == b["shape"] == c["shape"]
+                assert b["Mean"] + c["Mean"] == pytest.approx(a["Mean"], rel=1e-4, abs=1e-7)
+                assert b["Mean"] != pytest.approx(a["Mean"], rel=1e-3)
+            elif rel.startswith("sharded dim"):
+                d = int(rel.split()[-1])
+                assert b["shape"][d] * 2 == a["shape"][d]
+                assert math.hypot(b["Norm"], c["Norm"]) == pytest.approx(a["Norm"], rel=1e-4)
+            elif (
+                rel == "replicated"
+                and isinstance(a.get("Norm"), float)
+                and math.isfinite(a["Norm"])
+            ):
+                assert b["shape"] == a["shape"]
+                assert b["Norm"] == pytest.approx(a["Norm"], rel=1e-4, abs=1e-9)
+            else:
+                continue
+            checked += 1
+    assert checked > 100
+    c0 = g["checks"]["step0"]
+    assert c0["partial_sum_tensors"]
+    for x in c0["partial_sum_tensors"]:
+        assert (
+            x["node"].startswith("Functional.linear.")
+            and rels[x["node"]][x["leaf"]] == "partial_sum"
+        )
+    assert c0["nodes_only_in_tp2"]
+    assert all(n.startswith("Distributed.all_reduce.") for n in c0["nodes_only_in_tp2"])
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _nan_row(row: dict) -> bool:
+    vals = [float(row[k]) for k in ("min", "max", "norm", "mean")]
+    nans = float(row["nans"])
+    if math.isnan(nans):  # no tensor behind the row (grad of the int token ids): all fields nan
+        return False
+    return nans > 0 or any(math.isnan(v) for v in vals)
+
+
+def test_monitor_nan_and_spike():
+    g = gt("monitor")
+    spike = next(f for f in g["faults"] if f["kind"] == "gradient_spike")
+    nan = next(f for f in g["faults"] if f["kind"] == "nan")
+    assert (spike["step"], spike["rank"], nan["step"], nan["rank"]) == (1, 1, 3, 1)
+    folder = (DATA / "monitor" / nan["csv"]).parent
+    assert re.search(rf"-rank{nan['rank']}-", folder.name)
+    rows = _csv_rows(DATA / "monitor" / nan["csv"])
+    bad = [r["name"] for r in rows if _nan_row(r)]
+    assert bad and bad[0] == nan["name"] == "blocks.1.attn.output"
+    assert all(int(r["step"]) == nan["step"] for r in rows)
+    for step in range(nan["step"]):
+        assert not [r for r in _csv_rows(folder / f"actv_{step}-{step}.csv") if _nan_row(r)]
+
+    def total_norm(path):
+        return math.sqrt(sum(float(r["norm"]) ** 2 for r in _csv_rows(path)))
+
+    sfolder = (DATA / "monitor" / spike["csv"]).parent
+    s = spike["step"]
+    ratio = total_norm(sfolder / f"grad_unreduced_{s}-{s}.csv") / total_norm(
+        sfolder / f"grad_unreduced_{s - 1}-{s - 1}.csv"
+    )
+    assert ratio > 100
+    assert ratio == pytest.approx(spike["grad_unreduced_total_norm_ratio_vs_previous_step"])
+    # the other rank's local gradient is not spiked
+    other = next(
+        p
+        for p in (DATA / "monitor" / "monitor_output").iterdir()
+        if f"-rank{1 - spike['rank']}-" in p.name
+    )
+    assert total_norm(other / f"grad_unreduced_{s}-{s}.csv") < 10 * total_norm(
+        other / f"grad_unreduced_{s - 1}-{s - 1}.csv"
+    )
+    for r in (0, 1):
+        assert (
+            DATA / "monitor" / "monitor_output" / "anomaly_detected" / f"rank{r}" / "anomaly.json"
+        ).is_file()
+
+
+# -------------------------------------------------------------------------------- regeneration
+def _have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (_have("torch") and _have("msprobe")), reason="needs torch and msprobe")
+def test_regenerate_dp_nan(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "precnb.samples",
+            "--out",
+            str(tmp_path),
+            "--only",
+            "dp_nan",
+            "--no-readme",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sample = tmp_path / "dp_nan"
+    new = load(sample / "ground_truth.json")
+    assert (sample / "configs" / "config.json").is_file()
+    for step in range(3):
+        for rank in range(2):
+            d = sample / f"step{step}" / f"rank{rank}"
+            for f in ("dump.json", "construct.json", "stack.json"):
+                assert (d / f).is_file(), d / f
+    assert [(f["role"], f["step"], f["rank"], f["node"]) for f in new["faults"]] == [
+        ("origin", 1, 1, "Torch.sqrt.0.forward"),
+        ("spread", 1, 0, "Distributed.all_reduce.0.forward"),
+    ]
+    committed = DATA / "dp_nan" / "ground_truth.json"
+    if committed.exists():
+        old = load(committed)
+        assert [(f["step"], f["rank"], f["node"]) for f in old["faults"]] == [
+            (f["step"], f["rank"], f["node"]) for f in new["faults"]
+        ]
+        for step in range(3):
+            for rank in range(2):
+                rel = f"step{step}/rank{rank}/dump.json"
+                assert list(load(sample / rel)["data"]) == list(load(DATA / "dp_nan" / rel)["data"])
