@@ -92,7 +92,8 @@ def zero_parameter_hints(b: xr.Dataset, t: xr.Dataset, both: xr.DataArray, names
     bo = both.values[..., params]
     for side, z, other_z, name in ((1, zt, zb, names[1]), (0, zb, zt, names[0])):
         hit = (z & ~other_z & bo).any(axis=tuple(range(z.ndim - 1)))
-        for lbl in labels[hit][:limit]:
+        # biases (and BatchNorm shifts) are legitimately zero at initialisation
+        for lbl in [x for x in labels[hit] if not str(x).endswith(("bias", "beta"))][:limit]:
             out.append(f"parameter {lbl} is exactly zero in {name} but not in the other run: "
                        "weights not loaded (checkpoint loading problem?)")
         del side

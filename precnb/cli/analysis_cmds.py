@@ -64,11 +64,20 @@ def _load(path: str, args: argparse.Namespace, *, steps: list[int] | None) -> An
 def _cmd_diff(args: argparse.Namespace) -> int:
     from precnb.analysis import Tolerance, first_divergence
 
+    from precnb.cli import UsageError
+
     steps = _steps_arg(args)
     offset = args.step_offset
     load_steps = steps if offset == 0 else None
     base = _load(args.baseline, args, steps=load_steps)
-    target = _load(args.target, args, steps=load_steps)
+    if args.target is None:  # one input holding two runs (e.g. a compare result CSV)
+        if "run" not in base.dims or base.sizes["run"] != 2:
+            raise UsageError("give BASELINE and TARGET, or one input that holds two runs")
+        names = [str(r) for r in base["run"].values]
+        pair = ("baseline", "target") if set(names) == {"baseline", "target"} else (names[0], names[1])
+        base, target = (base.sel(run=n).drop_vars("run") for n in pair)
+    else:
+        target = _load(args.target, args, steps=load_steps)
     tol_kw: dict[str, Any] = {}
     if args.rtol is not None:
         tol_kw["rtol"] = args.rtol
@@ -185,7 +194,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     """Add the analysis sub-commands to *sub*."""
     p = sub.add_parser("diff", help="first divergence between a baseline and a target run")
     p.add_argument("baseline")
-    p.add_argument("target")
+    p.add_argument("target", nargs="?", help="omit when BASELINE holds two runs (a compare result CSV)")
     p.add_argument("--json", action="store_true", help="print one JSON finding")
     p.add_argument("--step", type=int, help="only this step")
     p.add_argument("--step-offset", type=_parse_offset, default=0,
