@@ -1,0 +1,259 @@
+"""Frame builders: canonical dataset in, small pandas DataFrame out (what the charts draw).
+
+Heat-map frames aggregate to a bounded number of cells however large the run is: rows are
+the top-k modules (or tensors, nodes) by the colour value, columns are steps or rank buckets
+such as ``"0-31"``. Every cell remembers its worst record (step, rank, tensor), so a click
+on an aggregated cell still leads to one tensor.
+
+Examples
+--------
+>>> from precnb.viz.frames import heatmap_frame
+>>> df = heatmap_frame(run, by="rank", color="nonfinite")  # doctest: +SKIP
+>>> df[["row", "col", "value", "tensor", "worst_rank"]].head(1)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from precnb.viz._grid import bucket_size, reduce_grid
+from precnb.viz.values import COLORS, ROWS, Color, Rows, cell_values, pick_runs, row_labels
+
+__all__ = [
+    "COLORS",
+    "ROWS",
+    "cell_values",
+    "cube_frame",
+    "heatmap_frame",
+    "pick_runs",
+    "row_labels",
+]
+
+REL_CAP = 1e6  # relative differences above this (and inf) are drawn as this value
+
+
+def _index(ds: xr.Dataset, dim: str, wanted: Any) -> np.ndarray:
+    n = ds.sizes[dim]
+    if wanted is None:
+        return np.arange(n)
+    arr = np.asarray(wanted)
+    if arr.dtype == bool:
+        return np.flatnonzero(arr)
+    pos = ds.indexes[dim].get_indexer(list(arr))
+    return np.sort(pos[pos >= 0])
+
+
+def _label(vals: np.ndarray, lo: int, hi: int) -> str:
+    a, b = vals[lo], vals[min(hi, len(vals) - 1)]
+    return str(a) if a == b else f"{a}-{b}"
+
+
+def cube_frame(
+    ds: xr.Dataset,
+    *,
+    rows: Rows = "module",
+    color: Color = "stat",
+    stat: str = "norm",
+    run: str | None = None,
+    baseline: xr.Dataset | str | None = None,
+    tensors: Sequence[str] | np.ndarray | None = None,
+    steps: Sequence[int] | None = None,
+    ranks: Sequence[int] | None = None,
+    top_k: int = 40,
+    step_groups: int = 48,
+    rank_groups: int = 8,
+    focus: Mapping[str, Any] | None = None,
+    values: tuple[np.ndarray, np.ndarray] | None = None,
+) -> pd.DataFrame:
+    """Aggregate a run into at most ``top_k × step_groups × rank_groups`` cells.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A canonical run (or several, see *run* / *baseline* and :func:`pick_runs`).
+    rows : {"module", "node", "tensor"}
+        What a row is.
+    color : {"stat", "reldiff", "nonfinite", "events"}
+        Largest ``|stat|``; largest relative difference to *baseline*; non-finite count;
+        NaN / unexpected ±inf count (see :func:`cell_values`).
+    stat : str
+        Statistic for ``color="stat"``.
+    run, baseline : optional
+        See :func:`pick_runs`.
+    tensors, steps, ranks : optional
+        Restrict to these labels (tensors may also be a boolean mask).
+    top_k : int
+        Rows kept: the largest by colour value (rows with non-finite values first).
+    step_groups, rank_groups : int
+        Most step / rank buckets (``rank_groups=1``: one column for all ranks).
+    focus : mapping, optional
+        ``{"step", "rank", "tensor"}``: that cell is kept and flagged ``focus``.
+    values : (score, nonfinite), optional
+        Precomputed :func:`cell_values` of the whole run (a cache for widgets).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per cell: ``row, row_order, col, col_order, step, step_hi, ranks, rank_lo,
+        rank_hi, value, color, value_text, nonfinite, records, tensor, worst_step,
+        worst_rank, focus``.
+    """
+    target, base = pick_runs(ds, run, baseline)
+    score, nf = values if values is not None else cell_values(target, color=color, stat=stat,
+                                                              baseline=base)
+    si, ri, ti = (_index(target, "step", steps), _index(target, "rank", ranks),
+                  _index(target, "tensor", tensors))
+    if not (len(si) and len(ri) and len(ti)):
+        return _empty()
+    sub = np.ix_(si, ri, ti)
+    labels = row_labels(target, rows)[ti]
+    uniq, groups = np.unique(labels, return_inverse=True)
+    ss, rs = bucket_size(len(si), step_groups), bucket_size(len(ri), rank_groups)
+    present = np.asarray(target["present"].values)[sub]
+    g = reduce_grid(score[sub], nf[sub], present, np.asarray(target["seq"].values)[sub],
+                    groups, len(uniq), step_size=ss, rank_size=rs)
+    nfc = g.nonfinite.sum(axis=(0, 1))
+    best = np.nan_to_num(g.score.max(axis=(0, 1)), nan=-np.inf)
+    if color in ("nonfinite", "events"):
+        keep = list(np.argsort(-nfc, kind="stable")[:top_k])
+    else:  # by the largest value; rows with nothing finite but non-finite values first
+        best = np.where((best == -np.inf) & (nfc > 0), np.inf, best)
+        keep = list(np.argsort(-best, kind="stable")[:top_k])
+    fcell = None
+    if focus is not None and str(focus.get("tensor")) in target.indexes["tensor"]:
+        tj = int(target.indexes["tensor"].get_loc(str(focus["tensor"])))
+        hit = np.flatnonzero(ti == tj)
+        if len(hit):
+            fg = int(groups[hit[0]])
+            if fg not in keep:
+                keep = [*keep[: max(top_k - 1, 0)], fg]
+            fcell = (fg, _bucket_of(target["step"].values[si], focus.get("step"), ss),
+                     _bucket_of(target["rank"].values[ri], focus.get("rank"), rs))
+    keep_arr = np.array(sorted(keep, key=lambda k: (g.first_seq[k], str(uniq[k]))), dtype=np.intp)
+    return _assemble(g, target, uniq, keep_arr, si, ri, ti, color, fcell)
+
+
+def _bucket_of(vals: np.ndarray, value: Any, size: int) -> int | None:
+    if value is None:
+        return None
+    hit = np.flatnonzero(vals == int(value))
+    return int(hit[0]) // size if len(hit) else None
+
+
+def _empty() -> pd.DataFrame:
+    cols = ["row", "row_order", "col", "col_order", "step", "step_hi", "ranks", "rank_lo",
+            "rank_hi", "value", "color", "value_text", "nonfinite", "records", "tensor",
+            "worst_step", "worst_rank", "focus"]
+    return pd.DataFrame({c: [] for c in cols})
+
+
+def _fmt(v: float) -> str:
+    if np.isnan(v):
+        return "nan"
+    if np.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.4g}"
+
+
+def _assemble(g: Any, target: xr.Dataset, uniq: np.ndarray, keep: np.ndarray, si: np.ndarray,
+              ri: np.ndarray, ti: np.ndarray, color: str, fcell: tuple | None) -> pd.DataFrame:
+    sb, rb = g.score.shape[:2]
+    steps = target["step"].values[si]
+    ranks = target["rank"].values[ri]
+    tlabels = target["tensor"].values[ti]
+    sx, rx, kx = np.meshgrid(np.arange(sb), np.arange(rb), np.arange(len(keep)), indexing="ij")
+    sx, rx, kx = sx.ravel(), rx.ravel(), kx.ravel()
+    gx = keep[kx]
+    score = g.score[sx, rx, gx]
+    nf = g.nonfinite[sx, rx, gx]
+    rec = g.records[sx, rx, gx]
+    has = score > -np.inf
+    if color in ("nonfinite", "events"):
+        value = nf.astype(float)
+        col_val = value
+        has = np.ones(len(sx), bool)
+        pick = nf > 0
+    elif color == "reldiff":
+        value = np.where(has, score, np.nan)
+        col_val = np.log10(np.clip(np.nan_to_num(value, nan=0.0, posinf=REL_CAP), 1e-300, REL_CAP))
+        col_val = np.where(has & (value > 0), col_val, np.nan)  # exactly equal: no colour
+    else:  # no finite value: no colour (the chart paints non-finite cells red)
+        value = np.where(has, score, np.nan)
+        col_val = value
+    s_lo, r_lo = sx * g.step_size, rx * g.rank_size
+    s_hi = np.minimum(s_lo + g.step_size - 1, len(steps) - 1)
+    r_hi = np.minimum(r_lo + g.rank_size - 1, len(ranks) - 1)
+    rank_lbl = np.array([_label(ranks, a, b) for a, b in zip(r_lo, r_hi, strict=True)], dtype=object)
+    step_lbl = np.array([_label(steps, a, b) for a, b in zip(s_lo, s_hi, strict=True)], dtype=object)
+    by_rank = sb == 1 and rb > 1
+    if color not in ("nonfinite", "events"):
+        pick = has
+    astep, arank, aten = g.arg_step[sx, rx, gx], g.arg_rank[sx, rx, gx], g.arg_tensor[sx, rx, gx]
+    focus = np.zeros(len(sx), bool)
+    if fcell is not None:
+        fg, fs, fr = fcell
+        focus = (fg == gx) & ((fs == sx) if fs is not None else True) & ((fr == rx) if fr is not None
+                                                                        else True)
+    df = pd.DataFrame({
+        "row": uniq[gx].astype(str),
+        "row_order": kx,
+        "col": rank_lbl if by_rank else step_lbl,
+        "col_order": rx if by_rank else sx,
+        "step": steps[s_lo].astype(np.int64),
+        "step_hi": steps[s_hi].astype(np.int64),
+        "ranks": rank_lbl,
+        "rank_lo": ranks[r_lo].astype(np.int64),
+        "rank_hi": ranks[r_hi].astype(np.int64),
+        "value": value,
+        "color": col_val,
+        "value_text": [_fmt(v) if p else ("non-finite" if n else "—")
+                       for v, p, n in zip(value, has, nf, strict=True)] if color not in (
+            "nonfinite", "events") else [str(int(v)) for v in value],
+        "nonfinite": nf.astype(np.int64),
+        "records": rec.astype(np.int64),
+        "tensor": np.where(pick, tlabels[aten], "").astype(str),
+        "worst_step": np.where(pick, steps[np.minimum(astep, len(steps) - 1)], -1).astype(np.int64),
+        "worst_rank": np.where(pick, ranks[np.minimum(arank, len(ranks) - 1)], -1).astype(np.int64),
+        "focus": focus,
+    })
+    df.attrs.update(color=color, by="rank" if by_rank else "step", n_rows_total=len(uniq),
+                    step_size=g.step_size, rank_size=g.rank_size)
+    return df
+
+
+def heatmap_frame(
+    ds: xr.Dataset,
+    *,
+    by: Literal["step", "rank"] = "step",
+    max_cols: int | None = None,
+    **kw: Any,
+) -> pd.DataFrame:
+    """Heat-map cells: rows × steps (all ranks in one column) or rows × rank buckets.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+    by : {"step", "rank"}
+        The x axis. ``"rank"`` aggregates over the selected steps and buckets ranks into at
+        most *max_cols* columns labelled like ``"0-31"``.
+    max_cols : int, optional
+        Most columns (default 48 steps or 32 rank buckets).
+    **kw
+        Passed to :func:`cube_frame` (``rows``, ``color``, ``stat``, ``baseline``, ``top_k``,
+        ``tensors``, ``steps``, ``ranks``, ``focus``, ``values``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        At most ``top_k × max_cols`` rows; see :func:`cube_frame` for the columns.
+    """
+    if by == "step":
+        return cube_frame(ds, step_groups=max_cols or 48, rank_groups=1, **kw)
+    if by == "rank":
+        return cube_frame(ds, step_groups=1, rank_groups=max_cols or 32, **kw)
+    raise ValueError(f"by must be 'step' or 'rank', got {by!r}")

@@ -1,0 +1,228 @@
+"""Series and detail frames: selected tensors over steps, and one (step, rank)'s records.
+
+Examples
+--------
+>>> from precnb.viz.series import series_frame
+>>> series_frame(run, "Functional.linear.0.forward.output.0", ranks=[0, 1])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from precnb.viz.frames import _fmt, _index
+
+__all__ = ["detail_frame", "series_frame", "tensor_evidence"]
+
+SERIES_COLUMNS = ["step", "value", "series", "tensor", "rank", "run", "nonfinite", "value_text"]
+
+
+def _runs(ds: xr.Dataset, runs: Sequence[str] | None) -> list[tuple[str, xr.Dataset]]:
+    if "run" not in ds.dims:
+        return [("", ds)]
+    names = [str(r) for r in ds["run"].values] if runs is None else list(runs)
+    return [(n, ds.sel(run=n)) for n in names]
+
+
+def _choose_ranks(block: np.ndarray, ranks: np.ndarray, keep: Sequence[int], n: int) -> list[int]:
+    """*keep* first, then the ranks furthest from the cross-rank median (block: run,S,R,T)."""
+    chosen = [int(r) for r in keep if r in set(ranks.tolist())][:n]
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        finite = np.where(np.isfinite(block), block, np.nan)
+        med = np.nanmedian(finite, axis=2, keepdims=True)
+        dev = np.abs(finite - med) / (np.abs(med) + 1e-30)
+        dev = np.where(np.isfinite(block), np.nan_to_num(dev, nan=0.0), np.inf)  # non-finite: first
+        score = np.nanmax(dev, axis=(0, 1, 3)) if dev.size else np.zeros(len(ranks))
+    for i in np.argsort(-np.nan_to_num(score, nan=-1), kind="stable"):
+        if len(chosen) >= n:
+            break
+        if int(ranks[i]) not in chosen:
+            chosen.append(int(ranks[i]))
+    return sorted(chosen)
+
+
+def series_frame(
+    ds: xr.Dataset,
+    tensors: str | Sequence[str],
+    *,
+    stat: str = "norm",
+    ranks: Sequence[int] | None = None,
+    steps: Sequence[int] | None = None,
+    runs: Sequence[str] | None = None,
+    keep_ranks: Sequence[int] = (),
+    max_lines: int = 12,
+) -> pd.DataFrame:
+    """Selected tensors over steps: one line per (run, rank, tensor).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run, or several along ``run`` (then every run is drawn, or those in *runs*).
+    tensors : str or sequence of str
+    stat : str
+    ranks, steps : sequence of int, optional
+        Restrict (default: all).
+    runs : sequence of str, optional
+    keep_ranks : sequence of int
+        Ranks that are always drawn (the selected one).
+    max_lines : int
+        With more ranks than this, draw *keep_ranks*, then the ranks furthest from the
+        cross-rank median, plus a ``median`` line over all of them.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``step, value, series, tensor, rank, run, nonfinite, value_text``; ``value``
+        is NaN where the statistic is non-finite (``nonfinite`` True); absent and null
+        statistics (an integer tensor's mean) have no row.
+    """
+    tensors = [tensors] if isinstance(tensors, str) else list(tensors)
+    parts = _runs(ds, runs)
+    first = parts[0][1]
+    tensors = [t for t in tensors if t in first.indexes["tensor"]]
+    if not tensors:
+        return pd.DataFrame({c: [] for c in SERIES_COLUMNS})
+    si, ri = _index(first, "step", steps), _index(first, "rank", ranks)
+    ti = first.indexes["tensor"].get_indexer(tensors)
+    sub = np.ix_(si, ri, ti)
+    from precnb.analysis.masks import recorded
+
+    vals = np.stack([np.asarray(d[stat].values)[sub] for _, d in parts])  # run,S,R,T
+    pres = np.stack([np.asarray(recorded(d, stat).values)[sub] for _, d in parts])
+    vals = np.where(pres, vals, np.nan)
+    step_vals = first["step"].values[si]
+    rank_vals = first["rank"].values[ri]
+    chosen = rank_vals.tolist()
+    rows: list[pd.DataFrame] = []
+    if len(rank_vals) > max_lines:
+        chosen = _choose_ranks(vals, rank_vals, keep_ranks, max_lines)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(np.where(np.isfinite(vals), vals, np.nan), axis=2)  # run,S,T
+        for k, (name, _) in enumerate(parts):
+            for j, t in enumerate(tensors):
+                rows.append(_lines(step_vals, med[k, :, j], pres[k, :, :, j].any(axis=1), name, t,
+                                   -1, f"median of {len(rank_vals)} ranks", len(tensors) > 1))
+    pos = {int(r): i for i, r in enumerate(rank_vals)}
+    for k, (name, _) in enumerate(parts):
+        for r in chosen:
+            for j, t in enumerate(tensors):
+                i = pos[int(r)]
+                rows.append(_lines(step_vals, vals[k, :, i, j], pres[k, :, i, j], name, t, int(r),
+                                   f"rank {r}", len(tensors) > 1))
+    out = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame({c: [] for c in SERIES_COLUMNS})
+    out.attrs.update(stat=stat, ranks_total=len(rank_vals), ranks_drawn=len(chosen))
+    return out
+
+
+def _lines(steps: np.ndarray, v: np.ndarray, present: np.ndarray, run: str, tensor: str, rank: int,
+           what: str, many: bool) -> pd.DataFrame:
+    label = " · ".join(p for p in (run, what, _short(tensor) if many else "") if p)
+    keep = np.asarray(present, bool)
+    v = np.asarray(v, dtype=np.float64)[keep]
+    return pd.DataFrame({
+        "step": steps[keep].astype(np.int64),
+        "value": np.where(np.isfinite(v), v, np.nan),
+        "series": label,
+        "tensor": tensor,
+        "rank": rank,
+        "run": run,
+        "nonfinite": ~np.isfinite(v),
+        "value_text": [_fmt(x) for x in v],
+    })
+
+
+def _short(tensor: str, n: int = 3) -> str:
+    parts = tensor.split(".")
+    return ".".join(parts[-n:]) if len(parts) > n else tensor
+
+
+def detail_frame(
+    ds: xr.Dataset,
+    *,
+    step: int,
+    rank: int,
+    tensors: Sequence[str] | None = None,
+    run: str | None = None,
+    baseline: str | None = None,
+    limit: int = 60,
+) -> pd.DataFrame:
+    """The records of one (step, rank): values, dtype/shape, module, execution order.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+    step, rank : int
+    tensors : sequence of str, optional
+        Restrict to these (e.g. the tensors of one module).
+    run, baseline : str, optional
+        With a ``run`` dim: the run shown (default the last) and the run compared against
+        (adds ``<stat>_<baseline>`` and ``rel_diff`` columns).
+    limit : int
+        Most rows, in execution order.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``tensor, node, module, role, direction, dtype, shape, seq, max, min, mean, norm,
+        null_stats, nonfinite`` (+ baseline columns and ``rel_diff``); ``null_stats`` is the
+        schema's bit mask of statistics recorded as null (shown as "null", not NaN).
+    """
+    from precnb.analysis.masks import nonfinite, stat_vars
+
+    base = None
+    if "run" in ds.dims:
+        names = [str(r) for r in ds["run"].values]
+        run = run or names[-1]
+        if baseline is not None and baseline != run:
+            base = ds.sel(run=baseline)
+        ds = ds.sel(run=run)
+    ti = _index(ds, "tensor", tensors)
+    stats = stat_vars(ds)
+    if step not in ds.indexes["step"] or rank not in ds.indexes["rank"]:
+        cols = ["tensor", "node", "module", "role", "direction", "dtype", "shape", "seq", *stats,
+                "nonfinite"]
+        return pd.DataFrame({c: [] for c in cols})
+    si, ri = ds.indexes["step"].get_loc(step), ds.indexes["rank"].get_loc(rank)
+    e = ds.isel(step=si, rank=ri, tensor=ti)
+    keep = np.asarray(e["present"].values, bool)
+    df = pd.DataFrame({c: e[c].values.astype(str) for c in
+                       ("tensor", "node", "module", "role", "direction", "dtype", "shape")})
+    df["seq"] = np.asarray(e["seq"].values, dtype=np.int64)
+    for s in stats:
+        df[s] = np.asarray(e[s].values, dtype=np.float64)
+    df["null_stats"] = np.asarray(e["null_stats"].values, dtype=np.int64)
+    df["nonfinite"] = np.asarray(nonfinite(e).values, bool)
+    if base is not None:
+        from precnb.analysis import relative_difference
+
+        b = base.isel(step=si, rank=ri, tensor=ti)
+        for s in ("max", "min", "mean", "norm"):
+            df[f"{s}_{baseline}"] = np.asarray(b[s].values, dtype=np.float64)
+        rel = relative_difference(b, e).max("stat")
+        df["rel_diff"] = np.where(keep & np.asarray(b["present"].values), rel.values, np.nan)
+        keep = keep | np.asarray(b["present"].values, bool)
+    df = df[keep].sort_values("seq", kind="stable").head(limit).reset_index(drop=True)
+    df.attrs.update(step=int(step), rank=int(rank), run=run or "", baseline=baseline or "")
+    return df
+
+
+def tensor_evidence(ds: xr.Dataset, tensor: str) -> dict[str, Any]:
+    """Node, module, module path (construct.json) and stack frames (stack.json) of a tensor."""
+    from precnb.analysis.evidence import node_evidence
+
+    if tensor not in ds.indexes["tensor"]:
+        return {"tensor": tensor, "node": "", "module": "", "module_path": [], "stack": []}
+    node = str(ds["node"].sel(tensor=tensor).values)
+    ev = node_evidence(ds, node)
+    return {"tensor": tensor, "node": node, "module": str(ds["module"].sel(tensor=tensor).values),
+            "module_path": ev.get("module_path", []), "stack": ev.get("stack", []),
+            "dtype": str(ds["dtype"].sel(tensor=tensor).values),
+            "shape": str(ds["shape"].sel(tensor=tensor).values)}

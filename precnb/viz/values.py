@@ -1,0 +1,98 @@
+"""What colours a heat-map cell: per-record scores for each colour mode, and run picking."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import xarray as xr
+
+__all__ = ["COLORS", "ROWS", "cell_values", "pick_runs", "row_labels"]
+
+Color = Literal["stat", "reldiff", "nonfinite", "events"]
+Rows = Literal["module", "node", "tensor"]
+COLORS: tuple[str, ...] = ("stat", "reldiff", "nonfinite", "events")
+ROWS: tuple[str, ...] = ("module", "node", "tensor")
+_BIG = float(2**52)
+
+
+def pick_runs(ds: xr.Dataset, run: str | None = None, baseline: xr.Dataset | str | None = None,
+              ) -> tuple[xr.Dataset, xr.Dataset | None]:
+    """Split *ds* into (target, baseline), both single-run and aligned on step/rank/tensor.
+
+    With a ``run`` dim, *run* (default: the last run) is the target and *baseline* a run name
+    (default: the first other run). Without one, *baseline* is a dataset or None.
+    """
+    if "run" in ds.dims:
+        names = [str(r) for r in ds["run"].values]
+        run = run if run is not None else names[-1]
+        target = ds.sel(run=run)
+        if isinstance(baseline, str):
+            return target, ds.sel(run=baseline)
+        if baseline is None:
+            others = [n for n in names if n != run]
+            return target, (ds.sel(run=others[0]) if others else None)
+        ds = target
+    if baseline is None or isinstance(baseline, str):
+        return ds, None
+    if not all(ds.indexes[d].equals(baseline.indexes[d]) for d in ("step", "rank", "tensor")):
+        from precnb.combine import combine_runs
+
+        both = combine_runs({"baseline": baseline, "target": ds})
+        return both.sel(run="target"), both.sel(run="baseline")
+    return ds, baseline
+
+
+def _recorded(ds: xr.Dataset, stat: str) -> np.ndarray:
+    from precnb.analysis.masks import recorded
+
+    return np.asarray(recorded(ds, stat).values)
+
+
+def cell_values(ds: xr.Dataset, *, color: Color = "stat", stat: str = "norm",
+                baseline: xr.Dataset | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-record (score, nonfinite) arrays over (step, rank, tensor) for one colour mode.
+
+    ``stat``: score is ``|stat|`` where recorded and finite (non-finite records are only
+    counted: healthy attention masks carry -inf). ``reldiff``: the largest relative
+    difference to *baseline* over the four statistics (``inf`` where one side is non-finite;
+    counted non-finite where only one run is). ``nonfinite``: non-finite records, the
+    earliest (step, then execution order) scoring highest; ``events``: the same for NaN and unexpected ±inf only, as
+    :func:`precnb.analysis.nan_origin` sees them (mask infinities are not counted). Records
+    that cannot be picked score ``-inf``.
+    """
+    from precnb.analysis.masks import nonfinite as nonfinite_mask
+
+    nf = np.asarray(nonfinite_mask(ds).values)
+    present = np.asarray(ds["present"].values)
+    if color == "stat":
+        v = np.asarray(ds[stat].values, dtype=np.float64)
+        ok = _recorded(ds, stat) & np.isfinite(v)
+        return np.where(ok, np.abs(v), -np.inf), nf
+    if color in ("nonfinite", "events"):
+        if color == "events":
+            from precnb.analysis.nan_origin import event_mask
+
+            nf = np.asarray(event_mask(ds)[0].values)
+        seq = np.maximum(np.asarray(ds["seq"].values, dtype=np.float64), 0)
+        span = float(seq.max()) + 1 if seq.size else 1.0
+        order = np.arange(seq.shape[0], dtype=np.float64)[:, None, None] * span + seq
+        return np.where(nf, _BIG - order, -np.inf), nf
+    if color == "reldiff":
+        if baseline is None:
+            raise ValueError("color='reldiff' needs a baseline run")
+        from precnb.analysis import relative_difference
+
+        rel = np.asarray(relative_difference(baseline, ds).max("stat").values, dtype=np.float64)
+        both = present & np.asarray(baseline["present"].values)
+        new_nf = nf ^ np.asarray(nonfinite_mask(baseline).values)  # non-finite in one run only
+        return np.where(both, np.nan_to_num(rel, nan=0.0), -np.inf), new_nf
+    raise ValueError(f"color must be one of {COLORS}, got {color!r}")
+
+
+def row_labels(ds: xr.Dataset, rows: Rows = "module") -> np.ndarray:
+    """Row label of every tensor (``"(none)"`` for an unknown module)."""
+    if rows not in ROWS:
+        raise ValueError(f"rows must be one of {ROWS}, got {rows!r}")
+    vals = ds[rows].values.astype(str)
+    return np.where(vals == "", "(none)", vals).astype(object)

@@ -1,0 +1,70 @@
+"""Notebook explorer: ipywidgets panels wired to precnb.viz charts and analysis findings.
+
+Needs the ``notebook`` extra (ipywidgets, altair, anywidget, vl-convert-python); without
+it, :func:`explore` raises an ImportError that says what to install.
+
+Examples
+--------
+>>> import precnb
+>>> ex = precnb.explore(precnb.open_run("dump/"))  # doctest: +SKIP
+>>> ex.step, ex.rank, ex.tensor  # starts at the NaN origin when there is one  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+from typing import Any
+
+__all__ = ["explore"]
+
+_NEEDED = ("ipywidgets", "altair", "anywidget", "vl_convert")
+
+
+def _missing() -> list[str]:
+    return [m for m in _NEEDED if find_spec(m) is None]
+
+
+def explore(run_or_runs: Any, *, baseline: Any = None, auto: bool = True, max_lines: int = 12) -> Any:
+    """Open the linked explorer on one run or several.
+
+    Parameters
+    ----------
+    run_or_runs : xarray.Dataset, path, mapping or sequence
+        One run; a dataset with a ``run`` dim; ``{"gpu": a, "npu": b}``; or paths.
+    baseline : xarray.Dataset, path or str, optional
+        The run to compare against (a dataset / path, or the name of one of the runs).
+    auto : bool
+        Start at the first divergence (two runs) or the NaN origin, when there is one.
+    max_lines : int
+        Most rank lines in the line chart (the selected rank and the most deviating ones).
+
+    Returns
+    -------
+    precnb.widgets.explorer.Explorer
+        An ipywidgets ``VBox``; display it (last expression of a cell).
+
+    Raises
+    ------
+    ImportError
+        When ipywidgets / altair / anywidget / vl-convert-python are not installed.
+    """
+    missing = _missing()
+    if missing:
+        raise ImportError(f"precnb.explore needs {', '.join(missing)}: "
+                          "pip install 'precnb[notebook]'")
+    from precnb.widgets._inputs import normalize_runs
+    from precnb.widgets.explorer import Explorer
+
+    return Explorer(normalize_runs(run_or_runs, baseline), auto=auto, max_lines=max_lines)
+
+
+def __getattr__(name: str) -> Any:
+    panels = {"Explorer": "explorer", "FilterPanel": "filters", "HeatmapPanel": "charts",
+              "SeriesPanel": "charts", "DetailPanel": "detail", "DivergencePanel": "findings",
+              "NanOriginPanel": "findings", "ShardPanel": "shards", "HierarchyPanel": "hierarchy",
+              "ExportPanel": "export"}
+    if name in panels:
+        import importlib
+
+        return getattr(importlib.import_module(f"precnb.widgets.{panels[name]}"), name)
+    raise AttributeError(f"module 'precnb.widgets' has no attribute {name!r}")

@@ -1,0 +1,114 @@
+"""Turn what the user passes to :func:`precnb.widgets.explore` into one dataset and run names."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xarray as xr
+
+__all__ = ["Runs", "normalize_runs", "parse_ranks"]
+
+
+@dataclass
+class Runs:
+    """The explorer's data: one dataset (with a ``run`` dim when comparing) and run roles."""
+
+    ds: xr.Dataset
+    target: str | None = None
+    baseline: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """Run names (empty for a single run)."""
+        return [str(r) for r in self.ds["run"].values] if "run" in self.ds.dims else []
+
+    def run(self, name: str | None = None) -> xr.Dataset:
+        """One run as a single-run dataset (the target by default)."""
+        if "run" not in self.ds.dims:
+            return self.ds
+        return self.ds.sel(run=name or self.target or self.names[-1])
+
+
+def _open(x: Any) -> xr.Dataset:
+    if isinstance(x, xr.Dataset):
+        return x
+    if isinstance(x, (str, os.PathLike)):
+        import precnb
+
+        return precnb.open_run(x)
+    raise TypeError(f"expected an xarray.Dataset or a path, got {type(x).__name__}")
+
+
+def _in_memory(ds: xr.Dataset) -> xr.Dataset:
+    lazy = any(v.chunks is not None for v in ds.data_vars.values())
+    return ds.compute() if lazy else ds
+
+
+def normalize_runs(run_or_runs: Any, baseline: Any = None) -> Runs:
+    """Accept a dataset, a path, a mapping/sequence of them, or a dataset with a ``run`` dim.
+
+    Parameters
+    ----------
+    run_or_runs : xarray.Dataset, path, mapping or sequence
+    baseline : xarray.Dataset, path or str, optional
+        A baseline run (dataset / path), or the name of one of the runs.
+
+    Returns
+    -------
+    Runs
+    """
+    from precnb.combine import combine_runs
+
+    if isinstance(run_or_runs, xr.Dataset):
+        ds = run_or_runs
+    elif isinstance(run_or_runs, Mapping):
+        ds = combine_runs({str(k): _open(v) for k, v in run_or_runs.items()})
+    elif isinstance(run_or_runs, Sequence) and not isinstance(run_or_runs, (str, bytes)):
+        ds = combine_runs({f"run{i}": _open(v) for i, v in enumerate(run_or_runs)})
+    else:
+        ds = _open(run_or_runs)
+    if baseline is not None and not (isinstance(baseline, str) and "run" in ds.dims):
+        if "run" in ds.dims:
+            raise ValueError("pass baseline as a run name when the runs are already combined")
+        ds = combine_runs({"baseline": _open(baseline), "target": ds})
+        baseline = "baseline"
+    ds = _in_memory(ds)
+    if "run" not in ds.dims:
+        return Runs(ds)
+    names = [str(r) for r in ds["run"].values]
+    if len(names) == 1:
+        return Runs(ds.isel(run=0).drop_vars("run"), None, None)
+    if baseline is not None and baseline not in names:
+        raise ValueError(f"baseline {baseline!r} is not one of the runs {names}")
+    base = baseline or names[0]
+    target = next(n for n in reversed(names) if n != base)
+    return Runs(ds, target, base)
+
+
+def parse_ranks(text: str, available: Sequence[int]) -> list[int] | None:
+    """Parse ``"0-7, 12"`` into ranks present in *available*; empty text → None (all).
+
+    Examples
+    --------
+    >>> parse_ranks("0-2, 5", range(8))
+    [0, 1, 2, 5]
+    >>> parse_ranks(" ", range(8)) is None
+    True
+    """
+    text = text.strip()
+    if not text:
+        return None
+    have = set(int(r) for r in available)
+    out: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.replace(";", ",").split(","))):
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise ValueError(f"rank item {part!r} is not N or N-M") from None
+        out.update(r for r in range(min(a, b), max(a, b) + 1) if r in have)
+    return sorted(out)

@@ -1,0 +1,55 @@
+"""Export panel: write the self-contained HTML report (``precnb.report.write_html``)."""
+
+from __future__ import annotations
+
+import html
+import inspect
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as ipw
+
+from precnb.widgets.findings import _error
+
+__all__ = ["ExportPanel"]
+
+
+class ExportPanel(ipw.HBox):
+    """A path and an "Export report" button; the findings shown so far go into the report."""
+
+    def __init__(self, explorer: Any) -> None:
+        self.explorer = explorer
+        self.path = ipw.Text(value="precnb_report.html", description="file",
+                           layout=ipw.Layout(width="360px"))
+        self.button = ipw.Button(description="Export report", icon="download",
+                               layout=ipw.Layout(width="160px"))
+        self.status = ipw.HTML("")
+        self.status.add_class("precnb-export-status")
+        self.button.on_click(lambda _b: self.export())
+        super().__init__([self.path, self.button, self.status])
+
+    def export(self) -> Path | None:
+        """Call ``precnb.report.write_html(ds, path, ...)``; report a missing module clearly."""
+        try:
+            from precnb.report import write_html
+        except Exception as err:
+            self.status.value = ("<span style='color:#b00'>HTML export is not available: "
+                                 f"precnb.report.write_html cannot be imported ({html.escape(str(err))})"
+                                 "</span>")
+            return None
+        path = Path(self.path.value).expanduser()
+        kw: dict[str, Any] = {}
+        params = inspect.signature(write_html).parameters
+        accepts = lambda n: n in params or any(  # noqa: E731
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        findings = self.explorer.findings()
+        if findings and accepts("findings"):
+            kw["findings"] = findings
+        try:
+            out = write_html(self.explorer.runs.ds, path, **kw)
+        except Exception as err:
+            self.status.value = _error(err)
+            return None
+        path = Path(out) if isinstance(out, (str, Path)) else path
+        self.status.value = f"written <code>{html.escape(str(path))}</code>"
+        return path
