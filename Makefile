@@ -8,8 +8,10 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 CHROMIUM ?= /usr/bin/chromium
 OUT ?= out
+NBTEMPLATES ?= build/nbtemplates
+OFFLINE_TEMPLATE := $(NBTEMPLATES)/offline_lab/index.html.j2
 
-.PHONY: help install system-deps demo test test-fast lint lab samples bench clean
+.PHONY: help install system-deps demo test test-fast lint lab samples bench clean offline-template notebooks
 
 help:
 	@echo "make demo    install, then run precnb on the bundled samples (writes $(OUT)/)"
@@ -18,6 +20,8 @@ help:
 	@echo "make lint    ruff"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (extra [samples])"
 	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
+	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
+	@echo "make notebooks         strip notebooks/*.ipynb and copy them into precnb/templates/notebooks/"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,14 +47,24 @@ demo: install
 	$(VENV)/bin/precnb anomalies data_samples/monitor
 	@echo "demo finished; outputs in $(OUT)/"
 
-test: install system-deps
+# offline nbconvert HTML template (require.js, vega-embed, anywidget, ipywidgets html-manager inlined):
+# pinned npm packages fetched with `npm pack` at build time, nothing third-party committed
+$(OFFLINE_TEMPLATE): tools/build_offline_template.sh $(STAMP)
+	bash tools/build_offline_template.sh $(NBTEMPLATES) $(PY)
+
+offline-template: $(OFFLINE_TEMPLATE)
+
+notebooks: install
+	$(PY) tools/sync_notebooks.py
+
+test: install system-deps offline-template
 	$(PY) -m pytest -q
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install
-	$(VENV)/bin/ruff check precnb tests benchmarks
+	$(VENV)/bin/ruff check precnb tests benchmarks tools
 
 lab: install
 	$(VENV)/bin/jupyter lab --allow-root --no-browser notebooks/

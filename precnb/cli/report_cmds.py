@@ -1,0 +1,183 @@
+"""Sub-commands backed by :mod:`precnb.report`: ``report`` and ``template``.
+
+``precnb report RUN [--baseline RUN] [--layout tp=2] -o report.html`` writes one
+self-contained offline HTML file; ``precnb template NAME -o my.ipynb [-p key value ...]``
+copies a notebook template out with its parameters filled (``--list`` shows them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _offset(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return v
+
+
+def _load(path: str, args: argparse.Namespace) -> Any:
+    import warnings
+
+    from precnb import cli
+
+    opener = getattr(cli, "open_checked", None)
+    if opener is not None:  # remembers skipped files: main() names them and exits 1
+        return opener(path, args)
+    from precnb.cli import parse_int_set
+    from precnb.io.api import open_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return open_run(path, format=args.format, steps=parse_int_set(args.steps, "steps"),
+                        ranks=parse_int_set(args.ranks, "ranks"), progress=False)
+
+
+def _name(path: str) -> str:
+    from pathlib import Path
+
+    p = Path(path)
+    return p.name or str(p)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from precnb.analysis import LayoutError, Tolerance
+    from precnb.cli import UsageError
+    from precnb.report import write_html
+
+    if args.layout and args.target_layout and args.layout != args.target_layout:
+        raise UsageError("--layout and --target-layout name the same thing (the run's layout); give one")
+    layout = args.layout or args.target_layout
+    if args.baseline_layout and not args.baseline:
+        raise UsageError("--baseline-layout needs --baseline")
+    run = _load(args.run, args)
+    kw: dict[str, Any] = {"title": args.title, "stat": args.stat, "layout": layout}
+    names = ("", _name(args.run))
+    if args.baseline:
+        kw["baseline"] = _load(args.baseline, args)
+        kw["baseline_layout"] = args.baseline_layout
+        kw["step_offset"] = args.step_offset
+        names = (_name(args.baseline), names[1])
+        if names[0] == names[1]:
+            names = (f"{names[0]} (baseline)", f"{names[1]} (target)")
+        if args.rtol is not None:
+            kw["tolerance"] = Tolerance(rtol=args.rtol)
+    kw["names"] = names
+    try:
+        out = write_html(run, args.output, **kw)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # e.g. runs that share no step / rank
+        raise UsageError(str(exc)) from None
+    size = out.stat().st_size
+    sys.stdout.write(f"wrote {out} ({size / 1e6:.2f} MB, self-contained, opens offline)\n")
+    return 0
+
+
+def _value(text: str) -> Any:
+    """Command-line parameter text → Python value (int, float, bool, None, JSON, else str)."""
+    import json
+
+    low = text.strip().lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    if text[:1] in "[{":
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _cmd_template(args: argparse.Namespace) -> int:
+    from precnb.cli import UsageError
+    from precnb.report import notebooks
+
+    if args.list:
+        for name in notebooks.list_templates():
+            info = notebooks.describe(name)
+            sys.stdout.write(f"{name:<20} {info['summary']}\n")
+            for p, spec in info["parameters"].items():
+                sys.stdout.write(f"    -p {p:<16} default {spec['default']}"
+                                 f"{'  # ' + spec['help'] if spec['help'] else ''}\n")
+        return 0
+    if not args.name:
+        raise UsageError("give a template NAME (see `precnb template --list`)")
+    if not args.output:
+        raise UsageError("-o/--output is required (the .ipynb to write)")
+    params = {k: _value(v) for k, v in (args.param or [])}
+    try:
+        out = notebooks.fill_template(args.name, args.output, params, overwrite=args.overwrite)
+    except (KeyError, ValueError) as exc:
+        raise UsageError(str(exc.args[0]) if exc.args else str(exc)) from None
+    sys.stdout.write(f"wrote {out}\n")
+    if args.execute or args.html:
+        out = notebooks.execute(out, cwd=args.cwd)
+        sys.stdout.write(f"executed {out}\n")
+    if args.html:
+        html = notebooks.export_html(out, args.html)
+        sys.stdout.write(f"wrote {html} (offline HTML)\n")
+    return 0
+
+
+def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add the ``report`` and ``template`` sub-commands to *sub*."""
+    p = sub.add_parser("report", help="write one self-contained offline HTML report (findings, charts, tables)",
+                       description="Diagnose RUN (NaN/Inf origin and anomalies; first divergence with "
+                                   "--baseline; replica check with --layout) and write one HTML file that "
+                                   "opens offline: findings, a heat map linked to a line chart, tables.")
+    p.add_argument("run", help="the run (dump root, monitor output, compare CSV or zarr store)")
+    p.add_argument("-o", "--output", required=True, help="HTML file to write (e.g. report.html)")
+    p.add_argument("--baseline", help="a run to compare against: report the first divergence")
+    p.add_argument("--layout", help="parallel layout of RUN, e.g. tp=2,pp=2 or dp=8: replica check; with "
+                                    "--baseline, RUN's shards are merged before comparing")
+    p.add_argument("--target-layout", help="same as --layout (the name `precnb diff` uses)")
+    p.add_argument("--baseline-layout", help="layout of the baseline (its shards are merged before comparing)")
+    p.add_argument("--step-offset", type=_offset, default=0,
+                   help="target step = baseline step + OFFSET, or 'auto' (resumed runs)")
+    p.add_argument("--rtol", type=_positive, help="one relative tolerance for all tensors (default: by dtype)")
+    p.add_argument("--stat", default="norm", choices=["norm", "max", "min", "mean"],
+                   help="statistic the charts draw (default norm)")
+    p.add_argument("--title", help="page title (default: the run's folder name)")
+    add_load_options(p)
+    p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("template", help="copy a notebook template out with its parameters filled",
+                       description="Copy one of precnb's notebook templates (NaN origin, divergence, TP/PP "
+                                   "merge, DP gradient sync, monitor trends) with papermill parameters filled.")
+    p.add_argument("name", nargs="?", help="template name (see --list)")
+    p.add_argument("-o", "--output", help="notebook to write (e.g. my_incident.ipynb)")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                   help="set a parameter (repeatable); numbers, true/false and none are converted")
+    p.add_argument("--list", action="store_true", help="list the templates and their parameters")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output notebook")
+    p.add_argument("--execute", action="store_true", help="run the filled notebook (papermill) in place")
+    p.add_argument("--html", help="also export the executed notebook to this offline HTML file "
+                                  "(needs the offline_lab nbconvert template: `make offline-template`)")
+    p.add_argument("--cwd", help="working directory for --execute (default: the notebook's folder)")
+    p.set_defaults(func=_cmd_template)

@@ -1,0 +1,84 @@
+"""Inlined assets of the report: the vega/vega-lite/vega-embed bundle, CSS and page script.
+
+The vega bundle comes from :func:`vl_convert.javascript_bundle` (offline, no CDN), in the
+Vega-Lite version altair writes; it is built once per process and inlined once per page.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["package_text", "script_safe", "vega_bundle", "vl_version"]
+
+
+def vl_version() -> str:
+    """Vega-Lite version of the installed altair, as vl-convert spells it (``"v6_4"``)."""
+    import altair as alt
+
+    m = re.match(r"v?(\d+)\.(\d+)", str(alt.SCHEMA_VERSION))
+    if not m:  # pragma: no cover - altair always has one
+        raise RuntimeError(f"cannot read altair's Vega-Lite version {alt.SCHEMA_VERSION!r}")
+    return f"v{m.group(1)}_{m.group(2)}"
+
+
+def script_safe(js: str) -> str:
+    """Make JavaScript safe inside an inline ``<script>`` element.
+
+    ``</script`` would end the element and ``<!--`` changes how the HTML parser reads it;
+    neither occurs in the vega bundle, and this is checked rather than rewritten.
+
+    Examples
+    --------
+    >>> script_safe("var a = 1;")
+    'var a = 1;'
+    """
+    low = js.lower()
+    if "</script" in low or "<!--" in low:
+        raise ValueError("script text contains '</script' or '<!--'; it cannot be inlined safely")
+    return js
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("PRECNB_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "precnb")
+    return Path(base)
+
+
+@functools.lru_cache(maxsize=2)
+def vega_bundle(version: str | None = None) -> str:
+    """Vega, Vega-Lite and vega-embed as one classic script that sets ``window.vegaEmbed``.
+
+    Wrapped in a function scope: the bundle declares top-level constants that would clash
+    with any other copy on the page (``jupyter_stack_notes.md``, pitfall 4). Building it takes
+    1-3 s, so it is kept in ``$PRECNB_CACHE`` (default ``~/.cache/precnb``) per vl-convert and
+    Vega-Lite version; an unwritable cache is ignored.
+    """
+    import vl_convert as vlc
+
+    version = version or vl_version()
+    cached = _cache_dir() / f"vega-bundle-{getattr(vlc, '__version__', 'x')}-{version}.js"
+    try:
+        text = cached.read_text(encoding="utf-8")
+        if text.startswith("(function () {") and text.rstrip().endswith("})();"):
+            return script_safe(text)
+    except (OSError, ValueError):
+        pass
+    text = script_safe("(function () {\n" + vlc.javascript_bundle(vl_version=version) + "\n})();\n")
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return text
+
+
+@functools.lru_cache(maxsize=8)
+def package_text(name: str) -> str:
+    """Text of ``precnb/templates/report/<name>`` (CSS and page script)."""
+    return resources.files("precnb").joinpath("templates", "report", name).read_text(encoding="utf-8")

@@ -1,0 +1,374 @@
+"""Plain view models of findings and tables for the report template (strings, no HTML).
+
+Everything returned here is text; the template escapes it (jinja2 autoescape), so module
+names, node names, file paths, stack frames and hints from a dump are always shown as text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+__all__ = [
+    "Cell",
+    "anomaly_table",
+    "detail_table",
+    "finding_view",
+    "fmt",
+    "hotspot_table",
+    "parse_frame",
+]
+
+_STATS = ("max", "min", "mean", "norm")
+_TITLES = {
+    "first_divergence": "First divergence",
+    "nan_origin": "NaN/Inf origin",
+    "anomaly": "First anomaly",
+    "replica_mismatch": "Replica mismatch",
+    "none": "Nothing found",
+}
+_CHECKED = {
+    "first_divergence": "first divergence",
+    "nan_origin": "NaN/Inf origin",
+    "anomaly": "anomalies (NaN/Inf transitions, spikes)",
+    "replica_mismatch": "replica check",
+}
+_FRAME = re.compile(r"^\s*File\s+(?P<file>.+?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]+),?\s*(?P<code>.*)$",
+                    re.DOTALL)
+_LIB = ("site-packages", "dist-packages", "/lib/python3", "\\lib\\python3", "<frozen")
+
+
+class Cell(str):
+    """A table cell's text, with a CSS class (``nf`` non-finite, ``num`` number, ...)."""
+
+    cls: str = ""
+
+    def __new__(cls, text: Any, css: str = "") -> Cell:
+        obj = super().__new__(cls, "" if text is None else str(text))
+        obj.cls = css
+        return obj
+
+
+def fmt(v: Any) -> Cell:
+    """Format a value for a table cell: 6 significant digits, non-finite flagged ``nf``.
+
+    Examples
+    --------
+    >>> fmt(0.1234567), fmt(float("nan")).cls, fmt("inf").cls, fmt(None)
+    ('0.123457', 'nf num', 'nf num', 'null')
+    """
+    if v is None:
+        return Cell("null", "null")
+    if isinstance(v, (bool, np.bool_)):
+        return Cell(str(bool(v)).lower())
+    if isinstance(v, (int, np.integer)):
+        return Cell(str(int(v)), "num")
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        if math.isnan(f):
+            return Cell("nan", "nf num")
+        if math.isinf(f):
+            return Cell("inf" if f > 0 else "-inf", "nf num")
+        return Cell(f"{f:.6g}", "num")
+    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+        return Cell(v, "nf num")
+    if isinstance(v, (list, tuple)):
+        return Cell(", ".join(str(x) for x in v))
+    return Cell(str(v))
+
+
+def parse_frame(frame: Any) -> dict[str, Any]:
+    r"""Split a stack.json frame into location, function and code; flag library frames.
+
+    Examples
+    --------
+    >>> f = parse_frame("File /a/model.py, line 7, in forward, \n y = f(x)")
+    >>> f["file"], f["line"], f["func"], f["code"], f["lib"]
+    ('/a/model.py', '7', 'forward', 'y = f(x)', False)
+    """
+    text = str(frame)
+    m = _FRAME.match(text)
+    if not m:
+        return {"file": "", "line": "", "func": "", "code": text.strip(), "raw": text, "lib": False}
+    file = m.group("file").strip()
+    return {"file": file, "line": m.group("line"), "func": m.group("func").strip(),
+            "code": " ".join(m.group("code").split()), "raw": text,
+            "lib": any(s in file for s in _LIB)}
+
+
+def _is_side(v: Any) -> bool:
+    return isinstance(v, dict) and ("present" in v or any(s in v for s in _STATS))
+
+
+def _values_tables(values: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """Statistics of each side (baseline / target / entry) as one table, plus scalars."""
+    sides = [(k, v) for k, v in values.items() if _is_side(v)]
+    scalars = [(k, v) for k, v in values.items() if not isinstance(v, dict) and k != "present"]
+    nested = [(k, v) for k, v in values.items() if isinstance(v, dict) and not _is_side(v)]
+    tables: list[dict[str, Any]] = []
+    if sides or scalars:
+        stats = [s for s in _STATS if any(s in v for _, v in sides)]
+        extra = sorted({k for _, v in sides for k, x in v.items()
+                        if k not in (*_STATS, "present", "dtype", "shape", "crc") and not isinstance(x, dict)})
+        rows = []
+        for s in [*stats, *extra]:
+            rows.append({"label": s, "cells": [fmt(v.get(s)) if s in v else Cell("—", "absent")
+                                               for _, v in sides]})
+        for meta in ("dtype", "shape", "crc"):
+            if any(meta in v for _, v in sides):
+                rows.append({"label": meta, "cells": [Cell(v.get(meta, "—"), "meta") for _, v in sides]})
+        if any(v.get("present") is False for _, v in sides):
+            rows.append({"label": "recorded", "cells": [Cell("yes" if v.get("present", True) else "no")
+                                                        for _, v in sides]})
+        tables.append({"title": title, "columns": [k for k, _ in sides], "rows": rows,
+                       "scalars": [(k, fmt(v)) for k, v in scalars]})
+    for k, v in nested:
+        sub_title = f"{k.replace('_', ' ')}" + (f": {v['tensor']}" if isinstance(v.get("tensor"), str) else "")
+        inner = {a: b for a, b in v.items() if a != "tensor"}
+        if any(_is_side(b) for b in inner.values()):
+            tables += _values_tables(inner, sub_title)
+        else:
+            tables.append({"title": sub_title, "columns": [], "rows": [],
+                           "scalars": [(a, fmt(b)) for a, b in inner.items() if not isinstance(b, dict)]})
+    return tables
+
+
+def _suspects(rows: Sequence[dict[str, Any]], limit: int) -> dict[str, Any]:
+    keys = ["step", "rank", "node", "tensor", "why"]
+    extra = [k for k in ("stat", "value", "reference", "score", "rel_diff", "epoch", "group")
+             if any(k in r for r in rows)]
+    out = []
+    for i, r in enumerate(rows[:limit]):
+        cells = [Cell(str(i + 1), "num")] + [
+            (Cell(r[k], "name") if k in ("node", "tensor") else fmt(r.get(k))) if k in r else Cell("")
+            for k in keys + extra]
+        out.append(cells)
+    return {"columns": ["#", *keys, *extra], "rows": out, "total": len(rows)}
+
+
+def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
+    """Everything the template shows about one Finding, as text.
+
+    Parameters
+    ----------
+    finding : Finding
+    limit : int
+        Most suspects / structural rows listed.
+
+    Returns
+    -------
+    dict
+    """
+    d = finding.to_dict()  # strict-JSON values: non-finite floats are "nan"/"inf" strings
+    kind = d["kind"]
+    found = kind != "none"
+    ev = dict(d.get("evidence") or {})
+    stack = [parse_frame(f) for f in ev.pop("stack", []) or []]
+    module_path = [str(m) for m in ev.pop("module_path", []) or []]
+    where = [(k, fmt(d.get(k))) for k in ("step", "rank", "node", "tensor", "module") if d.get(k) is not None
+             and not (k == "tensor" and d.get("tensor") == d.get("node"))]  # monitor rows: node == tensor
+    if "target_step" in (d.get("values") or {}):
+        where.insert(1, ("target step", fmt(d["values"]["target_step"])))
+    extra_ev = []
+    for k, v in ev.items():
+        if isinstance(v, list):
+            shown = ", ".join(str(x) for x in v[:12]) + (f" … ({len(v)} in all)" if len(v) > 12 else "")
+            extra_ev.append((k.replace("_", " "), Cell(shown)))
+        elif isinstance(v, dict):
+            extra_ev.append((k.replace("_", " "), Cell(", ".join(f"{a}: {b}" for a, b in v.items()
+                                                                  if not isinstance(b, dict)))))
+        else:
+            extra_ev.append((k.replace("_", " "), fmt(v)))
+    stats = [(k.replace("_", " "), fmt(v)) for k, v in (d.get("stats") or {}).items()
+             if not isinstance(v, (dict, list))]
+    for k, v in (d.get("stats") or {}).items():
+        if isinstance(v, dict):
+            stats.append((k.replace("_", " "), Cell(", ".join(f"{a}={b}" for a, b in v.items()))))
+    structural = [[fmt(s.get("node")), fmt(s.get("only_in")), fmt(s.get("step")), fmt(s.get("rank")),
+                   fmt(s.get("count"))] for s in (d.get("structural") or [])[:limit]]
+    crc = [[fmt(c.get("step")), fmt(c.get("rank")), fmt(c.get("tensor"))] for c in (d.get("crc_only") or [])[:limit]]
+    return {
+        "kind": kind,
+        "found": found,
+        "title": _TITLES.get(kind, kind),
+        "checked": _CHECKED.get(kind, ""),
+        "reason": d.get("reason", ""),
+        "where": where,
+        "values": _values_tables(d.get("values") or {}, "values at the finding"),
+        "hints": [str(h) for h in d.get("hints") or []],
+        "suspects": _suspects(d.get("suspects") or [], limit),
+        "stack": stack,
+        "user_frames": sum(1 for f in stack if not f["lib"]),
+        "module_path": list(reversed(module_path)),  # outermost first
+        "evidence": extra_ev,
+        "structural": structural,
+        "structural_total": len(d.get("structural") or []),
+        "crc_only": crc,
+        "stats": stats,
+    }
+
+
+def _window(ds: xr.Dataset, step: int, rank: int, tensor: str | None, before: int, after: int) -> list[str]:
+    """Tensors recorded at (step, rank) around *tensor* in execution order."""
+    e = ds.sel(step=step, rank=rank)
+    seq = np.asarray(e["seq"].values, dtype=np.int64)
+    present = np.asarray(e["present"].values, bool) & (seq >= 0)
+    labels = ds["tensor"].values
+    known = tensor is not None and tensor in ds.indexes["tensor"]
+    s0 = int(seq[ds.indexes["tensor"].get_loc(tensor)]) if known else -1
+    if s0 < 0:
+        idx = np.flatnonzero(present)
+        idx = idx[np.argsort(seq[idx], kind="stable")][: before + after + 1]
+    else:
+        idx = np.flatnonzero(present & (seq >= s0 - before) & (seq <= s0 + after))
+        idx = idx[np.argsort(seq[idx], kind="stable")]
+    return [str(labels[i]) for i in idx]
+
+
+def detail_table(data: Any, combined: xr.Dataset | None, finding: Any, *, rows: int = 40) -> dict[str, Any] | None:
+    """Records around the finding at its (step, rank): values, module, dtype, shape.
+
+    Parameters
+    ----------
+    data : ReportData
+    combined : xarray.Dataset or None
+        Baseline and target as runs (comparison reports).
+    finding : Finding or None
+    rows : int
+        Most records.
+
+    Returns
+    -------
+    dict or None
+        ``title``, ``columns`` and ``rows`` (lists of :class:`Cell`), ``focus`` row index.
+    """
+    from precnb.viz import detail_frame
+
+    ds = data.target
+    if finding is not None and finding.found and finding.step is not None and finding.rank is not None:
+        step, rank, tensor = int(finding.step), int(finding.rank), finding.tensor
+    else:
+        if not (ds.sizes["step"] and ds.sizes["rank"]):
+            return None
+        step, rank, tensor = int(ds["step"].values[0]), int(ds["rank"].values[0]), None
+    before, after = rows // 3, rows - rows // 3 - 1
+    if combined is not None:
+        names = [str(r) for r in combined["run"].values]
+        side = combined.sel(run=names[1])
+        if tensor is not None and tensor in side.indexes["tensor"] and step in side.indexes["step"] \
+                and rank in side.indexes["rank"] and not bool(side["present"].sel(step=step, rank=rank,
+                                                                                   tensor=tensor)):
+            side = combined.sel(run=names[0])  # only in the baseline: its execution order
+        if step not in side.indexes["step"] or rank not in side.indexes["rank"]:
+            return None
+        window = _window(side, step, rank, tensor, before, after)
+        frame = detail_frame(combined, step=step, rank=rank, tensors=window, run=names[1], baseline=names[0],
+                             limit=len(window) + 1)
+        order = {t: i for i, t in enumerate(window)}
+        frame = frame.assign(_o=frame["tensor"].map(order)).sort_values("_o", kind="stable").drop(columns="_o")
+    else:
+        if step not in ds.indexes["step"] or rank not in ds.indexes["rank"]:
+            return None
+        window = _window(ds, step, rank, tensor, before, after)
+        frame = detail_frame(ds, step=step, rank=rank, tensors=window, limit=len(window) + 1)
+        names = []
+    return _detail_rows(frame, step, rank, tensor, names)
+
+
+def _detail_rows(frame: pd.DataFrame, step: int, rank: int, tensor: str | None, names: list[str]
+                 ) -> dict[str, Any]:
+    base = names[0] if names else None
+    stat_cols = [s for s in _STATS if s in frame.columns]
+    extra = [c for c in frame.columns if c in ("nans", "zeros")]
+    cols = ["seq", "tensor", "module", "role", "dtype", "shape"]
+    header = [*cols, *stat_cols, *extra]
+    if base is not None:
+        header = [*cols, *[f"{s} ({names[1]})" for s in stat_cols], *[f"{s} ({base})" for s in stat_cols],
+                  "rel. diff"]
+    out, focus = [], None
+    for i, r in enumerate(frame.to_dict("records")):
+        null = int(r.get("null_stats", 0) or 0)
+        cells = [fmt(int(r["seq"])) if int(r["seq"]) >= 0 else Cell("—", "absent"),
+                 Cell(r["tensor"], "name"), Cell(r["module"] or "—", "name"), Cell(r["role"]),
+                 Cell(r["dtype"], "meta"), Cell(r["shape"], "meta")]
+        for s in stat_cols:
+            cells.append(Cell("null", "num null") if null & {"max": 1, "min": 2, "mean": 4, "norm": 8}[s]
+                         else fmt(r[s]))
+        if base is None:
+            cells += [fmt(r[c]) for c in extra]
+        else:
+            cells += [fmt(r.get(f"{s}_{base}")) for s in stat_cols]
+            rel = r.get("rel_diff")
+            cells.append(Cell("—", "absent") if rel is None or (isinstance(rel, float) and math.isnan(rel))
+                         else fmt(rel))
+        if r["tensor"] == tensor:
+            focus = i
+        out.append(cells)
+    where = f"step {step}, rank {rank}"
+    title = (f"Records around the finding at {where}, in execution order" if tensor else
+             f"First records of {where}, in execution order")
+    return {"title": title, "columns": header, "rows": out, "focus": focus}
+
+
+def hotspot_table(frame: pd.DataFrame | None, *, rows: int = 15) -> dict[str, Any] | None:
+    """The heat map's worst cells, one per module: where to look first, as text."""
+    if frame is None or not len(frame):
+        return None
+    mode = frame.attrs.get("color", "stat")
+    f = frame[frame["tensor"].astype(str) != ""]
+    if not len(f):
+        return None
+    key = "nonfinite" if mode in ("nonfinite", "events") else "color"
+    f = f.assign(_k=f[key].astype(float).fillna(-np.inf))
+    if mode == "stat":  # cells holding only non-finite values first
+        f = f.assign(_k=np.where(f["value"].isna() & (f["nonfinite"] > 0), np.inf, f["_k"]))
+    best = f.sort_values(["_k", "row_order"], ascending=[False, True], kind="stable").drop_duplicates("row")
+    nf = frame.groupby("row")["nonfinite"].sum()
+    out = []
+    for r in best.head(rows).to_dict("records"):
+        out.append([Cell(r["row"], "name"), Cell(r["value_text"], "num nf" if r["nonfinite"] and mode != "reldiff"
+                                                 and r["value_text"] in ("nan", "non-finite", "inf") else "num"),
+                    Cell(r["tensor"], "name"), fmt(int(r["worst_step"])), fmt(int(r["worst_rank"])),
+                    fmt(int(nf.get(r["row"], 0)))])
+    what = {"reldiff": "largest rel. diff", "events": "NaN / new inf records", "nonfinite": "non-finite records"
+            }.get(mode, "largest value")
+    return {"columns": ["module", what, "worst tensor", "step", "rank", "non-finite records"], "rows": out}
+
+
+def anomaly_table(finding: Any, *, rows: int = 50) -> dict[str, Any] | None:
+    """The anomalies of a Finding of kind ``anomaly`` in training order (its first one first).
+
+    The first non-finite anomaly is always listed, also when it comes after *rows* spikes.
+    """
+    if finding is None or finding.kind != "anomaly":
+        return None
+    d = finding.to_dict()
+    vals = d.get("values") or {}
+    firsts = [vals.get(f"first_{t}") for t in ("spike", "nonfinite")]
+    firsts = [x for x in firsts if isinstance(x, dict)]
+    head = [x for x in firsts if x.get("tensor") == d.get("tensor") and x.get("step") == d.get("step")]
+    items = head[:1] + list(d.get("suspects") or [])
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r.get("type"), r.get("step"), r.get("rank"), r.get("tensor"), r.get("stat"))
+
+    seen: set[tuple[Any, ...]] = set()
+    ordered = []
+    for r in items:
+        if key(r) not in seen:
+            seen.add(key(r))
+            ordered.append(r)
+    shown = ordered[:rows]
+    keys = {key(r) for r in shown}
+    shown += [x for x in firsts if x.get("type") == "nonfinite" and key(x) not in keys]
+    out = [[Cell(r.get("type", ""), "nf" if r.get("type") == "nonfinite" else ""), fmt(r.get("step")),
+            fmt(r.get("rank")), Cell(r.get("tensor", ""), "name"), Cell(r.get("stat", "")),
+            fmt(r.get("value")), fmt(r.get("reference")), fmt(r.get("score"))] for r in shown]
+    return {"columns": ["type", "step", "rank", "tensor", "stat", "value", "typical", "score"],
+            "rows": out, "total": (d.get("stats") or {}).get("anomalies", len(ordered))}

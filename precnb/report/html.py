@@ -1,0 +1,269 @@
+"""One self-contained, offline HTML file per incident: findings, linked charts, tables.
+
+The page inlines one vega/vega-lite/vega-embed bundle (from vl-convert) and a few lines of
+page script that embed every chart spec; no URL is loaded. All text from the dump (module
+and node names, paths, stack frames, hints) goes through jinja2's autoescape; chart specs
+sit in ``<script type="application/json">`` blocks with ``<``, ``>`` and ``&`` escaped.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from precnb.report._charts import ChartSpec, Limits, build_charts, comparison_dataset
+from precnb.report._diagnose import checks_run, default_findings, normalize_findings, primary, sort_findings
+from precnb.report._inputs import ReportData, prepare
+
+__all__ = ["render", "to_html", "write_html"]
+
+
+def _env() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("precnb", "templates/report"),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html", "htm", "xml", "j2"),
+                                            default_for_string=True, default=True),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["script_json"] = script_json
+    env.filters["wrapdots"] = wrapdots
+    return env
+
+
+def wrapdots(text: Any) -> Any:
+    """Escape *text*, then allow line breaks after ``.`` and ``/`` (long tensor names, paths).
+
+    Examples
+    --------
+    >>> str(wrapdots("a.b<c>"))
+    'a.<wbr>b&lt;c&gt;'
+    """
+    from markupsafe import Markup, escape
+
+    safe = str(escape(str(text)))  # no markup from the data survives escaping
+    return Markup(safe.replace(".", ".<wbr>").replace("/", "/<wbr>"))  # noqa: S704 - escaped above
+
+
+def script_json(obj: Any) -> Any:
+    r"""Strict JSON for a ``<script type="application/json">`` block (``<``, ``>``, ``&`` escaped).
+
+    Examples
+    --------
+    >>> str(script_json({"m": "</script><b>"}))
+    '{"m": "\\u003c/script\\u003e\\u003cb\\u003e"}'
+    """
+    from markupsafe import Markup
+
+    from precnb.analysis.findings import jsonable
+
+    text = json.dumps(jsonable(obj), allow_nan=False, ensure_ascii=False)
+    for a, b in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"), ("\u2028", "\\u2028"),
+                 ("\u2029", "\\u2029")):
+        text = text.replace(a, b)
+    return Markup(text)  # noqa: S704 - every markup-significant character is escaped above
+
+
+def _ranges(vals: Sequence[int]) -> str:
+    vals = sorted(int(v) for v in vals)
+    if not vals:
+        return "—"
+    parts: list[str] = []
+    start = prev = vals[0]
+    for v in vals[1:]:
+        if v == prev + 1:
+            prev = v
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}–{prev}")
+        start = prev = v
+    parts.append(f"{start}" if start == prev else f"{start}–{prev}")
+    text = ", ".join(parts)
+    return text if len(text) <= 60 else text[:57] + "…"
+
+
+def _run_info(ds: Any, name: str, role: str) -> dict[str, Any]:
+    from precnb.analysis.summary import summarize
+
+    s = summarize(ds)
+    nf = s["nonfinite"]
+    return {
+        "role": role,
+        "name": name,
+        "source": s["source"] or "(in memory)",
+        "format": s["format"] or "—",
+        "task": s["task"] or "—",
+        "level": s["level"] or "—",
+        "framework": s["framework"] or "—",
+        "steps": _ranges(s["steps"]),
+        "n_steps": len(s["steps"]),
+        "ranks": _ranges(s["ranks"]),
+        "n_ranks": len(s["ranks"]),
+        "tensors": s["tensors"],
+        "nodes": s["nodes"],
+        "records": s["records"],
+        "nan_values": nf["nan_values"],
+        "inf_values": nf["inf_values"],
+        "dtypes": ", ".join(f"{k or '?'} {v}" for k, v in list(s["dtypes"].items())[:6]),
+        "skipped": len(s.get("skipped_files") or []),
+    }
+
+
+def render(
+    data: ReportData,
+    findings: list[Any],
+    *,
+    title: str | None = None,
+    stat: str = "norm",
+    limits: Limits | None = None,
+    checks: list[str] | None = None,
+) -> str:
+    """Render the page for prepared inputs and findings (see :func:`to_html`)."""
+    from precnb import __version__
+    from precnb.report import _tables as tables
+    from precnb.report._assets import package_text, script_safe, vega_bundle
+
+    lim = limits or Limits()
+    focus = primary(findings)
+    combined = comparison_dataset(data) if data.compared else None
+    charts: list[ChartSpec] = build_charts(data, focus, stat=stat, limits=lim, combined=combined)
+    linked = next((c for c in charts if c.kind == "linked"), None)
+    name = data.names[1]
+    shown_target = data.raw_target if data.raw_target is not None else data.target
+    runs = [_run_info(shown_target, name, "target" if data.compared else "run")]
+    if data.baseline is not None:
+        shown_base = data.raw_baseline if data.raw_baseline is not None else data.baseline
+        runs.insert(0, _run_info(shown_base, data.names[0], "baseline"))
+    layout_lines = [f"{role}: {lay.describe()}" for role, lay in (("target", data.layout),
+                                                                   ("baseline", data.baseline_layout))
+                    if lay is not None]
+    if data.compared and data.step_offset not in (0, "0"):
+        off = next((f.stats.get("step_offset") for f in findings if "step_offset" in (f.stats or {})),
+                   data.step_offset)
+        layout_lines.append(f"target step = baseline step + {off}"
+                            + (" (found automatically)" if data.step_offset == "auto" else ""))
+    views = [tables.finding_view(f, limit=lim.table_rows) for f in findings]
+    verdict = ("problem" if any(v["found"] for v in views) else "clean") if views else "none"
+    anomaly = next((f for f in findings if f.kind == "anomaly"), None)
+    ctx = {
+        "title": title or (f"{data.names[1]} vs {data.names[0]}" if data.compared else name),
+        "compared": data.compared,
+        "names": data.names,
+        "runs": runs,
+        "layout": layout_lines,
+        "notes": data.notes,
+        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "version": __version__,
+        "verdict": verdict,
+        "findings": views,
+        "checks": checks or [],
+        "charts": [{"id": c.id, "title": c.title, "caption": c.caption, "spec": c.spec, "kind": c.kind}
+                   for c in charts],
+        "detail": tables.detail_table(data, combined, focus, rows=lim.detail_rows),
+        "hotspots": tables.hotspot_table(linked.frame if linked is not None else None),
+        "anomalies": tables.anomaly_table(anomaly, rows=lim.table_rows),
+        "findings_json": [f.to_dict() for f in findings],
+        "findings_pretty": json.dumps([f.to_dict() for f in findings], indent=2, ensure_ascii=False),
+        "css": package_text("report.css"),
+        "page_js": script_safe(package_text("report.js")),
+        "vega_js": vega_bundle(),
+    }
+    from markupsafe import Markup
+
+    for key in ("css", "page_js", "vega_js"):
+        ctx[key] = Markup(ctx[key])  # noqa: S704 - package files, checked by script_safe
+    return _env().get_template("report.html.j2").render(**ctx)
+
+
+def to_html(
+    ds_or_runs: Any,
+    *,
+    baseline: Any = None,
+    findings: Any = None,
+    layout: Any = None,
+    baseline_layout: Any = None,
+    step_offset: int | str = 0,
+    tolerance: Any = None,
+    title: str | None = None,
+    names: Sequence[str] | None = None,
+    stat: str = "norm",
+    limits: Limits | None = None,
+) -> str:
+    """Build the self-contained HTML report of one run, or of a target against a baseline.
+
+    Parameters
+    ----------
+    ds_or_runs : xarray.Dataset, path, mapping or dataset with a ``run`` dim
+        One run; ``{"gpu": a, "npu": b}`` (first = baseline); or a dataset holding runs.
+    baseline : xarray.Dataset, path or str, optional
+        The run to compare against (a dataset / path, or the name of one of the runs).
+    findings : Finding or sequence of Finding, optional
+        Show these instead of running the diagnoses (``[]``: no findings section). By
+        default: NaN/Inf origin and anomalies of one run; first divergence with a baseline;
+        replica check with a layout.
+    layout : Layout, str or mapping, optional
+        Parallel layout of the run (``"tp=2,pp=2"``): replica check; with a baseline, the
+        run's shards are merged before comparing.
+    baseline_layout : Layout, str or mapping, optional
+        The baseline's layout (merged before comparing).
+    step_offset : int or "auto"
+        Target step = baseline step + offset (resumed runs).
+    tolerance : precnb.analysis.Tolerance, optional
+        For the first-divergence search.
+    title : str, optional
+        Page title (default: the run name).
+    names : (str, str), optional
+        Display names of (baseline, target).
+    stat : str
+        Statistic the charts draw (``"norm"``, ``"max"``, ...).
+    limits : Limits, optional
+        Size bounds (rows, buckets) of charts and tables.
+
+    Returns
+    -------
+    str
+        The page: no external URL, one inlined vega bundle, bounded in size however many
+        ranks the run has (charts aggregate to top modules × step / rank buckets).
+
+    Examples
+    --------
+    >>> import precnb
+    >>> page = precnb.report.to_html(precnb.sample_path("dp_nan"))  # doctest: +SKIP
+    >>> "NaN/Inf origin" in page  # doctest: +SKIP
+    True
+    """
+    data = prepare(ds_or_runs, baseline=baseline, layout=layout, baseline_layout=baseline_layout,
+                   step_offset=step_offset, names=names)
+    if findings is None:
+        found, checks = default_findings(data, tolerance=tolerance), checks_run(data)
+    else:
+        found, checks = sort_findings(normalize_findings(findings)), None
+    return render(data, found, title=title, stat=stat, limits=limits, checks=checks)
+
+
+def write_html(ds_or_runs: Any, path: str | os.PathLike[str], **kw: Any) -> Path:
+    """Write :func:`to_html` to *path* (UTF-8) and return the path.
+
+    Parameters
+    ----------
+    ds_or_runs : xarray.Dataset, path, mapping or dataset with a ``run`` dim
+    path : path-like
+        The ``.html`` file to write (parent folders are created).
+    **kw
+        Passed to :func:`to_html` (``baseline``, ``findings``, ``layout``, ...).
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    out = Path(path).expanduser()
+    page = to_html(ds_or_runs, **kw)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

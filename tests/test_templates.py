@@ -1,0 +1,232 @@
+"""Notebook templates: committed clean, parameterised, shipped in the package, and runnable.
+
+* every ``notebooks/*.ipynb`` has no outputs, a ``parameters`` cell and guidance text, and is
+  byte-identical to its package copy in ``precnb/templates/notebooks/`` (the copy is made by
+  ``tools/sync_notebooks.py``);
+* ``precnb template`` lists, fills (papermill ``injected-parameters``) and refuses bad input,
+  also from an installed wheel (not the checkout);
+* each template runs top to bottom on the bundled samples with papermill (``slow``) and, when
+  ``make offline-template`` has built the nbconvert template, exports to offline HTML whose
+  static gate passes (the browser check is ``tests/browser/test_report_offline.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, sample_path
+
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("papermill")
+
+from precnb.report import notebooks  # noqa: E402
+
+NAMES = ["nan_origin", "divergence", "sharded_vs_single", "dp_grad_sync", "monitor_trends"]
+SOURCE = ROOT / "notebooks"
+PACKAGE = ROOT / "precnb" / "templates" / "notebooks"
+
+# what each template must say about its bundled sample (ground truth in data_samples/*/ground_truth.json)
+EXPECTED = {
+    "nan_origin": ["first NaN at step 1, rank 1: Torch.sqrt.0.forward", "inherited via communication",
+                   "scores = scores + torch.sqrt(poison)"],
+    "divergence": ["FIRST DIVERGENCE: Functional.gelu.0.forward at step 1, rank 0"],
+    "sharded_vs_single": ["all replicas agree", "no value divergence beyond tolerance", "partial_sum"],
+    "dp_grad_sync": ["all replicas agree", "median ratio 2; data-parallel world size 2",
+                     "gradients summed, not averaged", "Tensor.div_.0.forward"],
+    "monitor_trends": ["actv_grad/lm_head.input norm spikes", "actv/blocks.1.attn.output"],
+}
+
+
+def _read(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+def _params_cell(nb):
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(cells) == 1, "exactly one cell tagged 'parameters'"
+    return cells[0]
+
+
+# -- committed notebooks ---------------------------------------------------------------------------
+
+
+def test_the_five_templates_exist_in_the_repo_and_the_package():
+    assert sorted(p.stem for p in SOURCE.glob("*.ipynb")) == sorted(NAMES)
+    assert notebooks.list_templates() == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_notebook_is_clean_and_parameterised(name):
+    nb = _read(SOURCE / f"{name}.ipynb")
+    nbformat.validate(nb)
+    assert set(nb.metadata) <= {"kernelspec", "language_info"}, "no widget state / papermill metadata"
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# ")
+    assert "Use it when" in first.source and "incident" in first.source.lower()  # guidance up front
+    params = _params_cell(nb)
+    assert nb.cells.index(params) == 1
+    assert "report = \"\"" in params.source
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "precnb.sample_path(" in code  # defaults resolve the bundled samples from anywhere
+    assert "alt.renderers.enable(\"svg\")" in code  # static charts survive export without a CDN
+    assert "precnb.explore(" in code
+    assert "precnb.report.write_html(" in code
+    described = notebooks.describe(name)["parameters"]
+    assert described and all(spec["help"] for spec in described.values()), "every parameter is commented"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_package_copy_is_identical(name):
+    assert (PACKAGE / f"{name}.ipynb").read_bytes() == (SOURCE / f"{name}.ipynb").read_bytes(), (
+        "run `python tools/sync_notebooks.py` after editing notebooks/")
+
+
+def test_sync_tool_check_passes():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_notebooks.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# -- precnb template -------------------------------------------------------------------------------
+
+
+def test_template_list(capsys):
+    from precnb.cli import main
+
+    assert main(["template", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in NAMES:
+        assert name in out
+    assert "-p step_offset" in out and "NaN / Inf origin triage across ranks" in out
+
+
+def test_template_fill(tmp_path, capsys):
+    from precnb.cli import main
+
+    out = tmp_path / "incident" / "my.ipynb"
+    code = main(["template", "divergence", "-o", str(out), "-p", "baseline", "/data/gpu run",
+                 "-p", "target", "/data/npu", "-p", "step_offset", "auto", "-p", "rtol", "0.001"])
+    assert code == 0, capsys.readouterr().err
+    nb = _read(out)
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1
+    assert nb.cells.index(injected[0]) == nb.cells.index(_params_cell(nb)) + 1
+    ns: dict = {}
+    exec(injected[0].source, ns)
+    assert ns["baseline"] == "/data/gpu run" and ns["target"] == "/data/npu"
+    assert ns["step_offset"] == "auto" and ns["rtol"] == 0.001
+    assert all(c.get("outputs", []) == [] for c in nb.cells if c.cell_type == "code")
+    # list / JSON values and numbers
+    out2 = tmp_path / "nan.ipynb"
+    assert main(["template", "nan_origin", "-o", str(out2), "-p", "steps", "[0, 1]", "-p", "ranks", "none"]) == 0
+    ns = {}
+    exec(next(c for c in _read(out2).cells if "injected-parameters" in c.metadata.get("tags", [])).source, ns)
+    assert ns["steps"] == [0, 1] and ns["ranks"] is None
+    # no parameters: a plain copy
+    out3 = tmp_path / "plain.ipynb"
+    assert main(["template", "monitor_trends", "-o", str(out3)]) == 0
+    assert (PACKAGE / "monitor_trends.ipynb").read_text(encoding="utf-8").strip() == out3.read_text(
+        encoding="utf-8").strip()
+
+
+def test_template_errors(tmp_path, capsys):
+    from precnb.cli import main
+
+    assert main(["template", "nope", "-o", str(tmp_path / "x.ipynb")]) == 2
+    assert "known: nan_origin" in capsys.readouterr().err
+    assert main(["template", "nan_origin", "-o", str(tmp_path / "x.ipynb"), "-p", "bogus", "1"]) == 2
+    assert "takes: run, steps, ranks, report" in capsys.readouterr().err
+    assert main(["template", "nan_origin"]) == 2
+    assert main(["template"]) == 2
+    target = tmp_path / "exists.ipynb"
+    target.write_text("{}")
+    assert main(["template", "nan_origin", "-o", str(target)]) == 1
+    assert "exists" in capsys.readouterr().err
+    assert main(["template", "nan_origin", "-o", str(target), "--overwrite"]) == 0
+
+
+@pytest.mark.slow
+def test_template_command_works_from_an_installed_wheel(tmp_path):
+    """Build a wheel from the sources, install it into a folder, run `precnb template` from it."""
+    pytest.importorskip("setuptools")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "precnb", src / "precnb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    build = subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+                           capture_output=True, text=True, timeout=300)
+    if build.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {build.stderr[-500:]}")
+    wheel = next(wheels.glob("precnb-*.whl"))
+    inst = subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+                          capture_output=True, text=True, timeout=300)
+    assert inst.returncode == 0, inst.stderr
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    code = ("import json, precnb, precnb.report.notebooks as n; from precnb.cli import main; "
+            "rc = main(['template', 'sharded_vs_single', '-o', 'out.ipynb', '-p', 'layout', 'tp=4']); "
+            "print(json.dumps([precnb.__file__, rc, n.list_templates()]))")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    file, rc, names = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(file).resolve().is_relative_to(site.resolve()), file  # the installed copy, not the checkout
+    assert rc == 0 and names == NAMES
+    nb = _read(work / "out.ipynb")
+    assert any("layout = \"tp=4\"" in c.source for c in nb.cells)
+    assert (site / "precnb" / "templates" / "report" / "report.html.j2").is_file()
+
+
+# -- execution -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_template_runs_on_the_bundled_samples(name, tmp_path):
+    sample_path()  # skip cleanly without data_samples/
+    nb_path = notebooks.fill_template(name, tmp_path / f"{name}.ipynb", {"report": "report.html"})
+    notebooks.execute(nb_path, cwd=tmp_path, timeout=300)
+    nb = _read(nb_path)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                     if o.output_type == "stream")
+    for expected in EXPECTED[name]:
+        shown = text + json.dumps([o.get("data", {}).get("text/html", "") for c in nb.cells
+                                   if c.cell_type == "code" for o in c.outputs])
+        assert expected in shown, expected
+    mimes = [m for c in nb.cells if c.cell_type == "code" for o in c.outputs for m in o.get("data", {})]
+    assert "application/vnd.jupyter.widget-view+json" in mimes  # the explorer
+    assert "image/svg+xml" in mimes  # static charts
+    assert not any(m.startswith("application/vnd.vegalite") for m in mimes)  # no CDN-dependent renderer
+    assert nb.metadata.get("widgets")  # widget state saved for the export
+    report = tmp_path / "report.html"
+    assert report.is_file() and report.stat().st_size < 10_000_000
+    assert "precnb report" in report.read_text(encoding="utf-8")[:2000]
+    tdir = notebooks.offline_template_dir()
+    if tdir is None:
+        return  # the browser test skips with the reason; execution is what this test checks
+    html_path = notebooks.export_html(nb, tmp_path / f"{name}.html", template_dir=tdir)
+    html = html_path.read_text(encoding="utf-8")
+    from tests.test_report import external_urls
+
+    bs4 = pytest.importorskip("bs4")
+    soup = bs4.BeautifulSoup(html, "html.parser")
+    assert external_urls(soup) == [], "the exported notebook must not reference external resources"
+    assert not [s for s in soup.find_all("script") if s.get("src")]
+    # (a raw grep for CDN hosts would hit html-manager's fallback strings: the browser test is the real gate)
