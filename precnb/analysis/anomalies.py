@@ -110,11 +110,18 @@ def anomaly_table(
     step_vals = ds["step"].values
     rank_vals = ds["rank"].values
     present = ds["present"].values
-    for si, ri, tj in np.argwhere(first_nf):
-        rows.append({"type": "nonfinite", "step": int(step_vals[si]), "rank": int(rank_vals[ri]),
-                     "tensor": str(labels[tj]), "node": str(nodes[tj]), "module": str(modules[tj]),
-                     "stat": "any", "value": _first_nonfinite(ds, si, ri, tj), "reference": np.nan,
-                     "score": np.inf, "micro_step": int(micro[tj]), "seq": int(seq[si, ri, tj])})
+    nf_idx = np.argwhere(first_nf)
+    if len(nf_idx):
+        si_, ri_, tj_ = nf_idx.T
+        stack = np.stack([ds[s].values[si_, ri_, tj_] for s in ("max", "min", "mean", "norm")], axis=1)
+        bad = ~np.isfinite(stack)
+        first_bad = np.where(bad.any(axis=1), stack[np.arange(len(stack)), np.argmax(bad, axis=1)], np.nan)
+        seqs = seq[si_, ri_, tj_]
+        for k, (si, ri, tj) in enumerate(nf_idx):
+            rows.append({"type": "nonfinite", "step": int(step_vals[si]), "rank": int(rank_vals[ri]),
+                         "tensor": str(labels[tj]), "node": str(nodes[tj]), "module": str(modules[tj]),
+                         "stat": "any", "value": float(first_bad[k]), "reference": np.nan,
+                         "score": np.inf, "micro_step": int(micro[tj]), "seq": int(seqs[k])})
     nonfinite_any = np.cumsum(ev, axis=0) > 0
     for stat in rule.stats:
         if stat not in ds:
@@ -133,14 +140,6 @@ def anomaly_table(
     if len(df):
         df = df.sort_values(["step", "seq", "rank", "type"], kind="stable").reset_index(drop=True)
     return df
-
-
-def _first_nonfinite(ds: xr.Dataset, si: int, ri: int, tj: int) -> float:
-    for s in ("max", "min", "mean", "norm"):
-        v = float(ds[s].values[si, ri, tj])
-        if not np.isfinite(v):
-            return v
-    return float("nan")
 
 
 def anomalies(
@@ -183,7 +182,7 @@ def anomalies(
     if not len(df):
         return Finding(kind="none", reason="no NaN/Inf transition and no spike against the tensors' own history",
                        stats=stats)
-    rows = df.to_dict("records")
+    rows = df.head(limit + 1).to_dict("records")
     first = rows[0]
     values: dict[str, Any] = {"entry": entry_values(ds, step=first["step"], rank=first["rank"],
                                                     tensor=first["tensor"])}

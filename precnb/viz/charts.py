@@ -47,6 +47,8 @@ def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = Tru
     conditions = [{"test": invalid, "value": EMPTY_COLOR}]
     if mode == "stat":  # a cell holding NaN/inf has no finite colour value: paint it red
         conditions.insert(0, {"test": f"({invalid}) && datum.nonfinite > 0", "value": NONFINITE_COLOR})
+    elif mode in ("nonfinite", "events"):  # counts: zero means nothing to see, leave the cell blank
+        conditions.append({"test": "datum.color == 0", "value": EMPTY_COLOR})
     fill = alt.Color("color:Q", title=_COLOR_TITLES.get(mode, "value").format(stat=stat),
                      scale=alt.Scale(**_SCALES.get(mode, {})), condition=conditions,
                      legend=alt.Legend(orient="top", gradientLength=160) if legend else None)
@@ -60,7 +62,6 @@ def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = Tru
         "color": fill,
         "stroke": stroke.when(nonfinite).then(alt.value(NONFINITE_COLOR)).otherwise(alt.value("white")),
         "strokeWidth": width.when(nonfinite).then(alt.value(1.5)).otherwise(alt.value(0.5)),
-        "strokeDash": alt.when(alt.datum.focus).then(alt.value([4, 2])).otherwise(alt.value([])),
     }
 
 
@@ -216,9 +217,12 @@ def linked_chart(
         tooltip=["row:N", "step:O", alt.Tooltip("value_text:N", title=stat), "nonfinite:Q"],
         **_rect_encoding(heat_data, mode, stat, selection=sel),
     ).add_params(sel)
+    axis = alt.Axis(tickMinStep=1, format="d", values=steps) if 0 < len(steps) <= 24 else \
+        alt.Axis(tickMinStep=1, format="d")
     lines = alt.Chart(cube, width=max(300, min(760, 22 * len(steps))), height=200).transform_filter(
         {"param": sel.name, "empty": False}).mark_line(point=True).encode(
-        x=alt.X("step:Q", axis=alt.Axis(tickMinStep=1, format="d")),
+        x=alt.X("step:Q", axis=axis),
+        detail="row:N",  # several selected rows: one line per row and rank bucket
         y=alt.Y("value:Q", title=_COLOR_TITLES.get(mode, "value").format(stat=stat).replace(
             "log10 ", ""), scale=alt.Scale(type="symlog") if mode == "reldiff" else alt.Scale(zero=False)),
         color=alt.Color("ranks:N", title="ranks", sort=_order(cube, "ranks", "rank_lo")),

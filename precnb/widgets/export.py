@@ -45,6 +45,9 @@ class ExportPanel(ipw.HBox):
         findings = self.explorer.findings()
         if findings and accepts("findings"):
             kw["findings"] = findings
+        base = getattr(self.explorer.runs, "baseline", None)
+        if base is not None and "run" in self.explorer.runs.ds.dims and accepts("baseline"):
+            kw["baseline"] = base  # the explorer's chosen baseline run, not simply the first run
         try:
             out = write_html(self.explorer.runs.ds, path, **kw)
         except Exception as err:
