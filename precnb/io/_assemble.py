@@ -8,7 +8,7 @@ which aligns them on the union of tensor labels.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ import xarray as xr
 
 from precnb.schema import DIMS, SCHEMA_VERSION, STATS, TENSOR_COORDS, validate
 
-__all__ = ["FileRecords", "LoadReport", "RecordBuilder", "assemble"]
+__all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "assemble"]
 
 _INT_COORDS = {k for k, v in TENSOR_COORDS.items() if v is not str}
 
@@ -225,16 +225,277 @@ def _shape_text(shape: Sequence[int] | str) -> str:
         return str(shape)
 
 
-def _union_labels(records: Iterable[FileRecords]) -> tuple[list[str], dict[str, int], list[FileRecords]]:
-    index: dict[str, int] = {}
-    order: list[str] = []
-    recs = sorted(records, key=lambda r: (r.step, r.rank))
-    for r in recs:
-        for lbl in r.labels:
-            if lbl not in index:
-                index[lbl] = len(order)
-                order.append(lbl)
-    return order, index, recs
+_NO_OWNER = np.iinfo(np.int64).max
+
+
+class _Rec:
+    """The part of a :class:`FileRecords` kept until its step is materialised (no Python lists of labels)."""
+
+    __slots__ = ("construct", "gids", "key", "null", "numel", "order", "rank", "seq", "skipped", "stacks",
+                 "step", "strings", "values")
+
+    def __init__(self, rec: FileRecords, gids: np.ndarray, order: int, skipped: bool,
+                 construct: tuple[Any, dict[str, str]], stacks: tuple[Any, dict[str, list[str]]]) -> None:
+        self.step, self.rank, self.order = rec.step, rec.rank, order
+        self.key = (rec.step, rec.rank, order)
+        self.skipped = skipped
+        self.gids = gids
+        self.values = rec.values
+        self.null, self.seq, self.numel = rec.null_stats, rec.seq, rec.numel
+        self.strings = rec.strings
+        self.construct, self.stacks = construct, stacks
+
+
+class Assembler:
+    """Collect :class:`FileRecords` one at a time and align them on the union of tensor labels.
+
+    What :func:`assemble` does, but records are folded in as they arrive (from a dask cluster,
+    say): labels become integer ids at once, side tables that are byte-identical are parsed
+    and merged once, and a step can be materialised and dropped before the next is read
+    (:meth:`take_steps`, used to stream a run into zarr). The result does not depend on the
+    arrival order: records are ordered by ``(step, rank, order)`` as :func:`assemble` does.
+
+    Parameters
+    ----------
+    steps, ranks : sequence of int, optional
+        Force these coordinates; records outside them add tensor labels but no values.
+
+    Examples
+    --------
+    >>> b = RecordBuilder(step=0, rank=0)
+    >>> b.add("x.output.0", {"max": 1.0, "min": 0.0, "mean": 0.5, "norm": 2.0}, node="x", kind="api")
+    >>> acc = Assembler()
+    >>> acc.add(b.build())
+    >>> acc.build(source_format="synthetic").sizes["tensor"]
+    1
+    """
+
+    def __init__(self, *, steps: Sequence[int] | None = None, ranks: Sequence[int] | None = None) -> None:
+        self.forced_steps = sorted(set(steps)) if steps is not None else None
+        self.forced_ranks = sorted(set(ranks)) if ranks is not None else None
+        self._steps_set = set(self.forced_steps) if self.forced_steps is not None else None
+        self._ranks_set = set(self.forced_ranks) if self.forced_ranks is not None else None
+        self._gid: dict[str, int] = {}
+        self._labels: list[str] = []
+        self._coords: dict[str, list[Any]] = {k: [] for k in TENSOR_COORDS}
+        self._owner = np.zeros((0, 3), np.int64)  # (step, rank, order) of the record that set the coords
+        self._holes: dict[str, dict[int, tuple[int, ...]]] = {}  # coords still None: key of their value
+        self._pending: list[_Rec] = []
+        self._n = 0
+        self._meta: dict[str, set[str]] = {"task": set(), "level": set(), "framework": set()}
+        self._side_cache: dict[Any, Any] = {}
+        # state of what has been materialised (label order, variables, side tables)
+        self._pos = np.zeros(0, np.int64)  # gid -> column, -1 before the label is placed
+        self._order: list[int] = []  # gids in column order
+        self.stat_names: list[str] = list(STATS)
+        self.string_names: set[str] = set()
+        self.construct: dict[str, str] = {}
+        self.stacks: dict[str, list[str]] = {}
+        self._merged: set[Any] = set()
+
+    # ----------------------------------------------------------------------------- adding
+    def _side(self, rec: FileRecords) -> tuple[tuple[Any, dict[str, str]], tuple[Any, dict[str, list[str]]]]:
+        from precnb.io._fastparse import SIDE_KEY, parse_construct, parse_stack
+
+        side = rec.meta.get(SIDE_KEY)
+        if not side:
+            return (None, rec.construct), (None, rec.stacks)
+        out: list[Any] = []
+        for name, parse in (("construct", parse_construct), ("stack", parse_stack)):
+            item = side.get(name)
+            if item is None:
+                out.append((None, {}))
+                continue
+            key = (name, item[0])
+            if key not in self._side_cache:
+                self._side_cache[key] = parse(item[1])
+            out.append((key, self._side_cache[key]))
+        return out[0], out[1]
+
+    def add(self, rec: FileRecords, order: int | None = None) -> None:
+        """Fold in one record; *order* breaks ties between records of the same (step, rank)."""
+        order = self._n if order is None else int(order)
+        self._n += 1
+        for key in ("task", "level", "framework"):
+            v = rec.meta.get(key)
+            if v:
+                self._meta[key].add(str(v))
+        gid = self._gid
+        n_before = len(self._labels)
+        for lbl in rec.labels:
+            if lbl not in gid:
+                gid[lbl] = len(self._labels)
+                self._labels.append(lbl)
+        gids = np.fromiter((gid[lbl] for lbl in rec.labels), dtype=np.int64, count=len(rec.labels))
+        n_new = len(self._labels) - n_before
+        if n_new:
+            self._owner = np.concatenate([self._owner, np.full((n_new, 3), _NO_OWNER, np.int64)])
+            for vals in self._coords.values():
+                vals.extend([None] * n_new)
+        skipped = (self._steps_set is not None and rec.step not in self._steps_set) or (
+            self._ranks_set is not None and rec.rank not in self._ranks_set)
+        if not skipped:
+            self._set_coords(rec, gids, order)
+        construct, stacks = self._side(rec)
+        self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks))
+
+    def _set_coords(self, rec: FileRecords, gids: np.ndarray, order: int) -> None:
+        """Coordinates come from the first record (in (step, rank, order) order) holding the label."""
+        own = self._owner[gids]
+        s, r = rec.step, rec.rank
+        earlier = (s < own[:, 0]) | ((s == own[:, 0]) & ((r < own[:, 1]) | ((r == own[:, 1]) & (order < own[:, 2]))))
+        if earlier.any():
+            self._take_coords(rec, gids, np.flatnonzero(earlier), (s, r, order))
+        if self._holes:
+            self._fill_holes(rec, gids, (s, r, order))
+
+    def _take_coords(self, rec: FileRecords, gids: np.ndarray, js: np.ndarray, key: tuple[int, int, int]) -> None:
+        if len(js) > 1:  # a label repeated within one record: its first occurrence wins
+            _, first = np.unique(gids[js], return_index=True)
+            js = js[np.sort(first)]
+        targets = gids[js]
+        prev = [tuple(k) for k in self._owner[targets].tolist()]
+        self._owner[targets] = key
+        jl, tl = js.tolist(), targets.tolist()
+        for name, vals in self._coords.items():
+            col = rec.coords.get(name)
+            holes = self._holes.get(name)
+            for j, t, old in zip(jl, tl, prev, strict=True):
+                v = None if col is None else col[j]
+                if v is not None:
+                    vals[t] = v
+                    if holes:
+                        holes.pop(t, None)
+                else:  # a None value never wins (assemble() took the first value that is not None)
+                    self._holes.setdefault(name, {}).setdefault(t, old)
+
+    def _fill_holes(self, rec: FileRecords, gids: np.ndarray, key: tuple[int, int, int]) -> None:
+        """Coordinates whose earliest record had None: the earliest record with a value wins."""
+        where: dict[int, int] = {}
+        for j, g in enumerate(gids.tolist()):
+            where.setdefault(g, j)
+        for name, holes in self._holes.items():
+            col = rec.coords.get(name)
+            if col is None:
+                continue
+            for t, best in list(holes.items()):
+                j = where.get(t)
+                if j is not None and col[j] is not None and key < best:
+                    self._coords[name][t] = col[j]
+                    holes[t] = key
+
+    # ------------------------------------------------------------------------ materialising
+    @property
+    def n_pending(self) -> int:
+        """Records added and not yet materialised."""
+        return len(self._pending)
+
+    def pending_steps(self) -> list[int]:
+        """Steps of the records not yet materialised, sorted."""
+        return sorted({r.step for r in self._pending})
+
+    def _place(self, recs: list[_Rec]) -> None:
+        """Give columns to labels first seen in *recs* (sorted), and register their variables."""
+        n = len(self._labels)
+        if len(self._pos) < n:
+            self._pos = np.concatenate([self._pos, np.full(n - len(self._pos), -1, np.int64)])
+        for r in recs:
+            new = r.gids[self._pos[r.gids] < 0]
+            if len(new):
+                _, first = np.unique(new, return_index=True)
+                new = new[np.sort(first)]
+                self._pos[new] = np.arange(len(self._order), len(self._order) + len(new))
+                self._order.extend(new.tolist())
+            self.stat_names += [k for k in r.values if k not in self.stat_names]
+            self.string_names.update(r.strings)
+
+    def _merge_sides(self, r: _Rec) -> None:
+        for (key, table), target in ((r.construct, self.construct), (r.stacks, self.stacks)):
+            if key is not None:
+                if key in self._merged:
+                    continue
+                self._merged.add(key)
+            for node, val in table.items():
+                target.setdefault(node, val)
+
+    def _fill(self, recs: list[_Rec], step_vals: Sequence[int], rank_vals: Sequence[int]) -> dict[str, np.ndarray]:
+        si = {s: i for i, s in enumerate(step_vals)}
+        ri = {r: i for i, r in enumerate(rank_vals)}
+        shape = (len(step_vals), len(rank_vals), len(self._order))
+        arrays: dict[str, np.ndarray] = {k: np.full(shape, np.nan) for k in self.stat_names}
+        arrays["present"] = np.zeros(shape, bool)
+        arrays["null_stats"] = np.zeros(shape, np.uint8)
+        arrays["seq"] = np.full(shape, -1, np.int32)
+        arrays["numel"] = np.full(shape, -1, np.int64)
+        for name in sorted(self.string_names):
+            arrays[name] = np.full(shape, "", dtype=object)
+        for r in recs:
+            if r.skipped or r.step not in si or r.rank not in ri:
+                continue
+            cols = self._pos[r.gids]
+            s, k = si[r.step], ri[r.rank]
+            for name, vals in r.values.items():
+                arrays[name][s, k, cols] = vals
+            arrays["present"][s, k, cols] = True
+            arrays["null_stats"][s, k, cols] = r.null
+            arrays["seq"][s, k, cols] = r.seq
+            arrays["numel"][s, k, cols] = r.numel
+            for name, col in r.strings.items():
+                arrays[name][s, k, cols] = col
+            self._merge_sides(r)
+        return arrays
+
+    def take_steps(self, steps: Sequence[int], ranks: Sequence[int]) -> dict[str, np.ndarray]:
+        """Materialise (and drop) the pending records of *steps*: arrays (step, rank, tensor).
+
+        Columns are every label placed so far, in :func:`assemble` order; call in increasing
+        step order so that labels first seen later are appended after the earlier ones.
+        """
+        want = set(steps)
+        take = sorted((r for r in self._pending if r.step in want), key=lambda r: r.key)
+        self._pending = [r for r in self._pending if r.step not in want]
+        self._place(take)
+        return self._fill(take, list(steps), list(ranks))
+
+    def tensor_coords(self) -> dict[str, Any]:
+        """The ``tensor`` coordinate and the per-tensor coordinates of the columns placed so far."""
+        order = self._order
+        out: dict[str, Any] = {"tensor": np.asarray([self._labels[g] for g in order], dtype=object)}
+        for name, vals in self._coords.items():
+            col = [vals[g] for g in order]
+            if name in _INT_COORDS:
+                out[name] = ("tensor", np.asarray([-1 if v is None else v for v in col], np.int64))
+            else:
+                out[name] = ("tensor", np.asarray(["" if v is None else str(v) for v in col], object))
+        return out
+
+    def attrs(self, source_format: str, attrs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Dataset attributes: schema version, format, side tables, task/level/framework."""
+        meta: dict[str, Any] = {
+            "precnb_schema": SCHEMA_VERSION,
+            "source_format": source_format,
+            "construct": json.dumps(self.construct),
+            "stacks": json.dumps(self.stacks),
+        }
+        for key in ("task", "level", "framework"):
+            meta[key] = ",".join(sorted(self._meta[key]))
+        meta.update(attrs or {})
+        return meta
+
+    def build(self, *, source_format: str, attrs: dict[str, Any] | None = None) -> xr.Dataset:
+        """Materialise everything added into the canonical dataset (see :func:`assemble`)."""
+        recs = sorted(self._pending, key=lambda r: r.key)
+        self._pending = []
+        step_vals = self.forced_steps if self.forced_steps is not None else sorted({r.step for r in recs})
+        rank_vals = self.forced_ranks if self.forced_ranks is not None else sorted({r.rank for r in recs})
+        self._place(recs)
+        arrays = self._fill(recs, step_vals, rank_vals)
+        coords = self.tensor_coords()
+        coords["step"] = np.asarray(step_vals, np.int64)
+        coords["rank"] = np.asarray(rank_vals, np.int64)
+        data = {name: (DIMS, arr) for name, arr in arrays.items()}
+        ds = xr.Dataset(data, coords=coords, attrs=self.attrs(source_format, attrs))
+        return validate(ds)
 
 
 def assemble(
@@ -246,6 +507,9 @@ def assemble(
     ranks: Sequence[int] | None = None,
 ) -> xr.Dataset:
     """Align per-file records on the union of tensor labels.
+
+    Records are ordered by (step, rank) (ties keep their order); tensor labels in order of
+    first appearance; coordinates of a tensor come from the first record holding it.
 
     Parameters
     ----------
@@ -262,73 +526,7 @@ def assemble(
     xarray.Dataset
         A dataset that passes :func:`precnb.schema.validate`.
     """
-    labels, index, recs = _union_labels(records)
-    step_vals = sorted(set(steps) if steps is not None else {r.step for r in recs})
-    rank_vals = sorted(set(ranks) if ranks is not None else {r.rank for r in recs})
-    si = {s: i for i, s in enumerate(step_vals)}
-    ri = {r: i for i, r in enumerate(rank_vals)}
-    shape = (len(step_vals), len(rank_vals), len(labels))
-    stat_names: list[str] = list(STATS)
-    for r in recs:
-        stat_names += [k for k in r.values if k not in stat_names]
-    arrays = {k: np.full(shape, np.nan) for k in stat_names}
-    present = np.zeros(shape, bool)
-    null = np.zeros(shape, np.uint8)
-    seq = np.full(shape, -1, np.int32)
-    numel = np.full(shape, -1, np.int64)
-    string_names = sorted({k for r in recs for k in r.strings})
-    strings = {k: np.full(shape, "", dtype=object) for k in string_names}
-    coords: dict[str, list[Any]] = {k: [None] * len(labels) for k in TENSOR_COORDS}
-    construct: dict[str, str] = {}
-    stacks: dict[str, list[str]] = {}
-    for r in recs:
-        if r.step not in si or r.rank not in ri:
-            continue
-        cols = np.fromiter((index[lbl] for lbl in r.labels), dtype=np.int64, count=len(r.labels))
-        s, k = si[r.step], ri[r.rank]
-        for name, vals in r.values.items():
-            arrays[name][s, k, cols] = vals
-        present[s, k, cols] = True
-        null[s, k, cols] = r.null_stats
-        seq[s, k, cols] = r.seq
-        numel[s, k, cols] = r.numel
-        for name, col in r.strings.items():
-            strings[name][s, k, cols] = col
-        for name, col in r.coords.items():
-            target = coords[name]
-            for j, v in zip(cols.tolist(), col, strict=True):
-                if target[j] is None:
-                    target[j] = v
-        for node, parent in r.construct.items():
-            construct.setdefault(node, parent)
-        for node, frames in r.stacks.items():
-            stacks.setdefault(node, frames)
-    data: dict[str, Any] = {name: (DIMS, arr) for name, arr in arrays.items()}
-    data["present"] = (DIMS, present)
-    data["null_stats"] = (DIMS, null)
-    data["seq"] = (DIMS, seq)
-    data["numel"] = (DIMS, numel)
-    for name, arr in strings.items():
-        data[name] = (DIMS, arr)
-    coord_arrays: dict[str, Any] = {
-        "step": np.asarray(step_vals, np.int64),
-        "rank": np.asarray(rank_vals, np.int64),
-        "tensor": np.asarray(labels, dtype=object),
-    }
-    for name, vals in coords.items():
-        if name in _INT_COORDS:
-            coord_arrays[name] = ("tensor", np.asarray([-1 if v is None else v for v in vals], np.int64))
-        else:
-            coord_arrays[name] = ("tensor", np.asarray(["" if v is None else str(v) for v in vals], object))
-    meta: dict[str, Any] = {
-        "precnb_schema": SCHEMA_VERSION,
-        "source_format": source_format,
-        "construct": json.dumps(construct),
-        "stacks": json.dumps(stacks),
-    }
-    for key in ("task", "level", "framework"):
-        vals = sorted({str(r.meta[key]) for r in recs if r.meta.get(key)})
-        meta[key] = ",".join(vals)
-    meta.update(attrs or {})
-    ds = xr.Dataset(data, coords=coord_arrays, attrs=meta)
-    return validate(ds)
+    acc = Assembler(steps=steps, ranks=ranks)
+    for r in records:
+        acc.add(r)
+    return acc.build(source_format=source_format, attrs=attrs)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import collections
+import functools
 import json
 import os
+import sys
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,13 +16,69 @@ import xarray as xr
 
 from precnb.combine import combine_runs
 from precnb.errors import NotADumpError, PrecnbError
-from precnb.io._assemble import FileRecords, LoadReport, assemble
+from precnb.io._assemble import Assembler, LoadReport
 
 __all__ = ["FORMATS", "detect_format", "load_report", "open_run", "open_runs"]
 
 Format = Literal["msprobe", "monitor", "kernel", "compare", "zarr"]
 FORMATS: tuple[str, ...] = ("msprobe", "monitor", "kernel", "compare", "zarr")
 PROGRESS_MIN_FILES = 16
+
+
+class _LazyDaskArrayMeta(type):
+    """``isinstance(x, <dask array type>)`` without importing dask.array before anyone else does."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        mod = sys.modules.get("dask.array")
+        return mod is not None and isinstance(obj, mod.Array)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        mod = sys.modules.get("dask.array")
+        return mod is not None and issubclass(sub, mod.Array)
+
+
+class _LazyDaskArray(metaclass=_LazyDaskArrayMeta):
+    """Stands for ``dask.array.Array`` in xarray's duck-array type checks until dask.array is imported."""
+
+
+def _defer_dask_array_import() -> None:
+    """Keep xarray from importing dask.array (~0.6 s) just to learn that a numpy array is not one.
+
+    xarray asks for the dask array type the first time it wraps any array (``isinstance(data,
+    array_type("dask"))``) and imports dask.array to answer. No dask array can exist before
+    dask.array is imported, so until then the answer is "no" without the import; afterwards the
+    check is the real one. Installed only when xarray has the cache this relies on and has not
+    filled it yet; anything else leaves xarray untouched. Saves most of a second per CLI call.
+    """
+    if "dask.array" in sys.modules:
+        return
+    try:
+        from xarray.namedarray import pycompat
+    except ImportError:  # pragma: no cover - other xarray layouts
+        return
+    cache = getattr(pycompat, "_cached_duck_array_modules", None)
+    base = getattr(pycompat, "DuckArrayModule", None)
+    if not isinstance(cache, dict) or base is None or "dask" in cache:
+        return
+
+    class _LazyDaskModule(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:  # no import here
+            self.type = (_LazyDaskArray,)
+            self._real: Any = None
+
+        def _resolve(self) -> Any:
+            if self._real is None:
+                self._real = base("dask")
+            return self._real
+
+        module = property(lambda self: self._resolve().module)  # type: ignore[assignment]
+        version = property(lambda self: self._resolve().version)  # type: ignore[assignment]
+        available = property(lambda self: self._resolve().available)  # type: ignore[assignment]
+
+    cache["dask"] = _LazyDaskModule()
+
+
+_defer_dask_array_import()
 
 
 def detect_format(path: str | Path) -> str:
@@ -49,10 +108,13 @@ def detect_format(path: str | Path) -> str:
     from precnb.io import compare_csv, kernel, monitor, msprobe_dump
 
     p = Path(path)
-    if not p.exists():
-        raise NotADumpError(f"{p}: no such file or directory")
-    if p.is_dir() and ((p / "zarr.json").is_file() or (p / ".zgroup").is_file()):
-        return "zarr"
+    try:
+        if not p.exists():
+            raise NotADumpError(f"{p}: no such file or directory")
+        if p.is_dir() and ((p / "zarr.json").is_file() or (p / ".zgroup").is_file()):
+            return "zarr"
+    except OSError as exc:
+        raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
     if msprobe_dump.is_msprobe_dump(p):
         return "msprobe"
     if monitor.is_monitor_output(p):
@@ -84,52 +146,153 @@ def parse_files(
     errors: Literal["report", "raise"] = "report",
     client: Any = None,
     progress: bool | None = None,
+    consume: Callable[[int, Any], None] | None = None,
 ) -> list[Any]:
     """Run *parse* on every item, in-process or on a dask cluster, with a progress bar.
 
     One task per (step, rank) file. A file that fails is recorded in *report* (or re-raised
-    when ``errors="raise"``); the others still load.
+    when ``errors="raise"``); the others still load. On a cluster, tasks are submitted in
+    bounded batches and results are taken (and released on the workers) in item order, so
+    neither the workers nor this process hold more than a few batches of parsed files.
+
+    Parameters
+    ----------
+    items : sequence
+        What *parse* takes (e.g. :class:`~precnb.io.msprobe_dump.RankDir`).
+    parse : callable
+        A module-level function (it is pickled to the workers).
+    describe : callable
+        Item → text for the load report.
+    report : LoadReport
+    errors : {"report", "raise"}
+    client : distributed.Client, optional
+        Run on this cluster; when None, the ambient client (``distributed.get_client()``)
+        if any, unless ``PRECNB_NO_DASK_CLIENT`` is set.
+    progress : bool, optional
+    consume : callable, optional
+        ``consume(index, result)`` is called for every parsed item in item order and the
+        result is not kept (bounded memory); the returned list is then empty.
+
+    Returns
+    -------
+    list
+        The results of the items that parsed, in item order (empty with *consume*).
     """
-    results: list[FileRecords] = []
+    results: list[Any] = []
     bar = _progress(len(items), progress, "reading dumps")
     if client is None and len(items) > 1:
         client = _ambient_client()
-    if client is not None:
-        futures = client.map(_safe_parse, [parse] * len(items), items, pure=False)
-        outcomes = []
-        for fut in futures:
-            outcomes.append(fut.result())
+    outcomes = _outcomes_on(client, items, parse) if client is not None else (
+        (i, _safe_parse(parse, item)) for i, item in enumerate(items))
+    try:
+        for i, (rec, err) in outcomes:
             if bar is not None:
                 bar.update(1)
-    else:
-        outcomes = []
-        for item in items:
-            outcomes.append(_safe_parse(parse, item))
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
-    for item, (rec, err) in zip(items, outcomes, strict=True):
-        if err is not None:
-            if errors == "raise":
-                raise err
-            report.skipped.append((describe(item), str(err)))
-        else:
-            results.append(rec)
+            item = items[i]
+            if err is not None:
+                err = _restore(err)
+                if errors == "raise":
+                    raise err
+                report.skipped.append((describe(item), str(err)))
+                continue
             report.read.append(describe(item))
+            if consume is not None:
+                consume(i, rec)
+            else:
+                results.append(rec)
+    finally:
+        if bar is not None:
+            bar.close()
     return results
+
+
+def _batch_size(client: Any) -> int:
+    try:
+        threads = sum(client.nthreads().values())
+    except Exception:  # any scheduler problem: fall back to a fixed size
+        threads = 2
+    return max(32, 16 * max(threads, 1))
+
+
+def _outcomes_on(client: Any, items: Sequence[Any], parse: Callable[[Any], Any]
+                 ) -> Iterator[tuple[int, tuple[Any, PrecnbError | None]]]:
+    """(index, outcome) in item order from a dask client; at most two batches in flight.
+
+    Results are gathered a batch at a time (one round trip, not one per file) and their
+    futures dropped at once, so the workers can release them while the next batch runs.
+    """
+    size = _batch_size(client)
+    task = functools.partial(_safe_parse, parse)
+    starts = list(range(0, len(items), size))
+    pending: collections.deque[tuple[int, list[Any]]] = collections.deque()
+
+    def submit(k: int) -> None:
+        if k < len(starts):
+            a = starts[k]
+            pending.append((a, client.map(task, list(items[a:a + size]), pure=False)))
+
+    submit(0)
+    submit(1)
+    k = 2
+    try:
+        while pending:
+            a, futs = pending.popleft()
+            outs = client.gather(futs)
+            del futs
+            submit(k)
+            k += 1
+            yield from enumerate(outs, start=a)
+    finally:
+        for _, futs in pending:  # errors="raise" or an interrupt: cancel the rest
+            client.cancel(futs)
 
 
 def _safe_parse(parse: Callable[[Any], Any], item: Any) -> tuple[Any, PrecnbError | None]:
     try:
         return parse(item), None
     except PrecnbError as exc:
-        return None, exc
+        return None, _portable(exc)
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
         from precnb.errors import DumpFormatError
 
         where = describe_item(item)
-        return None, DumpFormatError(where, f"unexpected content: {type(exc).__name__}: {exc}")
+        return None, _portable(DumpFormatError(where, f"unexpected content: {type(exc).__name__}: {exc}"))
+
+
+class _PortableError(PrecnbError):
+    """An error that crosses process boundaries (dask workers) and is rebuilt as the original."""
+
+    def __init__(self, cls: type[PrecnbError], kwargs: dict[str, Any], text: str) -> None:
+        super().__init__(text)
+        self.cls, self.kwargs, self.text = cls, kwargs, text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_PortableError, (self.cls, self.kwargs, self.text))
+
+    def rebuild(self) -> PrecnbError:
+        """The original exception."""
+        from precnb.errors import DumpFormatError
+
+        if issubclass(self.cls, DumpFormatError):
+            return self.cls(self.kwargs["path"], self.kwargs["message"])
+        return self.cls(self.text)
+
+
+def _portable(exc: PrecnbError) -> PrecnbError:
+    """*exc*, or a picklable stand-in when its constructor takes other arguments than the message.
+
+    (``DumpFormatError(path, message)`` cannot be unpickled as is: a worker's error would
+    break the transfer of the result.)
+    """
+    from precnb.errors import DumpFormatError
+
+    if isinstance(exc, DumpFormatError):
+        return _PortableError(type(exc), {"path": exc.path, "message": exc.message}, str(exc))
+    return exc
+
+
+def _restore(err: PrecnbError) -> PrecnbError:
+    return err.rebuild() if isinstance(err, _PortableError) else err
 
 
 def describe_item(item: Any) -> str:
@@ -143,6 +306,8 @@ def describe_item(item: Any) -> str:
 def _ambient_client() -> Any:
     if os.environ.get("PRECNB_NO_DASK_CLIENT"):
         return None
+    if "distributed" not in sys.modules:  # no client can exist; importing it costs ~0.5 s
+        return None
     try:
         from distributed import get_client
     except ImportError:  # pragma: no cover
@@ -153,11 +318,26 @@ def _ambient_client() -> Any:
         return None
 
 
-def _open_msprobe(path: Path, *, errors: Any, client: Any, progress: bool | None,
-                  steps: Sequence[int] | None, ranks: Sequence[int] | None) -> xr.Dataset:
+def msprobe_parser() -> Callable[[Any], Any]:
+    """The per-file task for msprobe rank folders.
+
+    :func:`precnb.io._fastparse.parse_rank_dir` (identical records, faster), or the reference
+    :func:`precnb.io.msprobe_dump.read_rank_dir` when ``PRECNB_REFERENCE_PARSER`` is set.
+    """
+    if os.environ.get("PRECNB_REFERENCE_PARSER"):
+        from precnb.io.msprobe_dump import read_rank_dir
+
+        return read_rank_dir
+    from precnb.io._fastparse import parse_rank_dir
+
+    return parse_rank_dir
+
+
+def select_rank_dirs(path: Path, report: LoadReport, steps: Sequence[int] | None,
+                     ranks: Sequence[int] | None) -> list[Any]:
+    """The (step, rank) folders below *path*, restricted to *steps* and *ranks*."""
     from precnb.io import msprobe_dump as md
 
-    report = LoadReport()
     dirs = md.discover(path, report)
     if steps is not None:
         dirs = [d for d in dirs if d.step in set(steps)]
@@ -165,26 +345,53 @@ def _open_msprobe(path: Path, *, errors: Any, client: Any, progress: bool | None
         dirs = [d for d in dirs if d.rank in set(ranks)]
     if not dirs:
         raise NotADumpError(f"{path}: no (step, rank) folder matches the selection")
-    recs = parse_files(dirs, md.read_rank_dir, describe=lambda d: str(d.dump_file), report=report,
-                       errors=errors, client=client, progress=progress)
-    if not recs:
-        reasons = "; ".join(f"{p}: {r}" for p, r in report.skipped[:3])
-        raise NotADumpError(f"{path}: no dump file could be read ({reasons})")
-    rank_dirs = {d.key: str(d.path) for d in dirs}
-    comm_groups: dict[str, str] = {}
-    for rec in recs:
-        for g, node in rec.meta.get("comm_groups", {}).items():
-            comm_groups.setdefault(g, node)
-    ds = assemble(
-        recs,
-        source_format="msprobe",
-        steps=[d.step for d in dirs],
-        ranks=[d.rank for d in dirs],
-        attrs={"source": str(path), "rank_dirs": json.dumps(rank_dirs),
-               "comm_groups": json.dumps([{"ranks": json.loads(g), "node": n} for g, n in comm_groups.items()]),
-               "load_report": json.dumps(report.to_dict())},
-    )
-    return ds
+    return dirs
+
+
+class MsprobeLoad:
+    """Parse msprobe rank folders into an :class:`Assembler`, in item order (shared by the streaming writer)."""
+
+    def __init__(self, path: Path, dirs: Sequence[Any], report: LoadReport) -> None:
+        self.path, self.dirs, self.report = path, list(dirs), report
+        self.acc = Assembler(steps=[d.step for d in dirs], ranks=[d.rank for d in dirs])
+        self.comm_groups: dict[str, str] = {}
+        self.n_read = 0
+
+    def read(self, dirs: Sequence[Any], *, offset: int = 0, errors: Any = "report", client: Any = None,
+             progress: bool | None = None) -> None:
+        """Parse *dirs* (item numbers start at *offset*) and fold them in."""
+        def consume(i: int, rec: Any) -> None:
+            for g, node in rec.meta.get("comm_groups", {}).items():
+                self.comm_groups.setdefault(g, node)
+            self.report.warnings.extend(rec.meta.get("warnings", ()))
+            self.acc.add(rec, order=offset + i)
+            self.n_read += 1
+
+        parse_files(dirs, msprobe_parser(), describe=lambda d: str(d.dump_file), report=self.report,
+                    errors=errors, client=client, progress=progress, consume=consume)
+
+    def check_any(self) -> None:
+        """Raise :class:`NotADumpError` when no file could be read."""
+        if not self.n_read:
+            reasons = "; ".join(f"{p}: {r}" for p, r in self.report.skipped[:3])
+            raise NotADumpError(f"{self.path}: no dump file could be read ({reasons})")
+
+    def attrs(self) -> dict[str, Any]:
+        """Reader attributes: source, rank folders, communication groups, load report."""
+        rank_dirs = {d.key: str(d.path) for d in self.dirs}
+        return {"source": str(self.path), "rank_dirs": json.dumps(rank_dirs),
+                "comm_groups": json.dumps([{"ranks": json.loads(g), "node": n} for g, n in self.comm_groups.items()]),
+                "load_report": json.dumps(self.report.to_dict())}
+
+
+def _open_msprobe(path: Path, *, errors: Any, client: Any, progress: bool | None,
+                  steps: Sequence[int] | None, ranks: Sequence[int] | None) -> xr.Dataset:
+    report = LoadReport()
+    dirs = select_rank_dirs(path, report, steps, ranks)
+    load = MsprobeLoad(path, dirs, report)
+    load.read(dirs, errors=errors, client=client, progress=progress)
+    load.check_any()
+    return load.acc.build(source_format="msprobe", attrs=load.attrs())
 
 
 def open_run(
@@ -213,9 +420,12 @@ def open_run(
         ``"report"`` (default) skips unreadable rank files and records them in the load
         report (``precnb.load_report(ds)``); ``"raise"`` stops at the first one.
     client : dask.distributed.Client, optional
-        Parse on this cluster (one task per file). The ambient client is used when present.
+        Parse on this cluster (one task per file). The ambient client is used when present
+        (unless ``PRECNB_NO_DASK_CLIENT`` is set).
     lazy : bool
-        Return dask-backed variables (chunked one step at a time).
+        Return dask-backed variables, one chunk per step. A zarr store is then read lazily
+        (nothing but the coordinates is loaded: open a run larger than memory this way, after
+        :func:`precnb.to_zarr`); other sources are parsed, then chunked.
     progress : bool, optional
         Force the progress bar on or off (default: on for 16 files or more).
 
@@ -258,13 +468,17 @@ def open_run(
     else:
         from precnb.io import store
 
-        ds = store.open_store(p)
+        ds = store.open_store(p, lazy=lazy)
+        if steps is not None:
+            ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
+        if ranks is not None:
+            ds = ds.sel(rank=[r for r in ds["rank"].values if r in set(ranks)])
     rep = load_report(ds)
     if rep.failures:
         warnings.warn(
             f"{p}: {len(rep.failures)} file(s) could not be read and were skipped; "
             "see precnb.load_report(ds)", stacklevel=2)
-    if lazy:
+    if lazy and fmt != "zarr":
         ds = ds.chunk({"step": 1})
     return ds
 

@@ -2,49 +2,49 @@
 
 The store reopens to a dataset identical to the one written (values, NaN/±inf, masks,
 string coordinates and attributes), so ``precnb convert`` is lossless.
+
+A dump can also be streamed into a store without ever holding the whole run in memory
+(:func:`to_zarr` given a path): the files of one step are parsed (in-process or on a dask
+cluster), aligned, and appended along ``step`` before the next step is read. Tensors first
+seen at a later step are appended to the ``tensor`` dimension (the store is resized and the
+earlier steps marked absent there), so the store reopens identical to
+``precnb.open_run(path)``. Each variable is chunked one step at a time, which is also how
+``open_run(store, lazy=True)`` hands it to dask.
 """
 
 from __future__ import annotations
 
+import shutil
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import xarray as xr
 
-from precnb.errors import NotADumpError
-from precnb.schema import validate
+from precnb.errors import DumpFormatError, NotADumpError
+from precnb.schema import DIMS, TENSOR_COORDS, SchemaError, validate
 
 __all__ = ["open_store", "to_zarr"]
 
+_FILLS: dict[str, Any] = {"present": False, "null_stats": 0, "seq": -1, "numel": -1}
+
 
 def _strings_to_object(ds: xr.Dataset) -> xr.Dataset:
-    """Turn numpy StringDType / fixed-width unicode arrays back into object arrays."""
+    """Turn numpy StringDType / fixed-width unicode arrays back into object arrays (lazily for dask)."""
     out = ds.copy()
     for name, var in list(out.variables.items()):
         kind = var.dtype.kind
         if kind in ("U", "T"):
-            out[name] = var.copy(data=np.asarray(var.values, dtype=object))
+            if var.chunks is not None:
+                out[name] = var.copy(data=var.data.astype(object))
+            else:
+                out[name] = var.copy(data=np.asarray(var.values, dtype=object))
     return out
 
 
-def to_zarr(ds: xr.Dataset, path: str | Path, *, mode: str = "w-") -> Path:
-    """Write *ds* to a zarr (format 3) store.
-
-    Parameters
-    ----------
-    ds : xarray.Dataset
-        A canonical dataset (possibly dask-backed: written chunk by chunk).
-    path : str or Path
-        Store folder to create.
-    mode : {"w-", "w"}
-        ``"w-"`` (default) refuses to overwrite an existing store.
-
-    Returns
-    -------
-    Path
-    """
-    p = Path(path)
+def _write_dataset(ds: xr.Dataset, p: Path, mode: str) -> Path:
     if mode == "w-" and p.exists():
         raise FileExistsError(f"{p} exists; pass mode='w' (CLI: --overwrite) to replace it")
     out = ds.drop_encoding()
@@ -55,6 +55,182 @@ def to_zarr(ds: xr.Dataset, path: str | Path, *, mode: str = "w-") -> Path:
     return p
 
 
+def to_zarr(
+    source: xr.Dataset | str | Path,
+    path: str | Path,
+    *,
+    mode: str = "w-",
+    format: str | None = None,
+    client: Any = None,
+    progress: bool | None = None,
+    steps: Sequence[int] | None = None,
+    ranks: Sequence[int] | None = None,
+    errors: Literal["report", "raise"] = "report",
+) -> Path:
+    """Write a dataset, or stream a dump, to a zarr (format 3) store.
+
+    Parameters
+    ----------
+    source : xarray.Dataset or path-like
+        A canonical dataset (possibly dask-backed: written chunk by chunk), or a path that
+        :func:`precnb.open_run` reads. An msprobe dump is streamed one step at a time with
+        bounded memory (parse the step's files, align, append along ``step``); other inputs
+        are opened, then written.
+    path : str or Path
+        Store folder to create.
+    mode : {"w-", "w"}
+        ``"w-"`` (default) refuses to overwrite an existing store.
+    format : str, optional
+        Force a reader for a path source (see :func:`precnb.open_run`).
+    client : distributed.Client, optional
+        Parse on this cluster (see :func:`precnb.open_run`).
+    progress : bool, optional
+    steps, ranks : sequence of int, optional
+        Convert only these.
+    errors : {"report", "raise"}
+        As in :func:`precnb.open_run`; skipped files are listed in the store's load report.
+
+    Returns
+    -------
+    Path
+
+    Examples
+    --------
+    >>> import precnb
+    >>> precnb.to_zarr("dump/", "run.zarr")  # doctest: +SKIP
+    >>> lazy = precnb.open_run("run.zarr", lazy=True)  # doctest: +SKIP
+    """
+    p = Path(path)
+    if isinstance(source, xr.Dataset):
+        return _write_dataset(source, p, mode)
+    from precnb.io._resolve import resolve_input
+    from precnb.io.api import detect_format, open_run
+
+    src = Path(source) if format else resolve_input(Path(source))
+    if mode == "w-" and p.exists():
+        raise FileExistsError(f"{p} exists; pass mode='w' (CLI: --overwrite) to replace it")
+    if (format or detect_format(src)) != "msprobe":
+        ds = open_run(src, format=format, client=client, progress=progress, steps=steps, ranks=ranks,
+                      errors=errors)
+        return _write_dataset(ds, p, "w")
+    return _stream_msprobe(src, p, client=client, progress=progress, steps=steps, ranks=ranks, errors=errors)
+
+
+def _stream_msprobe(src: Path, p: Path, *, client: Any, progress: bool | None, steps: Sequence[int] | None,
+                    ranks: Sequence[int] | None, errors: Any) -> Path:
+    from precnb.io._assemble import LoadReport
+    from precnb.io.api import MsprobeLoad, select_rank_dirs
+
+    report = LoadReport()
+    dirs = select_rank_dirs(src, report, steps, ranks)
+    load = MsprobeLoad(src, dirs, report)
+    rank_vals = sorted({d.rank for d in dirs})
+    if p.exists():
+        shutil.rmtree(p)
+    writer = _StepWriter(p, rank_vals)
+    try:
+        for step in sorted({d.step for d in dirs}):
+            first = next(i for i, d in enumerate(dirs) if d.step == step)
+            items = [d for d in dirs if d.step == step]
+            load.read(items, offset=first, errors=errors, client=client, progress=progress)
+            arrays = load.acc.take_steps([step], rank_vals)
+            writer.append(step, arrays, load.acc.tensor_coords())
+        load.check_any()
+        writer.finish(load.acc.attrs("msprobe", load.attrs()))
+    except BaseException:
+        shutil.rmtree(p, ignore_errors=True)
+        raise
+    return p
+
+
+def _fill_for(name: str, arr: np.ndarray) -> Any:
+    if name in _FILLS:
+        return _FILLS[name]
+    if arr.dtype == object:
+        return ""
+    return np.nan
+
+
+class _StepWriter:
+    """Append one step at a time to a zarr store; grow the ``tensor`` dimension when needed."""
+
+    def __init__(self, path: Path, ranks: Sequence[int]) -> None:
+        self.path = path
+        self.ranks = np.asarray(ranks, np.int64)
+        self.steps: list[int] = []
+        self.n_tensor = 0
+        self.chunk = 1
+        self.vars: dict[str, np.dtype[Any]] = {}
+
+    def _to_zarr(self, ds: xr.Dataset, **kw: Any) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=UserWarning)
+            warnings.simplefilter("ignore", category=FutureWarning)
+            ds.to_zarr(self.path, zarr_format=3, consolidated=False, **kw)
+
+    def _encoding(self, names: Sequence[str]) -> dict[str, Any]:
+        return {n: {"chunks": (1, len(self.ranks), self.chunk)} for n in names}
+
+    def append(self, step: int, arrays: Mapping[str, np.ndarray], coords: Mapping[str, Any]) -> None:
+        """Write the arrays (1, rank, tensor) of *step*; *coords* are the tensor coordinates so far."""
+        n = next(iter(arrays.values())).shape[2]
+        data = {name: (DIMS, arr) for name, arr in arrays.items()}
+        if not self.steps:
+            self.chunk = max(n, 1)
+            ds = xr.Dataset(data, coords={"step": np.asarray([step], np.int64), "rank": self.ranks, **coords})
+            enc = self._encoding(list(arrays))
+            enc.update({c: {"chunks": (self.chunk,)} for c in ("tensor", *TENSOR_COORDS)})
+            self._to_zarr(ds, mode="w-", encoding=enc)
+        else:
+            if n > self.n_tensor:
+                self._grow(n, coords)
+            new = [name for name in arrays if name not in self.vars]
+            if new:
+                self._add_vars({name: arrays[name] for name in new}, coords)
+            ds = xr.Dataset(data, coords={"step": np.asarray([step], np.int64), "rank": self.ranks})
+            self._to_zarr(ds, append_dim="step")
+        self.steps.append(int(step))
+        self.n_tensor = n
+        for name, arr in arrays.items():
+            self.vars.setdefault(name, arr.dtype)
+
+    def _grow(self, n: int, coords: Mapping[str, Any]) -> None:
+        """Resize every ``tensor`` array to *n*; earlier steps get the absent fill values there."""
+        import zarr
+
+        old = self.n_tensor
+        group = zarr.open_group(self.path, mode="r+", zarr_format=3)
+        for name, arr in group.arrays():
+            dims = tuple(arr.metadata.dimension_names or ())
+            if "tensor" not in dims:
+                continue
+            shape = list(arr.shape)
+            shape[dims.index("tensor")] = n
+            arr.resize(tuple(shape))
+            if dims == ("tensor",):
+                col = coords[name]
+                values = col[1] if isinstance(col, tuple) else col
+                arr[old:n] = np.asarray(values[old:n])
+            else:
+                fill = _fill_for(name, np.empty(0, dtype=self.vars[name]))
+                block = np.full((arr.shape[0], arr.shape[1], n - old), fill, dtype=self.vars[name])
+                arr[:, :, old:n] = block
+
+    def _add_vars(self, arrays: Mapping[str, np.ndarray], coords: Mapping[str, Any]) -> None:
+        """A variable first seen at this step: write it as absent for the earlier steps."""
+        shape = (len(self.steps), len(self.ranks), next(iter(arrays.values())).shape[2])
+        data = {name: (DIMS, np.full(shape, _fill_for(name, arr), dtype=arr.dtype)) for name, arr in arrays.items()}
+        ds = xr.Dataset(data, coords={"step": np.asarray(self.steps, np.int64), "rank": self.ranks, **coords})
+        self._to_zarr(ds, mode="a", encoding=self._encoding(list(arrays)))
+
+    def finish(self, attrs: Mapping[str, Any]) -> None:
+        """Set the dataset attributes (side tables and load report are complete only now)."""
+        import zarr
+
+        group = zarr.open_group(self.path, mode="r+", zarr_format=3)
+        group.attrs.update(dict(attrs))
+
+
 def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
     """Open a store written by :func:`to_zarr`.
 
@@ -62,20 +238,33 @@ def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
     ----------
     path : str or Path
     lazy : bool
-        Keep variables dask-backed instead of loading them.
+        Keep variables dask-backed (one chunk per step) instead of loading them.
 
     Returns
     -------
     xarray.Dataset
     """
     p = Path(path)
-    if not p.is_dir():
+    try:
+        is_dir = p.is_dir()
+    except OSError as exc:
+        raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
+    if not is_dir:
         raise NotADumpError(f"{p}: not a zarr store")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ds = xr.open_zarr(p, consolidated=False)
-    if not lazy:
-        ds = ds.load()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = xr.open_zarr(p, consolidated=False)
+        if not lazy:
+            ds = ds.load()
+    except OSError as exc:
+        raise DumpFormatError(p, f"cannot read the zarr store: {exc.strerror or exc}") from None
+    except Exception as exc:  # zarr raises its own types (GroupNotFoundError, metadata errors)
+        raise DumpFormatError(p, f"not a readable precnb zarr store: {type(exc).__name__}: {exc}") from None
     ds = _strings_to_object(ds)
     ds = ds.drop_encoding()
-    return validate(ds)
+    try:
+        return validate(ds)
+    except SchemaError as exc:
+        raise DumpFormatError(p, f"zarr store is not a precnb dataset: {exc}") from None
+
