@@ -1,13 +1,17 @@
 """The ``precnb`` command line: thin argparse wrappers over the Python API.
 
-Exit codes: 0 success (whether or not a problem was found in the data), 1 unreadable
-input, 2 usage error. ``--debug`` shows tracebacks.
+Exit codes: 0 success (whether or not a problem was found in the data); 1 unreadable input
+(nothing readable, or some files skipped: the command still runs on the rest and names them
+on stderr); 2 usage error; 130 interrupted. Errors are one line on stderr, without a
+traceback; ``--debug`` (anywhere on the command line) shows it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -48,15 +52,47 @@ def parse_int_set(text: str | None, what: str) -> list[int] | None:
     return out
 
 
-def _open(path: str, args: argparse.Namespace) -> Any:
+def open_checked(path: str, args: argparse.Namespace, *, steps: list[int] | None = None,
+                 use_steps_option: bool = True) -> Any:
+    """Open *path* for a command; files that could not be read are remembered on *args*.
+
+    :func:`main` names them on stderr (one line each) and exits 1 once the command is done,
+    so a partly unreadable run is analysed but never silently (``info`` prints them itself).
+
+    Parameters
+    ----------
+    path : str
+    args : argparse.Namespace
+        The parsed command line (``--format``, ``--steps``, ``--ranks``).
+    steps : list of int, optional
+        Steps to load (default: ``--steps``).
+    use_steps_option : bool
+        Read ``--steps`` when *steps* is None (False: load every step).
+
+    Returns
+    -------
+    xarray.Dataset
+    """
     import warnings
 
-    from precnb.io.api import open_run
+    from precnb.io.api import load_report, open_run
 
+    if steps is None and use_steps_option:
+        steps = parse_int_set(getattr(args, "steps", None), "steps")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return open_run(path, format=args.format, steps=parse_int_set(args.steps, "steps"),
-                        ranks=parse_int_set(args.ranks, "ranks"), progress=None)
+        ds = open_run(path, format=getattr(args, "format", None), steps=steps,
+                      ranks=parse_int_set(getattr(args, "ranks", None), "ranks"), progress=None)
+    failures = getattr(args, "load_failures", None)
+    if failures is None:
+        failures = []
+        args.load_failures = failures
+    failures.extend(load_report(ds).failures)
+    return ds
+
+
+def _open(path: str, args: argparse.Namespace) -> Any:
+    return open_checked(path, args)
 
 
 def _emit(obj: dict[str, Any], as_json: bool, text: str) -> None:
@@ -99,11 +135,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
     ]
     if s["has_crc"]:
         lines.append("checksums  CRC recorded (md5 mode)")
+    lines.append(f"read       {len(rep.read)} file(s); skipped {len(rep.skipped)}")
     for w in rep.warnings:
         lines.append(f"warning    {w}")
     for path, reason in rep.skipped:
         lines.append(f"SKIPPED    {reason}" if reason.startswith(path) else f"SKIPPED    {path}: {reason}")
+    s.setdefault("files_read", len(rep.read))
+    s.setdefault("warnings", list(rep.warnings))
     _emit(s, args.json, "\n".join(lines))
+    args.load_failures_reported = True  # printed above: main() need not repeat them
     return 0 if rep.ok else 1
 
 
@@ -158,31 +198,80 @@ def build_parser() -> argparse.ArgumentParser:
     from precnb.cli import analysis_cmds
 
     analysis_cmds.register(sub, _add_load_options)
+    from precnb.cli import report_cmds
+
+    report_cmds.register(sub, _add_load_options)
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 2000 else text[:1997] + "..."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
+    """Run the CLI; returns the exit code.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments (default ``sys.argv[1:]``). ``--debug`` may appear anywhere.
+
+    Returns
+    -------
+    int
+        0 success, 1 unreadable input (or some files skipped), 2 usage error, 130 interrupted.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # usage errors: argparse prints them and exits 2
+    args.debug = debug
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return 2
+    cmd = f"precnb {args.command}"
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
     except UsageError as exc:
-        if args.debug:
+        if debug:
             raise
-        sys.stderr.write(f"precnb {args.command}: usage error: {exc}\n")
+        sys.stderr.write(f"{cmd}: usage error: {_one_line(exc)}\n")
         return 2
-    except (PrecnbError, FileExistsError, OSError) as exc:
-        if args.debug:
-            raise
-        sys.stderr.write(f"precnb {args.command}: error: {exc}\n")
-        return 1
     except KeyboardInterrupt:
+        if debug:
+            raise
         sys.stderr.write("interrupted\n")
         return 130
+    except BrokenPipeError:  # e.g. `precnb info run | head -1`: not an error of ours
+        with contextlib.suppress(OSError, ValueError):  # silence the flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (PrecnbError, OSError) as exc:
+        if debug:
+            raise
+        sys.stderr.write(f"{cmd}: error: {_one_line(exc)}\n")
+        return 1
+    except MemoryError:
+        if debug:
+            raise
+        sys.stderr.write(f"{cmd}: error: out of memory (try --steps / --ranks to load less)\n")
+        return 1
+    except Exception as exc:  # a bug: still one line, but say so
+        if debug:
+            raise
+        sys.stderr.write(f"{cmd}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+                         "(please report it; rerun with --debug for the traceback)\n")
+        return 1
+    failures = getattr(args, "load_failures", None) or []
+    if failures:
+        if not getattr(args, "load_failures_reported", False):
+            for path, reason in failures:
+                text = reason if reason.startswith(path) else f"{path}: {reason}"
+                sys.stderr.write(f"{cmd}: skipped unreadable {' '.join(text.split())}\n")
+        code = max(code, 1)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

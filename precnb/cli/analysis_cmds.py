@@ -51,19 +51,14 @@ def _steps_arg(args: argparse.Namespace) -> list[int] | None:
 
 
 def _load(path: str, args: argparse.Namespace, *, steps: list[int] | None) -> Any:
-    import warnings
+    """Open *path*; unreadable files are named on stderr and make the command exit 1."""
+    from precnb.cli import open_checked
 
-    from precnb.cli import parse_int_set
-    from precnb.io.api import open_run
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return open_run(path, format=args.format, steps=steps, ranks=parse_int_set(args.ranks, "ranks"))
+    return open_checked(path, args, steps=steps, use_steps_option=False)
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     from precnb.analysis import Tolerance, first_divergence
-
     from precnb.cli import UsageError
 
     steps = _steps_arg(args)

@@ -7,17 +7,34 @@ All readers open files read-only, accept a UTF-8 byte-order mark, and report pro
 from __future__ import annotations
 
 import csv
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from precnb.errors import DumpFormatError
 
-__all__ = ["iter_rows", "parse_float", "parse_shape", "read_header"]
+__all__ = ["iter_rows", "parse_float", "parse_shape", "read_header", "short_repr"]
 
-_INTS = re.compile(r"-?\d+")
+_INTS = re.compile(r"[0-9]+")
+# "[2, 3]", "(2,3)", "(2,)", "()", "torch.Size([2, 3])": non-negative integer dimensions only
+# (matched after removing blanks; blanks between two digits make the cell invalid)
+_SHAPE = re.compile(r"^(?:torch\.Size\()?[\[(]((?:[0-9]+,)*[0-9]*),?[\])]\)?$")
+_SPLIT_DIGITS = re.compile(r"[0-9]\s+[0-9]")
+_BLANKS = re.compile(r"\s+")
+_MAX_NUMEL = 2**62
 _BOOLS = {"true": 1.0, "false": 0.0}
+
+
+def short_repr(text: str, limit: int = 40) -> str:
+    """``repr(text)``, cut to about *limit* characters (for error messages about huge cells).
+
+    Examples
+    --------
+    >>> short_repr("abc"), short_repr("x" * 100, 10)
+    ("'abc'", "'xxxxxx...")
+    """
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def read_header(path: str | Path) -> list[str] | None:
@@ -81,9 +98,25 @@ def iter_rows(path: str | Path) -> Iterator[tuple[int, list[str]]]:
                 start = reader.line_num + 1
         except csv.Error as exc:
             raise DumpFormatError(path, f"line {reader.line_num}: malformed CSV: {exc}") from exc
-        except UnicodeDecodeError as exc:
-            where = f"near line {reader.line_num}"
-            raise DumpFormatError(path, f"not UTF-8 text {where}: {exc}") from exc
+        except UnicodeDecodeError:
+            raise DumpFormatError(path, f"not UTF-8 text: {_bad_byte(path)}") from None
+        except OSError as exc:  # a read error after the open (EIO, a vanished network file, ...)
+            raise DumpFormatError(path, f"line {reader.line_num}: cannot read: {exc.strerror or exc}") from None
+
+
+def _bad_byte(path: str | Path) -> str:
+    """Where the first invalid UTF-8 byte of *path* is (line, column, byte offset)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        return f"invalid byte 0x{raw[exc.start]:02x} at line {line} column {col} (byte {exc.start})"
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    return "invalid byte"
 
 
 def parse_float(text: str, *, bools: bool = True) -> float | None:
@@ -129,22 +162,32 @@ def parse_shape(text: str) -> list[int] | None:
     Returns
     -------
     list of int or None
-        None when the cell holds no shape (empty, ``nan``, ``N/A``).
+        None when the cell holds no shape (empty, ``nan``, ``N/A``) or not a plausible one:
+        negative or fractional dimensions, or 2**62 elements or more. Never raises.
 
     Examples
     --------
     >>> parse_shape("(1,4096)"), parse_shape("()"), parse_shape("nan")
     ([1, 4096], [], None)
+    >>> parse_shape("[-1, 2]"), parse_shape("[1e400]"), parse_shape("[" * 5000)
+    (None, None, None)
     """
     s = text.strip()
     if not s or s.lower() in ("nan", "n/a", "none", "null"):
         return None
-    try:
-        val = json.loads(s)
-    except ValueError:
-        val = None
-    if isinstance(val, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in val):
-        return [int(v) for v in val]
-    if "[" not in s and "(" not in s:
+    if _SPLIT_DIGITS.search(s):
         return None
-    return [int(v) for v in _INTS.findall(s)]
+    m = _SHAPE.match(_BLANKS.sub("", s))
+    if m is None:
+        return None
+    dims: list[int] = []
+    n = 1
+    for d in _INTS.findall(m.group(1)):
+        if len(d) > 19:
+            return None
+        v = int(d)
+        if v > _MAX_NUMEL:
+            return None
+        dims.append(v)
+        n *= v
+    return dims if n < _MAX_NUMEL else None

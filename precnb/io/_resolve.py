@@ -22,7 +22,11 @@ def resolve_input(path: Path) -> Path:
         detect_format(path)
         return path
     except NotADumpError:
-        if not path.is_dir():
+        try:
+            is_dir = path.is_dir()
+        except OSError:
+            is_dir = False
+        if not is_dir:
             raise
     found = []
     try:

@@ -46,6 +46,7 @@ import ast
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,9 @@ _OLD = re.compile(r"^(?P<node>.+_(?:forward|backward))_(?P<sec>input|output)(?:\
 _OLD_NODE = re.compile(r"^(?P<pre>[A-Za-z]+)_(?P<api>.+)_(?P<call>\d+)_(?P<dir>forward|backward)$")
 _ROLES = {"input": "input", "input_args": "input", "input_kwargs": "input", "output": "output",
           "parameters": "parameter"}
-_FILE_RANK = re.compile(r"^compare_result_rank(\d+)_")
-_FILE_RANK_STEP = re.compile(r"^compare_result_(\d+)_(\d+)_\d{8,}")
+_FILE_RANK = re.compile(r"^compare_result_rank([0-9]{1,9})_")
+_FILE_RANK_STEP = re.compile(r"^compare_result_([0-9]{1,9})_([0-9]{1,9})_[0-9]{8,}")
+_LITERAL_ERRORS = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
 
 
 def _norm(h: str) -> str:
@@ -188,12 +190,24 @@ def _stat(text: str) -> float | None:
         return None  # device strings and other non-numbers: recorded as null
 
 
+def _literal(s: str) -> Any:
+    """``ast.literal_eval`` of a cell holding a Python list or tuple (never executes code).
+
+    Raises one of ``_LITERAL_ERRORS`` when the cell is not such a literal (or is too deep).
+    """
+    if s[:1] not in ("[", "("):
+        raise ValueError(s)
+    with warnings.catch_warnings():  # invalid escapes in frames: SyntaxWarning, not an error
+        warnings.simplefilter("ignore")
+        return ast.literal_eval(s)
+
+
 def _err_text(text: str) -> str:
     s = text.strip()
     if s.startswith("["):
         try:
             val = json.loads(s)
-        except ValueError:
+        except (ValueError, RecursionError):
             return s
         if isinstance(val, list):
             return "; ".join(str(v) for v in val)
@@ -205,8 +219,8 @@ def _frames(text: str) -> list[str] | None:
     if not s or s.upper() == "N/A":
         return None
     try:
-        val = ast.literal_eval(s)
-    except (ValueError, SyntaxError):
+        val = _literal(s)
+    except _LITERAL_ERRORS:
         return [s]
     if isinstance(val, (list, tuple)):
         return [str(v) for v in val]
@@ -216,8 +230,8 @@ def _frames(text: str) -> list[str] | None:
 def _data_names(text: str) -> tuple[str, str]:
     s = text.strip()
     try:
-        val = ast.literal_eval(s)
-    except (ValueError, SyntaxError):
+        val = _literal(s)
+    except _LITERAL_ERRORS:
         return "", ""
     if isinstance(val, (list, tuple)) and len(val) == 2:
         return tuple("" if str(v) in ("-1", "N/A") else str(v) for v in val)  # type: ignore[return-value]
@@ -279,7 +293,11 @@ def open_compare_csv(path: str | Path) -> xr.Dataset:
     >>> ds.max.sel(run="target")  # doctest: +SKIP
     """
     p = Path(path)
-    if not p.is_file():
+    try:
+        is_file = p.is_file()
+    except OSError as exc:
+        raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
+    if not is_file:
         raise NotADumpError(f"{p}: no such file")
     rows = iter_rows(p)
     first = next(rows, None)

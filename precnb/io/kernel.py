@@ -24,6 +24,12 @@ the IO column, ``kind`` ``"kernel"``, ``direction`` ``"forward"``; ``module`` is
 before the last ``/`` of the op name (``""`` for ``_``-separated names such as
 ``Default_Sub-op0``). ``seq`` is the row order.
 
+A statistic.csv that cannot be read (not UTF-8, a missing required column, a row with the
+wrong number of fields, a non-numeric statistic) is skipped and named in the load report with
+its line; the other graphs and ranks still load. Step, rank and graph numbers are ASCII
+digits below 2**31 (a file whose path carries a larger one is reported and skipped). The
+search depth is fixed, so symlink loops cannot make it run away.
+
 Examples
 --------
 >>> is_kernel_dump("/nonexistent")
@@ -47,7 +53,7 @@ import xarray as xr
 
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
-from precnb.io._csvutil import iter_rows, parse_float, parse_shape, read_header
+from precnb.io._csvutil import iter_rows, parse_float, parse_shape, read_header, short_repr
 
 __all__ = ["KernelItem", "discover", "is_kernel_dump", "kernel_label_parts", "open_kernel_dump",
            "read_kernel_item", "read_statistic_csv"]
@@ -70,7 +76,8 @@ STAT_COLUMNS: dict[str, str] = {
     "Zero Count": "zero_count",
 }
 HASH_COLUMNS = ("MD5", "SHA1")
-_RANK = re.compile(r"^rank_?(\d+)$")
+_RANK = re.compile(r"^rank_?([0-9]+)$")
+_MAX_INDEX = 2**31 - 1
 
 
 def kernel_label_parts(op_name: str) -> tuple[str, str]:
@@ -125,37 +132,91 @@ def is_kernel_dump(path: str | Path) -> bool:
         return False
 
 
-def _find_csvs(p: Path) -> list[Path]:
-    """statistic.csv files below a root / rank folder / iteration folder (fixed depths)."""
-    if (p / STAT_FILE).is_file():
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:
+        return False
+
+
+def _find_csvs(p: Path, unreadable: list[tuple[str, str]] | None = None) -> list[Path]:
+    """statistic.csv files below a root / rank folder / iteration folder (fixed depths).
+
+    The depths are fixed, so a symlink loop cannot make the search run away. Folders that
+    cannot be listed are appended to *unreadable* as ``(path, reason)`` (for the search that
+    found the files, else for the first one).
+    """
+    if _is_file(p / STAT_FILE):
         return [p / STAT_FILE]
-    patterns = ["*/*/*/" + STAT_FILE] if _RANK.match(p.name) else ["rank_*/*/*/*/" + STAT_FILE]
-    patterns += ["*/*/" + STAT_FILE, "*/" + STAT_FILE]  # net or graph folder given
-    for pat in patterns:
-        found = sorted(f for f in p.glob(pat) if f.is_file())
+    # (depth, name filter of the first level): root, rank folder, net folder, graph folder
+    searches = [(3, None)] if _RANK.match(p.name) else [(4, _RANK)]
+    searches += [(2, None), (1, None)]
+    first_problems: list[tuple[str, str]] | None = None
+    for depth, first_level in searches:
+        problems: list[tuple[str, str]] = []
+        found = _walk_fixed(p, depth, first_level, problems)
+        if first_problems is None:
+            first_problems = problems
         if found:
+            if unreadable is not None:
+                unreadable.extend(problems)
             return found
+    if unreadable is not None and first_problems:
+        unreadable.extend(first_problems)
     return []
 
 
+def _walk_fixed(root: Path, depth: int, first_level: re.Pattern[str] | None,
+                problems: list[tuple[str, str]]) -> list[Path]:
+    """``statistic.csv`` files exactly *depth* folders below *root*, in path order."""
+    level = [root]
+    for i in range(depth):
+        below: list[Path] = []
+        for d in level:
+            try:
+                children = sorted(d.iterdir(), key=lambda c: c.name)
+            except OSError as exc:
+                if d is not root:
+                    problems.append((str(d), f"cannot list folder: {exc.strerror or exc}"))
+                continue
+            below += [c for c in children
+                      if (i or first_level is None or first_level.match(c.name)) and _is_dir(c)]
+        level = below
+    return [d / STAT_FILE for d in level if _is_file(d / STAT_FILE)]
+
+
+def _is_dir(p: Path) -> bool:
+    try:
+        return p.is_dir()
+    except OSError:
+        return False
+
+
 def _int_or_none(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
+    """A folder name made of ASCII digits, as an int in 0..2**31-1 (else None)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 10:
+        return None
+    v = int(text)
+    return v if v <= _MAX_INDEX else None
 
 
-def _step_rank_of(csv_path: Path) -> tuple[int, int]:
-    step = _int_or_none(csv_path.parent.name)
-    rank = None
+def _step_rank_of(csv_path: Path) -> tuple[int, int] | None:
+    """(step, rank) from the path (0 when absent); None when a number there is out of range."""
+    name = csv_path.parent.name
+    step = _int_or_none(name)
+    if step is None and name.isascii() and name.isdigit():
+        return None
     for parent in csv_path.parents:
         m = _RANK.match(parent.name)
         if m:
-            rank = int(m.group(1))
-            break
-    return step or 0, rank or 0
+            rank = _int_or_none(m.group(1))
+            return None if rank is None else (step or 0, rank)
+    return step or 0, 0
 
 
 def _graph_key(csv_path: Path) -> tuple[int, str]:
-    graph = csv_path.parent.parent.name
-    return (int(graph) if graph.isdigit() else 1 << 30), str(csv_path)
+    graph = _int_or_none(csv_path.parent.parent.name)
+    return (1 << 31 if graph is None else graph), str(csv_path)
 
 
 @dataclass(frozen=True)
@@ -186,7 +247,8 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelI
     ----------
     path : str or Path
     report : LoadReport, optional
-        Unused for now; kept for symmetry with the other readers.
+        Receives folders that cannot be listed and files skipped because of their path (step
+        or rank out of range).
 
     Returns
     -------
@@ -199,21 +261,38 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelI
         When no statistic.csv is found.
     """
     p = Path(path)
-    if not p.exists():
+    try:
+        exists = p.exists()
+    except OSError as exc:
+        raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
+    if not exists:
         raise NotADumpError(f"{p}: no such file or directory")
-    if p.is_file():
+    if _is_file(p):
         if not _is_statistic_header(read_header(p)):
             raise NotADumpError(f"{p}: not a MindSpore statistic.csv (header lacks "
                                 f"{', '.join(REQUIRED_COLUMNS)})")
         files = [p]
     else:
-        files = _find_csvs(p)
+        unreadable: list[tuple[str, str]] = []
+        files = _find_csvs(p, unreadable)
+        if report is not None:
+            report.skipped.extend(unreadable)
+        if not files and unreadable:
+            reasons = "; ".join(f"{q}: {r}" for q, r in unreadable[:3])
+            raise NotADumpError(f"{p}: no statistic.csv could be found ({reasons})")
     if not files:
         raise NotADumpError(f"{p}: no MindSpore kernel dump found (expected "
                             "rank_*/<net>/<graph>/<iteration>/statistic.csv)")
     groups: dict[tuple[int, int], list[Path]] = defaultdict(list)
     for f in files:
-        groups[_step_rank_of(f)].append(f)
+        key = _step_rank_of(f)
+        if key is None:
+            if report is not None:
+                report.skipped.append((str(f), f"step or rank number out of range (0..{_MAX_INDEX})"))
+            continue
+        groups[key].append(f)
+    if not groups:
+        raise NotADumpError(f"{p}: no statistic.csv with a usable step and rank")
     return [KernelItem(s, r, tuple(sorted(fs, key=_graph_key)))
             for (s, r), fs in sorted(groups.items())]
 
@@ -223,7 +302,7 @@ def _cell_float(cell: str, column: str, path: Path, line: int) -> float | None:
         return parse_float(cell)
     except ValueError:
         raise DumpFormatError(
-            path, f"line {line}: column {column!r}: {cell!r} is not a number") from None
+            path, f"line {line}: column {column!r}: {short_repr(cell)} is not a number") from None
 
 
 def read_statistic_csv(path: str | Path) -> list[dict[str, Any]]:

@@ -37,6 +37,14 @@ missing from a file is null there. A row of ``nan`` everywhere (the monitor's re
 tensor that does not exist, e.g. the gradient of integer token ids) is loaded as present with
 NaN statistics, ``dtype == ""`` and ``numel == -1``.
 
+Broken input
+------------
+A CSV that cannot be read (not UTF-8, malformed quoting, a row with the wrong number of
+fields, a non-numeric ``min/max/norm/mean/zeros/nans`` cell, a ``step`` outside 0..2**31-1, a
+``micro_step`` outside -1..99999, no header) is skipped and named in the load report with its
+line; the other files still load and the rank stays in the ``rank`` coordinate. Folders that
+cannot be listed are reported; a rank number beyond 2**31 is reported and skipped.
+
 Execution order
 ---------------
 ``seq = FAMILY_RANK[family] * 1_000_000 + max(micro_step, 0) * 10_000 + row`` where ``row``
@@ -56,6 +64,7 @@ True
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections import defaultdict
@@ -69,7 +78,7 @@ import xarray as xr
 
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
-from precnb.io._csvutil import iter_rows, parse_float, parse_shape
+from precnb.io._csvutil import iter_rows, parse_float, parse_shape, short_repr
 from precnb.schema import STATS, TENSOR_COORDS
 
 __all__ = ["FAMILY_RANK", "MonitorFile", "discover", "is_monitor_output", "open_monitor",
@@ -124,11 +133,14 @@ _V2_SCOPES = {
     ("param", "param_updated"): "param_updated",
 }
 
-_V1_FILE = re.compile(r"^(?P<family>[a-z][a-z0-9_]*?)_(?P<a>\d+)-(?P<b>\d+)\.csv$")
+_V1_FILE = re.compile(r"^(?P<family>[a-z][a-z0-9_]*?)_(?P<a>[0-9]+)-(?P<b>[0-9]+)\.csv$")
 _V2_FILE = re.compile(
-    r"^(?P<slug>module|weight_grad|optimizer|param|cc)_step(?P<a>\d+)-(?P<b>\d+)\.csv$")
-_V1_RANK = re.compile(r"(?:^|-)rank(\d+)-[0-9A-Za-z]+$")
-_V2_RANK = re.compile(r"^rank_(\d+)$")
+    r"^(?P<slug>module|weight_grad|optimizer|param|cc)_step(?P<a>[0-9]+)-(?P<b>[0-9]+)\.csv$")
+_V1_RANK = re.compile(r"(?:^|-)rank([0-9]+)-[0-9A-Za-z]+$")
+_V2_RANK = re.compile(r"^rank_([0-9]+)$")
+_MAX_INDEX = 2**31 - 1  # steps, ranks, vpp stages
+_MAX_MICRO = 99_999  # keeps seq (see the module docstring) inside int32
+_OUT_OF_RANGE = -2
 _IO_NAME = re.compile(r"^(?P<module>.*)\.(?P<io>input|output)(?:_grad)?(?:_\d+)?$")
 _IGNORED_DIRS = ("anomaly_detected", "module_struct")
 
@@ -187,8 +199,30 @@ def _holds_monitor_csv(folder: Path) -> bool:
 
 
 def _rank_of_folder(name: str) -> int | None:
+    """The rank in a monitor folder name; None when not a rank folder, -2 when out of range."""
     m = _V1_RANK.search(name) or _V2_RANK.match(name)
-    return int(m.group(1)) if m else None
+    if not m:
+        return None
+    digits = m.group(1)
+    return int(digits) if len(digits) <= 10 and int(digits) <= _MAX_INDEX else _OUT_OF_RANGE
+
+
+def _is_dir(p: Path) -> bool:
+    try:
+        return p.is_dir()
+    except OSError:
+        return False
+
+
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:
+        return False
+
+
+def _list_dir(p: Path) -> list[Path]:
+    return sorted(p.iterdir(), key=lambda c: c.name)
 
 
 def is_monitor_output(path: str | Path) -> bool:
@@ -215,7 +249,7 @@ def is_monitor_output(path: str | Path) -> bool:
             return True
         with os.scandir(p) as it:
             for entry in it:
-                if (_rank_of_folder(entry.name) is not None and entry.is_dir()
+                if (_rank_of_folder(entry.name) not in (None, _OUT_OF_RANGE) and entry.is_dir()
                         and _holds_monitor_csv(Path(entry.path))):
                     return True
     except OSError:
@@ -290,28 +324,43 @@ def discover(path: str | Path, report: LoadReport | None = None) -> _Found:
     """
     report = report if report is not None else LoadReport()
     p = Path(path)
-    if not p.is_dir():
+    if not _is_dir(p):
         raise NotADumpError(f"{p}: not a monitor output folder")
     folders: list[tuple[Path, int]] = []
     if _holds_monitor_csv(p):
         rank = _rank_of_folder(p.name)
-        if rank is None:
-            report.warnings.append(f"{p}: rank not in the folder name; using rank 0")
-        folders.append((p, rank or 0))
+        if rank is None or rank == _OUT_OF_RANGE:
+            report.warnings.append(f"{p}: rank not in the folder name (or out of range); using rank 0")
+            rank = 0
+        folders.append((p, rank))
     else:
-        for child in sorted(p.iterdir(), key=lambda c: c.name):
-            if not child.is_dir() or child.name in _IGNORED_DIRS:
+        try:
+            children = _list_dir(p)
+        except OSError as exc:
+            raise NotADumpError(f"{p}: cannot list folder: {exc.strerror or exc}") from None
+        for child in children:
+            if child.name in _IGNORED_DIRS or not _is_dir(child):
                 continue
             rank = _rank_of_folder(child.name)
             if rank is None:
+                continue
+            if rank == _OUT_OF_RANGE:
+                report.skipped.append((str(child), f"rank number out of range (0..{_MAX_INDEX})"))
+                continue
+            try:
+                next(child.iterdir(), None)
+            except OSError as exc:
+                report.skipped.append((str(child), f"cannot list folder: {exc.strerror or exc}"))
                 continue
             if _holds_monitor_csv(child):
                 folders.append((child, rank))
             else:
                 report.skipped.append((str(child), "rank folder holds no monitor CSV file"))
     if not folders:
+        failures = [f"{q}: {r}" for q, r in report.skipped if not r.startswith("ignored")]
+        reasons = f" ({'; '.join(failures[:3])})" if failures else ""
         raise NotADumpError(f"{p}: no monitor output found (expected *-rank<R>-<hex>/ or rank_<R>/ "
-                            "folders holding actv_0-0.csv, module_step0-0.csv, ...)")
+                            f"folders holding actv_0-0.csv, module_step0-0.csv, ...){reasons}")
     by_rank: dict[int, list[Path]] = defaultdict(list)
     for folder, rank in folders:
         by_rank[rank].append(folder)
@@ -323,7 +372,12 @@ def discover(path: str | Path, report: LoadReport | None = None) -> _Found:
                 f"rank {rank}: {len(dirs)} monitor folders ({', '.join(d.name for d in dirs)}); "
                 "the newest wins where they overlap")
         for prio, folder in enumerate(dirs):
-            for f in sorted(folder.iterdir(), key=lambda c: c.name):
+            try:
+                entries = _list_dir(folder)
+            except OSError as exc:
+                report.skipped.append((str(folder), f"cannot list folder: {exc.strerror or exc}"))
+                continue
+            for f in entries:
                 kind = _file_kind(f.name)
                 if kind is None:
                     m = _V1_FILE.match(f.name)
@@ -331,18 +385,22 @@ def discover(path: str | Path, report: LoadReport | None = None) -> _Found:
                         why = f"ignored: unknown monitor family {m['family']!r}"
                         report.skipped.append((str(f), why))
                     continue
-                if not f.is_file():
+                if not _is_file(f):
                     continue
                 version, family, a, b = kind
                 files.append(MonitorFile(f, rank, version, family, (a, b), prio))
     anomaly: dict[int, str] = {}
     root = p if not _holds_monitor_csv(p) else p.parent
     adir = root / "anomaly_detected"
-    if adir.is_dir():
-        for child in sorted(adir.iterdir(), key=lambda c: c.name):
-            m = re.match(r"^rank_?(\d+)$", child.name)
-            if m and (child / "anomaly.json").is_file():
-                anomaly[int(m.group(1))] = str(child / "anomaly.json")
+    try:
+        anomaly_dirs = _list_dir(adir) if _is_dir(adir) else []
+    except OSError as exc:
+        report.warnings.append(f"{adir}: cannot list folder: {exc.strerror or exc}")
+        anomaly_dirs = []
+    for child in anomaly_dirs:
+        m = re.match(r"^rank_?([0-9]{1,9})$", child.name)
+        if m and _is_file(child / "anomaly.json"):
+            anomaly[int(m.group(1))] = str(child / "anomaly.json")
     return _Found(files, dict(by_rank), anomaly)
 
 
@@ -357,21 +415,27 @@ def _stat_name(column: str) -> str:
     return name
 
 
-def _int_cell(cell: str, column: str, path: Path, line: int, default: int | None = None) -> int:
+def _int_cell(cell: str, column: str, path: Path, line: int, default: int | None = None,
+              lo: int = 0, hi: int = _MAX_INDEX) -> int:
     s = cell.strip()
     if not s and default is not None:
         return default
-    try:
-        return int(s)
-    except ValueError:
-        pass
-    try:
-        f = float(s)
-    except ValueError:
-        f = float("nan")
-    if f.is_integer():
-        return int(f)
-    raise DumpFormatError(path, f"line {line}: column {column!r}: {cell!r} is not an integer")
+    v: int | None = None
+    if len(s) <= 24:
+        try:
+            v = int(s)
+        except ValueError:
+            try:
+                f = float(s)
+            except ValueError:
+                f = math.nan
+            if f.is_integer():
+                v = int(f)
+    if v is None:
+        raise DumpFormatError(path, f"line {line}: column {column!r}: {short_repr(cell)} is not an integer")
+    if not lo <= v <= hi:
+        raise DumpFormatError(path, f"line {line}: column {column!r}: {v} is out of range ({lo}..{hi})")
+    return v
 
 
 def _describe(family: str, name: str) -> tuple[str, str, str]:
@@ -451,7 +515,7 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:
             continue
         vpp = (_int_cell(row[col["vpp_stage"]], "vpp_stage", path, line, 0)
                if "vpp_stage" in col else 0)
-        micro = (_int_cell(row[col["micro_step"]], "micro_step", path, line, -1)
+        micro = (_int_cell(row[col["micro_step"]], "micro_step", path, line, -1, lo=-1, hi=_MAX_MICRO)
                  if "micro_step" in col else -1)
         name = row[col[name_col]].strip()
         if not name:
@@ -476,7 +540,7 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:
                 stats[stat] = parse_float(row[i])
             except ValueError:
                 if header_name in _KNOWN_OPS:
-                    raise DumpFormatError(path, f"line {line}: column {header_name!r}: {row[i]!r} "
+                    raise DumpFormatError(path, f"line {line}: column {header_name!r}: {short_repr(row[i])} "
                                                 "is not a number") from None
                 bad.add(stat)
         shape = parse_shape(row[col["shape"]]) if "shape" in col else None

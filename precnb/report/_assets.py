@@ -42,10 +42,10 @@ def script_safe(js: str) -> str:
     return js
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("PRECNB_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "precnb")
-    return Path(base)
+def _cache_dir() -> Path | None:
+    """The on-disk bundle cache: only where the user asked for one (``PRECNB_CACHE``)."""
+    base = os.environ.get("PRECNB_CACHE")
+    return Path(base) if base else None
 
 
 @functools.lru_cache(maxsize=2)
@@ -54,20 +54,25 @@ def vega_bundle(version: str | None = None) -> str:
 
     Wrapped in a function scope: the bundle declares top-level constants that would clash
     with any other copy on the page (``jupyter_stack_notes.md``, pitfall 4). Building it takes
-    1-3 s, so it is kept in ``$PRECNB_CACHE`` (default ``~/.cache/precnb``) per vl-convert and
-    Vega-Lite version; an unwritable cache is ignored.
+    1-3 s, so it is kept in memory for the process and, only when ``$PRECNB_CACHE`` names a
+    folder, on disk per vl-convert and Vega-Lite version (precnb writes nowhere the user did not
+    ask for); an unwritable cache is ignored.
     """
     import vl_convert as vlc
 
     version = version or vl_version()
-    cached = _cache_dir() / f"vega-bundle-{getattr(vlc, '__version__', 'x')}-{version}.js"
-    try:
-        text = cached.read_text(encoding="utf-8")
-        if text.startswith("(function () {") and text.rstrip().endswith("})();"):
-            return script_safe(text)
-    except (OSError, ValueError):
-        pass
+    cache = _cache_dir()
+    cached = cache / f"vega-bundle-{getattr(vlc, '__version__', 'x')}-{version}.js" if cache else None
+    if cached is not None:
+        try:
+            text = cached.read_text(encoding="utf-8")
+            if text.startswith("(function () {") and text.rstrip().endswith("})();"):
+                return script_safe(text)
+        except (OSError, ValueError):
+            pass
     text = script_safe("(function () {\n" + vlc.javascript_bundle(vl_version=version) + "\n})();\n")
+    if cached is None:
+        return text
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
