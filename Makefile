@@ -44,7 +44,12 @@ demo: install
 	$(VENV)/bin/precnb info data_samples/healthy
 	$(VENV)/bin/precnb nan data_samples/dp_nan
 	$(VENV)/bin/precnb diff data_samples/divergence/baseline data_samples/divergence/target
+	$(VENV)/bin/precnb diff data_samples/dp_sum/baseline data_samples/dp_sum/target
+	$(VENV)/bin/precnb diff data_samples/tp/tp1 data_samples/tp/tp2 --target-layout tp=2
 	$(VENV)/bin/precnb anomalies data_samples/monitor
+	$(VENV)/bin/precnb report data_samples/dp_nan -o $(OUT)/dp_nan_report.html
+	$(VENV)/bin/precnb report data_samples/divergence/target --baseline data_samples/divergence/baseline \
+	    -o $(OUT)/divergence_report.html
 	@echo "demo finished; outputs in $(OUT)/"
 
 # offline nbconvert HTML template (require.js, vega-embed, anywidget, ipywidgets html-manager inlined):
@@ -75,6 +80,7 @@ samples: install
 
 bench: install
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/bench_explorer.py
 
 clean:
 	rm -rf $(VENV) build $(OUT) .pytest_cache
