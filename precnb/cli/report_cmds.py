@@ -12,26 +12,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from precnb.cli.analysis_cmds import _parse_offset, _positive
+
 __all__ = ["register"]
 
-
-def _offset(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
-
-
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return v
+# argument types shared with the analysis commands
+_offset = _parse_offset
 
 
 def _load(path: str, args: argparse.Namespace) -> Any:
