@@ -326,6 +326,7 @@ def resolve_sides(rec: FileRecords, cache: dict[Any, Any] | None = None) -> File
 _SHAPES: dict[Any, tuple[str, int]] = {}
 _DTYPES: dict[str, str] = {}
 _SAFE_NAMES: set[str] = set()
+_CTX: dict[tuple[str, str, Any], tuple[Any, ...]] = {}
 
 
 def _shape_info(md: Any, shape: Any) -> tuple[str, int, bool]:
@@ -474,21 +475,28 @@ def _records(md: Any, data: dict[str, Any], parents: dict[str, str], micro: dict
     ctxs: list[tuple[Any, ...]] = []
     walk = _walker(md, rows, ctxs)
     groups: dict[str, str] = {}
+    ctx_cache = _CTX
     for node, record in data.items():
         if not isinstance(record, dict):
             if record is not None:
                 raise _FallbackError  # the reference reports it
             continue
-        nn = md._node_name(node)
         if node.startswith(("Distributed.", "MintDistributed.")):
             for g in md._find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
                 groups.setdefault(json.dumps(g), node)
                 break
         parent = parents.get(node, "")
-        kind = nn.kind
-        module = nn.module if kind != "api" else md._module_of(parent)
-        ctx = (node, module, nn.api, kind, nn.direction, parent or "", md._counter(nn.call),
-               md._counter(micro.get(node, -1)))
+        key = (node, parent, micro.get(node, -1))
+        ctx = ctx_cache.get(key)
+        if ctx is None:  # the same nodes come back in every file of a run: computed once per process
+            nn = md._node_name(node)
+            module = nn.module if nn.kind != "api" else md._module_of(parent)
+            ctx = (node, module, nn.api, nn.kind, nn.direction, parent or "", md._counter(nn.call),
+                   md._counter(key[2]))
+            if len(ctx_cache) > 200_000:
+                ctx_cache.clear()
+            ctx_cache[key] = ctx
+        kind = ctx[3]
         if kind == "param_grad":
             for pname, val in record.items():
                 leaf = val[0] if isinstance(val, list) and len(val) == 1 else val

@@ -76,6 +76,19 @@ def _defer_dask_array_import() -> None:
         available = property(lambda self: self._resolve().available)  # type: ignore[assignment]
 
     cache["dask"] = _LazyDaskModule()
+    # the same question asked through ``is_dask_collection`` imports dask itself (~0.15 s)
+    try:
+        from xarray.namedarray import utils as nutils
+    except ImportError:  # pragma: no cover
+        return
+    real = getattr(nutils, "is_dask_collection", None)
+    if callable(real) and "dask" not in sys.modules and not getattr(real, "_precnb_lazy", False):
+        def is_dask_collection(x: object) -> bool:
+            return "dask" in sys.modules and real(x)
+
+        is_dask_collection._precnb_lazy = True  # type: ignore[attr-defined]
+        is_dask_collection.__doc__ = real.__doc__
+        nutils.is_dask_collection = is_dask_collection
 
 
 _defer_dask_array_import()
