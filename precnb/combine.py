@@ -107,7 +107,7 @@ def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
         for name, fill in fills.items():
             if r[name].dtype != ds[name].dtype:
                 r[name] = r[name].fillna(fill).astype(ds[name].dtype)
-        aligned.append(r.drop_attrs() if hasattr(r, "drop_attrs") else r)
+        aligned.append(r.drop_attrs(deep=False) if hasattr(r, "drop_attrs") else r)
     all_vars = sorted({v for ds in aligned for v in ds.data_vars})
     for i, ds in enumerate(aligned):  # a variable missing from one run (e.g. crc) is filled
         for v in all_vars:

@@ -163,10 +163,18 @@ def _ranges(vals: list[int]) -> str:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from precnb.io.store import to_zarr
+    import warnings
 
-    ds = _open(args.path, args)
-    out = to_zarr(ds, args.output, mode="w" if args.overwrite else "w-")
+    from precnb.io.api import load_report
+    from precnb.io.store import open_store, to_zarr
+
+    with warnings.catch_warnings():  # stream the run one step at a time (bounded memory)
+        warnings.simplefilter("ignore")
+        out = to_zarr(args.path, args.output, mode="w" if args.overwrite else "w-", format=args.format,
+                      steps=parse_int_set(args.steps, "steps"), ranks=parse_int_set(args.ranks, "ranks"))
+    ds = open_store(out, lazy=True)
+    failures = load_report(ds).failures
+    args.load_failures = [*(getattr(args, "load_failures", None) or []), *failures]
     sys.stdout.write(f"wrote {out} ({ds.sizes['step']} steps × {ds.sizes['rank']} ranks × "
                      f"{ds.sizes['tensor']} tensors)\n")
     return 0
