@@ -12,7 +12,7 @@ import xarray as xr
 from precnb.analysis.masks import nonfinite
 from precnb.schema import STATS
 
-__all__ = ["summarize"]
+__all__ = ["format_ranges", "summarize"]
 
 
 def summarize(ds: xr.Dataset) -> dict[str, Any]:
@@ -63,3 +63,28 @@ def summarize(ds: xr.Dataset) -> dict[str, Any]:
         "skipped_files": report.get("skipped", []),
     }
     return out
+
+
+def format_ranges(vals: Any, *, sep: str = ",", dash: str = "-", empty: str = "-") -> str:
+    """Compress integers into ranges: ``[0, 1, 2, 5]`` → ``"0-2,5"``.
+
+    Examples
+    --------
+    >>> format_ranges([0, 1, 2, 5, 7, 8])
+    '0-2,5,7-8'
+    >>> format_ranges([], empty="—")
+    '—'
+    """
+    vals = sorted(int(v) for v in vals)
+    if not vals:
+        return empty
+    parts: list[str] = []
+    start = prev = vals[0]
+    for v in [*vals[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}{dash}{prev}")
+        if v is not None:
+            start = prev = v
+    return sep.join(parts)

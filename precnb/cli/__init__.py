@@ -148,18 +148,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _ranges(vals: list[int]) -> str:
-    if not vals:
-        return "-"
-    parts: list[str] = []
-    start = prev = vals[0]
-    for v in vals[1:]:
-        if v == prev + 1:
-            prev = v
-            continue
-        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-        start = prev = v
-    parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
+    from precnb.analysis.summary import format_ranges
+
+    return format_ranges(vals)
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:

@@ -72,19 +72,9 @@ def script_json(obj: Any) -> Any:
 
 
 def _ranges(vals: Sequence[int]) -> str:
-    vals = sorted(int(v) for v in vals)
-    if not vals:
-        return "—"
-    parts: list[str] = []
-    start = prev = vals[0]
-    for v in vals[1:]:
-        if v == prev + 1:
-            prev = v
-            continue
-        parts.append(f"{start}" if start == prev else f"{start}–{prev}")
-        start = prev = v
-    parts.append(f"{start}" if start == prev else f"{start}–{prev}")
-    text = ", ".join(parts)
+    from precnb.analysis.summary import format_ranges
+
+    text = format_ranges(vals, sep=", ", dash="–", empty="—")
     return text if len(text) <= 60 else text[:57] + "…"
 
 
