@@ -11,7 +11,7 @@ import xarray as xr
 
 from precnb.schema import TENSOR_COORDS, side_table, validate
 
-__all__ = ["FILL_VALUES", "combine_runs", "reindex_tensors"]
+__all__ = ["FILL_VALUES", "combine_runs", "concat_steps", "reindex_tensors"]
 
 FILL_VALUES: dict[str, Any] = {
     "present": False,
@@ -70,6 +70,123 @@ def _union_coords(datasets: list[xr.Dataset]) -> tuple[list[str], dict[str, np.n
     return labels, coords
 
 
+def _align(dsets: list[xr.Dataset], labels: list[str], coords: dict[str, np.ndarray],
+           **dims: list[int]) -> list[xr.Dataset]:
+    """Reindex every dataset onto the same tensors (and *dims*), filling with the schema's values.
+
+    A variable missing from one dataset (e.g. ``crc``) is added, filled.
+    """
+    aligned = []
+    for ds in dsets:
+        r = reindex_tensors(ds, labels, coords)
+        fills = {name: _fill_for(ds[name]) for name in ds.data_vars}
+        r = r.reindex(dims, fill_value=fills)
+        for name, fill in fills.items():
+            if r[name].dtype != ds[name].dtype:
+                r[name] = r[name].fillna(fill).astype(ds[name].dtype)
+        aligned.append(r.drop_attrs(deep=False) if hasattr(r, "drop_attrs") else r)
+    all_vars = sorted({v for ds in aligned for v in ds.data_vars})
+    for i, ds in enumerate(aligned):
+        for v in all_vars:
+            if v not in ds.data_vars:
+                src = next(d[v] for d in aligned if v in d.data_vars)
+                fill = _fill_for(src)
+                shape = tuple(ds.sizes[d] for d in src.dims)
+                aligned[i] = aligned[i].assign({v: (src.dims, np.full(shape, fill, src.dtype))})
+    return aligned
+
+
+def _merged_side_tables(dsets: list[xr.Dataset]) -> dict[str, str]:
+    construct: dict[str, Any] = {}
+    stacks: dict[str, Any] = {}
+    for ds in dsets:
+        for k, v in side_table(ds, "construct").items():
+            construct.setdefault(k, v)
+        for k, v in side_table(ds, "stacks").items():
+            stacks.setdefault(k, v)
+    return {"construct": json.dumps(construct), "stacks": json.dumps(stacks)}
+
+
+def _json_attr(ds: xr.Dataset, key: str, default: Any) -> Any:
+    raw = ds.attrs.get(key)
+    if not raw:
+        return default
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return default
+
+
+def concat_steps(parts: list[xr.Dataset]) -> xr.Dataset:
+    """Join datasets that hold different steps of one run into one dataset.
+
+    The inverse of loading a run step by step: tensors are the union in order of first
+    appearance (the order a whole load gives when *parts* are in step order), coordinates of a
+    tensor come from the first part holding it, ranks are the union, and absent entries get
+    the schema's fill values (``present`` False). Attributes are merged: side tables, rank
+    folders, communication groups and the load reports of every part.
+
+    Parameters
+    ----------
+    parts : list of xarray.Dataset
+        Canonical single-run datasets with disjoint steps.
+
+    Returns
+    -------
+    xarray.Dataset
+
+    Raises
+    ------
+    ValueError
+        When no part is given, or two parts hold the same step.
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> concat_steps([empty_dataset()]).sizes["step"]
+    0
+    """
+    if not parts:
+        raise ValueError("concat_steps needs at least one dataset")
+    if len(parts) == 1:
+        return parts[0]
+    seen: set[int] = set()
+    for ds in parts:
+        if "run" in ds.dims:
+            raise ValueError("concat_steps joins single-run datasets (found a 'run' dimension)")
+        steps = {int(s) for s in ds["step"].values}
+        if steps & seen:
+            raise ValueError(f"step(s) {sorted(steps & seen)} are in more than one part")
+        seen |= steps
+    labels, coords = _union_coords(parts)
+    ranks = sorted({int(r) for ds in parts for r in ds["rank"].values})
+    aligned = _align(parts, labels, coords, rank=ranks)
+    out = xr.concat(aligned, dim="step", data_vars="all", coords="minimal", compat="override",
+                    join="exact")
+    out = out.isel(step=np.argsort(out["step"].values, kind="stable"))
+    attrs = dict(parts[0].attrs)
+    attrs.update(_merged_side_tables(parts))
+    if "rank_dirs" in attrs:
+        rank_dirs: dict[str, Any] = {}
+        for ds in parts:
+            rank_dirs.update(_json_attr(ds, "rank_dirs", {}))
+        attrs["rank_dirs"] = json.dumps(rank_dirs)
+    if "comm_groups" in attrs:
+        groups: list[Any] = []
+        for ds in parts:
+            groups += [g for g in _json_attr(ds, "comm_groups", []) if g not in groups]
+        attrs["comm_groups"] = json.dumps(groups)
+    if "load_report" in attrs:
+        report: dict[str, list[Any]] = {"read": [], "skipped": [], "warnings": []}
+        for ds in parts:
+            rep = _json_attr(ds, "load_report", {})
+            for k in report:
+                report[k] += list(rep.get(k, []))
+        attrs["load_report"] = json.dumps(report)
+    out.attrs = attrs
+    return validate(out)
+
+
 def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
     """Stack runs along a new leading ``run`` dimension (outer join on step, rank, tensor).
 
@@ -99,34 +216,11 @@ def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
     labels, coords = _union_coords(dsets)
     steps = sorted({int(s) for ds in dsets for s in ds["step"].values})
     ranks = sorted({int(r) for ds in dsets for r in ds["rank"].values})
-    aligned = []
-    for ds in dsets:
-        r = reindex_tensors(ds, labels, coords)
-        fills = {name: _fill_for(ds[name]) for name in ds.data_vars}
-        r = r.reindex(step=steps, rank=ranks, fill_value=fills)
-        for name, fill in fills.items():
-            if r[name].dtype != ds[name].dtype:
-                r[name] = r[name].fillna(fill).astype(ds[name].dtype)
-        aligned.append(r.drop_attrs(deep=False) if hasattr(r, "drop_attrs") else r)
-    all_vars = sorted({v for ds in aligned for v in ds.data_vars})
-    for i, ds in enumerate(aligned):  # a variable missing from one run (e.g. crc) is filled
-        for v in all_vars:
-            if v not in ds.data_vars:
-                src = next(d[v] for d in aligned if v in d.data_vars)
-                fill = _fill_for(src)
-                aligned[i] = aligned[i].assign({v: src.copy(data=np.full(src.shape, fill, src.dtype))})
+    aligned = _align(dsets, labels, coords, step=steps, rank=ranks)
     out = xr.concat(aligned, dim=xr.DataArray(np.asarray(names, dtype=object), dims="run", name="run"),
                     data_vars="all", coords="minimal", compat="override", join="exact")
-    construct: dict[str, Any] = {}
-    stacks: dict[str, Any] = {}
-    for ds in dsets:
-        for k, v in side_table(ds, "construct").items():
-            construct.setdefault(k, v)
-        for k, v in side_table(ds, "stacks").items():
-            stacks.setdefault(k, v)
     attrs = dict(dsets[0].attrs)
-    attrs["construct"] = json.dumps(construct)
-    attrs["stacks"] = json.dumps(stacks)
+    attrs.update(_merged_side_tables(dsets))
     attrs["run_attrs"] = json.dumps(
         {n: {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks")}
          for n, ds in zip(names, dsets, strict=True)}

@@ -14,6 +14,7 @@ from precnb.analysis.masks import nonfinite, recorded, stat_vars
 from precnb.analysis.merge import classify_shards, merge_shards
 from precnb.analysis.nan_origin import nan_origin
 from precnb.analysis.replicas import check_replicas
+from precnb.analysis.stepwise import first_divergence_stepwise
 from precnb.analysis.summary import summarize
 from precnb.analysis.tolerance import Tolerance, relative_difference
 
@@ -31,6 +32,7 @@ __all__ = [
     "classify_shards",
     "compare_runs",
     "first_divergence",
+    "first_divergence_stepwise",
     "merge_shards",
     "nan_origin",
     "nonfinite",

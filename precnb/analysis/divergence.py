@@ -8,7 +8,7 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.compare import Comparison, compare_runs
+from precnb.analysis.compare import Comparison, compare_runs, split_runs
 from precnb.analysis.evidence import entry_values, first_by_seq, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.hints import (
@@ -107,6 +107,12 @@ def first_divergence(
     Finding
         Kind ``first_divergence``, or ``none``.
 
+    Notes
+    -----
+    Dask-backed (lazily opened) inputs are searched step by step (see
+    :func:`precnb.analysis.stepwise.first_divergence_stepwise`): only the steps up to the
+    fault are loaded, and ``stats["steps_not_searched"]`` lists the others.
+
     See Also
     --------
     xarray.Dataset.diff : finite differences along a dimension (unrelated).
@@ -118,6 +124,12 @@ def first_divergence(
     >>> f.step, f.rank, f.node  # doctest: +SKIP
     (1, 0, 'Functional.gelu.0.forward')
     """
+    from precnb.analysis.stepwise import first_divergence_lazy, is_lazy
+
+    if is_lazy(baseline) or is_lazy(target):  # out of core: load the steps up to the fault only
+        b, t, pair = split_runs(baseline, target, runs=runs)
+        return first_divergence_lazy(b, t, names=pair, tolerance=tolerance, steps=steps, ranks=ranks,
+                                     step_offset=step_offset, crc=crc)
     cmp = compare_runs(baseline, target, runs=runs, tolerance=tolerance, steps=steps, ranks=ranks,
                        step_offset=step_offset)
     ds = cmp.ds

@@ -41,14 +41,19 @@ def _api_short(api: str) -> str:
     return api.rsplit(".", 1)[-1]
 
 
-def event_mask(ds: xr.Dataset) -> tuple[xr.DataArray, xr.DataArray]:
-    """Events (non-benign NaN/Inf) and benign infinities, both (step, rank, tensor) bool."""
+def event_mask(ds: xr.Dataset, *, persistent: np.ndarray | None = None) -> tuple[xr.DataArray, xr.DataArray]:
+    """Events (non-benign NaN/Inf) and benign infinities, both (step, rank, tensor) bool.
+
+    *persistent* (per tensor: non-finite at every (step, rank) where it is recorded, at least
+    twice) defaults to what *ds* itself shows; pass the whole run's when *ds* holds some of
+    its steps.
+    """
     nan = nonfinite(ds, kind="nan").values
     inf = (nonfinite(ds, kind="inf").values & ~nan)
     anynf = nan | inf
-    present = ds["present"].values
-    n_rec = present.sum(axis=(0, 1))
-    persistent = (anynf.sum(axis=(0, 1)) == n_rec) & (n_rec >= 2)
+    if persistent is None:
+        n_rec = ds["present"].values.sum(axis=(0, 1))
+        persistent = (anynf.sum(axis=(0, 1)) == n_rec) & (n_rec >= 2)
     kinds = ds["kind"].values
     persistent_nan_ok = persistent & (kinds == "monitor")
     roles = ds["role"].values
@@ -115,6 +120,12 @@ def nan_origin(
         Kind ``nan_origin`` (says whether the NaN came in through the node's inputs or was
         created by the node), or ``none``.
 
+    Notes
+    -----
+    On a dask-backed (lazily opened) dataset the search is out of core: small per-tensor and
+    per-step reductions run chunk by chunk, then only steps holding non-finite values are
+    loaded, one at a time, up to the first with an event (``stats["steps_not_searched"]``).
+
     Examples
     --------
     >>> import precnb
@@ -132,26 +143,80 @@ def nan_origin(
         ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
     if ranks is not None:
         ds = ds.sel(rank=[r for r in ds["rank"].values if r in set(ranks)])
+    from precnb.analysis.stepwise import is_lazy
+
+    if is_lazy(ds):
+        return _nan_origin_lazy(ds)
     events, benign = event_mask(ds)
-    n_benign = int(benign.sum())
     stats: dict[str, Any] = {
         "nan_values": int(nonfinite(ds, kind="nan").sum()),
         "inf_values": int(nonfinite(ds, kind="inf").sum()),
         "event_records": int(events.sum()),
-        "benign_inf_records": n_benign,
+        "benign_inf_records": int(benign.sum()),
         "steps": [int(s) for s in ds["step"].values],
         "ranks": [int(r) for r in ds["rank"].values],
     }
-    benign_nodes = sorted({str(n) for n in ds["node"].values[benign.any(["step", "rank"]).values]})
+    return _finding(ds, events, benign, stats)
+
+
+def _nan_origin_lazy(ds: xr.Dataset) -> Finding:
+    """:func:`nan_origin` on a dask-backed dataset, one step in memory at a time.
+
+    Per-tensor persistence and per-step "any non-finite" flags are reduced chunk by chunk;
+    then the flagged steps are loaded in order until one holds an event. ``stats`` count
+    events and benign records over the steps searched and list the ``steps_not_searched``
+    (when some were left).
+    """
+    import dask
+
+    nan, inf = nonfinite(ds, kind="nan"), nonfinite(ds, kind="inf")
+    anynf = nan | inf
+    # one pass over the chunks: per-tensor persistence counts, per-step flags, totals
+    n_rec, n_bad, flags, n_nan, n_inf = dask.compute(
+        ds["present"].sum(["step", "rank"]), anynf.sum(["step", "rank"]), anynf.any(["rank", "tensor"]),
+        nan.sum(), inf.sum())
+    n_rec, n_bad = np.asarray(n_rec), np.asarray(n_bad)
+    persistent = (n_bad == n_rec) & (n_rec >= 2)
+    all_steps = [int(s) for s in ds["step"].values]
+    stats: dict[str, Any] = {"nan_values": int(n_nan), "inf_values": int(n_inf), "event_records": 0,
+                             "benign_inf_records": 0, "steps": all_steps,
+                             "ranks": [int(r) for r in ds["rank"].values]}
+    benign_parts: list[xr.DataArray] = []
+    flagged = [i for i, f in enumerate(np.asarray(flags)) if f]
+    for n, i in enumerate(flagged):
+        one = ds.isel(step=[i]).load()
+        events, benign = event_mask(one, persistent=persistent)
+        stats["event_records"] += int(events.sum())
+        stats["benign_inf_records"] += int(benign.sum())
+        benign_parts.append(benign.any(["step", "rank"]))
+        if bool(events.any()):
+            rest = [all_steps[k] for k in flagged[n + 1:]]
+            if rest:
+                stats["steps_not_searched"] = rest
+            return _finding(one, events, benign, stats, benign_any=benign_parts)
+    return _finding(ds.isel(step=[]).load(), None, None, stats, benign_any=benign_parts)
+
+
+def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray | None,
+             stats: dict[str, Any], *, benign_any: list[xr.DataArray] | None = None) -> Finding:
+    """The finding, from the event and benign masks of *ds* (the steps searched)."""
+    if benign_any is not None:
+        mask = np.zeros(ds.sizes["tensor"], bool)
+        for b in benign_any:
+            mask |= b.values
+    else:
+        assert benign is not None
+        mask = benign.any(["step", "rank"]).values
+    benign_nodes = sorted({str(n) for n in ds["node"].values[mask]})
     hints: list[str] = []
     if benign_nodes:
         hints.append(f"{len(benign_nodes)} node(s) carry non-finite values by design (masks, or monitor "
                      "rows of tensors that never exist) and were not counted, "
                      f"e.g. {', '.join(benign_nodes[:4])}")
-    any_step = events.any(["rank", "tensor"])
-    if not bool(any_step.any()):
+    if events is None or not bool(events.any()):
         return Finding(kind="none", reason="no NaN and no unexpected ±inf in the recorded statistics",
                        hints=hints, stats=stats, evidence={"benign_nodes": benign_nodes[:50]})
+    any_step = events.any(["rank", "tensor"])
     step = int(ds["step"].values[int(np.argmax(any_step.values))])
     per_rank = first_event_per_rank(events, ds["seq"], ds, step)
     origin, others = pick_origin(per_rank)

@@ -30,6 +30,31 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", help="ranks to load: comma list or A:B")
     p.add_argument("--format", choices=["msprobe", "monitor", "kernel", "compare", "zarr"],
                    help="force a reader instead of detecting it")
+    p.add_argument("--workers", type=_workers, default=None,
+                   help="local processes that parse dump files: N, or 'auto' (default: "
+                        "$PRECNB_WORKERS, else auto = one per available CPU, at most 8)")
+
+
+def _workers(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be >= 1 (1: parse in this process)")
+    return n
+
+
+def cli_workers(args: argparse.Namespace) -> int | str:
+    """``--workers``, else ``$PRECNB_WORKERS``, else ``"auto"`` (the command line parses in parallel)."""
+    import os
+
+    given = getattr(args, "workers", None)
+    if given is not None:
+        return given
+    return os.environ.get("PRECNB_WORKERS") or "auto"
 
 
 def parse_int_set(text: str | None, what: str) -> list[int] | None:
@@ -82,7 +107,8 @@ def open_checked(path: str, args: argparse.Namespace, *, steps: list[int] | None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds = open_run(path, format=getattr(args, "format", None), steps=steps,
-                      ranks=parse_int_set(getattr(args, "ranks", None), "ranks"), progress=None)
+                      ranks=parse_int_set(getattr(args, "ranks", None), "ranks"), progress=None,
+                      workers=cli_workers(args))
     failures = getattr(args, "load_failures", None)
     if failures is None:
         failures = []
@@ -162,7 +188,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():  # stream the run one step at a time (bounded memory)
         warnings.simplefilter("ignore")
         out = to_zarr(args.path, args.output, mode="w" if args.overwrite else "w-", format=args.format,
-                      steps=parse_int_set(args.steps, "steps"), ranks=parse_int_set(args.ranks, "ranks"))
+                      steps=parse_int_set(args.steps, "steps"), ranks=parse_int_set(args.ranks, "ranks"),
+                      workers=cli_workers(args))
     ds = open_store(out, lazy=True)
     failures = load_report(ds).failures
     args.load_failures = [*(getattr(args, "load_failures", None) or []), *failures]

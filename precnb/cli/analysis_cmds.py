@@ -57,12 +57,90 @@ def _load(path: str, args: argparse.Namespace, *, steps: list[int] | None) -> An
     return open_checked(path, args, steps=steps, use_steps_option=False)
 
 
-def _cmd_diff(args: argparse.Namespace) -> int:
-    from precnb.analysis import Tolerance, first_divergence
+def _tolerance(args: argparse.Namespace) -> Any:
+    from precnb.analysis import Tolerance
+
+    tol_kw: dict[str, Any] = {}
+    if args.rtol is not None:
+        tol_kw["rtol"] = args.rtol
+    if args.reference:
+        ref_a = _load(args.reference[0], args, steps=None)
+        ref_b = _load(args.reference[1], args, steps=None)
+        return Tolerance.calibrate(ref_a, ref_b, **tol_kw)
+    return Tolerance(**tol_kw)
+
+
+def _merge_layouts(base: Any, target: Any, args: argparse.Namespace) -> tuple[Any, Any]:
+    """Merge shards first when ``--baseline-layout`` / ``--target-layout`` are given."""
+    if not (args.baseline_layout or args.target_layout):
+        return base, target
+    from precnb.analysis import Layout, LayoutError, merge_shards
     from precnb.cli import UsageError
+
+    try:
+        b_lay = Layout.parse(args.baseline_layout, world_size=base.sizes["rank"]) \
+            if args.baseline_layout else None
+        t_lay = Layout.parse(args.target_layout, world_size=target.sizes["rank"]) \
+            if args.target_layout else None
+        merged_base = merge_shards(base, b_lay, reference=None if t_lay else target) if b_lay else base
+        if t_lay:
+            target = merge_shards(target, t_lay, reference=None if b_lay else base)
+        return merged_base, target
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _stepwise_plan(args: argparse.Namespace, steps: list[int] | None, offset: int) -> list[int] | None:
+    """Baseline steps to search one batch at a time, or None when the inputs must be read whole.
+
+    Stepwise needs both step lists without parsing (msprobe dumps, zarr stores) and at least
+    two steps to search.
+    """
+    from precnb.cli import parse_int_set
+    from precnb.io.api import available_steps
+
+    fmt = getattr(args, "format", None)
+    ranks = parse_int_set(getattr(args, "ranks", None), "ranks")
+    bsteps = available_steps(args.baseline, format=fmt, ranks=ranks)
+    tsteps = available_steps(args.target, format=fmt, ranks=ranks)
+    if bsteps is None or tsteps is None:
+        return None
+    search = [s for s in bsteps if s + offset in set(tsteps)]
+    if steps is not None:
+        search = [s for s in search if s in set(steps)]
+    return search if len(search) >= 2 else None
+
+
+def _diff_stepwise(args: argparse.Namespace, search: list[int], offset: int, tol: Any, crc: Any) -> Any:
+    from precnb.analysis import first_divergence_stepwise
+
+    def load(batch: list[int]) -> tuple[Any, Any]:
+        base = _load(args.baseline, args, steps=batch)
+        target = _load(args.target, args, steps=[s + offset for s in batch])
+        return _merge_layouts(base, target, args)
+
+    return first_divergence_stepwise(load, search, tolerance=tol, step_offset=offset, crc=crc)
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from precnb.analysis import first_divergence
+    from precnb.cli import UsageError
+    from precnb.errors import NotADumpError
 
     steps = _steps_arg(args)
     offset = args.step_offset
+    tol = _tolerance(args)
+    crc = "strict" if args.crc_strict else "report"
+    if args.target is not None and offset != "auto":
+        # read the steps up to the first divergence only (answer identical to a whole read)
+        search = _stepwise_plan(args, steps, int(offset))
+        if search is not None:
+            try:
+                return _emit_finding(_diff_stepwise(args, search, int(offset), tol, crc), args)
+            except NotADumpError:  # a step with no readable file: read the runs whole instead
+                args.load_failures = []
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
     load_steps = steps if offset == 0 else None
     base = _load(args.baseline, args, steps=load_steps)
     if args.target is None:  # one input holding two runs (e.g. a compare result CSV)
@@ -73,35 +151,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         base, target = (base.sel(run=n).drop_vars("run") for n in pair)
     else:
         target = _load(args.target, args, steps=load_steps)
-    tol_kw: dict[str, Any] = {}
-    if args.rtol is not None:
-        tol_kw["rtol"] = args.rtol
-    tol = Tolerance(**tol_kw)
-    if args.reference:
-        ref_a = _load(args.reference[0], args, steps=None)
-        ref_b = _load(args.reference[1], args, steps=None)
-        tol = Tolerance.calibrate(ref_a, ref_b, **tol_kw)
-    from precnb.cli import UsageError
-
-    if args.baseline_layout or args.target_layout:
-        from precnb.analysis import Layout, LayoutError, merge_shards
-
-        try:
-            b_lay = Layout.parse(args.baseline_layout, world_size=base.sizes["rank"]) \
-                if args.baseline_layout else None
-            t_lay = Layout.parse(args.target_layout, world_size=target.sizes["rank"]) \
-                if args.target_layout else None
-            merged_base = merge_shards(base, b_lay, reference=None if t_lay else target) if b_lay else base
-            if t_lay:
-                target = merge_shards(target, t_lay, reference=None if b_lay else base)
-            base = merged_base
-        except LayoutError as exc:
-            raise UsageError(str(exc)) from None
-
+    base, target = _merge_layouts(base, target, args)
     try:
-        finding = first_divergence(base, target, tolerance=tol, steps=steps,
-                                   ranks=None, step_offset=offset,
-                                   crc="strict" if args.crc_strict else "report")
+        finding = first_divergence(base, target, tolerance=tol, steps=steps, ranks=None,
+                                   step_offset=offset, crc=crc)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return _emit_finding(finding, args)

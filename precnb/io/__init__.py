@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from precnb.combine import combine_runs
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
-from precnb.io.api import FORMATS, detect_format, load_report, open_run, open_runs
+from precnb.io.api import FORMATS, available_steps, detect_format, load_report, open_run, open_runs
 
 __all__ = [
     "FORMATS",
@@ -15,6 +15,7 @@ __all__ = [
     "LoadReport",
     "RecordBuilder",
     "assemble",
+    "available_steps",
     "combine_runs",
     "detect_format",
     "load_report",

@@ -18,7 +18,7 @@ from precnb.combine import combine_runs
 from precnb.errors import NotADumpError, PrecnbError
 from precnb.io._assemble import Assembler, LoadReport
 
-__all__ = ["FORMATS", "detect_format", "load_report", "open_run", "open_runs"]
+__all__ = ["FORMATS", "available_steps", "detect_format", "load_report", "open_run", "open_runs"]
 
 Format = Literal["msprobe", "monitor", "kernel", "compare", "zarr"]
 FORMATS: tuple[str, ...] = ("msprobe", "monitor", "kernel", "compare", "zarr")
@@ -160,8 +160,9 @@ def parse_files(
     client: Any = None,
     progress: bool | None = None,
     consume: Callable[[int, Any], None] | None = None,
+    workers: int | str | None = None,
 ) -> list[Any]:
-    """Run *parse* on every item, in-process or on a dask cluster, with a progress bar.
+    """Run *parse* on every item, in-process, in local worker processes or on a dask cluster.
 
     One task per (step, rank) file. A file that fails is recorded in *report* (or re-raised
     when ``errors="raise"``); the others still load. On a cluster, tasks are submitted in
@@ -185,18 +186,29 @@ def parse_files(
     consume : callable, optional
         ``consume(index, result)`` is called for every parsed item in item order and the
         result is not kept (bounded memory); the returned list is then empty.
+    workers : int, "auto" or None
+        Without a dask client: parse in this many local processes (see
+        :func:`precnb.io._pool.resolve_workers`; default ``PRECNB_WORKERS`` or 1). Used
+        when there are at least two files per worker.
 
     Returns
     -------
     list
         The results of the items that parsed, in item order (empty with *consume*).
     """
+    from precnb.io._pool import outcomes_in_processes, resolve_workers
+
     results: list[Any] = []
-    bar = _progress(len(items), progress, "reading dumps")
     if client is None and len(items) > 1:
         client = _ambient_client()
-    outcomes = _outcomes_on(client, items, parse) if client is not None else (
-        (i, _safe_parse(parse, item)) for i, item in enumerate(items))
+    n_proc = resolve_workers(workers) if client is None else 1
+    if client is not None:
+        outcomes = _outcomes_on(client, items, parse)
+    elif n_proc > 1 and len(items) >= 2 * n_proc:  # the pool starts before the bar's thread
+        outcomes = outcomes_in_processes(items, functools.partial(_safe_parse, parse), n_proc)
+    else:
+        outcomes = ((i, _safe_parse(parse, item)) for i, item in enumerate(items))
+    bar = _progress(len(items), progress, "reading dumps")
     try:
         for i, (rec, err) in outcomes:
             if bar is not None:
@@ -371,7 +383,7 @@ class MsprobeLoad:
         self.n_read = 0
 
     def read(self, dirs: Sequence[Any], *, offset: int = 0, errors: Any = "report", client: Any = None,
-             progress: bool | None = None) -> None:
+             progress: bool | None = None, workers: int | str | None = None) -> None:
         """Parse *dirs* (item numbers start at *offset*) and fold them in."""
         def consume(i: int, rec: Any) -> None:
             for g, node in rec.meta.get("comm_groups", {}).items():
@@ -381,7 +393,7 @@ class MsprobeLoad:
             self.n_read += 1
 
         parse_files(dirs, msprobe_parser(), describe=lambda d: str(d.dump_file), report=self.report,
-                    errors=errors, client=client, progress=progress, consume=consume)
+                    errors=errors, client=client, progress=progress, consume=consume, workers=workers)
 
     def check_any(self) -> None:
         """Raise :class:`NotADumpError` when no file could be read."""
@@ -398,11 +410,12 @@ class MsprobeLoad:
 
 
 def _open_msprobe(path: Path, *, errors: Any, client: Any, progress: bool | None,
-                  steps: Sequence[int] | None, ranks: Sequence[int] | None) -> xr.Dataset:
+                  steps: Sequence[int] | None, ranks: Sequence[int] | None,
+                  workers: int | str | None = None) -> xr.Dataset:
     report = LoadReport()
     dirs = select_rank_dirs(path, report, steps, ranks)
     load = MsprobeLoad(path, dirs, report)
-    load.read(dirs, errors=errors, client=client, progress=progress)
+    load.read(dirs, errors=errors, client=client, progress=progress, workers=workers)
     load.check_any()
     return load.acc.build(source_format="msprobe", attrs=load.attrs())
 
@@ -417,6 +430,7 @@ def open_run(
     client: Any = None,
     lazy: bool = False,
     progress: bool | None = None,
+    workers: int | str | None = None,
 ) -> xr.Dataset:
     """Open one run as a canonical dataset (dims step, rank, tensor).
 
@@ -441,6 +455,10 @@ def open_run(
         :func:`precnb.to_zarr`); other sources are parsed, then chunked.
     progress : bool, optional
         Force the progress bar on or off (default: on for 16 files or more).
+    workers : int, "auto" or None
+        Without a dask client, parse in this many local processes (``"auto"``: one per
+        available CPU, at most 8). Default: ``PRECNB_WORKERS`` or 1 (in this process). The
+        command line uses ``auto``.
 
     Returns
     -------
@@ -463,7 +481,8 @@ def open_run(
     fmt = format or detect_format(p)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    common = {"errors": errors, "client": client, "progress": progress, "steps": steps, "ranks": ranks}
+    common = {"errors": errors, "client": client, "progress": progress, "steps": steps, "ranks": ranks,
+              "workers": workers}
     if fmt == "msprobe":
         ds = _open_msprobe(p, **common)
     elif fmt == "monitor":
@@ -494,6 +513,55 @@ def open_run(
     if lazy and fmt != "zarr":
         ds = ds.chunk({"step": 1})
     return ds
+
+
+def available_steps(path: str | os.PathLike[str], *, format: str | None = None,
+                    ranks: Sequence[int] | None = None) -> list[int] | None:
+    """The steps *path* holds, found without parsing any dump file; None when that needs a full read.
+
+    msprobe dumps are listed from their ``step*/rank*`` folders and zarr stores from their
+    coordinates; monitor CSVs, kernel dumps and compare CSVs return None (their steps are
+    inside the files).
+
+    Parameters
+    ----------
+    path : path-like
+    format : str, optional
+        Force a reader (see :data:`FORMATS`).
+    ranks : sequence of int, optional
+        Only steps where one of these ranks has a folder.
+
+    Returns
+    -------
+    list of int or None
+
+    Raises
+    ------
+    NotADumpError
+        When the path holds nothing readable.
+
+    Examples
+    --------
+    >>> import precnb
+    >>> available_steps(precnb.sample_path("dp_nan"))  # doctest: +SKIP
+    [0, 1, 2]
+    """
+    from precnb.io._resolve import resolve_input
+
+    p = Path(path) if format else resolve_input(Path(path))
+    fmt = format or detect_format(p)
+    if fmt == "msprobe":
+        from precnb.io import msprobe_dump as md
+
+        dirs = md.discover(p, LoadReport())
+        if ranks is not None:
+            dirs = [d for d in dirs if d.rank in set(ranks)]
+        return sorted({d.step for d in dirs})
+    if fmt == "zarr":
+        from precnb.io import store
+
+        return [int(s) for s in store.open_store(p, lazy=True)["step"].values]
+    return None
 
 
 def open_runs(paths: Mapping[str, Any], **kwargs: Any) -> xr.Dataset:

@@ -440,6 +440,7 @@ def open_kernel_dump(
     progress: bool | None = None,
     steps: Sequence[int] | None = None,
     ranks: Sequence[int] | None = None,
+    workers: int | str | None = None,
 ) -> xr.Dataset:
     """Open a MindSpore kernel dump (statistic.csv) as a canonical dataset.
 
@@ -456,6 +457,8 @@ def open_kernel_dump(
         Force the progress bar on or off.
     steps, ranks : sequence of int, optional
         Load only these.
+    workers : int, "auto" or None
+        Local worker processes when there is no client (see :func:`precnb.open_run`).
 
     Returns
     -------
@@ -483,7 +486,7 @@ def open_kernel_dump(
     if not items:
         raise NotADumpError(f"{path}: no statistic.csv matches the selection")
     recs = parse_files(items, read_kernel_item, describe=lambda i: i.path, report=report,
-                       errors=errors, client=client, progress=progress)
+                       errors=errors, client=client, progress=progress, workers=workers)
     for rec in recs:
         if rec.meta.get("skipped"):
             report.skipped.extend(rec.meta["skipped"])

@@ -650,6 +650,7 @@ def open_monitor(
     progress: bool | None = None,
     steps: Sequence[int] | None = None,
     ranks: Sequence[int] | None = None,
+    workers: int | str | None = None,
 ) -> xr.Dataset:
     """Open msprobe monitor output (v1 or v2) as a canonical dataset.
 
@@ -666,6 +667,8 @@ def open_monitor(
         Force the progress bar on or off.
     steps, ranks : sequence of int, optional
         Load only these.
+    workers : int, "auto" or None
+        Local worker processes when there is no client (see :func:`precnb.open_run`).
 
     Returns
     -------
@@ -700,7 +703,7 @@ def open_monitor(
     if not files:
         raise NotADumpError(f"{path}: no monitor CSV file matches the selection")
     results = parse_files(files, read_monitor_csv, describe=lambda f: str(f.path),  # type: ignore[arg-type]
-                          report=report, errors=errors, client=client, progress=progress)
+                          report=report, errors=errors, client=client, progress=progress, workers=workers)
     partials: list[FileRecords] = [r for group in results for r in group]  # type: ignore[attr-defined]
     for r in partials:
         report.warnings.extend(r.meta.get("warnings", []))

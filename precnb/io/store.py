@@ -66,6 +66,7 @@ def to_zarr(
     steps: Sequence[int] | None = None,
     ranks: Sequence[int] | None = None,
     errors: Literal["report", "raise"] = "report",
+    workers: int | str | None = None,
 ) -> Path:
     """Write a dataset, or stream a dump, to a zarr (format 3) store.
 
@@ -89,6 +90,8 @@ def to_zarr(
         Convert only these.
     errors : {"report", "raise"}
         As in :func:`precnb.open_run`; skipped files are listed in the store's load report.
+    workers : int, "auto" or None
+        Local worker processes when there is no client (see :func:`precnb.open_run`).
 
     Returns
     -------
@@ -111,13 +114,14 @@ def to_zarr(
         raise FileExistsError(f"{p} exists; pass mode='w' (CLI: --overwrite) to replace it")
     if (format or detect_format(src)) != "msprobe":
         ds = open_run(src, format=format, client=client, progress=progress, steps=steps, ranks=ranks,
-                      errors=errors)
+                      errors=errors, workers=workers)
         return _write_dataset(ds, p, "w")
-    return _stream_msprobe(src, p, client=client, progress=progress, steps=steps, ranks=ranks, errors=errors)
+    return _stream_msprobe(src, p, client=client, progress=progress, steps=steps, ranks=ranks, errors=errors,
+                           workers=workers)
 
 
 def _stream_msprobe(src: Path, p: Path, *, client: Any, progress: bool | None, steps: Sequence[int] | None,
-                    ranks: Sequence[int] | None, errors: Any) -> Path:
+                    ranks: Sequence[int] | None, errors: Any, workers: int | str | None = None) -> Path:
     from precnb.io._assemble import LoadReport
     from precnb.io.api import MsprobeLoad, select_rank_dirs
 
@@ -132,7 +136,7 @@ def _stream_msprobe(src: Path, p: Path, *, client: Any, progress: bool | None, s
         for step in sorted({d.step for d in dirs}):
             first = next(i for i, d in enumerate(dirs) if d.step == step)
             items = [d for d in dirs if d.step == step]
-            load.read(items, offset=first, errors=errors, client=client, progress=progress)
+            load.read(items, offset=first, errors=errors, client=client, progress=progress, workers=workers)
             arrays = load.acc.take_steps([step], rank_vals)
             writer.append(step, arrays, load.acc.tensor_coords())
         load.check_any()
