@@ -8,7 +8,7 @@ import pytest
 import precnb
 from precnb.analysis import Tolerance, anomaly_table, compare_runs, first_divergence, nan_origin
 from precnb.naming import is_communication
-from tests.conftest import shared_path
+from tests.conftest import sample_path, shared_path
 
 S = ("data_samples", "msprobe")
 
@@ -225,3 +225,33 @@ def test_finding_json_is_strict(tp2):
     import re
 
     assert not re.search(r"[:\[,]\s*-?(NaN|Infinity)", text)  # no bare non-JSON tokens
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_relative_difference_numpy_path_equals_xarray_path(seed):
+    """The one-pass numpy implementation gives exactly the xarray one (NaN, ±inf, null, absent)."""
+    from precnb.analysis.tolerance import _relative_difference_np, _relative_difference_xr
+    from precnb.combine import combine_runs
+
+    rng = np.random.default_rng(seed)
+    base = precnb.open_run(sample_path("divergence", "baseline"), progress=False)
+    runs = {}
+    for name in ("a", "b"):
+        ds = base.copy(deep=True)
+        for s in ("max", "min", "mean", "norm"):
+            v = ds[s].values
+            v *= rng.choice([1.0, 1.0 + 1e-3, -1.0], size=v.shape)
+            v[rng.random(v.shape) < 0.05] = np.nan
+            v[rng.random(v.shape) < 0.05] = np.inf
+            v[rng.random(v.shape) < 0.05] = -np.inf
+        ds["null_stats"].values[rng.random(ds["null_stats"].shape) < 0.1] = 4
+        ds["present"].values[rng.random(ds["present"].shape) < 0.1] = False
+        ds["numel"].values[rng.random(ds["numel"].shape) < 0.05] = -1
+        runs[name] = ds
+    both = combine_runs(runs)
+    a, b = both.isel(run=0), both.isel(run=1)
+    fast = _relative_difference_np(a, b, ("max", "min", "mean", "norm"), atol=1e-30)
+    slow = _relative_difference_xr(a, b, ("max", "min", "mean", "norm"), atol=1e-30)
+    np.testing.assert_array_equal(fast.values, slow.values)
+    assert fast.dims == slow.dims
+    assert list(fast["stat"].values) == list(slow["stat"].values)
