@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.schema import TENSOR_COORDS, side_table, validate
+from precnb.schema import TENSOR_COORDS, dtype_changes, encode_dtype_changes, side_table, validate
 
-__all__ = ["FILL_VALUES", "combine_runs", "concat_steps", "reindex_tensors"]
+__all__ = ["FILL_VALUES", "combine_runs", "concat_steps", "rebase_dtype_changes", "reindex_tensors", "select_run"]
 
 FILL_VALUES: dict[str, Any] = {
     "present": False,
@@ -176,6 +176,14 @@ def concat_steps(parts: list[xr.Dataset]) -> xr.Dataset:
         for ds in parts:
             groups += [g for g in _json_attr(ds, "comm_groups", []) if g not in groups]
         attrs["comm_groups"] = json.dumps(groups)
+    final = dict(zip(labels, coords["dtype"].tolist(), strict=True))
+    changes: dict[str, dict[tuple[int, int], str]] = {}
+    for ds in parts:
+        for t, where in rebase_dtype_changes(ds, final).items():
+            changes.setdefault(t, {}).update(where)
+    attrs.pop("dtype_changes", None)
+    if changes:
+        attrs["dtype_changes"] = encode_dtype_changes(changes)
     if "load_report" in attrs:
         report: dict[str, list[Any]] = {"read": [], "skipped": [], "warnings": []}
         for ds in parts:
@@ -219,11 +227,90 @@ def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
     aligned = _align(dsets, labels, coords, step=steps, rank=ranks)
     out = xr.concat(aligned, dim=xr.DataArray(np.asarray(names, dtype=object), dims="run", name="run"),
                     data_vars="all", coords="minimal", compat="override", join="exact")
-    attrs = dict(dsets[0].attrs)
+    attrs = {k: v for k, v in dsets[0].attrs.items() if k != "dtype_changes"}  # per run: in run_attrs
     attrs.update(_merged_side_tables(dsets))
-    attrs["run_attrs"] = json.dumps(
-        {n: {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks")}
-         for n, ds in zip(names, dsets, strict=True)}
-    )
+    final = dict(zip(labels, coords["dtype"].tolist(), strict=True))
+    run_attrs = {}
+    for n, ds in zip(names, dsets, strict=True):
+        own = {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks", "dtype_changes")}
+        changes = rebase_dtype_changes(ds, final)  # relative to the combined dtype coordinate
+        if changes:
+            own["dtype_changes"] = encode_dtype_changes(changes)
+        run_attrs[n] = own
+    attrs["run_attrs"] = json.dumps(run_attrs)
     out.attrs = attrs
     return validate(out)
+
+
+def rebase_dtype_changes(ds: xr.Dataset, coord: dict[str, Any]) -> dict[str, dict[tuple[int, int], str]]:
+    """*ds*'s per-entry dtype exceptions relative to another ``dtype`` coordinate.
+
+    When datasets are joined, a tensor's ``dtype`` coordinate is the first part's; entries
+    of the other parts whose dtype is not that one become exceptions (and exceptions that
+    equal it disappear).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run.
+    coord : dict
+        tensor → the joined dataset's ``dtype`` coordinate.
+
+    Returns
+    -------
+    dict
+        tensor → {(step, rank): dtype}, as :func:`precnb.schema.dtype_changes`.
+    """
+    own = dtype_changes(ds)
+    labels = [str(t) for t in ds["tensor"].values]
+    mine = ds["dtype"].values
+    out: dict[str, dict[tuple[int, int], str]] = {}
+    steps = [int(x) for x in ds["step"].values]
+    ranks = [int(x) for x in ds["rank"].values]
+    present = None
+    for j, lbl in enumerate(labels):
+        base = coord.get(lbl) or ""
+        here = str(mine[j] or "")
+        if here == base or not here or not base:
+            kept = {k: d for k, d in own.get(lbl, {}).items() if d != base}
+        else:  # every recorded entry without its own exception has this part's dtype
+            if present is None:
+                present = np.asarray(ds["present"].values)
+            kept = {(steps[a], ranks[b]): here for a, b in np.argwhere(present[:, :, j]).tolist()}
+            kept.update(own.get(lbl, {}))
+            kept = {k: d for k, d in kept.items() if d != base}
+        if kept:
+            out[lbl] = kept
+    return out
+
+
+def select_run(ds: xr.Dataset, name: str) -> xr.Dataset:
+    """One run of a combined dataset, as a single-run dataset with that run's own attributes.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        With a ``run`` dimension (from :func:`combine_runs`).
+    name : str
+
+    Returns
+    -------
+    xarray.Dataset
+        Without the ``run`` dimension; run-specific attributes (``dtype_changes``, ``source``,
+        the load report) are those of *name*; side tables stay merged.
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> both = combine_runs({"a": empty_dataset(source="x"), "b": empty_dataset(source="y")})
+    >>> select_run(both, "b").attrs["source"]
+    'y'
+    """
+    out = ds.sel(run=name).drop_vars("run")
+    raw = ds.attrs.get("run_attrs")
+    own = (json.loads(raw) if isinstance(raw, str) else raw or {}).get(str(name)) if raw else None
+    if own is not None:
+        attrs = {k: v for k, v in ds.attrs.items() if k not in ("run_attrs", "dtype_changes")}
+        attrs.update(own)
+        out.attrs = attrs
+    return out

@@ -37,7 +37,10 @@ Attributes
 ----------
 ``precnb_schema`` (:data:`SCHEMA_VERSION`), ``source_format``, ``task``, ``level``,
 ``framework``, ``source`` (path), and JSON text side tables ``construct``
-(node → parent) and ``stacks`` (node → list of frames).
+(node → parent) and ``stacks`` (node → list of frames). ``dtype_changes`` (JSON text, only
+when some entry's dtype differs from its tensor's ``dtype`` coordinate, e.g. an op cast to
+bfloat16 from step 1 on one rank): tensor → {dtype → [[step, rank], ...]}; read it with
+:func:`entry_dtype` / :func:`dtype_changes`.
 
 Examples
 --------
@@ -64,7 +67,10 @@ __all__ = [
     "STATS",
     "TENSOR_COORDS",
     "SchemaError",
+    "dtype_changes",
     "empty_dataset",
+    "encode_dtype_changes",
+    "entry_dtype",
     "side_table",
     "validate",
 ]
@@ -218,3 +224,71 @@ def side_table(ds: xr.Dataset, name: str) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     return json.loads(raw or "{}")
+
+
+def dtype_changes(ds: xr.Dataset) -> dict[str, dict[tuple[int, int], str]]:
+    """Entries whose dtype differs from their tensor's ``dtype`` coordinate.
+
+    Returns
+    -------
+    dict
+        tensor → {(step, rank): dtype}; empty when every entry has its tensor's dtype.
+
+    Examples
+    --------
+    >>> dtype_changes(empty_dataset(dtype_changes='{"x": {"torch.bfloat16": [[1, 0]]}}'))
+    {'x': {(1, 0): 'torch.bfloat16'}}
+    """
+    raw = ds.attrs.get("dtype_changes")
+    if not raw:
+        return {}
+    table = json.loads(raw) if isinstance(raw, str) else raw
+    return {t: {(int(s), int(r)): d for d, where in by_dtype.items() for s, r in where}
+            for t, by_dtype in table.items()}
+
+
+def entry_dtype(ds: xr.Dataset, tensor: str, step: int, rank: int,
+                changes: dict[str, dict[tuple[int, int], str]] | None = None) -> str:
+    """The dtype of one (step, rank, tensor) entry (the coordinate unless it changed there).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run.
+    tensor : str
+    step, rank : int
+    changes : dict, optional
+        :func:`dtype_changes` of *ds*, when calling many times.
+
+    Returns
+    -------
+    str
+
+    Examples
+    --------
+    >>> ds = empty_dataset(dtype_changes='{"x": {"torch.bfloat16": [[1, 0]]}}')
+    >>> entry_dtype(ds, "x", 1, 0)
+    'torch.bfloat16'
+    """
+    table = dtype_changes(ds) if changes is None else changes
+    hit = table.get(tensor, {}).get((int(step), int(rank)))
+    if hit is not None:
+        return hit
+    if tensor in ds.indexes["tensor"]:
+        return str(ds["dtype"].sel(tensor=tensor).values)
+    return ""
+
+
+def encode_dtype_changes(changes: dict[str, dict[tuple[int, int], str]]) -> str:
+    """The ``dtype_changes`` attribute text for *changes* (the inverse of :func:`dtype_changes`).
+
+    Examples
+    --------
+    >>> encode_dtype_changes({"x": {(1, 0): "torch.bfloat16"}})
+    '{"x": {"torch.bfloat16": [[1, 0]]}}'
+    """
+    table: dict[str, dict[str, list[list[int]]]] = {}
+    for tensor, where in changes.items():
+        for (step, rank), dtype in sorted(where.items()):
+            table.setdefault(tensor, {}).setdefault(dtype, []).append([int(step), int(rank)])
+    return json.dumps(table)

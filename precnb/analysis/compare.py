@@ -9,9 +9,10 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.tolerance import Tolerance, relative_difference
-from precnb.combine import combine_runs
+from precnb.combine import combine_runs, select_run
+from precnb.schema import dtype_changes, encode_dtype_changes
 
-__all__ = ["Comparison", "align_steps", "compare_runs", "split_runs"]
+__all__ = ["Comparison", "align_steps", "compare_runs", "entry_dtype_differences", "split_runs"]
 
 
 def split_runs(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: tuple[str, str] | None = None
@@ -25,8 +26,8 @@ def split_runs(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: tuple[s
             if len(names) != 2:
                 raise ValueError(f"dataset has runs {names}; say which two with runs=(baseline, target)")
             runs = (names[0], names[1])
-        b = baseline.sel(run=runs[0]).drop_vars("run")
-        t = baseline.sel(run=runs[1]).drop_vars("run")
+        b = select_run(baseline, runs[0])
+        t = select_run(baseline, runs[1])
         return b, t, runs
     return baseline, target, runs or ("baseline", "target")
 
@@ -62,6 +63,54 @@ def align_steps(baseline: xr.Dataset, target: xr.Dataset, step_offset: int | str
     return best
 
 
+def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset
+                            ) -> tuple[xr.DataArray, dict[str, tuple[str, str]]]:
+    """Entries whose dtype differs between two aligned runs (per entry, not first seen).
+
+    Parameters
+    ----------
+    b, t : xarray.Dataset
+        The runs, steps already aligned (their ``dtype_changes`` attributes use these steps).
+    both_ds : xarray.Dataset
+        Their combination (:func:`precnb.combine.combine_runs`): gives the output grid.
+
+    Returns
+    -------
+    mask : xarray.DataArray
+        (step, rank, tensor) bool; True where both dtypes are known and differ.
+    examples : dict
+        tensor → (baseline dtype, target dtype) at its first differing entry.
+    """
+    steps = [int(x) for x in both_ds["step"].values]
+    ranks = [int(x) for x in both_ds["rank"].values]
+    labels = both_ds["tensor"].values
+    mask = np.zeros((len(steps), len(ranks), len(labels)), bool)
+    examples: dict[str, tuple[str, str]] = {}
+    cb, ct = dtype_changes(b), dtype_changes(t)
+    coord_b = dict(zip(b["tensor"].values.tolist(), b["dtype"].values.tolist(), strict=True))
+    coord_t = dict(zip(t["tensor"].values.tolist(), t["dtype"].values.tolist(), strict=True))
+    si = {s: i for i, s in enumerate(steps)}
+    ri = {r: i for i, r in enumerate(ranks)}
+    for j, lbl in enumerate(labels.tolist()):
+        xb, xt = coord_b.get(lbl), coord_t.get(lbl)
+        if not xb or not xt or (xb == xt and lbl not in cb and lbl not in ct):
+            continue
+        grid_b = np.full((len(steps), len(ranks)), xb, dtype=object)
+        grid_t = np.full((len(steps), len(ranks)), xt, dtype=object)
+        for grid, table in ((grid_b, cb), (grid_t, ct)):
+            for (st, r), d in table.get(lbl, {}).items():
+                if st in si and r in ri:
+                    grid[si[st], ri[r]] = d
+        diff = (grid_b != grid_t) & (grid_b != "") & (grid_t != "")
+        if diff.any():
+            mask[:, :, j] = diff
+            a, c = np.argwhere(diff)[0]
+            examples[str(lbl)] = (str(grid_b[a, c]), str(grid_t[a, c]))
+    da = xr.DataArray(mask, dims=("step", "rank", "tensor"),
+                      coords={"step": both_ds["step"], "rank": both_ds["rank"], "tensor": both_ds["tensor"]})
+    return da, examples
+
+
 @dataclass
 class Comparison:
     """Two runs aligned on (step, rank, tensor), with difference masks.
@@ -76,6 +125,10 @@ class Comparison:
         Tolerance per tensor.
     both, only_baseline, only_target, differs, crc_differs, crc_only : xarray.DataArray
         Boolean masks over (step, rank, tensor).
+    dtype_changed : dict
+        tensor → (baseline dtype, target dtype) at its first entry whose dtypes differ.
+    dtype_differs : xarray.DataArray
+        Entries recorded in both runs with different dtypes (counted in ``differs``).
     names : tuple of str
     step_offset : int
     """
@@ -95,6 +148,7 @@ class Comparison:
     step_offset: int
     base: xr.Dataset
     targ: xr.Dataset
+    dtype_differs: xr.DataArray | None = None
 
     @property
     def baseline(self) -> xr.Dataset:
@@ -143,6 +197,9 @@ def compare_runs(
     off = align_steps(b, t, step_offset)
     if off:
         t = t.assign_coords(step=t["step"] - off)
+        moved = {k: {(st - off, r): d for (st, r), d in w.items()} for k, w in dtype_changes(t).items()}
+        if moved:
+            t.attrs = {**t.attrs, "dtype_changes": encode_dtype_changes(moved)}
     common_steps = sorted(set(b["step"].values.tolist()) & set(t["step"].values.tolist()))
     common_ranks = sorted(set(b["rank"].values.tolist()) & set(t["rank"].values.tolist()))
     if steps is not None:
@@ -156,17 +213,16 @@ def compare_runs(
             f"{b['rank'].values.tolist()}, target ranks {t['rank'].values.tolist()})")
     b = b.sel(step=common_steps, rank=common_ranks)
     t = t.sel(step=common_steps, rank=common_ranks)
-    dtype_changed: dict[str, tuple[str, str]] = {}
     shape_changed: dict[str, tuple[str, str]] = {}
     shared = b.indexes["tensor"].intersection(t.indexes["tensor"])
-    for coord, changed in (("dtype", dtype_changed), ("shape", shape_changed)):
-        if len(shared):
-            db = b[coord].sel(tensor=shared).values
-            dt = t[coord].sel(tensor=shared).values
-            for lbl, x, y in zip(shared, db, dt, strict=True):
-                if x != y and x and y:
-                    changed[str(lbl)] = (str(x), str(y))
+    if len(shared):
+        sb = b["shape"].sel(tensor=shared).values
+        st = t["shape"].sel(tensor=shared).values
+        for lbl, x, y in zip(shared, sb, st, strict=True):
+            if x != y and x and y:
+                shape_changed[str(lbl)] = (str(x), str(y))
     both_ds = combine_runs({names[0]: b, names[1]: t})
+    dtype_differs, dtype_changed = entry_dtype_differences(b, t, both_ds)
     bb, tt = both_ds.isel(run=0), both_ds.isel(run=1)
     rel = relative_difference(bb, tt, stats, atol=tol.atol).max("stat")
     rtol = xr.DataArray(tol.rtol_array(both_ds["dtype"].values, both_ds["tensor"].values),
@@ -174,10 +230,8 @@ def compare_runs(
     pb, pt = bb["present"], tt["present"]
     both = pb & pt
     differs = both & (rel > rtol)
-    if dtype_changed:
-        changed = xr.DataArray(np.isin(both_ds["tensor"].values, list(dtype_changed)), dims="tensor",
-                               coords={"tensor": both_ds["tensor"]})
-        differs = differs | (both & changed)
+    dtype_differs = both & dtype_differs
+    differs = differs | dtype_differs
     if "crc" in both_ds:
         cb, ct = bb["crc"], tt["crc"]
         crc_differs = both & (cb != "") & (ct != "") & (cb != ct)
@@ -187,5 +241,6 @@ def compare_runs(
     return Comparison(
         ds=both_ds, rel=rel, rtol=rtol, both=both, only_baseline=pb & ~pt, only_target=pt & ~pb,
         differs=differs, crc_differs=crc_differs, crc_only=crc_only, dtype_changed=dtype_changed,
+        dtype_differs=dtype_differs,
         shape_changed=shape_changed, names=names, step_offset=off, base=b, targ=t,
     )

@@ -20,6 +20,7 @@ from precnb.analysis.hints import (
 )
 from precnb.analysis.order import first_event_per_rank, pick_origin
 from precnb.analysis.tolerance import Tolerance
+from precnb.schema import entry_dtype
 
 __all__ = ["first_divergence", "structural_differences"]
 
@@ -208,10 +209,15 @@ def first_divergence(
     before = [s for s in structural if s["step"] == step and s["rank"] == r]
     if before:
         reason += f"; {len(before)} node(s) at this step exist in one run only (see structural)"
+    dtype_changed = dict(cmp.dtype_changed)
+    if cmp.dtype_differs is not None and bool(cmp.dtype_differs.values[si, ri, j]):
+        dtype_changed[tensor] = (entry_dtype(cmp.base, tensor, step, r), entry_dtype(cmp.targ, tensor, step, r))
+    else:  # its dtype changes at other entries, not at the origin
+        dtype_changed.pop(tensor, None)
     hints = divergence_hints(origin_node=origin.node, origin_tensor=tensor, origin_role=role,
                              origin_seq=origin.seq, first_step=step,
                              steps=[int(s) for s in ds["step"].values],
-                             dtype_changed=cmp.dtype_changed, shape_changed=cmp.shape_changed,
+                             dtype_changed=dtype_changed, shape_changed=cmp.shape_changed,
                              names=names, structural_before=[x["node"] for x in before]) + hints
     suspects: list[dict[str, Any]] = [{"step": step, "rank": r, "node": origin.node, "tensor": tensor,
                                        "why": "origin", "epoch": origin.epoch}]

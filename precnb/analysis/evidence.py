@@ -8,7 +8,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.masks import stat_vars
-from precnb.schema import NULL_BITS, side_table
+from precnb.schema import NULL_BITS, entry_dtype, side_table
 
 __all__ = ["entry_values", "node_evidence"]
 
@@ -25,7 +25,7 @@ def entry_values(ds: xr.Dataset, *, step: int, rank: int, tensor: str) -> dict[s
     for s in stat_vars(ds):
         bit = NULL_BITS.get(s, 0)
         out[s] = None if (bit and null & bit) else float(e[s])
-    out["dtype"] = str(e["dtype"].values)
+    out["dtype"] = entry_dtype(ds, tensor, step, rank)
     out["shape"] = str(e["shape"].values)
     if "crc" in ds and str(e["crc"].values):
         out["crc"] = str(e["crc"].values)

@@ -152,7 +152,10 @@ def divergence_hints(
                      "collective (group, reduce op, dtype) and the other ranks' inputs")
     if origin_tensor in dtype_changed:
         a, b = dtype_changed[origin_tensor]
-        hints.append(f"dtype differs at this tensor: {a} in {names[0]} vs {b} in {names[1]}")
+        hints.append(f"dtype differs at this tensor: {a} in {names[0]} vs {b} in {names[1]}"
+                     + (f"; every entry agrees in dtype before step {first_step}: a cast or autocast "
+                        "region (or mixed-precision setting) that differs between the runs from that step"
+                        if first_step != min(steps) else ""))
     elif dtype_changed:
         some = next(iter(dtype_changed.items()))
         hints.append(f"{len(dtype_changed)} tensor(s) change dtype between the runs, e.g. {some[0]}: "

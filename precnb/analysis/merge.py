@@ -31,7 +31,7 @@ import xarray as xr
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.pp import relabel_pipeline
 from precnb.naming import is_communication
-from precnb.schema import NULL_BITS, validate
+from precnb.schema import NULL_BITS, dtype_changes, encode_dtype_changes, validate
 
 __all__ = ["classify_shards", "merge_group_dim", "merge_shards"]
 
@@ -217,6 +217,11 @@ def merge_group_dim(
         data[name] = (dims, ds[name].values[:, [g[0] for g in idx], :])
     coords = {k: v for k, v in ds.coords.items() if k != "rank" and "rank" not in v.dims}
     out = xr.Dataset(data, coords={**coords, "rank": np.asarray(new_ranks, np.int64)}, attrs=dict(ds.attrs))
+    changes = dtype_changes(ds)
+    if changes:  # entries take the group's first rank's values: so do their dtypes
+        rep = {ranks[g[0]]: new for g, new in zip(idx, new_ranks, strict=True)}
+        moved = {t: {(s, rep[r]): d for (s, r), d in where.items() if r in rep} for t, where in changes.items()}
+        out.attrs["dtype_changes"] = encode_dtype_changes({t: w for t, w in moved.items() if w})
     prev_kind = out.coords.get(f"shard_kind_{dim}")
     del prev_kind
     out = out.assign_coords({f"shard_kind_{dim}": ("tensor", kinds.astype(object)),

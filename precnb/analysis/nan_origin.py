@@ -27,6 +27,7 @@ from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.masks import nonfinite
 from precnb.analysis.order import first_event_per_rank, pick_origin
+from precnb.combine import select_run
 
 __all__ = ["MASKING_APIS", "event_mask", "nan_origin"]
 
@@ -138,7 +139,7 @@ def nan_origin(
             if ds.sizes["run"] != 1:
                 raise ValueError("dataset has several runs; pass run=NAME")
             run = str(ds["run"].values[0])
-        ds = ds.sel(run=run).drop_vars("run")
+        ds = select_run(ds, run)
     if steps is not None:
         ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
     if ranks is not None:

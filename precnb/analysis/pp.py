@@ -204,6 +204,8 @@ def _assemble_groups(ds: xr.Dataset, layout: Layout, reduced: Layout, groups: di
         p = parse_node(n)
         modules.append(p.module if p.kind != "api" else str(m))
     coords["module"] = ("tensor", np.asarray(modules, dtype=object))
-    out = xr.Dataset(data, coords=coords, attrs=dict(ds.attrs))
+    # per-entry dtype exceptions are keyed by the old labels and ranks: not carried over (the
+    # dtype coordinate, first seen, stays)
+    out = xr.Dataset(data, coords=coords, attrs={k: v for k, v in ds.attrs.items() if k != "dtype_changes"})
     out.attrs["pipeline_stitched"] = f"pp={layout.pp} vpp={layout.vpp} ep={layout.ep} -> {reduced.describe()}"
     return out

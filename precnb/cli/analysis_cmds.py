@@ -148,7 +148,9 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             raise UsageError("give BASELINE and TARGET, or one input that holds two runs")
         names = [str(r) for r in base["run"].values]
         pair = ("baseline", "target") if set(names) == {"baseline", "target"} else (names[0], names[1])
-        base, target = (base.sel(run=n).drop_vars("run") for n in pair)
+        from precnb.combine import select_run
+
+        base, target = (select_run(base, n) for n in pair)
     else:
         target = _load(args.target, args, steps=load_steps)
     base, target = _merge_layouts(base, target, args)

@@ -231,11 +231,12 @@ _NO_OWNER = np.iinfo(np.int64).max
 class _Rec:
     """The part of a :class:`FileRecords` kept until its step is materialised (no Python lists of labels)."""
 
-    __slots__ = ("construct", "gids", "key", "null", "numel", "order", "rank", "seq", "skipped", "stacks",
-                 "step", "strings", "values")
+    __slots__ = ("construct", "dtypes", "gids", "key", "null", "numel", "order", "rank", "seq", "skipped",
+                 "stacks", "step", "strings", "values")
 
     def __init__(self, rec: FileRecords, gids: np.ndarray, order: int, skipped: bool,
-                 construct: tuple[Any, dict[str, str]], stacks: tuple[Any, dict[str, list[str]]]) -> None:
+                 construct: tuple[Any, dict[str, str]], stacks: tuple[Any, dict[str, list[str]]],
+                 dtypes: np.ndarray | None = None) -> None:
         self.step, self.rank, self.order = rec.step, rec.rank, order
         self.key = (rec.step, rec.rank, order)
         self.skipped = skipped
@@ -244,6 +245,10 @@ class _Rec:
         self.null, self.seq, self.numel = rec.null_stats, rec.seq, rec.numel
         self.strings = rec.strings
         self.construct, self.stacks = construct, stacks
+        self.dtypes = dtypes  # dtype codes per label (Assembler._dtype_code), to find changed entries
+
+
+MAX_DTYPE_CHANGES = 200_000
 
 
 class Assembler:
@@ -292,6 +297,12 @@ class Assembler:
         self.construct: dict[str, str] = {}
         self.stacks: dict[str, list[str]] = {}
         self._merged: set[Any] = set()
+        # entries whose dtype differs from their tensor's dtype coordinate (attrs["dtype_changes"])
+        self._dtype_code: dict[Any, int] = {None: 0, "": 0}
+        self._dtype_names: list[str] = [""]
+        self._codes_cache: dict[tuple[Any, ...], np.ndarray] = {}
+        self.dtype_changes: dict[str, dict[str, list[list[int]]]] = {}
+        self.n_dtype_changes = 0
 
     # ----------------------------------------------------------------------------- adding
     def _side(self, rec: FileRecords) -> tuple[tuple[Any, dict[str, str]], tuple[Any, dict[str, list[str]]]]:
@@ -337,7 +348,45 @@ class Assembler:
         if not skipped:
             self._set_coords(rec, gids, order)
         construct, stacks = self._side(rec)
-        self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks))
+        dt = rec.coords.get("dtype")
+        codes = self._codes(dt) if dt is not None and len(dt) == len(rec.labels) else None
+        self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks, codes))
+
+    def _codes(self, names: Sequence[Any]) -> np.ndarray:
+        key = tuple(names)  # the ranks of a run repeat the same dtype column: encode it once
+        hit = self._codes_cache.get(key)
+        if hit is not None:
+            return hit
+        code = self._dtype_code
+        out = np.empty(len(names), np.int32)
+        for i, d in enumerate(names):
+            c = code.get(d)
+            if c is None:
+                c = code[d] = len(self._dtype_names)
+                self._dtype_names.append(str(d))
+            out[i] = c
+        if len(self._codes_cache) > 256:
+            self._codes_cache.clear()
+        self._codes_cache[key] = out
+        return out
+
+    def _note_dtype_changes(self, recs: list[_Rec]) -> None:
+        """Record entries of *recs* whose dtype is not their tensor's coordinate (both known)."""
+        coord: np.ndarray | None = None
+        for r in recs:
+            if r.skipped or r.dtypes is None:
+                continue
+            if coord is None:
+                coord = self._codes(self._coords["dtype"])
+            own = coord[r.gids]
+            bad = np.flatnonzero((r.dtypes != own) & (r.dtypes != 0) & (own != 0))
+            for j in bad.tolist():
+                if self.n_dtype_changes >= MAX_DTYPE_CHANGES:
+                    return
+                label = self._labels[int(r.gids[j])]
+                name = self._dtype_names[int(r.dtypes[j])]
+                self.dtype_changes.setdefault(label, {}).setdefault(name, []).append([r.step, r.rank])
+                self.n_dtype_changes += 1
 
     def _set_coords(self, rec: FileRecords, gids: np.ndarray, order: int) -> None:
         """Coordinates come from the first record (in (step, rank, order) order) holding the label."""
@@ -429,6 +478,7 @@ class Assembler:
         arrays["numel"] = np.full(shape, -1, np.int64)
         for name in sorted(self.string_names):
             arrays[name] = np.full(shape, "", dtype=object)
+        self._note_dtype_changes([r for r in recs if r.step in si and r.rank in ri])
         for r in recs:
             if r.skipped or r.step not in si or r.rank not in ri:
                 continue
@@ -479,6 +529,8 @@ class Assembler:
         }
         for key in ("task", "level", "framework"):
             meta[key] = ",".join(sorted(self._meta[key]))
+        if self.dtype_changes:
+            meta["dtype_changes"] = json.dumps(self.dtype_changes)
         meta.update(attrs or {})
         return meta
 

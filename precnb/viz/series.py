@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from precnb.combine import select_run
+from precnb.schema import dtype_changes
 from precnb.viz.frames import _fmt, _index
 
 __all__ = ["detail_frame", "series_frame", "tensor_evidence"]
@@ -183,7 +185,7 @@ def detail_frame(
         run = run or names[-1]
         if baseline is not None and baseline != run:
             base = ds.sel(run=baseline)
-        ds = ds.sel(run=run)
+        ds = select_run(ds, run)
     ti = _index(ds, "tensor", tensors)
     stats = stat_vars(ds)
     if step not in ds.indexes["step"] or rank not in ds.indexes["rank"]:
@@ -195,6 +197,10 @@ def detail_frame(
     keep = np.asarray(e["present"].values, bool)
     df = pd.DataFrame({c: e[c].values.astype(str) for c in
                        ("tensor", "node", "module", "role", "direction", "dtype", "shape")})
+    changes = dtype_changes(ds)
+    if changes:  # entries whose dtype is not their tensor's first-seen one
+        df["dtype"] = [changes.get(t, {}).get((int(step), int(rank)), d)
+                       for t, d in zip(df["tensor"], df["dtype"], strict=True)]
     df["seq"] = np.asarray(e["seq"].values, dtype=np.int64)
     for s in stats:
         df[s] = np.asarray(e[s].values, dtype=np.float64)
