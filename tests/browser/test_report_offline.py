@@ -18,7 +18,6 @@ template (``make offline-template``); without it those tests skip and say so.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,23 +30,9 @@ from tests.conftest import ROOT, sample_path
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 CHARTS = ".vega-embed svg.marks, .vega-embed canvas"
 TEMPLATES = ["nan_origin", "divergence", "sharded_vs_single", "dp_grad_sync", "monitor_trends"]
 OUT = ROOT / "test-output"
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} not installed (apt-get install chromium; `make system-deps`)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 class Offline:
