@@ -4,39 +4,49 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["resolve_input"]
+__all__ = ["resolve"]
 
 _IGNORE = {"configs", "run_logs", "logs", "__pycache__", ".ipynb_checkpoints"}
 
 
-def resolve_input(path: Path) -> Path:
-    """Return *path*, or its single recognisable sub-folder when *path* itself is not an input.
+def resolve(path: Path, format: str | None = None) -> tuple[Path, str]:
+    """The input to read and its format, detected once.
 
-    A sample folder often holds the dump next to ``configs/`` and a ``ground_truth.json``; the
-    user should not have to know the inner folder's name.
+    *path* itself when a reader recognises it (or *format* is forced), else its single
+    recognisable sub-folder: a sample folder often holds the dump next to ``configs/`` and a
+    ``ground_truth.json``, and the user should not have to know the inner folder's name.
+
+    Raises
+    ------
+    NotADumpError
+        When neither *path* nor exactly one sub-folder is recognised (the error is about *path*).
     """
     from precnb.errors import NotADumpError
     from precnb.io.api import detect_format
 
+    if format:
+        return path, format
     try:
-        detect_format(path)
-        return path
-    except NotADumpError:
+        return path, detect_format(path)
+    except NotADumpError as exc:
         try:
             is_dir = path.is_dir()
         except OSError:
             is_dir = False
         if not is_dir:
             raise
-    found = []
+        error = exc
+    found: list[tuple[Path, str]] = []
     try:
         children = sorted(c for c in path.iterdir() if c.is_dir() and c.name not in _IGNORE)
     except OSError:
-        return path
+        raise error from None
     for child in children:
         try:
-            detect_format(child)
+            found.append((child, detect_format(child)))
         except NotADumpError:
             continue
-        found.append(child)
-    return found[0] if len(found) == 1 else path
+    if len(found) == 1:
+        return found[0]
+    raise error
+

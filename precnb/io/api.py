@@ -475,10 +475,9 @@ def open_run(
     >>> ds = precnb.open_run(precnb.sample_path("healthy"))  # doctest: +SKIP
     >>> ds.sizes  # doctest: +SKIP
     """
-    from precnb.io._resolve import resolve_input
+    from precnb.io._resolve import resolve
 
-    p = Path(path) if format else resolve_input(Path(path))
-    fmt = format or detect_format(p)
+    p, fmt = resolve(Path(path), format)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     common = {"errors": errors, "client": client, "progress": progress, "steps": steps, "ranks": ranks,
@@ -546,10 +545,9 @@ def available_steps(path: str | os.PathLike[str], *, format: str | None = None,
     >>> available_steps(precnb.sample_path("dp_nan"))  # doctest: +SKIP
     [0, 1, 2]
     """
-    from precnb.io._resolve import resolve_input
+    from precnb.io._resolve import resolve
 
-    p = Path(path) if format else resolve_input(Path(path))
-    fmt = format or detect_format(p)
+    p, fmt = resolve(Path(path), format)
     if fmt == "msprobe":
         from precnb.io import msprobe_dump as md
 

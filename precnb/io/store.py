@@ -106,13 +106,13 @@ def to_zarr(
     p = Path(path)
     if isinstance(source, xr.Dataset):
         return _write_dataset(source, p, mode)
-    from precnb.io._resolve import resolve_input
-    from precnb.io.api import detect_format, open_run
+    from precnb.io._resolve import resolve
+    from precnb.io.api import open_run
 
-    src = Path(source) if format else resolve_input(Path(source))
+    src, fmt = resolve(Path(source), format)
     if mode == "w-" and p.exists():
         raise FileExistsError(f"{p} exists; pass mode='w' (CLI: --overwrite) to replace it")
-    if (format or detect_format(src)) != "msprobe":
+    if fmt != "msprobe":
         ds = open_run(src, format=format, client=client, progress=progress, steps=steps, ranks=ranks,
                       errors=errors, workers=workers)
         return _write_dataset(ds, p, "w")
