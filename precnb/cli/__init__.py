@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from precnb.errors import PrecnbError
@@ -35,16 +35,24 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
                         "$PRECNB_WORKERS, else auto = one per available CPU, at most 8)")
 
 
-def _workers(text: str) -> int | str:
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be >= 1 (1: parse in this process)")
-    return n
+def int_or_auto(minimum: int | None = None, why: str = "") -> Callable[[str], int | str]:
+    """An argparse type: ``auto`` or an integer (at least *minimum*; *why* explains the bound)."""
+
+    def parse(text: str) -> int | str:
+        if text.strip().lower() == "auto":
+            return "auto"
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+        if minimum is not None and n < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{f' ({why})' if why else ''}")
+        return n
+
+    return parse
+
+
+_workers = int_or_auto(1, "1: parse in this process")
 
 
 def cli_workers(args: argparse.Namespace) -> int | str:

@@ -12,16 +12,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from precnb.cli import int_or_auto
+
 __all__ = ["register"]
-
-
-def _parse_offset(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def _positive(text: str) -> float:
@@ -247,7 +240,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("target", nargs="?", help="omit when BASELINE holds two runs (a compare result CSV)")
     p.add_argument("--json", action="store_true", help="print one JSON finding")
     p.add_argument("--step", type=int, help="only this step")
-    p.add_argument("--step-offset", type=_parse_offset, default=0,
+    p.add_argument("--step-offset", type=int_or_auto(), default=0,
                    help="target step = baseline step + OFFSET, or 'auto' (resumed runs)")
     p.add_argument("--rtol", type=_positive, help="one relative tolerance for all tensors "
                    "(default: by dtype, bf16 2^-8, fp16 2^-11, fp32 2^-14)")

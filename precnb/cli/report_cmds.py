@@ -12,12 +12,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from precnb.cli.analysis_cmds import _parse_offset, _positive
+from precnb.cli import int_or_auto
+from precnb.cli.analysis_cmds import _positive
 
 __all__ = ["register"]
 
 # argument types shared with the analysis commands
-_offset = _parse_offset
+_offset = int_or_auto()
 
 
 def _load(path: str, args: argparse.Namespace) -> Any:
