@@ -229,3 +229,10 @@ def test_lazy_nan_origin_on_shared_s1_statistics_is_none():
     assert lazy.kind == eager.kind == "none"
     assert lazy.stats["benign_inf_records"] == eager.stats["benign_inf_records"] > 0
     assert lazy.evidence["benign_nodes"] == eager.evidence["benign_nodes"]
+
+
+def test_cli_summary_says_which_steps_were_not_read(capsys):
+    base, target = sample_path("divergence", "baseline"), sample_path("divergence", "target")
+    assert main(["diff", str(base), str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "steps  2 not read: a later step cannot come first" in out

@@ -124,6 +124,11 @@ class Finding:
                 lines.append(f"  tensor {self.tensor}")
             if self.module:
                 lines.append(f"  module {self.module}")
+        skipped = self.stats.get("steps_not_searched") if isinstance(self.stats, dict) else None
+        if skipped:
+            from precnb.analysis.summary import format_ranges
+
+            lines.append(f"  steps  {format_ranges(skipped)} not read: a later step cannot come first")
         for k, v in self.values.items():
             if isinstance(v, dict):
                 flat = {a: b for a, b in v.items() if not isinstance(b, dict)}
