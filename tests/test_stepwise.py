@@ -236,3 +236,36 @@ def test_cli_summary_says_which_steps_were_not_read(capsys):
     assert main(["diff", str(base), str(target)]) == 0
     out = capsys.readouterr().out
     assert "steps  2 not read: a later step cannot come first" in out
+
+
+# ------------------------------------------------------------------------------ lazy anomalies
+@pytest.mark.parametrize("name", ["monitor", "dp_nan", "healthy"])
+@pytest.mark.parametrize("budget", [1, 10**9])
+def test_lazy_anomalies_equal_eager(name, budget, monkeypatch):
+    """Rank blocks (one rank at a time with budget=1) give the in-memory table exactly."""
+    import importlib
+
+    import pandas as pd
+
+    from precnb.analysis import anomalies, anomaly_table
+
+    mod = importlib.import_module("precnb.analysis.anomalies")
+
+    monkeypatch.setattr(mod, "RANK_BLOCK_BYTES", budget)
+    ds = _open(sample_path(name))
+    lazy = ds.chunk({"step": 1, "rank": 1})
+    pd.testing.assert_frame_equal(anomaly_table(lazy), anomaly_table(ds))
+    assert anomalies(lazy).to_json() == anomalies(ds).to_json()
+
+
+def test_store_chunks_ranks_in_blocks(tmp_path, monkeypatch):
+    from precnb.io import store
+
+    monkeypatch.setattr(store, "RANK_CHUNK", 1)
+    path = precnb.to_zarr(sample_path("dp_nan"), tmp_path / "s.zarr", progress=False)
+    lazy = precnb.open_run(path, lazy=True)
+    assert lazy["max"].chunks[:2] == ((1, 1, 1), (1, 1))
+    xr.testing.assert_identical(lazy.load(), _open(sample_path("dp_nan")))
+    ds = _open(sample_path("dp_nan"))
+    precnb.to_zarr(ds, tmp_path / "d.zarr")
+    assert precnb.open_run(tmp_path / "d.zarr", lazy=True)["norm"].chunks[1] == (1, 1)

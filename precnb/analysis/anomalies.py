@@ -27,6 +27,7 @@ import xarray as xr
 
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
+from precnb.analysis.masks import nonfinite
 from precnb.analysis.nan_origin import event_mask
 
 __all__ = ["SpikeRule", "anomalies", "anomaly_table"]
@@ -88,6 +89,11 @@ def anomaly_table(
     pandas.DataFrame
         Columns ``type, step, rank, tensor, node, module, stat, value, reference, score,
         micro_step, seq``.
+
+    Notes
+    -----
+    A dask-backed (lazily opened) run is scanned one block of ranks at a time (all steps of
+    about 256 MB), so a store larger than memory can be searched; the table is the same.
     """
     rule = rule or SpikeRule()
     if "run" in ds.dims:
@@ -96,7 +102,56 @@ def anomaly_table(
         ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
     if ranks is not None:
         ds = ds.sel(rank=[r for r in ds["rank"].values if r in set(ranks)])
-    events, _benign = event_mask(ds)
+    if ds.chunks:
+        return _lazy_table(ds, rule)
+    return _table(ds, rule)
+
+
+RANK_BLOCK_BYTES = 256 * 2**20
+"""Memory for one block of ranks (all steps) when a lazy run is scanned for anomalies."""
+
+
+def _rank_blocks(ds: xr.Dataset, budget: int) -> list[slice]:
+    """Consecutive rank ranges, on the dataset's rank chunks, of about *budget* bytes (all steps)."""
+    per_rank = ds.sizes["step"] * ds.sizes["tensor"] * sum(
+        v.dtype.itemsize for v in ds.data_vars.values() if v.dims == ds["max"].dims)
+    want = max(1, budget // max(per_rank, 1))
+    chunks = ds.chunks.get("rank") or (ds.sizes["rank"],)
+    out: list[slice] = []
+    start = end = 0
+    for c in chunks:
+        if end > start and end + c - start > want:
+            out.append(slice(start, end))
+            start = end
+        end += c
+    if end > start:
+        out.append(slice(start, end))
+    return out
+
+
+def _lazy_table(ds: xr.Dataset, rule: SpikeRule) -> pd.DataFrame:
+    """:func:`anomaly_table` on a dask-backed run, one block of ranks (all steps) in memory at a time.
+
+    A spike is judged against its own (rank, tensor) history, so blocks of ranks are
+    independent; only the per-tensor "non-finite wherever recorded" test needs every rank,
+    and it is reduced chunk by chunk first.
+    """
+    import dask
+
+    anynf = nonfinite(ds, kind="any")
+    n_rec, n_bad = dask.compute(ds["present"].sum(["step", "rank"]), anynf.sum(["step", "rank"]))
+    n_rec, n_bad = np.asarray(n_rec), np.asarray(n_bad)
+    persistent = (n_bad == n_rec) & (n_rec >= 2)
+    parts = [_table(ds.isel(rank=block).load(), rule, persistent=persistent)
+             for block in _rank_blocks(ds, RANK_BLOCK_BYTES)]
+    df = pd.concat(parts, ignore_index=True) if parts else _table(ds.isel(rank=[]).load(), rule)
+    if len(df):
+        df = df.sort_values(["step", "seq", "rank", "type"], kind="stable").reset_index(drop=True)
+    return df
+
+
+def _table(ds: xr.Dataset, rule: SpikeRule, *, persistent: np.ndarray | None = None) -> pd.DataFrame:
+    events, _benign = event_mask(ds, persistent=persistent)
     ev = events.values
     prior = np.zeros_like(ev)
     prior[1:] = np.cumsum(ev, axis=0)[:-1] > 0

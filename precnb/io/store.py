@@ -44,14 +44,25 @@ def _strings_to_object(ds: xr.Dataset) -> xr.Dataset:
     return out
 
 
+RANK_CHUNK = 256
+"""Ranks per chunk in a store: a step slice (first divergence, NaN origin) and a block of ranks
+over all steps (spike history) both read only their chunks."""
+
+
+def _chunks(n_rank: int, n_tensor: int) -> tuple[int, int, int]:
+    return (1, max(1, min(n_rank, RANK_CHUNK)), max(1, n_tensor))
+
+
 def _write_dataset(ds: xr.Dataset, p: Path, mode: str) -> Path:
     if mode == "w-" and p.exists():
         raise FileExistsError(f"{p} exists; pass mode='w' (CLI: --overwrite) to replace it")
     out = ds.drop_encoding()
+    enc = {name: {"chunks": _chunks(out.sizes["rank"], out.sizes["tensor"])} for name, var in out.data_vars.items()
+           if var.dims == DIMS and var.chunks is None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=UserWarning)
         warnings.simplefilter("ignore", category=FutureWarning)
-        out.to_zarr(p, mode="w", zarr_format=3, consolidated=False)
+        out.to_zarr(p, mode="w", zarr_format=3, consolidated=False, encoding=enc)
     return p
 
 
@@ -173,7 +184,7 @@ class _StepWriter:
             ds.to_zarr(self.path, zarr_format=3, consolidated=False, **kw)
 
     def _encoding(self, names: Sequence[str]) -> dict[str, Any]:
-        return {n: {"chunks": (1, len(self.ranks), self.chunk)} for n in names}
+        return {n: {"chunks": _chunks(len(self.ranks), self.chunk)} for n in names}
 
     def append(self, step: int, arrays: Mapping[str, np.ndarray], coords: Mapping[str, Any]) -> None:
         """Write the arrays (1, rank, tensor) of *step*; *coords* are the tensor coordinates so far."""
