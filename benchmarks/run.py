@@ -414,7 +414,7 @@ def scale_task(root: Path, out: Path, manifest: dict[str, Any]) -> None:
 
 
 def stream_task(root: Path, out: Path) -> None:
-    """In a fresh process: stream the NaN tree into zarr, reopen lazily, NaN origin on the store."""
+    """In a fresh process: stream the NaN tree into zarr, reopen lazily, NaN origin and anomalies on it."""
     import warnings
 
     warnings.simplefilter("ignore")
@@ -434,6 +434,10 @@ def stream_task(root: Path, out: Path) -> None:
     g = precnb.nan_origin(lazy)
     res["nan_origin_lazy_s"] = time.perf_counter() - t
     res["nan"] = {"step": g.step, "rank": g.rank, "node": g.node}
+    t = time.perf_counter()
+    a = precnb.anomalies(lazy)
+    res["anomalies_lazy_s"] = time.perf_counter() - t
+    res["anomaly"] = {"step": a.step, "rank": a.rank, "node": a.node}
     res["store_mb"] = sum(p.stat().st_size for p in store.rglob("*") if p.is_file()) / 1e6
     out.write_text(json.dumps(res, indent=2, default=str))
 
@@ -579,8 +583,10 @@ def write_report(path: Path, res: dict[str, Any]) -> str:
                 lines += [f"Out of core: `precnb.to_zarr(nan/, store)` streamed one step at a time in "
                           f"{_fmt_s(st['to_zarr_s'])} ({st['store_mb']:.0f} MB store, chunks {st['chunks']}); "
                           f"`open_run(store, lazy=True)` {_fmt_s(st['open_lazy_s'])}; `nan_origin` on the lazy "
-                          f"dataset {_fmt_s(st['nan_origin_lazy_s'])} → {st['nan']}; peak RSS "
-                          f"{st['peak_mb'] / 1024:.2f} GB.", ""]
+                          f"dataset {_fmt_s(st['nan_origin_lazy_s'])} → {st['nan']}"
+                          + (f"; `anomalies` on it (blocks of ranks, all steps) {_fmt_s(st['anomalies_lazy_s'])}"
+                             f" → first anomaly {st['anomaly']}" if "anomalies_lazy_s" in st else "")
+                          + f"; peak RSS {st['peak_mb'] / 1024:.2f} GB.", ""]
     lines += ["## Targets", ""] + res["targets"] + [""]
     text = "\n".join(lines)
     path.write_text(text)
