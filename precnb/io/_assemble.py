@@ -183,12 +183,25 @@ class RecordBuilder:
         )
 
 
-def _to_float(v: Any) -> float | None:
+def stat_value(v: Any) -> float | None:
+    """A JSON statistic as the schema stores it (None for null).
+
+    Numbers (ints beyond the float range become ±inf), booleans (1.0 / 0.0) and numeric strings
+    (``"nan"``, ``"-Infinity"``, ``"1e400"``) are read; ``None``, ``"null"``, ``""`` are null.
+    Anything else (lists, objects, other strings) raises TypeError.
+
+    Examples
+    --------
+    >>> stat_value("-Infinity"), stat_value("null"), stat_value(10**400)
+    (-inf, None, inf)
+    """
     if v is None:
         return None
+    if isinstance(v, float):
+        return v
     if isinstance(v, bool):
         return 1.0 if v else 0.0
-    if isinstance(v, (int, float)):
+    if isinstance(v, int):
         try:
             return float(v)
         except OverflowError:  # ints beyond float range
@@ -200,7 +213,16 @@ def _to_float(v: Any) -> float | None:
         try:
             return float(s)
         except ValueError:
-            return None
+            pass
+    raise TypeError(v)
+
+
+def _to_float(v: Any) -> float | None:
+    """:func:`stat_value`, with unreadable values as null."""
+    try:
+        return stat_value(v)
+    except TypeError:
+        return None
     return None
 
 

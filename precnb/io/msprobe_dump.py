@@ -31,7 +31,6 @@ Nothing below raises anything but :class:`~precnb.errors.PrecnbError` subclasses
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from precnb.errors import DumpFormatError, NotADumpError
-from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder
+from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, stat_value
 from precnb.io._jsonio import load_json
 from precnb.naming import NodeName, module_path_of, parse_node
 
@@ -346,33 +345,7 @@ class _Issues:
         return [f"{where}: {n} {text[k]} (first: {self.first[k]})" for k, n in self.counts.items()]
 
 
-def _stat_value(v: Any) -> float | None:
-    """A JSON statistic as the schema stores it (None for null); same rules as RecordBuilder.
-
-    Numbers (ints beyond the float range become ±inf), booleans (1.0 / 0.0) and numeric strings
-    (``"nan"``, ``"-Infinity"``, ``"1e400"``) are read; ``None``, ``"null"``, ``""`` are null.
-    Anything else (lists, objects, other strings) raises TypeError.
-    """
-    if v is None:
-        return None
-    if isinstance(v, float):
-        return v
-    if isinstance(v, bool):
-        return 1.0 if v else 0.0
-    if isinstance(v, int):
-        try:
-            return float(v)
-        except OverflowError:
-            return math.inf if v > 0 else -math.inf
-    if isinstance(v, str):
-        s = v.strip()
-        if s.lower() in ("", "null", "none", "n/a"):
-            return None
-        try:
-            return float(s)
-        except ValueError:
-            pass
-    raise TypeError(v)
+_stat_value = stat_value  # the reference rules (also used by the fast parser)
 
 
 def _valid_shape(shape: Any) -> list[int] | None:
