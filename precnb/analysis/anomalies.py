@@ -27,8 +27,7 @@ import xarray as xr
 
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
-from precnb.analysis.masks import nonfinite
-from precnb.analysis.nan_origin import event_mask
+from precnb.analysis.nan_origin import event_mask, lazy_persistence
 
 __all__ = ["SpikeRule", "anomalies", "anomaly_table"]
 
@@ -136,12 +135,7 @@ def _lazy_table(ds: xr.Dataset, rule: SpikeRule) -> pd.DataFrame:
     independent; only the per-tensor "non-finite wherever recorded" test needs every rank,
     and it is reduced chunk by chunk first.
     """
-    import dask
-
-    anynf = nonfinite(ds, kind="any")
-    n_rec, n_bad = dask.compute(ds["present"].sum(["step", "rank"]), anynf.sum(["step", "rank"]))
-    n_rec, n_bad = np.asarray(n_rec), np.asarray(n_bad)
-    persistent = (n_bad == n_rec) & (n_rec >= 2)
+    persistent, _ = lazy_persistence(ds)
     parts = [_table(ds.isel(rank=block).load(), rule, persistent=persistent)
              for block in _rank_blocks(ds, RANK_BLOCK_BYTES)]
     df = pd.concat(parts, ignore_index=True) if parts else _table(ds.isel(rank=[]).load(), rule)

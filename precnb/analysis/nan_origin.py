@@ -29,7 +29,7 @@ from precnb.analysis.masks import nonfinite
 from precnb.analysis.order import first_event_per_rank, pick_origin
 from precnb.combine import select_run
 
-__all__ = ["MASKING_APIS", "event_mask", "nan_origin"]
+__all__ = ["MASKING_APIS", "event_mask", "lazy_persistence", "nan_origin", "persistent_nonfinite"]
 
 MASKING_APIS = frozenset({
     "masked_fill", "masked_fill_", "where", "fill_", "full", "full_like", "new_full", "triu", "tril",
@@ -40,6 +40,32 @@ MASKING_APIS = frozenset({
 
 def _api_short(api: str) -> str:
     return api.rsplit(".", 1)[-1]
+
+
+def persistent_nonfinite(n_recorded: object, n_nonfinite: object) -> np.ndarray:
+    """Per tensor: non-finite wherever it is recorded, and recorded at least twice (by design).
+
+    Parameters
+    ----------
+    n_recorded, n_nonfinite : array-like
+        Per-tensor counts over every (step, rank) of the run.
+
+    Examples
+    --------
+    >>> persistent_nonfinite([4, 4, 1], [4, 3, 1]).tolist()
+    [True, False, False]
+    """
+    n_rec, n_bad = np.asarray(n_recorded), np.asarray(n_nonfinite)
+    return (n_bad == n_rec) & (n_rec >= 2)
+
+
+def lazy_persistence(ds: xr.Dataset, *extra: xr.DataArray) -> tuple[np.ndarray, tuple[object, ...]]:
+    """:func:`persistent_nonfinite` of a dask-backed run in one chunked pass (plus *extra* reductions)."""
+    import dask
+
+    anynf = nonfinite(ds, kind="any")
+    n_rec, n_bad, *rest = dask.compute(ds["present"].sum(["step", "rank"]), anynf.sum(["step", "rank"]), *extra)
+    return persistent_nonfinite(n_rec, n_bad), tuple(rest)
 
 
 def event_mask(ds: xr.Dataset, *, persistent: np.ndarray | None = None) -> tuple[xr.DataArray, xr.DataArray]:
@@ -53,8 +79,7 @@ def event_mask(ds: xr.Dataset, *, persistent: np.ndarray | None = None) -> tuple
     inf = (nonfinite(ds, kind="inf").values & ~nan)
     anynf = nan | inf
     if persistent is None:
-        n_rec = ds["present"].values.sum(axis=(0, 1))
-        persistent = (anynf.sum(axis=(0, 1)) == n_rec) & (n_rec >= 2)
+        persistent = persistent_nonfinite(ds["present"].values.sum(axis=(0, 1)), anynf.sum(axis=(0, 1)))
     kinds = ds["kind"].values
     persistent_nan_ok = persistent & (kinds == "monitor")
     roles = ds["role"].values
@@ -168,16 +193,10 @@ def _nan_origin_lazy(ds: xr.Dataset) -> Finding:
     events and benign records over the steps searched and list the ``steps_not_searched``
     (when some were left).
     """
-    import dask
-
     nan, inf = nonfinite(ds, kind="nan"), nonfinite(ds, kind="inf")
-    anynf = nan | inf
-    # one pass over the chunks: per-tensor persistence counts, per-step flags, totals
-    n_rec, n_bad, flags, n_nan, n_inf = dask.compute(
-        ds["present"].sum(["step", "rank"]), anynf.sum(["step", "rank"]), anynf.any(["rank", "tensor"]),
-        nan.sum(), inf.sum())
-    n_rec, n_bad = np.asarray(n_rec), np.asarray(n_bad)
-    persistent = (n_bad == n_rec) & (n_rec >= 2)
+    # one pass over the chunks: per-tensor persistence, per-step flags, totals
+    persistent, (flags, n_nan, n_inf) = lazy_persistence(ds, (nan | inf).any(["rank", "tensor"]), nan.sum(),
+                                                         inf.sum())
     all_steps = [int(s) for s in ds["step"].values]
     stats: dict[str, Any] = {"nan_values": int(n_nan), "inf_values": int(n_inf), "event_records": 0,
                              "benign_inf_records": 0, "steps": all_steps,
