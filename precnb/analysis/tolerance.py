@@ -134,16 +134,13 @@ def relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...] = (
     involves a non-finite value gives ``inf``. A statistic null on either side gives 0.
 
     *a* and *b* must be aligned (same dims and coordinates, e.g. two runs of one combined
-    dataset). In-memory inputs are computed with numpy in one pass; dask-backed ones lazily.
+    dataset); computed with numpy in one pass (dask-backed inputs are loaded).
     """
-    if not (a.chunks or b.chunks) and a["max"].dims == b["max"].dims and a["max"].shape == b["max"].shape:
-        return _relative_difference_np(a, b, stats, atol=atol)
-    return _relative_difference_xr(a, b, stats, atol=atol)
-
-
-def _relative_difference_np(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...], *, atol: float
-                            ) -> xr.DataArray:
     from precnb.schema import NULL_BITS
+
+    if a["max"].dims != b["max"].dims or a["max"].shape != b["max"].shape:
+        raise ValueError(f"relative_difference needs aligned runs, got dims {a['max'].dims} {a['max'].shape} "
+                         f"and {b['max'].dims} {b['max'].shape}")
 
     def rms(ds: xr.Dataset) -> np.ndarray:
         n = np.asarray(ds["numel"].values)
@@ -175,32 +172,3 @@ def _relative_difference_np(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...]
     coords = {k: v for k, v in like.coords.items()}
     coords["stat"] = list(stats)
     return xr.DataArray(out, dims=("stat", *like.dims), coords=coords)
-
-
-def _relative_difference_xr(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...], *, atol: float
-                            ) -> xr.DataArray:
-    from precnb.analysis.masks import recorded
-
-    numel_a = a["numel"].where(a["numel"] > 0, 1).astype(np.float64)
-    numel_b = b["numel"].where(b["numel"] > 0, 1).astype(np.float64)
-    rms_a = np.abs(a["norm"]) / np.sqrt(numel_a)
-    rms_b = np.abs(b["norm"]) / np.sqrt(numel_b)
-    rms = np.fmax(rms_a.fillna(0), rms_b.fillna(0))
-    rms = rms.where(np.isfinite(rms), 0)
-    out = []
-    for s in stats:
-        x, y = a[s], b[s]
-        both_rec = recorded(a, s) & recorded(b, s)
-        scale = np.fmax(np.fmax(np.abs(x), np.abs(y)), rms)
-        scale = scale.where(np.isfinite(scale), 0)
-        scale = np.fmax(scale, atol)
-        with np.errstate(invalid="ignore", over="ignore"):
-            rel = np.abs(x - y) / scale
-        same_nf = (np.isnan(x) & np.isnan(y)) | ((x == y) & np.isinf(x))
-        rel = xr.where(same_nf, 0.0, rel)
-        rel = xr.where(~np.isfinite(rel) & ~same_nf, np.inf, rel)
-        # a statistic that is null on either side has nothing to compare (e.g. the Max of a
-        # merged partial sum); dtype changes are reported separately
-        rel = rel.where(both_rec, 0.0)
-        out.append(rel)
-    return xr.concat(out, dim=xr.DataArray(list(stats), dims="stat", name="stat"))
