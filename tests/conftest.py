@@ -38,3 +38,24 @@ def shared():
 @pytest.fixture
 def samples():
     return sample_path
+
+
+def open_quiet(path, **kw):
+    """``precnb.open_run`` without progress bar or load warnings (tests check the load report)."""
+    import warnings
+
+    import precnb
+
+    kw.setdefault("progress", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return precnb.open_run(path, **kw)
+
+
+@pytest.fixture
+def fresh_pool():
+    """Stop the parsing worker processes after the test (the next load starts new ones)."""
+    from precnb.io import _pool
+
+    yield
+    _pool.shutdown()

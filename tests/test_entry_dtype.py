@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 
 import pytest
 import xarray as xr
@@ -19,14 +18,9 @@ from precnb.analysis import first_divergence, merge_shards
 from precnb.combine import combine_runs, concat_steps, select_run
 from precnb.io.msprobe_dump import discover
 from precnb.schema import dtype_changes, encode_dtype_changes, entry_dtype
+from tests.conftest import open_quiet as _open
 from tests.conftest import sample_path
 from tests.test_io_msprobe import raw_leaves
-
-
-def _open(path, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return precnb.open_run(path, progress=False, **kw)
 
 
 @pytest.mark.parametrize("name", ["divergence/target", "dp_nan", "tp/tp2"])

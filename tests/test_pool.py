@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import warnings
 
 import pytest
 import xarray as xr
@@ -13,6 +12,7 @@ import precnb
 from precnb.io import _pool
 from precnb.io._assemble import LoadReport
 from precnb.io.api import parse_files
+from tests.conftest import open_quiet as _open
 from tests.conftest import sample_path
 
 _PARENT = os.getpid()
@@ -28,16 +28,9 @@ def _die_in_worker(item):
     return item * 10
 
 
-def _open(path, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return precnb.open_run(path, progress=False, **kw)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_pool():
-    yield
-    _pool.shutdown()
+pytestmark = pytest.mark.usefixtures("fresh_pool")
 
 
 @pytest.mark.parametrize("name", ["dp_nan", "tp/tp2", "monitor"])

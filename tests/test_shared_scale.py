@@ -7,7 +7,6 @@ on real dumps exactly what the in-memory, whole-run paths give.
 from __future__ import annotations
 
 import json
-import warnings
 
 import pandas as pd
 import pytest
@@ -16,9 +15,9 @@ import xarray as xr
 import precnb
 from precnb.analysis import anomaly_table, first_divergence, first_divergence_stepwise, nan_origin
 from precnb.cli import main
-from precnb.io import _pool
 from precnb.io.msprobe_dump import discover
 from precnb.schema import entry_dtype
+from tests.conftest import open_quiet as _open
 from tests.conftest import shared_path
 from tests.test_io_msprobe import raw_leaves
 
@@ -27,16 +26,9 @@ S5 = ("data_samples", "msprobe", "S5_tp_shards")
 S6 = ("data_samples", "msprobe", "S6_monitor", "monitor_output")
 
 
-def _open(path, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return precnb.open_run(path, progress=False, **kw)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_pool():
-    yield
-    _pool.shutdown()
+pytestmark = pytest.mark.usefixtures("fresh_pool")
 
 
 @pytest.mark.parametrize("parts", [(*S1, "statistics"), (*S1, "md5"), (*S5, "tp2"), S6])

@@ -17,15 +17,12 @@ from precnb.analysis import first_divergence, first_divergence_stepwise
 from precnb.analysis.stepwise import step_batches
 from precnb.cli import main
 from precnb.combine import concat_steps
+from tests.conftest import open_quiet as _open
 from tests.conftest import sample_path, shared_path
 
 warnings.filterwarnings("ignore", message=".*could not be read.*")
 
 
-def _open(path, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return precnb.open_run(path, **kw)
 
 
 # ------------------------------------------------------------------------------ concat_steps
