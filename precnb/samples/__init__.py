@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 __all__ = [
+    "CATALOG",
     "COMMAND",
     "INSTALL_HINT",
     "SAMPLE_NAMES",
@@ -28,7 +29,18 @@ __all__ = [
     "require_generator_deps",
 ]
 
-SAMPLE_NAMES: tuple[str, ...] = ("healthy", "dp_nan", "divergence", "dp_sum", "tp", "monitor")
+# name -> the generator module (``precnb.samples.<module>``) whose ``GENERATORS[name]`` writes it.
+# A new scenario is one module with a ``GENERATORS`` dict plus one line here (generation order).
+CATALOG: dict[str, str] = {
+    "healthy": "_scenarios",
+    "dp_nan": "_scenarios",
+    "divergence": "_scenarios",
+    "dp_sum": "_scenarios",
+    "tp": "_scenarios",
+    "monitor": "_scenarios",
+}
+
+SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
 """Names of the samples (folders under the output directory), in generation order."""
 
 INSTALL_HINT = "pip install 'precnb[samples]'"
@@ -79,6 +91,8 @@ def generate(
     if unknown:
         raise ValueError(f"unknown sample(s) {unknown}; choose from {list(SAMPLE_NAMES)}")
     require_generator_deps()
+    import importlib
+
     from . import _readme, _scenarios
 
     out_path = Path(out).resolve()
@@ -95,7 +109,8 @@ def generate(
         for name in (n for n in SAMPLE_NAMES if n in names):
             t0 = time.monotonic()
             log(f"[precnb.samples] generating {name} ...")
-            done.append(_scenarios.generate_one(ctx, name))
+            module = importlib.import_module(f"{__name__}.{CATALOG[name]}")
+            done.append(_scenarios.generate_one(ctx, name, module.GENERATORS[name]))
             log(f"[precnb.samples]   {name} done in {time.monotonic() - t0:.1f} s")
     except Exception:
         log(f"[precnb.samples] failed; worker logs kept in {log_dir}")

@@ -991,12 +991,17 @@ GENERATORS: dict[str, Callable[[Context, Path], dict]] = {
 }
 
 
-def generate_one(ctx: Context, name: str) -> Path:
-    """(Re)generate one sample folder under ``ctx.out`` and write its ground_truth.json."""
+def generate_one(ctx: Context, name: str,
+                 generator: Callable[[Context, Path], dict] | None = None) -> Path:
+    """(Re)generate one sample folder under ``ctx.out`` and write its ground_truth.json.
+
+    *generator* defaults to this module's ``GENERATORS[name]`` (other scenario modules pass theirs).
+    """
     sample = ctx.out / name
     if sample.exists():
         shutil.rmtree(sample)
     sample.mkdir(parents=True)
-    gt = GENERATORS[name](replace(ctx), sample)
+    gen = generator or GENERATORS[name]
+    gt = gen(replace(ctx), sample)
     write_json(sample / "ground_truth.json", gt)
     return sample
