@@ -43,10 +43,13 @@ _LAZY = {
     "merge_shards": "precnb.analysis",
     "check_replicas": "precnb.analysis",
     "explore": "precnb.widgets",
+    "diagnose": "precnb.pipeline",
+    "Triage": "precnb.pipeline",
+    "Options": "precnb.pipeline",
     "write_html": "precnb.report",
 }
 
-_SUBMODULES = {"accessor", "analysis", "cli", "errors", "io", "naming", "report", "schema", "viz",
+_SUBMODULES = {"accessor", "analysis", "cli", "errors", "io", "naming", "pipeline", "report", "schema", "viz",
                "widgets"}
 
 __all__ = ["__version__", *sorted(_LAZY)]

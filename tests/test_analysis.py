@@ -143,8 +143,11 @@ def test_resumed_run_step_offset_auto(s1_stats):
     resumed = s1_stats.sel(step=[2, 3, 4]).assign_coords(step=[0, 1, 2])
     f = first_divergence(s1_stats, resumed, step_offset="auto")
     assert f.kind == "none" and f.stats["step_offset"] == -2
-    g = first_divergence(s1_stats, resumed)  # without alignment they differ at step 0
+    g = first_divergence(s1_stats, resumed, step_offset=0)  # without alignment they differ at step 0
     assert g.kind == "first_divergence" and g.step == 0
+    # the one default: the runs hold different steps, so the offset is detected
+    d = first_divergence(s1_stats, resumed)
+    assert d.kind == "none" and d.stats["step_offset"] == -2
 
 
 def test_restrict_steps_and_ranks(tp2):

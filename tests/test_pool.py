@@ -77,9 +77,9 @@ def test_broken_rank_file_reported_the_same_with_workers(tmp_path):
 
 def test_resolve_workers(monkeypatch):
     monkeypatch.delenv("PRECNB_WORKERS", raising=False)
-    assert _pool.resolve_workers(None) == 1
-    assert _pool.resolve_workers(3) == 3
     auto = min(_pool.available_cpus(), _pool.MAX_AUTO_WORKERS)
+    assert _pool.resolve_workers(None) == auto  # the one default, everywhere
+    assert _pool.resolve_workers(3) == 3
     assert _pool.resolve_workers("auto") == auto == _pool.resolve_workers(0)
     monkeypatch.setenv("PRECNB_WORKERS", "2")
     assert _pool.resolve_workers(None) == 2

@@ -279,7 +279,7 @@ def test_mismatched_steps_and_ranks_between_runs(tmp_path):
     f = precnb.first_divergence(a, b)  # they overlap at step 1, rank 1: identical there
     assert f.kind == "none"
     with pytest.raises((ValueError, PrecnbError), match="share no step/rank"):
-        precnb.first_divergence(a.sel(step=[0]), b.sel(step=[2]))
+        precnb.first_divergence(a.sel(step=[0]), b.sel(step=[2]), step_offset=0)
 
 
 def test_open_runs_with_one_unreadable_run_raises_precnb_error(tmp_path):

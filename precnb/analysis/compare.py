@@ -12,7 +12,8 @@ from precnb.analysis.tolerance import Tolerance, relative_difference
 from precnb.combine import combine_runs, select_run
 from precnb.schema import dtype_changes, encode_dtype_changes
 
-__all__ = ["Comparison", "align_steps", "compare_runs", "entry_dtype_differences", "split_runs"]
+__all__ = ["Comparison", "align_steps", "compare_runs", "default_step_offset", "entry_dtype_differences",
+           "split_runs"]
 
 
 def split_runs(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: tuple[str, str] | None = None
@@ -32,12 +33,40 @@ def split_runs(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: tuple[s
     return baseline, target, runs or ("baseline", "target")
 
 
-def align_steps(baseline: xr.Dataset, target: xr.Dataset, step_offset: int | str = 0) -> int:
+def default_step_offset(baseline_steps: Any, target_steps: Any, step_offset: int | str | None) -> int | str:
+    """The one rule for the step-offset default, shared by every front end.
+
+    ``None`` (the default everywhere) means: 0 when both runs hold the same step numbers,
+    else ``"auto"`` (detected from parameter statistics: a resumed run whose step counter
+    restarted, or started later). An int or ``"auto"`` is returned unchanged.
+
+    Examples
+    --------
+    >>> default_step_offset([0, 1, 2], [0, 1, 2], None)
+    0
+    >>> default_step_offset([0, 1, 2, 3], [0, 1], None)
+    'auto'
+    >>> default_step_offset([0, 1], [5, 6], 5)
+    5
+    """
+    if step_offset is None:
+        same = sorted(int(s) for s in baseline_steps) == sorted(int(s) for s in target_steps)
+        return 0 if same else "auto"
+    if step_offset == "auto":
+        return "auto"
+    return int(step_offset)
+
+
+def align_steps(baseline: xr.Dataset, target: xr.Dataset, step_offset: int | str | None = None) -> int:
     """Return the step offset (target step = baseline step + offset).
 
     ``"auto"`` picks the offset under which the most parameter statistics agree exactly
-    (a resumed run whose step counter restarted, or started later).
+    (a resumed run whose step counter restarted, or started later); ``None`` applies
+    :func:`default_step_offset`. When no offset makes any parameter statistic agree, the
+    answer is 0 if the runs share step numbers (nothing better is known), else a ValueError:
+    comparing arbitrary steps would be a confident wrong answer.
     """
+    step_offset = default_step_offset(baseline["step"].values, target["step"].values, step_offset)
     if step_offset != "auto":
         return int(step_offset)
     bsteps = [int(s) for s in baseline["step"].values]
@@ -46,8 +75,12 @@ def align_steps(baseline: xr.Dataset, target: xr.Dataset, step_offset: int | str
     labels = [t for t, p in zip(baseline["tensor"].values, params_b, strict=True) if p]
     labels = [t for t in labels if t in target.indexes["tensor"]] or list(
         set(baseline["tensor"].values) & set(target["tensor"].values))
+    shared = bool(set(bsteps) & set(tsteps))
     if not labels:
-        return 0
+        if shared:
+            return 0
+        raise ValueError(f"the runs share no step/rank to compare (baseline steps {bsteps}, target steps "
+                         f"{tsteps}) and share no tensor to detect a step offset from")
     bmax = baseline["norm"].sel(tensor=labels)
     tmax = target["norm"].sel(tensor=labels)
     best, best_score = 0, -1
@@ -60,6 +93,11 @@ def align_steps(baseline: xr.Dataset, target: xr.Dataset, step_offset: int | str
                 score += int(np.sum(x == y))
         if score > best_score:
             best, best_score = off, score
+    if best_score <= 0:
+        if shared:
+            return 0
+        raise ValueError(f"the runs share no step/rank to compare (baseline steps {bsteps}, target steps "
+                         f"{tsteps}) and no step offset makes any parameter statistic agree")
     return best
 
 
@@ -169,7 +207,7 @@ def compare_runs(
     tolerance: Tolerance | None = None,
     steps: Any = None,
     ranks: Any = None,
-    step_offset: int | str = 0,
+    step_offset: int | str | None = None,
     stats: tuple[str, ...] = ("max", "min", "mean", "norm"),
 ) -> Comparison:
     """Align two runs and compute difference masks.
@@ -183,8 +221,8 @@ def compare_runs(
     tolerance : Tolerance, optional
     steps, ranks : sequence of int, optional
         Restrict the comparison (baseline step numbers).
-    step_offset : int or "auto"
-        Target step = baseline step + offset.
+    step_offset : int, "auto" or None
+        Target step = baseline step + offset (None: see :func:`default_step_offset`).
     stats : tuple of str
         Statistics that must agree.
 

@@ -78,7 +78,7 @@ def first_divergence(
     tolerance: Tolerance | None = None,
     steps: Sequence[int] | None = None,
     ranks: Sequence[int] | None = None,
-    step_offset: int | Literal["auto"] = 0,
+    step_offset: int | Literal["auto"] | None = None,
     crc: Literal["report", "strict"] = "report",
 ) -> Finding:
     """Find where *target* first departs from *baseline*.
@@ -99,8 +99,9 @@ def first_divergence(
         Defaults by dtype.
     steps, ranks : sequence of int, optional
         Restrict the search (baseline step numbers).
-    step_offset : int or "auto"
-        Target step = baseline step + offset (a resumed run).
+    step_offset : int, "auto" or None
+        Target step = baseline step + offset (a resumed run). None (default): 0 when both runs
+        hold the same steps, else "auto" (see :func:`precnb.analysis.compare.default_step_offset`).
     crc : {"report", "strict"}
 
     Returns

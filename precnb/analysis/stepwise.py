@@ -148,7 +148,7 @@ def first_divergence_lazy(
     tolerance: Tolerance | None,
     steps: Sequence[int] | None,
     ranks: Sequence[int] | None,
-    step_offset: int | Literal["auto"],
+    step_offset: int | Literal["auto"] | None,
     crc: Literal["report", "strict"],
 ) -> Finding:
     """:func:`first_divergence_stepwise` over two dask-backed datasets (loaded batch by batch)."""

@@ -44,130 +44,105 @@ def _steps_arg(args: argparse.Namespace) -> list[int] | None:
 
 
 def _load(path: str, args: argparse.Namespace, *, steps: list[int] | None) -> Any:
-    """Open *path*; unreadable files are named on stderr and make the command exit 1."""
+    """Open *path* (``merge`` transforms a run; diagnoses go through :func:`run_triage`)."""
     from precnb.cli import open_checked
 
     return open_checked(path, args, steps=steps, use_steps_option=False)
 
 
-def _tolerance(args: argparse.Namespace) -> Any:
-    from precnb.analysis import Tolerance
+def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
+    """The pipeline :class:`~precnb.pipeline.Options` of a parsed command line.
 
-    tol_kw: dict[str, Any] = {}
-    if args.rtol is not None:
-        tol_kw["rtol"] = args.rtol
-    if args.reference:
-        ref_a = _load(args.reference[0], args, steps=None)
-        ref_b = _load(args.reference[1], args, steps=None)
-        return Tolerance.calibrate(ref_a, ref_b, **tol_kw)
-    return Tolerance(**tol_kw)
-
-
-def _merge_layouts(base: Any, target: Any, args: argparse.Namespace) -> tuple[Any, Any]:
-    """Merge shards first when ``--baseline-layout`` / ``--target-layout`` are given."""
-    if not (args.baseline_layout or args.target_layout):
-        return base, target
-    from precnb.analysis import Layout, LayoutError, merge_shards
-    from precnb.cli import UsageError
-
-    try:
-        b_lay = Layout.parse(args.baseline_layout, world_size=base.sizes["rank"]) \
-            if args.baseline_layout else None
-        t_lay = Layout.parse(args.target_layout, world_size=target.sizes["rank"]) \
-            if args.target_layout else None
-        merged_base = merge_shards(base, b_lay, reference=None if t_lay else target) if b_lay else base
-        if t_lay:
-            target = merge_shards(target, t_lay, reference=None if b_lay else base)
-        return merged_base, target
-    except LayoutError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _stepwise_plan(args: argparse.Namespace, steps: list[int] | None, offset: int) -> list[int] | None:
-    """Baseline steps to search one batch at a time, or None when the inputs must be read whole.
-
-    Stepwise needs both step lists without parsing (msprobe dumps, zarr stores) and at least
-    two steps to search.
+    Only what the user gave is set; everything else keeps the pipeline's one default.
     """
     from precnb.cli import parse_int_set
-    from precnb.io.api import available_steps
+    from precnb.pipeline import Options
 
-    fmt = getattr(args, "format", None)
-    ranks = parse_int_set(getattr(args, "ranks", None), "ranks")
-    bsteps = available_steps(args.baseline, format=fmt, ranks=ranks)
-    tsteps = available_steps(args.target, format=fmt, ranks=ranks)
-    if bsteps is None or tsteps is None:
-        return None
-    search = [s for s in bsteps if s + offset in set(tsteps)]
+    kw: dict[str, Any] = {}
+    for name in ("format", "workers"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
+    steps = _steps_arg(args) if hasattr(args, "steps") else None
     if steps is not None:
-        search = [s for s in search if s in set(steps)]
-    return search if len(search) >= 2 else None
+        kw["steps"] = steps
+    ranks = parse_int_set(getattr(args, "ranks", None), "ranks")
+    if ranks is not None:
+        kw["ranks"] = ranks
+    if getattr(args, "step_offset", None) is not None:
+        kw["step_offset"] = args.step_offset
+    if getattr(args, "rtol", None) is not None and getattr(args, "command", "") != "replicas":
+        kw["tolerance"] = args.rtol
+    if getattr(args, "reference", None) and getattr(args, "command", "") != "merge":
+        kw["reference"] = tuple(args.reference)
+    if getattr(args, "crc_strict", False):
+        kw["crc"] = "strict"
+    t_lay = getattr(args, "target_layout", None)
+    alias = getattr(args, "layout", None) if getattr(args, "command", "") in ("diff", "report") else None
+    if alias and t_lay and alias != t_lay:
+        from precnb.cli import UsageError
+
+        raise UsageError("--layout and --target-layout name the same thing (the target's layout); give one")
+    if t_lay or alias:
+        kw["target_layout"] = t_lay or alias
+    if getattr(args, "baseline_layout", None):
+        kw["baseline_layout"] = args.baseline_layout
+    kw.update(extra)
+    return Options.from_kwargs(**kw)
 
 
-def _diff_stepwise(args: argparse.Namespace, search: list[int], offset: int, tol: Any, crc: Any) -> Any:
-    from precnb.analysis import first_divergence_stepwise
+def run_triage(args: argparse.Namespace, target: Any, baseline: Any = None, **extra: Any) -> Any:
+    """:func:`precnb.diagnose` for a command; unreadable files are remembered on *args*.
 
-    def load(batch: list[int]) -> tuple[Any, Any]:
-        base = _load(args.baseline, args, steps=batch)
-        target = _load(args.target, args, steps=[s + offset for s in batch])
-        return _merge_layouts(base, target, args)
+    :func:`precnb.cli.main` names them on stderr and exits 1 once the command is done.
+    Option errors (a layout that does not fit, runs that share no step) are usage errors.
+    """
+    from precnb.analysis import LayoutError
+    from precnb.cli import UsageError
+    from precnb.pipeline import diagnose
 
-    return first_divergence_stepwise(load, search, tolerance=tol, step_offset=offset, crc=crc)
+    opts = triage_options(args, **extra)
+    try:
+        triage = diagnose(target, baseline, options=opts)
+    except (LayoutError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    failures = getattr(args, "load_failures", None)
+    if failures is None:
+        failures = []
+        args.load_failures = failures
+    failures.extend(f for f in triage.load_failures if f not in failures)
+    return triage
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from precnb.analysis import first_divergence
     from precnb.cli import UsageError
-    from precnb.errors import NotADumpError
 
-    steps = _steps_arg(args)
-    offset = args.step_offset
-    tol = _tolerance(args)
-    crc = "strict" if args.crc_strict else "report"
-    if args.target is not None and offset != "auto":
-        # read the steps up to the first divergence only (answer identical to a whole read)
-        search = _stepwise_plan(args, steps, int(offset))
-        if search is not None:
-            try:
-                return _emit_finding(_diff_stepwise(args, search, int(offset), tol, crc), args)
-            except NotADumpError:  # a step with no readable file: read the runs whole instead
-                args.load_failures = []
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-    load_steps = steps if offset == 0 else None
-    base = _load(args.baseline, args, steps=load_steps)
     if args.target is None:  # one input holding two runs (e.g. a compare result CSV)
-        if "run" not in base.dims or base.sizes["run"] != 2:
-            raise UsageError("give BASELINE and TARGET, or one input that holds two runs")
-        names = [str(r) for r in base["run"].values]
-        pair = ("baseline", "target") if set(names) == {"baseline", "target"} else (names[0], names[1])
-        from precnb.combine import select_run
+        from precnb.cli import open_checked
 
-        base, target = (select_run(base, n) for n in pair)
+        both = open_checked(args.baseline, args)
+        if "run" not in both.dims or both.sizes["run"] != 2:
+            raise UsageError("give BASELINE and TARGET, or one input that holds two runs")
+        names = [str(r) for r in both["run"].values]
+        base_name = "baseline" if set(names) == {"baseline", "target"} else names[0]
+        triage = run_triage(args, both, base_name, kinds=["first_divergence"])
     else:
-        target = _load(args.target, args, steps=load_steps)
-    base, target = _merge_layouts(base, target, args)
-    try:
-        finding = first_divergence(base, target, tolerance=tol, steps=steps, ranks=None,
-                                   step_offset=offset, crc=crc)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return _emit_finding(finding, args)
+        triage = run_triage(args, args.target, args.baseline, kinds=["first_divergence"])
+    return _emit_finding(triage.finding, args)
 
 
 def _cmd_nan(args: argparse.Namespace) -> int:
-    from precnb.analysis import nan_origin
+    return _emit_finding(run_triage(args, args.run, kinds=["nan_origin"]).finding, args)
 
-    ds = _load(args.run, args, steps=_steps_arg(args))
-    return _emit_finding(nan_origin(ds), args)
+
+def _given(**kw: Any) -> dict[str, Any]:
+    """The options the user gave (None: keep the pipeline's default)."""
+    return {k: v for k, v in kw.items() if v is not None}
 
 
 def _cmd_anomalies(args: argparse.Namespace) -> int:
-    from precnb.analysis import SpikeRule, anomalies
-
-    ds = _load(args.run, args, steps=_steps_arg(args))
-    rule = SpikeRule(z=args.z, ratio=args.ratio, stats=tuple(args.stat or ("norm",)))
-    return _emit_finding(anomalies(ds, rule=rule, limit=args.limit), args)
+    extra = _given(spike_z=args.z, spike_ratio=args.ratio, spike_stats=tuple(args.stat) if args.stat else None,
+                   limit=args.limit)
+    return _emit_finding(run_triage(args, args.run, kinds=["anomaly"], **extra).finding, args)
 
 
 def _layout_from_args(args: argparse.Namespace, world_size: int) -> Any:
@@ -221,27 +196,35 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_replicas(args: argparse.Namespace) -> int:
-    from precnb.analysis import LayoutError, check_replicas
-    from precnb.cli import UsageError
+    from precnb.analysis import LayoutError
+    from precnb.cli import UsageError, open_checked
 
-    ds = _load(args.run, args, steps=_steps_arg(args))
-    try:
-        layout = _layout_from_args(args, ds.sizes["rank"])
-        finding = check_replicas(ds, layout, rtol=args.rtol)
-    except (LayoutError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
-    return _emit_finding(finding, args)
+    if args.layout:  # the layout text is parsed against the run's ranks by the pipeline
+        layout: Any = args.layout
+    else:
+        ds = open_checked(args.run, args)  # the flags need the world size
+        try:
+            layout = _layout_from_args(args, ds.sizes["rank"])
+        except LayoutError as exc:
+            raise UsageError(str(exc)) from None
+        return _emit_finding(run_triage(args, ds, kinds=["replica_mismatch"], target_layout=layout,
+                                        **_given(replica_rtol=args.rtol)).finding, args)
+    return _emit_finding(run_triage(args, args.run, kinds=["replica_mismatch"], target_layout=layout,
+                                    **_given(replica_rtol=args.rtol)).finding, args)
 
 
 def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add the analysis sub-commands to *sub*."""
+    """Add the analysis sub-commands to *sub* (defaults come from :data:`precnb.pipeline.DEFAULTS`)."""
+    from precnb.pipeline.options import DEFAULTS
+
     p = sub.add_parser("diff", help="first divergence between a baseline and a target run")
     p.add_argument("baseline")
     p.add_argument("target", nargs="?", help="omit when BASELINE holds two runs (a compare result CSV)")
     p.add_argument("--json", action="store_true", help="print one JSON finding")
     p.add_argument("--step", type=int, help="only this step")
-    p.add_argument("--step-offset", type=int_or_auto(), default=0,
-                   help="target step = baseline step + OFFSET, or 'auto' (resumed runs)")
+    p.add_argument("--step-offset", type=int_or_auto(), default=None,
+                   help="target step = baseline step + OFFSET, or 'auto' (resumed runs); default: 0 when "
+                        "both runs hold the same steps, else auto")
     p.add_argument("--rtol", type=_positive, help="one relative tolerance for all tensors "
                    "(default: by dtype, bf16 2^-8, fp16 2^-11, fp32 2^-14)")
     p.add_argument("--reference", nargs=2, metavar=("RUN_A", "RUN_B"),
@@ -250,6 +233,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
                    help="count CRC differences with identical statistics as divergence")
     p.add_argument("--baseline-layout", help="merge baseline shards first, e.g. tp=2,pp=2")
     p.add_argument("--target-layout", help="merge target shards first, e.g. tp=2")
+    p.add_argument("--layout", help="same as --target-layout (the target's layout)")
     add_load_options(p)
     p.set_defaults(func=_cmd_diff)
 
@@ -264,11 +248,14 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("run")
     p.add_argument("--json", action="store_true", help="print one JSON finding")
     p.add_argument("--step", type=int, help="only this step")
-    p.add_argument("--z", type=_positive, default=10.0, help="robust z-score threshold (default 10)")
-    p.add_argument("--ratio", type=_positive, default=5.0, help="minimum jump ratio (default 5)")
+    p.add_argument("--z", type=_positive, default=None,
+                   help=f"robust z-score threshold (default {DEFAULTS.spike_z:g})")
+    p.add_argument("--ratio", type=_positive, default=None,
+                   help=f"minimum jump ratio (default {DEFAULTS.spike_ratio:g})")
     p.add_argument("--stat", action="append", default=None,
-                   help="statistic(s) to test for spikes (default norm)")
-    p.add_argument("--limit", type=int, default=50, help="how many further anomalies to list")
+                   help=f"statistic(s) to test for spikes (default {', '.join(DEFAULTS.spike_stats)})")
+    p.add_argument("--limit", type=int, default=None,
+                   help=f"how many further anomalies to list (default {DEFAULTS.limit})")
     add_load_options(p)
     p.set_defaults(func=_cmd_anomalies)
 
@@ -287,7 +274,8 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("run")
     p.add_argument("--json", action="store_true")
     p.add_argument("--step", type=int, help="only this step")
-    p.add_argument("--rtol", type=_positive, default=1e-6, help="relative tolerance (default 1e-6)")
+    p.add_argument("--rtol", type=_positive, default=None,
+                   help=f"relative tolerance (default {DEFAULTS.replica_rtol:g})")
     _add_layout_options(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_replicas)

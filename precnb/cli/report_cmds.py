@@ -46,34 +46,11 @@ def _name(path: str) -> str:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from precnb.analysis import LayoutError, Tolerance
-    from precnb.cli import UsageError
+    from precnb.cli.analysis_cmds import run_triage
     from precnb.report import write_html
 
-    if args.layout and args.target_layout and args.layout != args.target_layout:
-        raise UsageError("--layout and --target-layout name the same thing (the run's layout); give one")
-    layout = args.layout or args.target_layout
-    if args.baseline_layout and not args.baseline:
-        raise UsageError("--baseline-layout needs --baseline")
-    run = _load(args.run, args)
-    kw: dict[str, Any] = {"title": args.title, "stat": args.stat, "layout": layout}
-    names = ("", _name(args.run))
-    if args.baseline:
-        kw["baseline"] = _load(args.baseline, args)
-        kw["baseline_layout"] = args.baseline_layout
-        kw["step_offset"] = args.step_offset
-        names = (_name(args.baseline), names[1])
-        if names[0] == names[1]:
-            names = (f"{names[0]} (baseline)", f"{names[1]} (target)")
-        if args.rtol is not None:
-            kw["tolerance"] = Tolerance(rtol=args.rtol)
-    kw["names"] = names
-    try:
-        out = write_html(run, args.output, **kw)
-    except LayoutError as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # e.g. runs that share no step / rank
-        raise UsageError(str(exc)) from None
+    triage = run_triage(args, args.run, args.baseline)
+    out = write_html(triage, args.output, title=args.title, stat=args.stat)
     size = out.stat().st_size
     sys.stdout.write(f"wrote {out} ({size / 1e6:.2f} MB, self-contained, opens offline)\n")
     return 0
@@ -145,9 +122,12 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
                                     "--baseline, RUN's shards are merged before comparing")
     p.add_argument("--target-layout", help="same as --layout (the name `precnb diff` uses)")
     p.add_argument("--baseline-layout", help="layout of the baseline (its shards are merged before comparing)")
-    p.add_argument("--step-offset", type=_offset, default=0,
-                   help="target step = baseline step + OFFSET, or 'auto' (resumed runs)")
+    p.add_argument("--step-offset", type=_offset, default=None,
+                   help="target step = baseline step + OFFSET, or 'auto' (resumed runs); default: 0 when "
+                        "both runs hold the same steps, else auto")
     p.add_argument("--rtol", type=_positive, help="one relative tolerance for all tensors (default: by dtype)")
+    p.add_argument("--reference", nargs=2, metavar=("RUN_A", "RUN_B"),
+                   help="calibrate tolerances from two healthy runs of the same job")
     p.add_argument("--stat", default="norm", choices=["norm", "max", "min", "mean"],
                    help="statistic the charts draw (default norm)")
     p.add_argument("--title", help="page title (default: the run's folder name)")

@@ -23,9 +23,12 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-__all__ = ["available_cpus", "outcomes_in_processes", "resolve_workers", "shutdown"]
+__all__ = ["MIN_PARALLEL_BYTES", "available_cpus", "outcomes_in_processes", "resolve_workers", "shutdown",
+           "worth_processes"]
 
 MAX_AUTO_WORKERS = 8
+MIN_PARALLEL_BYTES = 4 << 20
+"""Below this many bytes of input, parsing in this process is faster than starting workers."""
 _POOL: tuple[int, ProcessPoolExecutor] | None = None
 _LOCK = threading.Lock()
 
@@ -44,8 +47,10 @@ def resolve_workers(workers: int | str | None) -> int:
     Parameters
     ----------
     workers : int, "auto" or None
-        ``None`` reads ``PRECNB_WORKERS`` (an integer or ``auto``; default 1); ``"auto"``
-        (or 0) is the available CPUs, at most 8.
+        ``None`` (the default everywhere: Python API, command line, notebooks) reads
+        ``PRECNB_WORKERS`` (an integer or ``auto``), else ``"auto"``; ``"auto"`` (or 0) is the
+        available CPUs, at most 8. Whether processes are actually started also depends on the
+        amount of work (see :func:`worth_processes`).
 
     Returns
     -------
@@ -59,7 +64,7 @@ def resolve_workers(workers: int | str | None) -> int:
     True
     """
     if workers is None:
-        workers = os.environ.get("PRECNB_WORKERS", "1").strip() or "1"
+        workers = os.environ.get("PRECNB_WORKERS", "auto").strip() or "auto"
     if isinstance(workers, str):
         if workers.lower() == "auto":
             return min(available_cpus(), MAX_AUTO_WORKERS)
@@ -70,6 +75,24 @@ def resolve_workers(workers: int | str | None) -> int:
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
     return min(available_cpus(), MAX_AUTO_WORKERS) if workers == 0 else int(workers)
+
+
+def worth_processes(n_items: int, n_workers: int, total_bytes: int | None) -> bool:
+    """Whether parsing *n_items* files in *n_workers* processes pays for starting them.
+
+    At least two files per worker, and (when the input size is known) at least
+    :data:`MIN_PARALLEL_BYTES` in all: a small run parses faster than a pool starts.
+
+    Examples
+    --------
+    >>> worth_processes(64, 2, 64 << 20)
+    True
+    >>> worth_processes(6, 2, 1 << 20)
+    False
+    """
+    if n_workers <= 1 or n_items < 2 * n_workers:
+        return False
+    return total_bytes is None or total_bytes >= MIN_PARALLEL_BYTES
 
 
 def _context() -> Any:

@@ -188,15 +188,15 @@ def parse_files(
         result is not kept (bounded memory); the returned list is then empty.
     workers : int, "auto" or None
         Without a dask client: parse in this many local processes (see
-        :func:`precnb.io._pool.resolve_workers`; default ``PRECNB_WORKERS`` or 1). Used
-        when there are at least two files per worker.
+        :func:`precnb.io._pool.resolve_workers`; default ``PRECNB_WORKERS``, else "auto"). Used
+        when it pays (:func:`precnb.io._pool.worth_processes`).
 
     Returns
     -------
     list
         The results of the items that parsed, in item order (empty with *consume*).
     """
-    from precnb.io._pool import outcomes_in_processes, resolve_workers
+    from precnb.io._pool import outcomes_in_processes, resolve_workers, worth_processes
 
     results: list[Any] = []
     if client is None and len(items) > 1:
@@ -204,7 +204,8 @@ def parse_files(
     n_proc = resolve_workers(workers) if client is None else 1
     if client is not None:
         outcomes = _outcomes_on(client, items, parse)
-    elif n_proc > 1 and len(items) >= 2 * n_proc:  # the pool starts before the bar's thread
+    elif worth_processes(len(items), n_proc, _total_bytes(items) if n_proc > 1 else None):
+        # the pool starts before the bar's thread
         outcomes = outcomes_in_processes(items, functools.partial(_safe_parse, parse), n_proc)
     else:
         outcomes = ((i, _safe_parse(parse, item)) for i, item in enumerate(items))
@@ -229,6 +230,20 @@ def parse_files(
         if bar is not None:
             bar.close()
     return results
+
+
+def _total_bytes(items: Sequence[Any]) -> int | None:
+    """Total size of the items' files (``dump_file`` or ``path``), None when unknown."""
+    total = 0
+    for item in items:
+        f = getattr(item, "dump_file", None) or getattr(item, "path", None)
+        if f is None:
+            return None
+        try:
+            total += os.stat(f).st_size
+        except OSError:
+            continue
+    return total
 
 
 def _batch_size(client: Any) -> int:
@@ -457,8 +472,8 @@ def open_run(
         Force the progress bar on or off (default: on for 16 files or more).
     workers : int, "auto" or None
         Without a dask client, parse in this many local processes (``"auto"``: one per
-        available CPU, at most 8). Default: ``PRECNB_WORKERS`` or 1 (in this process). The
-        command line uses ``auto``.
+        available CPU, at most 8, when the input is large enough to pay for them). Default
+        (everywhere, the command line included): ``PRECNB_WORKERS``, else ``"auto"``.
 
     Returns
     -------

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from precnb.report._charts import ChartSpec, Limits, build_charts, comparison_dataset
-from precnb.report._diagnose import checks_run, default_findings, normalize_findings, primary, sort_findings
-from precnb.report._inputs import ReportData, prepare
+from precnb.report._diagnose import normalize_findings, primary, sort_findings
+from precnb.report._inputs import ReportData, from_triage
 
 __all__ = ["render", "to_html", "write_html"]
 
@@ -134,10 +134,8 @@ def render(
                                                                    ("baseline", data.baseline_layout))
                     if lay is not None]
     if data.compared and data.step_offset not in (0, "0"):
-        off = next((f.stats.get("step_offset") for f in findings if "step_offset" in (f.stats or {})),
-                   data.step_offset)
-        layout_lines.append(f"target step = baseline step + {off}"
-                            + (" (found automatically)" if data.step_offset == "auto" else ""))
+        layout_lines.append(f"target step = baseline step + {data.step_offset}"
+                            + ("" if isinstance(data.step_offset_asked, int) else " (found automatically)"))
     views = [tables.finding_view(f, limit=lim.table_rows) for f in findings]
     verdict = ("problem" if any(v["found"] for v in views) else "clean") if views else "none"
     anomaly = next((f for f in findings if f.kind == "anomaly"), None)
@@ -176,36 +174,26 @@ def to_html(
     *,
     baseline: Any = None,
     findings: Any = None,
-    layout: Any = None,
-    baseline_layout: Any = None,
-    step_offset: int | str = 0,
-    tolerance: Any = None,
     title: str | None = None,
     names: Sequence[str] | None = None,
     stat: str = "norm",
     limits: Limits | None = None,
+    **options: Any,
 ) -> str:
     """Build the self-contained HTML report of one run, or of a target against a baseline.
 
+    The report shows what :func:`precnb.diagnose` finds for these inputs and options, so it
+    agrees with ``precnb diff`` / ``nan`` / ``anomalies`` / ``replicas`` and the explorer.
+
     Parameters
     ----------
-    ds_or_runs : xarray.Dataset, path, mapping or dataset with a ``run`` dim
-        One run; ``{"gpu": a, "npu": b}`` (first = baseline); or a dataset holding runs.
+    ds_or_runs : Triage, xarray.Dataset, path, mapping or dataset with a ``run`` dim
+        A :class:`precnb.Triage` (its runs and findings are shown as they are); or one run;
+        ``{"gpu": a, "npu": b}`` (first = baseline); or a dataset holding runs.
     baseline : xarray.Dataset, path or str, optional
         The run to compare against (a dataset / path, or the name of one of the runs).
     findings : Finding or sequence of Finding, optional
-        Show these instead of running the diagnoses (``[]``: no findings section). By
-        default: NaN/Inf origin and anomalies of one run; first divergence with a baseline;
-        replica check with a layout.
-    layout : Layout, str or mapping, optional
-        Parallel layout of the run (``"tp=2,pp=2"``): replica check; with a baseline, the
-        run's shards are merged before comparing.
-    baseline_layout : Layout, str or mapping, optional
-        The baseline's layout (merged before comparing).
-    step_offset : int or "auto"
-        Target step = baseline step + offset (resumed runs).
-    tolerance : precnb.analysis.Tolerance, optional
-        For the first-divergence search.
+        Show these instead of the pipeline's findings (``[]``: no findings section).
     title : str, optional
         Page title (default: the run name).
     names : (str, str), optional
@@ -214,6 +202,9 @@ def to_html(
         Statistic the charts draw (``"norm"``, ``"max"``, ...).
     limits : Limits, optional
         Size bounds (rows, buckets) of charts and tables.
+    **options
+        Pipeline options (see :class:`precnb.Options`): ``target_layout`` (alias ``layout``),
+        ``baseline_layout``, ``step_offset``, ``tolerance``, ``mapping``, ``steps``, ``ranks``, ...
 
     Returns
     -------
@@ -228,10 +219,20 @@ def to_html(
     >>> "NaN/Inf origin" in page  # doctest: +SKIP
     True
     """
-    data = prepare(ds_or_runs, baseline=baseline, layout=layout, baseline_layout=baseline_layout,
-                   step_offset=step_offset, names=names)
+    from precnb.pipeline import Triage, diagnose
+
+    if isinstance(ds_or_runs, Triage):
+        if baseline is not None or options:
+            raise ValueError("a Triage already holds its runs and options; pass neither baseline nor options")
+        triage = ds_or_runs
+    else:
+        triage = diagnose(ds_or_runs, baseline, **options)
+    data = from_triage(triage)
+    if names is not None:
+        data.names = (str(names[0]), str(names[1]))
     if findings is None:
-        found, checks = default_findings(data, tolerance=tolerance), checks_run(data)
+        found = list(triage.findings)
+        checks = [c["description"] for c in triage.checks if c["status"] != "not applicable"]
     else:
         found, checks = sort_findings(normalize_findings(findings)), None
     return render(data, found, title=title, stat=stat, limits=limits, checks=checks)

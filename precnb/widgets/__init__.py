@@ -24,8 +24,9 @@ def _missing() -> list[str]:
     return [m for m in _NEEDED if find_spec(m) is None]
 
 
-def explore(run_or_runs: Any, *, baseline: Any = None, auto: bool = True, max_lines: int = 12) -> Any:
-    """Open the linked explorer on one run or several.
+def explore(run_or_runs: Any, baseline: Any = None, *, auto: bool = True, max_lines: int = 12,
+            **options: Any) -> Any:
+    """Open the linked explorer on one run or several, through the triage pipeline.
 
     Parameters
     ----------
@@ -34,9 +35,13 @@ def explore(run_or_runs: Any, *, baseline: Any = None, auto: bool = True, max_li
     baseline : xarray.Dataset, path or str, optional
         The run to compare against (a dataset / path, or the name of one of the runs).
     auto : bool
-        Start at the first divergence (two runs) or the NaN origin, when there is one.
+        Open on the pipeline's first finding (``Explorer.finding``): the first divergence of two
+        runs, the NaN origin of one, ... (False: run no diagnosis, just show the runs).
     max_lines : int
         Most rank lines in the line chart (the selected rank and the most deviating ones).
+    **options
+        Pipeline options, as for :func:`precnb.diagnose` (``target_layout="tp=2"``,
+        ``baseline_layout``, ``step_offset``, ``tolerance``, ``mapping``, ``steps``, ``ranks``, ...).
 
     Returns
     -------
@@ -52,10 +57,11 @@ def explore(run_or_runs: Any, *, baseline: Any = None, auto: bool = True, max_li
     if missing:
         raise ImportError(f"precnb.explore needs {', '.join(missing)}: "
                           "pip install 'precnb[notebook]'")
-    from precnb.widgets._inputs import normalize_runs
+    from precnb.widgets._inputs import runs_for
     from precnb.widgets.explorer import Explorer
 
-    return Explorer(normalize_runs(run_or_runs, baseline), auto=auto, max_lines=max_lines)
+    runs, triage = runs_for(run_or_runs, baseline, auto=auto, options=options)
+    return Explorer(runs, auto=auto, max_lines=max_lines, triage=triage)
 
 
 def __getattr__(name: str) -> Any:

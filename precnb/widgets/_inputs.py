@@ -9,7 +9,7 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["Runs", "normalize_runs", "parse_ranks"]
+__all__ = ["Runs", "normalize_runs", "parse_ranks", "runs_for"]
 
 
 @dataclass
@@ -86,6 +86,35 @@ def normalize_runs(run_or_runs: Any, baseline: Any = None) -> Runs:
     base = baseline or names[0]
     target = next(n for n in reversed(names) if n != base)
     return Runs(ds, target, base)
+
+
+def runs_for(run_or_runs: Any, baseline: Any = None, *, auto: bool = True,
+             options: dict[str, Any] | None = None) -> tuple[Runs, Any]:
+    """The explorer's runs and the pipeline's :class:`~precnb.Triage` for them.
+
+    Two runs (or one) go through :func:`precnb.diagnose` with *options*: the explorer shows
+    the runs it prepared (shards merged, the baseline in the target's names) and opens on its
+    first finding. With more than two runs the explorer shows all of them and the triage
+    compares the baseline with the last other run.
+    """
+    from precnb.pipeline import diagnose
+
+    kw = dict(options or {})
+    if not auto:
+        kw["kinds"] = []
+    if isinstance(run_or_runs, Sequence) and not isinstance(run_or_runs, (str, bytes, os.PathLike)):
+        run_or_runs = {f"run{i}": v for i, v in enumerate(run_or_runs)}
+    many = (isinstance(run_or_runs, xr.Dataset) and "run" in run_or_runs.dims and run_or_runs.sizes["run"] > 2) or \
+        (isinstance(run_or_runs, Mapping) and not isinstance(run_or_runs, xr.Dataset) and len(run_or_runs) > 2)
+    if many:
+        runs = normalize_runs(run_or_runs, baseline)
+        triage = diagnose(runs.run(runs.target), runs.run(runs.baseline), **kw)
+        return runs, triage
+    triage = diagnose(run_or_runs, baseline, **kw)
+    if triage.baseline is None:
+        return Runs(_in_memory(triage.target)), triage
+    names = list(triage.names)
+    return Runs(_in_memory(triage.combined()), names[1], names[0]), triage
 
 
 def parse_ranks(text: str, available: Sequence[int]) -> list[int] | None:

@@ -34,7 +34,8 @@ class Explorer(ipw.VBox):
     """Linked notebook explorer of one run, or of several runs against a baseline.
 
     Create it with :func:`precnb.widgets.explore`. State: ``step``, ``rank``, ``tensor``,
-    ``row`` (the selected heat-map row) and ``finding`` (the last finding moved to).
+    ``row`` (the selected heat-map row), ``finding`` (the pipeline finding it opened on) and
+    ``current_finding`` (the finding shown now).
     """
 
     step = traitlets.Int(None, allow_none=True)
@@ -42,9 +43,11 @@ class Explorer(ipw.VBox):
     tensor = traitlets.Unicode(None, allow_none=True)
     row = traitlets.Unicode(None, allow_none=True)
     finding = traitlets.Any(None)
+    current_finding = traitlets.Any(None)
 
-    def __init__(self, runs: Runs, *, auto: bool = True, max_lines: int = 12) -> None:
+    def __init__(self, runs: Runs, *, auto: bool = True, max_lines: int = 12, triage: Any = None) -> None:
         self.runs = runs
+        self.triage = triage
         self.max_lines = max_lines
         self._pinned: tuple[str, str] | None = None
         self.frame = pd.DataFrame()
@@ -254,7 +257,7 @@ class Explorer(ipw.VBox):
         frame = self.refresh(focus=focus)
         hit = frame[frame["focus"]]
         with self.hold_trait_notifications():
-            self.finding = f
+            self.current_finding = f
             self.row = str(hit["row"].iloc[0]) if len(hit) else str(self.data.labels()[
                 ds.indexes["tensor"].get_loc(f.tensor)])
             self.step, self.rank, self.tensor = int(f.step), int(f.rank), str(f.tensor)
@@ -262,16 +265,33 @@ class Explorer(ipw.VBox):
         self.update_views()
 
     def start(self) -> None:
-        """Open where it matters: the first divergence (two runs) or the NaN origin."""
-        if len(self.runs.names) > 1:
-            f = self.divergence.run()
-            if f is not None and f.found:
-                return
-        self.nan.run()
+        """Open on the pipeline's first finding (the first divergence of two runs, the NaN origin of one)."""
+        from precnb.analysis.registry import get
+
+        t = self.triage
+        if t is None or not t.findings:
+            return
+        f = t.finding
+        panel = self.divergence if t.paired else self.nan
+        shown = next((x for x in t.findings if x.kind == ("first_divergence" if t.paired else "nan_origin")), f)
+        panel.show(shown if not f.found else (f if f.kind in ("first_divergence", "nan_origin") else shown))
+        if not f.found:
+            return
+        try:
+            color = get(f.kind).color
+        except KeyError:
+            color = "events"
+        color = {"first_bad": "reldiff" if t.paired else "events"}.get(color, color)
+        self.show_finding(f, color=color, target=self.runs.target, baseline=self.runs.baseline)
+        self.finding = f
 
     def findings(self) -> list[Any]:
-        """Findings shown in the diagnosis panels (for the report)."""
-        return [p.finding for p in (self.divergence, self.nan) if p.finding is not None]
+        """Findings for the report: the pipeline's, plus any a panel found since."""
+        out = list(self.triage.findings) if self.triage is not None else []
+        for p in (self.divergence, self.nan):
+            if p.finding is not None and all(p.finding is not f for f in out):
+                out.append(p.finding)
+        return out
 
     def _on_tab(self, change: dict[str, Any]) -> None:
         if self.tabs.children[change["new"] or 0] is self.hierarchy and self.hierarchy.chart is None:

@@ -45,11 +45,15 @@ class ExportPanel(ipw.HBox):
         findings = self.explorer.findings()
         if findings and accepts("findings"):
             kw["findings"] = findings
-        base = getattr(self.explorer.runs, "baseline", None)
-        if base is not None and "run" in self.explorer.runs.ds.dims and accepts("baseline"):
-            kw["baseline"] = base  # the explorer's chosen baseline run, not simply the first run
+        triage = getattr(self.explorer, "triage", None)
+        source: Any = triage
+        if triage is None:  # an explorer made by hand: its runs, its chosen baseline
+            source = self.explorer.runs.ds
+            base = getattr(self.explorer.runs, "baseline", None)
+            if base is not None and "run" in self.explorer.runs.ds.dims and accepts("baseline"):
+                kw["baseline"] = base
         try:
-            out = write_html(self.explorer.runs.ds, path, **kw)
+            out = write_html(source, path, **kw)
         except Exception as err:
             self.status.value = _error(err)
             return None

@@ -89,16 +89,20 @@ class DivergencePanel(ipw.VBox):
         return Tolerance(rtol=float(text)) if text else Tolerance()
 
     def run(self) -> Any:
-        """Search, show and move the explorer to the finding; returns the Finding (or None)."""
-        from precnb.analysis import first_divergence
+        """Search (through the pipeline), show and move the explorer to the finding; returns it (or None)."""
+        from precnb.pipeline import diagnose
 
         b, t = self.baseline.value, self.target.value
         if b == t:
             self.output.value = _error(ValueError("baseline and target are the same run"))
             return None
         self.output.value = "<i>searching…</i>"
+        runs = self.explorer.runs
+        triage = getattr(self.explorer, "triage", None)
+        offset = triage.step_offset if triage is not None and triage.paired else None
         try:
-            f = first_divergence(self.explorer.runs.ds, runs=(b, t), tolerance=self.tolerance_value())
+            f = diagnose(runs.run(t), runs.run(b), kinds=["first_divergence"], tolerance=self.tolerance_value(),
+                         step_offset=offset).finding
         except Exception as err:
             self.output.value = _error(err)
             return None
@@ -132,13 +136,13 @@ class NanOriginPanel(ipw.VBox):
         super().__init__([ipw.HBox([self.run_pick, self.button]), self.output])
 
     def run(self) -> Any:
-        """Search, show and move the explorer to the finding; returns the Finding (or None)."""
-        from precnb.analysis import nan_origin
+        """Search (through the pipeline), show and move the explorer to the finding; returns it (or None)."""
+        from precnb.pipeline import diagnose
 
         run = self.run_pick.value if self.explorer.runs.names else None
         self.output.value = "<i>searching…</i>"
         try:
-            f = nan_origin(self.explorer.runs.run(run))
+            f = diagnose(self.explorer.runs.run(run), kinds=["nan_origin"]).finding
         except Exception as err:
             self.output.value = _error(err)
             return None

@@ -1,0 +1,73 @@
+"""The built-in diagnoses, registered in :mod:`precnb.analysis.registry`.
+
+Each wraps one pure analysis function; the pipeline (:func:`precnb.diagnose`) decides which
+apply. Order (priority): first divergence (two runs), replica mismatch (a layout was given),
+NaN/Inf origin and anomalies (one run).
+
+Examples
+--------
+>>> from precnb.analysis.registry import get
+>>> get("first_divergence").command
+'diff'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from precnb.analysis.registry import Context, Diagnosis, register
+
+__all__: list[str] = []
+
+
+def _first_divergence(ctx: Context) -> Any:
+    from precnb.analysis.divergence import first_divergence
+
+    assert ctx.baseline is not None
+    kw: dict[str, Any] = {}
+    if ctx.alignment is not None:
+        kw["alignment"] = ctx.alignment
+    return first_divergence(ctx.baseline, ctx.target, tolerance=ctx.tolerance, step_offset=ctx.step_offset,
+                            crc=ctx.crc, **kw)
+
+
+def _nan_origin(ctx: Context) -> Any:
+    from precnb.analysis.nan_origin import nan_origin
+
+    return nan_origin(ctx.target)
+
+
+def _anomalies(ctx: Context) -> Any:
+    from precnb.analysis.anomalies import anomalies
+
+    found = anomalies(ctx.target, rule=ctx.params.get("spike_rule"), limit=int(ctx.params.get("limit", 50)))
+    return found
+
+
+def _has_layout(ctx: Context) -> bool:
+    return ctx.target_layout is not None
+
+
+def _replicas(ctx: Context) -> Any:
+    from precnb.analysis.replicas import check_replicas
+
+    raw = ctx.raw_target if ctx.raw_target is not None else ctx.target
+    return check_replicas(raw, ctx.target_layout, rtol=float(ctx.params.get("replica_rtol", 1e-6)),
+                          limit=int(ctx.params.get("limit", 50)))
+
+
+register(Diagnosis(
+    kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
+    description="first divergence (values with dtype tolerances, structural differences)",
+    command="diff", color="first_bad"))
+register(Diagnosis(
+    kind="replica_mismatch", title="Replica mismatch", priority=20, mode="any", run=_replicas,
+    applies=_has_layout, description="replica check (tensors that must be identical across the "
+    "layout's replicas)", command="replicas", color="first_bad"))
+register(Diagnosis(
+    kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
+    description="NaN/Inf origin (mask infinities ignored)", command="nan", color="first_bad"))
+register(Diagnosis(
+    kind="anomaly", title="First anomaly", priority=40, mode="single", run=_anomalies,
+    description="anomalies (NaN/Inf transitions, spikes against history)", command="anomalies",
+    color="first_bad"))

@@ -1,0 +1,429 @@
+"""``precnb.diagnose``: the one path from inputs and options to ordered findings.
+
+Load → merge shards (layouts) → align names → resolve the step offset → run every registered
+diagnosis that applies (:mod:`precnb.analysis.registry`) → order the findings. The command
+line, the report, the explorer, the notebook templates and ``ds.prec`` are thin front ends
+over it, so the same input and options always give the same first finding.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xarray as xr
+
+from precnb.pipeline.inputs import Loaded, Source, open_source, split_inputs
+from precnb.pipeline.options import Options
+
+__all__ = ["Triage", "diagnose"]
+
+TRIAGE_SCHEMA = "precnb.triage/1"
+
+
+@dataclass
+class Triage:
+    """The outcome of :func:`diagnose`.
+
+    Attributes
+    ----------
+    findings : list of Finding
+        Most important first: found ones by diagnosis priority, then the "nothing found" ones
+        (so a healthy run still says what was checked).
+    options : Options
+        The options used.
+    alignment : Alignment or None
+        How the baseline's names were mapped onto the target's (None: one run, or identical names).
+    checks : list of dict
+        One entry per diagnosis considered: ``kind``, ``title``, ``description``, ``status``
+        (``found`` / ``none`` / ``not applicable``) and a ``message``.
+    target, baseline : xarray.Dataset
+        The runs diagnosed (shards merged), baseline None for one run.
+    raw_target, raw_baseline : xarray.Dataset
+        The runs as read (before merging).
+    names : (str, str)
+        Display names (baseline, target); ``("", name)`` for one run.
+    step_offset : int or None
+        The resolved step offset (two runs).
+    notes : list of str
+        What was done to the inputs (merges, alignment, stepwise reading), in words.
+    load_failures : list of (str, str)
+        Files that could not be read (path, reason).
+    target_layout, baseline_layout : Layout or None
+        The layouts, parsed against the runs' ranks.
+    """
+
+    findings: list[Any]
+    options: Options
+    alignment: Any = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    target: xr.Dataset | None = field(default=None, repr=False)
+    baseline: xr.Dataset | None = field(default=None, repr=False)
+    raw_target: xr.Dataset | None = field(default=None, repr=False)
+    raw_baseline: xr.Dataset | None = field(default=None, repr=False)
+    names: tuple[str, str] = ("", "run")
+    step_offset: int | None = None
+    notes: list[str] = field(default_factory=list)
+    load_failures: list[tuple[str, str]] = field(default_factory=list)
+    target_layout: Any = None
+    baseline_layout: Any = None
+
+    @property
+    def finding(self) -> Any:
+        """The first finding (the most important one; a "nothing found" one when all are clean)."""
+        return self.findings[0] if self.findings else None
+
+    @property
+    def found(self) -> list[Any]:
+        """The findings that found something."""
+        return [f for f in self.findings if f.found]
+
+    @property
+    def paired(self) -> bool:
+        """True when a baseline was compared."""
+        return self.baseline is not None
+
+    def first(self, kind: str) -> Any:
+        """The finding of *kind* (None when that diagnosis did not run)."""
+        return next((f for f in self.findings if f.kind == kind), None)
+
+    def combined(self) -> xr.Dataset:
+        """Baseline and target in one dataset (``run`` dim), the baseline in the target's names."""
+        from precnb.combine import combine_runs
+
+        if self.target is None:
+            raise ValueError("no run")
+        if self.baseline is None:
+            return self.target
+        base = self.baseline
+        if self.alignment is not None:
+            base = self.alignment.apply(base)
+        return combine_runs({self.names[0]: base, self.names[1]: self.target})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: ``findings`` (most important first), ``checks``, ``options``, ``notes``."""
+        from precnb.analysis.findings import jsonable
+
+        return jsonable({
+            "schema": TRIAGE_SCHEMA,
+            "findings": [f.to_dict() for f in self.findings],
+            "checks": self.checks,
+            "options": self.options.describe(),
+            "names": {"baseline": self.names[0], "target": self.names[1]},
+            "step_offset": self.step_offset,
+            "notes": self.notes,
+            "alignment": self.alignment.summary() if self.alignment is not None else None,
+            "load_failures": [{"path": p, "reason": r} for p, r in self.load_failures],
+        })
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """Strict JSON text of :meth:`to_dict`."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def summary(self) -> str:
+        """Readable text: every finding's summary, most important first."""
+        return "\n\n".join(f.summary() for f in self.findings)
+
+
+def _layout(spec: Any, ds: xr.Dataset) -> Any:
+    if spec is None or spec == "":
+        return None
+    from collections.abc import Mapping
+
+    from precnb.analysis import Layout
+
+    if isinstance(spec, Layout):
+        return spec
+    if isinstance(spec, Mapping):
+        return Layout(int(ds.sizes["rank"]), **dict(spec))
+    return Layout.parse(str(spec), world_size=int(ds.sizes["rank"]))
+
+
+def _sharded(layout: Any) -> bool:
+    return layout is not None and any(getattr(layout, d) > 1 for d in ("tp", "pp", "vpp", "cp", "ep"))
+
+
+def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay: Any,
+                  notes: list[str] | None = None) -> tuple[xr.Dataset | None, xr.Dataset]:
+    """Merge each run's shards into whole-layer statistics (the other run names split dims).
+
+    Parameters
+    ----------
+    base, target : xarray.Dataset
+    b_lay, t_lay : Layout or None
+        Only layouts with tp/pp/vpp/cp/ep > 1 merge anything.
+    notes : list of str, optional
+        What was merged is appended here.
+    """
+    from precnb.analysis import merge_shards
+
+    b_m = b_lay if _sharded(b_lay) else None
+    t_m = t_lay if _sharded(t_lay) else None
+    merged_base = base
+    if base is not None and b_m is not None:
+        merged_base = merge_shards(base, b_m, reference=None if t_m else target)
+        if notes is not None:
+            notes.append(f"baseline shards merged ({b_m.describe()})")
+    if t_m is not None:
+        target = merge_shards(target, t_m, reference=None if (b_m or base is None) else base)
+        if notes is not None:
+            notes.append(f"target shards merged ({t_m.describe()})")
+    return merged_base, target
+
+
+def _tolerance(opts: Options, open_ref: Any) -> Any:
+    from precnb.analysis import Tolerance
+
+    tol = opts.tolerance
+    kw: dict[str, Any] = {}
+    if isinstance(tol, (int, float)) and not isinstance(tol, bool):
+        kw["rtol"] = float(tol)
+        tol = None
+    if opts.reference is not None:
+        a, b = opts.reference
+        base = tol if isinstance(tol, Tolerance) else None
+        if base is not None:
+            kw = {"rtol": base.rtol, "by_dtype": dict(base.by_dtype), "atol": base.atol, **kw}
+        return Tolerance.calibrate(open_ref(a), open_ref(b), **kw)
+    if tol is not None:
+        return tol
+    return Tolerance(**kw) if kw else None
+
+
+def _spike_rule(opts: Options) -> Any:
+    from precnb.analysis import SpikeRule
+
+    return SpikeRule(z=float(opts.spike_z), ratio=float(opts.spike_ratio), stats=tuple(opts.spike_stats))
+
+
+def _pair_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int] | None, list[int] | None]:
+    """Steps to read of (baseline, target) for ``--steps`` when the offset is known without reading."""
+    if opts.steps is None:
+        return None, None
+    if isinstance(opts.step_offset, int) and not isinstance(opts.step_offset, bool):
+        return list(opts.steps), [s + opts.step_offset for s in opts.steps]
+    if opts.step_offset is None and tsrc.is_path and bsrc.is_path:
+        from precnb.analysis.compare import default_step_offset
+        from precnb.io.api import available_steps
+
+        try:
+            bs = available_steps(bsrc.value, format=opts.format, ranks=opts.ranks)
+            ts = available_steps(tsrc.value, format=opts.format, ranks=opts.ranks)
+        except Exception:  # reported by the whole read
+            return None, None
+        if bs is not None and ts is not None and default_step_offset(bs, ts, None) == 0:
+            return list(opts.steps), list(opts.steps)
+    return None, None
+
+
+def _stepwise_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int], int] | None:
+    """(baseline steps to search, offset) when the divergence search can read step by step."""
+    from precnb.analysis.compare import default_step_offset
+    from precnb.io.api import available_steps
+
+    if not (tsrc.is_path and bsrc.is_path):
+        return None
+    try:
+        bsteps = available_steps(bsrc.value, format=opts.format, ranks=opts.ranks)
+        tsteps = available_steps(tsrc.value, format=opts.format, ranks=opts.ranks)
+    except Exception:  # undetectable input: the whole read reports it properly
+        return None
+    if bsteps is None or tsteps is None:
+        return None
+    off = default_step_offset(bsteps, tsteps, opts.step_offset)
+    if off == "auto":
+        return None
+    search = [s for s in bsteps if s + int(off) in set(tsteps)]
+    if opts.steps is not None:
+        search = [s for s in search if s in set(opts.steps)]
+    return (search, int(off)) if len(search) >= 2 else None
+
+
+def diagnose(
+    target: Any,
+    baseline: Any = None,
+    *,
+    options: Options | None = None,
+    **kw: Any,
+) -> Triage:
+    """Diagnose one run, or a target against its baseline: every applicable diagnosis, in order.
+
+    Parameters
+    ----------
+    target : path, xarray.Dataset or mapping
+        The run diagnosed: a dump root / step / rank folder, monitor output, kernel dump, compare
+        CSV or zarr store; an opened dataset; a dataset holding two runs (``run`` dim; the first is
+        the baseline); or ``{"gpu": a, "npu": b}`` (first = baseline, last = target).
+    baseline : path, xarray.Dataset or str, optional
+        The run it is compared with (or, with a combined dataset, the name of one of its runs).
+    options : Options, optional
+        All options at once; or give them as keyword arguments (see :class:`Options`):
+        ``target_layout`` (alias ``layout``), ``baseline_layout``, ``step_offset``, ``tolerance``,
+        ``reference``, ``mapping``, ``steps``, ``ranks``, ``kinds``, ``crc``, ``format``,
+        ``workers``, ``client``, ``progress``, ``spike_z``, ``spike_ratio``, ``spike_stats``,
+        ``limit``, ``replica_rtol``.
+
+    Returns
+    -------
+    Triage
+        ``.finding`` is the most important finding; ``.findings`` all of them.
+
+    Raises
+    ------
+    NotADumpError
+        When an input holds nothing readable.
+    ValueError
+        When the options do not fit the inputs (a layout that does not match the ranks, two runs
+        that share no step, an unknown diagnosis kind).
+
+    Examples
+    --------
+    >>> import precnb
+    >>> t = precnb.diagnose(precnb.sample_path("dp_nan"))  # doctest: +SKIP
+    >>> t.finding.kind, t.finding.step, t.finding.rank  # doctest: +SKIP
+    ('nan_origin', 1, 1)
+    """
+    from precnb.analysis import registry
+    from precnb.analysis.registry import Context
+
+    opts = options.with_(**kw) if options is not None and kw else (options or Options.from_kwargs(**kw))
+    loaded = Loaded()
+    common = {"format": opts.format, "workers": opts.workers, "client": opts.client, "progress": opts.progress,
+              "ranks": opts.ranks}
+    tsrc, bsrc = split_inputs(target, baseline)
+    wanted = registry.diagnoses(opts.kinds)
+    notes: list[str] = []
+
+    def open_ref(x: Any) -> xr.Dataset:
+        return open_source(Source(x, "reference"), loaded=loaded, **common)
+
+    tolerance = _tolerance(opts, open_ref)
+    params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol)}
+
+    only_divergence = bsrc is not None and {d.kind for d in wanted} <= {"first_divergence"}
+    plan = _stepwise_steps(tsrc, bsrc, opts) if only_divergence and bsrc is not None else None
+    if plan is not None:
+        from precnb.errors import NotADumpError
+
+        try:
+            return _diagnose_stepwise(tsrc, bsrc, opts, plan, tolerance, loaded, common, notes)
+        except NotADumpError:  # a step with no readable file: read the runs whole instead
+            loaded.failures.clear()
+
+    if bsrc is None:
+        raw_t = open_source(tsrc, loaded=loaded, steps=opts.steps, **common)
+        raw_b = None
+    else:
+        b_steps, t_steps = _pair_steps(tsrc, bsrc, opts)
+        raw_t = open_source(tsrc, loaded=loaded, steps=t_steps, **common)
+        raw_b = open_source(bsrc, loaded=loaded, steps=b_steps, **common)
+    t_lay = _layout(opts.target_layout, raw_t)
+    b_lay = _layout(opts.baseline_layout, raw_b) if raw_b is not None else None
+    if opts.baseline_layout is not None and raw_b is None:
+        raise ValueError("baseline_layout needs a baseline")
+    if raw_b is not None:  # shards are merged to compare; one run is diagnosed rank by rank
+        base, targ = merge_layouts(raw_b, raw_t, b_lay, t_lay, notes)
+    else:
+        base, targ = None, raw_t
+    alignment = None
+    step_offset: int | None = None
+    if base is not None:
+        from precnb.analysis.compare import align_steps
+
+        alignment = _alignment(base, targ, opts, notes)
+        b_for_steps = alignment.apply(base) if alignment is not None else base
+        step_offset = align_steps(b_for_steps, targ, opts.step_offset)
+        if opts.steps is not None:
+            keep = [s for s in base["step"].values.tolist() if s in set(opts.steps)]
+            base = base.sel(step=keep)
+            targ = targ.sel(step=[s for s in targ["step"].values.tolist() if s - step_offset in set(keep)])
+    ctx = Context(target=targ, baseline=base, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
+                  baseline_layout=b_lay, alignment=alignment, tolerance=tolerance,
+                  step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,
+                  names=(bsrc.name if bsrc is not None else "", tsrc.name), params=params)
+    findings, checks = _run(wanted, ctx, explicit=opts.kinds is not None)
+    return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
+                  raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
+                  load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay)
+
+
+def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[str]) -> Any:
+    """The name alignment of the pair (None when the names are identical and no mapping is given)."""
+    return None
+
+
+def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool) -> tuple[list[Any], list[dict[str, Any]]]:
+    from precnb.analysis import registry
+
+    results: list[tuple[str, Any]] = []  # (diagnosis kind, finding): a clean finding's own kind is "none"
+    checks: list[dict[str, Any]] = []
+    for d in wanted:
+        if not d.applicable(ctx):
+            if explicit:
+                raise ValueError(_not_applicable(d, ctx))
+            checks.append({"kind": d.kind, "title": d.title, "description": d.description,
+                           "status": "not applicable", "message": _not_applicable(d, ctx)})
+            continue
+        out = d.run(ctx)
+        for f in out if isinstance(out, list) else [out]:
+            results.append((d.kind, f))
+            checks.append({"kind": d.kind, "title": d.title, "description": d.description,
+                           "status": "found" if f.found else "none", "message": f.reason})
+    nan = next((f for k, f in results if k == "nan_origin"), None)
+    if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
+        results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
+            nan.found and "first_spike" not in f.values)))]
+    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found, registry.priority(x[1][0]), x[0]))
+    return [f for _, (_, f) in ranked], checks
+
+
+def _not_applicable(d: Any, ctx: Any) -> str:
+    if d.mode == "pair" and not ctx.paired:
+        return f"{d.title.lower()} needs a baseline run"
+    if d.mode == "single" and ctx.paired:
+        return f"{d.title.lower()} looks at one run (diagnose the target alone)"
+    if d.kind == "replica_mismatch":
+        return "the replica check needs the run's layout (e.g. tp=2 or dp=4)"
+    return f"{d.title.lower()} does not apply to these inputs"
+
+
+def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[int], int], tolerance: Any,
+                       loaded: Loaded, common: dict[str, Any], notes: list[str]) -> Triage:
+    """The divergence search reading step batches until one diverges (the whole-run answer)."""
+    from precnb.analysis import registry
+    from precnb.analysis.stepwise import first_divergence_stepwise
+
+    search, off = plan
+    state: dict[str, Any] = {}
+
+    def load(batch: list[int]) -> tuple[xr.Dataset, xr.Dataset]:
+        b = open_source(bsrc, loaded=loaded, steps=batch, **common)
+        t = open_source(tsrc, loaded=loaded, steps=[s + off for s in batch], **common)
+        if "layouts" not in state:
+            state["layouts"] = (_layout(opts.baseline_layout, b), _layout(opts.target_layout, t))
+        b_lay, t_lay = state["layouts"]
+        mnotes: list[str] = []
+        mb, mt = merge_layouts(b, t, b_lay, t_lay, mnotes)
+        assert mb is not None
+        if "notes" not in state:
+            state["notes"] = mnotes
+            state["alignment"] = _alignment(mb, mt, opts, mnotes)
+        state["last"] = (b, t, mb, mt)
+        return mb, mt
+
+    kw: dict[str, Any] = {}
+    finding = first_divergence_stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc, **kw)
+    notes.extend(state.get("notes", []))
+    skipped = finding.stats.get("steps_not_searched") or []
+    if skipped:
+        notes.append(f"read step by step: {len(search) - len(skipped)} of {len(search)} step(s) read")
+    raw_b, raw_t, mb, mt = state["last"]
+    d = registry.get("first_divergence")
+    checks = [{"kind": d.kind, "title": d.title, "description": d.description,
+               "status": "found" if finding.found else "none", "message": finding.reason}]
+    b_lay, t_lay = state["layouts"]
+    return Triage(findings=[finding], options=opts, alignment=state.get("alignment"), checks=checks, target=mt,
+                  baseline=mb, raw_target=raw_t, raw_baseline=raw_b, names=(bsrc.name, tsrc.name), step_offset=off,
+                  notes=notes, load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay)
