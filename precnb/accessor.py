@@ -1,4 +1,4 @@
-"""The ``ds.prec`` accessor: delegation to :mod:`precnb.analysis`, no cached results.
+"""The ``ds.prec`` accessor: delegation to :func:`precnb.diagnose` and :mod:`precnb.analysis`, no cached results.
 
 Examples
 --------
@@ -111,27 +111,51 @@ class PrecAccessor:
 
         return load_report(self._ds)
 
-    # -- diagnosis ---------------------------------------------------------------------
-    def first_divergence(self, target: xr.Dataset, **kw: Any) -> Any:
-        """Compare with *target*, this run as the baseline; see :func:`precnb.first_divergence`."""
-        from precnb.analysis import first_divergence
+    # -- diagnosis (through the one pipeline, :func:`precnb.diagnose`) ---------------------------
+    def diagnose(self, baseline: Any = None, **options: Any) -> Any:
+        """Diagnose this run (against *baseline*); see :func:`precnb.diagnose`."""
+        from precnb.pipeline import diagnose
 
-        return first_divergence(self._ds, target, **kw)
+        return diagnose(self._ds, baseline, **options)
 
-    def nan_origin(self, **kw: Any) -> Any:
-        """See :func:`precnb.nan_origin`."""
-        from precnb.analysis import nan_origin
+    def first_divergence(self, target: Any, **options: Any) -> Any:
+        """Compare *target* with this run (the baseline): the pipeline's first-divergence finding."""
+        from precnb.pipeline import diagnose
 
-        return nan_origin(self._ds, **kw)
+        return diagnose(target, self._ds, kinds=["first_divergence"], **_options(options)).finding
 
-    def anomalies(self, **kw: Any) -> Any:
-        """See :func:`precnb.anomalies`."""
-        from precnb.analysis import anomalies
+    def nan_origin(self, **options: Any) -> Any:
+        """The pipeline's NaN/Inf-origin finding for this run; see :func:`precnb.diagnose`."""
+        from precnb.pipeline import diagnose
 
-        return anomalies(self._ds, **kw)
+        return diagnose(self._one(options), kinds=["nan_origin"], **_options(options)).finding
 
-    def explore(self, **kw: Any) -> Any:
-        """Open the notebook explorer; see :func:`precnb.explore`."""
+    def anomalies(self, **options: Any) -> Any:
+        """The pipeline's anomaly finding for this run; see :func:`precnb.diagnose`."""
+        from precnb.pipeline import diagnose
+
+        return diagnose(self._one(options), kinds=["anomaly"], **_options(options)).finding
+
+    def explore(self, baseline: Any = None, **options: Any) -> Any:
+        """Open the notebook explorer on this run; see :func:`precnb.explore`."""
         from precnb.widgets import explore
 
-        return explore(self._ds, **kw)
+        return explore(self._ds, baseline, **options)
+
+    def _one(self, options: dict[str, Any]) -> xr.Dataset:
+        run = options.pop("run", None)
+        if run is None or "run" not in self._ds.dims:
+            return self._ds
+        from precnb.combine import select_run
+
+        return select_run(self._ds, run)
+
+
+def _options(kw: dict[str, Any]) -> dict[str, Any]:
+    """Pipeline options from the analysis functions' older keyword names (``rule=``)."""
+    rule = kw.pop("rule", None)
+    if rule is not None:
+        kw.setdefault("spike_z", rule.z)
+        kw.setdefault("spike_ratio", rule.ratio)
+        kw.setdefault("spike_stats", tuple(rule.stats))
+    return kw

@@ -116,7 +116,7 @@ def test_template_fill(tmp_path, capsys):
 
     out = tmp_path / "incident" / "my.ipynb"
     code = main(["template", "divergence", "-o", str(out), "-p", "baseline", "/data/gpu run",
-                 "-p", "target", "/data/npu", "-p", "step_offset", "auto", "-p", "rtol", "0.001"])
+                 "-p", "target", "/data/npu", "-p", "step_offset", "auto", "-p", "tolerance", "0.001"])
     assert code == 0, capsys.readouterr().err
     nb = _read(out)
     injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
@@ -125,7 +125,7 @@ def test_template_fill(tmp_path, capsys):
     ns: dict = {}
     exec(injected[0].source, ns)
     assert ns["baseline"] == "/data/gpu run" and ns["target"] == "/data/npu"
-    assert ns["step_offset"] == "auto" and ns["rtol"] == 0.001
+    assert ns["step_offset"] == "auto" and ns["tolerance"] == 0.001
     assert all(c.get("outputs", []) == [] for c in nb.cells if c.cell_type == "code")
     # list / JSON values and numbers
     out2 = tmp_path / "nan.ipynb"
@@ -178,7 +178,7 @@ def test_template_command_works_from_an_installed_wheel(tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
     code = ("import json, precnb, precnb.report.notebooks as n; from precnb.cli import main; "
-            "rc = main(['template', 'sharded_vs_single', '-o', 'out.ipynb', '-p', 'layout', 'tp=4']); "
+            "rc = main(['template', 'sharded_vs_single', '-o', 'out.ipynb', '-p', 'target_layout', 'tp=4']); "
             "print(json.dumps([precnb.__file__, rc, n.list_templates()]))")
     env = dict(os.environ, PYTHONPATH=str(site))
     proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True,
@@ -188,7 +188,7 @@ def test_template_command_works_from_an_installed_wheel(tmp_path):
     assert Path(file).resolve().is_relative_to(site.resolve()), file  # the installed copy, not the checkout
     assert rc == 0 and names == NAMES
     nb = _read(work / "out.ipynb")
-    assert any("layout = \"tp=4\"" in c.source for c in nb.cells)
+    assert any("target_layout = \"tp=4\"" in c.source for c in nb.cells)
     assert (site / "precnb" / "templates" / "report" / "report.html.j2").is_file()
 
 

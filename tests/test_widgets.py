@@ -60,7 +60,7 @@ def test_opens_at_the_nan_origin(ex, nan_run):
 
 def test_healthy_run_opens_without_a_finding():
     ex = explore(make_run())
-    assert ex.finding is None and ex.tensor is None and "Nothing found" in ex.nan.output.value
+    assert ex.finding.kind == "none" and ex.tensor is None and "Nothing found" in ex.nan.output.value
     assert len(ex.frame) and ex.filters.color.value == "stat"
 
 

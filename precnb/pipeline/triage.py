@@ -69,6 +69,7 @@ class Triage:
     load_failures: list[tuple[str, str]] = field(default_factory=list)
     target_layout: Any = None
     baseline_layout: Any = None
+    results: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def finding(self) -> Any:
@@ -85,22 +86,28 @@ class Triage:
         """True when a baseline was compared."""
         return self.baseline is not None
 
-    def first(self, kind: str) -> Any:
-        """The finding of *kind* (None when that diagnosis did not run)."""
-        return next((f for f in self.findings if f.kind == kind), None)
+    def result(self, kind: str) -> Any:
+        """What the diagnosis *kind* returned (its finding, or its "nothing found"); None when it did not run."""
+        return self.results.get(kind)
 
     def combined(self) -> xr.Dataset:
-        """Baseline and target in one dataset (``run`` dim), the baseline in the target's names."""
-        from precnb.combine import combine_runs
+        """Baseline and target in one dataset (``run`` dim named by :attr:`names`), for charts and tables.
+
+        The baseline is in the target's names (aligned), the steps are the baseline's (target steps
+        shifted by the step offset) and only the steps and ranks both runs hold are kept — the
+        grid the first-divergence search compared. One run: the target.
+        """
+        from precnb.analysis.compare import compare_runs
 
         if self.target is None:
             raise ValueError("no run")
         if self.baseline is None:
             return self.target
-        base = self.baseline
+        kw: dict[str, Any] = {}
         if self.alignment is not None:
-            base = self.alignment.apply(base)
-        return combine_runs({self.names[0]: base, self.names[1]: self.target})
+            kw["alignment"] = self.alignment
+        cmp = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
+        return cmp.ds.assign_coords(run=("run", [str(self.names[0]), str(self.names[1])]))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: ``findings`` (most important first), ``checks``, ``options``, ``notes``."""
@@ -343,10 +350,10 @@ def diagnose(
                   baseline_layout=b_lay, alignment=alignment, tolerance=tolerance,
                   step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,
                   names=(bsrc.name if bsrc is not None else "", tsrc.name), params=params)
-    findings, checks = _run(wanted, ctx, explicit=opts.kinds is not None)
+    findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
-                  load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay)
+                  load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results)
 
 
 def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[str]) -> Any:
@@ -354,7 +361,8 @@ def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[st
     return None
 
 
-def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool) -> tuple[list[Any], list[dict[str, Any]]]:
+def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
+         ) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
     from precnb.analysis import registry
 
     results: list[tuple[str, Any]] = []  # (diagnosis kind, finding): a clean finding's own kind is "none"
@@ -371,12 +379,13 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool) -> tuple[list[Any],
             results.append((d.kind, f))
             checks.append({"kind": d.kind, "title": d.title, "description": d.description,
                            "status": "found" if f.found else "none", "message": f.reason})
-    nan = next((f for k, f in results if k == "nan_origin"), None)
+    by_kind = {k: f for k, f in results}
+    nan = by_kind.get("nan_origin")
     if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
         results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
             nan.found and "first_spike" not in f.values)))]
     ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found, registry.priority(x[1][0]), x[0]))
-    return [f for _, (_, f) in ranked], checks
+    return [f for _, (_, f) in ranked], checks, by_kind
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:
@@ -426,4 +435,5 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
     b_lay, t_lay = state["layouts"]
     return Triage(findings=[finding], options=opts, alignment=state.get("alignment"), checks=checks, target=mt,
                   baseline=mb, raw_target=raw_t, raw_baseline=raw_b, names=(bsrc.name, tsrc.name), step_offset=off,
-                  notes=notes, load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay)
+                  notes=notes, load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay,
+                  results={"first_divergence": finding})

@@ -97,8 +97,15 @@ def runs_for(run_or_runs: Any, baseline: Any = None, *, auto: bool = True,
     first finding. With more than two runs the explorer shows all of them and the triage
     compares the baseline with the last other run.
     """
-    from precnb.pipeline import diagnose
+    from precnb.pipeline import Triage, diagnose
 
+    if isinstance(run_or_runs, Triage):  # already diagnosed: show it as it is
+        if baseline is not None or options:
+            raise ValueError("a Triage already holds its runs and options; pass neither baseline nor options")
+        triage = run_or_runs
+        if triage.baseline is None:
+            return Runs(_in_memory(triage.target)), triage
+        return Runs(_in_memory(triage.combined()), triage.names[1], triage.names[0]), triage
     kw = dict(options or {})
     if not auto:
         kw["kinds"] = []

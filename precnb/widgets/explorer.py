@@ -275,6 +275,7 @@ class Explorer(ipw.VBox):
         panel = self.divergence if t.paired else self.nan
         shown = next((x for x in t.findings if x.kind == ("first_divergence" if t.paired else "nan_origin")), f)
         panel.show(shown if not f.found else (f if f.kind in ("first_divergence", "nan_origin") else shown))
+        self.finding = f  # what it opened on (a "nothing found" finding on a clean run)
         if not f.found:
             return
         try:
@@ -283,7 +284,6 @@ class Explorer(ipw.VBox):
             color = "events"
         color = {"first_bad": "reldiff" if t.paired else "events"}.get(color, color)
         self.show_finding(f, color=color, target=self.runs.target, baseline=self.runs.baseline)
-        self.finding = f
 
     def findings(self) -> list[Any]:
         """Findings for the report: the pipeline's, plus any a panel found since."""

@@ -1,0 +1,110 @@
+"""Every front end gives the same first finding, (kind, step, rank, node), on every bundled sample.
+
+The command line (``diff`` / ``nan`` / ``anomalies`` / ``replicas`` with ``--json``), the report (its
+embedded ``precnb-findings`` JSON, most important first), the explorer (``Explorer.finding``),
+``ds.prec`` and the Python pipeline all go through :func:`precnb.diagnose`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import precnb
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data_samples"
+
+# (case id, target, baseline, options as CLI flags, options as keyword arguments)
+CASES = [
+    ("healthy", "healthy", None, [], {}),
+    ("dp_nan", "dp_nan", None, [], {}),
+    ("monitor", "monitor", None, [], {}),
+    ("divergence", "divergence/target", "divergence/baseline", [], {}),
+    ("dp_sum", "dp_sum/target", "dp_sum/baseline", [], {}),
+    ("dp_sum+layout", "dp_sum/target", "dp_sum/baseline", ["--target-layout", "dp=2"], {"target_layout": "dp=2"}),
+    ("tp", "tp/tp2", "tp/tp1", ["--target-layout", "tp=2"], {"target_layout": "tp=2"}),
+    ("tp replicas", "tp/tp2", None, ["--layout", "tp=2"], {"target_layout": "tp=2"}),
+]
+
+VERB = {"first_divergence": "diff", "nan_origin": "nan", "anomaly": "anomalies", "replica_mismatch": "replicas"}
+
+
+def key(f: dict) -> tuple:
+    return (f["kind"], f.get("step"), f.get("rank"), f.get("node"))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+
+
+def pipeline_first(target, baseline, kw):
+    t = precnb.diagnose(SAMPLES / target, SAMPLES / baseline if baseline else None, progress=False, **kw)
+    first = t.finding
+    # the diagnosis that produced the first finding (its own kind is "none" when it found nothing)
+    producer = next(c["kind"] for c in t.checks if c["status"] != "not applicable"
+                    and t.result(c["kind"]) is first)
+    return t, first.to_dict(), producer
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_every_front_end_gives_the_same_first_finding(case, tmp_path):
+    _id, target, baseline, flags, kw = case
+    triage, first, producer = pipeline_first(target, baseline, kw)
+    want = key(first)
+
+    # the command line verb of that diagnosis
+    verb = VERB[producer]
+    if verb == "diff":
+        args = ["diff", str(SAMPLES / baseline), str(SAMPLES / target), *flags, "--json"]
+    else:
+        args = [verb, str(SAMPLES / target), *flags, "--json"]
+    out = cli(*args)
+    assert out.returncode == 0, out.stderr
+    assert key(json.loads(out.stdout)) == want, (args, out.stdout[:400])
+
+    # the report's embedded findings (a list, most important first)
+    html = tmp_path / "r.html"
+    rargs = ["report", str(SAMPLES / target), "-o", str(html), *flags]
+    if baseline:
+        rargs += ["--baseline", str(SAMPLES / baseline)]
+    out = cli(*rargs)
+    assert out.returncode == 0, out.stderr
+    m = re.search(r'<script type="application/json" id="precnb-findings">(.*?)</script>', html.read_text(),
+                  re.S)
+    assert m, "the report embeds its findings"
+    embedded = json.loads(m.group(1))
+    assert isinstance(embedded, list) and key(embedded[0]) == want
+
+    # the explorer opens on it
+    pytest.importorskip("ipywidgets")
+    ex = precnb.explore(SAMPLES / target, SAMPLES / baseline if baseline else None, **kw)
+    assert ex.finding is not None and key(ex.finding.to_dict()) == want
+    if ex.finding.found:
+        assert (ex.step, ex.rank) == (want[1], want[2])
+
+    # ds.prec (and the Python API on opened datasets)
+    ds = precnb.open_run(SAMPLES / target, progress=False)
+    if producer == "first_divergence":
+        base = precnb.open_run(SAMPLES / baseline, progress=False)
+        got = base.prec.first_divergence(ds, **kw)
+    elif producer == "nan_origin":
+        got = ds.prec.nan_origin()
+    elif producer == "anomaly":
+        got = ds.prec.anomalies()
+    else:
+        got = ds.prec.diagnose(**kw).finding
+    assert key(got.to_dict()) == want
+
+
+def test_explorer_takes_a_layout_and_compares_merged_shards():
+    ex = precnb.explore(SAMPLES / "tp/tp2", SAMPLES / "tp/tp1", target_layout="tp=2")
+    assert ex.triage.target_layout.tp == 2 and "target shards merged" in " ".join(ex.triage.notes)
+    assert ex.finding.kind == "none"  # the merged TP=2 run matches TP=1: no confident false divergence
+    assert int(ex.runs.ds.sizes["rank"]) == 1
