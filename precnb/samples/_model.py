@@ -61,12 +61,16 @@ class Faults:
     mlp_act_dtype:
         Per-block dtype in which the MLP activation (GELU) is computed; the activation input is
         cast with ``Tensor.to`` and the result cast back to float32. float32 casts are no-ops.
+    hidden_dropout:
+        Probability of the (Megatron "hidden") dropout applied with ``F.dropout`` to each block's
+        attention and MLP outputs before the residual adds; 0 leaves the ops out altogether.
     """
 
     nan_attention_block: int | None = None
     nan_active: bool = False
     nan_position: tuple[int, int, int, int] = (0, 0, 5, 3)
     mlp_act_dtype: dict[int, torch.dtype] = field(default_factory=dict)
+    hidden_dropout: float = 0.0
 
 
 class TPGroup:
@@ -221,10 +225,15 @@ class Block(nn.Module):
         self.attn = Attention(cfg, index, faults, tp)
         self.mlp_norm = RMSNorm(cfg.hidden)
         self.mlp = MLP(cfg, index, faults, tp)
+        self.faults = faults
+
+    def _dropout(self, h):
+        p = self.faults.hidden_dropout
+        return F.dropout(h, p=p, training=True) if p else h
 
     def forward(self, x):
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self._dropout(self.attn(self.attn_norm(x)))
+        return x + self._dropout(self.mlp(self.mlp_norm(x)))
 
 
 class TinyGPT(nn.Module):

@@ -11,8 +11,10 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -68,6 +70,8 @@ class RunSpec:
     act_dtype: ActDtypeFault | None = None
     act_cast_block: int | None = None  # run the (float32) cast path in this block on every rank
     spike: GradSpike | None = None
+    hidden_dropout: float = 0.0  # F.dropout(p) on each block's attention and MLP outputs
+    unsynced_seed_rank: int | None = None  # this rank seeds the dropout RNG with seed + rank
     monitor_dir: str | None = None
     port: int = 0
     tag: str = "run"
@@ -100,14 +104,14 @@ def _dtype_map(spec: RunSpec, rank: int, step: int) -> dict[int, torch.dtype]:
     return out
 
 
-def worker(rank: int, spec: RunSpec) -> None:
-    """Train the tiny GPT for ``spec.steps`` steps on one rank under msprobe."""
-    log_dir = Path(spec.log_dir)
-    _redirect_output(log_dir / f"{spec.tag}_rank{rank}.log")
+def start_worker(rank: int, spec: Any) -> None:
+    """Common start of a worker: output to its log, 1 thread, deterministic, gloo if asked.
+
+    ``spec`` is any object with ``log_dir``, ``tag``, ``init_dist``, ``port`` and ``world_size``.
+    """
+    _redirect_output(Path(spec.log_dir) / f"{spec.tag}_rank{rank}.log")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    if spec.monitor_dir is not None:
-        os.environ["MONITOR_OUTPUT_DIR"] = spec.monitor_dir
     if spec.init_dist:
         dist.init_process_group(
             "gloo",
@@ -115,13 +119,38 @@ def worker(rank: int, spec: RunSpec) -> None:
             rank=rank,
             world_size=spec.world_size,
         )
+
+
+def finish_worker(rank: int, spec: Any, losses: list[float]) -> None:
+    """Common end of a worker: write the losses for :func:`launch`, leave the process group."""
+    path = Path(spec.log_dir) / f"{spec.tag}_losses_rank{rank}.json"
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(losses, fh)
+    if spec.init_dist:
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def worker(rank: int, spec: RunSpec) -> None:
+    """Train the tiny GPT for ``spec.steps`` steps on one rank under msprobe."""
+    if spec.monitor_dir is not None:
+        os.environ["MONITOR_OUTPUT_DIR"] = spec.monitor_dir
+    start_worker(rank, spec)
     cfg = spec.model
     tp = TPGroup(spec.world_size, rank) if spec.parallel == "tp" else None
     faults = Faults(nan_attention_block=spec.nan.block if spec.nan else None)
     if spec.nan is not None:
         faults.nan_position = spec.nan.position
+    faults.hidden_dropout = spec.hidden_dropout
     model = TinyGPT(cfg, faults, tp)
     opt = make_optimizer(model, cfg)
+    if spec.hidden_dropout:
+        # Megatron seeds the default generator identically on all TP ranks (the dropout on the
+        # replicated residual stream must draw the same mask); the unsynced rank adds its rank
+        offset = rank if rank == spec.unsynced_seed_rank else 0
+        torch.manual_seed(cfg.seed + 1 + offset)
 
     debugger = monitor = None
     if spec.tool == "dump":
@@ -160,22 +189,20 @@ def worker(rank: int, spec: RunSpec) -> None:
             debugger.step()
         losses.append(float(loss.detach()))
 
-    with open(log_dir / f"{spec.tag}_losses_rank{rank}.json", "w", encoding="utf-8") as fh:
-        json.dump(losses, fh)
-    if spec.init_dist:
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    finish_worker(rank, spec, losses)
 
 
-def launch(spec: RunSpec) -> dict[int, list[float]]:
-    """Spawn ``spec.world_size`` workers and return their losses by rank."""
+def launch(spec: Any, fn: Callable[[int, Any], None] | None = None) -> dict[int, list[float]]:
+    """Spawn ``spec.world_size`` workers running ``fn`` (default :func:`worker`); return losses.
+
+    ``fn(rank, spec)`` must be a module-level function (it is pickled by reference) that calls
+    :func:`start_worker` first and :func:`finish_worker` last.
+    """
     spec.port = free_port()
     Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
-        mp.spawn(worker, args=(spec,), nprocs=spec.world_size, join=True)
+        mp.spawn(fn or worker, args=(spec,), nprocs=spec.world_size, join=True)
     except Exception as exc:
         tails = []
         for r in range(spec.world_size):
