@@ -38,6 +38,7 @@ CATALOG: dict[str, str] = {
     "dp_sum": "_scenarios",
     "tp": "_scenarios",
     "monitor": "_scenarios",
+    "renamed": "_scn_renamed",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
