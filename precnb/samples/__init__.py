@@ -39,6 +39,7 @@ CATALOG: dict[str, str] = {
     "tp": "_scenarios",
     "monitor": "_scenarios",
     "renamed": "_scn_renamed",
+    "pp_local": "_scn_pp",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
