@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data_samples"
-NAMES = ("healthy", "dp_nan", "divergence", "dp_sum", "tp", "monitor", "renamed", "pp_local")
+NAMES = ("healthy", "dp_nan", "divergence", "dp_sum", "tp", "monitor", "renamed", "pp_local", "tp_unsync")
 STATS = ("Max", "Min", "Mean", "Norm")
 
 

@@ -40,6 +40,7 @@ CATALOG: dict[str, str] = {
     "monitor": "_scenarios",
     "renamed": "_scn_renamed",
     "pp_local": "_scn_pp",
+    "tp_unsync": "_scn_tp_unsync",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
