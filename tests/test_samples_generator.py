@@ -21,7 +21,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data_samples"
-NAMES = ("healthy", "dp_nan", "divergence", "dp_sum", "tp", "monitor", "renamed", "pp_local", "tp_unsync")
+NAMES = (
+    "healthy",
+    "dp_nan",
+    "divergence",
+    "dp_sum",
+    "tp",
+    "monitor",
+    "renamed",
+    "pp_local",
+    "tp_unsync",
+)
 STATS = ("Max", "Min", "Mean", "Norm")
 
 
@@ -134,7 +144,15 @@ def test_readme_and_total_size():
         assert f"## {name}" in text
     assert "python -m precnb.samples" in text
     total = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file())
-    assert total < 12e6, f"data_samples is {total / 1e6:.1f} MB"
+    assert total < 16e6, f"data_samples is {total / 1e6:.1f} MB"
+    # every dump root stays small (tiny model, few steps); the newer samples aim at 1 MB
+    for name in NAMES:
+        g = gt(name)
+        limit = 1.05e6 if name in ("renamed", "pp_local", "tp_unsync") else 2e6
+        for rel in g.get("dump_roots", {"": "."}).values():
+            root = DATA / name / rel
+            size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+            assert size < limit, f"{root} is {size / 1e6:.2f} MB"
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "monitor"])

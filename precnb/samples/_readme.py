@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import SAMPLE_NAMES
+from ._digests import DIGESTS
 from ._dumps import rank_dirs, step_dirs
 
 
@@ -82,6 +83,8 @@ def _fault_line(f: dict[str, Any]) -> str:
 
 def _digest(gt: dict[str, Any]) -> list[str]:
     name = gt["scenario"]
+    if name in DIGESTS:
+        return DIGESTS[name](gt)
     out: list[str] = []
     if name == "healthy":
         c = gt["checks"]
@@ -207,6 +210,19 @@ _NOTES = """\
 - The row-parallel all-reduce is done inside an autograd.Function (`_ReduceFromTP`, identity in
   backward, like Megatron): a bare in-place `dist.all_reduce` on a tensor that requires grad makes
   torch warn that `c10d::allreduce_` has no autograd kernel.
+- Point-to-point ops (`pp_local/pp2`): `Distributed.send.N.forward` has the sent tensor as
+  `input_args.0` (and again in `output`); `Distributed.recv.N.forward` has `input_args` `[null]`
+  and the received tensor as `output.0`. API call counters restart on every rank, so a pipeline
+  stage's `Functional.linear.0` is a later `Functional.linear.K` of the unsplit run.
+- The fused optimizer node `Torch._fused_adamw_.0.forward` has the pseudo-parent `optimizer` in
+  construct.json (a key without a dump record). Module `backward`/`parameters_grad` nodes and
+  the backward records of APIs called outside any module's backward hook (the embedding's, whose
+  input is integer token ids, and a multiply right after it) have the parent `null`.
+- `nn.Embedding` calls `F.embedding` with five more positional arguments (`padding_idx`,
+  `max_norm`, `norm_type`, `scale_grad_by_freq`, `sparse`) than a code base that calls
+  `F.embedding(ids, weight)` itself: `renamed/` pairs such records whose tensors agree while
+  their non-tensor `input_args` differ. `Tensor.float` on a float32 tensor is a low-risk API
+  (construct.json only).
 - Fault injection for NaN: `scores + torch.sqrt(poison)` with `poison` zero except `-1` at one
   position on the faulty step/rank. The same ops run on every step and rank (the position is
   written with `Tensor.__setitem__` every time), so node names line up across ranks and steps and
@@ -248,7 +264,7 @@ def write_readme(out: str | Path) -> Path:
         "```",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "command") + ".",
-        "All samples take 1-1.5 minutes on 2 CPU cores. Seeds, data and fault positions are "
+        "All samples take 2-3 minutes on 2 CPU cores. Seeds, data and fault positions are "
         "fixed and every rank runs single-threaded with "
         "`torch.use_deterministic_algorithms(True)`, "
         "so a rerun reproduces the statistics bit for bit and the faults at the same step, rank "
@@ -256,8 +272,10 @@ def write_readme(out: str | Path) -> Path:
         "absolute paths in `configs/` and `stack.json` change.",
         "",
         "Model: " + (first["model"] if first else "") + ". `healthy`, `dp_nan` and `monitor` use "
-        "2 blocks; `divergence`, `dp_sum` and `tp` use 1 block (the same model otherwise) to keep "
-        "all samples well under 12 MB. Each `ground_truth.json` states its model.",
+        "2 blocks; `divergence`, `dp_sum` and `tp` use 1 block (the same model otherwise); "
+        "`renamed` uses 2 blocks (the same model, written twice with other names), `pp_local` "
+        "4 blocks (2 per pipeline stage) and `tp_unsync` 1 block with hidden dropout, to keep "
+        "all samples under 16 MB. Each `ground_truth.json` states its model.",
         "",
         f"Total size: {_mb(total)}.",
         "",

@@ -1,0 +1,110 @@
+"""README digests of the samples of runs whose names differ and of the TP replica check (no torch).
+
+:func:`precnb.samples._readme.write_readme` calls ``DIGESTS[name](ground_truth)`` for the
+samples listed here; each returns Markdown bullet lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _renamed(gt: dict[str, Any]) -> list[str]:
+    f = gt["faults"][0]
+    b = f["baseline"]
+    out = [
+        f"- **{f['kind']} ({f['role']})**: step {f['step']}, rank {f['rank']}: target "
+        f"`{f['node']}` in `{f['module_path']}` (`{f['dump_json']}`) ↔ baseline `{b['node']}` in "
+        f"`{b['module_path']}` (`{b['dump_json']}`); differing leaves "
+        f"{sorted(f['differing_leaves'])}, output error {f['output_scale_aware_error']:.2e}",
+        f"- culprit module (inputs agree, output differs): target `{f['culprit_module']['target']}`"
+        f" ↔ baseline `{f['culprit_module']['baseline']}`",
+        f"- {len(gt['module_pairs'])} module pairs, e.g. "
+        + ", ".join(f"`{m['baseline']}` ↔ `{m['target']}`" for m in gt["module_pairs"][:4])
+        + " … (`module_pairs`); unpaired containers: "
+        + ", ".join(f"baseline `{m['module']}`" for m in gt["unpaired_modules"]["baseline"])
+        + ", "
+        + ", ".join(f"target `{m['module']}`" for m in gt["unpaired_modules"]["target"]),
+        f"- {len(gt['node_pairs']['step0_forward'])} forward and "
+        f"{len(gt['node_pairs']['step0_backward'])} backward API node pairs at step 0 "
+        "(`node_pairs`), all bit-identical; counter shifts: "
+        + (", ".join(f"`{c['api']}` {c['target_minus_baseline']:+d}" for c in gt["counter_shifts"]) or "none"),
+        "- extra target ops: "
+        + ", ".join(
+            f"`{e['node']}`" + ("" if e["in_dump_json"] else " (construct.json only)") for e in gt["extra_ops"]
+        ),
+    ]
+    for step, c in gt["checks"]["per_step"].items():
+        out.append(
+            f"- {step}: first differing paired node (target) `{c['first_differing_target_node']}`"
+            f" ({c['differing_paired_nodes']} of {c['paired_nodes']} paired nodes differ)"
+        )
+    out.append(f"- {gt['checks']['loss_note']}")
+    return out
+
+
+def _pp_local(gt: dict[str, Any]) -> list[str]:
+    lay = gt["layout"]
+    out = [
+        f"- no fault; pp2 = `{lay['pp2']}`, rank r holds global blocks "
+        + ", ".join(f"rank {r}: {b}" for r, b in lay["global_blocks_of_rank"].items())
+        + f" as {lay['local_block_names']}; {lay['note']}",
+    ]
+    for rank, st in gt["stages"].items():
+        ex = [m for m in st["module_pairs"] if m["stage"] != m["pp1"]][:2] or st["module_pairs"][:2]
+        out.append(
+            f"- {rank}: {len(st['module_pairs'])} module pairs ("
+            + ", ".join(f"`{m['stage']}` ↔ pp1 `{m['pp1']}`" for m in ex)
+            + f", …), {len(st['node_pairs']['step0_forward'])} forward / "
+            f"{len(st['node_pairs']['step0_backward'])} backward API pairs; not paired: "
+            + ", ".join(f"`{n}`" for n in st["not_paired"])
+        )
+    for p in gt["p2p"]:
+        if p["step"] == 0:
+            out.append(
+                f"- p2p {p['role']}: rank {p['send']['rank']} `{p['send']['node']}` → rank "
+                f"{p['recv']['rank']} `{p['recv']['node']}` = pp1 `{p['pp1']['node']}` "
+                f"{p['pp1']['leaf']}"
+            )
+    for step, s in gt["stitching"].items():
+        out.append(
+            f"- {step}: stitched pp2 vs pp1, max scale-aware error {s['max_scale_aware_error']} "
+            f"over {s['paired_nodes']} paired nodes"
+        )
+    return out
+
+
+def _tp_unsync(gt: dict[str, Any]) -> list[str]:
+    f = gt["faults"][0]
+    rc, cmp = gt["replica_check"], gt["tp1_comparison"]
+    out = [
+        f"- first replicated tensor differing across the TP ranks: step {f['step']}, ranks "
+        f"{f['ranks']}, `{f['node']}` {f['tensor']} (in `{f['module']}`); Mean rank 0 "
+        f"{f['stats']['rank0']['Mean']:.6g} vs rank 1 {f['stats']['rank1']['Mean']:.6g}; its "
+        "input is identical on both ranks",
+    ]
+    for step, c in rc["per_step"].items():
+        first = c["first"]
+        out.append(
+            f"- {step}: {c['replicated_tensors_differing_across_ranks']} of "
+            f"{c['replicated_tensors']} replicated tensors differ across ranks; first "
+            + (f"`{first['node']}` {first['tensor']}" if first else "none")
+        )
+    a, b = cmp["replicas_checked"], cmp["replicated_taken_from_rank0"]
+    out.append(
+        f"- TP=1 vs merged TP=2, replicas checked: step {a['step']} `{a['node']}` {a['tensor']} "
+        f"(ranks agreeing with tp1: {a['ranks_agreeing_with_tp1']})"
+    )
+    out.append(
+        f"- TP=1 vs merged TP=2, rank 0's copy of replicated tensors: step {b['step']} "
+        f"`{b['node']}` {b['tensor']} ({b['relation']}, in `{b['module']}`)"
+    )
+    return out
+
+
+DIGESTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "renamed": _renamed,
+    "pp_local": _pp_local,
+    "tp_unsync": _tp_unsync,
+}
