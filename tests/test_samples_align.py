@@ -2,7 +2,8 @@
 (tp_unsync): their ground truth is re-checked against the committed msprobe dumps.
 
 Neither torch nor msprobe is needed: the dumps are read with Python's json module and compared
-with the small helpers below (not with precnb's readers, nor with the generator's helpers).
+with the small helpers here and in test_samples_generator.py (not with precnb's readers, nor with
+the generator's helpers).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "data_samples"
+from tests.test_samples_generator import DATA, ROOT, _have, gt, leaves
+
 STATS = ("Max", "Min", "Mean", "Norm")
 
 
@@ -31,13 +32,6 @@ def load(path: Path):
     return _load(str(path))
 
 
-def gt(name: str) -> dict:
-    path = DATA / name / "ground_truth.json"
-    if not path.exists():
-        pytest.skip(f"{path} missing (run `python -m precnb.samples --out data_samples`)")
-    return load(path)
-
-
 def dump(name: str, root: str, step: int, rank: int = 0) -> dict:
     return load(DATA / name / root / f"step{step}" / f"rank{rank}" / "dump.json")["data"]
 
@@ -49,18 +43,6 @@ def construct(name: str, root: str, step: int, rank: int = 0) -> dict:
 def parent(cons: dict, node: str):
     p = cons.get(node)
     return (p[0] if p else None) if isinstance(p, list) else (p or None)
-
-
-def leaves(obj, path=()):
-    if isinstance(obj, dict):
-        if isinstance(obj.get("type"), str):
-            yield ".".join(path), obj
-            return
-        for k, v in obj.items():
-            yield from leaves(v, (*path, str(k)))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from leaves(v, (*path, str(i)))
 
 
 def tensors(record: dict) -> dict[str, dict]:
@@ -340,15 +322,6 @@ def test_generator_pairing_helpers_doctests():
 
 
 # ------------------------------------------------------------------------------- regeneration
-def _have(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.needs_generator
 @pytest.mark.skipif(not (_have("torch") and _have("msprobe")), reason="needs torch and msprobe")

@@ -38,7 +38,7 @@ from ._model import (
     make_batch,
     make_optimizer,
 )
-from ._train import finish_worker, start_worker
+from ._train import WorkerSpec, finish_worker, start_worker
 
 _TP1 = TPGroup(1, 0)
 MODEL = ModelConfig(blocks=2)
@@ -286,20 +286,12 @@ def module_map(blocks: int) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------- the runs
-@dataclass
-class NamedSpec:
-    """One run of the renamed pair (picklable; see :func:`launch`)."""
+@dataclass(kw_only=True)
+class NamedSpec(WorkerSpec):
+    """One run of the renamed pair (picklable; see :func:`~._train.launch`)."""
 
     variant: str  # "baseline" (Hugging Face names) or "target" (Megatron names)
-    config_path: str
-    log_dir: str
-    steps: int = STEPS
-    model: ModelConfig = MODEL
     fault_from_step: int | None = None
-    world_size: int = 1
-    init_dist: bool = True
-    port: int = 0
-    tag: str = "renamed"
 
 
 def worker(rank: int, spec: NamedSpec) -> None:

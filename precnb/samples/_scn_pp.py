@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from ._scenarios import (
     _load_all,
     _rank_dir,
 )
-from ._train import finish_worker, launch, start_worker
+from ._train import WorkerSpec, finish_worker, launch, start_worker
 
 MODEL = ModelConfig(blocks=4)
 STEPS = 2
@@ -68,21 +67,7 @@ class PipelineStage(nn.Module):
         return self.lm_head(self.norm_out(x)) if self.last else x
 
 
-@dataclass
-class PPSpec:
-    """One pp1 or pp2 run (picklable; see :func:`launch`)."""
-
-    config_path: str
-    log_dir: str
-    world_size: int
-    steps: int = STEPS
-    model: ModelConfig = MODEL
-    init_dist: bool = True
-    port: int = 0
-    tag: str = "pp"
-
-
-def worker(rank: int, spec: PPSpec) -> None:
+def worker(rank: int, spec: WorkerSpec) -> None:
     """Train unsplit (world size 1) or as a 2-stage pipeline (rank = stage) under msprobe."""
     start_worker(rank, spec)
     cfg = spec.model
@@ -204,7 +189,14 @@ def gen_pp_local(ctx: Context, sample: Path) -> dict:
     for variant, world in (("pp1", 1), ("pp2", STAGES)):
         root = sample / variant
         cfg = _dump_config(sample, root, f"config_{variant}.json")
-        spec = PPSpec(str(cfg), str(ctx.log_dir), world, tag=f"pp_local_{variant}")
+        spec = WorkerSpec(
+            config_path=str(cfg),
+            log_dir=str(ctx.log_dir),
+            world_size=world,
+            steps=STEPS,
+            model=MODEL,
+            tag=f"pp_local_{variant}",
+        )
         out = launch(spec, worker)
         losses[variant] = {str(r): v for r, v in out.items() if v}
         _expect_layout(root, STEPS, world, "rank")

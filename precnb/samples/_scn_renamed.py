@@ -102,9 +102,11 @@ def gen_renamed(ctx: Context, sample: Path) -> dict:
         root = sample / variant
         cfg = _dump_config(sample, root, f"config_{variant}.json")
         spec = NamedSpec(
-            variant,
-            str(cfg),
-            str(ctx.log_dir),
+            variant=variant,
+            config_path=str(cfg),
+            log_dir=str(ctx.log_dir),
+            steps=STEPS,
+            model=MODEL,
             tag=f"renamed_{variant}",
             fault_from_step=FAULT_FROM_STEP if variant == "target" else None,
         )

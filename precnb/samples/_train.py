@@ -77,6 +77,23 @@ class RunSpec:
     tag: str = "run"
 
 
+@dataclass(kw_only=True)
+class WorkerSpec:
+    """What :func:`start_worker`, :func:`finish_worker` and :func:`launch` need of a run.
+
+    Scenario modules with their own worker function subclass it (or use it as it is).
+    """
+
+    config_path: str
+    log_dir: str
+    world_size: int = 1
+    steps: int = 2
+    model: ModelConfig = field(default_factory=ModelConfig)
+    init_dist: bool = True
+    port: int = 0
+    tag: str = "run"
+
+
 def free_port() -> int:
     """Ask the OS for a free TCP port on the loopback interface."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
