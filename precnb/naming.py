@@ -21,7 +21,15 @@ import re
 from functools import lru_cache
 from typing import NamedTuple
 
-__all__ = ["COMM_PREFIXES", "NodeName", "is_communication", "module_path_of", "parse_node"]
+__all__ = [
+    "COMM_PREFIXES",
+    "NodeName",
+    "canonical_dtype",
+    "is_communication",
+    "module_path_of",
+    "op_key",
+    "parse_node",
+]
 
 _API = re.compile(r"^(?P<api>.+?)\.(?P<call>\d+)\.(?P<dir>forward|backward)$")
 _MODULE = re.compile(r"^(?P<pre>Module|Cell)\.(?P<body>.+)\.(?P<dir>forward|backward)\.(?P<call>\d+)$")
@@ -116,3 +124,77 @@ def is_communication(node: str) -> bool:
     if not node.startswith(COMM_PREFIXES):
         return False
     return bool(_COMM_NAMES.search(node))
+
+
+_DTYPE_ALIASES = {
+    "float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16", "fp16": "float16",
+    "fp32": "float32", "fp64": "float64", "long": "int64", "int": "int32", "short": "int16", "bool_": "bool",
+    "complex": "complex64", "cfloat": "complex64", "cdouble": "complex128",
+}
+
+
+@lru_cache(maxsize=4096)
+def canonical_dtype(dtype: str) -> str:
+    """One spelling of a dtype across frameworks (``torch.float32``, ``Float32``, ``float32`` → ``float32``).
+
+    PyTorch writes ``torch.bfloat16``, MindSpore ``BFloat16``, numpy ``float32``; compare dtypes
+    through this so that a port is not reported as a dtype change.
+
+    Examples
+    --------
+    >>> canonical_dtype("torch.float32"), canonical_dtype("Float32"), canonical_dtype("mindspore.BFloat16")
+    ('float32', 'float32', 'bfloat16')
+    >>> canonical_dtype("Int64"), canonical_dtype("torch.bool"), canonical_dtype("")
+    ('int64', 'bool', '')
+    """
+    d = str(dtype or "").strip()
+    for pre in ("torch.", "mindspore.", "numpy.", "np.", "ms."):
+        if d.lower().startswith(pre):
+            d = d[len(pre):]
+    d = d.lower().replace(" ", "")
+    if d.startswith("<class'") and d.endswith("'>"):
+        d = d[7:-2]
+    return _DTYPE_ALIASES.get(d, d)
+
+
+_BINARY = frozenset({"add", "sub", "mul", "truediv", "div", "floordiv", "mod", "pow", "matmul", "and", "or", "xor",
+                     "lshift", "rshift"})
+_OP_PREFIXES = ("Functional.", "Torch.", "Tensor.", "NPU.", "VF.", "Aten.", "Distributed.", "MindSpeed.",
+                "Triton.", "MintFunctional.", "MintDistributed.", "Mint.", "Jit.")
+
+
+@lru_cache(maxsize=65536)
+def op_key(api: str) -> str:
+    """The framework-neutral name of an API (prefix, dunders, ``npu_`` and underscores dropped, lowercase).
+
+    ``Primitive.<attr>.<Class>`` (MindSpore primitives) is keyed by its class.
+
+    Examples
+    --------
+    >>> op_key("Tensor.__add__"), op_key("Torch.add"), op_key("Mint.add")
+    ('add', 'add', 'add')
+    >>> op_key("Primitive.matmul.MatMul"), op_key("NPU.npu_rms_norm"), op_key("Primitive.norm.RmsNorm")
+    ('matmul', 'rmsnorm', 'rmsnorm')
+    >>> op_key("Tensor.add_"), op_key("Tensor.__iadd__"), op_key("Tensor.__radd__")
+    ('add_', 'add_', 'add')
+    """
+    a = str(api)
+    if a.startswith("Primitive."):
+        a = a.split(".")[-1]
+    else:
+        for pre in _OP_PREFIXES:
+            if a.startswith(pre):
+                a = a[len(pre):]
+                break
+    inplace = False
+    if a.startswith("__") and a.endswith("__") and len(a) > 4:
+        a = a[2:-2]
+        if a.startswith("r") and a[1:] in _BINARY:
+            a = a[1:]  # __radd__ is add with the operands swapped
+        elif a.startswith("i") and a[1:] in _BINARY:
+            a, inplace = a[1:], True  # __iadd__ is the in-place add_
+    else:
+        inplace = a.endswith("_")
+        a = a.strip("_")
+    a = a.lower().replace("npu_", "").replace("_", "")
+    return a + ("_" if inplace else "")

@@ -10,6 +10,7 @@ import xarray as xr
 
 from precnb.analysis.tolerance import Tolerance, relative_difference
 from precnb.combine import combine_runs, select_run
+from precnb.naming import canonical_dtype
 from precnb.schema import dtype_changes, encode_dtype_changes
 
 __all__ = ["Comparison", "align_steps", "compare_runs", "default_step_offset", "entry_dtype_differences",
@@ -101,7 +102,31 @@ def align_steps(baseline: xr.Dataset, target: xr.Dataset, step_offset: int | str
     return best
 
 
-def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset
+def _numel(shape: str) -> int:
+    """Element count of a shape text (``"[4, 16, 32]"``), -1 when unreadable."""
+    try:
+        dims = [int(x) for x in shape.strip("[]() ").replace(" ", "").split(",") if x]
+    except ValueError:
+        return -1
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def _same_dtype(a: str, b: str, *, cross: bool) -> bool:
+    """One dtype in both runs: the same spelling once canonical.
+
+    Across frameworks, any two integer widths too (index tensors are int64 in PyTorch and int32 in
+    MindSpore).
+    """
+    ca, cb = canonical_dtype(a), canonical_dtype(b)
+    if ca == cb:
+        return True
+    return cross and ca.startswith(("int", "uint")) and cb.startswith(("int", "uint"))
+
+
+def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset, *, cross: bool = False
                             ) -> tuple[xr.DataArray, dict[str, tuple[str, str]]]:
     """Entries whose dtype differs between two aligned runs (per entry, not first seen).
 
@@ -131,7 +156,7 @@ def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset
     ri = {r: i for i, r in enumerate(ranks)}
     for j, lbl in enumerate(labels.tolist()):
         xb, xt = coord_b.get(lbl), coord_t.get(lbl)
-        if not xb or not xt or (xb == xt and lbl not in cb and lbl not in ct):
+        if not xb or not xt or (_same_dtype(xb, xt, cross=cross) and lbl not in cb and lbl not in ct):
             continue
         grid_b = np.full((len(steps), len(ranks)), xb, dtype=object)
         grid_t = np.full((len(steps), len(ranks)), xt, dtype=object)
@@ -139,7 +164,8 @@ def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset
             for (st, r), d in table.get(lbl, {}).items():
                 if st in si and r in ri:
                     grid[si[st], ri[r]] = d
-        diff = (grid_b != grid_t) & (grid_b != "") & (grid_t != "")
+        same = np.vectorize(lambda x, y: _same_dtype(x, y, cross=cross), otypes=[bool])
+        diff = ~same(grid_b, grid_t) & (grid_b != "") & (grid_t != "")
         if diff.any():
             mask[:, :, j] = diff
             a, c = np.argwhere(diff)[0]
@@ -209,6 +235,7 @@ def compare_runs(
     ranks: Any = None,
     step_offset: int | str | None = None,
     stats: tuple[str, ...] = ("max", "min", "mean", "norm"),
+    alignment: Any = None,
 ) -> Comparison:
     """Align two runs and compute difference masks.
 
@@ -225,6 +252,9 @@ def compare_runs(
         Target step = baseline step + offset (None: see :func:`default_step_offset`).
     stats : tuple of str
         Statistics that must agree.
+    alignment : precnb.analysis.align.Alignment, optional
+        How the baseline's names map onto the target's (:func:`precnb.align`): the baseline is
+        renamed into the target's names first and framework glue is left out. None: names as they are.
 
     Returns
     -------
@@ -232,6 +262,10 @@ def compare_runs(
     """
     tol = tolerance or Tolerance()
     b, t, names = split_runs(baseline, target, runs=runs)
+    aligned = alignment is not None and not getattr(alignment, "identical", True)
+    if aligned:
+        b = alignment.apply(b)
+        t = alignment.target_view(t)
     off = align_steps(b, t, step_offset)
     if off:
         t = t.assign_coords(step=t["step"] - off)
@@ -257,10 +291,11 @@ def compare_runs(
         sb = b["shape"].sel(tensor=shared).values
         st = t["shape"].sel(tensor=shared).values
         for lbl, x, y in zip(shared, sb, st, strict=True):
-            if x != y and x and y:
-                shape_changed[str(lbl)] = (str(x), str(y))
+            if x != y and x and y and not (aligned and _numel(str(x)) == _numel(str(y))):
+                shape_changed[str(lbl)] = (str(x), str(y))  # (an aligned pair may differ by a reshape only)
     both_ds = combine_runs({names[0]: b, names[1]: t})
-    dtype_differs, dtype_changed = entry_dtype_differences(b, t, both_ds)
+    cross = aligned and len(set(getattr(alignment, "frameworks", ()))) > 1
+    dtype_differs, dtype_changed = entry_dtype_differences(b, t, both_ds, cross=cross)
     bb, tt = both_ds.isel(run=0), both_ds.isel(run=1)
     rel = relative_difference(bb, tt, stats, atol=tol.atol).max("stat")
     rtol = xr.DataArray(tol.rtol_array(both_ds["dtype"].values, both_ds["tensor"].values),
@@ -270,7 +305,7 @@ def compare_runs(
     differs = both & (rel > rtol)
     dtype_differs = both & dtype_differs
     differs = differs | dtype_differs
-    if "crc" in both_ds:
+    if "crc" in both_ds and not cross:  # checksums of two frameworks' byte layouts are not comparable
         cb, ct = bb["crc"], tt["crc"]
         crc_differs = both & (cb != "") & (ct != "") & (cb != ct)
     else:

@@ -80,6 +80,7 @@ def first_divergence(
     ranks: Sequence[int] | None = None,
     step_offset: int | Literal["auto"] | None = None,
     crc: Literal["report", "strict"] = "report",
+    alignment: Any = "auto",
 ) -> Finding:
     """Find where *target* first departs from *baseline*.
 
@@ -103,6 +104,11 @@ def first_divergence(
         Target step = baseline step + offset (a resumed run). None (default): 0 when both runs
         hold the same steps, else "auto" (see :func:`precnb.analysis.compare.default_step_offset`).
     crc : {"report", "strict"}
+    alignment : Alignment, "auto" or None
+        How the baseline's names map onto the target's. ``"auto"`` (default): :func:`precnb.align`
+        pairs them (identity, at no cost, when both runs have the same names); None compares
+        names as they are. The finding's ``node``, ``tensor`` and ``module`` are the target's;
+        its ``baseline`` field holds the baseline's names.
 
     Returns
     -------
@@ -131,9 +137,22 @@ def first_divergence(
     if is_lazy(baseline) or is_lazy(target):  # out of core: load the steps up to the fault only
         b, t, pair = split_runs(baseline, target, runs=runs)
         return first_divergence_lazy(b, t, names=pair, tolerance=tolerance, steps=steps, ranks=ranks,
-                                     step_offset=step_offset, crc=crc)
-    cmp = compare_runs(baseline, target, runs=runs, tolerance=tolerance, steps=steps, ranks=ranks,
-                       step_offset=step_offset)
+                                     step_offset=step_offset, crc=crc, alignment=alignment)
+    b_in, t_in, pair = split_runs(baseline, target, runs=runs)
+    if isinstance(alignment, str) and alignment == "auto":
+        from precnb.analysis.align import align
+
+        alignment = align(b_in, t_in)
+    aligned = alignment is not None and not alignment.identical
+    cmp = compare_runs(b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks,
+                       step_offset=step_offset, alignment=alignment if aligned else None)
+    noise = None
+    if aligned and len(set(alignment.frameworks)) > 1 and tolerance is None:
+        # two frameworks: calibrate from how well the aligned pair agrees before any real difference
+        noise, calibrated = _noise_floor(cmp)
+        if calibrated is not None:
+            cmp = compare_runs(b_in, t_in, runs=pair, tolerance=calibrated, steps=steps, ranks=ranks,
+                               step_offset=step_offset, alignment=alignment)
     ds = cmp.ds
     names = cmp.names
     structural = structural_differences(cmp)
@@ -151,6 +170,10 @@ def first_divergence(
         "ranks": [int(r) for r in ds["rank"].values],
         "step_offset": cmp.step_offset,
     }
+    if aligned:
+        stats["alignment"] = alignment.summary()
+    if noise is not None:
+        stats["cross_framework_noise"] = noise
     b, t = ds.isel(run=0), ds.isel(run=1)
     hints: list[str] = []
     world = int(ds.sizes["rank"])
@@ -161,6 +184,15 @@ def first_divergence(
     hints += structural_hints(structural, names)
     struct_out = [{"node": s["node"], "only_in": s["only_in"], "step": s["step"], "rank": s["rank"],
                    "count": s["count"]} for s in structural[:MAX_LISTED]]
+    seq = b["seq"].where(b["seq"] >= 0, t["seq"])
+    isolated: list[dict[str, Any]] = []
+    if aligned and len(set(alignment.frameworks)) > 1:  # two frameworks record some backward ops differently
+        diff, isolated = _drop_isolated(diff, seq, cmp)
+    if isolated:
+        stats["isolated_differences"] = len(isolated)
+        hints.append(f"{len(isolated)} difference(s) did not propagate (the records right after agree again), "
+                     f"e.g. {isolated[0]['tensor']} at step {isolated[0]['step']}: a recording difference "
+                     "(what the two runs capture at that op), not a divergence")
     any_step = diff.any(["rank", "tensor"])
     if not bool(any_step.any()):
         reason = "no value divergence beyond tolerance"
@@ -169,10 +201,12 @@ def first_divergence(
         if stats["crc_only_records"]:
             reason += (f"; {stats['crc_only_records']} CRC-only difference(s) with identical statistics "
                        "(typically in-place ops whose checksum is taken while the buffer changes)")
+        evidence_none: dict[str, Any] = {"alignment": alignment.describe()} if aligned else {}
+        if isolated:
+            evidence_none["isolated_differences"] = isolated[:MAX_LISTED]
         return Finding(kind="none", reason=reason, structural=struct_out, crc_only=crc_only,
-                       hints=hints, stats=stats)
+                       hints=hints, stats=stats, evidence=evidence_none)
     step = int(ds["step"].values[int(np.argmax(any_step.values))])
-    seq = b["seq"].where(b["seq"] >= 0, t["seq"])
     events = first_event_per_rank(diff, seq, b, step)
     origin, others = pick_origin(events)
     assert origin is not None
@@ -250,6 +284,12 @@ def first_divergence(
     if j_mod is not None:
         evidence["first_differing_module_record"] = str(b["node"].values[j_mod])
     evidence["ranks_with_differences"] = [e.rank for e in events]
+    culprit = _culprit(cmp, diff.values[si, ri], si, ri, origin.node)
+    if culprit is not None:
+        evidence["culprit"] = culprit
+        module = culprit["module"] or module
+    if aligned:
+        evidence["alignment"] = alignment.describe()
     # an op that exists in one run only and runs before the first value difference is the cause
     side_of = {names[0]: 0, names[1]: 1}
     pre = []
@@ -274,9 +314,176 @@ def first_divergence(
         own_ds = cmp.base if x["only_in"] == names[0] else cmp.targ
         pre_values = {x["only_in"]: entry_values(own_ds, step=x["step"], rank=x["rank"], tensor=x["tensor"]),
                       "first_value_difference": {"tensor": tensor, **values}}
-        return Finding(kind="first_divergence", reason=reason, step=x["step"], rank=x["rank"], node=x["node"],
-                       tensor=x["tensor"], module=x["module"] or None, values=pre_values, structural=struct_out,
-                       crc_only=crc_only, hints=hints, suspects=suspects, evidence=evidence, stats=stats)
-    return Finding(kind="first_divergence", reason=reason, step=step, rank=r, node=origin.node,
-                   tensor=tensor, module=module, values=values, structural=struct_out,
-                   crc_only=crc_only, hints=hints, suspects=suspects, evidence=evidence, stats=stats)
+        f = Finding(kind="first_divergence", reason=reason, step=x["step"], rank=x["rank"], node=x["node"],
+                    tensor=x["tensor"], module=x["module"] or None, values=pre_values, structural=struct_out,
+                    crc_only=crc_only, hints=hints, suspects=suspects, evidence=evidence, stats=stats)
+        if x["only_in"] == names[0]:  # a computation only the baseline has: its name is the baseline's
+            f.tensor = str(x["tensor"]).removesuffix(" (baseline)")
+            f.baseline = {"node": x["node"], "tensor": f.tensor, "module": x["module"] or None}
+            f.evidence["only_in"] = names[0]
+            return f
+        return _with_baseline_names(f, alignment if aligned else None)
+    f = Finding(kind="first_divergence", reason=reason, step=step, rank=r, node=origin.node,
+                tensor=tensor, module=module, values=values, structural=struct_out,
+                crc_only=crc_only, hints=hints, suspects=suspects, evidence=evidence, stats=stats)
+    return _with_baseline_names(f, alignment if aligned else None)
+
+
+MAX_ISOLATED = 50
+ISOLATION_WINDOW = 6
+
+
+def _drop_isolated(diff: xr.DataArray, seq: xr.DataArray, cmp: Comparison
+                   ) -> tuple[xr.DataArray, list[dict[str, Any]]]:
+    """Differences that their consumers do not show: the records right after them agree again.
+
+    Used for two frameworks only, on backward records only. A real divergence propagates: the
+    gradient an op produced is the input of the next backward ops, which record it again. A
+    backward difference whose next :data:`ISOLATION_WINDOW` compared records on its rank and step
+    all agree is what the two frameworks *record* at one op (e.g. a composite loss whose backward
+    one framework hooks at an inner step), not what they compute. Such entries are taken out (and
+    returned), in execution order, until the first difference that propagates. Forward records,
+    and a difference with fewer later records than the window, are never taken out.
+    """
+    d = np.array(diff.values, copy=True)
+    sq = np.asarray(seq.values).astype(np.int64)
+    both = np.asarray(cmp.both.values, bool)
+    steps = [int(x) for x in cmp.ds["step"].values]
+    ranks = [int(x) for x in cmp.ds["rank"].values]
+    labels = cmp.ds["tensor"].values
+    direction = cmp.ds["direction"].values
+    out: list[dict[str, Any]] = []
+    for _ in range(MAX_ISOLATED):
+        hit = np.argwhere(d)
+        if not len(hit):
+            break
+        si = int(hit[:, 0].min())
+        cand = hit[hit[:, 0] == si]
+        keys = [sq[si, ri, j] if sq[si, ri, j] >= 0 else 1 << 40 for _, ri, j in cand]
+        _, ri, j = cand[int(np.argmin(keys))]
+        here = int(sq[si, ri, j])
+        if str(direction[j]) != "backward":
+            break
+        later = np.flatnonzero(both[si, ri] & (sq[si, ri] > here))
+        later = later[np.argsort(sq[si, ri, later])][:ISOLATION_WINDOW]
+        if here < 0 or len(later) < ISOLATION_WINDOW or d[si, ri, later].any():
+            break
+        d[si, ri, j] = False
+        out.append({"step": steps[si], "rank": ranks[ri], "tensor": str(labels[j])})
+    return diff.copy(data=d), out
+
+
+NOISE_FACTOR = 20.0
+"""A calibrated cross-framework tolerance is this many times the noise floor of the aligned pair."""
+
+
+def _noise_floor(cmp: Comparison) -> tuple[float | None, Tolerance | None]:
+    """Noise floor of two frameworks' agreement, and a raised tolerance when the dtype defaults are too tight.
+
+    The floor is the 99th percentile of the relative differences of the first step's forward
+    records that come before any record exceeding the default tolerance (the earlier modules, where
+    the two runs still compute the same thing). When ``NOISE_FACTOR`` × floor exceeds a dtype's
+    default, that dtype's tolerance is raised to it; otherwise None (the defaults hold).
+    """
+    from precnb.analysis.tolerance import DTYPE_RTOL, _dtype_key
+
+    rel = cmp.rel.values[0]  # (rank, tensor) at the first compared step
+    both = cmp.both.values[0]
+    over = cmp.differs.values[0]
+    fwd = cmp.ds["direction"].values == "forward"
+    seq = cmp.ds["seq"].isel(run=1).values[0].astype(np.int64)
+    vals: list[float] = []
+    for r in range(rel.shape[0]):
+        ok = both[r] & fwd & (seq[r] >= 0)
+        if not ok.any():
+            continue
+        first_bad = seq[r][over[r] & ok].min() if (over[r] & ok).any() else np.iinfo(np.int64).max
+        take = ok & (seq[r] < first_bad) & np.isfinite(rel[r])
+        vals.extend(rel[r][take].tolist())
+    if len(vals) < 20:
+        return None, None
+    floor = float(np.quantile(np.asarray(vals), 0.99))
+    dtypes = {_dtype_key(str(d)) for d in cmp.ds["dtype"].values}
+    raise_to = {d: NOISE_FACTOR * floor for d in dtypes if d in DTYPE_RTOL and NOISE_FACTOR * floor > DTYPE_RTOL[d]}
+    return floor, (Tolerance(by_dtype=raise_to) if raise_to else None)
+
+
+def _with_baseline_names(f: Finding, alignment: Any) -> Finding:
+    """Set ``f.baseline`` (and each suspect's ``baseline_node``) from the alignment; say both names."""
+    if alignment is None:
+        f.baseline = {"node": f.node, "tensor": f.tensor, "module": f.module}
+        culprit = f.evidence.get("culprit")
+        if culprit:
+            culprit["baseline"] = {"module": culprit.get("module"), "node": culprit.get("node"),
+                                   "api": culprit.get("api")}
+        return f
+    nodes, tensors, mods = alignment.node_map(), alignment.tensor_map(), alignment.module_map()
+    f.baseline = {"node": nodes.get(f.node or ""), "tensor": tensors.get(f.tensor or ""),
+                  "module": mods.get(f.module or "")}
+    for s in f.suspects:
+        if s.get("node") in nodes:
+            s["baseline_node"] = nodes[s["node"]]
+    culprit = f.evidence.get("culprit")
+    if culprit:
+        culprit["baseline"] = {"module": mods.get(culprit.get("module") or ""),
+                               "node": nodes.get(culprit.get("node") or ""),
+                               "api": nodes.get(culprit.get("api") or "")}
+    b = f.baseline
+    if f.node and b.get("node") and b["node"] != f.node:
+        where = f" in module {f.module} (baseline {b.get('module') or '?'})" if f.module else ""
+        f.reason += f"; baseline name {b['node']}{where}"
+    return f
+
+
+def _culprit(cmp: Comparison, diff: np.ndarray, si: int, ri: int, node: str) -> dict[str, Any] | None:
+    """The innermost module call around *node* whose inputs agree and whose output differs."""
+    from precnb.naming import parse_node
+    from precnb.schema import side_table
+
+    ds = cmp.ds
+    nodes = ds["node"].values
+    roles = ds["role"].values
+    both = cmp.both.values[si, ri]
+    by_node: dict[str, list[int]] = {}
+    for j, n in enumerate(nodes.tolist()):
+        by_node.setdefault(str(n), []).append(j)
+    tree = side_table(cmp.targ, "construct")
+    module_calls: dict[str, list[str]] = {}
+    for n in by_node:
+        p = parse_node(n)
+        if p.kind == "module" and p.direction == "forward":
+            module_calls.setdefault(p.module, []).append(n)
+    chain: list[str] = []
+    cur, seen = node, {node}
+    while True:
+        parent = tree.get(cur)
+        if not parent or parent in seen:
+            p = parse_node(cur)  # no parent recorded: the call of the nearest enclosing module path
+            path = p.module if p.kind in ("module", "param_grad") else str(ds["module"].values[by_node[cur][0]]) \
+                if cur in by_node else ""
+            if p.kind == "module" and "." in path:
+                path = path.rsplit(".", 1)[0]
+            elif p.kind == "module":
+                path = ""
+            parent = None
+            while path:
+                if path in module_calls:
+                    parent = sorted(module_calls[path])[0]
+                    break
+                path = path.rsplit(".", 1)[0] if "." in path else ""
+            if parent is None or parent in seen:
+                break
+        chain.append(parent)
+        seen.add(parent)
+        cur = parent
+    for cand in ([node, *chain]):
+        p = parse_node(cand)
+        if p.kind != "module" or cand not in by_node:
+            continue
+        idx = by_node[cand]
+        ins = [j for j in idx if roles[j] == "input" and both[j]]
+        outs = [j for j in idx if roles[j] == "output" and both[j]]
+        if outs and any(diff[j] for j in outs) and not any(diff[j] for j in ins):
+            return {"module": p.module, "node": cand, "api": node if parse_node(node).kind == "api" else None,
+                    "why": "its inputs agree and its output differs"}
+    return None

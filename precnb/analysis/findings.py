@@ -16,7 +16,8 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
       "hints": [str, ...],         # likely causes
       "suspects": [{...}, ...],    # ranked, most likely first
       "evidence": {"stack": [...], "module_path": [...], ...},
-      "stats": {...}               # counts: compared, differing, ...
+      "stats": {...},              # counts: compared, differing, ...
+      "baseline": {"node", "tensor", "module"}   # two runs: the baseline's names of the same place
     }
 
 Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so the
@@ -91,6 +92,7 @@ class Finding:
     suspects: list[dict[str, Any]] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, Any] = field(default_factory=dict)
 
     @property
     def found(self) -> bool:
@@ -124,6 +126,13 @@ class Finding:
                 lines.append(f"  tensor {self.tensor}")
             if self.module:
                 lines.append(f"  module {self.module}")
+            b = self.baseline or {}
+            differ = [k for k in ("node", "tensor", "module") if b.get(k) and b.get(k) != getattr(self, k)]
+            for k in differ:
+                lines.append(f"  baseline {k:<6} {b[k]}")
+        aligned = self.evidence.get("alignment") if isinstance(self.evidence, dict) else None
+        if aligned:
+            lines.append(f"  aligned: {aligned}")
         skipped = self.stats.get("steps_not_searched") if isinstance(self.stats, dict) else None
         if skipped:
             from precnb.analysis.summary import format_ranges

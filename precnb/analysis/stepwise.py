@@ -74,6 +74,7 @@ def first_divergence_stepwise(
     step_offset: int = 0,
     crc: Literal["report", "strict"] = "report",
     on_batch: Callable[[list[int]], Any] | None = None,
+    alignment: Any = "auto",
 ) -> Finding:
     """First divergence, loading steps in growing batches until one is found.
 
@@ -92,6 +93,9 @@ def first_divergence_stepwise(
         Target step = baseline step + offset (already resolved: not ``"auto"``).
     on_batch : callable, optional
         Called with each batch of steps before it is loaded (progress reporting).
+    alignment : Alignment, "auto" or None
+        As for :func:`precnb.analysis.first_divergence`; ``"auto"`` aligns the names once, on
+        the first batch, and reuses that alignment for every later batch.
 
     Returns
     -------
@@ -131,8 +135,12 @@ def first_divergence_stepwise(
         base = concat_steps(base_parts)
         targ = concat_steps(targ_parts)
         base_parts, targ_parts = [base], [targ]
+        if isinstance(alignment, str) and alignment == "auto":  # once per pair of runs, not per batch
+            from precnb.analysis.align import align
+
+            alignment = align(base, targ)
         finding = first_divergence(base, targ, runs=names, tolerance=tolerance, ranks=ranks,
-                                   step_offset=step_offset, crc=crc)
+                                   step_offset=step_offset, crc=crc, alignment=alignment)
         if finding.kind != "none":
             break
     assert finding is not None
@@ -150,6 +158,7 @@ def first_divergence_lazy(
     ranks: Sequence[int] | None,
     step_offset: int | Literal["auto"] | None,
     crc: Literal["report", "strict"],
+    alignment: Any = "auto",
 ) -> Finding:
     """:func:`first_divergence_stepwise` over two dask-backed datasets (loaded batch by batch)."""
     from precnb.analysis.compare import align_steps
@@ -169,4 +178,4 @@ def first_divergence_lazy(
                 target.sel(step=[s + off for s in batch]).load())
 
     return first_divergence_stepwise(load, search, names=names, tolerance=tolerance, ranks=ranks,
-                                     step_offset=off, crc=crc)
+                                     step_offset=off, crc=crc, alignment=alignment)

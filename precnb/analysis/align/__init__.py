@@ -1,0 +1,144 @@
+"""Aligning two runs whose names differ: a framework port, renamed modules, restructured code.
+
+:func:`align` pairs modules, then the calls inside paired modules, then tensors, with no
+mapping file in the common cases (module tree, execution order, classes, parameter shapes,
+op families across frameworks, and values where names fail), completed or overridden by
+mapping files. Exact-name pairing is the special case where every pair is found by name.
+
+Examples
+--------
+>>> from precnb.schema import empty_dataset
+>>> align(empty_dataset(), empty_dataset()).identical
+True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import xarray as xr
+
+from precnb.analysis.align.alignment import ALIGNMENT_SCHEMA, Alignment, Pair
+from precnb.analysis.align.hints import hints_from
+from precnb.analysis.align.pairing import Hints, pair_runs
+from precnb.analysis.align.tree import RunTree, run_tree
+
+__all__ = ["ALIGNMENT_SCHEMA", "Alignment", "Pair", "align", "mapping_specs"]
+
+_COORDS = ("node", "module", "api", "kind", "direction", "role", "parent", "call", "micro_step")
+
+
+def mapping_specs(mapping: Any) -> list[Any]:
+    """Mapping files / documents / an Alignment → a list of :class:`precnb.mapping.MappingSpec`.
+
+    Accepts a path, a parsed document (dict or list), an :class:`Alignment` (its user and
+    confirmed pairs), or a sequence of those.
+    """
+    from precnb.mapping import MappingSpec, load_mapping, parse_mapping
+
+    if mapping is None:
+        return []
+    if isinstance(mapping, Alignment):
+        doc = mapping.with_pairs()
+        return [parse_mapping({"modules": [{"baseline": b, "target": t} for b, t in doc["modules"].items()],
+                               "nodes": [{"baseline": b, "target": t} for b, t in doc["nodes"].items()],
+                               "tensors": [{"baseline": b, "target": t} for b, t in doc["tensors"].items()],
+                               "unpair": doc["unpair"]})]
+    if isinstance(mapping, MappingSpec):
+        return [mapping]
+    if isinstance(mapping, (str, os.PathLike)):
+        return [load_mapping(mapping)]
+    if isinstance(mapping, Mapping):
+        if set(mapping) <= {"modules", "nodes", "tensors", "unpair"} and all(
+                isinstance(v, (Mapping, list, tuple, set)) for v in mapping.values()):
+            def pairs(key: str) -> list[dict[str, str]]:
+                v = mapping.get(key) or {}
+                items = v.items() if isinstance(v, Mapping) else v
+                return [{"baseline": str(b), "target": str(t)} for b, t in items]
+
+            return [parse_mapping({"modules": pairs("modules"), "nodes": pairs("nodes"),
+                                   "tensors": pairs("tensors"), "unpair": list(mapping.get("unpair") or [])})]
+        return [parse_mapping(dict(mapping))]
+    if isinstance(mapping, Iterable):
+        out: list[Any] = []
+        items = list(mapping)
+        if items and all(isinstance(x, Mapping) and "ms_api" in x for x in items):
+            return [parse_mapping(items)]
+        for item in items:
+            out.extend(mapping_specs(item))
+        return out
+    raise TypeError(f"mapping: expected a path, a mapping document or an Alignment, got {type(mapping).__name__}")
+
+
+def _identical(tb: RunTree, tt: RunTree) -> bool:
+    return set(tb.labels) == set(tt.labels)
+
+
+def _identity(tb: RunTree, tt: RunTree) -> Alignment:
+    mods = [Pair(p, p, "name", 1.0) for p in sorted(set(tb.modules) & set(tt.modules)) if p]
+    nodes = [Pair(n, n, "name", 1.0) for n in sorted(set(tb.nodes) & set(tt.nodes))]
+    tensors = [Pair(t, t, "name", 1.0) for t in tt.labels]
+    return Alignment(modules=mods, nodes=nodes, tensors=tensors, frameworks=(tb.framework, tt.framework),
+                     identical=True)
+
+
+def align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None) -> Alignment:
+    """Pair the modules, nodes and tensors of two runs.
+
+    Parameters
+    ----------
+    baseline, target : xarray.Dataset
+        Two single-run canonical datasets (any frameworks; shards merged first if needed).
+    mapping : path, mapping document, Alignment or a sequence of them, optional
+        msprobe layer / cell / API / data mapping YAML or precnb's own mapping file
+        (:meth:`Alignment.mapping_document`); its pairs are kept (``how="user"``) and the rest
+        is completed automatically.
+
+    Returns
+    -------
+    Alignment
+
+    Examples
+    --------
+    >>> import precnb
+    >>> a = precnb.align(precnb.open_run("pt_dump/"), precnb.open_run("ms_dump/"))  # doctest: +SKIP
+    >>> a.module_map()["layers.0.attention.wq"]  # doctest: +SKIP
+    'blocks.0.attn.q_proj'
+    """
+    tb, tt = run_tree(baseline), run_tree(target)
+    specs = mapping_specs(mapping)
+    if not specs and _identical(tb, tt):
+        return _identity(tb, tt)
+    hints = hints_from(specs, tb, tt) if specs else Hints()
+    p = pair_runs(tb, tt, hints)
+    col = {name: tt.coords[name] for name in _COORDS if name in tt.coords}
+    index = {lbl: j for j, lbl in enumerate(tt.labels)}
+    target_coords = {t: tuple(_plain(col[name][index[t]]) if name in col else None for name in _COORDS)
+                     for t in p.tensors if t in index}
+    modules = [Pair(b, t, how, conf) for b, (t, how, conf) in p.modules.items()]
+    modules.sort(key=lambda q: (tt.modules[q.target].seq if q.target in tt.modules else 1 << 41, q.target))
+    nodes = [Pair(b, t, how, conf) for b, (t, how, conf) in p.nodes.items()]
+    nodes.sort(key=lambda q: (tt.nodes[q.target].seq, q.target))
+    tensors = [Pair(b, t, how, conf) for t, (b, how, conf) in p.tensors.items()]
+    tensors.sort(key=lambda q: index.get(q.target, 1 << 41))
+    unpaired: dict[str, list[dict[str, str]]] = {"baseline": [], "target": [], "glue": []}
+    for side, tree in (("baseline", tb), ("target", tt)):
+        for node, why in sorted(p.left[side].items(), key=lambda kv: tree.nodes[kv[0]].seq):
+            if why.startswith("unpaired"):
+                unpaired[side].append({"node": node, "why": why.split(": ", 1)[-1]})
+            else:
+                unpaired["glue"].append({"side": side, "node": node, "why": why})
+    identical = (not specs and all(q.baseline == q.target for q in nodes) and not unpaired["baseline"]
+                 and not unpaired["target"] and not unpaired["glue"] and len(tensors) == len(tt.labels))
+    return Alignment(modules=modules, nodes=nodes, tensors=tensors, unpaired=unpaired,
+                     frameworks=(tb.framework, tt.framework), identical=identical, target_coords=target_coords,
+                     sources=[s.source or s.kind for s in specs])
+
+
+def _plain(v: Any) -> Any:
+    try:
+        return v.item()
+    except AttributeError:
+        return v

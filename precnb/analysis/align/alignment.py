@@ -1,0 +1,262 @@
+"""The alignment of two runs, a first-class object: computed once, shown, saved, edited, reused.
+
+An :class:`Alignment` says, for a baseline and a target whose names may differ, which module,
+node and tensor of one is which of the other, how each pair was found (``name``, ``structure``,
+``shape``, ``value``, ``user``) and how sure it is; and why each unpaired node is unpaired
+(framework glue, a module level the other run lacks, a scope the other run did not capture,
+or a real extra or missing computation). :meth:`Alignment.apply` renames the baseline into the
+target's names, so that every comparison is arithmetic on one grid.
+
+Examples
+--------
+>>> from precnb.analysis.align.alignment import Alignment, Pair
+>>> a = Alignment(tensors=[Pair("x.0.forward.output.0", "y.0.forward.output.0", "value", 0.9)])
+>>> a.tensor_map()
+{'y.0.forward.output.0': 'x.0.forward.output.0'}
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+__all__ = ["ALIGNMENT_SCHEMA", "Alignment", "Pair"]
+
+ALIGNMENT_SCHEMA = "precnb.alignment/1"
+_COORDS = ("node", "module", "api", "kind", "direction", "role", "parent", "call", "micro_step")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One pair: the baseline's name, the target's, how it was found and how sure (0–1)."""
+
+    baseline: str
+    target: str
+    how: str
+    confidence: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"baseline": self.baseline, "target": self.target, "how": self.how,
+                "confidence": round(float(self.confidence), 3)}
+
+
+@dataclass
+class Alignment:
+    """How a baseline's names map onto a target's.
+
+    Attributes
+    ----------
+    modules, nodes, tensors : list of Pair
+        Module paths (as the ``module`` coordinate), raw node names, tensor labels.
+    unpaired : dict
+        ``{"baseline": [{"node", "why"}], "target": [...], "glue": [{"side", "node", "why"}]}``:
+        what has no counterpart and is a real difference (baseline / target), and what has none
+        but is not a difference (framework glue, organisation, not captured).
+    frameworks : (str, str)
+        Baseline and target frameworks.
+    identical : bool
+        Every name paired with itself (exact-name comparison is the special case).
+    """
+
+    modules: list[Pair] = field(default_factory=list)
+    nodes: list[Pair] = field(default_factory=list)
+    tensors: list[Pair] = field(default_factory=list)
+    unpaired: dict[str, list[dict[str, str]]] = field(
+        default_factory=lambda: {"baseline": [], "target": [], "glue": []})
+    frameworks: tuple[str, str] = ("", "")
+    identical: bool = False
+    target_coords: dict[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
+    sources: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ views
+    def tensor_map(self) -> dict[str, str]:
+        """Target tensor label → baseline tensor label."""
+        return {p.target: p.baseline for p in self.tensors}
+
+    def node_map(self) -> dict[str, str]:
+        """Target node → baseline node."""
+        return {p.target: p.baseline for p in self.nodes}
+
+    def module_map(self) -> dict[str, str]:
+        """Target module path → baseline module path."""
+        return {p.target: p.baseline for p in self.modules}
+
+    def baseline_node(self, target_node: str | None) -> str | None:
+        """The baseline's name of a target node (None when unpaired)."""
+        return self.node_map().get(target_node or "")
+
+    def baseline_module(self, target_module: str | None) -> str | None:
+        """The baseline's path of a target module (None when unpaired)."""
+        if not target_module:
+            return None
+        return self.module_map().get(target_module)
+
+    def not_compared(self, side: str) -> set[str]:
+        """Nodes of *side* that have no counterpart but are no difference (glue, organisation, not captured)."""
+        return {g["node"] for g in self.unpaired.get("glue", []) if g["side"] == side}
+
+    def counts(self) -> dict[str, Any]:
+        """Counts of pairs per kind and per ``how``, and of what is left."""
+        out: dict[str, Any] = {}
+        for kind in ("modules", "nodes", "tensors"):
+            pairs = getattr(self, kind)
+            out[kind] = {"paired": len(pairs), "by_how": dict(Counter(p.how for p in pairs))}
+        out["unpaired"] = {"baseline": len(self.unpaired.get("baseline", [])),
+                           "target": len(self.unpaired.get("target", [])),
+                           "glue": len(self.unpaired.get("glue", []))}
+        return out
+
+    def least_confident(self, n: int = 10, kind: str = "nodes") -> list[Pair]:
+        """The *n* least confident pairs of *kind* (``modules``, ``nodes`` or ``tensors``)."""
+        return sorted(getattr(self, kind), key=lambda p: (p.confidence, p.target))[:n]
+
+    def summary(self) -> dict[str, Any]:
+        """Small JSON-ready digest (counts, frameworks, identical), for findings and the report."""
+        c = self.counts()
+        return {"frameworks": list(self.frameworks), "identical": self.identical,
+                "modules_paired": c["modules"]["paired"], "nodes_paired": c["nodes"]["paired"],
+                "tensors_paired": c["tensors"]["paired"], "by_how": c["nodes"]["by_how"],
+                "unpaired": c["unpaired"], "sources": list(self.sources)}
+
+    def describe(self) -> str:
+        """One sentence: how many nodes were paired and how."""
+        if self.identical:
+            return "names identical in both runs: every node paired by name"
+        c = self.counts()
+        how = ", ".join(f"{v} by {k}" for k, v in sorted(c["nodes"]["by_how"].items(), key=lambda kv: -kv[1]))
+        u = c["unpaired"]
+        return (f"names differ ({self.frameworks[0] or '?'} vs {self.frameworks[1] or '?'}): aligned "
+                f"{c['modules']['paired']} modules and {c['nodes']['paired']} nodes ({how}); "
+                f"{u['glue']} node(s) without counterpart are framework glue or organisation, "
+                f"{u['baseline']} baseline / {u['target']} target node(s) are unpaired")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON contract of ``precnb align --json``."""
+        return {
+            "schema": ALIGNMENT_SCHEMA,
+            "modules": [p.to_dict() for p in self.modules],
+            "nodes": [p.to_dict() for p in self.nodes],
+            "tensors": [p.to_dict() for p in self.tensors],
+            "unpaired": {k: list(v) for k, v in self.unpaired.items()},
+            "counts": self.counts(),
+            "frameworks": list(self.frameworks),
+            "identical": self.identical,
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """Strict JSON text of :meth:`to_dict`."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    # ------------------------------------------------------------------ editing
+    def with_pairs(self, *, set_nodes: dict[str, str] | None = None, unpair_targets: set[str] | None = None,
+                   set_modules: dict[str, str] | None = None) -> dict[str, Any]:
+        """The user pairs of this alignment plus the given edits, as mapping hints for a recompute.
+
+        Parameters
+        ----------
+        set_nodes : dict, optional
+            Baseline node → target node pairs to force.
+        unpair_targets : set of str, optional
+            Target nodes that must stay unpaired.
+        set_modules : dict, optional
+            Baseline module path → target module path pairs to force.
+
+        Returns
+        -------
+        dict
+            ``{"modules", "nodes", "tensors", "unpair"}`` (what :func:`precnb.align` takes as ``mapping``).
+        """
+        user_nodes = {p.baseline: p.target for p in self.nodes if p.how == "user"}
+        user_mods = {p.baseline: p.target for p in self.modules if p.how == "user"}
+        user_tensors = {p.baseline: p.target for p in self.tensors if p.how == "user"}
+        for b, t in (set_nodes or {}).items():
+            user_nodes = {k: v for k, v in user_nodes.items() if v != t}
+            user_nodes[b] = t
+        user_mods.update(set_modules or {})
+        unpair = set(unpair_targets or ())
+        user_nodes = {b: t for b, t in user_nodes.items() if t not in unpair}
+        return {"modules": user_mods, "nodes": user_nodes, "tensors": user_tensors, "unpair": sorted(unpair)}
+
+    # ------------------------------------------------------------------ applying
+    def apply(self, baseline: xr.Dataset) -> xr.Dataset:
+        """The baseline in the target's names: paired tensors renamed, glue dropped, the rest kept apart.
+
+        Paired tensors take the target's label and tensor coordinates (node, module, api, ...); their
+        ``dtype`` and ``shape`` stay the baseline's. Unpaired baseline tensors that are a real
+        difference keep their own label (``" (baseline)"`` appended when a target label has it).
+        Glue, organisation and not-captured tensors are dropped: they are not compared.
+
+        Parameters
+        ----------
+        baseline : xarray.Dataset
+            One run (the baseline this alignment was made for).
+
+        Returns
+        -------
+        xarray.Dataset
+        """
+        if self.identical:
+            return baseline
+        tmap = {p.baseline: p.target for p in self.tensors}
+        # not compared: glue / organisation / not captured, and the tensors of a paired node that have
+        # no counterpart in its partner (an extra output of one framework's op is no structural difference)
+        skip = self.not_compared("baseline") | {p.baseline for p in self.nodes}
+        labels = [str(x) for x in baseline["tensor"].values]
+        nodes = baseline["node"].values
+        targets = set(tmap.values())
+        keep: list[int] = []
+        new: list[str] = []
+        for j, lbl in enumerate(labels):
+            if lbl in tmap:
+                keep.append(j)
+                new.append(tmap[lbl])
+            elif str(nodes[j]) not in skip:
+                keep.append(j)
+                new.append(lbl if lbl not in targets else f"{lbl} (baseline)")
+        out = baseline.isel(tensor=keep)
+        out = out.assign_coords(tensor=np.asarray(new, dtype=object))
+        coord_vals = {name: np.asarray(out.coords[name].values).copy() for name in _COORDS if name in out.coords}
+        for k, lbl in enumerate(new):
+            tc = self.target_coords.get(lbl)
+            if tc is None:
+                continue
+            for name, v in zip(_COORDS, tc, strict=True):
+                if name in coord_vals:
+                    coord_vals[name][k] = v
+        out = out.assign_coords({name: ("tensor", vals) for name, vals in coord_vals.items()})
+        raw = baseline.attrs.get("dtype_changes")  # entry dtypes follow their tensors' new labels
+        if raw:
+            table = json.loads(raw) if isinstance(raw, str) else raw
+            moved = {}
+            for lbl, v in table.items():
+                if lbl in tmap:
+                    moved[tmap[lbl]] = v
+                elif lbl in labels and str(nodes[labels.index(lbl)]) not in skip:
+                    moved[lbl if lbl not in targets else f"{lbl} (baseline)"] = v
+            out.attrs = {**out.attrs, "dtype_changes": json.dumps(moved)}
+        return out
+
+    def target_view(self, target: xr.Dataset) -> xr.Dataset:
+        """The target as compared.
+
+        Without glue / organisation / not-captured nodes, nor the tensors of a paired node that have no
+        counterpart.
+        """
+        if self.identical:
+            return target
+        skip = self.not_compared("target")
+        paired_nodes = {p.target for p in self.nodes}
+        paired = set(self.tensor_map())
+        nodes = target["node"].values
+        labels = target["tensor"].values
+        keep = [j for j in range(target.sizes["tensor"]) if str(nodes[j]) not in skip
+                and (str(labels[j]) in paired or str(nodes[j]) not in paired_nodes)]
+        if len(keep) == target.sizes["tensor"]:
+            return target
+        return target.isel(tensor=keep)

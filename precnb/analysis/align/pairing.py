@@ -1,0 +1,465 @@
+"""The pairing itself: modules top-down, then the calls inside paired modules, then their tensors.
+
+1. **Modules.** Children of paired parents are paired in execution order (an order-preserving
+   programme, :mod:`precnb.analysis.align.match`) on name and class similarity, the sizes of
+   the parameters below them and, where the runs share weights, equal parameter and output
+   statistics. A module with one child facing several is tried as a wrapper (DDP's
+   ``module``, a ``model.`` prefix); an unpaired container is tried expanded.
+2. **Calls.** The k-th forward / backward call of paired modules pair; inside each paired call,
+   the API calls it made (those of unpaired sub-modules folded in) pair in execution order on
+   the op family (``Functional.linear`` ≈ ``Primitive.matmul.MatMul``), output sizes and
+   values. A backward API node pairs where its forward node paired. Root-level calls pair at
+   the root, optimizer calls in the optimizer scope.
+3. **Tensors.** Inside paired nodes, inputs / outputs / parameters / gradients pair one to one
+   on size, dtype kind, values and position.
+4. What is left is classified: framework glue (reshape / view / cast / shape ops, ops that copy
+   their input), organisation (a module level the other run does not have), not captured (a
+   scope the other run did not record) — none of them a divergence — and the rest, a real
+   extra or missing computation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from precnb.analysis.align.evidence import close, module_values, node_values, tensor_score
+from precnb.analysis.align.match import pair_greedy, pair_in_order
+from precnb.analysis.align.tree import ROOT, SCOPES, NodeInfo, RunTree
+from precnb.analysis.align.vocab import class_similarity, is_glue_op, name_similarity, op_similarity
+from precnb.naming import op_key
+
+__all__ = ["Hints", "Pairing", "pair_runs"]
+
+MODULE_THRESHOLD = 1.6
+API_THRESHOLD = 1.2
+TENSOR_THRESHOLD = 1.0
+
+
+@dataclass
+class Hints:
+    """What the user (a mapping file) says: forced pairs, and pairs that must not be made."""
+
+    modules: dict[str, str] = field(default_factory=dict)  # baseline path -> target path
+    nodes: dict[str, str] = field(default_factory=dict)  # baseline node -> target node
+    tensors: dict[str, str] = field(default_factory=dict)  # baseline label -> target label
+    api_names: dict[str, set[str]] = field(default_factory=dict)  # op key (baseline) -> op keys (target)
+    unpair_nodes: set[str] = field(default_factory=set)  # target nodes that must stay unpaired
+
+    def __bool__(self) -> bool:
+        return bool(self.modules or self.nodes or self.tensors or self.api_names or self.unpair_nodes)
+
+
+@dataclass
+class Pairing:
+    """Raw result: pairs (baseline → (target, how, confidence)) and the classification of the rest."""
+
+    modules: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    nodes: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    tensors: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # target label -> (baseline, ...)
+    left: dict[str, dict[str, str]] = field(default_factory=lambda: {"baseline": {}, "target": {}})
+    # left[side][node] = "glue: ..." | "organisation: ..." | "not captured: ..." | "unpaired: ..."
+
+
+def _confidence(score: float, threshold: float) -> float:
+    """A score mapped into (0, 1): the threshold gives 0.5, twice its margin about 0.9."""
+    return round(1.0 / (1.0 + math.exp(-2.2 * (score - threshold) / max(threshold, 1e-9))), 3)
+
+
+def _dice(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    if not a and not b:
+        return 0.0
+    from collections import Counter
+
+    ca, cb = Counter(a), Counter(b)
+    inter = sum((ca & cb).values())
+    return 2.0 * inter / (len(a) + len(b))
+
+
+class _Aligner:
+    def __init__(self, tb: RunTree, tt: RunTree, hints: Hints | None) -> None:
+        self.tb, self.tt = tb, tt
+        self.hints = hints or Hints()
+        self.same_fw = tb.framework == tt.framework
+        self.out = Pairing()
+        self.mod_rev: dict[str, str] = {}
+        self.node_rev: dict[str, str] = {}
+        self.wrappers: dict[str, set[str]] = {"baseline": set(), "target": set()}
+        self.kids_b = self._children_nodes(tb)
+        self.kids_t = self._children_nodes(tt)
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _children_nodes(tree: RunTree) -> dict[str, list[str]]:
+        kids: dict[str, list[str]] = defaultdict(list)
+        for n, info in tree.nodes.items():
+            kids[info.parent or ROOT].append(n)
+        for k in kids:
+            kids[k].sort(key=lambda n: (tree.nodes[n].seq, n))
+        return kids
+
+    def _pair_module(self, b: str, t: str, how: str, conf: float) -> None:
+        if b in self.out.modules or t in self.mod_rev:
+            return
+        self.out.modules[b] = (t, how, conf)
+        self.mod_rev[t] = b
+
+    def _pair_node(self, b: str, t: str, how: str, conf: float) -> bool:
+        if b in self.out.nodes or t in self.node_rev or t in self.hints.unpair_nodes:
+            return False
+        self.out.nodes[b] = (t, how, conf)
+        self.node_rev[t] = b
+        return True
+
+    # ------------------------------------------------------------------ modules
+    def module_score(self, b: str, t: str) -> float:
+        if self.hints.modules.get(b) == t:
+            return 100.0
+        if b in self.hints.modules or t in self.hints.modules.values():
+            return -100.0  # the user paired these elsewhere
+        mb, mt = self.tb.modules[b], self.tt.modules[t]
+        s = 1.2 * name_similarity(mb.name, mt.name)
+        s += class_similarity(mb.cls, mt.cls)
+        if mb.n_params or mt.n_params:
+            s += _dice(mb.param_numels, mt.param_numels)
+        else:
+            s += 0.2
+        s += module_values(self.tb, mb, self.tt, mt)
+        if b == t:
+            s += 0.5
+        nb, nt = len(mb.children), len(mt.children)
+        if nb or nt:
+            s += 0.3 * (1.0 - abs(nb - nt) / max(nb, nt))
+        return s
+
+    def _how_module(self, b: str, t: str) -> str:
+        if self.hints.modules.get(b) == t:
+            return "user"
+        mb, mt = self.tb.modules[b], self.tt.modules[t]
+        if b == t and (mb.cls == mt.cls or class_similarity(mb.cls, mt.cls) >= 0.8):
+            return "name"
+        if module_values(self.tb, mb, self.tt, mt) >= 1.5:
+            return "value"
+        if mb.n_params and _dice(mb.param_numels, mt.param_numels) >= 0.99 and name_similarity(mb.name, mt.name) < 0.8:
+            return "shape"
+        return "structure"
+
+    def _align_children(self, cb: list[str], ct: list[str]) -> list[tuple[int, int, float]]:
+        return pair_in_order(cb, ct, self.module_score, threshold=MODULE_THRESHOLD)
+
+    @staticmethod
+    def _total(pairs: list[tuple[int, int, float]]) -> float:
+        return sum(s - MODULE_THRESHOLD for _, _, s in pairs)
+
+    def pair_modules(self, pb: str = ROOT, pt: str = ROOT) -> None:
+        cb = list(self.tb.modules[pb].children)
+        ct = list(self.tt.modules[pt].children)
+        cb, ct = self._unwrap(cb, ct)
+        pairs = self._align_children(cb, ct)
+        pairs, cb, ct = self._expand_unpaired(cb, ct, pairs)
+        for i, j, s in pairs:
+            b, t = cb[i], ct[j]
+            self._pair_module(b, t, self._how_module(b, t), _confidence(s, MODULE_THRESHOLD))
+        for i, j, _s in pairs:
+            self.pair_modules(cb[i], ct[j])
+
+    def _unwrap(self, cb: list[str], ct: list[str]) -> tuple[list[str], list[str]]:
+        """One child facing several: try it as a wrapper of what the other side holds directly."""
+        for _ in range(8):
+            if len(cb) == 1 and len(ct) > 1 and self.tb.modules[cb[0]].children:
+                inner = list(self.tb.modules[cb[0]].children)
+                if self._total(self._align_children(inner, ct)) > self._total(self._align_children(cb, ct)):
+                    self.wrappers["baseline"].add(cb[0])
+                    cb = inner
+                    continue
+            if len(ct) == 1 and len(cb) > 1 and self.tt.modules[ct[0]].children:
+                inner = list(self.tt.modules[ct[0]].children)
+                if self._total(self._align_children(cb, inner)) > self._total(self._align_children(cb, ct)):
+                    self.wrappers["target"].add(ct[0])
+                    ct = inner
+                    continue
+            break
+        return cb, ct
+
+    def _expand_unpaired(self, cb: list[str], ct: list[str], pairs: list[tuple[int, int, float]]
+                         ) -> tuple[list[tuple[int, int, float]], list[str], list[str]]:
+        """Unpaired containers (and wrappers) on either side: try pairing their children instead."""
+        for _ in range(4):
+            used_b = {i for i, _, _ in pairs}
+            used_t = {j for _, j, _ in pairs}
+            changed = False
+            for side in ("baseline", "target"):
+                lst, used, tree = (cb, used_b, self.tb) if side == "baseline" else (ct, used_t, self.tt)
+                for k, path in enumerate(lst):
+                    m = tree.modules[path]
+                    if k in used or not m.children or not (m.virtual or len(m.children) >= 1):
+                        continue
+                    new = lst[:k] + list(m.children) + lst[k + 1:]
+                    trial = self._align_children(new, ct) if side == "baseline" else self._align_children(cb, new)
+                    if self._total(trial) > self._total(pairs) + 1e-9:
+                        self.wrappers[side].add(path)
+                        if side == "baseline":
+                            cb = new
+                        else:
+                            ct = new
+                        pairs, changed = trial, True
+                        break
+                if changed:
+                    break
+            if not changed:
+                break
+        return pairs, cb, ct
+
+    def pair_moved_modules(self) -> None:
+        """Modules the tree walk left unpaired that moved to another parent (a restructured model).
+
+        Only strong evidence pairs here — equal parameters or outputs and a similar class — since
+        position no longer helps; pairs made this way are walked into like the others.
+        """
+        for _ in range(3):
+            left_b = [p for p, m in self.tb.modules.items() if p and p not in self.out.modules and m.forward]
+            left_t = [p for p, m in self.tt.modules.items() if p and p not in self.mod_rev and m.forward]
+            if not left_b or not left_t or len(left_b) * len(left_t) > 250_000:
+                return
+            strong = MODULE_THRESHOLD + 2.0
+
+            def score(b: str, t: str) -> float:
+                mb, mt = self.tb.modules[b], self.tt.modules[t]
+                if module_values(self.tb, mb, self.tt, mt) < 1.5 or class_similarity(mb.cls, mt.cls) < 0.5:
+                    return 0.0
+                return self.module_score(b, t)
+
+            pairs = pair_greedy(left_b, left_t, score, threshold=strong)
+            if not pairs:
+                return
+            for i, j, s in pairs:
+                self._pair_module(left_b[i], left_t[j], "value", _confidence(s, MODULE_THRESHOLD))
+            for i, j, _s in pairs:
+                self.pair_modules(left_b[i], left_t[j])
+
+    # ------------------------------------------------------------------ calls
+    def api_score(self, x: NodeInfo, y: NodeInfo) -> float:
+        if self.hints.nodes.get(x.name) == y.name:
+            return 100.0
+        if x.name in self.hints.nodes or y.name in self.hints.unpair_nodes:
+            return -100.0
+        sim = op_similarity(x.api, y.api)
+        want = self.hints.api_names.get(op_key(x.api))
+        if want and op_key(y.api) in want:
+            sim = max(sim, 1.0)
+        s = 1.4 * sim
+        ox, oy = x.outputs, y.outputs
+        if ox and oy:
+            s += 0.5 if ox[0].numel == oy[0].numel else -0.6
+        s += node_values(x, y)
+        if sim == 0.0 and (is_glue_op(x.api) or is_glue_op(y.api)):
+            s -= 1.0
+        if self.same_fw and x.name == y.name:
+            s += 1.0  # one framework: the same name is strong evidence (values decide a shifted counter)
+        return s
+
+    def _scope(self, tree: RunTree, kids: dict[str, list[str]], node: str, side: str) -> list[str]:
+        """API calls made inside *node* (a module call, the root, or a scope), unpaired sub-modules folded in."""
+        paired = self.out.modules if side == "baseline" else self.mod_rev
+        out: list[str] = []
+        for child in kids.get(node, []):
+            info = tree.nodes[child]
+            if info.kind == "api":
+                if info.direction != "backward":
+                    out.append(child)
+            elif info.kind == "module" and info.module not in paired:
+                out.extend(self._scope(tree, kids, child, side))
+        out.sort(key=lambda n: (tree.nodes[n].seq, n))
+        return out
+
+    def pair_calls(self, nb: str, nt: str) -> None:
+        ab = self._scope(self.tb, self.kids_b, nb, "baseline")
+        at = self._scope(self.tt, self.kids_t, nt, "target")
+        ab = [n for n in ab if n not in self.out.nodes]
+        at = [n for n in at if n not in self.node_rev]
+        if not ab or not at:
+            return
+        xs = [self.tb.nodes[n] for n in ab]
+        ys = [self.tt.nodes[n] for n in at]
+        pairs = pair_in_order(xs, ys, self.api_score, threshold=API_THRESHOLD,
+                              key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+        for i, j, s in pairs:
+            x, y = xs[i], ys[j]
+            if self.hints.nodes.get(x.name) == y.name:
+                how = "user"
+            elif x.name == y.name:
+                how = "name"
+            elif node_values(x, y) >= 1.0:
+                how = "value"
+            elif op_similarity(x.api, y.api) >= 0.8:
+                how = "structure"
+            else:
+                how = "shape"
+            self._pair_node(x.name, y.name, how, _confidence(s, API_THRESHOLD))
+
+    def pair_nodes(self) -> None:
+        for b, (t, how, conf) in list(self.out.modules.items()):
+            mb, mt = self.tb.modules[b], self.tt.modules[t]
+            for lst_b, lst_t in ((mb.forward, mt.forward), (mb.backward, mt.backward),
+                                 (mb.param_grads, mt.param_grads)):
+                for nb, nt in zip(lst_b, lst_t, strict=False):
+                    self._pair_node(nb, nt, how, conf)
+        # the calls inside every paired module call, outermost first (a call belongs to its innermost scope)
+        for nb, (nt, _how, _c) in sorted(self.out.nodes.items(), key=lambda kv: self.tb.nodes[kv[0]].seq):
+            if self.tb.nodes[nb].kind == "module":
+                self.pair_calls(nb, nt)
+        self.pair_calls(ROOT, ROOT)
+        for scope in SCOPES:
+            self.pair_calls(scope, scope)
+        self._pair_leftover_apis()
+        # backward API nodes follow their forward nodes
+        for nb, (nt, how, conf) in list(self.out.nodes.items()):
+            xb, _xt = self.tb.nodes[nb], self.tt.nodes[nt]
+            if xb.kind == "api" and xb.direction == "forward" and nb.endswith(".forward") and nt.endswith(".forward"):
+                bb, bt = nb[: -len("forward")] + "backward", nt[: -len("forward")] + "backward"
+                if bb in self.tb.nodes and bt in self.tt.nodes:
+                    self._pair_node(bb, bt, how, conf)
+        for b, t in self.hints.nodes.items():  # user pairs the structure did not reach
+            if b in self.tb.nodes and t in self.tt.nodes:
+                self._pair_node(b, t, "user", 1.0)
+
+    def _pair_leftover_apis(self) -> None:
+        """API calls still unpaired whose module pair is known (a call recorded under another parent)."""
+        by_mod_b: dict[str, list[str]] = defaultdict(list)
+        for n, info in self.tb.nodes.items():
+            if info.kind == "api" and info.direction != "backward" and n not in self.out.nodes:
+                by_mod_b[info.module].append(n)
+        by_mod_t: dict[str, list[str]] = defaultdict(list)
+        for n, info in self.tt.nodes.items():
+            if info.kind == "api" and info.direction != "backward" and n not in self.node_rev:
+                by_mod_t[info.module].append(n)
+        for mb, nodes_b in by_mod_b.items():
+            mt = self.out.modules.get(mb, (mb if mb in by_mod_t else None, "", 0.0))[0] if mb else ROOT
+            if mt is None or mt not in by_mod_t:
+                continue
+            xs = sorted((self.tb.nodes[n] for n in nodes_b), key=lambda i: i.seq)
+            ys = sorted((self.tt.nodes[n] for n in by_mod_t[mt] if n not in self.node_rev), key=lambda i: i.seq)
+            for i, j, s in pair_in_order(xs, ys, self.api_score, threshold=API_THRESHOLD + 0.5,
+                                         key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api)):
+                how = "name" if xs[i].name == ys[j].name else ("value" if node_values(xs[i], ys[j]) >= 1.0
+                                                               else "structure")
+                self._pair_node(xs[i].name, ys[j].name, how, _confidence(s, API_THRESHOLD + 0.5))
+
+    # ------------------------------------------------------------------ tensors
+    def pair_tensors(self) -> None:
+        for b_lbl, t_lbl in self.hints.tensors.items():
+            self.out.tensors.setdefault(t_lbl, (b_lbl, "user", 1.0))
+        used_b = {v[0] for v in self.out.tensors.values()}
+        for nb, (nt, how, _conf) in self.out.nodes.items():
+            xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
+            copies_b = self._self_copies(xb)
+            copies_t = self._self_copies(xt)
+            for groups in (("input", "kwargs"), ("output",), ("parameters",), ("grad",)):
+                gb = [t for t in xb.tensors if t.group in groups and t.label not in used_b
+                      and t.label not in copies_b]
+                gt = [t for t in xt.tensors if t.group in groups and t.label not in self.out.tensors
+                      and t.label not in copies_t]
+                if not gb or not gt:
+                    continue
+                pos_b = {t.label: k for k, t in enumerate(gb)}
+                pos_t = {t.label: k for k, t in enumerate(gt)}
+
+                def score(a: Any, c: Any, pos_b: dict[str, int] = pos_b, pos_t: dict[str, int] = pos_t) -> float:
+                    return tensor_score(a, c, same_framework=self.same_fw, position=pos_b[a.label] == pos_t[c.label])
+
+                for i, j, s in pair_greedy(gb, gt, score, threshold=TENSOR_THRESHOLD):
+                    a, c = gb[i], gt[j]
+                    t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else
+                                                              ("structure" if a.slot == c.slot else "shape"))
+                    self.out.tensors[c.label] = (a.label, how if how == "user" else t_how,
+                                                 _confidence(s, TENSOR_THRESHOLD))
+                    used_b.add(a.label)
+
+    def _self_copies(self, info: NodeInfo) -> set[str]:
+        """Backward outputs of an API node that only repeat its own input.
+
+        msprobe's PyTorch hooks record the output gradient, viewed, as a backward API's output:
+        across frameworks these are not the gradients the other framework records there, so they
+        are not paired.
+        """
+        if self.same_fw or info.kind != "api" or info.direction != "backward":
+            return set()
+        ins = info.group("input")
+        out = set()
+        for o in info.group("output"):
+            if any(o.numel == i.numel and close(o.stats, i.stats, 1e-6) for i in ins):
+                out.add(o.label)
+        return out
+
+    # ------------------------------------------------------------------ the rest
+    def classify(self) -> None:
+        for side, tree, paired, other in (("baseline", self.tb, self.out.nodes, self.tt),
+                                          ("target", self.tt, self.node_rev, self.tb)):
+            other_scopes = {i.parent for i in other.nodes.values()}
+            other_backward = any(i.direction == "backward" for i in other.nodes.values())
+            wrappers = self.wrappers[side]
+            mods = self.out.modules if side == "baseline" else self.mod_rev
+            for n, info in tree.nodes.items():
+                if n in paired:
+                    continue
+                if not info.tensors:
+                    continue  # known from construct.json only: nothing to compare
+                why = self._why(info, tree, mods, wrappers, other_scopes, other_backward)
+                self.out.left[side][n] = why
+
+    def _why(self, info: NodeInfo, tree: RunTree, mods: dict[str, Any], wrappers: set[str],
+             other_scopes: set[str], other_backward: bool) -> str:
+        if info.direction == "backward" and not other_backward:
+            return "not captured: the other run recorded no backward pass"
+        scope = info.parent if info.parent in SCOPES else ""
+        if scope and scope not in other_scopes:
+            return f"not captured: the other run recorded no {scope} calls"
+        if info.kind == "module":
+            if info.module in wrappers:
+                return "organisation: a wrapper module the other run does not have"
+            if info.module not in mods:
+                inside = [m for m in mods if m.startswith(info.module + ".")]
+                if inside:
+                    return "organisation: a module level the other run does not have (its contents paired)"
+            return "unpaired: a module call with no counterpart"
+        if info.kind == "param_grad":
+            return "unpaired: a parameter gradient with no counterpart"
+        if is_glue_op(info.api):
+            return f"glue: {op_key(info.api)} only moves, reshapes or casts data"
+        ins, outs = info.inputs, info.outputs
+        if ins and outs and ins[0].numel == outs[0].numel and close(ins[0].stats, outs[0].stats, 1e-6):
+            return "glue: its output equals its input (a copy or a layout change)"
+        if info.direction == "backward":
+            return "unpaired: the backward of an unpaired call"
+        return "unpaired: an op with no counterpart"
+
+
+def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None) -> Pairing:
+    """Pair two runs' modules, nodes and tensors (see the module docstring).
+
+    Parameters
+    ----------
+    tb, tt : RunTree
+        Baseline and target (:func:`precnb.analysis.align.tree.run_tree`).
+    hints : Hints, optional
+        Pairs a mapping file forces.
+
+    Returns
+    -------
+    Pairing
+    """
+    a = _Aligner(tb, tt, hints)
+    for b, t in (hints.modules.items() if hints else ()):
+        if b in tb.modules and t in tt.modules:
+            a._pair_module(b, t, "user", 1.0)
+    a.pair_modules()
+    for b, t in (hints.modules.items() if hints else ()):  # below the user's pairs, pair as usual
+        if a.out.modules.get(b, ("",))[0] == t:
+            a.pair_modules(b, t)
+    a.pair_moved_modules()
+    a.pair_nodes()
+    a.pair_tensors()
+    a.classify()
+    return a.out

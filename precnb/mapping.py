@@ -1,0 +1,150 @@
+"""Name-mapping files: msprobe's layer / cell / API / data mapping YAML, and precnb's own mapping file.
+
+:func:`load_mapping` reads one file, detects which kind it is and returns a :class:`MappingSpec`
+in neutral terms; the aligner (:func:`precnb.align`) turns it into pairs. precnb's own file
+(:func:`write_mapping`, ``precnb align -o``) lists module, node and tensor pairs a user can edit
+and reuse on the next dump of the same model; a partial file is completed automatically.
+
+Kinds (``MappingSpec.kind``):
+
+``layer``   msprobe ``-lm``: ``{LayerClass: {target_child: baseline_child}}`` plus ``TopLayer``
+``cell``    msprobe ``-cm``: ``{target_path.Class: baseline_path.Class}`` (or class renames)
+``api``     msprobe ``-am``: ``[{ms_api, pt_api, ms_args, pt_args, ms_outputs, pt_outputs}]``
+``data``    msprobe ``-dm``: ``{target_tensor_name: baseline_tensor_name}``
+``precnb``  precnb's own: ``{"schema": "precnb.mapping/1", "modules": [...], "nodes": [...], ...}``
+
+msprobe's files name the target (its "NPU" side) first and the baseline ("bench") second;
+precnb's own file says ``baseline`` and ``target``.
+
+Examples
+--------
+>>> spec = parse_mapping({"TopLayer": {"tok_embeddings": "embed"}, "Attention": {"wq": "q_proj"}})
+>>> spec.kind, spec.layer["TopLayer"]
+('layer', {'tok_embeddings': 'embed'})
+>>> parse_mapping({"Functional.linear.0.forward.input.0": "Functional.linear.0.forward.input.0"}).kind
+'data'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from precnb.errors import PrecnbError
+
+__all__ = ["MAPPING_SCHEMA", "MappingError", "MappingSpec", "load_mapping", "parse_mapping", "write_mapping"]
+
+MAPPING_SCHEMA = "precnb.mapping/1"
+MAX_MAPPING_BYTES = 64 << 20
+
+
+class MappingError(PrecnbError):
+    """A mapping file that cannot be read or understood (the message names the file and why)."""
+
+
+@dataclass
+class MappingSpec:
+    """One mapping file in neutral terms (target → baseline where msprobe's files are one-sided)."""
+
+    kind: str
+    source: str = ""
+    layer: dict[str, dict[str, str]] = field(default_factory=dict)  # class -> {target child: baseline child}
+    cell: dict[str, str] = field(default_factory=dict)  # target path.Class -> baseline path.Class
+    api: list[dict[str, Any]] = field(default_factory=list)
+    data: dict[str, str] = field(default_factory=dict)  # target tensor -> baseline tensor
+    modules: dict[str, str] = field(default_factory=dict)  # baseline path -> target path (precnb)
+    nodes: dict[str, str] = field(default_factory=dict)  # baseline node -> target node (precnb)
+    tensors: dict[str, str] = field(default_factory=dict)  # baseline label -> target label (precnb)
+    unpair: list[str] = field(default_factory=list)  # target nodes that must stay unpaired (precnb)
+
+
+_TENSOR_NAME = re.compile(r"\.(forward|backward)(\.\d+)?\.(input|output|parameters|kwargs)\b|\.parameters_grad")
+
+
+def parse_mapping(obj: Any, *, source: str = "") -> MappingSpec:
+    """Detect the kind of an already-parsed mapping document and return its :class:`MappingSpec`.
+
+    Raises
+    ------
+    MappingError
+        When the document is none of the known kinds.
+    """
+    where = source or "mapping"
+    if isinstance(obj, dict) and (str(obj.get("schema", "")).startswith("precnb.mapping")
+                                  or any(k in obj for k in ("modules", "nodes", "tensors"))):
+        spec = MappingSpec("precnb", source)
+        for key in ("modules", "nodes", "tensors"):
+            items = obj.get(key) or []
+            if not isinstance(items, list):
+                raise MappingError(f"{where}: {key!r} must be a list of {{baseline, target}} pairs")
+            for k, item in enumerate(items):
+                if not (isinstance(item, dict) and isinstance(item.get("baseline"), str)
+                        and isinstance(item.get("target"), str)):
+                    raise MappingError(f"{where}: {key}[{k}] must be {{\"baseline\": str, \"target\": str}}")
+                getattr(spec, key)[item["baseline"]] = item["target"]
+        unpair = obj.get("unpair") or []
+        if not isinstance(unpair, list) or not all(isinstance(x, str) for x in unpair):
+            raise MappingError(f"{where}: 'unpair' must be a list of target node names")
+        spec.unpair = list(unpair)
+        return spec
+    if isinstance(obj, list) and obj and all(isinstance(x, dict) and "ms_api" in x and "pt_api" in x for x in obj):
+        return MappingSpec("api", source, api=[dict(x) for x in obj])
+    if isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(v, dict) for k, v in obj.items()):
+        layer: dict[str, dict[str, str]] = {}
+        for cls, sub in obj.items():
+            if not all(isinstance(a, str) and isinstance(b, str) for a, b in sub.items()):
+                raise MappingError(f"{where}: layer mapping {cls!r} must map child names to child names")
+            layer[cls] = dict(sub)
+        return MappingSpec("layer", source, layer=layer)
+    if isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
+        if sum(bool(_TENSOR_NAME.search(k)) for k in obj) >= max(1, len(obj) // 2):
+            return MappingSpec("data", source, data=dict(obj))
+        return MappingSpec("cell", source, cell=dict(obj))
+    raise MappingError(f"{where}: not a mapping file precnb knows (msprobe layer / cell / API / data mapping "
+                       "YAML, or precnb's own mapping file from `precnb align -o`)")
+
+
+def load_mapping(path: str | os.PathLike[str]) -> MappingSpec:
+    """Read and detect one mapping file (YAML or JSON).
+
+    Raises
+    ------
+    MappingError
+        Unreadable, too large, not YAML/JSON, or no known kind (the message names the file).
+    """
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise MappingError(f"{p}: no such mapping file" if not p.exists() else f"{p}: not a regular file")
+        if p.stat().st_size > MAX_MAPPING_BYTES:
+            raise MappingError(f"{p}: mapping file larger than {MAX_MAPPING_BYTES >> 20} MB")
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise MappingError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise MappingError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+    obj: Any
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        import yaml
+
+        try:
+            obj = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise MappingError(f"{p}: not valid YAML or JSON{at}") from None
+    return parse_mapping(obj, source=str(p))
+
+
+def write_mapping(doc: dict[str, Any]) -> str:
+    """The text of precnb's own mapping file for *doc* (an :meth:`Alignment.mapping_document`)."""
+    out = {"schema": MAPPING_SCHEMA, **{k: v for k, v in doc.items() if k != "schema"}}
+    return json.dumps(out, indent=1, ensure_ascii=False) + "\n"
