@@ -23,7 +23,7 @@ __version__ = "0.1.0.dev0"
 
 _LAZY = {
     "open_run": "precnb.io.api",
-    "open_runs": "precnb.io.api",
+    "open_runs": "precnb.pipeline.runs",
     "load_report": "precnb.io.api",
     "detect_format": "precnb.io.api",
     "available_steps": "precnb.io.api",
@@ -34,6 +34,8 @@ _LAZY = {
     "validate": "precnb.schema",
     "sample_path": "precnb._samples_path",
     "first_divergence": "precnb.analysis",
+    "align": "precnb.analysis",
+    "Alignment": "precnb.analysis",
     "first_divergence_stepwise": "precnb.analysis",
     "nan_origin": "precnb.analysis",
     "anomalies": "precnb.analysis",

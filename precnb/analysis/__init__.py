@@ -5,6 +5,7 @@ Nothing here reads files, prints or plots.
 
 from __future__ import annotations
 
+from precnb.analysis.align import Alignment, align
 from precnb.analysis.anomalies import SpikeRule, anomalies, anomaly_table
 from precnb.analysis.compare import Comparison, compare_runs
 from precnb.analysis.divergence import first_divergence, structural_differences
@@ -20,12 +21,14 @@ from precnb.analysis.tolerance import Tolerance, relative_difference
 
 __all__ = [
     "FINDING_SCHEMA",
+    "Alignment",
     "Comparison",
     "Finding",
     "Layout",
     "LayoutError",
     "SpikeRule",
     "Tolerance",
+    "align",
     "anomalies",
     "anomaly_table",
     "check_replicas",

@@ -25,7 +25,7 @@ def _first_divergence(ctx: Context) -> Any:
 
     assert ctx.baseline is not None
     kw: dict[str, Any] = {}
-    if ctx.alignment is not None:
+    if ctx.alignment is not None:  # computed once by the pipeline
         kw["alignment"] = ctx.alignment
     return first_divergence(ctx.baseline, ctx.target, tolerance=ctx.tolerance, step_offset=ctx.step_offset,
                             crc=ctx.crc, **kw)

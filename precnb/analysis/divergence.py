@@ -140,9 +140,10 @@ def first_divergence(
                                      step_offset=step_offset, crc=crc, alignment=alignment)
     b_in, t_in, pair = split_runs(baseline, target, runs=runs)
     if isinstance(alignment, str) and alignment == "auto":
-        from precnb.analysis.align import align
+        from precnb.analysis.align import Alignment, align
 
-        alignment = align(b_in, t_in)
+        # one dataset holding both runs (precnb.open_runs) already has the baseline in the target's names
+        alignment = (Alignment.of(baseline) if target is None else None) or align(b_in, t_in)
     aligned = alignment is not None and not alignment.identical
     cmp = compare_runs(b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks,
                        step_offset=step_offset, alignment=alignment if aligned else None)
@@ -272,8 +273,7 @@ def first_divergence(
                          "rel_diff": float(cmp.rel.values[si, ri, k])})
         if len(seen) > 6:
             break
-    ev_ds = t if origin.node in t.attrs.get("stacks", "") else b
-    evidence = node_evidence(ev_ds, origin.node) or {}
+    evidence = node_evidence(cmp.targ, origin.node) or {}  # the target's own stack and module tree
     if j_api is not None:
         evidence["first_api_node"] = str(b["node"].values[j_api])
     # the first differing module: the innermost module around the first differing API, and the
@@ -292,10 +292,17 @@ def first_divergence(
         evidence["alignment"] = alignment.describe()
     # an op that exists in one run only and runs before the first value difference is the cause
     side_of = {names[0]: 0, names[1]: 1}
+    # a computation one run makes at an earlier step can only matter when the differing step starts
+    # from differing state (a parameter, or an input before any recorded op); if the step started in
+    # agreement, what happened before it had no visible effect
+    first_seq = int(np.min(np.where(cmp.both.values[si, ri], sq, np.iinfo(np.int64).max)))
+    state_differs = role in ("parameter", "grad") or (
+        role == "input" and not origin.inherited and int(origin.seq) <= first_seq)
     pre = []
     for x in structural:
         if x["step"] < step:
-            pre.append(x)
+            if state_differs:
+                pre.append(x)
         elif x["step"] == step and x["rank"] == r and x["seq"] >= 0:
             own = int(ds["seq"].isel(run=side_of[x["only_in"]]).values[si, ri, j])
             if own >= 0 and x["seq"] < own:
@@ -304,7 +311,7 @@ def first_divergence(
         x = pre[0]
         evidence["first_value_difference"] = {"step": step, "rank": r, "node": origin.node, "tensor": tensor,
                                               "reason": reason}
-        evidence.update({k: v for k, v in node_evidence(b if x["only_in"] == names[0] else t,
+        evidence.update({k: v for k, v in node_evidence(cmp.base if x["only_in"] == names[0] else cmp.targ,
                                                         x["node"]).items()})
         missing = names[1] if x["only_in"] == names[0] else names[0]
         reason = (f"{x['node']} runs in {x['only_in']} but not in {missing} (step {x['step']}, rank {x['rank']}), "

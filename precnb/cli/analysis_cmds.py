@@ -86,6 +86,8 @@ def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
         kw["target_layout"] = t_lay or alias
     if getattr(args, "baseline_layout", None):
         kw["baseline_layout"] = args.baseline_layout
+    if getattr(args, "mapping", None):
+        kw["mapping"] = list(args.mapping)
     kw.update(extra)
     return Options.from_kwargs(**kw)
 
@@ -128,6 +130,71 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     else:
         triage = run_triage(args, args.target, args.baseline, kinds=["first_divergence"])
     return _emit_finding(triage.finding, args)
+
+
+def add_mapping_option(p: argparse.ArgumentParser) -> None:
+    """``--mapping FILE`` (repeatable): msprobe layer/cell/API/data mapping YAML or precnb's own mapping file."""
+    p.add_argument("--mapping", action="append", metavar="FILE",
+                   help="name-mapping file (repeatable; msprobe layer / cell / API / data mapping YAML or "
+                        "precnb's own from `precnb align -o`; its kind is detected); names that differ are "
+                        "aligned automatically without one")
+
+
+def _cmd_align(args: argparse.Namespace) -> int:
+    from precnb.analysis.findings import to_json
+    from precnb.cli import UsageError
+
+    triage = run_triage(args, args.target, args.baseline, kinds=[])
+    a = triage.alignment
+    if a is None:
+        raise UsageError("align needs two runs")
+    if args.output:
+        from precnb.mapping import MappingError
+
+        try:
+            out = a.to_file(args.output, overwrite=args.overwrite)
+        except MappingError as exc:
+            from precnb.errors import PrecnbError
+
+            raise PrecnbError(str(exc)) from None
+    if args.json:
+        sys.stdout.write(to_json(a.to_dict(), indent=2) + "\n")
+    else:
+        sys.stdout.write(_alignment_text(a, triage) + "\n")
+    if args.output and not args.json:
+        sys.stdout.write(f"wrote {out} (edit it and reuse it: precnb diff BASE TARGET --mapping {out})\n")
+    return 0
+
+
+def _alignment_text(a: Any, triage: Any) -> str:
+    c = a.counts()
+    lines = [f"ALIGNMENT: {a.describe()}"]
+    lines.append(f"  frameworks  baseline {a.frameworks[0] or '?'}, target {a.frameworks[1] or '?'}")
+    for kind in ("modules", "nodes", "tensors"):
+        how = ", ".join(f"{k} {v}" for k, v in sorted(c[kind]["by_how"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"  {kind:<11} {c[kind]['paired']} paired ({how or '-'})")
+    u = c["unpaired"]
+    lines.append(f"  unpaired    baseline {u['baseline']}, target {u['target']}; glue / organisation / not "
+                 f"captured {u['glue']}")
+    for note in triage.notes:
+        if not note.startswith("aligned:"):
+            lines.append(f"  note        {note}")
+    lines.append("  module pairs (baseline -> target):")
+    for p in a.modules[:60]:
+        lines.append(f"    {p.baseline or '<root>':<40} -> {p.target or '<root>'}  ({p.how}, {p.confidence:.2f})")
+    if len(a.modules) > 60:
+        lines.append(f"    ... {len(a.modules) - 60} more (--json lists all)")
+    weak = [p for p in a.least_confident(8) if p.confidence < 0.9]
+    if weak:
+        lines.append("  least confident node pairs:")
+        for p in weak:
+            lines.append(f"    {p.baseline} -> {p.target}  ({p.how}, {p.confidence:.2f})")
+    for side in ("baseline", "target"):
+        left = a.unpaired[side]
+        if left:
+            lines.append(f"  only in {side} ({len(left)}): " + ", ".join(x["node"] for x in left[:6])
+                         + (" ..." if len(left) > 6 else ""))
+    return "\n".join(lines)
 
 
 def _cmd_nan(args: argparse.Namespace) -> int:
@@ -234,8 +301,27 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--baseline-layout", help="merge baseline shards first, e.g. tp=2,pp=2")
     p.add_argument("--target-layout", help="merge target shards first, e.g. tp=2")
     p.add_argument("--layout", help="same as --target-layout (the target's layout)")
+    add_mapping_option(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_diff)
+
+    p = sub.add_parser("align", help="pair the modules, nodes and tensors of two runs whose names differ",
+                       description="Align BASELINE and TARGET (a framework port, renamed modules, pipeline stages): "
+                                   "module pairs, then API calls inside them, then tensors, without a mapping file "
+                                   "in the common cases. Prints the counts, the module pairs and the least "
+                                   "confident pairs; -o writes precnb's own mapping file (edit it, reuse it with "
+                                   "--mapping).")
+    p.add_argument("baseline")
+    p.add_argument("target")
+    p.add_argument("-o", "--output", help="write precnb's mapping file (JSON) here")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing precnb mapping file")
+    p.add_argument("--json", action="store_true", help="print the alignment as one JSON object")
+    p.add_argument("--baseline-layout", help="merge baseline shards first, e.g. tp=2,pp=2")
+    p.add_argument("--target-layout", help="merge target shards first, e.g. pp=2")
+    p.add_argument("--layout", help="same as --target-layout")
+    add_mapping_option(p)
+    add_load_options(p)
+    p.set_defaults(func=_cmd_align)
 
     p = sub.add_parser("nan", help="where NaN (or a new ±inf) first appeared, across ranks")
     p.add_argument("run")

@@ -591,7 +591,8 @@ def open_runs(paths: Mapping[str, Any], **kwargs: Any) -> xr.Dataset:
     Returns
     -------
     xarray.Dataset
-        Dims ``(run, step, rank, tensor)``.
+        Dims ``(run, step, rank, tensor)``, names as they are (:func:`precnb.open_runs` aligns
+        two runs whose names differ first).
     """
     opened = {name: (p if isinstance(p, xr.Dataset) else open_run(p, **kwargs))
               for name, p in paths.items()}

@@ -357,8 +357,13 @@ def diagnose(
 
 
 def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[str]) -> Any:
-    """The name alignment of the pair (None when the names are identical and no mapping is given)."""
-    return None
+    """The name alignment of the pair, computed once (identity, at no cost, when the names are the same)."""
+    from precnb.analysis.align import align
+
+    a = align(base, targ, mapping=opts.mapping)
+    if not a.identical:
+        notes.append("aligned: " + a.describe())
+    return a
 
 
 def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
@@ -402,12 +407,12 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
                        loaded: Loaded, common: dict[str, Any], notes: list[str]) -> Triage:
     """The divergence search reading step batches until one diverges (the whole-run answer)."""
     from precnb.analysis import registry
-    from precnb.analysis.stepwise import first_divergence_stepwise
+    from precnb.analysis.stepwise import first_divergence_stepwise, step_batches
 
     search, off = plan
     state: dict[str, Any] = {}
 
-    def load(batch: list[int]) -> tuple[xr.Dataset, xr.Dataset]:
+    def read(batch: list[int]) -> tuple[xr.Dataset, xr.Dataset]:
         b = open_source(bsrc, loaded=loaded, steps=batch, **common)
         t = open_source(tsrc, loaded=loaded, steps=[s + off for s in batch], **common)
         if "layouts" not in state:
@@ -416,14 +421,21 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
         mnotes: list[str] = []
         mb, mt = merge_layouts(b, t, b_lay, t_lay, mnotes)
         assert mb is not None
-        if "notes" not in state:
-            state["notes"] = mnotes
-            state["alignment"] = _alignment(mb, mt, opts, mnotes)
+        state.setdefault("notes", mnotes)
         state["last"] = (b, t, mb, mt)
         return mb, mt
 
-    kw: dict[str, Any] = {}
-    finding = first_divergence_stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc, **kw)
+    # the first batch is read here: the alignment is computed once, on it, and reused for every batch
+    first = step_batches(sorted(search))[0]
+    ready = {tuple(first): read(first)}
+    state["alignment"] = _alignment(ready[tuple(first)][0], ready[tuple(first)][1], opts, state["notes"])
+
+    def load(batch: list[int]) -> tuple[xr.Dataset, xr.Dataset]:
+        got = ready.pop(tuple(batch), None)
+        return got if got is not None else read(batch)
+
+    finding = first_divergence_stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc,
+                                        alignment=state["alignment"])
     notes.extend(state.get("notes", []))
     skipped = finding.stats.get("steps_not_searched") or []
     if skipped:

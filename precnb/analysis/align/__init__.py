@@ -55,8 +55,16 @@ def mapping_specs(mapping: Any) -> list[Any]:
                 isinstance(v, (Mapping, list, tuple, set)) for v in mapping.values()):
             def pairs(key: str) -> list[dict[str, str]]:
                 v = mapping.get(key) or {}
-                items = v.items() if isinstance(v, Mapping) else v
-                return [{"baseline": str(b), "target": str(t)} for b, t in items]
+                if isinstance(v, Mapping):
+                    return [{"baseline": str(b), "target": str(t)} for b, t in v.items()]
+                out = []
+                for item in v:
+                    if isinstance(item, Mapping):
+                        out.append({"baseline": str(item["baseline"]), "target": str(item["target"])})
+                    else:
+                        b, t = item
+                        out.append({"baseline": str(b), "target": str(t)})
+                return out
 
             return [parse_mapping({"modules": pairs("modules"), "nodes": pairs("nodes"),
                                    "tensors": pairs("tensors"), "unpair": list(mapping.get("unpair") or [])})]

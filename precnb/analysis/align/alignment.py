@@ -73,6 +73,29 @@ class Alignment:
     identical: bool = False
     target_coords: dict[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
     sources: list[str] = field(default_factory=list)
+    applied: bool = False  # the baseline is already in the target's names (a combined dataset)
+
+    ATTR = "precnb_alignment"
+    """The attribute under which :func:`precnb.open_runs` records the alignment it applied."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, applied: bool = False) -> Alignment:
+        """Rebuild from :meth:`to_dict` (``applied=True``: the baseline it describes is already renamed)."""
+        def pairs(key: str) -> list[Pair]:
+            return [Pair(p["baseline"], p["target"], p["how"], float(p["confidence"])) for p in d.get(key, [])]
+
+        return cls(modules=pairs("modules"), nodes=pairs("nodes"), tensors=pairs("tensors"),
+                   unpaired={k: list(v) for k, v in (d.get("unpaired") or {}).items()},
+                   frameworks=tuple(d.get("frameworks") or ("", "")),  # type: ignore[arg-type]
+                   identical=bool(d.get("identical")), applied=applied)
+
+    @classmethod
+    def of(cls, ds: xr.Dataset) -> Alignment | None:
+        """The alignment recorded on a combined dataset by :func:`precnb.open_runs` (None if there is none)."""
+        raw = ds.attrs.get(cls.ATTR)
+        if not raw:
+            return None
+        return cls.from_dict(json.loads(raw) if isinstance(raw, str) else raw, applied=True)
 
     # ------------------------------------------------------------------ views
     def tensor_map(self) -> dict[str, str]:
@@ -131,6 +154,10 @@ class Alignment:
         c = self.counts()
         how = ", ".join(f"{v} by {k}" for k, v in sorted(c["nodes"]["by_how"].items(), key=lambda kv: -kv[1]))
         u = c["unpaired"]
+        if all(p.baseline == p.target for p in self.nodes):
+            return (f"names match: {c['nodes']['paired']} nodes paired by name; {u['glue']} node(s) without "
+                    f"counterpart are glue or organisation, {u['baseline']} baseline / {u['target']} target "
+                    "node(s) are unpaired")
         return (f"names differ ({self.frameworks[0] or '?'} vs {self.frameworks[1] or '?'}): aligned "
                 f"{c['modules']['paired']} modules and {c['nodes']['paired']} nodes ({how}); "
                 f"{u['glue']} node(s) without counterpart are framework glue or organisation, "
@@ -152,6 +179,33 @@ class Alignment:
     def to_json(self, *, indent: int | None = 2) -> str:
         """Strict JSON text of :meth:`to_dict`."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def mapping_document(self) -> dict[str, Any]:
+        """Precnb's own mapping file content: every module and node pair (edit it, reuse it with ``mapping=``).
+
+        Tensor pairs are listed only where they were set by hand (``how="user"``): the rest follow
+        from the node pairs when the file is read back.
+        """
+        return {
+            "schema": "precnb.mapping/1",
+            "frameworks": {"baseline": self.frameworks[0], "target": self.frameworks[1]},
+            "modules": [p.to_dict() for p in self.modules],
+            "nodes": [p.to_dict() for p in self.nodes],
+            "tensors": [p.to_dict() for p in self.tensors if p.how == "user"],
+            "unpair": [],
+            "note": "precnb alignment: edit the pairs (baseline <-> target), delete wrong ones, add missing ones; "
+                    "`precnb diff BASE TARGET --mapping THIS_FILE` keeps them and pairs the rest automatically",
+        }
+
+    def to_file(self, path: Any, *, overwrite: bool = False) -> Any:
+        """Write :meth:`mapping_document` as precnb's mapping file (JSON) and return its path.
+
+        The write is atomic; an existing file is replaced only with ``overwrite=True`` and only
+        when it is a precnb mapping file.
+        """
+        from precnb.mapping import save_mapping
+
+        return save_mapping(self.mapping_document(), path, overwrite=overwrite)
 
     # ------------------------------------------------------------------ editing
     def with_pairs(self, *, set_nodes: dict[str, str] | None = None, unpair_targets: set[str] | None = None,
@@ -201,7 +255,7 @@ class Alignment:
         -------
         xarray.Dataset
         """
-        if self.identical:
+        if self.identical or self.applied:
             return baseline
         tmap = {p.baseline: p.target for p in self.tensors}
         # not compared: glue / organisation / not captured, and the tensors of a paired node that have

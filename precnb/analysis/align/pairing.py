@@ -33,6 +33,8 @@ from precnb.naming import op_key
 
 __all__ = ["Hints", "Pairing", "pair_runs"]
 
+_P2P = frozenset({"send", "recv", "isend", "irecv", "batchisendirecv", "p2pop"})
+
 MODULE_THRESHOLD = 1.6
 API_THRESHOLD = 1.2
 TENSOR_THRESHOLD = 1.0
@@ -406,11 +408,11 @@ class _Aligner:
                     continue
                 if not info.tensors:
                     continue  # known from construct.json only: nothing to compare
-                why = self._why(info, tree, mods, wrappers, other_scopes, other_backward)
+                why = self._why(info, tree, mods, wrappers, other_scopes, other_backward, paired)
                 self.out.left[side][n] = why
 
     def _why(self, info: NodeInfo, tree: RunTree, mods: dict[str, Any], wrappers: set[str],
-             other_scopes: set[str], other_backward: bool) -> str:
+             other_scopes: set[str], other_backward: bool, paired: dict[str, Any]) -> str:
         if info.direction == "backward" and not other_backward:
             return "not captured: the other run recorded no backward pass"
         scope = info.parent if info.parent in SCOPES else ""
@@ -428,6 +430,13 @@ class _Aligner:
             return "unpaired: a parameter gradient with no counterpart"
         if is_glue_op(info.api):
             return f"glue: {op_key(info.api)} only moves, reshapes or casts data"
+        key = op_key(info.api).rstrip("_")
+        if key in _P2P:
+            return "organisation: point-to-point communication (between pipeline stages)"
+        if info.parent == "optimizer" and any(
+                op_key(tree.nodes[n].api) == op_key(info.api) for n in paired if n in tree.nodes
+                and tree.nodes[n].parent == "optimizer"):
+            return "organisation: one more call of an optimizer op the other run makes once (e.g. per stage)"
         ins, outs = info.inputs, info.outputs
         if ins and outs and ins[0].numel == outs[0].numel and close(ins[0].stats, outs[0].stats, 1e-6):
             return "glue: its output equals its input (a copy or a layout change)"

@@ -172,12 +172,15 @@ def run_tree(ds: xr.Dataset) -> RunTree:
     -------
     RunTree
     """
+    recorded = np.asarray(ds["present"].any(["step", "rank"]).values, bool)
+    if not recorded.all():  # one run of a combined dataset: only what this run recorded
+        ds = ds.isel(tensor=np.flatnonzero(recorded))
     labels = [str(t) for t in ds["tensor"].values]
     coords = {name: np.asarray(ds.coords[name].values) for name in
               ("node", "module", "api", "kind", "direction", "role", "parent", "call", "micro_step", "dtype",
                "shape") if name in ds.coords}
     stats, seq, numel = _ref_values(ds)
-    construct = side_table(ds, "construct")
+    construct = _own_construct(side_table(ds, "construct"), {str(n) for n in ds["node"].values})
     nodes: dict[str, NodeInfo] = {}
     node_col, role_col, shape_col, dtype_col = coords["node"], coords["role"], coords["shape"], coords["dtype"]
     for j, lbl in enumerate(labels):
@@ -224,6 +227,27 @@ def run_tree(ds: xr.Dataset) -> RunTree:
     if not framework:
         framework = "mindspore" if any(n.startswith(("Cell.", "Primitive.", "Mint.")) for n in nodes) else "pytorch"
     return RunTree(framework, modules, nodes, calls_in, labels, coords)
+
+
+def _own_construct(construct: dict[str, Any], recorded: set[str]) -> dict[str, Any]:
+    """The part of a module tree that belongs to this run: its recorded nodes and their ancestors.
+
+    A combined dataset keeps the union of its runs' construct.json tables; another run's nodes
+    must not appear in this run's tree.
+    """
+    if all(k in recorded for k in construct):
+        return construct
+    keep: dict[str, Any] = {}
+    todo = [n for n in recorded if n in construct]
+    while todo:
+        n = todo.pop()
+        if n in keep:
+            continue
+        keep[n] = construct[n]
+        par = construct[n][0] if isinstance(construct[n], list) and construct[n] else construct[n]
+        if isinstance(par, str) and par and par in construct and par not in keep:
+            todo.append(par)
+    return keep
 
 
 def _infer_parents(nodes: dict[str, NodeInfo]) -> None:
