@@ -30,6 +30,10 @@ CASES = [
     ("dp_sum+layout", "dp_sum/target", "dp_sum/baseline", ["--target-layout", "dp=2"], {"target_layout": "dp=2"}),
     ("tp", "tp/tp2", "tp/tp1", ["--target-layout", "tp=2"], {"target_layout": "tp=2"}),
     ("tp replicas", "tp/tp2", None, ["--layout", "tp=2"], {"target_layout": "tp=2"}),
+    ("renamed", "renamed/target", "renamed/baseline", [], {}),
+    ("pp_local", "pp_local/pp2", "pp_local/pp1", ["--target-layout", "pp=2"], {"target_layout": "pp=2"}),
+    ("tp_unsync", "tp_unsync/tp2", "tp_unsync/tp1", ["--target-layout", "tp=2"], {"target_layout": "tp=2"}),
+    ("tp_unsync replicas", "tp_unsync/tp2", None, ["--layout", "tp=2"], {"target_layout": "tp=2"}),
 ]
 
 VERB = {"first_divergence": "diff", "nan_origin": "nan", "anomaly": "anomalies", "replica_mismatch": "replicas"}
@@ -101,6 +105,21 @@ def test_every_front_end_gives_the_same_first_finding(case, tmp_path):
     else:
         got = ds.prec.diagnose(**kw).finding
     assert key(got.to_dict()) == want
+
+
+def test_unsynced_random_op_is_the_first_finding_everywhere():
+    """The held-out kind of TP run: the replica check, the diff and the report agree on the dropout at step 0."""
+    gt = json.loads((SAMPLES / "tp_unsync" / "ground_truth.json").read_text())
+    fault = gt["faults"][0]
+    t = precnb.diagnose(SAMPLES / "tp_unsync/tp2", target_layout="tp=2", progress=False)
+    f = t.finding
+    assert (f.kind, f.step, f.node) == ("replica_mismatch", fault["step"], fault["node"])
+    assert f.tensor == f"{fault['node']}.{fault['tensor']}" and f.evidence["ranks"] == fault["ranks"]
+    pair = precnb.diagnose(SAMPLES / "tp_unsync/tp2", SAMPLES / "tp_unsync/tp1", target_layout="tp=2",
+                           progress=False)
+    kinds = [x.kind for x in pair.findings]
+    assert kinds[:2] == ["first_divergence", "replica_mismatch"]
+    assert all(x.step == 0 and x.node == fault["node"] for x in pair.findings[:2])
 
 
 def test_explorer_takes_a_layout_and_compares_merged_shards():

@@ -104,9 +104,20 @@ def classify_shards(
         del s
         same &= _close(v, v[:, :, :1], scale, rtol)
     same &= numel == numel[:, :, :1]
-    rep_sg = (same.all(axis=2) | ~all_present)  # (step, G, tensor)
+    # classified at the first step every member recorded it: what is replicated by design is
+    # replicated there (a replica that drifts later is what the replica check reports), and the
+    # answer does not depend on how many later steps are loaded (a step-by-step read gets the same)
+    # (a constant tensor, e.g. optimizer state still zero at the first step, says nothing: the first
+    # step where it varies decides, else the first recorded one)
+    same_sg = same.all(axis=2)  # (step, G, tensor)
     any_present = all_present.any(axis=(0, 1))
-    replicated = rep_sg.all(axis=(0, 1)) & any_present
+    constant = (stats["max"] == stats["min"]).all(axis=2)  # (step, G, tensor) on every member
+    informative = all_present & ~constant
+    use = np.where(informative.any(axis=0), informative, all_present)
+    first = np.argmax(use, axis=0)  # (G, tensor)
+    at_first = np.take_along_axis(same_sg, first[None], axis=0)[0]  # (G, tensor)
+    ever = all_present.any(axis=0)  # (G, tensor)
+    replicated = (at_first | ~ever).all(axis=0) & any_present
     partial = _partial_by_reduce_inputs(ds)
     n_t = ds.sizes["tensor"]
     shard_dim = np.zeros(n_t, np.int64)
@@ -117,11 +128,17 @@ def classify_shards(
         k = len(groups[0]) if groups else 1
         for j, lbl in enumerate(ds["tensor"].values):
             full = ref_shape.get(lbl)
-            if not full or not local[j] or replicated[j]:
+            if not full or not local[j]:
                 continue
             a, b = _shape(local[j]), _shape(full)
             if a is None or b is None or len(a) != len(b):
                 continue
+            if replicated[j]:
+                diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+                if len(diff) == 1 and a[diff[0]] * k == b[diff[0]]:
+                    replicated[j] = False  # equal shards (all zeros at first) of a split tensor: sharded
+                else:
+                    continue
             if a == b:
                 partial[j] = True
                 ref_reason[j] = "same shape as the reference but shards differ"
@@ -164,11 +181,23 @@ def merge_group_dim(
     *,
     rtol: float = 1e-5,
     reference: xr.Dataset | None = None,
+    like: xr.Dataset | None = None,
 ) -> tuple[xr.Dataset, Layout]:
-    """Merge one sharding dimension (``"tp"`` or ``"cp"``) of *ds* laid out as *layout*."""
+    """Merge one sharding dimension (``"tp"`` or ``"cp"``) of *ds* laid out as *layout*.
+
+    *like*: a dataset merged before (earlier steps of the same run) whose classification is kept
+    for the tensors it has, so that merging step by step gives what merging all steps at once gives.
+    """
     groups = layout.groups(dim)
     new_layout = layout.reduced(dim)
     kinds, reasons, shard_dim = classify_shards(ds, groups, rtol=rtol, reference=reference)
+    if like is not None and f"shard_kind_{dim}" in like.coords:
+        prev = {str(t): j for j, t in enumerate(like["tensor"].values)}
+        pk, pr, pd = (like[f"shard_{x}_{dim}"].values for x in ("kind", "reason", "dim"))
+        for j, lbl in enumerate(ds["tensor"].values.tolist()):
+            k = prev.get(str(lbl))
+            if k is not None:
+                kinds[j], reasons[j], shard_dim[j] = pk[k], pr[k], pd[k]
     ranks = [int(r) for r in ds["rank"].values]
     idx = [[ranks.index(r) for r in g] for g in groups]
     pres = ds["present"].values[:, idx, :]
@@ -244,6 +273,7 @@ def merge_shards(
     *,
     reference: xr.Dataset | None = None,
     rtol: float = 1e-5,
+    like: xr.Dataset | None = None,
 ) -> xr.Dataset:
     """Merge a sharded run into whole-layer statistics (one entry per model replica).
 
@@ -257,6 +287,9 @@ def merge_shards(
         out partial sums by shape.
     rtol : float
         Relative tolerance for "identical on every rank" (replicated).
+    like : xarray.Dataset, optional
+        The same run's earlier steps, merged: their shard classification is kept (a step-by-step
+        merge equals a merge of all steps).
 
     Returns
     -------
@@ -283,6 +316,6 @@ def merge_shards(
         out, lay = relabel_pipeline(out, lay)
     for dim in ("tp", "cp"):
         if getattr(lay, dim) > 1:
-            out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=reference)
+            out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=reference, like=like)
     out.attrs["merged_layout"] = layout.describe()
     return validate(out)

@@ -2,9 +2,16 @@
 
 Across a data-parallel group, parameters (``role == "parameter"``; monitor families
 ``param_origin``, ``param_updated``, ``grad_reduced``, ``exp_avg``, ``exp_avg_sq``) must agree.
-Across a tensor-parallel group, tensors that are replicated at the first step they are
-recorded (layer norms, biases of row-parallel layers, ...) must stay replicated. A rank that
-departs from the majority of its group is a *silent divergence* on that rank.
+Across a tensor-parallel group two rules say what must be replicated:
+
+* **cause**: an op whose tensor inputs are identical on every rank of the group must produce
+  identical outputs (the ops are the same on every rank). A random op on the replicated
+  residual stream whose seed is not synchronised, a non-deterministic kernel or a wrong rank
+  argument breaks this at the op itself, at the first step;
+* **history**: tensors replicated (and not all zero) at most of the steps recorded on the group.
+
+The check walks steps, then execution order, and reports the first tensor that departs from its
+group, with the ranks; a rank that departs from the majority is a *silent divergence* there.
 """
 
 from __future__ import annotations
@@ -24,6 +31,50 @@ __all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas"]
 
 REPLICATED_MONITOR_FAMILIES = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq")
 STATS = ("max", "min", "mean", "norm")
+
+
+def _same_across(ds: xr.Dataset, idx: list[int], rtol: float) -> tuple[np.ndarray, np.ndarray]:
+    """(step, tensor) masks: recorded on all ranks *idx*, and equal on them (every statistic)."""
+    pres = ds["present"].values
+    allp = pres[:, idx, :].all(axis=1)
+    same = np.ones(allp.shape, bool)
+    for s in STATS:
+        v = ds[s].values[:, idx, :]
+        ref = v[:, :1, :]
+        scale = np.fmax(np.abs(ref), 1e-30)
+        with np.errstate(invalid="ignore"):
+            ok = (np.abs(v - ref) <= rtol * scale) | (np.isnan(v) & np.isnan(ref)) | (v == ref)
+        same &= ok.all(axis=1)
+    return allp, same
+
+
+def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: float) -> np.ndarray:
+    """(step, tensor): outputs of API calls whose tensor inputs are identical across every group member."""
+    from precnb.naming import is_communication
+
+    nodes = ds["node"].values
+    roles = ds["role"].values
+    kinds = ds["kind"].values
+    by_node: dict[str, tuple[list[int], list[int]]] = {}
+    for j, (n, r, k) in enumerate(zip(nodes.tolist(), roles.tolist(), kinds.tolist(), strict=True)):
+        if k != "api" or ".backward" in n or is_communication(n):
+            continue
+        ins, outs = by_node.setdefault(n, ([], []))
+        (ins if r == "input" else outs if r == "output" else []).append(j)
+    out = np.zeros((ds.sizes["step"], ds.sizes["tensor"]), bool)
+    for g in groups:
+        idx = [ranks.index(r) for r in g]
+        allp, same = _same_across(ds, idx, rtol)
+        floats = np.array([str(d).split(".")[-1].lower().startswith(("float", "bfloat", "half")) for d in
+                           ds["dtype"].values])
+        for ins, outs in by_node.values():
+            if not ins or not outs:
+                continue
+            ins_f = [j for j in ins if floats[j]] or ins
+            ok = (allp[:, ins_f] & same[:, ins_f]).all(axis=1)  # (step,) inputs identical everywhere
+            for j in outs:
+                out[:, j] |= ok & allp[:, j]
+    return out
 
 
 def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float) -> np.ndarray:
@@ -103,9 +154,11 @@ def check_replicas(
             continue
         groups = layout.groups(dim)
         cand = _candidates(ds, dim, groups, ranks, rtol)
-        if not cand.any():
+        caused = _caused(ds, groups, ranks, rtol) if dim != "dp" else np.zeros((ds.sizes["step"], len(cand)), bool)
+        cols = np.flatnonzero(cand | caused.any(axis=0))
+        if not len(cols):
             continue
-        cols = np.flatnonzero(cand)
+        by_cause = caused[:, cols] & ~cand[cols][None, :]  # (step, t): replicated because its inputs are
         pres = ds["present"].values[:, :, cols]
         vals = np.stack([ds[s].values[:, :, cols] for s in STATS], axis=-1)  # (step, rank, t, 4)
         seq = ds["seq"].values[:, :, cols]
@@ -120,16 +173,22 @@ def check_replicas(
                 scale = np.fmax(np.abs(med), 1e-30)
                 bad = ~((np.abs(v - med) <= rtol * scale) | (np.isnan(v) & np.isnan(med)))
             bad = bad.any(axis=-1) & p[:, None, :]  # (step, n, t)
+            bad &= (cand[cols][None, None, :] | caused[:, cols][:, None, :])
             n = len(g)
             for si, k, tj in np.argwhere(bad):
                 if n == 2 and k == 0 and bad[si, 1, tj]:
                     continue  # a pair: report the later rank only
+                others = [r for r in g if r != g[k]]
+                if by_cause[si, tj]:
+                    why = (f"differs from its {dim} replicas {others} although the op's inputs are identical "
+                           f"on ranks {list(g)}: the op computed differently on rank {g[k]}")
+                else:
+                    why = f"differs from its {dim} replicas {others}"
                 rows.append({"step": int(ds["step"].values[si]), "rank": g[k], "group": list(g), "dim": dim,
                              "tensor": str(ds["tensor"].values[cols[tj]]),
                              "node": str(ds["node"].values[cols[tj]]),
-                             "seq": int(seq[si, idx[k], tj]),
-                             "why": f"differs from its {dim} replicas {[r for r in g if r != g[k]]}"
-                             + (" (a pair: either side may be wrong)" if n == 2 else "")})
+                             "seq": int(seq[si, idx[k], tj]), "inputs_identical": bool(by_cause[si, tj]),
+                             "why": why + (" (a pair: either side may be wrong)" if n == 2 else "")})
     rows.sort(key=lambda r: (r["step"], r["seq"], r["rank"]))
     stats = {"checked_records": checked, "mismatches": len(rows), "layout": layout.describe()}
     if not rows:
@@ -138,13 +197,20 @@ def check_replicas(
     ranks_bad = sorted({r["rank"] for r in rows if r["step"] == first["step"]})
     reason = (f"{first['tensor']} on rank {first['rank']} at step {first['step']} {first['why']}")
     hints = []
+    if first.get("inputs_identical"):
+        api = str(ds["api"].sel(tensor=first["tensor"]).values)
+        hints.append(f"{api} received identical inputs on ranks {first['group']} but produced different outputs: "
+                     "a random op whose seed is not synchronised across the group (e.g. dropout on the "
+                     "replicated hidden states outside the model-parallel RNG tracker), a non-deterministic "
+                     "kernel, or an op given a rank-dependent argument")
     if len(ranks_bad) == 1:
         hints.append(f"only rank {ranks_bad[0]} departs at step {first['step']}: a silent divergence on "
                      "that rank (hardware fault, non-deterministic kernel, or a missed synchronisation)")
     values = {f"rank{r}": entry_values(ds, step=first["step"], rank=r, tensor=first["tensor"])
               for r in first["group"]}
+    evidence_ranks = {"ranks": list(first["group"]), "departing_ranks_at_step": ranks_bad}
     return Finding(kind="replica_mismatch", reason=reason, step=first["step"], rank=first["rank"],
                    node=first["node"], tensor=first["tensor"],
                    module=str(ds["module"].sel(tensor=first["tensor"]).values) or None, values=values,
                    hints=hints, suspects=[{k: v for k, v in r.items() if k != "seq"} for r in rows[1:limit + 1]],
-                   evidence=node_evidence(ds, first["node"]), stats=stats)
+                   evidence={**node_evidence(ds, first["node"]), **evidence_ranks}, stats=stats)

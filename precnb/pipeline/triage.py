@@ -153,7 +153,8 @@ def _sharded(layout: Any) -> bool:
 
 
 def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay: Any,
-                  notes: list[str] | None = None) -> tuple[xr.Dataset | None, xr.Dataset]:
+                  notes: list[str] | None = None, *, like: tuple[Any, Any] | None = None
+                  ) -> tuple[xr.Dataset | None, xr.Dataset]:
     """Merge each run's shards into whole-layer statistics (the other run names split dims).
 
     Parameters
@@ -163,6 +164,8 @@ def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay
         Only layouts with tp/pp/vpp/cp/ep > 1 merge anything.
     notes : list of str, optional
         What was merged is appended here.
+    like : (Dataset, Dataset), optional
+        (baseline, target) merged from earlier steps: their shard classification is reused.
     """
     from precnb.analysis import merge_shards
 
@@ -170,11 +173,12 @@ def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay
     t_m = t_lay if _sharded(t_lay) else None
     merged_base = base
     if base is not None and b_m is not None:
-        merged_base = merge_shards(base, b_m, reference=None if t_m else target)
+        merged_base = merge_shards(base, b_m, reference=None if t_m else target, like=like[0] if like else None)
         if notes is not None:
             notes.append(f"baseline shards merged ({b_m.describe()})")
     if t_m is not None:
-        target = merge_shards(target, t_m, reference=None if (b_m or base is None) else base)
+        target = merge_shards(target, t_m, reference=None if (b_m or base is None) else base,
+                              like=like[1] if like else None)
         if notes is not None:
             notes.append(f"target shards merged ({t_m.describe()})")
     return merged_base, target
@@ -419,9 +423,10 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
             state["layouts"] = (_layout(opts.baseline_layout, b), _layout(opts.target_layout, t))
         b_lay, t_lay = state["layouts"]
         mnotes: list[str] = []
-        mb, mt = merge_layouts(b, t, b_lay, t_lay, mnotes)
+        mb, mt = merge_layouts(b, t, b_lay, t_lay, mnotes, like=state.get("first_merged"))
         assert mb is not None
         state.setdefault("notes", mnotes)
+        state.setdefault("first_merged", (mb, mt))  # later batches keep the first batch's shard classes
         state["last"] = (b, t, mb, mt)
         return mb, mt
 

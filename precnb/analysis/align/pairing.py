@@ -29,7 +29,7 @@ from precnb.analysis.align.evidence import close, module_values, node_values, te
 from precnb.analysis.align.match import pair_greedy, pair_in_order
 from precnb.analysis.align.tree import ROOT, SCOPES, NodeInfo, RunTree
 from precnb.analysis.align.vocab import class_similarity, is_glue_op, name_similarity, op_similarity
-from precnb.naming import op_key
+from precnb.naming import is_communication, op_key
 
 __all__ = ["Hints", "Pairing", "pair_runs"]
 
@@ -408,11 +408,11 @@ class _Aligner:
                     continue
                 if not info.tensors:
                     continue  # known from construct.json only: nothing to compare
-                why = self._why(info, tree, mods, wrappers, other_scopes, other_backward, paired)
+                why = self._why(info, tree, mods, wrappers, other_scopes, other_backward, paired, other.parallel)
                 self.out.left[side][n] = why
 
     def _why(self, info: NodeInfo, tree: RunTree, mods: dict[str, Any], wrappers: set[str],
-             other_scopes: set[str], other_backward: bool, paired: dict[str, Any]) -> str:
+             other_scopes: set[str], other_backward: bool, paired: dict[str, Any], other_parallel: str) -> str:
         if info.direction == "backward" and not other_backward:
             return "not captured: the other run recorded no backward pass"
         scope = info.parent if info.parent in SCOPES else ""
@@ -433,6 +433,8 @@ class _Aligner:
         key = op_key(info.api).rstrip("_")
         if key in _P2P:
             return "organisation: point-to-point communication (between pipeline stages)"
+        if is_communication(info.name) and tree.parallel and not other_parallel:
+            return f"organisation: a collective of this run's parallel layout ({tree.parallel})"
         if info.parent == "optimizer" and any(
                 op_key(tree.nodes[n].api) == op_key(info.api) for n in paired if n in tree.nodes
                 and tree.nodes[n].parent == "optimizer"):

@@ -113,6 +113,7 @@ class RunTree:
     calls_in: dict[str, list[str]]
     labels: list[str]
     coords: dict[str, np.ndarray]  # the dataset's tensor coordinates (node, module, api, kind, ...)
+    parallel: str = ""  # the layout its shards were merged with / its stages stitched with, if any
 
     def module_of(self, node: str) -> str:
         """The module path a node belongs to."""
@@ -226,7 +227,8 @@ def run_tree(ds: xr.Dataset) -> RunTree:
     framework = str(ds.attrs.get("framework", "") or "")
     if not framework:
         framework = "mindspore" if any(n.startswith(("Cell.", "Primitive.", "Mint.")) for n in nodes) else "pytorch"
-    return RunTree(framework, modules, nodes, calls_in, labels, coords)
+    parallel = str(ds.attrs.get("merged_layout", "") or ds.attrs.get("pipeline_stitched", "") or "")
+    return RunTree(framework, modules, nodes, calls_in, labels, coords, parallel)
 
 
 def _own_construct(construct: dict[str, Any], recorded: set[str]) -> dict[str, Any]:
