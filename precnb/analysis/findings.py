@@ -37,14 +37,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 __all__ = ["FINDING_SCHEMA", "Finding", "jsonable", "to_json"]
 
 FINDING_SCHEMA = "precnb.finding/1"
-Kind = Literal["first_divergence", "nan_origin", "anomaly", "replica_mismatch", "none"]
+Kind = str
+"""A registered diagnosis kind (:func:`precnb.analysis.registry.kinds`) or ``"none"``."""
 
 
 def jsonable(obj: Any) -> Any:
@@ -110,13 +111,9 @@ class Finding:
 
     def summary(self) -> str:
         """A readable multi-line summary (what the CLI prints without ``--json``)."""
-        title = {
-            "first_divergence": "FIRST DIVERGENCE",
-            "nan_origin": "NaN/Inf ORIGIN",
-            "anomaly": "FIRST ANOMALY",
-            "replica_mismatch": "REPLICA MISMATCH",
-            "none": "NOTHING FOUND",
-        }[self.kind]
+        from precnb.analysis.registry import title as kind_title
+
+        title = kind_title(self.kind).upper().replace("NAN/INF", "NaN/Inf")
         lines = [f"{title}: {self.reason}"]
         if self.kind != "none":
             lines.append(f"  step {self.step}, rank {self.rank}")

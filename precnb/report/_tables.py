@@ -26,22 +26,24 @@ __all__ = [
 ]
 
 _STATS = ("max", "min", "mean", "norm")
-_TITLES = {
-    "first_divergence": "First divergence",
-    "nan_origin": "NaN/Inf origin",
-    "anomaly": "First anomaly",
-    "replica_mismatch": "Replica mismatch",
-    "none": "Nothing found",
-}
-_CHECKED = {
-    "first_divergence": "first divergence",
-    "nan_origin": "NaN/Inf origin",
-    "anomaly": "anomalies (NaN/Inf transitions, spikes)",
-    "replica_mismatch": "replica check",
-}
 _FRAME = re.compile(r"^\s*File\s+(?P<file>.+?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]+),?\s*(?P<code>.*)$",
                     re.DOTALL)
 _LIB = ("site-packages", "dist-packages", "/lib/python3", "\\lib\\python3", "<frozen")
+
+
+def _title(kind: str) -> str:
+    from precnb.analysis.registry import title
+
+    return title(kind)
+
+
+def _checked(kind: str) -> str:
+    from precnb.analysis.registry import get
+
+    try:
+        return get(kind).description
+    except KeyError:
+        return ""
 
 
 class Cell(str):
@@ -175,6 +177,10 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
              and not (k == "tensor" and d.get("tensor") == d.get("node"))]  # monitor rows: node == tensor
     if "target_step" in (d.get("values") or {}):
         where.insert(1, ("target step", fmt(d["values"]["target_step"])))
+    base = d.get("baseline") or {}
+    for k in ("node", "tensor", "module"):  # runs whose names differ: the baseline's name of the same place
+        if base.get(k) and base.get(k) != d.get(k):
+            where.append((f"baseline {k}", fmt(base[k])))
     extra_ev = []
     for k, v in ev.items():
         if isinstance(v, list):
@@ -196,8 +202,8 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
     return {
         "kind": kind,
         "found": found,
-        "title": _TITLES.get(kind, kind),
-        "checked": _CHECKED.get(kind, ""),
+        "title": _title(kind),
+        "checked": _checked(kind),
         "reason": d.get("reason", ""),
         "where": where,
         "values": _values_tables(d.get("values") or {}, "values at the finding"),

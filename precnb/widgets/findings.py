@@ -9,8 +9,6 @@ import ipywidgets as ipw
 
 __all__ = ["DivergencePanel", "NanOriginPanel", "finding_html"]
 
-_TITLES = {"first_divergence": "First divergence", "nan_origin": "NaN/Inf origin",
-           "anomaly": "First anomaly", "none": "Nothing found"}
 
 
 def _v(x: Any) -> str:
@@ -23,9 +21,11 @@ def _v(x: Any) -> str:
 
 def finding_html(f: Any) -> str:
     """HTML summary of a :class:`precnb.analysis.Finding` (reason, where, values, hints)."""
+    from precnb.analysis.registry import title
+
     e = html.escape
     color = "#2a7" if f.kind == "none" else "#b00"
-    out = [f"<div class='precnb-finding'><b style='color:{color}'>{e(_TITLES.get(f.kind, f.kind))}"
+    out = [f"<div class='precnb-finding'><b style='color:{color}'>{e(title(f.kind))}"
            f"</b>: {e(f.reason)}"]
     if f.kind != "none":
         rows = [("step", f.step), ("rank", f.rank), ("node", f.node), ("tensor", f.tensor),
