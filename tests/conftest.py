@@ -23,10 +23,11 @@ def shared_path(*parts: str) -> Path:
 
 
 def sample_path(*parts: str) -> Path:
-    """Path below data_samples/, or skip when the sample was not generated."""
+    """Path below data_samples/ (committed: a missing sample is a failure, never a skip)."""
     p = SAMPLES.joinpath(*parts)
     if not p.exists():
-        pytest.skip(f"bundled sample {p} missing (run `make samples`)")
+        pytest.fail(f"bundled sample {p} is missing: data_samples/ is committed (regenerate it with "
+                    "`make samples` and commit it)")
     return p
 
 
