@@ -7,7 +7,9 @@ and where (the node names are read back from the produced dumps)::
     python -m precnb.samples [--out data_samples] [--only NAME ...]
 
 Importing this package does not import torch or msprobe; they are imported when a sample is
-generated (install them with ``pip install 'precnb[samples]'``).
+generated (install them with ``pip install 'precnb[samples]'``). The MindSpore samples (``xfw``,
+``kernel_resume``) also need a MindSpore 2.10 interpreter in a venv of its own (MindSpore needs
+numpy<2), named by ``PRECNB_MINDSPORE_PYTHON`` (see :data:`precnb.samples._ms_run.RECIPE`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ CATALOG: dict[str, str] = {
     "renamed": "_scn_renamed",
     "pp_local": "_scn_pp",
     "tp_unsync": "_scn_tp_unsync",
+    "xfw": "_scn_xfw",
+    "kernel_resume": "_scn_kernel_resume",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
@@ -108,6 +112,10 @@ def generate(
         log_dir = Path(tempfile.mkdtemp(prefix="precnb-samples-logs-"))
     ctx = _scenarios.Context(out=out_path, log_dir=log_dir, command=COMMAND, log=log)
     done = []
+    for name in dict.fromkeys(CATALOG[n] for n in SAMPLE_NAMES if n in names):  # fail before any run
+        requires = getattr(importlib.import_module(f"{__name__}.{name}"), "REQUIRES", None)
+        if requires is not None:
+            requires()
     try:
         for name in (n for n in SAMPLE_NAMES if n in names):
             t0 = time.monotonic()
@@ -130,9 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of ``python -m precnb.samples``."""
     import argparse
 
+    from ._ms_run import ENV, RECIPE
+
     parser = argparse.ArgumentParser(
         prog="python -m precnb.samples",
         description="Generate msprobe sample dumps (real msprobe, tiny GPT on CPU).",
+        epilog=f"The MindSpore samples (xfw, kernel_resume) run MindSpore 2.10 in its own interpreter, "
+        f"named by ${ENV} (MindSpore needs numpy<2): {RECIPE}",
     )
     parser.add_argument(
         "--out", default="data_samples", help="output folder (default: %(default)s)"

@@ -103,8 +103,23 @@ def _tp_unsync(gt: dict[str, Any]) -> list[str]:
     return out
 
 
+def _mindspore(name: str) -> Callable[[dict[str, Any]], list[str]]:
+    """The digest of a MindSpore sample, from its scenario module (imported when used; torch-free)."""
+    def digest(gt: dict[str, Any]) -> list[str]:
+        import importlib
+
+        from . import CATALOG
+
+        fn: Callable[[dict[str, Any]], list[str]] = importlib.import_module(f"{__package__}.{CATALOG[name]}").digest
+        return fn(gt)
+
+    return digest
+
+
 DIGESTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "renamed": _renamed,
     "pp_local": _pp_local,
     "tp_unsync": _tp_unsync,
+    "xfw": _mindspore("xfw"),
+    "kernel_resume": _mindspore("kernel_resume"),
 }

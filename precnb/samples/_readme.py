@@ -58,11 +58,14 @@ def _tree(sample: Path) -> list[str]:
                         f"    {sub.name}/  ({len(csvs)} CSV files, {_kb(_size(sub))}: "
                         f"{csvs[0].name} ... {csvs[-1].name})"
                     )
-        else:
+        elif any(f.is_file() for f in child.iterdir()):
             lines.append(
                 f"  {child.name}/  "
                 + ", ".join(f"{f.name}" for f in sorted(child.iterdir()) if f.is_file())
             )
+        else:  # e.g. a MindSpore kernel dump: count the files
+            n = sum(1 for f in child.rglob("*") if f.is_file())
+            lines.append(f"  {child.name}/  ({n} files, {_mb(_size(child))})")
     if step_dirs(sample):
         lines.insert(1, "  (dump root = this folder)")
         lines += _dump_root_lines(sample, "  ")
@@ -230,6 +233,34 @@ _NOTES = """\
 """
 
 
+_MS_NOTES = """\
+## MindSpore behaviour observed while generating (MindSpore 2.10.0 CPU, msprobe 26.2.0)
+
+- msprobe's statistics on MindSpore call `mindspore.mint.norm`, whose LinalgVectorNorm kernel is
+  not registered on CPU: the port worker replaces it by `sqrt(sum(x*x))` (ops in msprobe's own
+  list of internally used APIs, so they are not dumped). `ops.rms_norm` has no CPU kernel
+  ("Unsupported op [RmsNorm] on CPU"): RMSNorm is composed from basic ops, as in the PyTorch
+  model. MindSpore's GELU defaults to the tanh form: the port passes `approximate="none"`.
+- As in the shared S13 sample (whose notes say MindSpore's AdamW variants fail on CPU under
+  msprobe), the port's optimizer step is written out (float32 numpy) and runs after
+  `debugger.stop()`, so the MindSpore dumps have no optimizer node while the PyTorch dump has
+  `Torch._fused_adamw_`.
+- The MindSpore dump adds glue nodes PyTorch does not record (`Primitive.*.Shape`,
+  `Primitive.*.Reshape`, `Functional.shape`, `Tensor.reshape`/`transpose`); dtypes are spelled
+  `Float32` against `torch.float32`. `msprobe compare` of a MindSpore target against a PyTorch
+  golden must run where mindspore is importable; its counts are in `xfw/ground_truth.json`.
+- MindSpore's own e2e dump on CPU refuses `saved_data: "statistic"` (statistic.csv exists only on
+  GPU/Ascend; see the shared S14 sample); `"tensor"` writes one .npy per kernel input/output. Its
+  `execution_order/ms_execution_order_graph_<id>.csv` does not match the files (names without
+  files, kernels missing from it): order kernels by the files' timestamps. The binary
+  `graphs/*.pb` (absolute source paths) is removed; the text IR is kept.
+- `load_param_into_net` without `strict_load` falls back to a checkpoint entry whose name ends
+  the same way: a weight whose key was renamed silently receives `adam_m.<name>` (its Adam
+  moment). `kernel_resume/bad` uses `strict_load=True`, so the weight stays at its zero
+  initialisation and is listed as not loaded.
+"""
+
+
 def write_readme(out: str | Path) -> Path:
     """Rewrite ``out/README.md`` describing every sample that has a ground_truth.json."""
     out = Path(out)
@@ -263,6 +294,17 @@ def write_readme(out: str | Path) -> Path:
         "python -m precnb.samples --out data_samples --only dp_nan tp # some of them",
         "```",
         "",
+        "The MindSpore samples (`xfw`, `kernel_resume`) also run MindSpore 2.10 on CPU in an "
+        "interpreter of its own (MindSpore wheels need numpy < 2), named by "
+        "`PRECNB_MINDSPORE_PYTHON`:",
+        "",
+        "```",
+        "python3 -m venv /work/venvs/ms",
+        "/work/venvs/ms/bin/pip install 'numpy<2' mindspore==2.10.0 mindstudio-probe==26.2.0",
+        "export PRECNB_MINDSPORE_PYTHON=/work/venvs/ms/bin/python",
+        "python -m precnb.samples --out data_samples --only xfw kernel_resume",
+        "```",
+        "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "command") + ".",
         "All samples take 2-3 minutes on 2 CPU cores. Seeds, data and fault positions are "
         "fixed and every rank runs single-threaded with "
@@ -275,7 +317,8 @@ def write_readme(out: str | Path) -> Path:
         "2 blocks; `divergence`, `dp_sum` and `tp` use 1 block (the same model otherwise); "
         "`renamed` uses 2 blocks (the same model, written twice with other names), `pp_local` "
         "4 blocks (2 per pipeline stage) and `tp_unsync` 1 block with hidden dropout, to keep "
-        "all samples under 16 MB. Each `ground_truth.json` states its model.",
+        "all samples under 20 MB; `xfw` uses 2 blocks and `kernel_resume` a smaller 1-layer MindSpore "
+        "configuration. Each `ground_truth.json` states its model.",
         "",
         f"Total size: {_mb(total)}.",
         "",
@@ -326,7 +369,7 @@ def write_readme(out: str | Path) -> Path:
         lines += ["", "Ground truth digest (full detail in `ground_truth.json`):", ""]
         lines += _digest(gt)
         lines += ["", "```", *_tree(out / name), "```"]
-    lines += ["", _NOTES]
+    lines += ["", _NOTES, _MS_NOTES]
     path = out / "README.md"
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return path
