@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -90,14 +91,34 @@ def zero_parameter_hints(b: xr.Dataset, t: xr.Dataset, both: xr.DataArray, names
 
     zb, zt = zero(b), zero(t)
     bo = both.values[..., params]
-    for side, z, other_z, name in ((1, zt, zb, names[1]), (0, zb, zt, names[0])):
+    # kernel inputs that read a parameter (MindSpore kernel dumps): label -> parameter name
+    read = _json_attr(b, "kernel_parameters")
+    for z, other_z, name in ((zt, zb, names[1]), (zb, zt, names[0])):
         hit = (z & ~other_z & bo).any(axis=tuple(range(z.ndim - 1)))
-        # biases (and BatchNorm shifts) are legitimately zero at initialisation
-        for lbl in [x for x in labels[hit] if not str(x).endswith(("bias", "beta"))][:limit]:
-            out.append(f"parameter {lbl} is exactly zero in {name} but not in the other run: "
+        seen: set[str] = set()
+        for lbl in (str(x) for x in labels[hit]):
+            param = read.get(lbl, lbl)
+            # biases (and BatchNorm shifts) are legitimately zero at initialisation
+            if param.endswith(("bias", "beta")) or param in seen:
+                continue
+            seen.add(param)
+            via = f" (read by kernel input {lbl})" if param != lbl else ""
+            out.append(f"parameter {param}{via} is exactly zero in {name} but not in the other run: "
                        "weights not loaded (checkpoint loading problem?)")
-        del side
+            if len(seen) >= limit:
+                break
     return out
+
+
+def _json_attr(ds: xr.Dataset, key: str) -> dict[str, str]:
+    raw = ds.attrs.get(key)
+    if not raw:
+        return {}
+    try:
+        val = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in val.items()} if isinstance(val, dict) else {}
 
 
 def structural_hints(structural: list[dict[str, Any]], names: tuple[str, str]) -> list[str]:

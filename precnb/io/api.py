@@ -20,8 +20,8 @@ from precnb.io._assemble import Assembler, LoadReport
 
 __all__ = ["FORMATS", "available_steps", "detect_format", "load_report", "open_run", "open_runs"]
 
-Format = Literal["msprobe", "monitor", "kernel", "compare", "zarr"]
-FORMATS: tuple[str, ...] = ("msprobe", "monitor", "kernel", "compare", "zarr")
+Format = Literal["msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr"]
+FORMATS: tuple[str, ...] = ("msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr")
 PROGRESS_MIN_FILES = 16
 
 
@@ -118,7 +118,7 @@ def detect_format(path: str | Path) -> str:
     ...
     precnb.errors.NotADumpError: /nonexistent: no such file or directory
     """
-    from precnb.io import compare_csv, kernel, monitor, msprobe_dump
+    from precnb.io import compare_csv, kernel, monitor, ms_kernel_tensors, msprobe_dump
 
     p = Path(path)
     try:
@@ -134,11 +134,13 @@ def detect_format(path: str | Path) -> str:
         return "monitor"
     if kernel.is_kernel_dump(p):
         return "kernel"
+    if ms_kernel_tensors.is_ms_kernel_tensors(p):
+        return "kernel_tensors"
     if compare_csv.is_compare_csv(p):
         return "compare"
     raise NotADumpError(
         f"{p}: not a recognised input (expected an msprobe dump, monitor output, "
-        "MindSpore statistic.csv dump, compare result CSV or precnb zarr store)"
+        "MindSpore kernel dump (statistic.csv or .npy tensors), compare result CSV or precnb zarr store)"
     )
 
 
@@ -453,7 +455,8 @@ def open_run(
     ----------
     path : path-like
         An msprobe dump root, ``stepN`` folder, rank folder or dump.json; a monitor output
-        folder; a MindSpore kernel dump; a compare result CSV; or a precnb zarr store.
+        folder; a MindSpore kernel dump (statistic.csv or tensor .npy files); a compare result
+        CSV; or a precnb zarr store.
     format : str, optional
         Force a reader (see :data:`FORMATS`); detected when omitted.
     steps, ranks : sequence of int, optional
@@ -507,6 +510,10 @@ def open_run(
         from precnb.io import kernel
 
         ds = kernel.open_kernel_dump(p, **common)
+    elif fmt == "kernel_tensors":
+        from precnb.io import ms_kernel_tensors
+
+        ds = ms_kernel_tensors.open_ms_kernel_tensors(p, **common)
     elif fmt == "compare":
         from precnb.io import compare_csv
 

@@ -218,7 +218,7 @@ def gen_kernel_resume(ctx: Any, sample: Path) -> dict:
         ctx, "kernel_resume",
         "MindSpore 2.10 GRAPH_MODE CPU kernel (e2e) dumps, tensor mode, of a tiny GPT resumed from a checkpoint "
         "for 2 iterations: correct/ loads every weight, bad/ leaves the final RMSNorm weight at 0 (not loaded)",
-        _Model(),
+        _Model(),  # type: ignore[arg-type]
         task="tensor (MindSpore e2e dump, no msprobe)", world_size=1, steps=list(range(ITERATIONS)),
         mindspore_interpreter={"env": "PRECNB_MINDSPORE_PYTHON", **versions},
         dump_roots={"correct": "correct/dump", "bad": "bad/dump"},

@@ -54,12 +54,12 @@ def _inputs(sample: Path, model: Any) -> tuple[Path, Path]:
     inputs.mkdir(parents=True)
     net = TinyGPT(model)  # seeded: the same initial weights as the PyTorch worker's model
     state = {k: v.detach().numpy() for k, v in net.state_dict().items()}
-    np.savez(inputs / "init_state_pt.npz", **state)
+    np.savez(inputs / "init_state_pt.npz", **state)  # type: ignore[arg-type]
     batches = {}
     for step in range(STEPS):
         x, y = make_batch(model, step, 0)
         batches[f"x{step}"], batches[f"y{step}"] = x.numpy(), y.numpy()
-    np.savez(inputs / "batches.npz", **batches)
+    np.savez(inputs / "batches.npz", **batches)  # type: ignore[arg-type]
     del torch
     return inputs / "init_state_pt.npz", inputs / "batches.npz"
 
@@ -190,8 +190,7 @@ def _truth(ctx: Any, sample: Path) -> dict[str, Any]:
         pt, _, _ = _root_data(sample / "pt", step)
         same, _, _ = _root_data(sample / "ms_same", step)
         c = X.module_closeness(pt, same, modules)
-        worst_api = max(X.scale_aware_err(X.leaf(pt[a["pt_api"]], "output.0"), X.leaf(same[a["ms_api"]], "output.0"))
-                        for a in apis)
+        worst_api = max(X.scale_aware_err(pt[a["pt_api"]]["output"][0], same[a["ms_api"]]["output"][0]) for a in apis)
         worst = max(v["scale_aware_err"] for v in c.values())
         _check(worst < X.NOISE and worst_api < X.NOISE, f"ms_same step {step} differs: {worst}, {worst_api}")
         close[f"step{step}"] = {"modules": c, "max_module_scale_aware_err": worst,
@@ -199,11 +198,12 @@ def _truth(ctx: Any, sample: Path) -> dict[str, Any]:
     # the bug, same framework: ms_bug vs ms_same, bit-exact before the injection
     first_same = D.first_differing_node(same0, bug0)
     _check(first_same is not None and list(same0) == list(bug0), f"ms_bug vs ms_same: {first_same}")
+    assert first_same is not None
     parent = D.parent_of(bugc0, first_same)
     diff_leaves = D.differing_leaves(same0[first_same], bug0[first_same])
     ffn = next(m for m in modules if m["ms_cell"] == BUG["module"])
     _check(parent == ffn["ms_node"] and X.api_name(first_same) == "Tensor.__add__"
-           and "input_args.1" in diff_leaves and X.leaf(bug0[first_same], "input_args.1")["value"] == BUG["eps"],
+           and "input_args.1" in diff_leaves and bug0[first_same]["input_args"][1].get("value") == BUG["eps"],
            f"first ms_bug/ms_same difference {first_same} in {parent}: {diff_leaves}")
     # the bug, across frameworks: the culprit module and its first differing API, at step 0
     found = X.culprit(pt0, bug0, modules, apis)

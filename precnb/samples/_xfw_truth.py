@@ -81,8 +81,9 @@ def scale_aware_err(a: dict, b: dict) -> float:
     vals = [(a.get(k), b.get(k)) for k in D.STAT_KEYS]
     if any(not isinstance(x, (int, float)) or not isinstance(y, (int, float)) for x, y in vals):
         return 0.0 if all(x == y for x, y in vals) else math.inf
-    if any(not (math.isfinite(x) and math.isfinite(y)) for x, y in vals):
-        return 0.0 if all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in vals) else math.inf
+    fv = [(float(x), float(y)) for x, y in vals]  # type: ignore[arg-type]
+    if any(not (math.isfinite(x) and math.isfinite(y)) for x, y in fv):
+        return 0.0 if all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in fv) else math.inf
     scale = max(abs(a["Max"]), abs(a["Min"]), abs(b["Max"]), abs(b["Min"]), 1e-30)
     err = max(abs(a[k] - b[k]) / scale for k in ("Max", "Min", "Mean"))
     return max(err, abs(a["Norm"] - b["Norm"]) / max(abs(a["Norm"]), abs(b["Norm"]), 1e-30))

@@ -1,0 +1,497 @@
+"""Reader for MindSpore kernel dumps in tensor layout (one ``.npy`` per kernel input/output).
+
+Layout (MindSpore's e2e / kbyk dump with ``saved_data: "tensor"``, the only mode on CPU)::
+
+    <root>/rank_<id>/<net_name>/<graph_id>/<iteration>/
+        <op_type>.<op_name>.<task_id>.<stream_id>.<timestamp>.<input|output>.<slot>.<format>[.<dtype>].npy
+        Parameter.<name>.<task_id>.<stream_id>.<timestamp>.output.0.<format>[.<dtype>].npy
+        mapping.csv            (stored name -> original name, for hashed long names)
+    <root>/rank_<id>/{graphs/*.ir, execution_order/*.csv, .dump_metadata/}
+
+*path* may be the root, a ``rank_<id>`` folder, a net, graph or iteration folder. Each
+(iteration, rank) becomes one (step, rank) record: ``step`` is the iteration folder's number,
+``rank`` the ``rank_<id>`` number (0 when absent); the graphs of one iteration are merged.
+
+Values: ``max``, ``min``, ``mean`` and ``norm`` (``sqrt(sum(x*x))``) are computed from the file in
+float64 from the stored dtype (``x = a.astype(float64)``; NaN and ±inf kept as numpy gives them),
+with ``nan_count``, ``pos_inf_count``, ``neg_inf_count`` and ``zero_count``; an empty tensor has
+null statistics. Files above :data:`CHUNK` elements are reduced in chunks (same max/min/counts;
+sums may differ from one numpy call in the last bits). ``numel``, ``shape`` come from the array,
+``dtype`` from the file name (numpy's name when the name has none). Files are read with
+``allow_pickle=False``: an object array, a truncated or otherwise broken file is skipped and named
+in the load report; the other files still load.
+
+Order: ``seq`` is the order of the files' timestamps within (step, rank) (ties by name, input
+before output, slot). On CPU the execution-order CSV does not match the files (names without
+files, files it does not list), so it is only used for names; ``attrs["kernel_order"]`` says so,
+and the load report warns where the CSV and the files disagree.
+
+Names: tensor labels are ``"<kernel>.<input|output>.<slot>"`` (``.1``, ``.2``, ... for repeats in
+timestamp order) and ``node`` is ``<kernel>``, the full ``/``-separated scope name where the
+rank's graph IR or execution-order CSV lists it, else the file's ``_``-name; ``module`` is the
+path of cells below the network cell (:mod:`precnb.io._ms_names`); ``api`` the op type;
+``direction`` forward / backward / optimizer from the scope. ``Parameter.<name>`` files are
+``role="parameter"`` (their value after the iteration's optimizer step), optimizer states
+``"state"``; a kernel input that reads a parameter (per the IR, same shape) has
+``role="parameter"`` and ``attrs["kernel_parameters"]`` maps its label to the parameter name.
+
+Examples
+--------
+>>> is_ms_kernel_tensors("/nonexistent")
+False
+>>> parse_file_name("Mul.Default_net-Net_Mul-op1.0.0.17961.input.1.DefaultFormat.Float32.npy")["slot"]
+1
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import xarray as xr
+
+from precnb.errors import DumpFormatError, NotADumpError
+from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
+from precnb.io._ms_names import NameTable, direction_of, module_path, name_table
+
+__all__ = ["CHUNK", "KernelTensorItem", "discover", "is_ms_kernel_tensors", "open_ms_kernel_tensors",
+           "parse_file_name", "read_item", "tensor_stats"]
+
+CHUNK = 1 << 24
+_NAME = re.compile(r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task>\d+)\.(?P<stream>\d+)\.(?P<ts>\d+)\."
+                   r"(?P<io>input|output)\.(?P<slot>\d+)\.(?P<format>[^.]+)(?:\.(?P<dtype>[^.]+))?\.npy$")
+_RANK = re.compile(r"^rank_?([0-9]+)$")
+_MAX_INDEX = 2**31 - 1
+_KNOWN_OTHER = {"mapping.csv", "statistic.csv"}
+EXTRA_STATS = ("nan_count", "pos_inf_count", "neg_inf_count", "zero_count")
+ORDER_NOTE = ("seq is the order of the dump files' timestamps; MindSpore's execution-order CSV does not "
+              "match the files on CPU (names without files, files it does not list)")
+
+
+def parse_file_name(name: str) -> dict[str, Any] | None:
+    """The fields of a tensor file name, or None when it is not one."""
+    m = _NAME.match(name)
+    if not m:
+        return None
+    d: dict[str, Any] = m.groupdict()
+    d["ts"], d["slot"], d["task"], d["stream"] = int(d["ts"]), int(d["slot"]), int(d["task"]), int(d["stream"])
+    return d
+
+
+def _digits(text: str) -> int | None:
+    if not (text.isascii() and text.isdigit()) or len(text) > 10:
+        return None
+    v = int(text)
+    return v if v <= _MAX_INDEX else None
+
+
+def _is_iteration_dir(p: Path) -> bool:
+    """An iteration folder: numeric name and at least one tensor file (stops at the first)."""
+    if _digits(p.name) is None:
+        return False
+    try:
+        with os.scandir(p) as it:
+            return any(e.name.endswith(".npy") and _NAME.match(e.name) for e in it)
+    except OSError:
+        return False
+
+
+def _children(d: Path, problems: list[tuple[str, str]] | None) -> list[Path]:
+    try:
+        return sorted((c for c in d.iterdir() if c.is_dir()), key=lambda c: c.name)
+    except OSError as exc:
+        if problems is not None:
+            problems.append((str(d), f"cannot list folder: {exc.strerror or exc}"))
+        return []
+
+
+def _iteration_dirs(p: Path, problems: list[tuple[str, str]] | None = None, first_only: bool = False) -> list[Path]:
+    """Iteration folders at the fixed depths below *p* (iteration, graph, net, rank folder or root)."""
+    if _is_iteration_dir(p):
+        return [p]
+    found: list[Path] = []
+    for depth in (1, 2, 3, 4):
+        level = [p]
+        for i in range(depth - 1):
+            level = [c for d in level for c in _children(d, problems)
+                     if not (depth == 4 and i == 0) or _RANK.match(c.name)]
+        for d in level:
+            for c in _children(d, problems):
+                if _is_iteration_dir(c):
+                    found.append(c)
+                    if first_only:
+                        return found
+        if found:
+            return found
+    return found
+
+
+def is_ms_kernel_tensors(path: str | Path) -> bool:
+    """Whether *path* holds a MindSpore tensor-layout kernel dump (and no statistic.csv there).
+
+    Parameters
+    ----------
+    path : str or Path
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> is_ms_kernel_tensors("/nonexistent")
+    False
+    """
+    p = Path(path)
+    try:
+        if not p.is_dir():
+            return False
+        found = _iteration_dirs(p, first_only=True)
+        return bool(found) and not (found[0] / "statistic.csv").is_file()
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class KernelTensorItem:
+    """The iteration folders of one (step, rank): one parse task.
+
+    Attributes
+    ----------
+    step, rank : int
+    folders : tuple of Path
+        One per graph, by graph id.
+    rank_dir : Path or None
+        The ``rank_<id>`` folder holding ``graphs/`` and ``execution_order/``.
+    net_name : str
+    """
+
+    step: int
+    rank: int
+    folders: tuple[Path, ...]
+    rank_dir: Path | None
+    net_name: str
+
+    @property
+    def path(self) -> str:
+        """Printable name (the folders joined by ``;``)."""
+        return ";".join(str(f) for f in self.folders)
+
+
+def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelTensorItem]:
+    """Find the iteration folders below *path*, grouped per (step, rank), sorted.
+
+    Raises
+    ------
+    NotADumpError
+        When there is no tensor-layout kernel dump below *path*.
+    """
+    p = Path(path)
+    try:
+        if not p.exists():
+            raise NotADumpError(f"{p}: no such file or directory")
+    except OSError as exc:
+        raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
+    problems: list[tuple[str, str]] = []
+    dirs = _iteration_dirs(p, problems) if p.is_dir() else []
+    if report is not None:
+        report.skipped.extend(problems)
+    if not dirs:
+        raise NotADumpError(f"{p}: no MindSpore tensor kernel dump found (expected "
+                            "rank_*/<net>/<graph>/<iteration>/<op_type>.<op_name>....npy)")
+    groups: dict[tuple[int, int], list[Path]] = {}
+    meta: dict[tuple[int, int], tuple[Path | None, str]] = {}
+    for d in dirs:
+        step, graph = _digits(d.name), _digits(d.parent.name)
+        rank_dir = next((a for a in d.parents if _RANK.match(a.name)), None)
+        rank = _digits(_RANK.match(rank_dir.name)[1]) if rank_dir is not None else 0  # type: ignore[index]
+        if step is None or rank is None:
+            if report is not None:
+                report.skipped.append((str(d), f"iteration or rank number out of range (0..{_MAX_INDEX})"))
+            continue
+        groups.setdefault((step, rank), []).append(d)
+        net = d.parent.parent.name if graph is not None else ""
+        meta[(step, rank)] = (rank_dir if rank_dir is not None and rank_dir == d.parent.parent.parent else None, net)
+        del graph
+    if not groups:
+        raise NotADumpError(f"{p}: no iteration folder with a usable step and rank")
+    return [KernelTensorItem(s, r, tuple(sorted(fs, key=lambda f: (_digits(f.parent.name) or 0, str(f)))),
+                             *meta[(s, r)]) for (s, r), fs in sorted(groups.items())]
+
+
+def tensor_stats(a: np.ndarray) -> dict[str, float | None]:
+    """max, min, mean, norm (and NaN/inf/zero counts) of an array, in float64.
+
+    Examples
+    --------
+    >>> s = tensor_stats(np.array([1.0, -3.0, np.inf], np.float32))
+    >>> s["max"], s["min"], s["norm"], s["pos_inf_count"]
+    (inf, -3.0, inf, 1.0)
+    >>> tensor_stats(np.zeros((0, 2)))["max"] is None
+    True
+    """
+    if a.dtype.kind == "c":
+        a = np.abs(a)
+    flat = a.reshape(-1)
+    n = flat.size
+    if n == 0:
+        return {"max": None, "min": None, "mean": None, "norm": None, **dict.fromkeys(EXTRA_STATS, 0.0)}
+    if n <= CHUNK:
+        x = flat.astype(np.float64)
+        return {"max": float(x.max()), "min": float(x.min()), "mean": float(x.mean()),
+                "norm": float(np.sqrt(np.sum(x * x))),
+                "nan_count": float(np.count_nonzero(np.isnan(x))),
+                "pos_inf_count": float(np.count_nonzero(x == np.inf)),
+                "neg_inf_count": float(np.count_nonzero(x == -np.inf)),
+                "zero_count": float(np.count_nonzero(x == 0))}
+    parts = []  # per chunk: max, min, sum, sum of squares, counts (max/min propagate NaN as numpy does)
+    for start in range(0, n, CHUNK):
+        x = np.asarray(flat[start:start + CHUNK], dtype=np.float64)
+        parts.append([x.max(), x.min(), np.sum(x), np.sum(x * x), np.count_nonzero(np.isnan(x)),
+                      np.count_nonzero(x == np.inf), np.count_nonzero(x == -np.inf), np.count_nonzero(x == 0)])
+    t = np.asarray(parts, dtype=np.float64)
+    counts = t[:, 4:].sum(axis=0)
+    return {"max": float(np.max(t[:, 0])), "min": float(np.min(t[:, 1])), "mean": float(np.sum(t[:, 2]) / n),
+            "norm": float(np.sqrt(np.sum(t[:, 3]))), **{k: float(c) for k, c in zip(EXTRA_STATS, counts, strict=True)}}
+
+
+def _load(path: Path) -> np.ndarray:
+    """The array of one .npy file, never unpickling (memory-mapped when large)."""
+    try:
+        big = path.stat().st_size > 64 * 1024 * 1024
+        return np.load(path, allow_pickle=False, mmap_mode="r" if big else None)
+    except ValueError as exc:  # object arrays ("allow_pickle=False"), bad headers, truncated data
+        raise DumpFormatError(path, f"not a readable .npy: {exc}") from None
+    except (OSError, EOFError) as exc:
+        raise DumpFormatError(path, f"cannot read .npy: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _mapping(folder: Path) -> dict[str, str]:
+    """``mapping.csv`` of an iteration folder: stored file name -> original file name."""
+    path = folder / "mapping.csv"
+    if not path.is_file():
+        return {}
+    out = {}
+    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+        for row in csv.reader(fh):
+            if len(row) >= 2 and row[0].strip() and parse_file_name(row[1].strip()):
+                out[os.path.basename(row[0].strip())] = row[1].strip()
+    return out
+
+
+_STATE = re.compile(r"^(adam_m|adam_v|moment1|moment2|moments|accum|exp_avg|exp_avg_sq|mean_square|"
+                    r"mean_grad|beta1_power|beta2_power)\.")
+
+
+def param_role(name: str, is_weight: bool = True) -> str:
+    """``parameter`` (a model weight), ``state`` (optimizer state or hyper-parameter) or ``input``.
+
+    >>> param_role("net.norm_out.weight"), param_role("adam_m.net.norm_out.weight"), param_role("global_step")
+    ('parameter', 'state', 'state')
+    """
+    if not is_weight:
+        return "input"
+    return "state" if _STATE.match(name) or "." not in name else "parameter"
+
+
+def _parameter_coords(file_name: str, table: NameTable, net: str, root_attrs: list[str]) -> tuple[str, str, str, str]:
+    """(node, module, role, direction) of a ``Parameter.<name>`` file."""
+    known = table.params.get(file_name)
+    if known is None:
+        return f"Parameter.{file_name}", "", "parameter", ""
+    name, _, weight = known
+    role = param_role(name, weight)
+    if role == "input":
+        return f"Parameter.{name}", "", "input", "forward"
+    m = _STATE.match(name)
+    rest = name[m.end():] if m else name
+    for k in range(len(root_attrs) + 1):
+        prefix = ".".join(root_attrs[k:])
+        if prefix and rest.startswith(prefix + "."):
+            rest = rest[len(prefix) + 1:]
+            break
+    module = rest.rpartition(".")[0]
+    if role == "state":  # optimizer states and hyper-parameters (global_step, learning_rate)
+        return f"Parameter.{name}", module, "state", "optimizer"
+    return f"Parameter.{name}", module, "parameter", ""
+
+
+def _under_net(scope: str, net: str) -> bool:
+    """Whether a ``/`` scope passes through a cell of class *net*."""
+    return any(p.partition("-")[2] == net for p in scope.split("/"))
+
+
+def _root_attrs(table: NameTable, net: str) -> list[str]:
+    """Attributes of the cells from the top down to the network cell (``["network", "net"]``)."""
+    for scope in table.scopes.values():
+        parts = scope.split("/")
+        classes = [p.partition("-")[2] for p in parts]
+        if net and net in classes:
+            return [p.partition("-")[0] for p in parts[1:classes.index(net) + 1] if "-" in p]
+    return []
+
+
+def read_item(item: KernelTensorItem) -> FileRecords:
+    """Read the tensor files of one (step, rank) into columnar records (statistics from the arrays).
+
+    A broken file is listed in ``meta["skipped"]`` and the others are still read; when no file
+    can be read the first error is raised.
+    """
+    table = name_table(item.rank_dir) if item.rank_dir is not None else NameTable()
+    root = _root_attrs(table, item.net_name)
+    entries: list[tuple[tuple[Any, ...], Path, dict[str, Any]]] = []
+    skipped: list[tuple[str, str]] = list(table.problems)
+    for g, folder in enumerate(item.folders):
+        mapping = _mapping(folder)
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError as exc:
+            skipped.append((str(folder), f"cannot list folder: {exc.strerror or exc}"))
+            continue
+        for fname in names:
+            info = parse_file_name(mapping.get(fname, fname))
+            if info is None:
+                if fname not in _KNOWN_OTHER:
+                    skipped.append((str(folder / fname), "ignored: not a kernel tensor file name"))
+                continue
+            order = (info["ts"], g, info["op_name"], info["io"] != "input", info["slot"])
+            entries.append((order, folder / fname, info))
+    entries.sort(key=lambda e: e[0])
+    b = RecordBuilder(item.step, item.rank, extra_stats=EXTRA_STATS)
+    counts: dict[str, int] = {}
+    params: dict[str, str] = {}
+    first_error: DumpFormatError | None = None
+    kernels: set[str] = set()
+    for _, path, info in entries:
+        try:
+            arr = _load(path)
+            stats = tensor_stats(arr)
+        except DumpFormatError as exc:
+            first_error = first_error or exc
+            skipped.append((str(path), exc.message))
+            continue
+        except (ValueError, TypeError) as exc:  # e.g. a structured dtype
+            skipped.append((str(path), f"cannot compute statistics: {exc}"))
+            continue
+        dtype = info["dtype"] or arr.dtype.name
+        if info["op_type"] == "Parameter":
+            node, module, role, direction = _parameter_coords(info["op_name"], table, item.net_name, root)
+            label = f"{node}.{info['io']}.{info['slot']}"
+        else:
+            kernels.add(info["op_name"])
+            exact, scope = table.resolve(info["op_name"])
+            node = exact or info["op_name"]
+            # with the network cell in the dump, kernels outside it (loss wrapper, optimizer) have no module
+            inside = scope is not None and (not root or _under_net(scope, item.net_name))
+            module = module_path(scope, item.net_name, is_scope=True) if scope and inside else ""
+            direction, role = direction_of(exact or scope or ""), info["io"]
+            label = f"{node}.{info['io']}.{info['slot']}"
+            read = table.reads.get(exact, {}).get(info["slot"]) if exact and role == "input" else None
+            known = table.params.get(read.replace(".", "_")) if read else None
+            if read and known is not None and known[1] == tuple(arr.shape) and param_role(read, known[2]) != "input":
+                role = param_role(read, known[2])
+                if role == "parameter":
+                    params[label] = read
+        k = counts.get(label, 0)
+        counts[label] = k + 1
+        if k:
+            if label in params:
+                params[f"{label}.{k}"] = params[label]
+            label = f"{label}.{k}"
+        b.add(label, stats, shape=list(arr.shape), node=node, module=module, api=info["op_type"], kind="kernel",
+              direction=direction, role=role, dtype=dtype)
+    if first_error is not None and not b.labels:
+        raise first_error
+    warnings = []
+    listed = table.order_names
+    if listed and kernels:
+        missing, extra = len(listed - kernels), len(kernels - listed)
+        if missing or extra:
+            warnings.append(f"rank {item.rank}, step {item.step}: the execution-order CSV lists {missing} kernel(s) "
+                            f"without dump files and misses {extra} dumped kernel(s); kernels are ordered by "
+                            "dump-file timestamp")
+    return b.build(meta={"framework": "mindspore", "task": "tensor", "path": item.path, "skipped": skipped,
+                         "warnings": warnings, "kernel_parameters": params, "names_from": table.sources})
+
+
+def open_ms_kernel_tensors(
+    path: str | Path,
+    *,
+    steps: Sequence[int] | None = None,
+    ranks: Sequence[int] | None = None,
+    errors: Literal["report", "raise"] = "report",
+    progress: bool | None = None,
+    client: Any = None,
+    workers: int | str | None = None,
+) -> xr.Dataset:
+    """Open a MindSpore tensor-layout kernel dump as a canonical dataset.
+
+    Parameters
+    ----------
+    path : str or Path
+        The dump root, a ``rank_<id>`` folder, or a net, graph or iteration folder.
+    steps, ranks : sequence of int, optional
+        Load only these iterations / ranks.
+    errors : {"report", "raise"}
+        ``"report"`` skips unreadable files (``precnb.load_report(ds)``); ``"raise"`` stops at the first.
+    progress : bool, optional
+    client : dask.distributed.Client, optional
+        Parse on this cluster, one task per (step, rank).
+    workers : int, "auto" or None
+        Local worker processes when there is no client.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``source_format == "kernel_tensors"``, ``kind == "kernel"``; attrs ``kernel_order``,
+        ``kernel_parameters``, ``rank_dirs``, ``load_report``.
+
+    Raises
+    ------
+    NotADumpError
+        When nothing could be read.
+
+    Examples
+    --------
+    >>> ds = open_ms_kernel_tensors("dump/rank_0")  # doctest: +SKIP
+    """
+    from precnb.io.api import parse_files
+
+    report = LoadReport()
+    items = discover(path, report)
+    if steps is not None:
+        items = [i for i in items if i.step in {int(s) for s in steps}]
+    if ranks is not None:
+        items = [i for i in items if i.rank in {int(r) for r in ranks}]
+    if not items:
+        raise NotADumpError(f"{path}: no iteration folder matches the selection")
+    parse: Callable[[KernelTensorItem], FileRecords] = read_item
+    recs = parse_files(items, parse, describe=lambda i: i.path, report=report, errors=errors, client=client,
+                       progress=progress, workers=workers)
+    params: dict[str, str] = {}
+    sources: list[str] = []
+    for rec in recs:
+        seen = {p for p, _ in report.skipped}
+        report.skipped.extend(s for s in rec.meta.get("skipped", ()) if s[0] not in seen)
+        report.warnings.extend(rec.meta.get("warnings", ()))
+        for k, v in rec.meta.get("kernel_parameters", {}).items():
+            params.setdefault(k, v)
+        sources += [s for s in rec.meta.get("names_from", ()) if s not in sources]
+    if not recs:
+        reasons = "; ".join(f"{p}: {r}" for p, r in report.skipped[:3])
+        raise NotADumpError(f"{path}: no kernel dump file could be read ({reasons})")
+    if errors == "raise" and report.failures:
+        p, r = report.failures[0]
+        raise DumpFormatError(p, r)
+    return assemble(recs, source_format="kernel_tensors", steps=[i.step for i in items], ranks=[i.rank for i in items],
+                    attrs={"source": str(path), "kernel_order": ORDER_NOTE, "kernel_names_from": json.dumps(sources),
+                           "kernel_parameters": json.dumps(params),
+                           "rank_dirs": json.dumps({f"{i.step},{i.rank}": i.path for i in items}),
+                           "load_report": json.dumps(report.to_dict())})
