@@ -40,7 +40,9 @@ Attributes
 (node → parent) and ``stacks`` (node → list of frames). ``dtype_changes`` (JSON text, only
 when some entry's dtype differs from its tensor's ``dtype`` coordinate, e.g. an op cast to
 bfloat16 from step 1 on one rank): tensor → {dtype → [[step, rank], ...]}; read it with
-:func:`entry_dtype` / :func:`dtype_changes`.
+:func:`entry_dtype` / :func:`dtype_changes`. MindSpore tensor-layout kernel dumps
+(``source_format == "kernel_tensors"``) add ``kernel_order`` (how ``seq`` was ordered) and
+``kernel_parameters`` (JSON text: tensor label of a kernel input → the parameter it reads).
 
 Examples
 --------

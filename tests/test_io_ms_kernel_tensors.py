@@ -287,3 +287,20 @@ def test_tensor_stats_chunked_agrees(monkeypatch):
         assert parts[k] == whole[k]
     assert parts["mean"] == pytest.approx(whole["mean"], rel=1e-12, abs=1e-15)
     assert parts["norm"] == pytest.approx(whole["norm"], rel=1e-12)
+
+
+def test_hashed_long_names_are_read_through_mapping_csv(tmp_path):
+    """MindSpore 2.10 names a file by a hash when its name is too long and lists it in mapping.csv
+    (no header: ``<hash>.npy,<original name>``), as observed on a real CPU dump with long cell names."""
+    it = tmp_path / "dump" / "rank_0" / "Top" / "0" / "0"
+    it.mkdir(parents=True)
+    long_name = ("ReLU.Default_" + "a" * 200 + "-Mid_" + "b" * 100
+                 + "-Leaf_ReLU-op0.0.0.17961.output.0.DefaultFormat.Float32.npy")
+    np.save(it / "1567544679.npy", np.array([3.0, -1.0], np.float32))
+    (it / "mapping.csv").write_text(f"1567544679.npy,{long_name}\n", encoding="utf-8")
+    ds = open_quiet(tmp_path / "dump")
+    label = "Default_" + "a" * 200 + "-Mid_" + "b" * 100 + "-Leaf_ReLU-op0.output.0"
+    s = ds.sel(step=0, rank=0, tensor=label)
+    assert (float(s["max"]), float(s["min"]), str(s["api"].values)) == (3.0, -1.0, "ReLU")
+    assert str(s["module"].values) == "a" * 200 + "." + "b" * 100  # from the name's attr-Class pattern
+    assert precnb.load_report(ds).ok

@@ -93,14 +93,24 @@ def _digits(text: str) -> int | None:
 
 
 def _is_iteration_dir(p: Path) -> bool:
-    """An iteration folder: numeric name and at least one tensor file (stops at the first)."""
+    """An iteration folder: numeric name and a tensor file (or a mapping.csv and .npy files); stops at the first."""
     if _digits(p.name) is None:
         return False
+    npy = mapped = False
     try:
         with os.scandir(p) as it:
-            return any(e.name.endswith(".npy") and _NAME.match(e.name) for e in it)
+            for e in it:
+                if e.name.endswith(".npy"):
+                    if _NAME.match(e.name):
+                        return True
+                    npy = True
+                elif e.name == "mapping.csv":
+                    mapped = True
+                if npy and mapped:  # hashed long names only
+                    return True
     except OSError:
         return False
+    return False
 
 
 def _children(d: Path, problems: list[tuple[str, str]] | None) -> list[Path]:
