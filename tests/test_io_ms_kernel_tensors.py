@@ -270,7 +270,7 @@ def test_not_a_kernel_tensor_dump(tmp_path):
 
 
 def test_tensor_stats_chunked_agrees(monkeypatch):
-    from precnb.io import ms_kernel_tensors as mod
+    from precnb.io import _ms_files as mod
 
     a = np.random.default_rng(0).normal(size=1000).astype(np.float32)
     a[3], a[9] = 0.0, np.inf

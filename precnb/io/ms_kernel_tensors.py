@@ -45,7 +45,6 @@ False
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -54,35 +53,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import xarray as xr
 
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
+from precnb.io._ms_files import CHUNK, EXTRA_STATS, NAME, load_npy, mapping, parse_file_name, tensor_stats
 from precnb.io._ms_names import NameTable, direction_of, module_path, name_table
 
 __all__ = ["CHUNK", "KernelTensorItem", "discover", "is_ms_kernel_tensors", "open_ms_kernel_tensors",
            "parse_file_name", "read_item", "tensor_stats"]
 
-CHUNK = 1 << 24
-_NAME = re.compile(r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task>\d+)\.(?P<stream>\d+)\.(?P<ts>\d+)\."
-                   r"(?P<io>input|output)\.(?P<slot>\d+)\.(?P<format>[^.]+)(?:\.(?P<dtype>[^.]+))?\.npy$")
 _RANK = re.compile(r"^rank_?([0-9]+)$")
 _MAX_INDEX = 2**31 - 1
 _KNOWN_OTHER = {"mapping.csv", "statistic.csv"}
-EXTRA_STATS = ("nan_count", "pos_inf_count", "neg_inf_count", "zero_count")
 ORDER_NOTE = ("seq is the order of the dump files' timestamps; MindSpore's execution-order CSV does not "
               "match the files on CPU (names without files, files it does not list)")
-
-
-def parse_file_name(name: str) -> dict[str, Any] | None:
-    """The fields of a tensor file name, or None when it is not one."""
-    m = _NAME.match(name)
-    if not m:
-        return None
-    d: dict[str, Any] = m.groupdict()
-    d["ts"], d["slot"], d["task"], d["stream"] = int(d["ts"]), int(d["slot"]), int(d["task"]), int(d["stream"])
-    return d
 
 
 def _digits(text: str) -> int | None:
@@ -101,7 +86,7 @@ def _is_iteration_dir(p: Path) -> bool:
         with os.scandir(p) as it:
             for e in it:
                 if e.name.endswith(".npy"):
-                    if _NAME.match(e.name):
+                    if NAME.match(e.name):
                         return True
                     npy = True
                 elif e.name == "mapping.csv":
@@ -236,66 +221,6 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelT
                              *meta[(s, r)]) for (s, r), fs in sorted(groups.items())]
 
 
-def tensor_stats(a: np.ndarray) -> dict[str, float | None]:
-    """max, min, mean, norm (and NaN/inf/zero counts) of an array, in float64.
-
-    Examples
-    --------
-    >>> s = tensor_stats(np.array([1.0, -3.0, np.inf], np.float32))
-    >>> s["max"], s["min"], s["norm"], s["pos_inf_count"]
-    (inf, -3.0, inf, 1.0)
-    >>> tensor_stats(np.zeros((0, 2)))["max"] is None
-    True
-    """
-    if a.dtype.kind == "c":
-        a = np.abs(a)
-    flat = a.reshape(-1)
-    n = flat.size
-    if n == 0:
-        return {"max": None, "min": None, "mean": None, "norm": None, **dict.fromkeys(EXTRA_STATS, 0.0)}
-    if n <= CHUNK:
-        x = flat.astype(np.float64)
-        return {"max": float(x.max()), "min": float(x.min()), "mean": float(x.mean()),
-                "norm": float(np.sqrt(np.sum(x * x))),
-                "nan_count": float(np.count_nonzero(np.isnan(x))),
-                "pos_inf_count": float(np.count_nonzero(x == np.inf)),
-                "neg_inf_count": float(np.count_nonzero(x == -np.inf)),
-                "zero_count": float(np.count_nonzero(x == 0))}
-    parts = []  # per chunk: max, min, sum, sum of squares, counts (max/min propagate NaN as numpy does)
-    for start in range(0, n, CHUNK):
-        x = np.asarray(flat[start:start + CHUNK], dtype=np.float64)
-        parts.append([x.max(), x.min(), np.sum(x), np.sum(x * x), np.count_nonzero(np.isnan(x)),
-                      np.count_nonzero(x == np.inf), np.count_nonzero(x == -np.inf), np.count_nonzero(x == 0)])
-    t = np.asarray(parts, dtype=np.float64)
-    counts = t[:, 4:].sum(axis=0)
-    return {"max": float(np.max(t[:, 0])), "min": float(np.min(t[:, 1])), "mean": float(np.sum(t[:, 2]) / n),
-            "norm": float(np.sqrt(np.sum(t[:, 3]))), **{k: float(c) for k, c in zip(EXTRA_STATS, counts, strict=True)}}
-
-
-def _load(path: Path) -> np.ndarray:
-    """The array of one .npy file, never unpickling (memory-mapped when large)."""
-    try:
-        big = path.stat().st_size > 64 * 1024 * 1024
-        return np.load(path, allow_pickle=False, mmap_mode="r" if big else None)
-    except ValueError as exc:  # object arrays ("allow_pickle=False"), bad headers, truncated data
-        raise DumpFormatError(path, f"not a readable .npy: {exc}") from None
-    except (OSError, EOFError) as exc:
-        raise DumpFormatError(path, f"cannot read .npy: {getattr(exc, 'strerror', None) or exc}") from None
-
-
-def _mapping(folder: Path) -> dict[str, str]:
-    """``mapping.csv`` of an iteration folder: stored file name -> original file name."""
-    path = folder / "mapping.csv"
-    if not path.is_file():
-        return {}
-    out = {}
-    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
-        for row in csv.reader(fh):
-            if len(row) >= 2 and row[0].strip() and parse_file_name(row[1].strip()):
-                out[os.path.basename(row[0].strip())] = row[1].strip()
-    return out
-
-
 _STATE = re.compile(r"^(adam_m|adam_v|moment1|moment2|moments|accum|exp_avg|exp_avg_sq|mean_square|"
                     r"mean_grad|beta1_power|beta2_power)\.")
 
@@ -359,14 +284,14 @@ def read_item(item: KernelTensorItem) -> FileRecords:
     entries: list[tuple[tuple[Any, ...], Path, dict[str, Any]]] = []
     skipped: list[tuple[str, str]] = list(table.problems)
     for g, folder in enumerate(item.folders):
-        mapping = _mapping(folder)
+        renamed = mapping(folder)
         try:
             names = sorted(os.listdir(folder))
         except OSError as exc:
             skipped.append((str(folder), f"cannot list folder: {exc.strerror or exc}"))
             continue
         for fname in names:
-            info = parse_file_name(mapping.get(fname, fname))
+            info = parse_file_name(renamed.get(fname, fname))
             if info is None:
                 if fname not in _KNOWN_OTHER:
                     skipped.append((str(folder / fname), "ignored: not a kernel tensor file name"))
@@ -381,7 +306,7 @@ def read_item(item: KernelTensorItem) -> FileRecords:
     kernels: set[str] = set()
     for _, path, info in entries:
         try:
-            arr = _load(path)
+            arr = load_npy(path)
             stats = tensor_stats(arr)
         except DumpFormatError as exc:
             first_error = first_error or exc
@@ -419,16 +344,10 @@ def read_item(item: KernelTensorItem) -> FileRecords:
               direction=direction, role=role, dtype=dtype)
     if first_error is not None and not b.labels:
         raise first_error
-    warnings = []
     listed = table.order_names
-    if listed and kernels:
-        missing, extra = len(listed - kernels), len(kernels - listed)
-        if missing or extra:
-            warnings.append(f"rank {item.rank}, step {item.step}: the execution-order CSV lists {missing} kernel(s) "
-                            f"without dump files and misses {extra} dumped kernel(s); kernels are ordered by "
-                            "dump-file timestamp")
+    mismatch = (len(listed - kernels), len(kernels - listed)) if listed and kernels else (0, 0)
     return b.build(meta={"framework": "mindspore", "task": "tensor", "path": item.path, "skipped": skipped,
-                         "warnings": warnings, "kernel_parameters": params, "names_from": table.sources})
+                         "order_mismatch": mismatch, "kernel_parameters": params, "names_from": table.sources})
 
 
 def open_ms_kernel_tensors(
@@ -487,13 +406,20 @@ def open_ms_kernel_tensors(
                        progress=progress, workers=workers)
     params: dict[str, str] = {}
     sources: list[str] = []
+    mismatched: dict[int, list[tuple[int, tuple[int, int]]]] = {}
     for rec in recs:
         seen = {p for p, _ in report.skipped}
         report.skipped.extend(s for s in rec.meta.get("skipped", ()) if s[0] not in seen)
-        report.warnings.extend(rec.meta.get("warnings", ()))
+        if any(rec.meta.get("order_mismatch", (0, 0))):
+            mismatched.setdefault(rec.rank, []).append((rec.step, rec.meta["order_mismatch"]))
         for k, v in rec.meta.get("kernel_parameters", {}).items():
             params.setdefault(k, v)
         sources += [s for s in rec.meta.get("names_from", ()) if s not in sources]
+    for rank, found in sorted(mismatched.items()):
+        step, (missing, extra) = found[0]
+        report.warnings.append(f"rank {rank}: the execution-order CSV lists {missing} kernel(s) without dump files "
+                               f"and misses {extra} dumped kernel(s) (step {step}; {len(found)} step(s) alike): "
+                               "kernels are ordered by dump-file timestamp")
     if not recs:
         reasons = "; ".join(f"{p}: {r}" for p, r in report.skipped[:3])
         raise NotADumpError(f"{path}: no kernel dump file could be read ({reasons})")
