@@ -17,7 +17,7 @@ import xarray as xr
 
 from precnb.schema import DIMS, SCHEMA_VERSION, STATS, TENSOR_COORDS, validate
 
-__all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "assemble"]
+__all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "assemble", "select_items"]
 
 _INT_COORDS = {k for k, v in TENSOR_COORDS.items() if v is not str}
 
@@ -181,6 +181,20 @@ class RecordBuilder:
             strings={"crc": self.crc} if self.has_crc else {},
             **kw,
         )
+
+
+def select_items(items: Sequence[Any], steps: Sequence[int] | None, ranks: Sequence[int] | None) -> list[Any]:
+    """The parse items (with ``step`` and ``rank``) in *steps* and *ranks* (None: all).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as N
+    >>> [(i.step, i.rank) for i in select_items([N(step=0, rank=1), N(step=2, rank=1)], [2], None)]
+    [(2, 1)]
+    """
+    want_s = None if steps is None else {int(s) for s in steps}
+    want_r = None if ranks is None else {int(r) for r in ranks}
+    return [i for i in items if (want_s is None or i.step in want_s) and (want_r is None or i.rank in want_r)]
 
 
 def stat_value(v: Any) -> float | None:

@@ -52,7 +52,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.errors import DumpFormatError, NotADumpError
-from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
+from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble, select_items
 from precnb.io._csvutil import iter_rows, parse_float, parse_shape, read_header, short_repr
 
 __all__ = ["KernelItem", "discover", "is_kernel_dump", "kernel_label_parts", "open_kernel_dump",
@@ -478,11 +478,7 @@ def open_kernel_dump(
     from precnb.io.api import parse_files
 
     report = LoadReport()
-    items = discover(path, report)
-    if steps is not None:
-        items = [i for i in items if i.step in {int(s) for s in steps}]
-    if ranks is not None:
-        items = [i for i in items if i.rank in {int(r) for r in ranks}]
+    items = select_items(discover(path, report), steps, ranks)
     if not items:
         raise NotADumpError(f"{path}: no statistic.csv matches the selection")
     recs = parse_files(items, read_kernel_item, describe=lambda i: i.path, report=report,

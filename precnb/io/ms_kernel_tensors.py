@@ -56,7 +56,7 @@ from typing import Any, Literal
 import xarray as xr
 
 from precnb.errors import DumpFormatError, NotADumpError
-from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
+from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble, select_items
 from precnb.io._ms_files import CHUNK, EXTRA_STATS, NAME, load_npy, mapping, parse_file_name, tensor_stats
 from precnb.io._ms_names import NameTable, direction_of, module_path, name_table
 
@@ -394,11 +394,7 @@ def open_ms_kernel_tensors(
     from precnb.io.api import parse_files
 
     report = LoadReport()
-    items = discover(path, report)
-    if steps is not None:
-        items = [i for i in items if i.step in {int(s) for s in steps}]
-    if ranks is not None:
-        items = [i for i in items if i.rank in {int(r) for r in ranks}]
+    items = select_items(discover(path, report), steps, ranks)
     if not items:
         raise NotADumpError(f"{path}: no iteration folder matches the selection")
     parse: Callable[[KernelTensorItem], FileRecords] = read_item
