@@ -34,6 +34,9 @@ CASES = [
     ("pp_local", "pp_local/pp2", "pp_local/pp1", ["--target-layout", "pp=2"], {"target_layout": "pp=2"}),
     ("tp_unsync", "tp_unsync/tp2", "tp_unsync/tp1", ["--target-layout", "tp=2"], {"target_layout": "tp=2"}),
     ("tp_unsync replicas", "tp_unsync/tp2", None, ["--layout", "tp=2"], {"target_layout": "tp=2"}),
+    ("kernel_resume", "kernel_resume/bad", "kernel_resume/correct", [], {}),
+    ("xfw same framework", "xfw/ms_bug", "xfw/ms_same", [], {}),
+    ("xfw", "xfw/ms_bug", "xfw/pt", [], {}),
 ]
 
 VERB = {"first_divergence": "diff", "nan_origin": "nan", "anomaly": "anomalies", "replica_mismatch": "replicas"}

@@ -124,3 +124,33 @@ def test_regenerate_kernel_resume(tmp_path):
     f = precnb.first_divergence(open_quiet(tmp_path / "kernel_resume" / "correct"),
                                 open_quiet(tmp_path / "kernel_resume" / "bad"))
     assert f.tensor == old["faults"][0]["tensor"]
+
+
+def test_missing_mindspore_interpreter_is_named_and_skips_only_the_mindspore_samples(tmp_path, monkeypatch):
+    monkeypatch.delenv("PRECNB_MINDSPORE_PYTHON", raising=False)
+    from precnb.samples import _ms_run
+
+    with pytest.raises(ImportError, match=r"PRECNB_MINDSPORE_PYTHON.*pip install 'numpy<2' mindspore==2\.10\.0"):
+        _ms_run.require_mindspore()
+    code = (f"import sys; from precnb.samples import main; "
+            f"sys.exit(main(['--out', {str(tmp_path)!r}, '--only', 'kernel_resume', '--no-readme']))")
+    env = {k: v for k, v in os.environ.items() if k != "PRECNB_MINDSPORE_PYTHON"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 2 and "PRECNB_MINDSPORE_PYTHON" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "kernel_resume").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None or importlib.util.find_spec("msprobe") is None,
+                    reason="generate() checks torch and msprobe first")
+def test_all_samples_without_mindspore_skip_the_mindspore_ones(tmp_path, monkeypatch):
+    from unittest import mock
+
+    import precnb.samples as samples
+    from precnb.samples import _scenarios
+
+    monkeypatch.delenv("PRECNB_MINDSPORE_PYTHON", raising=False)
+    logs: list[str] = []
+    with mock.patch.object(_scenarios, "generate_one", side_effect=lambda ctx, name, gen: ctx.out / name):
+        done = samples.generate(tmp_path, log=logs.append, write_readme=False)
+    assert [p.name for p in done] == [n for n in samples.SAMPLE_NAMES if n not in ("xfw", "kernel_resume")]
+    assert any("skipping xfw" in line for line in logs) and any("skipping kernel_resume" in line for line in logs)
