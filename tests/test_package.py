@@ -32,6 +32,7 @@ def test_public_api_resolves():
     "precnb.schema", "precnb.naming", "precnb.analysis.layout", "precnb.analysis.findings",
     "precnb.analysis.tolerance", "precnb.analysis.masks", "precnb.analysis.summary", "precnb.analysis.pp",
     "precnb.io._assemble", "precnb.io._jsonio", "precnb.combine", "precnb.accessor",
+    "precnb.io.ms_kernel_tensors", "precnb.io._ms_names", "precnb.io._ms_files",
 ])
 def test_docstring_examples_run(module):
     mod = importlib.import_module(module)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import mindspore as ms  # type: ignore[import-not-found]
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops  # type: ignore[import-not-found]
 
@@ -199,4 +198,4 @@ def cross_entropy_loss(logits: Any, targets: Any, vocab: int) -> Any:
 
 
 __all__ = ["Attention", "DecoderLayer", "FeedForward", "RMSNorm", "TinyGPT", "adamw_numpy",
-           "cross_entropy_loss", "load_torch_state", "ms", "param_name_map"]
+           "cross_entropy_loss", "load_torch_state", "param_name_map"]

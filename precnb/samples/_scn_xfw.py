@@ -29,19 +29,19 @@ REQUIRES = require_mindspore
 def _root_data(root: Path, step: int) -> tuple[dict, dict, Path]:
     dirs = D.rank_dirs(root / f"step{step}")
     if len(dirs) != 1:
-        raise X_error(f"{root}/step{step}: expected one rank folder, found {dirs}")
+        raise _error(f"{root}/step{step}: expected one rank folder, found {dirs}")
     return (D.dump_data(dirs[0] / "dump.json"), D.load_json(dirs[0] / "construct.json"), dirs[0])
 
 
-def X_error(message: str) -> Exception:  # noqa: N802 - reads like the exception it builds
-    from ._scenarios import GroundTruthError
+def _error(message: str) -> Exception:
+    from ._scenarios import GroundTruthError  # imports torch: only when a check fails
 
     return GroundTruthError(message)
 
 
 def _check(cond: bool, message: str) -> None:
     if not cond:
-        raise X_error(message)
+        raise _error(message)
 
 
 def _inputs(sample: Path, model: Any) -> tuple[Path, Path]:
