@@ -76,6 +76,21 @@ def test_xfw_same_framework_diff_finds_the_bug():
     assert f.tensor in ("Tensor.__add__.6.forward.input.1", "Tensor.__add__.6.forward.output.0")
 
 
+def test_xfw_cross_framework_diff_names_the_culprit_on_both_sides():
+    """pt vs ms_same: nothing; pt vs ms_bug: the ground truth's culprit module and first differing API, both names."""
+    g = _gt("xfw")
+    f0 = g["faults"][0]
+    base = sample_path("xfw")
+    pt = open_quiet(base / "pt")
+    assert precnb.first_divergence(pt, open_quiet(base / "ms_same")).kind == "none"
+    f = precnb.first_divergence(pt, open_quiet(base / "ms_bug"))
+    assert (f.kind, f.step, f.node, f.module) == ("first_divergence", f0["step"], f0["first_differing_api"],
+                                                   f0["module"])
+    assert f.baseline["module"] == f0["baseline_module"] and f.baseline["node"] == f0["baseline_first_differing_api"]
+    c = f.evidence["culprit"]
+    assert (c["node"], c["baseline"]["node"]) == (f0["node"], f0["baseline_node"])
+
+
 def test_xfw_msprobe_compare_behaviour_recorded():
     g = _gt("xfw")
     runs = {(c["target"], c["options"]): c for c in g["msprobe_compare"]}
