@@ -41,6 +41,12 @@ CATALOG: dict[str, str] = {
     "renamed": "_scn_renamed",
     "pp_local": "_scn_pp",
     "tp_unsync": "_scn_tp_unsync",
+    "preflight/healthy": "_scn_preflight",
+    "preflight/frozen": "_scn_preflight",
+    "preflight/extra_param": "_scn_preflight",
+    "preflight/same_batch": "_scn_preflight",
+    "preflight/lr10": "_scn_preflight",
+    "preflight/packs": "_scn_preflight",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
