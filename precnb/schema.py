@@ -41,6 +41,13 @@ Attributes
 when some entry's dtype differs from its tensor's ``dtype`` coordinate, e.g. an op cast to
 bfloat16 from step 1 on one rank): tensor → {dtype → [[step, rank], ...]}; read it with
 :func:`entry_dtype` / :func:`dtype_changes`.
+Run facts outside the statistics, JSON text, only when the source holds them (read with
+:func:`side_table`): ``requires_grad`` (parameter tensor label → bool; false when any file
+records ``requires_grad: false``) and ``scalar_args`` (optimizer op API → argument (keyword
+name or positional index) → step → distinct values, e.g. ``{"Torch._fused_adamw_": {"lr":
+{"0": [0.01]}}}``; non-finite floats as ``"nan"``/``"inf"``/``"-inf"``). A ``config_check``
+pack (:mod:`precnb.io.config_check`) adds ``config_check``: what the pack holds besides
+tensors (environment, packages, hyper-parameters, random-call records).
 
 Examples
 --------
