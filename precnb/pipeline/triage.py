@@ -313,15 +313,25 @@ def diagnose(
     tolerance = _tolerance(opts, open_ref)
     params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol)}
 
-    only_divergence = bsrc is not None and {d.kind for d in wanted} <= {"first_divergence"}
-    plan = _stepwise_steps(tsrc, bsrc, opts) if only_divergence and bsrc is not None else None
+    kinds_wanted = {d.kind for d in wanted}
+    stepwise = bsrc is not None and "first_divergence" in kinds_wanted and kinds_wanted <= {"first_divergence",
+                                                                                           "preflight"}
+    plan = _stepwise_steps(tsrc, bsrc, opts) if stepwise and bsrc is not None else None
     if plan is not None:
         from precnb.errors import NotADumpError
+        from precnb.pipeline.preflight import with_preflight
 
         try:
-            return _diagnose_stepwise(tsrc, bsrc, opts, plan, tolerance, loaded, common, notes)
+            div = _diagnose_stepwise(tsrc, bsrc, opts, plan, tolerance, loaded, common, notes)
         except NotADumpError:  # a step with no readable file: read the runs whole instead
             loaded.failures.clear()
+        else:
+            if "preflight" not in kinds_wanted:
+                return div
+            # the pre-flight checks need the first two steps only (inventory, first update, data)
+            pre = diagnose(target, baseline, options=opts.with_(kinds=["preflight"], steps=plan[0][:2],
+                                                                step_offset=plan[1]))
+            return with_preflight(pre, div)
 
     if bsrc is None:
         raw_t = open_source(tsrc, loaded=loaded, steps=opts.steps, **common)
@@ -393,8 +403,31 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
         results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
             nan.found and "first_spike" not in f.values)))]
-    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found, registry.priority(x[1][0]), x[0]))
-    return [f for _, (_, f) in ranked], checks, by_kind
+    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
+                                                       registry.priority(x[1][0], found=x[1][1].found), x[0]))
+    findings = [f for _, (_, f) in ranked]
+    _note_later(findings)
+    return findings, checks, by_kind
+
+
+def _note_later(findings: list[Any]) -> None:
+    """A failing pre-flight finding first: it names the findings after it (they may be consequences).
+
+    ``evidence["later_findings"]`` holds their kind, step, rank, node, tensor and reason, so the one
+    JSON object ``precnb diff --json`` prints (the pre-flight finding) still says where the runs
+    first diverge.
+    """
+    if not findings or findings[0].kind != "preflight":
+        return
+    later = [f for f in findings[1:] if f.found]
+    if not later:
+        return
+    head = findings[0]
+    head.evidence["later_findings"] = [{k: getattr(f, k) for k in ("kind", "step", "rank", "node", "tensor",
+                                                                    "reason")} for f in later]
+    texts = [f"{f.kind} at step {f.step}, rank {f.rank}" + (f", {f.node}" if f.node else "") for f in later]
+    head.evidence["later_findings_text"] = texts
+    head.hints.append("found after the pre-flight failure (possibly its consequence): " + "; ".join(texts))
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:

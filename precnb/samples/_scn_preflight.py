@@ -200,8 +200,10 @@ def gen_extra_param(ctx: Context, sample: Path) -> dict[str, Any]:
 
 
 def _adam_args(data: dict[str, Any]) -> dict[str, list[float]]:
-    """Per single-tensor AdamW op (``Tensor.addcdiv_`` value = -lr / (1 - beta1^t), ``Tensor.lerp_`` weight =
-    1 - beta1): the distinct scalar values recorded in one dump.json."""
+    """The distinct single-tensor AdamW arguments recorded in one dump.json.
+
+    ``Tensor.addcdiv_`` value = -lr / (1 - beta1^t); ``Tensor.lerp_`` weight = 1 - beta1.
+    """
     out: dict[str, set[float]] = {"addcdiv_value": set(), "lerp_weight": set()}
     for node, rec in data.items():
         if node.startswith("Tensor.addcdiv_.") and isinstance(rec, dict):
