@@ -289,10 +289,11 @@ def _update_part(up: dict[str, Any], names: tuple[str, str], inferred: list[dict
     inferred.append({"what": "learning-rate ratio from the first updates (target / baseline)", "ratio": r,
                      "basis": "inferred", "confidence": "high" if sure else "low",
                      "how": f"change of each parameter's mean over {where}, {span}"
-                     + ((" ; identical start and gradients" if g is not None else "; identical start") if sure
+                     + (("; identical start and gradients" if g is not None else "; identical start") if sure
                         else "")})
     text = (f"the first parameter updates are x{fmt(r)} in the {tn} ({span}, {where}; inferred from the change of "
             f"the parameters' means"
             + (f"; identical start weights{' and gradients' if g is not None else ''}: the learning rate (or its "
-               "schedule) differs by this factor)" if sure else "; the runs' start or gradients differ: low confidence)"))
+               "schedule) differs by this factor)" if sure else
+               "; the runs' start or gradients differ: low confidence)"))
     return ("fail" if sure else "warn", text)
