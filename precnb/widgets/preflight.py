@@ -19,11 +19,14 @@ def preflight_html(finding: Any) -> str:
     failed = sum(1 for c in checks if c.get("status") == "fail")
     head = (f"<b style='color:#b00'>Pre-flight: {failed} check(s) failed</b> — later differences may be "
             "consequences" if failed else "<b style='color:#2a7'>Pre-flight checks passed</b>")
-    rows = "".join(
-        f"<tr class='precnb-check' data-check='{e(str(c.get('name')))}'>"
-        f"<td><b>{e(str(c.get('title') or c.get('name')))}</b></td><td style='color:{_COLORS.get(str(c.get('status')), '#000')}'>{e(str(c.get('status')))}</td>"
-        f"<td>{e(str(c.get('message', '')))}</td></tr>" for c in checks)
-    return (f"<div class='precnb-preflight'>{head}<table style='font-size:12px'>{rows}</table></div>")
+    rows = []
+    for c in checks:
+        status = str(c.get("status"))
+        rows.append(f"<tr class='precnb-check' data-check='{e(str(c.get('name')))}'>"
+                    f"<td><b>{e(str(c.get('title') or c.get('name')))}</b></td>"
+                    f"<td style='color:{_COLORS.get(status, '#000')}'>{e(status)}</td>"
+                    f"<td>{e(str(c.get('message', '')))}</td></tr>")
+    return (f"<div class='precnb-preflight'>{head}<table style='font-size:12px'>{''.join(rows)}</table></div>")
 
 
 class PreflightPanel(ipw.HTML):
