@@ -297,6 +297,10 @@ def _pack_facts(zip_path: Path) -> dict[str, Any]:
 def gen_packs(ctx: Context, sample: Path) -> dict[str, Any]:
     """config_check packs: a healthy pair and a pair whose ranks all read the same batch."""
     (sample / "configs").mkdir(parents=True, exist_ok=True)
+    write_json(sample / "configs" / "config_check.json", {
+        "api": "msprobe.core.config_check.ConfigChecker(model=model, shell_path=[configs/" + HPARAMS + "], "
+               "output_zip_path=<pack>, fmk='pytorch') after ConfigChecker.apply_patches('pytorch')",
+        "env": dict(PACK_ENV), "world_size": WORLD, "steps": STEPS})
     (sample / "configs" / HPARAMS).write_text(
         f"lr: {ONE_BLOCK.lr}\nweight_decay: {ONE_BLOCK.weight_decay}\nmicro_batch_size: {ONE_BLOCK.batch}\n"
         f"seq_length: {ONE_BLOCK.seq}\nseed: {ONE_BLOCK.seed}\n", encoding="utf-8")
