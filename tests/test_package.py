@@ -32,6 +32,8 @@ def test_public_api_resolves():
     "precnb.schema", "precnb.naming", "precnb.analysis.layout", "precnb.analysis.findings",
     "precnb.analysis.tolerance", "precnb.analysis.masks", "precnb.analysis.summary", "precnb.analysis.pp",
     "precnb.io._assemble", "precnb.io._jsonio", "precnb.combine", "precnb.accessor",
+    "precnb.analysis.preflight", "precnb.analysis._pf_common", "precnb.analysis._pf_optim", "precnb.io._runfacts",
+    "precnb.io.config_check", "precnb.analysis.registry",
 ])
 def test_docstring_examples_run(module):
     mod = importlib.import_module(module)

@@ -177,7 +177,7 @@ def test_config_check_same_data_pair_passes_rank_by_rank_but_fails_across_ranks(
 def test_diagnose_orders_a_failing_preflight_first_and_a_clean_one_last():
     t = precnb.diagnose(PF / "frozen" / "target", PF / "frozen" / "baseline", progress=False)
     assert t.finding.kind == "preflight" and t.finding.values["checks"]["frozen"] == "fail"
-    assert [c["name"] for c in t.finding.evidence["checks"]][0] == "parameters"
+    assert t.finding.evidence["checks"][0]["name"] == "parameters"
     assert any("consequences" in h for h in t.finding.hints)
     later = t.finding.evidence["later_findings"]
     assert later and later[0]["kind"] == "first_divergence"

@@ -18,7 +18,8 @@ import xarray as xr
 
 from precnb.schema import side_table
 
-__all__ = ["STATUS_ORDER", "Param", "check", "fmt", "names_list", "param_stats", "parameter_table", "worst"]
+__all__ = ["STATUS_ORDER", "Param", "check", "fmt", "names_list", "optimizer_tensors", "param_stats", "parameter_table",
+           "worst"]
 
 STATUS_ORDER = {"fail": 3, "warn": 2, "pass": 1, "skip": 0}
 _STATS = ("max", "min", "mean", "norm")
@@ -145,3 +146,29 @@ def param_stats(ds: xr.Dataset, label: str) -> np.ndarray:
 def same_stats(a: np.ndarray, b: np.ndarray) -> bool:
     """Bit-for-bit equal statistics (NaN equal to NaN)."""
     return bool(np.array_equal(a, b, equal_nan=True))
+
+
+def optimizer_tensors(ds: xr.Dataset) -> tuple[str, list[str]] | None:
+    """``(how, shapes)`` of the parameter tensors the optimizer updates at the run's first step.
+
+    From a fused optimizer's parameter list (``Torch._fused_adamw_`` input 0: one tensor per
+    parameter) or from single-tensor Adam's per-parameter ``Tensor.addcdiv_`` calls; None when
+    the dump holds neither (level L0, or another optimizer).
+    """
+    if ds.sizes.get("tensor", 0) == 0 or ds.sizes.get("step", 0) == 0:
+        return None
+    api = ds["api"].values.astype(str)
+    labels = ds["tensor"].values.astype(str)
+    present = ds["present"].values[0].any(axis=0)
+    shapes = ds["shape"].values
+    fused = np.flatnonzero(np.char.find(api, "_fused_") >= 0)
+    if len(fused):
+        first = str(ds["node"].values[fused[0]])
+        mine = [i for i in fused if str(ds["node"].values[i]) == first and present[i]
+                and labels[i].startswith(f"{first}.input.0.")]
+        if mine:
+            return f"{first} parameter list", [str(shapes[i]) for i in mine]
+    single = np.flatnonzero((api == "Tensor.addcdiv_") & present & np.char.endswith(labels, ".input.0"))
+    if len(single):
+        return "Tensor.addcdiv_ calls (single-tensor Adam)", [str(shapes[i]) for i in single]
+    return None

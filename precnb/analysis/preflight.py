@@ -34,6 +34,7 @@ import xarray as xr
 from precnb.analysis._pf_common import (
     Param,
     check,
+    optimizer_tensors,
     fmt,
     names_list,
     param_stats,
@@ -76,11 +77,39 @@ def _count_text(params: dict[str, Param]) -> str:
 
 
 # ------------------------------------------------------------------------------------- parameters
-def check_parameters(pb: dict[str, Param] | None, pt: dict[str, Param], names: tuple[str, str]) -> dict[str, Any]:
+def _optimizer_inventory(ob: tuple[str, list[str]] | None, ot: tuple[str, list[str]] | None,
+                         names: tuple[str, str]) -> dict[str, Any] | None:
+    """The inventory check from the optimizer's parameter lists (dumps without parameter records)."""
+    from collections import Counter
+
+    if ob is None or ot is None:
+        return None
+    bn, tn = names
+    extra_t = list((Counter(ot[1]) - Counter(ob[1])).elements())
+    extra_b = list((Counter(ob[1]) - Counter(ot[1])).elements())
+    text = f"the optimizer updates {len(ob[1])} tensors in the {bn} and {len(ot[1])} in the {tn} ({ot[0]})"
+    details = {"optimizer": {"baseline": ob[1], "target": ot[1]}, "extra_shapes_in_target": extra_t,
+               "extra_shapes_in_baseline": extra_b}
+    if extra_t or extra_b:
+        shapes = "; ".join(x for x in (f"{tn} has {', '.join(extra_t)} more" if extra_t else "",
+                                       f"{bn} has {', '.join(extra_b)} more" if extra_b else "") if x)
+        return check("parameters", "Parameter inventory", "fail", f"{text}: {shapes} (no parameter records: "
+                     "names unknown; dump with level L0 or mix to name them)", confidence="medium", basis="read",
+                     **details)
+    return check("parameters", "Parameter inventory", "pass", f"{text}, with the same shapes (no parameter records: "
+                 "names not compared)", confidence="medium", basis="read", **details)
+
+
+def check_parameters(pb: dict[str, Param] | None, pt: dict[str, Param], names: tuple[str, str],
+                     base: xr.Dataset | None = None, target: xr.Dataset | None = None) -> dict[str, Any]:
     """Parameter inventory: names, shapes, count, dtype (two runs), or the inventory of one."""
     title = "Parameter inventory"
     bn, tn = names
     if not pt and not pb:
+        if base is not None and target is not None:
+            alt = _optimizer_inventory(optimizer_tensors(base), optimizer_tensors(target), names)
+            if alt is not None:
+                return alt
         return check("parameters", title, "skip", "no parameter or gradient record in the dump(s) (level L1 "
                      "dumps carry none: dump with level L0 or mix)")
     if pb is None:
@@ -180,6 +209,12 @@ def check_frozen(base: xr.Dataset | None, target: xr.Dataset, pb: dict[str, Para
     title = "Frozen parameters"
     bn, tn = names
     if not pt:
+        ob = optimizer_tensors(base) if base is not None else None
+        ot = optimizer_tensors(target)
+        if ob is not None and ot is not None and len(ob[1]) != len(ot[1]):
+            return check("frozen", title, "warn", f"no parameter records; the optimizer updates {len(ob[1])} tensors "
+                         f"in the {bn} and {len(ot[1])} in the {tn} ({ot[0]}): parameters frozen, added or left out "
+                         "of the optimizer", confidence="low", basis="read")
         return check("frozen", title, "skip", "no parameter records")
     st = _frozen_signals(target, pt)
     if base is None or pb is None:
@@ -193,6 +228,12 @@ def check_frozen(base: xr.Dataset | None, target: xr.Dataset, pb: dict[str, Para
                 if frozen else f"no frozen parameter among {len(pt)} in {tn}")
         return check("frozen", title, "pass", text, basis="read", frozen=frozen)
     sb = _frozen_signals(base, pb)
+    ob, ot = optimizer_tensors(base), optimizer_tensors(target)
+    if ob is not None and ot is not None and len(ob[1]) != len(ot[1]) and len(pb) == len(pt):
+        opt_note = (f"; the optimizer updates {len(ob[1])} tensors in the {bn} and {len(ot[1])} in the {tn} "
+                    f"({ot[0]})")
+    else:
+        opt_note = ""
     common = [n for n in pb if n in pt]
     only_t = {n: st[n] for n in common if st[n] and not sb[n]}
     only_b = {n: sb[n] for n in common if sb[n] and not st[n]}
@@ -206,8 +247,11 @@ def check_frozen(base: xr.Dataset | None, target: xr.Dataset, pb: dict[str, Para
                 + ("it" if len(found) == 1 else "them"))
     if parts:
         strong = any(len(s) > 1 or s[0] != "weights never change" for s in (*only_t.values(), *only_b.values()))
-        return check("frozen", title, "fail", "; ".join(parts) + f" (steps {_steps_text(target)})",
+        return check("frozen", title, "fail", "; ".join(parts) + f" (steps {_steps_text(target)})" + opt_note,
                      confidence="high" if strong else "medium", basis="read", **details)
+    if opt_note:
+        return check("frozen", title, "fail", f"the same parameters but{opt_note.lstrip(';')}: a parameter frozen or "
+                     "left out of the optimizer", confidence="medium", basis="read", **details)
     if not common:
         return check("frozen", title, "skip", "no parameter name in common", **details)
     text = f"the same {len(common) - len(both)} of {len(common)} parameters train in both runs"
@@ -261,10 +305,12 @@ def check_initial_weights(base: xr.Dataset, target: xr.Dataset, pb: dict[str, Pa
     if differ:
         names_d = [d["name"] for d in differ]
         first = differ[0]
-        return check("initial_weights", title, "fail", f"{len(differ)} of {len(common)} parameters differ at {where}:"
+        # a warning, not a failure: the runs' first common step need not be where training started
+        return check("initial_weights", title, "warn", f"{len(differ)} of {len(common)} parameters differ at {where}:"
                      f" {names_list(names_d)}; e.g. {first['name']} {first['stat']} {fmt(first['baseline'])} vs "
                      f"{fmt(first['target'])} (rel. {fmt(first['rel_diff'])}, rank {first['rank']}): the runs do not "
-                     "start from the same weights", confidence="high", basis="compared", step=s0, differ=differ)
+                     "start from the same weights (another checkpoint or initialisation, or the dumps begin after "
+                     "they diverged)", confidence="high", basis="compared", step=s0, differ=differ)
     return check("initial_weights", title, "pass", f"all {len(common)} common parameters agree at {where} "
                  f"(within dtype tolerance, {len(ranks)} rank(s))", confidence="high", basis="compared", step=s0)
 
@@ -303,7 +349,7 @@ def preflight(target: xr.Dataset, baseline: xr.Dataset | None = None, *, target_
     names = (str(names[0] or "baseline"), str(names[1] or "target"))
     pt = parameter_table(target)
     pb = parameter_table(baseline) if baseline is not None else None
-    out = [check_parameters(pb, pt, names), check_frozen(baseline, target, pb, pt, names),
+    out = [check_parameters(pb, pt, names, baseline, target), check_frozen(baseline, target, pb, pt, names),
            check_hyperparameters(baseline, target, pb, pt, off, names)]
     if baseline is not None and pb is not None:
         out.append(check_initial_weights(baseline, target, pb, pt, off, names))
