@@ -34,9 +34,9 @@ import xarray as xr
 from precnb.analysis._pf_common import (
     Param,
     check,
-    optimizer_tensors,
     fmt,
     names_list,
+    optimizer_tensors,
     param_stats,
     parameter_table,
     same_stats,
