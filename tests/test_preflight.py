@@ -267,3 +267,22 @@ def test_without_parameter_records_the_optimizer_lists_stand_in():
     c = {x["name"]: x for x in preflight(fewer, base)}["parameters"]
     assert c["status"] == "fail" and c["details"]["extra_shapes_in_baseline"] == [shape]
     assert "in the target" in c["message"] and str(n - 1) in c["message"]
+
+
+@pytest.mark.shared
+def test_aligned_runs_of_two_frameworks_fail_no_check(shared):
+    """S13: the same model in PyTorch and MindSpore (other names, other dtype spellings), aligned by the pipeline."""
+    root = shared("data_samples", "msprobe", "S13_ms_vs_pt")
+    cs = checks(root / "pt", root / "ms_same")
+    assert failing(cs) == []
+    assert cs["parameters"]["status"] == "pass" and cs["initial_weights"]["status"] == "pass"
+
+
+@pytest.mark.shared
+def test_single_tensor_adamw_arguments_of_a_real_run_are_read(shared):
+    """S1 (torch's single-tensor AdamW): the step size -lr/(1-beta1^t) of every step is recorded."""
+    ds = precnb.open_run(shared("data_samples", "msprobe", "S1_baseline", "statistics"), progress=False)
+    sa = json.loads(ds.attrs["scalar_args"])
+    lerp = sa["Tensor.lerp_"]["2"]["0"][0]  # 1 - beta1
+    for step, (v,) in sa["Tensor.addcdiv_"]["value"].items():
+        assert v == pytest.approx(-0.01 / (1 - (1 - lerp) ** (int(step) + 1)), rel=1e-12)

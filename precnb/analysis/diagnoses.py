@@ -62,7 +62,10 @@ def _preflight(ctx: Context) -> Any:
 
     off = ctx.step_offset if isinstance(ctx.step_offset, int) and not isinstance(ctx.step_offset, bool) else 0
     names = (ctx.names[0] or "baseline", ctx.names[1] or "target")
-    checks = preflight(ctx.target, ctx.baseline, target_layout=ctx.target_layout,
+    base = ctx.baseline
+    if base is not None and ctx.alignment is not None:  # runs named differently: the baseline in the target's names
+        base = ctx.alignment.apply(base)
+    checks = preflight(ctx.target, base, target_layout=ctx.target_layout,
                        baseline_layout=ctx.baseline_layout, step_offset=off, names=names,
                        raw_target=ctx.raw_target, raw_baseline=ctx.raw_baseline)
     return preflight_finding(checks)

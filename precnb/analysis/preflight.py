@@ -61,6 +61,11 @@ def _describe(p: Param) -> str:
     return " ".join(bits)
 
 
+def _dt(dtype: str) -> str:
+    """A dtype in one spelling across frameworks (``torch.float32``, ``Float32`` → ``float32``)."""
+    return dtype.lower().replace("torch.", "").replace("mindspore.", "").replace("numpy.", "")
+
+
 def _elements(params: dict[str, Param]) -> int | None:
     vals = [p.numel for p in params.values()]
     return sum(vals) if vals and all(v >= 0 for v in vals) else None
@@ -120,7 +125,7 @@ def check_parameters(pb: dict[str, Param] | None, pt: dict[str, Param], names: t
     shapes = [(n, pb[n].shape, pt[n].shape) for n in common if pb[n].shape and pt[n].shape
               and pb[n].shape != pt[n].shape]
     dtypes = [(n, pb[n].dtype, pt[n].dtype) for n in common if pb[n].dtype and pt[n].dtype
-              and pb[n].dtype != pt[n].dtype]
+              and _dt(pb[n].dtype) != _dt(pt[n].dtype)]
     counts = f"parameter counts {len(pb)} ({bn}) vs {len(pt)} ({tn})"
     eb, et = _elements(pb), _elements(pt)
     if eb is not None and et is not None:
