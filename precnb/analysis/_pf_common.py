@@ -134,13 +134,31 @@ def parameter_table(ds: xr.Dataset) -> dict[str, Param]:
     return out
 
 
+_CACHE: list[tuple[xr.Dataset, np.ndarray, dict[str, int]]] = []
+
+
+def _stats_array(ds: xr.Dataset) -> tuple[np.ndarray, dict[str, int]]:
+    """``(step, rank, tensor, 4)`` statistics of *ds* (NaN where absent) and the tensor positions, cached."""
+    for held, arr, pos in _CACHE:
+        if held is ds:
+            return arr, pos
+    arr = np.stack([np.asarray(ds[s].values, np.float64) for s in _STATS], axis=-1)
+    arr[~np.asarray(ds["present"].values, bool)] = np.nan
+    pos = {str(t): i for i, t in enumerate(ds["tensor"].values)}
+    _CACHE.insert(0, (ds, arr, pos))
+    del _CACHE[4:]
+    return arr, pos
+
+
+def clear_cache() -> None:
+    """Drop the cached statistics arrays (:func:`precnb.analysis.preflight.preflight` does it when done)."""
+    _CACHE.clear()
+
+
 def param_stats(ds: xr.Dataset, label: str) -> np.ndarray:
     """``(step, rank, 4)`` statistics (max, min, mean, norm) of one tensor, NaN where absent."""
-    sub = ds[list(_STATS)].sel(tensor=label)
-    arr = np.stack([np.asarray(sub[s].values, np.float64) for s in _STATS], axis=-1)
-    present = np.asarray(ds["present"].sel(tensor=label).values, bool)
-    arr[~present] = np.nan
-    return arr
+    arr, pos = _stats_array(ds)
+    return arr[:, :, pos[label], :]
 
 
 def same_stats(a: np.ndarray, b: np.ndarray) -> bool:

@@ -321,16 +321,25 @@ def diagnose(
         from precnb.errors import NotADumpError
         from precnb.pipeline.preflight import with_preflight
 
+        kept: list[tuple[xr.Dataset, xr.Dataset]] = []
         try:
-            div = _diagnose_stepwise(tsrc, bsrc, opts, plan, tolerance, loaded, common, notes)
+            div = _diagnose_stepwise(tsrc, bsrc, opts, plan, tolerance, loaded, common, notes, keep=kept)
         except NotADumpError:  # a step with no readable file: read the runs whole instead
             loaded.failures.clear()
         else:
             if "preflight" not in kinds_wanted:
                 return div
-            # the pre-flight checks need the first two steps only (inventory, first update, data)
-            pre = diagnose(target, baseline, options=opts.with_(kinds=["preflight"], steps=plan[0][:2],
-                                                                step_offset=plan[1]))
+            # the pre-flight checks need the first two steps only (inventory, first update, data): the
+            # ones the search read when it read two, else read again
+            pre_opts = opts.with_(kinds=["preflight"], steps=plan[0][:2], step_offset=plan[1])
+            if sum(int(b.sizes["step"]) for b, _ in kept) >= 2:
+                from precnb.combine import concat_steps
+
+                pre = diagnose(concat_steps([t for _, t in kept]), concat_steps([b for b, _ in kept]),
+                               options=pre_opts.with_(steps=None))
+                pre.names = (bsrc.name, tsrc.name)
+            else:
+                pre = diagnose(target, baseline, options=pre_opts)
             return with_preflight(pre, div)
 
     if bsrc is None:
@@ -406,28 +415,10 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
                                                        registry.priority(x[1][0], found=x[1][1].found), x[0]))
     findings = [f for _, (_, f) in ranked]
-    _note_later(findings)
+    from precnb.pipeline.preflight import note_later
+
+    note_later(findings)
     return findings, checks, by_kind
-
-
-def _note_later(findings: list[Any]) -> None:
-    """A failing pre-flight finding first: it names the findings after it (they may be consequences).
-
-    ``evidence["later_findings"]`` holds their kind, step, rank, node, tensor and reason, so the one
-    JSON object ``precnb diff --json`` prints (the pre-flight finding) still says where the runs
-    first diverge.
-    """
-    if not findings or findings[0].kind != "preflight":
-        return
-    later = [f for f in findings[1:] if f.found]
-    if not later:
-        return
-    head = findings[0]
-    head.evidence["later_findings"] = [{k: getattr(f, k) for k in ("kind", "step", "rank", "node", "tensor",
-                                                                    "reason")} for f in later]
-    texts = [f"{f.kind} at step {f.step}, rank {f.rank}" + (f", {f.node}" if f.node else "") for f in later]
-    head.evidence["later_findings_text"] = texts
-    head.hints.append("found after the pre-flight failure (possibly its consequence): " + "; ".join(texts))
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:
@@ -441,8 +432,13 @@ def _not_applicable(d: Any, ctx: Any) -> str:
 
 
 def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[int], int], tolerance: Any,
-                       loaded: Loaded, common: dict[str, Any], notes: list[str]) -> Triage:
-    """The divergence search reading step batches until one diverges (the whole-run answer)."""
+                       loaded: Loaded, common: dict[str, Any], notes: list[str],
+                       keep: list[tuple[xr.Dataset, xr.Dataset]] | None = None) -> Triage:
+    """The divergence search reading step batches until one diverges (the whole-run answer).
+
+    *keep* receives the (baseline, target) runs of the first two step batches as read (before
+    merging), for the pre-flight checks.
+    """
     from precnb.analysis import registry
     from precnb.analysis.stepwise import first_divergence_stepwise, step_batches
 
@@ -461,6 +457,8 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
         state.setdefault("notes", mnotes)
         state.setdefault("first_merged", (mb, mt))  # later batches keep the first batch's shard classes
         state["last"] = (b, t, mb, mt)
+        if keep is not None and len(keep) < 2:
+            keep.append((b, t))
         return mb, mt
 
     # the first batch is read here: the alignment is computed once, on it, and reused for every batch
