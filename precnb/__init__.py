@@ -48,6 +48,7 @@ _LAZY = {
     "diagnose": "precnb.pipeline",
     "Triage": "precnb.pipeline",
     "Options": "precnb.pipeline",
+    "preflight": "precnb.pipeline.preflight",
     "write_html": "precnb.report",
 }
 

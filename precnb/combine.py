@@ -184,6 +184,7 @@ def concat_steps(parts: list[xr.Dataset]) -> xr.Dataset:
     attrs.pop("dtype_changes", None)
     if changes:
         attrs["dtype_changes"] = encode_dtype_changes(changes)
+    attrs.update(_merged_facts(parts))
     if "load_report" in attrs:
         report: dict[str, list[Any]] = {"read": [], "skipped": [], "warnings": []}
         for ds in parts:
@@ -193,6 +194,27 @@ def concat_steps(parts: list[xr.Dataset]) -> xr.Dataset:
         attrs["load_report"] = json.dumps(report)
     out.attrs = attrs
     return validate(out)
+
+
+def _merged_facts(parts: list[xr.Dataset]) -> dict[str, str]:
+    """The run-fact attributes (``requires_grad``, ``scalar_args``) of *parts* joined as a whole load writes them."""
+    out: dict[str, str] = {}
+    if any(ds.attrs.get("requires_grad") for ds in parts):
+        rg: dict[str, bool] = {}
+        for ds in parts:
+            for label, v in _json_attr(ds, "requires_grad", {}).items():
+                rg[label] = rg.get(label, True) and bool(v)
+        out["requires_grad"] = json.dumps(rg)
+    if any(ds.attrs.get("scalar_args") for ds in parts):
+        table: dict[str, dict[str, dict[str, list[Any]]]] = {}
+        for ds in parts:
+            for api, args in _json_attr(ds, "scalar_args", {}).items():
+                for path, steps in args.items():
+                    table.setdefault(api, {}).setdefault(path, {}).update(steps)
+        out["scalar_args"] = json.dumps({api: {path: dict(sorted(steps.items(), key=lambda kv: int(kv[0])))
+                                               for path, steps in args.items()} for api, args in table.items()},
+                                        allow_nan=False)
+    return out
 
 
 def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:

@@ -43,6 +43,13 @@ bfloat16 from step 1 on one rank): tensor → {dtype → [[step, rank], ...]}; r
 :func:`entry_dtype` / :func:`dtype_changes`. MindSpore tensor-layout kernel dumps
 (``source_format == "kernel_tensors"``) add ``kernel_order`` (how ``seq`` was ordered) and
 ``kernel_parameters`` (JSON text: tensor label of a kernel input → the parameter it reads).
+Run facts outside the statistics, JSON text, only when the source holds them (read with
+:func:`side_table`): ``requires_grad`` (parameter tensor label → bool; false when any file
+records ``requires_grad: false``) and ``scalar_args`` (optimizer op API → argument (keyword
+name or positional index) → step → distinct values, e.g. ``{"Torch._fused_adamw_": {"lr":
+{"0": [0.01]}}}``; non-finite floats as ``"nan"``/``"inf"``/``"-inf"``). A ``config_check``
+pack (:mod:`precnb.io.config_check`) adds ``config_check``: what the pack holds besides
+tensors (environment, packages, hyper-parameters, random-call records).
 
 Examples
 --------

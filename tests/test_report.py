@@ -124,7 +124,7 @@ def test_nan_report_shows_the_finding_first_then_charts_then_tables(nan_page):
                  "pytorch", "msprobe"):
         assert fact in header, fact
     ids = [s["id"] for s in soup.find_all("section")]
-    assert ids == ["findings", "charts", "tables", "json"]
+    assert ids == ["preflight", "findings", "charts", "tables", "json"]
     card = soup.select_one("#findings article.finding")
     assert card["data-kind"] == "nan_origin"
     card_text = txt(card)

@@ -130,7 +130,8 @@ CORPUS_EXPECTED: dict[str, tuple[str, object]] = {
     "msprobe_huge_counters": ("warnings", []),
     "not_a_dump": ("error", (NotADumpError,
                              "{dir}: not a recognised input (expected an msprobe dump, monitor output, MindSpore "
-                             "kernel dump (statistic.csv or .npy tensors), compare result CSV or precnb zarr "
+                             "kernel dump (statistic.csv or .npy tensors), compare result CSV, msprobe config_check "
+                             "pack or precnb zarr "
                              "store)")),
     "monitor_bad_step": ("skipped", ("Dec03_21-34-40-rank1-1a2b3c4d/actv_0-0.csv",
                                      "line 2: column 'step': 'abc' is not an integer")),

@@ -141,12 +141,18 @@ def test_regenerate_kernel_resume(tmp_path):
     assert f.tensor == old["faults"][0]["tensor"]
 
 
-def test_missing_mindspore_interpreter_is_named_and_skips_only_the_mindspore_samples(tmp_path, monkeypatch):
+def test_missing_mindspore_interpreter_is_named(monkeypatch):
     monkeypatch.delenv("PRECNB_MINDSPORE_PYTHON", raising=False)
     from precnb.samples import _ms_run
 
     with pytest.raises(ImportError, match=r"PRECNB_MINDSPORE_PYTHON.*pip install 'numpy<2' mindspore==2\.10\.0"):
         _ms_run.require_mindspore()
+
+
+@pytest.mark.needs_generator
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None or importlib.util.find_spec("msprobe") is None,
+                    reason="the generator checks torch and msprobe before MindSpore")
+def test_asking_for_a_mindspore_sample_without_its_interpreter_is_an_error(tmp_path):
     code = (f"import sys; from precnb.samples import main; "
             f"sys.exit(main(['--out', {str(tmp_path)!r}, '--only', 'kernel_resume', '--no-readme']))")
     env = {k: v for k, v in os.environ.items() if k != "PRECNB_MINDSPORE_PYTHON"}

@@ -1,8 +1,9 @@
 """The built-in diagnoses, registered in :mod:`precnb.analysis.registry`.
 
 Each wraps one pure analysis function; the pipeline (:func:`precnb.diagnose`) decides which
-apply. Order (priority): first divergence (two runs), replica mismatch (a layout was given),
-NaN/Inf origin and anomalies (one run).
+apply. Order (priority): pre-flight checks (one or two runs; a failing one comes first, a clean
+one last), first divergence (two runs), replica mismatch (a layout was given), NaN/Inf origin
+and anomalies (one run).
 
 Examples
 --------
@@ -56,6 +57,24 @@ def _replicas(ctx: Context) -> Any:
                           limit=int(ctx.params.get("limit", 50)))
 
 
+def _preflight(ctx: Context) -> Any:
+    from precnb.analysis.preflight import preflight, preflight_finding
+
+    off = ctx.step_offset if isinstance(ctx.step_offset, int) and not isinstance(ctx.step_offset, bool) else 0
+    names = (ctx.names[0] or "baseline", ctx.names[1] or "target")
+    base = ctx.baseline
+    if base is not None and ctx.alignment is not None:  # runs named differently: the baseline in the target's names
+        base = ctx.alignment.apply(base)
+    checks = preflight(ctx.target, base, target_layout=ctx.target_layout,
+                       baseline_layout=ctx.baseline_layout, step_offset=off, names=names,
+                       raw_target=ctx.raw_target, raw_baseline=ctx.raw_baseline)
+    return preflight_finding(checks)
+
+
+register(Diagnosis(
+    kind="preflight", title="Pre-flight checks", priority=0, mode="any", run=_preflight,
+    description="pre-flight checks (parameters, frozen set, optimizer hyper-parameters, initial weights, same data, "
+    "distinct data per DP replica)", command="preflight", color="first_bad", clean_last=True))
 register(Diagnosis(
     kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
     description="first divergence (values with dtype tolerances, structural differences)",

@@ -4,7 +4,7 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
 
     {
       "schema": "precnb.finding/1",
-      "kind": "first_divergence" | "nan_origin" | "anomaly" | "replica_mismatch" | "none",
+      "kind": "first_divergence" | "nan_origin" | "anomaly" | "replica_mismatch" | "preflight" | "none",
       "step": int | null, "rank": int | null,
       "node": str | null,          # msprobe node, e.g. "Functional.linear.3.forward"
       "tensor": str | null,        # tensor label, e.g. "Functional.linear.3.forward.output.0"
@@ -115,6 +115,15 @@ class Finding:
 
         title = kind_title(self.kind).upper().replace("NAN/INF", "NaN/Inf")
         lines = [f"{title}: {self.reason}"]
+        checks = self.evidence.get("checks") if self.evidence.get("diagnosis") == "preflight" else None
+        if checks:
+            failed = sum(1 for c in checks if c.get("status") == "fail")
+            n = {s: sum(1 for c in checks if c.get("status") == s) for s in ("pass", "warn", "skip")}
+            head = (f"PRE-FLIGHT CHECK FAILED: {failed} of {len(checks)} checks" if self.found else
+                    f"PRE-FLIGHT CHECKS PASSED: {n['pass']} pass, {n['warn']} warn, {n['skip']} skip")
+            tail = [f"  hint: {h}" for h in self.hints if h.startswith("later differences")]
+            tail += [f"  then: {h}" for h in self.evidence.get("later_findings_text", [])]
+            return "\n".join([head, *checklist_lines(checks), *tail])
         if self.kind != "none":
             lines.append(f"  step {self.step}, rank {self.rank}")
             if self.node:
@@ -164,6 +173,18 @@ class Finding:
             for fr in stack[:4]:
                 lines.append("    " + fr.replace("\n", " ").strip())
         return "\n".join(lines)
+
+
+def checklist_lines(checks: list[dict[str, Any]]) -> list[str]:
+    """One line per pre-flight check: ``  [FAIL] frozen: frozen in the target only: ...``.
+
+    Examples
+    --------
+    >>> checklist_lines([{"name": "frozen", "status": "fail", "message": "w frozen"}])
+    ['  [FAIL] frozen: w frozen']
+    """
+    return [f"  [{str(c.get('status', '')).upper():4}] {c.get('name')}: {' '.join(str(c.get('message', '')).split())}"
+            for c in checks]
 
 
 def _fmt(v: Any) -> str:

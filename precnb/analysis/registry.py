@@ -14,7 +14,7 @@ Examples
 >>> registry.title("nan_origin")
 'NaN/Inf origin'
 >>> [d.kind for d in registry.diagnoses()][:2]
-['first_divergence', 'replica_mismatch']
+['preflight', 'first_divergence']
 """
 
 from __future__ import annotations
@@ -112,6 +112,10 @@ class Diagnosis:
         The CLI subcommand that runs it alone.
     color : str
         The explorer's heat-map colour when showing its finding.
+    clean_last : bool
+        A precondition check (the pre-flight checks): when it finds nothing, its "nothing found"
+        result is listed after the other diagnoses' (when it finds something, its priority
+        applies as usual).
     """
 
     kind: str
@@ -123,6 +127,7 @@ class Diagnosis:
     applies: Callable[[Context], bool] | None = None
     command: str | None = None
     color: str = "first_bad"
+    clean_last: bool = False
 
     def applicable(self, ctx: Context) -> bool:
         """Whether it runs on *ctx*."""
@@ -211,8 +216,14 @@ def title(kind: str) -> str:
     return _TITLES_WITHOUT_DIAGNOSIS.get(kind, kind.replace("_", " "))
 
 
-def priority(kind: str) -> int:
-    """Ordering key of a finding kind (unknown kinds after the known ones)."""
+def priority(kind: str, *, found: bool = True) -> int:
+    """Ordering key of a finding kind (unknown kinds after the known ones).
+
+    With ``found=False``, the key of the diagnosis's "nothing found" result (``clean_last``
+    diagnoses after the others).
+    """
     _load()
     d = _REGISTRY.get(kind)
-    return d.priority if d is not None else 1000
+    if d is None:
+        return 1000
+    return d.priority + (500 if d.clean_last and not found else 0)

@@ -28,7 +28,8 @@ class UsageError(Exception):
 def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", help="steps to load: N, A:B (inclusive) or a comma list")
     p.add_argument("--ranks", help="ranks to load: comma list or A:B")
-    p.add_argument("--format", choices=["msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr"],
+    p.add_argument("--format", choices=["msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr",
+                                        "config_check"],
                    help="force a reader instead of detecting it")
     p.add_argument("--workers", type=_workers, default=None,
                    help="local processes that parse dump files: N, or 'auto' (default: "

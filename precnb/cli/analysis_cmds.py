@@ -128,8 +128,28 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         base_name = "baseline" if set(names) == {"baseline", "target"} else names[0]
         triage = run_triage(args, both, base_name, kinds=["first_divergence"])
     else:
-        triage = run_triage(args, args.target, args.baseline, kinds=["first_divergence"])
-    return _emit_finding(triage.finding, args)
+        triage = run_triage(args, args.target, args.baseline, kinds=["preflight", "first_divergence"])
+    if args.json:  # one object: the most important finding (a failing pre-flight one names the divergence)
+        return _emit_finding(triage.finding, args)
+    shown = triage.found or [triage.result("first_divergence") or triage.finding]
+    sys.stdout.write("\n\n".join(f.summary() for f in shown) + "\n")
+    return 0
+
+
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    from precnb.analysis.findings import to_json
+    from precnb.pipeline.preflight import checklist
+
+    extra = {"target_layout": args.layout} if args.layout else {}
+    if args.target is None:
+        triage = run_triage(args, args.base, kinds=["preflight"], **extra)
+    else:
+        triage = run_triage(args, args.target, args.base, kinds=["preflight"], **extra)
+    if args.json:
+        sys.stdout.write(to_json(checklist(triage), indent=2) + "\n")
+    else:
+        sys.stdout.write(triage.result("preflight").summary() + "\n")
+    return 0
 
 
 def add_mapping_option(p: argparse.ArgumentParser) -> None:
@@ -322,6 +342,21 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     add_mapping_option(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_align)
+
+    p = sub.add_parser("preflight", help="pre-flight checks before any layer-by-layer compare: parameters, frozen "
+                       "set, optimizer hyper-parameters, initial weights, same data, distinct data per DP replica")
+    p.add_argument("base", metavar="BASE", help="the baseline run, or the one run checked (dump or config_check zip)")
+    p.add_argument("target", metavar="TARGET", nargs="?", help="the run compared with BASE")
+    p.add_argument("--json", action="store_true", help='print one JSON object {"checks": [...]}')
+    p.add_argument("--layout", help="layout of the checked (target) run, e.g. tp=2,dp=2: which ranks share a batch "
+                   "by design (TP, CP, PP groups); with two runs its shards are merged before comparing")
+    p.add_argument("--baseline-layout", help="layout of BASE when TARGET is given (merge its shards first)")
+    p.add_argument("--step-offset", type=int_or_auto(), default=None,
+                   help="target step = baseline step + OFFSET, or 'auto' (default: 0 when both runs hold the same "
+                        "steps, else auto)")
+    add_mapping_option(p)
+    add_load_options(p)
+    p.set_defaults(func=_cmd_preflight)
 
     p = sub.add_parser("nan", help="where NaN (or a new ±inf) first appeared, across ranks")
     p.add_argument("run")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.io._runfacts import FactsAccumulator
 from precnb.schema import DIMS, SCHEMA_VERSION, STATS, TENSOR_COORDS, validate
 
 __all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "assemble", "select_items"]
@@ -339,6 +340,7 @@ class Assembler:
         self._codes_cache: dict[tuple[Any, ...], np.ndarray] = {}
         self.dtype_changes: dict[str, dict[str, list[list[int]]]] = {}
         self.n_dtype_changes = 0
+        self.facts = FactsAccumulator()  # requires_grad / optimizer scalar arguments (attrs)
 
     # ----------------------------------------------------------------------------- adding
     def _side(self, rec: FileRecords) -> tuple[tuple[Any, dict[str, str]], tuple[Any, dict[str, list[str]]]]:
@@ -383,6 +385,7 @@ class Assembler:
             self._ranks_set is not None and rec.rank not in self._ranks_set)
         if not skipped:
             self._set_coords(rec, gids, order)
+            self.facts.add(rec.meta.get("facts"), step=rec.step)
         construct, stacks = self._side(rec)
         dt = rec.coords.get("dtype")
         codes = self._codes(dt) if dt is not None and len(dt) == len(rec.labels) else None
@@ -567,6 +570,7 @@ class Assembler:
             meta[key] = ",".join(sorted(self._meta[key]))
         if self.dtype_changes:
             meta["dtype_changes"] = json.dumps(self.dtype_changes)
+        meta.update(self.facts.attrs())
         meta.update(attrs or {})
         return meta
 

@@ -44,6 +44,7 @@ import numpy as np
 from precnb.errors import DumpFormatError
 from precnb.io._assemble import FileRecords
 from precnb.io._jsonio import loads_json
+from precnb.io._runfacts import file_facts
 
 try:  # optional speed-up (the ``fast`` extra)
     import orjson as _orjson
@@ -613,6 +614,9 @@ def _parse(md: Any, rd: Any) -> FileRecords:
         return md.read_rank_dir(rd)
     meta: dict[str, Any] = {"task": task, "level": level, "framework": framework, "path": str(rd.path),
                             "comm_groups": groups, "warnings": [], SIDE_KEY: {"construct": craw, "stack": sraw}}
+    facts = file_facts(data, parents)
+    if facts:
+        meta["facts"] = facts
     return _build(rd, rows, ctxs, meta)
 
 

@@ -20,8 +20,8 @@ from precnb.io._assemble import Assembler, LoadReport
 
 __all__ = ["FORMATS", "available_steps", "detect_format", "load_report", "open_run", "open_runs"]
 
-Format = Literal["msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr"]
-FORMATS: tuple[str, ...] = ("msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr")
+Format = Literal["msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr", "config_check"]
+FORMATS: tuple[str, ...] = ("msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr", "config_check")
 PROGRESS_MIN_FILES = 16
 
 
@@ -130,6 +130,10 @@ def detect_format(path: str | Path) -> str:
         raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
     if msprobe_dump.is_msprobe_dump(p):
         return "msprobe"
+    from precnb.io.config_check import is_config_check
+
+    if is_config_check(p):
+        return "config_check"
     if monitor.is_monitor_output(p):
         return "monitor"
     if kernel.is_kernel_dump(p):
@@ -140,7 +144,8 @@ def detect_format(path: str | Path) -> str:
         return "compare"
     raise NotADumpError(
         f"{p}: not a recognised input (expected an msprobe dump, monitor output, "
-        "MindSpore kernel dump (statistic.csv or .npy tensors), compare result CSV or precnb zarr store)"
+        "MindSpore kernel dump (statistic.csv or .npy tensors), compare result CSV, msprobe config_check pack "
+        "or precnb zarr store)"
     )
 
 
@@ -456,7 +461,7 @@ def open_run(
     path : path-like
         An msprobe dump root, ``stepN`` folder, rank folder or dump.json; a monitor output
         folder; a MindSpore kernel dump (statistic.csv or tensor .npy files); a compare result
-        CSV; or a precnb zarr store.
+        CSV; an msprobe ``config_check`` pack (zip); or a precnb zarr store.
     format : str, optional
         Force a reader (see :data:`FORMATS`); detected when omitted.
     steps, ranks : sequence of int, optional
@@ -518,6 +523,10 @@ def open_run(
         from precnb.io import compare_csv
 
         ds = compare_csv.open_compare_csv(p)
+    elif fmt == "config_check":
+        from precnb.io import config_check
+
+        ds = config_check.open_config_check(p, steps=steps, ranks=ranks)
     else:
         from precnb.io import store
 

@@ -40,6 +40,7 @@ from typing import Any
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, stat_value
 from precnb.io._jsonio import load_json
+from precnb.io._runfacts import file_facts
 from precnb.naming import NodeName, module_path_of, parse_node
 
 __all__ = ["MAX_DEPTH", "RankDir", "discover", "is_msprobe_dump", "read_rank_dir"]
@@ -656,6 +657,9 @@ def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None) -> FileRecor
         "comm_groups": groups,
         "warnings": notes,
     }
+    facts = file_facts(data, parents)
+    if facts:
+        meta["facts"] = facts
     rec = b.build(construct=parents, stacks=stacks, meta=meta)
     if any_data_name:
         rec.strings["data_name"] = data_names

@@ -313,15 +313,34 @@ def diagnose(
     tolerance = _tolerance(opts, open_ref)
     params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol)}
 
-    only_divergence = bsrc is not None and {d.kind for d in wanted} <= {"first_divergence"}
-    plan = _stepwise_steps(tsrc, bsrc, opts) if only_divergence and bsrc is not None else None
+    kinds_wanted = {d.kind for d in wanted}
+    stepwise = bsrc is not None and "first_divergence" in kinds_wanted and kinds_wanted <= {"first_divergence",
+                                                                                           "preflight"}
+    plan = _stepwise_steps(tsrc, bsrc, opts) if stepwise and bsrc is not None else None
     if plan is not None:
         from precnb.errors import NotADumpError
+        from precnb.pipeline.preflight import with_preflight
 
+        kept: list[tuple[xr.Dataset, xr.Dataset]] = []
         try:
-            return _diagnose_stepwise(tsrc, bsrc, opts, plan, tolerance, loaded, common, notes)
+            div = _diagnose_stepwise(tsrc, bsrc, opts, plan, tolerance, loaded, common, notes, keep=kept)
         except NotADumpError:  # a step with no readable file: read the runs whole instead
             loaded.failures.clear()
+        else:
+            if "preflight" not in kinds_wanted:
+                return div
+            # the pre-flight checks need the first two steps only (inventory, first update, data): the
+            # ones the search read when it read two, else read again
+            pre_opts = opts.with_(kinds=["preflight"], steps=plan[0][:2], step_offset=plan[1])
+            if sum(int(b.sizes["step"]) for b, _ in kept) >= 2:
+                from precnb.combine import concat_steps
+
+                pre = diagnose(concat_steps([t for _, t in kept]), concat_steps([b for b, _ in kept]),
+                               options=pre_opts.with_(steps=None))
+                pre.names = (bsrc.name, tsrc.name)
+            else:
+                pre = diagnose(target, baseline, options=pre_opts)
+            return with_preflight(pre, div)
 
     if bsrc is None:
         raw_t = open_source(tsrc, loaded=loaded, steps=opts.steps, **common)
@@ -393,8 +412,13 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
         results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
             nan.found and "first_spike" not in f.values)))]
-    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found, registry.priority(x[1][0]), x[0]))
-    return [f for _, (_, f) in ranked], checks, by_kind
+    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
+                                                       registry.priority(x[1][0], found=x[1][1].found), x[0]))
+    findings = [f for _, (_, f) in ranked]
+    from precnb.pipeline.preflight import note_later
+
+    note_later(findings)
+    return findings, checks, by_kind
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:
@@ -408,8 +432,13 @@ def _not_applicable(d: Any, ctx: Any) -> str:
 
 
 def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[int], int], tolerance: Any,
-                       loaded: Loaded, common: dict[str, Any], notes: list[str]) -> Triage:
-    """The divergence search reading step batches until one diverges (the whole-run answer)."""
+                       loaded: Loaded, common: dict[str, Any], notes: list[str],
+                       keep: list[tuple[xr.Dataset, xr.Dataset]] | None = None) -> Triage:
+    """The divergence search reading step batches until one diverges (the whole-run answer).
+
+    *keep* receives the (baseline, target) runs of the first two step batches as read (before
+    merging), for the pre-flight checks.
+    """
     from precnb.analysis import registry
     from precnb.analysis.stepwise import first_divergence_stepwise, step_batches
 
@@ -428,6 +457,8 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
         state.setdefault("notes", mnotes)
         state.setdefault("first_merged", (mb, mt))  # later batches keep the first batch's shard classes
         state["last"] = (b, t, mb, mt)
+        if keep is not None and len(keep) < 2:
+            keep.append((b, t))
         return mb, mt
 
     # the first batch is read here: the alignment is computed once, on it, and reused for every batch

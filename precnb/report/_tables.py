@@ -23,6 +23,7 @@ __all__ = [
     "fmt",
     "hotspot_table",
     "parse_frame",
+    "preflight_view",
 ]
 
 _STATS = ("max", "min", "mean", "norm")
@@ -171,6 +172,10 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
     kind = d["kind"]
     found = kind != "none"
     ev = dict(d.get("evidence") or {})
+    for key in ("checks", "diagnosis", "later_findings", "later_findings_text"):  # the pre-flight section shows them
+        ev.pop(key, None)
+    if kind == "preflight":
+        d["values"] = {}
     stack = [parse_frame(f) for f in ev.pop("stack", []) or []]
     module_path = [str(m) for m in ev.pop("module_path", []) or []]
     where = [(k, fmt(d.get(k))) for k in ("step", "rank", "node", "tensor", "module") if d.get(k) is not None
@@ -378,3 +383,21 @@ def anomaly_table(finding: Any, *, rows: int = 50) -> dict[str, Any] | None:
             fmt(r.get("value")), fmt(r.get("reference")), fmt(r.get("score"))] for r in shown]
     return {"columns": ["type", "step", "rank", "tensor", "stat", "value", "typical", "score"],
             "rows": out, "total": (d.get("stats") or {}).get("anomalies", len(ordered))}
+
+
+def preflight_view(finding: Any) -> dict[str, Any]:
+    """The pre-flight checklist of the pipeline's ``preflight`` result (found or not), as text rows.
+
+    Returns
+    -------
+    dict
+        ``status`` (worst), ``rows`` (``name``, ``title``, ``status``, ``message``, ``confidence``,
+        ``basis``), ``failed`` (how many), ``later`` (findings after a failure, as text).
+    """
+    checks = [c for c in (finding.evidence.get("checks") or []) if isinstance(c, dict)]
+    rows = [{"name": str(c.get("name", "")), "title": str(c.get("title") or c.get("name", "")),
+             "status": str(c.get("status", "")), "message": str(c.get("message", "")),
+             "confidence": str(c.get("confidence") or ""), "basis": str(c.get("basis") or "")} for c in checks]
+    return {"status": str(finding.stats.get("status", "")), "rows": rows,
+            "failed": sum(1 for r in rows if r["status"] == "fail"),
+            "later": [str(t) for t in finding.evidence.get("later_findings_text") or []]}

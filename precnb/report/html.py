@@ -136,7 +136,9 @@ def render(
     if data.compared and data.step_offset not in (0, "0"):
         layout_lines.append(f"target step = baseline step + {data.step_offset}"
                             + ("" if isinstance(data.step_offset_asked, int) else " (found automatically)"))
-    views = [tables.finding_view(f, limit=lim.table_rows) for f in findings]
+    pre = next((f for f in findings if f.evidence.get("diagnosis") == "preflight"), None)
+    # the checklist has its own section; a clean pre-flight result needs no finding card
+    views = [tables.finding_view(f, limit=lim.table_rows) for f in findings if f.found or f is not pre]
     verdict = ("problem" if any(v["found"] for v in views) else "clean") if views else "none"
     anomaly = next((f for f in findings if f.kind == "anomaly"), None)
     ctx = {
@@ -150,6 +152,7 @@ def render(
         "version": __version__,
         "verdict": verdict,
         "findings": views,
+        "preflight": tables.preflight_view(pre) if pre is not None else None,
         "checks": checks or [],
         "charts": [{"id": c.id, "title": c.title, "caption": c.caption, "spec": c.spec, "kind": c.kind}
                    for c in charts],

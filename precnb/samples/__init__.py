@@ -45,6 +45,12 @@ CATALOG: dict[str, str] = {
     "tp_unsync": "_scn_tp_unsync",
     "xfw": "_scn_xfw",
     "kernel_resume": "_scn_kernel_resume",
+    "preflight/healthy": "_scn_preflight",
+    "preflight/frozen": "_scn_preflight",
+    "preflight/extra_param": "_scn_preflight",
+    "preflight/same_batch": "_scn_preflight",
+    "preflight/lr10": "_scn_preflight",
+    "preflight/packs": "_scn_preflight",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)

@@ -30,14 +30,18 @@ class ModelConfig:
     lr: float = 1e-2
     weight_decay: float = 0.01
     seed: int = 1234
+    lm_head_bias: bool = False  # an extra parameter (``lm_head.bias``, zero-initialised)
+    fused_adamw: bool = True  # False: torch's single-tensor AdamW (about nine in-place ops per parameter)
 
     def describe(self) -> str:
         """Return a one-line description for ground-truth files and the README."""
         return (
             f"TinyGPT: vocab {self.vocab}, hidden {self.hidden}, {self.heads} heads, "
             f"ffn {self.ffn}, {self.blocks} pre-norm blocks (RMSNorm), seq {self.seq}, "
-            f"batch {self.batch} per rank, no biases, AdamW(lr={self.lr}, "
-            f"weight_decay={self.weight_decay}, fused=True), no grad clipping, seed {self.seed}"
+            f"batch {self.batch} per rank, "
+            f"{'a zero-initialised lm_head bias' if self.lm_head_bias else 'no biases'}, AdamW(lr={self.lr}, "
+            f"weight_decay={self.weight_decay}, "
+            f"{'fused=True' if self.fused_adamw else 'foreach=False, fused=False'}), no grad clipping, seed {self.seed}"
         )
 
 
@@ -248,7 +252,10 @@ class TinyGPT(nn.Module):
             self.embed.weight.mul_(0.5)
         self.blocks = nn.ModuleList(Block(cfg, i, self.faults, tp) for i in range(cfg.blocks))
         self.norm_out = RMSNorm(cfg.hidden)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=cfg.lm_head_bias)
+        if cfg.lm_head_bias:  # created last: every other parameter is initialised as without it
+            with torch.no_grad():
+                self.lm_head.bias.zero_()
 
     def forward(self, tokens):
         x = self.embed(tokens)
@@ -269,8 +276,10 @@ def make_optimizer(model: nn.Module, cfg: ModelConfig) -> torch.optim.Optimizer:
 
     The CPU default (single-tensor, ``foreach=False``) records about nine in-place ops per
     parameter, which would make the committed dumps ~40% larger; the shared S1 sample already
-    shows that form.
+    shows that form (``cfg.fused_adamw=False`` selects it: the ``preflight/lr10`` sample).
     """
+    if not cfg.fused_adamw:
+        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     return torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True
     )

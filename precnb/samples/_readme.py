@@ -144,6 +144,9 @@ def _digest(gt: dict[str, Any]) -> list[str]:
                 f"`{m['inner_api']}` output {m['inner_api.output']}"
             )
         out.append("- every tensor's relation: `tensors` in ground_truth.json")
+    elif name.startswith("preflight/"):
+        out += [_fault_line(f) + (f" ({f['run']})" if "run" in f else (f" in `{f['pack']}`" if "pack" in f else ""))
+                for f in gt["faults"]] or ["- no fault: no pre-flight check may fail"]
     elif name == "monitor":
         for f in gt["faults"]:
             line = _fault_line(f)

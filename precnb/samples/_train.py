@@ -75,6 +75,11 @@ class RunSpec:
     monitor_dir: str | None = None
     port: int = 0
     tag: str = "run"
+    freeze: tuple[str, ...] = ()  # parameter names set to requires_grad=False after the model is built
+    same_batch: bool = False  # every data-parallel rank reads rank 0's batch (a data-sharding bug)
+    config_check_zip: str | None = None  # tool "config_check": msprobe ConfigChecker writes this pack
+    config_check_inputs: tuple[str, ...] = ()  # its shell_path (a hyper-parameter YAML / shell script)
+    config_check_env: tuple[tuple[str, str], ...] = ()  # the only environment variables the pack records
 
 
 @dataclass(kw_only=True)
@@ -161,7 +166,14 @@ def worker(rank: int, spec: RunSpec) -> None:
     if spec.nan is not None:
         faults.nan_position = spec.nan.position
     faults.hidden_dropout = spec.hidden_dropout
+    if spec.tool == "config_check":
+        from msprobe.core.config_check import ConfigChecker
+
+        ConfigChecker.apply_patches("pytorch")  # before any random call: the pack records them
     model = TinyGPT(cfg, faults, tp)
+    for name, param in model.named_parameters():
+        if name in spec.freeze:
+            param.requires_grad_(False)
     opt = make_optimizer(model, cfg)
     if spec.hidden_dropout:
         # Megatron seeds the default generator identically on all TP ranks (the dropout on the
@@ -170,7 +182,9 @@ def worker(rank: int, spec: RunSpec) -> None:
         torch.manual_seed(cfg.seed + 1 + offset)
 
     debugger = monitor = None
-    if spec.tool == "dump":
+    if spec.tool == "config_check":
+        _start_config_check(spec, model)
+    elif spec.tool == "dump":
         from msprobe.pytorch import PrecisionDebugger
 
         debugger = PrecisionDebugger(config_path=spec.config_path)
@@ -188,7 +202,7 @@ def worker(rank: int, spec: RunSpec) -> None:
         scale = 1.0
         if spec.spike is not None and (step, rank) == (spec.spike.step, spec.spike.rank):
             scale = spec.spike.factor
-        x, y = make_batch(cfg, step, rank if spec.parallel == "dp" else 0)
+        x, y = make_batch(cfg, step, rank if spec.parallel == "dp" and not spec.same_batch else 0)
         opt.zero_grad(set_to_none=True)
         if debugger is not None:
             debugger.start(model)
@@ -197,6 +211,8 @@ def worker(rank: int, spec: RunSpec) -> None:
         (loss * scale if scale != 1.0 else loss).backward()
         if dp:
             for p in model.parameters():
+                if p.grad is None:  # a frozen parameter
+                    continue
                 dist.all_reduce(p.grad)
                 if spec.divide_grads:
                     p.grad.div_(spec.world_size)
@@ -207,6 +223,27 @@ def worker(rank: int, spec: RunSpec) -> None:
         losses.append(float(loss.detach()))
 
     finish_worker(rank, spec, losses)
+
+
+def _start_config_check(spec: RunSpec, model: torch.nn.Module) -> None:
+    """Attach msprobe's ConfigChecker (its pack records only ``spec.config_check_env`` as environment).
+
+    The pack's ``env`` entry is ``os.environ`` at this moment: the generator's own environment
+    (paths, tokens, ...) must not end up in a committed sample, so it is swapped for the listed
+    variables while the checker packs, then restored.
+    """
+    from msprobe.core.config_check import ConfigChecker
+
+    assert spec.config_check_zip is not None
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(dict(spec.config_check_env))
+    try:
+        ConfigChecker(model=model, shell_path=list(spec.config_check_inputs) or None,
+                      output_zip_path=spec.config_check_zip, fmk="pytorch")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def launch(spec: Any, fn: Callable[[int, Any], None] | None = None) -> dict[int, list[float]]:

@@ -25,6 +25,7 @@ from precnb.widgets.export import ExportPanel
 from precnb.widgets.filters import FilterPanel
 from precnb.widgets.findings import DivergencePanel, NanOriginPanel
 from precnb.widgets.hierarchy import HierarchyPanel
+from precnb.widgets.preflight import PreflightPanel
 from precnb.widgets.shards import ShardPanel
 
 __all__ = ["Explorer"]
@@ -71,9 +72,11 @@ class Explorer(ipw.VBox):
         self.tabs.observe(self._on_tab, names="selected_index")
         ds = runs.run()
         title = ipw.HTML(f"<b>precnb explorer</b> — {html.escape(self._describe(ds))}")
+        pre = triage.result("preflight") if triage is not None else None
+        self.preflight = PreflightPanel(pre) if pre is not None else None
         super().__init__([title, self.filters,
                           ipw.HBox([self.heatmap, ipw.VBox([self.lines, self.status])]),
-                          self.detail, self.tabs])
+                          self.detail, *([self.preflight] if self.preflight is not None else []), self.tabs])
         self.add_class("precnb-explorer")
         self.refresh()
         if auto:
@@ -276,6 +279,8 @@ class Explorer(ipw.VBox):
         shown = next((x for x in t.findings if x.kind == ("first_divergence" if t.paired else "nan_origin")), f)
         panel.show(shown if not f.found else (f if f.kind in ("first_divergence", "nan_origin") else shown))
         self.finding = f  # what it opened on (a "nothing found" finding on a clean run)
+        if f.found and f.tensor is None:  # a failing pre-flight check names no tensor: show what comes after it
+            f = next((x for x in t.findings if x.found and x.tensor is not None), f)
         if not f.found:
             return
         try:

@@ -1,0 +1,68 @@
+"""The initial-weights check: the runs start from the same weights (parameter statistics at the first common step)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from precnb.analysis._pf_common import Param, check, fmt, names_list, param_stats
+
+__all__ = ["check_initial_weights"]
+
+_RTOL = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+
+
+def _rtol(*dtypes: str) -> float:
+    return max([_RTOL.get(d.replace("torch.", "").lower(), 2.0 ** -14) for d in dtypes] or [2.0 ** -14])
+
+
+def check_initial_weights(base: xr.Dataset, target: xr.Dataset, pb: dict[str, Param], pt: dict[str, Param],
+                          step_offset: int, names: tuple[str, str]) -> dict[str, Any]:
+    """The runs start from the same weights: parameter statistics at the first common step."""
+    title = "Initial weights"
+    common = [n for n in pb if n in pt and pb[n].label and pt[n].label and (
+        not pb[n].shape or not pt[n].shape or pb[n].shape == pt[n].shape)]
+    tsteps = set(int(s) for s in target["step"].values)
+    steps = [int(s) for s in base["step"].values if int(s) + step_offset in tsteps]
+    ranks = sorted(set(int(r) for r in base["rank"].values) & set(int(r) for r in target["rank"].values))
+    if not common or not steps or not ranks:
+        return check("initial_weights", title, "skip", "no parameter recorded at a step and rank both runs hold")
+    s0 = steps[0]
+    bi = int(np.flatnonzero(base["step"].values == s0)[0])
+    ti = int(np.flatnonzero(target["step"].values == s0 + step_offset)[0])
+    differ: list[dict[str, Any]] = []
+    compared = 0
+    for n in common:
+        a_all, b_all = param_stats(base, str(pb[n].label)), param_stats(target, str(pt[n].label))
+        for r in ranks:
+            a = a_all[bi, list(base["rank"].values).index(r)]
+            b = b_all[ti, list(target["rank"].values).index(r)]
+            if np.isnan(a).all() or np.isnan(b).all():
+                continue
+            compared += 1
+            scale = max(float(np.nanmax(np.abs(np.r_[a[:2], b[:2]]))), 1e-30)
+            tol = _rtol(pb[n].dtype, pt[n].dtype)
+            with np.errstate(invalid="ignore"):  # max/min/mean relative to the weights' range
+                rel = np.abs(a - b) / np.maximum(np.maximum(np.abs(a), np.abs(b)), scale)
+            rel = np.where(np.isnan(a) & np.isnan(b), 0.0, rel)  # NaN in both: the same
+            if not np.all(rel <= tol):
+                k = int(np.nanargmax(np.where(np.isnan(rel), np.inf, rel)))
+                differ.append({"name": n, "rank": r, "stat": ("max", "min", "mean", "norm")[k],
+                               "baseline": float(a[k]), "target": float(b[k]), "rel_diff": float(rel[k])})
+                break
+    if not compared:
+        return check("initial_weights", title, "skip", f"no parameter recorded on both runs at step {s0}")
+    where = f"step {s0}" + (f" (target step {s0 + step_offset})" if step_offset else "")
+    if differ:
+        names_d = [d["name"] for d in differ]
+        first = differ[0]
+        # a warning, not a failure: the runs' first common step need not be where training started
+        return check("initial_weights", title, "warn", f"{len(differ)} of {len(common)} parameters differ at {where}:"
+                     f" {names_list(names_d)}; e.g. {first['name']} {first['stat']} {fmt(first['baseline'])} vs "
+                     f"{fmt(first['target'])} (rel. {fmt(first['rel_diff'])}, rank {first['rank']}): the runs do not "
+                     "start from the same weights (another checkpoint or initialisation, or the dumps begin after "
+                     "they diverged)", confidence="high", basis="compared", step=s0, differ=differ)
+    return check("initial_weights", title, "pass", f"all {len(common)} common parameters agree at {where} "
+                 f"(within dtype tolerance, {len(ranks)} rank(s))", confidence="high", basis="compared", step=s0)

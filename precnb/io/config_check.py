@@ -1,0 +1,310 @@
+"""Reader of msprobe ``config_check`` packs (the zip files ``msprobe config_check`` / ``ConfigChecker`` write).
+
+A pack holds, per entry (msprobe 26.2.0, ``msprobe/core/config_check/checkers/``):
+
+========================================  ==============================================================
+``env``                                   JSON object: the whole ``os.environ`` of rank 0
+``pip``                                   text, one ``name=version`` line per installed distribution
+``hyperparameters/hyperparameters_static.json``  JSON object parsed from the training shell script / YAML
+``hyperparameters/hyperparameters_dynamic.json`` JSON object: Megatron's ``get_args()``
+``dataset/step{N}/rank{R}/dataset.json``  ``{"args": {i: features}, "kwargs": {name: features}}`` of the
+                                          model's forward inputs (nested containers keep their keys)
+``weights/step{N}/rank{R}/weight.json``   ``{parameter name: features}``
+``random/rank{R}.json``                   ``{random API: [{"count": n, "stack": [frame, ...]}]}``
+========================================  ==============================================================
+
+*features* are ``{"max", "min", "mean", "norm"}`` of the tensor cast to float; the step is
+the model's forward-call count (``ConfigChecker.step``, a micro step). env, pip and the
+hyper-parameters are written by rank 0 only, dataset/weights by every rank.
+
+:func:`open_config_check` turns a pack into the canonical dataset: dataset features become
+``Dataset.*`` input tensors and weights ``Weights.<name>`` parameter tensors (dims step, rank,
+tensor), so the pre-flight checks read a pack like a dump; everything else goes into the
+``config_check`` attribute (JSON text). Only the environment variables that bear on numerical
+reproducibility are kept (:data:`ENV_KEYS`): a pack's environment may hold credentials.
+
+Reading is safe: nothing is extracted or unpickled; entry names must be relative paths without
+``..``; entry count, per-entry and total sizes and compression ratios are bounded; encrypted and
+symbolic-link entries are refused. A broken pack raises :class:`~precnb.errors.DumpFormatError`
+naming the zip file and the entry.
+
+Examples
+--------
+>>> is_config_check("/nonexistent.zip")
+False
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import xarray as xr
+
+from precnb.errors import DumpFormatError
+from precnb.io._assemble import LoadReport, RecordBuilder, assemble
+from precnb.io._jsonio import loads_json
+
+__all__ = ["ENV_KEYS", "Limits", "is_config_check", "open_config_check", "read_pack"]
+
+#: environment variables kept from a pack (msprobe's env check list, GPU and NPU names, plus the
+#: usual determinism switches); every other variable is dropped on reading
+ENV_KEYS: tuple[str, ...] = (
+    "HCCL_DETERMINISTIC", "NCCL_DETERMINISTIC", "HCCL_ALGO", "NCCL_ALGO", "HCCL_INTRA_ROCE_ENABLE",
+    "HCCL_INTRA_PCIE_ENABLE", "ASCEND_LAUNCH_BLOCKING", "CUDA_LAUNCH_BLOCKING", "ASCEND_RT_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "NCCL_PROTO", "OMP_NUM_THREADS",
+    "TORCH_DETERMINISTIC", "CLOSE_MATMUL_K_SHIFT", "ASCEND_GLOBAL_LOG_LEVEL",
+)
+_TOP = ("env", "pip")
+_DIRS = ("dataset/", "weights/", "hyperparameters/", "random/")
+_STEP_RANK = re.compile(r"^(dataset|weights)/step(\d+)/rank(\d+)/(dataset|weight)\.json$")
+_RANDOM = re.compile(r"^random/rank(\d+)\.json$")
+_FEATURES = ("max", "min", "mean", "norm")
+
+
+class Limits:
+    """Bounds on what a pack may hold (a zip bomb or a huge pack is refused, not read).
+
+    Attributes
+    ----------
+    entries : int
+        Most entries (100,000).
+    entry_bytes : int
+        Largest uncompressed entry (256 MiB).
+    total_bytes : int
+        Largest uncompressed total (2 GiB).
+    ratio : int
+        Largest compression ratio of an entry above 1 MiB (200).
+    """
+
+    entries = 100_000
+    entry_bytes = 256 * 2**20
+    total_bytes = 2 * 2**30
+    ratio = 200
+
+
+def _bad(path: Path, entry: str, why: str) -> DumpFormatError:
+    return DumpFormatError(path, f"config_check pack entry {entry!r}: {why}")
+
+
+def _known(name: str) -> bool:
+    return name in _TOP or name.startswith(_DIRS)
+
+
+def is_config_check(path: str | os.PathLike[str]) -> bool:
+    """Whether *path* is a zip file holding msprobe config_check entries (cheap: reads the directory only)."""
+    p = Path(path)
+    try:
+        if not p.is_file() or not zipfile.is_zipfile(p):
+            return False
+        with zipfile.ZipFile(p) as zf:
+            names = zf.namelist()
+    except (OSError, zipfile.BadZipFile, ValueError, RuntimeError, NotImplementedError):
+        return False
+    return bool(names) and any(_known(n) for n in names)
+
+
+def _check_name(path: Path, info: zipfile.ZipInfo) -> None:
+    name = info.filename
+    parts = PurePosixPath(name).parts
+    if (not name or "\x00" in name or "\\" in name or name.startswith("/") or re.match(r"^[A-Za-z]:", name)
+            or ".." in parts):
+        raise _bad(path, name, "unsafe entry name (absolute, '..' or a backslash): refused")
+    mode = info.external_attr >> 16
+    if mode and stat.S_ISLNK(mode):
+        raise _bad(path, name, "a symbolic link: refused")
+    if info.flag_bits & 0x1:
+        raise _bad(path, name, "encrypted: cannot be read")
+
+
+def _entries(path: Path, limits: type[Limits]) -> dict[str, bytes]:
+    """Every known entry's bytes, read in memory with the size checks of *limits*."""
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as exc:
+        raise DumpFormatError(path, f"not a readable zip file ({exc})") from None
+    except OSError as exc:
+        raise DumpFormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    out: dict[str, bytes] = {}
+    with zf:
+        infos = zf.infolist()
+        if len(infos) > limits.entries:
+            raise DumpFormatError(path, f"config_check pack has {len(infos)} entries (more than {limits.entries})")
+        total = 0
+        for info in infos:
+            _check_name(path, info)
+            if info.is_dir() or not _known(info.filename):
+                continue
+            if info.file_size > limits.entry_bytes:
+                raise _bad(path, info.filename, f"{info.file_size} bytes uncompressed (limit {limits.entry_bytes})")
+            if info.file_size > 2**20 and info.file_size > limits.ratio * max(info.compress_size, 1):
+                raise _bad(path, info.filename, f"compression ratio above {limits.ratio}: refused (zip bomb?)")
+            try:
+                with zf.open(info) as fh:  # the header's size is not trusted: read at most one byte more
+                    raw = fh.read(limits.entry_bytes + 1)
+            except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, ValueError) as exc:
+                raise _bad(path, info.filename, f"cannot be read ({type(exc).__name__}: {exc})") from None
+            if len(raw) > limits.entry_bytes:
+                raise _bad(path, info.filename, f"more than {limits.entry_bytes} bytes uncompressed")
+            total += len(raw)
+            if total > limits.total_bytes:
+                raise DumpFormatError(path, f"config_check pack holds more than {limits.total_bytes} bytes")
+            out[info.filename] = raw
+    if not out:
+        raise DumpFormatError(path, "zip file holds no config_check entry (env, pip, dataset/, weights/, "
+                                    "hyperparameters/, random/)")
+    return out
+
+
+def _json(path: Path, entry: str, raw: bytes, want: type) -> Any:
+    doc = loads_json(raw, f"{path} [{entry}]")
+    if not isinstance(doc, want):
+        raise _bad(path, entry, f"expected a JSON {'object' if want is dict else want.__name__}, "
+                                f"got {type(doc).__name__}")
+    return doc
+
+
+def _pip(raw: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in raw.decode("utf-8", "replace").splitlines():
+        name, sep, version = line.strip().partition("=")
+        if name and len(name) <= 200:
+            out[name.strip().lower().replace("_", "-")] = version.strip() if sep else ""
+    return out
+
+
+def _frame_site(frame: Any) -> str:
+    """``file.py:function`` of one stack frame text (``File /p/x.py, line 3, in f, code``)."""
+    m = re.match(r"^\s*File\s+(.+?),\s+line\s+\d+,\s+in\s+([^,]+)", str(frame))
+    return f"{PurePosixPath(m.group(1)).name}:{m.group(2).strip()}" if m else str(frame)[:120]
+
+
+def _random(path: Path, entry: str, doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per random API: calls with their count and call site (the innermost frame outside libraries)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for op, calls in doc.items():
+        if not isinstance(calls, list):
+            raise _bad(path, entry, f"{op!r}: expected a list of calls")
+        rows = []
+        for c in calls:
+            if not isinstance(c, dict) or not isinstance(c.get("count", 0), int):
+                raise _bad(path, entry, f"{op!r}: a call is not {{count, stack}}")
+            stack = [str(f) for f in c.get("stack") or []]
+            user = [f for f in stack if "site-packages" not in f and "/lib/python" not in f]
+            rows.append({"count": int(c.get("count", 0)), "site": _frame_site((user or stack or [""])[-1]),
+                         "depth": len(stack)})
+        out[str(op)] = rows
+    return out
+
+
+def _feature_leaves(obj: Any, prefix: str, out: list[tuple[str, dict[str, Any]]], depth: int = 0) -> None:
+    if depth > 16 or not isinstance(obj, dict):
+        return
+    if set(_FEATURES) <= set(obj):
+        out.append((prefix, obj))
+        return
+    for k, v in obj.items():
+        _feature_leaves(v, f"{prefix}.{k}", out, depth + 1)
+
+
+def read_pack(path: str | os.PathLike[str], *, limits: type[Limits] = Limits) -> dict[str, Any]:
+    """The parsed entries of a pack (no tensors merged yet).
+
+    Returns
+    -------
+    dict
+        ``entries`` (names), ``env`` (only :data:`ENV_KEYS`), ``env_variables`` (how many the pack
+        held), ``pip`` (name → version), ``hyperparameters`` (``static`` / ``dynamic`` dicts),
+        ``random`` (rank → API → calls), ``dataset`` and ``weights`` ((step, rank) → JSON object).
+
+    Raises
+    ------
+    DumpFormatError
+        For a broken or unsafe pack (naming the file and entry).
+    """
+    p = Path(path)
+    raw = _entries(p, limits)
+    out: dict[str, Any] = {"entries": sorted(raw), "env": {}, "env_variables": 0, "pip": {},
+                           "hyperparameters": {}, "random": {}, "dataset": {}, "weights": {}}
+    for name, data in raw.items():
+        if name == "env":
+            env = _json(p, name, data, dict)
+            out["env_variables"] = len(env)
+            out["env"] = {k: str(env[k]) for k in ENV_KEYS if k in env}
+        elif name == "pip":
+            out["pip"] = _pip(data)
+        elif name.startswith("hyperparameters/"):
+            kind = "dynamic" if "dynamic" in name else "static"
+            out["hyperparameters"][kind] = _json(p, name, data, dict)
+        elif (m := _RANDOM.match(name)) is not None:
+            out["random"][int(m.group(1))] = _random(p, name, _json(p, name, data, dict))
+        elif (m := _STEP_RANK.match(name)) is not None:
+            out[m.group(1)][(int(m.group(2)), int(m.group(3)))] = _json(p, name, data, dict)
+    return out
+
+
+def _records(pack: dict[str, Any], path: Path) -> list[Any]:
+    keys = sorted(set(pack["dataset"]) | set(pack["weights"]))
+    recs = []
+    for step, rank in keys:
+        b = RecordBuilder(step, rank)
+        leaves: list[tuple[str, dict[str, Any]]] = []
+        _feature_leaves(pack["dataset"].get((step, rank), {}), "Dataset", leaves)
+        for label, feats in leaves:
+            b.add(label, dict(feats), node="Dataset.forward", module="", api="Dataset", kind="module",
+                  direction="forward", role="input", dtype="", parent="", call=0, micro_step=-1)
+        for name, feats in (pack["weights"].get((step, rank)) or {}).items():
+            if not isinstance(feats, dict):
+                raise _bad(path, f"weights/step{step}/rank{rank}/weight.json", f"{name!r}: not a features object")
+            module = str(name).rsplit(".", 1)[0] if "." in str(name) else ""
+            b.add(f"Weights.{name}", dict(feats), node=f"Weights.{module}" if module else "Weights", module=module,
+                  api="Weights", kind="module", direction="forward", role="parameter", dtype="", parent="",
+                  call=0, micro_step=-1)
+        recs.append(b.build(meta={"task": "config_check", "path": str(path)}))
+    return recs
+
+
+def open_config_check(path: str | os.PathLike[str], *, steps: Sequence[int] | None = None,
+                      ranks: Sequence[int] | None = None, limits: type[Limits] = Limits,
+                      **_ignored: Any) -> xr.Dataset:
+    """Open a config_check pack as a canonical dataset (see the module docstring).
+
+    Parameters
+    ----------
+    path : path-like
+        The ``.zip`` pack.
+    steps, ranks : sequence of int, optional
+        Keep only these (the pack's steps are forward-call counts).
+    limits : Limits subclass, optional
+        Size bounds.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``Dataset.*`` (role input) and ``Weights.*`` (role parameter) tensors; attrs
+        ``source_format="config_check"`` and ``config_check`` (JSON: entries, env, env_variables,
+        pip, hyperparameters, random).
+
+    Raises
+    ------
+    DumpFormatError
+        For a broken or unsafe pack.
+    """
+    p = Path(path)
+    pack = read_pack(p, limits=limits)
+    recs = [r for r in _records(pack, p) if (steps is None or r.step in set(steps))
+            and (ranks is None or r.rank in set(ranks))]
+    report = LoadReport(read=[str(p)])
+    side = {k: pack[k] for k in ("entries", "env", "env_variables", "pip", "hyperparameters")}
+    side["random"] = {str(r): v for r, v in sorted(pack["random"].items())}
+    attrs = {"source": str(p), "task": "config_check", "config_check": json.dumps(side, allow_nan=True),
+             "load_report": json.dumps(report.to_dict())}
+    ds = assemble(recs, source_format="config_check", attrs=attrs)
+    ds.attrs["task"] = "config_check"
+    return ds

@@ -1,0 +1,129 @@
+"""msprobe config_check packs: the real packs read back exactly; broken and hostile zips refused safely."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import precnb
+from precnb.errors import DumpFormatError
+from precnb.io import config_check as cc
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKS = ROOT / "data_samples" / "preflight" / "packs"
+
+
+def pack(name: str) -> Path:
+    p = PACKS / name
+    if not p.exists():
+        pytest.skip(f"bundled pack {p} missing (run `make samples`)")
+    return p
+
+
+def test_real_pack_values_equal_the_zip_entries():
+    path = pack("healthy/baseline.zip")
+    assert cc.is_config_check(path) and precnb.detect_format(path) == "config_check"
+    ds = precnb.open_run(path, progress=False)
+    with zipfile.ZipFile(path) as zf:
+        weights = json.loads(zf.read("weights/step1/rank1/weight.json"))
+        data = json.loads(zf.read("dataset/step0/rank0/dataset.json"))
+        env = json.loads(zf.read("env"))
+    for name, feats in weights.items():
+        for stat in ("max", "min", "mean", "norm"):
+            assert float(ds[stat].sel(step=1, rank=1, tensor=f"Weights.{name}")) == feats[stat]
+    assert float(ds["mean"].sel(step=0, rank=0, tensor="Dataset.args.0")) == data["args"]["0"]["mean"]
+    assert list(ds["role"].sel(tensor="Weights.embed.weight").values.ravel()) == ["parameter"]
+    side = json.loads(ds.attrs["config_check"])
+    assert side["env"] == {k: v for k, v in env.items() if k in cc.ENV_KEYS} and side["env_variables"] == len(env)
+    assert side["hyperparameters"]["static"]["lr"] == 0.01 and "torch" in side["pip"]
+    assert "torch.manual_seed" in side["random"]["0"]
+
+
+def _zip(path: Path, entries: dict[str, bytes], **infos: dict) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in entries.items():
+            info = zipfile.ZipInfo(name)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            for k, v in infos.get(name, {}).items():
+                setattr(info, k, v)
+            zf.writestr(info, data)
+    return path
+
+
+GOOD = {"weights/step0/rank0/weight.json": json.dumps({"fc.weight": {"max": 1.0, "min": -1.0, "mean": 0.0,
+                                                                     "norm": 2.0}}).encode()}
+
+
+@pytest.mark.parametrize("bad", ["../evil.json", "/etc/passwd", "weights/../../x", "C:/x", "a\\b"])
+def test_unsafe_entry_names_are_refused(tmp_path, bad):
+    path = _zip(tmp_path / "p.zip", {**GOOD, bad: b"{}"})
+    with pytest.raises(DumpFormatError, match="unsafe entry name") as err:
+        cc.open_config_check(path)
+    assert str(path) in str(err.value)
+    assert not (tmp_path.parent / "evil.json").exists()
+
+
+def test_symlink_and_encrypted_entries_are_refused(tmp_path):
+    link = _zip(tmp_path / "l.zip", {**GOOD, "env": b"/etc/passwd"}, env={"external_attr": 0o120777 << 16})
+    with pytest.raises(DumpFormatError, match="symbolic link"):
+        cc.open_config_check(link)
+    enc = _zip(tmp_path / "e.zip", {**GOOD, "pip": b"torch=1"})
+    raw = bytearray(enc.read_bytes())  # set the "encrypted" flag of every entry (local and central headers)
+    for sig, off in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        i = raw.find(sig)
+        while i >= 0:
+            raw[i + off] |= 0x1
+            i = raw.find(sig, i + 4)
+    enc.write_bytes(bytes(raw))
+    with pytest.raises(DumpFormatError, match="encrypted"):
+        cc.open_config_check(enc)
+
+
+def test_size_limits_and_zip_bombs(tmp_path):
+    class Small(cc.Limits):
+        entry_bytes = 1000
+        entries = 3
+
+    big = _zip(tmp_path / "b.zip", {**GOOD, "pip": b"x=1\n" * 1000})
+    with pytest.raises(DumpFormatError, match="bytes uncompressed"):
+        cc.open_config_check(big, limits=Small)
+    many = _zip(tmp_path / "m.zip", {**GOOD, **{f"random/rank{i}.json": b"{}" for i in range(5)}})
+    with pytest.raises(DumpFormatError, match="entries"):
+        cc.open_config_check(many, limits=Small)
+    bomb = _zip(tmp_path / "z.zip", {**GOOD, "pip": b"0" * (3 * 2**20)})
+    with pytest.raises(DumpFormatError, match="compression ratio"):
+        cc.open_config_check(bomb)
+
+
+def test_broken_packs_name_the_file_and_entry(tmp_path):
+    bad_json = _zip(tmp_path / "j.zip", {**GOOD, "dataset/step0/rank0/dataset.json": b"{not json"})
+    with pytest.raises(DumpFormatError) as err:
+        cc.open_config_check(bad_json)
+    assert "j.zip" in str(err.value) and "dataset/step0/rank0/dataset.json" in str(err.value)
+    wrong = _zip(tmp_path / "w.zip", {"env": b"[1, 2]"})
+    with pytest.raises(DumpFormatError, match="expected a JSON object"):
+        cc.open_config_check(wrong)
+    truncated = tmp_path / "t.zip"
+    truncated.write_bytes(pack("healthy/baseline.zip").read_bytes()[:200])
+    assert not cc.is_config_check(truncated)
+    with pytest.raises(DumpFormatError, match="not a readable zip"):
+        cc.open_config_check(truncated)
+
+
+def test_secrets_in_env_and_pickles_are_never_read(tmp_path):
+    env = {"AWS_SECRET_ACCESS_KEY": "hunter2", "HF_TOKEN": "x", "NCCL_DETERMINISTIC": "1"}
+    path = _zip(tmp_path / "s.zip", {**GOOD, "env": json.dumps(env).encode(),
+                                     "weights/model.pkl": b"\x80\x04cos\nsystem\n."})
+    ds = cc.open_config_check(path)
+    assert "hunter2" not in json.dumps(dict(ds.attrs)) and json.loads(ds.attrs["config_check"])["env"] == {
+        "NCCL_DETERMINISTIC": "1"}
+    assert list(ds["tensor"].values) == ["Weights.fc.weight"]
+
+
+def test_other_zips_are_not_packs(tmp_path):
+    other = _zip(tmp_path / "o.zip", {"readme.txt": b"hello"})
+    assert not cc.is_config_check(other)
+    assert not cc.is_config_check(tmp_path)
