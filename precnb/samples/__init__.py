@@ -41,6 +41,11 @@ CATALOG: dict[str, str] = {
     "renamed": "_scn_renamed",
     "pp_local": "_scn_pp",
     "tp_unsync": "_scn_tp_unsync",
+    "custom_op_gap": "_scn_diagnosis",
+    "custom_op_registered": "_scn_diagnosis",
+    "moe_empty_expert": "_scn_diagnosis",
+    "moe_monitor": "_scn_diagnosis",
+    "drift": "_scn_diagnosis",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
