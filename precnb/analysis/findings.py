@@ -17,7 +17,7 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
       "suspects": [{...}, ...],    # ranked, most likely first
       "evidence": {"stack": [...], "module_path": [...], ...},
       "stats": {...},              # counts: compared, differing, ...
-      "baseline": {"node", "tensor", "module"}   # two runs: the baseline's names of the same place,
+      "baseline": {"node", "tensor", "module"},  # two runs: the baseline's names of the same place
       "causes": [{"cause": "0/0", "text": str, "certain": bool}, ...],   # NaN/Inf causes, likeliest first
       "gap": {...} | null,         # uncaptured region that produced the bad input (coverage.find_gap)
       "dump_plan": {...} | null    # msprobe config.json to confirm / close the gap (plan.plan_dump)

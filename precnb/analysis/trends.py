@@ -33,6 +33,7 @@ True
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +43,13 @@ import xarray as xr
 
 from precnb.schema import side_table
 
-__all__ = ["TrendRule", "bookkeeping_nodes", "drift_onset", "drift_table", "noise_dominated",
+__all__ = ["TrendRule", "bookkeeping_nodes", "drift_onset", "drift_table", "noise_dominated", "noise_mask",
            "reference_series", "trend_summary"]
 
 _HOOK_FRAMES = ("hook_result = hook(", "args_kwargs_result = hook(", "result = hook(", "/msprobe/pytorch/monitor",
                 "/msprobe/mindspore/monitor", "/msprobe/core/monitor")
+OPTIMIZER_FAMILIES = ("exp_avg", "exp_avg_sq", "param_origin", "param_updated")
+"""Monitor families that hold optimizer state or parameters (they evolve by design)."""
 LOSS_APIS = ("cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy", "smooth_l1_loss", "kl_div")
 
 
@@ -119,6 +122,31 @@ def noise_dominated(stat: str, values: dict[str, np.ndarray], numel: np.ndarray,
         if len(set(s.tolist())) > 1:  # crosses zero: relative departures mean nothing
             return True
     return False
+
+
+def noise_mask(stat: str, stats: dict[str, np.ndarray], numel: np.ndarray, rule: TrendRule | None = None
+               ) -> np.ndarray:
+    """:func:`noise_dominated` for every (rank, tensor) series at once: arrays are (step, rank, tensor)."""
+    rule = rule or TrendRule()
+    with np.errstate(invalid="ignore"):
+        mean = stats.get("mean")
+        signed = mean if mean is not None else stats["max"]
+        fin = np.isfinite(signed)
+        pos = (fin & (signed > 0)).any(axis=0)
+        neg = (fin & (signed < 0)).any(axis=0)
+        zero = (fin & (signed == 0)).any(axis=0)
+        scalar = (numel == 1).any(axis=0)
+        out = scalar & ((pos & neg) | zero)
+        if stat == "mean" and mean is not None:
+            spread = np.abs(stats["max"] - stats["min"])
+            ok = np.isfinite(mean) & np.isfinite(spread)
+            centred = (ok & (np.abs(mean) < rule.centred * spread)).any(axis=0)
+            out |= centred | ~ok.any(axis=0)
+        if stat in ("min", "max", "mean"):
+            x = stats[stat]
+            f = np.isfinite(x)
+            out |= (f & (x > 0)).any(axis=0) & (f & (x < 0)).any(axis=0)
+    return out
 
 
 def bookkeeping_nodes(ds: xr.Dataset) -> set[str]:
@@ -200,30 +228,42 @@ def drift_table(ds: xr.Dataset, *, rule: TrendRule | None = None, skip: set[str]
     steps = ds["step"].values
     nodes = np.asarray([str(n) for n in ds["node"].values])
     keep = ~np.isin(nodes, list(skip)) if skip else np.ones(len(nodes), bool)
+    # optimizer states (Adam moments start at zero and grow by design) are not activations
+    keep &= ~np.isin(np.asarray([str(d) for d in ds["direction"].values]), ["optimizer"])
+    keep &= ~np.isin(np.asarray([str(m) for m in ds["module"].values]), ["optimizer", "clip_grad"])
+    keep &= ~np.isin(np.asarray([str(a) for a in ds["api"].values]), list(OPTIMIZER_FAMILIES))
     present = ds["present"].values
     stats = {s: np.where(present, ds[s].values, np.nan) for s in ("max", "min", "mean", "norm") if s in ds}
     numel = ds["numel"].values if "numel" in ds else np.full(present.shape, -1)
     rows: list[dict[str, Any]] = []
     labels, modules = ds["tensor"].values, ds["module"].values
     micro, seq = ds["micro_step"].values, ds["seq"].values
-    for ri in range(present.shape[1]):
-        for tj in np.flatnonzero(keep & (present[:, ri, :].sum(axis=0) >= rule.min_history + rule.min_run)):
-            series = {s: v[:, ri, tj] for s, v in stats.items()}
-            for stat in rule.stats:
-                if stat not in series or noise_dominated(stat, series, numel[:, ri, tj], rule):
-                    continue
-                hit = drift_onset(series[stat], rule)
-                if hit is None:
-                    continue
-                o, ref, direction = hit
-                x = series[stat]
-                last = int(np.flatnonzero(np.isfinite(x))[-1])
-                rows.append({"type": "drift", "step": int(steps[o]), "rank": int(ds["rank"].values[ri]),
-                             "tensor": str(labels[tj]), "node": str(nodes[tj]), "module": str(modules[tj]),
-                             "stat": stat, "value": float(x[o]), "reference": ref,
-                             "score": float(abs(x[last] - ref) / max(abs(ref), 1e-12)),
-                             "last_step": int(steps[last]), "last_value": float(x[last]), "direction": direction,
-                             "micro_step": int(micro[tj]), "seq": int(seq[o, ri, tj])})
+    enough = present.sum(axis=0) >= rule.min_history + rule.min_run
+    for stat in rule.stats:
+        if stat not in stats:
+            continue
+        x = stats[stat]
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            first = np.nanmedian(np.where(np.isfinite(x), x, np.nan)[: rule.min_history + 1], axis=0) \
+                if x.shape[0] > rule.min_history else np.full(x.shape[1:], np.nan)
+            lo, hi = np.nanmin(np.where(np.isfinite(x), x, np.nan), axis=0), np.nanmax(
+                np.where(np.isfinite(x), x, np.nan), axis=0)
+            wide = np.maximum(np.abs(hi - first), np.abs(first - lo)) >= 0.5 * rule.min_departure * np.abs(first)
+        cand = enough & keep[None, :] & wide & ~noise_mask(stat, stats, numel, rule)
+        for ri, tj in np.argwhere(cand):
+            hit = drift_onset(x[:, ri, tj], rule)
+            if hit is None:
+                continue
+            o, ref, direction = hit
+            xs = x[:, ri, tj]
+            last = int(np.flatnonzero(np.isfinite(xs))[-1])
+            rows.append({"type": "drift", "step": int(steps[o]), "rank": int(ds["rank"].values[ri]),
+                         "tensor": str(labels[tj]), "node": str(nodes[tj]), "module": str(modules[tj]),
+                         "stat": stat, "value": float(xs[o]), "reference": ref,
+                         "score": float(abs(xs[last] - ref) / max(abs(ref), 1e-12)),
+                         "last_step": int(steps[last]), "last_value": float(xs[last]), "direction": direction,
+                         "micro_step": int(micro[tj]), "seq": int(seq[o, ri, tj])})
     cols = ["type", "step", "rank", "tensor", "node", "module", "stat", "value", "reference", "score",
             "last_step", "last_value", "direction", "micro_step", "seq"]
     df = pd.DataFrame(rows, columns=cols)
@@ -256,5 +296,5 @@ def trend_summary(ds: xr.Dataset, drifts: pd.DataFrame) -> dict[str, Any]:
                         "reference": r["reference"], "last_value": r["last_value"], "last_step": r["last_step"],
                         "lead_steps": lead})
     modules.sort(key=lambda m: (-(m["lead_steps"] if m["lead_steps"] is not None else -m["onset_step"]),
-                                m["onset_step"]))
+                                m["onset_step"], m["module"] is None))
     return {"reference_change": changes, "first_reference_change": change, "modules": modules[:50]}

@@ -281,10 +281,10 @@ def _hook_called(stack: dict) -> list[str]:
 def gen_drift(ctx: Context, sample: Path) -> dict:
     """1 rank, 7 steps, dump and TrainerMon in one process; an RMSNorm input minimum falls from step 3."""
     cfg = _dump_config(sample, sample / "dump")
-    mon = _monitor_config(sample, ["blocks.0.attn_norm", "blocks.0.mlp_norm", "norm_out"], wg=True)
+    mon = _monitor_config(sample, ["blocks.0.attn_norm", "norm_out"], wg=True)
     out_dir = sample / "monitor_output"
     m = DRIFT_MODEL
-    run = DiagRun(tag="drift", log_dir=str(ctx.log_dir), world_size=1, steps=8, model=m, dump_config=str(cfg),
+    run = DiagRun(tag="drift", log_dir=str(ctx.log_dir), world_size=1, steps=7, model=m, dump_config=str(cfg),
                   monitor_config=str(mon), monitor_dir=str(out_dir))
     losses = launch(run)
     root = sample / "dump"
