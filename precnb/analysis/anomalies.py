@@ -260,13 +260,14 @@ def anomalies(
             values[f"first_{typ}"] = _row(sub.iloc[0].to_dict())
     hints: list[str] = []
     d0: dict[str, Any] | None = None
+    trend_ev: dict[str, Any] | None = None
     if (df["type"] == "drift").any():
         from precnb.analysis.trends import drift_table, trend_summary
 
         full = drift_table(ds) if not ds.chunks else df[df["type"] == "drift"]
         if len(full) and "direction" in full:
             trend = trend_summary(ds, full)
-            values["trend"] = trend
+            trend_ev = trend
             d0 = _first_module_drift(full)
             values["first_drift"] = {**_row(d0), "module": d0["module"] or None, "last_step": int(d0["last_step"]),
                                      "last_value": float(d0["last_value"]), "direction": d0["direction"]}
@@ -309,7 +310,8 @@ def anomalies(
     suspects = [_row(r) for r in rows[1: limit + 1]]
     return Finding(kind="anomaly", reason=reason, step=first["step"], rank=first["rank"],
                    node=first["node"], tensor=first["tensor"], module=first["module"] or None,
-                   values=values, hints=hints, suspects=suspects, evidence=node_evidence(ds, first["node"]),
+                   values=values, hints=hints, suspects=suspects,
+                   evidence={**node_evidence(ds, first["node"]), **({"trend": trend_ev} if trend_ev else {})},
                    stats=stats)
 
 

@@ -178,9 +178,9 @@ def _op_causes(api: str, ops: list[dict[str, float]], out: dict[str, float], dty
 
 def _empty_input(flow: StepFlow, node: str, api: str, nan: bool) -> dict[str, Any] | None:
     for k in _operands(flow, node):
-        if flow.numel[k] == 0 or "0" in flow.shapes[k].strip("[]").replace(" ", "").split(","):
-            if nan:
-                return {"cause": "empty_reduction", "certain": True,
+        empty = flow.numel[k] == 0 or "0" in flow.shapes[k].strip("[]").replace(" ", "").split(",")
+        if empty and nan:
+            return {"cause": "empty_reduction", "certain": True,
                         "text": f"{_short(api)} over an empty tensor ({flow.labels[k]} has shape {flow.shapes[k]}): "
                                 "0/0 — e.g. an MoE expert that received no tokens"}
     return None
@@ -200,8 +200,8 @@ def _module_zero_inputs(flow: StepFlow, node: str, j: int, nan: bool) -> dict[st
         return None
     listed = "; ".join(f"{flow.labels[k]} ({_fmt(s)})" for k, s in zero[:3])
     return {"cause": "0/0", "certain": False,
-            "text": f"0/0 likely: the output became NaN from finite inputs of which {len(zero)} hold zeros ({listed}) — "
-                    "a division by a zero count, e.g. an MoE expert that received no tokens"}
+            "text": f"0/0 likely: the output became NaN from finite inputs of which {len(zero)} hold zeros "
+                    f"({listed}) — a division by a zero count, e.g. an MoE expert that received no tokens"}
 
 
 def nan_causes(ds: xr.Dataset, *, step: int, rank: int, tensor: str) -> list[dict[str, Any]]:

@@ -84,17 +84,17 @@ def _capture(flow: StepFlow, level: str, module_node: str | None, frames: list[s
     """How to record the region on the next run."""
     where = "; ".join(f for f in frames if f)
     out: dict[str, Any] = {"level": "mix", "list": [], "register_custom_api": None}
-    if module_node:
-        p = module_node.split(".")
-        # "Module.blocks.1.attn.Attention." : the class and the dot keep "blocks.1.attn_norm" / "blocks.11" out
-        out["list"] = [".".join(p[: len(p) - 2]) + "."]
+    module = module_of_node(module_node) if module_node else ""
+    if module:
+        # "Module.blocks.1.attn." : the trailing dot keeps "blocks.1.attn_norm" and "blocks.11" out
+        out["list"] = [f"{module_node.split('.', 1)[0]}.{module}."]
     if level in ("L0",):
         out["why"] = ("the dump is at level L0 (modules only): no API inside a module is recorded; dump at level "
                       "mix with the module in list")
     else:
-        out["why"] = ("the dump records APIs (level " + (level or "mix") + ") but not this op: it is not a torch "
-                      "API msprobe hooks (a custom op / fused kernel), or a low-risk API that risk_level filters "
-                      "out (view, transpose, Tensor.to, ...; a list switches that filter off)")
+        out["why"] = ("the dump records APIs (level " + (level or "mix") + ") but not this op: either a low-risk API "
+                      "that risk_level filters out (view, transpose, Tensor.to, ...) — dumping the module with list "
+                      "records those — or not a torch API msprobe hooks (a custom op / fused kernel): register it")
         out["register_custom_api"] = (
             "PrecisionDebugger.register_custom_api(<module or class holding the op>, \"<op function name>\", "
             "api_prefix=\"Custom\")  # after PrecisionDebugger(...), before start()"
@@ -248,8 +248,9 @@ def _forward_gap(flow: StepFlow, j: int, node: str, is_bad: Callable[[int], bool
 def gap_hint(gap: dict[str, Any]) -> str:
     """One line for a finding's hints."""
     cap = gap["capture"]
-    how = (f"register it ({cap['register_custom_api'].split('  #')[0]}) and dump {', '.join(cap['list'])} "
-           "in tensor mode" if cap.get("register_custom_api") else
+    how = (f"dump level mix with list {cap['list']} in tensor mode (this also records low-risk APIs such as "
+           "Tensor.to / view) and, if the op is a custom op or kernel, register it: "
+           f"{cap['register_custom_api'].split('  #')[0]}" if cap.get("register_custom_api") else
            f"dump at level mix with list {cap['list']}")
     return (f"coverage gap in {gap.get('module') or 'the model'}: {gap['what']} first shows in "
             f"{gap['first_bad']['tensor']}, produced by an op msprobe did not capture — {gap['missing']}; "

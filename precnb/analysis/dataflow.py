@@ -74,26 +74,32 @@ class StepFlow:
 
     @cached_property
     def labels(self) -> list[str]:
+        """Tensor labels."""
         return [str(x) for x in self.ds["tensor"].values]
 
     @cached_property
     def index(self) -> dict[str, int]:
+        """Label → position."""
         return {t: j for j, t in enumerate(self.labels)}
 
     @cached_property
     def present(self) -> np.ndarray:
+        """Recorded here."""
         return np.asarray(self._e["present"].values, bool)
 
     @cached_property
     def seq(self) -> np.ndarray:
+        """Execution order."""
         return np.asarray(self._e["seq"].values, np.int64)
 
     @cached_property
     def stats(self) -> np.ndarray:
+        """(tensor, 4) max, min, mean, norm."""
         return np.stack([np.asarray(self._e[s].values, float) for s in ("max", "min", "mean", "norm")], axis=-1)
 
     @cached_property
     def numel(self) -> np.ndarray:
+        """Element counts (-1 unknown)."""
         if "numel" in self._e:
             return np.asarray(self._e["numel"].values, np.int64)
         return np.full(len(self.labels), -1, np.int64)
@@ -104,34 +110,42 @@ class StepFlow:
 
     @cached_property
     def nodes(self) -> np.ndarray:
+        """Node of each tensor."""
         return self.coord("node")
 
     @cached_property
     def roles(self) -> np.ndarray:
+        """Role of each tensor."""
         return self.coord("role")
 
     @cached_property
     def kinds(self) -> np.ndarray:
+        """Kind of each tensor."""
         return self.coord("kind")
 
     @cached_property
     def directions(self) -> np.ndarray:
+        """Direction of each tensor."""
         return self.coord("direction")
 
     @cached_property
     def shapes(self) -> np.ndarray:
+        """Shape text of each tensor."""
         return self.coord("shape")
 
     @cached_property
     def dtypes(self) -> np.ndarray:
+        """Dtype of each tensor."""
         return self.coord("dtype")
 
     @cached_property
     def construct(self) -> dict[str, Any]:
+        """construct.json (node → parent)."""
         return side_table(self.ds, "construct")
 
     @cached_property
     def stacks(self) -> dict[str, Any]:
+        """stack.json (node → frames)."""
         return side_table(self.ds, "stacks")
 
     @cached_property
@@ -198,9 +212,12 @@ class StepFlow:
         return [int(k) for k in cand if self._sig[k] == sig]
 
     def grad_of_input(self, k: int) -> int | None:
-        """The recorded gradient w.r.t. forward input *k* (a backward output of its node or of a
-        module that received the same tensor), matched by shape: msprobe lists only the
-        gradients that exist, so positions do not line up with the forward inputs."""
+        """The recorded gradient w.r.t. forward input *k*, matched by shape.
+
+        It is a backward output of its node, or of a module that received the same tensor:
+        msprobe lists only the gradients that exist, so positions do not line up with the
+        forward inputs.
+        """
         node = str(self.nodes[k])
         sig = self._sig[k]
         for owner in [node, *self.ancestors(node)]:

@@ -34,14 +34,16 @@ def origin_ratio_hint(base: xr.Dataset, targ: xr.Dataset, *, node: str, step: in
     """Norms of *node*'s tensors (every rank, at *step*) in one integer ratio target/baseline, e.g. the DP size."""
     if step not in base["step"].values or target_step not in targ["step"].values:
         return None
-    labels = [t for t in targ["tensor"].values if str(targ["node"].values[list(targ["tensor"].values).index(t)])
-              == node and t in base.indexes["tensor"]]
+    mine = np.asarray([str(n) for n in targ["node"].values]) == node
+    labels = [t for t in targ["tensor"].values[mine] if t in base.indexes["tensor"]]
     if not labels:
         return None
     ranks = [r for r in targ["rank"].values if r in base["rank"].values]
     nb = base["norm"].sel(step=step, rank=ranks, tensor=labels).values
     nt = targ["norm"].sel(step=target_step, rank=ranks, tensor=labels).values
-    ok = np.isfinite(nb) & np.isfinite(nt) & (np.abs(nb) > 0) & (np.abs(nt) > 0)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(nb) & np.isfinite(nt) & (np.abs(nb) > 0) & (np.abs(nt) > 0)
+        ok &= np.abs(nt - nb) > 1e-6 * np.abs(nb)  # the tensors that differ
     if not ok.any():
         return None
     ratio = nt[ok] / nb[ok]
@@ -104,7 +106,7 @@ def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Data
                     f.gap = _divergence_gap(f, baseline, target)
                     if f.gap is not None:
                         f.hints.insert(0, gap_hint(f.gap))
-                if not any("×" in h and "larger in" in h or "× those in" in h for h in f.hints):
+                if not any(("×" in h and "larger in" in h) or "× those in" in h for h in f.hints):
                     tensor, step, _rank = _value_difference(f)
                     node = str(target["node"].values[list(target["tensor"].values).index(tensor)]) \
                         if tensor in target.indexes["tensor"] else None

@@ -193,6 +193,16 @@ class Finding:
             for s in self.suspects[:5]:
                 lines.append(f"    step {s.get('step')} rank {s.get('rank')} {s.get('tensor') or s.get('node')}"
                              f"  ({s.get('why', '')})")
+        trend = self.evidence.get("trend") if isinstance(self.evidence, dict) else None
+        if trend:
+            ch = trend.get("first_reference_change")
+            lines.append("  trend  modules by lead time"
+                         + (f" before the loss / grad-norm change at step {ch}:" if ch is not None else
+                            " (no loss / grad-norm change recorded):"))
+            for m in trend.get("modules", [])[:6]:
+                lead = f", lead {m['lead_steps']} step(s)" if m.get("lead_steps") is not None else ""
+                lines.append(f"    {m.get('module') or m['node']}: {m['stat']} {m['direction']} from step "
+                             f"{m['onset_step']} (rank {m['rank']}{lead})")
         if self.dump_plan:
             p = self.dump_plan
             lines.append(f"  plan: {p['summary']} (`precnb plan` writes the msprobe config.json)")

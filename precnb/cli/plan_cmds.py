@@ -84,7 +84,7 @@ def write_config(config: dict[str, Any], path: str | os.PathLike[str], *, inputs
 
 
 def safe_text(text: str) -> str:
-    """*text* with control characters (terminal escapes) shown as ``\\xNN``."""
+    r"""*text* with control characters (terminal escapes) shown as ``\xNN``."""
     return "".join(c if c == "\n" or (c.isprintable() and c != "\x1b") else f"\\x{ord(c):02x}" for c in str(text))
 
 

@@ -97,9 +97,12 @@ def gen_custom_op_gap(ctx: Context, sample: Path) -> dict:
     attn_bwd = "Module.blocks.1.attn.KernelAttention.backward.0"
     _check(_finite(_leaf(d, attn_bwd, "input.0")) and not _finite(_leaf(d, attn_bwd, "output.0")),
            "attention module backward: clean grad in, NaN grad out expected")
-    o_fwd = next(n for n in d if _parent(sample, step, rank, n) == "Module.blocks.1.attn.o_proj.Linear.forward.0")
-    o_bwd = o_fwd.replace(".forward", ".backward")
-    _check(_finite(_leaf(d, o_bwd, "output.0")), f"{o_bwd} output not clean")
+    # the gradient entering the gap: o_proj's module backward output (w.r.t. its input, the custom op's output)
+    o_mod = "Module.blocks.1.attn.o_proj.Linear"
+    o_in = _leaf(d, f"{o_mod}.forward.0", "input_args.0")
+    o_bwd = f"{o_mod}.backward.0"
+    grad_in = _leaf(d, o_bwd, "output.0")
+    _check(grad_in["shape"] == o_in["shape"] and _finite(grad_in), f"{o_bwd} output.0 {grad_in}")
     names = list(d)
     _check(names.index(o_bwd) < names.index(first), "o_proj backward runs after the first NaN")
     return _header(
@@ -303,7 +306,8 @@ def gen_drift(ctx: Context, sample: Path) -> dict:
     return _header(
         ctx, "drift",
         f"1 rank, {run.steps} steps, msprobe dump (dump/) and TrainerMon (monitor_output/) in the same process; "
-        f"hidden dims {list(m.scale_dims)} (after the embedding, inline in the model's forward) are multiplied by {m.scale_growth}**(step-{m.scale_start}) from step "
+        f"hidden dims {list(m.scale_dims)} (after the embedding, inline in the model's forward) are multiplied "
+        f"by {m.scale_growth}**(step-{m.scale_start}) from step "
         f"{onset} (a timestep scaling that uses the global step), so blocks.0.attn_norm's input minimum falls "
         "every step while the normalised output hides it",
         m, task="statistics", level="mix", world_size=1, distributed_initialised=True,
