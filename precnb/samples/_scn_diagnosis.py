@@ -24,9 +24,10 @@ _STATISTICS = {"task": "statistics", "dump_path": None, "rank": [], "step": [], 
                "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"}}
 _OPS = ["min", "max", "norm", "zeros", "nans", "mean"]
 
-KERNEL_MODEL = DiagModel(attention="kernel", blocks=2)
+KERNEL_MODEL = DiagModel(attention="kernel", blocks=1)
+KB = f"blocks.{KERNEL_MODEL.blocks - 1}"  # the last block: its backward runs first
 MOE_MODEL = DiagModel(blocks=1, experts=2)
-DRIFT_MODEL = DiagModel(blocks=1, scale_dims=(3, 11), scale_growth=2.0, scale_start=2)
+DRIFT_MODEL = DiagModel(blocks=1, scale_dims=(3, 11), scale_growth=2.0, scale_start=1)
 
 
 def _dump_config(sample: Path, root: Path) -> Path:
@@ -74,11 +75,11 @@ def _kernel_fault_text(run: DiagRun) -> str:
     return ("blocks' attention core is a torch.autograd.Function (fused_attention) whose forward and backward "
             "call torch functions bound before msprobe wraps torch (a stand-in for a compiled kernel); at "
             f"step {run.kernel_fault[0]} on rank {run.kernel_fault[1]} its backward writes sqrt(-1) into one "
-            "element of dS, so the query and key gradients of block 1 hold NaN")
+            "element of dS, so the query and key gradients hold NaN")
 
 
 def gen_custom_op_gap(ctx: Context, sample: Path) -> dict:
-    """2-rank DP; block 1's unregistered custom attention op makes a NaN in backward at step 1, rank 1."""
+    """2-rank DP; the unregistered custom attention op makes a NaN in backward at step 1, rank 1."""
     run, losses = _kernel_run(ctx, sample, "custom_op_gap", registered=False)
     data = _load_all(sample)
     step, rank = run.kernel_fault
@@ -91,14 +92,14 @@ def gen_custom_op_gap(ctx: Context, sample: Path) -> dict:
     _check(bool(bad), f"NaN leaves {D.nan_leaf_paths(d[first])}: the incoming gradient is clean")
     fwd = first.replace(".backward", ".forward")
     fwd_parent = _parent(sample, step, rank, fwd)
-    _check(fwd_parent is not None and fwd_parent.startswith("Module.blocks.1.attn."), f"parent {fwd_parent}")
+    _check(fwd_parent is not None and fwd_parent.startswith(f"Module.{KB}.attn."), f"parent {fwd_parent}")
     attn_fwd = _parent(sample, step, rank, fwd_parent)
-    _check(attn_fwd == "Module.blocks.1.attn.KernelAttention.forward.0", f"attention module {attn_fwd}")
-    attn_bwd = "Module.blocks.1.attn.KernelAttention.backward.0"
+    _check(attn_fwd == f"Module.{KB}.attn.KernelAttention.forward.0", f"attention module {attn_fwd}")
+    attn_bwd = f"Module.{KB}.attn.KernelAttention.backward.0"
     _check(_finite(_leaf(d, attn_bwd, "input.0")) and not _finite(_leaf(d, attn_bwd, "output.0")),
            "attention module backward: clean grad in, NaN grad out expected")
     # the gradient entering the gap: o_proj's module backward output (w.r.t. its input, the custom op's output)
-    o_mod = "Module.blocks.1.attn.o_proj.Linear"
+    o_mod = f"Module.{KB}.attn.o_proj.Linear"
     o_in = _leaf(d, f"{o_mod}.forward.0", "input_args.0")
     o_bwd = f"{o_mod}.backward.0"
     grad_in = _leaf(d, o_bwd, "output.0")
@@ -108,13 +109,13 @@ def gen_custom_op_gap(ctx: Context, sample: Path) -> dict:
     return _header(
         ctx, "custom_op_gap",
         "2-rank data parallel; attention is an unregistered custom autograd op (invisible to msprobe) whose "
-        "backward makes a NaN in block 1 on rank 1 at step 1: the NaN first shows in a captured gradient "
+        f"backward makes a NaN in {KB} on rank 1 at step 1: the NaN first shows in a captured gradient "
         "whose producer is not in the dump",
         KERNEL_MODEL, task="statistics", level="mix", world_size=2, distributed_initialised=True, steps=[0, 1],
         dump_files=_layout(sample, sample),
         faults=[{"kind": "nan", "role": "origin", "step": step, "rank": rank, "node": first,
                  "tensor": f"{first}.{bad[0]}", "module": fwd_parent.split(".", 1)[1].rsplit(".", 3)[0],
-                 "gap_module": "blocks.1.attn", "gradient_of": f"{fwd}.output.{bad[0].split('.')[1]}",
+                 "gap_module": f"{KB}.attn", "gradient_of": f"{fwd}.output.{bad[0].split('.')[1]}",
                  "last_clean": f"{o_bwd}.output.0", "module_backward": attn_bwd,
                  "missing": "fused_attention (forward and backward) between the q/k/v projections and o_proj",
                  "how": _kernel_fault_text(run)}],
@@ -123,7 +124,7 @@ def gen_custom_op_gap(ctx: Context, sample: Path) -> dict:
                 "recorded_nodes_step1_rank1": len(d)},
         losses={str(r): v["losses"] for r, v in losses.items()},
         digest=[f"- origin (first NaN): step {step}, rank {rank}, `{first}` {bad} (the gradient of "
-                f"`{fwd}` output), inside `blocks.1.attn` whose custom op is not recorded",
+                f"`{fwd}` output), inside `{KB}.attn` whose custom op is not recorded",
                 f"- last clean gradient before the gap: `{o_bwd}` output.0; `{attn_bwd}`: clean input, NaN output"],
     )
 
@@ -141,7 +142,7 @@ def gen_custom_op_registered(ctx: Context, sample: Path) -> dict:
     ins, outs = D.nan_sides(d[first])
     _check(not ins and outs, f"{first}: NaN inputs {ins}, outputs {outs}")
     parent = _parent(sample, step, rank, first)
-    _check(parent == "Module.blocks.1.attn.KernelAttention.backward.0", f"parent {parent}")
+    _check(parent == f"Module.{KB}.attn.KernelAttention.backward.0", f"parent {parent}")
     return _header(
         ctx, "custom_op_registered",
         "the custom_op_gap run with the op registered (PrecisionDebugger.register_custom_api(kernels, "
@@ -149,7 +150,7 @@ def gen_custom_op_registered(ctx: Context, sample: Path) -> dict:
         KERNEL_MODEL, task="statistics", level="mix", world_size=2, distributed_initialised=True, steps=[0, 1],
         dump_files=_layout(sample, sample),
         faults=[{"kind": "nan", "role": "origin", "step": step, "rank": rank, "node": first,
-                 "nan_leaves": D.nan_leaf_paths(d[first]), "module": "blocks.1.attn",
+                 "nan_leaves": D.nan_leaf_paths(d[first]), "module": f"{KB}.attn",
                  "forward_node": first.replace(".backward", ".forward"), "how": _kernel_fault_text(run)}],
         checks={"first_nan_node_by_step_rank": {f"step{s}/rank{r}": D.first_nan_node(x)
                                                 for (s, r), x in sorted(data.items())}},
@@ -284,10 +285,10 @@ def _hook_called(stack: dict) -> list[str]:
 def gen_drift(ctx: Context, sample: Path) -> dict:
     """1 rank, 7 steps, dump and TrainerMon in one process; an RMSNorm input minimum falls from step 3."""
     cfg = _dump_config(sample, sample / "dump")
-    mon = _monitor_config(sample, ["blocks.0.attn_norm", "norm_out"], wg=True)
+    mon = _monitor_config(sample, ["blocks.0.attn_norm"], wg=True)
     out_dir = sample / "monitor_output"
     m = DRIFT_MODEL
-    run = DiagRun(tag="drift", log_dir=str(ctx.log_dir), world_size=1, steps=7, model=m, dump_config=str(cfg),
+    run = DiagRun(tag="drift", log_dir=str(ctx.log_dir), world_size=1, steps=5, model=m, dump_config=str(cfg),
                   monitor_config=str(mon), monitor_dir=str(out_dir))
     losses = launch(run)
     root = sample / "dump"
@@ -311,7 +312,7 @@ def gen_drift(ctx: Context, sample: Path) -> dict:
         f"{onset} (a timestep scaling that uses the global step), so blocks.0.attn_norm's input minimum falls "
         "every step while the normalised output hides it",
         m, task="statistics", level="mix", world_size=1, distributed_initialised=True,
-        steps=list(range(run.steps)), dump_root="dump", monitor_output="monitor_output",
+        steps=list(range(run.steps)), dump_roots={"dump": "dump"}, monitor_output="monitor_output",
         dump_files=_layout(root, sample),
         faults=[{"kind": "drift", "role": "origin", "step": onset, "rank": 0, "node": node,
                  "tensor": f"{node}.input.0", "module": "blocks.0.attn_norm", "stat": "min",
