@@ -348,3 +348,20 @@ if __name__ == "__main__":
     leaves = data[target].get("output") or []
     assert any(isinstance(x, dict) and x.get("data_name") in saved for x in leaves)
     assert not [k for k in (dump).iterdir() if k.name != f"step{step}"]  # only the planned step
+
+
+def test_modules_ranked_by_lead_time_before_a_grad_norm_change():
+    """The drift's monitor run with its step-4 gradients x10 (a later grad-norm jump): lead = 4 - onset."""
+    from precnb.analysis.trends import drift_table, reference_series, trend_summary
+
+    truth = gt("drift")["faults"][0]
+    ds = open_quiet(sample_path("drift", "monitor_output")).load()
+    grads = (ds["api"] == "grad_reduced").values
+    assert reference_series(ds)["grad_norm"].shape == (ds.sizes["step"], ds.sizes["rank"])
+    si = list(ds["step"].values).index(4)
+    ds["norm"].values[si, :, grads] *= 10.0
+    s = trend_summary(ds, drift_table(ds))
+    assert s["first_reference_change"] == 4 and s["reference_change"]["grad_norm"] == 4
+    first = s["modules"][0]
+    assert (first["module"], first["onset_step"], first["lead_steps"]) == (truth["module"], truth["step"],
+                                                                         4 - truth["step"])
