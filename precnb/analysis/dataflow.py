@@ -178,38 +178,66 @@ class StepFlow:
         """Mask of recorded forward API tensors of *role*."""
         return (self.present & (self.kinds == "api") & (self.directions == "forward") & (self.roles == role))
 
+    def _by_sig(self, role: str) -> dict[bytes, tuple[np.ndarray, np.ndarray]]:
+        """Forward API tensors of *role* grouped by signature: (seqs sorted, positions)."""
+        groups: dict[bytes, list[tuple[int, int]]] = {}
+        for k in np.flatnonzero(self.forward_api(role)):
+            sig = self._sig[int(k)]
+            if sig is not None:
+                groups.setdefault(sig, []).append((int(self.seq[k]), int(k)))
+        out = {}
+        for sig, items in groups.items():
+            items.sort()
+            out[sig] = (np.asarray([a for a, _ in items]), np.asarray([b for _, b in items]))
+        return out
+
+    @cached_property
+    def _outputs_by_sig(self) -> dict[bytes, tuple[np.ndarray, np.ndarray]]:
+        return self._by_sig("output")
+
+    @cached_property
+    def _inputs_by_sig(self) -> dict[bytes, tuple[np.ndarray, np.ndarray]]:
+        return self._by_sig("input")
+
     def producer(self, j: int) -> int | None:
         """The latest earlier forward API output with the signature of tensor *j* (None: not captured)."""
         sig = self._sig[j]
-        if sig is None:
+        if sig is None or sig not in self._outputs_by_sig:
             return None
-        cand = np.flatnonzero(self.forward_api("output") & (self.seq < self.seq[j]))
-        best = None
-        for k in cand:
-            if self._sig[k] == sig and (best is None or self.seq[k] > self.seq[best]):
-                best = int(k)
-        return best
+        seqs, pos = self._outputs_by_sig[sig]
+        i = int(np.searchsorted(seqs, self.seq[j], side="left"))
+        return int(pos[i - 1]) if i > 0 else None
 
     @cached_property
     def _param_sigs(self) -> set[bytes]:
         par = np.flatnonzero(self.present & (self.roles == "parameter"))
         return {sig for k in par if (sig := self._sig[int(k)]) is not None}
 
+    @cached_property
+    def _first_read(self) -> dict[bytes, int]:
+        """Signature → smallest seq at which any input (API or module) carries it."""
+        out: dict[bytes, int] = {}
+        for k in np.flatnonzero(self.present & (self.roles == "input")):
+            sig = self._sig[int(k)]
+            if sig is not None:
+                out[sig] = min(out.get(sig, 1 << 62), int(self.seq[k]))
+        return out
+
     def is_new_input(self, j: int) -> bool:
         """Input *j* came from outside the captured ops: no producer, not a parameter, not read before."""
         sig = self._sig[j]
         if sig is None or sig in self._param_sigs or self.producer(j) is not None:
             return False
-        earlier = np.flatnonzero(self.present & (self.roles == "input") & (self.seq < self.seq[j]))
-        return not any(self._sig[int(k)] == sig for k in earlier)
+        return self._first_read.get(sig, 1 << 62) >= int(self.seq[j])
 
     def consumers(self, j: int) -> list[int]:
         """Later forward API inputs with the signature of tensor *j*."""
         sig = self._sig[j]
-        if sig is None:
+        if sig is None or sig not in self._inputs_by_sig:
             return []
-        cand = np.flatnonzero(self.forward_api("input") & (self.seq > self.seq[j]))
-        return [int(k) for k in cand if self._sig[k] == sig]
+        seqs, pos = self._inputs_by_sig[sig]
+        i = int(np.searchsorted(seqs, self.seq[j], side="right"))
+        return [int(k) for k in pos[i:]]
 
     def grad_of_input(self, k: int) -> int | None:
         """The recorded gradient w.r.t. forward input *k*, matched by shape.
