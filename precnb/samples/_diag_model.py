@@ -165,22 +165,26 @@ class MoE(nn.Module):
 
 
 class DiagBlock(nn.Module):
-    """Pre-norm block; attention ``standard`` (nn ops) or ``kernel`` (custom op); MLP or MoE."""
+    """Pre-norm block; attention ``standard`` (nn ops), ``kernel`` (custom op) or ``none``; MLP or MoE."""
 
     def __init__(self, hidden: int, heads: int, ffn: int, *, attention: str, experts: int = 0) -> None:
         super().__init__()
         from ._model import Attention, Faults, ModelConfig
 
         self.attn_norm = RMSNorm(hidden)
-        if attention == "kernel":
-            self.attn: nn.Module = KernelAttention(hidden, heads)
+        self.attn: nn.Module | None
+        if attention == "none":
+            self.attn = None
+        elif attention == "kernel":
+            self.attn = KernelAttention(hidden, heads)
         else:
             self.attn = Attention(ModelConfig(hidden=hidden, heads=heads, ffn=ffn), 0, Faults(), None)
         self.mlp_norm = RMSNorm(hidden)
         self.mlp: nn.Module = MoE(hidden, ffn, experts) if experts else Expert(hidden, ffn)
 
     def forward(self, x):
-        x = x + self.attn(self.attn_norm(x))
+        if self.attn is not None:
+            x = x + self.attn(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -209,6 +213,8 @@ class DiagModel:
                  f"{self.blocks} pre-norm block(s) (RMSNorm), seq {self.seq}, batch {self.batch} per rank"]
         if self.attention == "kernel":
             parts.append("attention core = a torch.autograd.Function custom op (fused_attention)")
+        if self.attention == "none":
+            parts.append("no attention (embedding -> MoE block)")
         if self.experts:
             parts.append(f"MLP = top-1 MoE with {self.experts} experts")
         if self.scale_dims:

@@ -26,7 +26,7 @@ _OPS = ["min", "max", "norm", "zeros", "nans", "mean"]
 
 KERNEL_MODEL = DiagModel(attention="kernel", blocks=1)
 KB = f"blocks.{KERNEL_MODEL.blocks - 1}"  # the last block: its backward runs first
-MOE_MODEL = DiagModel(blocks=1, experts=2)
+MOE_MODEL = DiagModel(blocks=1, experts=2, attention="none")
 DRIFT_MODEL = DiagModel(blocks=1, scale_dims=(3, 11), scale_growth=2.0, scale_start=1)
 
 
@@ -225,7 +225,7 @@ def _num(x: str) -> float:
 
 def gen_moe_monitor(ctx: Context, sample: Path) -> dict:
     """The MoE run under TrainerMon: the empty expert's NaN in the monitor CSVs (rank 1, step 2)."""
-    targets = ["blocks.0.attn", "blocks.0.mlp", "blocks.0.mlp.router", "blocks.0.mlp.balance",
+    targets = ["blocks.0.mlp_norm", "blocks.0.mlp", "blocks.0.mlp.router", "blocks.0.mlp.balance",
                "blocks.0.mlp.experts.0", "blocks.0.mlp.experts.1", "lm_head"]
     cfg = _monitor_config(sample, targets, wg=True)
     out_dir = sample / "monitor_output"
