@@ -366,3 +366,21 @@ def test_modules_ranked_by_lead_time_before_a_grad_norm_change():
     first = s["modules"][0]
     assert (first["module"], first["onset_step"], first["lead_steps"]) == (truth["module"], truth["step"],
                                                                          4 - truth["step"])
+
+
+def test_gap_module_from_the_module_backward_records():
+    """Without a forward re-entry point the module is the innermost one whose backward turns clean into NaN."""
+    from precnb.analysis.coverage import _module_making_it
+    from precnb.analysis.dataflow import StepFlow, to_forward
+
+    truth = gt("custom_op_gap")["faults"][0]
+    flow = StepFlow(open_quiet(sample_path("custom_op_gap")), truth["step"], truth["rank"])
+    m = _module_making_it(flow, to_forward(truth["node"]), lambda k: not flow.finite(k))
+    assert m == f"Module.{truth['gap_module']}.KernelAttention.forward.0"
+
+
+def test_plan_for_a_structural_first_divergence_dumps_the_first_value_difference():
+    f = triage(sample_path("dp_sum", "target"), sample_path("dp_sum", "baseline")).finding
+    cfg = f.plan()
+    assert cfg["tensor"]["list"] == [f.evidence["first_value_difference"]["node"].rsplit(".", 1)[0] + "."]
+    assert f.dump_plan["selects"]["node_count"] >= 1

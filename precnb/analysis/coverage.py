@@ -169,6 +169,16 @@ def _region_end(flow: StepFlow, start_seq: int, anchor: str) -> tuple[int | None
     return None, None
 
 
+def _module_making_it(flow: StepFlow, node: str, is_bad: Callable[[int], bool]) -> str | None:
+    """The innermost module enclosing *node* whose backward record has a clean incoming gradient and a bad one out."""
+    for m in flow.ancestors(node):
+        bwd = to_backward(m)
+        ins, outs = flow.tensors_of(bwd, "input"), flow.tensors_of(bwd, "output")
+        if ins and outs and not any(is_bad(i) for i in ins) and any(is_bad(o) for o in outs):
+            return m
+    return None
+
+
 def _backward_gap(flow: StepFlow, j: int, node: str, is_bad: Callable[[int], bool]) -> dict[str, Any] | None:
     fwd = to_forward(node)
     slot = flow.labels[j].rsplit(".", 1)[-1]
@@ -183,6 +193,8 @@ def _backward_gap(flow: StepFlow, j: int, node: str, is_bad: Callable[[int], boo
         if g is not None and is_bad(g):
             return None
     end, module_node = _region_end(flow, int(flow.seq[k]), fwd)
+    if module_node is None:  # no re-entry found: the innermost module whose backward turns clean into bad
+        module_node = _module_making_it(flow, fwd, is_bad)
     inputs = _orphan_outputs_before(flow, int(flow.seq[end]) if end is not None else int(flow.seq.max()) + 1,
                                     module_node) if module_node else [k]
     if k not in inputs:

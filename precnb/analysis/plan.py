@@ -170,6 +170,12 @@ def plan_dump(
     if not entries:
         return None
     mask = _selected(ds, entries, modules)
+    fvd = finding.evidence.get("first_value_difference") if isinstance(finding.evidence, dict) else None
+    if not mask.any() and fvd and fvd.get("node"):  # a node of the other run only: confirm where values differ
+        notes.insert(0, f"{finding.node} is not recorded in this run; the plan dumps the first value difference "
+                        f"({fvd['node']}) instead")
+        entries = [node_selector(str(fvd["node"]))]
+        mask = _selected(ds, entries, modules)
     est = _estimate(ds, mask, steps, ranks)
     if gap:  # the missing op's own tensors, once registered: its forward operands and their gradients
         est += 2 * sum(int(np.prod(_shape(t["shape"]))) * dtype_size(t["dtype"])
