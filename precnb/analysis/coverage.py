@@ -258,12 +258,13 @@ def _forward_gap(flow: StepFlow, j: int, node: str, is_bad: Callable[[int], bool
 
 
 def gap_hint(gap: dict[str, Any]) -> str:
-    """One line for a finding's hints."""
+    """One line for a finding's hints (the gap itself carries the detail)."""
     cap = gap["capture"]
-    how = (f"dump level mix with list {cap['list']} in tensor mode (this also records low-risk APIs such as "
-           "Tensor.to / view) and, if the op is a custom op or kernel, register it: "
-           f"{cap['register_custom_api'].split('  #')[0]}" if cap.get("register_custom_api") else
-           f"dump at level mix with list {cap['list']}")
+    how = f"dump level mix with list {cap['list']} in tensor mode"
+    if cap.get("register_custom_api"):
+        how += (" (it also records low-risk APIs such as Tensor.to / view) and, if the op is a custom op or "
+                "kernel, register it with PrecisionDebugger.register_custom_api")
+    where = f" (gradient of {gap['gradient_of']})" if gap.get("gradient_of") else ""
     return (f"coverage gap in {gap.get('module') or 'the model'}: {gap['what']} first shows in "
-            f"{gap['first_bad']['tensor']}, produced by an op msprobe did not capture — {gap['missing']}; "
-            f"to capture it, {how} (see `precnb plan`)")
+            f"{gap['first_bad']['tensor']}{where}, produced by an op msprobe did not capture; to capture it, "
+            f"{how} (see `precnb plan`)")

@@ -259,7 +259,8 @@ def _trend_view(trend: Any) -> dict[str, Any] | None:
     if not isinstance(trend, dict) or not trend.get("modules"):
         return None
     rows = [[fmt(m.get("module") or m.get("node")), fmt(m.get("stat")), fmt(m.get("direction")),
-             fmt(m.get("onset_step")), fmt(m.get("rank")), fmt(m.get("lead_steps"))]
+             fmt(m.get("onset_step")), fmt(m.get("rank")),
+             fmt(m.get("lead_steps")) if m.get("lead_steps") is not None else Cell("—")]
             for m in trend["modules"][:20]]
     return {"change": trend.get("first_reference_change"), "rows": rows}
 
