@@ -248,8 +248,8 @@ def anomalies(
     stats = {"anomalies": len(df), "by_type": {str(k): int(v) for k, v in counts.items()},
              "steps": [int(s) for s in ds["step"].values], "ranks": [int(r) for r in ds["rank"].values]}
     if not len(df):
-        return Finding(kind="none", reason="no NaN/Inf transition, no spike and no drift against the tensors' own history",
-                       stats=stats)
+        return Finding(kind="none", stats=stats,
+                       reason="no NaN/Inf transition, no spike and no drift against the tensors' own history")
     rows = df.head(limit + 1).to_dict("records")
     first = rows[0]
     values: dict[str, Any] = {"entry": entry_values(ds, step=first["step"], rank=first["rank"],
