@@ -384,3 +384,41 @@ def test_plan_for_a_structural_first_divergence_dumps_the_first_value_difference
     cfg = f.plan()
     assert cfg["tensor"]["list"] == [f.evidence["first_value_difference"]["node"].rsplit(".", 1)[0] + "."]
     assert f.dump_plan["selects"]["node_count"] >= 1
+
+
+def test_monitor_scalar_means_that_change_sign_are_noise():
+    """The dump's TrainerMon ``Torch.mean`` outputs (0-d, near zero): sign-changing ones are never judged."""
+    from precnb.analysis.trends import bookkeeping_nodes, noise_mask
+
+    ds = open_quiet(sample_path("drift", "dump")).load()
+    book = bookkeeping_nodes(ds)
+    rec = ds["present"].values
+    stats = {s: np.where(rec, ds[s].values, np.nan) for s in ("max", "min", "mean", "norm")}
+    mask = noise_mask("norm", stats, ds["numel"].values)
+    labels = list(ds["tensor"].values)
+    scalars = [j for j, t in enumerate(labels) if str(ds["node"].values[j]).startswith("Torch.mean.")
+               and str(ds["node"].values[j]) in book and t.endswith(".output.0")]
+    assert scalars
+    mean = stats["mean"][:, 0, :]
+    flipping = [j for j in scalars if np.nanmax(mean[:, j]) > 0 > np.nanmin(mean[:, j])]
+    assert flipping and all(mask[0, j] for j in flipping)
+
+
+@pytest.mark.needs_generator
+@pytest.mark.slow
+def test_regenerate_moe_empty_expert_gives_the_committed_dumps(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("msprobe")
+    out = subprocess.run([sys.executable, "-m", "precnb.samples", "--out", str(tmp_path), "--only", "moe_empty_expert",
+                          "--no-readme"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    new = json.loads((tmp_path / "moe_empty_expert" / "ground_truth.json").read_text())
+    old = gt("moe_empty_expert")
+    assert [(f["step"], f["rank"], f["node"]) for f in new["faults"]] == [(f["step"], f["rank"], f["node"])
+                                                                          for f in old["faults"]]
+    for step in (0, 1):
+        for rank in (0, 1):
+            rel = f"step{step}/rank{rank}/dump.json"
+            a = json.loads((tmp_path / "moe_empty_expert" / rel).read_text())["data"]
+            b = json.loads(sample_path("moe_empty_expert", rel).read_text())["data"]
+            assert list(a) == list(b)

@@ -46,24 +46,10 @@ def origin_ratio_hint(base: xr.Dataset, targ: xr.Dataset, *, node: str, step: in
         ok &= np.abs(nt - nb) > 1e-6 * np.abs(nb)  # the tensors that differ
     if not ok.any():
         return None
-    ratio = nt[ok] / nb[ok]
-    world = int(targ.sizes["rank"])
-    for inverse in (False, True):
-        r = 1 / ratio if inverse else ratio
-        k = round(float(np.median(r)))
-        if k < 2:
-            continue
-        near = np.abs(r - k) <= 0.01 * k
-        if near.mean() < 0.5:
-            continue
-        big, small = (names[0], names[1]) if inverse else (names[1], names[0])
-        msg = (f"at the first value difference ({node}, step {step}) {int(near.sum())} of {int(ok.sum())} "
-               f"tensor norms are {k}× larger in {big} than in {small} (median ratio {float(np.median(r)):.4g})")
-        if k == world:
-            msg += (f"; {k} is the data-parallel world size: gradients summed, not averaged (missing division "
-                    "by world size after the all-reduce)")
-        return msg
-    return None
+    from precnb.analysis.hints import integer_ratio_hint
+
+    msg = integer_ratio_hint(nb[ok], nt[ok], int(targ.sizes["rank"]), names, what="differing tensor norms are")
+    return f"at the first value difference ({node}, step {step}) {msg}" if msg else None
 
 
 def _divergence_gap(f: Any, base: xr.Dataset, targ: xr.Dataset) -> dict[str, Any] | None:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F  # noqa: N812
 
 from . import _diag_model as M  # noqa: N812
-from ._train import _redirect_output, free_port
+from . import _train
 
 
 @dataclass
@@ -35,6 +31,7 @@ class DiagRun:
     pad_batch: tuple[int, int] | None = None  # (step, rank) whose batch is one repeated token
     aux_weight: float = 0.01
     port: int = 0
+    init_dist: bool = True
     extra: dict = field(default_factory=dict)
 
 
@@ -49,14 +46,9 @@ def batch(cfg: M.DiagModel, step: int, rank: int, pad: bool) -> tuple[torch.Tens
 
 def worker(rank: int, run: DiagRun) -> None:
     """Train one rank under msprobe and write its losses and result."""
-    log_dir = Path(run.log_dir)
-    _redirect_output(log_dir / f"{run.tag}_rank{rank}.log")
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
     if run.monitor_dir is not None:
         os.environ["MONITOR_OUTPUT_DIR"] = run.monitor_dir
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{run.port}", rank=rank,
-                            world_size=run.world_size)
+    _train.start_worker(rank, run)
     cfg = run.model
     model = M.DiagGPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, fused=True)
@@ -96,28 +88,9 @@ def worker(rank: int, run: DiagRun) -> None:
             debugger.stop()
             debugger.step()
         losses.append(float(loss.detach()))
-    out = {"losses": losses}
-    with open(log_dir / f"{run.tag}_result_rank{rank}.json", "w", encoding="utf-8") as fh:
-        json.dump(out, fh)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _train.finish_worker(rank, run, losses)
 
 
 def launch(run: DiagRun) -> dict[int, dict]:
-    """Spawn the ranks, wait, and return each rank's result (losses)."""
-    run.port = free_port()
-    Path(run.log_dir).mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    try:
-        mp.spawn(worker, args=(run,), nprocs=run.world_size, join=True)
-    except Exception as exc:
-        tails = []
-        for r in range(run.world_size):
-            log = Path(run.log_dir) / f"{run.tag}_rank{r}.log"
-            if log.exists():
-                tails.append(f"--- {log} (tail) ---\n" + "\n".join(log.read_text().splitlines()[-40:]))
-        raise RuntimeError(f"sample run {run.tag!r} failed: {exc}\n" + "\n".join(tails)) from exc
-    return {r: json.loads((Path(run.log_dir) / f"{run.tag}_result_rank{r}.json").read_text())
-            for r in range(run.world_size)}
+    """Spawn the ranks, wait, and return each rank's result (``{"losses": [...]}``)."""
+    return {r: {"losses": v} for r, v in _train.launch(run, worker).items()}
