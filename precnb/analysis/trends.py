@@ -46,7 +46,8 @@ from precnb.schema import side_table
 __all__ = ["TrendRule", "bookkeeping_nodes", "drift_onset", "drift_table", "noise_dominated", "noise_mask",
            "reference_series", "trend_summary"]
 
-_HOOK_FRAMES = ("hook_result = hook(", "args_kwargs_result = hook(", "result = hook(", "/msprobe/pytorch/monitor",
+_HOOK_FRAMES = ("hook_result = hook(", "args_kwargs_result = hook(", "result = hook(", "_engine_run_backward",
+                "/msprobe/pytorch/monitor",
                 "/msprobe/mindspore/monitor", "/msprobe/core/monitor")
 OPTIMIZER_FAMILIES = ("exp_avg", "exp_avg_sq", "param_origin", "param_updated")
 """Monitor families that hold optimizer state or parameters (they evolve by design)."""
@@ -150,17 +151,24 @@ def noise_mask(stat: str, stats: dict[str, np.ndarray], numel: np.ndarray, rule:
 
 
 def bookkeeping_nodes(ds: xr.Dataset) -> set[str]:
-    """Nodes recorded from inside hooks (a monitor's statistics ops), from their stack frames.
+    """Forward API records a monitor made (its statistics ops), recognised from their stack frames.
 
-    Frames are innermost first; an op whose frames before the first user frame show a module hook
-    call (``hook_result = hook(...)`` in torch) or msprobe's monitor was not called by the model.
+    Frames are innermost first and msprobe leaves its own frames out, so a statistic TrainerMon
+    computes shows only torch frames before the model's code: a module hook call
+    (``hook_result = hook(...)``), a ``torch.no_grad``-decorated function whose own frame is
+    missing (``_contextlib.py`` innermost), or the autograd engine running a gradient hook. A model
+    op (also one run inside a custom ``backward``) shows the model's own frame first.
     """
     from precnb.naming import parse_node
 
     out: set[str] = set()
     for node, frames in side_table(ds, "stacks").items():
-        if not isinstance(frames, list) or parse_node(str(node)).kind != "api":
+        p = parse_node(str(node))
+        if not isinstance(frames, list) or not frames or p.kind != "api" or p.direction != "forward":
             continue  # module records are written from msprobe's own module hooks
+        if "/torch/utils/_contextlib.py" in str(frames[0]):
+            out.add(str(node))
+            continue
         for fr in frames:
             text = str(fr)
             if any(h in text for h in _HOOK_FRAMES):

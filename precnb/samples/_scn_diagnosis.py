@@ -267,7 +267,11 @@ def gen_moe_monitor(ctx: Context, sample: Path) -> dict:
 
 # -------------------------------------------------------------------------------------- drift
 def _hook_called(stack: dict) -> list[str]:
-    """API nodes whose innermost frames are a torch module hook call (TrainerMon's statistics)."""
+    """API nodes TrainerMon's hooks called (its statistics ops recorded by the dump).
+
+    A torch module hook call among the innermost frames, or a ``no_grad``-decorated function whose
+    own (msprobe) frame is left out (gradient hooks).
+    """
     pairs: list[tuple[list[str], list[str]]] = []
     for key, value in stack.items():
         if isinstance(value, list) and len(value) == 2 and isinstance(value[0], list):
@@ -277,7 +281,7 @@ def _hook_called(stack: dict) -> list[str]:
     out = set()
     for nodes, frames in pairs:
         head = [str(f) for f in frames[:3]]
-        if any("hook_result = hook(" in f for f in head):
+        if any("hook_result = hook(" in f for f in head) or (head and "torch/utils/_contextlib.py" in head[0]):
             out.update(n for n in nodes if not n.startswith(("Module.", "Cell.")))
     return sorted(out)
 
