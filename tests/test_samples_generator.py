@@ -39,6 +39,11 @@ NAMES = (
     "preflight/same_batch",
     "preflight/lr10",
     "preflight/packs",
+    "custom_op_gap",
+    "custom_op_registered",
+    "moe_empty_expert",
+    "moe_monitor",
+    "drift",
 )
 STATS = ("Max", "Min", "Mean", "Norm")
 
@@ -163,7 +168,8 @@ def test_readme_and_total_size():
             assert size < limit, f"{root} is {size / 1e6:.2f} MB"
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("monitor", "kernel_resume", "preflight/packs")])
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("monitor", "moe_monitor", "kernel_resume",
+                                                                 "preflight/packs")])
 def test_dumps_parse_and_have_msprobe_layout(name):
     g = gt(name)
     roots = [DATA / name / r for r in g.get("dump_roots", {"": "."}).values()]

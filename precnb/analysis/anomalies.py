@@ -7,7 +7,14 @@ For every (rank, tensor) series over steps:
   recorded step — e.g. a monitor row for a gradient that never exists — are not anomalies);
 * **spike** — ``|x - median(history)| > z * max(1.4826 * MAD(history), rel_floor * |median|)``
   and ``|x| / |median| > ratio`` (or its inverse for drops), with at least ``min_history``
-  earlier finite values of the same series.
+  earlier finite values of the same series;
+* **drift** — a statistic that leaves its own history gradually, reported at its *onset* (see
+  :mod:`precnb.analysis.trends`), with modules ranked by lead time before a loss or grad-norm
+  change.
+
+Not judged (spikes and drifts): near-zero scalars that change sign, the mean of a centred
+tensor (noise-dominated; min/max/norm are not), and bookkeeping ops — the statistics a monitor
+computes inside module hooks when it runs in the same process as the dump.
 
 Anomalies are ranked in training order: step, then execution order ``seq`` (which encodes the
 micro step)
@@ -145,8 +152,13 @@ def _lazy_table(ds: xr.Dataset, rule: SpikeRule) -> pd.DataFrame:
 
 
 def _table(ds: xr.Dataset, rule: SpikeRule, *, persistent: np.ndarray | None = None) -> pd.DataFrame:
+    from precnb.analysis.trends import bookkeeping_nodes, drift_table, noise_mask
+
     events, _benign = event_mask(ds, persistent=persistent)
-    ev = events.values
+    book = bookkeeping_nodes(ds)
+    keep = ~np.isin(np.asarray([str(n) for n in ds["node"].values]), list(book)) if book else \
+        np.ones(ds.sizes["tensor"], bool)
+    ev = events.values & keep
     prior = np.zeros_like(ev)
     prior[1:] = np.cumsum(ev, axis=0)[:-1] > 0
     first_nf = ev & ~prior
@@ -172,11 +184,15 @@ def _table(ds: xr.Dataset, rule: SpikeRule, *, persistent: np.ndarray | None = N
                          "stat": "any", "value": float(first_bad[k]), "reference": np.nan,
                          "score": np.inf, "micro_step": int(micro[tj]), "seq": int(seqs[k])})
     nonfinite_any = np.cumsum(ev, axis=0) > 0
+    rec = np.asarray(present)
+    series = {s: np.where(rec, ds[s].values, np.nan) for s in ("max", "min", "mean", "norm") if s in ds}
+    numel = ds["numel"].values if "numel" in ds else np.full(rec.shape, -1)
     for stat in rule.stats:
         if stat not in ds:
             continue
         vals = ds[stat].values
-        mask, ref, score = _spikes(vals, present & ~nonfinite_any, rule)
+        judged = keep[None, :] & ~noise_mask(stat, series, numel) if stat in series else keep[None, :]
+        mask, ref, score = _spikes(vals, present & ~nonfinite_any & judged[None], rule)
         for si, ri, tj in np.argwhere(mask):
             rows.append({"type": "spike", "step": int(step_vals[si]), "rank": int(rank_vals[ri]),
                          "tensor": str(labels[tj]), "node": str(nodes[tj]), "module": str(modules[tj]),
@@ -185,6 +201,9 @@ def _table(ds: xr.Dataset, rule: SpikeRule, *, persistent: np.ndarray | None = N
                          "micro_step": int(micro[tj]), "seq": int(seq[si, ri, tj])})
     cols = ["type", "step", "rank", "tensor", "node", "module", "stat", "value", "reference", "score",
             "micro_step", "seq"]
+    drifts = drift_table(ds, skip=book)
+    if len(drifts):
+        rows += drifts[cols].to_dict("records")
     df = pd.DataFrame(rows, columns=cols)
     if len(df):
         df = df.sort_values(["step", "seq", "rank", "type"], kind="stable").reset_index(drop=True)
@@ -229,20 +248,53 @@ def anomalies(
     stats = {"anomalies": len(df), "by_type": {str(k): int(v) for k, v in counts.items()},
              "steps": [int(s) for s in ds["step"].values], "ranks": [int(r) for r in ds["rank"].values]}
     if not len(df):
-        return Finding(kind="none", reason="no NaN/Inf transition and no spike against the tensors' own history",
-                       stats=stats)
+        return Finding(kind="none", stats=stats,
+                       reason="no NaN/Inf transition, no spike and no drift against the tensors' own history")
     rows = df.head(limit + 1).to_dict("records")
     first = rows[0]
     values: dict[str, Any] = {"entry": entry_values(ds, step=first["step"], rank=first["rank"],
                                                     tensor=first["tensor"])}
-    for typ in ("nonfinite", "spike"):
+    for typ in ("nonfinite", "spike", "drift"):
         sub = df[df["type"] == typ]
         if len(sub):
             values[f"first_{typ}"] = _row(sub.iloc[0].to_dict())
-    what = ("becomes non-finite" if first["type"] == "nonfinite" else
-            f"{first['stat']} spikes to {first['value']:.4g} (typical {first['reference']:.4g})")
-    reason = f"{first['tensor']} {what} at step {first['step']}, rank {first['rank']}"
     hints: list[str] = []
+    d0: dict[str, Any] | None = None
+    trend_ev: dict[str, Any] | None = None
+    if (df["type"] == "drift").any():
+        from precnb.analysis.trends import drift_table, trend_summary
+
+        full = drift_table(ds) if not ds.chunks else df[df["type"] == "drift"]
+        if len(full) and "direction" in full:
+            trend = trend_summary(ds, full)
+            trend_ev = trend
+            d0 = _first_module_drift(full)
+            values["first_drift"] = {**_row(d0), "module": d0["module"] or None, "last_step": int(d0["last_step"]),
+                                     "last_value": float(d0["last_value"]), "direction": d0["direction"]}
+            change = trend["first_reference_change"]
+            lead = (f"{change - int(d0['step'])} step(s) before the {_changed(trend)} changes (step {change})"
+                    if change is not None else
+                    "no loss or gradient-norm change within the recorded steps (lead ≥ "
+                    f"{int(d0['last_step']) - int(d0['step']) + 1} steps)")
+            hints.append(f"trend break: {d0['module'] or d0['node']} {d0['stat']} {d0['direction']} from step "
+                         f"{int(d0['step'])} ({float(d0['reference']):.4g} → {float(d0['last_value']):.4g} at step "
+                         f"{int(d0['last_step'])}), {lead}; modules by lead time: "
+                         + ", ".join(f"{m['module'] or m['node']} (step {m['onset_step']})"
+                                     for m in trend["modules"][:5]))
+    if first["type"] == "drift" and d0 is not None:
+        first = d0
+        what = (f"{first['stat']} {first['direction']} from step {first['step']} on, leaving its own history "
+                f"({float(first['reference']):.4g} → {float(first['last_value']):.4g} at step "
+                f"{int(first['last_step'])})")
+    elif first["type"] == "nonfinite":
+        what = "becomes non-finite"
+    elif first["type"] == "drift":
+        what = f"{first['stat']} drifts from step {first['step']} (reference {first['reference']:.4g})"
+    else:
+        what = f"{first['stat']} spikes to {first['value']:.4g} (typical {first['reference']:.4g})"
+    reason = f"{first['tensor']} {what} at step {first['step']}, rank {first['rank']}"
+    if first["type"] == "drift" and first.get("module"):
+        reason = f"{first['module']}: " + reason
     spikes = df[df["type"] == "spike"]
     if len(spikes):
         s0 = spikes.iloc[0]
@@ -258,8 +310,30 @@ def anomalies(
     suspects = [_row(r) for r in rows[1: limit + 1]]
     return Finding(kind="anomaly", reason=reason, step=first["step"], rank=first["rank"],
                    node=first["node"], tensor=first["tensor"], module=first["module"] or None,
-                   values=values, hints=hints, suspects=suspects, evidence=node_evidence(ds, first["node"]),
+                   values=values, hints=hints, suspects=suspects,
+                   evidence={**node_evidence(ds, first["node"]), **({"trend": trend_ev} if trend_ev else {})},
                    stats=stats)
+
+
+def _first_module_drift(drifts: pd.DataFrame) -> dict[str, Any]:
+    """The first drift in training order, preferring one inside a named module at the same onset step."""
+    rows = drifts.to_dict("records")
+    first = rows[0]
+    same = [r for r in rows if r["step"] == first["step"] and r["module"] and r["module"] not in ("optimizer",)]
+    if not same:
+        return first
+    module = same[0]["module"]
+    # the module's own record (its input as the module received it) says it best
+    own = [r for r in same if r["module"] == module and str(r["node"]).startswith(("Module.", "Cell."))
+           and ".input" in str(r["tensor"])]
+    return own[0] if own else same[0]
+
+
+def _changed(trend: dict[str, Any]) -> str:
+    ch = trend["reference_change"]
+    step = trend["first_reference_change"]
+    names = [("loss" if k == "loss" else "gradient norm") for k, v in ch.items() if v == step]
+    return " and ".join(names) or "loss"
 
 
 def _row(r: dict[str, Any]) -> dict[str, Any]:

@@ -88,5 +88,5 @@ register(Diagnosis(
     description="NaN/Inf origin (mask infinities ignored)", command="nan", color="first_bad"))
 register(Diagnosis(
     kind="anomaly", title="First anomaly", priority=40, mode="single", run=_anomalies,
-    description="anomalies (NaN/Inf transitions, spikes against history)", command="anomalies",
+    description="anomalies (NaN/Inf transitions, spikes and drifts against history)", command="anomalies",
     color="first_bad"))

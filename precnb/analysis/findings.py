@@ -17,7 +17,10 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
       "suspects": [{...}, ...],    # ranked, most likely first
       "evidence": {"stack": [...], "module_path": [...], ...},
       "stats": {...},              # counts: compared, differing, ...
-      "baseline": {"node", "tensor", "module"}   # two runs: the baseline's names of the same place
+      "baseline": {"node", "tensor", "module"},  # two runs: the baseline's names of the same place
+      "causes": [{"cause": "0/0", "text": str, "certain": bool}, ...],   # NaN/Inf causes, likeliest first
+      "gap": {...} | null,         # uncaptured region that produced the bad input (coverage.find_gap)
+      "dump_plan": {...} | null    # msprobe config.json to confirm / close the gap (plan.plan_dump)
     }
 
 Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so the
@@ -94,11 +97,32 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     baseline: dict[str, Any] = field(default_factory=dict)
+    causes: list[dict[str, Any]] = field(default_factory=list)
+    gap: dict[str, Any] | None = None
+    dump_plan: dict[str, Any] | None = None
 
     @property
     def found(self) -> bool:
         """False for kind ``"none"``."""
         return self.kind != "none"
+
+    def plan(self) -> dict[str, Any]:
+        """The msprobe ``config.json`` (a dict) that confirms this finding, or closes its gap, on the next run.
+
+        Set by the pipeline (:func:`precnb.diagnose`); see :func:`precnb.analysis.plan.plan_dump`.
+
+        Raises
+        ------
+        ValueError
+            For a finding with nothing to dump (kind ``none``) or without a plan.
+        """
+        import copy
+
+        if not self.found:
+            raise ValueError("nothing was found: there is nothing to confirm")
+        if not self.dump_plan:
+            raise ValueError("this finding has no dump plan (findings from precnb.diagnose carry one)")
+        return copy.deepcopy(self.dump_plan["config"])
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict (strict JSON values)."""
@@ -152,6 +176,17 @@ class Finding:
                 for a, b in v.items():
                     if isinstance(b, dict):
                         lines.append(f"    {a:<9} " + "  ".join(f"{c}={_fmt(d)}" for c, d in b.items()))
+        for c in self.causes:
+            lines.append(f"  cause{'' if c.get('certain') else '?'}: {c['text']}")
+        if self.gap:
+            g = self.gap
+            lines.append(f"  gap    in {g.get('module') or 'the model'}: {g['missing']}")
+            for t in g.get("last_clean") or []:
+                lines.append(f"    last clean  {t['tensor']}  {t['shape']}")
+            lines.append(f"    first bad   {g['first_bad']['tensor']}  {g['first_bad']['shape']}")
+            if g["capture"].get("register_custom_api"):
+                lines.append(f"    capture     {g['capture']['register_custom_api']}")
+            lines.append(f"    capture     level {g['capture']['level']}, list {g['capture']['list']}")
         for h in self.hints:
             lines.append(f"  hint: {h}")
         if self.structural:
@@ -167,6 +202,19 @@ class Finding:
             for s in self.suspects[:5]:
                 lines.append(f"    step {s.get('step')} rank {s.get('rank')} {s.get('tensor') or s.get('node')}"
                              f"  ({s.get('why', '')})")
+        trend = self.evidence.get("trend") if isinstance(self.evidence, dict) else None
+        if trend:
+            ch = trend.get("first_reference_change")
+            lines.append("  trend  modules by lead time"
+                         + (f" before the loss / grad-norm change at step {ch}:" if ch is not None else
+                            " (no loss / grad-norm change recorded):"))
+            for m in trend.get("modules", [])[:6]:
+                lead = f", lead {m['lead_steps']} step(s)" if m.get("lead_steps") is not None else ""
+                lines.append(f"    {m.get('module') or m['node']}: {m['stat']} {m['direction']} from step "
+                             f"{m['onset_step']} (rank {m['rank']}{lead})")
+        if self.dump_plan:
+            p = self.dump_plan
+            lines.append(f"  plan: {p['summary']} (`precnb plan` writes the msprobe config.json)")
         stack = self.evidence.get("stack") or []
         if stack:
             lines.append("  stack (innermost first):")

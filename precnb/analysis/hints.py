@@ -11,7 +11,8 @@ import xarray as xr
 
 from precnb.naming import is_communication
 
-__all__ = ["divergence_hints", "grad_ratio_hint", "structural_hints", "zero_parameter_hints"]
+__all__ = ["divergence_hints", "grad_ratio_hint", "integer_ratio_hint", "structural_hints",
+           "zero_parameter_hints"]
 
 
 def grad_ratio_hint(b: xr.Dataset, t: xr.Dataset, both: xr.DataArray, world_size: int,
@@ -52,10 +53,23 @@ def grad_ratio_hint(b: xr.Dataset, t: xr.Dataset, both: xr.DataArray, world_size
 def ratio_hint(b: xr.Dataset, t: xr.Dataset, differs: xr.DataArray, world_size: int,
                names: tuple[str, str]) -> str | None:
     """Differing tensors whose target/baseline norm ratio is one integer (e.g. the DP world size)."""
-    nb = b["norm"].values[differs.values]
-    nt = t["norm"].values[differs.values]
-    ok = np.isfinite(nb) & np.isfinite(nt) & (np.abs(nb) > 0) & (np.abs(nt) > 0)
-    if ok.sum() < 3:
+    return integer_ratio_hint(b["norm"].values[differs.values], t["norm"].values[differs.values], world_size,
+                              names, min_count=3)
+
+
+def integer_ratio_hint(nb: np.ndarray, nt: np.ndarray, world_size: int, names: tuple[str, str], *,
+                       min_count: int = 1, what: str = "differing tensors have norms") -> str | None:
+    """Norms *nt* / *nb* (target / baseline) mostly in one integer ratio k >= 2 (within 1%); k = world size says DP.
+
+    Examples
+    --------
+    >>> integer_ratio_hint(np.array([1.0, 2.0]), np.array([4.0, 8.0]), 4, ("baseline", "target"))[:46]
+    '2 of 2 differing tensors have norms exactly 4×'
+    """
+    nb, nt = np.asarray(nb, float), np.asarray(nt, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ok = np.isfinite(nb) & np.isfinite(nt) & (np.abs(nb) > 0) & (np.abs(nt) > 0)
+    if ok.sum() < min_count:
         return None
     ratio = nt[ok] / nb[ok]
     for inverse in (False, True):
@@ -67,8 +81,7 @@ def ratio_hint(b: xr.Dataset, t: xr.Dataset, differs: xr.DataArray, world_size: 
         if near.mean() < 0.5:
             continue
         big, small = (names[0], names[1]) if inverse else (names[1], names[0])
-        msg = (f"{int(near.sum())} of {int(ok.sum())} differing tensors have norms exactly {k}× larger in {big} "
-               f"than in {small}")
+        msg = f"{int(near.sum())} of {int(ok.sum())} {what} exactly {k}× larger in {big} than in {small}"
         if k == world_size:
             msg += (f"; {k} is the data-parallel world size: gradients summed, not averaged "
                     "(missing division by world size after the all-reduce)")

@@ -286,11 +286,23 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     if len([p for p in per_rank if not p.inherited]) > 1:
         hints.append("several ranks create NaN independently at this step: suspect shared data "
                      "or shared parameters rather than one rank")
-    if kind != "monitor" and created and "backward" in node:
-        hints.append("created in the backward pass: check the loss scale and gradient clipping")
+    from precnb.analysis.causes import nan_causes
+    from precnb.analysis.coverage import find_gap, gap_hint
+
+    causes = nan_causes(ds, step=step, rank=origin.rank, tensor=origin.tensor) if created else []
+    gap = None if created or origin.inherited else find_gap(ds, step=step, rank=origin.rank, tensor=origin.tensor,
+                                                             what=what)
+    if gap is not None:
+        hints.insert(0, gap_hint(gap))
+        reason = (f"first {what} at step {step}, rank {origin.rank}: {node} — "
+                  + (f"the gradient of {gap['gradient_of']} " if gap.get("gradient_of") else "its input ")
+                  + f"came from an op msprobe did not capture inside {gap.get('module') or 'the model'}")
     evidence = node_evidence(ds, node)
     evidence["ranks_with_events"] = [p.rank for p in per_rank]
     evidence["benign_nodes"] = benign_nodes[:50]
+    module = (gap.get("module") if gap else None) or str(ds["module"].values[j]) or None
+    if gap is not None:
+        evidence["node_module"] = str(ds["module"].values[j])
     return Finding(kind="nan_origin", reason=reason, step=step, rank=origin.rank, node=node,
-                   tensor=origin.tensor, module=str(ds["module"].values[j]) or None, values=values,
-                   hints=hints, suspects=suspects, evidence=evidence, stats=stats)
+                   tensor=origin.tensor, module=module, values=values,
+                   hints=hints, suspects=suspects, evidence=evidence, stats=stats, causes=causes, gap=gap)

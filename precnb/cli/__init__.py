@@ -236,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     from precnb.cli import report_cmds
 
     report_cmds.register(sub, _add_load_options)
+    from precnb.cli import plan_cmds
+
+    plan_cmds.register(sub, _add_load_options)
     return parser
 
 

@@ -374,9 +374,17 @@ def diagnose(
                   step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,
                   names=(bsrc.name if bsrc is not None else "", tsrc.name), params=params)
     findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
+    _enrich(findings, ctx)
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results)
+
+
+def _enrich(findings: list[Any], ctx: Any) -> None:
+    """What every finding gets after its diagnosis: ratio / gap evidence, then its dump plan."""
+    from precnb.analysis.enrich import enrich
+
+    enrich(findings, ctx.target, ctx.baseline)
 
 
 def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[str]) -> Any:
@@ -411,7 +419,7 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     nan = by_kind.get("nan_origin")
     if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
         results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
-            nan.found and "first_spike" not in f.values)))]
+            nan.found and "first_spike" not in f.values and "first_drift" not in f.values)))]
     ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
                                                        registry.priority(x[1][0], found=x[1][1].found), x[0]))
     findings = [f for _, (_, f) in ranked]
@@ -481,6 +489,9 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
     checks = [{"kind": d.kind, "title": d.title, "description": d.description,
                "status": "found" if finding.found else "none", "message": finding.reason}]
     b_lay, t_lay = state["layouts"]
+    from precnb.analysis.enrich import enrich
+
+    enrich([finding], mt, mb)
     return Triage(findings=[finding], options=opts, alignment=state.get("alignment"), checks=checks, target=mt,
                   baseline=mb, raw_target=raw_t, raw_baseline=raw_b, names=(bsrc.name, tsrc.name), step_offset=off,
                   notes=notes, load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay,

@@ -177,6 +177,7 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
     if kind == "preflight":
         d["values"] = {}
     stack = [parse_frame(f) for f in ev.pop("stack", []) or []]
+    trend = ev.pop("trend", None)
     module_path = [str(m) for m in ev.pop("module_path", []) or []]
     where = [(k, fmt(d.get(k))) for k in ("step", "rank", "node", "tensor", "module") if d.get(k) is not None
              and not (k == "tensor" and d.get("tensor") == d.get("node"))]  # monitor rows: node == tensor
@@ -222,7 +223,51 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
         "structural_total": len(d.get("structural") or []),
         "crc_only": crc,
         "stats": stats,
+        "causes": [{"text": str(c.get("text", "")), "certain": bool(c.get("certain"))} for c in d.get("causes") or []],
+        "gap": _gap_view(d.get("gap")),
+        "plan": _plan_view(d.get("dump_plan")),
+        "trend": _trend_view(trend),
     }
+
+
+def _gap_view(gap: Any) -> dict[str, Any] | None:
+    """The coverage gap as text rows (escaped by the template)."""
+    if not isinstance(gap, dict):
+        return None
+    cap = gap.get("capture") or {}
+    return {"module": str(gap.get("module") or "the model"), "missing": str(gap.get("missing", "")),
+            "first_bad": str((gap.get("first_bad") or {}).get("tensor", "")),
+            "gradient_of": str(gap.get("gradient_of") or ""),
+            "last_clean": [str(t.get("tensor", "")) for t in gap.get("last_clean") or []],
+            "region_inputs": [str(t.get("tensor", "")) for t in gap.get("region_inputs") or []],
+            "source": [str(x) for x in gap.get("source") or []],
+            "module_backward": gap.get("module_backward") or None,
+            "register": str(cap.get("register_custom_api") or ""), "list": [str(x) for x in cap.get("list") or []],
+            "why": str(cap.get("why", ""))}
+
+
+def _plan_view(plan: Any) -> dict[str, Any] | None:
+    """The dump plan: summary, the config.json text, notes."""
+    if not isinstance(plan, dict):
+        return None
+    import json
+
+    return {"summary": str(plan.get("summary", "")), "estimate": str(plan.get("estimate", "")),
+            "config": json.dumps(plan.get("config", {}), indent=2),
+            "nodes": [str(n) for n in (plan.get("selects") or {}).get("nodes", [])[:20]],
+            "register": str(plan.get("register_custom_api") or ""),
+            "notes": [str(n) for n in plan.get("notes") or []]}
+
+
+def _trend_view(trend: Any) -> dict[str, Any] | None:
+    """Modules ranked by lead time (onset step, statistic, direction)."""
+    if not isinstance(trend, dict) or not trend.get("modules"):
+        return None
+    rows = [[fmt(m.get("module") or m.get("node")), fmt(m.get("stat")), fmt(m.get("direction")),
+             fmt(m.get("onset_step")), fmt(m.get("rank")),
+             fmt(m.get("lead_steps")) if m.get("lead_steps") is not None else Cell("—")]
+            for m in trend["modules"][:20]]
+    return {"change": trend.get("first_reference_change"), "rows": rows}
 
 
 def _window(ds: xr.Dataset, step: int, rank: int, tensor: str | None, before: int, after: int) -> list[str]:

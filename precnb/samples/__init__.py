@@ -51,6 +51,11 @@ CATALOG: dict[str, str] = {
     "preflight/same_batch": "_scn_preflight",
     "preflight/lr10": "_scn_preflight",
     "preflight/packs": "_scn_preflight",
+    "custom_op_gap": "_scn_diagnosis",
+    "custom_op_registered": "_scn_diagnosis",
+    "moe_empty_expert": "_scn_diagnosis",
+    "moe_monitor": "_scn_diagnosis",
+    "drift": "_scn_diagnosis",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)

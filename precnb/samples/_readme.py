@@ -168,6 +168,8 @@ def _digest(gt: dict[str, Any]) -> list[str]:
                     f"- {r} anomaly.json: {a['entries']} entries; first AnomalyNan (not "
                     f"embed.input): step {e['step']} `{e['tag_name']}`"
                 )
+    else:  # scenarios that state their own digest lines
+        out += [str(x) for x in gt.get("digest", [])]
     return out
 
 

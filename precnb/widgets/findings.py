@@ -37,9 +37,28 @@ def finding_html(f: Any) -> str:
         if vals:
             out.append("<div style='font-size:12px'>" + "<br>".join(
                 f"<b>{e(str(k))}</b>: {e(_v(v))}" for k, v in vals[:4]) + "</div>")
+    for c in getattr(f, "causes", None) or []:
+        out.append(f"<div class='precnb-finding-cause' style='font-size:12px'><b>cause"
+                   f"{'' if c.get('certain') else '?'}</b>: {e(str(c.get('text', '')))}</div>")
+    gap = getattr(f, "gap", None)
+    if gap:
+        clean = ", ".join(str(t.get("tensor")) for t in gap.get("last_clean") or []) or "-"
+        out.append("<div class='precnb-finding-gap' style='font-size:12px'><b>coverage gap in "
+                   f"{e(str(gap.get('module') or 'the model'))}</b>: {e(str(gap.get('missing', '')))}<br>"
+                   f"<b>last clean</b>: <code>{e(clean)}</code> · <b>first bad</b>: "
+                   f"<code>{e(str(gap['first_bad']['tensor']))}</code></div>")
+    trend = (f.evidence or {}).get("trend") if isinstance(f.evidence, dict) else None
+    if trend and trend.get("modules"):
+        out.append("<div class='precnb-finding-trend' style='font-size:12px'><b>modules by lead time</b>: " + e(
+            "; ".join(f"{m.get('module') or m['node']} ({m['stat']} {m['direction']} from step {m['onset_step']})"
+                      for m in trend["modules"][:5])) + "</div>")
     if f.hints:
         out.append("<ul style='margin:2px 0'>" + "".join(f"<li>{e(h)}</li>" for h in f.hints[:5])
                    + "</ul>")
+    plan = getattr(f, "dump_plan", None)
+    if plan:
+        out.append(f"<div class='precnb-finding-plan' style='font-size:12px'><b>next dump</b>: {e(plan['summary'])}"
+                   " (<code>precnb plan</code> / <code>finding.plan()</code>)</div>")
     if f.suspects[1:]:
         out.append("<div style='font-size:12px'><b>other suspects</b>: " + "; ".join(
             e(f"step {s.get('step')} rank {s.get('rank')} {s.get('node') or s.get('tensor')}"

@@ -1,0 +1,107 @@
+"""What the pipeline adds to every finding after its diagnosis: gap, ratio evidence, dump plan.
+
+* a **first divergence** whose first differing tensor is an input no captured op produced gets
+  its coverage gap (:func:`precnb.analysis.coverage.find_gap`, "bad" = differs from the baseline);
+* a first divergence whose first *value* difference has norms in an integer ratio gets the ratio
+  hint even when a structural difference is reported first (e.g. the missing ``Tensor.div_``
+  of gradients summed, not averaged);
+* every found finding gets its msprobe dump plan (:func:`precnb.analysis.plan.plan_dump`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from precnb.analysis.plan import attach_plans
+
+__all__ = ["enrich", "origin_ratio_hint"]
+
+
+def _value_difference(f: Any) -> tuple[str | None, int | None, int | None]:
+    """(tensor, baseline step, rank) of the first value difference of a divergence finding."""
+    fvd = f.evidence.get("first_value_difference") if isinstance(f.evidence, dict) else None
+    if fvd:
+        return fvd.get("tensor"), fvd.get("step"), fvd.get("rank")
+    return f.tensor, f.step, f.rank
+
+
+def origin_ratio_hint(base: xr.Dataset, targ: xr.Dataset, *, node: str, step: int, target_step: int,
+                      names: tuple[str, str] = ("baseline", "target")) -> str | None:
+    """Norms of *node*'s tensors (every rank, at *step*) in one integer ratio target/baseline, e.g. the DP size."""
+    if step not in base["step"].values or target_step not in targ["step"].values:
+        return None
+    mine = np.asarray([str(n) for n in targ["node"].values]) == node
+    labels = [t for t in targ["tensor"].values[mine] if t in base.indexes["tensor"]]
+    if not labels:
+        return None
+    ranks = [r for r in targ["rank"].values if r in base["rank"].values]
+    nb = base["norm"].sel(step=step, rank=ranks, tensor=labels).values
+    nt = targ["norm"].sel(step=target_step, rank=ranks, tensor=labels).values
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(nb) & np.isfinite(nt) & (np.abs(nb) > 0) & (np.abs(nt) > 0)
+        ok &= np.abs(nt - nb) > 1e-6 * np.abs(nb)  # the tensors that differ
+    if not ok.any():
+        return None
+    from precnb.analysis.hints import integer_ratio_hint
+
+    msg = integer_ratio_hint(nb[ok], nt[ok], int(targ.sizes["rank"]), names, what="differing tensor norms are")
+    return f"at the first value difference ({node}, step {step}) {msg}" if msg else None
+
+
+def _divergence_gap(f: Any, base: xr.Dataset, targ: xr.Dataset) -> dict[str, Any] | None:
+    from precnb.analysis.coverage import find_gap
+    from precnb.analysis.dataflow import StepFlow
+
+    tensor, step, rank = _value_difference(f)
+    if tensor is None or step is None or rank is None or tensor not in targ.indexes["tensor"]:
+        return None
+    tstep = int(f.values.get("target_step", step)) if "target_step" in f.values else int(step)
+    if tstep not in targ["step"].values or step not in base["step"].values:
+        return None
+    rtol = float(f.values.get("rtol") or (f.values.get("first_value_difference") or {}).get("rtol") or 1e-4)
+    bflow = StepFlow(base, int(step), int(rank))
+
+    def differs(flow: StepFlow, j: int) -> bool:
+        k = bflow.index.get(flow.labels[j])
+        if k is None or not bflow.present[k]:
+            return False
+        a, b = flow.stats[j], bflow.stats[k]
+        both = np.isfinite(a) & np.isfinite(b)
+        if (np.isfinite(a) != np.isfinite(b)).any():
+            return True
+        scale = np.maximum(np.abs(b), 1e-30)
+        return bool((np.abs(a - b)[both] > rtol * scale[both]).any())
+
+    return find_gap(targ, step=tstep, rank=int(rank), tensor=str(tensor), bad=differs, what="difference")
+
+
+def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Dataset | None = None) -> None:
+    """Add gap, ratio hint and dump plan to *findings* (in place)."""
+    from precnb.analysis.coverage import gap_hint
+
+    for f in findings:
+        if not getattr(f, "found", False):
+            continue
+        if f.kind == "first_divergence" and target is not None and baseline is not None and "run" not in target.dims:
+            try:
+                if f.gap is None:
+                    f.gap = _divergence_gap(f, baseline, target)
+                    if f.gap is not None:
+                        f.hints.insert(0, gap_hint(f.gap))
+                if not any(("×" in h and "larger in" in h) or "× those in" in h for h in f.hints):
+                    tensor, step, _rank = _value_difference(f)
+                    node = str(target["node"].values[list(target["tensor"].values).index(tensor)]) \
+                        if tensor in target.indexes["tensor"] else None
+                    fvd = f.values.get("first_value_difference") or f.values
+                    tstep = int(fvd.get("target_step", step)) if step is not None else None
+                    if node and step is not None and tstep is not None:
+                        h = origin_ratio_hint(baseline, target, node=node, step=int(step), target_step=tstep)
+                        if h:
+                            f.hints.insert(0, h)
+            except (KeyError, ValueError, IndexError):  # evidence is best effort; the finding stands
+                pass
+    attach_plans(findings, target)

@@ -1,0 +1,215 @@
+"""Dump planner: the smallest msprobe ``config.json`` that confirms a finding (or closes its gap).
+
+A statistics dump says *where*; a tensor dump of only that place, at only that step and rank,
+says *what*, and lets the op be replayed alone. :func:`plan_dump` turns a finding into such a
+config, valid for msprobe 26.x ``PrecisionDebugger(config_path=...)``::
+
+    {"task": "tensor", "dump_path": "./precnb_confirm", "rank": [1], "step": [1], "level": "mix",
+     "async_dump": false, "tensor": {"scope": [], "list": ["Custom.fused_attention.1."], "data_mode": ["all"]}}
+
+``list`` entries follow msprobe's matching (a substring of the node name; at level ``mix`` a
+module whose name contains an entry has every API inside it dumped): ``"Torch.sqrt.0."`` picks
+that call's forward and backward records, ``"Module.blocks.1.attn."`` the module and everything it
+runs. ``scope`` stays empty (msprobe defines it as a start/end pair of full node names). The size
+estimate is Σ numel × dtype size of the selected tensors in the statistics dump.
+
+Examples
+--------
+>>> node_selector("Functional.linear.7.backward")
+'Functional.linear.7.'
+>>> node_selector("Module.blocks.1.attn.Attention.forward.0")
+'Module.blocks.1.attn.'
+>>> dtype_size("torch.bfloat16"), dtype_size("Float32")
+(2, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from precnb.naming import parse_node
+
+__all__ = ["DEFAULT_DUMP_PATH", "attach_plans", "dtype_size", "node_selector", "plan_dump"]
+
+DEFAULT_DUMP_PATH = "./precnb_confirm"
+_SIZES = {"float64": 8, "double": 8, "int64": 8, "long": 8, "complex64": 8, "complex128": 16, "float32": 4,
+          "float": 4, "int32": 4, "int": 4, "uint32": 4, "float16": 2, "half": 2, "bfloat16": 2, "int16": 2,
+          "uint16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def dtype_size(dtype: str) -> int:
+    """Bytes per element of a torch / MindSpore / numpy dtype name (4 when unknown)."""
+    d = str(dtype).lower().replace("torch.", "").replace("mindspore.", "").replace("numpy.", "")
+    return _SIZES.get(d, 4)
+
+
+def node_selector(node: str) -> str:
+    """The msprobe ``list`` entry that selects *node* (API call: forward and backward; module: all of it)."""
+    p = parse_node(node)
+    if p.kind in ("module", "param_grad"):
+        return f"{node.split('.', 1)[0]}.{p.module}."
+    if p.call >= 0:
+        return f"{p.api}.{p.call}."
+    return node
+
+
+def _module_selector(path: str, ds: xr.Dataset | None = None) -> str:
+    prefix = "Module"
+    if ds is not None and str(ds.attrs.get("framework", "")).lower() in ("mindspore", "mindtorch"):
+        prefix = "Cell"
+    return f"{prefix}.{path}."
+
+
+def _selected(ds: xr.Dataset, entries: list[str], modules: list[str]) -> np.ndarray:
+    nodes = np.asarray([str(n) for n in ds["node"].values])
+    mods = np.asarray([str(m) for m in ds["module"].values])
+    kinds = np.asarray([str(k) for k in ds["kind"].values])
+    mask = np.zeros(len(nodes), bool)
+    for e in entries:
+        mask |= np.fromiter((e in n for n in nodes), bool, len(nodes))
+    for m in modules:
+        mask |= (mods == m) | np.char.startswith(mods.astype(str), m + ".")
+    return mask & (kinds != "monitor") if (kinds != "monitor").any() else mask
+
+
+def _estimate(ds: xr.Dataset, mask: np.ndarray, steps: Sequence[int], ranks: Sequence[int]) -> int:
+    if not mask.any():
+        return 0
+    sub = ds.isel(tensor=np.flatnonzero(mask))
+    sub = sub.sel(step=[s for s in steps if s in set(ds["step"].values.tolist())],
+                  rank=[r for r in ranks if r in set(ds["rank"].values.tolist())])
+    if "numel" not in sub or sub.sizes["step"] == 0 or sub.sizes["rank"] == 0:
+        return 0
+    sizes = np.asarray([dtype_size(str(d)) for d in sub["dtype"].values])
+    numel = np.where(sub["present"].values, np.maximum(sub["numel"].values, 0), 0)
+    return int((numel * sizes).sum())
+
+
+def _human(n: int) -> str:
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} B"
+
+
+def _where(f: Any) -> tuple[list[int], list[int]]:
+    steps = [int(f.step)] if f.step is not None else []
+    ranks = [int(f.rank)] if f.rank is not None else []
+    if f.kind == "anomaly":
+        first = f.values.get("first_drift") or f.values.get("first_spike")
+        if first and first.get("step") is not None and f.step is not None and int(first["step"]) > 0:
+            steps = sorted({int(f.step) - 1, int(f.step)} - {-1})
+    if f.kind == "replica_mismatch":
+        ranks = sorted({int(s["rank"]) for s in f.suspects if s.get("rank") is not None} | set(ranks))
+    return steps, ranks
+
+
+def plan_dump(
+    finding: Any,
+    ds: xr.Dataset,
+    *,
+    dump_path: str = DEFAULT_DUMP_PATH,
+    task: str = "tensor",
+) -> dict[str, Any] | None:
+    """The msprobe config (and what it selects) that confirms *finding* on the next run of *ds*'s job.
+
+    Parameters
+    ----------
+    finding : Finding
+    ds : xarray.Dataset
+        The run that shows the finding (its statistics give the size estimate).
+    dump_path : str
+        ``dump_path`` written into the config.
+    task : {"tensor", "statistics"}
+        ``tensor`` saves the selected tensors (to confirm and replay); ``statistics`` re-dumps them
+        only.
+
+    Returns
+    -------
+    dict or None
+        ``config`` (the msprobe config.json as a dict), ``selects`` (what it records: list
+        entries, modules, node names), ``estimated_bytes`` and ``estimate`` (text), ``steps``,
+        ``ranks``, ``register_custom_api`` (a line of Python to add, for a coverage gap),
+        ``summary`` (one line) and ``notes``. None for a finding of kind ``none``.
+    """
+    if not getattr(finding, "found", False) or finding.step is None:
+        return None
+    steps, ranks = _where(finding)
+    entries: list[str] = []
+    modules: list[str] = []
+    notes: list[str] = []
+    register = None
+    gap = finding.gap
+    if gap and gap.get("module"):
+        modules.append(str(gap["module"]))
+        entries.append(_module_selector(str(gap["module"]), ds))
+        register = gap["capture"].get("register_custom_api")
+        if register:
+            notes.append("the op is not one msprobe hooks: add the register_custom_api line to the training "
+                         "script (it cannot be set in config.json); the module entry in list also records the "
+                         "low-risk APIs (view, transpose, ...) that risk_level filters out otherwise")
+    elif finding.kind == "anomaly" and (finding.values.get("first_drift") or {}).get("module"):
+        modules.append(str(finding.values["first_drift"]["module"]))
+        entries.append(_module_selector(modules[-1], ds))
+    elif finding.node:
+        kind = str(ds["kind"].values[list(ds["tensor"].values).index(finding.tensor)]) \
+            if finding.tensor in ds.indexes["tensor"] else ""
+        if kind == "monitor" and finding.module:
+            modules.append(str(finding.module))
+            entries.append(_module_selector(str(finding.module), ds))
+            notes.append("planned from monitor output: run PrecisionDebugger with this config (the module's APIs "
+                         "are dumped with it)")
+        else:
+            entries.append(node_selector(finding.node))
+            if finding.kind == "first_divergence":
+                notes.append("run the same config on the baseline job too, then compare the two tensor dumps")
+    if not entries:
+        return None
+    mask = _selected(ds, entries, modules)
+    fvd = finding.evidence.get("first_value_difference") if isinstance(finding.evidence, dict) else None
+    if not mask.any() and fvd and fvd.get("node"):  # a node of the other run only: confirm where values differ
+        notes.insert(0, f"{finding.node} is not recorded in this run; the plan dumps the first value difference "
+                        f"({fvd['node']}) instead")
+        entries = [node_selector(str(fvd["node"]))]
+        mask = _selected(ds, entries, modules)
+    est = _estimate(ds, mask, steps, ranks)
+    if gap:  # the missing op's own tensors, once registered: its forward operands and their gradients
+        est += 2 * sum(int(np.prod(_shape(t["shape"]))) * dtype_size(t["dtype"])
+                       for t in [*gap.get("region_inputs", []), *gap.get("region_outputs", [])])
+    selected_nodes = sorted({str(n) for n in ds["node"].values[mask]})
+    config: dict[str, Any] = {
+        "task": task, "dump_path": dump_path, "rank": ranks, "step": steps, "level": "mix", "async_dump": False,
+        task: {"scope": [], "list": entries, "data_mode": ["all"]},
+    }
+    if task == "statistics":
+        config[task]["summary_mode"] = "statistics"
+    where = f"step {', '.join(map(str, steps))}, rank {', '.join(map(str, ranks))}"
+    summary = (f"task {task}, level mix, {where}, list {entries}: {len(selected_nodes)} recorded node(s)"
+               + (" + the uncaptured op once registered" if gap else "") + f", about {_human(est)}")
+    return {"config": config, "selects": {"list": entries, "modules": modules, "nodes": selected_nodes[:200],
+                                          "node_count": len(selected_nodes)},
+            "estimated_bytes": est, "estimate": _human(est), "steps": steps, "ranks": ranks,
+            "register_custom_api": register, "summary": summary, "notes": notes}
+
+
+def _shape(text: str) -> list[int]:
+    try:
+        return [int(x) for x in str(text).strip("[]").split(",") if x.strip()] or [1]
+    except ValueError:
+        return [0]
+
+
+def attach_plans(findings: Sequence[Any], ds: xr.Dataset | None, **kw: Any) -> None:
+    """Set ``dump_plan`` on every found finding that has none (the pipeline's last step)."""
+    if ds is None:
+        return
+    for f in findings:
+        if getattr(f, "found", False) and f.dump_plan is None:
+            try:
+                f.dump_plan = plan_dump(f, ds, **kw)
+            except (KeyError, ValueError, IndexError):  # a finding on names this run lacks: no plan
+                f.dump_plan = None
