@@ -56,6 +56,8 @@ CATALOG: dict[str, str] = {
     "moe_empty_expert": "_scn_diagnosis",
     "moe_monitor": "_scn_diagnosis",
     "drift": "_scn_diagnosis",
+    "tensor_bf16": "_scn_tensor",
+    "tensor_bug": "_scn_tensor",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)

@@ -68,6 +68,11 @@ class Faults:
     hidden_dropout:
         Probability of the (Megatron "hidden") dropout applied with ``F.dropout`` to each block's
         attention and MLP outputs before the residual adds; 0 leaves the ops out altogether.
+    residual_scale:
+        Per-block factor applied to the attention branch before the residual add
+        (``x + attn(norm(x)) * scale``); blocks not listed add the branch unscaled and record no
+        extra op. A healthy run lists the block with 1.0, a buggy one with another factor, so
+        both record the same nodes.
     """
 
     nan_attention_block: int | None = None
@@ -75,6 +80,7 @@ class Faults:
     nan_position: tuple[int, int, int, int] = (0, 0, 5, 3)
     mlp_act_dtype: dict[int, torch.dtype] = field(default_factory=dict)
     hidden_dropout: float = 0.0
+    residual_scale: dict[int, float] = field(default_factory=dict)
 
 
 class TPGroup:
@@ -229,6 +235,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg, index, faults, tp)
         self.mlp_norm = RMSNorm(cfg.hidden)
         self.mlp = MLP(cfg, index, faults, tp)
+        self.index = index
         self.faults = faults
 
     def _dropout(self, h):
@@ -236,7 +243,9 @@ class Block(nn.Module):
         return F.dropout(h, p=p, training=True) if p else h
 
     def forward(self, x):
-        x = x + self._dropout(self.attn(self.attn_norm(x)))
+        branch = self._dropout(self.attn(self.attn_norm(x)))
+        scale = self.faults.residual_scale.get(self.index)
+        x = x + (branch if scale is None else branch * scale)
         return x + self._dropout(self.mlp(self.mlp_norm(x)))
 
 
