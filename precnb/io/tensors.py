@@ -8,7 +8,9 @@ Tensor files are read only on request, and never with unrestricted unpickling:
 from __future__ import annotations
 
 import json
+import os
 import pickle  # only for its exception type: nothing is unpickled with it
+import stat
 import zipfile
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -18,7 +20,8 @@ import xarray as xr
 
 from precnb.errors import DumpFormatError, PrecnbError, UnsafeFileError
 
-__all__ = ["load_tensor", "load_tensor_file", "safe_join", "tensor_file"]
+__all__ = ["TensorFolder", "load_array", "load_tensor", "load_tensor_file", "rank_folders", "safe_join",
+           "tensor_file"]
 
 
 _NPY_MAGIC = b"\x93NUMPY"
@@ -62,15 +65,45 @@ def tensor_file(ds: xr.Dataset, tensor: str, *, step: int, rank: int) -> Path:
     name = str(sel["data_name"].values)
     if not name:
         raise PrecnbError(f"{tensor} at step {step}, rank {rank} was not saved as a file")
+    folder = rank_folders(ds).get((step, rank))
+    if folder is None:
+        raise PrecnbError(f"no dump folder known for step {step}, rank {rank}")
+    return safe_join(folder / "dump_tensor_data", name)
+
+
+def rank_folders(ds: xr.Dataset) -> dict[tuple[int, int], Path]:
+    """``{(step, rank): rank folder}`` of a dataset opened from a dump (``attrs["rank_dirs"]``).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+
+    Returns
+    -------
+    dict
+        Empty when the dataset does not say where it was read from.
+
+    Examples
+    --------
+    >>> ds = xr.Dataset(attrs={"rank_dirs": '{"0,1": "/dump/step0/rank1"}'})
+    >>> rank_folders(ds)
+    {(0, 1): PosixPath('/dump/step0/rank1')}
+    """
     try:
         dirs = json.loads(ds.attrs.get("rank_dirs", "{}"))
     except ValueError:
-        dirs = {}
-    folder = dirs.get(f"{step},{rank}") if isinstance(dirs, dict) else None
-    if not isinstance(folder, str):
-        raise PrecnbError(f"no dump folder known for step {step}, rank {rank}")
-    base = Path(folder) / "dump_tensor_data"
-    return safe_join(base, name)
+        return {}
+    out: dict[tuple[int, int], Path] = {}
+    if not isinstance(dirs, dict):
+        return out
+    for key, folder in dirs.items():
+        try:
+            step, rank = (int(x) for x in str(key).split(","))
+        except ValueError:
+            continue
+        if isinstance(folder, str):
+            out[(step, rank)] = Path(folder)
+    return out
 
 
 def safe_join(base: Path, name: str) -> Path:
@@ -114,6 +147,47 @@ def safe_join(base: Path, name: str) -> Path:
     if root not in path.parents:  # e.g. a symlink inside dump_tensor_data pointing elsewhere
         raise refused
     return path
+
+
+class TensorFolder:
+    """A ``dump_tensor_data`` folder resolved once, for many :meth:`path` look-ups.
+
+    A plain file name (msprobe's ``data_name``: no separator) that is not a symlink costs one
+    ``lstat``; anything else goes through :func:`safe_join`. The same names are refused.
+
+    Parameters
+    ----------
+    base : Path
+        The folder (``<rank folder>/dump_tensor_data``).
+
+    Examples
+    --------
+    >>> TensorFolder(Path("/dump/rank0/dump_tensor_data")).path("../x.pt")
+    Traceback (most recent call last):
+    ...
+    precnb.errors.UnsafeFileError: data_name '../x.pt' points outside /dump/rank0/dump_tensor_data; refused
+    """
+
+    def __init__(self, base: Path) -> None:
+        self.base = Path(base)
+        try:
+            self._root: str | None = os.path.realpath(self.base)
+        except (OSError, ValueError):
+            self._root = None
+
+    def path(self, name: str) -> Path:
+        """The file for one ``data_name`` (see :func:`safe_join` for what is refused)."""
+        plain = (self._root is not None and name and "/" not in name and "\\" not in name and "\x00" not in name
+                 and name not in (".", "..") and name.strip() == name)
+        if plain:
+            candidate = os.path.join(self._root, name)  # type: ignore[arg-type]
+            try:
+                st = os.lstat(candidate)
+            except OSError:
+                return Path(candidate)  # missing: load_array names it
+            if not stat.S_ISLNK(st.st_mode):
+                return Path(candidate)
+        return safe_join(self.base, name)
 
 
 def load_tensor_file(path: str | Path) -> Any:
@@ -193,6 +267,67 @@ def _load_pt(p: Path, head: bytes) -> Any:
             "(torch.load(weights_only=True))") from None
     except Exception as exc:  # torch raises RuntimeError/ValueError/EOFError/... for broken archives
         raise DumpFormatError(p, f"cannot load tensor: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def load_array(path: str | Path) -> tuple[np.ndarray, str]:
+    """Load a tensor file as a numpy array, with the dtype it was saved in.
+
+    ``.pt`` files are read without torch when they hold one plain tensor (an allow-list reader
+    of torch's zip format, see :mod:`precnb.io._torchzip`); anything else falls back to
+    ``torch.load(weights_only=True)`` when torch is installed. bfloat16 and float8 become
+    float32 with the same values — what ``msprobe compare`` computes on.
+
+    Parameters
+    ----------
+    path : str or Path
+
+    Returns
+    -------
+    array : numpy.ndarray
+    dtype : str
+        As saved: ``"torch.bfloat16"`` for a ``.pt``, the numpy dtype name (``"float32"``) for
+        a ``.npy``.
+
+    Raises
+    ------
+    UnsafeFileError, DumpFormatError, PrecnbError
+        As :func:`load_tensor_file`.
+    """
+    from precnb.io._torchzip import UnsupportedArchiveError, read_torch_zip
+
+    p = Path(path)
+    if p.suffix.lower() == ".pt":
+        try:
+            with p.open("rb") as fh:
+                head = fh.read(8)
+        except OSError as exc:
+            raise DumpFormatError(p, f"cannot read: {exc.strerror or exc}") from None
+        if head.startswith(_ZIP_MAGIC):
+            try:
+                return read_torch_zip(p)
+            except UnsupportedArchiveError as why:
+                fallback = why  # torch may know it (weights_only)
+            try:
+                import torch  # noqa: F401
+            except (ImportError, OSError):
+                raise DumpFormatError(p, f"not a plain tensor archive ({fallback}); loading it needs torch"
+                                      ) from None
+    value = load_tensor_file(p)
+    if isinstance(value, np.ndarray):
+        return value, str(value.dtype)
+    return _torch_to_numpy(p, value)
+
+
+def _torch_to_numpy(p: Path, value: Any) -> tuple[np.ndarray, str]:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise DumpFormatError(p, f"holds a {type(value).__name__}, not a tensor")
+    t = value.detach().cpu()
+    dtype = str(t.dtype)
+    if t.dtype == torch.bfloat16 or "float8" in dtype:
+        t = t.to(torch.float32)
+    return t.numpy(), dtype
 
 
 def load_tensor(ds: xr.Dataset, tensor: str, *, step: int, rank: int) -> Any:
