@@ -29,6 +29,7 @@ _LAZY = {
     "available_steps": "precnb.io.api",
     "combine_runs": "precnb.combine",
     "load_tensor": "precnb.io.tensors",
+    "tensor_metrics": "precnb.tensor_compare",
     "to_zarr": "precnb.io.store",
     "open_store": "precnb.io.store",
     "validate": "precnb.schema",
