@@ -213,6 +213,12 @@ class Comparison:
     base: xr.Dataset
     targ: xr.Dataset
     dtype_differs: xr.DataArray | None = None
+    # issue #17 hooks: the precision verdict (precnb.analysis.precision) and the entries judged on
+    # whole tensors (precnb.analysis.tensor_verdicts); None when not applicable
+    precision: Any = None
+    tensor_judged: xr.DataArray | None = None
+    tensor_metrics: xr.Dataset | None = None
+    tensor_thresholds: Any = None
 
     @property
     def baseline(self) -> xr.Dataset:
@@ -236,6 +242,9 @@ def compare_runs(
     step_offset: int | str | None = None,
     stats: tuple[str, ...] = ("max", "min", "mean", "norm"),
     alignment: Any = None,
+    tensor_metrics: xr.Dataset | None = None,
+    tensor_thresholds: Any = None,
+    precision_aware: bool = True,
 ) -> Comparison:
     """Align two runs and compute difference masks.
 
@@ -255,6 +264,14 @@ def compare_runs(
     alignment : precnb.analysis.align.Alignment, optional
         How the baseline's names map onto the target's (:func:`precnb.align`): the baseline is
         renamed into the target's names first and framework glue is left out. None: names as they are.
+    tensor_metrics : xarray.Dataset, optional
+        :func:`precnb.tensor_metrics` of the pair: where whole tensors were compared, their
+        verdict replaces the statistics' (:mod:`precnb.analysis.tensor_verdicts`).
+    tensor_thresholds : TensorThresholds, optional
+        Bounds of that verdict (default: msprobe's).
+    precision_aware : bool
+        Compare a run in systematic lower precision with that precision's tolerance
+        (:mod:`precnb.analysis.precision`); False counts every dtype change as a difference.
 
     Returns
     -------
@@ -297,6 +314,14 @@ def compare_runs(
     cross = aligned and len(set(getattr(alignment, "frameworks", ()))) > 1
     dtype_differs, dtype_changed = entry_dtype_differences(b, t, both_ds, cross=cross)
     bb, tt = both_ds.isel(run=0), both_ds.isel(run=1)
+    # -- issue #17 hook: systematic lower precision (autocast) → that precision's tolerance, and its
+    #    dtype differences are not findings; an isolated dtype change stays one
+    precision = None
+    if precision_aware:
+        from precnb.analysis.precision import apply_precision
+
+        precision, tol, dtype_differs, dtype_changed = apply_precision(
+            tol, dtype_differs, dtype_changed, bb["present"] & tt["present"], names)
     rel = relative_difference(bb, tt, stats, atol=tol.atol).max("stat")
     rtol = xr.DataArray(tol.rtol_array(both_ds["dtype"].values, both_ds["tensor"].values),
                         dims="tensor", coords={"tensor": both_ds["tensor"]})
@@ -305,6 +330,14 @@ def compare_runs(
     differs = both & (rel > rtol)
     dtype_differs = both & dtype_differs
     differs = differs | dtype_differs
+    # -- issue #17 hook: where whole tensors were compared, their metrics decide
+    tensor_judged = None
+    if tensor_metrics is not None:
+        from precnb.analysis.tensor_verdicts import apply_tensor_verdicts
+
+        differs, tensor_judged = apply_tensor_verdicts(
+            tensor_metrics, differs, dtype_differs, both, rtol, bb, tensor_thresholds,
+            low_precision=bool(precision is not None and precision.systematic))
     if "crc" in both_ds and not cross:  # checksums of two frameworks' byte layouts are not comparable
         cb, ct = bb["crc"], tt["crc"]
         crc_differs = both & (cb != "") & (ct != "") & (cb != ct)
@@ -316,4 +349,6 @@ def compare_runs(
         differs=differs, crc_differs=crc_differs, crc_only=crc_only, dtype_changed=dtype_changed,
         dtype_differs=dtype_differs,
         shape_changed=shape_changed, names=names, step_offset=off, base=b, targ=t,
+        precision=precision, tensor_judged=tensor_judged, tensor_metrics=tensor_metrics,
+        tensor_thresholds=tensor_thresholds,
     )

@@ -81,6 +81,9 @@ def first_divergence(
     step_offset: int | Literal["auto"] | None = None,
     crc: Literal["report", "strict"] = "report",
     alignment: Any = "auto",
+    tensor_metrics: xr.Dataset | None = None,
+    tensor_thresholds: Any = None,
+    precision_aware: bool = True,
 ) -> Finding:
     """Find where *target* first departs from *baseline*.
 
@@ -109,6 +112,16 @@ def first_divergence(
         pairs them (identity, at no cost, when both runs have the same names); None compares
         names as they are. The finding's ``node``, ``tensor`` and ``module`` are the target's;
         its ``baseline`` field holds the baseline's names.
+    tensor_metrics : xarray.Dataset, optional
+        :func:`precnb.tensor_metrics` of the pair: entries whose tensors were compared are
+        judged on them first (msprobe's thresholds, see :mod:`precnb.analysis.tensor_verdicts`),
+        the others on statistics.
+    tensor_thresholds : TensorThresholds, optional
+        Bounds of the tensor verdict (e.g. :meth:`TensorThresholds.calibrate` on a healthy pair).
+    precision_aware : bool
+        A run in systematic lower precision (autocast) is compared with that precision's
+        tolerance and says so (:mod:`precnb.analysis.precision`); an isolated dtype change stays
+        a finding.
 
     Returns
     -------
@@ -137,8 +150,12 @@ def first_divergence(
     if is_lazy(baseline) or is_lazy(target):  # out of core: load the steps up to the fault only
         b, t, pair = split_runs(baseline, target, runs=runs)
         return first_divergence_lazy(b, t, names=pair, tolerance=tolerance, steps=steps, ranks=ranks,
-                                     step_offset=step_offset, crc=crc, alignment=alignment)
+                                     step_offset=step_offset, crc=crc, alignment=alignment,
+                                     tensor_metrics=tensor_metrics, tensor_thresholds=tensor_thresholds,
+                                     precision_aware=precision_aware)
     b_in, t_in, pair = split_runs(baseline, target, runs=runs)
+    hooks = {"tensor_metrics": tensor_metrics, "tensor_thresholds": tensor_thresholds,
+             "precision_aware": precision_aware}  # issue #17
     if isinstance(alignment, str) and alignment == "auto":
         from precnb.analysis.align import Alignment, align
 
@@ -146,14 +163,14 @@ def first_divergence(
         alignment = (Alignment.of(baseline) if target is None else None) or align(b_in, t_in)
     aligned = alignment is not None and not alignment.identical
     cmp = compare_runs(b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks,
-                       step_offset=step_offset, alignment=alignment if aligned else None)
+                       step_offset=step_offset, alignment=alignment if aligned else None, **hooks)
     noise = None
     if aligned and len(set(alignment.frameworks)) > 1 and tolerance is None:
         # two frameworks: calibrate from how well the aligned pair agrees before any real difference
         noise, calibrated = _noise_floor(cmp)
         if calibrated is not None:
             cmp = compare_runs(b_in, t_in, runs=pair, tolerance=calibrated, steps=steps, ranks=ranks,
-                               step_offset=step_offset, alignment=alignment)
+                               step_offset=step_offset, alignment=alignment, **hooks)
     ds = cmp.ds
     names = cmp.names
     structural = structural_differences(cmp)
@@ -177,6 +194,11 @@ def first_divergence(
         stats["cross_framework_noise"] = noise
     b, t = ds.isel(run=0), ds.isel(run=1)
     hints: list[str] = []
+    # -- issue #17 hook: say how precision and tensor data were used (precnb.analysis.tensor_findings)
+    from precnb.analysis.tensor_findings import comparison_notes
+
+    notes = comparison_notes(cmp, stats)
+    hints += notes
     world = int(ds.sizes["rank"])
     gh = grad_ratio_hint(b, t, cmp.both, world, names) or ratio_hint(b, t, diff, world, names)
     if gh:
@@ -202,6 +224,8 @@ def first_divergence(
         if stats["crc_only_records"]:
             reason += (f"; {stats['crc_only_records']} CRC-only difference(s) with identical statistics "
                        "(typically in-place ops whose checksum is taken while the buffer changes)")
+        if cmp.precision is not None and cmp.precision.systematic:
+            reason += f"; {cmp.precision.statement()}"
         evidence_none: dict[str, Any] = {"alignment": alignment.describe()} if aligned else {}
         if isolated:
             evidence_none["isolated_differences"] = isolated[:MAX_LISTED]
@@ -227,6 +251,10 @@ def first_divergence(
     vt = entry_values(cmp.targ, step=step, rank=r, tensor=tensor)
     values: dict[str, Any] = {names[0]: vb, names[1]: vt, "rel_diff": float(cmp.rel.values[si, ri, j]),
                               "rtol": float(cmp.rtol.values[j])}
+    # -- issue #17 hook: the origin's tensor metrics and the rule that fired
+    from precnb.analysis.tensor_findings import origin_tensor_values
+
+    values.update(origin_tensor_values(cmp, step=step, rank=r, tensor=tensor))
     if cmp.step_offset:
         values["target_step"] = step + cmp.step_offset
     if role == "output":

@@ -75,6 +75,7 @@ def first_divergence_stepwise(
     crc: Literal["report", "strict"] = "report",
     on_batch: Callable[[list[int]], Any] | None = None,
     alignment: Any = "auto",
+    **hooks: Any,
 ) -> Finding:
     """First divergence, loading steps in growing batches until one is found.
 
@@ -96,6 +97,9 @@ def first_divergence_stepwise(
     alignment : Alignment, "auto" or None
         As for :func:`precnb.analysis.first_divergence`; ``"auto"`` aligns the names once, on
         the first batch, and reuses that alignment for every later batch.
+    **hooks
+        Passed on to :func:`precnb.analysis.first_divergence` (``tensor_metrics``,
+        ``tensor_thresholds``, ``precision_aware``).
 
     Returns
     -------
@@ -140,7 +144,7 @@ def first_divergence_stepwise(
 
             alignment = align(base, targ)
         finding = first_divergence(base, targ, runs=names, tolerance=tolerance, ranks=ranks,
-                                   step_offset=step_offset, crc=crc, alignment=alignment)
+                                   step_offset=step_offset, crc=crc, alignment=alignment, **hooks)
         if finding.kind != "none":
             break
     assert finding is not None
@@ -159,6 +163,7 @@ def first_divergence_lazy(
     step_offset: int | Literal["auto"] | None,
     crc: Literal["report", "strict"],
     alignment: Any = "auto",
+    **hooks: Any,
 ) -> Finding:
     """:func:`first_divergence_stepwise` over two dask-backed datasets (loaded batch by batch)."""
     from precnb.analysis.compare import align_steps
@@ -178,4 +183,4 @@ def first_divergence_lazy(
                 target.sel(step=[s + off for s in batch]).load())
 
     return first_divergence_stepwise(load, search, names=names, tolerance=tolerance, ranks=ranks,
-                                     step_offset=off, crc=crc, alignment=alignment)
+                                     step_offset=off, crc=crc, alignment=alignment, **hooks)

@@ -26,9 +26,11 @@ same pair; the rules were learned from its source and checked against its CSVs o
   elements with relative error ``< 0.001`` / ``< 0.005`` (0-d: unsupported); rounded to 12
   decimals.
 
-precnb adds ``bitwise_equal`` (same dtype, shape and bits) and ``ulp_err``: when one side is
-bf16 or fp16, the largest ``|n − b|`` in units in the last place of the coarser of the two dtypes,
-taken at the baseline value (NaN for other pairs).
+precnb adds ``bitwise_equal`` (same dtype, shape and bits), ``rel_l2_err`` = ``‖n − b‖₂ / ‖b‖₂``
+(float64; the whole tensor's relative error, what tolerances judge; inf when the baseline is all
+zero and the target is not) and ``ulp_err``: when one side is bf16 or fp16, the largest
+``|n − b|`` in units in the last place of the coarser of the two dtypes, taken at the baseline
+value (NaN for other pairs).
 
 Examples
 --------
@@ -68,7 +70,7 @@ MSPROBE_COLUMNS: dict[str, str] = {
 }
 """precnb variable → msprobe compare CSV column."""
 
-FLOAT_METRICS = (*MSPROBE_COLUMNS, "ulp_err")
+FLOAT_METRICS = (*MSPROBE_COLUMNS, "rel_l2_err", "ulp_err")
 METRICS = (*FLOAT_METRICS, "bitwise_equal")
 STATUSES = ("ok", "zero_d", "empty", "shape_mismatch", "nan_inf_mismatch", "dtype_unmatched", "no_data",
             "unreadable")
@@ -261,6 +263,8 @@ def pair_metrics(target: Any, baseline: Any, *, target_dtype: str | None = None,
             v["max_abs_err"] = math.nan
         rel = np.max(_relative_err(n, b))
         v["max_rel_err"] = math.nan if np.isnan(rel) else _fmt(rel)
+        n64, b64 = np.asarray(n, np.float64).reshape(1), np.asarray(b, np.float64).reshape(1)
+        v["rel_l2_err"] = _rel_l2(n64, b64)
         _add_ulp(v, n, b, tkey, bkey)
         return out
     pair = _neutralise_nonfinite(n, b)
@@ -275,6 +279,7 @@ def pair_metrics(target: Any, baseline: Any, *, target_dtype: str | None = None,
     if why and not out.message:
         out.message = why
     v["euc_dist"] = float(np.linalg.norm(n64 - b64, ord=2))
+    v["rel_l2_err"] = _rel_l2(n64, b64, v["euc_dist"])
     with np.errstate(invalid="ignore", over="ignore"):
         mx = np.max(np.abs(n64 - b64))
     v["max_abs_err"] = math.nan if np.isnan(mx) else _fmt(mx)
@@ -286,6 +291,17 @@ def pair_metrics(target: Any, baseline: Any, *, target_dtype: str | None = None,
     v["five_thousandths_err_ratio"] = _fmt(np.sum(rel < _FIVE_THOUSANDTHS) / total)
     _add_ulp(v, n, b, tkey, bkey)
     return out
+
+
+def _rel_l2(n64: np.ndarray, b64: np.ndarray, dist: float | None = None) -> float:
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = float(np.linalg.norm(n64 - b64)) if dist is None else dist
+        ref = float(np.linalg.norm(b64))
+    if math.isnan(d):
+        return math.nan
+    if ref == 0.0:
+        return 0.0 if d == 0.0 else math.inf
+    return d / ref
 
 
 def _add_ulp(v: dict[str, float], n: np.ndarray, b: np.ndarray, tkey: str, bkey: str) -> None:
