@@ -38,10 +38,10 @@ from precnb.analysis.tolerance import DTYPE_RTOL, Tolerance
 
 __all__ = [
     "LOW_PRECISION",
-    "apply_precision",
     "MIN_FAMILIES",
     "MIXED_PRECISION_FACTOR",
     "PrecisionContext",
+    "apply_precision",
     "detect_precision",
     "mixed_precision_tolerance",
     "normalise_dtype",

@@ -1,4 +1,4 @@
-"""Verdicts from tensor metrics: does a (step, rank, tensor) entry differ, judged on the whole tensor?
+"""Verdicts from tensor metrics: does a (step, rank, tensor) entry differ, judged on the whole tensor.
 
 Used by :func:`precnb.analysis.compare.compare_runs` (and so by ``first_divergence``) when a
 :func:`precnb.tensor_metrics` dataset is given: where a pair of tensor files was compared, its
@@ -223,7 +223,8 @@ def verdict_reason(entry: Mapping[str, Any], rtol: float, thresholds: TensorThre
     out = []
     if status == "ok":
         if cos < b["cosine"] and mae > b["max_abs_err"] * scale:
-            out.append(f"cosine {cos:.6g} < {b['cosine']:.6g} and max_abs_err {mae:.3g} > {b['max_abs_err'] * scale:.3g}")
+            out.append(f"cosine {cos:.6g} < {b['cosine']:.6g} and max_abs_err {mae:.3g} > "
+                       f"{b['max_abs_err'] * scale:.3g}")
         elif cos < b["cosine_floor"]:
             out.append(f"cosine {cos:.6g} < {b['cosine_floor']:.6g}")
         if mae > b["max_abs_err_ceiling"] * scale:
