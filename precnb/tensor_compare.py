@@ -186,6 +186,7 @@ def tensor_metrics(
     steps: Iterable[int] | None = None,
     ranks: Iterable[int] | None = None,
     alignment: Any = None,
+    step_offset: int = 0,
     lazy: bool = False,
     chunk: int = 64,
     scheduler: Any = "auto",
@@ -205,6 +206,9 @@ def tensor_metrics(
         Restrict to these (default: the steps and ranks both runs have).
     alignment : mapping or Alignment, optional
         Target label → baseline label (labels it does not name pair with the same label).
+    step_offset : int
+        Target step = baseline step + offset (a resumed run); the result's ``step`` is the
+        baseline's, with a ``target_step`` coordinate.
     lazy : bool
         Return dask-backed variables; nothing is read until computed.
     chunk : int
@@ -239,7 +243,8 @@ def tensor_metrics(
 
     b = _open(baseline, "baseline")
     t = _open(target, "target")
-    common_steps = sorted(set(b["step"].values.tolist()) & set(t["step"].values.tolist()))
+    off = int(step_offset)
+    common_steps = sorted(set(b["step"].values.tolist()) & {s - off for s in t["step"].values.tolist()})
     common_ranks = sorted(set(b["rank"].values.tolist()) & set(t["rank"].values.tolist()))
     if steps is not None:
         wanted = {int(s) for s in steps}
@@ -254,7 +259,7 @@ def tensor_metrics(
     pair = _pairing(alignment)
     labels = select_tensors(t, tensors)
     blabels = [pair(lbl) for lbl in labels]
-    tnames = _entries(t, labels, common_steps, common_ranks)
+    tnames = _entries(t, labels, [s + off for s in common_steps], common_ranks)
     bnames = _entries(b, blabels, common_steps, common_ranks)
     keep = np.flatnonzero(((tnames != "") | (bnames != "")).any(axis=(0, 1)))
     labels = [labels[i] for i in keep]
@@ -269,10 +274,12 @@ def tensor_metrics(
 
     def args(spec: tuple[int, int, int, int]) -> tuple[Any, ...]:
         s, r, k0, k1 = spec
-        key = (common_steps[s], common_ranks[r])
-        return list(tnames[s, r, k0:k1]), list(bnames[s, r, k0:k1]), tdirs.get(key), bdirs.get(key)
+        step, rank = common_steps[s], common_ranks[r]
+        return (list(tnames[s, r, k0:k1]), list(bnames[s, r, k0:k1]), tdirs.get((step + off, rank)),
+                bdirs.get((step, rank)))
 
     coords: dict[str, Any] = {"step": np.asarray(common_steps, np.int64), "rank": np.asarray(common_ranks, np.int64),
+                              "target_step": ("step", np.asarray([s + off for s in common_steps], np.int64)),
                               "tensor": np.asarray(labels, dtype=object),
                               "baseline_tensor": ("tensor", np.asarray(blabels, dtype=object))}
     for c in _COPIED_COORDS:

@@ -28,6 +28,8 @@ def _first_divergence(ctx: Context) -> Any:
     kw: dict[str, Any] = {}
     if ctx.alignment is not None:  # computed once by the pipeline
         kw["alignment"] = ctx.alignment
+    if ctx.params.get("tensor_metrics") is not None:  # issue #17: judged on whole tensors first
+        kw["tensor_metrics"] = ctx.params["tensor_metrics"]
     return first_divergence(ctx.baseline, ctx.target, tolerance=ctx.tolerance, step_offset=ctx.step_offset,
                             crc=ctx.crc, **kw)
 

@@ -239,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     from precnb.cli import plan_cmds
 
     plan_cmds.register(sub, _add_load_options)
+    from precnb.cli import tensor_cmds
+
+    tensor_cmds.register(sub, _add_load_options)
     return parser
 
 

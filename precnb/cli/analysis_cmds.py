@@ -76,6 +76,8 @@ def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
         kw["reference"] = tuple(args.reference)
     if getattr(args, "crc_strict", False):
         kw["crc"] = "strict"
+    if getattr(args, "no_tensor_metrics", False):  # issue #17
+        kw["tensor_metrics"] = False
     t_lay = getattr(args, "target_layout", None)
     alias = getattr(args, "layout", None) if getattr(args, "command", "") in ("diff", "report") else None
     if alias and t_lay and alias != t_lay:
@@ -318,6 +320,8 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
                    help="calibrate tolerances from two healthy runs of the same job")
     p.add_argument("--crc-strict", action="store_true",
                    help="count CRC differences with identical statistics as divergence")
+    p.add_argument("--no-tensor-metrics", action="store_true",
+                   help="judge on statistics only, even where both runs saved the tensors (task=tensor)")
     p.add_argument("--baseline-layout", help="merge baseline shards first, e.g. tp=2,pp=2")
     p.add_argument("--target-layout", help="merge target shards first, e.g. tp=2")
     p.add_argument("--layout", help="same as --target-layout (the target's layout)")

@@ -66,6 +66,10 @@ class Options:
         How many further suspects a finding lists.
     replica_rtol : float
         Relative tolerance of the replica check.
+    tensor_metrics : bool or None
+        Judge the divergence on whole-tensor metrics (msprobe compare's) where both runs saved
+        the tensors (``task: tensor``). None: whenever both runs hold tensor files and no layout
+        is given; False: statistics only.
     """
 
     target_layout: Any = None
@@ -87,6 +91,7 @@ class Options:
     spike_stats: tuple[str, ...] = ("norm",)
     limit: int = 50
     replica_rtol: float = 1e-6
+    tensor_metrics: bool | None = None  # issue #17 (precnb.pipeline.tensors)
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> Options:

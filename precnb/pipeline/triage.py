@@ -316,6 +316,10 @@ def diagnose(
     kinds_wanted = {d.kind for d in wanted}
     stepwise = bsrc is not None and "first_divergence" in kinds_wanted and kinds_wanted <= {"first_divergence",
                                                                                            "preflight"}
+    from precnb.pipeline.tensors import pair_tensor_metrics, wants_tensor_metrics  # issue #17
+
+    if bsrc is not None and wants_tensor_metrics(opts, tsrc.value, bsrc.value):
+        stepwise = False  # tensor metrics cover the whole pair: read it whole
     plan = _stepwise_steps(tsrc, bsrc, opts) if stepwise and bsrc is not None else None
     if plan is not None:
         from precnb.errors import NotADumpError
@@ -369,6 +373,8 @@ def diagnose(
             keep = [s for s in base["step"].values.tolist() if s in set(opts.steps)]
             base = base.sel(step=keep)
             targ = targ.sel(step=[s for s in targ["step"].values.tolist() if s - step_offset in set(keep)])
+        params["tensor_metrics"] = pair_tensor_metrics(opts, raw_b, raw_t, step_offset=step_offset,
+                                                       alignment=alignment, notes=notes)  # issue #17
     ctx = Context(target=targ, baseline=base, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
                   baseline_layout=b_lay, alignment=alignment, tolerance=tolerance,
                   step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,

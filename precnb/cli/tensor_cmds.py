@@ -1,0 +1,173 @@
+"""Sub-commands over saved tensors (``task: tensor`` dumps): ``metrics`` and ``repro``.
+
+``precnb metrics BASELINE TARGET`` prints msprobe compare's tensor metrics for every tensor pair
+(``--json``: one strict JSON object; ``--csv``: a table; ``-o FILE`` writes it to a new file).
+``precnb repro RUN NODE -o repro.py`` writes a standalone script that reruns one dumped op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "write_new_file"]
+
+_TEXT_COLUMNS = ("cosine", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio", "rel_l2_err", "ulp_err")
+
+
+def write_new_file(path: str | Path, text: str) -> Path:
+    """Write *text* to *path* atomically, refusing to replace anything that exists.
+
+    The text goes to a temporary file in the same folder, which is then hard-linked to *path*
+    (fails if *path* exists, atomically) — or, where hard links are not supported, renamed after
+    a last existence check.
+
+    Raises
+    ------
+    FileExistsError
+        When *path* exists (nothing is written).
+    """
+    from precnb.cli import UsageError
+
+    dest = Path(path)
+    if dest.exists() or dest.is_symlink():
+        raise UsageError(f"{dest} exists; not replacing it (choose another -o)")
+    folder = dest.parent if str(dest.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder")
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        try:
+            os.link(tmp, dest)
+        except FileExistsError:
+            raise UsageError(f"{dest} exists; not replacing it (choose another -o)") from None
+        except OSError:  # no hard links here
+            if dest.exists():
+                raise UsageError(f"{dest} exists; not replacing it (choose another -o)") from None
+            os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return dest
+
+
+def _clean(v: Any) -> Any:
+    import numpy as np
+
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def _rows(frame: Any) -> list[dict[str, Any]]:
+    return [{k: _clean(v) for k, v in rec.items()} for rec in frame.to_dict(orient="records")]
+
+
+def _cmd_metrics(args: argparse.Namespace) -> int:
+    from precnb.cli import UsageError, open_checked, parse_int_set
+    from precnb.tensor_compare import tensor_metrics, to_frame
+
+    if args.json and args.csv:
+        raise UsageError("give --json or --csv, not both")
+    base = open_checked(args.baseline, args)
+    target = open_checked(args.target, args)
+    tensors: Any = args.tensors
+    if tensors and "," in tensors and not any(c in tensors for c in "^$*+?()[]{}|\\"):
+        tensors = [x.strip() for x in tensors.split(",") if x.strip()]
+    try:
+        m = tensor_metrics(base, target, tensors=tensors, steps=parse_int_set(args.steps, "steps"),
+                           ranks=parse_int_set(args.ranks, "ranks"), step_offset=args.step_offset,
+                           workers=args.workers if isinstance(args.workers, int) else None)
+    except (KeyError, ValueError) as exc:
+        raise UsageError(str(exc).strip("'\"")) from None
+    frame = to_frame(m)
+    if args.json:
+        counts = frame["status"].value_counts().to_dict() if len(frame) else {}
+        text = json.dumps({"schema": "precnb.tensor_metrics/1", "baseline": args.baseline, "target": args.target,
+                           "steps": [int(s) for s in m["step"].values], "ranks": [int(r) for r in m["rank"].values],
+                           "pairs": len(frame), "status_counts": {str(k): int(v) for k, v in counts.items()},
+                           "rows": _rows(frame)}, indent=2, allow_nan=False) + "\n"
+    elif args.csv:
+        text = frame.to_csv(index=False, na_rep="")
+    else:
+        text = _text(frame, args.top)
+    if args.output:
+        out = write_new_file(args.output, text)
+        sys.stdout.write(f"wrote {out} ({len(frame)} tensor pair(s))\n")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def safe_text(text: str) -> str:
+    """*text* with control characters (terminal escapes) shown as ``\\xNN`` instead of sent."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _text(frame: Any, top: int) -> str:
+    lines = [f"{len(frame)} tensor pair(s); status: "
+             + ", ".join(f"{k}={v}" for k, v in frame["status"].value_counts().items())]
+    ok = frame[frame["status"].isin(["ok", "zero_d"])]
+    worst = ok.sort_values(["cosine", "rel_l2_err"], ascending=[True, False], na_position="last").head(top)
+    if len(worst):
+        lines.append(f"lowest cosine first (top {len(worst)}):")
+        lines.append(f"  {'step':>4} {'rank':>4}  " + "  ".join(f"{c:>12}" for c in _TEXT_COLUMNS) + "  tensor")
+        for _, row in worst.iterrows():
+            vals = "  ".join(f"{row[c]:>12.6g}" for c in _TEXT_COLUMNS)
+            lines.append(f"  {int(row['step']):>4} {int(row['rank']):>4}  {vals}  {safe_text(str(row['tensor']))}")
+    bad = frame[~frame["status"].isin(["ok", "zero_d", "no_data"])]
+    for _, row in bad.head(top).iterrows():
+        lines.append(f"  {row['status']}: step {int(row['step'])} rank {int(row['rank'])} "
+                     f"{safe_text(str(row['tensor']))} {safe_text(str(row['message']))}")
+    return "\n".join(lines) + "\n"
+
+
+def _cmd_repro(args: argparse.Namespace) -> int:
+    from precnb.cli import open_checked
+    from precnb.repro import repro_script
+
+    run = open_checked(args.run, args, steps=None if args.step is None else [args.step], use_steps_option=False)
+    text = repro_script(run, args.node, step=args.step, rank=args.rank)
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    out = write_new_file(args.output, text)
+    sys.stdout.write(f"wrote {out}: python {out} [--device cuda] reruns {args.node}\n")
+    return 0
+
+
+def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add ``metrics`` and ``repro`` to *sub*."""
+    p = sub.add_parser("metrics", help="msprobe compare's tensor metrics for every saved tensor pair "
+                                       "(task=tensor dumps)")
+    p.add_argument("baseline")
+    p.add_argument("target")
+    p.add_argument("--tensors", help="tensor labels (comma list), a module path (blocks.1) or node, or a regex")
+    p.add_argument("--step-offset", type=int, default=0, help="target step = baseline step + OFFSET (default 0)")
+    p.add_argument("--top", type=int, default=20, help="rows shown without --json/--csv (default 20)")
+    p.add_argument("--json", action="store_true", help="print one strict JSON object (NaN as null)")
+    p.add_argument("--csv", action="store_true", help="print a CSV table, one row per (step, rank, tensor)")
+    p.add_argument("-o", "--output", help="write to this new file instead of stdout (never replaces one)")
+    add_load_options(p)
+    p.set_defaults(func=_cmd_metrics)
+
+    p = sub.add_parser("repro", help="write a standalone script that reruns one dumped op and checks its outputs")
+    p.add_argument("run", help="a tensor-mode dump (task=tensor)")
+    p.add_argument("node", help="API node, e.g. Functional.linear.0.forward (or one of its tensor labels)")
+    p.add_argument("--step", type=int, help="step of the record (default: the first)")
+    p.add_argument("--rank", type=int, help="rank of the record (default: the first)")
+    p.add_argument("-o", "--output", help="script to write (a new file; default: print it)")
+    add_load_options(p)
+    p.set_defaults(func=_cmd_repro)
