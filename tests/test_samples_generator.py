@@ -44,7 +44,10 @@ NAMES = (
     "moe_empty_expert",
     "moe_monitor",
     "drift",
+    "tensor_bf16",
+    "tensor_bug",
 )
+TENSOR_NAMES = ("tensor_bf16", "tensor_bug")
 STATS = ("Max", "Min", "Mean", "Norm")
 
 
@@ -160,6 +163,10 @@ def test_readme_and_total_size():
     assert total < 45e6, f"data_samples is {total / 1e6:.1f} MB"  # ~20 samples, each a few hundred kB to 3 MB
     # every dump root stays small (tiny model, few steps); the newer samples aim at 1 MB
     for name in NAMES:
+        if name in TENSOR_NAMES:  # tensor mode saves every tensor: under 3 MB per sample
+            size = sum(p.stat().st_size for p in (DATA / name).rglob("*") if p.is_file())
+            assert size < 3.0e6, f"{name} is {size / 1e6:.2f} MB"
+            continue
         g = gt(name)
         limit = 1.05e6 if name in ("renamed", "pp_local", "tp_unsync") else 2e6
         for rel in g.get("dump_roots", {"": "."}).values():
@@ -180,9 +187,16 @@ def test_dumps_parse_and_have_msprobe_layout(name):
             top = load(path)
             assert list(top)[:4] == ["task", "level", "framework", "dump_data_dir"]
             level = g.get("level", "mix")
-            assert top["task"] == "statistics" and top["level"] == level
+            assert top["task"] == g.get("task", "statistics") and top["level"] == level
             framework = "mindspore" if path.relative_to(DATA / name).parts[0].startswith("ms_") else "pytorch"
-            assert top["framework"] == framework and top["dump_data_dir"] is None
+            assert top["framework"] == framework
+            if top["task"] == "tensor":  # every tensor leaf names its file, and the file is there
+                assert top["dump_data_dir"] and (path.parent / "dump_tensor_data").is_dir()
+                names = [leaf["data_name"] for rec in top["data"].values() for _, leaf in leaves(rec)
+                         if str(leaf.get("type", "")).startswith("torch.") and "data_name" in leaf]
+                assert names and all((path.parent / "dump_tensor_data" / n).is_file() for n in names)
+            else:
+                assert top["dump_data_dir"] is None
             assert isinstance(top["data"], dict) and len(top["data"]) > (50 if level == "mix" else 20)
             assert re.fullmatch(r"rank\d+|proc\d+", path.parent.name)
             for other in ("construct.json", "stack.json"):

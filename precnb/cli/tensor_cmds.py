@@ -112,7 +112,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def safe_text(text: str) -> str:
-    """*text* with control characters (terminal escapes) shown as ``\\xNN`` instead of sent."""
+    """*text* with control characters (terminal escapes) shown as escapes instead of sent."""
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 

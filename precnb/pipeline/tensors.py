@@ -63,9 +63,9 @@ def pair_tensor_metrics(opts: Any, raw_baseline: xr.Dataset | None, raw_target: 
         if getattr(opts, "tensor_metrics", None):
             raise ValueError("tensor_metrics=True needs two runs dumped with task=tensor")
         return None
-    from precnb.tensor_compare import tensor_metrics
-
     from collections.abc import Mapping
+
+    from precnb.tensor_compare import tensor_metrics
 
     pairing = alignment if isinstance(alignment, Mapping) or any(
         callable(getattr(alignment, n, None)) for n in ("baseline_tensor", "baseline_label")) else None

@@ -168,6 +168,19 @@ def _digest(gt: dict[str, Any]) -> list[str]:
                     f"- {r} anomaly.json: {a['entries']} entries; first AnomalyNan (not "
                     f"embed.input): step {e['step']} `{e['tag_name']}`"
                 )
+    elif name in ("tensor_bf16", "tensor_bug"):
+        for f in gt["faults"]:
+            out.append(_fault_line(f) + f" — module `{f['module']}`, differing leaves: "
+                       f"{sorted(f['differing_leaves'])}")
+        p = gt.get("precision")
+        if p:
+            out.append(f"- {p['target']} vs {p['baseline']}: {p['tensors_float32_in_baseline_bfloat16_in_target']} "
+                       f"tensors fp32 → bf16 in {len(p['api_families_changed'])} API families "
+                       f"({', '.join(p['api_families_changed'])}); first bf16 node "
+                       f"`{p['first_node_with_bfloat16']}`; no parameter changes dtype")
+        c = gt["msprobe_compare"]
+        out.append(f"- `msprobe compare` (tensor mode) of the pair: `{c['csv']}`, {c['rows']} rows "
+                   f"({c['rows_with_metrics']} with metrics), Result {c['result_counts']}")
     else:  # scenarios that state their own digest lines
         out += [str(x) for x in gt.get("digest", [])]
     return out
@@ -323,7 +336,9 @@ def write_readme(out: str | Path) -> Path:
         "`renamed` uses 2 blocks (the same model, written twice with other names), `pp_local` "
         "4 blocks (2 per pipeline stage) and `tp_unsync` 1 block with hidden dropout, to keep "
         "all samples under 20 MB; `xfw` uses 2 blocks and `kernel_resume` a smaller 1-layer MindSpore "
-        "configuration. Each `ground_truth.json` states its model.",
+        "configuration; the tensor-mode samples (`tensor_*`: every tensor saved as a file, 1 step) use "
+        "2 blocks with vocab 32 and batch 1 to stay under 3 MB each. Each `ground_truth.json` states its "
+        "model.",
         "",
         f"Total size: {_mb(total)}.",
         "",
