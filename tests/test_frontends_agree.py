@@ -37,6 +37,8 @@ CASES = [
     ("kernel_resume", "kernel_resume/bad", "kernel_resume/correct", [], {}),
     ("xfw same framework", "xfw/ms_bug", "xfw/ms_same", [], {}),
     ("xfw", "xfw/ms_bug", "xfw/pt", [], {}),
+    ("tensor_bf16", "tensor_bf16/target", "tensor_bf16/baseline", [], {}),
+    ("tensor_bug", "tensor_bug/target", "tensor_bug/baseline", [], {}),
 ]
 
 VERB = {"first_divergence": "diff", "nan_origin": "nan", "anomaly": "anomalies", "replica_mismatch": "replicas"}
