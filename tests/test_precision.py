@@ -156,7 +156,7 @@ def test_tensor_verdict_rules_and_reasons():
     assert differs(status="nan_inf_mismatch") and differs(status="shape_mismatch")
     assert not differs(status="zero_d", cosine=np.nan, rel_l2_err=1e-6)
     assert differs(status="zero_d", cosine=np.nan, rel_l2_err=1e-2)
-    d, judged = tensor_differs(_metrics(**{**ok, "status": "no_data"}), grid, [0.0])
+    _d, judged = tensor_differs(_metrics(**{**ok, "status": "no_data"}), grid, [0.0])
     assert not bool(judged.item())  # statistics decide there
     assert verdict_reason({**ok, "cosine": 0.85}, 2 ** -14) == "cosine 0.85 < 0.9"
 
