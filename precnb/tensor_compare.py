@@ -239,8 +239,6 @@ def tensor_metrics(
     ValueError
         When the runs share no step or rank, or *tensors* selects nothing.
     """
-    import dask
-
     b = _open(baseline, "baseline")
     t = _open(target, "target")
     off = int(step_offset)
@@ -291,6 +289,8 @@ def tensor_metrics(
         out = xr.Dataset(_dask_vars(specs, args, shape), coords=coords, attrs=attrs)
         if lazy:
             return out
+        import dask
+
         (computed,) = dask.compute(out, scheduler=scheduler, num_workers=workers)
         return computed
     arrays = _empty_vars(shape)
