@@ -74,3 +74,23 @@ def test_diff_uses_tensor_metrics_and_states_the_precision(samples):
     f = _strict(p.stdout)
     assert (f["node"], f["module"]) == ("Tensor.__mul__.6.forward", "blocks.1")
     assert f["values"]["tensor_metrics"]["cosine"] == 1.0
+
+
+def test_report_detail_table_has_the_tensor_metric_columns(samples, tmp_path):
+    from bs4 import BeautifulSoup
+
+    out = tmp_path / "r.html"
+    p = cli("report", str(samples("tensor_bug", "target")), "--baseline", str(samples("tensor_bug", "baseline")),
+            "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    soup = BeautifulSoup(out.read_text(encoding="utf-8"), "html.parser")
+    table = next(t for t in soup.find_all("table") if "cosine" in [th.get_text() for th in t.find_all("th")])
+    head = [th.get_text() for th in table.find_all("th")]
+    assert head[-4:] == ["cosine", "max abs err", "max rel err", "1‰ err ratio"]
+    rows = {tr.find_all("td")[1].get_text(): [td.get_text() for td in tr.find_all("td")]
+            for tr in table.find_all("tr") if tr.find_all("td")}
+    origin = rows["Tensor.__mul__.6.forward.output.0"]
+    assert origin[-4:] == ["1", "0.415933", "0.5", "0"]  # cosine blind to the scale; the 1‰ ratio is 0
+    plain = cli("report", str(samples("divergence", "target")), "--baseline", str(samples("divergence", "baseline")),
+                "-o", str(tmp_path / "s.html"))
+    assert plain.returncode == 0 and "1‰ err ratio" not in (tmp_path / "s.html").read_text(encoding="utf-8")

@@ -328,6 +328,10 @@ def detail_table(data: Any, combined: xr.Dataset | None, finding: Any, *, rows: 
                              limit=len(window) + 1)
         order = {t: i for i, t in enumerate(window)}
         frame = frame.assign(_o=frame["tensor"].map(order)).sort_values("_o", kind="stable").drop(columns="_o")
+        from precnb.report._tensor_cols import metric_columns  # issue #17: whole-tensor metrics
+
+        metrics = metric_columns(data, step=step, rank=rank, tensors=window)
+        return _detail_rows(frame, step, rank, tensor, names, metrics=metrics)
     else:
         if step not in ds.indexes["step"] or rank not in ds.indexes["rank"]:
             return None
@@ -337,8 +341,8 @@ def detail_table(data: Any, combined: xr.Dataset | None, finding: Any, *, rows: 
     return _detail_rows(frame, step, rank, tensor, names)
 
 
-def _detail_rows(frame: pd.DataFrame, step: int, rank: int, tensor: str | None, names: list[str]
-                 ) -> dict[str, Any]:
+def _detail_rows(frame: pd.DataFrame, step: int, rank: int, tensor: str | None, names: list[str],
+                 metrics: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     base = names[0] if names else None
     stat_cols = [s for s in _STATS if s in frame.columns]
     extra = [c for c in frame.columns if c in ("nans", "zeros")]
@@ -347,6 +351,10 @@ def _detail_rows(frame: pd.DataFrame, step: int, rank: int, tensor: str | None, 
     if base is not None:
         header = [*cols, *[f"{s} ({names[1]})" for s in stat_cols], *[f"{s} ({base})" for s in stat_cols],
                   "rel. diff"]
+    if metrics:
+        from precnb.report._tensor_cols import METRIC_HEADERS
+
+        header += list(METRIC_HEADERS.values())
     out, focus = [], None
     for i, r in enumerate(frame.to_dict("records")):
         null = int(r.get("null_stats", 0) or 0)
@@ -363,6 +371,10 @@ def _detail_rows(frame: pd.DataFrame, step: int, rank: int, tensor: str | None, 
             rel = r.get("rel_diff")
             cells.append(Cell("—", "absent") if rel is None or (isinstance(rel, float) and math.isnan(rel))
                          else fmt(rel))
+        if metrics:
+            got = metrics.get(r["tensor"])
+            cells += [Cell("—", "absent") if got is None or math.isnan(got[k]) else fmt(got[k])
+                      for k in METRIC_HEADERS]
         if r["tensor"] == tensor:
             focus = i
         out.append(cells)
