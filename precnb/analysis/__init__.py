@@ -17,6 +17,7 @@ from precnb.analysis.nan_origin import nan_origin
 from precnb.analysis.replicas import check_replicas
 from precnb.analysis.stepwise import first_divergence_stepwise
 from precnb.analysis.summary import summarize
+from precnb.analysis.tensor_verdicts import TensorThresholds
 from precnb.analysis.tolerance import Tolerance, relative_difference
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Layout",
     "LayoutError",
     "SpikeRule",
+    "TensorThresholds",
     "Tolerance",
     "align",
     "anomalies",
