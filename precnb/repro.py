@@ -111,7 +111,7 @@ def _leaf_expr(leaf: Any, where: str, files: list[str]) -> str:
                              "it cannot be rebuilt")
         parts = [f"{k!r}: {_leaf_expr(v, f'{where}.{k}', files)}" for k, v in leaf.items()]
         return "{" + ", ".join(parts) + "}"
-    if kind.endswith(("Tensor", "ndarray")) or "Tensor" in kind:
+    if "Tensor" in kind or "Parameter" in kind or kind.endswith("ndarray"):
         name = leaf.get("data_name")
         if not isinstance(name, str) or not name or name == "-1":
             raise ReproError(f"{where}: a {kind} without a saved file (dump with task=tensor to rebuild it)")

@@ -39,13 +39,13 @@ _COPIED_COORDS = ("node", "module", "api", "kind", "direction", "role", "dtype",
 _OBJECT_VARS = ("status", "message", "target_dtype", "baseline_dtype")
 
 
-def _open(run: Any, which: str) -> xr.Dataset:
+def _open(run: Any, which: str, steps: list[int] | None = None, ranks: list[int] | None = None) -> xr.Dataset:
     if isinstance(run, xr.Dataset):
         ds = run
     elif isinstance(run, str | os.PathLike):
         from precnb.io.api import open_run
 
-        ds = open_run(run, progress=None)
+        ds = open_run(run, steps=steps, ranks=ranks, progress=None)
     else:
         raise TypeError(f"{which}: expected a dataset or a path, got {type(run).__name__}")
     if "run" in ds.dims:
@@ -239,17 +239,17 @@ def tensor_metrics(
     ValueError
         When the runs share no step or rank, or *tensors* selects nothing.
     """
-    b = _open(baseline, "baseline")
-    t = _open(target, "target")
     off = int(step_offset)
+    want_steps = None if steps is None else [int(x) for x in steps]
+    want_ranks = None if ranks is None else [int(x) for x in ranks]
+    b = _open(baseline, "baseline", want_steps, want_ranks)
+    t = _open(target, "target", None if want_steps is None else [x + off for x in want_steps], want_ranks)
     common_steps = sorted(set(b["step"].values.tolist()) & {s - off for s in t["step"].values.tolist()})
     common_ranks = sorted(set(b["rank"].values.tolist()) & set(t["rank"].values.tolist()))
-    if steps is not None:
-        wanted = {int(s) for s in steps}
-        common_steps = [s for s in common_steps if s in wanted]
-    if ranks is not None:
-        wanted = {int(r) for r in ranks}
-        common_ranks = [r for r in common_ranks if r in wanted]
+    if want_steps is not None:
+        common_steps = [s for s in common_steps if s in set(want_steps)]
+    if want_ranks is not None:
+        common_ranks = [r for r in common_ranks if r in set(want_ranks)]
     if not common_steps or not common_ranks:
         raise ValueError(f"the runs share no step/rank to compare (baseline steps {b['step'].values.tolist()}, "
                          f"ranks {b['rank'].values.tolist()}; target steps {t['step'].values.tolist()}, "
@@ -365,15 +365,11 @@ def to_frame(metrics: xr.Dataset, *, with_data_only: bool = True) -> Any:
         Columns ``step, rank, tensor, baseline_tensor, node, module``, the metrics, ``status``,
         ``message``, ``target_dtype``, ``baseline_dtype``.
     """
-    import pandas as pd
-
     ds = metrics.compute()
     cols = [v for v in ENTRY_VARS if v in ds]
-    frame = ds[cols].to_dataframe().reset_index()
     extra = [c for c in ("baseline_tensor", "node", "module") if c in ds.coords]
-    for c in extra:
-        frame[c] = pd.Series(ds[c].values, index=ds["tensor"].values).reindex(frame["tensor"]).to_numpy()
+    frame = ds[cols].reset_coords([c for c in ds.coords if c not in (*extra, "step", "rank", "tensor")],
+                                  drop=True).to_dataframe().reset_index()
     if with_data_only:
         frame = frame[frame["status"] != "no_data"]
-    order = ["step", "rank", "tensor", *extra, *cols]
-    return frame[order].reset_index(drop=True)
+    return frame[["step", "rank", "tensor", *extra, *cols]].reset_index(drop=True)

@@ -2,7 +2,10 @@
 
 Tensor files are read only on request, and never with unrestricted unpickling:
 ``.npy`` with ``numpy.load(allow_pickle=False)`` and ``.pt`` with
-``torch.load(weights_only=True)`` (torch is an optional dependency).
+``torch.load(weights_only=True)`` (torch is an optional dependency). :func:`load_array`
+reads a plain-tensor ``.pt`` without torch (:mod:`precnb.io._torchzip`, an allow-list reader of
+torch's zip format) and returns numpy; :class:`TensorFolder` resolves many ``data_name`` values
+of one folder cheaply, with the same refusals as :func:`safe_join`.
 """
 
 from __future__ import annotations

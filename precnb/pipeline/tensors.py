@@ -19,7 +19,7 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["has_tensor_files", "pair_tensor_metrics", "wants_tensor_metrics"]
+__all__ = ["has_tensor_files", "pair_tensor_metrics", "pairing", "wants_tensor_metrics"]
 
 _PATTERNS = ("dump_tensor_data", "*/dump_tensor_data", "*/*/dump_tensor_data", "*/*/*/dump_tensor_data")
 
@@ -51,6 +51,20 @@ def wants_tensor_metrics(opts: Any, target: Any, baseline: Any) -> bool:
     if getattr(opts, "target_layout", None) or getattr(opts, "baseline_layout", None):
         return False  # merged shards have no files of their own
     return bool(choice) or (has_tensor_files(target) and has_tensor_files(baseline))
+
+
+def pairing(alignment: Any) -> Any:
+    """The alignment to pair labels with, when :func:`precnb.tensor_metrics` can use it.
+
+    A mapping, or an object with ``baseline_tensor`` / ``baseline_label``; else None (labels
+    pair by name).
+    """
+    from collections.abc import Mapping
+
+    if isinstance(alignment, Mapping) or any(callable(getattr(alignment, n, None))
+                                             for n in ("baseline_tensor", "baseline_label")):
+        return alignment
+    return None
 
 
 def pair_tensor_metrics(opts: Any, raw_baseline: xr.Dataset | None, raw_target: xr.Dataset, *,

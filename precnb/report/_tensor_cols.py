@@ -16,7 +16,7 @@ METRIC_HEADERS = {"cosine": "cosine", "max_abs_err": "max abs err", "max_rel_err
 
 
 def metric_columns(data: Any, *, step: int, rank: int, tensors: list[str]) -> dict[str, dict[str, Any]] | None:
-    """tensor → {metric: value} for *tensors* at (step, rank); None when the pair has no tensor files.
+    """Map tensor → {metric: value} for *tensors* at (step, rank); None when the pair has no tensor files.
 
     Parameters
     ----------
@@ -26,7 +26,7 @@ def metric_columns(data: Any, *, step: int, rank: int, tensors: list[str]) -> di
     tensors : list of str
         Target labels.
     """
-    from precnb.pipeline.tensors import has_tensor_files
+    from precnb.pipeline.tensors import has_tensor_files, pairing
 
     base = data.raw_baseline if data.raw_baseline is not None else data.baseline
     targ = data.raw_target if data.raw_target is not None else data.target
@@ -39,7 +39,8 @@ def metric_columns(data: Any, *, step: int, rank: int, tensors: list[str]) -> di
     offset = data.step_offset if isinstance(data.step_offset, int) else 0
     labels = [t for t in tensors if t in targ.indexes["tensor"]]
     try:
-        m = tensor_metrics(base, targ, tensors=labels, steps=[step], ranks=[rank], step_offset=offset)
+        m = tensor_metrics(base, targ, tensors=labels, steps=[step], ranks=[rank], step_offset=offset,
+                           alignment=pairing(getattr(data, "alignment", None)))
     except (ValueError, KeyError):
         return None
     out: dict[str, dict[str, Any]] = {}
