@@ -53,7 +53,7 @@ def make_large_pair(workdir: Path) -> Path:
     pair = workdir / "large_pair"
     if (pair / "done").exists():
         return pair
-    from precnb.samples import _scn_tensor as S
+    from precnb.samples import _scn_tensor as S  # noqa: N812
     from precnb.samples._model import ModelConfig
     from precnb.samples._train import launch
 
