@@ -119,7 +119,10 @@ def _pairing(alignment: Any) -> Callable[[str], str]:
     """Map target label → baseline label: any mapping (missing labels pair by name) or an Alignment."""
     if alignment is None:
         return lambda label: label
-    for name in ("baseline_tensor", "baseline_label"):  # a precnb.Alignment (issue #13) may offer one
+    tensor_map = getattr(alignment, "tensor_map", None)  # a precnb.Alignment
+    if callable(tensor_map):
+        alignment = tensor_map()
+    for name in ("baseline_tensor", "baseline_label"):
         fn = getattr(alignment, name, None)
         if callable(fn):
             return lambda label: str(fn(label) or label)
@@ -205,7 +208,8 @@ def tensor_metrics(
     steps, ranks : iterable of int, optional
         Restrict to these (default: the steps and ranks both runs have).
     alignment : mapping or Alignment, optional
-        Target label → baseline label (labels it does not name pair with the same label).
+        Target label → baseline label (labels it does not name pair with the same label); a
+        :class:`precnb.Alignment` pairs through its ``tensor_map()``.
     step_offset : int
         Target step = baseline step + offset (a resumed run); the result's ``step`` is the
         baseline's, with a ``target_step`` coordinate.

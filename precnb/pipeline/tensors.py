@@ -56,13 +56,15 @@ def wants_tensor_metrics(opts: Any, target: Any, baseline: Any) -> bool:
 def pairing(alignment: Any) -> Any:
     """The alignment to pair labels with, when :func:`precnb.tensor_metrics` can use it.
 
-    A mapping, or an object with ``baseline_tensor`` / ``baseline_label``; else None (labels
-    pair by name).
+    A :class:`precnb.Alignment` (its ``tensor_map()``), a mapping, or an object with
+    ``baseline_tensor`` / ``baseline_label``; else None (labels pair by name).
     """
     from collections.abc import Mapping
 
+    if getattr(alignment, "identical", False):
+        return None  # every name pairs with itself
     if isinstance(alignment, Mapping) or any(callable(getattr(alignment, n, None))
-                                             for n in ("baseline_tensor", "baseline_label")):
+                                             for n in ("tensor_map", "baseline_tensor", "baseline_label")):
         return alignment
     return None
 
