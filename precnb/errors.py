@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DumpFormatError", "NotADumpError", "PrecnbError", "UnsafeFileError"]
+__all__ = ["DumpFormatError", "NotADumpError", "OutputRefusedError", "PrecnbError", "UnsafeFileError"]
 
 
 class PrecnbError(Exception):
@@ -38,3 +38,20 @@ class NotADumpError(PrecnbError):
 
 class UnsafeFileError(PrecnbError):
     """A tensor file would need unpickling of arbitrary objects and was refused."""
+
+
+class OutputRefusedError(PrecnbError):
+    """precnb refused to write an output (it would replace or land in something it did not create).
+
+    Parameters
+    ----------
+    path : str or Path
+        The output asked for.
+    why : str
+        The reason, one line.
+    """
+
+    def __init__(self, path: str | Path, why: str) -> None:
+        self.path = str(path)
+        self.why = why
+        super().__init__(f"refusing to write {self.path}: {why}")

@@ -31,10 +31,10 @@ def test_public_api_resolves():
 @pytest.mark.parametrize("module", [
     "precnb.schema", "precnb.naming", "precnb.analysis.layout", "precnb.analysis.findings",
     "precnb.analysis.tolerance", "precnb.analysis.masks", "precnb.analysis.summary", "precnb.analysis.pp",
-    "precnb.io._assemble", "precnb.io._jsonio", "precnb.combine", "precnb.accessor",
-    "precnb.io.ms_kernel_tensors", "precnb.io._ms_names", "precnb.io._ms_files",
-    "precnb.analysis.preflight", "precnb.analysis._pf_common", "precnb.analysis._pf_optim", "precnb.io._runfacts",
-    "precnb.io.config_check", "precnb.analysis.registry",
+    "precnb.io._assemble", "precnb.io._jsonio", "precnb.combine", "precnb.accessor", "precnb.io.ms_kernel_tensors",
+    "precnb.io._ms_names", "precnb.io._ms_files", "precnb.analysis.preflight", "precnb.analysis._pf_common",
+    "precnb.analysis._pf_optim", "precnb.io._runfacts", "precnb.io.config_check", "precnb.analysis.registry",
+    "precnb._write", "precnb._marks",
 ])
 def test_docstring_examples_run(module):
     mod = importlib.import_module(module)

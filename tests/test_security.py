@@ -207,6 +207,9 @@ def _audit(event: str, args: tuple) -> None:
             if any(os.path.abspath(p).startswith(w) for w in _WATCH):
                 _OPEN_LOG.append((p, str(mode or flags)))
     elif event in _NET_EVENTS:
+        sock = args[0] if args else None
+        if getattr(sock, "family", None) == getattr(__import__("socket"), "AF_UNIX", None):
+            return  # local IPC (the parsing worker pool's forkserver), not the network
         _NET_LOG.append((event, repr(args)[:200]))
 
 

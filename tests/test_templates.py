@@ -115,6 +115,9 @@ def test_template_fill(tmp_path, capsys):
     from precnb.cli import main
 
     out = tmp_path / "incident" / "my.ipynb"
+    assert main(["template", "divergence", "-o", str(out)]) == 1  # precnb creates no folder
+    assert "incident does not exist (precnb does not create folders" in capsys.readouterr().err
+    out.parent.mkdir()
     code = main(["template", "divergence", "-o", str(out), "-p", "baseline", "/data/gpu run",
                  "-p", "target", "/data/npu", "-p", "step_offset", "auto", "-p", "tolerance", "0.001"])
     assert code == 0, capsys.readouterr().err
@@ -136,8 +139,10 @@ def test_template_fill(tmp_path, capsys):
     # no parameters: a plain copy
     out3 = tmp_path / "plain.ipynb"
     assert main(["template", "monitor_trends", "-o", str(out3)]) == 0
-    assert (PACKAGE / "monitor_trends.ipynb").read_text(encoding="utf-8").strip() == out3.read_text(
-        encoding="utf-8").strip()
+    copy, orig = _read(out3), _read(PACKAGE / "monitor_trends.ipynb")
+    assert copy.cells == orig.cells
+    assert copy.metadata.pop("precnb_output")["kind"] == "notebook:monitor_trends"  # --overwrite may replace it
+    assert copy.metadata == orig.metadata
 
 
 def test_template_errors(tmp_path, capsys):
@@ -153,7 +158,13 @@ def test_template_errors(tmp_path, capsys):
     target.write_text("{}")
     assert main(["template", "nan_origin", "-o", str(target)]) == 1
     assert "exists" in capsys.readouterr().err
-    assert main(["template", "nan_origin", "-o", str(target), "--overwrite"]) == 0
+    assert main(["template", "nan_origin", "-o", str(target), "--overwrite"]) == 1  # not precnb's: kept
+    assert "is not a precnb output" in capsys.readouterr().err and target.read_text() == "{}"
+    ours = tmp_path / "ours.ipynb"
+    assert main(["template", "nan_origin", "-o", str(ours)]) == 0
+    assert main(["template", "divergence", "-o", str(ours)]) == 1
+    assert main(["template", "divergence", "-o", str(ours), "--overwrite"]) == 0
+    assert _read(ours).metadata["precnb_output"]["kind"] == "notebook:divergence"
 
 
 @pytest.mark.slow

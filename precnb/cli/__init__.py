@@ -225,8 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="materialise a run into a zarr store that reopens instantly")
     p.add_argument("path")
-    p.add_argument("-o", "--output", required=True, help="store folder to create (e.g. run.zarr)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument("-o", "--output", required=True, help="store folder to create (e.g. run.zarr); its parent "
+                                                        "folder must exist")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store precnb wrote (never "
+                                                            "anything else)")
     _add_load_options(p)
     p.set_defaults(func=_cmd_convert)
 

@@ -254,6 +254,11 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from precnb.cli import UsageError
     from precnb.io.store import to_zarr
 
+    inputs = [p for p in (args.run, args.reference) if p]
+    if args.output:
+        from precnb._write import check_output
+
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite, folder=True)  # before the long part
     ds = _load(args.run, args, steps=_steps_arg(args))
     ref = _load(args.reference, args, steps=_steps_arg(args)) if args.reference else None
     try:
@@ -266,7 +271,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         for k in merged[name].values:
             counts[f"{name[len('shard_kind_'):]}:{k}"] = counts.get(f"{name[len('shard_kind_'):]}:{k}", 0) + 1
     if args.output:
-        to_zarr(merged, args.output, mode="w" if args.overwrite else "w-")
+        to_zarr(merged, args.output, mode="w" if args.overwrite else "w-", inputs=inputs)
     summary = {"layout": layout.describe(), "merged_ranks": [int(r) for r in merged["rank"].values],
                "tensors": int(merged.sizes["tensor"]), "classification": counts, "output": args.output}
     if args.json:
@@ -383,7 +388,8 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p = sub.add_parser("merge", help="merge TP/CP shards (and PP/VPP/EP stages) into whole-layer statistics")
     p.add_argument("run")
     p.add_argument("-o", "--output", help="zarr store to write (e.g. merged.zarr)")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store precnb wrote (never "
+                                                            "anything else)")
     p.add_argument("--reference", help="an unsharded run: names split dims, spots partial sums by shape")
     p.add_argument("--json", action="store_true")
     p.add_argument("--step", type=int, help="only this step")

@@ -45,12 +45,26 @@ def _name(path: str) -> str:
     return p.name or str(p)
 
 
+def report_inputs(args: argparse.Namespace) -> list[str]:
+    """Every path a command reads (runs, baseline, reference runs, mapping files): outputs stay out of them."""
+    paths = [getattr(args, n, None) for n in ("run", "baseline", "target", "path")]
+    for n in ("reference", "mapping"):
+        value = getattr(args, n, None)
+        paths += list(value) if isinstance(value, (list, tuple)) else [value]
+    return [str(p) for p in paths if p]
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from precnb.cli.analysis_cmds import run_triage
     from precnb.report import write_html
 
+    from precnb._write import check_output
+
+    inputs = report_inputs(args)
+    check_output(args.output, inputs=inputs, overwrite=args.overwrite)  # before the long part
     triage = run_triage(args, args.run, args.baseline)
-    out = write_html(triage, args.output, title=args.title, stat=args.stat)
+    out = write_html(triage, args.output, title=args.title, stat=args.stat, overwrite=args.overwrite,
+                     inputs=inputs)
     size = out.stat().st_size
     sys.stdout.write(f"wrote {out} ({size / 1e6:.2f} MB, self-contained, opens offline)\n")
     return 0
@@ -95,6 +109,10 @@ def _cmd_template(args: argparse.Namespace) -> int:
     if not args.output:
         raise UsageError("-o/--output is required (the .ipynb to write)")
     params = {k: _value(v) for k, v in (args.param or [])}
+    if args.html:  # refuse a bad --html before writing and running the notebook
+        from precnb._write import check_output
+
+        check_output(args.html, inputs=[args.output, *notebooks.parameter_paths(params)], overwrite=args.overwrite)
     try:
         out = notebooks.fill_template(args.name, args.output, params, overwrite=args.overwrite)
     except (KeyError, ValueError) as exc:
@@ -104,7 +122,8 @@ def _cmd_template(args: argparse.Namespace) -> int:
         out = notebooks.execute(out, cwd=args.cwd)
         sys.stdout.write(f"executed {out}\n")
     if args.html:
-        html = notebooks.export_html(out, args.html)
+        html = notebooks.export_html(out, args.html, overwrite=args.overwrite,
+                                     inputs=notebooks.parameter_paths(params))
         sys.stdout.write(f"wrote {html} (offline HTML)\n")
     return 0
 
@@ -116,7 +135,10 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
                                    "--baseline; replica check with --layout) and write one HTML file that "
                                    "opens offline: findings, a heat map linked to a line chart, tables.")
     p.add_argument("run", help="the run (dump root, monitor output, compare CSV or zarr store)")
-    p.add_argument("-o", "--output", required=True, help="HTML file to write (e.g. report.html)")
+    p.add_argument("-o", "--output", required=True, help="HTML file to write (e.g. report.html); its folder "
+                                                        "must exist")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing precnb report (never any "
+                                                            "other file)")
     p.add_argument("--baseline", help="a run to compare against: report the first divergence")
     p.add_argument("--layout", help="parallel layout of RUN, e.g. tp=2,pp=2 or dp=8: replica check; with "
                                     "--baseline, RUN's shards are merged before comparing")
@@ -145,7 +167,8 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
                    help="set a parameter (repeatable); numbers, true/false and none are converted")
     p.add_argument("--list", action="store_true", help="list the templates and their parameters")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output notebook")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing notebook (and --html page) "
+                                                            "that precnb wrote (never any other file)")
     p.add_argument("--execute", action="store_true", help="run the filled notebook (papermill) in place")
     p.add_argument("--html", help="also export the executed notebook to this offline HTML file "
                                   "(needs the offline_lab nbconvert template: `make offline-template`)")

@@ -1,0 +1,327 @@
+"""Nothing a user owns is ever lost: every writer (convert, merge -o, report, template, to_zarr,
+write_html, the explorer's export) refuses to write into, over or around an input, over anything
+it did not create, through a symlink or into a missing folder; writes are atomic and concurrent
+writers cannot leave a mixed store.
+
+Every attack runs on a copy of a real sample (``data_samples/dp_nan``, plus a user folder, a
+user file and a user zarr store beside it) and compares the sha256, size and mode of every file
+and folder below the whole work area before and after: a refusal changes nothing at all, and
+is one line naming the path and why, exit 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from precnb.cli import main
+from precnb.errors import OutputRefusedError
+from tests.conftest import open_quiet, sample_path
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """sha256, size and mode of every file, folder and link below *root* (mtimes of folders vary)."""
+    out = {}
+    for p in sorted([root, *root.rglob("*")]):
+        st = p.lstat()
+        if p.is_symlink():
+            out[str(p.relative_to(root))] = ("link", os.readlink(p))
+        elif p.is_file():
+            out[str(p.relative_to(root))] = (hashlib.sha256(p.read_bytes()).hexdigest(), st.st_size, st.st_mode)
+        else:
+            out[str(p.relative_to(root))] = ("dir", st.st_mode)
+    return out
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """tmp/{RUN (dp_nan), mine/ (a user folder), user.html, user.ipynb, theirs.zarr (a user zarr store)}."""
+    sample_path("dp_nan")
+    root = tmp_path / "w"
+    root.mkdir()
+    shutil.copytree(sample_path("dp_nan"), root / "RUN")
+    (root / "mine").mkdir()
+    (root / "mine" / "notes.txt").write_text("my notes\n")
+    (root / "user.html").write_text("<html><head></head><body>my page</body></html>")
+    (root / "user.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    theirs = root / "theirs.zarr"
+    theirs.mkdir()
+    (theirs / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group",
+                                                  "attributes": {"precnb_schema": "1.0"}}))
+    monkeypatch.chdir(root)
+    return root
+
+
+def refused(capsys, argv: list[str], *needles: str) -> str:
+    """Run the CLI; it must exit 1 with one line naming the refusal."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 1, (argv, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "refusing to write" in lines[0], err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+W1 = ["--workers", "1"]
+
+# (argv, words the one-line refusal must hold); run from inside the work area
+ATTACKS = [
+    # the issue's attacks
+    (["convert", "RUN/step0", "-o", "RUN", "--overwrite"], ["it is the input"]),
+    (["convert", "RUN", "-o", "mine", "--overwrite"], ["mine", "not a precnb output"]),
+    (["merge", "RUN/step0", "--tp", "2", "-o", "RUN", "--overwrite"], ["it is the input"]),
+    (["convert", "RUN", "-o", "RUN/step0", "--overwrite"], ["inside the input"]),
+    (["convert", "RUN", "-o", "RUN/run.zarr"], ["inside the input"]),
+    (["report", "RUN", "-o", "RUN/step0/rank0/dump.json"], ["inside the input"]),
+    (["report", "RUN", "-o", "RUN/step0/rank0/dump.json", "--overwrite"], ["inside the input"]),
+    (["report", "RUN", "-o", "no/such/dir/r.html"], ["does not exist", "create it first"]),
+    # an input given as a step folder, a rank folder or a file inside the dump protects the whole dump
+    (["convert", "RUN/step0", "-o", "RUN/x.zarr"], ["inside the input"]),
+    (["convert", "RUN/step0/rank0", "-o", "RUN/step1/x.zarr"], ["inside the input"]),
+    (["convert", "RUN/step0/rank0/dump.json", "-o", "RUN/step0/x.zarr"], ["inside the input"]),
+    (["report", "RUN/step1/rank1/dump.json", "-o", "RUN/r.html"], ["inside the input"]),
+    (["merge", "RUN", "--tp", "2", "-o", "RUN/step0/rank0", "--overwrite"], ["inside the input"]),
+    # folders above the input, the current folder, relative paths, trailing slashes, dot-dot
+    (["convert", "RUN/step0", "-o", ".", "--overwrite"], ["the input", "is inside it"]),
+    (["convert", "RUN", "-o", "./", "--overwrite"], ["the input", "is inside it"]),
+    (["convert", "RUN/", "-o", "RUN/", "--overwrite"], ["it is the input"]),
+    (["convert", "RUN", "-o", "mine/../RUN/step2/", "--overwrite"], ["inside the input"]),
+    (["convert", "./RUN/step0/../", "-o", "RUN/step0/../x.zarr"], ["inside the input"]),
+    (["report", "RUN", "-o", "RUN"], ["it is the input"]),
+    (["report", "RUN", "-o", "out/"], ["names a folder"]),
+    (["report", "RUN", "-o", ""], ["empty output path"]),
+    (["convert", "RUN", "-o", "/"], ["names a folder"]),
+    # existing things precnb did not write, with and without --overwrite
+    (["convert", "RUN", "-o", "theirs.zarr", "--overwrite"], ["not a precnb output"]),
+    (["convert", "RUN", "-o", "theirs.zarr"], ["not a precnb output"]),
+    (["convert", "RUN", "-o", "user.html", "--overwrite"], ["not a folder"]),
+    (["report", "RUN", "-o", "user.html"], ["not a precnb output"]),
+    (["report", "RUN", "-o", "user.html", "--overwrite"], ["not a precnb output"]),
+    (["report", "RUN", "-o", "mine", "--overwrite"], ["is a folder"]),
+    (["report", "RUN", "-o", "mine/notes.txt", "--overwrite"], ["not a precnb output"]),
+    (["template", "nan_origin", "-o", "user.ipynb", "--overwrite"], ["not a precnb output"]),
+    (["template", "nan_origin", "-o", "RUN/t.ipynb", "-p", "run", "RUN"], ["inside the input"]),
+    (["template", "nan_origin", "-o", "t.ipynb", "--html", "RUN/t.html", "-p", "run", "RUN"], ["inside the input"]),
+    (["template", "nan_origin", "-o", "t.ipynb", "--html", "user.html", "--overwrite"], ["not a precnb output"]),
+    # a baseline or a reference is an input too
+    (["report", "RUN/step1", "--baseline", "RUN/step0", "-o", "RUN/step0/r.html"], ["inside the input"]),
+    (["merge", "RUN", "--tp", "2", "--reference", "RUN", "-o", "RUN/m.zarr"], ["inside the input"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "needles"), ATTACKS, ids=[" ".join(a) or "empty" for a, _ in ATTACKS])
+def test_attack_is_refused_and_nothing_changes(world, capsys, argv, needles):
+    before = snapshot(world)
+    refused(capsys, [*argv, *(W1 if argv[0] in ("convert", "merge", "report") else [])], *needles)
+    assert snapshot(world) == before
+
+
+def test_symlinks_into_the_input_or_as_the_output_are_refused(world, capsys):
+    (world / "into_step").symlink_to(world / "RUN" / "step0", target_is_directory=True)
+    (world / "run_link").symlink_to(world / "RUN", target_is_directory=True)
+    assert main(["convert", "RUN", "-o", "ours.zarr", *W1]) == 0
+    (world / "store_link").symlink_to(world / "ours.zarr", target_is_directory=True)
+    assert main(["report", "RUN", "-o", "ours.html", *W1]) == 0
+    (world / "report_link.html").symlink_to(world / "ours.html")
+    (world / "dangling.html").symlink_to(world / "nowhere.html")
+    capsys.readouterr()
+    before = snapshot(world)
+    refused(capsys, ["convert", "RUN", "-o", "into_step/x.zarr", *W1], "inside the input")
+    refused(capsys, ["convert", "RUN", "-o", "run_link", "--overwrite", *W1], "it is the input")
+    refused(capsys, ["convert", "run_link", "-o", "RUN/x.zarr", *W1], "inside the input")
+    refused(capsys, ["convert", "into_step", "-o", "RUN/x.zarr", *W1], "inside the input")
+    refused(capsys, ["report", "run_link/step0", "-o", "into_step/r.html", *W1], "inside the input")
+    refused(capsys, ["convert", "RUN", "-o", "store_link", "--overwrite", *W1], "symbolic link")
+    refused(capsys, ["report", "RUN", "-o", "report_link.html", "--overwrite", *W1], "symbolic link")
+    refused(capsys, ["report", "RUN", "-o", "dangling.html", *W1], "symbolic link")
+    assert snapshot(world) == before
+
+
+def test_fifo_and_device_outputs_are_refused_without_blocking(world, capsys):
+    os.mkfifo(world / "pipe.html")
+    before = snapshot(world)
+    refused(capsys, ["report", "RUN", "-o", "pipe.html", "--overwrite", *W1], "not a regular file")
+    refused(capsys, ["report", "RUN", "-o", "/dev/null", "--overwrite", *W1], "not a regular file")
+    assert snapshot(world) == before
+
+
+def test_overwrite_replaces_only_precnb_outputs(world, capsys):
+    assert main(["convert", "RUN", "-o", "ours.zarr", *W1]) == 0
+    assert main(["report", "RUN", "-o", "r.html", *W1]) == 0
+    assert main(["template", "nan_origin", "-o", "t.ipynb"]) == 0
+    capsys.readouterr()
+    before = snapshot(world)
+    refused(capsys, ["convert", "RUN", "-o", "ours.zarr", *W1], "exists (pass --overwrite")
+    refused(capsys, ["report", "RUN", "-o", "r.html", *W1], "exists (pass --overwrite")
+    refused(capsys, ["template", "divergence", "-o", "t.ipynb"], "exists (pass --overwrite")
+    refused(capsys, ["convert", "RUN", "-o", "r.html", "--overwrite", *W1], "not a folder")
+    refused(capsys, ["report", "RUN", "-o", "ours.zarr", "--overwrite", *W1], "is a folder")
+    refused(capsys, ["convert", "ours.zarr", "-o", "ours.zarr", "--overwrite", *W1], "it is the input")
+    assert snapshot(world) == before
+    # a user file dropped into a precnb store makes the store the user's: never replaced
+    (world / "ours.zarr" / "my_notes.txt").write_text("keep me")
+    before = snapshot(world)
+    refused(capsys, ["convert", "RUN", "-o", "ours.zarr", "--overwrite", *W1], "not a precnb output")
+    assert snapshot(world) == before
+    (world / "ours.zarr" / "my_notes.txt").unlink()
+    # precnb's own outputs are replaced, atomically, with a complete new one
+    assert main(["convert", "RUN/step1", "-o", "ours.zarr", "--overwrite", *W1]) == 0
+    assert main(["report", "RUN", "-o", "r.html", "--overwrite", "--title", "second", *W1]) == 0
+    assert main(["template", "divergence", "-o", "t.ipynb", "--overwrite"]) == 0
+    capsys.readouterr()
+    assert [int(s) for s in open_quiet(world / "ours.zarr")["step"].values] == [1]
+    assert "<title>precnb report — second</title>" in (world / "r.html").read_text(encoding="utf-8")
+    assert json.loads((world / "t.ipynb").read_text())["metadata"]["precnb_output"]["kind"] == "notebook:divergence"
+    leftovers = [p.name for p in world.iterdir() if "precnb-" in p.name]
+    assert leftovers == []  # no temporary sibling left behind
+    assert snapshot(world / "RUN") == snapshot(sample_path("dp_nan"))
+
+
+def test_merge_and_convert_outputs_reopen_identical(world, capsys):
+    import xarray as xr
+
+    assert main(["convert", "RUN", "-o", "run.zarr", *W1]) == 0
+    assert main(["merge", "RUN", "--tp", "2", "-o", "m.zarr", *W1]) == 0
+    xr.testing.assert_identical(open_quiet("RUN", workers=1), open_quiet(world / "run.zarr"))
+    assert "precnb_output" not in open_quiet(world / "run.zarr").attrs  # the marker stays in the store
+    assert snapshot(world / "RUN") == snapshot(sample_path("dp_nan"))
+
+
+# -- Python API ----------------------------------------------------------------------------------
+
+def test_python_api_follows_the_same_rules(world):
+    import precnb
+    from precnb.report import write_html
+
+    ds = open_quiet("RUN", workers=1)
+    before = snapshot(world)
+    for call, needle in [
+        (lambda: precnb.to_zarr(ds, world / "RUN" / "x.zarr"), "inside the input"),
+        (lambda: precnb.to_zarr(ds, world / "mine", mode="w"), "not a precnb output"),
+        (lambda: precnb.to_zarr(world / "RUN", world / "RUN" / "step0", mode="w"), "inside the input"),
+        (lambda: precnb.to_zarr(ds, world / "x.zarr", inputs=[world]), "inside the input"),
+        (lambda: write_html(ds, world / "RUN" / "r.html"), "inside the input"),
+        (lambda: write_html(ds, world / "user.html", overwrite=True), "not a precnb output"),
+        (lambda: write_html(ds, world / "new" / "r.html"), "does not exist"),
+    ]:
+        with pytest.raises(OutputRefusedError, match=needle):
+            call()
+    with pytest.raises(ValueError, match="mode must be"):
+        precnb.to_zarr(ds, world / "x.zarr", mode="a")
+    assert snapshot(world) == before
+
+
+def test_explorer_export_follows_the_same_rules(world):
+    pytest.importorskip("ipywidgets")
+    import precnb
+
+    ex = precnb.explore(open_quiet("RUN", workers=1))
+    before = snapshot(world)
+    for target in ("RUN/step0/report.html", "user.html", "no/such/r.html", "mine"):
+        ex.export.path.value = str(world / target)
+        ex.export.overwrite.value = True
+        assert ex.export.export() is None
+        assert "refusing to write" in ex.export.status.value
+    assert snapshot(world) == before
+    ex.export.overwrite.value = False
+    ex.export.path.value = str(world / "explored.html")
+    assert ex.export.export() == world / "explored.html"
+    assert ex.export.export() is None and "pass --overwrite" in ex.export.status.value
+    ex.export.overwrite.value = True
+    assert ex.export.export() == world / "explored.html"
+
+
+# -- concurrency and crashes ---------------------------------------------------------------------
+
+def _cli(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "precnb", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_concurrent_converts_never_leave_a_mixed_store(world):
+    import xarray as xr
+
+    expected = open_quiet("RUN", workers=1)
+    for extra in ([], ["--overwrite"], ["--overwrite"]):
+        procs = [_cli("convert", "RUN", "-o", "c.zarr", "--workers", "1", *extra, cwd=world) for _ in range(3)]
+        results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+        for p in procs:
+            p.stdout.close()
+            p.stderr.close()
+        codes = sorted(c for c, _ in results)
+        assert codes[0] == 0, results
+        for code, err in results:
+            if code:
+                lines = err.strip().splitlines()
+                assert len(lines) == 1 and "refusing to write c.zarr" in lines[0], err
+                assert "internal error" not in err
+        xr.testing.assert_identical(expected, open_quiet(world / "c.zarr"))
+        assert [p.name for p in world.iterdir() if "precnb-" in p.name] == []
+    assert snapshot(world / "RUN") == snapshot(sample_path("dp_nan"))
+
+
+def test_a_killed_writer_leaves_nothing_and_is_reclaimed(world):
+    import xarray as xr
+
+    proc = _cli("convert", "RUN", "-o", "k.zarr", "--workers", "1", cwd=world)
+    partial = world / ".k.zarr.precnb-partial"
+    deadline = time.time() + 60
+    while not partial.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    proc.stdout.close()
+    proc.stderr.close()
+    assert not (world / "k.zarr").exists() or open_quiet(world / "k.zarr") is not None  # complete or absent
+    assert main(["convert", "RUN", "-o", "k2.zarr", "--workers", "1"]) == 0
+    if not (world / "k.zarr").exists():  # the stale partial output of the killed writer is taken over
+        assert main(["convert", "RUN", "-o", "k.zarr", "--workers", "1"]) == 0
+    xr.testing.assert_identical(open_quiet("RUN", workers=1), open_quiet(world / "k.zarr"))
+    assert [p.name for p in world.iterdir() if "precnb-" in p.name] == []
+
+
+def test_a_partial_folder_of_another_live_writer_is_never_taken(world, capsys):
+    import fcntl
+
+    partial = world / ".busy.zarr.precnb-partial"
+    partial.mkdir()
+    (partial / ".precnb-writing").write_text("1")
+    fd = os.open(partial, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        before = snapshot(world)
+        refused(capsys, ["convert", "RUN", "-o", "busy.zarr", *W1], "another precnb process is writing it")
+        assert snapshot(world) == before
+    finally:
+        os.close(fd)
+    # not ours at all (no sentinel, not a store): left alone
+    (partial / ".precnb-writing").unlink()
+    (partial / "user_file").write_text("x")
+    before = snapshot(world)
+    refused(capsys, ["convert", "RUN", "-o", "busy.zarr", *W1], "was not left by precnb")
+    assert snapshot(world) == before
+
+
+def test_a_stale_partial_folder_is_reclaimed(world, capsys):
+    import xarray as xr
+
+    partial = world / ".s.zarr.precnb-partial"
+    partial.mkdir()
+    (partial / ".precnb-writing").write_text("99999")  # left by a writer that was killed: nobody holds its lock
+    (partial / "zarr.json").write_text("{}")
+    (partial / "max").mkdir()
+    assert main(["convert", "RUN", "-o", "s.zarr", *W1]) == 0
+    xr.testing.assert_identical(open_quiet("RUN", workers=1), open_quiet(world / "s.zarr"))
+    assert not partial.exists()
