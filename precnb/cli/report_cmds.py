@@ -8,11 +8,11 @@ copies a notebook template out with its parameters filled (``--list`` shows them
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from precnb.cli import int_or_auto
+from precnb.cli import _term, int_or_auto
+from precnb.cli._args import layout_text
 from precnb.cli.analysis_cmds import _positive
 
 __all__ = ["register"]
@@ -66,7 +66,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     out = write_html(triage, args.output, title=args.title, stat=args.stat, overwrite=args.overwrite,
                      inputs=inputs)
     size = out.stat().st_size
-    sys.stdout.write(f"wrote {out} ({size / 1e6:.2f} MB, self-contained, opens offline)\n")
+    _term.out(f"wrote {out} ({size / 1e6:.2f} MB, self-contained, opens offline)\n")
     return 0
 
 
@@ -99,9 +99,9 @@ def _cmd_template(args: argparse.Namespace) -> int:
     if args.list:
         for name in notebooks.list_templates():
             info = notebooks.describe(name)
-            sys.stdout.write(f"{name:<20} {info['summary']}\n")
+            _term.out(f"{name:<20} {info['summary']}\n")
             for p, spec in info["parameters"].items():
-                sys.stdout.write(f"    -p {p:<16} default {spec['default']}"
+                _term.out(f"    -p {p:<16} default {spec['default']}"
                                  f"{'  # ' + spec['help'] if spec['help'] else ''}\n")
         return 0
     if not args.name:
@@ -117,14 +117,14 @@ def _cmd_template(args: argparse.Namespace) -> int:
         out = notebooks.fill_template(args.name, args.output, params, overwrite=args.overwrite)
     except (KeyError, ValueError) as exc:
         raise UsageError(str(exc.args[0]) if exc.args else str(exc)) from None
-    sys.stdout.write(f"wrote {out}\n")
+    _term.out(f"wrote {out}\n")
     if args.execute or args.html:
         out = notebooks.execute(out, cwd=args.cwd)
-        sys.stdout.write(f"executed {out}\n")
+        _term.out(f"executed {out}\n")
     if args.html:
         html = notebooks.export_html(out, args.html, overwrite=args.overwrite,
                                      inputs=notebooks.parameter_paths(params))
-        sys.stdout.write(f"wrote {html} (offline HTML)\n")
+        _term.out(f"wrote {html} (offline HTML)\n")
     return 0
 
 
@@ -140,10 +140,11 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--overwrite", action="store_true", help="replace an existing precnb report (never any "
                                                             "other file)")
     p.add_argument("--baseline", help="a run to compare against: report the first divergence")
-    p.add_argument("--layout", help="parallel layout of RUN, e.g. tp=2,pp=2 or dp=8: replica check; with "
+    p.add_argument("--layout", type=layout_text, help="parallel layout of RUN, e.g. tp=2,pp=2 or dp=8: replica check; with "
                                     "--baseline, RUN's shards are merged before comparing")
-    p.add_argument("--target-layout", help="same as --layout (the name `precnb diff` uses)")
-    p.add_argument("--baseline-layout", help="layout of the baseline (its shards are merged before comparing)")
+    p.add_argument("--target-layout", type=layout_text, help="same as --layout (the name `precnb diff` uses)")
+    p.add_argument("--baseline-layout", type=layout_text,
+                   help="layout of the baseline (its shards are merged before comparing)")
     p.add_argument("--step-offset", type=_offset, default=None,
                    help="target step = baseline step + OFFSET, or 'auto' (resumed runs); default: 0 when "
                         "both runs hold the same steps, else auto")
