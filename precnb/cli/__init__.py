@@ -30,7 +30,7 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 2) and control characters escaped in its output."""
 
-    def error(self, message: str) -> NoReturn:  # noqa: D102
+    def error(self, message: str) -> NoReturn:
         message = message[len("argument "):] if message.startswith("argument ") else message
         self.exit(2, f"{self.prog}: usage error: {_one_line_text(message)} (see `{self.prog} --help`)\n")
 

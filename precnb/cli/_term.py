@@ -1,17 +1,17 @@
-"""Terminal output of the command line: the one place every printer goes through.
+r"""Terminal output of the command line: the one place every printer goes through.
 
 Text from the data (node and module names, paths, hints, reasons) may hold control characters:
 an ANSI/OSC escape sequence would set the terminal title, clear the screen or hide lines, and
 bidirectional overrides would reorder what is shown. :func:`escape_controls` writes them as
-``\\uXXXX`` (so JSON stays valid JSON with the same value); :func:`out` / :func:`err` apply it
+``\uXXXX`` (so JSON stays valid JSON with the same value); :func:`out` / :func:`err` apply it
 to everything the CLI prints. Line feeds and tabs are kept.
 
 Examples
 --------
->>> escape_controls("blocks.0\\x1b]0;pwned\\x07.attn")
-'blocks.0\\\\u001b]0;pwned\\\\u0007.attn'
->>> escape_controls("a\\tb\\n")
-'a\\tb\\n'
+>>> escape_controls("blocks.0\x1b]0;pwned\x07.attn")
+'blocks.0\\u001b]0;pwned\\u0007.attn'
+>>> escape_controls("a\tb\n")
+'a\tb\n'
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u20
 
 
 def escape_controls(text: str) -> str:
-    """*text* with every control character but ``\\t`` and ``\\n`` written as ``\\uXXXX``."""
+    r"""*text* with every control character but ``\t`` and ``\n`` written as ``\uXXXX``."""
     return _CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

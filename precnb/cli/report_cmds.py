@@ -140,8 +140,9 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--overwrite", action="store_true", help="replace an existing precnb report (never any "
                                                             "other file)")
     p.add_argument("--baseline", help="a run to compare against: report the first divergence")
-    p.add_argument("--layout", type=layout_text, help="parallel layout of RUN, e.g. tp=2,pp=2 or dp=8: replica check; with "
-                                    "--baseline, RUN's shards are merged before comparing")
+    p.add_argument("--layout", type=layout_text,
+                   help="parallel layout of RUN, e.g. tp=2,pp=2 or dp=8: replica check; with "
+                        "--baseline, RUN's shards are merged before comparing")
     p.add_argument("--target-layout", type=layout_text, help="same as --layout (the name `precnb diff` uses)")
     p.add_argument("--baseline-layout", type=layout_text,
                    help="layout of the baseline (its shards are merged before comparing)")
