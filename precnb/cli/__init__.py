@@ -312,7 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "load_failures_reported", False):
             for path, reason in failures:
                 text = reason if reason.startswith(path) else f"{path}: {reason}"
-                _term.err(f"{cmd}: skipped unreadable {' '.join(text.split())}\n")
+                what = "skipped" if reason.startswith(("not loaded", "duplicate row")) else "skipped unreadable"
+                _term.err(f"{cmd}: {what} {' '.join(text.split())}\n")
         code = max(code, 1)
     return code
 
