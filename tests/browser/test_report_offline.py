@@ -186,6 +186,22 @@ def test_hostile_names_render_as_text(chromium, tmp_path):
         view.close()
 
 
+def test_line_separators_in_names_do_not_break_charts(chromium, tmp_path):
+    """U+2028 / U+2029 in module, node and tensor names: all three charts draw (Vega's parser)."""
+    from precnb.report import write_html
+    from tests.test_hostile_strings import hostile_run
+
+    ds, _ = hostile_run()
+    report = write_html(ds, tmp_path / "separators.html")
+    view = Offline(chromium, report)
+    try:
+        assert _wait_report_charts(view.page) == 3
+        assert view.page.locator(".chart-error").count() == 0
+        view.assert_clean()
+    finally:
+        view.close()
+
+
 # -- exported notebook templates -------------------------------------------------------------------
 
 
