@@ -13,6 +13,20 @@ SHARED = Path(os.environ.get("PRECNB_SHARED", ROOT.parent / "shared"))
 
 os.environ.setdefault("PRECNB_NO_DASK_CLIENT", "1")
 
+_DESELECTED_GENERATOR: list[str] = []
+
+
+def pytest_deselected(items):
+    """Remember the needs_generator tests that `-m "not needs_generator"` (make test) left out."""
+    _DESELECTED_GENERATOR.extend(i.nodeid for i in items if i.get_closest_marker("needs_generator"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _DESELECTED_GENERATOR:
+        terminalreporter.write_line(
+            f"needs_generator: {len(_DESELECTED_GENERATOR)} test(s) deselected: they need torch, msprobe or "
+            "MindSpore (sample generation / cross-checks); run them with `make test-generator`")
+
 
 def shared_path(*parts: str) -> Path:
     """Path below ../shared, or skip the test when it is not there."""
@@ -60,3 +74,23 @@ def fresh_pool():
 
     yield
     _pool.shutdown()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory):
+    """A wheel built from a copy of the sources (as `pip wheel .` in a fresh clone does)."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path_factory.mktemp("wheel_src")
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("precnb", "data_samples"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path_factory.mktemp("wheels")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(out), str(src)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"cannot build the wheel (the test extra installs setuptools>=77 and wheel): " \
+                                 f"{proc.stderr[-2000:]}"
+    return next(out.glob("precnb-*.whl"))

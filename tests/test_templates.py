@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -168,39 +167,37 @@ def test_template_errors(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_template_command_works_from_an_installed_wheel(tmp_path):
-    """Build a wheel from the sources, install it into a folder, run `precnb template` from it."""
-    pytest.importorskip("setuptools")
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "precnb", src / "precnb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+def test_template_command_works_from_an_installed_wheel(tmp_path, built_wheel):
+    """Install the wheel into a folder, run `precnb template` from it and execute a template with its defaults."""
+    site = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    build = subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
-                           capture_output=True, text=True, timeout=300)
-    if build.returncode != 0:
-        pytest.skip(f"cannot build a wheel here: {build.stderr[-500:]}")
-    wheel = next(wheels.glob("precnb-*.whl"))
-    inst = subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+    inst = subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(built_wheel)],
                           capture_output=True, text=True, timeout=300)
     assert inst.returncode == 0, inst.stderr
     work = tmp_path / "elsewhere"
     work.mkdir()
     code = ("import json, precnb, precnb.report.notebooks as n; from precnb.cli import main; "
             "rc = main(['template', 'sharded_vs_single', '-o', 'out.ipynb', '-p', 'target_layout', 'tp=4']); "
-            "print(json.dumps([precnb.__file__, rc, n.list_templates()]))")
+            "rc2 = main(['template', 'nan_origin', '-o', 'nan.ipynb', '--execute']); "
+            "print(json.dumps([precnb.__file__, rc, rc2, n.list_templates(), str(precnb.sample_path())]))")
     env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("PRECNB_SAMPLES", None)
     proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr
-    file, rc, names = json.loads(proc.stdout.strip().splitlines()[-1])
+    file, rc, rc2, names, samples = json.loads(proc.stdout.strip().splitlines()[-1])
     assert Path(file).resolve().is_relative_to(site.resolve()), file  # the installed copy, not the checkout
-    assert rc == 0 and names == NAMES
+    assert Path(samples).resolve() == (site / "precnb" / "data_samples").resolve()  # shipped in the wheel
+    assert rc == 0 and rc2 == 0 and names == NAMES
     nb = _read(work / "out.ipynb")
     assert any("target_layout = \"tp=4\"" in c.source for c in nb.cells)
     assert (site / "precnb" / "templates" / "report" / "report.html.j2").is_file()
+    # the template's default parameters read the bundled sample from the installed package
+    ran = _read(work / "nan.ipynb")
+    text = "\n".join(o.get("text", "") for c in ran.cells if c.cell_type == "code" for o in c.outputs
+                     if o.output_type == "stream")
+    assert f"{site / 'precnb' / 'data_samples' / 'dp_nan'}: 3 steps × 2 ranks" in text, text[:2000]
+    assert "Torch.sqrt.0.forward" in text
 
 
 # -- execution -------------------------------------------------------------------------------------

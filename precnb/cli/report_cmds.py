@@ -55,6 +55,9 @@ def report_inputs(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from precnb import _extras
+
+    _extras.require("precnb report", _extras.REPORT)
     from precnb.cli.analysis_cmds import run_triage
     from precnb.report import write_html
 
@@ -93,7 +96,14 @@ def _value(text: str) -> Any:
 
 
 def _cmd_template(args: argparse.Namespace) -> int:
+    from precnb import _extras
     from precnb.cli import UsageError
+
+    _extras.require("precnb template", (*_extras.TEMPLATE, *_extras.REPORT))
+    if args.execute or args.html:
+        _extras.require("precnb template --execute", _extras.TEMPLATE_EXECUTE)
+    if args.html:
+        _extras.require("precnb template --html", _extras.TEMPLATE_HTML)
     from precnb.report import notebooks
 
     if args.list:

@@ -156,8 +156,21 @@ def detect_format(path: str | Path) -> str:
     )
 
 
+def _interactive() -> bool:
+    """Whether a progress bar has somewhere to go: a terminal on stderr, or a notebook (a widget)."""
+    try:
+        if sys.stderr is not None and sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        pass
+    return "ipykernel" in sys.modules
+
+
 def _progress(total: int, progress: bool | None, desc: str) -> Any:
-    if progress is False or (progress is None and total < PROGRESS_MIN_FILES):
+    """A tqdm bar, or None: ``progress=None`` shows one for long loads, and only on a terminal or in a
+    notebook (``precnb ... | cat`` or a log file gets no carriage returns).
+    """
+    if progress is False or (progress is None and (total < PROGRESS_MIN_FILES or not _interactive())):
         return None
     from tqdm.auto import tqdm
 

@@ -149,7 +149,7 @@ def render(
         "runs": runs,
         "layout": layout_lines,
         "notes": data.notes,
-        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "generated": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "version": __version__,
         "marker": Markup(html_marker("report")),  # noqa: S704 - precnb's own tag (precnb._marks)
         "verdict": verdict,
