@@ -167,8 +167,10 @@ def _interactive() -> bool:
 
 
 def _progress(total: int, progress: bool | None, desc: str) -> Any:
-    """A tqdm bar, or None: ``progress=None`` shows one for long loads, and only on a terminal or in a
-    notebook (``precnb ... | cat`` or a log file gets no carriage returns).
+    """A tqdm bar, or None.
+
+    ``progress=None`` shows one for long loads, and only on a terminal or in a notebook
+    (``precnb ... | cat`` or a log file gets no carriage returns).
     """
     if progress is False or (progress is None and (total < PROGRESS_MIN_FILES or not _interactive())):
         return None
