@@ -46,17 +46,16 @@ precnb.errors.OutputRefusedError: refusing to write .../plan.txt: it exists (pas
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import secrets
 import shutil
 import stat
-import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from precnb._atomic import lock_nowait, rename_noreplace
 from precnb._marks import has_marker, is_precnb_output
 from precnb.errors import OutputRefusedError
 
@@ -240,43 +239,6 @@ def check_output(path: PathLike, *, inputs: Iterable[PathLike | None] = (), over
     return p
 
 
-# ----------------------------------------------------------------------------- atomic renames
-def _rename_noreplace(src: Path, dst: Path) -> None:
-    """Rename *src* to *dst*, failing with FileExistsError when *dst* exists (Linux renameat2)."""
-    if _renameat2(src, dst):
-        return
-    if os.path.lexists(dst):  # no renameat2: the window between check and rename is tiny
-        raise FileExistsError(errno.EEXIST, "exists", str(dst))
-    if src.is_dir():
-        os.rename(src, dst)
-        return
-    os.link(src, dst)  # atomic exclusive create for a file
-    os.unlink(src)
-
-
-def _renameat2(src: Path, dst: Path) -> bool:
-    """True when done; False when renameat2 is unavailable; raises FileExistsError when *dst* exists."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, noreplace = -100, 1
-    rc = fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace)
-    if rc == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EEXIST, errno.ENOTEMPTY):
-        raise FileExistsError(err, os.strerror(err), str(dst))
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), str(dst))
-
-
 def _publish(tmp: Path, target: Path, overwrite: bool, folder: bool) -> None:
     shown = str(target)
     if os.path.lexists(target):
@@ -291,7 +253,7 @@ def _publish(tmp: Path, target: Path, overwrite: bool, folder: bool) -> None:
         old = target.with_name(f".{target.name}.precnb-old-{secrets.token_hex(4)}")
         os.rename(target, old)
         try:
-            _rename_noreplace(tmp, target)
+            rename_noreplace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.rename(old, target)
@@ -299,7 +261,7 @@ def _publish(tmp: Path, target: Path, overwrite: bool, folder: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         try:
-            _rename_noreplace(tmp, target)
+            rename_noreplace(tmp, target)
         except FileExistsError:
             raise OutputRefusedError(shown, "it was created by another writer while precnb was writing "
                                             "it (nothing was replaced)") from None
@@ -382,18 +344,6 @@ def writing_file(path: PathLike, *, inputs: Iterable[PathLike | None] = (),
 
 
 # ----------------------------------------------------------------------------- folders
-def _lock(fd: int) -> bool:
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: mkdir alone keeps writers apart
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    return True
-
-
 def _claim(partial: Path, target: str) -> int:
     """Create (or reclaim a stale) partial folder and hold its lock; returns the locked fd."""
     busy = OutputRefusedError(target, f"another precnb process is writing it now (its partial output is "
@@ -407,7 +357,7 @@ def _claim(partial: Path, target: str) -> int:
     if not stat.S_ISDIR(st.st_mode):
         raise OutputRefusedError(target, f"{partial} exists and is not precnb's partial output folder")
     fd = os.open(partial, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
-    if not _lock(fd):
+    if not lock_nowait(fd):
         os.close(fd)
         raise busy
     if not fresh:

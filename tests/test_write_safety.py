@@ -325,3 +325,89 @@ def test_a_stale_partial_folder_is_reclaimed(world, capsys):
     assert main(["convert", "RUN", "-o", "s.zarr", *W1]) == 0
     xr.testing.assert_identical(open_quiet("RUN", workers=1), open_quiet(world / "s.zarr"))
     assert not partial.exists()
+
+
+# -- the _write API itself (what later writers use) ---------------------------------------------
+
+def test_markers_recognise_each_kind_of_output(tmp_path):
+    from precnb._marks import MARKER_KEY, html_marker, is_precnb_output, mark_folder, marker, text_marker
+
+    cases = {
+        "r.html": f"<!DOCTYPE html><html><head>{html_marker('report')}</head></html>",
+        "n.ipynb": json.dumps({"cells": [], "metadata": {MARKER_KEY: marker("notebook")}, "nbformat": 4}),
+        "m.json": json.dumps({MARKER_KEY: marker("mapping"), "pairs": []}),
+        "plan.txt": text_marker("dump-plan") + "\nstep 3\n",
+        "repro.py": text_marker("repro", comment="#") + "\nprint(1)\n",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        assert is_precnb_output(tmp_path / name), name
+        (tmp_path / f"user_{name}").write_text(text.replace("precnb", "other"))
+        assert not is_precnb_output(tmp_path / f"user_{name}"), name
+    late = tmp_path / "late.html"
+    late.write_text("<html>" + " " * 70_000 + html_marker("report"))  # a marker not in the head: not ours
+    assert not is_precnb_output(late)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "a.txt").write_text("x")
+    mark_folder(folder, "bundle")
+    assert is_precnb_output(folder)
+    (folder / "user.txt").write_text("mine")  # a file precnb did not write: the folder is the user's now
+    assert not is_precnb_output(folder)
+    os.mkfifo(tmp_path / "fifo.json")
+    assert not is_precnb_output(tmp_path / "fifo.json")  # never opened (would block)
+    (tmp_path / "link.html").symlink_to(tmp_path / "r.html")
+    assert not is_precnb_output(tmp_path / "link.html")
+
+
+def test_write_api_for_later_writers(tmp_path):
+    from precnb._marks import mark_folder, text_marker
+    from precnb._write import check_output, write_bytes, write_text, writing_file, writing_folder
+
+    run = tmp_path / "RUN"
+    shutil.copytree(sample_path("dp_nan"), run)
+    before = snapshot(run)
+    with pytest.raises(ValueError, match="no precnb marker"):
+        write_text(tmp_path / "plain.txt", "no marker here")
+    assert not (tmp_path / "plain.txt").exists()
+    out = write_text(tmp_path / "plan.txt", text_marker("dump-plan") + "\nstep 1\n", inputs=[run])
+    with pytest.raises(OutputRefusedError, match="exists"):
+        write_text(out, text_marker("dump-plan") + "\nstep 2\n", inputs=[run])
+    write_text(out, text_marker("dump-plan") + "\nstep 2\n", inputs=[run], overwrite=True)
+    assert out.read_text().endswith("step 2\n")
+    with pytest.raises(OutputRefusedError, match="inside the input"):
+        write_bytes(run / "step0" / "plan.txt", (text_marker("x") + "\n").encode(), inputs=[run / "step0" / "rank0"])
+    with pytest.raises(OutputRefusedError, match="inside the input"):
+        check_output(run / "step1" / "map.json", inputs=[run / "step0" / "rank1" / "dump.json"])
+    with writing_file(tmp_path / "repro.py", inputs=[run]) as tmp:
+        tmp.write_text(text_marker("repro") + "\nprint('hi')\n")
+    assert (tmp_path / "repro.py").read_text().endswith("print('hi')\n")
+    with pytest.raises(ValueError, match="no precnb marker"), writing_file(tmp_path / "bad.py") as tmp:
+        tmp.write_text("print('unmarked')\n")
+    assert not (tmp_path / "bad.py").exists()
+    with writing_folder(tmp_path / "bundle", inputs=[run]) as tmp:
+        (tmp / "a.txt").write_text("a")
+        mark_folder(tmp, "bundle")
+    assert (tmp_path / "bundle" / "a.txt").read_text() == "a"
+    with pytest.raises(RuntimeError), writing_folder(tmp_path / "bundle2") as tmp:  # an error mid-way
+        (tmp / "half.txt").write_text("x")
+        raise RuntimeError("writer failed")
+    assert not (tmp_path / "bundle2").exists()
+    assert [p.name for p in tmp_path.iterdir() if "precnb-" in p.name] == []
+    assert snapshot(run) == before
+
+
+def test_fallback_without_renameat2(tmp_path, monkeypatch):
+    from precnb import _atomic
+    from precnb._marks import text_marker
+    from precnb._write import write_text
+
+    monkeypatch.setattr(_atomic, "_renameat2", lambda src, dst: False)
+    out = write_text(tmp_path / "a.txt", text_marker("x") + "\n")
+    with pytest.raises(FileExistsError):
+        _atomic.rename_noreplace(tmp_path / "a.txt", out)
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d2").mkdir()
+    with pytest.raises(FileExistsError):
+        _atomic.rename_noreplace(tmp_path / "d1", tmp_path / "d2")  # plain rename would replace an empty folder
+    assert out.read_text().startswith("# precnb_output")
