@@ -184,6 +184,8 @@ def check_output(path: PathLike, *, inputs: Iterable[PathLike | None] = (), over
         raise OutputRefusedError(repr(text), "empty output path")
     if not folder and text.endswith(("/", os.sep)):
         raise OutputRefusedError(text, "names a folder (ends with '/'); give a file name")
+    if "\0" in text:
+        raise OutputRefusedError(repr(text), "the path holds a NUL character")
     p = Path(os.path.abspath(Path(text).expanduser()))
     if p.name in ("", ".", ".."):
         raise OutputRefusedError(text, "names a folder, not an output name")
@@ -276,7 +278,7 @@ def _publish(tmp: Path, target: Path, overwrite: bool, folder: bool) -> None:
 # ----------------------------------------------------------------------------- files
 def _temp_file(target: Path) -> tuple[Path, int]:
     for _ in range(100):
-        tmp = target.with_name(f".{target.name}.precnb-tmp-{secrets.token_hex(4)}")
+        tmp = target.with_name(f".{target.name}.precnb-tmp-{secrets.token_hex(4)}{target.suffix}")  # same suffix
         try:
             return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:

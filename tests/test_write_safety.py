@@ -115,6 +115,11 @@ ATTACKS = [
     (["template", "nan_origin", "-o", "RUN/t.ipynb", "-p", "run", "RUN"], ["inside the input"]),
     (["template", "nan_origin", "-o", "t.ipynb", "--html", "RUN/t.html", "-p", "run", "RUN"], ["inside the input"]),
     (["template", "nan_origin", "-o", "t.ipynb", "--html", "user.html", "--overwrite"], ["not a precnb output"]),
+    (["convert", "RUN/step0", "-o", "..", "--overwrite"], ["the input", "is inside it"]),
+    (["report", "RUN", "-o", "RUN/step0/rank0/dump.json/x.html"], ["is not a folder"]),
+    (["report", "RUN", "-o", "RUN/step9/r.html"], ["does not exist"]),
+    (["convert", "RUN", "-o", "RUN.zarr/inner.zarr"], ["does not exist"]),
+    (["report", "RUN", "-o", "x" * 300 + ".html"], ["cannot access it"]),
     # a baseline or a reference is an input too
     (["report", "RUN/step1", "--baseline", "RUN/step0", "-o", "RUN/step0/r.html"], ["inside the input"]),
     (["merge", "RUN", "--tp", "2", "--reference", "RUN", "-o", "RUN/m.zarr"], ["inside the input"]),
@@ -146,7 +151,11 @@ def test_symlinks_into_the_input_or_as_the_output_are_refused(world, capsys):
     refused(capsys, ["convert", "RUN", "-o", "store_link", "--overwrite", *W1], "symbolic link")
     refused(capsys, ["report", "RUN", "-o", "report_link.html", "--overwrite", *W1], "symbolic link")
     refused(capsys, ["report", "RUN", "-o", "dangling.html", *W1], "symbolic link")
-    assert snapshot(world) == before
+    (world / "run").symlink_to(world / "RUN", target_is_directory=True)  # another spelling of the input
+    refused(capsys, ["convert", "RUN", "-o", "run/x.zarr", *W1], "inside the input")
+    refused(capsys, ["convert", "run", "-o", "RUN/x.zarr", *W1], "inside the input")
+    refused(capsys, ["report", "RUN", "-o", "run/step0/../r.html", *W1], "inside the input")
+    assert snapshot(world) == before | {"run": ("link", str(world / "RUN"))}
 
 
 def test_fifo_and_device_outputs_are_refused_without_blocking(world, capsys):
@@ -411,3 +420,21 @@ def test_fallback_without_renameat2(tmp_path, monkeypatch):
     with pytest.raises(FileExistsError):
         _atomic.rename_noreplace(tmp_path / "d1", tmp_path / "d2")  # plain rename would replace an empty folder
     assert out.read_text().startswith("# precnb_output")
+
+
+def test_template_output_checks_are_usage_errors_before_anything_is_written(world, capsys):
+    before = snapshot(world)
+    assert main(["template", "nan_origin", "-o", "t.ipynb", "--html", "./t.ipynb"]) == 2
+    assert "--html and -o name the same file" in capsys.readouterr().err
+    assert main(["template", "nan_origin", "-o", "t.ipynb", "--execute", "--cwd", "no/such"]) == 2
+    assert "is not an existing folder" in capsys.readouterr().err
+    assert snapshot(world) == before
+
+
+def test_odd_paths_from_python_are_refusals(world):
+    from precnb._marks import text_marker
+    from precnb._write import write_text
+
+    for bad, needle in [("a\0b.txt", "NUL"), ("", "empty output path"), ("  ", "empty output path")]:
+        with pytest.raises(OutputRefusedError, match=needle):
+            write_text(bad, text_marker("x") + "\n")

@@ -29,7 +29,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MAX_INDEX", "MAX_SELECTED", "ArgType", "int_set", "integer", "layout_text", "number", "order_text"]
+__all__ = ["MAX_INDEX", "MAX_SELECTED", "ArgType", "existing_folder", "int_set", "integer", "layout_text", "number",
+           "order_text"]
 
 MAX_INDEX = 2**31 - 1
 """Largest step or rank number (as the readers accept them)."""
@@ -187,3 +188,16 @@ def _layout(text: str) -> str:
 layout_text = ArgType("layout", _layout, ("tp", "tp=x", "tp=0", "tp=-1", "bogus=2", "tp=99999999999999999999",
                                           "order=tp-tp", ","), "tp=1")
 order_text = ArgType("order", _order, ("bogus", "tp-tp-dp-pp", "tp-dp", ""), "tp-cp-ep-dp-pp")
+
+
+def _existing_folder(text: str) -> str:
+    import os
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got ''")
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an existing folder")
+    return text
+
+
+existing_folder = ArgType("folder", _existing_folder, ("/nonexistent/precnb-folder", "", "/dev/null"), ".")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from precnb.cli import _term, int_or_auto
-from precnb.cli._args import layout_text
+from precnb.cli._args import existing_folder, layout_text
 from precnb.cli.analysis_cmds import _positive
 
 __all__ = ["register"]
@@ -119,6 +119,10 @@ def _cmd_template(args: argparse.Namespace) -> int:
     if not args.output:
         raise UsageError("-o/--output is required (the .ipynb to write)")
     params = {k: _value(v) for k, v in (args.param or [])}
+    import os
+
+    if args.html and os.path.abspath(args.html) == os.path.abspath(args.output):
+        raise UsageError("--html and -o name the same file; give the HTML page another name")
     if args.html:  # refuse a bad --html before writing and running the notebook
         from precnb._write import check_output
 
@@ -184,5 +188,6 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--execute", action="store_true", help="run the filled notebook (papermill) in place")
     p.add_argument("--html", help="also export the executed notebook to this offline HTML file "
                                   "(needs the offline_lab nbconvert template: `make offline-template`)")
-    p.add_argument("--cwd", help="working directory for --execute (default: the notebook's folder)")
+    p.add_argument("--cwd", type=existing_folder, help="working directory for --execute (default: the notebook's "
+                                                       "folder)")
     p.set_defaults(func=_cmd_template)
