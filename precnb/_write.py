@@ -40,7 +40,7 @@ Examples
 >>> write_text(d / "plan.txt", "x", inputs=[])
 Traceback (most recent call last):
 ...
-precnb.errors.OutputRefusedError: refusing to write .../plan.txt: it exists (pass --overwrite to replace it)
+precnb.errors.OutputExistsError: refusing to write .../plan.txt: it exists (pass --overwrite to replace it)
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any
 
 from precnb._atomic import lock_nowait, rename_noreplace
 from precnb._marks import has_marker, is_precnb_output
-from precnb.errors import OutputRefusedError
+from precnb.errors import OutputExistsError, OutputRefusedError
 
 __all__ = ["check_output", "dataset_inputs", "protected_roots", "write_bytes", "write_text", "writing_file",
            "writing_folder"]
@@ -235,7 +235,7 @@ def check_output(path: PathLike, *, inputs: Iterable[PathLike | None] = (), over
             raise OutputRefusedError(text, f"it exists and is not a precnb output (precnb replaces only "
                                            f"what it wrote; this {what} is left alone)")
         if not overwrite:
-            raise OutputRefusedError(text, "it exists (pass --overwrite to replace it)")
+            raise OutputExistsError(text, "it exists (pass --overwrite to replace it)")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputRefusedError(text, f"cannot write in folder {parent} (permission denied)")
     return p
@@ -245,7 +245,7 @@ def _publish(tmp: Path, target: Path, overwrite: bool, folder: bool) -> None:
     shown = str(target)
     if os.path.lexists(target):
         if not overwrite:
-            raise OutputRefusedError(shown, "it was created by someone else while precnb was writing it")
+            raise OutputExistsError(shown, "it was created by someone else while precnb was writing it")
         if os.path.islink(target) or not is_precnb_output(target):
             raise OutputRefusedError(shown, "it was replaced by something that is not a precnb output "
                                             "while precnb was writing it")
@@ -265,8 +265,8 @@ def _publish(tmp: Path, target: Path, overwrite: bool, folder: bool) -> None:
         try:
             rename_noreplace(tmp, target)
         except FileExistsError:
-            raise OutputRefusedError(shown, "it was created by another writer while precnb was writing "
-                                            "it (nothing was replaced)") from None
+            raise OutputExistsError(shown, "it was created by another writer while precnb was writing "
+                                           "it (nothing was replaced)") from None
     with contextlib.suppress(OSError):  # make the rename durable
         fd = os.open(target.parent, os.O_RDONLY)
         try:

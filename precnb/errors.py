@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DumpFormatError", "NotADumpError", "OutputRefusedError", "PrecnbError", "UnsafeFileError"]
+__all__ = ["DumpFormatError", "NotADumpError", "OutputExistsError", "OutputRefusedError", "PrecnbError",
+           "UnsafeFileError"]
 
 
 class PrecnbError(Exception):
@@ -55,3 +56,7 @@ class OutputRefusedError(PrecnbError):
         self.path = str(path)
         self.why = why
         super().__init__(f"refusing to write {self.path}: {why}")
+
+
+class OutputExistsError(OutputRefusedError, FileExistsError):
+    """The output exists (and ``overwrite`` was not given): also a :class:`FileExistsError`."""
