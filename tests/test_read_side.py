@@ -182,15 +182,23 @@ def test_symlink_loop_and_broken_link_given_as_the_path(tmp_path, capsys):
     assert code == 1 and f"broken symbolic link (points to {tmp_path / 'nowhere'}" in err
 
 
-def test_dump_json_that_is_not_a_file(tmp_path, capsys):
+def _replace(path: Path, kind: str) -> None:
+    """Turn the file *path* into a link to /dev/zero, a FIFO or a folder."""
+    path.unlink()
+    {"zero": lambda: path.symlink_to("/dev/zero"), "fifo": lambda: os.mkfifo(path), "dir": path.mkdir}[kind]()
+
+
+def _dp_nan_with(tmp_path: Path, changes: dict[str, str]) -> Path:
     run = tmp_path / "run"
     shutil.copytree(sample_path("dp_nan"), run)
-    (run / "step0" / "rank0" / "dump.json").unlink()
-    (run / "step0" / "rank0" / "dump.json").symlink_to("/dev/zero")
-    (run / "step0" / "rank1" / "dump.json").unlink()
-    os.mkfifo(run / "step0" / "rank1" / "dump.json")
-    (run / "step1" / "rank0" / "dump.json").unlink()
-    (run / "step1" / "rank0" / "dump.json").mkdir()
+    for rel, kind in changes.items():
+        _replace(run / rel, kind)
+    return run
+
+
+def test_dump_json_that_is_not_a_file(tmp_path, capsys):
+    run = _dp_nan_with(tmp_path, {"step0/rank0/dump.json": "zero", "step0/rank1/dump.json": "fifo",
+                                  "step1/rank0/dump.json": "dir"})
     with no_hang():
         fails = dict(load_report(open_quiet(run, workers=1)).failures)
         assert fails[str(run / "step0" / "rank0")] == ("dump.json (a link to /dev/zero) is a character device, "
@@ -210,14 +218,8 @@ def test_dump_json_that_is_not_a_file(tmp_path, capsys):
 def test_construct_json_that_is_not_a_file_warns(tmp_path, monkeypatch, fast):
     if not fast:
         monkeypatch.setenv("PRECNB_REFERENCE_PARSER", "1")
-    run = tmp_path / "run"
-    shutil.copytree(sample_path("dp_nan"), run)
-    (run / "step0" / "rank0" / "construct.json").unlink()
-    (run / "step0" / "rank0" / "construct.json").symlink_to("/dev/zero")
-    (run / "step0" / "rank1" / "construct.json").unlink()
-    os.mkfifo(run / "step0" / "rank1" / "construct.json")
-    (run / "step1" / "rank0" / "stack.json").unlink()
-    os.mkfifo(run / "step1" / "rank0" / "stack.json")
+    run = _dp_nan_with(tmp_path, {"step0/rank0/construct.json": "zero", "step0/rank1/construct.json": "fifo",
+                                  "step1/rank0/stack.json": "fifo"})
     with no_hang():
         rep = load_report(open_quiet(run, workers=1))
     assert rep.failures == []

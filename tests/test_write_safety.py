@@ -263,8 +263,8 @@ def test_concurrent_converts_never_leave_a_mixed_store(world):
     import xarray as xr
 
     expected = open_quiet("RUN", workers=1)
-    for extra in ([], ["--overwrite"], ["--overwrite"]):
-        procs = [_cli("convert", "RUN", "-o", "c.zarr", "--workers", "1", *extra, cwd=world) for _ in range(3)]
+    for extra, n in (([], 3), (["--overwrite"], 2)):
+        procs = [_cli("convert", "RUN", "-o", "c.zarr", "--workers", "1", *extra, cwd=world) for _ in range(n)]
         results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
         for p in procs:
             p.stdout.close()
