@@ -74,12 +74,22 @@ def test_commands_escape_control_characters(hostile, capsys, argv):
         assert "Torch.sqrt\\u001b]0;pwned\\u0007\\u001b[2J\\u001b[H\\u000d\\u009b31m\\u202e.0.forward" in out
 
 
+def _renamed(src: Path, dst: Path, old: str) -> Path:
+    shutil.copytree(src, dst)
+    for f in dst.rglob("*.json"):
+        text = f.read_text(encoding="utf-8")
+        f.write_text(text.replace(old, old.replace(".0.forward", json.dumps(EVIL)[1:-1] + ".0.forward")),
+                     encoding="utf-8")
+    return dst
+
+
 def test_diff_and_errors_escape_control_characters(hostile, capsys, tmp_path):
-    other = tmp_path / f"b{CLEAR}"
-    shutil.copytree(sample_path("dp_nan"), other)
-    code, out, err = _run(capsys, "diff", str(other), str(hostile))
-    assert code == 0 and not RAW.search(out + err)
-    assert "\\u001b[2J" in out or "\\u001b]0;pwned" in out
+    base = _renamed(sample_path("divergence", "baseline"), tmp_path / f"b{CLEAR}", "Functional.gelu.0.forward")
+    target = _renamed(sample_path("divergence", "target"), tmp_path / f"t{OSC}", "Functional.gelu.0.forward")
+    for extra in ([], ["--json"]):
+        code, out, err = _run(capsys, "diff", str(base), str(target), *extra)
+        assert code == 0 and not RAW.search(out + err), (out[:300], err[:300])
+        assert "Functional.gelu\\u001b]0;pwned\\u0007" in out  # the origin, named, escaped
     code, out, err = _run(capsys, "info", str(tmp_path / f"missing{OSC}"))
     assert code == 1 and not RAW.search(err) and "missing\\u001b]0;pwned\\u0007" in err
     code, out, err = _run(capsys, "anomalies", str(hostile), f"--stat={OSC}")

@@ -120,6 +120,11 @@ ATTACKS = [
     (["report", "RUN", "-o", "RUN/step9/r.html"], ["does not exist"]),
     (["convert", "RUN", "-o", "RUN.zarr/inner.zarr"], ["does not exist"]),
     (["report", "RUN", "-o", "x" * 300 + ".html"], ["cannot access it"]),
+    # precnb align -o (mapping files) follows the same rules
+    (["align", "RUN/step0", "RUN/step1", "-o", "RUN/map.json"], ["inside the input"]),
+    (["align", "RUN/step0", "RUN/step1", "-o", "mine/notes.txt", "--overwrite"], ["not a precnb output"]),
+    (["align", "RUN/step0", "RUN/step1", "-o", "no/map.json"], ["does not exist"]),
+    (["align", "RUN/step0", "RUN/step1", "-o", "RUN/step1/rank0/dump.json", "--overwrite"], ["inside the input"]),
     # a baseline or a reference is an input too
     (["report", "RUN/step1", "--baseline", "RUN/step0", "-o", "RUN/step0/r.html"], ["inside the input"]),
     (["merge", "RUN", "--tp", "2", "--reference", "RUN", "-o", "RUN/m.zarr"], ["inside the input"]),
@@ -129,7 +134,7 @@ ATTACKS = [
 @pytest.mark.parametrize(("argv", "needles"), ATTACKS, ids=[" ".join(a) or "empty" for a, _ in ATTACKS])
 def test_attack_is_refused_and_nothing_changes(world, capsys, argv, needles):
     before = snapshot(world)
-    refused(capsys, [*argv, *(W1 if argv[0] in ("convert", "merge", "report") else [])], *needles)
+    refused(capsys, [*argv, *(W1 if argv[0] in ("convert", "merge", "report", "align") else [])], *needles)
     assert snapshot(world) == before
 
 
@@ -170,7 +175,13 @@ def test_overwrite_replaces_only_precnb_outputs(world, capsys):
     assert main(["convert", "RUN", "-o", "ours.zarr", *W1]) == 0
     assert main(["report", "RUN", "-o", "r.html", *W1]) == 0
     assert main(["template", "nan_origin", "-o", "t.ipynb"]) == 0
+    assert main(["align", "RUN", "RUN", "-o", "map.json", *W1]) == 0
     capsys.readouterr()
+    before = snapshot(world)
+    refused(capsys, ["align", "RUN", "RUN", "-o", "map.json", *W1], "exists (pass --overwrite")
+    assert main(["align", "RUN", "RUN", "-o", "map.json", "--overwrite", *W1]) == 0
+    capsys.readouterr()
+    assert json.loads((world / "map.json").read_text())["precnb_output"]["kind"] == "mapping"
     before = snapshot(world)
     refused(capsys, ["convert", "RUN", "-o", "ours.zarr", *W1], "exists (pass --overwrite")
     refused(capsys, ["report", "RUN", "-o", "r.html", *W1], "exists (pass --overwrite")

@@ -82,6 +82,19 @@ def parse_int_set(text: str | list[int] | None, what: str) -> list[int] | None:
         raise UsageError(f"--{what}: {exc}") from None
 
 
+def command_inputs(args: argparse.Namespace) -> list[str]:
+    """Every path a command reads (runs, baseline, reference runs, mapping files).
+
+    Writers get them as ``inputs=`` (:mod:`precnb._write`): an output never lands in, on or
+    around one of them.
+    """
+    paths: list[Any] = [getattr(args, n, None) for n in ("path", "run", "baseline", "target")]
+    for n in ("reference", "mapping"):
+        value = getattr(args, n, None)
+        paths += list(value) if isinstance(value, (list, tuple)) else [value]
+    return [str(p) for p in paths if p]
+
+
 def open_checked(path: str, args: argparse.Namespace, *, steps: list[int] | None = None,
                  use_steps_option: bool = True) -> Any:
     """Open *path* for a command; files that could not be read are remembered on *args*.

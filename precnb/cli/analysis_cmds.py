@@ -157,9 +157,13 @@ def add_mapping_option(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_align(args: argparse.Namespace) -> int:
+    from precnb._write import check_output
     from precnb.analysis.findings import to_json
-    from precnb.cli import UsageError
+    from precnb.cli import UsageError, command_inputs
 
+    inputs = command_inputs(args)
+    if args.output:  # refuse a bad -o before aligning
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite)
     triage = run_triage(args, args.target, args.baseline, kinds=[])
     a = triage.alignment
     if a is None:
@@ -168,7 +172,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
         from precnb.mapping import MappingError
 
         try:
-            out = a.to_file(args.output, overwrite=args.overwrite)
+            out = a.to_file(args.output, overwrite=args.overwrite, inputs=inputs)
         except MappingError as exc:
             from precnb.errors import PrecnbError
 
@@ -247,10 +251,10 @@ def _add_layout_options(p: argparse.ArgumentParser) -> None:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from precnb.analysis import LayoutError, merge_shards
-    from precnb.cli import UsageError
+    from precnb.cli import UsageError, command_inputs
     from precnb.io.store import to_zarr
 
-    inputs = [p for p in (args.run, args.reference) if p]
+    inputs = command_inputs(args)
     if args.output:
         from precnb._write import check_output
 

@@ -45,25 +45,16 @@ def _name(path: str) -> str:
     return p.name or str(p)
 
 
-def report_inputs(args: argparse.Namespace) -> list[str]:
-    """Every path a command reads (runs, baseline, reference runs, mapping files): outputs stay out of them."""
-    paths = [getattr(args, n, None) for n in ("run", "baseline", "target", "path")]
-    for n in ("reference", "mapping"):
-        value = getattr(args, n, None)
-        paths += list(value) if isinstance(value, (list, tuple)) else [value]
-    return [str(p) for p in paths if p]
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
     from precnb import _extras
 
     _extras.require("precnb report", _extras.REPORT)
+    from precnb._write import check_output
+    from precnb.cli import command_inputs
     from precnb.cli.analysis_cmds import run_triage
     from precnb.report import write_html
 
-    from precnb._write import check_output
-
-    inputs = report_inputs(args)
+    inputs = command_inputs(args)
     check_output(args.output, inputs=inputs, overwrite=args.overwrite)  # before the long part
     triage = run_triage(args, args.run, args.baseline)
     out = write_html(triage, args.output, title=args.title, stat=args.stat, overwrite=args.overwrite,
