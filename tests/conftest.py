@@ -94,3 +94,35 @@ def built_wheel(tmp_path_factory):
     assert proc.returncode == 0, f"cannot build the wheel (the test extra installs setuptools>=77 and wheel): " \
                                  f"{proc.stderr[-2000:]}"
     return next(out.glob("precnb-*.whl"))
+
+
+@pytest.fixture(scope="session")
+def executed_templates(tmp_path_factory):
+    """Every notebook template filled (``report=<its folder>/report.html``) and executed once, two at a time.
+
+    ``{name: (executed notebook path, its folder, error or None)}``; shared by the template tests
+    and the browser tests of their offline export (executing them is the slow part).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    pytest.importorskip("papermill")
+    pytest.importorskip("nbformat")
+    from precnb.report import notebooks
+
+    sample_path()
+    root = tmp_path_factory.mktemp("executed_templates")
+
+    def run(name: str):
+        folder = root / name
+        folder.mkdir()
+        try:
+            # an absolute report path: papermill changes the process's folder while a kernel starts, and two
+            # notebooks run at once
+            nb_path = notebooks.fill_template(name, folder / f"{name}.ipynb", {"report": str(folder / "report.html")})
+            notebooks.execute(nb_path, cwd=folder, timeout=300)
+        except Exception as exc:  # reported by the test of this template only
+            return name, (folder / f"{name}.ipynb", folder, exc)
+        return name, (nb_path, folder, None)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, notebooks.list_templates()))

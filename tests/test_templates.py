@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, sample_path
+from tests.conftest import ROOT
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("papermill")
@@ -205,10 +205,10 @@ def test_template_command_works_from_an_installed_wheel(tmp_path, built_wheel):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_template_runs_on_the_bundled_samples(name, tmp_path):
-    sample_path()  # skip cleanly without data_samples/
-    nb_path = notebooks.fill_template(name, tmp_path / f"{name}.ipynb", {"report": "report.html"})
-    notebooks.execute(nb_path, cwd=tmp_path, timeout=300)
+def test_template_runs_on_the_bundled_samples(name, tmp_path, executed_templates):
+    nb_path, folder, error = executed_templates[name]  # executed once per session (conftest)
+    if error is not None:
+        raise error
     nb = _read(nb_path)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
@@ -223,7 +223,7 @@ def test_template_runs_on_the_bundled_samples(name, tmp_path):
     assert "image/svg+xml" in mimes  # static charts
     assert not any(m.startswith("application/vnd.vegalite") for m in mimes)  # no CDN-dependent renderer
     assert nb.metadata.get("widgets")  # widget state saved for the export
-    report = tmp_path / "report.html"
+    report = folder / "report.html"
     assert report.is_file() and report.stat().st_size < 10_000_000
     assert "precnb report" in report.read_text(encoding="utf-8")[:2000]
     tdir = notebooks.offline_template_dir()
