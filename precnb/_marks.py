@@ -12,7 +12,8 @@ any other folder          a ``.precnb_output`` JSON manifest listing every file 
 ``.html`` / ``.htm``      ``<meta name="generator" content="precnb ...; precnb_output=KIND">``
                           in the first 64 KiB (:func:`html_marker`)
 ``.ipynb``                ``metadata["precnb_output"]`` (a dict, :func:`marker`)
-``.json``                 a top-level ``"precnb_output"`` key (a dict, :func:`marker`)
+``.json``                 a top-level ``"precnb_output"`` key (a dict, :func:`marker`; or a
+                          string ``"precnb <kind>"`` where the file's reader wants scalars)
 any other text file       a ``precnb_output: KIND`` line among the first five
                           (:func:`text_marker`, with the file's comment prefix)
 ========================  ===================================================================
@@ -102,6 +103,8 @@ def has_marker(path: str | os.PathLike[str], content: bytes) -> bool:
             return False
         holder = obj.get("metadata") if suffix == ".ipynb" else obj
         mark = holder.get(MARKER_KEY) if isinstance(holder, dict) else None
+        if isinstance(mark, str):  # a plain string where a consumer wants scalars (msprobe's config.json)
+            return mark.startswith("precnb ")
         return isinstance(mark, dict) and mark.get("writer") == "precnb"
     lines = content[:_HEAD].split(b"\n", 5)[:5]
     return any(f"{MARKER_KEY}: ".encode() in ln and b"written by precnb" in ln for ln in lines)

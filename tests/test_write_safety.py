@@ -125,6 +125,11 @@ ATTACKS = [
     (["align", "RUN/step0", "RUN/step1", "-o", "mine/notes.txt", "--overwrite"], ["not a precnb output"]),
     (["align", "RUN/step0", "RUN/step1", "-o", "no/map.json"], ["does not exist"]),
     (["align", "RUN/step0", "RUN/step1", "-o", "RUN/step1/rank0/dump.json", "--overwrite"], ["inside the input"]),
+    # precnb plan -o (dump plans, msprobe config.json) too
+    (["plan", "RUN", "-o", "RUN/config.json"], ["inside the input"]),
+    (["plan", "RUN", "-o", "mine/notes.txt", "--overwrite"], ["not a precnb output"]),
+    (["plan", "RUN", "-o", "no/config.json"], ["does not exist"]),
+    (["plan", "RUN/step1", "--baseline", "RUN/step0", "-o", "RUN/step0/config.json"], ["inside the input"]),
     # a baseline or a reference is an input too
     (["report", "RUN/step1", "--baseline", "RUN/step0", "-o", "RUN/step0/r.html"], ["inside the input"]),
     (["merge", "RUN", "--tp", "2", "--reference", "RUN", "-o", "RUN/m.zarr"], ["inside the input"]),
@@ -134,7 +139,7 @@ ATTACKS = [
 @pytest.mark.parametrize(("argv", "needles"), ATTACKS, ids=[" ".join(a) or "empty" for a, _ in ATTACKS])
 def test_attack_is_refused_and_nothing_changes(world, capsys, argv, needles):
     before = snapshot(world)
-    refused(capsys, [*argv, *(W1 if argv[0] in ("convert", "merge", "report", "align") else [])], *needles)
+    refused(capsys, [*argv, *(W1 if argv[0] in ("convert", "merge", "report", "align", "plan") else [])], *needles)
     assert snapshot(world) == before
 
 

@@ -128,7 +128,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if args.json:  # one object: the most important finding (a failing pre-flight one names the divergence)
         return _emit_finding(triage.finding, args)
     shown = triage.found or [triage.result("first_divergence") or triage.finding]
-    sys.stdout.write("\n\n".join(f.summary() for f in shown) + "\n")
+    _term.out("\n\n".join(f.summary() for f in shown) + "\n")
     return 0
 
 
@@ -142,9 +142,9 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     else:
         triage = run_triage(args, args.target, args.base, kinds=["preflight"], **extra)
     if args.json:
-        sys.stdout.write(to_json(checklist(triage), indent=2) + "\n")
+        _term.out(to_json(checklist(triage), indent=2) + "\n")
     else:
-        sys.stdout.write(triage.result("preflight").summary() + "\n")
+        _term.out(triage.result("preflight").summary() + "\n")
     return 0
 
 
