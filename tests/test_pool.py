@@ -95,7 +95,5 @@ def test_resolve_workers(monkeypatch):
 def test_cli_rejects_bad_workers(capsys):
     from precnb.cli import main
 
-    with pytest.raises(SystemExit) as exc:
-        main(["info", str(sample_path("healthy")), "--workers", "0"])
-    assert exc.value.code == 2
+    assert main(["info", str(sample_path("healthy")), "--workers", "0"]) == 2
     assert "--workers" in capsys.readouterr().err

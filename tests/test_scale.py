@@ -15,6 +15,7 @@ import pytest
 import xarray as xr
 
 import precnb
+from precnb.errors import OutputRefusedError
 from precnb.io import _fastparse as fp
 from precnb.io import msprobe_dump as md
 from precnb.io._assemble import Assembler, assemble
@@ -396,7 +397,11 @@ def test_streaming_zarr_reopens_identical_to_in_memory_load(tree48, tmp_path):
 def test_streaming_zarr_selection_and_overwrite(tree48, tmp_path):
     eager = precnb.open_run(tree48, steps=[1, 2], ranks=list(range(0, 48, 5)), progress=False)
     store = tmp_path / "sel.zarr"
-    store.mkdir()
+    store.mkdir()  # a folder precnb did not write, even an empty one, is never replaced
+    with pytest.raises(OutputRefusedError, match="not a precnb output"):
+        precnb.to_zarr(tree48, store, mode="w", steps=[1, 2], progress=False)
+    store.rmdir()
+    precnb.to_zarr(tree48, store, steps=[0], progress=False)
     precnb.to_zarr(tree48, store, mode="w", steps=[1, 2], ranks=list(range(0, 48, 5)), progress=False)
     xr.testing.assert_identical(eager, precnb.open_run(store))
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,8 @@ _GOOD_STACKS: set[bytes] = set()
 def _construct(md: Any, path: Path) -> tuple[dict[str, str], dict[str, int], tuple[bytes, bytes] | None]:
     """(parents, micro steps, (digest, raw)) of construct.json; empty when the file is missing."""
     if not md._is_file(path):
+        if os.path.lexists(path):  # a FIFO, a device, a folder, a broken link: the reference reader says so
+            raise _FallbackError
         return {}, {}, None
     raw = _read_bytes(path)
     key = _digest(raw)
@@ -277,6 +280,8 @@ def _construct(md: Any, path: Path) -> tuple[dict[str, str], dict[str, int], tup
 def _stack(md: Any, path: Path) -> tuple[bytes, bytes] | None:
     """(digest, raw) of stack.json, checked readable once per distinct content per process."""
     if not md._is_file(path):
+        if os.path.lexists(path):
+            raise _FallbackError
         return None
     raw = _read_bytes(path)
     key = _digest(raw)

@@ -118,16 +118,19 @@ def detect_format(path: str | Path) -> str:
     ...
     precnb.errors.NotADumpError: /nonexistent: no such file or directory
     """
-    from precnb.io import compare_csv, kernel, monitor, ms_kernel_tensors, msprobe_dump
+    from precnb.io import _why, compare_csv, kernel, monitor, ms_kernel_tensors, msprobe_dump
 
     p = Path(path)
     try:
         if not p.exists():
-            raise NotADumpError(f"{p}: no such file or directory")
+            raise NotADumpError(f"{p}: {_why.missing_reason(p)}")
         if p.is_dir() and ((p / "zarr.json").is_file() or (p / ".zgroup").is_file()):
             return "zarr"
     except OSError as exc:
         raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
+    kind = _why.kind_of(p)
+    if kind is not None and kind != "a folder":  # a FIFO, a device: never opened
+        raise NotADumpError(f"{p}: {_why.not_a_file_reason(p, 'it')}; precnb reads dump folders and files")
     if msprobe_dump.is_msprobe_dump(p):
         return "msprobe"
     from precnb.io.config_check import is_config_check
@@ -142,6 +145,10 @@ def detect_format(path: str | Path) -> str:
         return "kernel_tensors"
     if compare_csv.is_compare_csv(p):
         return "compare"
+    if kind is None and p.suffix.lower() in (".csv", ".json"):
+        bad = _why.utf8_reason(p)
+        if bad:  # e.g. a GBK-encoded compare result: say so rather than "not recognised"
+            raise NotADumpError(f"{p}: {bad}")
     raise NotADumpError(
         f"{p}: not a recognised input (expected an msprobe dump, monitor output, "
         "MindSpore kernel dump (statistic.csv or .npy tensors), compare result CSV, msprobe config_check pack "
@@ -149,8 +156,23 @@ def detect_format(path: str | Path) -> str:
     )
 
 
+def _interactive() -> bool:
+    """Whether a progress bar has somewhere to go: a terminal on stderr, or a notebook (a widget)."""
+    try:
+        if sys.stderr is not None and sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        pass
+    return "ipykernel" in sys.modules
+
+
 def _progress(total: int, progress: bool | None, desc: str) -> Any:
-    if progress is False or (progress is None and total < PROGRESS_MIN_FILES):
+    """A tqdm bar, or None.
+
+    ``progress=None`` shows one for long loads, and only on a terminal or in a notebook
+    (``precnb ... | cat`` or a log file gets no carriage returns).
+    """
+    if progress is False or (progress is None and (total < PROGRESS_MIN_FILES or not _interactive())):
         return None
     from tqdm.auto import tqdm
 

@@ -54,6 +54,7 @@ import xarray as xr
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble, select_items
 from precnb.io._csvutil import iter_rows, parse_float, parse_shape, read_header, short_repr
+from precnb.io._dupes import keep_one_per_number
 
 __all__ = ["KernelItem", "discover", "is_kernel_dump", "kernel_label_parts", "open_kernel_dump",
            "read_kernel_item", "read_statistic_csv"]
@@ -266,7 +267,9 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelI
     except OSError as exc:
         raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
     if not exists:
-        raise NotADumpError(f"{p}: no such file or directory")
+        from precnb.io._why import missing_reason
+
+        raise NotADumpError(f"{p}: {missing_reason(p)}")
     if _is_file(p):
         if not _is_statistic_header(read_header(p)):
             raise NotADumpError(f"{p}: not a MindSpore statistic.csv (header lacks "
@@ -293,8 +296,22 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelI
         groups[key].append(f)
     if not groups:
         raise NotADumpError(f"{p}: no statistic.csv with a usable step and rank")
+    if report is not None:  # rank_1 beside rank_01, iteration 0 beside 00: one file per (net, graph)
+        for key, fs in groups.items():
+            numbered = [(f"{f.parent.parent.parent.name}/{f.parent.parent.name}", f) for f in fs]
+            if len({k for k, _ in numbered}) < len(numbered):
+                kept = keep_one_per_number(numbered, f"step {key[0]} rank {key[1]} graph", lambda n: "",
+                                           report, name=_spelling)
+                groups[key] = [f for _, f in kept]
     return [KernelItem(s, r, tuple(sorted(fs, key=_graph_key)))
             for (s, r), fs in sorted(groups.items())]
+
+
+def _spelling(f: Path) -> str:
+    """"" for a canonically spelled path (no leading zeros in rank, graph and iteration), else the path."""
+    rank = next((q.name for q in f.parents if _RANK.match(q.name)), "")
+    numbers = [f.parent.name, f.parent.parent.name, _RANK.match(rank).group(1) if rank else "0"]
+    return "" if all(n == str(int(n)) for n in numbers if n.isdigit()) else str(f)
 
 
 def _cell_float(cell: str, column: str, path: Path, line: int) -> float | None:

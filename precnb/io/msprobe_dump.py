@@ -38,7 +38,9 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from precnb.errors import DumpFormatError, NotADumpError
+from precnb.io import _why
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, stat_value
+from precnb.io._dupes import keep_one_per_number
 from precnb.io._jsonio import load_json
 from precnb.io._runfacts import file_facts
 from precnb.naming import NodeName, module_path_of, parse_node
@@ -91,7 +93,7 @@ def _list_dir(p: Path) -> list[Path]:
     return sorted(p.iterdir(), key=lambda c: c.name)
 
 
-def _why(exc: OSError) -> str:
+def _why_os(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
@@ -108,6 +110,22 @@ def _dump_file(folder: Path) -> Path | None:
         if _is_file(p):
             return p
     return None
+
+
+def _no_dump_reason(folder: Path) -> str:
+    """Why a rank/proc folder has no readable dump.json: the real reason, not a guess."""
+    for name in DUMP_FILES:
+        f = folder / name
+        special = _why.not_a_file_reason(f)
+        if special:
+            return special
+        if f.is_symlink() and not f.exists():
+            return f"{name}: {_why.missing_reason(f)}"
+    try:
+        next(folder.iterdir(), None)
+    except OSError as exc:
+        return f"cannot list folder: {_why_os(exc)}"
+    return "no dump.json in rank folder (job died before the first flush?)"
 
 
 def _loops_back(child: Path) -> bool:
@@ -176,7 +194,7 @@ def _rank_dirs_in_step(step_dir: Path, step: int, report: LoadReport) -> list[Ra
     try:
         children = _list_dir(step_dir)
     except OSError as exc:
-        report.skipped.append((str(step_dir), f"cannot list folder: {_why(exc)}"))
+        report.skipped.append((str(step_dir), f"cannot list folder: {_why_os(exc)}"))
         return ranks
     for child in children:
         rank_m, proc_m = _RANK.match(child.name), _PROC.match(child.name)
@@ -196,16 +214,17 @@ def _rank_dirs_in_step(step_dir: Path, step: int, report: LoadReport) -> list[Ra
                 continue
             df = _dump_file(child)
             if df is None:
-                why = "no dump.json in rank folder (job died before the first flush?)"
-                try:
-                    next(child.iterdir(), None)
-                except OSError as exc:
-                    why = f"cannot list folder: {_why(exc)}"
-                report.skipped.append((str(child), why))
+                report.skipped.append((str(child), _no_dump_reason(child)))
                 continue
             ranks.append(RankDir(child, step, rank, df))
         else:
             procs.append(child)
+    ranks = [rd for _, rd in keep_one_per_number([(rd.rank, rd) for rd in ranks], "rank",
+                                                 lambda n: f"rank{n}", report, name=lambda rd: rd.path.name,
+                                                 where=lambda rd: str(rd.path))]
+    procs = [p for _, p in keep_one_per_number([(_number(_PROC.match(p.name)), p) for p in procs],
+                                                "process", lambda n: f"proc{n}", report,
+                                                name=lambda p: p.name)]
     if procs and ranks:
         for p in procs:
             report.skipped.append((str(p), "ignored: proc* folder (rank* folders exist; msprobe tools do the same)"))
@@ -217,7 +236,7 @@ def _rank_dirs_in_step(step_dir: Path, step: int, report: LoadReport) -> list[Ra
         for i, p in enumerate(procs):
             df = _dump_file(p)
             if df is None:
-                report.skipped.append((str(p), "no dump.json in proc folder"))
+                report.skipped.append((str(p), _no_dump_reason(p)))
                 continue
             ranks.append(RankDir(p, step, i, df))
     return ranks
@@ -255,9 +274,12 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[RankDir
     try:
         exists = p.exists()
     except OSError as exc:
-        raise NotADumpError(f"{p}: cannot access: {_why(exc)}") from None
+        raise NotADumpError(f"{p}: cannot access: {_why_os(exc)}") from None
     if not exists:
-        raise NotADumpError(f"{p}: no such file or directory")
+        raise NotADumpError(f"{p}: {_why.missing_reason(p)}")
+    special = _why.not_a_file_reason(p, "it") if _why.kind_of(p) not in (None, "a folder") else None
+    if special:
+        raise NotADumpError(f"{p}: {special}")
     if _is_file(p):
         if p.name not in DUMP_FILES and not _sniff_dump_json(p):
             raise NotADumpError(f"{p}: not an msprobe dump.json")
@@ -269,11 +291,17 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[RankDir
     try:
         children = [c for c in _list_dir(p) if _is_dir(c) or _is_link(c)]
     except OSError as exc:
-        raise NotADumpError(f"{p}: cannot list folder: {_why(exc)}") from None
+        raise NotADumpError(f"{p}: cannot list folder: {_why_os(exc)}") from None
     found: list[RankDir] = []
     steps = [c for c in children if _STEP.match(c.name)]
     skipped_before = len(report.skipped)
     if steps:
+        # step1 beside step01: keep one, report the other (their values would overwrite each other)
+        numbered = [(n, s) for s in steps if _is_dir(s) and not _loops_back(s)
+                    and (n := _number(_STEP.match(s.name))) is not None]
+        kept = {id(s) for _, s in keep_one_per_number(numbered, "step", lambda n: f"step{n}", report,
+                                                      name=lambda s: s.name)}
+        steps = [s for s in steps if id(s) in kept or all(s is not t for _, t in numbered)]
         for s in steps:
             if _loops_back(s):
                 report.skipped.append((str(s), "ignored: symlink to one of its parent folders (a loop)"))
@@ -514,6 +542,11 @@ def _side_tables(rd: RankDir, notes: list[str]) -> tuple[dict[str, str], dict[st
     for name in ("construct.json", "stack.json"):
         side = rd.path / name
         if not _is_file(side):
+            special = _why.not_a_file_reason(side) or (
+                f"{name}: {_why.missing_reason(side)}" if side.is_symlink() and not side.exists() else None)
+            if special:  # a FIFO or /dev/zero is never opened; say why the side table is missing
+                notes.append(f"{side}: {special} (ignored; values still loaded without "
+                             f"{'module paths' if name == 'construct.json' else 'stack frames'})")
             continue
         try:
             raw = load_json(side, notes)

@@ -41,6 +41,15 @@ def _order(frame: pd.DataFrame, field: str, key: str) -> list[Any]:
     return frame.sort_values(key, kind="stable")[field].drop_duplicates().tolist()
 
 
+def _sort_by(key: str) -> alt.EncodingSortField:
+    """Order a discrete axis by a numeric column, not by a list of the labels.
+
+    Vega-Lite turns a list sort into an expression holding every label; a label with U+2028 or
+    U+2029 (legal in JSON, a line break to Vega's expression parser) would break the chart.
+    """
+    return alt.EncodingSortField(field=key, op="min", order="ascending")
+
+
 def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = True,
                    selection: alt.Parameter | None = None) -> dict[str, Any]:
     invalid = "!isValid(datum.color) || !isFinite(datum.color)"
@@ -111,9 +120,9 @@ def heatmap_chart(
                alt.Tooltip("tensor:N", title="worst tensor"), alt.Tooltip("worst_step:Q"),
                alt.Tooltip("worst_rank:Q")]
     chart = chart.mark_rect(invalid="show").encode(
-        x=alt.X("col:O", sort=cols, title="ranks" if by == "rank" else "step",
+        x=alt.X("col:O", sort=_sort_by("col_order"), title="ranks" if by == "rank" else "step",
                 axis=alt.Axis(labelAngle=-45 if by == "rank" else 0, labelOverlap=True)),
-        y=alt.Y("row:N", sort=rows, title=None, axis=alt.Axis(labelLimit=260)),
+        y=alt.Y("row:N", sort=_sort_by("row_order"), title=None, axis=alt.Axis(labelLimit=260)),
         tooltip=tooltip, **enc,
     )
     return chart.add_params(sel) if sel is not None else chart
@@ -213,7 +222,7 @@ def linked_chart(
     heat = alt.Chart(heat_data, title=title, width=max(160, min(760, 22 * len(steps))),
                      height=max(60, min(15 * len(rows), 640))).mark_rect(invalid="show").encode(
         x=alt.X("step:O", title="step"),
-        y=alt.Y("row:N", sort=rows, title=None, axis=alt.Axis(labelLimit=260)),
+        y=alt.Y("row:N", sort=_sort_by("row_order"), title=None, axis=alt.Axis(labelLimit=260)),
         tooltip=["row:N", "step:O", alt.Tooltip("value_text:N", title=stat), "nonfinite:Q"],
         **_rect_encoding(heat_data, mode, stat, selection=sel),
     ).add_params(sel)
@@ -225,7 +234,7 @@ def linked_chart(
         detail="row:N",  # several selected rows: one line per row and rank bucket
         y=alt.Y("value:Q", title=_COLOR_TITLES.get(mode, "value").format(stat=stat).replace(
             "log10 ", ""), scale=alt.Scale(type="symlog") if mode == "reldiff" else alt.Scale(zero=False)),
-        color=alt.Color("ranks:N", title="ranks", sort=_order(cube, "ranks", "rank_lo")),
+        color=alt.Color("ranks:N", title="ranks", sort=_sort_by("rank_lo")),
         tooltip=["row:N", "step:Q", "ranks:N", "value_text:N", "tensor:N", "worst_rank:Q"],
     )
     return alt.vconcat(heat, lines)

@@ -1,4 +1,9 @@
-"""Export panel: write the self-contained HTML report (``precnb.report.write_html``)."""
+"""Export panel: write the self-contained HTML report (``precnb.report.write_html``).
+
+The write follows :mod:`precnb._write`: the folder must exist, the file must not be inside the
+explored runs' dumps, and an existing file is replaced only when "replace" is ticked and it is
+a report precnb wrote; a refusal is shown in the panel, one line.
+"""
 
 from __future__ import annotations
 
@@ -23,10 +28,12 @@ class ExportPanel(ipw.HBox):
                            layout=ipw.Layout(width="360px"))
         self.button = ipw.Button(description="Export report", icon="download",
                                layout=ipw.Layout(width="160px"))
+        self.overwrite = ipw.Checkbox(value=False, description="replace a precnb report", indent=False,
+                                      layout=ipw.Layout(width="190px"))
         self.status = ipw.HTML("")
         self.status.add_class("precnb-export-status")
         self.button.on_click(lambda _b: self.export())
-        super().__init__([self.path, self.button, self.status])
+        super().__init__([self.path, self.overwrite, self.button, self.status])
 
     def export(self) -> Path | None:
         """Call ``precnb.report.write_html(ds, path, ...)``; report a missing module clearly."""
@@ -52,6 +59,12 @@ class ExportPanel(ipw.HBox):
             base = getattr(self.explorer.runs, "baseline", None)
             if base is not None and "run" in self.explorer.runs.ds.dims and accepts("baseline"):
                 kw["baseline"] = base
+        if accepts("overwrite"):
+            kw["overwrite"] = bool(self.overwrite.value)
+        if accepts("inputs"):  # the explored runs' dumps stay read-only whatever the source object is
+            from precnb._write import dataset_inputs
+
+            kw["inputs"] = dataset_inputs(self.explorer.runs.ds)
         try:
             out = write_html(source, path, **kw)
         except Exception as err:

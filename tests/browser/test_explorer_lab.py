@@ -31,7 +31,7 @@ from tests.conftest import ROOT, sample_path
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-NB = "window.jupyterapp.shell.currentWidget"
+NB = "window.jupyterapp?.shell?.currentWidget"  # optional: JupyterLab may not be up yet when first polled
 
 
 def _cells(nan_run: Path, base: Path, target: Path) -> list[str]:
