@@ -19,8 +19,8 @@ import xarray as xr
 import precnb
 from precnb.errors import OutputRefusedError
 from precnb.io import msprobe as md
-from precnb.io.msprobe import _json
 from precnb.io._assemble import Assembler, SharedTable, assemble
+from precnb.io.msprobe import _json
 from precnb.io.msprobe.parse import leaves_of
 from tests.conftest import ROOT, SHARED
 
@@ -97,7 +97,7 @@ def check_folder(folder: Path, monkeypatch=None) -> bool:
         def spy(path):
             try:
                 yield from real(path)
-            except _json.NotBatchable:
+            except _json.NotBatchableError:
                 gave_up.append(path)
                 raise
 
@@ -134,7 +134,8 @@ def check_against_raw_json(rd, rec) -> None:
             want = lf.get(key)
             got = rec.values[name][i]
             if isinstance(want, float):
-                assert (got != got and want != want) or (got == want and math.copysign(1, got) == math.copysign(1, want))
+                assert (got != got and want != want) or (
+                    got == want and math.copysign(1, got) == math.copysign(1, want))
             elif want is None:
                 assert got != got and rec.null_stats[i] & (1 << ("max", "min", "mean", "norm").index(name))
         dtype = lf.get("dtype")

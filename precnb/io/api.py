@@ -20,7 +20,7 @@ from precnb.io._assemble import LoadReport
 from precnb.io.detect import detect_format, resolve
 from precnb.io.readers import get_reader, reader_names
 
-__all__ = ["FORMATS", "available_steps", "detect_format", "load_report", "open_run", "open_runs"]
+__all__ = ["available_steps", "detect_format", "load_report", "open_run", "open_runs"]
 
 
 def __getattr__(name: str) -> Any:
@@ -111,7 +111,7 @@ def available_steps(path: str | os.PathLike[str], *, format: str | None = None,
     ----------
     path : path-like
     format : str, optional
-        Force a reader (see :data:`FORMATS`).
+        Force a reader (see :func:`open_run`).
     ranks : sequence of int, optional
         Only steps where one of these ranks has a folder.
 
@@ -131,18 +131,10 @@ def available_steps(path: str | os.PathLike[str], *, format: str | None = None,
     [0, 1, 2]
     """
     p, fmt = resolve(Path(path), format)
-    if fmt == "msprobe":
-        from precnb.io import msprobe_dump as md
-
-        dirs = md.discover(p, LoadReport())
-        if ranks is not None:
-            dirs = [d for d in dirs if d.rank in set(ranks)]
-        return sorted({d.step for d in dirs})
-    if fmt == "zarr":
-        from precnb.io import store
-
-        return [int(s) for s in store.open_store(p, lazy=True)["step"].values]
-    return None
+    reader = get_reader(fmt)
+    if reader.available_steps is None:
+        return None
+    return reader.available_steps(p, ranks)
 
 
 def open_runs(paths: Mapping[str, Any], **kwargs: Any) -> xr.Dataset:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENTRY_POINT_GROUP", "Reader", "get_reader", "reader_names", "readers", "register"]
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "Reader", "get_reader", "reader_names", "readers", "refresh", "register",
+           "unregister"]
 
 ENTRY_POINT_GROUP = "precnb.readers"
 
@@ -212,6 +213,14 @@ def unregister(name: str) -> None:
     """Remove a reader added with :func:`register`."""
     _EXTRA.pop(name, None)
     _LOADED.pop(name, None)
+
+
+def refresh() -> None:
+    """Forget the plug-ins found so far (after installing one in a running kernel, say)."""
+    global _PLUGINS
+    _PLUGINS = None
+    for name in [n for n in _LOADED if n not in BUILTIN]:
+        del _LOADED[name]
 
 
 def describe(names: Sequence[str] | None = None) -> str:

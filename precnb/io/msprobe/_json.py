@@ -1,4 +1,4 @@
-"""dump.json as a sequence of small JSON documents: the ``data`` object cut between node records.
+r"""dump.json as a sequence of small JSON documents: the ``data`` object cut between node records.
 
 Parsing a dump.json into one Python object tree costs several times the file's size in memory
 and, with millions of fresh containers, most of its time in the cyclic garbage collector. msprobe
@@ -12,7 +12,7 @@ around ``data`` (``{"task": ..., "data": {}}``) must parse with ``data`` as its 
 Because ``{a}`` and ``{b}`` both valid means ``{a, b}`` is valid with the members of both, in
 order, a file whose batches all parse is the file the whole parse would have read. Anything else
 (no line breaks, a layout of another writer, a byte-order mark, a node name seen twice, JSON that
-orjson refuses) raises :class:`NotBatchable`, and the reader parses the whole file with
+orjson refuses) raises :class:`NotBatchableError`, and the reader parses the whole file with
 :func:`precnb.io._jsonio.load_json` instead, which gives exactly the standard library's answer
 and its error messages.
 
@@ -46,7 +46,7 @@ try:  # optional speed-up (the ``fast`` extra)
 except ImportError:  # pragma: no cover - exercised when the extra is missing
     _orjson = None  # type: ignore[assignment]
 
-__all__ = ["BLOCK", "NotBatchable", "batches", "has_orjson", "quote_tokens"]
+__all__ = ["BLOCK", "NotBatchableError", "batches", "has_orjson", "quote_tokens"]
 
 BLOCK = 4 << 20
 """Bytes read at a time; a batch holds the whole records of about one block."""
@@ -59,7 +59,7 @@ _MINUS, _BACKSLASH = 45, 92
 _BOM = b"\xef\xbb\xbf"
 
 
-class NotBatchable(Exception):
+class NotBatchableError(Exception):
     """The file cannot be read batch by batch; parse it whole."""
 
 
@@ -102,26 +102,26 @@ def quote_tokens(raw: bytes) -> bytes:
 
 def _loads(raw: bytes) -> Any:
     if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):  # the whole-file parse replaces them, with a note
-        raise NotBatchable
+        raise NotBatchableError
     if _orjson is None:
         try:
             return json.loads(raw)
         except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, too many digits
-            raise NotBatchable from None
+            raise NotBatchableError from None
     try:
         return _orjson.loads(quote_tokens(raw))
     except _orjson.JSONDecodeError:  # also bad UTF-8, lone surrogates, numbers beyond 64 bits
-        raise NotBatchable from None
+        raise NotBatchableError from None
 
 
 def _head(fh: IO[bytes]) -> tuple[bytes, bytes, bytes]:
     """(text up to ``data``'s ``{``, the records' indentation, the rest of the block after the ``{``)."""
     buf = fh.read(BLOCK)
     if buf.startswith(_BOM):
-        raise NotBatchable
+        raise NotBatchableError
     m = _DATA_KEY.search(buf, 0, _HEAD_MAX)
     if m is None:
-        raise NotBatchable
+        raise NotBatchableError
     return buf[:m.start(1)], m.group(2), buf[m.start(1) + 1:]
 
 
@@ -129,7 +129,7 @@ def batches(path: str | Path) -> Iterator[dict[str, Any]]:
     """Yield the node records of ``data`` in batches (dicts, file order), then the other top-level members.
 
     The last dict yielded holds the members other than ``data`` (``task``, ``level``, ...).
-    Raises :class:`NotBatchable`, possibly after some batches (the caller starts again with the
+    Raises :class:`NotBatchableError`, possibly after some batches (the caller starts again with the
     whole-file parse), when the file is not in msprobe's layout or a batch does not parse.
 
     Examples
@@ -142,8 +142,8 @@ def batches(path: str | Path) -> Iterator[dict[str, Any]]:
     [['a.0.forward', 'b.0.forward'], ['task']]
     """
     if os.environ.get("PRECNB_JSON_WHOLE"):  # parse whole files only (to check one path against the other)
-        raise NotBatchable
-    with open(path, "rb") as fh:
+        raise NotBatchableError
+    with Path(path).open("rb") as fh:
         head, indent, buf = _head(fh)
         sep = b"\n" + indent + b"},"
         seen: set[str] = set()
@@ -166,17 +166,17 @@ def batches(path: str | Path) -> Iterator[dict[str, Any]]:
             elif first and tail is not None:  # "data": {} (nothing dumped)
                 data = {}
             else:  # "{ , ..." or a trailing comma: not JSON
-                raise NotBatchable
+                raise NotBatchableError
             first = False
             for node in data:
                 if node in seen:  # a node name seen twice: the whole parse keeps the last record
-                    raise NotBatchable
+                    raise NotBatchableError
                 seen.add(node)
             yield data
             if tail is not None:
                 top = _loads(head + b"{}" + tail)
                 if not isinstance(top, dict) or top.get("data") != {} or next(reversed(top)) != "data":
-                    raise NotBatchable
+                    raise NotBatchableError
                 del top["data"]
                 yield top
                 return
@@ -186,8 +186,8 @@ def _data_end(buf: bytes) -> int:
     """Position of ``data``'s closing brace: the last ``}`` before the document's own."""
     end = len(buf.rstrip())
     if end == 0 or buf[end - 1:end] != b"}":
-        raise NotBatchable
+        raise NotBatchableError
     close = len(buf[:end - 1].rstrip())
     if close == 0 or buf[close - 1:close] != b"}":
-        raise NotBatchable
+        raise NotBatchableError
     return close - 1

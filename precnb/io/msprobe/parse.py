@@ -259,8 +259,9 @@ class _File:
             try:
                 n = w.node(node, record, ctx[3])
             except _TooDeepError as exc:
+                where = short(exc.where, 120)
                 raise DumpFormatError(self.rd.dump_file, f"node {short(node, 80)}: values nested more than "
-                                                         f"{MAX_DEPTH} levels deep (at {short(exc.where, 120)})") from None
+                                                         f"{MAX_DEPTH} levels deep (at {where})") from None
             if n:
                 w.ctx.append(ctx)
                 w.counts.append(n)
@@ -391,7 +392,7 @@ def _read(rd: RankDir) -> FileRecords:
                 top = part
             else:
                 f.batch(part)
-    except (_json.NotBatchable, DumpFormatError):  # the whole-file parse decides (and words the error)
+    except (_json.NotBatchableError, DumpFormatError, OSError):  # the whole-file parse decides (and words the error)
         doc = _whole(rd, notes)
         f = _File(rd, parents, micro)
         f.batch(doc["data"])

@@ -54,7 +54,7 @@ def parse_construct(raw: Any) -> tuple[dict[str, str], dict[str, int]]:
 
 
 def parse_stack(raw: Any) -> dict[str, list[str]]:
-    """node → frames of a parsed stack.json (both msprobe layouts)."""
+    """Node → frames of a parsed stack.json (both msprobe layouts)."""
     if not isinstance(raw, dict):
         return {}
     first = raw.get("0")
@@ -71,12 +71,12 @@ def parse_stack(raw: Any) -> dict[str, list[str]]:
 
 
 def construct_table(raw: bytes) -> dict[str, str]:
-    """node → parent of construct.json bytes already checked by :func:`read_sides`."""
+    """Node → parent of construct.json bytes already checked by :func:`read_sides`."""
     return parse_construct(loads_json(raw))[0]
 
 
 def stack_table(raw: bytes) -> dict[str, list[str]]:
-    """node → frames of stack.json bytes already checked by :func:`read_sides`."""
+    """Node → frames of stack.json bytes already checked by :func:`read_sides`."""
     return parse_stack(loads_json(raw))
 
 
