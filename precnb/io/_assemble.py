@@ -182,6 +182,12 @@ class Assembler:
     def _ids(self, labels: Sequence[str]) -> np.ndarray:
         gid = self._gid
         n = len(labels)
+        if not gid:  # the first record: one pass
+            first = dict(zip(labels, range(n), strict=True))
+            if len(first) == n:
+                self._gid = first
+                self._labels = list(labels)
+                return np.arange(n, dtype=np.int64)
         ids = list(map(gid.get, labels))
         if ids.count(None):
             base = len(self._labels)
@@ -219,7 +225,7 @@ class Assembler:
         codes = self._codes(dt) if dt is not None and len(dt) == len(rec.labels) else None
         self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks, codes))
 
-    def _codes(self, names: Sequence[Any]) -> np.ndarray:
+    def _codes(self, names: Sequence[Any] | np.ndarray) -> np.ndarray:
         small = len(names) <= 200_000
         key = tuple(names) if small else None  # the ranks of a run repeat the same dtype column: encode it once
         if key is not None:
@@ -240,6 +246,8 @@ class Assembler:
     def _note_dtype_changes(self, recs: list[_Rec]) -> None:
         """Record entries of *recs* whose dtype is not their tensor's coordinate (both known)."""
         coord: np.ndarray | None = None
+        if len(recs) == 1 and self._n == 1:  # the coordinates are this record's own
+            return
         for r in recs:
             if r.skipped or r.dtypes is None:
                 continue
@@ -275,10 +283,18 @@ class Assembler:
         prev = self._owner[targets].copy()
         self._owner[targets] = key
         n = len(rec.labels)
+        whole = len(js) == n and n and js[0] == 0 and js[-1] == n - 1  # every label, in order (js is increasing)
+        run = whole and targets[-1] - targets[0] == n - 1 and _increasing(targets)
         for name, arr in self._cv.items():
             col, none = _column(rec.coords.get(name), name, n)
-            vals = col[js]
             holes = self._holes.get(name)
+            if none is None and run:  # labels new in this record, in its order: a slice
+                arr[targets[0]:targets[0] + n] = col
+                if holes:
+                    for t in targets.tolist():
+                        holes.pop(t, None)
+                continue
+            vals = col if whole else col[js]
             if none is None:
                 arr[targets] = vals
                 if holes:
@@ -298,8 +314,8 @@ class Assembler:
     def _fill_holes(self, rec: FileRecords, gids: np.ndarray, key: tuple[int, int, int]) -> None:
         """Coordinates whose earliest record had None: the earliest record with a value wins."""
         where: dict[int, int] = {}
-        for j, g in enumerate(gids.tolist()):
-            where.setdefault(g, j)
+        for i, g in enumerate(gids.tolist()):
+            where.setdefault(g, i)
         n = len(rec.labels)
         for name, holes in self._holes.items():
             if name not in rec.coords:

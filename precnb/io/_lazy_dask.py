@@ -49,11 +49,11 @@ def defer_dask_array_import() -> None:
     except ImportError:  # pragma: no cover - other xarray layouts
         return
     cache = getattr(pycompat, "_cached_duck_array_modules", None)
-    base = getattr(pycompat, "DuckArrayModule", None)
+    base: Any = getattr(pycompat, "DuckArrayModule", None)
     if not isinstance(cache, dict) or base is None or "dask" in cache:
         return
 
-    class _LazyDaskModule(base):  # type: ignore[misc, valid-type]
+    class _LazyDaskModule(base):
         def __init__(self) -> None:  # no import here
             self.type = (_LazyDaskArray,)
             self._real: Any = None
@@ -63,9 +63,9 @@ def defer_dask_array_import() -> None:
                 self._real = base("dask")
             return self._real
 
-        module = property(lambda self: self._resolve().module)  # type: ignore[assignment]
-        version = property(lambda self: self._resolve().version)  # type: ignore[assignment]
-        available = property(lambda self: self._resolve().available)  # type: ignore[assignment]
+        module = property(lambda self: self._resolve().module)
+        version = property(lambda self: self._resolve().version)
+        available = property(lambda self: self._resolve().available)
 
     cache["dask"] = _LazyDaskModule()
     # the same question asked through ``is_dask_collection`` imports dask itself (~0.15 s)
@@ -73,11 +73,11 @@ def defer_dask_array_import() -> None:
         from xarray.namedarray import utils as nutils
     except ImportError:  # pragma: no cover
         return
-    real = getattr(nutils, "is_dask_collection", None)
+    real: Any = getattr(nutils, "is_dask_collection", None)
     if callable(real) and "dask" not in sys.modules and not getattr(real, "_precnb_lazy", False):
         def is_dask_collection(x: object) -> bool:
-            return "dask" in sys.modules and real(x)
+            return "dask" in sys.modules and bool(real(x))
 
         is_dask_collection._precnb_lazy = True  # type: ignore[attr-defined]
         is_dask_collection.__doc__ = real.__doc__
-        nutils.is_dask_collection = is_dask_collection
+        setattr(nutils, "is_dask_collection", is_dask_collection)  # noqa: B010 - a typed module attribute

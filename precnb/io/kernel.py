@@ -147,7 +147,7 @@ def _find_csvs(p: Path, unreadable: list[tuple[str, str]] | None = None) -> list
     if _is_file(p / STAT_FILE):
         return [p / STAT_FILE]
     # (depth, name filter of the first level): root, rank folder, net folder, graph folder
-    searches = [(3, None)] if _RANK.match(p.name) else [(4, _RANK)]
+    searches: list[tuple[int, re.Pattern[str] | None]] = [(3, None)] if _RANK.match(p.name) else [(4, _RANK)]
     searches += [(2, None), (1, None)]
     first_problems: list[tuple[str, str]] | None = None
     for depth, first_level in searches:

@@ -692,9 +692,9 @@ def open_monitor(
              for f in files]
     if not files:
         raise NotADumpError(f"{path}: no monitor CSV file matches the selection")
-    results = parse_files(files, read_monitor_csv, describe=lambda f: str(f.path),  # type: ignore[arg-type]
+    results = parse_files(files, read_monitor_csv, describe=lambda f: str(f.path),
                           report=report, errors=errors, client=client, progress=progress, workers=workers)
-    partials: list[FileRecords] = [r for group in results for r in group]  # type: ignore[attr-defined]
+    partials: list[FileRecords] = [r for group in results for r in group]
     for r in partials:
         report.warnings.extend(r.meta.get("warnings", []))
     partials = [r for r in partials if r.meta.get("parts")]

@@ -243,7 +243,7 @@ class _StepWriter:
         old = self.n_tensor
         group = zarr.open_group(self.path, mode="r+", zarr_format=3)
         for name, arr in group.arrays():
-            dims = tuple(arr.metadata.dimension_names or ())
+            dims = tuple(getattr(arr.metadata, "dimension_names", None) or ())
             if "tensor" not in dims:
                 continue
             shape = list(arr.shape)

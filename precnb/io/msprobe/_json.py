@@ -91,7 +91,7 @@ def quote_tokens(raw: bytes) -> bytes:
     if not spans:
         return raw
     spans.sort()
-    out = []
+    out: list[bytes] = []
     last = 0
     for start, end in spans:
         out += (raw[last:start], b'"', raw[start:end], b'"')

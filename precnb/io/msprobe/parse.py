@@ -51,6 +51,7 @@ _NON_TENSOR_TYPES = frozenset({"slice", "ellipsis", "torch.Size", "torch.dtype",
 _FORWARD = (("input_args", "input", "input"), ("input_kwargs", "input", "input"),
             ("parameters", "parameters", "parameter"), ("output", "output", "output"))
 _BACKWARD = (("input", "input", "input"), ("output", "output", "output"))
+_ABSENT = object()
 _CTX: dict[tuple[str, str, int], tuple[Any, ...]] = {}  # per process: the nodes of a run repeat in every file
 
 
@@ -144,9 +145,15 @@ class _Walk:
         sections = _BACKWARD if node.endswith(".backward") or ".backward." in node else _FORWARD
         used = False
         for key, section, role in sections:
-            if key in record:
-                used = True
-                self.value(record[key], f"{node}.{section}", role, 1)
+            v = record.get(key, _ABSENT)
+            if v is _ABSENT:
+                continue
+            used = True
+            if v.__class__ is list:  # the usual section: straight to its items
+                if v:
+                    self.children(enumerate(v), f"{node}.{section}", role, 1)
+            elif v.__class__ is dict:
+                self.value(v, f"{node}.{section}", role, 1)
         if not used:  # debug.json and unknown shapes: walk everything
             self.value(record, node, "", 0)
         return len(self.leaves) - n0

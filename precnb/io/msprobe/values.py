@@ -44,6 +44,7 @@ __all__ = ["MAX_COUNTER", "Columns", "Issues", "short", "unsafe_data_name", "val
 
 MAX_COUNTER = 2**62  # call counters, micro steps, numel
 _STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm"))
+_FIELDS = operator.itemgetter("Max", "Min", "Mean", "Norm", "shape", "dtype")
 _NAN = float("nan")
 _FLOAT_ONLY = frozenset({float})
 _FLOAT_OR_NONE = frozenset({float, type(None)})
@@ -53,6 +54,7 @@ _INT_ONLY = frozenset({int})
 _LIST_ONLY = frozenset({list})
 _SHAPES: dict[tuple[int, ...], tuple[str, int] | None] = {}  # per process: shape -> (text, numel), None: invalid
 _SAFE_NAMES: set[str] = set()
+_TEXT, _NUMEL = operator.itemgetter(0), operator.itemgetter(1)
 
 _MESSAGES = {
     "stat": "statistic(s) neither a number nor null; loaded as null",
@@ -133,14 +135,14 @@ def unsafe_data_name(name: str) -> bool:
 
 
 def _shape_info(key: tuple[int, ...]) -> tuple[str, int] | None:
-    hit = _SHAPES.get(key, False)
-    if hit is False:
-        valid = valid_shape(list(key))
-        hit = None if valid is None else (_shape_text(valid), int(np.prod(valid, dtype=object)))
-        if len(_SHAPES) > 100_000:
-            _SHAPES.clear()
-        _SHAPES[key] = hit
-    return hit  # type: ignore[return-value]
+    if key in _SHAPES:
+        return _SHAPES[key]
+    valid = valid_shape(list(key))
+    hit = None if valid is None else (_shape_text(valid), int(np.prod(valid, dtype=object)))
+    if len(_SHAPES) > 100_000:
+        _SHAPES.clear()
+    _SHAPES[key] = hit
+    return hit
 
 
 class Columns:
@@ -165,22 +167,17 @@ class Columns:
         n = len(leaves)
         if not n:
             return
-        get = dict.get
+        try:  # one pass over the leaves for the six fields every leaf has
+            cols: list[Sequence[Any]] = list(zip(*map(_FIELDS, leaves), strict=True))
+        except KeyError:
+            get = dict.get
+            cols = [list(map(get, leaves, itertools.repeat(k))) for k in (*(k for _, k in _STAT_KEYS), "shape", "dtype")]
         null = np.zeros(n, np.uint8)
         for bit, (name, key) in enumerate(_STAT_KEYS):
-            col = list(map(get, leaves, itertools.repeat(key)))
-            kinds = set(map(type, col))
-            if kinds <= _FLOAT_ONLY:
-                arr = np.array(col, dtype=np.float64)
-            elif kinds <= _FLOAT_OR_NONE:  # null statistics (integer tensors' mean and norm)
-                arr = np.array(col, dtype=np.float64)  # None -> NaN
-                null |= np.fromiter(map(operator.is_, col, itertools.repeat(None)), bool, n).astype(np.uint8) << bit
-            else:
-                arr = self._slow_stats(col, bit, key, null, labels, issues)
-            self._stats[name].append(arr)
+            self._stats[name].append(self._stat_column(cols[bit], bit, key, null, labels, issues))
         self._null.append(null)
-        self._shapes(list(map(get, leaves, itertools.repeat("shape"))), labels, issues)
-        self._strings(leaves, labels, issues)
+        self._shapes(cols[4], labels, issues)
+        self._strings(leaves, cols[5], labels, issues)
         if not self.leaf_type:
             for v in leaves:
                 t = v["type"]
@@ -189,41 +186,48 @@ class Columns:
                     break
         self.n += n
 
-    def _slow_stats(self, col: list[Any], bit: int, key: str, null: np.ndarray, labels: Sequence[str],
-                    issues: Issues) -> np.ndarray:
-        out = np.empty(len(col), np.float64)
-        for i, v in enumerate(col):
-            if v.__class__ is float:
-                out[i] = v
-                continue
+    def _stat_column(self, col: Sequence[Any], bit: int, key: str, null: np.ndarray, labels: Sequence[str],
+                     issues: Issues) -> np.ndarray:
+        """float64 statistics; values that are not floats go through the exact rules one by one."""
+        kinds = set(map(type, col))
+        if kinds <= _FLOAT_ONLY:
+            return np.array(col, dtype=np.float64)
+        odd = np.flatnonzero(~np.fromiter(map(isinstance, col, itertools.repeat(float)), bool, len(col)))
+        fixed = list(col)
+        for i in odd.tolist():
+            v = col[i]
             try:
                 f = stat_value(v)
             except TypeError:
                 f = None
                 issues.add((self.n + i, bit), "stat", f"{labels[i]} {key}={short(v)}")
             if f is None:
-                out[i] = _NAN
+                fixed[i] = _NAN
                 null[i] |= 1 << bit
             else:
-                out[i] = f
-        return out
+                fixed[i] = f
+        return np.array(fixed, dtype=np.float64)
 
-    def _shapes(self, col: list[Any], labels: Sequence[str], issues: Issues) -> None:
+    def _shapes(self, col: Sequence[Any], labels: Sequence[str], issues: Issues) -> None:
         n = len(col)
-        infos: list[tuple[str, int] | None] | None = None
+        infos: list[Any]
         if set(map(type, col)) <= _LIST_ONLY and set(map(type, itertools.chain.from_iterable(col))) <= _INT_ONLY:
             keys = list(map(tuple, col))  # every element an int (bools excluded): the tuple is the shape
             infos = list(map(_SHAPES.get, keys, itertools.repeat(False)))
             if False in infos:
                 infos = [_shape_info(k) if hit is False else hit for k, hit in zip(keys, infos, strict=True)]
+            if None not in infos:
+                self.shape += map(_TEXT, infos)
+                self._numel.append(np.fromiter(map(_NUMEL, infos), np.int64, n))
+                return
+        else:
+            infos = []
+            for shape in col:
+                valid = valid_shape(shape)
+                infos.append(None if valid is None else _shape_info(tuple(valid)))
         numel = np.empty(n, np.int64)
         base = self.n
-        for i in range(n):
-            info = infos[i] if infos is not None else None
-            if infos is None:
-                shape = col[i]
-                valid = valid_shape(shape)
-                info = None if valid is None else _shape_info(tuple(valid))
+        for i, info in enumerate(infos):
             if info is None:
                 issues.add((base + i, 4), "shape", f"{labels[i]} shape={short(col[i])}")
                 self.shape.append("")
@@ -233,11 +237,12 @@ class Columns:
                 numel[i] = info[1]
         self._numel.append(numel)
 
-    def _strings(self, leaves: Sequence[dict[str, Any]], labels: Sequence[str], issues: Issues) -> None:
+    def _strings(self, leaves: Sequence[dict[str, Any]], dtype_col: Sequence[Any], labels: Sequence[str],
+                 issues: Issues) -> None:
         get = dict.get
         base = self.n
         intern = self._interned
-        dtypes = list(map(get, leaves, itertools.repeat("dtype")))
+        dtypes = list(dtype_col)
         if not set(map(type, dtypes)) <= _STR_ONLY:
             for i, d in enumerate(dtypes):
                 if d.__class__ is not str:
@@ -255,7 +260,7 @@ class Columns:
                         issues.add((base + i, 6), "field", f"{labels[i]} md5={short(c)}")
                         crcs[i] = ""
         self.crc += crcs
-        names = list(map(get, leaves, itertools.repeat("data_name")))
+        names: list[Any] = list(map(get, leaves, itertools.repeat("data_name")))
         kinds = set(map(type, names))
         if kinds == {type(None)}:
             self.data_name += itertools.repeat("", len(names))
