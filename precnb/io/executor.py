@@ -84,7 +84,7 @@ def parse_files(
     Parameters
     ----------
     items : sequence
-        What *parse* takes (e.g. :class:`~precnb.io.msprobe_dump.RankDir`).
+        What *parse* takes (e.g. :class:`~precnb.io.msprobe.RankDir`).
     parse : callable
         A module-level function (it is pickled to the workers).
     describe : callable
