@@ -85,7 +85,7 @@ class _Rec:
 
     def __init__(self, rec: FileRecords, gids: np.ndarray, order: int, skipped: bool,
                  construct: tuple[Any, Mapping[str, Any]], stacks: tuple[Any, Mapping[str, Any]],
-                 dtypes: np.ndarray | None = None) -> None:
+                 dtypes: Any = None) -> None:
         self.step, self.rank, self.order = rec.step, rec.rank, order
         self.key = (rec.step, rec.rank, order)
         self.skipped = skipped
@@ -94,7 +94,7 @@ class _Rec:
         self.null, self.seq, self.numel = rec.null_stats, rec.seq, rec.numel
         self.strings = rec.strings
         self.construct, self.stacks = construct, stacks
-        self.dtypes = dtypes  # dtype codes per label (Assembler._dtype_code), to find changed entries
+        self.dtypes = dtypes  # the record's dtype column, to find entries whose dtype changed
 
 
 MAX_DTYPE_CHANGES = 200_000
@@ -148,6 +148,8 @@ class Assembler:
         self.construct: dict[str, str] = {}
         self.stacks: dict[str, list[str]] = {}
         self._merged: set[Any] = set()
+        self._finished = False
+        self._borrowed: dict[str, bool] = {}  # construct/stacks is a parsed shared table, not our own dict
         # entries whose dtype differs from their tensor's dtype coordinate (attrs["dtype_changes"])
         self._dtype_code: dict[Any, int] = {None: 0, "": 0}
         self._dtype_names: list[str] = [""]
@@ -179,11 +181,11 @@ class Assembler:
         self._owner = owner
         self._cap = cap
 
-    def _ids(self, labels: Sequence[str]) -> np.ndarray:
+    def _ids(self, labels: Sequence[str], index: dict[str, int] | None = None) -> np.ndarray:
         gid = self._gid
         n = len(labels)
-        if not gid:  # the first record: one pass
-            first = dict(zip(labels, range(n), strict=True))
+        if not gid:  # the first record: one pass (none when the reader indexed its labels)
+            first = index if index is not None and len(index) == n else dict(zip(labels, range(n), strict=True))
             if len(first) == n:
                 self._gid = first
                 self._labels = list(labels)
@@ -207,13 +209,16 @@ class Assembler:
 
     def add(self, rec: FileRecords, order: int | None = None) -> None:
         """Fold in one record; *order* breaks ties between records of the same (step, rank)."""
+        if self._finished:
+            raise RuntimeError("this Assembler has built its dataset; start a new one")
         order = self._n if order is None else int(order)
         self._n += 1
         for key in ("task", "level", "framework"):
             v = rec.meta.get(key)
             if v:
                 self._meta[key].add(str(v))
-        gids = self._ids(rec.labels)
+        gids = self._ids(rec.labels, rec.label_index)
+        rec.label_index = None  # taken over (it may be ours now): a second assembly of the record rebuilds it
         self._grow(len(self._labels))
         skipped = (self._steps_set is not None and rec.step not in self._steps_set) or (
             self._ranks_set is not None and rec.rank not in self._ranks_set)
@@ -222,8 +227,8 @@ class Assembler:
             self.facts.add(rec.meta.get("facts"), step=rec.step)
         construct, stacks = self._side(rec.construct), self._side(rec.stacks)
         dt = rec.coords.get("dtype")
-        codes = self._codes(dt) if dt is not None and len(dt) == len(rec.labels) else None
-        self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks, codes))
+        self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks,
+                                  dt if dt is not None and len(dt) == len(rec.labels) else None))
 
     def _codes(self, names: Sequence[Any] | np.ndarray) -> np.ndarray:
         small = len(names) <= 200_000
@@ -253,13 +258,14 @@ class Assembler:
                 continue
             if coord is None:
                 coord = self._codes(self._cv["dtype"][:len(self._labels)])
+            codes = self._codes(r.dtypes)
             own = coord[r.gids]
-            bad = np.flatnonzero((r.dtypes != own) & (r.dtypes != 0) & (own != 0))
+            bad = np.flatnonzero((codes != own) & (codes != 0) & (own != 0))
             for j in bad.tolist():
                 if self.n_dtype_changes >= MAX_DTYPE_CHANGES:
                     return
                 label = self._labels[int(r.gids[j])]
-                name = self._dtype_names[int(r.dtypes[j])]
+                name = self._dtype_names[int(codes[j])]
                 self.dtype_changes.setdefault(label, {}).setdefault(name, []).append([r.step, r.rank])
                 self.n_dtype_changes += 1
 
@@ -280,7 +286,7 @@ class Assembler:
                 _, first = np.unique(targets, return_index=True)
                 js = js[np.sort(first)]
         targets = gids[js]
-        prev = self._owner[targets].copy()
+        prev = self._owner[targets]  # fancy indexing: a copy
         self._owner[targets] = key
         n = len(rec.labels)
         whole = len(js) == n and n and js[0] == 0 and js[-1] == n - 1  # every label, in order (js is increasing)
@@ -354,17 +360,53 @@ class Assembler:
             self.string_names.update(r.strings)
 
     def _merge_sides(self, r: _Rec) -> None:
-        for (key, table), target in ((r.construct, self.construct), (r.stacks, self.stacks)):
+        for (key, table), name in ((r.construct, "construct"), (r.stacks, "stacks")):
             if key is not None:
                 if key in self._merged:
                     continue
                 self._merged.add(key)
+            target = getattr(self, name)
+            if not target and key is not None and not self._borrowed.get(name):  # the first shared table: as is
+                setattr(self, name, table)
+                self._borrowed[name] = True
+                continue
+            if self._borrowed.get(name):  # a second table: merge into a copy of the one borrowed
+                target = dict(target)
+                setattr(self, name, target)
+                self._borrowed[name] = False
             for node, val in table.items():
                 target.setdefault(node, val)
+
+    def _sole(self, recs: list[_Rec], step_vals: Sequence[int], rank_vals: Sequence[int]) -> dict[str, np.ndarray] | None:
+        """The arrays of a run that is one record holding every column in order: its own columns, no copy."""
+        if len(recs) != 1 or len(step_vals) != 1 or len(rank_vals) != 1:
+            return None
+        r = recs[0]
+        n = len(self._order)
+        if r.skipped or (r.step, r.rank) != (step_vals[0], rank_vals[0]) or len(r.gids) != n \
+                or not np.array_equal(self._pos[r.gids], np.arange(n)):
+            return None
+        shape = (1, 1, n)
+        arrays = {name: np.asarray(r.values[name], np.float64).reshape(shape) if name in r.values
+                  else np.full(shape, np.nan) for name in self.stat_names}
+        arrays["present"] = np.ones(shape, bool)
+        arrays["null_stats"] = np.asarray(r.null, np.uint8).reshape(shape)
+        arrays["seq"] = np.asarray(r.seq, np.int32).reshape(shape)
+        arrays["numel"] = np.asarray(r.numel, np.int64).reshape(shape)
+        for name in sorted(self.string_names):
+            col = np.empty(n, object)
+            col[:] = r.strings[name] if name in r.strings else ""
+            arrays[name] = col.reshape(shape)
+        self._merge_sides(r)
+        return arrays
 
     def _fill(self, recs: list[_Rec], step_vals: Sequence[int], rank_vals: Sequence[int]) -> dict[str, np.ndarray]:
         si = {s: i for i, s in enumerate(step_vals)}
         ri = {r: i for i, r in enumerate(rank_vals)}
+        self._note_dtype_changes([r for r in recs if r.step in si and r.rank in ri])
+        sole = self._sole(recs, step_vals, rank_vals)
+        if sole is not None:
+            return sole
         shape = (len(step_vals), len(rank_vals), len(self._order))
         arrays: dict[str, np.ndarray] = {k: np.full(shape, np.nan) for k in self.stat_names}
         arrays["present"] = np.zeros(shape, bool)
@@ -373,7 +415,6 @@ class Assembler:
         arrays["numel"] = np.full(shape, -1, np.int64)
         for name in sorted(self.string_names):
             arrays[name] = np.full(shape, "", dtype=object)
-        self._note_dtype_changes([r for r in recs if r.step in si and r.rank in ri])
         for r in recs:
             if r.skipped or r.step not in si or r.rank not in ri:
                 continue
@@ -402,14 +443,20 @@ class Assembler:
         self._place(take)
         return self._fill(take, list(steps), list(ranks))
 
-    def tensor_coords(self) -> dict[str, Any]:
-        """The ``tensor`` coordinate and the per-tensor coordinates of the columns placed so far."""
+    def tensor_coords(self, *, copy: bool = True) -> dict[str, Any]:
+        """The ``tensor`` coordinate and the per-tensor coordinates of the columns placed so far.
+
+        ``copy=False`` (the final build) returns views of the coordinate arrays where the columns
+        are in label order.
+        """
         order = self._order
+        n = len(order)
+        in_order = not copy and n == len(self._labels) and _increasing(order) and (not n or order[-1] == n - 1)
         labels = np.empty(len(self._labels), object)
         labels[:] = self._labels
-        out: dict[str, Any] = {"tensor": labels[order]}
+        out: dict[str, Any] = {"tensor": labels if in_order else labels[order]}
         for name, vals in self._cv.items():
-            out[name] = ("tensor", vals[order])
+            out[name] = ("tensor", vals[:n] if in_order else vals[order])
         return out
 
     def attrs(self, source_format: str, attrs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -436,10 +483,14 @@ class Assembler:
         rank_vals = self.forced_ranks if self.forced_ranks is not None else sorted({r.rank for r in recs})
         self._place(recs)
         arrays = self._fill(recs, step_vals, rank_vals)
-        coords = self.tensor_coords()
+        del recs
+        coords = self.tensor_coords(copy=False)
         coords["step"] = np.asarray(step_vals, np.int64)
         coords["rank"] = np.asarray(rank_vals, np.int64)
-        return validate(dataset(arrays, coords, self.attrs(source_format, attrs)))
+        meta = self.attrs(source_format, attrs)
+        self._finished = True  # the coordinates are the dataset's now: free what only adding needs
+        self._gid, self._labels, self._owner = {}, [], np.zeros((0, 3), np.int64)
+        return validate(dataset(arrays, coords, meta))
 
 
 def _variable(dims: tuple[str, ...], data: np.ndarray) -> xr.Variable:

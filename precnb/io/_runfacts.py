@@ -60,6 +60,8 @@ def is_optimizer_node(node: str, parent: str) -> bool:
         return False
     if parent == "optimizer" or parent.startswith("optimizer."):
         return True
+    if not any(m in node for m in _OPTIMIZER_MARKERS):  # the API name is part of the node name
+        return False
     api = api_of(node)
     return any(m in api for m in _OPTIMIZER_MARKERS)
 

@@ -164,6 +164,14 @@ class FileRecords:
     construct: dict[str, str] | SharedTable = field(default_factory=dict)
     stacks: dict[str, list[str]] | SharedTable = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: label -> position, when the reader built it (unique labels); spares the assembler hashing them again.
+    #: Kept in this process only (not pickled).
+    label_index: dict[str, int] | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["label_index"] = None
+        return state
 
 
 class RecordBuilder:

@@ -247,6 +247,7 @@ class _File:
         self.roles: list[str] = []
         self.groups: dict[str, str] = {}
         self.facts: dict[str, Any] = {}
+        self.ctx_cols: list[list[Any]] = [[] for _ in _CTX_NAMES]
         self.n_nodes = 0
 
     def batch(self, data: Mapping[str, Any]) -> None:
@@ -272,6 +273,10 @@ class _File:
             if n:
                 w.ctx.append(ctx)
                 w.counts.append(n)
+        if w.ctx:  # the batch's node contexts as columns (tuples dropped)
+            for col, vals in zip(self.ctx_cols, zip(*w.ctx, strict=True), strict=True):
+                col += vals
+            w.ctx = []
         self.cols.add_batch(w.leaves, w.labels, self.issues)
         facts = file_facts(data, self.parents)  # parameters' requires_grad, optimizer scalar arguments
         if facts:
@@ -300,9 +305,11 @@ class _File:
         n = cols.n
         c = cols.finish()
         labels = self.labels
-        if len(set(labels)) != n:
+        index = dict(zip(labels, range(n), strict=True))
+        if len(index) != n:
             labels = dedup_labels(labels)
-        coords = _node_columns(self.walk.ctx, self.walk.counts, n)
+            index = dict(zip(labels, range(n), strict=True))
+        coords = _node_columns(self.ctx_cols, self.walk.counts, n)
         coords.update(role=self.roles, dtype=c["dtype"], shape=c["shape"])
         strings: dict[str, list[str]] = {}
         if cols.any_crc:
@@ -314,22 +321,22 @@ class _File:
             values={k: c[k] for k in ("max", "min", "mean", "norm")}, null_stats=c["null"],
             seq=np.arange(n, dtype=np.int32), numel=c["numel"], strings=strings,
             construct=sides[0] if sides[0] is not None else {}, stacks=sides[1] if sides[1] is not None else {},
-            meta=meta)
+            meta=meta, label_index=index)
 
 
 _CTX_NAMES = ("node", "module", "api", "kind", "direction", "parent", "call", "micro_step")
 
 
-def _node_columns(ctxs: list[tuple[Any, ...]], counts: list[int], n: int) -> dict[str, Any]:
-    """Per-leaf coordinate arrays from the per-node contexts (one pointer copy per leaf)."""
+def _node_columns(cols: list[list[Any]], counts: list[int], n: int) -> dict[str, Any]:
+    """Per-leaf coordinate arrays from the per-node context columns (one pointer copy per leaf)."""
     out: dict[str, Any] = {}
     reps = np.asarray(counts, np.int64)
     for j, name in enumerate(_CTX_NAMES):
         if j >= 6:
-            per_node = np.fromiter((c[j] for c in ctxs), np.int64, len(ctxs))
+            per_node = np.asarray(cols[j], np.int64)
         else:
-            per_node = np.empty(len(ctxs), object)
-            per_node[:] = [c[j] for c in ctxs]
+            per_node = np.empty(len(cols[j]), object)
+            per_node[:] = cols[j]
         out[name] = np.repeat(per_node, reps) if n else per_node[:0]
     return out
 

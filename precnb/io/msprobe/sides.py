@@ -33,6 +33,7 @@ __all__ = ["parse_construct", "parse_stack", "read_sides"]
 
 _CONSTRUCT: dict[bytes, tuple[dict[str, str], dict[str, int]]] = {}  # digest -> parsed, per process
 _GOOD_STACKS: set[bytes] = set()
+_CACHE_MAX = 8 << 20  # a larger construct.json (one huge file) is parsed where it is used, not kept
 
 
 def parse_construct(raw: Any) -> tuple[dict[str, str], dict[str, int]]:
@@ -128,7 +129,7 @@ def read_sides(folder: Path, notes: list[str]) -> tuple[dict[str, str], dict[str
             checked = _parse_checked(folder / "construct.json", raw, notes)
             if checked is not None:
                 hit = parse_construct(checked[0])
-                if checked[1]:  # clean: the same bytes elsewhere need no second look
+                if checked[1] and len(raw) <= _CACHE_MAX:  # clean: the same bytes elsewhere need no second look
                     if len(_CONSTRUCT) >= 8:
                         _CONSTRUCT.clear()
                     _CONSTRUCT[key] = hit

@@ -171,7 +171,8 @@ class Columns:
             cols: list[Sequence[Any]] = list(zip(*map(_FIELDS, leaves), strict=True))
         except KeyError:
             get = dict.get
-            cols = [list(map(get, leaves, itertools.repeat(k))) for k in (*(k for _, k in _STAT_KEYS), "shape", "dtype")]
+            keys = (*(k for _, k in _STAT_KEYS), "shape", "dtype")
+            cols = [list(map(get, leaves, itertools.repeat(k))) for k in keys]
         null = np.zeros(n, np.uint8)
         for bit, (name, key) in enumerate(_STAT_KEYS):
             self._stats[name].append(self._stat_column(cols[bit], bit, key, null, labels, issues))
