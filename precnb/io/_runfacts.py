@@ -28,6 +28,7 @@ __all__ = ["FactsAccumulator", "file_facts", "is_optimizer_node", "merge_facts"]
 
 #: API names that are optimizer updates wherever they are called (fused and foreach kernels)
 _OPTIMIZER_MARKERS = ("_fused_adam", "_fused_sgd", "_fused_adagrad", "addcdiv_", "_foreach_lerp_")
+_MARKERS = re.compile("|".join(re.escape(m) for m in _OPTIMIZER_MARKERS))
 _API = re.compile(r"^(?P<api>.+?)\.(?:\d+\.(?:forward|backward)|(?:forward|backward)(?:\.\d+)?)$")
 _MAX_VALUES = 64  # distinct values kept per (api, argument, step)
 _MAX_DEPTH = 8
@@ -60,7 +61,7 @@ def is_optimizer_node(node: str, parent: str) -> bool:
         return False
     if parent == "optimizer" or parent.startswith("optimizer."):
         return True
-    if not any(m in node for m in _OPTIMIZER_MARKERS):  # the API name is part of the node name
+    if _MARKERS.search(node) is None:  # the API name is part of the node name
         return False
     api = api_of(node)
     return any(m in api for m in _OPTIMIZER_MARKERS)

@@ -112,11 +112,11 @@ def _module_of(parent: str) -> str:
 
 def _context(node: str, parent: str, micro: int) -> tuple[Any, ...]:
     """(node, module, api, kind, direction, parent, call, micro step) of a node record."""
-    key = (node, parent, micro)
+    key: Any = node if micro == -1 and not parent else (node, parent, micro)
     ctx = _CTX.get(key)
     if ctx is None:
         nn = _node_name(node)
-        module = nn.module if nn.kind != "api" else _module_of(parent)
+        module = nn.module if nn.kind != "api" else (_module_of(parent) if parent else "")
         ctx = (node, module, nn.api, nn.kind, nn.direction, parent, _counter(nn.call), _counter(micro))
         if len(_CTX) > 200_000:
             _CTX.clear()
@@ -253,8 +253,10 @@ class _File:
     def batch(self, data: Mapping[str, Any]) -> None:
         """Read one batch of node records (all of ``data`` for a whole-file parse)."""
         w = self.walk
+        walk_node, ctxs, counts = w.node, w.ctx, w.counts
+        parents, micro = self.parents.get, self.micro.get
+        self.n_nodes += len(data)
         for node, record in data.items():
-            self.n_nodes += 1
             if record.__class__ is not dict:
                 if record is not None:  # null records carry nothing
                     self.issues.add((self.cols.n + len(w.leaves), -1), "record", f"{short(node)}: {json_type(record)}")
@@ -263,16 +265,16 @@ class _File:
                 for g in _find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
                     self.groups.setdefault(json.dumps(g), node)
                     break
-            ctx = _context(node, self.parents.get(node, "") or "", self.micro.get(node, -1))
+            ctx = _context(node, parents(node, "") or "", micro(node, -1))
             try:
-                n = w.node(node, record, ctx[3])
+                n = walk_node(node, record, ctx[3])
             except _TooDeepError as exc:
                 where = short(exc.where, 120)
                 raise DumpFormatError(self.rd.dump_file, f"node {short(node, 80)}: values nested more than "
                                                          f"{MAX_DEPTH} levels deep (at {where})") from None
             if n:
-                w.ctx.append(ctx)
-                w.counts.append(n)
+                ctxs.append(ctx)
+                counts.append(n)
         if w.ctx:  # the batch's node contexts as columns (tuples dropped)
             for col, vals in zip(self.ctx_cols, zip(*w.ctx, strict=True), strict=True):
                 col += vals
