@@ -392,7 +392,8 @@ class Assembler:
             for node, val in table.items():
                 target.setdefault(node, val)
 
-    def _sole(self, recs: list[_Rec], step_vals: Sequence[int], rank_vals: Sequence[int]) -> dict[str, np.ndarray] | None:
+    def _sole(self, recs: list[_Rec], step_vals: Sequence[int],
+              rank_vals: Sequence[int]) -> dict[str, np.ndarray] | None:
         """The arrays of a run that is one record holding every column in order: its own columns, no copy."""
         if len(recs) != 1 or len(step_vals) != 1 or len(rank_vals) != 1:
             return None
@@ -410,7 +411,7 @@ class Assembler:
         arrays["numel"] = np.asarray(r.numel, np.int64).reshape(shape)
         for name in sorted(self.string_names):
             col = np.empty(n, object)
-            col[:] = r.strings[name] if name in r.strings else ""
+            col[:] = r.strings.get(name, "")
             arrays[name] = col.reshape(shape)
         self._merge_sides(r)
         return arrays
