@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
+import tomllib
 import warnings
 
 import numpy as np
 import pytest
-import tomllib
 import xarray as xr
 
 import precnb

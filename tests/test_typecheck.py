@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 
 import pytest
-import tomllib
 
 from tests.conftest import ROOT
 

@@ -299,8 +299,8 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelI
 
 def _spelling(f: Path) -> str:
     """"" for a canonically spelled path (no leading zeros in rank, graph and iteration), else the path."""
-    rank = next((q.name for q in f.parents if _RANK.match(q.name)), "")
-    numbers = [f.parent.name, f.parent.parent.name, _RANK.match(rank).group(1) if rank else "0"]
+    m = next((m for q in f.parents if (m := _RANK.match(q.name))), None)
+    numbers = [f.parent.name, f.parent.parent.name, m.group(1) if m else "0"]
     return "" if all(n == str(int(n)) for n in numbers if n.isdigit()) else str(f)
 
 
