@@ -26,11 +26,6 @@ from precnb.schema import DIMS, SCHEMA_VERSION, STATS, TENSOR_COORDS, validate
 __all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "SharedTable", "assemble", "dedup_labels",
            "select_items", "stat_value"]
 
-try:  # optional speed-up (the ``fast`` extra)
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - exercised when the extra is missing
-    _orjson = None  # type: ignore[assignment]
-
 _INT_COORDS = {k for k, v in TENSOR_COORDS.items() if v is not str}
 defer_dask_array_import()  # before the first Dataset is built
 _NO_OWNER = np.iinfo(np.int64).max
@@ -61,16 +56,6 @@ def _column(col: Any, name: str, n: int) -> tuple[np.ndarray, np.ndarray | None]
     if not set(map(type, col)) <= _STR_OK | {type(None)}:
         obj[:] = [v if v.__class__ is str else ("" if v is None else str(v)) for v in col]
     return obj, none
-
-
-def _dumps(table: Mapping[str, Any]) -> str:
-    """A side table as JSON text (orjson when installed: the same value, ten times faster on a million nodes)."""
-    if _orjson is not None:
-        try:
-            return _orjson.dumps(table).decode()
-        except (TypeError, _orjson.JSONEncodeError):  # a string that is not UTF-8 (lone surrogate)
-            pass
-    return json.dumps(table)
 
 
 def select_items(items: Sequence[Any], steps: Sequence[int] | None, ranks: Sequence[int] | None) -> list[Any]:
@@ -480,8 +465,8 @@ class Assembler:
         meta: dict[str, Any] = {
             "precnb_schema": SCHEMA_VERSION,
             "source_format": source_format,
-            "construct": _dumps(self.construct),
-            "stacks": _dumps(self.stacks),
+            "construct": json.dumps(self.construct),  # the text other code writes too (concat_steps, merge)
+            "stacks": json.dumps(self.stacks),
         }
         for key in ("task", "level", "framework"):
             meta[key] = ",".join(sorted(self._meta[key]))
