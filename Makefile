@@ -14,8 +14,8 @@ FUZZ_SCALE ?= 25
 # make test: -rs lists why tests were skipped; tests needing torch/msprobe/MindSpore run in make test-generator
 PYTEST_CI := -q -rs -m "not needs_generator"
 
-.PHONY: help install system-deps demo test test-fast test-generator fuzz lint lab samples bench clean offline-template \
-        notebooks
+.PHONY: help install system-deps demo test test-fast test-generator fuzz lint typecheck lab samples bench clean \
+        offline-template notebooks
 
 help:
 	@echo "make demo    install, then run precnb on the bundled samples (writes $(OUT)/)"
@@ -25,6 +25,7 @@ help:
 	@echo "make fuzz    the reader fuzzing with a long budget (FUZZ_SCALE=$(FUZZ_SCALE), random seeds)"
 	@echo "make lab     install, then start JupyterLab on the notebook templates"
 	@echo "make lint    ruff"
+	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io)"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (extra [samples])"
 	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
@@ -86,6 +87,10 @@ fuzz: install
 lint: install
 	$(VENV)/bin/ruff check precnb tests benchmarks tools
 
+# the files checked are listed once, in pyproject.toml [tool.mypy] files (extend there)
+typecheck: install
+	$(PY) -m mypy
+
 lab: install
 	$(VENV)/bin/jupyter lab --allow-root --no-browser notebooks/
 
@@ -96,6 +101,8 @@ samples: install
 bench: install
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/bench_explorer.py
+	$(PY) benchmarks/bench_large.py
+	$(PY) benchmarks/bench_startup.py
 
 clean:
 	rm -rf $(VENV) build $(OUT) .pytest_cache

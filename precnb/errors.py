@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DumpFormatError", "NotADumpError", "OutputExistsError", "OutputRefusedError", "PrecnbError",
-           "UnsafeFileError"]
+__all__ = ["DumpFormatError", "InsufficientMemoryError", "NotADumpError", "OutputExistsError", "OutputRefusedError",
+           "PrecnbError", "UnsafeFileError"]
 
 
 class PrecnbError(Exception):
@@ -60,3 +60,7 @@ class OutputRefusedError(PrecnbError):
 
 class OutputExistsError(OutputRefusedError, FileExistsError):
     """The output exists (and ``overwrite`` was not given): also a :class:`FileExistsError`."""
+
+
+class InsufficientMemoryError(PrecnbError, MemoryError):
+    """A load would need more memory than is available (raised before parsing, naming what to load less of)."""

@@ -105,16 +105,16 @@ class Workdir:
 
 @contextlib.contextmanager
 def msprobe_parser(reference: bool):
-    """Use the reference msprobe reader (else the fast path, the default) for this example."""
-    old = os.environ.pop("PRECNB_REFERENCE_PARSER", None)
+    """Parse dump.json files whole (else batch by batch, the default) for this example."""
+    old = os.environ.pop("PRECNB_JSON_WHOLE", None)
     if reference:
-        os.environ["PRECNB_REFERENCE_PARSER"] = "1"
+        os.environ["PRECNB_JSON_WHOLE"] = "1"
     try:
         yield
     finally:
-        os.environ.pop("PRECNB_REFERENCE_PARSER", None)
+        os.environ.pop("PRECNB_JSON_WHOLE", None)
         if old is not None:
-            os.environ["PRECNB_REFERENCE_PARSER"] = old
+            os.environ["PRECNB_JSON_WHOLE"] = old
 
 
 def _quiet_open(path: Path, **kw: Any):
@@ -553,7 +553,7 @@ def test_msprobe_mutated_dumps_never_crash(spec, data):
                 (d / name).write_bytes(raw)
 
         def has_data(folder: Path) -> bool:
-            from precnb.io import msprobe_dump as md
+            from precnb.io import msprobe as md
 
             try:
                 rd = md.discover(folder)[0]

@@ -44,6 +44,10 @@ def test_public_api_resolves():
     "precnb.analysis._pf_optim", "precnb.io._runfacts", "precnb.io.config_check", "precnb.analysis.registry",
     "precnb._write", "precnb._marks", "precnb._extras", "precnb._samples_path", "precnb.io._dupes", "precnb.io._why",
     "precnb.cli._args", "precnb.cli._term", "precnb.report._assets", "precnb.viz.selections",
+    "precnb.io.readers", "precnb.io._fs", "precnb.io.executor", "precnb.io.records", "precnb.io._memory",
+    "precnb.io.msprobe", "precnb.io.msprobe._json", "precnb.io.msprobe.values", "precnb.io.msprobe.sides",
+    "precnb.io.msprobe.parse", "precnb.io.msprobe.discover", "precnb.io.backend", "precnb.io.detect",
+    "precnb.io._pool",
 ])
 def test_docstring_examples_run(module):
     mod = importlib.import_module(module)

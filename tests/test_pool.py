@@ -11,7 +11,7 @@ import xarray as xr
 import precnb
 from precnb.io import _pool
 from precnb.io._assemble import LoadReport
-from precnb.io.api import parse_files
+from precnb.io.executor import parse_files
 from tests.conftest import open_quiet as _open
 from tests.conftest import sample_path
 

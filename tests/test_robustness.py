@@ -33,7 +33,7 @@ from tests.conftest import shared_path
 CORPUS = Path(__file__).resolve().parent / "corpus_broken"
 ROOT = Path(__file__).resolve().parents[1]
 S = ("data_samples", "msprobe")
-PARSERS = ["fast", "reference"]
+PARSERS = ["batched", "whole"]
 
 GOOD_JSON = {
     "task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None,
@@ -55,10 +55,10 @@ def open_quiet(path, **kw):
 @pytest.fixture(params=PARSERS)
 def parser(request, monkeypatch):
     """Run msprobe tests with the fast path and with the reference reader."""
-    if request.param == "reference":
-        monkeypatch.setenv("PRECNB_REFERENCE_PARSER", "1")
+    if request.param == "whole":
+        monkeypatch.setenv("PRECNB_JSON_WHOLE", "1")
     else:
-        monkeypatch.delenv("PRECNB_REFERENCE_PARSER", raising=False)
+        monkeypatch.delenv("PRECNB_JSON_WHOLE", raising=False)
     return request.param
 
 

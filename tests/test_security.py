@@ -401,7 +401,7 @@ def test_cli_without_network_sitecustomize(dumps, tmp_path):
     log = tmp_path / "net.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "PRECNB_NET_LOG": str(log),
            "PRECNB_NO_DASK_CLIENT": "1"}
-    env.pop("PRECNB_REFERENCE_PARSER", None)
+    env.pop("PRECNB_JSON_WHOLE", None)
     p = subprocess.run([sys.executable, "-c", "import sitecustomize, precnb, precnb.io, precnb.analysis"],
                        env=env, capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stderr

@@ -42,9 +42,9 @@ class Parser(argparse.ArgumentParser):
 def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int_set("steps"), help="steps to load: N, A:B (inclusive) or a comma list")
     p.add_argument("--ranks", type=int_set("ranks"), help="ranks to load: comma list or A:B")
-    p.add_argument("--format", choices=["msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr",
-                                        "config_check"],
-                   help="force a reader instead of detecting it")
+    from precnb.io.readers import reader_names
+
+    p.add_argument("--format", choices=reader_names(), help="force a reader instead of detecting it")
     p.add_argument("--workers", type=_workers, default=None,
                    help="local processes that parse dump files: N, or 'auto' (default: "
                         "$PRECNB_WORKERS, else auto = one per available CPU, at most 8)")

@@ -80,6 +80,11 @@ from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
 from precnb.io._csvutil import iter_rows, parse_float, parse_shape, short_repr
 from precnb.io._dupes import last_row_wins
+from precnb.io._fs import is_dir as _is_dir
+from precnb.io._fs import is_file as _is_file
+from precnb.io._fs import list_dir as _list_dir
+from precnb.io.executor import parse_files
+from precnb.io.readers import Reader
 from precnb.schema import STATS, TENSOR_COORDS
 
 __all__ = ["FAMILY_RANK", "MonitorFile", "discover", "is_monitor_output", "open_monitor",
@@ -206,24 +211,6 @@ def _rank_of_folder(name: str) -> int | None:
         return None
     digits = m.group(1)
     return int(digits) if len(digits) <= 10 and int(digits) <= _MAX_INDEX else _OUT_OF_RANGE
-
-
-def _is_dir(p: Path) -> bool:
-    try:
-        return p.is_dir()
-    except OSError:
-        return False
-
-
-def _is_file(p: Path) -> bool:
-    try:
-        return p.is_file()
-    except OSError:
-        return False
-
-
-def _list_dir(p: Path) -> list[Path]:
-    return sorted(p.iterdir(), key=lambda c: c.name)
 
 
 def is_monitor_output(path: str | Path) -> bool:
@@ -692,8 +679,6 @@ def open_monitor(
     >>> ds = open_monitor("monitor_output")  # doctest: +SKIP
     >>> ds.nans.sel(tensor="actv/blocks.1.attn.output")  # doctest: +SKIP
     """
-    from precnb.io.api import parse_files
-
     report = LoadReport()
     found = discover(path, report)
     files = found.files
@@ -707,9 +692,9 @@ def open_monitor(
              for f in files]
     if not files:
         raise NotADumpError(f"{path}: no monitor CSV file matches the selection")
-    results = parse_files(files, read_monitor_csv, describe=lambda f: str(f.path),  # type: ignore[arg-type]
+    results = parse_files(files, read_monitor_csv, describe=lambda f: str(f.path),
                           report=report, errors=errors, client=client, progress=progress, workers=workers)
-    partials: list[FileRecords] = [r for group in results for r in group]  # type: ignore[attr-defined]
+    partials: list[FileRecords] = [r for group in results for r in group]
     for r in partials:
         report.warnings.extend(r.meta.get("warnings", []))
     partials = [r for r in partials if r.meta.get("parts")]
@@ -754,3 +739,11 @@ def open_monitor(
         },
     )
     return ds
+
+
+READER = Reader(name="monitor", can_open=is_monitor_output, open=lambda path, **o: open_monitor(path, **_opts(o)),
+                description="monitor output", detect_priority=20)
+
+
+def _opts(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: options[k] for k in ("errors", "client", "progress", "steps", "ranks", "workers") if k in options}

@@ -23,9 +23,10 @@ import numpy as np
 import xarray as xr
 
 from precnb.errors import DumpFormatError, NotADumpError
+from precnb.io.readers import Reader
 from precnb.schema import DIMS, TENSOR_COORDS, SchemaError, validate
 
-__all__ = ["open_store", "to_zarr"]
+__all__ = ["READER", "is_store", "open_store", "to_zarr"]
 
 _FILLS: dict[str, Any] = {"present": False, "null_stats": 0, "seq": -1, "numel": -1}
 _MARKER_KEY = "precnb_output"  # precnb._marks.MARKER_KEY: the store attribute marking precnb's own stores
@@ -148,40 +149,39 @@ def to_zarr(
             _write_dataset(source, tmp)
             _mark(tmp)
         return Path(path)
-    from precnb.io._resolve import resolve
     from precnb.io.api import open_run
+    from precnb.io.detect import resolve
+    from precnb.io.readers import get_reader
 
     src, fmt = resolve(Path(source), format)
+    reader = get_reader(fmt)
     with writing_folder(path, inputs=[source, src, *inputs], overwrite=overwrite) as tmp:
-        if fmt != "msprobe":
-            ds = open_run(src, format=format, client=client, progress=progress, steps=steps, ranks=ranks,
+        if reader.stream is None:
+            ds = open_run(src, format=fmt, client=client, progress=progress, steps=steps, ranks=ranks,
                           errors=errors, workers=workers)
             _write_dataset(ds, tmp)
         else:
-            _stream_msprobe(src, tmp, client=client, progress=progress, steps=steps, ranks=ranks, errors=errors,
-                            workers=workers)
+            _stream(reader.stream(src, client=client, progress=progress, steps=steps, ranks=ranks, errors=errors,
+                                  workers=workers), tmp)
         _mark(tmp)
     return Path(path)
 
 
-def _stream_msprobe(src: Path, p: Path, *, client: Any, progress: bool | None, steps: Sequence[int] | None,
-                    ranks: Sequence[int] | None, errors: Any, workers: int | str | None = None) -> Path:
-    from precnb.io._assemble import LoadReport
-    from precnb.io.api import MsprobeLoad, select_rank_dirs
+def _stream(parts: Any, p: Path) -> Path:
+    """Write what a reader's ``stream`` yields (ranks, then one step at a time, then attrs) into *p*.
 
-    report = LoadReport()
-    dirs = select_rank_dirs(src, report, steps, ranks)
-    load = MsprobeLoad(src, dirs, report)
-    rank_vals = sorted({d.rank for d in dirs})
-    writer = _StepWriter(p, rank_vals)  # p: the empty locked folder of precnb._write.writing_folder
-    for step in sorted({d.step for d in dirs}):
-        first = next(i for i, d in enumerate(dirs) if d.step == step)
-        items = [d for d in dirs if d.step == step]
-        load.read(items, offset=first, errors=errors, client=client, progress=progress, workers=workers)
-        arrays = load.acc.take_steps([step], rank_vals)
-        writer.append(step, arrays, load.acc.tensor_coords())
-    load.check_any()
-    writer.finish(load.acc.attrs("msprobe", load.attrs()))
+    *p* is the empty locked folder of :func:`precnb._write.writing_folder` (removed by it on failure).
+    """
+    writer: _StepWriter | None = None
+    for part in parts:
+        if part[0] == "ranks":
+            writer = _StepWriter(p, part[1])
+        elif part[0] == "step":
+            assert writer is not None
+            writer.append(part[1], part[2], part[3])
+        elif part[0] == "attrs":
+            assert writer is not None
+            writer.finish(part[1])
     return p
 
 
@@ -243,7 +243,7 @@ class _StepWriter:
         old = self.n_tensor
         group = zarr.open_group(self.path, mode="r+", zarr_format=3)
         for name, arr in group.arrays():
-            dims = tuple(arr.metadata.dimension_names or ())
+            dims = tuple(getattr(arr.metadata, "dimension_names", None) or ())
             if "tensor" not in dims:
                 continue
             shape = list(arr.shape)
@@ -311,3 +311,35 @@ def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
     except SchemaError as exc:
         raise DumpFormatError(p, f"zarr store is not a precnb dataset: {exc}") from None
 
+
+def is_store(path: str | Path) -> bool:
+    """Whether *path* is a zarr store folder (format 3 or 2).
+
+    Examples
+    --------
+    >>> is_store("/nonexistent")
+    False
+    """
+    p = Path(path)
+    try:
+        return p.is_dir() and ((p / "zarr.json").is_file() or (p / ".zgroup").is_file())
+    except OSError:
+        return False
+
+
+def _open(path: Path, *, lazy: bool = False, steps: Sequence[int] | None = None,
+          ranks: Sequence[int] | None = None, **_: Any) -> xr.Dataset:
+    ds = open_store(path, lazy=lazy)
+    if steps is not None:
+        ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
+    if ranks is not None:
+        ds = ds.sel(rank=[r for r in ds["rank"].values if r in set(ranks)])
+    return ds
+
+
+def _steps(path: Path, ranks: Sequence[int] | None = None) -> list[int]:
+    return [int(s) for s in open_store(path, lazy=True)["step"].values]
+
+
+READER = Reader(name="zarr", can_open=is_store, open=_open, description="precnb zarr store",
+                available_steps=_steps, detect_priority=0, lazy=True)
