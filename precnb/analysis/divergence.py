@@ -268,6 +268,9 @@ def first_divergence(
     if origin.inherited:
         why = ("the output of a collective differs while this rank's own inputs agree "
                "(no rank has an earlier local difference)")
+    copies = _replica_reason(cmp, si, ri, j, tensor)
+    if copies:
+        why = copies
     reason = f"{origin.node} at step {step}, rank {r}: {why}"
     # structural difference just before the divergence on the same (step, rank)
     before = [s for s in structural if s["step"] == step and s["rank"] == r]
@@ -362,6 +365,21 @@ def first_divergence(
                 tensor=tensor, module=module, values=values, structural=struct_out,
                 crc_only=crc_only, hints=hints, suspects=suspects, evidence=evidence, stats=stats)
     return _with_baseline_names(f, alignment if aligned else None)
+
+
+def _replica_reason(cmp: Comparison, si: int, ri: int, j: int, tensor: str) -> str | None:
+    """The reason of a merged replicated tensor whose copies differ at this entry (None otherwise)."""
+    rd = cmp.replicas_differ
+    if rd is None or not bool(rd.values[si, ri, j]):
+        return None
+    known = tensor in cmp.targ.indexes["tensor"]
+    for name in cmp.targ.coords:
+        if known and str(name).startswith("shard_kind_") and \
+                str(cmp.targ[name].sel(tensor=tensor).values) == "replicas_differ":
+            dim = str(name).removeprefix("shard_kind_")
+            said = str(cmp.targ[f"shard_reason_{dim}"].sel(tensor=tensor).values)
+            return f"across the {dim.upper()} group, this tensor {said} (the merged entry is the first copy)"
+    return "its copies differ across the ranks merged into this entry"
 
 
 MAX_ISOLATED = 50
