@@ -24,7 +24,7 @@ help:
 	@echo "make test-generator  install the [samples] extra (torch, msprobe), run only the needs_generator tests"
 	@echo "make fuzz    the reader fuzzing with a long budget (FUZZ_SCALE=$(FUZZ_SCALE), random seeds)"
 	@echo "make lab     install, then start JupyterLab on the notebook templates"
-	@echo "make lint    ruff"
+	@echo "make lint    ruff, and the import contracts of pyproject.toml [tool.importlinter] (lint-imports)"
 	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io)"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (extra [samples])"
 	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
@@ -86,6 +86,7 @@ fuzz: install
 
 lint: install
 	$(VENV)/bin/ruff check precnb tests benchmarks tools
+	$(VENV)/bin/lint-imports --no-cache
 
 # the files checked are listed once, in pyproject.toml [tool.mypy] files (extend there)
 typecheck: install

@@ -1,4 +1,4 @@
-"""Package hygiene: light import, public API, runnable docstring examples, layering, and the wheel.
+"""Package hygiene: light import, public API, runnable docstring examples, and the wheel (layers: test_layers.py).
 
 The wheel is built from a copy of the sources and installed in a fresh venv with only its core
 dependencies (pip resolves them, from its cache when it can): the CLI, ``precnb.sample_path``
@@ -8,7 +8,6 @@ exercised there, from another folder, as a new user would.
 
 from __future__ import annotations
 
-import ast
 import doctest
 import importlib
 import json
@@ -53,31 +52,6 @@ def test_docstring_examples_run(module):
     mod = importlib.import_module(module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
-
-
-def _imports(path: pathlib.Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-    return out
-
-
-@pytest.mark.parametrize(("layer", "forbidden"), [
-    ("io", ("precnb.analysis", "precnb.viz", "precnb.widgets", "precnb.report", "precnb.cli")),
-    ("analysis", ("precnb.io", "precnb.viz", "precnb.widgets", "precnb.report", "precnb.cli")),
-])
-def test_layers_flow_one_way(layer, forbidden):
-    for path in (PKG / layer).rglob("*.py"):
-        bad = [m for m in _imports(path) if m.startswith(forbidden)]
-        assert not bad, f"{path.relative_to(PKG)} imports {bad}"
-
-
-def test_schema_module_depends_on_nothing_of_ours():
-    assert not [m for m in _imports(PKG / "schema.py") if m.startswith("precnb")]
 
 
 # -- installed from a wheel, as a new user does ------------------------------------------------
