@@ -25,7 +25,7 @@ help:
 	@echo "make fuzz    the reader fuzzing with a long budget (FUZZ_SCALE=$(FUZZ_SCALE), random seeds)"
 	@echo "make lab     install, then start JupyterLab on the notebook templates"
 	@echo "make lint    ruff, and the import contracts of pyproject.toml [tool.importlinter] (lint-imports)"
-	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io)"
+	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io, analysis)"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (extra [samples])"
 	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
