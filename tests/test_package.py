@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
+import pkgutil
 import subprocess
 import sys
 
@@ -35,23 +37,64 @@ def test_public_api_resolves():
         assert getattr(precnb, name) is not None, name
 
 
+# -- every module's docstring examples ----------------------------------------------------------
+
+# modules whose import needs what the [test] extra does not install: their examples run with
+# `make test-generator` (needs_generator; there a missing dependency is an import error, not a skip)
+NEEDS_GENERATOR = {name: "torch (the [samples] extra: the sample generator's models and training)" for name in (
+    "precnb.samples._diag_model", "precnb.samples._diag_train", "precnb.samples._model",
+    "precnb.samples._named_models", "precnb.samples._scenarios", "precnb.samples._scn_diagnosis",
+    "precnb.samples._scn_pp", "precnb.samples._scn_preflight", "precnb.samples._scn_renamed",
+    "precnb.samples._scn_tensor", "precnb.samples._scn_tp_unsync", "precnb.samples._train")}
+# modules that are never imported here; they must hold no examples (test_unimported_modules_have_no_examples)
+NOT_IMPORTED = {
+    "precnb.__main__": "importing it runs the CLI",
+    "precnb.cli.__main__": "importing it runs the CLI",
+    "precnb.samples.__main__": "importing it runs the sample generator",
+    "precnb.samples._ms_model": "imports mindspore; only the MindSpore worker interpreter ($PRECNB_MINDSPORE_PYTHON) "
+                                "loads it",
+}
+
+
+def _walk_error(name: str) -> None:
+    raise ImportError(f"pkgutil.walk_packages cannot import the package {name}")  # never silently left out
+
+
+MODULES = sorted(m.name for m in pkgutil.walk_packages(precnb.__path__, "precnb.", onerror=_walk_error))
+
+
+def test_every_module_is_discovered():
+    files = {".".join(("precnb", *p.relative_to(PKG).with_suffix("").parts)).removesuffix(".__init__")
+             for p in PKG.rglob("*.py") if "data_samples" not in p.parts}
+    assert {"precnb", *MODULES} == files
+    assert set(NEEDS_GENERATOR) <= set(MODULES) and set(NOT_IMPORTED) <= set(MODULES)
+
+
 @pytest.mark.parametrize("module", [
-    "precnb.schema", "precnb.naming", "precnb.analysis.layout", "precnb.analysis.findings",
-    "precnb.analysis.tolerance", "precnb.analysis.masks", "precnb.analysis.summary", "precnb.analysis.pp",
-    "precnb.io._assemble", "precnb.io._jsonio", "precnb.combine", "precnb.accessor", "precnb.io.ms_kernel_tensors",
-    "precnb.io._ms_names", "precnb.io._ms_files", "precnb.analysis.preflight", "precnb.analysis._pf_common",
-    "precnb.analysis._pf_optim", "precnb.io._runfacts", "precnb.io.config_check", "precnb.analysis.registry",
-    "precnb._write", "precnb._marks", "precnb._extras", "precnb._samples_path", "precnb.io._dupes", "precnb.io._why",
-    "precnb.cli._args", "precnb.cli._term", "precnb.report._assets", "precnb.viz.selections",
-    "precnb.io.readers", "precnb.io._fs", "precnb.io.executor", "precnb.io.records", "precnb.io._memory",
-    "precnb.io.msprobe", "precnb.io.msprobe._json", "precnb.io.msprobe.values", "precnb.io.msprobe.sides",
-    "precnb.io.msprobe.parse", "precnb.io.msprobe.discover", "precnb.io.backend", "precnb.io.detect",
-    "precnb.io._pool", "precnb.analysis.scalars", "precnb.io.msprobe.records",
-])
-def test_docstring_examples_run(module):
+    pytest.param(m, marks=pytest.mark.needs_generator) if m in NEEDS_GENERATOR else m
+    for m in ["precnb", *MODULES] if m not in NOT_IMPORTED])
+def test_docstring_examples_run(module, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an example that writes a file writes it here
     mod = importlib.import_module(module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
+                    reason="torch is installed: these modules' examples run in test_docstring_examples_run")
+@pytest.mark.parametrize("module", sorted(NEEDS_GENERATOR))
+def test_generator_modules_really_need_torch(module):
+    """The list above leaves out only modules that cannot be imported here."""
+    sys.modules.pop(module, None)
+    with pytest.raises(ModuleNotFoundError, match="torch"):
+        importlib.import_module(module)
+
+
+def test_unimported_modules_have_no_examples():
+    parser = doctest.DocTestParser()
+    for name in NOT_IMPORTED:
+        path = PKG.joinpath(*name.split(".")[1:]).with_suffix(".py")
+        assert not parser.get_examples(path.read_text(encoding="utf-8")), f"{name}: examples that never run"
 
 
 # -- installed from a wheel, as a new user does ------------------------------------------------
