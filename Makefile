@@ -29,7 +29,7 @@ help:
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (extra [samples])"
 	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
-	@echo "make notebooks         strip notebooks/*.ipynb and copy them into precnb/templates/notebooks/"
+	@echo "make notebooks         strip notebooks/*.ipynb (the templates' one copy; the build puts them in the wheel)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,7 +68,7 @@ $(OFFLINE_TEMPLATE): tools/build_offline_template.sh $(STAMP)
 offline-template: $(OFFLINE_TEMPLATE)
 
 notebooks: install
-	$(PY) tools/sync_notebooks.py
+	$(PY) tools/strip_notebooks.py
 
 test: install system-deps offline-template
 	@echo "make test: the needs_generator tests (torch / msprobe / MindSpore) are deselected; make test-generator runs them"

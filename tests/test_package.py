@@ -152,6 +152,52 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     assert api.returncode == 1 and "pip install 'precnb[notebook]'" in api.stderr
 
 
+@pytest.mark.slow
+def test_the_wheel_ships_the_notebook_templates_and_the_samples(built_wheel):
+    """notebooks/*.ipynb (their one committed copy) and data_samples/ go into the package at build time."""
+    import zipfile
+
+    with zipfile.ZipFile(built_wheel) as whl:
+        names = set(whl.namelist())
+        shipped = {n.rsplit("/", 1)[1]: whl.read(n) for n in names
+                   if n.startswith("precnb/templates/notebooks/") and n.endswith(".ipynb")}
+    templates = {p.name: p.read_bytes() for p in (PKG.parent / "notebooks").glob("*.ipynb")}
+    assert len(templates) == 5 and shipped == templates  # the same bytes, nothing more
+    assert {"precnb/templates/report/report.html.j2", "precnb/py.typed"} <= names
+    assert "precnb/data_samples/dp_nan/ground_truth.json" in names
+    assert not [n for n in names if n.startswith("notebooks/") or "/.ipynb_checkpoints/" in n]
+
+
+@pytest.mark.slow
+def test_a_wheel_built_from_the_sdist_ships_them_too(tmp_path):
+    """``python -m build``: the sdist holds notebooks/ and data_samples/ (MANIFEST.in), its wheel the templates."""
+    import shutil
+    import tarfile
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy(PKG.parent / name, src / name)
+    shutil.copytree(PKG, src / "precnb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(PKG.parent / "notebooks", src / "notebooks")
+    (src / "data_samples" / "dp_nan").mkdir(parents=True)  # one small file stands for the samples here
+    shutil.copy(PKG.parent / "data_samples" / "dp_nan" / "ground_truth.json", src / "data_samples" / "dp_nan")
+    dist = tmp_path / "dist"
+    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o", str(dist), str(src)],
+                          capture_output=True, text=True, timeout=600)  # the sdist, then a wheel from it
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    templates = {p.name: p.read_bytes() for p in (PKG.parent / "notebooks").glob("*.ipynb")}
+    with tarfile.open(next(dist.glob("precnb-*.tar.gz"))) as tar:
+        members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
+    assert {f"notebooks/{n}" for n in templates} | {"setup.py", "data_samples/dp_nan/ground_truth.json"} <= members
+    with zipfile.ZipFile(next(dist.glob("precnb-*.whl"))) as whl:
+        shipped = {n.rsplit("/", 1)[1]: whl.read(n) for n in whl.namelist()
+                   if n.startswith("precnb/templates/notebooks/")}
+        assert "precnb/data_samples/dp_nan/ground_truth.json" in whl.namelist()
+    assert shipped == templates
+
+
 def test_package_metadata_is_true():
     import tomllib
 
