@@ -50,7 +50,7 @@ def structural_differences(cmp: Comparison) -> list[dict[str, Any]]:
         for j in range(m.shape[2]):  # small loop over tensors; vectorised over (step, rank)
             node_m[:, :, inv[j]] |= m[:, :, j]
             node_o[:, :, inv[j]] |= o[:, :, j]
-        rank_has_other = o.any(axis=2)  # the other run recorded this (step, rank) at all
+        rank_has_other: np.ndarray = np.any(o, axis=2)  # the other run recorded this (step, rank) at all
         only = node_m & ~node_o & rank_has_other[:, :, None]
         seq = ds["seq"].isel(run=side).values
         for k in np.flatnonzero(only.any(axis=(0, 1))):

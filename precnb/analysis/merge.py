@@ -30,6 +30,7 @@ become global.
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -120,7 +121,7 @@ def classify_shards(
     ranks = [int(r) for r in ds["rank"].values]
     idx = [[ranks.index(r) for r in g] for g in groups]
     pres, stats, numel, scale, same = _copies(ds, idx, rtol)
-    all_present = pres.all(axis=2)
+    all_present: np.ndarray = np.all(pres, axis=2)  # (step, G, tensor)
     # classified at the first step every member recorded it: what is replicated by design is
     # replicated there (a replica that drifts later is what the replica check reports), and the
     # answer does not depend on how many later steps are loaded (a step-by-step read gets the same)
@@ -177,7 +178,7 @@ def classify_shards(
     pmask = partial & ~replicated
     kinds[pmask] = "partial_sum"
     reasons[pmask] = "equals the input of a later all-reduce/reduce-scatter (an addend of the full tensor)"
-    for j in np.flatnonzero(pmask & (ref_reason != "")):
+    for j in np.flatnonzero(pmask & (ref_reason != "")).tolist():
         reasons[j] = str(ref_reason[j])
     kinds[differ] = "replicas_differ"
     for jd in np.flatnonzero(differ).tolist():
@@ -185,7 +186,7 @@ def classify_shards(
     local_only = ~any_present
     kinds[local_only] = "local"
     reasons[local_only] = "not recorded on every rank of the group"
-    for j in np.flatnonzero(kinds == "sharded"):
+    for j in np.flatnonzero(kinds == "sharded").tolist():
         if shard_dim[j]:
             reasons[j] = f"shards differ; split along dim {shard_dim[j]} (reference shape)"
     return kinds, reasons, shard_dim
@@ -333,7 +334,7 @@ def merge_group_dim(
     new_ranks = [new_layout.rank_of(**{k: c for k, c in layout.coords(g[0]).items() if k != dim})
                  for g in groups]
     dims = ("step", "rank", "tensor")
-    data: dict[str, Any] = {s: (dims, np.where(present, out_vals[s], np.nan)) for s in out_vals}
+    data: dict[Hashable, Any] = {s: (dims, np.where(present, out_vals[s], np.nan)) for s in out_vals}
     data["present"] = (dims, present)
     data["null_stats"] = (dims, np.where(present, out_null, 0).astype(np.uint8))
     data["seq"] = (dims, np.where(present, seq, -1).astype(np.int32))

@@ -14,6 +14,7 @@ from typing import Any
 
 import ipywidgets as ipw
 
+from precnb._exporters import exporter
 from precnb.widgets.findings import _error
 
 __all__ = ["ExportPanel"]
@@ -38,7 +39,7 @@ class ExportPanel(ipw.HBox):
     def export(self) -> Path | None:
         """Call ``precnb.report.write_html(ds, path, ...)``; report a missing module clearly."""
         try:
-            from precnb.report import write_html
+            write_html = exporter("html")  # precnb.report.write_html; widgets do not import the report
         except Exception as err:
             self.status.value = ("<span style='color:#b00'>HTML export is not available: "
                                  f"precnb.report.write_html cannot be imported ({html.escape(str(err))})"
