@@ -139,6 +139,11 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     anom = _run(core_venv, cli, "anomalies", mon, cwd=tmp_path)  # stderr is a pipe: no progress bar
     assert anom.returncode == 0 and anom.stdout.startswith("FIRST ANOMALY") and "\r" not in anom.stderr
     assert anom.stderr == ""
+    xfw = pathlib.Path(sample).parent / "xfw"  # an msprobe YAML mapping file reads with the core dependencies
+    aligned = _run(core_venv, cli, "align", str(xfw / "pt"), str(xfw / "ms_same"), "--json", "--mapping",
+                   str(xfw / "msprobe_mapping" / "cell_mapping.yaml"), cwd=tmp_path)
+    assert aligned.returncode == 0, aligned.stderr
+    assert json.loads(aligned.stdout)["counts"]["modules"]["paired"] > 0
     conv = _run(core_venv, cli, "convert", sample, "-o", "run.zarr", cwd=tmp_path)
     assert conv.returncode == 0 and (tmp_path / "run.zarr").is_dir(), conv.stderr
     for argv in (["report", sample, "-o", "r.html"], ["template", "--list"],
