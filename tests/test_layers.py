@@ -104,3 +104,33 @@ def test_the_explorer_reaches_the_report_by_name_only():
     assert set(EXPORTERS) == {"html"}
     source = (ROOT / "precnb" / "widgets" / "export.py").read_text(encoding="utf-8")
     assert "precnb.report import" not in source and 'exporter("html")' in source
+
+
+def _cycles(package: str, root: Path) -> list[tuple[str, str]]:
+    """Pairs of modules of *package* (under *root*) that import each other, directly or through others."""
+    code = ("import grimp, json, sys\n"
+            f"g = grimp.build_graph({package!r})\n"
+            "out = set()\n"
+            "for m in g.modules:\n"
+            "    for imp in g.find_modules_directly_imported_by(m):\n"
+            "        if imp != m and g.find_shortest_chain(importer=imp, imported=m):\n"
+            "            out.add(tuple(sorted((m, imp))))\n"
+            "print(json.dumps(sorted(out)))\n")
+    import json
+
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [tuple(x) for x in json.loads(proc.stdout)]
+
+
+def test_no_import_cycles():
+    """No module imports one that (directly or not) imports it back, lazy imports included."""
+    assert _cycles("precnb", ROOT) == []
+
+
+def test_an_import_cycle_is_found(tmp_path):
+    shutil.copytree(ROOT / "precnb", tmp_path / "precnb", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "precnb" / "analysis" / "stepwise.py", "a", encoding="utf-8") as fh:
+        fh.write("\n\ndef _back():\n    from precnb.analysis.divergence import first_divergence  # noqa: F401\n")
+    assert ("precnb.analysis.divergence", "precnb.analysis.stepwise") in _cycles("precnb", tmp_path)

@@ -8,14 +8,13 @@ from __future__ import annotations
 from precnb.analysis.align import Alignment, align
 from precnb.analysis.anomalies import SpikeRule, anomalies, anomaly_table
 from precnb.analysis.compare import Comparison, compare_runs
-from precnb.analysis.divergence import first_divergence, structural_differences
+from precnb.analysis.divergence import first_divergence, first_divergence_stepwise, structural_differences
 from precnb.analysis.findings import FINDING_SCHEMA, Finding, to_json
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.masks import nonfinite, recorded, stat_vars
 from precnb.analysis.merge import classify_shards, merge_shards
 from precnb.analysis.nan_origin import nan_origin
 from precnb.analysis.replicas import check_replicas
-from precnb.analysis.stepwise import first_divergence_stepwise
 from precnb.analysis.summary import summarize
 from precnb.analysis.tensor_verdicts import TensorThresholds
 from precnb.analysis.tolerance import Tolerance, relative_difference

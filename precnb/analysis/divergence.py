@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -19,10 +19,11 @@ from precnb.analysis.hints import (
     zero_parameter_hints,
 )
 from precnb.analysis.order import first_event_per_rank, pick_origin
+from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.tolerance import Tolerance
 from precnb.schema import entry_dtype
 
-__all__ = ["first_divergence", "structural_differences"]
+__all__ = ["first_divergence", "first_divergence_stepwise", "structural_differences"]
 
 MAX_LISTED = 200
 
@@ -131,7 +132,7 @@ def first_divergence(
     Notes
     -----
     Dask-backed (lazily opened) inputs are searched step by step (see
-    :func:`precnb.analysis.stepwise.first_divergence_stepwise`): only the steps up to the
+    :func:`first_divergence_stepwise`): only the steps up to the
     fault are loaded, and ``stats["steps_not_searched"]`` lists the others.
 
     See Also
@@ -145,11 +146,9 @@ def first_divergence(
     >>> f.step, f.rank, f.node  # doctest: +SKIP
     (1, 0, 'Functional.gelu.0.forward')
     """
-    from precnb.analysis.stepwise import first_divergence_lazy, is_lazy
-
     if is_lazy(baseline) or is_lazy(target):  # out of core: load the steps up to the fault only
         b, t, pair = split_runs(baseline, target, runs=runs)
-        return first_divergence_lazy(b, t, names=pair, tolerance=tolerance, steps=steps, ranks=ranks,
+        return _first_divergence_lazy(b, t, names=pair, tolerance=tolerance, steps=steps, ranks=ranks,
                                      step_offset=step_offset, crc=crc, alignment=alignment,
                                      tensor_metrics=tensor_metrics, tensor_thresholds=tensor_thresholds,
                                      precision_aware=precision_aware)
@@ -365,6 +364,103 @@ def first_divergence(
                 tensor=tensor, module=module, values=values, structural=struct_out,
                 crc_only=crc_only, hints=hints, suspects=suspects, evidence=evidence, stats=stats)
     return _with_baseline_names(f, alignment if aligned else None)
+
+
+def first_divergence_stepwise(
+    load: StepLoader,
+    steps: Sequence[int],
+    *,
+    names: tuple[str, str] = ("baseline", "target"),
+    tolerance: Tolerance | None = None,
+    ranks: Sequence[int] | None = None,
+    step_offset: int = 0,
+    crc: Literal["report", "strict"] = "report",
+    on_batch: Callable[[list[int]], Any] | None = None,
+    alignment: Any = "auto",
+    **hooks: Any,
+) -> Finding:
+    """First divergence, loading steps in growing batches until one is found.
+
+    Parameters
+    ----------
+    load : callable
+        ``load(baseline_steps)`` returns ``(baseline, target)`` datasets holding those
+        baseline steps and the target steps ``step + step_offset``.
+    steps : sequence of int
+        Baseline steps to search, in any order (searched ascending).
+    names : (str, str)
+        Run names for the finding.
+    tolerance, ranks, crc
+        As for :func:`first_divergence`.
+    step_offset : int
+        Target step = baseline step + offset (already resolved: not ``"auto"``).
+    on_batch : callable, optional
+        Called with each batch of steps before it is loaded (progress reporting).
+    alignment : Alignment, "auto" or None
+        As for :func:`first_divergence`; ``"auto"`` aligns the names once, on the first batch,
+        and reuses that alignment for every later batch.
+    **hooks
+        Passed on to :func:`first_divergence` (``tensor_metrics``, ``tensor_thresholds``,
+        ``precision_aware``).
+
+    Returns
+    -------
+    Finding
+        As :func:`first_divergence` over all *steps* would return, with
+        ``stats["steps_not_searched"]`` listing the steps never loaded.
+
+    Raises
+    ------
+    ValueError
+        When *steps* is empty.
+
+    Examples
+    --------
+    >>> import precnb
+    >>> def load(batch):  # doctest: +SKIP
+    ...     return precnb.open_run("gpu", steps=batch), precnb.open_run("npu", steps=batch)
+    >>> first_divergence_stepwise(load, [0, 1, 2, 3]).step  # doctest: +SKIP
+    1
+    """
+    def search(base: xr.Dataset, targ: xr.Dataset, aligned: Any) -> Finding:
+        return first_divergence(base, targ, runs=names, tolerance=tolerance, ranks=ranks,
+                                step_offset=step_offset, crc=crc, alignment=aligned, **hooks)
+
+    return search_stepwise(load, steps, search, on_batch=on_batch, alignment=alignment)
+
+
+def _first_divergence_lazy(
+    baseline: xr.Dataset,
+    target: xr.Dataset,
+    *,
+    names: tuple[str, str],
+    tolerance: Tolerance | None,
+    steps: Sequence[int] | None,
+    ranks: Sequence[int] | None,
+    step_offset: int | Literal["auto"] | None,
+    crc: Literal["report", "strict"],
+    alignment: Any = "auto",
+    **hooks: Any,
+) -> Finding:
+    """:func:`first_divergence_stepwise` over two dask-backed datasets (loaded batch by batch)."""
+    from precnb.analysis.compare import align_steps
+
+    off = align_steps(baseline, target, step_offset)
+    tsteps = {int(s) for s in target["step"].values}
+    search = [int(s) for s in baseline["step"].values if int(s) + off in tsteps]
+    if steps is not None:
+        search = [s for s in search if s in set(steps)]
+    if not search:
+        raise ValueError(
+            f"the runs share no step to compare (baseline steps {baseline['step'].values.tolist()}, "
+            f"target steps {sorted(tsteps)} after offset {off})")
+
+    def load(batch: list[int]) -> tuple[xr.Dataset, xr.Dataset]:
+        return (baseline.sel(step=batch).load(),
+                target.sel(step=[s + off for s in batch]).load())
+
+    return first_divergence_stepwise(load, search, names=names, tolerance=tolerance, ranks=ranks,
+                                     step_offset=off, crc=crc, alignment=alignment, **hooks)
 
 
 def _replica_reason(cmp: Comparison, si: int, ri: int, j: int, tensor: str) -> str | None:

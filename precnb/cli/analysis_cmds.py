@@ -11,8 +11,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from precnb.cli import _term, int_or_auto
+from precnb.cli import _term
 from precnb.cli._args import MAX_INDEX, integer, layout_text, number, order_text
+from precnb.cli._common import int_or_auto
 
 __all__ = ["register"]
 
@@ -32,7 +33,7 @@ def _emit_finding(finding: Any, args: argparse.Namespace) -> int:
 
 
 def _steps_arg(args: argparse.Namespace) -> list[int] | None:
-    from precnb.cli import parse_int_set
+    from precnb.cli._common import parse_int_set
 
     if getattr(args, "step", None) is not None:
         return [args.step]
@@ -41,7 +42,7 @@ def _steps_arg(args: argparse.Namespace) -> list[int] | None:
 
 def _load(path: str, args: argparse.Namespace, *, steps: list[int] | None) -> Any:
     """Open *path* (``merge`` transforms a run; diagnoses go through :func:`run_triage`)."""
-    from precnb.cli import open_checked
+    from precnb.cli._common import open_checked
 
     return open_checked(path, args, steps=steps, use_steps_option=False)
 
@@ -51,7 +52,7 @@ def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
 
     Only what the user gave is set; everything else keeps the pipeline's one default.
     """
-    from precnb.cli import parse_int_set
+    from precnb.cli._common import parse_int_set
     from precnb.pipeline import Options
 
     kw: dict[str, Any] = {}
@@ -77,7 +78,7 @@ def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
     t_lay = getattr(args, "target_layout", None)
     alias = getattr(args, "layout", None) if getattr(args, "command", "") in ("diff", "report") else None
     if alias and t_lay and alias != t_lay:
-        from precnb.cli import UsageError
+        from precnb.cli._common import UsageError
 
         raise UsageError("--layout and --target-layout name the same thing (the target's layout); give one")
     if t_lay or alias:
@@ -97,7 +98,7 @@ def run_triage(args: argparse.Namespace, target: Any, baseline: Any = None, **ex
     Option errors (a layout that does not fit, runs that share no step) are usage errors.
     """
     from precnb.analysis import LayoutError
-    from precnb.cli import UsageError
+    from precnb.cli._common import UsageError
     from precnb.pipeline import diagnose
 
     opts = triage_options(args, **extra)
@@ -114,10 +115,10 @@ def run_triage(args: argparse.Namespace, target: Any, baseline: Any = None, **ex
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from precnb.cli import UsageError
+    from precnb.cli._common import UsageError
 
     if args.target is None:  # one input holding two runs (e.g. a compare result CSV)
-        from precnb.cli import open_checked
+        from precnb.cli._common import open_checked
 
         both = open_checked(args.baseline, args)
         if "run" not in both.dims or both.sizes["run"] != 2:
@@ -161,7 +162,7 @@ def add_mapping_option(p: argparse.ArgumentParser) -> None:
 def _cmd_align(args: argparse.Namespace) -> int:
     from precnb._write import check_output
     from precnb.analysis.findings import to_json
-    from precnb.cli import UsageError, command_inputs
+    from precnb.cli._common import UsageError, command_inputs
 
     inputs = command_inputs(args)
     if args.output:  # refuse a bad -o before aligning
@@ -253,7 +254,7 @@ def _add_layout_options(p: argparse.ArgumentParser) -> None:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from precnb.analysis import LayoutError, merge_shards
-    from precnb.cli import UsageError, command_inputs
+    from precnb.cli._common import UsageError, command_inputs
     from precnb.io.store import to_zarr
 
     inputs = command_inputs(args)
@@ -291,7 +292,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 def _cmd_replicas(args: argparse.Namespace) -> int:
     from precnb.analysis import LayoutError
-    from precnb.cli import UsageError, open_checked
+    from precnb.cli._common import UsageError, open_checked
 
     if args.layout:  # the layout text is parsed against the run's ranks by the pipeline
         layout: Any = args.layout

@@ -66,7 +66,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from precnb.cli.analysis_cmds import run_triage
 
     kinds = [args.kind] if args.kind else None
-    from precnb.cli import command_inputs
+    from precnb.cli._common import command_inputs
 
     inputs = command_inputs(args)
     if args.output:  # refuse a bad -o before diagnosing

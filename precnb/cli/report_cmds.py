@@ -11,8 +11,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from precnb.cli import _term, int_or_auto
+from precnb.cli import _term
 from precnb.cli._args import existing_folder, layout_text
+from precnb.cli._common import int_or_auto
 from precnb.cli.analysis_cmds import _positive
 
 __all__ = ["register"]
@@ -22,20 +23,9 @@ _offset = int_or_auto()
 
 
 def _load(path: str, args: argparse.Namespace) -> Any:
-    import warnings
+    from precnb.cli._common import open_checked
 
-    from precnb import cli
-
-    opener = getattr(cli, "open_checked", None)
-    if opener is not None:  # remembers skipped files: main() names them and exits 1
-        return opener(path, args)
-    from precnb.cli import parse_int_set
-    from precnb.io.api import open_run
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return open_run(path, format=args.format, steps=parse_int_set(args.steps, "steps"),
-                        ranks=parse_int_set(args.ranks, "ranks"), progress=False)
+    return open_checked(path, args)  # remembers skipped files: main() names them and exits 1
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -43,7 +33,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     _extras.require("precnb report", _extras.REPORT)
     from precnb._write import check_output
-    from precnb.cli import command_inputs
+    from precnb.cli._common import command_inputs
     from precnb.cli.analysis_cmds import run_triage
     from precnb.report import write_html
 
@@ -81,7 +71,7 @@ def _value(text: str) -> Any:
 
 def _cmd_template(args: argparse.Namespace) -> int:
     from precnb import _extras
-    from precnb.cli import UsageError
+    from precnb.cli._common import UsageError
 
     _extras.require("precnb template", (*_extras.TEMPLATE, *_extras.REPORT))
     if args.execute or args.html:

@@ -31,7 +31,7 @@ def write_output(args: argparse.Namespace, text: str, kind: str) -> Path:
     """
     from precnb._marks import marker, text_marker
     from precnb._write import write_text
-    from precnb.cli import command_inputs
+    from precnb.cli._common import command_inputs
 
     out = Path(args.output)
     if out.suffix.lower() == ".json":
@@ -61,7 +61,7 @@ def _rows(frame: Any) -> list[dict[str, Any]]:
 
 
 def _cmd_metrics(args: argparse.Namespace) -> int:
-    from precnb.cli import UsageError, open_checked, parse_int_set
+    from precnb.cli._common import UsageError, open_checked, parse_int_set
     from precnb.tensor_compare import tensor_metrics, to_frame
 
     if args.json and args.csv:
@@ -116,7 +116,7 @@ def _text(frame: Any, top: int) -> str:
 
 
 def _cmd_repro(args: argparse.Namespace) -> int:
-    from precnb.cli import open_checked
+    from precnb.cli._common import open_checked
     from precnb.repro import repro_script
 
     run = open_checked(args.run, args, steps=None if args.step is None else [args.step], use_steps_option=False)

@@ -324,7 +324,7 @@ def diagnose(
     plan = _stepwise_steps(tsrc, bsrc, opts) if stepwise and bsrc is not None else None
     if plan is not None:
         from precnb.errors import NotADumpError
-        from precnb.pipeline.preflight import with_preflight
+        from precnb.pipeline._preflight_join import with_preflight
 
         kept: list[tuple[xr.Dataset, xr.Dataset]] = []
         try:
@@ -431,7 +431,7 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
                                                        registry.priority(x[1][0], found=x[1][1].found), x[0]))
     findings = [f for _, (_, f) in ranked]
-    from precnb.pipeline.preflight import note_later
+    from precnb.pipeline._preflight_join import note_later
 
     note_later(findings)
     return findings, checks, by_kind
@@ -456,7 +456,8 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
     merging), for the pre-flight checks.
     """
     from precnb.analysis import registry
-    from precnb.analysis.stepwise import first_divergence_stepwise, step_batches
+    from precnb.analysis.divergence import first_divergence_stepwise
+    from precnb.analysis.stepwise import step_batches
 
     search, off = plan
     state: dict[str, Any] = {}

@@ -108,7 +108,7 @@ def _mindspore(name: str) -> Callable[[dict[str, Any]], list[str]]:
     def digest(gt: dict[str, Any]) -> list[str]:
         import importlib
 
-        from . import CATALOG
+        from ._catalog import CATALOG
 
         fn: Callable[[dict[str, Any]], list[str]] = importlib.import_module(f"{__package__}.{CATALOG[name]}").digest
         return fn(gt)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import SAMPLE_NAMES
+from ._catalog import SAMPLE_NAMES
 from ._digests import DIGESTS
 from ._dumps import rank_dirs, step_dirs
 

@@ -1,0 +1,41 @@
+"""The bundled samples and the generator module of each.
+
+Kept apart from :mod:`precnb.samples` so that the generator's modules read it without importing
+the package that imports them.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CATALOG", "SAMPLE_NAMES"]
+
+# name -> the generator module (``precnb.samples.<module>``) whose ``GENERATORS[name]`` writes it.
+# A new scenario is one module with a ``GENERATORS`` dict plus one line here (generation order).
+CATALOG: dict[str, str] = {
+    "healthy": "_scenarios",
+    "dp_nan": "_scenarios",
+    "divergence": "_scenarios",
+    "dp_sum": "_scenarios",
+    "tp": "_scenarios",
+    "monitor": "_scenarios",
+    "renamed": "_scn_renamed",
+    "pp_local": "_scn_pp",
+    "tp_unsync": "_scn_tp_unsync",
+    "xfw": "_scn_xfw",
+    "kernel_resume": "_scn_kernel_resume",
+    "preflight/healthy": "_scn_preflight",
+    "preflight/frozen": "_scn_preflight",
+    "preflight/extra_param": "_scn_preflight",
+    "preflight/same_batch": "_scn_preflight",
+    "preflight/lr10": "_scn_preflight",
+    "preflight/packs": "_scn_preflight",
+    "custom_op_gap": "_scn_diagnosis",
+    "custom_op_registered": "_scn_diagnosis",
+    "moe_empty_expert": "_scn_diagnosis",
+    "moe_monitor": "_scn_diagnosis",
+    "drift": "_scn_diagnosis",
+    "tensor_bf16": "_scn_tensor",
+    "tensor_bug": "_scn_tensor",
+}
+
+SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
+"""Names of the samples (folders under the output directory), in generation order."""
