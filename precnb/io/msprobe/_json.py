@@ -101,7 +101,7 @@ def quote_tokens(raw: bytes) -> bytes:
 
 
 def _loads(raw: bytes) -> Any:
-    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):  # the whole-file parse replaces them, with a note
+    if raw.find(b"\\") >= 0 and _SURROGATE_ESCAPE.search(raw):  # the whole-file parse replaces them, with a note
         raise NotBatchableError
     if _orjson is None:
         try:
