@@ -33,8 +33,8 @@ __all__ = ["parse_construct", "parse_stack", "read_sides"]
 
 _CONSTRUCT: dict[bytes, tuple[dict[str, str], dict[str, int]]] = {}  # digest -> parsed, per process
 _GOOD_STACKS: set[bytes] = set()
-_CACHE_MAX = 8 << 20
-_PLAIN_PARENTS = frozenset({str, type(None)})  # a larger construct.json (one huge file) is parsed where it is used, not kept
+_CACHE_MAX = 8 << 20  # a larger construct.json (one huge file) is parsed where it is used, not kept
+_PLAIN_PARENTS = frozenset({str, type(None)})
 
 
 def parse_construct(raw: Any) -> tuple[dict[str, str], dict[str, int]]:
