@@ -3,10 +3,10 @@
 The pre-flight checks (:mod:`precnb.analysis.preflight`) need two things the statistics do not
 carry: whether each parameter requires a gradient (the module records' ``parameters`` leaves
 hold ``requires_grad``) and the scalar arguments of the optimizer's ops (``lr``, ``beta1``,
-``weight_decay`` of ``Torch._fused_adamw_``; the ``value`` of ``Tensor.addcdiv_``, ...). Both
-msprobe parsers call :func:`file_facts` on the same parsed ``data`` object, so their records
-stay identical; the assembler folds the files' facts into two JSON attributes with
-:class:`FactsAccumulator` (see :mod:`precnb.schema`).
+``weight_decay`` of ``Torch._fused_adamw_``; the ``value`` of ``Tensor.addcdiv_``, ...). The
+msprobe parser hands every node record to :meth:`FileFacts.node` as it walks it (one pass over
+the records; :func:`file_facts` does the same for a whole ``data`` object); the assembler folds
+the files' facts into two JSON attributes with :class:`FactsAccumulator` (see :mod:`precnb.schema`).
 
 Examples
 --------
@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["OPTIMIZER_NAME", "FactsAccumulator", "FileFacts", "file_facts", "is_optimizer_node", "merge_facts"]
+__all__ = ["OPTIMIZER_NAME", "FactsAccumulator", "FileFacts", "api_of", "file_facts", "is_optimizer_node"]
 
 #: API names that are optimizer updates wherever they are called (fused and foreach kernels)
 _OPTIMIZER_MARKERS = ("_fused_adam", "_fused_sgd", "_fused_adagrad", "addcdiv_", "_foreach_lerp_")
@@ -230,25 +230,6 @@ def file_facts(data: Mapping[str, Any], parents: Mapping[str, str]) -> dict[str,
             parent = parents.get(node, "") or ""
             ff.node(node, record, parent if isinstance(parent, str) else "")
     return ff.result()
-
-
-def merge_facts(into: dict[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
-    """Fold the :func:`file_facts` of a later part of the same file into *into* (as one call on both parts).
-
-    Examples
-    --------
-    >>> merge_facts({"scalar_args": {"opt": {"lr": [0.1]}}}, {"scalar_args": {"opt": {"lr": [0.1, 0.2]}}})
-    {'scalar_args': {'opt': {'lr': [0.1, 0.2]}}}
-    """
-    for label, rg in (more.get("requires_grad") or {}).items():
-        into.setdefault("requires_grad", {})[label] = rg
-    for api, args in (more.get("scalar_args") or {}).items():
-        have_api = into.setdefault("scalar_args", {}).setdefault(api, {})
-        for path, vals in args.items():
-            have = have_api.setdefault(path, [])
-            for v in vals:
-                _add(have, v)
-    return into
 
 
 class FactsAccumulator:
