@@ -238,13 +238,11 @@ def node_columns(nodes: Sequence[str], parents: Sequence[str], counts: Sequence[
     mget = micro.get
     micro_steps = [mget(nd, -1) for nd in nodes] if micro else None
     reps = np.asarray(counts, np.int64)
-    out: dict[str, np.ndarray] = {}
-    for name, per_node in zip(NODE_COLUMNS, (nodes, modules, apis, kinds, dirs, parents, calls, micro_steps),
-                              strict=True):
-        if name in ("call", "micro_step"):
-            arr = np.full(len(nodes), -1, np.int64) if per_node is None else np.asarray(per_node, np.int64)
-        else:
-            arr = np.empty(len(nodes), object)
-            arr[:] = per_node
-        out[name] = np.repeat(arr, reps) if n else arr[:0]
-    return out
+    per_node: dict[str, np.ndarray] = {}
+    for name, texts in zip(NODE_COLUMNS[:6], (nodes, modules, apis, kinds, dirs, parents), strict=True):
+        per_node[name] = np.empty(len(nodes), object)
+        per_node[name][:] = texts
+    per_node["call"] = np.asarray(calls, np.int64)
+    per_node["micro_step"] = np.full(len(nodes), -1, np.int64) if micro_steps is None else \
+        np.asarray(micro_steps, np.int64)
+    return {name: np.repeat(per_node[name], reps) if n else per_node[name][:0] for name in NODE_COLUMNS}
