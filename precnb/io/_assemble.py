@@ -506,6 +506,8 @@ def dataset(arrays: Mapping[str, np.ndarray], coords: Mapping[str, Any], attrs: 
     for name, val in coords.items():
         if isinstance(val, tuple) and name not in ("tensor", "step", "rank"):
             cvars[name] = _variable((val[0],), np.asarray(val[1]))
+        elif name == "tensor" and isinstance(val, np.ndarray) and val.dtype == object:
+            cvars[name] = _variable(("tensor",), val)  # the labels (str): their index is built from them as they are
         else:
             cvars[name] = val
     return xr.Dataset(data, coords=cvars, attrs=dict(attrs))

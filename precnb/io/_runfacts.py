@@ -3,10 +3,10 @@
 The pre-flight checks (:mod:`precnb.analysis.preflight`) need two things the statistics do not
 carry: whether each parameter requires a gradient (the module records' ``parameters`` leaves
 hold ``requires_grad``) and the scalar arguments of the optimizer's ops (``lr``, ``beta1``,
-``weight_decay`` of ``Torch._fused_adamw_``; the ``value`` of ``Tensor.addcdiv_``, ...). Both
-msprobe parsers call :func:`file_facts` on the same parsed ``data`` object, so their records
-stay identical; the assembler folds the files' facts into two JSON attributes with
-:class:`FactsAccumulator` (see :mod:`precnb.schema`).
+``weight_decay`` of ``Torch._fused_adamw_``; the ``value`` of ``Tensor.addcdiv_``, ...). The
+msprobe parser hands every node record to :meth:`FileFacts.node` as it walks it (one pass over
+the records; :func:`file_facts` does the same for a whole ``data`` object); the assembler folds
+the files' facts into two JSON attributes with :class:`FactsAccumulator` (see :mod:`precnb.schema`).
 
 Examples
 --------
@@ -24,15 +24,18 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FactsAccumulator", "file_facts", "is_optimizer_node", "merge_facts"]
+__all__ = ["OPTIMIZER_NAME", "FactsAccumulator", "FileFacts", "api_of", "file_facts", "is_optimizer_node"]
 
 #: API names that are optimizer updates wherever they are called (fused and foreach kernels)
 _OPTIMIZER_MARKERS = ("_fused_adam", "_fused_sgd", "_fused_adagrad", "addcdiv_", "_foreach_lerp_")
 _MARKERS = re.compile("|".join(re.escape(m) for m in _OPTIMIZER_MARKERS))
+#: what a node name holds when it may be an optimizer op outside the ``optimizer`` scope (a quick pre-filter)
+OPTIMIZER_NAME = _MARKERS
 _API = re.compile(r"^(?P<api>.+?)\.(?:\d+\.(?:forward|backward)|(?:forward|backward)(?:\.\d+)?)$")
 _MAX_VALUES = 64  # distinct values kept per (api, argument, step)
 _MAX_DEPTH = 8
 _NONFINITE = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}
+_POSITIONS = tuple(str(i) for i in range(64))
 
 
 def api_of(node: str) -> str:
@@ -43,6 +46,15 @@ def api_of(node: str) -> str:
     >>> api_of("Torch._fused_adamw_.0.forward"), api_of("Module.fc.Linear.forward.0")
     ('Torch._fused_adamw_', 'Module.fc.Linear')
     """
+    if node.isascii() and "\n" not in node:  # what the pattern gives, with string methods
+        for direction in (".forward", ".backward"):
+            if node.endswith(direction):
+                head = node[:-len(direction)]
+                api, sep, call = head.rpartition(".")
+                if sep and api and call.isdigit():  # {api}.{call}.{direction}: the shortest api wins
+                    return api
+                if head:  # {api}.{direction}
+                    return head
     m = _API.match(node)
     return m.group("api") if m else node
 
@@ -85,6 +97,7 @@ def _plain(kind: str, v: Any) -> Any:
 
 
 def _scalars(value: Any, path: str, out: dict[str, list[Any]], depth: int, *, kwarg: bool) -> None:
+    """Append the scalar arguments below *value* to ``out[path]`` (repeats included: the caller keeps distinct ones)."""
     if depth > _MAX_DEPTH:
         return
     if isinstance(value, dict):
@@ -97,7 +110,7 @@ def _scalars(value: Any, path: str, out: dict[str, list[Any]], depth: int, *, kw
             else:
                 return
             if v is not None:
-                _add(out.setdefault(path, []), v)
+                out.setdefault(path, []).append(v)
             return
         for k, x in value.items():
             _scalars(x, f"{path}.{k}", out, depth + 1, kwarg=kwarg)
@@ -109,6 +122,88 @@ def _scalars(value: Any, path: str, out: dict[str, list[Any]], depth: int, *, kw
 def _add(values: list[Any], v: Any) -> None:
     if len(values) < _MAX_VALUES and not any(type(v) is type(x) and v == x for x in values):
         values.append(v)
+
+
+class FileFacts:
+    """The facts of one file, gathered node record by node record (what :func:`file_facts` returns).
+
+    The parser calls :meth:`node` on every record as it walks it, so the records are read once.
+
+    Examples
+    --------
+    >>> ff = FileFacts()
+    >>> ff.node("Module.fc.Linear.forward.0", {"parameters": {"weight": {"requires_grad": False}}}, "")
+    >>> ff.node("Tensor.addcdiv_.0.forward", {"input_kwargs": {"value": {"type": "float", "value": -0.1}}}, "")
+    >>> ff.result()  # doctest: +NORMALIZE_WHITESPACE
+    {'requires_grad': {'Module.fc.Linear.forward.0.parameters.weight': False},
+     'scalar_args': {'Tensor.addcdiv_': {'value': [-0.1]}}}
+    """
+
+    __slots__ = ("_seen", "grads", "scalars")
+
+    def __init__(self) -> None:
+        self.grads: dict[str, bool] = {}
+        self.scalars: dict[str, dict[str, list[Any]]] = {}
+        self._seen: dict[tuple[str, str], set[tuple[type, Any]]] = {}
+
+    def node(self, node: str, record: Mapping[str, Any], parent: str) -> None:
+        """Fold in one node record (*parent*: its parent in construct.json, ``""`` when unknown)."""
+        params = record.get("parameters")
+        if isinstance(params, dict):
+            grads = self.grads
+            for pname, leaf in params.items():
+                if isinstance(leaf, dict) and isinstance(leaf.get("requires_grad"), bool):
+                    grads[f"{node}.parameters.{pname}"] = leaf["requires_grad"]
+        if (parent[:9] == "optimizer" or _MARKERS.search(node) is not None) and is_optimizer_node(node, parent):
+            self.optimizer(node, record)
+
+    def optimizer(self, node: str, record: Mapping[str, Any]) -> None:
+        """The scalar arguments of an optimizer op's record (the common ``{type, value}`` ones read in line)."""
+        found: dict[str, list[Any]] = {}
+        args, kwargs = record.get("input_args"), record.get("input_kwargs")
+        if isinstance(args, list):
+            for i, x in enumerate(args):
+                if x.__class__ is dict:
+                    kind = x.get("type")
+                    if kind.__class__ is str:  # a scalar, or a tensor (nothing for a positional argument)
+                        if "value" in x and "shape" not in x:
+                            v = _plain(kind, x["value"])
+                            if v is not None:
+                                found.setdefault(_POSITIONS[i] if i < 64 else str(i), []).append(v)
+                        continue
+                _scalars(x, str(i), found, 1, kwarg=False)
+        if isinstance(kwargs, dict):
+            for k, x in kwargs.items():
+                _scalars(x, str(k), found, 1, kwarg=True)
+        if found:
+            self._merge(api_of(node), found)
+
+    def _merge(self, api: str, found: Mapping[str, list[Any]]) -> None:
+        """Keep the first :data:`_MAX_VALUES` distinct values per argument, in file order (what :func:`_add` keeps)."""
+        into = self.scalars.setdefault(api, {})
+        for path, vals in found.items():
+            have = into.get(path)
+            if have is None:
+                have = into[path] = []
+                seen = self._seen[(api, path)] = set()
+            else:
+                seen = self._seen[(api, path)]
+            for v in vals:
+                if len(have) >= _MAX_VALUES:
+                    break
+                key = (v.__class__, v)  # type and value: 1, 1.0 and True are distinct; 0.0 and -0.0 are not
+                if key not in seen:
+                    seen.add(key)
+                    have.append(v)
+
+    def result(self) -> dict[str, Any]:
+        """``{"requires_grad": ..., "scalar_args": ...}`` with only the keys that hold something."""
+        out: dict[str, Any] = {}
+        if self.grads:
+            out["requires_grad"] = self.grads
+        if self.scalars:
+            out["scalar_args"] = self.scalars
+        return out
 
 
 def file_facts(data: Mapping[str, Any], parents: Mapping[str, str]) -> dict[str, Any]:
@@ -129,58 +224,12 @@ def file_facts(data: Mapping[str, Any], parents: Mapping[str, str]) -> dict[str,
         [distinct values]}}`` of the optimizer's ops, keyword arguments by name and positional
         ones by index (a list argument's elements share its index).
     """
-    grads: dict[str, bool] = {}
-    scalars: dict[str, dict[str, list[Any]]] = {}
+    ff = FileFacts()
     for node, record in data.items():
-        if not isinstance(record, dict):
-            continue
-        params = record.get("parameters")
-        if isinstance(params, dict):
-            for pname, leaf in params.items():
-                if isinstance(leaf, dict) and isinstance(leaf.get("requires_grad"), bool):
-                    grads[f"{node}.parameters.{pname}"] = leaf["requires_grad"]
-        parent = parents.get(node, "") or ""
-        if not isinstance(parent, str) or not is_optimizer_node(node, parent):
-            continue
-        found: dict[str, list[Any]] = {}
-        args, kwargs = record.get("input_args"), record.get("input_kwargs")
-        if isinstance(args, list):
-            for i, x in enumerate(args):
-                _scalars(x, str(i), found, 1, kwarg=False)
-        if isinstance(kwargs, dict):
-            for k, x in kwargs.items():
-                _scalars(x, str(k), found, 1, kwarg=True)
-        if found:
-            into = scalars.setdefault(api_of(node), {})
-            for path, vals in found.items():
-                have = into.setdefault(path, [])
-                for v in vals:
-                    _add(have, v)
-    out: dict[str, Any] = {}
-    if grads:
-        out["requires_grad"] = grads
-    if scalars:
-        out["scalar_args"] = scalars
-    return out
-
-
-def merge_facts(into: dict[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
-    """Fold the :func:`file_facts` of a later part of the same file into *into* (as one call on both parts).
-
-    Examples
-    --------
-    >>> merge_facts({"scalar_args": {"opt": {"lr": [0.1]}}}, {"scalar_args": {"opt": {"lr": [0.1, 0.2]}}})
-    {'scalar_args': {'opt': {'lr': [0.1, 0.2]}}}
-    """
-    for label, rg in (more.get("requires_grad") or {}).items():
-        into.setdefault("requires_grad", {})[label] = rg
-    for api, args in (more.get("scalar_args") or {}).items():
-        have_api = into.setdefault("scalar_args", {}).setdefault(api, {})
-        for path, vals in args.items():
-            have = have_api.setdefault(path, [])
-            for v in vals:
-                _add(have, v)
-    return into
+        if isinstance(record, dict):
+            parent = parents.get(node, "") or ""
+            ff.node(node, record, parent if isinstance(parent, str) else "")
+    return ff.result()
 
 
 class FactsAccumulator:

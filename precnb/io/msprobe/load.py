@@ -17,6 +17,7 @@ import xarray as xr
 
 from precnb.errors import NotADumpError
 from precnb.io._assemble import Assembler, LoadReport
+from precnb.io._gc import paused_gc
 from precnb.io._memory import check_memory
 from precnb.io.executor import parse_files
 from precnb.io.msprobe.discover import RankDir, discover
@@ -97,10 +98,11 @@ def open_msprobe(path: Path, *, errors: Any = "report", client: Any = None, prog
     report = LoadReport()
     dirs = select_rank_dirs(path, report, steps, ranks)
     check_memory(path, _sizes(dirs), KEPT_PER_BYTE, PARSE_PER_BYTE, what="dump.json")
-    load = MsprobeLoad(path, dirs, report)
-    load.read(dirs, errors=errors, client=client, progress=progress, workers=workers)
-    load.check_any()
-    return load.acc.build(source_format="msprobe", attrs=load.attrs())
+    with paused_gc():  # parsing and assembling build millions of acyclic objects (see precnb.io._gc)
+        load = MsprobeLoad(path, dirs, report)
+        load.read(dirs, errors=errors, client=client, progress=progress, workers=workers)
+        load.check_any()
+        return load.acc.build(source_format="msprobe", attrs=load.attrs())
 
 
 def available_steps(path: Path, ranks: Sequence[int] | None = None) -> list[int]:

@@ -34,6 +34,7 @@ __all__ = ["parse_construct", "parse_stack", "read_sides"]
 _CONSTRUCT: dict[bytes, tuple[dict[str, str], dict[str, int]]] = {}  # digest -> parsed, per process
 _GOOD_STACKS: set[bytes] = set()
 _CACHE_MAX = 8 << 20  # a larger construct.json (one huge file) is parsed where it is used, not kept
+_PLAIN_PARENTS = frozenset({str, type(None)})
 
 
 def parse_construct(raw: Any) -> tuple[dict[str, str], dict[str, int]]:
@@ -42,6 +43,8 @@ def parse_construct(raw: Any) -> tuple[dict[str, str], dict[str, int]]:
     micro: dict[str, int] = {}
     if not isinstance(raw, dict):
         return parents, micro
+    if set(map(type, raw.values())) <= _PLAIN_PARENTS and "megatron_micro_step_number" not in raw:
+        return {node: val if val.__class__ is str else "" for node, val in raw.items()}, micro  # the usual table
     for node, val in raw.items():
         if node == "megatron_micro_step_number":
             continue

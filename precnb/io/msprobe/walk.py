@@ -1,0 +1,248 @@
+"""The walk of msprobe node records: tensor leaves, their labels and the per-node coordinates.
+
+The walk names tensors as msprobe's compare does (``{node}.input.0``, ``{node}.output.0.1``,
+``{node}.parameters.weight``, ``{node}.{param}`` for ``parameters_grad`` records); a leaf is an
+object whose ``type`` is a string other than a non-tensor type and which has ``dtype`` and
+``shape``. :class:`Walk` collects the leaves of many records (their values are read by
+:class:`~precnb.io.msprobe.values.Columns`); :func:`node_columns` turns the nodes that had leaves
+into per-tensor coordinates (node, module, api, kind, direction, parent, call, micro step) once
+per file, with the node names split by :func:`name_parts`.
+
+Examples
+--------
+>>> w = Walk()
+>>> leaf = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}
+>>> w.node("Module.fc.Linear.forward.0", {"input_args": [leaf, {"type": "int", "value": 1}],
+...                                        "output": [[leaf, None]], "parameters": {"weight": leaf}})
+>>> list(zip(w.labels, w.roles))  # doctest: +NORMALIZE_WHITESPACE
+[('Module.fc.Linear.forward.0.input.0', 'input'), ('Module.fc.Linear.forward.0.parameters.weight', 'parameter'),
+ ('Module.fc.Linear.forward.0.output.0.0', 'output')]
+>>> name_parts("Functional.linear.3.forward"), name_parts("Module.fc.Linear.backward.2")
+(('api', 'Functional.linear', '', 'forward', 3), ('module', 'Linear', 'fc', 'backward', 2))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from precnb.io.msprobe.values import MAX_COUNTER
+from precnb.naming import module_path_of, parse_node
+
+__all__ = ["MAX_DEPTH", "NODE_COLUMNS", "TooDeepError", "Walk", "leaves_of", "name_parts", "node_columns",
+           "node_kind"]
+
+#: values nested deeper than this below a node record make the file unreadable
+MAX_DEPTH = 64
+_NON_TENSOR_TYPES = frozenset({"slice", "ellipsis", "torch.Size", "torch.dtype", "torch.device", "mindspore.dtype"})
+# parameters are inputs of the forward: they come before the outputs in execution order
+_FORWARD = (("input_args", ".input", "input"), ("input_kwargs", ".input", "input"),
+            ("parameters", ".parameters", "parameter"), ("output", ".output", "output"))
+_BACKWARD = (("input", ".input", "input"), ("output", ".output", "output"))
+_ABSENT = object()
+_INDEX = tuple(f".{i}" for i in range(256))  # ".0", ".1", ...: list positions in labels
+#: the per-tensor coordinates :func:`node_columns` returns, in this order
+NODE_COLUMNS = ("node", "module", "api", "kind", "direction", "parent", "call", "micro_step")
+
+
+class TooDeepError(Exception):
+    """Values nested more than :data:`MAX_DEPTH` levels below a node record (at :attr:`where`)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
+
+
+def name_parts(node: str) -> tuple[str, str, str, str, int]:
+    """(kind, api, module, direction, call) of a node name: :func:`precnb.naming.parse_node` without the node.
+
+    The common spellings, ``{api}.{call}.{forward|backward}`` and
+    ``Module|Cell.{path}.{Class}.{forward|backward}.{call}`` with ASCII names and counters of
+    fewer than 19 digits, are split with string methods (what the regular expressions of
+    :mod:`precnb.naming` match there: ``tests/test_io_msprobe.py`` compares both); anything else
+    goes through ``parse_node``, with call counters beyond 2**62 (or 4300 digits) read as -1.
+
+    Examples
+    --------
+    >>> name_parts("Module.fc.Linear.parameters_grad")
+    ('param_grad', 'Linear', 'fc', 'backward', -1)
+    """
+    if "parameters_grad" not in node and node.isascii() and "\n" not in node:
+        head, sep, last = node.rpartition(".")
+        if last == "forward" or last == "backward":
+            api, sep, call = head.rpartition(".")
+            if sep and api and call.isdigit() and len(call) < 19:
+                return ("api", api, "", last, int(call))
+        elif sep and last.isdigit() and len(last) < 19:
+            body, sep, direction = head.rpartition(".")
+            if sep and (direction == "forward" or direction == "backward"):
+                pre, sep, body = body.partition(".")
+                if sep and body and (pre == "Module" or pre == "Cell"):
+                    path, _, cls = body.rpartition(".")
+                    return ("module", cls, path, direction, int(last))
+    try:
+        nn = parse_node(node)
+    except ValueError:  # a counter of more than 4300 digits
+        return ("api", node, "", "", -1)
+    return (nn.kind, nn.api, nn.module, nn.direction, nn.call if -1 <= nn.call <= MAX_COUNTER else -1)
+
+
+def node_kind(node: str) -> str:
+    """``"api"``, ``"module"`` or ``"param_grad"`` (:func:`name_parts`' first part).
+
+    Examples
+    --------
+    >>> node_kind("Module.fc.Linear.parameters_grad"), node_kind("Tensor.add.0.forward")
+    ('param_grad', 'api')
+    """
+    return name_parts(node)[0]
+
+
+def _module_of(parent: str) -> str:
+    try:
+        return module_path_of(parent)
+    except ValueError:
+        return ""
+
+
+class Walk:
+    """The tensor leaves of node records, in file order: leaf objects, labels, roles."""
+
+    __slots__ = ("labels", "leaves", "roles")
+
+    def __init__(self) -> None:
+        self.leaves: list[dict[str, Any]] = []
+        self.labels: list[str] = []
+        self.roles: list[str] = []
+
+    def node(self, node: str, record: dict[str, Any], kind: str | None = None) -> None:
+        """Add the leaves of one record (*kind* as :func:`node_kind` gives it; found when None)."""
+        if "parameters_grad" in node and (kind or node_kind(node)) == "param_grad":
+            for pname, val in record.items():
+                leaf = val[0] if val.__class__ is list and len(val) == 1 else val
+                self.value(leaf, f"{node}.{pname}", "grad", 1)
+            return
+        sections = _BACKWARD if node.endswith(".backward") or ".backward." in node else _FORWARD
+        used = False
+        for key, section, role in sections:
+            v = record.get(key, _ABSENT)
+            if v is _ABSENT:
+                continue
+            used = True
+            if v.__class__ is list:  # the usual section: its items in line, leaves straight away
+                if v:
+                    self._items(v, node + section, role)
+            elif v.__class__ is dict:
+                self.value(v, node + section, role, 1)
+        if not used:  # debug.json and unknown shapes: walk everything
+            self.value(record, node, "", 0)
+
+    def _items(self, items: list[Any], prefix: str, role: str) -> None:
+        """:meth:`children` of a section's list (depth 1), with the two common items read in line."""
+        leaves, labels, roles = self.leaves, self.labels, self.roles
+        for k, v in enumerate(items):
+            if v.__class__ is dict:
+                t = v.get("type")
+                if t.__class__ is str and "dtype" in v and "shape" in v and t not in _NON_TENSOR_TYPES:
+                    leaves.append(v)
+                    labels.append(prefix + _INDEX[k] if k < 256 else f"{prefix}.{k}")
+                    roles.append(role)
+                    continue
+                if len(v) == 2 and "value" in v and v["value"].__class__ not in (dict, list) \
+                        and t.__class__ is not dict and t.__class__ is not list:
+                    continue  # a scalar argument: nothing below it
+            elif v.__class__ is not list:
+                continue  # None, a number, a string: no tensor
+            self.children(((k, v),), prefix, role, 1)
+
+    def value(self, v: Any, prefix: str, role: str, depth: int) -> None:
+        """The reference walk of one value at *depth* (a leaf, or a container walked by :meth:`children`)."""
+        if v.__class__ is dict:
+            if depth > MAX_DEPTH:
+                raise TooDeepError(prefix)
+            t = v.get("type")
+            if t.__class__ is str and "dtype" in v and "shape" in v and t not in _NON_TENSOR_TYPES:
+                self.leaves.append(v)
+                self.labels.append(prefix)
+                self.roles.append(role)
+            else:
+                self.children(v.items(), prefix, role, depth)
+        elif v.__class__ is list:
+            if depth > MAX_DEPTH:
+                raise TooDeepError(prefix)
+            self.children(enumerate(v), prefix, role, depth)
+
+    def children(self, items: Iterable[tuple[Any, Any]], prefix: str, role: str, depth: int) -> None:
+        """The reference walk of a container's items, with the common leaf read in line."""
+        leaves, labels, roles = self.leaves, self.labels, self.roles
+        d1 = depth + 1
+        for k, v in items:
+            cls = v.__class__
+            if cls is dict:
+                if d1 > MAX_DEPTH:
+                    raise TooDeepError(f"{prefix}.{k}")
+                t = v.get("type")
+                if t.__class__ is str and "dtype" in v and "shape" in v and t not in _NON_TENSOR_TYPES:
+                    leaves.append(v)
+                    labels.append(f"{prefix}.{k}")
+                    roles.append(role)
+                elif len(v) == 2 and "value" in v and v["value"].__class__ not in (dict, list) \
+                        and t.__class__ is not dict and t.__class__ is not list:
+                    continue  # a scalar argument: nothing below it
+                elif v:
+                    self.children(v.items(), f"{prefix}.{k}", role, d1)
+            elif cls is list:
+                if d1 > MAX_DEPTH:
+                    raise TooDeepError(f"{prefix}.{k}")
+                if v:
+                    self.children(enumerate(v), f"{prefix}.{k}", role, d1)
+
+
+def leaves_of(node: str, record: Any, kind: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, role, leaf) of every tensor leaf of one node record, in file order.
+
+    Examples
+    --------
+    >>> rec = {"input_args": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}],
+    ...        "output": [[{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}]]}
+    >>> [(label, role) for label, role, _ in leaves_of("Functional.relu.0.forward", rec)]
+    [('Functional.relu.0.forward.input.0', 'input'), ('Functional.relu.0.forward.output.0.0', 'output')]
+    """
+    if not isinstance(record, dict):
+        return []
+    w = Walk()
+    w.node(node, record, kind)
+    return list(zip(w.labels, w.roles, w.leaves, strict=True))
+
+
+def node_columns(nodes: Sequence[str], parents: Sequence[str], counts: Sequence[int], micro: Mapping[str, int],
+                 n: int) -> dict[str, np.ndarray]:
+    """The per-tensor coordinates of :data:`NODE_COLUMNS` (one array each, *n* tensors).
+
+    *nodes* are the node records that had tensors (in file order), *parents* their parents in
+    construct.json (``""`` when unknown), *counts* their numbers of tensors; *micro* maps nodes to
+    their Megatron micro step (checked values; -1 when absent). An API's module is its parent's.
+
+    Examples
+    --------
+    >>> cols = node_columns(["Functional.relu.0.forward"], ["Module.act.ReLU.forward.0"], [2], {}, 2)
+    >>> cols["module"].tolist(), cols["call"].tolist(), cols["micro_step"].tolist()
+    (['act', 'act'], [0, 0], [-1, -1])
+    """
+    parts = list(map(name_parts, nodes))
+    kinds, apis, mods, dirs, calls = zip(*parts, strict=True) if parts else ((), (), (), (), ())
+    of_parent = {p: _module_of(p) if p else "" for p in set(parents)}
+    modules = [of_parent[p] if k == "api" else m for k, m, p in zip(kinds, mods, parents, strict=True)]
+    mget = micro.get
+    micro_steps = [mget(nd, -1) for nd in nodes] if micro else None
+    reps = np.asarray(counts, np.int64)
+    per_node: dict[str, np.ndarray] = {}
+    for name, texts in zip(NODE_COLUMNS[:6], (nodes, modules, apis, kinds, dirs, parents), strict=True):
+        per_node[name] = np.empty(len(nodes), object)
+        per_node[name][:] = texts
+    per_node["call"] = np.asarray(calls, np.int64)
+    per_node["micro_step"] = np.full(len(nodes), -1, np.int64) if micro_steps is None else \
+        np.asarray(micro_steps, np.int64)
+    return {name: np.repeat(per_node[name], reps) if n else per_node[name][:0] for name in NODE_COLUMNS}

@@ -1,0 +1,251 @@
+"""The msprobe parser against a plain reference reader written here from the documented rules.
+
+The parser reads records once, batch by batch, with its walk, run facts, value columns and
+per-node coordinates specialised for speed (``precnb/io/msprobe``). This file re-derives every
+tensor of a real dump from ``json.loads`` of the file, :func:`precnb.naming.parse_node` and a
+recursive walk of the naming rules (msprobe compare's ``{node}.input.0``, ``{node}.output.0.1``,
+``{node}.parameters.weight``, ``{node}.{param}`` for ``parameters_grad``), and the run facts with
+the straightforward two-pass implementation the parser replaced; both parse paths (batch by batch
+with orjson, and whole with the standard library) must give exactly those records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from precnb.io._runfacts import _API, _plain, api_of, is_optimizer_node
+from precnb.io.msprobe.discover import discover
+from precnb.io.msprobe.parse import read_rank_dir
+from precnb.io.msprobe.walk import name_parts
+from precnb.io.records import _shape_text, stat_value
+from precnb.naming import module_path_of, parse_node
+from tests.conftest import SAMPLES, shared_path
+
+_NON_TENSOR = {"slice", "ellipsis", "torch.Size", "torch.dtype", "torch.device", "mindspore.dtype"}
+_SECTIONS_FWD = (("input_args", "input", "input"), ("input_kwargs", "input", "input"),
+                 ("parameters", "parameters", "parameter"), ("output", "output", "output"))
+_SECTIONS_BWD = (("input", "input", "input"), ("output", "output", "output"))
+
+
+# ------------------------------------------------------------------------------ reference reader
+def _is_leaf(v: dict) -> bool:
+    t = v.get("type")
+    return isinstance(t, str) and "dtype" in v and "shape" in v and t not in _NON_TENSOR
+
+
+def _walk(v: Any, prefix: str, role: str, out: list) -> None:
+    if isinstance(v, dict):
+        if _is_leaf(v):
+            out.append((prefix, role, v))
+            return
+        if len(v) == 2 and "value" in v and not isinstance(v["value"], (dict, list)) \
+                and not isinstance(v.get("type"), (dict, list)):
+            return  # a scalar argument
+        for k, x in v.items():
+            _walk(x, f"{prefix}.{k}", role, out)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _walk(x, f"{prefix}.{i}", role, out)
+
+
+def ref_leaves(node: str, record: dict) -> list:
+    """(label, role, leaf) of one record by the naming rules."""
+    out: list = []
+    if parse_node(node).kind == "param_grad":
+        for pname, val in record.items():
+            _walk(val[0] if isinstance(val, list) and len(val) == 1 else val, f"{node}.{pname}", "grad", out)
+        return out
+    backward = node.endswith(".backward") or ".backward." in node
+    present = [(k, s, r) for k, s, r in (_SECTIONS_BWD if backward else _SECTIONS_FWD) if k in record]
+    for key, section, role in present:
+        if isinstance(record[key], (list, dict)):
+            _walk(record[key], f"{node}.{section}", role, out)
+    if not present:
+        _walk(record, node, "", out)
+    return out
+
+
+def ref_facts(data: dict, parents: dict) -> dict:
+    """The run facts as the two-pass implementation computed them (one more walk of every record)."""
+    grads: dict = {}
+    scalars: dict = {}
+
+    def scal(value: Any, path: str, found: dict, depth: int, kwarg: bool) -> None:
+        if depth > 8:
+            return
+        if isinstance(value, dict):
+            kind = value.get("type")
+            if isinstance(kind, str):
+                if "value" in value and "shape" not in value:
+                    v = _plain(kind, value["value"])
+                elif kwarg and value.get("shape") == [] and "Max" in value:
+                    v = _plain("float", value.get("Max"))
+                else:
+                    return
+                if v is not None:
+                    add(found.setdefault(path, []), v)
+                return
+            for k, x in value.items():
+                scal(x, f"{path}.{k}", found, depth + 1, kwarg)
+        elif isinstance(value, list):
+            for x in value:
+                scal(x, path, found, depth + 1, kwarg)
+
+    def add(values: list, v: Any) -> None:
+        if len(values) < 64 and not any(type(v) is type(x) and v == x for x in values):
+            values.append(v)
+
+    for node, record in data.items():
+        if not isinstance(record, dict):
+            continue
+        params = record.get("parameters")
+        if isinstance(params, dict):
+            for pname, leaf in params.items():
+                if isinstance(leaf, dict) and isinstance(leaf.get("requires_grad"), bool):
+                    grads[f"{node}.parameters.{pname}"] = leaf["requires_grad"]
+        parent = parents.get(node, "")
+        if not is_optimizer_node(node, parent):
+            continue
+        found: dict = {}
+        if isinstance(record.get("input_args"), list):
+            for i, x in enumerate(record["input_args"]):
+                scal(x, str(i), found, 1, False)
+        if isinstance(record.get("input_kwargs"), dict):
+            for k, x in record["input_kwargs"].items():
+                scal(x, str(k), found, 1, True)
+        into = scalars.setdefault(api_of(node), {}) if found else {}
+        for path, vals in found.items():
+            for v in vals:
+                add(into.setdefault(path, []), v)
+    return {k: v for k, v in (("requires_grad", grads), ("scalar_args", scalars)) if v}
+
+
+def reference_records(folder: Path) -> dict[str, Any]:
+    """Every tensor of one (step, rank) folder: labels, coordinates, statistics, null bits, numel, facts."""
+    data = json.loads((folder / "dump.json").read_bytes().decode("utf-8"))["data"]
+    construct = {}
+    if (folder / "construct.json").exists():
+        construct = json.loads((folder / "construct.json").read_text())
+    parents = {k: (v[0] if isinstance(v, list) else v) for k, v in construct.items()}
+    parents = {k: v if isinstance(v, str) else "" for k, v in parents.items()}
+    micro = {k: v[1] for k, v in construct.items() if isinstance(v, list) and isinstance(v[1], int)}
+    rows: dict[str, list] = {k: [] for k in ("label", "role", "node", "module", "api", "kind", "direction", "parent",
+                                             "call", "micro_step", "dtype", "shape", "numel", "null",
+                                             "max", "min", "mean", "norm")}
+    for node, record in data.items():
+        if not isinstance(record, dict):
+            continue
+        nn = parse_node(node)
+        parent = parents.get(node, "")
+        for label, role, leaf in ref_leaves(node, record):
+            module = nn.module if nn.kind != "api" else module_path_of(parent)
+            shape = leaf["shape"]
+            null = 0
+            for bit, key in enumerate(("Max", "Min", "Mean", "Norm")):
+                v = stat_value(leaf.get(key))
+                null |= (v is None) << bit
+                rows[key.lower()].append(math.nan if v is None else v)
+            values = dict(label=label, role=role, node=node, module=module, api=nn.api, kind=nn.kind,
+                          direction=nn.direction, parent=parent, call=nn.call, micro_step=micro.get(node, -1),
+                          dtype=leaf["dtype"], shape=_shape_text(shape), numel=int(np.prod(shape, dtype=np.int64)),
+                          null=null)
+            for k, v in values.items():
+                rows[k].append(v)
+    rows["facts"] = ref_facts(data, parents)  # type: ignore[assignment]
+    return rows
+
+
+# ------------------------------------------------------------------------------ the comparison
+def _same_floats(a: np.ndarray, b: list[float]) -> bool:
+    return a.dtype == np.float64 and np.array_equal(a.view(np.uint64), np.asarray(b, np.float64).view(np.uint64))
+
+
+def check_folder(folder: Path) -> int:
+    """Both parse paths give the reference records of *folder*; returns the number of tensors."""
+    ref = reference_records(folder)
+    rd = next(d for d in discover(folder.parent.parent if folder.parent.name.startswith("step") else folder)
+              if d.path == folder)
+    for whole in (False, True):
+        old = os.environ.pop("PRECNB_JSON_WHOLE", None)
+        if whole:
+            os.environ["PRECNB_JSON_WHOLE"] = "1"
+        try:
+            rec = read_rank_dir(rd)
+        finally:
+            os.environ.pop("PRECNB_JSON_WHOLE", None)
+            if old is not None:
+                os.environ["PRECNB_JSON_WHOLE"] = old
+        assert rec.labels == ref["label"], (folder, whole)
+        for name in ("role", "node", "module", "api", "kind", "direction", "parent", "call", "micro_step",
+                     "dtype", "shape"):
+            got = np.asarray(rec.coords[name]).tolist()
+            assert got == ref[name], (folder, whole, name, next((i, g, r) for i, (g, r) in
+                                                                enumerate(zip(got, ref[name], strict=True)) if g != r))
+        for name in ("max", "min", "mean", "norm"):
+            assert _same_floats(rec.values[name], ref[name]), (folder, whole, name)
+        assert rec.null_stats.tolist() == ref["null"], (folder, whole)
+        assert rec.numel.tolist() == ref["numel"], (folder, whole)
+        assert rec.meta.get("facts", {}) == ref["facts"], (folder, whole)
+    return len(ref["label"])
+
+
+def _msprobe_folders(root: Path) -> list[Path]:
+    return sorted({p.parent for p in root.rglob("dump.json") if p.parent.parent.name.startswith("step")})
+
+
+def test_bundled_samples_equal_the_reference_reader():
+    folders = _msprobe_folders(SAMPLES)
+    assert len(folders) >= 20, folders
+    tensors = sum(check_folder(f) for f in folders)
+    assert tensors > 5000
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("sample", ["S1_baseline", "S5_tp_shards", "S13_ms_vs_pt"])
+def test_shared_samples_equal_the_reference_reader(sample):
+    folders = _msprobe_folders(shared_path("data_samples", "msprobe", sample))
+    assert folders
+    assert sum(check_folder(f) for f in folders[:12]) > 100
+
+
+@pytest.mark.shared
+def test_shared_s1_facts_hold_the_optimizer_arguments():
+    """The facts the reference computes are real ones (Adam's betas and lr on S1), not empty dicts."""
+    folder = _msprobe_folders(shared_path("data_samples", "msprobe", "S1_baseline", "statistics"))[0]
+    facts = read_rank_dir(next(d for d in discover(folder.parent.parent) if d.path == folder)).meta["facts"]
+    assert facts == reference_records(folder)["facts"]
+    assert facts["scalar_args"] and facts["requires_grad"]
+    assert any(v for args in facts["scalar_args"].values() for v in args.values())
+
+
+# ------------------------------------------------------------------------------ node names
+_PARTS = ["Tensor", "mul_", "0", "12", "forward", "backward", "", "a.b", "Module", "Cell", "parameters_grad",
+          "\u0663", "x\n", "9" * 19, "9" * 18, "debug"]
+
+
+def _names() -> list[str]:
+    return [".".join(c) for k in range(1, 5) for c in itertools.product(_PARTS, repeat=k)]
+
+
+def test_name_parts_is_parse_node():
+    """The string-method split of the common spellings gives what the regular expressions give."""
+    names = _names()
+    assert len(names) > 60_000
+    for node in names:
+        nn = parse_node(node)
+        call = nn.call if -1 <= nn.call <= 2**62 else -1
+        assert name_parts(node) == (nn.kind, nn.api, nn.module, nn.direction, call), node
+
+
+def test_api_of_is_its_pattern():
+    for node in _names():
+        m = _API.match(node)
+        assert api_of(node) == (m.group("api") if m else node), node
