@@ -7,13 +7,14 @@ names, node names, file paths, stack frames and hints from a dump are always sho
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import xarray as xr
+
+from precnb.analysis.evidence import parse_frame
 
 __all__ = [
     "Cell",
@@ -27,9 +28,6 @@ __all__ = [
 ]
 
 _STATS = ("max", "min", "mean", "norm")
-_FRAME = re.compile(r"^\s*File\s+(?P<file>.+?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]+),?\s*(?P<code>.*)$",
-                    re.DOTALL)
-_LIB = ("site-packages", "dist-packages", "/lib/python3", "\\lib\\python3", "<frozen")
 
 
 def _title(kind: str) -> str:
@@ -84,25 +82,6 @@ def fmt(v: Any) -> Cell:
     if isinstance(v, (list, tuple)):
         return Cell(", ".join(str(x) for x in v))
     return Cell(str(v))
-
-
-def parse_frame(frame: Any) -> dict[str, Any]:
-    r"""Split a stack.json frame into location, function and code; flag library frames.
-
-    Examples
-    --------
-    >>> f = parse_frame("File /a/model.py, line 7, in forward, \n y = f(x)")
-    >>> f["file"], f["line"], f["func"], f["code"], f["lib"]
-    ('/a/model.py', '7', 'forward', 'y = f(x)', False)
-    """
-    text = str(frame)
-    m = _FRAME.match(text)
-    if not m:
-        return {"file": "", "line": "", "func": "", "code": text.strip(), "raw": text, "lib": False}
-    file = m.group("file").strip()
-    return {"file": file, "line": m.group("line"), "func": m.group("func").strip(),
-            "code": " ".join(m.group("code").split()), "raw": text,
-            "lib": any(s in file for s in _LIB)}
 
 
 def _is_side(v: Any) -> bool:
