@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -18,7 +20,8 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")
 pytest.importorskip("altair")
 from precnb.widgets import explore
-from precnb.widgets.explorer import Explorer
+from precnb.widgets.explorer import HEATMAP_COLUMNS, Explorer
+from precnb.widgets.panel import Panel, default_panels
 
 
 def vega_point(jc, name, points):
@@ -28,6 +31,39 @@ def vega_point(jc, name, points):
 
 def vega_interval(jc, name, value):
     jc._vl_selections = {name: {"value": value, "store": []}}
+
+
+def cell_param(spec, name="cell"):
+    """The selection parameter *name* wherever the spec declares it."""
+    if isinstance(spec, dict):
+        if spec.get("name") == name and "select" in spec:
+            return spec
+        for v in spec.values():
+            hit = cell_param(v, name)
+            if hit is not None:
+                return hit
+    elif isinstance(spec, list):
+        for v in spec:
+            hit = cell_param(v, name)
+            if hit is not None:
+                return hit
+    return None
+
+
+def top_cell(ex):
+    """The most salient cell of the main heat map (the contract frame)."""
+    hf = ex.heatmap_frame()
+    return hf.loc[hf["value"].idxmax()]
+
+
+def origin(name):
+    """The ground truth's origin fault of a bundled sample."""
+    gt = json.loads(sample_path(name, "ground_truth.json").read_text())
+    return next(f for f in gt["faults"] if f.get("role") == "origin")
+
+
+def node_of(ds, tensor):
+    return str(ds["node"].sel(tensor=tensor).values)
 
 
 @pytest.fixture(scope="module")
@@ -45,23 +81,56 @@ def test_opens_at_the_nan_origin(ex, nan_run):
     f = precnb.nan_origin(nan_run)
     assert (ex.step, ex.rank, ex.tensor, ex.row) == (f.step, f.rank, f.tensor, "blocks.1.attn") \
         == (2, 1, NAN_TENSOR, "blocks.1.attn")
-    assert ex.finding is not None and ex.finding.kind == "nan_origin"
-    assert ex.filters.color.value == "events"
+    assert ex.finding is not None and ex.finding.kind == "nan_origin" and ex.current_finding is ex.finding
+    assert ex.filters.color.value == "first_bad"
     focus = ex.frame[ex.frame["focus"]]  # the heat map moved there: that cell is outlined
     assert list(zip(focus["row"], focus["col"], strict=True)) == [("blocks.1.attn", "2")]
-    cell = ex.heatmap.chart.spec["params"][0]
-    assert cell["name"] == "cell" and cell["value"] == [{"row": "blocks.1.attn", "col": "2"}]
-    assert NAN_TENSOR in ex.nan.output.value and "NaN/Inf origin" in ex.nan.output.value
-    assert ex.tabs.selected_index == 1
+    cell = cell_param(ex.heatmap.chart.spec)
+    assert cell["value"] == [{"group": "forward", "row": "blocks.1.attn", "col": "2"}]
+    assert "NaN/Inf origin" in ex.bar.label.value and NAN_TENSOR in ex.panel("Finding").output.value
     assert NAN_TENSOR in ex.status.value and "step 2 · rank 1" in ex.status.value
     assert set(ex.series["tensor"]) == {NAN_TENSOR} and ex.series["nonfinite"].any()
     assert "module path" in ex.detail.html.value and "self.blocks.1.attn" in ex.detail.html.value
 
 
+def test_heatmap_frame_contract(ex):
+    hf = ex.heatmap_frame()
+    assert list(hf.columns) == HEATMAP_COLUMNS and hf.attrs["x"] == "step"
+    top = top_cell(ex)
+    assert (top["row"], top["x"], top["x_hi"], top["first_bad"]) == ("blocks.1.attn", 2, 2, 1)
+    assert hf.loc[hf["first_bad"] == 0, "value"].isna().all()  # clean cells
+    assert hf["value"].notna().sum() == (hf["first_bad"] > 0).sum()
+    # rows sorted by first occurrence (execution order) within each group; backward apart
+    fwd = hf[hf["group"] == "forward"].drop_duplicates("row")["row"].tolist()
+    assert fwd == ["embed", "blocks.0.attn", "blocks.0.mlp", "blocks.1.attn", "blocks.1.mlp", "lm_head"]
+    assert set(hf["group"]) == {"forward", "backward"}
+    # x = rank: one column per rank, the contract names the dimension
+    ex.filters.by.value = "rank"
+    hf = ex.heatmap_frame()
+    assert hf.attrs["x"] == "rank" and sorted(hf["x"].unique()) == [0, 1, 2]
+    top = top_cell(ex)
+    assert (top["row"], top["x"], top["worst_step"]) == ("blocks.1.attn", 1, 2)
+    # it describes the main heat map whatever tab is open
+    ex.tabs.selected_index = 4
+    assert ex.heatmap_frame().equals(hf)
+
+
+def test_other_colours_and_sort(ex):
+    ex.filters.color.value = "events"
+    hf = ex.heatmap_frame()
+    assert hf.loc[hf["value"].idxmax(), "row"] != "" and hf.loc[hf["value"] == 0].empty  # clean is NaN, not 0
+    ex.filters.color.value = "first_bad"
+    ex.filters.sort.value = "value"
+    rows = ex.heatmap_frame().drop_duplicates(["group", "row"])
+    assert rows["row"].iloc[0] == "blocks.1.attn"  # most salient first
+    with pytest.raises(ValueError, match="sort"):
+        precnb.viz.heatmap_frame(make_run(), sort="nope")
+
+
 def test_healthy_run_opens_without_a_finding():
     ex = explore(make_run())
-    assert ex.finding.kind == "none" and ex.tensor is None and "Nothing found" in ex.nan.output.value
-    assert len(ex.frame) and ex.filters.color.value == "stat"
+    assert ex.finding.kind == "none" and ex.tensor is None and "Nothing found" in ex.bar.label.value
+    assert len(ex.frame) and ex.heatmap_frame()["value"].isna().all()
 
 
 def test_accessor_and_input_forms(nan_run):
@@ -82,43 +151,84 @@ def test_missing_extras_raise_a_clear_import_error(monkeypatch, nan_run):
 
 # -- heat-map selection → line chart + detail table -------------------------------------------
 def test_cell_selection_drives_line_chart_and_detail(ex):
-    vega_point(ex.heatmap.chart, "cell", [{"row": "lm_head", "col": "1"}])
-    assert (ex.row, ex.step) == ("lm_head", 1)
-    assert ex.tensor.startswith("Module.lm_head.Linear.") and ex.rank in (0, 1, 2)
-    # line chart: the tensor over steps, one line per rank; the synced spec carries the data
+    ex.filters.color.value = "stat"
+    vega_point(ex.heatmap.chart, "cell", [{"group": "forward", "row": "lm_head", "col": "1"}])
+    assert (ex.row, ex.step, ex.group) == ("lm_head", 1, "forward")
+    assert ex.tensor.startswith("Module.lm_head.Linear.forward") and ex.rank in (0, 1, 2)
     assert set(ex.series["tensor"]) == {ex.tensor} and set(ex.series["rank"]) == {0, 1, 2}
     (data,) = ex.lines.chart.spec["datasets"].values()
     assert {d["tensor"] for d in data} == {ex.tensor} and ex.lines.chart.spec["title"] == ex.tensor
-    # detail table: the module's records at (step, rank) with dtype/shape, module path, stack
     html = ex.detail.html.value
     assert ex.tensor in html and "float32" in html and "[4, 8]" in html
-    assert set(ex.detail.frame["tensor"]) == {t for t in ex.target()["tensor"].values if ".lm_head." in t}
-    assert "line 1" in html or "self.lm_head" in html
     assert f"step 1 · rank {ex.rank}" in ex.status.value
+    # the rank × step view follows: its cell of (step 1, that rank) is selected
+    sel = cell_param(ex.where.chart.spec)
+    assert sel["value"] == [{"row": str(ex.rank), "col": "1"}]
+
+
+def test_where_view_shows_the_rank(ex):
+    wf = ex.heat.where_frame_
+    assert wf.attrs["x"] == "step" and set(wf["row"]) == {"0", "1", "2"}
+    first = wf.loc[wf["first_bad"] == 1].iloc[0]
+    assert (first["row"], first["col"], first["tensor"]) == ("1", "2", NAN_TENSOR)
+    ex.select_where("0", "3")
+    assert (ex.step, ex.rank) == (3, 0) and ex.tensor == wf.set_index(["row", "col"]).loc[("0", "3"), "tensor"]
+    main = cell_param(ex.heatmap.chart.spec)
+    assert main["value"][0]["col"] == "3" and main["value"][0]["row"] == ex.row
 
 
 def test_selected_cell_stays_selected_after_a_filter_change(ex):
-    vega_point(ex.heatmap.chart, "cell", [{"row": "lm_head", "col": "1"}])
+    ex.select_cell("lm_head", 1, "forward")
     ex.filters.top_k.value = 10
-    assert ex.heatmap.chart.spec["params"][0]["value"] == [{"row": "lm_head", "col": "1"}]
+    cell = cell_param(ex.heatmap.chart.spec)
+    assert cell["value"] == [{"group": "forward", "row": "lm_head", "col": "1"}]
     assert (ex.row, ex.step) == ("lm_head", 1)
+
+
+def test_rows_change_keeps_the_record_and_renames_its_row(ex):
+    t = ex.tensor
+    ex.filters.rows.value = "node"
+    assert ex.tensor == t and ex.row == "Module.blocks.1.attn.Linear.forward.0"
+    assert "no records here" not in ex.detail.html.value and t in ex.detail.html.value
+    top = top_cell(ex)
+    assert top["row"] == "Module.blocks.1.attn.Linear.forward.0"
+
+
+def test_hidden_record_is_said_not_stale(ex):
+    ex.narrow("lm_head")
+    assert set(ex.frame["row"]) == {"lm_head"} and "hidden by the filters" in ex.status.value
 
 
 def test_echo_of_python_selected_cell_is_ignored_and_empty_selection_keeps_state(ex):
     before = (ex.step, ex.rank, ex.tensor)
-    vega_point(ex.heatmap.chart, "cell", [{"row": "blocks.1.attn", "col": "2"}])  # the pinned cell
+    vega_point(ex.heatmap.chart, "cell", [{"group": "forward", "row": "blocks.1.attn", "col": "2"}])
     vega_point(ex.heatmap.chart, "cell", [])
     assert (ex.step, ex.rank, ex.tensor) == before
 
 
 def test_shift_click_several_cells_draws_each_worst_tensor(ex):
     ex.filters.color.value = "stat"
-    vega_point(ex.heatmap.chart, "cell", [{"row": "embed", "col": "0"}, {"row": "lm_head", "col": "0"}])
+    vega_point(ex.heatmap.chart, "cell", [{"group": "forward", "row": "embed", "col": "0"},
+                                          {"group": "forward", "row": "lm_head", "col": "0"}])
     assert len(set(ex.series["tensor"])) == 2 and ex.row == "lm_head"
 
 
+def test_keyboard_moves_the_selection_and_changes_finding(ex):
+    start = (ex.row, ex.step)
+    ex.keynav.press("ArrowRight")
+    assert (ex.row, ex.step) == (start[0], start[1] + 1)
+    ex.keynav.press("ArrowUp")
+    assert ex.row == "blocks.0.mlp" and ex.step == 3
+    ex.keynav.press("ArrowLeft")
+    ex.keynav.press("ArrowLeft")
+    assert ex.step == 1
+    ex.keynav.press("n")  # one finding: next is the same one, shown again
+    assert (ex.step, ex.rank, ex.tensor) == (2, 1, NAN_TENSOR)
+    assert "data-lm-suppress-shortcuts" in ex.keynav._esm
+
+
 def test_line_chart_pick_and_span(ex):
-    ex.select_cell("embed", 0)
+    ex.select_cell("embed", 0, "forward")
     t = ex.tensor
     vega_point(ex.lines.chart, "pick", [{"step": 1, "series": "rank 2"}])
     assert (ex.step, ex.rank, ex.tensor) == (1, 2, t)
@@ -133,12 +243,18 @@ def test_line_chart_pick_and_span(ex):
 # -- filter bar ---------------------------------------------------------------------------------
 def test_filter_bar(ex):
     f = ex.filters
-    f.pattern.value = r"blocks\.0"
+    f.pattern.value = "blocks.0"  # substring, case-insensitive
     assert set(ex.frame["row"]) == {"blocks.0.attn", "blocks.0.mlp"}
+    f.pattern.value = "BLOCKS.0.ML"
+    assert set(ex.frame["row"]) == {"blocks.0.mlp"}
+    f.regex.value = True
+    f.pattern.value = r"^blocks\.[01]\.attn$"
+    assert set(ex.frame["row"]) == {"blocks.0.attn", "blocks.1.attn"}
+    f.regex.value = False
     f.pattern.value = ""
-    f.direction.value = "backward"
-    assert set(ex.detail.frame["direction"]) <= {"backward"}
-    f.direction.value = "all"
+    f.show_groups["backward"].value = False
+    assert set(ex.frame["group"]) == {"forward"}
+    f.show_groups["backward"].value = True
     f.role.value = "output"
     f.rows.value = "tensor"
     assert all(".output." in r for r in ex.frame["row"])
@@ -146,145 +262,237 @@ def test_filter_bar(ex):
     f.rows.value = "module"
     f.color.value = "nonfinite"
     f.nonfinite_only.value = True
-    assert ex.frame.groupby("row")["nonfinite"].sum().gt(0).all()
+    assert ex.frame.groupby(["group", "row"])["nonfinite"].sum().gt(0).all()
     f.nonfinite_only.value = False
     f.ranks.value = "0, 2"
     f.by.value = "rank"
     assert set(ex.frame["col"]) == {"0", "2"}
     f.ranks.value = "x-y"
     assert "N-M" in f.message.value
+    f.regex.value = True
     f.pattern.value = "("
     assert "bad regex" in f.message.value
 
 
-# -- diagnosis panels ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def pair():
-    base = make_run()
-    target = base.copy(deep=True)
-    early = "Module.blocks.0.mlp.Linear.forward.0.output.0"  # small difference at step 1
-    late = "Module.lm_head.Linear.forward.0.output.0"  # large difference at step 2
-    target["norm"].loc[dict(step=1, rank=0, tensor=early)] *= 1.01
-    target["norm"].loc[dict(step=2, rank=2, tensor=late)] *= 1.5
-    return base, target, early, late
-
-
-def test_two_runs_open_at_the_first_divergence(pair):
-    base, target, early, _late = pair
-    ex = explore({"gpu": base, "npu": target})
-    assert (ex.step, ex.rank, ex.tensor) == (1, 0, early)
-    assert ex.tabs.selected_index == 0 and ex.filters.color.value == "reldiff"
-    assert "Module.blocks.0.mlp.Linear.forward.0" in ex.divergence.output.value
-    focus = ex.frame[ex.frame["focus"]].iloc[0]
-    assert (focus["row"], focus["col"]) == ("blocks.0.mlp", "1")
-    assert set(ex.series["run"]) == {"gpu", "npu"}  # one line per run
-    assert "rel_diff" in ex.detail.frame and "norm_gpu" in ex.detail.frame
-
-
-def test_divergence_button_with_tolerance_moves_the_views(pair):
-    base, target, _early, late = pair
-    ex = explore({"gpu": base, "npu": target}, auto=False)
-    assert ex.finding is None
-    ex.divergence.tolerance.value = "0.1"
-    ex.divergence.button.click()
-    f = ex.divergence.finding
-    assert (f.step, f.rank, f.tensor) == (2, 2, late)
-    assert (ex.step, ex.rank, ex.tensor, ex.row) == (2, 2, late, "lm_head")
-    assert "Module.lm_head.Linear.forward.0" in ex.divergence.output.value
-    assert ex.frame[ex.frame["focus"]].iloc[0]["col"] == "2"
-    ex.divergence.tolerance.value = "0.9"
-    ex.divergence.button.click()
-    assert ex.divergence.finding.kind == "none" and ex.tensor == late
-    ex.divergence.baseline.value = "npu"
-    ex.divergence.button.click()
-    assert "same run" in ex.divergence.output.value
-
-
-def test_finding_hidden_by_filters_is_made_visible(nan_run):
-    ex = explore(nan_run, auto=False)
-    ex.filters.pattern.value = "lm_head"
-    ex.filters.steps.value = (0, 1)
-    ex.nan.button.click()
-    assert ex.filters.pattern.value == "" and ex.filters.steps.value == (0, 2)
-    assert ex.tensor == NAN_TENSOR and ex.frame["focus"].any()
-
-
-def test_real_divergence_sample():
-    b = precnb.open_run(sample_path("divergence", "baseline"))
-    t = precnb.open_run(sample_path("divergence", "target"))
-    expected = precnb.first_divergence(b, t)
-    ex = explore({"baseline": b, "target": t})
-    assert (ex.step, ex.rank, ex.tensor) == (expected.step, expected.rank, expected.tensor)
-    assert expected.node in ex.divergence.output.value
-
-
-def test_real_nan_sample():
+def test_optimizer_records_are_their_own_group_and_off_by_default():
     ds = precnb.open_run(sample_path("dp_nan"))
-    f = precnb.nan_origin(ds)
     ex = explore(ds)
-    assert (ex.step, ex.rank, ex.tensor) == (f.step, f.rank, f.tensor)
-    assert f.node in ex.nan.output.value
+    assert not ex.filters.show_groups["optimizer"].value
+    assert "optimizer" not in set(ex.frame["group"]) and "optimizer" not in set(ex.frame["row"])
+    ex.filters.show_groups["optimizer"].value = True
+    assert set(ex.frame.loc[ex.frame["group"] == "optimizer", "row"]) == {"optimizer"}
+    ex.filters.rows.value = "node"  # optimizer ops no longer crowd out the origin node
+    assert top_cell(ex)["row"] == "Torch.sqrt.0.forward"
 
 
-# -- shards, hierarchy, export --------------------------------------------------------------------
-def test_shard_panel_reports_missing_functions(monkeypatch, nan_run):
+# -- the origin is the most salient cell on the bundled samples ----------------------------------
+@pytest.mark.parametrize(("name", "args", "kw"), [
+    ("dp_nan", ("dp_nan",), {}),
+    ("divergence", ("divergence/target", "divergence/baseline"), {}),
+    ("renamed", ("renamed/target", "renamed/baseline"), {}),
+    ("resume", ("resume/target", "resume/baseline"), {}),
+    ("dp_sum", ("dp_sum/target", "dp_sum/baseline"), {}),
+])
+def test_origin_is_the_most_salient_cell(name, args, kw):
+    gt = origin(name)
+    paths = [sample_path(*a.split("/")) for a in args]
+    ex = explore(*paths, **kw)
+    top = top_cell(ex)
+    ds = ex.data.target()
+    assert int(top["x"]) == gt["step"] and int(top["worst_rank"]) == gt["rank"]
+    assert node_of(ds, top["tensor"]) == gt["node"], top["tensor"]
+    assert top["row"] == str(ds["module"].sel(tensor=top["tensor"]).values) or top["row"] == "(none)"
+    # the explorer opened there, and one click on that cell selects the origin record
+    assert (ex.step, ex.rank, node_of(ds, ex.tensor)) == (gt["step"], gt["rank"], gt["node"])
+    ex.select_cell(top["row"], top["col"], top["group"])
+    assert (ex.step, ex.rank, node_of(ds, ex.tensor)) == (gt["step"], gt["rank"], gt["node"])
+    # the rank × step view's earliest cell is the origin's rank and step
+    wf = ex.heat.where_frame_
+    w = wf.loc[wf["first_bad"] == 1].iloc[0]
+    assert (int(w["rank_lo"]), int(w["x"])) == (gt["rank"], gt["step"])
+
+
+def test_tp_origin_rank_shows_in_the_where_view():
+    gt = origin("tp_unsync")
+    ex = explore(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"), target_layout="tp=2")
+    top = top_cell(ex)  # the merged comparison: its earliest cell is the op, at the step
+    assert int(top["x"]) == gt["step"] and node_of(ex.data.target(), top["tensor"]) == gt["node"]
+    assert top["row"] == "blocks.0"
+    wf = ex.heat.where_frame_  # the dump's own ranks: rank 1 departs from its replica
+    assert ex.heat.where_unmerged and set(wf["row"]) == {"0", "1"}
+    w = wf.loc[wf["first_bad"] == 1].iloc[0]
+    assert (w["row"], int(w["x"]), node_of(ex.triage.raw_target, w["tensor"])) == (
+        str(gt["rank"]), gt["step"], gt["node"])
+    ex.select_where(w["row"], w["col"])
+    assert (ex.step, ex.rank, ex.unmerged) == (gt["step"], gt["rank"], True)
+    assert node_of(ex.triage.raw_target, ex.tensor) == gt["node"]
+    assert "before merging shards" in ex.status.value and "rank 1" in ex.detail.html.value
+
+
+def test_no_warnings_reach_the_notebook():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ex = explore(sample_path("resume", "target"), sample_path("resume", "baseline"))
+        ex.filters.color.value = "reldiff"
+        ex.filters.by.value = "rank"
+        ex.keynav.press("ArrowDown")
+
+
+# -- findings, suspects, next / previous --------------------------------------------------------
+def test_suspects_are_links_and_findings_cycle():
+    ex = explore(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"), target_layout="tp=2")
+    kinds = [f.kind for f in ex.bar.found()]
+    assert kinds == ["first_divergence", "replica_mismatch"] and ex.current_finding.kind == "first_divergence"
+    ex.bar.next.click()
+    assert ex.current_finding.kind == "replica_mismatch" and (ex.rank, ex.unmerged) == (1, True)
+    assert "Replica mismatch (2 of 2)" in ex.bar.label.value
+    links = [b for b in ex.bar.suspects.children if hasattr(b, "on_click") and "step" in b.description]
+    assert links, "suspects are buttons"
+    s = ex.current_finding.suspects[1]
+    links[0].click()
+    assert (ex.step, ex.rank, ex.tensor) == (s["step"], s["rank"], s["tensor"])
+    ex.bar.previous.click()
+    assert ex.current_finding.kind == "first_divergence" and not ex.unmerged
+    buttons = [b for b in ex.panel("Finding").list.children if hasattr(b, "click")]
+    buttons[1].click()
+    assert ex.current_finding.kind == "replica_mismatch"
+
+
+def test_attribution_explains_module_versus_row():
+    ex = explore(sample_path("divergence", "target"), sample_path("divergence", "baseline"))
+    f = ex.current_finding
+    assert f.module == "blocks.0.mlp" and "the finding names the same module" in ex.record.attribution.value
+    ex.select_cell("blocks.0.mlp.down_proj", 1, "forward")
+    text = ex.record.attribution.value
+    assert "row <code>blocks.0.mlp.down_proj</code> is the innermost module" in text
+    assert "the finding names <code>blocks.0.mlp</code>" in text and "inputs agree" in text
+
+
+def test_full_stack_with_source_lines():
+    ex = explore(sample_path("dp_nan"))
+    html = ex.detail.html.value
+    n = len(ex.data.evidence(ex.tensor)["stack"])
+    assert n > 8 and f"{n} frame(s)" in html and "more</" not in html and "… " not in html
+    assert "scores = scores + torch.sqrt(poison)" in html and "_model.py:" in html
+
+
+# -- every triage option reruns the pipeline ------------------------------------------------------
+def test_triage_options_rerun_the_pipeline():
+    ex = explore(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"))
+    panel = ex.panel("Triage options")
+    assert ex.triage.target_layout is None and panel.target_layout.value == ""
+    panel.target_layout.value = "tp=2"
+    panel.tolerance.value = "1e-3"
+    panel.step_offset.value = "auto"
+    t = panel.button.click() or ex.triage
+    assert t.options.target_layout == "tp=2" and t.options.tolerance == 1e-3 and t.options.step_offset == "auto"
+    assert ex.data.target().sizes["rank"] == 1 and ex.heat.where_unmerged
+    assert ex.current_finding.node == "Functional.dropout.0.forward"
+    panel.step_offset.value = "x"
+    panel.button.click()
+    assert "step offset" in panel.output.value and ex.triage is t  # a bad option keeps the runs
+    panel.baseline.value = "(none)"  # the target alone: its replica check
+    panel.step_offset.value = ""
+    panel.button.click()
+    assert not ex.triage.paired and ex.current_finding.kind == "replica_mismatch" and ex.rank == 1
+    shards = ex.panel("Shards")
+    shards.sizes["tp"].value = 1
+    shards.run()
+    assert ex.triage.target_layout is None
+
+
+def test_mapping_option_and_alignment_panel_match_unmatch_save(tmp_path):
+    ex = explore(sample_path("renamed", "target"), sample_path("renamed", "baseline"))
+    panel = ex.panel("Alignment")
+    panel.on_show()
+    assert panel.chart is not None and set(panel.rows["side"]) == {"baseline", "target"}
+    row = panel.rows.set_index(["side", "name"]).loc[("target", "decoder.layers.1.mlp")]
+    assert row["rank"] == 1 and row["partner"] == "model.layers.1.mlp"  # coloured by divergence
+    vega_point(panel.chart, "left", [{"name": "model.layers.1.mlp"}])
+    vega_point(panel.chart, "right", [{"name": "decoder.layers.1.mlp"}])
+    assert (panel.left, panel.right) == ("model.layers.1.mlp", "decoder.layers.1.mlp")
+    panel.level.value = "calls"  # the calls inside that module pair
+    assert {"Functional.gelu.1.forward"} <= set(panel.rows["name"])
+    panel.pick(left="Functional.gelu.1.forward", right="Functional.gelu.1.forward")
+    t = panel.do_unmatch()
+    assert "Functional.gelu.1.forward" in t.alignment.user_unpaired
+    assert not [p for p in t.alignment.nodes if p.target == "Functional.gelu.1.forward"]
+    t = panel.do_match()
+    pair = next(p for p in t.alignment.nodes if p.target == "Functional.gelu.1.forward")
+    assert pair.how == "user" and t.finding.node == "Functional.gelu.1.forward"
+    panel.path.value = str(tmp_path / "map.json")
+    out = panel.do_save()
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "precnb.mapping/1" and {"baseline": "Functional.gelu.1.forward", "target":
+                                                     "Functional.gelu.1.forward", "how": "user",
+                                                     "confidence": 1.0} in doc["nodes"]
+    assert panel.do_save() is None and "exists" in panel.output.value.lower()  # never replaced silently
+    # the file round-trips: the pipeline with it gives the same first finding
+    again = precnb.diagnose(sample_path("renamed", "target"), sample_path("renamed", "baseline"), mapping=str(out))
+    assert (again.finding.step, again.finding.rank, again.finding.node) == (t.finding.step, t.finding.rank,
+                                                                            t.finding.node)
+
+
+# -- panels are a protocol -------------------------------------------------------------------------
+def test_panels_protocol(nan_run):
+    seen = []
+
+    class Notes(Panel):
+        title = "Notes"
+
+        def refresh(self):
+            seen.append(("refresh", len(self.api.findings())))
+
+        def on_select(self):
+            seen.append(("select", self.api.step))
+
+    ex = explore(nan_run, panels=[*default_panels(), Notes.create])
+    assert [p.title for p in ex.panels][-1] == "Notes" and ("select", 2) in seen
+    ex.select_cell("embed", 0, "forward")
+    assert seen[-1] == ("select", 0)
+    only = explore(nan_run, panels=[Notes.create])
+    assert [p.title for p in only.panels] == ["Notes"]
+    assert "Alignment" not in [p.title for p in ex.panels]  # applies to two runs only
     import precnb.widgets.shards as shards
 
-    ex = explore(nan_run, auto=False)
-
-    def missing(name):
-        raise ImportError(f"precnb.analysis does not provide {name} yet")
-
-    monkeypatch.setattr(shards, "resolve_analysis", missing)
-    assert ex.shards.merge() is None and "merge_shards" in ex.shards.output.value
-    assert ex.shards.check() is None and "check_replicas" in ex.shards.output.value
+    with open(shards.__file__, encoding="utf-8") as fh:
+        assert "does not provide" not in fh.read()
 
 
-def test_shard_panel_merges_tp2_sample():
-    tp2 = precnb.open_run(sample_path("tp", "tp2"))
-    ex = explore(tp2, auto=False)
-    try:
-        from precnb.widgets.shards import resolve_analysis
-
-        resolve_analysis("merge_shards")
-    except ImportError:
-        ex.shards.merge()
-        assert "does not provide" in ex.shards.output.value
-        return
-    ex.shards.sizes["tp"].value = 2
-    merged = ex.shards.merge()
-    assert merged is not None, ex.shards.output.value
-    assert merged.sizes["rank"] == 1 and "2 ranks → 1" in ex.shards.output.value
-    assert ex.shards.chart_box.children
-    ex.shards.check()
-    assert ex.shards.output.value
-
-
-def test_hierarchy_panel_draws_and_narrows(ex):
-    ex.tabs.selected_index = 3  # drawn when first shown
-    frame = ex.hierarchy.frame.set_index("node")
+def test_hierarchy_panel_is_labelled_highlights_and_narrows(ex):
+    ex.tabs.selected_index = [p.title for p in ex.panels].index("Hierarchy")
+    h = ex.panel("Hierarchy")
+    frame = h.frame.set_index("node")
     assert frame.loc["Module.blocks.1.attn.Linear.forward.0", "count"] > 0
-    vega_point(ex.hierarchy.chart, "node", [{"node": "Module.blocks.0.mlp.Linear.forward.0"}])
-    assert ex.filters.pattern.value == r"^blocks\.0\.mlp(\.|$)"
+    assert h.current_node() == "Module.blocks.1.attn.Linear.forward.0"
+    spec = h.chart.spec
+    text_layers = [lyr for lyr in spec["layer"] if lyr.get("mark", {}).get("type") == "text"]
+    assert text_layers and all(not lyr.get("transform", [{}])[0].get("filter", "").startswith("(datum.x1")
+                               for lyr in text_layers)  # every module labelled
+    vega_point(h.chart, "node", [{"node": "Module.blocks.0.mlp.Linear.forward.0"}])
+    assert ex.filters.pattern.value == r"^blocks\.0\.mlp(\.|$)" and ex.filters.regex.value
     assert set(ex.frame["row"]) == {"blocks.0.mlp"}
 
 
-def test_export_panel(monkeypatch, ex, tmp_path):
+def test_export_panel_progress_and_result(monkeypatch, ex, tmp_path):
+    panel = ex.panel("Export")
     monkeypatch.setitem(sys.modules, "precnb.report", None)  # not importable
-    assert ex.export.export() is None and "not available" in ex.export.status.value
+    assert panel.export() is None and "not available" in panel.status.value
     calls = []
     fake = types.ModuleType("precnb.report")
 
     def write_html(ds, path, *, findings=None, **kw):
-        calls.append((ds, path, findings))
+        calls.append((ds, path, findings, panel.button.disabled, panel.status.value))
         path.write_text("<html></html>")
         return path
 
     fake.write_html = write_html
     monkeypatch.setitem(sys.modules, "precnb.report", fake)
-    ex.export.path.value = str(tmp_path / "r.html")
-    assert ex.export.export() == tmp_path / "r.html"
-    assert calls[0][2][0].kind == "nan_origin" and "written" in ex.export.status.value
+    panel.path.value = str(tmp_path / "r.html")
+    assert panel.export() == tmp_path / "r.html"
+    _ds, _path, findings, disabled, status = calls[0]
+    assert findings[0].kind == "nan_origin" and disabled and "writing" in status  # feedback while writing
+    assert "written" in panel.status.value and not panel.button.disabled and panel.progress.bar_style == "success"
 
 
 # -- scale ----------------------------------------------------------------------------------------
@@ -292,18 +500,19 @@ def test_thousand_ranks_bounded_and_responsive():
     big = tile_ranks(make_run(n_steps=5, n_ranks=2, nan_at=(3, 1, NAN_TENSOR)), 1000)
     ex = explore(big)
     assert (ex.step, ex.rank, ex.tensor) == (3, 1, NAN_TENSOR)
-    assert len(ex.frame) <= 40 * 48
+    assert len(ex.frame) <= 40 * 48 and len(ex.heat.where_frame_) <= 32 * 48
+    w = ex.heat.where_frame_
+    first = w.loc[w["first_bad"] == 1].iloc[0]
+    assert first["row"] == "0-31" and first["worst_rank"] == 1  # the bucket names the rank
     ex.filters.by.value = "rank"
     assert len(ex.frame) <= 40 * 32 and ex.frame["col"].nunique() == 32
-    assert len(ex.heatmap.chart.spec["datasets"]) == 1
-    cells = ex.frame[["row", "col"]].drop_duplicates().to_dict("records")
+    cells = ex.frame[["group", "row", "col"]].drop_duplicates().to_dict("records")
     times = []
     for c in cells[:: max(1, len(cells) // 9)][:9]:
         t = time.perf_counter()
         vega_point(ex.heatmap.chart, "cell", [c])
         times.append(time.perf_counter() - t)
         assert ex.row == c["row"]
-    # one line per drawn rank (≤ max_lines) plus the median of the bucket's ranks
     assert ex.series["series"].nunique() <= ex.max_lines + 1
     assert statistics.median(times) < 1.0  # the 200 ms budget is measured in benchmarks/
     assert np.isfinite(statistics.median(times))

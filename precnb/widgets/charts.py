@@ -14,7 +14,7 @@ import ipywidgets as ipw
 import numpy as np
 import pandas as pd
 
-__all__ = ["HeatmapPanel", "SeriesPanel", "offline_chart", "records"]
+__all__ = ["HeatmapPanel", "SeriesPanel", "WherePanel", "offline_chart", "records"]
 
 EMBED = {"renderer": "svg", "actions": False}
 
@@ -54,12 +54,26 @@ class _ChartPanel(ipw.VBox):
 class HeatmapPanel(_ChartPanel):
     """The heat map; its ``cell`` selection calls ``on_cell(change)``."""
 
+    css_class = "precnb-heatmap"
+
     def __init__(self, on_cell: Callable[[dict[str, Any]], None]) -> None:
         super().__init__({"cell": on_cell})
         self._width = 380
         self.layout.min_width = "400px"
         self.layout.margin = "0 16px 0 0"
-        self.add_class("precnb-heatmap")
+        self.add_class(self.css_class)
+
+
+class WherePanel(HeatmapPanel):
+    """The rank × step view (same cell selection as the heat map)."""
+
+    css_class = "precnb-where"
+
+    def __init__(self, on_cell: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(on_cell)
+        self._width = 480
+        self.layout.min_width = "240px"
+        self.layout.margin = "0"
 
 
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:

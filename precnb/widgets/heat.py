@@ -1,0 +1,303 @@
+"""The two heat maps: modules (or nodes, tensors) × steps, and ranks × steps ("where").
+
+Wiring only: frames from :mod:`precnb.viz`, colour values from :class:`ExplorerData`. A click
+(or a key press) on either becomes a :class:`Pick` — the record its cell stands for (in "first
+bad" colour the cell's first flagged record, else its worst one) — handed to ``on_pick``.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from precnb.viz import heatmap_chart, heatmap_frame
+from precnb.viz.selections import read_point
+from precnb.viz.where import where_frame
+from precnb.widgets.charts import HeatmapPanel, WherePanel, records
+
+__all__ = ["HeatView", "Pick"]
+
+
+@dataclass
+class Pick:
+    """One selected record and the cell it was picked from."""
+
+    step: int
+    rank: int
+    tensor: str
+    row: str | None = None
+    group: str | None = None
+    unmerged: bool = False
+    tensors: list[str] = field(default_factory=list)
+    ranks: tuple[int, int] | None = None  # the cell's rank range (x = rank, or a rank bucket)
+    source: str = "heatmap"
+
+
+def _safe(value: Mapping[str, str]) -> bool:
+    """A selection value Vega can hold in an expression (no U+2028 / U+2029)."""
+    return not any("\u2028" in v or "\u2029" in v for v in value.values())
+
+
+def _key(cell: Mapping[str, Any], grouped: bool) -> dict[str, str]:
+    k = {"row": str(cell["row"]), "col": str(cell["col"])}
+    if grouped:
+        k["group"] = str(cell["group"])
+    return k
+
+
+def _set_selection(spec: Any, value: list[dict[str, str]] | None) -> None:
+    """Set the ``cell`` selection's initial value wherever it is declared in a spec dict."""
+    if isinstance(spec, dict):
+        if spec.get("name") == "cell" and "select" in spec:
+            if value:
+                spec["value"] = value
+            else:
+                spec.pop("value", None)
+        for v in spec.values():
+            _set_selection(v, value)
+    elif isinstance(spec, list):
+        for v in spec:
+            _set_selection(v, value)
+
+
+def _set_domain(spec: Any, top: float) -> None:
+    if isinstance(spec, dict):
+        scale = spec.get("scale")
+        if isinstance(scale, dict) and scale.get("type") == "log" and "domain" in scale:
+            scale["domain"] = [1, max(2.0, top)]
+        for v in spec.values():
+            _set_domain(v, top)
+    elif isinstance(spec, list):
+        for v in spec:
+            _set_domain(v, top)
+
+
+class _Drawn:
+    """A chart drawn once per shape; later frames only swap data, selection and colour domain."""
+
+    def __init__(self, panel: HeatmapPanel) -> None:
+        self.panel = panel
+        self.template: tuple[Any, dict[str, Any], str] | None = None
+
+    def draw(self, frame: pd.DataFrame, shape: Any, build: Callable[[], Any], selected: dict[str, str] | None,
+             caption: str) -> None:
+        sel = [selected] if selected and _safe(selected) else None
+        tpl = self.template
+        if tpl is not None and tpl[0] == shape:
+            spec = copy.deepcopy(tpl[1])
+            spec["datasets"] = {tpl[2]: records(frame)}
+            _set_selection(spec, sel)
+            if frame.attrs.get("color") == "first_bad":
+                _set_domain(spec, float(frame["color"].max()) if frame["color"].notna().any() else 1.0)
+            self.panel.chart.spec = spec
+            self.panel.set_caption(caption)
+            return
+        self.panel.set_chart(build(), caption=caption)
+        spec = self.panel.chart.spec or {}
+        names = list(spec.get("datasets", {}))
+        self.template = (shape, copy.deepcopy(spec), names[0]) if len(names) == 1 else None
+
+
+class HeatView:
+    """Builds and draws both heat maps from the filter bar; turns clicks into :class:`Pick`."""
+
+    def __init__(self, data: Any, filters: Any, on_pick: Callable[[Pick], None]) -> None:
+        self.data = data
+        self.filters = filters
+        self.on_pick = on_pick
+        self.main = HeatmapPanel(self._on_main)
+        self.where = WherePanel(self._on_where)
+        self._main = _Drawn(self.main)
+        self._where = _Drawn(self.where)
+        self.frame = pd.DataFrame()
+        self.where_frame_ = pd.DataFrame()
+        self.where_ds: Any = None
+        self.where_unmerged = False
+        self._echo: dict[str, dict[str, str] | None] = {"main": None, "where": None}
+
+    # -- building -----------------------------------------------------------------------------
+    def color(self) -> str:
+        """The colour mode in effect (rel. diff without a baseline falls back to the statistic)."""
+        c = self.filters.color.value
+        return c if (c != "reldiff" or self.data.runs.baseline) else "stat"
+
+    def build_main(self, focus: Mapping[str, Any] | None = None) -> pd.DataFrame:
+        """The main heat map's frame for the filter bar (``focus``: keep and outline that record)."""
+        f, ds = self.filters, self.data.target()
+        color = self.color()
+        return heatmap_frame(ds, by=f.by.value, rows=f.rows.value, color=color, stat=f.stat.value,
+                             tensors=self.data.mask(), steps=f.step_list(ds), ranks=f.rank_list(),
+                             top_k=f.top_k.value, focus=focus, values=self.data.values(color, f.stat.value),
+                             groups=True, sort=f.sort.value)
+
+    def build_where(self, focus: Mapping[str, Any] | None = None) -> pd.DataFrame:
+        """The rank × step frame (the dump's ranks when the target's merged shards disagree)."""
+        f = self.filters
+        color = self.color()
+        ds, values, unmerged, what = self.data.where(color, f.stat.value)
+        self.where_ds, self.where_unmerged = ds, unmerged
+        frame = where_frame(ds, color=color, stat=f.stat.value, values=values, tensors=self.data.mask(ds),
+                            steps=f.step_list(ds), ranks=None if unmerged else f.rank_list(), focus=focus)
+        frame.attrs["what"] = what
+        return frame
+
+    def update(self, *, focus: Mapping[str, Any] | None = None) -> pd.DataFrame:
+        """Rebuild both frames (not drawn yet); returns the main one."""
+        self.frame = self.build_main(focus)
+        wfocus = {"step": focus.get("step"), "rank": focus.get("rank")} if focus else None
+        self.where_frame_ = self.build_where(wfocus)
+        return self.frame
+
+    def draw_main(self, selected: dict[str, str] | None) -> None:
+        """Draw the main frame with *selected* outlined."""
+        f, frame = self.filters, self.frame
+        n_total = frame.attrs.get("n_rows_total", 0)
+        n_rows = len(frame[["group", "row"]].drop_duplicates()) if len(frame) else 0
+        color = self.color()
+        hidden = ""
+        if color == "first_bad":
+            n_flag = frame.loc[frame["first_bad"] > 0, ["group", "row"]].drop_duplicates().shape[0] if len(frame) \
+                else 0
+            hidden = (f"; {n_total - n_rows} clean row(s) not shown" if n_rows < n_total and n_flag == n_rows
+                      else "")
+            lead = (f"colour: how early each cell's first flagged record comes (1 = earliest; flagged: "
+                    f"{html.escape(self.data.what_flagged())})")
+        else:
+            lead = "colour: " + html.escape(dict((v, k) for k, v in f.color.options).get(color, color))
+        caption = (f"{n_rows} of {n_total} {html.escape(f.rows.value)} rows{hidden}; {lead}. Click a cell "
+                   "(shift-click adds); arrow keys move")
+        shape = ("main", color, f.by.value, f.stat.value, tuple(sorted(set(frame["group"]))) if len(frame) else ())
+        self._echo["main"] = selected
+        self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected),
+                        selected, caption)
+
+    def draw_where(self, selected: dict[str, str] | None) -> None:
+        """Draw the rank × step frame with *selected* outlined."""
+        f, wf = self.filters, self.where_frame_
+        color = self.color()
+        what = wf.attrs.get("what") or ""
+        n_ranks = self.where_ds.sizes["rank"] if self.where_ds is not None else 0
+        caption = (f"where: {n_ranks} rank(s) × steps" + (" — the target as dumped, before merging its shards"
+                                                           if self.where_unmerged else "")
+                   + (f"; first bad = {html.escape(what)}" if color == "first_bad" and what else ""))
+        shape = ("where", color, f.stat.value, self.where_unmerged)
+        self._echo["where"] = selected
+        self._where.draw(wf, shape, lambda: heatmap_chart(wf, stat=f.stat.value, selected=selected,
+                                                          y_title="rank", row_height=16), selected, caption)
+
+    # -- picking ------------------------------------------------------------------------------
+    def _cells(self, change: dict[str, Any], which: str) -> list[dict[str, Any]]:
+        cells = read_point(change["new"])
+        if not cells:
+            return []
+        grouped = which == "main" and bool(self.frame.attrs.get("groups"))
+        keys = [_key(c, grouped) if "row" in c and "col" in c and (not grouped or "group" in c) else {}
+                for c in cells]
+        if len(keys) == 1 and keys[0] == self._echo[which]:
+            return []  # the echo of a cell selected from Python
+        self._echo[which] = None
+        return cells
+
+    def _on_main(self, change: dict[str, Any]) -> None:
+        cells = self._cells(change, "main")
+        if cells:
+            pick = self.pick_cells(cells)
+            if pick is not None:
+                self.on_pick(pick)
+
+    def _on_where(self, change: dict[str, Any]) -> None:
+        cells = self._cells(change, "where")
+        if cells:
+            pick = self.pick_where(cells[-1])
+            if pick is not None:
+                self.on_pick(pick)
+
+    def _match(self, fr: pd.DataFrame, c: Mapping[str, Any]) -> pd.DataFrame:
+        m = fr[(fr["row"] == str(c.get("row"))) & (fr["col"].astype(str) == str(c.get("col")))]
+        if "group" in c and "group" in fr:
+            m = m[m["group"] == str(c["group"])]
+        return m
+
+    def pick_cells(self, cells: list[Mapping[str, Any]]) -> Pick | None:
+        """The record of main-map cells (``{"row", "col"[, "group"]}``): the last one decides."""
+        tensors: list[str] = []
+        hit = None
+        for c in cells:
+            m = self._match(self.frame, c)
+            if not len(m):
+                continue
+            hit = m.iloc[0]
+            t = str(hit["tensor"]) or self.data.largest(str(hit["row"]), int(hit["step"]), str(hit["group"]) or None)
+            if t and t not in tensors:
+                tensors.append(t)
+        if hit is None or not tensors:
+            return None
+        step = int(hit["worst_step"]) if hit["worst_step"] >= 0 else int(hit["step"])
+        rank = int(hit["worst_rank"]) if hit["worst_rank"] >= 0 else int(hit["rank_lo"])
+        return Pick(step=step, rank=rank, tensor=tensors[-1], row=str(hit["row"]), group=str(hit["group"]) or None,
+                    tensors=tensors[-4:], ranks=(int(hit["rank_lo"]), int(hit["rank_hi"])))
+
+    def pick_where(self, c: Mapping[str, Any]) -> Pick | None:
+        """The record of a rank × step cell."""
+        m = self._match(self.where_frame_, c)
+        if not len(m):
+            return None
+        hit = m.iloc[0]
+        tensor = str(hit["tensor"])
+        if not tensor:  # nothing flagged here: the selected tensor, else the cell's first record
+            return None
+        ds = self.where_ds
+        step = int(hit["worst_step"]) if hit["worst_step"] >= 0 else int(hit["step"])
+        rank = int(hit["worst_rank"]) if hit["worst_rank"] >= 0 else int(hit["rank_lo"])
+        grp_row = self.data.row_of(tensor, ds)
+        return Pick(step=step, rank=rank, tensor=tensor, row=grp_row[1] if grp_row else None,
+                    group=grp_row[0] if grp_row else None, unmerged=self.where_unmerged, tensors=[tensor],
+                    ranks=(int(hit["rank_lo"]), int(hit["rank_hi"])), source="where")
+
+    # -- locating -----------------------------------------------------------------------------
+    def main_cell(self, step: int | None, rank: int | None, tensor: str | None) -> dict[str, str] | None:
+        """The main-map cell holding a record (as a selection value), None when not shown."""
+        fr = self.frame
+        if tensor is None or step is None or not len(fr):
+            return None
+        gr = self.data.row_of(tensor)
+        if gr is None:
+            return None
+        m = fr[(fr["group"] == gr[0]) & (fr["row"] == gr[1]) & (fr["step"] <= step) & (fr["step_hi"] >= step)]
+        if rank is not None and len(m):
+            m = m[(m["rank_lo"] <= rank) & (m["rank_hi"] >= rank)] if self.filters.by.value == "rank" else m
+        if not len(m):
+            return None
+        return _key(m.iloc[0], True)
+
+    def where_cell(self, step: int | None, rank: int | None) -> dict[str, str] | None:
+        """The rank × step cell holding (step, rank)."""
+        fr = self.where_frame_
+        if step is None or rank is None or not len(fr):
+            return None
+        m = fr[(fr["step"] <= step) & (fr["step_hi"] >= step) & (fr["rank_lo"] <= rank) & (fr["rank_hi"] >= rank)]
+        return _key(m.iloc[0], False) if len(m) else None
+
+    def neighbour(self, cell: Mapping[str, str] | None, d_row: int, d_col: int) -> dict[str, str] | None:
+        """The main-map cell *d_row* rows down and *d_col* columns right of *cell* (clamped)."""
+        fr = self.frame
+        if not len(fr):
+            return None
+        rows = fr.drop_duplicates(["group", "row"]).sort_values(["row_order"])[["group", "row"]].values.tolist()
+        cols = fr.drop_duplicates("col").sort_values("col_order")["col"].tolist()
+        if cell is None:
+            r_i, c_i = 0, 0
+        else:
+            try:
+                r_i = rows.index([cell.get("group"), cell.get("row")])
+                c_i = cols.index(cell.get("col"))
+            except ValueError:
+                r_i, c_i = 0, 0
+            r_i = min(max(r_i + d_row, 0), len(rows) - 1)
+            c_i = min(max(c_i + d_col, 0), len(cols) - 1)
+        return {"group": str(rows[r_i][0]), "row": str(rows[r_i][1]), "col": str(cols[c_i])}
