@@ -290,7 +290,7 @@ def test_optimizer_records_are_their_own_group_and_off_by_default():
     ("dp_nan", ("dp_nan",), {}),
     ("divergence", ("divergence/target", "divergence/baseline"), {}),
     ("renamed", ("renamed/target", "renamed/baseline"), {}),
-    ("resume", ("resume/target", "resume/baseline"), {}),
+    ("kernel_resume", ("kernel_resume/bad", "kernel_resume/correct"), {}),
     ("dp_sum", ("dp_sum/target", "dp_sum/baseline"), {}),
 ])
 def test_origin_is_the_most_salient_cell(name, args, kw):
@@ -332,7 +332,7 @@ def test_tp_origin_rank_shows_in_the_where_view():
 def test_no_warnings_reach_the_notebook():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ex = explore(sample_path("resume", "target"), sample_path("resume", "baseline"))
+        ex = explore(sample_path("kernel_resume", "bad"), sample_path("kernel_resume", "correct"))
         ex.filters.color.value = "reldiff"
         ex.filters.by.value = "rank"
         ex.keynav.press("ArrowDown")

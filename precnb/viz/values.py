@@ -122,13 +122,16 @@ def cell_values(ds: xr.Dataset, *, color: Color = "stat", stat: str = "norm",
 def row_groups(ds: xr.Dataset) -> np.ndarray:
     """Row group of every tensor: ``optimizer``, ``backward`` or ``forward``.
 
-    ``optimizer``: module ``optimizer``; ``backward``: backward records and parameter gradients.
+    ``optimizer``: module or direction ``optimizer``; ``backward``: backward records and parameter
+    gradients.
 
     Optimizer ops are recorded as ``.forward`` calls: the direction alone does not separate them.
     """
     module = ds["module"].values.astype(str)
-    back = (ds["direction"].values.astype(str) == "backward") | (ds["kind"].values.astype(str) == "param_grad")
-    return np.where(module == "optimizer", "optimizer", np.where(back, "backward", "forward")).astype(object)
+    direction = ds["direction"].values.astype(str)
+    back = (direction == "backward") | (ds["kind"].values.astype(str) == "param_grad")
+    opt = (module == "optimizer") | (direction == "optimizer")  # kernel dumps name the optimizer's kernels so
+    return np.where(opt, "optimizer", np.where(back, "backward", "forward")).astype(object)
 
 
 def row_labels(ds: xr.Dataset, rows: Rows = "module") -> np.ndarray:
