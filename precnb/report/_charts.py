@@ -146,24 +146,31 @@ def build_charts(data: ReportData, finding: Any, *, stat: str = "norm", limits: 
             spec=_step_ticks(_spec(viz.linked_chart(cube, stat=stat)), cube["step"])))
 
     tensors = _series_tensors(finding, src)
+    s_stat = stat
     if tensors:
+        tensors, s_stat = _informative(finding, data.target if combined is None else src, tensors, stat)
         if combined is not None:
-            frame = viz.series_frame(combined, tensors, stat=stat, ranks=[finding.rank],
+            frame = viz.series_frame(combined, tensors, stat=s_stat, ranks=[finding.rank],
                                      runs=[names[0], names[1]])
             what = f"{names[0]} vs {names[1]} on rank {finding.rank}"
         else:
-            frame = viz.series_frame(data.target, tensors, stat=stat, keep_ranks=[finding.rank],
+            frame = viz.series_frame(data.target, tensors, stat=s_stat, keep_ranks=[finding.rank],
                                      max_lines=lim.max_lines)
             shown = frame.attrs.get("ranks_drawn", 0)
             total = frame.attrs.get("ranks_total", 0)
             what = (f"{shown} of {total} ranks: rank {finding.rank}, the most deviating ones and the median"
                     if total > shown else "every rank")
         if len(frame):
+            own = _series_tensors(finding, src)
+            added = [t for t in tensors if t not in own]
+            extra = (f" and {' and '.join(own[1:])}" if len(own) > 1 else "") + (
+                f" with its node's input {', '.join(added)} (the finding's {stat} alone is a flat line)" if added
+                else "") + (f"; {s_stat} shown ({stat} does not change)" if s_stat != stat else "")
             charts.append(ChartSpec(
-                id="series", title=f"{stat} of the finding's tensor over steps", frame=frame,
-                caption=f"{tensors[0]}{' and ' + tensors[1] if len(tensors) > 1 else ''}: {what}; "
-                        "red dashed rules mark non-finite values. Drag to zoom the step range.",
-                spec=_spec(viz.line_chart(frame, stat=stat, title=" ", width=440, height=220))))
+                id="series", title=f"{s_stat} of the finding's tensor over steps", frame=frame,
+                caption=f"{tensors[0]}{extra}: {what}; red dashed rules mark non-finite values. Drag to zoom "
+                        "the step range.",
+                spec=_spec(viz.line_chart(frame, stat=s_stat, title=" ", width=440, height=220))))
 
     if n_ranks > 1:
         frame = viz.heatmap_frame(src, by="rank", max_cols=lim.rank_cols, **kw)
@@ -176,6 +183,39 @@ def build_charts(data: ReportData, finding: Any, *, stat: str = "norm", limits: 
                          + "hover a cell for its worst record (tensor, step, rank)."),
                 spec=_spec(viz.heatmap_chart(frame, stat=stat, selection=False))))
     return charts
+
+
+def _flat(ds: xr.Dataset, tensors: list[str], stat: str) -> bool:
+    """Whether *stat* of *tensors* takes one finite value (or none) over every step and rank."""
+    import numpy as np
+
+    if stat not in ds:
+        return True
+    v = np.asarray(ds[stat].sel(tensor=tensors).values, dtype=np.float64)
+    v = v[np.isfinite(v) & np.asarray(ds["present"].sel(tensor=tensors).values, bool)]
+    return not v.size or float(v.max()) == float(v.min())
+
+
+def _informative(finding: Any, ds: xr.Dataset, tensors: list[str], stat: str) -> tuple[list[str], str]:
+    """Tensors and statistic for the finding's line chart that do not draw a flat line.
+
+    When the finding's tensor is constant wherever it is finite (e.g. the output of ``sqrt(poison)``
+    is 0 except where it is NaN), its node's inputs are drawn too (they show what changed); when
+    the statistic is still flat, another one that varies is used.
+    """
+    if not _flat(ds, tensors, stat):
+        return tensors, stat
+    nodes, roles = ds["node"].values.astype(str), ds["role"].values.astype(str)
+    labels = ds["tensor"].values.astype(str)
+    node = finding.node or ""
+    inputs = [str(t) for t, n, r in zip(labels, nodes, roles, strict=True) if n == node and r == "input"]
+    out = list(dict.fromkeys([*tensors, *[t for t in inputs if not _flat(ds, [t], stat)][:2]]))
+    if not _flat(ds, out, stat):
+        return out, stat
+    for other in ("max", "min", "mean", "norm"):
+        if other != stat and not _flat(ds, out, other):
+            return out, other
+    return tensors, stat
 
 
 def _series_tensors(finding: Any, ds: xr.Dataset) -> list[str]:

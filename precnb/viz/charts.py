@@ -216,9 +216,11 @@ def line_chart(
         sel = pick_selection() if pick is True else pick
         points = points.add_params(sel).encode(
             size=alt.when(sel, empty=False).then(alt.value(140)).otherwise(alt.value(45)))
-    rules = base.transform_filter(alt.datum.nonfinite).mark_rule(
-        color=NONFINITE_COLOR, strokeDash=[4, 2]).encode(x=x, tooltip=tip)
-    return alt.layer(lines, points, rules, title=title or "")
+    layers: list[Any] = [lines, points]
+    if len(series) and bool(series["nonfinite"].any()):  # an empty layer gives vega an infinite step extent
+        layers.append(base.transform_filter(alt.datum.nonfinite).mark_rule(
+            color=NONFINITE_COLOR, strokeDash=[4, 2]).encode(x=x, tooltip=tip))
+    return alt.layer(*layers, title=title or "")
 
 
 def linked_chart(

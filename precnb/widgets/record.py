@@ -93,7 +93,7 @@ class RecordView:
         note = (f" ({shown} of {frame.attrs.get('ranks_total')} ranks: selected + most deviating)"
                 if frame.attrs.get("ranks_total", 0) > shown else "")
         stat = f.stat.value
-        key = (stat, tuple(sorted(set(frame["step"].tolist()))))
+        key = (stat, tuple(sorted(set(frame["step"].tolist()))), bool(len(frame) and frame["nonfinite"].any()))
         title = state.tensor
         self.lines.show(frame, key=key, title=title,
                         build=lambda: line_chart(frame, stat=stat, title=title, width=460),
