@@ -57,12 +57,12 @@ class Cell(str):
 
 
 def pair_cell(target: Cell, baseline: Cell) -> Cell:
-    """One cell holding the target's value over the baseline's (class ``pair``; ``nf`` if either is).
+    r"""One cell holding the target's value over the baseline's (class ``pair``; ``nf`` if either is).
 
     Examples
     --------
     >>> c = pair_cell(fmt(1.5), fmt(float("nan")))
-    >>> c.split("\\n"), c.cls
+    >>> c.split("\n"), c.cls
     (['1.5', 'nan'], 'num pair nf')
     """
     flags = " nf" if "nf" in target.cls or "nf" in baseline.cls else ""
