@@ -33,21 +33,21 @@ def vega_interval(jc, name, value):
     jc._vl_selections = {name: {"value": value, "store": []}}
 
 
-def cell_param(spec, name="cell"):
-    """The selection parameter *name* wherever the spec declares it."""
+def cell_value(spec):
+    """The initial value of the ``cell`` selection, wherever the spec declares it (None: none)."""
     if isinstance(spec, dict):
-        if spec.get("name") == name and "select" in spec:
-            return spec
-        for v in spec.values():
-            hit = cell_param(v, name)
-            if hit is not None:
-                return hit
-    elif isinstance(spec, list):
-        for v in spec:
-            hit = cell_param(v, name)
-            if hit is not None:
-                return hit
+        if spec.get("name") == "cell" and "select" in spec:
+            return spec.get("value")
+        return next((v for v in (cell_value(x) for x in spec.values()) if v is not None), None)
+    if isinstance(spec, list):
+        return next((v for v in (cell_value(x) for x in spec) if v is not None), None)
     return None
+
+
+def outlined(chart):
+    """The cells a chart outlines as selected (the ``selected`` column of its synced data)."""
+    (data,) = chart.spec["datasets"].values()
+    return [{k: d[k] for k in ("group", "row", "col") if k in d} for d in data if d.get("selected")]
 
 
 def top_cell(ex):
@@ -85,8 +85,8 @@ def test_opens_at_the_nan_origin(ex, nan_run):
     assert ex.filters.color.value == "first_bad"
     focus = ex.frame[ex.frame["focus"]]  # the heat map moved there: that cell is outlined
     assert list(zip(focus["row"], focus["col"], strict=True)) == [("blocks.1.attn", "2")]
-    cell = cell_param(ex.heatmap.chart.spec)
-    assert cell["value"] == [{"group": "forward", "row": "blocks.1.attn", "col": "2"}]
+    assert outlined(ex.heatmap.chart) == [{"group": "forward", "row": "blocks.1.attn", "col": "2"}]
+    assert not cell_value(ex.heatmap.chart.spec)  # outlined through the data: a click on it still reaches Python
     assert "NaN/Inf origin" in ex.bar.label.value and NAN_TENSOR in ex.panel("Finding").output.value
     assert NAN_TENSOR in ex.status.value and "step 2 · rank 1" in ex.status.value
     assert set(ex.series["tensor"]) == {NAN_TENSOR} and ex.series["nonfinite"].any()
@@ -162,8 +162,7 @@ def test_cell_selection_drives_line_chart_and_detail(ex):
     assert ex.tensor in html and "float32" in html and "[4, 8]" in html
     assert f"step 1 · rank {ex.rank}" in ex.status.value
     # the rank × step view follows: its cell of (step 1, that rank) is selected
-    sel = cell_param(ex.where.chart.spec)
-    assert sel["value"] == [{"row": str(ex.rank), "col": "1"}]
+    assert outlined(ex.where.chart) == [{"row": str(ex.rank), "col": "1"}]
 
 
 def test_where_view_shows_the_rank(ex):
@@ -173,15 +172,14 @@ def test_where_view_shows_the_rank(ex):
     assert (first["row"], first["col"], first["tensor"]) == ("1", "2", NAN_TENSOR)
     ex.select_where("0", "3")
     assert (ex.step, ex.rank) == (3, 0) and ex.tensor == wf.set_index(["row", "col"]).loc[("0", "3"), "tensor"]
-    main = cell_param(ex.heatmap.chart.spec)
-    assert main["value"][0]["col"] == "3" and main["value"][0]["row"] == ex.row
+    (main,) = outlined(ex.heatmap.chart)
+    assert main["col"] == "3" and main["row"] == ex.row
 
 
 def test_selected_cell_stays_selected_after_a_filter_change(ex):
     ex.select_cell("lm_head", 1, "forward")
     ex.filters.top_k.value = 10
-    cell = cell_param(ex.heatmap.chart.spec)
-    assert cell["value"] == [{"group": "forward", "row": "lm_head", "col": "1"}]
+    assert outlined(ex.heatmap.chart) == [{"group": "forward", "row": "lm_head", "col": "1"}]
     assert (ex.row, ex.step) == ("lm_head", 1)
 
 
@@ -374,6 +372,9 @@ def test_full_stack_with_source_lines():
     n = len(ex.data.evidence(ex.tensor)["stack"])
     assert n > 8 and f"{n} frame(s)" in html and "more</" not in html and "… " not in html
     assert "scores = scores + torch.sqrt(poison)" in html and "_model.py:" in html
+    # sqrt(poison)'s output is 0 wherever it is finite: the line chart adds the node's input (the -1)
+    assert set(ex.series["tensor"]) == {"Torch.sqrt.0.forward.output.0", "Torch.sqrt.0.forward.input.0"}
+    assert "its own norm is flat" in ex.lines.caption.value
 
 
 # -- every triage option reruns the pipeline ------------------------------------------------------
@@ -408,8 +409,9 @@ def test_mapping_option_and_alignment_panel_match_unmatch_save(tmp_path):
     assert panel.chart is not None and set(panel.rows["side"]) == {"baseline", "target"}
     row = panel.rows.set_index(["side", "name"]).loc[("target", "decoder.layers.1.mlp")]
     assert row["rank"] == 1 and row["partner"] == "model.layers.1.mlp"  # coloured by divergence
-    vega_point(panel.chart, "left", [{"name": "model.layers.1.mlp"}])
-    vega_point(panel.chart, "right", [{"name": "decoder.layers.1.mlp"}])
+    vega_point(panel.chart, "left", [{"left_name": "model.layers.1.mlp"}])
+    vega_point(panel.chart, "right", [{"right_name": "decoder.layers.1.mlp"}])
+    vega_point(panel.chart, "left", [{"left_name": None}])  # a click on the other side fills no name: ignored
     assert (panel.left, panel.right) == ("model.layers.1.mlp", "decoder.layers.1.mlp")
     panel.level.value = "calls"  # the calls inside that module pair
     assert {"Functional.gelu.1.forward"} <= set(panel.rows["name"])

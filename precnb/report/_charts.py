@@ -117,6 +117,7 @@ def build_charts(data: ReportData, finding: Any, *, stat: str = "norm", limits: 
     list of ChartSpec
     """
     import precnb.viz as viz
+    from precnb.viz.series import informative_series
 
     lim = limits or Limits()
     mode = color_mode(data, finding)
@@ -148,7 +149,8 @@ def build_charts(data: ReportData, finding: Any, *, stat: str = "norm", limits: 
     tensors = _series_tensors(finding, src)
     s_stat = stat
     if tensors:
-        tensors, s_stat = _informative(finding, data.target if combined is None else src, tensors, stat)
+        tensors, s_stat = informative_series(data.target if combined is None else src, tensors, stat,
+                                             node=finding.node)
         if combined is not None:
             frame = viz.series_frame(combined, tensors, stat=s_stat, ranks=[finding.rank],
                                      runs=[names[0], names[1]])
@@ -183,39 +185,6 @@ def build_charts(data: ReportData, finding: Any, *, stat: str = "norm", limits: 
                          + "hover a cell for its worst record (tensor, step, rank)."),
                 spec=_spec(viz.heatmap_chart(frame, stat=stat, selection=False))))
     return charts
-
-
-def _flat(ds: xr.Dataset, tensors: list[str], stat: str) -> bool:
-    """Whether *stat* of *tensors* takes one finite value (or none) over every step and rank."""
-    import numpy as np
-
-    if stat not in ds:
-        return True
-    v = np.asarray(ds[stat].sel(tensor=tensors).values, dtype=np.float64)
-    v = v[np.isfinite(v) & np.asarray(ds["present"].sel(tensor=tensors).values, bool)]
-    return not v.size or float(v.max()) == float(v.min())
-
-
-def _informative(finding: Any, ds: xr.Dataset, tensors: list[str], stat: str) -> tuple[list[str], str]:
-    """Tensors and statistic for the finding's line chart that do not draw a flat line.
-
-    When the finding's tensor is constant wherever it is finite (e.g. the output of ``sqrt(poison)``
-    is 0 except where it is NaN), its node's inputs are drawn too (they show what changed); when
-    the statistic is still flat, another one that varies is used.
-    """
-    if not _flat(ds, tensors, stat):
-        return tensors, stat
-    nodes, roles = ds["node"].values.astype(str), ds["role"].values.astype(str)
-    labels = ds["tensor"].values.astype(str)
-    node = finding.node or ""
-    inputs = [str(t) for t, n, r in zip(labels, nodes, roles, strict=True) if n == node and r == "input"]
-    out = list(dict.fromkeys([*tensors, *[t for t in inputs if not _flat(ds, [t], stat)][:2]]))
-    if not _flat(ds, out, stat):
-        return out, stat
-    for other in ("max", "min", "mean", "norm"):
-        if other != stat and not _flat(ds, out, other):
-            return out, other
-    return tensors, stat
 
 
 def _series_tensors(finding: Any, ds: xr.Dataset) -> list[str]:

@@ -142,7 +142,11 @@ def alignment_frame(
 def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str, str] = ("baseline", "target"),
                     selected: tuple[str | None, str | None] = (None, None), width: int = 900,
                     row_height: int = 16) -> alt.LayerChart:
-    """Both trees and the pair links, with ``left`` / ``right`` point selections (field ``name``)."""
+    """Both trees and the pair links, with ``left`` / ``right`` point selections.
+
+    The selections' fields are ``left_name`` / ``right_name`` (each side's rows carry only their own),
+    so a click on a target row never selects a baseline node.
+    """
     n = int(rows["y"].max()) + 1 if len(rows) else 1
     height = max(80, row_height * n)
     y_scale = alt.Scale(domain=[-0.5, n - 0.5], reverse=True, nice=False)
@@ -169,10 +173,11 @@ def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str
     layers.append(base_links)
     for side, x0, x_box, align, param in (("baseline", 0.0, 0.41, "left", "left"),
                                          ("target", 0.6, 0.59, "left", "right")):
-        part = rows[rows["side"] == side]
+        key = f"{param}_name"  # a side's own field: a click on the other side's rows cannot fill it
+        part = rows[rows["side"] == side].assign(**{key: rows.loc[rows["side"] == side, "name"]})
         value = selected[0] if side == "baseline" else selected[1]
-        sel = alt.selection_point(name=param, fields=["name"], on="click", clear="dblclick",
-                                  **({"value": [{"name": value}]} if value else {}))
+        sel = alt.selection_point(name=param, fields=[key], on="click", clear="dblclick",
+                                  **({"value": [{key: value}]} if value else {}))
         hit = alt.Chart(part).mark_rect(opacity=1).encode(
             x=alt.XDatum(x0 if side == "target" else 0.0, scale=x_scale, axis=None),
             x2=alt.X2Datum(0.4 if side == "baseline" else 1.0),

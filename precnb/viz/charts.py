@@ -21,7 +21,7 @@ import pandas as pd
 
 from precnb.viz.selections import cell_selection, pick_selection, span_selection
 
-__all__ = ["heatmap_chart", "line_chart", "linked_chart"]
+__all__ = ["heatmap_chart", "line_chart", "linked_chart", "mark_selected"]
 
 NONFINITE_COLOR = "#d62728"
 EMPTY_COLOR = "#eeeeee"
@@ -62,8 +62,9 @@ def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = Tru
                      scale=alt.Scale(**scale), condition=conditions,
                      legend=alt.Legend(orient="top", gradientLength=160) if legend else None)
     nonfinite = (alt.datum.nonfinite > 0) if mode != "first_bad" else (alt.datum.nonfinite < 0)
-    stroke = alt.when(alt.datum.focus).then(alt.value("black"))
-    width = alt.when(alt.datum.focus).then(alt.value(2.5))
+    marked = alt.datum.focus | alt.datum.selected  # the finding's cell, the selected record's cell
+    stroke = alt.when(marked).then(alt.value("black"))
+    width = alt.when(marked).then(alt.value(2.5))
     if selection is not None:  # selected cells: black outline (no dimming of the others)
         stroke = stroke.when(selection, empty=False).then(alt.value("black"))
         width = width.when(selection, empty=False).then(alt.value(2.5))
@@ -81,6 +82,19 @@ def _sort_by(key: str) -> alt.EncodingSortField:
     U+2029 (legal in JSON, a line break to Vega's expression parser) would break the chart.
     """
     return alt.EncodingSortField(field=key, op="min", order="ascending")
+
+
+def mark_selected(frame: pd.DataFrame, selected: Mapping[str, Any] | None) -> pd.DataFrame:
+    """*frame* with a boolean ``selected`` column: True for the cell *selected* names (row, col[, group])."""
+    mask = pd.Series(False, index=frame.index)
+    if selected and len(frame):
+        mask = (frame["row"].astype(str) == str(selected.get("row"))) & (
+            frame["col"].astype(str) == str(selected.get("col")))
+        if "group" in selected and "group" in frame:
+            mask &= frame["group"].astype(str) == str(selected["group"])
+    out = frame.assign(selected=mask.to_numpy())
+    out.attrs = dict(frame.attrs)
+    return out
 
 
 def heatmap_chart(
@@ -109,7 +123,9 @@ def heatmap_chart(
         True: a :func:`~precnb.viz.selections.cell_selection` on ``row`` and ``col`` (and
         ``group`` for a grouped frame).
     selected : mapping, optional
-        Initially selected cell ``{"row": ..., "col": ...}`` (plus ``"group"``).
+        The selected cell ``{"row": ..., "col": ...}`` (plus ``"group"``), outlined through the
+        data (column ``selected``), not as the selection's initial value: a click on that cell
+        still reaches Python.
     width : int, optional
     y_title : str, optional
         Title of the row axis (none by default: the labels say it).
@@ -128,6 +144,7 @@ def heatmap_chart(
     mode = frame.attrs.get("color", "stat")
     by = frame.attrs.get("by", "step")
     grouped = bool(frame.attrs.get("groups")) and "group" in frame and frame["group"].astype(str).ne("").any()
+    frame = mark_selected(frame, selected)
     cols = _order(frame, "col", "col_order")
     n_rows = int(frame.groupby("group")["row"].nunique().max()) if grouped and len(frame) else \
         (frame["row"].nunique() if len(frame) else 0)
@@ -137,7 +154,7 @@ def heatmap_chart(
     sel = None
     if selection is not False:
         fields = ("group", "row", "col") if grouped else ("row", "col")
-        sel = cell_selection(fields=fields, value=selected) if selection is True else selection
+        sel = cell_selection(fields=fields) if selection is True else selection
     enc = _rect_encoding(frame, mode, stat, selection=sel)
     tooltip = [alt.Tooltip("row:N", title=y_title or "row"), alt.Tooltip("col:N", title=by),
                alt.Tooltip("value_text:N", title=_COLOR_TITLES.get(mode, "value").format(stat=stat)),

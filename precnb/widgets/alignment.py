@@ -171,19 +171,20 @@ class AlignmentPanel(Panel):
         self.status.value = "<br>".join(parts)
 
     # -- picking ------------------------------------------------------------------------------
-    def _picked(self, change: dict[str, Any]) -> str | None:
+    def _picked(self, change: dict[str, Any], key: str) -> str | None:
         from precnb.viz.selections import read_point
 
         pts = read_point(change["new"])
-        return str(pts[-1]["name"]) if pts and "name" in pts[-1] else None
+        value = pts[-1].get(key) if pts else None
+        return str(value) if value not in (None, "") else None
 
     def _on_left(self, change: dict[str, Any]) -> None:
-        name = self._picked(change)
+        name = self._picked(change, "left_name")
         if name is not None:
             self.pick(left=name)
 
     def _on_right(self, change: dict[str, Any]) -> None:
-        name = self._picked(change)
+        name = self._picked(change, "right_name")
         if name is not None:
             self.pick(right=name)
 

@@ -59,7 +59,6 @@ class HeatmapPanel(_ChartPanel):
     def __init__(self, on_cell: Callable[[dict[str, Any]], None]) -> None:
         super().__init__({"cell": on_cell})
         self._width = 380
-        self.layout.min_width = "400px"
         self.layout.margin = "0 16px 0 0"
         self.add_class(self.css_class)
 

@@ -36,6 +36,12 @@ HEATMAP_COLUMNS = ["row", "group", "x", "x_hi", "value", "first_bad", "col", "st
 
 _MOVES = {"ArrowUp": (-1, 0), "ArrowDown": (1, 0), "ArrowLeft": (0, -1), "ArrowRight": (0, 1)}
 
+# a click on a cell's number (or on a tree label) goes to the cell (the mark holding the selection) beneath it
+_CSS = ("<style>.precnb-explorer .precnb-heatmap g.mark-text, .precnb-explorer .precnb-where g.mark-text, "
+        ".precnb-explorer .precnb-alignment g.mark-text, .precnb-explorer .precnb-alignment g.mark-symbol, "
+        ".precnb-explorer .precnb-hierarchy g.mark-text, .precnb-explorer .precnb-hierarchy g.mark-rect + "
+        "g.mark-rect {pointer-events: none}</style>")
+
 
 def _sources(runs: Runs, triage: Any) -> dict[str, Any]:
     """The runs as given (before merging), by name: what a rerun starts from."""
@@ -83,6 +89,7 @@ class Explorer(ipw.VBox):
         self.bar = FindingBar(self)
         self.keynav = KeyNav(self.on_key)
         self.header = ipw.HTML("")
+        self.css = ipw.HTML(_CSS, layout=ipw.Layout(height="0px", margin="0"))
         factories = default_panels() if panels is None else list(panels)
         self.panels: list[PanelProtocol] = [p for p in (make(self) for make in factories) if p is not None]
         self.tabs = ipw.Tab(list(self.panels))  # type: ignore[arg-type]
@@ -93,8 +100,8 @@ class Explorer(ipw.VBox):
         self.preflight_box = ipw.Box([])
         self._checklist()
         right = ipw.VBox([self.heat.where, self.record.status, self.record.attribution, self.record.lines],
-                         layout=ipw.Layout(min_width="520px"))
-        super().__init__([self.header, self.bar, self.filters,
+                         layout=ipw.Layout(min_width="440px"))
+        super().__init__([self.css, self.header, self.bar, self.filters,
                           ipw.HBox([self.heat.main, right], layout=ipw.Layout(flex_flow="row wrap")),
                           self.record.detail, self.keynav, self.preflight_box, self.tabs])
         self.add_class("precnb-explorer")

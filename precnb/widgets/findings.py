@@ -106,7 +106,7 @@ def _located(f: Any) -> bool:
 class FindingBar(ipw.VBox):
     """The finding shown now, ◀ / ▶ through the triage's findings, and its suspects as links."""
 
-    max_suspects = 6
+    max_suspects = 5
 
     def __init__(self, api: ExplorerAPI) -> None:
         self.api = api

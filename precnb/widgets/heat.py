@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from precnb.viz import heatmap_chart, heatmap_frame
+from precnb.viz.charts import mark_selected
 from precnb.viz.selections import read_point
 from precnb.viz.where import where_frame
 from precnb.widgets.charts import HeatmapPanel, WherePanel, records
@@ -38,31 +39,11 @@ class Pick:
     source: str = "heatmap"
 
 
-def _safe(value: Mapping[str, str]) -> bool:
-    """A selection value Vega can hold in an expression (no U+2028 / U+2029)."""
-    return not any("\u2028" in v or "\u2029" in v for v in value.values())
-
-
 def _key(cell: Mapping[str, Any], grouped: bool) -> dict[str, str]:
     k = {"row": str(cell["row"]), "col": str(cell["col"])}
     if grouped:
         k["group"] = str(cell["group"])
     return k
-
-
-def _set_selection(spec: Any, value: list[dict[str, str]] | None) -> None:
-    """Set the ``cell`` selection's initial value wherever it is declared in a spec dict."""
-    if isinstance(spec, dict):
-        if spec.get("name") == "cell" and "select" in spec:
-            if value:
-                spec["value"] = value
-            else:
-                spec.pop("value", None)
-        for v in spec.values():
-            _set_selection(v, value)
-    elif isinstance(spec, list):
-        for v in spec:
-            _set_selection(v, value)
 
 
 def _set_domain(spec: Any, top: float) -> None:
@@ -86,12 +67,11 @@ class _Drawn:
 
     def draw(self, frame: pd.DataFrame, shape: Any, build: Callable[[], Any], selected: dict[str, str] | None,
              caption: str) -> None:
-        sel = [selected] if selected and _safe(selected) else None
+        frame = mark_selected(frame, selected)  # outlined through the data: a click on it still reaches Python
         tpl = self.template
         if tpl is not None and tpl[0] == shape:
             spec = copy.deepcopy(tpl[1])
             spec["datasets"] = {tpl[2]: records(frame)}
-            _set_selection(spec, sel)
             if frame.attrs.get("color") == "first_bad":
                 _set_domain(spec, float(frame["color"].max()) if frame["color"].notna().any() else 1.0)
             self.panel.chart.spec = spec
@@ -118,7 +98,6 @@ class HeatView:
         self.where_frame_ = pd.DataFrame()
         self.where_ds: Any = None
         self.where_unmerged = False
-        self._echo: dict[str, dict[str, str] | None] = {"main": None, "where": None}
 
     # -- building -----------------------------------------------------------------------------
     def color(self) -> str:
@@ -172,7 +151,6 @@ class HeatView:
         caption = (f"{n_rows} of {n_total} {html.escape(f.rows.value)} rows{hidden}; {lead}. Click a cell "
                    "(shift-click adds); arrow keys move")
         shape = ("main", color, f.by.value, f.stat.value, tuple(sorted(set(frame["group"]))) if len(frame) else ())
-        self._echo["main"] = selected
         self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected),
                         selected, caption)
 
@@ -186,32 +164,19 @@ class HeatView:
                                                            if self.where_unmerged else "")
                    + (f"; first bad = {html.escape(what)}" if color == "first_bad" and what else ""))
         shape = ("where", color, f.stat.value, self.where_unmerged)
-        self._echo["where"] = selected
         self._where.draw(wf, shape, lambda: heatmap_chart(wf, stat=f.stat.value, selected=selected,
                                                           y_title="rank", row_height=16), selected, caption)
 
     # -- picking ------------------------------------------------------------------------------
-    def _cells(self, change: dict[str, Any], which: str) -> list[dict[str, Any]]:
-        cells = read_point(change["new"])
-        if not cells:
-            return []
-        grouped = which == "main" and bool(self.frame.attrs.get("groups"))
-        keys = [_key(c, grouped) if "row" in c and "col" in c and (not grouped or "group" in c) else {}
-                for c in cells]
-        if len(keys) == 1 and keys[0] == self._echo[which]:
-            return []  # the echo of a cell selected from Python
-        self._echo[which] = None
-        return cells
-
     def _on_main(self, change: dict[str, Any]) -> None:
-        cells = self._cells(change, "main")
+        cells = read_point(change["new"])
         if cells:
             pick = self.pick_cells(cells)
             if pick is not None:
                 self.on_pick(pick)
 
     def _on_where(self, change: dict[str, Any]) -> None:
-        cells = self._cells(change, "where")
+        cells = read_point(change["new"])
         if cells:
             pick = self.pick_where(cells[-1])
             if pick is not None:

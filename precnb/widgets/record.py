@@ -14,6 +14,7 @@ from typing import Any
 import ipywidgets as ipw
 
 from precnb.viz import detail_frame, line_chart, series_frame
+from precnb.viz.series import informative_series
 from precnb.widgets.charts import SeriesPanel
 from precnb.widgets.detail import DetailPanel
 
@@ -78,25 +79,30 @@ class RecordView:
         runs = self.data.runs
         ds = self._ds(state.unmerged)
         steps = f.step_list(ds)
+        stat = f.stat.value
+        if len(tensors) == 1:  # a flat line says nothing: add the node's inputs that change, or another stat
+            tensors, stat = informative_series(ds, tensors, stat)
         if runs.names and not state.unmerged:
             run = f.run.value
             both = [runs.baseline, run] if runs.baseline != run else [run]
-            frame = series_frame(runs.ds, tensors, stat=f.stat.value, ranks=[state.rank], steps=steps, runs=both)
+            frame = series_frame(runs.ds, tensors, stat=stat, ranks=[state.rank], steps=steps, runs=both)
         else:
             sel = None if state.unmerged else f.rank_list()
             if ranks is not None and f.by.value == "rank" and not state.unmerged:
                 sel = [r for r in ds["rank"].values.tolist() if ranks[0] <= r <= ranks[1]]
-            frame = series_frame(ds, tensors, stat=f.stat.value, ranks=sel, steps=steps,
+            frame = series_frame(ds, tensors, stat=stat, ranks=sel, steps=steps,
                                  keep_ranks=[state.rank], max_lines=self.max_lines)
         self.series = frame
         shown = frame.attrs.get("ranks_drawn", 0)
         note = (f" ({shown} of {frame.attrs.get('ranks_total')} ranks: selected + most deviating)"
                 if frame.attrs.get("ranks_total", 0) > shown else "")
-        stat = f.stat.value
         key = (stat, tuple(sorted(set(frame["step"].tolist()))), bool(len(frame) and frame["nonfinite"].any()))
+        added = [t for t in tensors if t != state.tensor]
+        note += f"; with its node's input {', '.join(added)} (its own {f.stat.value} is flat)" if added else ""
+        note += f"; {stat} shown ({f.stat.value} does not change)" if stat != f.stat.value else ""
         title = state.tensor
         self.lines.show(frame, key=key, title=title,
-                        build=lambda: line_chart(frame, stat=stat, title=title, width=460),
+                        build=lambda: line_chart(frame, stat=stat, title=title, width=400),
                         caption=f"{html.escape(stat)} over steps{html.escape(note)}; click a point for its "
                                 "record, drag to zoom the heat map to those steps")
 
