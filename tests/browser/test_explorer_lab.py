@@ -31,7 +31,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -124,7 +123,7 @@ def _kernel(page, code: str) -> str:
             let out = "";
             fut.onIOPub = (msg) => {
                 if (msg.header.msg_type === "stream") out += msg.content.text;
-                if (msg.header.msg_type === "error") out += "KERNEL ERROR " + msg.content.ename + ": " + msg.content.evalue;
+                if (msg.header.msg_type === "error") out += `KERNEL ERROR ${msg.content.ename}: ${msg.content.evalue}`;
             };
             await fut.done;
             return out;
