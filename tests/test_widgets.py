@@ -170,6 +170,9 @@ def test_where_view_shows_the_rank(ex):
     assert wf.attrs["x"] == "step" and set(wf["row"]) == {"0", "1", "2"}
     first = wf.loc[wf["first_bad"] == 1].iloc[0]
     assert (first["row"], first["col"], first["tensor"]) == ("1", "2", NAN_TENSOR)
+    t = ex.tensor
+    ex.select_where("2", "0")  # a clean cell: the same tensor at that rank and step
+    assert (ex.step, ex.rank, ex.tensor) == (0, 2, t)
     ex.select_where("0", "3")
     assert (ex.step, ex.rank) == (3, 0) and ex.tensor == wf.set_index(["row", "col"]).loc[("0", "3"), "tensor"]
     (main,) = outlined(ex.heatmap.chart)

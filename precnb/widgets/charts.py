@@ -76,9 +76,26 @@ class WherePanel(HeatmapPanel):
 
 
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """JSON-ready records of a frame (NaN → None, numpy scalars → Python)."""
-    out = frame.astype(object).where(frame.notna(), None).to_dict("records")
-    return [{k: (v.item() if isinstance(v, np.generic) else v) for k, v in r.items()} for r in out]
+    """JSON-ready records of a frame (NaN → None, numpy scalars → Python).
+
+    Examples
+    --------
+    >>> records(pd.DataFrame({"a": [1.0, float("nan")], "b": ["x", "y"]}))
+    [{'a': 1.0, 'b': 'x'}, {'a': None, 'b': 'y'}]
+    """
+    cols = {}
+    for name in frame.columns:
+        col = frame[name]
+        if col.dtype.kind == "f":
+            vals = col.to_numpy()
+            cols[name] = [None if v != v else float(v) for v in vals.tolist()]  # v != v: NaN
+        elif col.dtype.kind in "iub":
+            cols[name] = col.to_numpy().tolist()
+        else:
+            cols[name] = [v.item() if isinstance(v, np.generic) else (None if v is None or v != v else v)
+                          for v in col.tolist()]
+    names = list(cols)
+    return [dict(zip(names, row, strict=True)) for row in zip(*cols.values(), strict=True)]
 
 
 class SeriesPanel(_ChartPanel):

@@ -83,7 +83,7 @@ class Explorer(ipw.VBox):
         self._sources = sources or _sources(runs, triage)
         self.filters = FilterPanel(runs.run(), runs.names, self._on_filters)
         self.data = ExplorerData(runs, self.filters, triage)
-        self.heat = HeatView(self.data, self.filters, self._on_pick)
+        self.heat = HeatView(self.data, self.filters, self._on_pick, current=lambda: self.tensor)
         self.record = RecordView(self.data, self.filters, max_lines=max_lines, on_pick=self._on_line_pick,
                                  on_span=self._on_span)
         self.bar = FindingBar(self)
@@ -264,7 +264,7 @@ class Explorer(ipw.VBox):
 
     def select_where(self, row: Any, col: Any) -> None:
         """Select one rank × step cell (row: the rank label, col: the step label), as a click would."""
-        pick = self.heat.pick_where({"row": str(row), "col": str(col)})
+        pick = self.heat.pick_where({"row": str(row), "col": str(col)}, self.tensor)
         if pick is not None:
             self._on_pick(Pick(**{**pick.__dict__, "source": "python"}))
 
@@ -423,7 +423,8 @@ class Explorer(ipw.VBox):
         self.filters.reset(runs.run(), runs.names)
         self.data = ExplorerData(runs, self.filters, triage)
         self.heat.data = self.record.data = self.data
-        self.heat._main.template = self.heat._where.template = None
+        self.heat._main.reset()
+        self.heat._where.reset()
         with self.hold_trait_notifications():
             self.step = self.rank = None
             self.tensor = self.row = self.group = None

@@ -59,37 +59,60 @@ def _set_domain(spec: Any, top: float) -> None:
 
 
 class _Drawn:
-    """A chart drawn once per shape; later frames only swap data, selection and colour domain."""
+    """Charts built once per shape (colour mode, x dimension, groups): later frames only swap data.
+
+    The first chart of a panel goes through ``JupyterChart.chart`` (validated; it sets up the
+    ``cell`` selection); every later spec is assigned to ``JupyterChart.spec`` directly, built
+    without validation (the builders are validated by the tests) and cached by shape, so switching
+    back to a shape seen before only sends its new data.
+    """
 
     def __init__(self, panel: HeatmapPanel) -> None:
         self.panel = panel
-        self.template: tuple[Any, dict[str, Any], str] | None = None
+        self.templates: dict[Any, tuple[dict[str, Any], str]] = {}
 
     def draw(self, frame: pd.DataFrame, shape: Any, build: Callable[[], Any], selected: dict[str, str] | None,
              caption: str) -> None:
         frame = mark_selected(frame, selected)  # outlined through the data: a click on it still reaches Python
-        tpl = self.template
-        if tpl is not None and tpl[0] == shape:
-            spec = copy.deepcopy(tpl[1])
-            spec["datasets"] = {tpl[2]: records(frame)}
-            if frame.attrs.get("color") == "first_bad":
-                _set_domain(spec, float(frame["color"].max()) if frame["color"].notna().any() else 1.0)
-            self.panel.chart.spec = spec
-            self.panel.set_caption(caption)
-            return
-        self.panel.set_chart(build(), caption=caption)
-        spec = self.panel.chart.spec or {}
-        names = list(spec.get("datasets", {}))
-        self.template = (shape, copy.deepcopy(spec), names[0]) if len(names) == 1 else None
+        tpl = self.templates.get(shape)
+        if tpl is None:
+            chart = build()
+            if self.panel.chart.spec is None:  # the panel's first chart: sets up its selections
+                self.panel.set_chart(chart, caption=caption)
+                spec = dict(self.panel.chart.spec or {})
+            else:
+                import altair as alt
+
+                with alt.data_transformers.disable_max_rows():
+                    spec = chart.to_dict(validate=False)
+            names = list(spec.get("datasets", {}))
+            if len(names) != 1:  # not the one-dataset shape the fast path knows: draw it as it is
+                self.panel.chart.spec = spec
+                self.panel.set_caption(caption)
+                return
+            tpl = ({k: v for k, v in spec.items() if k != "datasets"}, names[0])
+            self.templates[shape] = tpl
+        spec = copy.deepcopy(tpl[0])
+        spec["datasets"] = {tpl[1]: records(frame)}
+        if frame.attrs.get("color") == "first_bad":
+            _set_domain(spec, float(frame["color"].max()) if frame["color"].notna().any() else 1.0)
+        self.panel.chart.spec = spec
+        self.panel.set_caption(caption)
+
+    def reset(self) -> None:
+        """Forget the cached shapes (new runs)."""
+        self.templates.clear()
 
 
 class HeatView:
     """Builds and draws both heat maps from the filter bar; turns clicks into :class:`Pick`."""
 
-    def __init__(self, data: Any, filters: Any, on_pick: Callable[[Pick], None]) -> None:
+    def __init__(self, data: Any, filters: Any, on_pick: Callable[[Pick], None],
+                 current: Callable[[], str | None] = lambda: None) -> None:
         self.data = data
         self.filters = filters
         self.on_pick = on_pick
+        self.current = current
         self.main = HeatmapPanel(self._on_main)
         self.where = WherePanel(self._on_where)
         self._main = _Drawn(self.main)
@@ -120,8 +143,12 @@ class HeatView:
         color = self.color()
         ds, values, unmerged, what = self.data.where(color, f.stat.value)
         self.where_ds, self.where_unmerged = ds, unmerged
-        frame = where_frame(ds, color=color, stat=f.stat.value, values=values, tensors=self.data.mask(ds),
-                            steps=f.step_list(ds), ranks=None if unmerged else f.rank_list(), focus=focus)
+        mask, steps, ranks = self.data.mask(ds), f.step_list(ds), None if unmerged else f.rank_list()
+        # rows, x and sort do not change it: rebuilt only when what it aggregates changes
+        key = ("where_frame", id(ds), color, f.stat.value, mask.tobytes(), tuple(steps),
+               tuple(ranks) if ranks is not None else None, tuple(sorted((focus or {}).items())))
+        frame = self.data.cached(key, lambda: where_frame(ds, color=color, stat=f.stat.value, values=values,
+                                                          tensors=mask, steps=steps, ranks=ranks, focus=focus))
         frame.attrs["what"] = what
         return frame
 
@@ -178,7 +205,7 @@ class HeatView:
     def _on_where(self, change: dict[str, Any]) -> None:
         cells = read_point(change["new"])
         if cells:
-            pick = self.pick_where(cells[-1])
+            pick = self.pick_where(cells[-1], self.current())
             if pick is not None:
                 self.on_pick(pick)
 
@@ -207,16 +234,18 @@ class HeatView:
         return Pick(step=step, rank=rank, tensor=tensors[-1], row=str(hit["row"]), group=str(hit["group"]) or None,
                     tensors=tensors[-4:], ranks=(int(hit["rank_lo"]), int(hit["rank_hi"])))
 
-    def pick_where(self, c: Mapping[str, Any]) -> Pick | None:
-        """The record of a rank × step cell."""
+    def pick_where(self, c: Mapping[str, Any], current: str | None = None) -> Pick | None:
+        """The record of a rank × step cell: its first flagged record, else *current* (the selected tensor)."""
         m = self._match(self.where_frame_, c)
         if not len(m):
             return None
         hit = m.iloc[0]
         tensor = str(hit["tensor"])
-        if not tensor:  # nothing flagged here: the selected tensor, else the cell's first record
-            return None
         ds = self.where_ds
+        if not tensor:  # nothing flagged here: the same tensor at this step and rank
+            if current is None or current not in ds.indexes["tensor"]:
+                return None
+            tensor = current
         step = int(hit["worst_step"]) if hit["worst_step"] >= 0 else int(hit["step"])
         rank = int(hit["worst_rank"]) if hit["worst_rank"] >= 0 else int(hit["rank_lo"])
         grp_row = self.data.row_of(tensor, ds)
