@@ -438,6 +438,37 @@ def test_mapping_option_and_alignment_panel_match_unmatch_save(tmp_path):
                                                                             t.finding.node)
 
 
+# -- tensor-mode pairs: a tensor-metric colour, the value histogram of both runs ---------------------
+def test_tensor_metric_colour_and_value_histogram():
+    gt = origin("tensor_bug")
+    ex = explore(sample_path("tensor_bug", "target"), sample_path("tensor_bug", "baseline"))
+    assert "tensor" in [v for _, v in ex.filters.color.options] and ex.triage.tensor_metrics is not None
+    top = top_cell(ex)  # first bad still points at the origin
+    assert node_of(ex.data.target(), top["tensor"]) == gt["node"] and top["row"] == "blocks.1"
+    ex.filters.color.value = "tensor"  # a metric of the whole tensors, the worst record per cell
+    assert ex.heat.color() == "tensor" and ex.filters.metric.layout.display is None
+    m = ex.triage.tensor_metrics
+    # a scale of 0.5 keeps the direction (cosine 1): the relative error shows it
+    assert float(m["cosine"].sel(step=gt["step"], rank=gt["rank"], tensor=top["tensor"])) == pytest.approx(1.0)
+    ex.filters.metric.value = "max_rel_err"
+    hf = ex.heatmap_frame()
+    first = float(m["max_rel_err"].sel(step=gt["step"], rank=gt["rank"], tensor=top["tensor"]))
+    cell = hf[(hf["row"] == "blocks.1") & (hf["x"] == gt["step"]) & (hf["group"] == "forward")].iloc[0]
+    assert cell["value"] >= first > 0
+    assert float(m["max_rel_err"].sel(step=0, rank=0, tensor="Functional.embedding.0.forward.output.0")) == 0.0
+    # the histogram is loaded only when asked for, then follows the selection
+    assert ex.record.hist_toggle.layout.display is None and ex.record.histogram is None
+    ex.select_record(gt["step"], gt["rank"], top["tensor"])
+    ex.record.hist_toggle.value = True
+    (data,) = ex.record.histogram.spec["datasets"].values()
+    assert {r["run"] for r in data} == {"baseline", "target"}
+    shape = [int(x) for x in str(ex.data.target()["shape"].sel(tensor=top["tensor"]).values).strip("[]").split(",")]
+    assert sum(r["count"] for r in data if r["run"] == "target") == int(np.prod(shape))
+    ex.select_cell("embed", 0, "forward")
+    assert ex.tensor in ex.record.histogram.spec["title"]["text"] if isinstance(
+        ex.record.histogram.spec["title"], dict) else ex.tensor in ex.record.histogram.spec["title"]
+
+
 # -- panels are a protocol -------------------------------------------------------------------------
 def test_panels_protocol(nan_run):
     seen = []

@@ -57,6 +57,8 @@ class Triage:
         What each diagnosis returned, by kind (see :meth:`result`).
     tolerance : Tolerance or None
         The tolerance the pair was compared with (resolved from the options; None: dtype defaults).
+    tensor_metrics : xarray.Dataset or None
+        :func:`precnb.tensor_metrics` of a tensor-mode pair, when the search judged on it.
     cache : dict
         Derived results computed on demand (:meth:`comparison`).
     """
@@ -77,6 +79,7 @@ class Triage:
     baseline_layout: Any = None
     results: dict[str, Any] = field(default_factory=dict, repr=False)
     tolerance: Any = field(default=None, repr=False)
+    tensor_metrics: xr.Dataset | None = field(default=None, repr=False)
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -114,6 +117,8 @@ class Triage:
                 kw["alignment"] = self.alignment
             if self.tolerance is not None:
                 kw["tolerance"] = self.tolerance
+            if self.tensor_metrics is not None:  # entries judged on whole tensors, as the search did
+                kw["tensor_metrics"] = self.tensor_metrics
             cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
             self.cache["comparison"] = cached
         return cached
@@ -419,7 +424,7 @@ def diagnose(
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
-                  tolerance=tolerance)
+                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"))
 
 
 def _enrich(findings: list[Any], ctx: Any) -> None:

@@ -27,13 +27,14 @@ NONFINITE_COLOR = "#d62728"
 EMPTY_COLOR = "#eeeeee"
 _SCALES: dict[str, dict[str, Any]] = {
     "first_bad": {"scheme": "reds", "type": "log", "reverse": True},
+    "tensor": {"scheme": "purples", "type": "symlog"},
     "stat": {"scheme": "blues", "type": "symlog"},
     "reldiff": {"scheme": "yelloworangered", "domain": [-8, 0], "clamp": True},
     "nonfinite": {"scheme": "reds"},
     "events": {"scheme": "reds"},
 }
-_COLOR_TITLES = {"first_bad": "first bad (1 = earliest)", "stat": "max |{stat}|", "reldiff": "log10 rel. diff",
-                 "nonfinite": "non-finite", "events": "NaN / new inf"}
+_COLOR_TITLES = {"first_bad": "first bad (1 = earliest)", "tensor": "tensor metric", "stat": "max |{stat}|",
+                 "reldiff": "log10 rel. diff", "nonfinite": "non-finite", "events": "NaN / new inf"}
 LABELLED = 3
 """In ``first_bad`` colour the earliest cells carry their number (1, 2, 3) as text."""
 

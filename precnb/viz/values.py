@@ -7,12 +7,15 @@ from typing import Literal
 import numpy as np
 import xarray as xr
 
-__all__ = ["COLORS", "GROUPS", "ROWS", "cell_values", "first_bad_positions", "pick_runs", "row_groups",
-           "row_labels"]
+__all__ = ["COLORS", "GROUPS", "METRICS", "ROWS", "cell_values", "first_bad_positions", "metric_salience",
+           "pick_runs", "row_groups", "row_labels"]
 
-Color = Literal["first_bad", "stat", "reldiff", "nonfinite", "events"]
+Color = Literal["first_bad", "stat", "reldiff", "nonfinite", "events", "tensor"]
 Rows = Literal["module", "node", "tensor"]
-COLORS: tuple[str, ...] = ("first_bad", "stat", "reldiff", "nonfinite", "events")
+COLORS: tuple[str, ...] = ("first_bad", "stat", "reldiff", "nonfinite", "events", "tensor")
+METRICS: dict[str, str] = {"cosine": "1 − cosine", "max_rel_err": "max rel. error", "max_abs_err": "max abs. error",
+                           "one_thousandth_err_ratio": "share off by > 0.1 %", "euc_dist": "Euclidean distance"}
+"""Tensor metrics (:func:`precnb.tensor_metrics`) the heat map can colour by, as salience (larger = worse)."""
 ROWS: tuple[str, ...] = ("module", "node", "tensor")
 GROUPS: tuple[str, ...] = ("forward", "backward", "optimizer")
 """Row groups: forward records, backward records (and parameter gradients), optimizer records."""
@@ -70,11 +73,29 @@ def first_bad_positions(ds: xr.Dataset, baseline: xr.Dataset | None = None) -> n
     return causal_positions_of(ds, bad, seq=seq)
 
 
+def metric_salience(name: str, values: np.ndarray) -> np.ndarray:
+    """A tensor metric as "larger = worse": ``1 − cosine``, ``1 − ratio`` for the within-tolerance ratios.
+
+    Examples
+    --------
+    >>> metric_salience("cosine", np.array([1.0, 0.9])).round(6).tolist()
+    [0.0, 0.1]
+    >>> metric_salience("max_rel_err", np.array([0.5])).tolist()
+    [0.5]
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if name == "cosine" or name.endswith("_err_ratio"):
+        return 1.0 - v
+    return v
+
+
 def cell_values(ds: xr.Dataset, *, color: Color = "stat", stat: str = "norm",
                 baseline: xr.Dataset | None = None, positions: np.ndarray | None = None,
-                ) -> tuple[np.ndarray, np.ndarray]:
+                metric: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per-record (score, nonfinite) arrays over (step, rank, tensor) for one colour mode.
 
+    ``tensor``: a tensor metric per record (*metric*, e.g. :func:`metric_salience` of
+    :func:`precnb.tensor_metrics`' ``cosine``), larger = worse.
     ``first_bad``: how early the record comes among the flagged ones in causal order (step,
     then rank by rank as the searches rank them, then execution order): the first flagged
     record scores highest (*positions* from :func:`first_bad_positions`, or computed here).
@@ -90,6 +111,11 @@ def cell_values(ds: xr.Dataset, *, color: Color = "stat", stat: str = "norm",
 
     nf = np.asarray(nonfinite_mask(ds).values)
     present = np.asarray(ds["present"].values)
+    if color == "tensor":  # a tensor metric over the grid (NaN: no tensor pair), larger = worse
+        if metric is None:
+            raise ValueError("color='tensor' needs metric values (precnb.tensor_metrics of a tensor-mode pair)")
+        m = np.asarray(metric, dtype=np.float64)
+        return np.where(np.isfinite(m) & present, m, -np.inf), nf
     if color == "first_bad":
         pos = first_bad_positions(ds, baseline) if positions is None else np.asarray(positions, float)
         n = float(np.nanmax(pos)) + 1 if np.isfinite(pos).any() else 0.0

@@ -92,10 +92,33 @@ class ExplorerData:
         return ("differences beyond the dtype tolerance vs " + base) if base and base != self.filters.run.value \
             else "NaN and unexpected ±inf"
 
+    def tensor_metric(self, name: str) -> np.ndarray | None:
+        """A tensor metric (as salience) on the shown run's grid; None without tensor metrics."""
+        from precnb.viz.values import metric_salience
+
+        t = self.triage
+        if t is None or t.tensor_metrics is None or name not in t.tensor_metrics or not self._is_triage_target():
+            return None
+
+        def make() -> np.ndarray:
+            ds = self.target()
+            m = t.tensor_metrics[name].reindex(step=ds["step"].values, rank=ds["rank"].values,
+                                                tensor=ds["tensor"].values)
+            return metric_salience(name, np.asarray(m.transpose("step", "rank", "tensor").values))
+
+        return self.cached(("metric", name, self.filters.run.value), make)  # type: ignore[no-any-return]
+
     def values(self, color: str, stat: str) -> tuple[np.ndarray, np.ndarray]:
         """:func:`precnb.viz.cell_values` of the whole target run (``reldiff`` vs the baseline)."""
         run, base = self.filters.run.value, self.runs.baseline
         if color == "reldiff" and (not base or base == run):
+            color = "stat"
+        if color == "tensor":
+            name = self.filters.metric.value
+            metric = self.tensor_metric(name)
+            if metric is not None:
+                return self.cached(("values", run, "tensor", name), lambda: cell_values(  # type: ignore[no-any-return]
+                    self.target(), color="tensor", metric=metric))
             color = "stat"
         key = ("values", run, color, stat if color == "stat" else "", base if color == "reldiff" else "")
         baseline = self.runs.run(base) if color == "reldiff" else None

@@ -81,7 +81,7 @@ class Explorer(ipw.VBox):
         self.triage = triage
         self.max_lines = max_lines
         self._sources = sources or _sources(runs, triage)
-        self.filters = FilterPanel(runs.run(), runs.names, self._on_filters)
+        self.filters = FilterPanel(runs.run(), runs.names, self._on_filters, tensor_metrics=self._has_metrics(triage))
         self.data = ExplorerData(runs, self.filters, triage)
         self.heat = HeatView(self.data, self.filters, self._on_pick, current=lambda: self.tensor)
         self.record = RecordView(self.data, self.filters, max_lines=max_lines, on_pick=self._on_line_pick,
@@ -103,7 +103,8 @@ class Explorer(ipw.VBox):
                          layout=ipw.Layout(min_width="440px"))
         super().__init__([self.css, self.header, self.bar, self.filters,
                           ipw.HBox([self.heat.main, right], layout=ipw.Layout(flex_flow="row wrap")),
-                          self.record.detail, self.keynav, self.preflight_box, self.tabs])
+                          self.record.detail, ipw.HBox([self.record.hist_toggle]), self.record.hist_box, self.keynav,
+                          self.preflight_box, self.tabs])
         self.add_class("precnb-explorer")
         self._describe()
         self.refresh()
@@ -418,9 +419,13 @@ class Explorer(ipw.VBox):
         self._load(runs, t)
         return t
 
+    @staticmethod
+    def _has_metrics(triage: Any) -> bool:
+        return triage is not None and getattr(triage, "tensor_metrics", None) is not None
+
     def _load(self, runs: Runs, triage: Any) -> None:
         self.runs, self.triage = runs, triage
-        self.filters.reset(runs.run(), runs.names)
+        self.filters.reset(runs.run(), runs.names, tensor_metrics=self._has_metrics(triage))
         self.data = ExplorerData(runs, self.filters, triage)
         self.heat.data = self.record.data = self.data
         self.heat._main.reset()

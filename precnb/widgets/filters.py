@@ -11,7 +11,7 @@ import ipywidgets as ipw
 import numpy as np
 import xarray as xr
 
-from precnb.viz.values import row_groups
+from precnb.viz.values import METRICS, row_groups
 from precnb.widgets._inputs import parse_ranks
 
 __all__ = ["COLOR_OPTIONS", "FilterPanel"]
@@ -41,9 +41,13 @@ class FilterPanel(ipw.VBox):
         Run names when comparing (enables the run picker and the rel. diff colour).
     on_change : callable
         Called with no arguments after any user change (not inside :meth:`quiet`).
+    tensor_metrics : bool
+        The runs are a tensor-mode pair with :func:`precnb.tensor_metrics`: the "tensor metric"
+        colour (and its metric choice) is offered.
     """
 
-    def __init__(self, ds: xr.Dataset, runs: list[str], on_change: Callable[[], None]) -> None:
+    def __init__(self, ds: xr.Dataset, runs: list[str], on_change: Callable[[], None], *,
+                 tensor_metrics: bool = False) -> None:
         self._on_change = on_change
         self._muted = 0
         self.steps = ipw.IntRangeSlider(value=(0, 0), min=0, max=0, description="steps", continuous_update=False,
@@ -63,25 +67,27 @@ class FilterPanel(ipw.VBox):
         self.color = _dd("colour", COLOR_OPTIONS, "first_bad", "230px")
         self.stat = _dd("stat", ["norm"], "norm", "120px")
         self.sort = _dd("sort", [("first occurrence", "first"), ("colour", "value")], "first", "180px")
+        self.metric = _dd("metric", [(v, k) for k, v in METRICS.items()], "cosine", "230px")
         self.run = _dd("run", [""], "", "150px")
         self.nonfinite_only = ipw.Checkbox(value=False, description="non-finite only", indent=False,
                                            layout=ipw.Layout(width="125px"))
         self.top_k = ipw.BoundedIntText(value=40, min=5, max=400, description="top",
                                         layout=ipw.Layout(width="95px"), style={"description_width": "initial"})
         self.message = ipw.HTML("")
-        self.reset(ds, runs)
+        self.reset(ds, runs, tensor_metrics=tensor_metrics)
+        self.color.observe(self._show_metric, names="value")
         for w in self._controls():
             w.observe(self._changed, names="value")
         wrap = ipw.Layout(flex_flow="row wrap")
         super().__init__([
             ipw.HBox([self.pattern, self.regex, self.steps, self.ranks, *self.show_groups.values()], layout=wrap),
-            ipw.HBox([self.color, self.rows, self.by, self.stat, self.sort, self.run, self.role,
+            ipw.HBox([self.color, self.metric, self.rows, self.by, self.stat, self.sort, self.run, self.role,
                       self.nonfinite_only, self.top_k], layout=wrap),
             self.message,
         ])
         self.add_class("precnb-filters")
 
-    def reset(self, ds: xr.Dataset, runs: list[str]) -> None:
+    def reset(self, ds: xr.Dataset, runs: list[str], *, tensor_metrics: bool = False) -> None:
         """Take the ranges and choices of new runs (after a rerun), keeping what still applies."""
         with self.quiet():
             steps = [int(s) for s in ds["step"].values] or [0]
@@ -100,16 +106,22 @@ class FilterPanel(ipw.VBox):
             self.stat.options = stats
             self.stat.value = self.stat.value if self.stat.value in stats else stats[0]
             colors = [c for c in COLOR_OPTIONS if c[1] != "reldiff" or len(runs) > 1]
+            if tensor_metrics:
+                colors.insert(2, ("tensor metric (whole tensors)", "tensor"))
             current = self.color.value
             self.color.options = colors
             self.color.value = current if current in [v for _, v in colors] else "first_bad"
             self.run.options = runs or [""]
             self.run.value = runs[-1] if runs else ""
             self.run.layout.display = None if len(runs) > 1 else "none"
+            self._show_metric()
+
+    def _show_metric(self, _change: Any = None) -> None:
+        self.metric.layout.display = None if self.color.value == "tensor" else "none"
 
     def _controls(self) -> list[ipw.ValueWidget]:
         return [self.steps, self.ranks, self.pattern, self.regex, *self.show_groups.values(), self.role, self.rows,
-                self.by, self.color, self.stat, self.sort, self.run, self.nonfinite_only, self.top_k]
+                self.by, self.color, self.metric, self.stat, self.sort, self.run, self.nonfinite_only, self.top_k]
 
     def _changed(self, _change: dict[str, Any]) -> None:
         if not self._muted:

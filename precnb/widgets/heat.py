@@ -124,8 +124,10 @@ class HeatView:
 
     # -- building -----------------------------------------------------------------------------
     def color(self) -> str:
-        """The colour mode in effect (rel. diff without a baseline falls back to the statistic)."""
+        """The colour mode in effect (rel. diff without a baseline, or tensor metrics without them: the statistic)."""
         c = self.filters.color.value
+        if c == "tensor" and self.data.tensor_metric(self.filters.metric.value) is None:
+            return "stat"
         return c if (c != "reldiff" or self.data.runs.baseline) else "stat"
 
     def build_main(self, focus: Mapping[str, Any] | None = None) -> pd.DataFrame:
@@ -173,11 +175,15 @@ class HeatView:
                       else "")
             lead = (f"colour: how early each cell's first flagged record comes (1 = earliest; flagged: "
                     f"{html.escape(self.data.what_flagged())})")
+        elif color == "tensor":
+            lead = (f"colour: tensor metric {html.escape(dict((v, k) for k, v in f.metric.options)[f.metric.value])} "
+                    "of the whole tensors (msprobe compare's formulas), the worst record of each cell")
         else:
             lead = "colour: " + html.escape(dict((v, k) for k, v in f.color.options).get(color, color))
         caption = (f"{n_rows} of {n_total} {html.escape(f.rows.value)} rows{hidden}; {lead}. Click a cell "
                    "(shift-click adds); arrow keys move")
-        shape = ("main", color, f.by.value, f.stat.value, tuple(sorted(set(frame["group"]))) if len(frame) else ())
+        shape = ("main", color, f.by.value, f.stat.value, f.metric.value if color == "tensor" else "",
+                 tuple(sorted(set(frame["group"]))) if len(frame) else ())
         self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected),
                         selected, caption)
 

@@ -60,6 +60,15 @@ class RecordView:
         self.attribution = ipw.HTML("")
         self.attribution.add_class("precnb-attribution")
         self.series: Any = None
+        # the selected tensor's values in both runs (tensor-mode pairs), loaded only when asked for
+        self.hist_toggle = ipw.ToggleButton(value=False, description="value histogram", icon="bar-chart",
+                                            tooltip="load the selected tensor from both runs' tensor files",
+                                            layout=ipw.Layout(width="170px", display="none"))
+        self.hist_box = ipw.VBox([])
+        self.hist_box.add_class("precnb-histogram")
+        self.histogram: Any = None
+        self._state: Any = None
+        self.hist_toggle.observe(lambda _c: self.update_histogram(self._state), names="value")
 
     def _ds(self, unmerged: bool) -> Any:
         raw = self.data.raw() if unmerged else None
@@ -73,6 +82,51 @@ class RecordView:
         if redraw_lines:
             self._lines(state, tensors or [state.tensor], ranks)
         self.update_detail(state)
+
+    # -- values of one tensor (tensor-mode pairs) -------------------------------------------------
+    def tensor_pair(self) -> bool:
+        """The runs are a tensor-mode pair (their tensor files can be read)."""
+        t = self.data.triage
+        return t is not None and t.paired and getattr(t, "tensor_metrics", None) is not None
+
+    def update_histogram(self, state: Any) -> None:
+        """Draw the selected tensor's value histogram, both runs overlaid, when the toggle is on."""
+        self._state = state
+        self.hist_toggle.layout.display = None if self.tensor_pair() else "none"
+        if state is None or not self.hist_toggle.value or not self.tensor_pair() or state.tensor is None:
+            self.hist_box.children = []
+            return
+        chart, message = self._histogram_chart(state)
+        self.histogram = chart
+        self.hist_box.children = [chart] if chart is not None else [ipw.HTML(message)]
+
+    def _histogram_chart(self, state: Any) -> tuple[Any, str]:
+        """(JupyterChart, "") of the values of both runs, or (None, why not)."""
+        import altair as alt
+
+        from precnb.io.tensors import load_array, tensor_file
+        from precnb.viz.histogram import histogram_chart, histogram_frame
+        from precnb.widgets.charts import EMBED
+
+        t = self.data.triage
+        names = (str(t.names[0]), str(t.names[1]))
+        off = int(t.step_offset or 0)
+        m = t.tensor_metrics
+        label = state.tensor
+        base_label = str(m["baseline_tensor"].sel(tensor=label).values) if label in m.indexes["tensor"] else label
+        step, rank = int(state.step), int(state.rank)
+        e = html.escape
+        try:
+            values = {names[0]: load_array(tensor_file(t.raw_baseline, base_label, step=step, rank=rank))[0],
+                      names[1]: load_array(tensor_file(t.raw_target, label, step=step + off, rank=rank))[0]}
+        except Exception as err:  # no file for this record, a .pt only torch can read, ...
+            return None, (f"<span style='color:#b76e00'>no values for <code>{e(label)}</code> at step {step}, rank "
+                          f"{rank}: {e(type(err).__name__)}: {e(str(err))}</span>")
+        frame = histogram_frame(values)
+        note = "; ".join(f"{k}: {v} NaN/inf" for k, v in frame.attrs["nonfinite"].items() if v)
+        alt.JupyterChart.enable_offline(True)
+        chart = histogram_chart(frame, title=f"values of {label}" + (f" ({note})" if note else ""))
+        return alt.JupyterChart(chart, embed_options=EMBED), ""
 
     def _lines(self, state: Any, tensors: list[str], ranks: tuple[int, int] | None) -> None:
         f = self.filters
@@ -130,6 +184,7 @@ class RecordView:
                              f" · module <code>{e(ev.get('module') or '—')}</code>{hidden}")
         self.attribution.value = attribution_html(state.row, f.rows.value, state.current_finding,
                                                   node=ev.get("node"))
+        self.update_histogram(state)
 
     def _visible(self, state: Any) -> bool:
         ds = self.data.target()
