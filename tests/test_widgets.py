@@ -275,6 +275,21 @@ def test_filter_bar(ex):
     assert "bad regex" in f.message.value
 
 
+def test_search_lists_modules_and_nodes_and_goes_to_them():
+    ex = explore(sample_path("dp_nan"))
+    ex.filters.pattern.value = "attn.o_pro"  # a substring: no regex needed
+    options = [v for _, v in ex.filters.matches.options if v]
+    assert options[:2] == ["module:blocks.0.attn.o_proj", "module:blocks.1.attn.o_proj"]
+    assert "node:Module.blocks.1.attn.o_proj.Linear.forward.0" in options
+    ex.filters.matches.value = "module:blocks.1.attn.o_proj"  # its first flagged record
+    assert ex.row == "blocks.1.attn.o_proj" and (ex.step, ex.rank) == (1, 1)
+    assert str(ex.data.target()["module"].sel(tensor=ex.tensor).values) == "blocks.1.attn.o_proj"
+    ex.filters.matches.value = "module:blocks.0.attn.o_proj"  # clean until step 2
+    assert ex.row == "blocks.0.attn.o_proj" and ex.step == 1  # its first flagged record (rank 1, after the NaN)
+    ex.filters.pattern.value = ""
+    assert ex.filters.matches.layout.display == "none"
+
+
 def test_optimizer_records_are_their_own_group_and_off_by_default():
     ds = precnb.open_run(sample_path("dp_nan"))
     ex = explore(ds)

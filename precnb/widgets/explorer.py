@@ -96,6 +96,7 @@ class Explorer(ipw.VBox):
         for i, p in enumerate(self.panels):
             self.tabs.set_title(i, p.title)
         self.tabs.observe(self._on_tab, names="selected_index")
+        self.filters.matches.observe(self._on_match, names="value")
         self.preflight: PreflightPanel | None = None  # the pre-flight checklist, above the tabs when run
         self.preflight_box = ipw.Box([])
         self._checklist()
@@ -227,7 +228,29 @@ class Explorer(ipw.VBox):
         return frame
 
     def _on_filters(self) -> None:
+        self.filters.list_matches(self.data.target())
         self.refresh()
+
+    def _on_match(self, change: dict[str, Any]) -> None:
+        key = change["new"]
+        if key:
+            self.go_to(*str(key).split(":", 1))
+
+    def go_to(self, kind: str, name: str) -> None:
+        """Select a module's or node's first flagged record (else its first record)."""
+        ds = self.data.target()
+        labels = ds[kind].values.astype(str) == name
+        if not labels.any():
+            return
+        cols = np.flatnonzero(labels)
+        pos = self.data.positions()[:, :, cols]
+        if np.isfinite(pos).any():
+            s, r, k = np.unravel_index(int(np.nanargmin(pos)), pos.shape)
+        else:  # nothing flagged: the first record in execution order at the first step shown
+            seq = np.asarray(ds["seq"].values)[:, :, cols].astype(float)
+            seq = np.where(seq >= 0, seq, np.inf)
+            s, r, k = np.unravel_index(int(np.argmin(seq)), seq.shape)
+        self.select_record(int(ds["step"].values[s]), int(ds["rank"].values[r]), str(ds["tensor"].values[cols[k]]))
 
     def _sync_selection(self, *, main: bool = True, where: bool = True) -> None:
         """Outline the selected record's cell in the map(s) it was not clicked in."""

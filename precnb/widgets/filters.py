@@ -58,6 +58,11 @@ class FilterPanel(ipw.VBox):
                                 continuous_update=False, layout=ipw.Layout(width="260px"))
         self.pattern.add_class("precnb-search")
         self.regex = ipw.Checkbox(value=False, description="regex", indent=False, layout=ipw.Layout(width="62px"))
+        # what the search matches (modules, then nodes, in execution order): choosing one selects it
+        self.matches = ipw.Dropdown(description="go to", options=[("—", "")], value="",
+                                    layout=ipw.Layout(width="300px", display="none"),
+                                    style={"description_width": "initial"})
+        self.matches.add_class("precnb-search-matches")
         self.show_groups = {g: ipw.Checkbox(value=g != "optimizer", description=g, indent=False,
                                             layout=ipw.Layout(width="88px"))
                             for g in ("forward", "backward", "optimizer")}
@@ -80,7 +85,8 @@ class FilterPanel(ipw.VBox):
             w.observe(self._changed, names="value")
         wrap = ipw.Layout(flex_flow="row wrap")
         super().__init__([
-            ipw.HBox([self.pattern, self.regex, self.steps, self.ranks, *self.show_groups.values()], layout=wrap),
+            ipw.HBox([self.pattern, self.regex, self.matches, self.steps, self.ranks, *self.show_groups.values()],
+                     layout=wrap),
             ipw.HBox([self.color, self.metric, self.rows, self.by, self.stat, self.sort, self.run, self.role,
                       self.nonfinite_only, self.top_k], layout=wrap),
             self.message,
@@ -170,6 +176,33 @@ class FilterPanel(ipw.VBox):
             return lambda s: bool(rx.search(s))
         low = text.lower()
         return lambda s: low in s.lower()
+
+    def list_matches(self, ds: xr.Dataset, limit: int = 40) -> list[tuple[str, str]]:
+        """Modules, then nodes, whose name matches the search, in execution order: ``(label, "kind:name")``.
+
+        Fills the "go to" list (hidden when the search is empty).
+        """
+        match = self.matcher()
+        if match is None:
+            with self.quiet():
+                self.matches.options, self.matches.value = [("—", "")], ""
+            self.matches.layout.display = "none"
+            return []
+        seq = np.asarray(ds["seq"].values)
+        first = np.where(seq >= 0, seq, np.iinfo(np.int32).max).min(axis=(0, 1)) if seq.size else np.zeros(0)
+        seen: dict[str, float] = {}
+        for kind, names in (("module", ds["module"].values.astype(str)), ("node", ds["node"].values.astype(str))):
+            for name, f in zip(names, np.asarray(first).ravel(), strict=False):
+                key = f"{kind}:{name}"
+                if name and match(name) and f < seen.get(key, np.inf):
+                    seen[key] = float(f)
+        keys = sorted(seen, key=lambda k: (not k.startswith("module:"), seen[k], k))[:limit]
+        out = [(f"{k.split(':', 1)[0]} {k.split(':', 1)[1]}", k) for k in keys]
+        with self.quiet():
+            self.matches.options = [(f"{len(seen)} match(es)" if out else "no match", ""), *out]
+            self.matches.value = ""
+        self.matches.layout.display = None
+        return out
 
     def tensor_mask(self, ds: xr.Dataset, nonfinite: np.ndarray | None = None) -> np.ndarray:
         """Boolean mask over ``tensor`` from the search, row groups, role and non-finite boxes.
