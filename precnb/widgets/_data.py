@@ -201,6 +201,20 @@ class ExplorerData:
         si = int(ds.indexes["step"].get_loc(step)) if step in ds.indexes["step"] else 0
         return tensors[int(np.argmax(score[si][:, ti].max(axis=0)))]
 
+    def first_record(self, kind: str, name: str) -> tuple[int, int, str] | None:
+        """(step, rank, tensor) of a module's or node's (*kind*) first flagged record, else its first record."""
+        ds = self.target()
+        cols = np.flatnonzero(ds[kind].values.astype(str) == name)
+        if not len(cols):
+            return None
+        pos = self.positions()[:, :, cols]
+        if np.isfinite(pos).any():
+            s, r, k = np.unravel_index(int(np.nanargmin(pos)), pos.shape)
+        else:  # nothing flagged: its first record in execution order
+            seq = np.asarray(ds["seq"].values)[:, :, cols].astype(float)
+            s, r, k = np.unravel_index(int(np.argmin(np.where(seq >= 0, seq, np.inf))), seq.shape)
+        return int(ds["step"].values[s]), int(ds["rank"].values[r]), str(ds["tensor"].values[cols[k]])
+
     def evidence(self, tensor: str, ds: xr.Dataset | None = None) -> dict[str, Any]:
         """:func:`precnb.viz.tensor_evidence`, memoised (stack.json is parsed once per tensor)."""
         ds = self.target() if ds is None else ds

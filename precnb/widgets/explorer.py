@@ -20,19 +20,16 @@ import traitlets
 from precnb.viz.selections import read_point
 from precnb.widgets._data import ExplorerData
 from precnb.widgets._inputs import Runs
+from precnb.widgets._rerun import rerun_triage, sources_of
 from precnb.widgets.filters import FilterPanel
 from precnb.widgets.findings import FindingBar
-from precnb.widgets.heat import HeatView, Pick
+from precnb.widgets.heat import HEATMAP_COLUMNS, HeatView, Pick, contract_frame
 from precnb.widgets.keys import KeyNav
 from precnb.widgets.panel import PanelFactory, PanelProtocol, default_panels
 from precnb.widgets.preflight import PreflightPanel
 from precnb.widgets.record import RecordView
 
 __all__ = ["HEATMAP_COLUMNS", "Explorer"]
-
-HEATMAP_COLUMNS = ["row", "group", "x", "x_hi", "value", "first_bad", "col", "step", "step_hi", "rank_lo", "rank_hi",
-                   "tensor", "worst_step", "worst_rank", "nonfinite", "records", "focus"]
-"""Columns of :meth:`Explorer.heatmap_frame`."""
 
 _MOVES = {"ArrowUp": (-1, 0), "ArrowDown": (1, 0), "ArrowLeft": (0, -1), "ArrowRight": (0, 1)}
 
@@ -41,20 +38,6 @@ _CSS = ("<style>.precnb-explorer .precnb-heatmap g.mark-text, .precnb-explorer .
         ".precnb-explorer .precnb-alignment g.mark-text, .precnb-explorer .precnb-alignment g.mark-symbol, "
         ".precnb-explorer .precnb-hierarchy g.mark-text, .precnb-explorer .precnb-hierarchy g.mark-rect + "
         "g.mark-rect {pointer-events: none}</style>")
-
-
-def _sources(runs: Runs, triage: Any) -> dict[str, Any]:
-    """The runs as given (before merging), by name: what a rerun starts from."""
-    if triage is not None and triage.raw_target is not None and len(runs.names) <= 2:
-        b, t = (str(x) for x in triage.names)
-        if triage.raw_baseline is None:
-            return {t or "run": triage.raw_target}
-        if b == t:
-            b, t = f"{b} (baseline)", f"{t} (target)"
-        return {b: triage.raw_baseline, t: triage.raw_target}
-    if runs.names:
-        return {n: runs.run(n) for n in runs.names}
-    return {"run": runs.ds}
 
 
 class Explorer(ipw.VBox):
@@ -80,7 +63,7 @@ class Explorer(ipw.VBox):
         self.runs = runs
         self.triage = triage
         self.max_lines = max_lines
-        self._sources = sources or _sources(runs, triage)
+        self._sources = sources or sources_of(runs, triage)
         self.filters = FilterPanel(runs.run(), runs.names, self._on_filters, tensor_metrics=self._has_metrics(triage))
         self.data = ExplorerData(runs, self.filters, triage)
         self.heat = HeatView(self.data, self.filters, self._on_pick, current=lambda: self.tensor)
@@ -173,25 +156,8 @@ class Explorer(ipw.VBox):
             clean), the record each cell stands for (``tensor``, ``worst_step``, ``worst_rank``).
             ``attrs["x"]`` is ``"step"`` or ``"rank"``; ``attrs["color"]`` the colour mode.
         """
-        fr = self.heat.frame
-        if not len(fr):
-            out = pd.DataFrame({c: [] for c in HEATMAP_COLUMNS})
-            out.attrs.update(x=self.filters.by.value, color=self.heat.color(), rows=self.filters.rows.value)
-            return out
-        out = fr[HEATMAP_COLUMNS].copy()
-        color = fr.attrs.get("color")
-        value = out["value"].astype(float)
-        if color == "first_bad":
-            clean = out["first_bad"] <= 0
-        elif color in ("nonfinite", "events"):
-            clean = value <= 0
-        elif color == "reldiff":
-            clean = ~(value > 0)
-        else:
-            clean = ~np.isfinite(value)
-        out["value"] = value.where(~clean, np.nan)
-        out.attrs.update(x=fr.attrs.get("x", fr.attrs.get("by", "step")), color=color, rows=self.filters.rows.value)
-        return out
+        return contract_frame(self.heat.frame, color=self.heat.color(), by=self.filters.by.value,
+                              rows=self.filters.rows.value)
 
     # -- drawing ------------------------------------------------------------------------------
     def _checklist(self) -> None:
@@ -238,19 +204,9 @@ class Explorer(ipw.VBox):
 
     def go_to(self, kind: str, name: str) -> None:
         """Select a module's or node's first flagged record (else its first record)."""
-        ds = self.data.target()
-        labels = ds[kind].values.astype(str) == name
-        if not labels.any():
-            return
-        cols = np.flatnonzero(labels)
-        pos = self.data.positions()[:, :, cols]
-        if np.isfinite(pos).any():
-            s, r, k = np.unravel_index(int(np.nanargmin(pos)), pos.shape)
-        else:  # nothing flagged: the first record in execution order at the first step shown
-            seq = np.asarray(ds["seq"].values)[:, :, cols].astype(float)
-            seq = np.where(seq >= 0, seq, np.inf)
-            s, r, k = np.unravel_index(int(np.argmin(seq)), seq.shape)
-        self.select_record(int(ds["step"].values[s]), int(ds["rank"].values[r]), str(ds["tensor"].values[cols[k]]))
+        rec = self.data.first_record(kind, name)
+        if rec is not None:
+            self.select_record(*rec)
 
     def _sync_selection(self, *, main: bool = True, where: bool = True) -> None:
         """Outline the selected record's cell in the map(s) it was not clicked in."""
@@ -418,27 +374,7 @@ class Explorer(ipw.VBox):
         -------
         precnb.Triage
         """
-        from precnb.pipeline import Options, diagnose
-        from precnb.widgets._inputs import _in_memory
-
-        src = self._sources
-        names = list(src)
-        cur_b, cur_t = (str(x) for x in self.triage.names) if self.triage is not None else ("", names[-1])
-        target = target or (cur_t if cur_t in src else names[-1])
-        if baseline == "keep":
-            baseline = cur_b if cur_b in src and cur_b != target else None
-        base_opts = self.triage.options if self.triage is not None else Options()
-        opts = base_opts.with_(kinds=None, **options)
-        if baseline is not None and baseline not in src:
-            raise ValueError(f"baseline {baseline!r} is not one of the runs {names}")
-        if target not in src:
-            raise ValueError(f"target {target!r} is not one of the runs {names}")
-        if baseline is None and opts.baseline_layout is not None:
-            opts = opts.with_(baseline_layout=None)
-        t = diagnose({baseline: src[baseline], target: src[target]} if baseline is not None else src[target],
-                     options=opts)
-        runs = Runs(_in_memory(t.target)) if t.baseline is None else Runs(_in_memory(t.combined()), str(t.names[1]),
-                                                                         str(t.names[0]))
+        runs, t = rerun_triage(self._sources, self.triage, target=target, baseline=baseline, **options)
         self._load(runs, t)
         return t
 

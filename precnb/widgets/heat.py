@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from precnb.viz import heatmap_chart, heatmap_frame
@@ -21,7 +22,37 @@ from precnb.viz.selections import read_point
 from precnb.viz.where import where_frame
 from precnb.widgets.charts import HeatmapPanel, WherePanel, records
 
-__all__ = ["HeatView", "Pick"]
+__all__ = ["HEATMAP_COLUMNS", "HeatView", "Pick", "contract_frame"]
+
+HEATMAP_COLUMNS = ["row", "group", "x", "x_hi", "value", "first_bad", "col", "step", "step_hi", "rank_lo", "rank_hi",
+                   "tensor", "worst_step", "worst_rank", "nonfinite", "records", "focus"]
+"""Columns of :meth:`precnb.widgets.explorer.Explorer.heatmap_frame`."""
+
+
+def contract_frame(frame: pd.DataFrame, *, color: str, by: str, rows: str) -> pd.DataFrame:
+    """The main heat map's cells as :meth:`~precnb.widgets.explorer.Explorer.heatmap_frame` returns them.
+
+    ``value`` is the colour value (larger = more salient) and NaN for clean cells: no flagged record
+    (first bad), a zero count, an exactly equal cell (rel. diff), no finite value (statistic).
+    """
+    if not len(frame):
+        out = pd.DataFrame({c: [] for c in HEATMAP_COLUMNS})
+        out.attrs.update(x=by, color=color, rows=rows)
+        return out
+    out = frame[HEATMAP_COLUMNS].copy()
+    mode = frame.attrs.get("color", color)
+    value = out["value"].astype(float)
+    if mode == "first_bad":
+        clean = out["first_bad"] <= 0
+    elif mode in ("nonfinite", "events"):
+        clean = value <= 0
+    elif mode == "reldiff":
+        clean = ~(value > 0)
+    else:
+        clean = ~np.isfinite(value)
+    out["value"] = value.where(~clean, np.nan)
+    out.attrs.update(x=frame.attrs.get("x", frame.attrs.get("by", by)), color=mode, rows=rows)
+    return out
 
 
 @dataclass
