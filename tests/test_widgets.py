@@ -345,13 +345,17 @@ def test_tp_origin_rank_shows_in_the_where_view():
     assert "before merging shards" in ex.status.value and "rank 1" in ex.detail.html.value
 
 
-def test_no_warnings_reach_the_notebook():
+@pytest.mark.parametrize("args", [("kernel_resume/bad", "kernel_resume/correct"), ("dp_nan",)])
+def test_no_warnings_reach_the_notebook(args):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ex = explore(sample_path("kernel_resume", "bad"), sample_path("kernel_resume", "correct"))
-        ex.filters.color.value = "reldiff"
+        ex = explore(*[sample_path(*a.split("/")) for a in args])
+        for color in [v for _, v in ex.filters.color.options]:
+            ex.filters.color.value = color
         ex.filters.by.value = "rank"
         ex.keynav.press("ArrowDown")
+        ex.filters.rows.value = "node"
+        ex.tabs.selected_index = [p.title for p in ex.panels].index("Hierarchy")
 
 
 # -- findings, suspects, next / previous --------------------------------------------------------
