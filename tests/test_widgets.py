@@ -44,10 +44,11 @@ def cell_value(spec):
     return None
 
 
-def outlined(chart):
-    """The cells a chart outlines as selected (the ``selected`` column of its synced data)."""
+def outlined(chart, *, focus=False):
+    """The cells a chart outlines as selected (its synced data's ``selected`` column; *focus*: or the finding's)."""
     (data,) = chart.spec["datasets"].values()
-    return [{k: d[k] for k in ("group", "row", "col") if k in d} for d in data if d.get("selected")]
+    return [{k: d[k] for k in ("group", "row", "col") if k in d} for d in data
+            if d.get("selected") or (focus and d.get("focus"))]
 
 
 def top_cell(ex):
@@ -177,6 +178,12 @@ def test_where_view_shows_the_rank(ex):
     assert (ex.step, ex.rank) == (3, 0) and ex.tensor == wf.set_index(["row", "col"]).loc[("0", "3"), "tensor"]
     (main,) = outlined(ex.heatmap.chart)
     assert main["col"] == "3" and main["row"] == ex.row
+    # a click in either map moves the outline in both: the clicked map's old outline does not stay
+    vega_point(ex.where.chart, "cell", [{"row": "1", "col": "2"}])
+    assert (ex.step, ex.rank) == (2, 1) and outlined(ex.where.chart) == [{"row": "1", "col": "2"}]
+    vega_point(ex.heatmap.chart, "cell", [{"group": "forward", "row": "embed", "col": "0"}])
+    assert outlined(ex.heatmap.chart) == [{"group": "forward", "row": "embed", "col": "0"}]
+    assert outlined(ex.where.chart) == [{"row": str(ex.rank), "col": "0"}]
 
 
 def test_selected_cell_stays_selected_after_a_filter_change(ex):
@@ -339,8 +346,11 @@ def test_tp_origin_rank_shows_in_the_where_view():
     w = wf.loc[wf["first_bad"] == 1].iloc[0]
     assert (w["row"], int(w["x"]), node_of(ex.triage.raw_target, w["tensor"])) == (
         str(gt["rank"]), gt["step"], gt["node"])
+    # the opening finding's rank is a merged one, no dump rank: nothing outlined there until a click
+    assert outlined(ex.where.chart, focus=True) == []
     ex.select_where(w["row"], w["col"])
     assert (ex.step, ex.rank, ex.unmerged) == (gt["step"], gt["rank"], True)
+    assert outlined(ex.where.chart, focus=True) == [{"row": w["row"], "col": w["col"]}]
     assert node_of(ex.triage.raw_target, ex.tensor) == gt["node"]
     assert "before merging shards" in ex.status.value and "rank 1" in ex.detail.html.value
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from precnb.viz.selections import cell_selection, pick_selection, span_selection
 
-__all__ = ["heatmap_chart", "line_chart", "linked_chart", "mark_selected"]
+__all__ = ["heatmap_chart", "heatmap_width", "line_chart", "linked_chart", "mark_selected"]
 
 NONFINITE_COLOR = "#d62728"
 EMPTY_COLOR = "#eeeeee"
@@ -37,6 +37,17 @@ _COLOR_TITLES = {"first_bad": "first bad (1 = earliest)", "tensor": "tensor metr
                  "reldiff": "log10 rel. diff", "nonfinite": "non-finite", "events": "NaN / new inf"}
 LABELLED = 3
 """In ``first_bad`` colour the earliest cells carry their number (1, 2, 3) as text."""
+
+
+def heatmap_width(n_cols: int) -> int:
+    """Pixel width of a heat map's cells for *n_cols* columns (22 px each, within 160-760).
+
+    Examples
+    --------
+    >>> heatmap_width(3), heatmap_width(100)
+    (160, 760)
+    """
+    return max(160, min(760, 22 * max(n_cols, 1)))
 
 
 def _order(frame: pd.DataFrame, field: str, key: str) -> list[Any]:
@@ -149,7 +160,7 @@ def heatmap_chart(
     cols = _order(frame, "col", "col_order")
     n_rows = int(frame.groupby("group")["row"].nunique().max()) if grouped and len(frame) else \
         (frame["row"].nunique() if len(frame) else 0)
-    width = width or max(160, min(760, 22 * max(len(cols), 1)))
+    width = width or heatmap_width(len(cols))
     height: Any = alt.Step(row_height) if grouped else max(60, min(row_height * n_rows, 640))
     base = alt.Chart(frame, width=width, height=height)
     sel = None
@@ -278,7 +289,7 @@ def linked_chart(
         color=("color", "max"), nonfinite=("nonfinite", "sum"), records=("records", "sum"),
         value=("value", "max"), focus=("focus", "any"))
     heat_data["value_text"] = heat_data["value"].map(lambda v: f"{v:.4g}")
-    heat = alt.Chart(heat_data, title=title, width=max(160, min(760, 22 * len(steps))),
+    heat = alt.Chart(heat_data, title=title, width=heatmap_width(len(steps)),
                      height=max(60, min(15 * len(rows), 640))).mark_rect(invalid="show").encode(
         x=alt.X("step:O", title="step"),
         y=alt.Y("row:N", sort=rows, title=None, axis=alt.Axis(labelLimit=260)),

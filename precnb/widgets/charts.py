@@ -60,6 +60,7 @@ class HeatmapPanel(_ChartPanel):
         super().__init__({"cell": on_cell})
         self._width = 380
         self.layout.margin = "0 16px 0 0"
+        self.layout.flex = "0 0 auto"
         self.add_class(self.css_class)
 
 
@@ -71,7 +72,6 @@ class WherePanel(HeatmapPanel):
     def __init__(self, on_cell: Callable[[dict[str, Any]], None]) -> None:
         super().__init__(on_cell)
         self._width = 480
-        self.layout.min_width = "240px"
         self.layout.margin = "0"
 
 

@@ -83,12 +83,16 @@ class Explorer(ipw.VBox):
         self.preflight: PreflightPanel | None = None  # the pre-flight checklist, above the tabs when run
         self.preflight_box = ipw.Box([])
         self._checklist()
-        right = ipw.VBox([self.heat.where, self.record.status, self.record.attribution, self.record.lines],
-                         layout=ipw.Layout(min_width="440px"))
+        # the where view and the selection line first (always in sight), then the heat map beside the lines
+        wrap = ipw.Layout(flex_flow="row wrap", align_items="flex-start")
+        selection = ipw.VBox([self.record.status, self.record.attribution],
+                             layout=ipw.Layout(flex="1 1 360px", margin="0 0 0 12px"))
+        lines = ipw.VBox([self.record.lines, ipw.HBox([self.record.hist_toggle]), self.record.hist_box],
+                         layout=ipw.Layout(flex="1 1 420px"))
         super().__init__([self.css, self.header, self.bar, self.filters,
-                          ipw.HBox([self.heat.main, right], layout=ipw.Layout(flex_flow="row wrap")),
-                          self.record.detail, ipw.HBox([self.record.hist_toggle]), self.record.hist_box, self.keynav,
-                          self.preflight_box, self.tabs])
+                          ipw.HBox([self.heat.where, selection], layout=wrap),
+                          ipw.HBox([self.heat.main, lines], layout=wrap),
+                          self.record.detail, self.keynav, self.preflight_box, self.tabs])
         self.add_class("precnb-explorer")
         self._describe()
         self.refresh()
@@ -226,7 +230,7 @@ class Explorer(ipw.VBox):
     def _on_pick(self, pick: Pick) -> None:
         self._apply(pick)
         self.record.show(self, tensors=pick.tensors, ranks=pick.ranks)
-        self._sync_selection(main=pick.source != "heatmap", where=pick.source != "where")
+        self._sync_selection()  # both maps: the clicked one too, or its previous outline would stay
         self._notify()
 
     def select_cells(self, cells: list[dict[str, Any]]) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from precnb.viz import heatmap_chart, heatmap_frame
-from precnb.viz.charts import mark_selected
+from precnb.viz.charts import heatmap_width, mark_selected
 from precnb.viz.selections import read_point
 from precnb.viz.where import where_frame
 from precnb.widgets.charts import HeatmapPanel, WherePanel, records
@@ -176,6 +176,8 @@ class HeatView:
         color = self.color()
         ds, values, unmerged, what = self.data.where(color, f.stat.value)
         self.where_ds, self.where_unmerged = ds, unmerged
+        if unmerged:  # a finding's rank is a merged one: it names no row of the dump's ranks
+            focus = None
         mask, steps, ranks = self.data.mask(ds), f.step_list(ds), None if unmerged else f.rank_list()
         # rows, x and sort do not change it: rebuilt only when what it aggregates changes
         key = ("where_frame", id(ds), color, f.stat.value, mask.tobytes(), tuple(steps),
@@ -217,6 +219,8 @@ class HeatView:
                  tuple(sorted(set(frame["group"]))) if len(frame) else ())
         self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected),
                         selected, caption)
+        # the panel as wide as its chart (cells + row labels up to 260 px + the facet's margin): lines fit beside
+        self.main.layout.width = f"{heatmap_width(frame['col'].nunique() if len(frame) else 1) + 300}px"
 
     def draw_where(self, selected: dict[str, str] | None) -> None:
         """Draw the rank × step frame with *selected* outlined."""
