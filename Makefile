@@ -10,14 +10,22 @@ CHROMIUM ?= /usr/bin/chromium
 OUT ?= out
 NBTEMPLATES ?= build/nbtemplates
 OFFLINE_TEMPLATE := $(NBTEMPLATES)/offline_lab/index.html.j2
+FUZZ_SCALE ?= 25
+# make test: -rs lists why tests were skipped; tests needing torch/msprobe/MindSpore run in make test-generator
+PYTEST_CI := -q -rs -m "not needs_generator"
 
-.PHONY: help install system-deps demo test test-fast lint lab samples bench clean offline-template notebooks
+.PHONY: help install system-deps demo test test-fast test-generator fuzz lint typecheck lab samples bench clean \
+        offline-template notebooks
 
 help:
 	@echo "make demo    install, then run precnb on the bundled samples (writes $(OUT)/)"
 	@echo "make test    install (incl. Debian chromium for browser tests), then run the test suite"
+	@echo "             (without the needs_generator tests; prints why tests were skipped)"
+	@echo "make test-generator  install the [samples] extra (torch, msprobe), run only the needs_generator tests"
+	@echo "make fuzz    the reader fuzzing with a long budget (FUZZ_SCALE=$(FUZZ_SCALE), random seeds)"
 	@echo "make lab     install, then start JupyterLab on the notebook templates"
 	@echo "make lint    ruff"
+	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io)"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (extra [samples])"
 	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
@@ -63,13 +71,25 @@ notebooks: install
 	$(PY) tools/sync_notebooks.py
 
 test: install system-deps offline-template
-	$(PY) -m pytest -q
+	@echo "make test: the needs_generator tests (torch / msprobe / MindSpore) are deselected; make test-generator runs them"
+	$(PY) -m pytest $(PYTEST_CI)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -rs -m "not slow and not needs_generator"
+
+test-generator: install
+	$(PIP) install -q -e '.[test,samples]'
+	$(PY) -m pytest -q -rs -m needs_generator
+
+fuzz: install
+	PRECNB_FUZZ_SCALE=$(FUZZ_SCALE) PRECNB_FUZZ_RANDOM=1 $(PY) -m pytest -q -rs tests/test_fuzz_readers.py
 
 lint: install
 	$(VENV)/bin/ruff check precnb tests benchmarks tools
+
+# the files checked are listed once, in pyproject.toml [tool.mypy] files (extend there)
+typecheck: install
+	$(PY) -m mypy
 
 lab: install
 	$(VENV)/bin/jupyter lab --allow-root --no-browser notebooks/
@@ -81,6 +101,8 @@ samples: install
 bench: install
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/bench_explorer.py
+	$(PY) benchmarks/bench_large.py
+	$(PY) benchmarks/bench_startup.py
 
 clean:
 	rm -rf $(VENV) build $(OUT) .pytest_cache

@@ -200,6 +200,63 @@ def generate(out: Path, *, ranks: int, steps: int, template: Path | None = None,
     return manifest
 
 
+def _renamer(k: int):
+    """Node name of copy *k* of a template node: API call counters moved on, module paths under ``copy{k}``."""
+    def rename(node: str) -> str:
+        if not k:
+            return node
+        parts = node.split(".")
+        if parts[0] in ("Module", "Cell") and len(parts) > 2:
+            return ".".join([parts[0], f"copy{k}", *parts[1:]])
+        if len(parts) >= 3 and parts[-2].isdigit():
+            parts[-2] = str(int(parts[-2]) + 100_000 * k)
+        return ".".join(parts)
+    return rename
+
+
+def generate_large(out: Path, size: int, *, template: Path | None = None) -> dict:
+    """Write ``out/step0/rank0/{dump,construct,stack}.json``: one dump.json of about *size* bytes.
+
+    The template's first dump.json (msprobe's own ``indent=1`` text: tokens, nulls, layout) is
+    repeated record by record; copy k renames its nodes (:func:`_renamer`) and construct.json maps
+    them to the renamed parents, so the file reads like one long run of a deeper model.
+    Deterministic; an existing file of the same size is reused.
+    """
+    template = template or default_template()
+    sdir = sorted(p for p in template.iterdir() if re.fullmatch(r"step\d+", p.name))[0]
+    rdir = sorted(p for p in sdir.iterdir() if p.is_dir())[0]
+    text = (rdir / "dump.json").read_text()
+    head, _, rest = text.partition('"data": {\n')
+    body = rest.rstrip()[:-1].rstrip()[:-1].rstrip()  # the records: without data's and the document's "}"
+    construct = json.loads((rdir / "construct.json").read_text())
+    dst = out / "step0" / "rank0"
+    dump = dst / "dump.json"
+    n_nodes = len(_NODE.findall(body))
+    copies = max(1, -(-size // len(body)))
+    manifest = {"template": str(rdir), "copies": copies, "nodes": n_nodes * copies}
+    if dump.exists() and (out / "manifest.json").exists() and json.loads(
+            (out / "manifest.json").read_text()).get("copies") == copies:
+        return json.loads((out / "manifest.json").read_text())
+    dst.mkdir(parents=True, exist_ok=True)
+    big_construct: dict = {}
+    with dump.open("w") as fh:
+        fh.write(head + '"data": {\n')
+        for k in range(copies):
+            rename = _renamer(k)
+            if k:
+                fh.write(",\n")
+            fh.write(_NODE.sub(lambda m, r=rename: f'  "{r(m.group(1))}": {{', body))
+            for node, parent in construct.items():
+                big_construct[rename(node)] = ([rename(parent[0]), parent[1]] if isinstance(parent, list)
+                                               else rename(parent) if isinstance(parent, str) else parent)
+        fh.write("\n }\n}")
+    (dst / "construct.json").write_text(json.dumps(big_construct, indent=1))
+    shutil.copyfile(rdir / "stack.json", dst / "stack.json")
+    manifest["bytes"] = dump.stat().st_size
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DumpFormatError", "NotADumpError", "PrecnbError", "UnsafeFileError"]
+__all__ = ["DumpFormatError", "InsufficientMemoryError", "NotADumpError", "OutputExistsError", "OutputRefusedError",
+           "PrecnbError", "UnsafeFileError"]
 
 
 class PrecnbError(Exception):
@@ -38,3 +39,28 @@ class NotADumpError(PrecnbError):
 
 class UnsafeFileError(PrecnbError):
     """A tensor file would need unpickling of arbitrary objects and was refused."""
+
+
+class OutputRefusedError(PrecnbError):
+    """precnb refused to write an output (it would replace or land in something it did not create).
+
+    Parameters
+    ----------
+    path : str or Path
+        The output asked for.
+    why : str
+        The reason, one line.
+    """
+
+    def __init__(self, path: str | Path, why: str) -> None:
+        self.path = str(path)
+        self.why = why
+        super().__init__(f"refusing to write {self.path}: {why}")
+
+
+class OutputExistsError(OutputRefusedError, FileExistsError):
+    """The output exists (and ``overwrite`` was not given): also a :class:`FileExistsError`."""
+
+
+class InsufficientMemoryError(PrecnbError, MemoryError):
+    """A load would need more memory than is available (raised before parsing, naming what to load less of)."""

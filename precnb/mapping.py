@@ -146,45 +146,27 @@ def load_mapping(path: str | os.PathLike[str]) -> MappingSpec:
 
 
 def write_mapping(doc: dict[str, Any]) -> str:
-    """The text of precnb's own mapping file for *doc* (an :meth:`Alignment.mapping_document`)."""
-    out = {"schema": MAPPING_SCHEMA, **{k: v for k, v in doc.items() if k != "schema"}}
+    """The text of precnb's own mapping file for *doc* (an :meth:`Alignment.mapping_document`).
+
+    It carries precnb's output marker (``"precnb_output"``), so ``--overwrite`` may replace it.
+    """
+    from precnb._marks import MARKER_KEY, marker
+
+    out = {"schema": MAPPING_SCHEMA, MARKER_KEY: marker("mapping"),
+           **{k: v for k, v in doc.items() if k not in ("schema", MARKER_KEY)}}
     return json.dumps(out, indent=1, ensure_ascii=False) + "\n"
 
 
-def _is_precnb_mapping(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-    except OSError:
-        return False
-    return b'"precnb.mapping/' in head
-
-
-def save_mapping(doc: dict[str, Any], path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-    """Write precnb's mapping file atomically (a temporary sibling, then a rename).
+def save_mapping(doc: dict[str, Any], path: str | os.PathLike[str], *, overwrite: bool = False,
+                 inputs: Any = ()) -> Path:
+    """Write precnb's mapping file by the rules of :mod:`precnb._write` (atomic; never over an input).
 
     Raises
     ------
-    MappingError
-        When *path* exists and is not a precnb mapping file, exists without *overwrite*, or its
-        folder does not exist.
+    precnb.errors.OutputRefusedError
+        When *path* exists without *overwrite*, exists and is not a precnb output, lies inside
+        an input (*inputs*: the runs aligned), or its folder does not exist.
     """
-    import tempfile
+    from precnb._write import write_text
 
-    p = Path(path)
-    if p.exists() or p.is_symlink():
-        if not overwrite:
-            raise MappingError(f"{p}: exists (use --overwrite to replace a precnb mapping file)")
-        if not p.is_file() or not _is_precnb_mapping(p):
-            raise MappingError(f"{p}: exists and is not a precnb mapping file: not replaced")
-    if not p.parent.is_dir():
-        raise MappingError(f"{p}: folder {p.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(write_mapping(doc))
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    return write_text(Path(path).expanduser(), write_mapping(doc), inputs=inputs, overwrite=overwrite)

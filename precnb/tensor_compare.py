@@ -189,7 +189,7 @@ def tensor_metrics(
     steps: Iterable[int] | None = None,
     ranks: Iterable[int] | None = None,
     alignment: Any = None,
-    step_offset: int = 0,
+    step_offset: int | str | None = None,
     lazy: bool = False,
     chunk: int = 64,
     scheduler: Any = "auto",
@@ -210,8 +210,9 @@ def tensor_metrics(
     alignment : mapping or Alignment, optional
         Target label → baseline label (labels it does not name pair with the same label); a
         :class:`precnb.Alignment` pairs through its ``tensor_map()``.
-    step_offset : int
-        Target step = baseline step + offset (a resumed run); the result's ``step`` is the
+    step_offset : int, "auto" or None
+        Target step = baseline step + offset; None (the default everywhere): 0 when both runs hold the
+        same steps, else detected ("auto", :func:`precnb.analysis.compare.align_steps`); the result's ``step`` is the
         baseline's, with a ``target_step`` coordinate.
     lazy : bool
         Return dask-backed variables; nothing is read until computed.
@@ -243,11 +244,18 @@ def tensor_metrics(
     ValueError
         When the runs share no step or rank, or *tensors* selects nothing.
     """
-    off = int(step_offset)
     want_steps = None if steps is None else [int(x) for x in steps]
     want_ranks = None if ranks is None else [int(x) for x in ranks]
-    b = _open(baseline, "baseline", want_steps, want_ranks)
-    t = _open(target, "target", None if want_steps is None else [x + off for x in want_steps], want_ranks)
+    if isinstance(step_offset, int) and not isinstance(step_offset, bool):
+        off = int(step_offset)
+        b = _open(baseline, "baseline", want_steps, want_ranks)
+        t = _open(target, "target", None if want_steps is None else [x + off for x in want_steps], want_ranks)
+    else:  # the one default: resolved on the runs themselves
+        from precnb.analysis.compare import align_steps
+
+        b = _open(baseline, "baseline", None, want_ranks)
+        t = _open(target, "target", None, want_ranks)
+        off = align_steps(b, t, step_offset)
     common_steps = sorted(set(b["step"].values.tolist()) & {s - off for s in t["step"].values.tolist()})
     common_ranks = sorted(set(b["rank"].values.tolist()) & set(t["rank"].values.tolist()))
     if want_steps is not None:

@@ -13,6 +13,20 @@ SHARED = Path(os.environ.get("PRECNB_SHARED", ROOT.parent / "shared"))
 
 os.environ.setdefault("PRECNB_NO_DASK_CLIENT", "1")
 
+_DESELECTED_GENERATOR: list[str] = []
+
+
+def pytest_deselected(items):
+    """Remember the needs_generator tests that `-m "not needs_generator"` (make test) left out."""
+    _DESELECTED_GENERATOR.extend(i.nodeid for i in items if i.get_closest_marker("needs_generator"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _DESELECTED_GENERATOR:
+        terminalreporter.write_line(
+            f"needs_generator: {len(_DESELECTED_GENERATOR)} test(s) deselected: they need torch, msprobe or "
+            "MindSpore (sample generation / cross-checks); run them with `make test-generator`")
+
 
 def shared_path(*parts: str) -> Path:
     """Path below ../shared, or skip the test when it is not there."""
@@ -60,3 +74,55 @@ def fresh_pool():
 
     yield
     _pool.shutdown()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory):
+    """A wheel built from a copy of the sources (as `pip wheel .` in a fresh clone does)."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path_factory.mktemp("wheel_src")
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("precnb", "data_samples"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path_factory.mktemp("wheels")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(out), str(src)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"cannot build the wheel (the test extra installs setuptools>=77 and wheel): " \
+                                 f"{proc.stderr[-2000:]}"
+    return next(out.glob("precnb-*.whl"))
+
+
+@pytest.fixture(scope="session")
+def executed_templates(tmp_path_factory):
+    """Every notebook template filled (``report=<its folder>/report.html``) and executed once, two at a time.
+
+    ``{name: (executed notebook path, its folder, error or None)}``; shared by the template tests
+    and the browser tests of their offline export (executing them is the slow part).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    pytest.importorskip("papermill")
+    pytest.importorskip("nbformat")
+    from precnb.report import notebooks
+
+    sample_path()
+    root = tmp_path_factory.mktemp("executed_templates")
+
+    def run(name: str):
+        folder = root / name
+        folder.mkdir()
+        try:
+            # an absolute report path: papermill changes the process's folder while a kernel starts, and two
+            # notebooks run at once
+            nb_path = notebooks.fill_template(name, folder / f"{name}.ipynb", {"report": str(folder / "report.html")})
+            notebooks.execute(nb_path, cwd=folder, timeout=300)
+        except Exception as exc:  # reported by the test of this template only
+            return name, (folder / f"{name}.ipynb", folder, exc)
+        return name, (nb_path, folder, None)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, notebooks.list_templates()))

@@ -279,7 +279,7 @@ def test_mapping_file_round_trip_and_user_pairs(renamed, tmp_path):
     user = tmp_path / "notes.json"
     user.write_text("{}")
     bad = cli("align", str(root / "baseline"), str(root / "target"), "-o", str(user), "--overwrite")
-    assert bad.returncode == 1 and "not a precnb mapping file" in bad.stderr and user.read_text() == "{}"
+    assert bad.returncode == 1 and "not a precnb output" in bad.stderr and user.read_text() == "{}"
 
 
 def test_a_partial_mapping_is_completed_and_a_user_pair_wins(renamed):

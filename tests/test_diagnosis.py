@@ -247,7 +247,7 @@ def test_plan_cli_json_and_safe_output(tmp_path):
     mine.write_text('{"task": "statistics"}')
     clobber = subprocess.run([sys.executable, "-m", "precnb.cli", "plan", run, "-o", str(mine), "--overwrite"],
                              capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert clobber.returncode == 1 and "not a dump plan precnb wrote" in clobber.stderr
+    assert clobber.returncode == 1 and "not a precnb output" in clobber.stderr
     assert mine.read_text() == '{"task": "statistics"}'
 
 

@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 
 import precnb
-from precnb.io import api
+from precnb.io import executor
 from tests.conftest import ROOT, shared_path
 
 distributed = pytest.importorskip("distributed")
@@ -88,7 +88,7 @@ def test_fault_findings_identical_on_bundled_samples(client):
 def test_ambient_client_is_used(client, monkeypatch):
     monkeypatch.delenv("PRECNB_NO_DASK_CLIENT", raising=False)
     with client.as_current():
-        assert api._ambient_client() is client
+        assert executor._ambient_client() is client
         root = shared_path(*S5, "tp2")
         xr.testing.assert_identical(precnb.open_run(root, progress=False),
                                     precnb.open_run(root, progress=False))  # client=None: the ambient one

@@ -16,7 +16,7 @@ import xarray as xr
 import precnb
 from precnb.analysis import first_divergence, merge_shards
 from precnb.combine import combine_runs, concat_steps, select_run
-from precnb.io.msprobe_dump import discover
+from precnb.io.msprobe import discover
 from precnb.schema import dtype_changes, encode_dtype_changes, entry_dtype
 from tests.conftest import open_quiet as _open
 from tests.conftest import sample_path
@@ -122,10 +122,10 @@ def test_truncated_table_is_bounded(monkeypatch, tmp_path):
     assert sum(len(w) for w in dtype_changes(ds).values()) == 3
 
 
-@pytest.mark.parametrize("reader", ["reference", "fast"])
+@pytest.mark.parametrize("reader", ["whole", "batched"])
 def test_both_parsers_agree(monkeypatch, reader):
-    if reader == "reference":
-        monkeypatch.setenv("PRECNB_REFERENCE_PARSER", "1")
+    if reader == "whole":
+        monkeypatch.setenv("PRECNB_JSON_WHOLE", "1")
     ds = _open(sample_path("divergence", "target"))
     assert len(dtype_changes(ds)) == 4
 

@@ -14,7 +14,9 @@ among the load report's failures (no silently dropped rank), or raises a
 
 The numbers of inputs tried, crashes and dropped ranks are printed at the end of the module and
 written to ``test-output/fuzz_summary.json``. Settings are derandomized (CI-stable) and write
-nothing outside temporary folders (no example database).
+nothing outside temporary folders (no example database). ``make test`` runs the CI budget;
+``make fuzz`` multiplies it (``PRECNB_FUZZ_SCALE``, default 25 there) with random seeds
+(``PRECNB_FUZZ_RANDOM=1``; a failure prints its reproduction blob).
 """
 
 from __future__ import annotations
@@ -53,8 +55,14 @@ NAN, INF = math.nan, math.inf
 ABSENT = object()  # a statistic key left out of the leaf
 
 
+#: ``make test`` runs the CI budget (scale 1); ``make fuzz`` a long one (PRECNB_FUZZ_SCALE=25, random seeds)
+FUZZ_SCALE = float(os.environ.get("PRECNB_FUZZ_SCALE", "1") or 1)
+FUZZ_RANDOM = os.environ.get("PRECNB_FUZZ_RANDOM", "") not in ("", "0")
+
+
 def fuzz_settings(n: int) -> settings:
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None, print_blob=False,
+    return settings(max_examples=max(1, int(n * FUZZ_SCALE)), deadline=None, derandomize=not FUZZ_RANDOM,
+                    database=None, print_blob=FUZZ_RANDOM,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much, HealthCheck.large_base_example])
 
@@ -97,16 +105,16 @@ class Workdir:
 
 @contextlib.contextmanager
 def msprobe_parser(reference: bool):
-    """Use the reference msprobe reader (else the fast path, the default) for this example."""
-    old = os.environ.pop("PRECNB_REFERENCE_PARSER", None)
+    """Parse dump.json files whole (else batch by batch, the default) for this example."""
+    old = os.environ.pop("PRECNB_JSON_WHOLE", None)
     if reference:
-        os.environ["PRECNB_REFERENCE_PARSER"] = "1"
+        os.environ["PRECNB_JSON_WHOLE"] = "1"
     try:
         yield
     finally:
-        os.environ.pop("PRECNB_REFERENCE_PARSER", None)
+        os.environ.pop("PRECNB_JSON_WHOLE", None)
         if old is not None:
-            os.environ["PRECNB_REFERENCE_PARSER"] = old
+            os.environ["PRECNB_JSON_WHOLE"] = old
 
 
 def _quiet_open(path: Path, **kw: Any):
@@ -545,7 +553,7 @@ def test_msprobe_mutated_dumps_never_crash(spec, data):
                 (d / name).write_bytes(raw)
 
         def has_data(folder: Path) -> bool:
-            from precnb.io import msprobe_dump as md
+            from precnb.io import msprobe as md
 
             try:
                 rd = md.discover(folder)[0]

@@ -12,7 +12,8 @@ import pytest
 import xarray as xr
 
 import precnb
-from precnb.io.msprobe_dump import _leaves_of, discover
+from precnb.io.msprobe import discover
+from precnb.io.msprobe.parse import leaves_of as _leaves_of
 from precnb.naming import parse_node
 from precnb.schema import validate
 from tests.conftest import shared_path

@@ -11,7 +11,7 @@ import xarray as xr
 import precnb
 from precnb.io import _pool
 from precnb.io._assemble import LoadReport
-from precnb.io.api import parse_files
+from precnb.io.executor import parse_files
 from tests.conftest import open_quiet as _open
 from tests.conftest import sample_path
 
@@ -95,7 +95,5 @@ def test_resolve_workers(monkeypatch):
 def test_cli_rejects_bad_workers(capsys):
     from precnb.cli import main
 
-    with pytest.raises(SystemExit) as exc:
-        main(["info", str(sample_path("healthy")), "--workers", "0"])
-    assert exc.value.code == 2
+    assert main(["info", str(sample_path("healthy")), "--workers", "0"]) == 2
     assert "--workers" in capsys.readouterr().err

@@ -236,7 +236,7 @@ def test_hostile_names_are_escaped_everywhere(dp_nan):
 
 def test_comparison_report_shows_both_sides(tmp_path):
     base, target = _open("divergence", "baseline"), _open("divergence", "target")
-    out = write_html(target, tmp_path / "sub" / "div.html", baseline=base, names=("baseline", "target"))
+    out = write_html(target, tmp_path / "div.html", baseline=base, names=("baseline", "target"))
     page = out.read_text(encoding="utf-8")
     soup = parse(page)
     card = soup.select_one("article.finding")

@@ -98,9 +98,14 @@ def test_cli_writes_a_new_file_and_never_replaces_one(samples, tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "torch.nn.functional.gelu" in out.read_text()
+    first, second = out.read_text().splitlines()[:2]
+    assert first.startswith("#!") and second.startswith("# precnb_output: repro-script")  # shebang kept first
+    p = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr  # its own script: replaced
     out.write_text("mine")
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert p.returncode == 2 and "exists" in p.stderr and out.read_text() == "mine"
+    for extra in ([], ["--overwrite"]):  # a user's file is never replaced
+        p = subprocess.run([*cmd, *extra], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert p.returncode == 1 and str(out) in p.stderr and out.read_text() == "mine", p.stderr
     p = subprocess.run([sys.executable, "-m", "precnb", "repro", str(samples("tensor_bug", "baseline")),
                         "Distributed.all_reduce.0.forward"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 1 and "Distributed.all_reduce.0.forward" in p.stderr

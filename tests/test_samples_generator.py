@@ -423,7 +423,7 @@ def _have(module: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.needs_generator
-@pytest.mark.skipif(not (_have("torch") and _have("msprobe")), reason="needs torch and msprobe")
+@pytest.mark.skipif(not (_have("torch") and _have("msprobe")), reason="needs torch and msprobe (make test-generator)")
 def test_regenerate_dp_nan(tmp_path):
     out = subprocess.run(
         [

@@ -1,10 +1,12 @@
-"""Scale paths: fast JSON/leaf parsing identical to the reference reader, order-independent
-assembly, streaming zarr conversion identical to the in-memory load, lazy analysis."""
+"""Scale paths: the msprobe parser read batch by batch identical to the whole-file parse and to the
+raw JSON, order-independent assembly, streaming zarr conversion identical to the in-memory load,
+lazy analysis."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import sys
 import warnings
@@ -15,9 +17,11 @@ import pytest
 import xarray as xr
 
 import precnb
-from precnb.io import _fastparse as fp
-from precnb.io import msprobe_dump as md
-from precnb.io._assemble import Assembler, assemble
+from precnb.errors import OutputRefusedError
+from precnb.io import msprobe as md
+from precnb.io._assemble import Assembler, SharedTable, assemble
+from precnb.io.msprobe import _json
+from precnb.io.msprobe.parse import leaves_of
 from tests.conftest import ROOT, SHARED
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -25,10 +29,6 @@ import generate
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
-
-# tricky inputs the fast path must hand to the reference reader (it warns about them or rejects them)
-FALLBACK = {"token_in_shape", "float_and_bool_dims", "bad_values_warned", "null_record_and_list_record",
-            "empty_data", "missing_framework", "deep_64", "deep_65"}
 
 REAL_ROOTS = [
     SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics",
@@ -42,11 +42,17 @@ REAL_ROOTS = [
 
 
 # ------------------------------------------------------------------------------- helpers
+def _table(t):
+    return t.get() if isinstance(t, SharedTable) else t
+
+
 def same_records(a, b) -> None:
     """Two FileRecords hold exactly the same data (NaN payloads and -0.0 included)."""
     assert (a.step, a.rank) == (b.step, b.rank)
     assert a.labels == b.labels
-    assert a.coords == b.coords
+    assert a.coords.keys() == b.coords.keys()
+    for k in a.coords:
+        assert list(np.asarray(a.coords[k]).tolist()) == list(np.asarray(b.coords[k]).tolist()), k
     assert a.values.keys() == b.values.keys()
     for k in a.values:
         assert a.values[k].dtype == b.values[k].dtype
@@ -55,42 +61,85 @@ def same_records(a, b) -> None:
         x, y = getattr(a, k), getattr(b, k)
         assert x.dtype == y.dtype and np.array_equal(x, y), k
     assert a.strings == b.strings
-    assert a.construct == b.construct
-    assert a.stacks == b.stacks
+    assert _table(a.construct) == _table(b.construct)
+    assert _table(a.stacks) == _table(b.stacks)
     assert a.meta == b.meta
 
 
-def fast_and_reference(rd):
-    """(fast record, reference record, or the error each raised)."""
-    def run(f):
-        try:
-            return f(rd)
-        except Exception as exc:  # compared below
-            return exc
+def whole(rd):
+    """The record of the whole-file parse (standard library rules), or the error it raised."""
+    old = os.environ.get("PRECNB_JSON_WHOLE")
+    os.environ["PRECNB_JSON_WHOLE"] = "1"
+    try:
+        return md.read_rank_dir(rd)
+    except Exception as exc:  # compared by the caller
+        return exc
+    finally:
+        if old is None:
+            del os.environ["PRECNB_JSON_WHOLE"]
 
-    return run(fp.read_rank_dir), run(md.read_rank_dir)
+
+def batched_and_whole(rd):
+    """(record of the default parse, record of the whole-file parse, or the error each raised)."""
+    try:
+        a = md.read_rank_dir(rd)
+    except Exception as exc:  # compared below
+        a = exc
+    return a, whole(rd)
 
 
 def check_folder(folder: Path, monkeypatch=None) -> bool:
-    """Fast and reference agree; returns whether the fast path handed the file to the reference."""
-    calls = []
+    """The default parse equals the whole-file parse; returns whether the batched JSON path gave up."""
+    gave_up = []
     if monkeypatch is not None:
-        ref = md.read_rank_dir
-        monkeypatch.setattr(md, "read_rank_dir", lambda rd, **kw: (calls.append(rd), ref(rd, **kw))[1])
+        real = _json.batches
+
+        def spy(path):
+            try:
+                yield from real(path)
+            except _json.NotBatchableError:
+                gave_up.append(path)
+                raise
+
+        monkeypatch.setattr(_json, "batches", spy)
     rd = md.discover(folder)[0]
     try:
-        a = fp.read_rank_dir(rd)
+        a = md.read_rank_dir(rd)
     except Exception as exc:  # compared below
         a = exc
     if monkeypatch is not None:
         monkeypatch.undo()
-    b = fast_and_reference(rd)[1]
+    b = whole(rd)
     if isinstance(b, Exception):
         assert type(a) is type(b) and str(a) == str(b)
     else:
         assert not isinstance(a, Exception), a
         same_records(a, b)
-    return bool(calls)
+        check_against_raw_json(rd, a)
+    return bool(gave_up)
+
+
+def check_against_raw_json(rd, rec) -> None:
+    """Every statistic, dtype and shape of the record is the raw JSON's (json.loads of the file)."""
+    doc = json.loads(rd.dump_file.read_bytes().lstrip(b"\xef\xbb\xbf"))
+    data = doc.get("data", doc) if isinstance(doc, dict) else {}
+    expected = {}
+    for node, record in data.items():
+        for label, _role, lf in leaves_of(node, record):
+            expected.setdefault(label, lf)
+    by_label = dict(zip(rec.labels, range(len(rec.labels)), strict=True))
+    for label, lf in expected.items():
+        i = by_label[label]
+        for name, key in (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm")):
+            want = lf.get(key)
+            got = rec.values[name][i]
+            if isinstance(want, float):
+                assert (got != got and want != want) or (
+                    got == want and math.copysign(1, got) == math.copysign(1, want))
+            elif want is None:
+                assert got != got and rec.null_stats[i] & (1 << ("max", "min", "mean", "norm").index(name))
+        dtype = lf.get("dtype")
+        assert rec.coords["dtype"][i] == (dtype if isinstance(dtype, str) else "")
 
 
 def write_rank(tmp: Path, dump: bytes | str | dict, *, construct=None, stack=None) -> Path:
@@ -112,42 +161,38 @@ def leaf(**kw):
 
 
 def load_both(root: Path, **kw):
-    """open_run with the fast parser and with the reference parser (PRECNB_REFERENCE_PARSER)."""
+    """open_run batch by batch and with whole-file parses (PRECNB_JSON_WHOLE)."""
     fast = precnb.open_run(root, progress=False, **kw)
-    import os
-
-    os.environ["PRECNB_REFERENCE_PARSER"] = "1"
+    os.environ["PRECNB_JSON_WHOLE"] = "1"
     try:
         ref = precnb.open_run(root, progress=False, **kw)
     finally:
-        del os.environ["PRECNB_REFERENCE_PARSER"]
+        del os.environ["PRECNB_JSON_WHOLE"]
     return fast, ref
 
 
 # -------------------------------------------------------------------------- quote_tokens
 def test_quote_tokens_only_outside_strings():
     raw = (b'{"s": "NaN Infinity -Infinity \\" NaN", "Max": NaN, "Min": -Infinity,\n'
-           b' "Mean": Infinity, "k\\"NaN": "x", "value": NaN, "t": "a\\\\", "Norm": NaN}')
-    out = fp.quote_tokens(raw)
-    assert out is not None
+           b' "Mean": Infinity, "k\\"NaN": "x", "value": NaN, "t": "a\\\\", "Norm": NaN,'
+           b' "NaNGuard": "Max: NaN", "x\\"Max": 1}')
+    out = _json.quote_tokens(raw)
     assert json.loads(out) == {"s": 'NaN Infinity -Infinity " NaN', "Max": "NaN", "Min": "-Infinity",
-                               "Mean": "Infinity", 'k"NaN': "x", "value": "NaN", "t": "a\\", "Norm": "NaN"}
+                               "Mean": "Infinity", 'k"NaN': "x", "value": "NaN", "t": "a\\", "Norm": "NaN",
+                               "NaNGuard": "Max: NaN", 'x"Max': 1}
 
 
 @pytest.mark.parametrize("raw", [
-    b'{"shape": [NaN, 2]}',            # an array element: reference parser
+    b'{"shape": [NaN, 2]}',            # an array element: left bare (the whole-file parse reads it)
     b'{"dtype": NaN}',                 # a value the reader looks at
     b'[NaN]',
     b'{"a": {"Max": 1}, "b": NaN}',
     b'{"xMax": NaN}',
+    b'{"k\\"Max": NaN}',               # a key ending in an escaped quote and Max
+    b'{"Max": NaNx}',
 ])
-def test_quote_tokens_refuses_positions_the_reader_reads(raw):
-    assert fp.quote_tokens(raw) is None
-
-
-def test_quote_tokens_none_without_bare_tokens():
-    assert fp.quote_tokens(b'{"a": "NaN", "b": "-Infinity"}') is None
-    assert fp.quote_tokens(b'{"a": 1}') is None
+def test_quote_tokens_leaves_other_positions_bare(raw):
+    assert _json.quote_tokens(raw) == raw
 
 
 def _random_string(rng: random.Random) -> str:
@@ -186,41 +231,39 @@ def _same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-def test_fast_loads_matches_json_on_random_documents():
+def test_quoted_documents_parse_like_json_on_random_documents():
     rng = random.Random(20261129)
     quoted = 0
     for i in range(3000):
         doc = {"data": _random_doc(rng)}
         raw = json.dumps(doc, indent=rng.choice([None, 1, 2]), ensure_ascii=rng.random() < 0.5).encode()
         ref = json.loads(raw)
-        got = fp.loads(raw)
-        expected = _expected(ref) if fp.quote_tokens(raw) is not None else ref
-        quoted += fp.quote_tokens(raw) is not None
-        assert _same(got, expected), (i, raw)
+        fixed = _json.quote_tokens(raw)
+        quoted += fixed != raw
+        try:
+            got = json.loads(fixed.replace(b"NaN", b"nan_").replace(b"nan_", b"NaN"))
+        except ValueError:
+            got = None
+        if b"NaN" in fixed.replace(b'"NaN"', b"") or b"Infinity" in fixed.replace(b'"Infinity"', b"").replace(
+                b'"-Infinity"', b""):
+            continue  # a bare token left (inside a string or not a statistic): orjson refuses, the whole parse reads
+        assert _same(got, _expected(ref)), (i, raw)
     assert quoted > 100  # the quoting path was exercised
 
 
-def test_compact_and_escaped_lines_use_the_global_scan():
-    long = "x" * 5000
-    doc = {"data": {"Functional.a.0.forward": {"output": [leaf(Max=float("nan"), note=long + '\\" NaN')]}},
-           "task": "statistics", "level": "L1", "framework": "pytorch"}
-    raw = json.dumps(doc).encode()  # one line
-    assert fp.quote_tokens(raw) is not None
-    assert _same(fp.loads(raw), _expected(json.loads(raw)))
-
-
-# ------------------------------------------------------------------ fast == reference (files)
+# ---------------------------------------------------- batched == whole == raw JSON (files)
 @pytest.mark.parametrize("root", REAL_ROOTS, ids=lambda p: "/".join(p.parts[-2:]))
-def test_fast_records_identical_on_real_dumps(root):
+def test_records_identical_on_real_dumps(root):
     if not root.exists():
         pytest.skip(f"{root} not available")
     for rd in md.discover(root):
-        a, b = fast_and_reference(rd)
+        a, b = batched_and_whole(rd)
         same_records(a, b)
+        check_against_raw_json(rd, a)
 
 
 @pytest.mark.parametrize("root", REAL_ROOTS[:4] + REAL_ROOTS[4:5], ids=lambda p: "/".join(p.parts[-2:]))
-def test_fast_dataset_identical_on_real_dumps(root):
+def test_dataset_identical_on_real_dumps(root):
     if not root.exists():
         pytest.skip(f"{root} not available")
     fast, ref = load_both(root)
@@ -279,7 +322,7 @@ def _deep(n: int):
 
 
 @pytest.mark.parametrize("name", [*sorted(TRICKY), "deep_63", "deep_64", "deep_65"])
-def test_fast_records_identical_on_tricky_dumps(tmp_path, monkeypatch, name):
+def test_records_identical_on_tricky_dumps(tmp_path, monkeypatch, name):
     if name.startswith("deep_"):
         doc = {"data": {"Functional.x.0.forward": {"output": _deep(int(name[5:]))}}}
     else:
@@ -290,7 +333,8 @@ def test_fast_records_identical_on_tricky_dumps(tmp_path, monkeypatch, name):
     folder = write_rank(tmp_path, json.dumps(doc, indent=1),
                         construct={"Functional.x.0.forward": "Module.a.A.forward.0", "Module.a.A.forward.0": None},
                         stack={"Functional.x.0.forward": ["File a.py, line 1, in f, \n x = NaN"]})
-    assert check_folder(folder, monkeypatch) == (name in FALLBACK)
+    # only a bare token the quoting leaves (a shape element) or "data": {} on one line need the whole-file parse
+    assert check_folder(folder, monkeypatch) == (name in {"token_in_shape", "empty_data"})
 
 
 @pytest.mark.parametrize("construct,stack", [
@@ -301,7 +345,7 @@ def test_fast_records_identical_on_tricky_dumps(tmp_path, monkeypatch, name):
     (None, "{broken"),
     ('{"Functional.x.0.forward": ["Module.a.A.forward.0", 3]}', None),  # Megatron micro step
 ])
-def test_fast_records_identical_with_odd_side_files(tmp_path, construct, stack):
+def test_records_identical_with_odd_side_files(tmp_path, construct, stack):
     doc = {"task": "statistics", "level": "mix", "framework": "pytorch",
            "data": {"Functional.x.0.forward": {"output": [leaf(Max=float("nan"))]}}}
     check_folder(write_rank(tmp_path, doc, construct=construct, stack=stack))
@@ -313,7 +357,7 @@ def test_fast_records_identical_with_odd_side_files(tmp_path, construct, stack):
     b'{"framework": "pytorch", "data": {"Functional.x.0.forward": {"output": [{"type": "torch.Tensor", '
     b'"dtype": "torch.float32", "shape": [1], "Max": NaN, "Min": "\\ud800", "Mean": 1, "Norm": 1}]}}}',
 ])
-def test_fast_records_identical_on_broken_dumps(tmp_path, raw):
+def test_records_identical_on_broken_dumps(tmp_path, raw):
     check_folder(write_rank(tmp_path, raw))
 
 
@@ -322,7 +366,7 @@ def test_assembler_is_independent_of_arrival_order():
     root = ROOT / "data_samples" / "dp_nan"
     if not root.exists():
         pytest.skip("bundled sample missing")
-    recs = [fp.read_rank_dir(d) for d in md.discover(root)]
+    recs = [md.read_rank_dir(d) for d in md.discover(root)]
     expected = assemble(recs, source_format="msprobe")
     order = list(range(len(recs)))
     random.Random(3).shuffle(order)
@@ -396,7 +440,11 @@ def test_streaming_zarr_reopens_identical_to_in_memory_load(tree48, tmp_path):
 def test_streaming_zarr_selection_and_overwrite(tree48, tmp_path):
     eager = precnb.open_run(tree48, steps=[1, 2], ranks=list(range(0, 48, 5)), progress=False)
     store = tmp_path / "sel.zarr"
-    store.mkdir()
+    store.mkdir()  # a folder precnb did not write, even an empty one, is never replaced
+    with pytest.raises(OutputRefusedError, match="not a precnb output"):
+        precnb.to_zarr(tree48, store, mode="w", steps=[1, 2], progress=False)
+    store.rmdir()
+    precnb.to_zarr(tree48, store, steps=[0], progress=False)
     precnb.to_zarr(tree48, store, mode="w", steps=[1, 2], ranks=list(range(0, 48, 5)), progress=False)
     xr.testing.assert_identical(eager, precnb.open_run(store))
 

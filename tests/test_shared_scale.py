@@ -15,7 +15,7 @@ import xarray as xr
 import precnb
 from precnb.analysis import anomaly_table, first_divergence, first_divergence_stepwise, nan_origin
 from precnb.cli import main
-from precnb.io.msprobe_dump import discover
+from precnb.io.msprobe import discover
 from precnb.schema import entry_dtype
 from tests.conftest import open_quiet as _open
 from tests.conftest import shared_path

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, sample_path
+from tests.conftest import ROOT
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("papermill")
@@ -115,6 +114,9 @@ def test_template_fill(tmp_path, capsys):
     from precnb.cli import main
 
     out = tmp_path / "incident" / "my.ipynb"
+    assert main(["template", "divergence", "-o", str(out)]) == 1  # precnb creates no folder
+    assert "incident does not exist (precnb does not create folders" in capsys.readouterr().err
+    out.parent.mkdir()
     code = main(["template", "divergence", "-o", str(out), "-p", "baseline", "/data/gpu run",
                  "-p", "target", "/data/npu", "-p", "step_offset", "auto", "-p", "tolerance", "0.001"])
     assert code == 0, capsys.readouterr().err
@@ -136,8 +138,10 @@ def test_template_fill(tmp_path, capsys):
     # no parameters: a plain copy
     out3 = tmp_path / "plain.ipynb"
     assert main(["template", "monitor_trends", "-o", str(out3)]) == 0
-    assert (PACKAGE / "monitor_trends.ipynb").read_text(encoding="utf-8").strip() == out3.read_text(
-        encoding="utf-8").strip()
+    copy, orig = _read(out3), _read(PACKAGE / "monitor_trends.ipynb")
+    assert copy.cells == orig.cells
+    assert copy.metadata.pop("precnb_output")["kind"] == "notebook:monitor_trends"  # --overwrite may replace it
+    assert copy.metadata == orig.metadata
 
 
 def test_template_errors(tmp_path, capsys):
@@ -153,43 +157,47 @@ def test_template_errors(tmp_path, capsys):
     target.write_text("{}")
     assert main(["template", "nan_origin", "-o", str(target)]) == 1
     assert "exists" in capsys.readouterr().err
-    assert main(["template", "nan_origin", "-o", str(target), "--overwrite"]) == 0
+    assert main(["template", "nan_origin", "-o", str(target), "--overwrite"]) == 1  # not precnb's: kept
+    assert "is not a precnb output" in capsys.readouterr().err and target.read_text() == "{}"
+    ours = tmp_path / "ours.ipynb"
+    assert main(["template", "nan_origin", "-o", str(ours)]) == 0
+    assert main(["template", "divergence", "-o", str(ours)]) == 1
+    assert main(["template", "divergence", "-o", str(ours), "--overwrite"]) == 0
+    assert _read(ours).metadata["precnb_output"]["kind"] == "notebook:divergence"
 
 
 @pytest.mark.slow
-def test_template_command_works_from_an_installed_wheel(tmp_path):
-    """Build a wheel from the sources, install it into a folder, run `precnb template` from it."""
-    pytest.importorskip("setuptools")
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "precnb", src / "precnb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+def test_template_command_works_from_an_installed_wheel(tmp_path, built_wheel):
+    """Install the wheel into a folder, run `precnb template` from it and execute a template with its defaults."""
+    site = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    build = subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
-                           capture_output=True, text=True, timeout=300)
-    if build.returncode != 0:
-        pytest.skip(f"cannot build a wheel here: {build.stderr[-500:]}")
-    wheel = next(wheels.glob("precnb-*.whl"))
-    inst = subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+    inst = subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(built_wheel)],
                           capture_output=True, text=True, timeout=300)
     assert inst.returncode == 0, inst.stderr
     work = tmp_path / "elsewhere"
     work.mkdir()
     code = ("import json, precnb, precnb.report.notebooks as n; from precnb.cli import main; "
             "rc = main(['template', 'sharded_vs_single', '-o', 'out.ipynb', '-p', 'target_layout', 'tp=4']); "
-            "print(json.dumps([precnb.__file__, rc, n.list_templates()]))")
+            "rc2 = main(['template', 'nan_origin', '-o', 'nan.ipynb', '--execute']); "
+            "print(json.dumps([precnb.__file__, rc, rc2, n.list_templates(), str(precnb.sample_path())]))")
     env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("PRECNB_SAMPLES", None)
     proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr
-    file, rc, names = json.loads(proc.stdout.strip().splitlines()[-1])
+    file, rc, rc2, names, samples = json.loads(proc.stdout.strip().splitlines()[-1])
     assert Path(file).resolve().is_relative_to(site.resolve()), file  # the installed copy, not the checkout
-    assert rc == 0 and names == NAMES
+    assert Path(samples).resolve() == (site / "precnb" / "data_samples").resolve()  # shipped in the wheel
+    assert rc == 0 and rc2 == 0 and names == NAMES
     nb = _read(work / "out.ipynb")
     assert any("target_layout = \"tp=4\"" in c.source for c in nb.cells)
     assert (site / "precnb" / "templates" / "report" / "report.html.j2").is_file()
+    # the template's default parameters read the bundled sample from the installed package
+    ran = _read(work / "nan.ipynb")
+    text = "\n".join(o.get("text", "") for c in ran.cells if c.cell_type == "code" for o in c.outputs
+                     if o.output_type == "stream")
+    assert f"{site / 'precnb' / 'data_samples' / 'dp_nan'}: 3 steps × 2 ranks" in text, text[:2000]
+    assert "Torch.sqrt.0.forward" in text
 
 
 # -- execution -------------------------------------------------------------------------------------
@@ -197,10 +205,10 @@ def test_template_command_works_from_an_installed_wheel(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_template_runs_on_the_bundled_samples(name, tmp_path):
-    sample_path()  # skip cleanly without data_samples/
-    nb_path = notebooks.fill_template(name, tmp_path / f"{name}.ipynb", {"report": "report.html"})
-    notebooks.execute(nb_path, cwd=tmp_path, timeout=300)
+def test_template_runs_on_the_bundled_samples(name, tmp_path, executed_templates):
+    nb_path, folder, error = executed_templates[name]  # executed once per session (conftest)
+    if error is not None:
+        raise error
     nb = _read(nb_path)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
@@ -215,7 +223,7 @@ def test_template_runs_on_the_bundled_samples(name, tmp_path):
     assert "image/svg+xml" in mimes  # static charts
     assert not any(m.startswith("application/vnd.vegalite") for m in mimes)  # no CDN-dependent renderer
     assert nb.metadata.get("widgets")  # widget state saved for the export
-    report = tmp_path / "report.html"
+    report = folder / "report.html"
     assert report.is_file() and report.stat().st_size < 10_000_000
     assert "precnb report" in report.read_text(encoding="utf-8")[:2000]
     tdir = notebooks.offline_template_dir()

@@ -47,12 +47,16 @@ def test_metrics_csv_and_output_file(samples, tmp_path):
     out = tmp_path / "m.csv"
     p = cli("metrics", str(b), str(t), "--csv", "-o", str(out))
     assert p.returncode == 0, p.stderr
-    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    text_lines = out.read_text().splitlines(keepends=True)
+    assert text_lines[0].startswith("# precnb_output: tensor-metrics")  # what --overwrite recognises
+    rows = list(csv.DictReader(io.StringIO("".join(text_lines[1:]))))
     assert len(rows) == 430 and {"cosine", "euc_dist", "ulp_err", "bitwise_equal", "status"} <= set(rows[0])
     bf = [r for r in rows if r["target_dtype"] == "torch.bfloat16"]
     assert bf and all(float(r["ulp_err"]) >= 0 for r in bf)
-    p = cli("metrics", str(b), str(t), "--csv", "-o", str(out))  # never replaces a file
-    assert p.returncode == 2 and "exists" in p.stderr
+    p = cli("metrics", str(b), str(t), "--csv", "-o", str(out))  # an existing file needs --overwrite
+    assert p.returncode == 1 and "exists" in p.stderr
+    p = cli("metrics", str(b), str(t), "--csv", "-o", str(out), "--overwrite")  # a precnb output: replaced
+    assert p.returncode == 0, p.stderr
     text = cli("metrics", str(b), str(t), "--top", "3")
     assert text.returncode == 0 and "430 tensor pair(s)" in text.stdout and "lowest cosine first" in text.stdout
     bad = cli("metrics", str(b), str(t), "--tensors", "no_such_module_or_regex_xyz")

@@ -14,8 +14,10 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import IO, Any, NoReturn
 
+from precnb.cli import _term
+from precnb.cli._args import MAX_INDEX, int_set, integer
 from precnb.errors import PrecnbError
 
 __all__ = ["main"]
@@ -25,35 +27,36 @@ class UsageError(Exception):
     """A command-line usage error (exit code 2)."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2) and control characters escaped in its output."""
+
+    def error(self, message: str) -> NoReturn:
+        message = message[len("argument "):] if message.startswith("argument ") else message
+        self.exit(2, f"{self.prog}: usage error: {_one_line_text(message)} (see `{self.prog} --help`)\n")
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if message:
+            (file or sys.stderr).write(_term.escape_controls(message))
+
+
 def _add_load_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", help="steps to load: N, A:B (inclusive) or a comma list")
-    p.add_argument("--ranks", help="ranks to load: comma list or A:B")
-    p.add_argument("--format", choices=["msprobe", "monitor", "kernel", "kernel_tensors", "compare", "zarr",
-                                        "config_check"],
-                   help="force a reader instead of detecting it")
+    p.add_argument("--steps", type=int_set("steps"), help="steps to load: N, A:B (inclusive) or a comma list")
+    p.add_argument("--ranks", type=int_set("ranks"), help="ranks to load: comma list or A:B")
+    from precnb.io.readers import reader_names
+
+    p.add_argument("--format", choices=reader_names(), help="force a reader instead of detecting it")
     p.add_argument("--workers", type=_workers, default=None,
                    help="local processes that parse dump files: N, or 'auto' (default: "
                         "$PRECNB_WORKERS, else auto = one per available CPU, at most 8)")
 
 
-def int_or_auto(minimum: int | None = None, why: str = "") -> Callable[[str], int | str]:
-    """An argparse type: ``auto`` or an integer (at least *minimum*; *why* explains the bound)."""
-
-    def parse(text: str) -> int | str:
-        if text.strip().lower() == "auto":
-            return "auto"
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
-        if minimum is not None and n < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}{f' ({why})' if why else ''}")
-        return n
-
-    return parse
+def int_or_auto(minimum: int | None = None, why: str = "", maximum: int | None = MAX_INDEX) -> Callable[[str], Any]:
+    """An argparse type: ``auto`` or an integer in [*minimum*, *maximum*] (*why* explains the bound)."""
+    lo = minimum if minimum is not None else -MAX_INDEX
+    return integer(lo, maximum, auto=True, why=why)
 
 
-_workers = int_or_auto(1, "1: parse in this process")
+_workers = int_or_auto(1, "1: parse in this process", maximum=1024)
 
 
 def cli_workers(args: argparse.Namespace) -> int | str:
@@ -66,24 +69,30 @@ def cli_workers(args: argparse.Namespace) -> int | str:
     return os.environ.get("PRECNB_WORKERS") or "auto"
 
 
-def parse_int_set(text: str | None, what: str) -> list[int] | None:
-    """Parse ``"3"``, ``"1:4"`` (inclusive) or ``"0,3,5"`` into a list of ints."""
-    if text is None:
-        return None
-    out: list[int] = []
+def parse_int_set(text: str | list[int] | None, what: str) -> list[int] | None:
+    """Parse ``"3"``, ``"1:4"`` (inclusive) or ``"0,3,5"`` into a sorted list of ints (a list passes).
+
+    ``--steps`` / ``--ranks`` are parsed by argparse already (:func:`precnb.cli._args.int_set`).
+    """
+    if text is None or isinstance(text, list):
+        return text
     try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if ":" in part:
-                a, b = part.split(":", 1)
-                out += list(range(int(a), int(b) + 1))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise UsageError(f"--{what}: expected N, A:B or a comma list, got {text!r}") from None
-    return out
+        return int_set(what)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"--{what}: {exc}") from None
+
+
+def command_inputs(args: argparse.Namespace) -> list[str]:
+    """Every path a command reads (runs, baseline, reference runs, mapping files).
+
+    Writers get them as ``inputs=`` (:mod:`precnb._write`): an output never lands in, on or
+    around one of them.
+    """
+    paths: list[Any] = [getattr(args, n, None) for n in ("path", "run", "baseline", "target")]
+    for n in ("reference", "mapping"):
+        value = getattr(args, n, None)
+        paths += list(value) if isinstance(value, (list, tuple)) else [value]
+    return [str(p) for p in paths if p]
 
 
 def open_checked(path: str, args: argparse.Namespace, *, steps: list[int] | None = None,
@@ -132,9 +141,9 @@ def _open(path: str, args: argparse.Namespace) -> Any:
 
 def _emit(obj: dict[str, Any], as_json: bool, text: str) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(obj, indent=2, default=_json_default, allow_nan=False) + "\n")
+        _term.out(json.dumps(obj, indent=2, default=_json_default, allow_nan=False) + "\n")
     else:
-        sys.stdout.write(text.rstrip() + "\n")
+        _term.out(text.rstrip() + "\n")
 
 
 def _json_default(o: Any) -> Any:
@@ -202,7 +211,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     ds = open_store(out, lazy=True)
     failures = load_report(ds).failures
     args.load_failures = [*(getattr(args, "load_failures", None) or []), *failures]
-    sys.stdout.write(f"wrote {out} ({ds.sizes['step']} steps × {ds.sizes['rank']} ranks × "
+    _term.out(f"wrote {out} ({ds.sizes['step']} steps × {ds.sizes['rank']} ranks × "
                      f"{ds.sizes['tensor']} tensors)\n")
     return 0
 
@@ -211,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser (also used to generate docs)."""
     from precnb import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="precnb", description="Numerical-accuracy triage of msprobe dumps and monitor data.")
     parser.add_argument("--version", action="version", version=f"precnb {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -225,8 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="materialise a run into a zarr store that reopens instantly")
     p.add_argument("path")
-    p.add_argument("-o", "--output", required=True, help="store folder to create (e.g. run.zarr)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument("-o", "--output", required=True, help="store folder to create (e.g. run.zarr); its parent "
+                                                        "folder must exist")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store precnb wrote (never "
+                                                            "anything else)")
     _add_load_options(p)
     p.set_defaults(func=_cmd_convert)
 
@@ -245,9 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+def _one_line_text(text: str) -> str:
+    text = " ".join(text.split())
     return text if len(text) <= 2000 else text[:1997] + "..."
+
+
+def _one_line(exc: BaseException) -> str:
+    return _one_line_text(str(exc)) or type(exc).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -267,7 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
-    args = parser.parse_args(argv)  # usage errors: argparse prints them and exits 2
+    try:
+        args = parser.parse_args(argv)  # usage errors: one line, exit 2 (Parser.error)
+    except SystemExit as exc:  # also --help / --version (exit 0)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     args.debug = debug
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
@@ -278,12 +296,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         if debug:
             raise
-        sys.stderr.write(f"{cmd}: usage error: {_one_line(exc)}\n")
+        _term.err(f"{cmd}: usage error: {_one_line(exc)}\n")
         return 2
     except KeyboardInterrupt:
         if debug:
             raise
-        sys.stderr.write("interrupted\n")
+        _term.err("interrupted\n")
         return 130
     except BrokenPipeError:  # e.g. `precnb info run | head -1`: not an error of ours
         with contextlib.suppress(OSError, ValueError):  # silence the flush at exit
@@ -292,17 +310,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PrecnbError, OSError) as exc:
         if debug:
             raise
-        sys.stderr.write(f"{cmd}: error: {_one_line(exc)}\n")
+        _term.err(f"{cmd}: error: {_one_line(exc)}\n")
         return 1
     except MemoryError:
         if debug:
             raise
-        sys.stderr.write(f"{cmd}: error: out of memory (try --steps / --ranks to load less)\n")
+        _term.err(f"{cmd}: error: out of memory (try --steps / --ranks to load less)\n")
         return 1
     except Exception as exc:  # a bug: still one line, but say so
         if debug:
             raise
-        sys.stderr.write(f"{cmd}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+        _term.err(f"{cmd}: internal error: {type(exc).__name__}: {_one_line(exc)} "
                          "(please report it; rerun with --debug for the traceback)\n")
         return 1
     failures = getattr(args, "load_failures", None) or []
@@ -310,7 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "load_failures_reported", False):
             for path, reason in failures:
                 text = reason if reason.startswith(path) else f"{path}: {reason}"
-                sys.stderr.write(f"{cmd}: skipped unreadable {' '.join(text.split())}\n")
+                what = "skipped" if reason.startswith(("not loaded", "duplicate row")) else "skipped unreadable"
+                _term.err(f"{cmd}: {what} {' '.join(text.split())}\n")
         code = max(code, 1)
     return code
 

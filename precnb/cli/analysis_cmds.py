@@ -8,30 +8,26 @@ whether or not something was found.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from precnb.cli import int_or_auto
+from precnb.cli import _term, int_or_auto
+from precnb.cli._args import MAX_INDEX, integer, layout_text, number, order_text
 
 __all__ = ["register"]
 
-
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return v
+_positive = number(0)
+_step = integer(0, MAX_INDEX)
+_size = integer(1, 2**20)
+#: statistics a spike test can use: the schema's four and msprobe monitor's zeros / nans counts
+SPIKE_STATS = ("norm", "max", "min", "mean", "zeros", "nans")
 
 
 def _emit_finding(finding: Any, args: argparse.Namespace) -> int:
     if args.json:
-        sys.stdout.write(finding.to_json(indent=2) + "\n")
+        _term.out(finding.to_json(indent=2) + "\n")
     else:
-        sys.stdout.write(finding.summary() + "\n")
+        _term.out(finding.summary() + "\n")
     return 0
 
 
@@ -134,7 +130,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if args.json:  # one object: the most important finding (a failing pre-flight one names the divergence)
         return _emit_finding(triage.finding, args)
     shown = triage.found or [triage.result("first_divergence") or triage.finding]
-    sys.stdout.write("\n\n".join(f.summary() for f in shown) + "\n")
+    _term.out("\n\n".join(f.summary() for f in shown) + "\n")
     return 0
 
 
@@ -148,9 +144,9 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     else:
         triage = run_triage(args, args.target, args.base, kinds=["preflight"], **extra)
     if args.json:
-        sys.stdout.write(to_json(checklist(triage), indent=2) + "\n")
+        _term.out(to_json(checklist(triage), indent=2) + "\n")
     else:
-        sys.stdout.write(triage.result("preflight").summary() + "\n")
+        _term.out(triage.result("preflight").summary() + "\n")
     return 0
 
 
@@ -163,9 +159,13 @@ def add_mapping_option(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_align(args: argparse.Namespace) -> int:
+    from precnb._write import check_output
     from precnb.analysis.findings import to_json
-    from precnb.cli import UsageError
+    from precnb.cli import UsageError, command_inputs
 
+    inputs = command_inputs(args)
+    if args.output:  # refuse a bad -o before aligning
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite)
     triage = run_triage(args, args.target, args.baseline, kinds=[])
     a = triage.alignment
     if a is None:
@@ -174,17 +174,17 @@ def _cmd_align(args: argparse.Namespace) -> int:
         from precnb.mapping import MappingError
 
         try:
-            out = a.to_file(args.output, overwrite=args.overwrite)
+            out = a.to_file(args.output, overwrite=args.overwrite, inputs=inputs)
         except MappingError as exc:
             from precnb.errors import PrecnbError
 
             raise PrecnbError(str(exc)) from None
     if args.json:
-        sys.stdout.write(to_json(a.to_dict(), indent=2) + "\n")
+        _term.out(to_json(a.to_dict(), indent=2) + "\n")
     else:
-        sys.stdout.write(_alignment_text(a, triage) + "\n")
+        _term.out(_alignment_text(a, triage) + "\n")
     if args.output and not args.json:
-        sys.stdout.write(f"wrote {out} (edit it and reuse it: precnb diff BASE TARGET --mapping {out})\n")
+        _term.out(f"wrote {out} (edit it and reuse it: precnb diff BASE TARGET --mapping {out})\n")
     return 0
 
 
@@ -244,18 +244,23 @@ def _layout_from_args(args: argparse.Namespace, world_size: int) -> Any:
 
 
 def _add_layout_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layout", help="layout as text, e.g. tp=2,pp=2 (instead of the flags below)")
+    p.add_argument("--layout", type=layout_text, help="layout as text, e.g. tp=2,pp=2 (instead of the flags below)")
     for dim in ("tp", "pp", "vpp", "cp", "ep"):
-        p.add_argument(f"--{dim}", type=int, default=1, help=f"{dim.upper()} size (default 1)")
-    p.add_argument("--order", default="tp-cp-ep-dp-pp", help="Megatron order string")
-    p.add_argument("--num-layers", type=int, help="total layers, for PP/VPP renumbering")
+        p.add_argument(f"--{dim}", type=_size, default=1, help=f"{dim.upper()} size (default 1)")
+    p.add_argument("--order", type=order_text, default="tp-cp-ep-dp-pp", help="Megatron order string")
+    p.add_argument("--num-layers", type=_size, help="total layers, for PP/VPP renumbering")
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from precnb.analysis import LayoutError, merge_shards
-    from precnb.cli import UsageError
+    from precnb.cli import UsageError, command_inputs
     from precnb.io.store import to_zarr
 
+    inputs = command_inputs(args)
+    if args.output:
+        from precnb._write import check_output
+
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite, folder=True)  # before the long part
     ds = _load(args.run, args, steps=_steps_arg(args))
     ref = _load(args.reference, args, steps=_steps_arg(args)) if args.reference else None
     try:
@@ -268,19 +273,19 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         for k in merged[name].values:
             counts[f"{name[len('shard_kind_'):]}:{k}"] = counts.get(f"{name[len('shard_kind_'):]}:{k}", 0) + 1
     if args.output:
-        to_zarr(merged, args.output, mode="w" if args.overwrite else "w-")
+        to_zarr(merged, args.output, mode="w" if args.overwrite else "w-", inputs=inputs)
     summary = {"layout": layout.describe(), "merged_ranks": [int(r) for r in merged["rank"].values],
                "tensors": int(merged.sizes["tensor"]), "classification": counts, "output": args.output}
     if args.json:
         from precnb.analysis.findings import to_json
 
-        sys.stdout.write(to_json(summary, indent=2) + "\n")
+        _term.out(to_json(summary, indent=2) + "\n")
     else:
-        sys.stdout.write(f"merged {layout.describe()} into ranks {summary['merged_ranks']}\n")
+        _term.out(f"merged {layout.describe()} into ranks {summary['merged_ranks']}\n")
         for k, v in sorted(counts.items()):
-            sys.stdout.write(f"  {k:<24} {v}\n")
+            _term.out(f"  {k:<24} {v}\n")
         if args.output:
-            sys.stdout.write(f"wrote {args.output}\n")
+            _term.out(f"wrote {args.output}\n")
     return 0
 
 
@@ -310,7 +315,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("baseline")
     p.add_argument("target", nargs="?", help="omit when BASELINE holds two runs (a compare result CSV)")
     p.add_argument("--json", action="store_true", help="print one JSON finding")
-    p.add_argument("--step", type=int, help="only this step")
+    p.add_argument("--step", type=_step, help="only this step")
     p.add_argument("--step-offset", type=int_or_auto(), default=None,
                    help="target step = baseline step + OFFSET, or 'auto' (resumed runs); default: 0 when "
                         "both runs hold the same steps, else auto")
@@ -322,9 +327,9 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
                    help="count CRC differences with identical statistics as divergence")
     p.add_argument("--no-tensor-metrics", action="store_true",
                    help="judge on statistics only, even where both runs saved the tensors (task=tensor)")
-    p.add_argument("--baseline-layout", help="merge baseline shards first, e.g. tp=2,pp=2")
-    p.add_argument("--target-layout", help="merge target shards first, e.g. tp=2")
-    p.add_argument("--layout", help="same as --target-layout (the target's layout)")
+    p.add_argument("--baseline-layout", type=layout_text, help="merge baseline shards first, e.g. tp=2,pp=2")
+    p.add_argument("--target-layout", type=layout_text, help="merge target shards first, e.g. tp=2")
+    p.add_argument("--layout", type=layout_text, help="same as --target-layout (the target's layout)")
     add_mapping_option(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_diff)
@@ -340,9 +345,9 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("-o", "--output", help="write precnb's mapping file (JSON) here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing precnb mapping file")
     p.add_argument("--json", action="store_true", help="print the alignment as one JSON object")
-    p.add_argument("--baseline-layout", help="merge baseline shards first, e.g. tp=2,pp=2")
-    p.add_argument("--target-layout", help="merge target shards first, e.g. pp=2")
-    p.add_argument("--layout", help="same as --target-layout")
+    p.add_argument("--baseline-layout", type=layout_text, help="merge baseline shards first, e.g. tp=2,pp=2")
+    p.add_argument("--target-layout", type=layout_text, help="merge target shards first, e.g. pp=2")
+    p.add_argument("--layout", type=layout_text, help="same as --target-layout")
     add_mapping_option(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_align)
@@ -365,21 +370,21 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p = sub.add_parser("nan", help="where NaN (or a new ±inf) first appeared, across ranks")
     p.add_argument("run")
     p.add_argument("--json", action="store_true", help="print one JSON finding")
-    p.add_argument("--step", type=int, help="only this step")
+    p.add_argument("--step", type=_step, help="only this step")
     add_load_options(p)
     p.set_defaults(func=_cmd_nan)
 
     p = sub.add_parser("anomalies", help="NaN/Inf transitions and spikes over steps, ranked")
     p.add_argument("run")
     p.add_argument("--json", action="store_true", help="print one JSON finding")
-    p.add_argument("--step", type=int, help="only this step")
+    p.add_argument("--step", type=_step, help="only this step")
     p.add_argument("--z", type=_positive, default=None,
                    help=f"robust z-score threshold (default {DEFAULTS.spike_z:g})")
     p.add_argument("--ratio", type=_positive, default=None,
                    help=f"minimum jump ratio (default {DEFAULTS.spike_ratio:g})")
-    p.add_argument("--stat", action="append", default=None,
+    p.add_argument("--stat", action="append", default=None, choices=SPIKE_STATS,
                    help=f"statistic(s) to test for spikes (default {', '.join(DEFAULTS.spike_stats)})")
-    p.add_argument("--limit", type=int, default=None,
+    p.add_argument("--limit", type=integer(0, 10**9), default=None,
                    help=f"how many further anomalies to list (default {DEFAULTS.limit})")
     add_load_options(p)
     p.set_defaults(func=_cmd_anomalies)
@@ -387,10 +392,11 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p = sub.add_parser("merge", help="merge TP/CP shards (and PP/VPP/EP stages) into whole-layer statistics")
     p.add_argument("run")
     p.add_argument("-o", "--output", help="zarr store to write (e.g. merged.zarr)")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store precnb wrote (never "
+                                                            "anything else)")
     p.add_argument("--reference", help="an unsharded run: names split dims, spots partial sums by shape")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--step", type=int, help="only this step")
+    p.add_argument("--step", type=_step, help="only this step")
     _add_layout_options(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_merge)
@@ -398,7 +404,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p = sub.add_parser("replicas", help="ranks whose replicated tensors differ from their replicas")
     p.add_argument("run")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--step", type=int, help="only this step")
+    p.add_argument("--step", type=_step, help="only this step")
     p.add_argument("--rtol", type=_positive, default=None,
                    help=f"relative tolerance (default {DEFAULTS.replica_rtol:g})")
     _add_layout_options(p)

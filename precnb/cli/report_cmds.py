@@ -8,11 +8,11 @@ copies a notebook template out with its parameters filled (``--list`` shows them
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from precnb.cli import int_or_auto
+from precnb.cli import _term, int_or_auto
+from precnb.cli._args import existing_folder, layout_text
 from precnb.cli.analysis_cmds import _positive
 
 __all__ = ["register"]
@@ -46,13 +46,21 @@ def _name(path: str) -> str:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from precnb import _extras
+
+    _extras.require("precnb report", _extras.REPORT)
+    from precnb._write import check_output
+    from precnb.cli import command_inputs
     from precnb.cli.analysis_cmds import run_triage
     from precnb.report import write_html
 
+    inputs = command_inputs(args)
+    check_output(args.output, inputs=inputs, overwrite=args.overwrite)  # before the long part
     triage = run_triage(args, args.run, args.baseline)
-    out = write_html(triage, args.output, title=args.title, stat=args.stat)
+    out = write_html(triage, args.output, title=args.title, stat=args.stat, overwrite=args.overwrite,
+                     inputs=inputs)
     size = out.stat().st_size
-    sys.stdout.write(f"wrote {out} ({size / 1e6:.2f} MB, self-contained, opens offline)\n")
+    _term.out(f"wrote {out} ({size / 1e6:.2f} MB, self-contained, opens offline)\n")
     return 0
 
 
@@ -79,15 +87,22 @@ def _value(text: str) -> Any:
 
 
 def _cmd_template(args: argparse.Namespace) -> int:
+    from precnb import _extras
     from precnb.cli import UsageError
+
+    _extras.require("precnb template", (*_extras.TEMPLATE, *_extras.REPORT))
+    if args.execute or args.html:
+        _extras.require("precnb template --execute", _extras.TEMPLATE_EXECUTE)
+    if args.html:
+        _extras.require("precnb template --html", _extras.TEMPLATE_HTML)
     from precnb.report import notebooks
 
     if args.list:
         for name in notebooks.list_templates():
             info = notebooks.describe(name)
-            sys.stdout.write(f"{name:<20} {info['summary']}\n")
+            _term.out(f"{name:<20} {info['summary']}\n")
             for p, spec in info["parameters"].items():
-                sys.stdout.write(f"    -p {p:<16} default {spec['default']}"
+                _term.out(f"    -p {p:<16} default {spec['default']}"
                                  f"{'  # ' + spec['help'] if spec['help'] else ''}\n")
         return 0
     if not args.name:
@@ -95,17 +110,26 @@ def _cmd_template(args: argparse.Namespace) -> int:
     if not args.output:
         raise UsageError("-o/--output is required (the .ipynb to write)")
     params = {k: _value(v) for k, v in (args.param or [])}
+    import os
+
+    if args.html and os.path.abspath(args.html) == os.path.abspath(args.output):
+        raise UsageError("--html and -o name the same file; give the HTML page another name")
+    if args.html:  # refuse a bad --html before writing and running the notebook
+        from precnb._write import check_output
+
+        check_output(args.html, inputs=[args.output, *notebooks.parameter_paths(params)], overwrite=args.overwrite)
     try:
         out = notebooks.fill_template(args.name, args.output, params, overwrite=args.overwrite)
     except (KeyError, ValueError) as exc:
         raise UsageError(str(exc.args[0]) if exc.args else str(exc)) from None
-    sys.stdout.write(f"wrote {out}\n")
+    _term.out(f"wrote {out}\n")
     if args.execute or args.html:
         out = notebooks.execute(out, cwd=args.cwd)
-        sys.stdout.write(f"executed {out}\n")
+        _term.out(f"executed {out}\n")
     if args.html:
-        html = notebooks.export_html(out, args.html)
-        sys.stdout.write(f"wrote {html} (offline HTML)\n")
+        html = notebooks.export_html(out, args.html, overwrite=args.overwrite,
+                                     inputs=notebooks.parameter_paths(params))
+        _term.out(f"wrote {html} (offline HTML)\n")
     return 0
 
 
@@ -116,12 +140,17 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
                                    "--baseline; replica check with --layout) and write one HTML file that "
                                    "opens offline: findings, a heat map linked to a line chart, tables.")
     p.add_argument("run", help="the run (dump root, monitor output, compare CSV or zarr store)")
-    p.add_argument("-o", "--output", required=True, help="HTML file to write (e.g. report.html)")
+    p.add_argument("-o", "--output", required=True, help="HTML file to write (e.g. report.html); its folder "
+                                                        "must exist")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing precnb report (never any "
+                                                            "other file)")
     p.add_argument("--baseline", help="a run to compare against: report the first divergence")
-    p.add_argument("--layout", help="parallel layout of RUN, e.g. tp=2,pp=2 or dp=8: replica check; with "
-                                    "--baseline, RUN's shards are merged before comparing")
-    p.add_argument("--target-layout", help="same as --layout (the name `precnb diff` uses)")
-    p.add_argument("--baseline-layout", help="layout of the baseline (its shards are merged before comparing)")
+    p.add_argument("--layout", type=layout_text,
+                   help="parallel layout of RUN, e.g. tp=2,pp=2 or dp=8: replica check; with "
+                        "--baseline, RUN's shards are merged before comparing")
+    p.add_argument("--target-layout", type=layout_text, help="same as --layout (the name `precnb diff` uses)")
+    p.add_argument("--baseline-layout", type=layout_text,
+                   help="layout of the baseline (its shards are merged before comparing)")
     p.add_argument("--step-offset", type=_offset, default=None,
                    help="target step = baseline step + OFFSET, or 'auto' (resumed runs); default: 0 when "
                         "both runs hold the same steps, else auto")
@@ -145,9 +174,11 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
                    help="set a parameter (repeatable); numbers, true/false and none are converted")
     p.add_argument("--list", action="store_true", help="list the templates and their parameters")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output notebook")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing notebook (and --html page) "
+                                                            "that precnb wrote (never any other file)")
     p.add_argument("--execute", action="store_true", help="run the filled notebook (papermill) in place")
     p.add_argument("--html", help="also export the executed notebook to this offline HTML file "
                                   "(needs the offline_lab nbconvert template: `make offline-template`)")
-    p.add_argument("--cwd", help="working directory for --execute (default: the notebook's folder)")
+    p.add_argument("--cwd", type=existing_folder, help="working directory for --execute (default: the notebook's "
+                                                       "folder)")
     p.set_defaults(func=_cmd_template)

@@ -8,57 +8,42 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
-import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register", "write_new_file"]
+from precnb.cli import _term as term
+from precnb.cli._args import MAX_INDEX, integer
+
+__all__ = ["register", "write_output"]
 
 _TEXT_COLUMNS = ("cosine", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio", "rel_l2_err", "ulp_err")
 
 
-def write_new_file(path: str | Path, text: str) -> Path:
-    """Write *text* to *path* atomically, refusing to replace anything that exists.
+def write_output(args: argparse.Namespace, text: str, kind: str) -> Path:
+    """Write a command's output through the project's write rules (:mod:`precnb._write`).
 
-    The text goes to a temporary file in the same folder, which is then hard-linked to *path*
-    (fails if *path* exists, atomically) — or, where hard links are not supported, renamed after
-    a last existence check.
-
-    Raises
-    ------
-    FileExistsError
-        When *path* exists (nothing is written).
+    The text gets precnb's marker (a ``precnb_output`` key for JSON, a comment line otherwise),
+    so ``--overwrite`` can later recognise and replace it; nothing else is ever replaced, and
+    nothing is written inside an input.
     """
-    from precnb.cli import UsageError
+    from precnb._marks import marker, text_marker
+    from precnb._write import write_text
+    from precnb.cli import command_inputs
 
-    dest = Path(path)
-    if dest.exists() or dest.is_symlink():
-        raise UsageError(f"{dest} exists; not replacing it (choose another -o)")
-    folder = dest.parent if str(dest.parent) else Path(".")
-    if not folder.is_dir():
-        raise UsageError(f"{folder} is not a folder")
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        try:
-            os.link(tmp, dest)
-        except FileExistsError:
-            raise UsageError(f"{dest} exists; not replacing it (choose another -o)") from None
-        except OSError:  # no hard links here
-            if dest.exists():
-                raise UsageError(f"{dest} exists; not replacing it (choose another -o)") from None
-            os.replace(tmp, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return dest
+    out = Path(args.output)
+    if out.suffix.lower() == ".json":
+        doc = json.loads(text)
+        doc = {"precnb_output": marker(kind), **doc} if isinstance(doc, dict) else doc
+        text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    elif text.startswith("#!"):  # a script: the marker goes after its shebang line
+        head, _, rest = text.partition("\n")
+        text = head + "\n" + text_marker(kind) + "\n" + rest
+    else:
+        text = text_marker(kind) + "\n" + text
+    return write_text(out, text, inputs=command_inputs(args), overwrite=bool(getattr(args, "overwrite", False)))
 
 
 def _clean(v: Any) -> Any:
@@ -104,16 +89,11 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     else:
         text = _text(frame, args.top)
     if args.output:
-        out = write_new_file(args.output, text)
-        sys.stdout.write(f"wrote {out} ({len(frame)} tensor pair(s))\n")
+        out = write_output(args, text, "tensor-metrics")
+        term.out(f"wrote {out} ({len(frame)} tensor pair(s))\n")
     else:
-        sys.stdout.write(text)
+        term.out(text)
     return 0
-
-
-def safe_text(text: str) -> str:
-    """*text* with control characters (terminal escapes) shown as escapes instead of sent."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _text(frame: Any, top: int) -> str:
@@ -126,11 +106,12 @@ def _text(frame: Any, top: int) -> str:
         lines.append(f"  {'step':>4} {'rank':>4}  " + "  ".join(f"{c:>12}" for c in _TEXT_COLUMNS) + "  tensor")
         for _, row in worst.iterrows():
             vals = "  ".join(f"{row[c]:>12.6g}" for c in _TEXT_COLUMNS)
-            lines.append(f"  {int(row['step']):>4} {int(row['rank']):>4}  {vals}  {safe_text(str(row['tensor']))}")
+            name = term.escape_controls(str(row["tensor"]))
+            lines.append(f"  {int(row['step']):>4} {int(row['rank']):>4}  {vals}  {name}")
     bad = frame[~frame["status"].isin(["ok", "zero_d", "no_data"])]
     for _, row in bad.head(top).iterrows():
         lines.append(f"  {row['status']}: step {int(row['step'])} rank {int(row['rank'])} "
-                     f"{safe_text(str(row['tensor']))} {safe_text(str(row['message']))}")
+                     f"{term.escape_controls(str(row['tensor']))} {term.escape_controls(str(row['message']))}")
     return "\n".join(lines) + "\n"
 
 
@@ -141,10 +122,10 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     run = open_checked(args.run, args, steps=None if args.step is None else [args.step], use_steps_option=False)
     text = repro_script(run, args.node, step=args.step, rank=args.rank)
     if not args.output:
-        sys.stdout.write(text)
+        term.out(text)
         return 0
-    out = write_new_file(args.output, text)
-    sys.stdout.write(f"wrote {out}: python {out} [--device cuda] reruns {args.node}\n")
+    out = write_output(args, text, "repro-script")
+    term.out(f"wrote {out}: python {out} [--device cuda] reruns {args.node}\n")
     return 0
 
 
@@ -155,19 +136,23 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("baseline")
     p.add_argument("target")
     p.add_argument("--tensors", help="tensor labels (comma list), a module path (blocks.1) or node, or a regex")
-    p.add_argument("--step-offset", type=int, default=0, help="target step = baseline step + OFFSET (default 0)")
-    p.add_argument("--top", type=int, default=20, help="rows shown without --json/--csv (default 20)")
+    p.add_argument("--step-offset", type=integer(-MAX_INDEX, MAX_INDEX, auto=True), default=None,
+                   help="target step = baseline step + OFFSET, or 'auto'; default: 0 when both runs hold the "
+                        "same steps, else auto")
+    p.add_argument("--top", type=integer(1, 1_000_000), default=20, help="rows shown without --json/--csv (default 20)")
     p.add_argument("--json", action="store_true", help="print one strict JSON object (NaN as null)")
     p.add_argument("--csv", action="store_true", help="print a CSV table, one row per (step, rank, tensor)")
-    p.add_argument("-o", "--output", help="write to this new file instead of stdout (never replaces one)")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing precnb output of this command")
     add_load_options(p)
     p.set_defaults(func=_cmd_metrics)
 
     p = sub.add_parser("repro", help="write a standalone script that reruns one dumped op and checks its outputs")
     p.add_argument("run", help="a tensor-mode dump (task=tensor)")
     p.add_argument("node", help="API node, e.g. Functional.linear.0.forward (or one of its tensor labels)")
-    p.add_argument("--step", type=int, help="step of the record (default: the first)")
-    p.add_argument("--rank", type=int, help="rank of the record (default: the first)")
-    p.add_argument("-o", "--output", help="script to write (a new file; default: print it)")
+    p.add_argument("--step", type=integer(0, MAX_INDEX), help="step of the record (default: the first)")
+    p.add_argument("--rank", type=integer(0, MAX_INDEX), help="rank of the record (default: the first)")
+    p.add_argument("-o", "--output", help="script to write (default: print it)")
+    p.add_argument("--overwrite", action="store_true", help="replace a repro script precnb wrote")
     add_load_options(p)
     p.set_defaults(func=_cmd_repro)

@@ -1,187 +1,61 @@
-"""Columnar per-file records and their assembly into the canonical dataset.
+"""Assembly of per-file records into the canonical dataset (any reader, any format).
 
-Every reader turns one (step, rank) source file into a :class:`FileRecords` (plain
-numpy columns, cheap to pickle between dask workers) and then calls :func:`assemble`,
-which aligns them on the union of tensor labels.
+Every reader turns one (step, rank) source into a :class:`~precnb.io.records.FileRecords` and
+hands it to an :class:`Assembler` (or :func:`assemble`), which aligns the records on the union of
+tensor labels. Nothing here knows a file format: side tables arrive as dicts or as
+:class:`~precnb.io.records.SharedTable` objects parsed once per distinct content.
+
+Labels become integer ids as records arrive and columns are kept as numpy arrays, so a record
+of millions of tensors is folded in with array operations, not a Python step per tensor.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from precnb.io._lazy_dask import defer_dask_array_import
 from precnb.io._runfacts import FactsAccumulator
+from precnb.io.records import FileRecords, LoadReport, RecordBuilder, SharedTable, dedup_labels, stat_value
 from precnb.schema import DIMS, SCHEMA_VERSION, STATS, TENSOR_COORDS, validate
 
-__all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "assemble", "select_items"]
+__all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "SharedTable", "assemble", "dedup_labels",
+           "select_items", "stat_value"]
 
 _INT_COORDS = {k for k, v in TENSOR_COORDS.items() if v is not str}
+defer_dask_array_import()  # before the first Dataset is built
+_NO_OWNER = np.iinfo(np.int64).max
+_STR_OK = frozenset({str})
 
 
-@dataclass
-class LoadReport:
-    """What a load read, skipped and why.
+def _column(col: Any, name: str, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """A record's coordinate as an array (int64 or object) and the positions holding None (or None).
 
-    Attributes
-    ----------
-    read : list of str
-        Files read successfully.
-    skipped : list of (str, str)
-        ``(path, reason)`` for every file or folder that was not loaded.
-    warnings : list of str
-        Things that loaded but deserve attention.
+    An ndarray is taken as it is (its values are final); a list is checked: ``None`` is marked,
+    values that are not strings (string coordinates) are turned into strings.
     """
-
-    read: list[str] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def failures(self) -> list[tuple[str, str]]:
-        """Skipped entries that failed to load (not those ignored on purpose)."""
-        return [(p, r) for p, r in self.skipped if not r.startswith("ignored")]
-
-    @property
-    def ok(self) -> bool:
-        """True when no file failed to load."""
-        return not self.failures
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-serialisable dict."""
-        return {
-            "read": list(self.read),
-            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
-            "warnings": list(self.warnings),
-        }
-
-    def merge(self, other: LoadReport) -> None:
-        """Add *other*'s entries to this report."""
-        self.read.extend(other.read)
-        self.skipped.extend(other.skipped)
-        self.warnings.extend(other.warnings)
-
-    def summary(self) -> str:
-        """One paragraph, for the CLI."""
-        lines = [f"read {len(self.read)} file(s), skipped {len(self.skipped)}"]
-        lines += [f"  skipped {p}: {r}" for p, r in self.skipped]
-        lines += [f"  warning: {w}" for w in self.warnings]
-        return "\n".join(lines)
-
-
-@dataclass
-class FileRecords:
-    """The tensors of one (step, rank) source, as columns.
-
-    Attributes
-    ----------
-    step, rank : int
-    labels : list of str
-        Tensor labels, in execution order.
-    coords : dict of str to list
-        One list per tensor coordinate of the schema, aligned with *labels*.
-    values : dict of str to ndarray
-        float64 statistics aligned with *labels* (at least max/min/mean/norm).
-    null_stats, seq, numel : ndarray
-    strings : dict of str to list of str
-        Optional string variables aligned with *labels* (``crc``, ``data_name``).
-    construct, stacks : dict
-        Side tables for this file (node → parent, node → frames).
-    meta : dict
-        Task, level, framework, source path.
-    """
-
-    step: int
-    rank: int
-    labels: list[str]
-    coords: dict[str, list[Any]]
-    values: dict[str, np.ndarray]
-    null_stats: np.ndarray
-    seq: np.ndarray
-    numel: np.ndarray
-    strings: dict[str, list[str]] = field(default_factory=dict)
-    construct: dict[str, str] = field(default_factory=dict)
-    stacks: dict[str, list[str]] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-class RecordBuilder:
-    """Accumulate tensors one at a time and produce a :class:`FileRecords`.
-
-    Examples
-    --------
-    >>> b = RecordBuilder(step=0, rank=0)
-    >>> b.add("x.output.0", {"max": 1.0, "min": 0.0, "mean": 0.5, "norm": None},
-    ...       node="x", kind="api", role="output", shape=[2])
-    >>> r = b.build()
-    >>> r.labels, int(r.null_stats[0]), int(r.numel[0])
-    (['x.output.0'], 8, 2)
-    """
-
-    def __init__(self, step: int, rank: int, extra_stats: Sequence[str] = ()) -> None:
-        self.step, self.rank = step, rank
-        self.stat_names = (*STATS, *[s for s in extra_stats if s not in STATS])
-        self.labels: list[str] = []
-        self.coords: dict[str, list[Any]] = {k: [] for k in TENSOR_COORDS}
-        self.values: dict[str, list[float]] = {s: [] for s in self.stat_names}
-        self.null: list[int] = []
-        self.numel: list[int] = []
-        self.crc: list[str] = []
-        self.has_crc = False
-        self._seen: dict[str, int] = {}
-
-    def add(
-        self,
-        label: str,
-        stats: dict[str, Any],
-        *,
-        shape: Sequence[int] | None = None,
-        crc: str | None = None,
-        **coords: Any,
-    ) -> None:
-        """Add one tensor; ``None`` statistics are recorded in ``null_stats``."""
-        if label in self._seen:  # duplicate keys: keep the last record, like json does
-            label = f"{label}#dup{sum(lbl.startswith(label) for lbl in self.labels)}"
-        self._seen[label] = len(self.labels)
-        self.labels.append(label)
-        null = 0
-        for bit, name in enumerate(self.stat_names):
-            v = stats.get(name)
-            f = _to_float(v)
-            if f is None:
-                f = np.nan
-                if bit < len(STATS):  # null bits exist for max/min/mean/norm only
-                    null |= 1 << bit
-            self.values[name].append(f)
-        self.null.append(null & 0xFF)
-        self.numel.append(_numel(shape))
-        if crc is not None:
-            self.has_crc = True
-        self.crc.append(crc or "")
-        if shape is not None and "shape" not in coords:
-            coords["shape"] = _shape_text(shape)
-        for k in TENSOR_COORDS:
-            self.coords[k].append(coords.get(k, -1 if k in _INT_COORDS else ""))
-
-    def build(self, **kw: Any) -> FileRecords:
-        """Return the accumulated columns as a :class:`FileRecords`."""
-        n = len(self.labels)
-        return FileRecords(
-            step=self.step,
-            rank=self.rank,
-            labels=self.labels,
-            coords=self.coords,
-            values={k: np.asarray(v, dtype=np.float64) for k, v in self.values.items()},
-            null_stats=np.asarray(self.null, dtype=np.uint8),
-            seq=np.arange(n, dtype=np.int32),
-            numel=np.asarray(self.numel, dtype=np.int64),
-            strings={"crc": self.crc} if self.has_crc else {},
-            **kw,
-        )
+    if isinstance(col, np.ndarray):
+        if name in _INT_COORDS:
+            return col.astype(np.int64, copy=False), None
+        return col, None
+    if col is None:
+        return np.full(n, -1 if name in _INT_COORDS else "", dtype=np.int64 if name in _INT_COORDS else object), \
+            np.ones(n, bool)
+    obj = np.empty(len(col), object)
+    obj[:] = col
+    none: np.ndarray | None = None
+    if None in col:
+        none = np.fromiter((v is None for v in col), bool, len(col))
+        obj[none] = -1 if name in _INT_COORDS else ""
+    if name in _INT_COORDS:
+        return obj.astype(np.int64), none
+    if not set(map(type, col)) <= _STR_OK | {type(None)}:
+        obj[:] = [v if v.__class__ is str else ("" if v is None else str(v)) for v in col]
+    return obj, none
 
 
 def select_items(items: Sequence[Any], steps: Sequence[int] | None, ranks: Sequence[int] | None) -> list[Any]:
@@ -198,71 +72,9 @@ def select_items(items: Sequence[Any], steps: Sequence[int] | None, ranks: Seque
     return [i for i in items if (want_s is None or i.step in want_s) and (want_r is None or i.rank in want_r)]
 
 
-def stat_value(v: Any) -> float | None:
-    """A JSON statistic as the schema stores it (None for null).
-
-    Numbers (ints beyond the float range become ±inf), booleans (1.0 / 0.0) and numeric strings
-    (``"nan"``, ``"-Infinity"``, ``"1e400"``) are read; ``None``, ``"null"``, ``""`` are null.
-    Anything else (lists, objects, other strings) raises TypeError.
-
-    Examples
-    --------
-    >>> stat_value("-Infinity"), stat_value("null"), stat_value(10**400)
-    (-inf, None, inf)
-    """
-    if v is None:
-        return None
-    if isinstance(v, float):
-        return v
-    if isinstance(v, bool):
-        return 1.0 if v else 0.0
-    if isinstance(v, int):
-        try:
-            return float(v)
-        except OverflowError:  # ints beyond float range
-            return float("inf") if v > 0 else float("-inf")
-    if isinstance(v, str):
-        s = v.strip()
-        if s.lower() in ("", "null", "none", "n/a"):
-            return None
-        try:
-            return float(s)
-        except ValueError:
-            pass
-    raise TypeError(v)
-
-
-def _to_float(v: Any) -> float | None:
-    """:func:`stat_value`, with unreadable values as null."""
-    try:
-        return stat_value(v)
-    except TypeError:
-        return None
-    return None
-
-
-def _numel(shape: Sequence[int] | None) -> int:
-    if shape is None:
-        return -1
-    n = 1
-    try:
-        for d in shape:
-            n *= int(d)
-    except (TypeError, ValueError):
-        return -1
-    return n
-
-
-def _shape_text(shape: Sequence[int] | str) -> str:
-    if isinstance(shape, str):
-        return shape
-    try:
-        return json.dumps([int(d) for d in shape])
-    except (TypeError, ValueError):
-        return str(shape)
-
-
-_NO_OWNER = np.iinfo(np.int64).max
+def _increasing(a: np.ndarray) -> bool:
+    """Whether *a* is strictly increasing (so holds no repeats), without sorting it."""
+    return bool(len(a) < 2 or (a[1:] > a[:-1]).all())
 
 
 class _Rec:
@@ -272,8 +84,8 @@ class _Rec:
                  "stacks", "step", "strings", "values")
 
     def __init__(self, rec: FileRecords, gids: np.ndarray, order: int, skipped: bool,
-                 construct: tuple[Any, dict[str, str]], stacks: tuple[Any, dict[str, list[str]]],
-                 dtypes: np.ndarray | None = None) -> None:
+                 construct: tuple[Any, Mapping[str, Any]], stacks: tuple[Any, Mapping[str, Any]],
+                 dtypes: Any = None) -> None:
         self.step, self.rank, self.order = rec.step, rec.rank, order
         self.key = (rec.step, rec.rank, order)
         self.skipped = skipped
@@ -282,7 +94,7 @@ class _Rec:
         self.null, self.seq, self.numel = rec.null_stats, rec.seq, rec.numel
         self.strings = rec.strings
         self.construct, self.stacks = construct, stacks
-        self.dtypes = dtypes  # dtype codes per label (Assembler._dtype_code), to find changed entries
+        self.dtypes = dtypes  # the record's dtype column, to find entries whose dtype changed
 
 
 MAX_DTYPE_CHANGES = 200_000
@@ -319,7 +131,9 @@ class Assembler:
         self._ranks_set = set(self.forced_ranks) if self.forced_ranks is not None else None
         self._gid: dict[str, int] = {}
         self._labels: list[str] = []
-        self._coords: dict[str, list[Any]] = {k: [] for k in TENSOR_COORDS}
+        self._cap = 0
+        self._cv: dict[str, np.ndarray] = {k: np.zeros(0, np.int64 if k in _INT_COORDS else object)
+                                           for k in TENSOR_COORDS}
         self._owner = np.zeros((0, 3), np.int64)  # (step, rank, order) of the record that set the coords
         self._holes: dict[str, dict[int, tuple[int, ...]]] = {}  # coords still None: key of their value
         self._pending: list[_Rec] = []
@@ -328,12 +142,14 @@ class Assembler:
         self._side_cache: dict[Any, Any] = {}
         # state of what has been materialised (label order, variables, side tables)
         self._pos = np.zeros(0, np.int64)  # gid -> column, -1 before the label is placed
-        self._order: list[int] = []  # gids in column order
+        self._order = np.zeros(0, np.int64)  # gids in column order
         self.stat_names: list[str] = list(STATS)
         self.string_names: set[str] = set()
         self.construct: dict[str, str] = {}
         self.stacks: dict[str, list[str]] = {}
         self._merged: set[Any] = set()
+        self._finished = False
+        self._borrowed: dict[str, bool] = {}  # construct/stacks is a parsed shared table, not our own dict
         # entries whose dtype differs from their tensor's dtype coordinate (attrs["dtype_changes"])
         self._dtype_code: dict[Any, int] = {None: 0, "": 0}
         self._dtype_names: list[str] = [""]
@@ -343,87 +159,113 @@ class Assembler:
         self.facts = FactsAccumulator()  # requires_grad / optimizer scalar arguments (attrs)
 
     # ----------------------------------------------------------------------------- adding
-    def _side(self, rec: FileRecords) -> tuple[tuple[Any, dict[str, str]], tuple[Any, dict[str, list[str]]]]:
-        from precnb.io._fastparse import SIDE_KEY, parse_construct, parse_stack
+    def _side(self, table: dict[str, Any] | SharedTable) -> tuple[Any, Mapping[str, Any]]:
+        if not isinstance(table, SharedTable):
+            return None, table
+        hit = self._side_cache.get(table.key)
+        if hit is None:
+            hit = self._side_cache[table.key] = table.get()
+        return table.key, hit
 
-        side = rec.meta.get(SIDE_KEY)
-        if not side:
-            return (None, rec.construct), (None, rec.stacks)
-        out: list[Any] = []
-        for name, parse in (("construct", parse_construct), ("stack", parse_stack)):
-            item = side.get(name)
-            if item is None:
-                out.append((None, {}))
-                continue
-            key = (name, item[0])
-            if key not in self._side_cache:
-                self._side_cache[key] = parse(item[1])
-            out.append((key, self._side_cache[key]))
-        return out[0], out[1]
+    def _grow(self, n: int) -> None:
+        """Room for *n* labels in the coordinate and owner arrays."""
+        if n <= self._cap:
+            return
+        cap = max(n, 2 * self._cap, 1024)
+        for name, arr in self._cv.items():
+            new = np.full(cap, -1, np.int64) if name in _INT_COORDS else np.full(cap, "", object)
+            new[:len(arr)] = arr
+            self._cv[name] = new
+        owner = np.full((cap, 3), _NO_OWNER, np.int64)
+        owner[:len(self._owner)] = self._owner
+        self._owner = owner
+        self._cap = cap
+
+    def _ids(self, labels: Sequence[str], index: dict[str, int] | None = None) -> np.ndarray:
+        gid = self._gid
+        n = len(labels)
+        if not gid:  # the first record: one pass (none when the reader indexed its labels)
+            first = index if index is not None and len(index) == n else dict(zip(labels, range(n), strict=True))
+            if len(first) == n:
+                self._gid = first
+                self._labels = list(labels)
+                return np.arange(n, dtype=np.int64)
+        ids = list(map(gid.get, labels))
+        if ids.count(None):
+            base = len(self._labels)
+            if ids.count(None) == n and len(set(labels)) == n:  # all new (the first record, one big file)
+                gid.update(zip(labels, range(base, base + n), strict=True))
+                self._labels.extend(labels)
+                return np.arange(base, base + n, dtype=np.int64)
+            for i, g in enumerate(ids):
+                if g is None:
+                    lbl = labels[i]
+                    g = gid.get(lbl)
+                    if g is None:
+                        g = gid[lbl] = len(self._labels)
+                        self._labels.append(lbl)
+                    ids[i] = g
+        return np.asarray(ids, dtype=np.int64)
 
     def add(self, rec: FileRecords, order: int | None = None) -> None:
         """Fold in one record; *order* breaks ties between records of the same (step, rank)."""
+        if self._finished:
+            raise RuntimeError("this Assembler has built its dataset; start a new one")
         order = self._n if order is None else int(order)
         self._n += 1
         for key in ("task", "level", "framework"):
             v = rec.meta.get(key)
             if v:
                 self._meta[key].add(str(v))
-        gid = self._gid
-        n_before = len(self._labels)
-        for lbl in rec.labels:
-            if lbl not in gid:
-                gid[lbl] = len(self._labels)
-                self._labels.append(lbl)
-        gids = np.fromiter((gid[lbl] for lbl in rec.labels), dtype=np.int64, count=len(rec.labels))
-        n_new = len(self._labels) - n_before
-        if n_new:
-            self._owner = np.concatenate([self._owner, np.full((n_new, 3), _NO_OWNER, np.int64)])
-            for vals in self._coords.values():
-                vals.extend([None] * n_new)
+        gids = self._ids(rec.labels, rec.label_index)
+        rec.label_index = None  # taken over (it may be ours now): a second assembly of the record rebuilds it
+        self._grow(len(self._labels))
         skipped = (self._steps_set is not None and rec.step not in self._steps_set) or (
             self._ranks_set is not None and rec.rank not in self._ranks_set)
         if not skipped:
             self._set_coords(rec, gids, order)
             self.facts.add(rec.meta.get("facts"), step=rec.step)
-        construct, stacks = self._side(rec)
+        construct, stacks = self._side(rec.construct), self._side(rec.stacks)
         dt = rec.coords.get("dtype")
-        codes = self._codes(dt) if dt is not None and len(dt) == len(rec.labels) else None
-        self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks, codes))
+        self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks,
+                                  dt if dt is not None and len(dt) == len(rec.labels) else None))
 
-    def _codes(self, names: Sequence[Any]) -> np.ndarray:
-        key = tuple(names)  # the ranks of a run repeat the same dtype column: encode it once
-        hit = self._codes_cache.get(key)
-        if hit is not None:
-            return hit
+    def _codes(self, names: Sequence[Any] | np.ndarray) -> np.ndarray:
+        small = len(names) <= 200_000
+        key = tuple(names) if small else None  # the ranks of a run repeat the same dtype column: encode it once
+        if key is not None:
+            hit = self._codes_cache.get(key)
+            if hit is not None:
+                return hit
         code = self._dtype_code
-        out = np.empty(len(names), np.int32)
-        for i, d in enumerate(names):
-            c = code.get(d)
-            if c is None:
-                c = code[d] = len(self._dtype_names)
-                self._dtype_names.append(str(d))
-            out[i] = c
-        if len(self._codes_cache) > 256:
-            self._codes_cache.clear()
-        self._codes_cache[key] = out
+        for d in set(names) - code.keys():
+            code[d] = len(self._dtype_names)
+            self._dtype_names.append(str(d))
+        out = np.fromiter(map(code.__getitem__, names), np.int32, len(names))
+        if key is not None:
+            if len(self._codes_cache) > 256:
+                self._codes_cache.clear()
+            self._codes_cache[key] = out
         return out
 
     def _note_dtype_changes(self, recs: list[_Rec]) -> None:
         """Record entries of *recs* whose dtype is not their tensor's coordinate (both known)."""
         coord: np.ndarray | None = None
+        if len(recs) == 1 and self._n == 1:  # the coordinates are this record's own
+            return
         for r in recs:
             if r.skipped or r.dtypes is None:
                 continue
             if coord is None:
-                coord = self._codes(self._coords["dtype"])
+                coord = self._codes(self._cv["dtype"][:len(self._labels)])
+            codes = self._codes(r.dtypes)
             own = coord[r.gids]
-            bad = np.flatnonzero((r.dtypes != own) & (r.dtypes != 0) & (own != 0))
+            bad = np.flatnonzero((codes != own) & (codes != 0) & (own != 0))
             for j in bad.tolist():
                 if self.n_dtype_changes >= MAX_DTYPE_CHANGES:
                     return
                 label = self._labels[int(r.gids[j])]
-                name = self._dtype_names[int(r.dtypes[j])]
+                name = self._dtype_names[int(codes[j])]
                 self.dtype_changes.setdefault(label, {}).setdefault(name, []).append([r.step, r.rank])
                 self.n_dtype_changes += 1
 
@@ -439,37 +281,56 @@ class Assembler:
 
     def _take_coords(self, rec: FileRecords, gids: np.ndarray, js: np.ndarray, key: tuple[int, int, int]) -> None:
         if len(js) > 1:  # a label repeated within one record: its first occurrence wins
-            _, first = np.unique(gids[js], return_index=True)
-            js = js[np.sort(first)]
+            targets = gids[js]
+            if not _increasing(targets) and len(np.unique(targets)) != len(targets):
+                _, first = np.unique(targets, return_index=True)
+                js = js[np.sort(first)]
         targets = gids[js]
-        prev = [tuple(k) for k in self._owner[targets].tolist()]
+        prev = self._owner[targets]  # fancy indexing: a copy
         self._owner[targets] = key
-        jl, tl = js.tolist(), targets.tolist()
-        for name, vals in self._coords.items():
-            col = rec.coords.get(name)
+        n = len(rec.labels)
+        whole = len(js) == n and n and js[0] == 0 and js[-1] == n - 1  # every label, in order (js is increasing)
+        run = whole and targets[-1] - targets[0] == n - 1 and _increasing(targets)
+        for name, arr in self._cv.items():
+            col, none = _column(rec.coords.get(name), name, n)
             holes = self._holes.get(name)
-            for j, t, old in zip(jl, tl, prev, strict=True):
-                v = None if col is None else col[j]
-                if v is not None:
-                    vals[t] = v
-                    if holes:
+            if none is None and run:  # labels new in this record, in its order: a slice
+                arr[targets[0]:targets[0] + n] = col
+                if holes:
+                    for t in targets.tolist():
                         holes.pop(t, None)
-                else:  # a None value never wins (assemble() took the first value that is not None)
-                    self._holes.setdefault(name, {}).setdefault(t, old)
+                continue
+            vals = col if whole else col[js]
+            if none is None:
+                arr[targets] = vals
+                if holes:
+                    for t in targets.tolist():
+                        holes.pop(t, None)
+                continue
+            isnone = none[js]
+            keep = ~isnone
+            arr[targets[keep]] = vals[keep]
+            if holes:
+                for t in targets[keep].tolist():
+                    holes.pop(t, None)
+            for t, old in zip(targets[isnone].tolist(), prev[isnone].tolist(), strict=True):
+                # a None value never wins (assemble() took the first value that is not None)
+                self._holes.setdefault(name, {}).setdefault(t, tuple(old))
 
     def _fill_holes(self, rec: FileRecords, gids: np.ndarray, key: tuple[int, int, int]) -> None:
         """Coordinates whose earliest record had None: the earliest record with a value wins."""
         where: dict[int, int] = {}
-        for j, g in enumerate(gids.tolist()):
-            where.setdefault(g, j)
+        for i, g in enumerate(gids.tolist()):
+            where.setdefault(g, i)
+        n = len(rec.labels)
         for name, holes in self._holes.items():
-            col = rec.coords.get(name)
-            if col is None:
+            if name not in rec.coords:
                 continue
+            col, none = _column(rec.coords[name], name, n)
             for t, best in list(holes.items()):
                 j = where.get(t)
-                if j is not None and col[j] is not None and key < best:
-                    self._coords[name][t] = col[j]
+                if j is not None and (none is None or not none[j]) and key < best:
+                    self._cv[name][t] = col[j]
                     holes[t] = key
 
     # ------------------------------------------------------------------------ materialising
@@ -490,25 +351,63 @@ class Assembler:
         for r in recs:
             new = r.gids[self._pos[r.gids] < 0]
             if len(new):
-                _, first = np.unique(new, return_index=True)
-                new = new[np.sort(first)]
+                if not _increasing(new) and len(np.unique(new)) != len(new):
+                    _, first = np.unique(new, return_index=True)
+                    new = new[np.sort(first)]
                 self._pos[new] = np.arange(len(self._order), len(self._order) + len(new))
-                self._order.extend(new.tolist())
+                self._order = np.concatenate([self._order, new])
             self.stat_names += [k for k in r.values if k not in self.stat_names]
             self.string_names.update(r.strings)
 
     def _merge_sides(self, r: _Rec) -> None:
-        for (key, table), target in ((r.construct, self.construct), (r.stacks, self.stacks)):
+        for (key, table), name in ((r.construct, "construct"), (r.stacks, "stacks")):
             if key is not None:
                 if key in self._merged:
                     continue
                 self._merged.add(key)
+            target = getattr(self, name)
+            if not target and key is not None and not self._borrowed.get(name):  # the first shared table: as is
+                setattr(self, name, table)
+                self._borrowed[name] = True
+                continue
+            if self._borrowed.get(name):  # a second table: merge into a copy of the one borrowed
+                target = dict(target)
+                setattr(self, name, target)
+                self._borrowed[name] = False
             for node, val in table.items():
                 target.setdefault(node, val)
+
+    def _sole(self, recs: list[_Rec], step_vals: Sequence[int],
+              rank_vals: Sequence[int]) -> dict[str, np.ndarray] | None:
+        """The arrays of a run that is one record holding every column in order: its own columns, no copy."""
+        if len(recs) != 1 or len(step_vals) != 1 or len(rank_vals) != 1:
+            return None
+        r = recs[0]
+        n = len(self._order)
+        if r.skipped or (r.step, r.rank) != (step_vals[0], rank_vals[0]) or len(r.gids) != n \
+                or not np.array_equal(self._pos[r.gids], np.arange(n)):
+            return None
+        shape = (1, 1, n)
+        arrays = {name: np.asarray(r.values[name], np.float64).reshape(shape) if name in r.values
+                  else np.full(shape, np.nan) for name in self.stat_names}
+        arrays["present"] = np.ones(shape, bool)
+        arrays["null_stats"] = np.asarray(r.null, np.uint8).reshape(shape)
+        arrays["seq"] = np.asarray(r.seq, np.int32).reshape(shape)
+        arrays["numel"] = np.asarray(r.numel, np.int64).reshape(shape)
+        for name in sorted(self.string_names):
+            col = np.empty(n, object)
+            col[:] = r.strings.get(name, "")
+            arrays[name] = col.reshape(shape)
+        self._merge_sides(r)
+        return arrays
 
     def _fill(self, recs: list[_Rec], step_vals: Sequence[int], rank_vals: Sequence[int]) -> dict[str, np.ndarray]:
         si = {s: i for i, s in enumerate(step_vals)}
         ri = {r: i for i, r in enumerate(rank_vals)}
+        self._note_dtype_changes([r for r in recs if r.step in si and r.rank in ri])
+        sole = self._sole(recs, step_vals, rank_vals)
+        if sole is not None:
+            return sole
         shape = (len(step_vals), len(rank_vals), len(self._order))
         arrays: dict[str, np.ndarray] = {k: np.full(shape, np.nan) for k in self.stat_names}
         arrays["present"] = np.zeros(shape, bool)
@@ -517,7 +416,6 @@ class Assembler:
         arrays["numel"] = np.full(shape, -1, np.int64)
         for name in sorted(self.string_names):
             arrays[name] = np.full(shape, "", dtype=object)
-        self._note_dtype_changes([r for r in recs if r.step in si and r.rank in ri])
         for r in recs:
             if r.skipped or r.step not in si or r.rank not in ri:
                 continue
@@ -546,16 +444,20 @@ class Assembler:
         self._place(take)
         return self._fill(take, list(steps), list(ranks))
 
-    def tensor_coords(self) -> dict[str, Any]:
-        """The ``tensor`` coordinate and the per-tensor coordinates of the columns placed so far."""
+    def tensor_coords(self, *, copy: bool = True) -> dict[str, Any]:
+        """The ``tensor`` coordinate and the per-tensor coordinates of the columns placed so far.
+
+        ``copy=False`` (the final build) returns views of the coordinate arrays where the columns
+        are in label order.
+        """
         order = self._order
-        out: dict[str, Any] = {"tensor": np.asarray([self._labels[g] for g in order], dtype=object)}
-        for name, vals in self._coords.items():
-            col = [vals[g] for g in order]
-            if name in _INT_COORDS:
-                out[name] = ("tensor", np.asarray([-1 if v is None else v for v in col], np.int64))
-            else:
-                out[name] = ("tensor", np.asarray(["" if v is None else str(v) for v in col], object))
+        n = len(order)
+        in_order = not copy and n == len(self._labels) and _increasing(order) and (not n or order[-1] == n - 1)
+        labels = np.empty(len(self._labels), object)
+        labels[:] = self._labels
+        out: dict[str, Any] = {"tensor": labels if in_order else labels[order]}
+        for name, vals in self._cv.items():
+            out[name] = ("tensor", vals[:n] if in_order else vals[order])
         return out
 
     def attrs(self, source_format: str, attrs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -563,7 +465,7 @@ class Assembler:
         meta: dict[str, Any] = {
             "precnb_schema": SCHEMA_VERSION,
             "source_format": source_format,
-            "construct": json.dumps(self.construct),
+            "construct": json.dumps(self.construct),  # the text other code writes too (concat_steps, merge)
             "stacks": json.dumps(self.stacks),
         }
         for key in ("task", "level", "framework"):
@@ -582,12 +484,40 @@ class Assembler:
         rank_vals = self.forced_ranks if self.forced_ranks is not None else sorted({r.rank for r in recs})
         self._place(recs)
         arrays = self._fill(recs, step_vals, rank_vals)
-        coords = self.tensor_coords()
+        del recs
+        coords = self.tensor_coords(copy=False)
         coords["step"] = np.asarray(step_vals, np.int64)
         coords["rank"] = np.asarray(rank_vals, np.int64)
-        data = {name: (DIMS, arr) for name, arr in arrays.items()}
-        ds = xr.Dataset(data, coords=coords, attrs=self.attrs(source_format, attrs))
-        return validate(ds)
+        meta = self.attrs(source_format, attrs)
+        self._finished = True  # the coordinates are the dataset's now: free what only adding needs
+        self._gid, self._labels, self._owner = {}, [], np.zeros((0, 3), np.int64)
+        return validate(dataset(arrays, coords, meta))
+
+
+def _variable(dims: tuple[str, ...], data: np.ndarray) -> xr.Variable:
+    """An xarray Variable over *data* as it is.
+
+    xarray otherwise passes every object array through pandas to look for datetimes; with
+    pandas 3 that turns the strings into a new string array and back, duplicating every string
+    (labels, node names, ...) and taking seconds for millions of tensors. The arrays built here
+    hold only str, numbers and bools, which need no conversion.
+    """
+    try:
+        return xr.Variable(dims, data, fastpath=True)
+    except TypeError:  # pragma: no cover - an xarray without the keyword
+        return xr.Variable(dims, data)
+
+
+def dataset(arrays: Mapping[str, np.ndarray], coords: Mapping[str, Any], attrs: Mapping[str, Any]) -> xr.Dataset:
+    """The canonical dataset of (step, rank, tensor) *arrays* and their coordinates (not validated)."""
+    data = {name: _variable(DIMS, arr) for name, arr in arrays.items()}
+    cvars: dict[str, Any] = {}
+    for name, val in coords.items():
+        if isinstance(val, tuple) and name not in ("tensor", "step", "rank"):
+            cvars[name] = _variable((val[0],), np.asarray(val[1]))
+        else:
+            cvars[name] = val
+    return xr.Dataset(data, coords=cvars, attrs=dict(attrs))
 
 
 def assemble(

@@ -53,9 +53,10 @@ def read_header(path: str | Path) -> list[str] | None:
     >>> read_header("/nonexistent.csv") is None
     True
     """
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as fh:
-            line = fh.readline(65536)
+    try:  # decode the first line only: a non-UTF-8 byte further down is the parser's to report
+        with open(path, "rb") as fh:
+            raw = fh.readline(65536)
+        line = raw.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError):
         return None
     if not line:
@@ -99,12 +100,12 @@ def iter_rows(path: str | Path) -> Iterator[tuple[int, list[str]]]:
         except csv.Error as exc:
             raise DumpFormatError(path, f"line {reader.line_num}: malformed CSV: {exc}") from exc
         except UnicodeDecodeError:
-            raise DumpFormatError(path, f"not UTF-8 text: {_bad_byte(path)}") from None
+            raise DumpFormatError(path, f"not UTF-8 text: {bad_byte(path)}") from None
         except OSError as exc:  # a read error after the open (EIO, a vanished network file, ...)
             raise DumpFormatError(path, f"line {reader.line_num}: cannot read: {exc.strerror or exc}") from None
 
 
-def _bad_byte(path: str | Path) -> str:
+def bad_byte(path: str | Path) -> str:
     """Where the first invalid UTF-8 byte of *path* is (line, column, byte offset)."""
     try:
         with open(path, "rb") as fh:

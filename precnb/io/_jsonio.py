@@ -29,7 +29,7 @@ from precnb.errors import DumpFormatError
 try:  # optional speed-up
     import orjson as _orjson
 except ImportError:  # pragma: no cover - exercised when the extra is missing
-    _orjson = None
+    _orjson = None  # type: ignore[assignment]
 
 __all__ = ["load_json", "loads_json"]
 

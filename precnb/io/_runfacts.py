@@ -24,10 +24,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FactsAccumulator", "file_facts", "is_optimizer_node"]
+__all__ = ["FactsAccumulator", "file_facts", "is_optimizer_node", "merge_facts"]
 
 #: API names that are optimizer updates wherever they are called (fused and foreach kernels)
 _OPTIMIZER_MARKERS = ("_fused_adam", "_fused_sgd", "_fused_adagrad", "addcdiv_", "_foreach_lerp_")
+_MARKERS = re.compile("|".join(re.escape(m) for m in _OPTIMIZER_MARKERS))
 _API = re.compile(r"^(?P<api>.+?)\.(?:\d+\.(?:forward|backward)|(?:forward|backward)(?:\.\d+)?)$")
 _MAX_VALUES = 64  # distinct values kept per (api, argument, step)
 _MAX_DEPTH = 8
@@ -60,6 +61,8 @@ def is_optimizer_node(node: str, parent: str) -> bool:
         return False
     if parent == "optimizer" or parent.startswith("optimizer."):
         return True
+    if _MARKERS.search(node) is None:  # the API name is part of the node name
+        return False
     api = api_of(node)
     return any(m in api for m in _OPTIMIZER_MARKERS)
 
@@ -159,6 +162,25 @@ def file_facts(data: Mapping[str, Any], parents: Mapping[str, str]) -> dict[str,
     if scalars:
         out["scalar_args"] = scalars
     return out
+
+
+def merge_facts(into: dict[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
+    """Fold the :func:`file_facts` of a later part of the same file into *into* (as one call on both parts).
+
+    Examples
+    --------
+    >>> merge_facts({"scalar_args": {"opt": {"lr": [0.1]}}}, {"scalar_args": {"opt": {"lr": [0.1, 0.2]}}})
+    {'scalar_args': {'opt': {'lr': [0.1, 0.2]}}}
+    """
+    for label, rg in (more.get("requires_grad") or {}).items():
+        into.setdefault("requires_grad", {})[label] = rg
+    for api, args in (more.get("scalar_args") or {}).items():
+        have_api = into.setdefault("scalar_args", {}).setdefault(api, {})
+        for path, vals in args.items():
+            have = have_api.setdefault(path, [])
+            for v in vals:
+                _add(have, v)
+    return into
 
 
 class FactsAccumulator:

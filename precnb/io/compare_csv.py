@@ -57,6 +57,7 @@ from precnb.combine import combine_runs
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import LoadReport, RecordBuilder, assemble
 from precnb.io._csvutil import iter_rows, parse_float, parse_shape, read_header
+from precnb.io.readers import Reader
 from precnb.naming import parse_node
 from precnb.schema import validate
 
@@ -449,3 +450,7 @@ def open_compare_csv(path: str | Path) -> xr.Dataset:
     })
     ds.attrs.pop("run_attrs", None)
     return validate(ds)
+
+
+READER = Reader(name="compare", can_open=is_compare_csv, open=lambda path, **_: open_compare_csv(path),
+                description="compare result CSV", detect_priority=40)

@@ -50,6 +50,7 @@ import xarray as xr
 from precnb.errors import DumpFormatError
 from precnb.io._assemble import LoadReport, RecordBuilder, assemble
 from precnb.io._jsonio import loads_json
+from precnb.io.readers import Reader
 
 __all__ = ["ENV_KEYS", "Limits", "is_config_check", "open_config_check", "read_pack"]
 
@@ -308,3 +309,8 @@ def open_config_check(path: str | os.PathLike[str], *, steps: Sequence[int] | No
     ds = assemble(recs, source_format="config_check", attrs=attrs)
     ds.attrs["task"] = "config_check"
     return ds
+
+
+READER = Reader(name="config_check", can_open=is_config_check,
+                open=lambda path, steps=None, ranks=None, **_: open_config_check(path, steps=steps, ranks=ranks),
+                description="msprobe config_check pack", detect_priority=15)

@@ -54,6 +54,11 @@ import xarray as xr
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble, select_items
 from precnb.io._csvutil import iter_rows, parse_float, parse_shape, read_header, short_repr
+from precnb.io._dupes import keep_one_per_number
+from precnb.io._fs import is_dir as _is_dir
+from precnb.io._fs import is_file as _is_file
+from precnb.io.executor import parse_files
+from precnb.io.readers import Reader
 
 __all__ = ["KernelItem", "discover", "is_kernel_dump", "kernel_label_parts", "open_kernel_dump",
            "read_kernel_item", "read_statistic_csv"]
@@ -132,13 +137,6 @@ def is_kernel_dump(path: str | Path) -> bool:
         return False
 
 
-def _is_file(p: Path) -> bool:
-    try:
-        return p.is_file()
-    except OSError:
-        return False
-
-
 def _find_csvs(p: Path, unreadable: list[tuple[str, str]] | None = None) -> list[Path]:
     """statistic.csv files below a root / rank folder / iteration folder (fixed depths).
 
@@ -149,7 +147,7 @@ def _find_csvs(p: Path, unreadable: list[tuple[str, str]] | None = None) -> list
     if _is_file(p / STAT_FILE):
         return [p / STAT_FILE]
     # (depth, name filter of the first level): root, rank folder, net folder, graph folder
-    searches = [(3, None)] if _RANK.match(p.name) else [(4, _RANK)]
+    searches: list[tuple[int, re.Pattern[str] | None]] = [(3, None)] if _RANK.match(p.name) else [(4, _RANK)]
     searches += [(2, None), (1, None)]
     first_problems: list[tuple[str, str]] | None = None
     for depth, first_level in searches:
@@ -183,13 +181,6 @@ def _walk_fixed(root: Path, depth: int, first_level: re.Pattern[str] | None,
                       if (i or first_level is None or first_level.match(c.name)) and _is_dir(c)]
         level = below
     return [d / STAT_FILE for d in level if _is_file(d / STAT_FILE)]
-
-
-def _is_dir(p: Path) -> bool:
-    try:
-        return p.is_dir()
-    except OSError:
-        return False
 
 
 def _int_or_none(text: str) -> int | None:
@@ -266,7 +257,9 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelI
     except OSError as exc:
         raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
     if not exists:
-        raise NotADumpError(f"{p}: no such file or directory")
+        from precnb.io._why import missing_reason
+
+        raise NotADumpError(f"{p}: {missing_reason(p)}")
     if _is_file(p):
         if not _is_statistic_header(read_header(p)):
             raise NotADumpError(f"{p}: not a MindSpore statistic.csv (header lacks "
@@ -293,8 +286,22 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelI
         groups[key].append(f)
     if not groups:
         raise NotADumpError(f"{p}: no statistic.csv with a usable step and rank")
+    if report is not None:  # rank_1 beside rank_01, iteration 0 beside 00: one file per (net, graph)
+        for key, fs in groups.items():
+            numbered = [(f"{f.parent.parent.parent.name}/{f.parent.parent.name}", f) for f in fs]
+            if len({k for k, _ in numbered}) < len(numbered):
+                kept = keep_one_per_number(numbered, f"step {key[0]} rank {key[1]} graph", lambda n: "",
+                                           report, name=_spelling)
+                groups[key] = [f for _, f in kept]
     return [KernelItem(s, r, tuple(sorted(fs, key=_graph_key)))
             for (s, r), fs in sorted(groups.items())]
+
+
+def _spelling(f: Path) -> str:
+    """"" for a canonically spelled path (no leading zeros in rank, graph and iteration), else the path."""
+    m = next((m for q in f.parents if (m := _RANK.match(q.name))), None)
+    numbers = [f.parent.name, f.parent.parent.name, m.group(1) if m else "0"]
+    return "" if all(n == str(int(n)) for n in numbers if n.isdigit()) else str(f)
 
 
 def _cell_float(cell: str, column: str, path: Path, line: int) -> float | None:
@@ -475,8 +482,6 @@ def open_kernel_dump(
     --------
     >>> ds = open_kernel_dump("dump/rank_0")  # doctest: +SKIP
     """
-    from precnb.io.api import parse_files
-
     report = LoadReport()
     items = select_items(discover(path, report), steps, ranks)
     if not items:
@@ -509,3 +514,13 @@ def open_kernel_dump(
         },
     )
     return ds
+
+
+def _open(path: Path, **options: Any) -> xr.Dataset:
+    keep = ("errors", "client", "progress", "steps", "ranks", "workers")
+    return open_kernel_dump(path, **{k: options[k] for k in keep if k in options})
+
+
+READER = Reader(name="kernel", can_open=is_kernel_dump, open=_open,
+                description="MindSpore kernel dump (statistic.csv or .npy tensors)",
+                detect_priority=30)

@@ -79,6 +79,12 @@ import xarray as xr
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
 from precnb.io._csvutil import iter_rows, parse_float, parse_shape, short_repr
+from precnb.io._dupes import last_row_wins
+from precnb.io._fs import is_dir as _is_dir
+from precnb.io._fs import is_file as _is_file
+from precnb.io._fs import list_dir as _list_dir
+from precnb.io.executor import parse_files
+from precnb.io.readers import Reader
 from precnb.schema import STATS, TENSOR_COORDS
 
 __all__ = ["FAMILY_RANK", "MonitorFile", "discover", "is_monitor_output", "open_monitor",
@@ -207,24 +213,6 @@ def _rank_of_folder(name: str) -> int | None:
     return int(digits) if len(digits) <= 10 and int(digits) <= _MAX_INDEX else _OUT_OF_RANGE
 
 
-def _is_dir(p: Path) -> bool:
-    try:
-        return p.is_dir()
-    except OSError:
-        return False
-
-
-def _is_file(p: Path) -> bool:
-    try:
-        return p.is_file()
-    except OSError:
-        return False
-
-
-def _list_dir(p: Path) -> list[Path]:
-    return sorted(p.iterdir(), key=lambda c: c.name)
-
-
 def is_monitor_output(path: str | Path) -> bool:
     """Whether *path* is a monitor output root (v1 or v2) or one of its rank folders.
 
@@ -325,7 +313,9 @@ def discover(path: str | Path, report: LoadReport | None = None) -> _Found:
     report = report if report is not None else LoadReport()
     p = Path(path)
     if not _is_dir(p):
-        raise NotADumpError(f"{p}: not a monitor output folder")
+        from precnb.io._why import missing_reason
+
+        raise NotADumpError(f"{p}: {'not a monitor output folder' if os.path.exists(p) else missing_reason(p)}")
     folders: list[tuple[Path, int]] = []
     if _holds_monitor_csv(p):
         rank = _rank_of_folder(p.name)
@@ -405,7 +395,7 @@ def discover(path: str | Path, report: LoadReport | None = None) -> _Found:
 
 
 # (step, family, vpp, name, micro, stats, shape, dtype) of one CSV row
-_Row = tuple[int, str, int, str, int, dict[str, float | None], list[int] | None, str]
+_Row = tuple[int, str, int, str, int, dict[str, float | None], list[int] | None, str, int]
 
 
 def _stat_name(column: str) -> str:
@@ -464,7 +454,7 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:
     Returns
     -------
     list of FileRecords
-        One per step found in the file; ``meta["parts"]`` holds ``(family, vpp, name, micro)``
+        One per step found in the file; ``meta["parts"]`` holds ``(family, vpp, name, micro, line)``
         per row.
 
     Raises
@@ -549,7 +539,7 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:
             dtype = ""
         if micro >= 0:
             micros[family].add(micro)
-        parsed.append((step, family, vpp, name, micro, stats, shape, dtype))
+        parsed.append((step, family, vpp, name, micro, stats, shape, dtype, line))
     for stat in sorted(bad):
         warnings.append(f"{path}: column {stat!r} is not numeric; not loaded")
     extra = [s for s in names if s not in bad and s not in STATS]
@@ -561,17 +551,17 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:
     for step in sorted(by_step):
         b = RecordBuilder(step, item.rank, extra_stats=extra)
         seq: list[int] = []
-        parts: list[tuple[str, int, str, int]] = []
+        parts: list[tuple[str, int, str, int, int]] = []
         counters: dict[tuple[str, int], int] = defaultdict(int)
         for k in by_step[step]:
-            _, family, vpp, name, micro, stats, shape, dtype = parsed[k]
+            _, family, vpp, name, micro, stats, shape, dtype, line = parsed[k]
             for stat in bad:
                 stats.pop(stat, None)
             module, direction, role = _describe(family, name)
             row_no = counters[family, micro]
             counters[family, micro] += 1
             seq.append(family_rank(family) * _SEQ_FAMILY + max(micro, 0) * _SEQ_MICRO + row_no)
-            parts.append((family, vpp, name, micro))
+            parts.append((family, vpp, name, micro, line))
             b.add(f"{family}/{vpp}:{name}/micro{micro}#{k}", stats, shape=shape, node="",
                   module=module, api=family, kind="monitor", direction=direction, role=role,
                   dtype=dtype, micro_step=micro)
@@ -592,8 +582,13 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:
     return out
 
 
-def _merge(parts: list[FileRecords], use_vpp: bool, multi: set[str]) -> FileRecords:
-    """Concatenate the partial records of one (step, rank), relabel and sort by seq."""
+def _merge(parts: list[FileRecords], use_vpp: bool, multi: set[str], report: LoadReport | None = None) -> FileRecords:
+    """Concatenate the partial records of one (step, rank), relabel and sort by seq.
+
+    Rows for the same (step, family, vpp, name, micro_step) are duplicates: the last one (in
+    file order; of the later file) is kept, and every other one holding different values is
+    listed in *report* (file and line of both), see :func:`precnb.io._dupes.last_row_wins`.
+    """
     stat_names: list[str] = list(STATS)
     for p in parts:
         stat_names += [k for k in p.values if k not in stat_names]
@@ -602,12 +597,14 @@ def _merge(parts: list[FileRecords], use_vpp: bool, multi: set[str]) -> FileReco
     coords: dict[str, list[Any]] = {k: [] for k in TENSOR_COORDS}
     values: dict[str, list[np.ndarray]] = {k: [] for k in stat_names}
     null, seq, numel = [], [], []
+    where: list[str] = []
     for p in parts:
         n = len(p.labels)
-        for family, vpp, name, micro in p.meta["parts"]:
+        for family, vpp, name, micro, line in p.meta["parts"]:
             node = f"{family}/{vpp}:{name}" if use_vpp else f"{family}/{name}"
             nodes.append(node)
             labels.append(f"{node}/micro{micro}" if family in multi and micro >= 0 else node)
+            where.append(f"{p.meta.get('path', '')} line {line}")
         for k in TENSOR_COORDS:
             coords[k].extend(p.coords[k])
         for k in stat_names:
@@ -616,17 +613,12 @@ def _merge(parts: list[FileRecords], use_vpp: bool, multi: set[str]) -> FileReco
         seq.append(p.seq)
         numel.append(p.numel)
     seq_arr = np.concatenate(seq) if seq else np.zeros(0, np.int32)
+    flat = {k: np.concatenate(v) for k, v in values.items()}
+    null_arr = np.concatenate(null) if null else np.zeros(0, np.uint8)
     order = np.argsort(seq_arr, kind="stable")
-    seen: dict[str, int] = {}
-    out_labels: list[str] = []
-    for i in order.tolist():
-        lbl = labels[i]
-        if lbl in seen:
-            seen[lbl] += 1
-            lbl = f"{lbl}#dup{seen[lbl]}"
-        else:
-            seen[lbl] = 0
-        out_labels.append(lbl)
+    order = np.asarray(last_row_wins(order.tolist(), labels, flat, null_arr, where, parts[0].step,
+                                     report if report is not None else LoadReport()), dtype=np.int64)
+    out_labels = [labels[i] for i in order.tolist()]
     coords["node"] = nodes
     idx = order.tolist()
     return FileRecords(
@@ -634,8 +626,8 @@ def _merge(parts: list[FileRecords], use_vpp: bool, multi: set[str]) -> FileReco
         rank=parts[0].rank,
         labels=out_labels,
         coords={k: [v[i] for i in idx] for k, v in coords.items()},
-        values={k: np.concatenate(v)[order] for k, v in values.items()},
-        null_stats=np.concatenate(null)[order].astype(np.uint8),
+        values={k: v[order] for k, v in flat.items()},
+        null_stats=null_arr[order].astype(np.uint8),
         seq=seq_arr[order].astype(np.int32),
         numel=np.concatenate(numel)[order].astype(np.int64),
         meta={"path": ";".join(sorted({str(p.meta.get("path", "")) for p in parts}))},
@@ -687,8 +679,6 @@ def open_monitor(
     >>> ds = open_monitor("monitor_output")  # doctest: +SKIP
     >>> ds.nans.sel(tensor="actv/blocks.1.attn.output")  # doctest: +SKIP
     """
-    from precnb.io.api import parse_files
-
     report = LoadReport()
     found = discover(path, report)
     files = found.files
@@ -702,9 +692,9 @@ def open_monitor(
              for f in files]
     if not files:
         raise NotADumpError(f"{path}: no monitor CSV file matches the selection")
-    results = parse_files(files, read_monitor_csv, describe=lambda f: str(f.path),  # type: ignore[arg-type]
+    results = parse_files(files, read_monitor_csv, describe=lambda f: str(f.path),
                           report=report, errors=errors, client=client, progress=progress, workers=workers)
-    partials: list[FileRecords] = [r for group in results for r in group]  # type: ignore[attr-defined]
+    partials: list[FileRecords] = [r for group in results for r in group]
     for r in partials:
         report.warnings.extend(r.meta.get("warnings", []))
     partials = [r for r in partials if r.meta.get("parts")]
@@ -731,7 +721,7 @@ def open_monitor(
             if id(r) not in kept_ids:
                 report.skipped.append((f"{r.meta['path']} (step {key[0]})",
                                        f"ignored: superseded by a newer folder of rank {key[1]}"))
-        records.append(_merge(kept, use_vpp, multi))
+        records.append(_merge(kept, use_vpp, multi, report))
     versions = sorted({f.version for f in files})
     selected_ranks = sorted({f.rank for f in files})
     rank_dirs = {str(r): os.pathsep.join(str(d) for d in found.rank_dirs[r])
@@ -749,3 +739,11 @@ def open_monitor(
         },
     )
     return ds
+
+
+READER = Reader(name="monitor", can_open=is_monitor_output, open=lambda path, **o: open_monitor(path, **_opts(o)),
+                description="monitor output", detect_priority=20)
+
+
+def _opts(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: options[k] for k in ("errors", "client", "progress", "steps", "ranks", "workers") if k in options}

@@ -59,6 +59,8 @@ from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble, select_items
 from precnb.io._ms_files import CHUNK, EXTRA_STATS, NAME, load_npy, mapping, parse_file_name, tensor_stats
 from precnb.io._ms_names import NameTable, direction_of, module_path, name_table
+from precnb.io.executor import parse_files
+from precnb.io.readers import Reader
 
 __all__ = ["CHUNK", "KernelTensorItem", "discover", "is_ms_kernel_tensors", "open_ms_kernel_tensors",
            "parse_file_name", "read_item", "tensor_stats"]
@@ -391,8 +393,6 @@ def open_ms_kernel_tensors(
     --------
     >>> ds = open_ms_kernel_tensors("dump/rank_0")  # doctest: +SKIP
     """
-    from precnb.io.api import parse_files
-
     report = LoadReport()
     items = select_items(discover(path, report), steps, ranks)
     if not items:
@@ -427,3 +427,11 @@ def open_ms_kernel_tensors(
                            "kernel_parameters": json.dumps(params),
                            "rank_dirs": json.dumps({f"{i.step},{i.rank}": i.path for i in items}),
                            "load_report": json.dumps(report.to_dict())})
+
+
+def _open(path: Path, **options: Any) -> xr.Dataset:
+    keep = ("errors", "client", "progress", "steps", "ranks", "workers")
+    return open_ms_kernel_tensors(path, **{k: options[k] for k in keep if k in options})
+
+
+READER = Reader(name="kernel_tensors", can_open=is_ms_kernel_tensors, open=_open, detect_priority=35)

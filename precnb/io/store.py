@@ -14,9 +14,8 @@ earlier steps marked absent there), so the store reopens identical to
 
 from __future__ import annotations
 
-import shutil
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,11 +23,13 @@ import numpy as np
 import xarray as xr
 
 from precnb.errors import DumpFormatError, NotADumpError
+from precnb.io.readers import Reader
 from precnb.schema import DIMS, TENSOR_COORDS, SchemaError, validate
 
-__all__ = ["open_store", "to_zarr"]
+__all__ = ["READER", "is_store", "open_store", "to_zarr"]
 
 _FILLS: dict[str, Any] = {"present": False, "null_stats": 0, "seq": -1, "numel": -1}
+_MARKER_KEY = "precnb_output"  # precnb._marks.MARKER_KEY: the store attribute marking precnb's own stores
 
 
 def _strings_to_object(ds: xr.Dataset) -> xr.Dataset:
@@ -53,16 +54,25 @@ def _chunks(n_rank: int, n_tensor: int) -> tuple[int, int, int]:
     return (1, max(1, min(n_rank, RANK_CHUNK)), max(1, n_tensor))
 
 
-def _write_dataset(ds: xr.Dataset, p: Path, mode: str) -> Path:
-    if mode == "w-" and p.exists():
-        raise FileExistsError(f"{p} exists; pass mode='w' (CLI: --overwrite) to replace it")
+def _mark(p: Path) -> None:
+    """Mark the store as precnb's own output (``--overwrite`` replaces only such a store)."""
+    import zarr
+
+    from precnb._marks import MARKER_KEY, marker
+
+    zarr.open_group(p, mode="r+", zarr_format=3).attrs[MARKER_KEY] = marker("zarr-store")
+
+
+def _write_dataset(ds: xr.Dataset, p: Path) -> Path:
+    """Write *ds* into the (empty, locked) folder *p*."""
     out = ds.drop_encoding()
+    out.attrs.pop(_MARKER_KEY, None)
     enc = {name: {"chunks": _chunks(out.sizes["rank"], out.sizes["tensor"])} for name, var in out.data_vars.items()
            if var.dims == DIMS and var.chunks is None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=UserWarning)
         warnings.simplefilter("ignore", category=FutureWarning)
-        out.to_zarr(p, mode="w", zarr_format=3, consolidated=False, encoding=enc)
+        out.to_zarr(p, mode="a", zarr_format=3, consolidated=False, encoding=enc)  # p: empty
     return p
 
 
@@ -78,8 +88,14 @@ def to_zarr(
     ranks: Sequence[int] | None = None,
     errors: Literal["report", "raise"] = "report",
     workers: int | str | None = None,
+    inputs: Iterable[str | Path] = (),
 ) -> Path:
-    """Write a dataset, or stream a dump, to a zarr (format 3) store.
+    """Write a dataset, or stream a dump, to a zarr (format 3) store, safely.
+
+    The store is built in a locked temporary sibling and renamed into place when complete
+    (:mod:`precnb._write`): never inside an input (the source path, the dataset's recorded
+    sources, *inputs*), never over anything but a store precnb wrote, and a second writer of
+    the same store at the same time fails at once.
 
     Parameters
     ----------
@@ -89,9 +105,10 @@ def to_zarr(
         bounded memory (parse the step's files, align, append along ``step``); other inputs
         are opened, then written.
     path : str or Path
-        Store folder to create.
+        Store folder to create (its parent folder must exist).
     mode : {"w-", "w"}
-        ``"w-"`` (default) refuses to overwrite an existing store.
+        ``"w-"`` (default) refuses an existing path; ``"w"`` replaces an existing store that
+        precnb wrote (and nothing else).
     format : str, optional
         Force a reader for a path source (see :func:`precnb.open_run`).
     client : distributed.Client, optional
@@ -103,10 +120,17 @@ def to_zarr(
         As in :func:`precnb.open_run`; skipped files are listed in the store's load report.
     workers : int, "auto" or None
         Local worker processes when there is no client (see :func:`precnb.open_run`).
+    inputs : iterable of path-like
+        Further paths the store must stay out of (e.g. the runs a merged dataset came from).
 
     Returns
     -------
     Path
+
+    Raises
+    ------
+    precnb.errors.OutputRefusedError
+        See :func:`precnb._write.check_output`.
 
     Examples
     --------
@@ -114,47 +138,50 @@ def to_zarr(
     >>> precnb.to_zarr("dump/", "run.zarr")  # doctest: +SKIP
     >>> lazy = precnb.open_run("run.zarr", lazy=True)  # doctest: +SKIP
     """
-    p = Path(path)
+    from precnb._write import dataset_inputs, writing_folder
+
+    if mode not in ("w-", "w"):
+        raise ValueError(f"mode must be 'w-' (refuse an existing path) or 'w' (replace a precnb store), "
+                         f"got {mode!r}")
+    overwrite = mode == "w"
     if isinstance(source, xr.Dataset):
-        return _write_dataset(source, p, mode)
-    from precnb.io._resolve import resolve
+        with writing_folder(path, inputs=[*dataset_inputs(source), *inputs], overwrite=overwrite) as tmp:
+            _write_dataset(source, tmp)
+            _mark(tmp)
+        return Path(path)
     from precnb.io.api import open_run
+    from precnb.io.detect import resolve
+    from precnb.io.readers import get_reader
 
     src, fmt = resolve(Path(source), format)
-    if mode == "w-" and p.exists():
-        raise FileExistsError(f"{p} exists; pass mode='w' (CLI: --overwrite) to replace it")
-    if fmt != "msprobe":
-        ds = open_run(src, format=format, client=client, progress=progress, steps=steps, ranks=ranks,
-                      errors=errors, workers=workers)
-        return _write_dataset(ds, p, "w")
-    return _stream_msprobe(src, p, client=client, progress=progress, steps=steps, ranks=ranks, errors=errors,
-                           workers=workers)
+    reader = get_reader(fmt)
+    with writing_folder(path, inputs=[source, src, *inputs], overwrite=overwrite) as tmp:
+        if reader.stream is None:
+            ds = open_run(src, format=fmt, client=client, progress=progress, steps=steps, ranks=ranks,
+                          errors=errors, workers=workers)
+            _write_dataset(ds, tmp)
+        else:
+            _stream(reader.stream(src, client=client, progress=progress, steps=steps, ranks=ranks, errors=errors,
+                                  workers=workers), tmp)
+        _mark(tmp)
+    return Path(path)
 
 
-def _stream_msprobe(src: Path, p: Path, *, client: Any, progress: bool | None, steps: Sequence[int] | None,
-                    ranks: Sequence[int] | None, errors: Any, workers: int | str | None = None) -> Path:
-    from precnb.io._assemble import LoadReport
-    from precnb.io.api import MsprobeLoad, select_rank_dirs
+def _stream(parts: Any, p: Path) -> Path:
+    """Write what a reader's ``stream`` yields (ranks, then one step at a time, then attrs) into *p*.
 
-    report = LoadReport()
-    dirs = select_rank_dirs(src, report, steps, ranks)
-    load = MsprobeLoad(src, dirs, report)
-    rank_vals = sorted({d.rank for d in dirs})
-    if p.exists():
-        shutil.rmtree(p)
-    writer = _StepWriter(p, rank_vals)
-    try:
-        for step in sorted({d.step for d in dirs}):
-            first = next(i for i, d in enumerate(dirs) if d.step == step)
-            items = [d for d in dirs if d.step == step]
-            load.read(items, offset=first, errors=errors, client=client, progress=progress, workers=workers)
-            arrays = load.acc.take_steps([step], rank_vals)
-            writer.append(step, arrays, load.acc.tensor_coords())
-        load.check_any()
-        writer.finish(load.acc.attrs("msprobe", load.attrs()))
-    except BaseException:
-        shutil.rmtree(p, ignore_errors=True)
-        raise
+    *p* is the empty locked folder of :func:`precnb._write.writing_folder` (removed by it on failure).
+    """
+    writer: _StepWriter | None = None
+    for part in parts:
+        if part[0] == "ranks":
+            writer = _StepWriter(p, part[1])
+        elif part[0] == "step":
+            assert writer is not None
+            writer.append(part[1], part[2], part[3])
+        elif part[0] == "attrs":
+            assert writer is not None
+            writer.finish(part[1])
     return p
 
 
@@ -195,7 +222,7 @@ class _StepWriter:
             ds = xr.Dataset(data, coords={"step": np.asarray([step], np.int64), "rank": self.ranks, **coords})
             enc = self._encoding(list(arrays))
             enc.update({c: {"chunks": (self.chunk,)} for c in ("tensor", *TENSOR_COORDS)})
-            self._to_zarr(ds, mode="w-", encoding=enc)
+            self._to_zarr(ds, mode="a", encoding=enc)  # into the empty locked folder
         else:
             if n > self.n_tensor:
                 self._grow(n, coords)
@@ -216,7 +243,7 @@ class _StepWriter:
         old = self.n_tensor
         group = zarr.open_group(self.path, mode="r+", zarr_format=3)
         for name, arr in group.arrays():
-            dims = tuple(arr.metadata.dimension_names or ())
+            dims = tuple(getattr(arr.metadata, "dimension_names", None) or ())
             if "tensor" not in dims:
                 continue
             shape = list(arr.shape)
@@ -278,8 +305,41 @@ def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
         raise DumpFormatError(p, f"not a readable precnb zarr store: {type(exc).__name__}: {exc}") from None
     ds = _strings_to_object(ds)
     ds = ds.drop_encoding()
+    ds.attrs.pop(_MARKER_KEY, None)
     try:
         return validate(ds)
     except SchemaError as exc:
         raise DumpFormatError(p, f"zarr store is not a precnb dataset: {exc}") from None
 
+
+def is_store(path: str | Path) -> bool:
+    """Whether *path* is a zarr store folder (format 3 or 2).
+
+    Examples
+    --------
+    >>> is_store("/nonexistent")
+    False
+    """
+    p = Path(path)
+    try:
+        return p.is_dir() and ((p / "zarr.json").is_file() or (p / ".zgroup").is_file())
+    except OSError:
+        return False
+
+
+def _open(path: Path, *, lazy: bool = False, steps: Sequence[int] | None = None,
+          ranks: Sequence[int] | None = None, **_: Any) -> xr.Dataset:
+    ds = open_store(path, lazy=lazy)
+    if steps is not None:
+        ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
+    if ranks is not None:
+        ds = ds.sel(rank=[r for r in ds["rank"].values if r in set(ranks)])
+    return ds
+
+
+def _steps(path: Path, ranks: Sequence[int] | None = None) -> list[int]:
+    return [int(s) for s in open_store(path, lazy=True)["step"].values]
+
+
+READER = Reader(name="zarr", can_open=is_store, open=_open, description="precnb zarr store",
+                available_steps=_steps, detect_priority=0, lazy=True)

@@ -20,7 +20,11 @@ PosixPath('dp_nan.html')
 
 from __future__ import annotations
 
-from precnb.report._charts import Limits
-from precnb.report.html import render, to_html, write_html
+from precnb._extras import REPORT, require
+
+require("precnb.report", REPORT)  # a clear ImportError naming the extra, not ModuleNotFoundError
+
+from precnb.report._charts import Limits  # noqa: E402
+from precnb.report.html import render, to_html, write_html  # noqa: E402
 
 __all__ = ["Limits", "render", "to_html", "write_html"]

@@ -12,7 +12,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["package_text", "script_safe", "vega_bundle", "vl_version"]
+__all__ = ["escape_script_json", "package_text", "script_safe", "vega_bundle", "vl_version"]
 
 
 def vl_version() -> str:
@@ -23,6 +23,24 @@ def vl_version() -> str:
     if not m:  # pragma: no cover - altair always has one
         raise RuntimeError(f"cannot read altair's Vega-Lite version {alt.SCHEMA_VERSION!r}")
     return f"v{m.group(1)}_{m.group(2)}"
+
+
+def escape_script_json(text: str) -> str:
+    r"""Escape JSON text for a ``<script>`` block: ``<``, ``>``, ``&``, U+2028 and U+2029 as ``\uXXXX``.
+
+    The JSON value is unchanged (these characters only occur inside strings, where the escapes
+    mean the same); the HTML parser can no longer end or re-open the script (``</script>``,
+    ``<!--``), and JavaScript parsers that treat U+2028/U+2029 as line ends are not confused.
+
+    Examples
+    --------
+    >>> escape_script_json('{"m": "</script>\u2028"}')
+    '{"m": "\\u003c/script\\u003e\\u2028"}'
+    """
+    for a, b in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"), ("\u2028", "\\u2028"),
+                 ("\u2029", "\\u2029")):
+        text = text.replace(a, b)
+    return text
 
 
 def script_safe(js: str) -> str:

@@ -88,11 +88,9 @@ def script_json(obj: Any) -> Any:
     from markupsafe import Markup
 
     from precnb.analysis.findings import jsonable
+    from precnb.report._assets import escape_script_json
 
-    text = json.dumps(jsonable(obj), allow_nan=False, ensure_ascii=False)
-    for a, b in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"), ("\u2028", "\\u2028"),
-                 ("\u2029", "\\u2029")):
-        text = text.replace(a, b)
+    text = escape_script_json(json.dumps(jsonable(obj), allow_nan=False, ensure_ascii=False))
     return Markup(text)  # noqa: S704 - every markup-significant character is escaped above
 
 
@@ -140,7 +138,10 @@ def render(
     checks: list[str] | None = None,
 ) -> str:
     """Render the page for prepared inputs and findings (see :func:`to_html`)."""
+    from markupsafe import Markup
+
     from precnb import __version__
+    from precnb._marks import html_marker
     from precnb.report import _tables as tables
     from precnb.report._assets import package_text, script_safe, vega_bundle
 
@@ -173,8 +174,9 @@ def render(
         "runs": runs,
         "layout": layout_lines,
         "notes": data.notes,
-        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "generated": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "version": __version__,
+        "marker": Markup(html_marker("report")),  # noqa: S704 - precnb's own tag (precnb._marks)
         "verdict": verdict,
         "findings": views,
         "preflight": tables.preflight_view(pre) if pre is not None else None,
@@ -190,8 +192,6 @@ def render(
         "page_js": script_safe(package_text("report.js")),
         "vega_js": vega_bundle(),
     }
-    from markupsafe import Markup
-
     for key in ("css", "page_js", "vega_js"):
         ctx[key] = Markup(ctx[key])  # noqa: S704 - package files, checked by script_safe
     return _env().get_template("report.html.j2").render(**ctx)
@@ -266,23 +266,52 @@ def to_html(
     return render(data, found, title=title, stat=stat, limits=limits, checks=checks)
 
 
-def write_html(ds_or_runs: Any, path: str | os.PathLike[str], **kw: Any) -> Path:
-    """Write :func:`to_html` to *path* (UTF-8) and return the path.
+def write_html(ds_or_runs: Any, path: str | os.PathLike[str], *, overwrite: bool = False,
+               inputs: Sequence[str | os.PathLike[str]] = (), **kw: Any) -> Path:
+    """Write :func:`to_html` to *path* (UTF-8, atomically) and return the path.
+
+    The write follows :mod:`precnb._write`: the parent folder must exist, the file must not be
+    inside an input (the paths given, the datasets' recorded sources, *inputs*), and an existing
+    file is replaced only with *overwrite* and only when it is a precnb output.
 
     Parameters
     ----------
     ds_or_runs : xarray.Dataset, path, mapping or dataset with a ``run`` dim
     path : path-like
-        The ``.html`` file to write (parent folders are created).
+        The ``.html`` file to write.
+    overwrite : bool
+        Replace an existing precnb report (never any other file).
+    inputs : sequence of path-like
+        Further paths the report must stay out of.
     **kw
         Passed to :func:`to_html` (``baseline``, ``findings``, ``layout``, ...).
 
     Returns
     -------
     pathlib.Path
+
+    Raises
+    ------
+    precnb.errors.OutputRefusedError
+        See :func:`precnb._write.check_output`.
     """
-    out = Path(path).expanduser()
+    from precnb._write import check_output, dataset_inputs, write_text
+
+    protect = [*_input_paths(ds_or_runs), *_input_paths(kw.get("baseline")), *inputs]
+    check_output(path, inputs=protect, overwrite=overwrite)  # before the (long) diagnosis
     page = to_html(ds_or_runs, **kw)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
-    return out
+    protect += dataset_inputs(ds_or_runs) + dataset_inputs(kw.get("baseline"))
+    return write_text(Path(path).expanduser(), page, inputs=protect, overwrite=overwrite)
+
+
+def _input_paths(obj: Any) -> list[str]:
+    """Paths among the inputs of :func:`to_html` (a path, a mapping of paths, or datasets' sources)."""
+    from precnb._write import dataset_inputs
+
+    if obj is None:
+        return []
+    if isinstance(obj, (str, os.PathLike)):
+        return [os.fspath(obj)]
+    if isinstance(obj, dict):
+        return [p for v in obj.values() for p in _input_paths(v)]
+    return dataset_inputs(obj)

@@ -34,6 +34,7 @@ __all__ = [
     "fill_template",
     "list_templates",
     "offline_template_dir",
+    "parameter_paths",
     "read_template",
 ]
 
@@ -104,8 +105,12 @@ def describe(name: str) -> dict[str, Any]:
 
 
 def fill_template(name: str, output: str | os.PathLike[str], parameters: dict[str, Any] | None = None, *,
-                  overwrite: bool = False) -> Path:
+                  overwrite: bool = False, inputs: Any = ()) -> Path:
     """Copy template *name* to *output* with *parameters* filled (papermill's injected cell).
+
+    Written by the rules of :mod:`precnb._write`: never inside an input (*inputs*, and every
+    parameter value naming an existing path, e.g. ``run``), never over a file precnb did not
+    write, into an existing folder, atomically. The copy carries ``metadata["precnb_output"]``.
 
     Parameters
     ----------
@@ -116,7 +121,9 @@ def fill_template(name: str, output: str | os.PathLike[str], parameters: dict[st
     parameters : dict, optional
         Values for the template's parameters; unknown names raise ``ValueError``.
     overwrite : bool
-        Replace an existing *output*.
+        Replace an existing *output* that precnb wrote.
+    inputs : iterable of path-like
+        Further paths the notebook must stay out of.
 
     Returns
     -------
@@ -128,11 +135,16 @@ def fill_template(name: str, output: str | os.PathLike[str], parameters: dict[st
         Unknown template.
     ValueError
         Unknown parameter names.
-    FileExistsError
-        *output* exists and *overwrite* is False.
+    precnb.errors.OutputRefusedError
+        *output* exists (without *overwrite*), is not a precnb notebook, or is inside an input.
     """
     import nbformat
 
+    from precnb._marks import MARKER_KEY, marker
+    from precnb._write import check_output, writing_file
+
+    protect = [*inputs, *parameter_paths(parameters)]
+    check_output(output, inputs=protect, overwrite=overwrite)
     nb = read_template(name)
     params = dict(parameters or {})
     known = _parameters(nb)
@@ -155,42 +167,71 @@ def fill_template(name: str, output: str | os.PathLike[str], parameters: dict[st
         pm.pop("parameters", None)  # keep the copy free of run metadata
         if not pm:
             nb.metadata.pop("papermill", None)
+    nb = copy.deepcopy(nb)
+    nb.metadata[MARKER_KEY] = marker(f"notebook:{name}")
     out = Path(output).expanduser()
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists (pass --overwrite to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, out)
+    with writing_file(out, inputs=protect, overwrite=overwrite) as tmp:
+        nbformat.write(nb, str(tmp))
+    return out
+
+
+def parameter_paths(parameters: dict[str, Any] | None) -> list[str]:
+    """Parameter values that name an existing file or folder (the notebook's inputs)."""
+    out = []
+    for v in (parameters or {}).values():
+        if isinstance(v, (str, os.PathLike)) and str(v).strip():
+            try:
+                if os.path.lexists(os.fspath(v)):
+                    out.append(os.fspath(v))
+            except (OSError, ValueError):
+                continue
     return out
 
 
 def execute(path: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, *,
             parameters: dict[str, Any] | None = None, cwd: str | os.PathLike[str] | None = None,
-            timeout: int = 600) -> Path:
+            timeout: int = 600, overwrite: bool = False) -> Path:
     """Run a notebook top to bottom with papermill (widget state is kept for export).
+
+    The executed notebook is written by the rules of :mod:`precnb._write` (atomically; in place
+    only over a notebook precnb wrote, e.g. by :func:`fill_template`).
 
     Parameters
     ----------
     path : path-like
     output : path-like, optional
-        Where to write the executed notebook (default: in place).
+        Where to write the executed notebook (default: in place, which needs *path* to be a
+        precnb notebook).
     parameters : dict, optional
     cwd : path-like, optional
         Working directory of the kernel (default: the notebook's folder).
     timeout : int
         Seconds per cell.
+    overwrite : bool
+        Replace an existing *output* that precnb wrote (in place: always, if precnb wrote it).
 
     Returns
     -------
     pathlib.Path
         The executed notebook.
     """
+    import nbformat
     import papermill
+
+    from precnb._marks import MARKER_KEY, marker
+    from precnb._write import writing_file
 
     src = Path(path)
     out = Path(output) if output is not None else src
-    papermill.execute_notebook(str(src), str(out), parameters=parameters or {}, kernel_name="python3",
-                               cwd=str(cwd or src.resolve().parent), progress_bar=False,
-                               execution_timeout=timeout, log_output=False)
+    in_place = output is None or os.path.abspath(out) == os.path.abspath(src)
+    with writing_file(out, inputs=parameter_paths(parameters), overwrite=overwrite or in_place) as tmp:
+        papermill.execute_notebook(str(src), str(tmp), parameters=parameters or {}, kernel_name="python3",
+                                   cwd=str(cwd or src.resolve().parent), progress_bar=False,
+                                   execution_timeout=timeout, log_output=False)
+        nb = nbformat.read(str(tmp), as_version=4)
+        if MARKER_KEY not in nb.metadata:
+            nb.metadata[MARKER_KEY] = marker("notebook")
+            nbformat.write(nb, str(tmp))
     return out
 
 
@@ -209,8 +250,13 @@ def offline_template_dir() -> Path | None:
 
 
 def export_html(notebook: Any, output: str | os.PathLike[str], *,
-                template_dir: str | os.PathLike[str] | None = None) -> Path:
+                template_dir: str | os.PathLike[str] | None = None, overwrite: bool = False,
+                inputs: Any = ()) -> Path:
     """Export an executed notebook to one offline HTML file (``offline_lab`` template).
+
+    JSON embedded in the page (widget state and views) has ``<``, ``>``, ``&``, U+2028 and
+    U+2029 escaped; the page carries precnb's marker and is written by the rules of
+    :mod:`precnb._write`.
 
     Parameters
     ----------
@@ -218,6 +264,10 @@ def export_html(notebook: Any, output: str | os.PathLike[str], *,
     output : path-like
     template_dir : path-like, optional
         Folder holding ``offline_lab/`` (default: :func:`offline_template_dir`).
+    overwrite : bool
+        Replace an existing precnb HTML output (never any other file).
+    inputs : iterable of path-like
+        Paths the page must stay out of (the notebook is added).
 
     Returns
     -------
@@ -237,10 +287,19 @@ def export_html(notebook: Any, output: str | os.PathLike[str], *,
             "the offline_lab nbconvert template is not built: run `make offline-template` in a precnb "
             "checkout (or `bash tools/build_offline_template.sh build/nbtemplates`), or set "
             "PRECNB_NBTEMPLATES to the folder holding offline_lab/")
+    from precnb._marks import html_marker
+    from precnb._write import check_output, write_text
+    from precnb.report._assets import escape_script_json
+
+    protect = [*inputs, *([os.fspath(notebook)] if isinstance(notebook, (str, os.PathLike)) else [])]
+    check_output(output, inputs=protect, overwrite=overwrite)
     nb = notebook if not isinstance(notebook, (str, os.PathLike)) else nbformat.read(str(notebook), as_version=4)
-    exporter = HTMLExporter(template_name="offline_lab", extra_template_basedirs=[str(tdir)])
+    # nbconvert escapes only "/" in the widget JSON it inlines; escape what ends or confuses a script too
+    exporter = HTMLExporter(template_name="offline_lab", extra_template_basedirs=[str(tdir)],
+                            filters={"escape_html_script": escape_script_json})
     html, _ = exporter.from_notebook_node(nb)
-    out = Path(output).expanduser()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(html, encoding="utf-8")
-    return out
+    head = html.find("<head>")
+    if head < 0:
+        raise ValueError("the exported page has no <head>: cannot mark it as precnb's")
+    html = html[: head + 6] + "\n" + html_marker("notebook-html") + html[head + 6:]
+    return write_text(Path(output).expanduser(), html, inputs=protect, overwrite=overwrite)

@@ -56,6 +56,15 @@ def _order(frame: pd.DataFrame, field: str, key: str) -> list[Any]:
     return frame.sort_values(key, kind="stable")[field].drop_duplicates().tolist()
 
 
+def _sort_by(key: str) -> alt.EncodingSortField:
+    """Order a discrete axis by a numeric column, not by a list of the labels.
+
+    Vega-Lite turns a list sort into an expression holding every label; a label with U+2028 or
+    U+2029 (legal in JSON, a line break to Vega's expression parser) would break the chart.
+    """
+    return alt.EncodingSortField(field=key, op="min", order="ascending")
+
+
 def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = True,
                    selection: alt.Parameter | None = None) -> dict[str, Any]:
     invalid = "!isValid(datum.color) || !isFinite(datum.color)"
@@ -85,15 +94,6 @@ def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = Tru
         "stroke": stroke.when(nonfinite).then(alt.value(NONFINITE_COLOR)).otherwise(alt.value("white")),
         "strokeWidth": width.when(nonfinite).then(alt.value(1.5)).otherwise(alt.value(0.5)),
     }
-
-
-def _sort_by(key: str) -> alt.EncodingSortField:
-    """Order a discrete axis by a numeric column, not by a list of the labels.
-
-    Vega-Lite turns a list sort into an expression holding every label; a label with U+2028 or
-    U+2029 (legal in JSON, a line break to Vega's expression parser) would break the chart.
-    """
-    return alt.EncodingSortField(field=key, op="min", order="ascending")
 
 
 def mark_selected(frame: pd.DataFrame, selected: Mapping[str, Any] | None) -> pd.DataFrame:
@@ -292,7 +292,7 @@ def linked_chart(
     heat = alt.Chart(heat_data, title=title, width=heatmap_width(len(steps)),
                      height=max(60, min(15 * len(rows), 640))).mark_rect(invalid="show").encode(
         x=alt.X("step:O", title="step"),
-        y=alt.Y("row:N", sort=rows, title=None, axis=alt.Axis(labelLimit=260)),
+        y=alt.Y("row:N", sort=_sort_by("row_order"), title=None, axis=alt.Axis(labelLimit=260)),
         tooltip=["row:N", "step:O", alt.Tooltip("value_text:N", title=stat), "nonfinite:Q"],
         **_rect_encoding(heat_data, mode, stat, selection=sel),
     ).add_params(sel)
@@ -304,7 +304,7 @@ def linked_chart(
         detail="row:N",  # several selected rows: one line per row and rank bucket
         y=alt.Y("value:Q", title=_COLOR_TITLES.get(mode, "value").format(stat=stat).replace(
             "log10 ", ""), scale=alt.Scale(type="symlog") if mode == "reldiff" else alt.Scale(zero=False)),
-        color=alt.Color("ranks:N", title="ranks", sort=_order(cube, "ranks", "rank_lo")),
+        color=alt.Color("ranks:N", title="ranks", sort=_sort_by("rank_lo")),
         tooltip=["row:N", "step:Q", "ranks:N", "value_text:N", "tensor:N", "worst_rank:Q"],
     )
     return alt.vconcat(heat, lines)

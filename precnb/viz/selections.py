@@ -32,6 +32,7 @@ __all__ = [
     "PICK",
     "SPAN",
     "cell_selection",
+    "expression_safe",
     "node_selection",
     "pick_selection",
     "read_point",
@@ -58,7 +59,9 @@ def cell_selection(
         Data fields that identify a cell; ``("row",)`` selects whole rows, which is what a
         linked line chart filters on.
     value : mapping, optional
-        Initially selected cell, e.g. ``{"row": "blocks.1.attn", "col": "4"}``.
+        Initially selected cell, e.g. ``{"row": "blocks.1.attn", "col": "4"}``. Vega-Lite writes
+        it into an expression, where U+2028/U+2029 end the string: a value holding them is
+        not preselected (the chart still draws).
     name : str
 
     Returns
@@ -66,10 +69,31 @@ def cell_selection(
     altair.Parameter
     """
     kw: dict[str, Any] = {}
-    if value is not None:
+    if value is not None and expression_safe(value):
         kw["value"] = [dict(value)]
     return alt.selection_point(name=name, fields=list(fields), on="click", clear="dblclick",
                                toggle="event.shiftKey", **kw)
+
+
+def expression_safe(value: Any) -> bool:
+    """Whether *value* (a string, mapping or sequence of them) can go into a Vega expression.
+
+    Vega-Lite writes initial selections and list sorts with ``JSON.stringify``, which leaves
+    U+2028 and U+2029 raw; Vega's expression parser reads them as line breaks inside a string
+    literal and refuses the chart ("Unexpected token ILLEGAL").
+
+    Examples
+    --------
+    >>> expression_safe({"row": "a.b"}), expression_safe({"row": "a\u2028b"})
+    (True, False)
+    """
+    if isinstance(value, str):
+        return "\u2028" not in value and "\u2029" not in value
+    if isinstance(value, Mapping):
+        return all(expression_safe(k) and expression_safe(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(expression_safe(v) for v in value)
+    return True
 
 
 def span_selection(*, name: str = SPAN) -> alt.Parameter:

@@ -6,7 +6,7 @@ from typing import Any
 
 from precnb.widgets._inputs import Runs, _in_memory
 
-__all__ = ["rerun_triage", "sources_of"]
+__all__ = ["input_paths", "rerun_triage", "sources_of"]
 
 
 def sources_of(runs: Runs, triage: Any) -> dict[str, Any]:
@@ -21,6 +21,23 @@ def sources_of(runs: Runs, triage: Any) -> dict[str, Any]:
     if runs.names:
         return {n: runs.run(n) for n in runs.names}
     return {"run": runs.ds}
+
+
+def input_paths(runs: Runs, triage: Any, sources: dict[str, Any]) -> list[str]:
+    """Every path the explored runs were read from: what a write (report, mapping file) must stay out of.
+
+    The paths given (:func:`sources_of`), and those the datasets and the triage recorded
+    (:func:`precnb._write.dataset_inputs`).
+    """
+    import os
+
+    from precnb._write import dataset_inputs
+
+    out: list[str] = []
+    for src in sources.values():
+        out += [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else dataset_inputs(src)
+    out += dataset_inputs(triage) + dataset_inputs(runs.ds)
+    return list(dict.fromkeys(out))
 
 
 def rerun_triage(sources: dict[str, Any], triage: Any, *, target: str | None = None, baseline: Any = "keep",

@@ -239,13 +239,18 @@ class AlignmentPanel(Panel):
         return self._rerun(t.alignment.with_pairs(unpair_targets={target}), f"unmatched {target}")
 
     def do_save(self) -> Path | None:
-        """Write precnb's mapping file of the current alignment; returns its path (None on a refusal)."""
+        """Write precnb's mapping file of the current alignment; returns its path (None on a refusal).
+
+        By :mod:`precnb._write`'s rules: never inside the runs' dumps, an existing file replaced
+        only when "replace" is ticked and precnb wrote it; a refusal is one line in the panel.
+        """
         t = self.api.triage
         if t is None or t.alignment is None:
             return None
         path = Path(self.path.value).expanduser()
         try:
-            out = Path(t.alignment.to_file(path, overwrite=bool(self.overwrite.value)))
+            out = Path(t.alignment.to_file(path, overwrite=bool(self.overwrite.value),
+                                           inputs=self.api.input_paths()))
         except Exception as err:
             self.output.value = _error(err)
             return None

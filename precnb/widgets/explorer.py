@@ -20,7 +20,7 @@ import traitlets
 from precnb.viz.selections import read_point
 from precnb.widgets._data import ExplorerData
 from precnb.widgets._inputs import Runs
-from precnb.widgets._rerun import rerun_triage, sources_of
+from precnb.widgets._rerun import input_paths, rerun_triage, sources_of
 from precnb.widgets.filters import FilterPanel
 from precnb.widgets.findings import FindingBar
 from precnb.widgets.heat import HEATMAP_COLUMNS, HeatView, Pick, contract_frame
@@ -144,6 +144,10 @@ class Explorer(ipw.VBox):
     def sources(self) -> dict[str, Any]:
         """The runs as given (before merging), by name."""
         return dict(self._sources)
+
+    def input_paths(self) -> list[str]:
+        """The paths the explored runs were read from (a report or mapping file is never written inside)."""
+        return input_paths(self.runs, self.triage, self._sources)
 
     # -- the contract -------------------------------------------------------------------------
     def heatmap_frame(self) -> pd.DataFrame:

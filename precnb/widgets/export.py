@@ -2,6 +2,9 @@
 
 Writing takes a few seconds (charts are rendered offline): the panel says what it is doing while
 it runs, the button is disabled meanwhile, and the outcome (the path, or the error) stays shown.
+The write follows :mod:`precnb._write`: the folder must exist, the file must not be inside the
+explored runs' dumps, and an existing file is replaced only when "replace" is ticked and it is
+a report precnb wrote; a refusal is shown in the panel, one line.
 """
 
 from __future__ import annotations
@@ -28,20 +31,22 @@ class ExportPanel(Panel):
     def __init__(self, api: ExplorerAPI) -> None:
         super().__init__(api)
         self.path = ipw.Text(value="precnb_report.html", description="file", layout=ipw.Layout(width="360px"))
+        self.overwrite = ipw.Checkbox(value=False, description="replace a precnb report", indent=False,
+                                      layout=ipw.Layout(width="190px"))
         self.button = ipw.Button(description="Export report", icon="download", layout=ipw.Layout(width="160px"))
         self.progress = ipw.IntProgress(value=0, min=0, max=3, description="", bar_style="info",
                                         layout=ipw.Layout(width="160px", visibility="hidden"))
         self.status = ipw.HTML("")
         self.status.add_class("precnb-export-status")
         self.button.on_click(lambda _b: self.export())
-        self.children = [ipw.HBox([self.path, self.button, self.progress]), self.status]
+        self.children = [ipw.HBox([self.path, self.overwrite, self.button, self.progress]), self.status]
 
     def _stage(self, n: int, text: str) -> None:
         self.progress.value = n
         self.status.value = f"<i>{html.escape(text)}</i>"
 
     def export(self) -> Path | None:
-        """Call ``precnb.report.write_html(source, path, ...)``; report a missing module clearly."""
+        """Call ``precnb.report.write_html(source, path, ...)``; a refusal or error is one line in the panel."""
         try:
             from precnb.report import write_html
         except Exception as err:
@@ -64,6 +69,10 @@ class ExportPanel(Panel):
             base = self.api.runs.baseline
             if base is not None and "run" in self.api.runs.ds.dims and accepts("baseline"):
                 kw["baseline"] = base
+        if accepts("overwrite"):
+            kw["overwrite"] = bool(self.overwrite.value)
+        if accepts("inputs"):  # the explored runs' dumps stay read-only whatever the source object is
+            kw["inputs"] = self.api.input_paths()
         self.button.disabled = True
         self.progress.layout.visibility = "visible"
         self.progress.bar_style = "info"

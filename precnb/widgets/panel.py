@@ -64,6 +64,9 @@ class ExplorerAPI(Protocol):
     def sources(self) -> dict[str, Any]:
         """The runs as given (before merging), by name."""
 
+    def input_paths(self) -> list[str]:
+        """The paths the runs were read from: writes stay out of them."""
+
 
 @runtime_checkable
 class PanelProtocol(Protocol):

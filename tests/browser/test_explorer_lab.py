@@ -39,7 +39,7 @@ from tests.conftest import ROOT, sample_path
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-NB = "window.jupyterapp.shell.currentWidget"
+NB = "window.jupyterapp?.shell?.currentWidget"  # optional: JupyterLab may not be up yet when first polled
 OUT = ROOT / "test-output"
 
 
@@ -135,7 +135,7 @@ def _state(page, name: str) -> list:
 
 
 def _wait_idle(page) -> None:
-    page.wait_for_function(f"{NB}.sessionContext.session.kernel.status === 'idle'", timeout=60_000)
+    page.wait_for_function(f"{NB}?.sessionContext?.session?.kernel?.status === 'idle'", timeout=60_000)
 
 
 def _number(explorer, view: str, n: int = 1):
@@ -181,8 +181,8 @@ def page(chromium, lab):
     page.wait_for_function("window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel?.status"
                            " === 'idle'", timeout=90_000)
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    page.wait_for_function(f"""() => {NB}.content.widgets.every(c => c.model.executionCount)
-                                  && {NB}.sessionContext.session.kernel.status === 'idle'""",
+    page.wait_for_function(f"""() => {NB}?.content?.widgets?.every(c => c.model.executionCount)
+                                  && {NB}?.sessionContext?.session?.kernel?.status === 'idle'""",
                            timeout=240_000)
     yield page
     page.close()

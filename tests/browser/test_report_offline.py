@@ -186,14 +186,29 @@ def test_hostile_names_render_as_text(chromium, tmp_path):
         view.close()
 
 
+def test_line_separators_in_names_do_not_break_charts(chromium, tmp_path):
+    """U+2028 / U+2029 in module, node and tensor names: all three charts draw (Vega's parser)."""
+    from precnb.report import write_html
+    from tests.test_hostile_strings import hostile_run
+
+    ds, _ = hostile_run()
+    report = write_html(ds, tmp_path / "separators.html")
+    view = Offline(chromium, report)
+    try:
+        assert _wait_report_charts(view.page) == 3
+        assert view.page.locator(".chart-error").count() == 0
+        view.assert_clean()
+    finally:
+        view.close()
+
+
 # -- exported notebook templates -------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """Execute every template on the bundled samples (two at a time) and export it offline."""
+def exported(tmp_path_factory, executed_templates):
+    """Every template executed on the bundled samples (once per session, conftest) and exported offline."""
     nbformat = pytest.importorskip("nbformat")
-    pytest.importorskip("papermill")
     from precnb.report import notebooks
 
     sample_path()
@@ -204,8 +219,9 @@ def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("templates")
 
     def run(name: str) -> tuple[str, Path, dict]:
-        nb_path = notebooks.fill_template(name, root / f"{name}.ipynb")
-        notebooks.execute(nb_path, cwd=root, timeout=300)
+        nb_path, _folder, error = executed_templates[name]
+        if error is not None:
+            raise error
         nb = nbformat.read(nb_path, as_version=4)
         outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
         state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})

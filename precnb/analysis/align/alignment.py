@@ -198,15 +198,15 @@ class Alignment:
                     "`precnb diff BASE TARGET --mapping THIS_FILE` keeps them and pairs the rest automatically",
         }
 
-    def to_file(self, path: Any, *, overwrite: bool = False) -> Any:
+    def to_file(self, path: Any, *, overwrite: bool = False, inputs: Any = ()) -> Any:
         """Write :meth:`mapping_document` as precnb's mapping file (JSON) and return its path.
 
-        The write is atomic; an existing file is replaced only with ``overwrite=True`` and only
-        when it is a precnb mapping file.
+        The write follows :mod:`precnb._write`: atomic; an existing file is replaced only with
+        ``overwrite=True`` and only when precnb wrote it; never inside *inputs* (the runs).
         """
         from precnb.mapping import save_mapping
 
-        return save_mapping(self.mapping_document(), path, overwrite=overwrite)
+        return save_mapping(self.mapping_document(), path, overwrite=overwrite, inputs=inputs)
 
     # ------------------------------------------------------------------ editing
     def with_pairs(self, *, set_nodes: dict[str, str] | None = None, unpair_targets: set[str] | None = None,

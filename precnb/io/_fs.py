@@ -1,0 +1,57 @@
+"""Filesystem questions the readers ask, answered without raising (one copy for every reader).
+
+A dump may sit behind a folder the user cannot list, a name that is too long or a broken
+symlink: discovery must report those, not crash on them, so every check here turns an
+``OSError`` into the answer "no".
+
+Examples
+--------
+>>> is_file("/nonexistent"), is_dir("/"), is_link("/nonexistent")
+(False, True, False)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["is_dir", "is_file", "is_link", "list_dir", "os_reason"]
+
+
+def is_file(p: str | Path) -> bool:
+    """Whether *p* is a regular file (links followed); False when it cannot be checked."""
+    try:
+        return Path(p).is_file()
+    except OSError:  # permission denied on a parent, name too long, ...
+        return False
+
+
+def is_dir(p: str | Path) -> bool:
+    """Whether *p* is a folder (links followed); False when it cannot be checked."""
+    try:
+        return Path(p).is_dir()
+    except OSError:
+        return False
+
+
+def is_link(p: str | Path) -> bool:
+    """Whether *p* is a symbolic link (broken or not); False when it cannot be checked."""
+    try:
+        return Path(p).is_symlink()
+    except OSError:
+        return False
+
+
+def list_dir(p: Path) -> list[Path]:
+    """Children of *p* sorted by name; raises OSError when *p* cannot be listed."""
+    return sorted(p.iterdir(), key=lambda c: c.name)
+
+
+def os_reason(exc: OSError) -> str:
+    """The short reason of an OSError (``"Permission denied"``) for messages.
+
+    Examples
+    --------
+    >>> os_reason(PermissionError(13, "Permission denied"))
+    'Permission denied'
+    """
+    return exc.strerror or type(exc).__name__

@@ -1,0 +1,193 @@
+r"""dump.json as a sequence of small JSON documents: the ``data`` object cut between node records.
+
+Parsing a dump.json into one Python object tree costs several times the file's size in memory
+and, with millions of fresh containers, most of its time in the cyclic garbage collector. msprobe
+writes the file with ``json.dump(..., indent=1)``: every node record of ``data`` starts on a line
+of its own and ends with ``}`` at the record's indentation. :func:`batches` reads the file in
+blocks and cuts ``data`` there into batches of whole records, each parsed on its own
+(``{<records>}``) and dropped once read, so only one batch of objects lives at a time.
+
+The cut is checked, never trusted: every batch must parse as a JSON object, and the text
+around ``data`` (``{"task": ..., "data": {}}``) must parse with ``data`` as its last member.
+Because ``{a}`` and ``{b}`` both valid means ``{a, b}`` is valid with the members of both, in
+order, a file whose batches all parse is the file the whole parse would have read. Anything else
+(no line breaks, a layout of another writer, a byte-order mark, a node name seen twice, JSON that
+orjson refuses) raises :class:`NotBatchableError`, and the reader parses the whole file with
+:func:`precnb.io._jsonio.load_json` instead, which gives exactly the standard library's answer
+and its error messages.
+
+msprobe writes bare ``NaN`` / ``Infinity`` / ``-Infinity`` tokens, which orjson rejects.
+:func:`quote_tokens` turns ``"K": NaN`` into ``"K": "NaN"`` for the keys ``Max``, ``Min``,
+``Mean``, ``Norm`` and ``value`` only; the statistic rules read those strings as the same
+floats (``"-Infinity"`` → ``-inf``). The pattern cannot match inside a string of valid JSON: its
+first quote is not escaped (no backslash before it), so inside a string it would close the
+string and leave the bare word ``Max`` after it, which is not JSON. A module named ``NaNGuard``
+or a string argument ``"Max: NaN"`` is therefore left alone, and any other bare token (a
+shape element, a construct.json value) leaves the batch unparsable by orjson: the whole file
+then goes through the standard library.
+
+Examples
+--------
+>>> quote_tokens(b'{"Max": NaN, "Min": -Infinity, "s": "Max\\\\": NaN", "NaNGuard": 1}')
+b'{"Max": "NaN", "Min": "-Infinity", "s": "Max\\\\": NaN", "NaNGuard": 1}'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+try:  # optional speed-up (the ``fast`` extra)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised when the extra is missing
+    _orjson = None  # type: ignore[assignment]
+
+__all__ = ["BLOCK", "NotBatchableError", "batches", "has_orjson", "quote_tokens"]
+
+BLOCK = 4 << 20
+"""Bytes read at a time; a batch holds the whole records of about one block."""
+_HEAD_MAX = 1 << 20
+_DATA_KEY = re.compile(rb'\n[ \t]*"data"[ \t]*:[ \t]*(\{)[ \t]*\r?\n([ \t]*)["}]')
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
+_BEFORE = re.compile(rb'"(?:Max|Min|Mean|Norm|value)"[ \t\r\n]*:[ \t\r\n]*\Z')
+_AFTER = frozenset(b" \t\r\n,}]")
+_MINUS, _BACKSLASH = 45, 92
+_BOM = b"\xef\xbb\xbf"
+
+
+class NotBatchableError(Exception):
+    """The file cannot be read batch by batch; parse it whole."""
+
+
+def has_orjson() -> bool:
+    """Whether orjson is installed (without it every file is parsed whole by the standard library)."""
+    return _orjson is not None
+
+
+def quote_tokens(raw: bytes) -> bytes:
+    """*raw* with the bare ``NaN``/``±Infinity`` values of statistics and scalar values quoted.
+
+    Examples
+    --------
+    >>> quote_tokens(b'{"Norm": Infinity, "shape": [NaN]}')
+    b'{"Norm": "Infinity", "shape": [NaN]}'
+    """
+    spans = []
+    for token in (b"NaN", b"Infinity"):
+        i = raw.find(token)
+        while i >= 0:
+            start, end = i, i + len(token)
+            if token == b"Infinity" and i and raw[i - 1] == _MINUS:
+                start -= 1
+            if end == len(raw) or raw[end] in _AFTER:
+                m = _BEFORE.search(raw, max(0, start - 40), start)
+                if m is not None and (m.start() == 0 or raw[m.start() - 1] != _BACKSLASH):
+                    spans.append((start, end))
+            i = raw.find(token, end)
+    if not spans:
+        return raw
+    spans.sort()
+    out: list[bytes] = []
+    last = 0
+    for start, end in spans:
+        out += (raw[last:start], b'"', raw[start:end], b'"')
+        last = end
+    out.append(raw[last:])
+    return b"".join(out)
+
+
+def _loads(raw: bytes) -> Any:
+    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):  # the whole-file parse replaces them, with a note
+        raise NotBatchableError
+    if _orjson is None:
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, too many digits
+            raise NotBatchableError from None
+    try:
+        return _orjson.loads(quote_tokens(raw))
+    except _orjson.JSONDecodeError:  # also bad UTF-8, lone surrogates, numbers beyond 64 bits
+        raise NotBatchableError from None
+
+
+def _head(fh: IO[bytes]) -> tuple[bytes, bytes, bytes]:
+    """(text up to ``data``'s ``{``, the records' indentation, the rest of the block after the ``{``)."""
+    buf = fh.read(BLOCK)
+    if buf.startswith(_BOM):
+        raise NotBatchableError
+    m = _DATA_KEY.search(buf, 0, _HEAD_MAX)
+    if m is None:
+        raise NotBatchableError
+    return buf[:m.start(1)], m.group(2), buf[m.start(1) + 1:]
+
+
+def batches(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Yield the node records of ``data`` in batches (dicts, file order), then the other top-level members.
+
+    The last dict yielded holds the members other than ``data`` (``task``, ``level``, ...).
+    Raises :class:`NotBatchableError`, possibly after some batches (the caller starts again with the
+    whole-file parse), when the file is not in msprobe's layout or a batch does not parse.
+
+    Examples
+    --------
+    >>> import json, tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "dump.json")
+    >>> doc = {"task": "statistics", "data": {"a.0.forward": {"x": 1}, "b.0.forward": {"Max": float("nan")}}}
+    >>> _ = open(p, "w").write(json.dumps(doc, indent=1))
+    >>> [list(d) for d in batches(p)]
+    [['a.0.forward', 'b.0.forward'], ['task']]
+    """
+    if os.environ.get("PRECNB_JSON_WHOLE"):  # parse whole files only (to check one path against the other)
+        raise NotBatchableError
+    with Path(path).open("rb") as fh:
+        head, indent, buf = _head(fh)
+        sep = b"\n" + indent + b"},"
+        seen: set[str] = set()
+        first = True
+        while True:
+            block = fh.read(BLOCK)
+            if block:
+                buf += block
+                cut = buf.rfind(sep)
+                if cut < 0:
+                    continue  # records longer than a block: read on
+                end = cut + len(sep) - 1  # the comma after a record's closing brace
+                piece, buf = buf[:end], buf[end + 1:]
+                tail = None
+            else:  # end of file: the last records, data's '}' and the text after it
+                end = _data_end(buf)
+                piece, tail = buf[:end], buf[end + 1:]
+            if piece.strip():
+                data = _loads(b"{" + piece + b"}")
+            elif first and tail is not None:  # "data": {} (nothing dumped)
+                data = {}
+            else:  # "{ , ..." or a trailing comma: not JSON
+                raise NotBatchableError
+            first = False
+            for node in data:
+                if node in seen:  # a node name seen twice: the whole parse keeps the last record
+                    raise NotBatchableError
+                seen.add(node)
+            yield data
+            if tail is not None:
+                top = _loads(head + b"{}" + tail)
+                if not isinstance(top, dict) or top.get("data") != {} or next(reversed(top)) != "data":
+                    raise NotBatchableError
+                del top["data"]
+                yield top
+                return
+
+
+def _data_end(buf: bytes) -> int:
+    """Position of ``data``'s closing brace: the last ``}`` before the document's own."""
+    end = len(buf.rstrip())
+    if end == 0 or buf[end - 1:end] != b"}":
+        raise NotBatchableError
+    close = len(buf[:end - 1].rstrip())
+    if close == 0 or buf[close - 1:close] != b"}":
+        raise NotBatchableError
+    return close - 1

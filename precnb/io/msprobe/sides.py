@@ -1,0 +1,164 @@
+"""construct.json (node → parent module, Megatron micro steps) and stack.json (node → call stack).
+
+Both are the same for every file of a run, so each distinct content is parsed once per
+process: the parse task reads the bytes and a digest, checks them once, and hands them to the
+assembler as :class:`~precnb.io._assemble.SharedTable` objects, which parse each distinct table
+once for the whole run (only the raw bytes cross to and from worker processes).
+
+A missing side file is normal (``extra_info=false``); an unreadable one, or one that does not
+hold a JSON object, is reported in the file's warnings and ignored (values still load).
+
+Examples
+--------
+>>> parse_construct({"Functional.linear.0.forward": ["Module.fc.Linear.forward.0", 3]})
+({'Functional.linear.0.forward': 'Module.fc.Linear.forward.0'}, {'Functional.linear.0.forward': 3})
+>>> parse_stack({"0": [["Functional.linear.0.forward"], ["File a.py, line 1"]]})
+{'Functional.linear.0.forward': ['File a.py, line 1']}
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from precnb.errors import DumpFormatError
+from precnb.io import _why
+from precnb.io._assemble import SharedTable
+from precnb.io._fs import is_file
+from precnb.io._jsonio import loads_json
+from precnb.io.msprobe.values import MAX_COUNTER
+
+__all__ = ["parse_construct", "parse_stack", "read_sides"]
+
+_CONSTRUCT: dict[bytes, tuple[dict[str, str], dict[str, int]]] = {}  # digest -> parsed, per process
+_GOOD_STACKS: set[bytes] = set()
+_CACHE_MAX = 8 << 20  # a larger construct.json (one huge file) is parsed where it is used, not kept
+
+
+def parse_construct(raw: Any) -> tuple[dict[str, str], dict[str, int]]:
+    """(node → parent, node → Megatron micro step) of a parsed construct.json."""
+    parents: dict[str, str] = {}
+    micro: dict[str, int] = {}
+    if not isinstance(raw, dict):
+        return parents, micro
+    for node, val in raw.items():
+        if node == "megatron_micro_step_number":
+            continue
+        if isinstance(val, list) and len(val) == 2:  # Megatron [parent, micro_step]
+            parent, ms = val
+            if ms.__class__ is int and 0 <= ms <= MAX_COUNTER:
+                micro[node] = ms
+            val = parent
+        parents[node] = val if isinstance(val, str) else ""
+    return parents, micro
+
+
+def parse_stack(raw: Any) -> dict[str, list[str]]:
+    """Node → frames of a parsed stack.json (both msprobe layouts)."""
+    if not isinstance(raw, dict):
+        return {}
+    first = raw.get("0")
+    if isinstance(first, list) and len(first) == 2 and isinstance(first[0], list):
+        out: dict[str, list[str]] = {}
+        for group in raw.values():
+            if isinstance(group, list) and len(group) == 2:
+                nodes, frames = group
+                for n in nodes if isinstance(nodes, list) else []:
+                    if isinstance(n, str):
+                        out[n] = [f for f in frames if isinstance(f, str)] if isinstance(frames, list) else []
+        return out
+    return {k: [f for f in v if isinstance(f, str)] for k, v in raw.items() if isinstance(v, list)}
+
+
+def construct_table(raw: bytes) -> dict[str, str]:
+    """Node → parent of construct.json bytes already checked by :func:`read_sides`."""
+    return parse_construct(loads_json(raw))[0]
+
+
+def stack_table(raw: bytes) -> dict[str, list[str]]:
+    """Node → frames of stack.json bytes already checked by :func:`read_sides`."""
+    return parse_stack(loads_json(raw))
+
+
+def _read(path: Path, notes: list[str]) -> tuple[bytes, bytes] | None:
+    """(digest, bytes) of a side file, None when it is missing or unreadable (then noted)."""
+    if not is_file(path):
+        special = _why.not_a_file_reason(path) or (
+            f"{path.name}: {_why.missing_reason(path)}" if path.is_symlink() and not path.exists() else None)
+        if special:  # a FIFO or /dev/zero is never opened; say why the side table is missing
+            notes.append(f"{path}: {special} (ignored; values still loaded without "
+                         f"{'module paths' if path.name == 'construct.json' else 'stack frames'})")
+        return None
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        notes.append(f"{DumpFormatError(path, f'cannot read: {exc.strerror or exc}')} (ignored; values still loaded)")
+        return None
+    return hashlib.blake2b(raw, digest_size=16).digest(), raw
+
+
+def _parse_checked(path: Path, raw: bytes, notes: list[str]) -> Any:
+    """The parsed side file, or None (noted) when it is not JSON or not an object."""
+    mine: list[str] = []
+    try:
+        doc = loads_json(raw, path, mine)
+    except DumpFormatError as exc:
+        notes.append(f"{exc} (ignored; values still loaded)")
+        return None
+    notes += mine
+    if not isinstance(doc, dict):
+        notes.append(f"{path}: holds a JSON {type(doc).__name__}, not an object (ignored; values still loaded)")
+        return None
+    return doc, not mine
+
+
+def read_sides(folder: Path, notes: list[str]) -> tuple[dict[str, str], dict[str, int], SharedTable | None,
+                                                         SharedTable | None]:
+    """(parents, micro steps, construct table, stack table) of a rank folder; problems go to *notes*."""
+    parents: dict[str, str] = {}
+    micro: dict[str, int] = {}
+    construct: SharedTable | None = None
+    stack: SharedTable | None = None
+    got = _read(folder / "construct.json", notes)
+    if got is not None:
+        key, raw = got
+        hit = _CONSTRUCT.get(key)
+        if hit is None:
+            checked = _parse_checked(folder / "construct.json", raw, notes)
+            if checked is not None:
+                hit = parse_construct(checked[0])
+                if checked[1] and len(raw) <= _CACHE_MAX:  # clean: the same bytes elsewhere need no second look
+                    if len(_CONSTRUCT) >= 8:
+                        _CONSTRUCT.clear()
+                    _CONSTRUCT[key] = hit
+        if hit is not None:
+            parents, micro = hit
+            construct = SharedTable(("construct", key), raw, construct_table, parents)
+    got = _read(folder / "stack.json", notes)
+    if got is not None:
+        key, raw = got
+        ok = key in _GOOD_STACKS
+        if not ok:
+            checked = _parse_checked(folder / "stack.json", raw, notes)
+            ok = checked is not None
+            if ok and checked[1]:
+                if len(_GOOD_STACKS) >= 64:
+                    _GOOD_STACKS.clear()
+                _GOOD_STACKS.add(key)
+        if ok:
+            stack = SharedTable(("stack", key), raw, stack_table)
+    return parents, micro, construct, stack
+
+
+def json_type(v: Any) -> str:
+    """The JSON name of a parsed value's type (``"object"``, ``"array"``, ...).
+
+    Examples
+    --------
+    >>> json_type([]), json_type(None), json_type(1.5)
+    ('array', 'null', 'number')
+    """
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(v), type(v).__name__)

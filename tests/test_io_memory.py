@@ -1,0 +1,73 @@
+"""Loads that cannot fit are refused before parsing; the msprobe parser without orjson gives the same records."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import precnb
+from precnb.cli import main
+from precnb.errors import InsufficientMemoryError, PrecnbError
+from precnb.io import _jsonio, _memory
+from precnb.io import msprobe as md
+from precnb.io.msprobe import _json
+from tests.conftest import ROOT
+
+DUMP = ROOT / "data_samples" / "dp_nan"
+
+
+def test_a_load_that_cannot_fit_is_refused_before_parsing(monkeypatch):
+    monkeypatch.setattr(_memory, "available_memory", lambda: 1000)
+    parsed = []
+    from precnb.io.msprobe import load
+
+    monkeypatch.setattr(load, "read_rank_dir", lambda rd, **kw: parsed.append(rd))
+    with pytest.raises(InsufficientMemoryError) as err:
+        precnb.open_run(DUMP, workers=1)
+    text = str(err.value)
+    assert str(DUMP) in text and "dump.json" in text and "--steps / --ranks" in text
+    assert isinstance(err.value, MemoryError) and isinstance(err.value, PrecnbError)
+    assert not parsed
+    monkeypatch.undo()
+    monkeypatch.setattr(_memory, "available_memory", lambda: 1000)
+    monkeypatch.setenv("PRECNB_NO_MEMORY_CHECK", "1")  # load anyway
+    assert precnb.open_run(DUMP, workers=1).sizes["step"] == 3
+
+
+def test_the_cli_says_so_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(_memory, "available_memory", lambda: 1000)
+    assert main(["info", str(DUMP)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "needs about" in err and "--steps / --ranks" in err
+
+
+def test_memory_estimate_uses_the_largest_file():
+    _memory.check_memory("x", [("a", 100), ("b", 10)], per_byte=1.0, largest_per_byte=1.5)  # plenty free
+    avail = _memory.available_memory()
+    assert avail is None or avail > 0
+
+
+@pytest.mark.parametrize("sample", ["dp_nan", "divergence/target", "tp/tp2"])
+def test_without_orjson_the_records_are_the_same(monkeypatch, sample):
+    rds = md.discover(ROOT / "data_samples" / sample)
+    with_orjson = [md.read_rank_dir(rd) for rd in rds]
+    monkeypatch.setattr(_json, "_orjson", None)
+    monkeypatch.setattr(_jsonio, "_orjson", None)
+    gave_up = []
+    real = _json.batches
+
+    def spy(path):
+        try:
+            yield from real(path)
+        except _json.NotBatchableError:
+            gave_up.append(path)
+            raise
+
+    monkeypatch.setattr(_json, "batches", spy)
+    without = [md.read_rank_dir(rd) for rd in rds]
+    assert not gave_up  # the standard library reads the batches too
+    for a, b in zip(with_orjson, without, strict=True):
+        assert a.labels == b.labels
+        for k in a.values:
+            assert np.array_equal(a.values[k].view(np.uint64), b.values[k].view(np.uint64))
+        assert np.array_equal(a.null_stats, b.null_stats) and a.meta == b.meta
