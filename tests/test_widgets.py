@@ -467,6 +467,50 @@ def test_mapping_option_and_alignment_panel_match_unmatch_save(tmp_path):
                                                                             t.finding.node)
 
 
+def test_save_mapping_and_export_follow_the_write_rules(tmp_path):
+    """Never inside a run's dump, never over a file precnb did not write; a refusal is one line in the panel."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(sample_path("renamed"), runs)  # a copy: a broken refusal must not write into data_samples
+    ex = explore(runs / "target", runs / "baseline")
+    before = sorted(p.relative_to(runs) for p in runs.rglob("*"))
+    assert str(runs / "target") in ex.input_paths() and str(runs / "baseline") in ex.input_paths()
+    panel = ex.panel("Alignment")
+    export = ex.panel("Export")
+
+    def refused(widget):
+        text = widget.value
+        return ("OutputRefusedError" in text or "OutputExistsError" in text) and "Traceback" not in text \
+            and "\n" not in text
+
+    for inside in (runs / "target" / "map.json", runs / "baseline" / "step0" / "map.json"):
+        panel.path.value = str(inside)
+        panel.overwrite.value = True
+        assert panel.do_save() is None and refused(panel.output) and not inside.exists()
+        export.path.value = str(inside.with_suffix(".html"))
+        export.overwrite.value = True
+        assert export.export() is None and refused(export.status) and not inside.with_suffix(".html").exists()
+        assert export.progress.bar_style == "danger" and not export.button.disabled
+    assert sorted(p.relative_to(runs) for p in runs.rglob("*")) == before  # the dumps are untouched
+    # a user's own file is never replaced, even with "replace" ticked
+    mine = tmp_path / "notes.json"
+    mine.write_text("my notes")
+    panel.path.value = export.path.value = str(mine)
+    assert panel.do_save() is None and refused(panel.output)
+    assert export.export() is None and refused(export.status) and mine.read_text() == "my notes"
+    # precnb's own mapping file: replaced only when asked
+    panel.path.value = str(tmp_path / "map.json")
+    panel.overwrite.value = False
+    assert panel.do_save() is not None
+    assert panel.do_save() is None and "exists" in panel.output.value
+    panel.overwrite.value = True
+    assert panel.do_save() == tmp_path / "map.json" and "written" in panel.output.value
+    out = tmp_path / "report.html"
+    export.path.value, export.overwrite.value = str(out), False
+    assert export.export() == out and "written" in export.status.value and "precnb-findings" in out.read_text()
+
+
 # -- tensor-mode pairs: a tensor-metric colour, the value histogram of both runs ---------------------
 def test_tensor_metric_colour_and_value_histogram():
     gt = origin("tensor_bug")

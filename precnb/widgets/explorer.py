@@ -137,6 +137,16 @@ class Explorer(ipw.VBox):
         """The line chart's frame."""
         return self.record.series if self.record.series is not None else pd.DataFrame()
 
+    @property
+    def hierarchy(self) -> Any:
+        """The Hierarchy tab (None when absent)."""
+        return self.panel("Hierarchy")
+
+    @property
+    def export(self) -> Any:
+        """The Export tab (None when absent)."""
+        return self.panel("Export")
+
     def panel(self, title: str) -> Any:
         """The tab titled *title* (None when absent)."""
         return next((p for p in self.panels if p.title == title), None)
