@@ -26,7 +26,6 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -174,15 +173,13 @@ def pair_seq(cmp: Any) -> np.ndarray:
     return np.where(seq[0] >= 0, seq[0], seq[1])
 
 
-def bad_records(target: xr.Dataset, comparison: Any = None, *, crc: str = "report",
-                steps: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def bad_records(target: xr.Dataset, comparison: Any = None, *, crc: str = "report") -> tuple[np.ndarray, np.ndarray]:
     """(flagged, seq) arrays over *target*'s (step, rank, tensor) grid.
 
     One run (no *comparison*): NaN and unexpected ±inf. Two runs: :func:`pair_bad_records` of the
     comparison, put on *target*'s grid (the comparison's steps are the baseline's; *target* is the
     comparison's target side, or a dataset with the same labels).
     """
-    del steps
     if comparison is None:
         from precnb.analysis.nan_origin import event_mask
 
