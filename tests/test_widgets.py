@@ -202,6 +202,46 @@ def test_rows_change_keeps_the_record_and_renames_its_row(ex):
     assert top["row"] == "Module.blocks.1.attn.Linear.forward.0"
 
 
+def test_no_stale_state_on_a_real_run():
+    """After every change (rows, x, colour, search, a rerun) the selection line, the detail table and the
+    attribution line describe the record that is selected now."""
+    gt = origin("dp_nan")
+    ex = explore(sample_path("dp_nan"))
+
+    def said_now():
+        status, detail, attr = ex.status.value, ex.detail.html.value, ex.record.attribution.value
+        assert f"step {ex.step} · rank {ex.rank}" in status and f"<code>{ex.tensor}</code>" in status, status
+        assert f"{ex.row} at step {ex.step}, rank {ex.rank}" in detail and "no records here" not in detail
+        assert ex.row == ex.data.row_of(ex.tensor)[1]  # the row at the current row level
+        rows = ex.filters.rows.value
+        assert (f"row <code>{ex.row}</code>" in attr) if rows == "module" else (f"rows are {rows}s" in attr), attr
+        assert "hidden by the filters" not in status
+
+    said_now()
+    t = ex.tensor
+    for rows in ("node", "tensor", "module"):
+        ex.filters.rows.value = rows
+        assert ex.tensor == t
+        said_now()
+    ex.filters.rows.value = "node"
+    assert ex.row == gt["node"] and top_cell(ex)["row"] == gt["node"]
+    ex.filters.by.value = "rank"
+    said_now()
+    ex.filters.color.value = "events"
+    said_now()
+    ex.filters.by.value, ex.filters.color.value, ex.filters.rows.value = "step", "first_bad", "module"
+    ex.select_cell("embed", 0, "forward")  # another record, then the search hides and shows it again
+    said_now()
+    ex.narrow("lm_head")
+    assert "hidden by the filters" in ex.status.value
+    ex.narrow("")
+    said_now()
+    ex.panel("Triage options").tolerance.value = "1e-3"  # a rerun: its first finding, nothing of before
+    ex.panel("Triage options").button.click()
+    assert ex.triage.options.tolerance == 1e-3 and (ex.step, ex.rank) == (gt["step"], gt["rank"])
+    said_now()
+
+
 def test_hidden_record_is_said_not_stale(ex):
     ex.narrow("lm_head")
     assert set(ex.frame["row"]) == {"lm_head"} and "hidden by the filters" in ex.status.value
@@ -309,30 +349,52 @@ def test_optimizer_records_are_their_own_group_and_off_by_default():
 
 
 # -- the origin is the most salient cell on the bundled samples ----------------------------------
+def gt_row(gt):
+    """The heat-map row (module path) of a ground-truth fault: its module, or "(none)" outside modules."""
+    from precnb.naming import module_path_of
+
+    m = gt.get("module_path") or gt.get("module")
+    if not m:
+        return "(none)"
+    return module_path_of(m) if m.startswith("Module.") else m
+
+
 @pytest.mark.parametrize(("name", "args", "kw"), [
     ("dp_nan", ("dp_nan",), {}),
     ("divergence", ("divergence/target", "divergence/baseline"), {}),
     ("renamed", ("renamed/target", "renamed/baseline"), {}),
     ("kernel_resume", ("kernel_resume/bad", "kernel_resume/correct"), {}),
     ("dp_sum", ("dp_sum/target", "dp_sum/baseline"), {}),
+    ("tp_unsync", ("tp_unsync/tp2", "tp_unsync/tp1"), {"target_layout": "tp=2"}),
+    ("tensor_bug", ("tensor_bug/target", "tensor_bug/baseline"), {}),
 ])
 def test_origin_is_the_most_salient_cell(name, args, kw):
+    """From the default view: the one largest ``value`` of heatmap_frame() is the origin's row and step."""
     gt = origin(name)
+    merged = "target_layout" in kw  # TP=2 merged into TP=1's layout: one merged rank, the dump's rank in "where"
     paths = [sample_path(*a.split("/")) for a in args]
     ex = explore(*paths, **kw)
+    hf = ex.heatmap_frame()
+    assert hf.attrs["x"] == "step" and hf.attrs["color"] == "first_bad"
     top = top_cell(ex)
+    assert (hf["value"] == top["value"]).sum() == 1  # the most salient cell, not one of several
     ds = ex.data.target()
-    assert int(top["x"]) == gt["step"] and int(top["worst_rank"]) == gt["rank"]
+    assert (top["row"], int(top["x"]), top["group"]) == (gt_row(gt), gt["step"], "forward")
     assert node_of(ds, top["tensor"]) == gt["node"], top["tensor"]
-    assert top["row"] == str(ds["module"].sel(tensor=top["tensor"]).values) or top["row"] == "(none)"
-    # the explorer opened there, and one click on that cell selects the origin record
-    assert (ex.step, ex.rank, node_of(ds, ex.tensor)) == (gt["step"], gt["rank"], gt["node"])
+    rank = 0 if merged else gt["rank"]
+    assert int(top["worst_rank"]) == rank
+    # the finding it opened on names the origin, and the explorer shows it
+    f = ex.finding
+    assert f is ex.triage.finding and ex.current_finding is f
+    assert (f.step, f.rank, f.node) == (gt["step"], rank, gt["node"])
+    assert (ex.step, ex.rank, node_of(ds, ex.tensor), ex.row) == (gt["step"], rank, gt["node"], gt_row(gt))
+    # one click on that cell selects the origin record
     ex.select_cell(top["row"], top["col"], top["group"])
-    assert (ex.step, ex.rank, node_of(ds, ex.tensor)) == (gt["step"], gt["rank"], gt["node"])
-    # the rank × step view's earliest cell is the origin's rank and step
+    assert (ex.step, ex.rank, node_of(ds, ex.tensor)) == (gt["step"], rank, gt["node"])
+    # the rank × step view's earliest cell is the origin's rank (the dump's, for the TP run) and step
     wf = ex.heat.where_frame_
     w = wf.loc[wf["first_bad"] == 1].iloc[0]
-    assert (int(w["rank_lo"]), int(w["x"])) == (gt["rank"], gt["step"])
+    assert (int(w["rank_lo"]), int(w["x"])) == (gt["rank"], gt["step"]) and ex.heat.where_unmerged == merged
 
 
 def test_tp_origin_rank_shows_in_the_where_view():
@@ -355,17 +417,25 @@ def test_tp_origin_rank_shows_in_the_where_view():
     assert "before merging shards" in ex.status.value and "rank 1" in ex.detail.html.value
 
 
-@pytest.mark.parametrize("args", [("kernel_resume/bad", "kernel_resume/correct"), ("dp_nan",)])
-def test_no_warnings_reach_the_notebook(args):
+@pytest.mark.parametrize(("args", "kw"), [(("kernel_resume/bad", "kernel_resume/correct"), {}), (("dp_nan",), {}),
+                                          (("tp_unsync/tp2", "tp_unsync/tp1"), {"target_layout": "tp=2"}),
+                                          (("renamed/target", "renamed/baseline"), {})])
+def test_no_warnings_reach_the_notebook(args, kw, capfd):
+    """No warning and nothing printed (stdout, stderr: a progress bar, a RuntimeWarning) while opening and
+    using the explorer — whatever a cell prints stays in the notebook."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ex = explore(*[sample_path(*a.split("/")) for a in args])
+        ex = explore(*[sample_path(*a.split("/")) for a in args], **kw)
         for color in [v for _, v in ex.filters.color.options]:
             ex.filters.color.value = color
         ex.filters.by.value = "rank"
         ex.keynav.press("ArrowDown")
         ex.filters.rows.value = "node"
-        ex.tabs.selected_index = [p.title for p in ex.panels].index("Hierarchy")
+        ex.bar.next.click()
+        for p in ex.panels:  # every tab drawn
+            ex.tabs.selected_index = ex.panels.index(p)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
 
 
 # -- findings, suspects, next / previous --------------------------------------------------------
@@ -465,6 +535,17 @@ def test_mapping_option_and_alignment_panel_match_unmatch_save(tmp_path):
     again = precnb.diagnose(sample_path("renamed", "target"), sample_path("renamed", "baseline"), mapping=str(out))
     assert (again.finding.step, again.finding.rank, again.finding.node) == (t.finding.step, t.finding.rank,
                                                                             t.finding.node)
+    # and through the Triage options tab: a fresh explorer given the file reruns with it
+    fresh = explore(sample_path("renamed", "target"), sample_path("renamed", "baseline"))
+    opts = fresh.panel("Triage options")
+    opts.mapping.value = str(tmp_path / "missing.json")
+    before = fresh.triage
+    assert opts.run() is None and "missing.json" in opts.output.value and fresh.triage is before
+    opts.mapping.value = str(out)
+    t2 = opts.run()
+    assert t2 is fresh.triage and t2.options.mapping == str(out)
+    assert next(p for p in t2.alignment.nodes if p.target == "Functional.gelu.1.forward").how == "user"
+    assert (fresh.current_finding.step, fresh.current_finding.node) == (t.finding.step, t.finding.node)
 
 
 def test_save_mapping_and_export_follow_the_write_rules(tmp_path):
@@ -615,6 +696,12 @@ def test_thousand_ranks_bounded_and_responsive():
     assert first["row"] == "0-31" and first["worst_rank"] == 1  # the bucket names the rank
     ex.filters.by.value = "rank"
     assert len(ex.frame) <= 40 * 32 and ex.frame["col"].nunique() == 32
+    hf = ex.heatmap_frame()  # a bucket's x is its first rank, x_hi its last; the top cell holds the origin's rank
+    assert hf.attrs["x"] == "rank" and (hf["x_hi"] - hf["x"]).max() > 0
+    bucket = hf[hf["col"] == "0-31"].iloc[0]
+    assert (bucket["x"], bucket["x_hi"]) == (0, 31)
+    top = top_cell(ex)
+    assert top["x"] <= 1 <= top["x_hi"] and (top["worst_step"], top["worst_rank"], top["tensor"]) == (3, 1, NAN_TENSOR)
     cells = ex.frame[["group", "row", "col"]].drop_duplicates().to_dict("records")
     times = []
     for c in cells[:: max(1, len(cells) // 9)][:9]:

@@ -205,6 +205,29 @@ def _explorer(page, i: int):
     return ex
 
 
+def test_layout_at_1400_px_and_nothing_printed_into_cells(page):
+    """Where view and selection line on top, the heat map beside the line chart, nothing wider than the
+    notebook; no cell printed to stderr (a warning, a progress bar)."""
+    outputs = page.evaluate(f"() => {NB}.content.widgets.map(c => c.model.outputs ? c.model.outputs.toJSON() : [])")
+    assert len(outputs) == len(_cells())
+    assert not [o for cell in outputs for o in cell if o.get("output_type") == "stream" and o.get("name") == "stderr"]
+    assert not [o for cell in outputs for o in cell if o.get("output_type") == "error"]
+    for i in range(4):
+        ex = _explorer(page, i)
+
+        def box(css, ex=ex):
+            b = ex.locator(css).first.bounding_box()
+            assert b and b["width"] > 0 and b["height"] > 0, css
+            return b
+
+        where, heat, lines, sel = (box(c) for c in (".precnb-where", ".precnb-heatmap", ".precnb-lines",
+                                                    ".precnb-selection"))
+        assert where["y"] + where["height"] <= heat["y"] + 1, i  # the where view above the heat map
+        assert sel["x"] >= where["x"] + where["width"] - 1 and sel["y"] < where["y"] + where["height"], i
+        assert lines["x"] >= heat["x"] + heat["width"] - 1 and lines["y"] < heat["y"] + heat["height"], i
+        assert ex.evaluate("el => el.scrollWidth <= el.clientWidth + 1"), i  # fits the notebook's width
+
+
 @pytest.mark.parametrize(("i", "name", "sample"), [(0, "nan", "dp_nan"), (1, "res", "kernel_resume")])
 def test_origin_in_at_most_three_clicks(page, latencies, i, name, sample):
     gt = _origin(sample)
@@ -294,7 +317,7 @@ def test_match_and_save_mapping_round_trip_into_precnb_diff(page, lab, latencies
     panel.locator("button[title='Save mapping']").click()
     expect(panel.locator(".precnb-align-output")).to_contain_text("written", timeout=30_000)
     latencies["alignment"] = {"pick two nodes (ms)": round(pick_ms, 1), "match + rerun (ms)": round(match_ms, 1)}
-    ex.screenshot(path=str(OUT / "explorer_alignment.png"))
+    panel.screenshot(path=str(OUT / "explorer_alignment.png"))  # the tab (the whole explorer is taller than the page)
     assert path.is_file()
     # the file round-trips: precnb diff / align --mapping read the pair as the user's, same first finding
     base, target = sample_path("renamed", "baseline"), sample_path("renamed", "target")
