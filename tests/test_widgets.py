@@ -342,6 +342,16 @@ def test_optimizer_records_are_their_own_group_and_off_by_default():
     ex = explore(ds)
     assert not ex.filters.show_groups["optimizer"].value
     assert "optimizer" not in set(ex.frame["group"]) and "optimizer" not in set(ex.frame["row"])
+    # rows by first occurrence: the forward pass in model order, the backward pass reversed (every row shown)
+    ex.filters.top_k.value = 100
+    hf = ex.heatmap_frame()
+    model = ["embed", "blocks.0.attn", "blocks.0.mlp", "blocks.1.attn", "blocks.1.mlp", "norm_out", "lm_head"]
+    fwd = [r for r in hf.loc[hf["group"] == "forward", "row"].drop_duplicates() if r in model]
+    bwd = [r for r in hf.loc[hf["group"] == "backward", "row"].drop_duplicates() if r in model]
+    assert fwd == model and bwd == model[::-1]
+    ex.filters.sort.value = "value"  # magnitude as the option: the origin's row first
+    assert ex.heatmap_frame()["row"].iloc[0] == "blocks.1.attn"
+    ex.filters.sort.value = "first"
     ex.filters.show_groups["optimizer"].value = True
     assert set(ex.frame.loc[ex.frame["group"] == "optimizer", "row"]) == {"optimizer"}
     ex.filters.rows.value = "node"  # optimizer ops no longer crowd out the origin node
