@@ -47,7 +47,7 @@ def test_public_api_resolves():
     "precnb.io.readers", "precnb.io._fs", "precnb.io.executor", "precnb.io.records", "precnb.io._memory",
     "precnb.io.msprobe", "precnb.io.msprobe._json", "precnb.io.msprobe.values", "precnb.io.msprobe.sides",
     "precnb.io.msprobe.parse", "precnb.io.msprobe.discover", "precnb.io.backend", "precnb.io.detect",
-    "precnb.io._pool",
+    "precnb.io._pool", "precnb.analysis.scalars", "precnb.io.msprobe.records",
 ])
 def test_docstring_examples_run(module):
     mod = importlib.import_module(module)

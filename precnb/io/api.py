@@ -20,7 +20,7 @@ from precnb.io._assemble import LoadReport
 from precnb.io.detect import detect_format, resolve
 from precnb.io.readers import get_reader, reader_names
 
-__all__ = ["available_steps", "detect_format", "load_report", "open_run", "open_runs"]
+__all__ = ["available_steps", "detect_format", "load_report", "node_records", "open_run", "open_runs"]
 
 
 def __getattr__(name: str) -> Any:
@@ -135,6 +135,45 @@ def available_steps(path: str | os.PathLike[str], *, format: str | None = None,
     if reader.available_steps is None:
         return None
     return reader.available_steps(p, ranks)
+
+
+def node_records(path: str | os.PathLike[str], step: int, rank: int, nodes: Sequence[str], *,
+                 format: str | None = None) -> dict[str, Any]:
+    """The raw records of *nodes* at (*step*, *rank*), read from the dump on demand.
+
+    What the canonical dataset leaves out of a node (its scalar arguments: an ``eps``, a
+    ``dim``, a scale) is in its record. Only the named records are decoded, so this is cheap
+    on a large file. Formats without node records (monitor CSVs, compare CSVs, stores) give
+    ``{}``; so do a (step, rank) the run does not hold and nodes it does not record.
+
+    Parameters
+    ----------
+    path : path-like
+        The run, as given to :func:`open_run`.
+    step, rank : int
+        The dump folder's step and rank numbers.
+    nodes : sequence of str
+        Node names as msprobe writes them (``"Tensor.__add__.6.forward"``).
+    format : str, optional
+        Force a reader.
+
+    Returns
+    -------
+    dict
+        Node → its record (the JSON object of ``dump.json``'s ``data``).
+
+    Examples
+    --------
+    >>> import precnb
+    >>> rec = node_records(precnb.sample_path("xfw/pt"), 0, 0, ["Tensor.__add__.6.forward"])
+    >>> rec["Tensor.__add__.6.forward"]["input_args"][1]
+    {'type': 'float', 'value': 1e-06}
+    """
+    p, fmt = resolve(Path(path), format)
+    reader = get_reader(fmt)
+    if reader.node_records is None or not nodes:
+        return {}
+    return reader.node_records(p, int(step), int(rank), list(nodes))
 
 
 def open_runs(paths: Mapping[str, Any], **kwargs: Any) -> xr.Dataset:

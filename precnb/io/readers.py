@@ -80,6 +80,10 @@ class Reader:
     lazy : bool
         Whether ``open(..., lazy=True)`` returns a dask-backed dataset itself (else the result
         is chunked one step at a time).
+    node_records : callable, optional
+        ``node_records(path, step, rank, nodes) -> {node: record}``: the raw records of a few
+        named nodes at one (step, rank), as the file holds them (the scalar arguments the
+        dataset does not carry); omitted when the format has no such records.
     """
 
     name: str
@@ -90,6 +94,7 @@ class Reader:
     stream: Callable[..., Iterator[tuple[Any, ...]]] | None = None
     detect_priority: int = 100
     lazy: bool = False
+    node_records: Callable[..., dict[str, Any]] | None = None
 
     def detects(self, path: Path) -> bool:
         """``can_open(path)``, False (with a warning) when the test itself fails."""

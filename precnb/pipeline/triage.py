@@ -17,6 +17,7 @@ import xarray as xr
 
 from precnb.pipeline.inputs import Loaded, Source, open_source, split_inputs
 from precnb.pipeline.options import Options
+from precnb.pipeline.scalars import attach_scalar_arguments
 
 __all__ = ["Triage", "diagnose"]
 
@@ -421,6 +422,7 @@ def diagnose(
                   names=(bsrc.name if bsrc is not None else "", tsrc.name), params=params)
     findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
     _enrich(findings, ctx)
+    attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
@@ -539,6 +541,7 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
     from precnb.analysis.enrich import enrich
 
     enrich([finding], mt, mb)
+    attach_scalar_arguments([finding], tsrc, bsrc, names=(bsrc.name, tsrc.name), format=opts.format)
     return Triage(findings=[finding], options=opts, alignment=state.get("alignment"), checks=checks, target=mt,
                   baseline=mb, raw_target=raw_t, raw_baseline=raw_b, names=(bsrc.name, tsrc.name), step_offset=off,
                   notes=notes, load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay,

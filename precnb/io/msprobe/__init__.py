@@ -53,5 +53,11 @@ def _stream(path: Path, **options: Any) -> Any:
     return stream_msprobe(path, **options)
 
 
+def _records(path: Path, step: int, rank: int, nodes: Any) -> dict[str, Any]:
+    from precnb.io.msprobe.records import node_records
+
+    return node_records(path, step, rank, nodes)
+
+
 READER = Reader(name="msprobe", can_open=is_msprobe_dump, open=_open, description="an msprobe dump",
-                available_steps=_steps, stream=_stream, detect_priority=10)
+                available_steps=_steps, stream=_stream, detect_priority=10, node_records=_records)

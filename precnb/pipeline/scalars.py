@@ -1,0 +1,72 @@
+"""The scalar arguments of a divergence's node, read from both dumps when the finding is made.
+
+The statistics cannot show that an op ran with another ``eps`` or scale; its record in
+``dump.json`` can. For a first divergence whose node is in both runs, the pipeline reads that
+node's record at the finding's (step, rank) from each dump (:func:`precnb.io.node_records`,
+only those records are decoded) and, when scalar arguments differ
+(:func:`precnb.analysis.scalars.differing_arguments`), adds a certain cause and says so in
+the reason. Inputs given as datasets (no files) are left as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from precnb.pipeline.inputs import Source
+
+__all__ = ["attach_scalar_arguments"]
+
+_COMPUTED = "computed differently here"
+
+
+def _records(src: Source, step: int, rank: int, node: str, fmt: str | None) -> dict[str, Any] | None:
+    if not src.is_path:
+        return None
+    from precnb.io.api import node_records
+
+    try:
+        return node_records(src.value, step, rank, [node], format=fmt).get(node)
+    except Exception:  # evidence is optional: the finding stands without it
+        return None
+
+
+def attach_scalar_arguments(findings: list[Any], tsrc: Source, bsrc: Source | None, *,
+                            names: tuple[str, str], format: str | None = None) -> None:
+    """Add a ``scalar_argument`` cause to each first divergence whose node ran with other constants.
+
+    Parameters
+    ----------
+    findings : list of Finding
+        Changed in place.
+    tsrc, bsrc : Source
+        The target and baseline as given (paths are read; datasets are skipped).
+    names : (str, str)
+        The (baseline, target) display names.
+    format : str, optional
+        The forced input format.
+    """
+    if bsrc is None or not tsrc.is_path or not bsrc.is_path:
+        return
+    from precnb.analysis.scalars import argument_cause, differing_arguments, format_argument
+
+    for f in findings:
+        if f.kind != "first_divergence" or not f.node or f.step is None or f.rank is None:
+            continue
+        if f.evidence.get("only_in"):
+            continue  # a node one run does not have has nothing to compare
+        b_node = (f.baseline or {}).get("node") or f.node
+        t_step = int(f.values.get("target_step", f.step)) if isinstance(f.values, dict) else int(f.step)
+        rt = _records(tsrc, t_step, int(f.rank), f.node, format)
+        rb = _records(bsrc, int(f.step), int(f.rank), b_node, format)
+        if rt is None or rb is None:
+            continue
+        diffs = differing_arguments(rt, rb)
+        if not diffs:
+            continue
+        cause = argument_cause(f.node, diffs, baseline_node=b_node, names=names)
+        f.causes.insert(0, cause)
+        d = diffs[0]
+        if _COMPUTED in f.reason:
+            said = (f"computed with a different scalar argument ({d['argument']} = "
+                    f"{format_argument(d['target'])} here, {format_argument(d['baseline'])} in {names[0]})")
+            f.reason = f.reason.replace(_COMPUTED, said)
