@@ -407,6 +407,56 @@ def test_origin_is_the_most_salient_cell(name, args, kw):
     assert (int(w["rank_lo"]), int(w["x"])) == (gt["rank"], gt["step"]) and ex.heat.where_unmerged == merged
 
 
+def test_cross_framework_origin_is_the_most_salient_cell():
+    """MindSpore port vs PyTorch (xfw): the first differing op of the module whose eps differs, at step 0."""
+    gt = origin("xfw")
+    ex = explore(sample_path("xfw", "ms_bug"), sample_path("xfw", "pt"))
+    hf = ex.heatmap_frame()
+    top = top_cell(ex)
+    assert (hf["value"] == top["value"]).sum() == 1
+    assert (top["row"], int(top["x"]), int(top["worst_rank"])) == (gt["module"], gt["step"], gt["rank"])
+    assert node_of(ex.data.target(), top["tensor"]) == gt["first_differing_api"] == ex.finding.node
+
+
+@pytest.mark.parametrize(("args", "kw"), [
+    (("xfw/ms_same", "xfw/pt"), {}),  # two frameworks, healthy: recording differences only
+    (("divergence/baseline", "divergence/baseline"), {}),
+])
+def test_a_healthy_pair_opens_with_nothing_salient(args, kw):
+    """Nothing found, nothing coloured: the search's calibrated tolerance and the recording differences it sets
+    aside hold in the heat map too, and records in one run only are no fault without a divergence."""
+    ex = explore(*[sample_path(*a.split("/")) for a in args], **kw)
+    assert ex.finding.kind == "none" and ex.tensor is None
+    assert ex.heatmap_frame()["value"].isna().all() and (ex.heat.where_frame_["first_bad"] == 0).all()
+    assert ex.triage.flagged().count == 0
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize(("parts", "kw"), [
+    ((("S13_ms_vs_pt", "ms_same"), ("S13_ms_vs_pt", "pt")), {}),  # a MindSpore port and its PyTorch model
+    ((("S5_tp_shards", "tp2"), ("S5_tp_shards", "tp1")), {"target_layout": "tp=2"}),
+])
+def test_healthy_real_pairs_open_with_nothing_salient(shared, parts, kw):
+    ex = explore(*[shared("data_samples", "msprobe", *p) for p in parts], **kw)
+    assert ex.finding.kind == "none"
+    assert ex.heatmap_frame()["value"].isna().all() and (ex.heat.where_frame_["first_bad"] == 0).all()
+
+
+@pytest.mark.shared
+def test_monitor_nan_origin_is_the_most_salient_cell(shared):
+    """msprobe TrainerMon CSVs (S6): NaN from blocks.1.attn's output on rank 1 at step 4."""
+    gt = json.loads(shared("data_samples", "msprobe", "S6_monitor", "ground_truth.json").read_text())
+    nan = next(i for i in gt["injections"] if i["kind"] == "nan")
+    ex = explore(shared("data_samples", "msprobe", "S6_monitor", "monitor_output"))
+    top = top_cell(ex)
+    first = gt["facts_from_csvs"]["rank1"]["first_nan_step_and_names_in_csv_order"]["actv"]
+    assert (top["row"], int(top["x"]), int(top["worst_rank"])) == ("blocks.1.attn", nan["step"], nan["rank"])
+    assert top["tensor"] == f"actv/{first['names'][0]}" and first["step"] == nan["step"]
+    w = ex.heat.where_frame_
+    assert (int(w.loc[w["first_bad"] == 1, "rank_lo"].iloc[0]), int(w.loc[w["first_bad"] == 1, "x"].iloc[0])) == (
+        nan["rank"], nan["step"])
+
+
 def test_tp_origin_rank_shows_in_the_where_view():
     gt = origin("tp_unsync")
     ex = explore(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"), target_layout="tp=2")

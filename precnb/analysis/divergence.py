@@ -22,7 +22,7 @@ from precnb.analysis.order import first_event_per_rank, pick_origin
 from precnb.analysis.tolerance import Tolerance
 from precnb.schema import entry_dtype
 
-__all__ = ["first_divergence", "structural_differences"]
+__all__ = ["first_divergence", "noise_floor", "searched_differences", "structural_differences", "two_frameworks"]
 
 MAX_LISTED = 200
 
@@ -165,9 +165,9 @@ def first_divergence(
     cmp = compare_runs(b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks,
                        step_offset=step_offset, alignment=alignment if aligned else None, **hooks)
     noise = None
-    if aligned and len(set(alignment.frameworks)) > 1 and tolerance is None:
+    if two_frameworks(alignment) and tolerance is None:
         # two frameworks: calibrate from how well the aligned pair agrees before any real difference
-        noise, calibrated = _noise_floor(cmp)
+        noise, calibrated = noise_floor(cmp)
         if calibrated is not None:
             cmp = compare_runs(b_in, t_in, runs=pair, tolerance=calibrated, steps=steps, ranks=ranks,
                                step_offset=step_offset, alignment=alignment, **hooks)
@@ -209,7 +209,7 @@ def first_divergence(
                    "count": s["count"]} for s in structural[:MAX_LISTED]]
     seq = b["seq"].where(b["seq"] >= 0, t["seq"])
     isolated: list[dict[str, Any]] = []
-    if aligned and len(set(alignment.frameworks)) > 1:  # two frameworks record some backward ops differently
+    if two_frameworks(alignment):  # two frameworks record some backward ops differently
         diff, isolated = _drop_isolated(diff, seq, cmp)
     if isolated:
         stats["isolated_differences"] = len(isolated)
@@ -364,6 +364,25 @@ def first_divergence(
     return _with_baseline_names(f, alignment if aligned else None)
 
 
+def two_frameworks(alignment: Any) -> bool:
+    """Whether *alignment* pairs runs of two frameworks (their noise floor and recording differences apply)."""
+    return alignment is not None and not alignment.identical and len(set(alignment.frameworks)) > 1
+
+
+def searched_differences(cmp: Comparison, *, alignment: Any = None, crc: str = "report") -> xr.DataArray:
+    """The records :func:`first_divergence` counts as value differences in *cmp* (step, rank, tensor).
+
+    Beyond tolerance (CRC differences too with ``crc="strict"``); for two frameworks
+    (:func:`two_frameworks`) without the isolated backward differences the search sets aside
+    (what the frameworks record differently at one op, :func:`_drop_isolated`).
+    """
+    diff = cmp.differs | cmp.crc_differs if crc == "strict" else cmp.differs
+    if not two_frameworks(alignment):
+        return diff
+    b, t = cmp.ds.isel(run=0), cmp.ds.isel(run=1)
+    return _drop_isolated(diff, b["seq"].where(b["seq"] >= 0, t["seq"]), cmp)[0]
+
+
 MAX_ISOLATED = 50
 ISOLATION_WINDOW = 6
 
@@ -412,7 +431,7 @@ NOISE_FACTOR = 20.0
 """A calibrated cross-framework tolerance is this many times the noise floor of the aligned pair."""
 
 
-def _noise_floor(cmp: Comparison) -> tuple[float | None, Tolerance | None]:
+def noise_floor(cmp: Comparison) -> tuple[float | None, Tolerance | None]:
     """Noise floor of two frameworks' agreement, and a raised tolerance when the dtype defaults are too tight.
 
     The floor is the 99th percentile of the relative differences of the first step's forward

@@ -152,13 +152,19 @@ def causal_positions_of(ds: xr.Dataset, bad: np.ndarray, *, seq: np.ndarray | No
                             nodes=ds["node"].values.astype(str), first=pin)
 
 
-def pair_bad_records(cmp: Any, *, crc: str = "report") -> np.ndarray:
+def pair_bad_records(cmp: Any, *, crc: str = "report", differs: np.ndarray | None = None,
+                     structural: bool = True) -> np.ndarray:
     """Flagged records of a :class:`~precnb.analysis.compare.Comparison` (over its grid).
 
-    Differences beyond tolerance (and CRC differences with ``crc="strict"``), and records present
-    in one run only at a (step, rank) the other run recorded.
+    Differences beyond tolerance (and CRC differences with ``crc="strict"``) — or *differs*, the
+    ones a search counted (:func:`precnb.analysis.divergence.searched_differences`) — and, with
+    *structural*, records present in one run only at a (step, rank) the other run recorded.
     """
-    diff = np.asarray((cmp.differs | cmp.crc_differs).values if crc == "strict" else cmp.differs.values, bool)
+    if differs is None:
+        differs = (cmp.differs | cmp.crc_differs).values if crc == "strict" else cmp.differs.values
+    diff = np.asarray(differs, bool)
+    if not structural:
+        return diff
     pres = np.asarray(cmp.ds["present"].values, bool)  # (run, step, rank, tensor)
     other_b = pres[1].any(axis=-1, keepdims=True)  # the target recorded this (step, rank)
     other_t = pres[0].any(axis=-1, keepdims=True)
@@ -173,12 +179,13 @@ def pair_seq(cmp: Any) -> np.ndarray:
     return np.where(seq[0] >= 0, seq[0], seq[1])
 
 
-def bad_records(target: xr.Dataset, comparison: Any = None, *, crc: str = "report") -> tuple[np.ndarray, np.ndarray]:
+def bad_records(target: xr.Dataset, comparison: Any = None, *, crc: str = "report", differs: np.ndarray | None = None,
+                structural: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(flagged, seq) arrays over *target*'s (step, rank, tensor) grid.
 
     One run (no *comparison*): NaN and unexpected ±inf. Two runs: :func:`pair_bad_records` of the
-    comparison, put on *target*'s grid (the comparison's steps are the baseline's; *target* is the
-    comparison's target side, or a dataset with the same labels).
+    comparison (*differs*, *structural* as there), put on *target*'s grid (the comparison's steps
+    are the baseline's; *target* is the comparison's target side, or a dataset with the same labels).
     """
     if comparison is None:
         from precnb.analysis.nan_origin import event_mask
@@ -186,7 +193,7 @@ def bad_records(target: xr.Dataset, comparison: Any = None, *, crc: str = "repor
         events, _benign = event_mask(target)
         return np.asarray(events.values, bool), np.asarray(target["seq"].values)
     grid = comparison.ds
-    bad = pair_bad_records(comparison, crc=crc)
+    bad = pair_bad_records(comparison, crc=crc, differs=differs, structural=structural)
     seq = pair_seq(comparison)
     same = all(grid.indexes[d].equals(target.indexes[d]) for d in ("step", "rank", "tensor"))
     if same:

@@ -4,8 +4,11 @@ The explorer's default colour ("first bad") and its rank × step view need, for 
 (step, rank, tensor), whether a diagnosis of the triage flags it and its place in causal
 order. This module composes the analysis for a :class:`~precnb.pipeline.Triage`:
 
-* two runs: differences beyond the triage's tolerance and records present in one run only,
-  on the comparison's grid (the one the first-divergence search walked);
+* two runs: the differences the first-divergence search counted (its tolerance; for two
+  frameworks its calibrated tolerance, without the isolated recording differences it set aside)
+  on the comparison's grid (the one it walked), and records present in one run only — those only
+  when the search found a divergence: with none, a record in one run only is what the two runs
+  record differently (the finding lists them), not a fault;
 * one run: NaN and unexpected ±inf, plus the records of the other findings the triage made
   (replica mismatches when a layout was given, anomalies);
 * the order is :func:`precnb.analysis.earliness.causal_positions`, with the triage's first
@@ -109,10 +112,14 @@ def flagged(t: Any) -> Flagged:
     if "flagged" in t.cache:
         return t.cache["flagged"]  # type: ignore[no-any-return]
     if t.paired:
+        from precnb.analysis.divergence import searched_differences
+
         cmp = t.comparison()
         grid = cmp.ds.isel(run=1).assign_coords(run=str(t.names[1]))
-        bad, seq = bad_records(grid, cmp, crc=t.options.crc)
-        what = "differences beyond tolerance, and records in one run only"
+        diverged = any(f.kind == "first_divergence" for f in t.found)
+        differs = searched_differences(cmp, alignment=t.alignment, crc=t.options.crc).values
+        bad, seq = bad_records(grid, cmp, crc=t.options.crc, differs=differs, structural=diverged)
+        what = "differences beyond tolerance" + (", and records in one run only" if diverged else "")
     else:
         grid = t.target
         bad, seq = bad_records(grid)

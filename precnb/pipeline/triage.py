@@ -105,9 +105,12 @@ class Triage:
     def comparison(self) -> Any:
         """The :class:`~precnb.analysis.Comparison` of the pair as the search made it (None for one run).
 
-        Same alignment, step offset and tolerance as the first-divergence search; computed once.
+        Same alignment, step offset and tolerance as the first-divergence search (for two
+        frameworks without a tolerance, the one calibrated on their noise floor,
+        :func:`precnb.analysis.divergence.noise_floor`); computed once.
         """
         from precnb.analysis.compare import compare_runs
+        from precnb.analysis.divergence import noise_floor, two_frameworks
 
         if self.baseline is None or self.target is None:
             return None
@@ -121,6 +124,11 @@ class Triage:
             if self.tensor_metrics is not None:  # entries judged on whole tensors, as the search did
                 kw["tensor_metrics"] = self.tensor_metrics
             cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
+            if self.tolerance is None and two_frameworks(self.alignment):
+                calibrated = noise_floor(cached)[1]
+                if calibrated is not None:
+                    cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset,
+                                          **{**kw, "tolerance": calibrated})
             self.cache["comparison"] = cached
         return cached
 
