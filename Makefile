@@ -24,12 +24,12 @@ help:
 	@echo "make test-generator  install the [samples] extra (torch, msprobe), run only the needs_generator tests"
 	@echo "make fuzz    the reader fuzzing with a long budget (FUZZ_SCALE=$(FUZZ_SCALE), random seeds)"
 	@echo "make lab     install, then start JupyterLab on the notebook templates"
-	@echo "make lint    ruff"
-	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io)"
+	@echo "make lint    ruff, and the import contracts of pyproject.toml [tool.importlinter] (lint-imports)"
+	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io, analysis)"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (extra [samples])"
 	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
-	@echo "make notebooks         strip notebooks/*.ipynb and copy them into precnb/templates/notebooks/"
+	@echo "make notebooks         strip notebooks/*.ipynb (the templates' one copy; the build puts them in the wheel)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,7 +68,7 @@ $(OFFLINE_TEMPLATE): tools/build_offline_template.sh $(STAMP)
 offline-template: $(OFFLINE_TEMPLATE)
 
 notebooks: install
-	$(PY) tools/sync_notebooks.py
+	$(PY) tools/strip_notebooks.py
 
 test: install system-deps offline-template
 	@echo "make test: the needs_generator tests (torch / msprobe / MindSpore) are deselected; make test-generator runs them"
@@ -86,6 +86,7 @@ fuzz: install
 
 lint: install
 	$(VENV)/bin/ruff check precnb tests benchmarks tools
+	$(VENV)/bin/lint-imports --no-cache
 
 # the files checked are listed once, in pyproject.toml [tool.mypy] files (extend there)
 typecheck: install

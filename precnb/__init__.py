@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0.dev0"
+from precnb._version import __version__
 
 _LAZY = {
     "open_run": "precnb.io.api",

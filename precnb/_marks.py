@@ -38,6 +38,8 @@ import os
 import stat
 from pathlib import Path
 
+from precnb._version import __version__
+
 __all__ = ["MANIFEST", "MARKER_KEY", "has_marker", "html_marker", "is_precnb_output", "mark_folder",
            "marker", "text_marker"]
 
@@ -48,12 +50,6 @@ _JSON_LIMIT = 512 * 1024 * 1024  # a .json/.ipynb larger than this is not parsed
 _HTML_TAG = '<meta name="generator" content="precnb'
 
 
-def _version() -> str:
-    from precnb import __version__
-
-    return __version__
-
-
 def marker(kind: str) -> dict[str, str]:
     """The marker dict (``{"writer": "precnb", "kind": ..., "version": ...}``) for JSON-like outputs.
 
@@ -62,7 +58,7 @@ def marker(kind: str) -> dict[str, str]:
     >>> sorted(marker("dump-plan"))
     ['kind', 'version', 'writer']
     """
-    return {"writer": "precnb", "kind": str(kind), "version": _version()}
+    return {"writer": "precnb", "kind": str(kind), "version": __version__}
 
 
 def html_marker(kind: str) -> str:
@@ -74,7 +70,7 @@ def html_marker(kind: str) -> str:
     True
     """
     safe = "".join(c for c in str(kind) if c.isalnum() or c in "-_")
-    return f'<meta name="generator" content="precnb {_version()}; {MARKER_KEY}={safe}">'
+    return f'<meta name="generator" content="precnb {__version__}; {MARKER_KEY}={safe}">'
 
 
 def text_marker(kind: str, comment: str = "#") -> str:

@@ -212,7 +212,7 @@ def repro_script(run: Any, node: str, *, step: int | None = None, rank: int | No
     """
     import xarray as xr
 
-    from precnb import __version__
+    from precnb._version import __version__
     from precnb.io._jsonio import load_json
     from precnb.io.tensors import rank_folders
 

@@ -1,4 +1,4 @@
-"""Package hygiene: light import, public API, runnable docstring examples, layering, and the wheel.
+"""Package hygiene: light import, public API, runnable docstring examples, and the wheel (layers: test_layers.py).
 
 The wheel is built from a copy of the sources and installed in a fresh venv with only its core
 dependencies (pip resolves them, from its cache when it can): the CLI, ``precnb.sample_path``
@@ -8,12 +8,13 @@ exercised there, from another folder, as a new user would.
 
 from __future__ import annotations
 
-import ast
 import doctest
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
+import pkgutil
 import subprocess
 import sys
 
@@ -36,48 +37,64 @@ def test_public_api_resolves():
         assert getattr(precnb, name) is not None, name
 
 
+# -- every module's docstring examples ----------------------------------------------------------
+
+# modules whose import needs what the [test] extra does not install: their examples run with
+# `make test-generator` (needs_generator; there a missing dependency is an import error, not a skip)
+NEEDS_GENERATOR = {name: "torch (the [samples] extra: the sample generator's models and training)" for name in (
+    "precnb.samples._diag_model", "precnb.samples._diag_train", "precnb.samples._model",
+    "precnb.samples._named_models", "precnb.samples._scenarios", "precnb.samples._scn_diagnosis",
+    "precnb.samples._scn_pp", "precnb.samples._scn_preflight", "precnb.samples._scn_renamed",
+    "precnb.samples._scn_tensor", "precnb.samples._scn_tp_unsync", "precnb.samples._train")}
+# modules that are never imported here; they must hold no examples (test_unimported_modules_have_no_examples)
+NOT_IMPORTED = {
+    "precnb.__main__": "importing it runs the CLI",
+    "precnb.cli.__main__": "importing it runs the CLI",
+    "precnb.samples.__main__": "importing it runs the sample generator",
+    "precnb.samples._ms_model": "imports mindspore; only the MindSpore worker interpreter ($PRECNB_MINDSPORE_PYTHON) "
+                                "loads it",
+}
+
+
+def _walk_error(name: str) -> None:
+    raise ImportError(f"pkgutil.walk_packages cannot import the package {name}")  # never silently left out
+
+
+MODULES = sorted(m.name for m in pkgutil.walk_packages(precnb.__path__, "precnb.", onerror=_walk_error))
+
+
+def test_every_module_is_discovered():
+    files = {".".join(("precnb", *p.relative_to(PKG).with_suffix("").parts)).removesuffix(".__init__")
+             for p in PKG.rglob("*.py") if "data_samples" not in p.parts}
+    assert {"precnb", *MODULES} == files
+    assert set(NEEDS_GENERATOR) <= set(MODULES) and set(NOT_IMPORTED) <= set(MODULES)
+
+
 @pytest.mark.parametrize("module", [
-    "precnb.schema", "precnb.naming", "precnb.analysis.layout", "precnb.analysis.findings",
-    "precnb.analysis.tolerance", "precnb.analysis.masks", "precnb.analysis.summary", "precnb.analysis.pp",
-    "precnb.io._assemble", "precnb.io._jsonio", "precnb.combine", "precnb.accessor", "precnb.io.ms_kernel_tensors",
-    "precnb.io._ms_names", "precnb.io._ms_files", "precnb.analysis.preflight", "precnb.analysis._pf_common",
-    "precnb.analysis._pf_optim", "precnb.io._runfacts", "precnb.io.config_check", "precnb.analysis.registry",
-    "precnb._write", "precnb._marks", "precnb._extras", "precnb._samples_path", "precnb.io._dupes", "precnb.io._why",
-    "precnb.cli._args", "precnb.cli._term", "precnb.report._assets", "precnb.viz.selections",
-    "precnb.io.readers", "precnb.io._fs", "precnb.io.executor", "precnb.io.records", "precnb.io._memory",
-    "precnb.io.msprobe", "precnb.io.msprobe._json", "precnb.io.msprobe.values", "precnb.io.msprobe.sides",
-    "precnb.io.msprobe.parse", "precnb.io.msprobe.discover", "precnb.io.backend", "precnb.io.detect",
-    "precnb.io._pool", "precnb.analysis.scalars", "precnb.io.msprobe.records",
-])
-def test_docstring_examples_run(module):
+    pytest.param(m, marks=pytest.mark.needs_generator) if m in NEEDS_GENERATOR else m
+    for m in ["precnb", *MODULES] if m not in NOT_IMPORTED])
+def test_docstring_examples_run(module, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an example that writes a file writes it here
     mod = importlib.import_module(module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
 
 
-def _imports(path: pathlib.Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-    return out
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
+                    reason="torch is installed: these modules' examples run in test_docstring_examples_run")
+@pytest.mark.parametrize("module", sorted(NEEDS_GENERATOR))
+def test_generator_modules_really_need_torch(module):
+    """The list above leaves out only modules that cannot be imported here."""
+    sys.modules.pop(module, None)
+    with pytest.raises(ModuleNotFoundError, match="torch"):
+        importlib.import_module(module)
 
 
-@pytest.mark.parametrize(("layer", "forbidden"), [
-    ("io", ("precnb.analysis", "precnb.viz", "precnb.widgets", "precnb.report", "precnb.cli")),
-    ("analysis", ("precnb.io", "precnb.viz", "precnb.widgets", "precnb.report", "precnb.cli")),
-])
-def test_layers_flow_one_way(layer, forbidden):
-    for path in (PKG / layer).rglob("*.py"):
-        bad = [m for m in _imports(path) if m.startswith(forbidden)]
-        assert not bad, f"{path.relative_to(PKG)} imports {bad}"
-
-
-def test_schema_module_depends_on_nothing_of_ours():
-    assert not [m for m in _imports(PKG / "schema.py") if m.startswith("precnb")]
+def test_unimported_modules_have_no_examples():
+    parser = doctest.DocTestParser()
+    for name in NOT_IMPORTED:
+        path = PKG.joinpath(*name.split(".")[1:]).with_suffix(".py")
+        assert not parser.get_examples(path.read_text(encoding="utf-8")), f"{name}: examples that never run"
 
 
 # -- installed from a wheel, as a new user does ------------------------------------------------
@@ -122,6 +139,11 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     anom = _run(core_venv, cli, "anomalies", mon, cwd=tmp_path)  # stderr is a pipe: no progress bar
     assert anom.returncode == 0 and anom.stdout.startswith("FIRST ANOMALY") and "\r" not in anom.stderr
     assert anom.stderr == ""
+    xfw = pathlib.Path(sample).parent / "xfw"  # an msprobe YAML mapping file reads with the core dependencies
+    aligned = _run(core_venv, cli, "align", str(xfw / "pt"), str(xfw / "ms_same"), "--json", "--mapping",
+                   str(xfw / "msprobe_mapping" / "cell_mapping.yaml"), cwd=tmp_path)
+    assert aligned.returncode == 0, aligned.stderr
+    assert json.loads(aligned.stdout)["counts"]["modules"]["paired"] > 0
     conv = _run(core_venv, cli, "convert", sample, "-o", "run.zarr", cwd=tmp_path)
     assert conv.returncode == 0 and (tmp_path / "run.zarr").is_dir(), conv.stderr
     for argv in (["report", sample, "-o", "r.html"], ["template", "--list"],
@@ -133,6 +155,52 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "t.ipynb").exists()
     api = _run(core_venv, py, "-c", "import precnb; precnb.write_html", cwd=tmp_path)
     assert api.returncode == 1 and "pip install 'precnb[notebook]'" in api.stderr
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_notebook_templates_and_the_samples(built_wheel):
+    """notebooks/*.ipynb (their one committed copy) and data_samples/ go into the package at build time."""
+    import zipfile
+
+    with zipfile.ZipFile(built_wheel) as whl:
+        names = set(whl.namelist())
+        shipped = {n.rsplit("/", 1)[1]: whl.read(n) for n in names
+                   if n.startswith("precnb/templates/notebooks/") and n.endswith(".ipynb")}
+    templates = {p.name: p.read_bytes() for p in (PKG.parent / "notebooks").glob("*.ipynb")}
+    assert len(templates) == 5 and shipped == templates  # the same bytes, nothing more
+    assert {"precnb/templates/report/report.html.j2", "precnb/py.typed"} <= names
+    assert "precnb/data_samples/dp_nan/ground_truth.json" in names
+    assert not [n for n in names if n.startswith("notebooks/") or "/.ipynb_checkpoints/" in n]
+
+
+@pytest.mark.slow
+def test_a_wheel_built_from_the_sdist_ships_them_too(tmp_path):
+    """``python -m build``: the sdist holds notebooks/ and data_samples/ (MANIFEST.in), its wheel the templates."""
+    import shutil
+    import tarfile
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy(PKG.parent / name, src / name)
+    shutil.copytree(PKG, src / "precnb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(PKG.parent / "notebooks", src / "notebooks")
+    (src / "data_samples" / "dp_nan").mkdir(parents=True)  # one small file stands for the samples here
+    shutil.copy(PKG.parent / "data_samples" / "dp_nan" / "ground_truth.json", src / "data_samples" / "dp_nan")
+    dist = tmp_path / "dist"
+    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o", str(dist), str(src)],
+                          capture_output=True, text=True, timeout=600)  # the sdist, then a wheel from it
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    templates = {p.name: p.read_bytes() for p in (PKG.parent / "notebooks").glob("*.ipynb")}
+    with tarfile.open(next(dist.glob("precnb-*.tar.gz"))) as tar:
+        members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
+    assert {f"notebooks/{n}" for n in templates} | {"setup.py", "data_samples/dp_nan/ground_truth.json"} <= members
+    with zipfile.ZipFile(next(dist.glob("precnb-*.whl"))) as whl:
+        shipped = {n.rsplit("/", 1)[1]: whl.read(n) for n in whl.namelist()
+                   if n.startswith("precnb/templates/notebooks/")}
+        assert "precnb/data_samples/dp_nan/ground_truth.json" in whl.namelist()
+    assert shipped == templates
 
 
 def test_package_metadata_is_true():

@@ -1,8 +1,8 @@
 """Notebook templates: committed clean, parameterised, shipped in the package, and runnable.
 
-* every ``notebooks/*.ipynb`` has no outputs, a ``parameters`` cell and guidance text, and is
-  byte-identical to its package copy in ``precnb/templates/notebooks/`` (the copy is made by
-  ``tools/sync_notebooks.py``);
+* every ``notebooks/*.ipynb`` (the templates' one committed copy, read from a checkout; the build
+  puts them into the wheel) has no outputs, a ``parameters`` cell and guidance text, and is
+  stripped (``tools/strip_notebooks.py --check``);
 * ``precnb template`` lists, fills (papermill ``injected-parameters``) and refuses bad input,
   also from an installed wheel (not the checkout);
 * each template runs top to bottom on the bundled samples with papermill (``slow``) and, when
@@ -29,7 +29,6 @@ from precnb.report import notebooks  # noqa: E402
 
 NAMES = ["nan_origin", "divergence", "sharded_vs_single", "dp_grad_sync", "monitor_trends"]
 SOURCE = ROOT / "notebooks"
-PACKAGE = ROOT / "precnb" / "templates" / "notebooks"
 
 # what each template must say about its bundled sample (ground truth in data_samples/*/ground_truth.json)
 EXPECTED = {
@@ -56,9 +55,16 @@ def _params_cell(nb):
 # -- committed notebooks ---------------------------------------------------------------------------
 
 
-def test_the_five_templates_exist_in_the_repo_and_the_package():
+def test_the_five_templates_exist_once_and_are_what_precnb_template_reads():
     assert sorted(p.stem for p in SOURCE.glob("*.ipynb")) == sorted(NAMES)
     assert notebooks.list_templates() == NAMES
+    tracked = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode == 0:  # a git checkout: no second committed copy (the build makes the package's)
+        copies = sorted(f for f in tracked.stdout.split() if Path(f).stem in NAMES)
+        assert copies == sorted(f"notebooks/{n}.ipynb" for n in NAMES)
+    assert not (ROOT / "precnb" / "templates" / "notebooks").exists()
+    for name in NAMES:  # from a checkout (an editable install too) the templates are notebooks/ itself
+        assert notebooks.read_template(name) == nbformat.read(SOURCE / f"{name}.ipynb", as_version=4)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -85,14 +91,8 @@ def test_committed_notebook_is_clean_and_parameterised(name):
     assert described and all(spec["help"] for spec in described.values()), "every parameter is commented"
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_package_copy_is_identical(name):
-    assert (PACKAGE / f"{name}.ipynb").read_bytes() == (SOURCE / f"{name}.ipynb").read_bytes(), (
-        "run `python tools/sync_notebooks.py` after editing notebooks/")
-
-
-def test_sync_tool_check_passes():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_notebooks.py"), "--check"],
+def test_committed_templates_are_stripped():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "strip_notebooks.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
@@ -138,7 +138,7 @@ def test_template_fill(tmp_path, capsys):
     # no parameters: a plain copy
     out3 = tmp_path / "plain.ipynb"
     assert main(["template", "monitor_trends", "-o", str(out3)]) == 0
-    copy, orig = _read(out3), _read(PACKAGE / "monitor_trends.ipynb")
+    copy, orig = _read(out3), _read(SOURCE / "monitor_trends.ipynb")
     assert copy.cells == orig.cells
     assert copy.metadata.pop("precnb_output")["kind"] == "notebook:monitor_trends"  # --overwrite may replace it
     assert copy.metadata == orig.metadata

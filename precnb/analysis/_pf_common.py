@@ -129,8 +129,8 @@ def parameter_table(ds: xr.Dataset) -> dict[str, Param]:
             p.requires_grad = bool(rg[label])
     for p in out.values():  # a parameter seen only through its gradient
         if p.label is None and p.grad is not None:
-            i = int(np.flatnonzero(labels == p.grad)[0])
-            p.shape, p.dtype = str(ds["shape"].values[i]), str(ds["dtype"].values[i])
+            g = int(np.flatnonzero(labels == p.grad)[0])
+            p.shape, p.dtype = str(ds["shape"].values[g]), str(ds["dtype"].values[g])
     return out
 
 

@@ -71,6 +71,7 @@ def _compare(a: np.ndarray, pa: np.ndarray, b: np.ndarray, pb: np.ndarray) -> tu
 
 def _replica_groups(ds: xr.Dataset, layout: Any) -> tuple[list[list[int]], str]:
     ranks = [int(r) for r in ds["rank"].values]
+    groups: list[list[int]] = []
     if layout is not None:
         groups = [[r for r in g if r in ranks] for g in layout.groups("dp")]
         return [g for g in groups if len(g) > 1], f"layout {layout.describe()}: DP groups"
@@ -82,7 +83,6 @@ def _replica_groups(ds: xr.Dataset, layout: Any) -> tuple[list[list[int]], str]:
     si = 0
     vals = np.stack([np.asarray(sub[s].values[si], np.float64) for s in _STATS], axis=-1)  # (rank, k, 4)
     pres = np.asarray(sub["present"].values[si], bool)
-    groups: list[list[int]] = []
     for i, r in enumerate(ranks):
         for g in groups:
             j = ranks.index(g[0])

@@ -137,8 +137,9 @@ def update_ratio(base: xr.Dataset, target: xr.Dataset, pb: dict[str, Param], pt:
         if not np.allclose(a0, b0, rtol=2.0 ** -8, atol=0.0):
             start_same = False
         ratios.append(db / da)
-        if pb[n].grad and pt[n].grad:
-            ga, gb = param_stats(base, pb[n].grad), param_stats(target, pt[n].grad)
+        grad_b, grad_t = pb[n].grad, pt[n].grad
+        if grad_b and grad_t:
+            ga, gb = param_stats(base, grad_b), param_stats(target, grad_t)
             na, nb = ga[bsteps.index(s0), rb.index(r), 3], gb[tstep_list.index(s0 + off), rt.index(r), 3]
             if na > 0 and np.isfinite(na) and np.isfinite(nb):
                 grads.append(nb / na)

@@ -217,6 +217,9 @@ class Comparison:
     # whole tensors (precnb.analysis.tensor_verdicts); None when not applicable
     precision: Any = None
     tensor_judged: xr.DataArray | None = None
+    #: entries of a merged target whose replicated copies differ across their TP/CP group
+    #: (:func:`precnb.analysis.merge.merge_shards`); counted in ``differs``
+    replicas_differ: xr.DataArray | None = None
     tensor_metrics: xr.Dataset | None = None
     tensor_thresholds: Any = None
 
@@ -229,6 +232,15 @@ class Comparison:
     def target(self) -> xr.Dataset:
         """The target side."""
         return self.ds.isel(run=1)
+
+
+def _replicas_differ(t: xr.Dataset, tt: xr.Dataset, both: xr.DataArray) -> xr.DataArray | None:
+    """The target's ``replicas_differ`` marks on the comparison's grid (None when it has none)."""
+    if "replicas_differ" not in t.data_vars or not bool(t["replicas_differ"].any()):
+        return None
+    rd = t["replicas_differ"].reindex(tensor=tt["tensor"].values, fill_value=False)
+    out = xr.DataArray(np.asarray(rd.values, bool), dims=("step", "rank", "tensor"), coords=both.coords)
+    return both & out
 
 
 def compare_runs(
@@ -330,6 +342,7 @@ def compare_runs(
     differs = both & (rel > rtol)
     dtype_differs = both & dtype_differs
     differs = differs | dtype_differs
+    replicas_differ = _replicas_differ(t, tt, both)
     # -- issue #17 hook: where whole tensors were compared, their metrics decide
     tensor_judged = None
     if tensor_metrics is not None:
@@ -343,6 +356,8 @@ def compare_runs(
         crc_differs = both & (cb != "") & (ct != "") & (cb != ct)
     else:
         crc_differs = xr.zeros_like(both)
+    if replicas_differ is not None:  # a merged replicated tensor whose copies differ across its group
+        differs = differs | replicas_differ
     crc_only = crc_differs & ~differs
     return Comparison(
         ds=both_ds, rel=rel, rtol=rtol, both=both, only_baseline=pb & ~pt, only_target=pt & ~pb,
@@ -350,5 +365,6 @@ def compare_runs(
         dtype_differs=dtype_differs,
         shape_changed=shape_changed, names=names, step_offset=off, base=b, targ=t,
         precision=precision, tensor_judged=tensor_judged, tensor_metrics=tensor_metrics,
+        replicas_differ=replicas_differ,
         tensor_thresholds=tensor_thresholds,
     )

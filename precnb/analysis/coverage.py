@@ -85,7 +85,7 @@ def _capture(flow: StepFlow, level: str, module_node: str | None, frames: list[s
     where = "; ".join(f for f in frames if f)
     out: dict[str, Any] = {"level": "mix", "list": [], "register_custom_api": None}
     module = module_of_node(module_node) if module_node else ""
-    if module:
+    if module_node and module:
         # "Module.blocks.1.attn." : the trailing dot keeps "blocks.1.attn_norm" and "blocks.11" out
         out["list"] = [f"{module_node.split('.', 1)[0]}.{module}."]
     if level in ("L0",):

@@ -50,7 +50,7 @@ def structural_differences(cmp: Comparison) -> list[dict[str, Any]]:
         for j in range(m.shape[2]):  # small loop over tensors; vectorised over (step, rank)
             node_m[:, :, inv[j]] |= m[:, :, j]
             node_o[:, :, inv[j]] |= o[:, :, j]
-        rank_has_other = o.any(axis=2)  # the other run recorded this (step, rank) at all
+        rank_has_other: np.ndarray = np.any(o, axis=2)  # the other run recorded this (step, rank) at all
         only = node_m & ~node_o & rank_has_other[:, :, None]
         seq = ds["seq"].isel(run=side).values
         for k in np.flatnonzero(only.any(axis=(0, 1))):
@@ -268,6 +268,9 @@ def first_divergence(
     if origin.inherited:
         why = ("the output of a collective differs while this rank's own inputs agree "
                "(no rank has an earlier local difference)")
+    copies = _replica_reason(cmp, si, ri, j, tensor)
+    if copies:
+        why = copies
     reason = f"{origin.node} at step {step}, rank {r}: {why}"
     # structural difference just before the divergence on the same (step, rank)
     before = [s for s in structural if s["step"] == step and s["rank"] == r]
@@ -381,6 +384,21 @@ def searched_differences(cmp: Comparison, *, alignment: Any = None, crc: str = "
         return diff
     b, t = cmp.ds.isel(run=0), cmp.ds.isel(run=1)
     return _drop_isolated(diff, b["seq"].where(b["seq"] >= 0, t["seq"]), cmp)[0]
+
+
+def _replica_reason(cmp: Comparison, si: int, ri: int, j: int, tensor: str) -> str | None:
+    """The reason of a merged replicated tensor whose copies differ at this entry (None otherwise)."""
+    rd = cmp.replicas_differ
+    if rd is None or not bool(rd.values[si, ri, j]):
+        return None
+    known = tensor in cmp.targ.indexes["tensor"]
+    for name in cmp.targ.coords:
+        if known and str(name).startswith("shard_kind_") and \
+                str(cmp.targ[name].sel(tensor=tensor).values) == "replicas_differ":
+            dim = str(name).removeprefix("shard_kind_")
+            said = str(cmp.targ[f"shard_reason_{dim}"].sel(tensor=tensor).values)
+            return f"across the {dim.upper()} group, this tensor {said} (the merged entry is the first copy)"
+    return "its copies differ across the ranks merged into this entry"
 
 
 MAX_ISOLATED = 50

@@ -173,14 +173,15 @@ class Layout:
 
     def reduced(self, *dims: str) -> Layout:
         """The layout with the given dimensions merged away (size 1)."""
-        kw: dict[str, int] = {d: 1 for d in dims if d in ("tp", "pp", "cp", "ep", "vpp")}
-        if "pp" in dims:
-            kw["vpp"] = 1
+        def size(d: str) -> int:  # merging pp away merges its virtual stages too
+            return 1 if d in dims or (d == "vpp" and "pp" in dims) else int(getattr(self, d))
+
         shrink = 1
         for d in dims:
             if d in ("tp", "pp", "cp", "ep"):
                 shrink *= getattr(self, d)
-        return replace(self, world_size=self.world_size // shrink, num_layers=None, **kw)
+        return replace(self, world_size=self.world_size // shrink, num_layers=None, tp=size("tp"), pp=size("pp"),
+                       vpp=size("vpp"), cp=size("cp"), ep=size("ep"))
 
     def describe(self) -> str:
         """One line, e.g. ``world 8 = tp2 × cp1 × pp2 × dp2 (ep1, vpp1)``."""

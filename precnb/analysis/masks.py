@@ -7,6 +7,8 @@ clear. Only recorded values may count as NaN or Inf: absent tensors and null sta
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import xarray as xr
 
@@ -24,7 +26,7 @@ def stat_vars(ds: xr.Dataset) -> list[str]:
     >>> stat_vars(empty_dataset())
     ['max', 'min', 'mean', 'norm']
     """
-    extras = [n for n, v in ds.data_vars.items()
+    extras = [str(n) for n, v in ds.data_vars.items()
               if n not in STATS and v.dtype.kind == "f" and v.dims == ds["max"].dims]
     return [*STATS, *sorted(extras)]
 
@@ -59,7 +61,7 @@ def nonfinite(ds: xr.Dataset, stats: tuple[str, ...] = STATS, *, kind: str = "an
     -------
     xarray.DataArray
     """
-    out = None
+    out: xr.DataArray | None = None
     for s in stats:
         if s not in ds:
             continue
@@ -70,7 +72,8 @@ def nonfinite(ds: xr.Dataset, stats: tuple[str, ...] = STATS, *, kind: str = "an
             bad = np.isinf(v)
         else:
             bad = ~np.isfinite(v)
-        m = bad & recorded(ds, s)
+        # a DataArray (np.isnan & co. dispatch through DataArray.__array_ufunc__, which numpy's stubs do not model)
+        m = cast(xr.DataArray, bad & recorded(ds, s))
         out = m if out is None else (out | m)
     if out is None:
         return xr.zeros_like(ds["present"])

@@ -10,6 +10,13 @@ classified, with the reason kept in the ``shard_reason`` coordinate:
     all-reduce / reduce-scatter on the same rank, or (with a reference run) its shape is the
     full shape although the shards differ — the full Mean is Σ Meanᵢ; Max, Min and Norm
     cannot be derived from shard statistics and become null;
+``replicas_differ``
+    a tensor that must be replicated but whose copies differ at the first step that shows it:
+    the op's tensor inputs are replicated and its output has their shape (or the reference's),
+    or, in a group of three or more, some copies agree and others do not (a random op seeded
+    differently on one rank, a missed broadcast). The merged entry keeps the group's first
+    copy and the ``replicas_differ`` variable marks every (step, rank) whose copies differ, which
+    the comparison counts as a difference (:func:`precnb.analysis.compare.compare_runs`);
 ``sharded``
     otherwise — Max = max Maxᵢ, Min = min Minᵢ, Mean = Σ(Meanᵢ·numelᵢ)/Σ numelᵢ (numel-weighted,
     exact for unequal shards), Norm = √Σ Normᵢ², numel = Σ numelᵢ.
@@ -23,6 +30,7 @@ become global.
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -72,6 +80,27 @@ def _close(a: np.ndarray, b: np.ndarray, scale: np.ndarray, rtol: float) -> np.n
     return ok | same_nf
 
 
+def _copies(ds: xr.Dataset, idx: list[list[int]], rtol: float
+            ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+    """The group members' copies as (step, G, n, tensor) arrays, and which equal the first member's.
+
+    Returns (present, statistics, numel, scale, same): *same* compares each member's copy with
+    the first member's (relative *rtol* on the group's scale).
+    """
+    pres = ds["present"].values[:, idx, :]  # (step, G, n, tensor)
+    stats = {s: ds[s].values[:, idx, :] for s in ("max", "min", "mean", "norm")}
+    numel = ds["numel"].values[:, idx, :]
+    rms = np.abs(stats["norm"]) / np.sqrt(np.maximum(numel, 1))
+    scale = np.fmax(np.fmax(np.abs(stats["max"]), np.abs(stats["min"])), rms)
+    scale = np.where(np.isfinite(scale), scale, 0)
+    scale = np.fmax(scale.max(axis=2, keepdims=True), 1e-30)
+    same = np.ones(pres.shape, bool)
+    for v in stats.values():
+        same &= _close(v, v[:, :, :1], scale, rtol)
+    same &= numel == numel[:, :, :1]
+    return pres, stats, numel, scale, same
+
+
 def classify_shards(
     ds: xr.Dataset,
     groups: list[list[int]],
@@ -91,26 +120,15 @@ def classify_shards(
     """
     ranks = [int(r) for r in ds["rank"].values]
     idx = [[ranks.index(r) for r in g] for g in groups]
-    pres = ds["present"].values[:, idx, :]  # (step, G, n, tensor)
-    stats = {s: ds[s].values[:, idx, :] for s in ("max", "min", "mean", "norm")}
-    numel = ds["numel"].values[:, idx, :]
-    all_present = pres.all(axis=2)
-    rms = np.abs(stats["norm"]) / np.sqrt(np.maximum(numel, 1))
-    scale = np.fmax(np.fmax(np.abs(stats["max"]), np.abs(stats["min"])), rms)
-    scale = np.where(np.isfinite(scale), scale, 0)
-    scale = np.fmax(scale.max(axis=2, keepdims=True), 1e-30)
-    same = np.ones(pres.shape, bool)
-    for s, v in stats.items():
-        del s
-        same &= _close(v, v[:, :, :1], scale, rtol)
-    same &= numel == numel[:, :, :1]
+    pres, stats, numel, scale, same = _copies(ds, idx, rtol)
+    all_present: np.ndarray = np.all(pres, axis=2)  # (step, G, tensor)
     # classified at the first step every member recorded it: what is replicated by design is
     # replicated there (a replica that drifts later is what the replica check reports), and the
     # answer does not depend on how many later steps are loaded (a step-by-step read gets the same)
     # (a constant tensor, e.g. optimizer state still zero at the first step, says nothing: the first
     # step where it varies decides, else the first recorded one)
     same_sg = same.all(axis=2)  # (step, G, tensor)
-    any_present = all_present.any(axis=(0, 1))
+    any_present = np.any(all_present, axis=(0, 1))
     constant = (stats["max"] == stats["min"]).all(axis=2)  # (step, G, tensor) on every member
     informative = all_present & ~constant
     use = np.where(informative.any(axis=0), informative, all_present)
@@ -120,6 +138,11 @@ def classify_shards(
     replicated = (at_first | ~ever).all(axis=0) & any_present
     partial = _partial_by_reduce_inputs(ds)
     n_t = ds.sizes["tensor"]
+    by_copies, odd = _majority(stats, numel, scale, first, rtol) if idx and len(idx[0]) >= 3 else \
+        (np.zeros(n_t, bool), None)
+    ref_shapes = reference["shape"].to_series().to_dict() if reference is not None else None
+    by_inputs = _should_be_replicated(ds, replicated, ref_shapes)
+    differ = (by_copies | by_inputs) & ~replicated & ~partial & any_present
     shard_dim = np.zeros(n_t, np.int64)
     ref_reason = np.full(n_t, "", dtype=object)
     if reference is not None:
@@ -132,6 +155,8 @@ def classify_shards(
                 continue
             a, b = _shape(local[j]), _shape(full)
             if a is None or b is None or len(a) != len(b):
+                continue
+            if differ[j]:
                 continue
             if replicated[j]:
                 diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
@@ -153,15 +178,86 @@ def classify_shards(
     pmask = partial & ~replicated
     kinds[pmask] = "partial_sum"
     reasons[pmask] = "equals the input of a later all-reduce/reduce-scatter (an addend of the full tensor)"
-    for j in np.flatnonzero(pmask & (ref_reason != "")):
+    for j in np.flatnonzero(pmask & (ref_reason != "")).tolist():
         reasons[j] = str(ref_reason[j])
+    kinds[differ] = "replicas_differ"
+    for jd in np.flatnonzero(differ).tolist():
+        reasons[jd] = _differ_reason(jd, bool(by_inputs[jd]), same, first, groups, odd)
     local_only = ~any_present
     kinds[local_only] = "local"
     reasons[local_only] = "not recorded on every rank of the group"
-    for j in np.flatnonzero(kinds == "sharded"):
+    for j in np.flatnonzero(kinds == "sharded").tolist():
         if shard_dim[j]:
             reasons[j] = f"shards differ; split along dim {shard_dim[j]} (reference shape)"
     return kinds, reasons, shard_dim
+
+
+def _differ_reason(j: int, by_inputs: bool, same: np.ndarray, first: np.ndarray, groups: list[list[int]],
+                   odd: np.ndarray | None) -> str:
+    """Why tensor *j* must be replicated, and which ranks' copies differ (first group that differs)."""
+    why = "its op's inputs are identical on every rank" if by_inputs else "some copies agree, others do not"
+    for g, members in enumerate(groups):
+        st = int(first[g, j])
+        flags = odd[g, :, j] if odd is not None and odd[g, :, j].any() else ~same[st, g, :, j]
+        bad = [members[m] for m in np.flatnonzero(flags)]
+        if bad:
+            good = [m for m in members if m not in bad]
+            return (f"must be replicated ({why}) but its copies differ: rank(s) {bad} differ from "
+                    f"rank(s) {good}")
+    return f"must be replicated ({why}) but its copies differ"
+
+
+def _should_be_replicated(ds: xr.Dataset, replicated: np.ndarray,
+                           ref_shape: dict[Any, Any] | None) -> np.ndarray:
+    """Per tensor: an API op's output whose tensor inputs are all replicated and whose shape is theirs.
+
+    With identical inputs on every rank an op computes identical outputs, unless it is random or
+    reads the rank; a rank-dependent op (a TP split) returns a shard, of another shape than its
+    input's (or than the reference's full tensor), so the shape test keeps those out.
+    """
+    n_t = ds.sizes["tensor"]
+    nodes, roles, kinds = ds["node"].values, ds["role"].values, ds["kind"].values
+    shapes = ds["shape"].values
+    labels = ds["tensor"].values
+    inputs: dict[str, list[int]] = {}
+    for j in range(n_t):
+        if roles[j] == "input":
+            inputs.setdefault(str(nodes[j]), []).append(j)
+    out = np.zeros(n_t, bool)
+    for j in range(n_t):
+        if roles[j] != "output" or kinds[j] != "api" or is_communication(str(nodes[j])):
+            continue
+        ins = inputs.get(str(nodes[j]))
+        if not ins or not all(replicated[i] for i in ins):
+            continue
+        full = ref_shape.get(labels[j]) if ref_shape is not None else None
+        out[j] = (shapes[j] == full) if full else any(shapes[i] == shapes[j] for i in ins)
+    return out
+
+
+def _majority(stats: dict[str, np.ndarray], numel: np.ndarray, scale: np.ndarray, first: np.ndarray,
+              rtol: float) -> tuple[np.ndarray, np.ndarray]:
+    """Copies that partly agree, at each tensor's first informative step.
+
+    Returns (per tensor: in some group of ≥ 3 some copies agree and others do not; per group,
+    member and tensor: the member disagrees with the largest agreeing set).
+    """
+    n = numel.shape[2]
+    pick = lambda a: np.take_along_axis(a, first[None, :, None, :], axis=0)[0]  # noqa: E731
+    at = {s: pick(v) for s, v in stats.items()}  # (G, n, tensor)
+    sc, ne = pick(scale), pick(numel)
+    agree = np.zeros((*ne.shape[:1], n, n, ne.shape[2]), bool)  # (G, n, n, tensor)
+    for a in range(n):
+        ok = ne == ne[:, a:a + 1]
+        for s in at.values():
+            ok = ok & _close(s, s[:, a:a + 1], sc, rtol)
+        agree[:, a] = ok
+    size = agree.sum(axis=2)  # (G, n, tensor): how many copies agree with member a (itself included)
+    best = size.max(axis=1)  # (G, tensor)
+    mixed = (n >= 3) & (best >= 2) & (best < n)
+    lead = np.argmax(size, axis=1)  # (G, tensor)
+    odd = ~np.take_along_axis(agree, lead[:, None, None, :], axis=1)[:, 0]  # (G, n, tensor)
+    return mixed.any(axis=0), odd
 
 
 def _shape(text: Any) -> list[int] | None:
@@ -232,14 +328,18 @@ def merge_group_dim(
     out_numel = np.where(allp, out_numel, -1)
     present = np.where((kinds == "local")[None, None, :], pres[:, :, 0, :], allp)
     seq = ds["seq"].values[:, [g[0] for g in idx], :]
+    differ_now = ~_copies(ds, idx, rtol)[4].all(axis=2) & allp & (kinds == "replicas_differ")[None, None, :]
+    if "replicas_differ" in ds.data_vars:  # merged along another dimension before (cp after tp)
+        differ_now |= ds["replicas_differ"].values[:, idx, :].any(axis=2)
     new_ranks = [new_layout.rank_of(**{k: c for k, c in layout.coords(g[0]).items() if k != dim})
                  for g in groups]
     dims = ("step", "rank", "tensor")
-    data: dict[str, Any] = {s: (dims, np.where(present, out_vals[s], np.nan)) for s in out_vals}
+    data: dict[Hashable, Any] = {s: (dims, np.where(present, out_vals[s], np.nan)) for s in out_vals}
     data["present"] = (dims, present)
     data["null_stats"] = (dims, np.where(present, out_null, 0).astype(np.uint8))
     data["seq"] = (dims, np.where(present, seq, -1).astype(np.int32))
     data["numel"] = (dims, np.where(present, out_numel, -1).astype(np.int64))
+    data["replicas_differ"] = (dims, differ_now & present)
     for name in ds.data_vars:
         if name in data or ds[name].dims != dims:
             continue

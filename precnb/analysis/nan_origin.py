@@ -59,7 +59,7 @@ def persistent_nonfinite(n_recorded: object, n_nonfinite: object) -> np.ndarray:
     return (n_bad == n_rec) & (n_rec >= 2)
 
 
-def lazy_persistence(ds: xr.Dataset, *extra: xr.DataArray) -> tuple[np.ndarray, tuple[object, ...]]:
+def lazy_persistence(ds: xr.Dataset, *extra: xr.DataArray) -> tuple[np.ndarray, tuple[xr.DataArray, ...]]:
     """:func:`persistent_nonfinite` of a dask-backed run in one chunked pass (plus *extra* reductions)."""
     import dask
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -182,7 +183,7 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
         for r in members:
             c = layout.coords(r)
             i = ranks.index(r)
-            pres_any = present[:, i, :].any(axis=0)
+            pres_any: np.ndarray = np.any(present[:, i, :], axis=0)
             expert_nodes = [str(n) for n, ok in zip(nodes, pres_any, strict=True) if ok]
             n_local = _max_index(expert_nodes, _EXPERT) + 1 if layout.ep > 1 else 0
             api_off = dict(offsets) if layout.pp > 1 else {}
@@ -234,10 +235,10 @@ def _rename_tree(out: xr.Dataset, ds: xr.Dataset, groups: dict[int, list[int]], 
                     src_rank.setdefault(str(lbl), r)
     parents = np.asarray(out["parent"].values, dtype=object).copy()
     for k, lbl in enumerate(out["tensor"].values.tolist()):
-        r = src_rank.get(str(lbl))
-        if r is None or not parents[k]:
+        src = src_rank.get(str(lbl))
+        if src is None or not parents[k]:
             continue
-        nm = node_maps.get(r, {})
+        nm = node_maps.get(src, {})
         parents[k] = nm.get(str(parents[k])) or _rename_like(str(parents[k]), nm)
     out = out.assign_coords(parent=("tensor", parents))
     out.attrs = {**out.attrs, "construct": json.dumps(merged)}
@@ -277,7 +278,7 @@ def _stage_offsets(ds: xr.Dataset, members: list[int], layout: Layout, layers_rx
     by_stage: dict[int, set[int]] = defaultdict(set)
     for r in members:
         i = ranks.index(r)
-        pres_any = present[:, i, :].any(axis=0)
+        pres_any: np.ndarray = np.any(present[:, i, :], axis=0)
         local = [str(n) for n, ok in zip(nodes, pres_any, strict=True) if ok and parse_node(str(n)).kind != "api"]
         by_stage[layout.coords(r)["pp"]] |= _layer_indices(local, layers_rx)
     offsets: dict[int, int] = {}
@@ -317,7 +318,7 @@ def _assemble_groups(ds: xr.Dataset, layout: Layout, reduced: Layout, groups: di
     n_s, n_r, n_t = ds.sizes["step"], len(groups), len(labels)
     pos = {lbl: k for k, lbl in enumerate(labels)}
     new_ranks = sorted(groups)
-    data: dict[str, Any] = {}
+    data: dict[Hashable, Any] = {}
     coords_src = np.full(n_t, -1, np.int64)  # original tensor index for coordinates
     for name, var in ds.data_vars.items():
         if var.dims != ("step", "rank", "tensor"):
@@ -341,14 +342,14 @@ def _assemble_groups(ds: xr.Dataset, layout: Layout, reduced: Layout, groups: di
             block = seq[:, gi, cols]
             seq[:, gi, cols] = np.where(block >= 0, block + base, -1)
             base = int(seq[:, gi, cols].max()) + 1
-    coords: dict[str, Any] = {"step": ds["step"].values, "rank": np.asarray(new_ranks, np.int64),
+    coords: dict[Hashable, Any] = {"step": ds["step"].values, "rank": np.asarray(new_ranks, np.int64),
                               "tensor": np.asarray(labels, dtype=object)}
     for name, c in ds.coords.items():
         if c.dims == ("tensor",) and name != "tensor":
             coords[name] = ("tensor", c.values[coords_src])
     # node/module/parent follow the renamed labels
     new_node = []
-    for lbl, j in zip(labels, coords_src, strict=True):
+    for lbl, j in zip(labels, coords_src.tolist(), strict=True):
         old_node, old_label = str(ds["node"].values[j]), str(ds["tensor"].values[j])
         suffix = old_label[len(old_node):]
         new_node.append(lbl[: len(lbl) - len(suffix)] if suffix and lbl.endswith(suffix) else lbl)

@@ -169,8 +169,8 @@ def detect_precision(
     >>> ctx = detect_precision(m, ex, m, apis=["Functional.linear", "Torch.matmul"], kinds=["api", "api"])
     >>> ctx.systematic, ctx.low_run, ctx.low_dtype
     (True, 'target', 'bfloat16')
-    >>> detect_precision(m[:, :1], ex, m[:, :1], apis=["Functional.linear", "Torch.matmul"],
-    ...                  kinds=["api", "api"]).systematic  # one rank of two only
+    >>> on_rank0 = m.copy(data=np.array([[[True, True], [False, False]]]))  # differs on one rank of two
+    >>> detect_precision(on_rank0, ex, m, apis=["Functional.linear", "Torch.matmul"], kinds=["api", "api"]).systematic
     False
     """
     mask = np.asarray(dtype_differs.values, bool)

@@ -242,7 +242,8 @@ def check_frozen(base: xr.Dataset | None, target: xr.Dataset, pb: dict[str, Para
     only_t = {n: st[n] for n in common if st[n] and not sb[n]}
     only_b = {n: sb[n] for n in common if sb[n] and not st[n]}
     both = [n for n in common if st[n] and sb[n]]
-    details = {"frozen_in_target_only": only_t, "frozen_in_baseline_only": only_b, "frozen_in_both": both}
+    details: dict[str, Any] = {"frozen_in_target_only": only_t, "frozen_in_baseline_only": only_b,
+                               "frozen_in_both": both}
     parts = []
     for run, other, found in ((tn, bn, only_t), (bn, tn, only_b)):
         if found:

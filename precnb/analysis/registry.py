@@ -76,8 +76,8 @@ class Context:
     baseline_layout: Any = None
     alignment: Any = None
     tolerance: Any = None
-    step_offset: int | str | None = None
-    crc: str = "report"
+    step_offset: int | Literal["auto"] | None = None
+    crc: Literal["report", "strict"] = "report"
     names: tuple[str, str] = ("baseline", "target")
     params: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)

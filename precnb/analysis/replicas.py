@@ -36,7 +36,7 @@ STATS = ("max", "min", "mean", "norm")
 def _same_across(ds: xr.Dataset, idx: list[int], rtol: float) -> tuple[np.ndarray, np.ndarray]:
     """(step, tensor) masks: recorded on all ranks *idx*, and equal on them (every statistic)."""
     pres = ds["present"].values
-    allp = pres[:, idx, :].all(axis=1)
+    allp: np.ndarray = np.all(pres[:, idx, :], axis=1)
     same = np.ones(allp.shape, bool)
     for s in STATS:
         v = ds[s].values[:, idx, :]
@@ -135,7 +135,7 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
         for g in groups:
             idx = [ranks.index(r) for r in g]
             v = vals[:, idx]  # (step, n, t, 4)
-            p = pres[:, idx].all(axis=1)  # (step, t)
+            p: np.ndarray = np.all(pres[:, idx], axis=1)  # (step, t)
             checked += int(p.sum()) * len(g)
             with np.errstate(invalid="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)

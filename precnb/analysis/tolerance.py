@@ -72,13 +72,14 @@ class Tolerance:
 
     def rtol_for(self, dtype: str, tensor: str | None = None) -> float:
         """Relative tolerance for one tensor."""
+        base: float
         if self.rtol is not None:
             base = self.rtol
         else:
             key = _dtype_key(str(dtype))
-            base = self.by_dtype.get(key, DTYPE_RTOL.get(key))
-            if base is None:
-                base = 0.0 if ("int" in key or "bool" in key) else DTYPE_RTOL["float32"]
+            known = self.by_dtype.get(key, DTYPE_RTOL.get(key))
+            fallback = 0.0 if ("int" in key or "bool" in key) else DTYPE_RTOL["float32"]
+            base = known if known is not None else fallback
             if "float8" in key or "fp8" in key:
                 base = max(base, DTYPE_RTOL["float8"])
         if tensor is not None and tensor in self.per_tensor:

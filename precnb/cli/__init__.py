@@ -218,7 +218,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser (also used to generate docs)."""
-    from precnb import __version__
+    from precnb._version import __version__
 
     parser = Parser(
         prog="precnb", description="Numerical-accuracy triage of msprobe dumps and monitor data.")

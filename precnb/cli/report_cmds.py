@@ -38,13 +38,6 @@ def _load(path: str, args: argparse.Namespace) -> Any:
                         ranks=parse_int_set(args.ranks, "ranks"), progress=False)
 
 
-def _name(path: str) -> str:
-    from pathlib import Path
-
-    p = Path(path)
-    return p.name or str(p)
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
     from precnb import _extras
 

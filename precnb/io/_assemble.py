@@ -334,15 +334,6 @@ class Assembler:
                     holes[t] = key
 
     # ------------------------------------------------------------------------ materialising
-    @property
-    def n_pending(self) -> int:
-        """Records added and not yet materialised."""
-        return len(self._pending)
-
-    def pending_steps(self) -> list[int]:
-        """Steps of the records not yet materialised, sorted."""
-        return sorted({r.step for r in self._pending})
-
     def _place(self, recs: list[_Rec]) -> None:
         """Give columns to labels first seen in *recs* (sorted), and register their variables."""
         n = len(self._labels)

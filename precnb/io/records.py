@@ -289,7 +289,6 @@ def _to_float(v: Any) -> float | None:
         return stat_value(v)
     except TypeError:
         return None
-    return None
 
 
 def _numel(shape: Sequence[int] | None) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["DEFAULTS", "Options"]
 
@@ -74,14 +74,14 @@ class Options:
 
     target_layout: Any = None
     baseline_layout: Any = None
-    step_offset: int | str | None = None
+    step_offset: int | Literal["auto"] | None = None
     tolerance: Any = None
     reference: Any = None
     mapping: Any = None
     steps: Sequence[int] | None = None
     ranks: Sequence[int] | None = None
     kinds: Sequence[str] | None = None
-    crc: str = "report"
+    crc: Literal["report", "strict"] = "report"
     format: str | None = None
     workers: int | str | None = None
     client: Any = field(default=None, compare=False)

@@ -140,8 +140,8 @@ def render(
     """Render the page for prepared inputs and findings (see :func:`to_html`)."""
     from markupsafe import Markup
 
-    from precnb import __version__
     from precnb._marks import html_marker
+    from precnb._version import __version__
     from precnb.report import _tables as tables
     from precnb.report._assets import package_text, script_safe, vega_bundle
 

@@ -1,9 +1,10 @@
 """Notebook templates: list them, copy one out with parameters filled, run it, export it offline.
 
-The templates ship as package data (``precnb/templates/notebooks/*.ipynb``, generated from
-the repository's ``notebooks/`` by ``tools/sync_notebooks.py``; a test keeps the two
-identical). Each has a cell tagged ``parameters`` (papermill); filling a template inserts
-papermill's ``injected-parameters`` cell after it.
+The templates are the repository's ``notebooks/*.ipynb``, their one committed copy: read
+there from a source checkout (an editable install too), and from the package data a wheel
+carries (``precnb/templates/notebooks/``, copied in by the build, ``setup.py``). Each has a
+cell tagged ``parameters`` (papermill); filling a template inserts papermill's
+``injected-parameters`` cell after it.
 
 HTML export uses the ``offline_lab`` nbconvert template built by
 ``tools/build_offline_template.sh`` (``make offline-template``): the exported page inlines
@@ -42,7 +43,13 @@ ORDER = ("nan_origin", "divergence", "sharded_vs_single", "dp_grad_sync", "monit
 TEMPLATE_ENV = ("PRECNB_NBTEMPLATES", "OFFLINE_TEMPLATE_DIR")
 
 
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
 def _folder() -> Any:
+    """``notebooks/`` of the source checkout precnb is imported from, else the installed package's copy."""
+    if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "notebooks").is_dir():
+        return _CHECKOUT / "notebooks"
     return resources.files("precnb").joinpath("templates", "notebooks")
 
 

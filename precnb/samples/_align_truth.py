@@ -65,15 +65,6 @@ def api_children(
     return out
 
 
-def records_equal(a: dict, b: dict, *, ignore: tuple[str, ...] = ()) -> bool:
-    """Tell whether two node records are bit-identical (dtype, shape, statistics, values).
-
-    Leaf paths starting with one of ``ignore`` (e.g. ``"input_kwargs"``) are not compared.
-    """
-    diff = D.differing_leaves(a, b)
-    return not [p for p in diff if not p.startswith(ignore)]
-
-
 def tensor_leaves(record: dict) -> dict[str, dict]:
     """The tensor leaves (those with a ``shape``) of a node record, by leaf path."""
     return {p: leaf for p, leaf in D.node_leaves(record).items() if "shape" in leaf}

@@ -40,9 +40,9 @@ def _open(x: Any) -> xr.Dataset:
     if isinstance(x, xr.Dataset):
         return x
     if isinstance(x, (str, os.PathLike)):
-        import precnb
+        from precnb.io.api import open_run
 
-        return precnb.open_run(x)
+        return open_run(x)
     raise TypeError(f"expected an xarray.Dataset or a path, got {type(x).__name__}")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import ipywidgets as ipw
 
+from precnb._exporters import exporter
 from precnb.widgets.findings import _error
 from precnb.widgets.panel import ExplorerAPI, Panel
 
@@ -48,7 +49,7 @@ class ExportPanel(Panel):
     def export(self) -> Path | None:
         """Call ``precnb.report.write_html(source, path, ...)``; a refusal or error is one line in the panel."""
         try:
-            from precnb.report import write_html
+            write_html = exporter("html")  # precnb.report.write_html; widgets do not import the report
         except Exception as err:
             self.status.value = ("<span style='color:#b00'>HTML export is not available: "
                                  f"precnb.report.write_html cannot be imported ({html.escape(str(err))})"

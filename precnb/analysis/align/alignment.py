@@ -87,7 +87,7 @@ class Alignment:
 
         return cls(modules=pairs("modules"), nodes=pairs("nodes"), tensors=pairs("tensors"),
                    unpaired={k: list(v) for k, v in (d.get("unpaired") or {}).items()},
-                   frameworks=tuple(d.get("frameworks") or ("", "")),  # type: ignore[arg-type]
+                   frameworks=tuple(d.get("frameworks") or ("", "")),
                    identical=bool(d.get("identical")), applied=applied)
 
     @classmethod

@@ -115,16 +115,6 @@ class RunTree:
     coords: dict[str, np.ndarray]  # the dataset's tensor coordinates (node, module, api, kind, ...)
     parallel: str = ""  # the layout its shards were merged with / its stages stitched with, if any
 
-    def module_of(self, node: str) -> str:
-        """The module path a node belongs to."""
-        info = self.nodes.get(node)
-        return info.module if info is not None else ""
-
-    def scope_nodes(self, scope: str) -> list[str]:
-        """Nodes whose construct parent is the pseudo node *scope* (``optimizer``, ``clip_grad``) or root."""
-        out = [n for n, i in self.nodes.items() if i.kind == "api" and i.parent == scope]
-        return sorted(out, key=lambda n: self.nodes[n].seq)
-
 
 def _ref_values(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per tensor: the statistics (n, 4), seq and numel at its first recorded (step, rank)."""

@@ -1,0 +1,106 @@
+"""The import contracts of pyproject.toml ``[tool.importlinter]`` hold on the package, and they can fail.
+
+``lint-imports`` (import-linter) checks the whole import graph: the layers of DESIGN.md (front ends
+independent, io and analysis independent, nothing importing the root package), viz pure, the core
+free of the notebook stack, torch/msprobe/MindSpore only in the generator and the tensor loader.
+The second test copies the package, adds one forbidden import per contract and a module no layer
+lists, and checks that each contract is reported broken naming the import.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(cwd: Path) -> subprocess.CompletedProcess[str]:
+    if not LINT_IMPORTS.is_file():
+        pytest.fail(f"{LINT_IMPORTS} missing: import-linter is in the [test] extra (pip install -e '.[test]')")
+    # cwd first on sys.path (lint-imports puts it there): the package analysed is the one in cwd
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--config", str(cwd / "pyproject.toml")],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def _contracts() -> dict[str, dict]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    return {c["id"]: c for c in config["contracts"]}
+
+
+def test_import_contracts_hold():
+    proc = _lint(ROOT)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    contracts = _contracts()
+    assert set(contracts) == {"layers", "viz-pure", "core-without-notebook", "generator-deps"}
+    for c in contracts.values():
+        assert f"{c['name']} KEPT" in " ".join(proc.stdout.split()), c["name"]
+    assert f"Contracts: {len(contracts)} kept, 0 broken." in proc.stdout
+    layers = contracts["layers"]
+    assert layers["exhaustive"] and not layers.get("ignore_imports") and not layers.get("exhaustive_ignores")
+    flat = [m.strip() for layer in layers["layers"] for m in layer.replace(":", "|").split("|")]
+    assert flat.index("cli") < flat.index("widgets") < flat.index("pipeline") < flat.index("analysis")
+    assert layers["layers"][-1] == "errors | schema"  # both import nothing of precnb
+
+
+# one injected line per contract: (file, line, contract id, what the broken contract must say)
+INJECTIONS = [
+    ("io/_fs.py", "import precnb.widgets", "layers", "precnb.io is not allowed to import precnb.widgets"),
+    ("analysis/masks.py", "import precnb.io.api", "layers", "precnb.analysis is not allowed to import precnb.io"),
+    ("report/_tables.py", "import precnb.widgets.findings", "layers",
+     "precnb.report is not allowed to import precnb.widgets"),
+    ("combine.py", "from precnb import open_run", "layers", "precnb.combine is not allowed to import precnb.accessor"),
+    ("schema.py", "import precnb.naming", "layers", "precnb.schema is not allowed to import precnb.naming"),
+    ("viz/frames.py", "import precnb.io.tensors", "viz-pure", "precnb.viz is not allowed to import precnb.io"),
+    ("pipeline/inputs.py", "import altair", "core-without-notebook", "precnb.pipeline is not allowed to import altair"),
+    ("analysis/summary.py", "import torch", "generator-deps", "precnb.analysis.summary -> torch"),
+]
+
+
+def test_each_contract_fails_on_a_forbidden_import(tmp_path):
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    pkg = tmp_path / "precnb"
+    shutil.copytree(ROOT / "precnb", pkg, ignore=shutil.ignore_patterns("__pycache__", "data_samples"))
+    clean = _lint(tmp_path)
+    assert clean.returncode == 0, clean.stdout[-4000:]  # the copy is analysed like the checkout
+    for rel, line, _, _ in INJECTIONS:
+        path = pkg / rel
+        path.write_text(path.read_text(encoding="utf-8") + f"\n{line}  # noqa\n", encoding="utf-8")
+    (pkg / "newmodule.py").write_text('"""A module no layer lists."""\n', encoding="utf-8")
+    proc = _lint(tmp_path)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    contracts = _contracts()
+    assert f"Contracts: 0 kept, {len(contracts)} broken." in out, out[-3000:]
+    sections = _broken_sections(out, [c["name"] for c in contracts.values()])
+    for rel, line, cid, says in INJECTIONS:
+        section = sections[contracts[cid]["name"]]
+        assert says in section, (rel, line, cid, section[:2000])
+    assert "precnb.newmodule" in sections[contracts["layers"]["name"]]  # exhaustive: an unplaced module
+
+
+def _broken_sections(out: str, names: list[str]) -> dict[str, str]:
+    """The report of each broken contract (the text after its name, up to the next contract's)."""
+    broken = out[out.index("Broken contracts"):]
+    starts = sorted((broken.index(n), n) for n in names if n in broken)
+    ends = [s for s, _ in starts[1:]] + [len(broken)]
+    return {n: broken[s:e] for (s, n), e in zip(starts, ends, strict=True)}
+
+
+def test_the_explorer_reaches_the_report_by_name_only():
+    """widgets/export.py gets write_html from precnb._exporters (no import edge widgets -> report)."""
+    pytest.importorskip("jinja2", reason="the report needs the [notebook] extra")
+    from precnb._exporters import EXPORTERS, exporter
+    from precnb.report import write_html
+
+    assert exporter("html") is write_html
+    assert set(EXPORTERS) == {"html"}
+    source = (ROOT / "precnb" / "widgets" / "export.py").read_text(encoding="utf-8")
+    assert "precnb.report import" not in source and 'exporter("html")' in source
