@@ -289,3 +289,23 @@ def _reference_relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[st
         rel = rel.where(both_rec, 0.0)
         out.append(rel)
     return xr.concat(out, dim=xr.DataArray(list(stats), dims="stat", name="stat"))
+
+
+
+def test_grad_ratio_hint_with_zero_target_norms_warns_nothing():
+    """A vanished gradient (norm 0 in the target) must not print a divide-by-zero warning into a notebook."""
+    import warnings
+
+    from precnb.analysis.hints import grad_ratio_hint
+
+    ds = precnb.open_run(sample_path("divergence", "baseline"), progress=False)
+    grads = ds["kind"].values == "param_grad"
+    assert grads.sum() >= 4
+    target = ds.copy(deep=True)
+    cols = np.flatnonzero(grads)
+    target["norm"].values[..., cols[: len(cols) // 2]] = 0.0
+    target["norm"].values[..., cols[len(cols) // 2:]] *= 0.5  # the baseline's are twice the target's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hint = grad_ratio_hint(ds, target, ds["present"] & target["present"], 2, ("baseline", "target"))
+    assert hint is None or "baseline" in hint

@@ -79,7 +79,7 @@ def test_explorer_charts_compile():
     for name in ("rank", "step"):
         ex.filters.by.value = name
         specs.append(ex.heatmap.chart.spec)
-    ex.tabs.selected_index = 3  # the hierarchy view draws when first shown
+    ex.tabs.selected_index = [p.title for p in ex.panels].index("Hierarchy")  # it draws when first shown
     specs.append(ex.hierarchy.chart.spec)
     for spec in specs:
         if spec:

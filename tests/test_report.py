@@ -171,6 +171,26 @@ def test_charts_are_inline_vega_lite_with_a_linked_heat_map(nan_page):
         assert spec.get("datasets")
 
 
+def test_nan_series_chart_is_not_a_flat_line(nan_page):
+    """sqrt(poison)'s output is 0 wherever it is finite: the chart adds the node's input, which shows the -1."""
+    series = chart_specs(parse(nan_page))["chart-series"]
+    rows = [r for d in series["datasets"].values() for r in d]
+    assert {r["tensor"] for r in rows} == {"Torch.sqrt.0.forward.output.0", "Torch.sqrt.0.forward.input.0"}
+    inputs = {(r["rank"], r["step"]): r["value"] for r in rows if r["tensor"].endswith("input.0")}
+    assert inputs[(1, 1)] == 1.0 and inputs[(0, 1)] == 0.0  # the norm of the poison: 1 where the NaN is made
+    layers = series["layer"]
+    assert len(layers) == 3  # lines, points and the red rules of the NaN
+
+
+def test_series_chart_without_nonfinite_has_no_empty_rule_layer():
+    """An empty layer made vega warn 'Infinite extent for field "step"' in the comparison report."""
+    import precnb.viz as viz
+
+    base = _open("divergence", "target")
+    frame = viz.series_frame(base, "Functional.gelu.0.forward.output.0")
+    assert not frame["nonfinite"].any() and len(viz.line_chart(frame).to_dict()["layer"]) == 2
+
+
 def test_one_vega_bundle_inlined_once_and_no_external_urls(nan_page):
     soup = parse(nan_page)
     assert external_urls(soup) == []
@@ -232,7 +252,11 @@ def test_comparison_report_shows_both_sides(tmp_path):
     assert runs == ["baseline", "target"]
     detail = soup.select_one("table.detail")
     heads = [th.get_text() for th in detail.select("th")]
-    assert "rel. diff" in heads and "norm (baseline)" in heads and "norm (target)" in heads
+    assert "rel. diff" in heads and "norm (target / baseline)" in heads  # one cell: target over baseline
+    focus = detail.select_one("tr.focus")
+    max_cell = focus.select("td")[6]
+    assert [s.get_text() for s in max_cell.select("span")] == ["1.39062", "1.38941"]
+    assert "<wbr>" not in str(detail.select_one("td.name")).replace("<wbr/>", "<wbr>").split(".forward")[0]
     specs = chart_specs(soup)
     series = specs["chart-series"]
     names = {r.get("run") for d in series["datasets"].values() for r in d}

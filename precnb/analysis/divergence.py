@@ -9,6 +9,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.compare import Comparison, compare_runs, split_runs
+from precnb.analysis.crossfw import _drop_isolated, noise_floor, searched_differences, two_frameworks
 from precnb.analysis.evidence import entry_values, first_by_seq, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.hints import (
@@ -23,7 +24,8 @@ from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.tolerance import Tolerance
 from precnb.schema import entry_dtype
 
-__all__ = ["first_divergence", "first_divergence_stepwise", "structural_differences"]
+__all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "searched_differences",
+           "structural_differences", "two_frameworks"]
 
 MAX_LISTED = 200
 
@@ -164,9 +166,9 @@ def first_divergence(
     cmp = compare_runs(b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks,
                        step_offset=step_offset, alignment=alignment if aligned else None, **hooks)
     noise = None
-    if aligned and len(set(alignment.frameworks)) > 1 and tolerance is None:
+    if two_frameworks(alignment) and tolerance is None:
         # two frameworks: calibrate from how well the aligned pair agrees before any real difference
-        noise, calibrated = _noise_floor(cmp)
+        noise, calibrated = noise_floor(cmp)
         if calibrated is not None:
             cmp = compare_runs(b_in, t_in, runs=pair, tolerance=calibrated, steps=steps, ranks=ranks,
                                step_offset=step_offset, alignment=alignment, **hooks)
@@ -208,7 +210,7 @@ def first_divergence(
                    "count": s["count"]} for s in structural[:MAX_LISTED]]
     seq = b["seq"].where(b["seq"] >= 0, t["seq"])
     isolated: list[dict[str, Any]] = []
-    if aligned and len(set(alignment.frameworks)) > 1:  # two frameworks record some backward ops differently
+    if two_frameworks(alignment):  # two frameworks record some backward ops differently
         diff, isolated = _drop_isolated(diff, seq, cmp)
     if isolated:
         stats["isolated_differences"] = len(isolated)
@@ -476,85 +478,6 @@ def _replica_reason(cmp: Comparison, si: int, ri: int, j: int, tensor: str) -> s
             said = str(cmp.targ[f"shard_reason_{dim}"].sel(tensor=tensor).values)
             return f"across the {dim.upper()} group, this tensor {said} (the merged entry is the first copy)"
     return "its copies differ across the ranks merged into this entry"
-
-
-MAX_ISOLATED = 50
-ISOLATION_WINDOW = 6
-
-
-def _drop_isolated(diff: xr.DataArray, seq: xr.DataArray, cmp: Comparison
-                   ) -> tuple[xr.DataArray, list[dict[str, Any]]]:
-    """Differences that their consumers do not show: the records right after them agree again.
-
-    Used for two frameworks only, on backward records only. A real divergence propagates: the
-    gradient an op produced is the input of the next backward ops, which record it again. A
-    backward difference whose next :data:`ISOLATION_WINDOW` compared records on its rank and step
-    all agree is what the two frameworks *record* at one op (e.g. a composite loss whose backward
-    one framework hooks at an inner step), not what they compute. Such entries are taken out (and
-    returned), in execution order, until the first difference that propagates. Forward records,
-    and a difference with fewer later records than the window, are never taken out.
-    """
-    d = np.array(diff.values, copy=True)
-    sq = np.asarray(seq.values).astype(np.int64)
-    both = np.asarray(cmp.both.values, bool)
-    steps = [int(x) for x in cmp.ds["step"].values]
-    ranks = [int(x) for x in cmp.ds["rank"].values]
-    labels = cmp.ds["tensor"].values
-    direction = cmp.ds["direction"].values
-    out: list[dict[str, Any]] = []
-    for _ in range(MAX_ISOLATED):
-        hit = np.argwhere(d)
-        if not len(hit):
-            break
-        si = int(hit[:, 0].min())
-        cand = hit[hit[:, 0] == si]
-        keys = [sq[si, ri, j] if sq[si, ri, j] >= 0 else 1 << 40 for _, ri, j in cand]
-        _, ri, j = cand[int(np.argmin(keys))]
-        here = int(sq[si, ri, j])
-        if str(direction[j]) != "backward":
-            break
-        later = np.flatnonzero(both[si, ri] & (sq[si, ri] > here))
-        later = later[np.argsort(sq[si, ri, later])][:ISOLATION_WINDOW]
-        if here < 0 or len(later) < ISOLATION_WINDOW or d[si, ri, later].any():
-            break
-        d[si, ri, j] = False
-        out.append({"step": steps[si], "rank": ranks[ri], "tensor": str(labels[j])})
-    return diff.copy(data=d), out
-
-
-NOISE_FACTOR = 20.0
-"""A calibrated cross-framework tolerance is this many times the noise floor of the aligned pair."""
-
-
-def _noise_floor(cmp: Comparison) -> tuple[float | None, Tolerance | None]:
-    """Noise floor of two frameworks' agreement, and a raised tolerance when the dtype defaults are too tight.
-
-    The floor is the 99th percentile of the relative differences of the first step's forward
-    records that come before any record exceeding the default tolerance (the earlier modules, where
-    the two runs still compute the same thing). When ``NOISE_FACTOR`` × floor exceeds a dtype's
-    default, that dtype's tolerance is raised to it; otherwise None (the defaults hold).
-    """
-    from precnb.analysis.tolerance import DTYPE_RTOL, _dtype_key
-
-    rel = cmp.rel.values[0]  # (rank, tensor) at the first compared step
-    both = cmp.both.values[0]
-    over = cmp.differs.values[0]
-    fwd = cmp.ds["direction"].values == "forward"
-    seq = cmp.ds["seq"].isel(run=1).values[0].astype(np.int64)
-    vals: list[float] = []
-    for r in range(rel.shape[0]):
-        ok = both[r] & fwd & (seq[r] >= 0)
-        if not ok.any():
-            continue
-        first_bad = seq[r][over[r] & ok].min() if (over[r] & ok).any() else np.iinfo(np.int64).max
-        take = ok & (seq[r] < first_bad) & np.isfinite(rel[r])
-        vals.extend(rel[r][take].tolist())
-    if len(vals) < 20:
-        return None, None
-    floor = float(np.quantile(np.asarray(vals), 0.99))
-    dtypes = {_dtype_key(str(d)) for d in cmp.ds["dtype"].values}
-    raise_to = {d: NOISE_FACTOR * floor for d in dtypes if d in DTYPE_RTOL and NOISE_FACTOR * floor > DTYPE_RTOL[d]}
-    return floor, (Tolerance(by_dtype=raise_to) if raise_to else None)
 
 
 def _with_baseline_names(f: Finding, alignment: Any) -> Finding:

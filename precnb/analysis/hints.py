@@ -36,7 +36,8 @@ def grad_ratio_hint(b: xr.Dataset, t: xr.Dataset, both: xr.DataArray, world_size
         k = round(value)
         if k < 2 or abs(value - k) > 0.02 * k:
             continue
-        near = np.abs((ratio if not label else 1 / ratio) - k) <= 0.05 * k
+        with np.errstate(divide="ignore"):  # a zero target norm: its inverse ratio is inf, never near k
+            near = np.abs((ratio if not label else 1 / ratio) - k) <= 0.05 * k
         if near.mean() < 0.8:
             continue
         who = names[1] if not label else names[0]

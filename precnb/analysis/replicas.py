@@ -27,7 +27,7 @@ from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.layout import Layout
 
-__all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas"]
+__all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas", "replica_mismatches"]
 
 REPLICATED_MONITOR_FAMILIES = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq")
 STATS = ("max", "min", "mean", "norm")
@@ -109,44 +109,14 @@ def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[i
     return ok & not_opt & (kinds != "param_grad")
 
 
-def check_replicas(
-    ds: xr.Dataset,
-    layout: Layout | None = None,
-    *,
-    dims: Sequence[str] = ("dp", "tp"),
-    rtol: float = 1e-6,
-    limit: int = 50,
-) -> Finding:
-    """Report ranks whose copy of a replicated tensor differs from their group's majority.
+def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("dp", "tp"),
+                       rtol: float = 1e-6) -> tuple[list[dict[str, Any]], int]:
+    """Every record that departs from its replica group, in causal order, and the records checked.
 
-    Parameters
-    ----------
-    ds : xarray.Dataset
-        One run.
-    layout : Layout, optional
-        Defaults to pure data parallelism over all ranks.
-    dims : sequence of {"dp", "tp", "cp"}
-        Which replica groups to check.
-    rtol : float
-        Relative tolerance (on each statistic, relative to its magnitude).
-    limit : int
-        How many mismatches to list as suspects.
-
-    Returns
-    -------
-    Finding
-        Kind ``replica_mismatch`` naming the first (step, rank, tensor) in execution order
-        that departs from its replicas, or ``none``.
-
-    Examples
-    --------
-    >>> import precnb
-    >>> f = precnb.check_replicas(run, precnb.Layout(4))  # doctest: +SKIP
+    Each row: ``step, rank, group, dim, tensor, node, seq, inputs_identical, why``, sorted by step,
+    execution position and rank (what :func:`check_replicas` reports first comes first).
     """
     ranks = [int(r) for r in ds["rank"].values]
-    layout = layout or Layout(len(ranks))
-    if sorted(ranks) != list(range(layout.world_size)):
-        raise ValueError(f"layout {layout.describe()} does not match the run's ranks {ranks[:8]}")
     rows: list[dict[str, Any]] = []
     checked = 0
     for dim in dims:
@@ -190,6 +160,48 @@ def check_replicas(
                              "seq": int(seq[si, idx[k], tj]), "inputs_identical": bool(by_cause[si, tj]),
                              "why": why + (" (a pair: either side may be wrong)" if n == 2 else "")})
     rows.sort(key=lambda r: (r["step"], r["seq"], r["rank"]))
+    return rows, checked
+
+
+def check_replicas(
+    ds: xr.Dataset,
+    layout: Layout | None = None,
+    *,
+    dims: Sequence[str] = ("dp", "tp"),
+    rtol: float = 1e-6,
+    limit: int = 50,
+) -> Finding:
+    """Report ranks whose copy of a replicated tensor differs from their group's majority.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run.
+    layout : Layout, optional
+        Defaults to pure data parallelism over all ranks.
+    dims : sequence of {"dp", "tp", "cp"}
+        Which replica groups to check.
+    rtol : float
+        Relative tolerance (on each statistic, relative to its magnitude).
+    limit : int
+        How many mismatches to list as suspects.
+
+    Returns
+    -------
+    Finding
+        Kind ``replica_mismatch`` naming the first (step, rank, tensor) in execution order
+        that departs from its replicas, or ``none``.
+
+    Examples
+    --------
+    >>> import precnb
+    >>> f = precnb.check_replicas(run, precnb.Layout(4))  # doctest: +SKIP
+    """
+    ranks = [int(r) for r in ds["rank"].values]
+    layout = layout or Layout(len(ranks))
+    if sorted(ranks) != list(range(layout.world_size)):
+        raise ValueError(f"layout {layout.describe()} does not match the run's ranks {ranks[:8]}")
+    rows, checked = replica_mismatches(ds, layout, dims=dims, rtol=rtol)
     stats = {"checked_records": checked, "mismatches": len(rows), "layout": layout.describe()}
     if not rows:
         return Finding(kind="none", reason="all replicas agree", stats=stats)

@@ -54,6 +54,14 @@ class Triage:
         Files that could not be read (path, reason).
     target_layout, baseline_layout : Layout or None
         The layouts, parsed against the runs' ranks.
+    results : dict
+        What each diagnosis returned, by kind (see :meth:`result`).
+    tolerance : Tolerance or None
+        The tolerance the pair was compared with (resolved from the options; None: dtype defaults).
+    tensor_metrics : xarray.Dataset or None
+        :func:`precnb.tensor_metrics` of a tensor-mode pair, when the search judged on it.
+    cache : dict
+        Derived results computed on demand (:meth:`comparison`).
     """
 
     findings: list[Any]
@@ -71,6 +79,9 @@ class Triage:
     target_layout: Any = None
     baseline_layout: Any = None
     results: dict[str, Any] = field(default_factory=dict, repr=False)
+    tolerance: Any = field(default=None, repr=False)
+    tensor_metrics: xr.Dataset | None = field(default=None, repr=False)
+    cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def finding(self) -> Any:
@@ -91,6 +102,48 @@ class Triage:
         """What the diagnosis *kind* returned (its finding, or its "nothing found"); None when it did not run."""
         return self.results.get(kind)
 
+    def comparison(self) -> Any:
+        """The :class:`~precnb.analysis.Comparison` of the pair as the search made it (None for one run).
+
+        Same alignment, step offset and tolerance as the first-divergence search (for two
+        frameworks without a tolerance, the one calibrated on their noise floor,
+        :func:`precnb.analysis.divergence.noise_floor`); computed once.
+        """
+        from precnb.analysis.compare import compare_runs
+        from precnb.analysis.divergence import noise_floor, two_frameworks
+
+        if self.baseline is None or self.target is None:
+            return None
+        cached = self.cache.get("comparison")
+        if cached is None:
+            kw: dict[str, Any] = {}
+            if self.alignment is not None:
+                kw["alignment"] = self.alignment
+            if self.tolerance is not None:
+                kw["tolerance"] = self.tolerance
+            if self.tensor_metrics is not None:  # entries judged on whole tensors, as the search did
+                kw["tensor_metrics"] = self.tensor_metrics
+            cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
+            if self.tolerance is None and two_frameworks(self.alignment):
+                calibrated = noise_floor(cached)[1]
+                if calibrated is not None:
+                    cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset,
+                                          **{**kw, "tolerance": calibrated})
+            self.cache["comparison"] = cached
+        return cached
+
+    def flagged(self) -> Any:
+        """Every record a diagnosis flags, in causal order (:func:`precnb.pipeline.flagged.flagged`)."""
+        from precnb.pipeline.flagged import flagged
+
+        return flagged(self)
+
+    def flagged_ranks(self) -> Any:
+        """The same for a rank × step view (the dump's ranks where shards were merged and disagree)."""
+        from precnb.pipeline.flagged import flagged_ranks
+
+        return flagged_ranks(self)
+
     def combined(self) -> xr.Dataset:
         """Baseline and target in one dataset (``run`` dim named by :attr:`names`), for charts and tables.
 
@@ -98,16 +151,11 @@ class Triage:
         shifted by the step offset) and only the steps and ranks both runs hold are kept — the
         grid the first-divergence search compared. One run: the target.
         """
-        from precnb.analysis.compare import compare_runs
-
         if self.target is None:
             raise ValueError("no run")
         if self.baseline is None:
             return self.target
-        kw: dict[str, Any] = {}
-        if self.alignment is not None:
-            kw["alignment"] = self.alignment
-        cmp = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
+        cmp = self.comparison()
         return cmp.ds.assign_coords(run=("run", [str(self.names[0]), str(self.names[1])]))
 
     def to_dict(self) -> dict[str, Any]:
@@ -385,7 +433,8 @@ def diagnose(
     attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
-                  load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results)
+                  load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
+                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"))
 
 
 def _enrich(findings: list[Any], ctx: Any) -> None:
@@ -505,4 +554,4 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
     return Triage(findings=[finding], options=opts, alignment=state.get("alignment"), checks=checks, target=mt,
                   baseline=mb, raw_target=raw_t, raw_baseline=raw_b, names=(bsrc.name, tsrc.name), step_offset=off,
                   notes=notes, load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay,
-                  results={"first_divergence": finding})
+                  results={"first_divergence": finding}, tolerance=tolerance)

@@ -117,6 +117,7 @@ def build_charts(data: ReportData, finding: Any, *, stat: str = "norm", limits: 
     list of ChartSpec
     """
     import precnb.viz as viz
+    from precnb.viz.series import informative_series
 
     lim = limits or Limits()
     mode = color_mode(data, finding)
@@ -146,24 +147,32 @@ def build_charts(data: ReportData, finding: Any, *, stat: str = "norm", limits: 
             spec=_step_ticks(_spec(viz.linked_chart(cube, stat=stat)), cube["step"])))
 
     tensors = _series_tensors(finding, src)
+    s_stat = stat
     if tensors:
+        tensors, s_stat = informative_series(data.target if combined is None else src, tensors, stat,
+                                             node=finding.node)
         if combined is not None:
-            frame = viz.series_frame(combined, tensors, stat=stat, ranks=[finding.rank],
+            frame = viz.series_frame(combined, tensors, stat=s_stat, ranks=[finding.rank],
                                      runs=[names[0], names[1]])
             what = f"{names[0]} vs {names[1]} on rank {finding.rank}"
         else:
-            frame = viz.series_frame(data.target, tensors, stat=stat, keep_ranks=[finding.rank],
+            frame = viz.series_frame(data.target, tensors, stat=s_stat, keep_ranks=[finding.rank],
                                      max_lines=lim.max_lines)
             shown = frame.attrs.get("ranks_drawn", 0)
             total = frame.attrs.get("ranks_total", 0)
             what = (f"{shown} of {total} ranks: rank {finding.rank}, the most deviating ones and the median"
                     if total > shown else "every rank")
         if len(frame):
+            own = _series_tensors(finding, src)
+            added = [t for t in tensors if t not in own]
+            extra = (f" and {' and '.join(own[1:])}" if len(own) > 1 else "") + (
+                f" with its node's input {', '.join(added)} (the finding's {stat} alone is a flat line)" if added
+                else "") + (f"; {s_stat} shown ({stat} does not change)" if s_stat != stat else "")
             charts.append(ChartSpec(
-                id="series", title=f"{stat} of the finding's tensor over steps", frame=frame,
-                caption=f"{tensors[0]}{' and ' + tensors[1] if len(tensors) > 1 else ''}: {what}; "
-                        "red dashed rules mark non-finite values. Drag to zoom the step range.",
-                spec=_spec(viz.line_chart(frame, stat=stat, title=" ", width=440, height=220))))
+                id="series", title=f"{s_stat} of the finding's tensor over steps", frame=frame,
+                caption=f"{tensors[0]}{extra}: {what}; red dashed rules mark non-finite values. Drag to zoom "
+                        "the step range.",
+                spec=_spec(viz.line_chart(frame, stat=s_stat, title=" ", width=440, height=220))))
 
     if n_ranks > 1:
         frame = viz.heatmap_frame(src, by="rank", max_cols=lim.rank_cols, **kw)

@@ -7,13 +7,14 @@ names, node names, file paths, stack frames and hints from a dump are always sho
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import xarray as xr
+
+from precnb.analysis.evidence import parse_frame
 
 __all__ = [
     "Cell",
@@ -27,9 +28,6 @@ __all__ = [
 ]
 
 _STATS = ("max", "min", "mean", "norm")
-_FRAME = re.compile(r"^\s*File\s+(?P<file>.+?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]+),?\s*(?P<code>.*)$",
-                    re.DOTALL)
-_LIB = ("site-packages", "dist-packages", "/lib/python3", "\\lib\\python3", "<frozen")
 
 
 def _title(kind: str) -> str:
@@ -58,6 +56,19 @@ class Cell(str):
         return obj
 
 
+def pair_cell(target: Cell, baseline: Cell) -> Cell:
+    r"""One cell holding the target's value over the baseline's (class ``pair``; ``nf`` if either is).
+
+    Examples
+    --------
+    >>> c = pair_cell(fmt(1.5), fmt(float("nan")))
+    >>> c.split("\n"), c.cls
+    (['1.5', 'nan'], 'num pair nf')
+    """
+    flags = " nf" if "nf" in target.cls or "nf" in baseline.cls else ""
+    return Cell(f"{target}\n{baseline}", f"num pair{flags}")
+
+
 def fmt(v: Any) -> Cell:
     """Format a value for a table cell: 6 significant digits, non-finite flagged ``nf``.
 
@@ -84,25 +95,6 @@ def fmt(v: Any) -> Cell:
     if isinstance(v, (list, tuple)):
         return Cell(", ".join(str(x) for x in v))
     return Cell(str(v))
-
-
-def parse_frame(frame: Any) -> dict[str, Any]:
-    r"""Split a stack.json frame into location, function and code; flag library frames.
-
-    Examples
-    --------
-    >>> f = parse_frame("File /a/model.py, line 7, in forward, \n y = f(x)")
-    >>> f["file"], f["line"], f["func"], f["code"], f["lib"]
-    ('/a/model.py', '7', 'forward', 'y = f(x)', False)
-    """
-    text = str(frame)
-    m = _FRAME.match(text)
-    if not m:
-        return {"file": "", "line": "", "func": "", "code": text.strip(), "raw": text, "lib": False}
-    file = m.group("file").strip()
-    return {"file": file, "line": m.group("line"), "func": m.group("func").strip(),
-            "code": " ".join(m.group("code").split()), "raw": text,
-            "lib": any(s in file for s in _LIB)}
 
 
 def _is_side(v: Any) -> bool:
@@ -348,9 +340,8 @@ def _detail_rows(frame: pd.DataFrame, step: int, rank: int, tensor: str | None, 
     extra = [c for c in frame.columns if c in ("nans", "zeros")]
     cols = ["seq", "tensor", "module", "role", "dtype", "shape"]
     header = [*cols, *stat_cols, *extra]
-    if base is not None:
-        header = [*cols, *[f"{s} ({names[1]})" for s in stat_cols], *[f"{s} ({base})" for s in stat_cols],
-                  "rel. diff"]
+    if base is not None:  # one cell per statistic, the target's value over the baseline's: fits a 1400 px page
+        header = [*cols, *[f"{s} ({names[1]} / {base})" for s in stat_cols], "rel. diff"]
     if metrics:
         from precnb.report._tensor_cols import METRIC_HEADERS
 
@@ -359,15 +350,15 @@ def _detail_rows(frame: pd.DataFrame, step: int, rank: int, tensor: str | None, 
     for i, r in enumerate(frame.to_dict("records")):
         null = int(r.get("null_stats", 0) or 0)
         cells = [fmt(int(r["seq"])) if int(r["seq"]) >= 0 else Cell("—", "absent"),
-                 Cell(r["tensor"], "name"), Cell(r["module"] or "—", "name"), Cell(r["role"]),
-                 Cell(r["dtype"], "meta"), Cell(r["shape"], "meta")]
-        for s in stat_cols:
-            cells.append(Cell("null", "num null") if null & {"max": 1, "min": 2, "mean": 4, "norm": 8}[s]
-                         else fmt(r[s]))
+                 Cell(r["tensor"], "name"), Cell(r["module"] or "—", "name short"), Cell(r["role"]),
+                 Cell(str(r["dtype"]).removeprefix("torch."), "meta"), Cell(r["shape"], "meta")]
+        own = [Cell("null", "num null") if null & {"max": 1, "min": 2, "mean": 4, "norm": 8}[s] else fmt(r[s])
+               for s in stat_cols]
         if base is None:
+            cells += own
             cells += [fmt(r[c]) for c in extra]
         else:
-            cells += [fmt(r.get(f"{s}_{base}")) for s in stat_cols]
+            cells += [pair_cell(v, fmt(r.get(f"{s}_{base}"))) for s, v in zip(stat_cols, own, strict=True)]
             rel = r.get("rel_diff")
             cells.append(Cell("—", "absent") if rel is None or (isinstance(rel, float) and math.isnan(rel))
                          else fmt(rel))

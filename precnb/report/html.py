@@ -35,6 +35,7 @@ def _env() -> Any:
     )
     env.filters["script_json"] = script_json
     env.filters["wrapdots"] = wrapdots
+    env.filters["wrapname"] = wrapname
     return env
 
 
@@ -50,6 +51,30 @@ def wrapdots(text: Any) -> Any:
 
     safe = str(escape(str(text)))  # no markup from the data survives escaping
     return Markup(safe.replace(".", ".<wbr>").replace("/", "/<wbr>"))  # noqa: S704 - escaped above
+
+
+_NAME_BREAKS = (".forward", ".backward", ".input", ".output", ".parameters", ".kwargs", ".args")
+
+
+def wrapname(text: Any) -> Any:
+    """Escape a tensor / node / module name; allow line breaks only between its parts, not at every dot.
+
+    Breaks go before the direction and role (``.forward``, ``.output``, ...) and after ``/`` (kernel
+    scopes), so ``Module.blocks.0.mlp.MLP.forward.0.output.0`` takes at most three lines.
+
+    Examples
+    --------
+    >>> str(wrapname("Module.a.b.Linear.forward.0.output.0"))
+    'Module.a.b.Linear<wbr>.forward.0<wbr>.output.0'
+    >>> str(wrapname("Default/net-<X>/Mul-op1"))
+    'Default/<wbr>net-&lt;X&gt;/<wbr>Mul-op1'
+    """
+    from markupsafe import Markup, escape
+
+    safe = str(escape(str(text)))  # no markup from the data survives escaping
+    for part in _NAME_BREAKS:
+        safe = safe.replace(part, "<wbr>" + part)
+    return Markup(safe.replace("/", "/<wbr>"))  # noqa: S704 - escaped above
 
 
 def script_json(obj: Any) -> Any:

@@ -21,18 +21,33 @@ import pandas as pd
 
 from precnb.viz.selections import cell_selection, pick_selection, span_selection
 
-__all__ = ["heatmap_chart", "line_chart", "linked_chart"]
+__all__ = ["heatmap_chart", "heatmap_width", "line_chart", "linked_chart", "mark_selected"]
 
 NONFINITE_COLOR = "#d62728"
 EMPTY_COLOR = "#eeeeee"
 _SCALES: dict[str, dict[str, Any]] = {
+    "first_bad": {"scheme": "reds", "type": "log", "reverse": True},
+    "tensor": {"scheme": "purples", "type": "symlog"},
     "stat": {"scheme": "blues", "type": "symlog"},
     "reldiff": {"scheme": "yelloworangered", "domain": [-8, 0], "clamp": True},
     "nonfinite": {"scheme": "reds"},
     "events": {"scheme": "reds"},
 }
-_COLOR_TITLES = {"stat": "max |{stat}|", "reldiff": "log10 rel. diff", "nonfinite": "non-finite",
-                 "events": "NaN / new inf"}
+_COLOR_TITLES = {"first_bad": "first bad (1 = earliest)", "tensor": "tensor metric", "stat": "max |{stat}|",
+                 "reldiff": "log10 rel. diff", "nonfinite": "non-finite", "events": "NaN / new inf"}
+LABELLED = 3
+"""In ``first_bad`` colour the earliest cells carry their number (1, 2, 3) as text."""
+
+
+def heatmap_width(n_cols: int) -> int:
+    """Pixel width of a heat map's cells for *n_cols* columns (22 px each, within 160-760).
+
+    Examples
+    --------
+    >>> heatmap_width(3), heatmap_width(100)
+    (160, 760)
+    """
+    return max(160, min(760, 22 * max(n_cols, 1)))
 
 
 def _order(frame: pd.DataFrame, field: str, key: str) -> list[Any]:
@@ -54,16 +69,23 @@ def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = Tru
                    selection: alt.Parameter | None = None) -> dict[str, Any]:
     invalid = "!isValid(datum.color) || !isFinite(datum.color)"
     conditions = [{"test": invalid, "value": EMPTY_COLOR}]
-    if mode == "stat":  # a cell holding NaN/inf has no finite colour value: paint it red
+    if mode == "first_bad":
+        conditions = [{"test": f"({invalid}) || datum.color < 1", "value": EMPTY_COLOR}]
+    elif mode == "stat":  # a cell holding NaN/inf has no finite colour value: paint it red
         conditions.insert(0, {"test": f"({invalid}) && datum.nonfinite > 0", "value": NONFINITE_COLOR})
     elif mode in ("nonfinite", "events"):  # counts: zero means nothing to see, leave the cell blank
         conditions.append({"test": "datum.color == 0", "value": EMPTY_COLOR})
+    scale = dict(_SCALES.get(mode, {}))
+    if mode == "first_bad":
+        top = float(frame["color"].max()) if len(frame) and frame["color"].notna().any() else 1.0
+        scale["domain"] = [1, max(2.0, top)]
     fill = alt.Color("color:Q", title=_COLOR_TITLES.get(mode, "value").format(stat=stat),
-                     scale=alt.Scale(**_SCALES.get(mode, {})), condition=conditions,
+                     scale=alt.Scale(**scale), condition=conditions,
                      legend=alt.Legend(orient="top", gradientLength=160) if legend else None)
-    nonfinite = alt.datum.nonfinite > 0
-    stroke = alt.when(alt.datum.focus).then(alt.value("black"))
-    width = alt.when(alt.datum.focus).then(alt.value(2.5))
+    nonfinite = (alt.datum.nonfinite > 0) if mode != "first_bad" else (alt.datum.nonfinite < 0)
+    marked = alt.datum.focus | alt.datum.selected  # the finding's cell, the selected record's cell
+    stroke = alt.when(marked).then(alt.value("black"))
+    width = alt.when(marked).then(alt.value(2.5))
     if selection is not None:  # selected cells: black outline (no dimming of the others)
         stroke = stroke.when(selection, empty=False).then(alt.value("black"))
         width = width.when(selection, empty=False).then(alt.value(2.5))
@@ -74,6 +96,19 @@ def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = Tru
     }
 
 
+def mark_selected(frame: pd.DataFrame, selected: Mapping[str, Any] | None) -> pd.DataFrame:
+    """*frame* with a boolean ``selected`` column: True for the cell *selected* names (row, col[, group])."""
+    mask = pd.Series(False, index=frame.index)
+    if selected and len(frame):
+        mask = (frame["row"].astype(str) == str(selected.get("row"))) & (
+            frame["col"].astype(str) == str(selected.get("col")))
+        if "group" in selected and "group" in frame:
+            mask &= frame["group"].astype(str) == str(selected["group"])
+    out = frame.assign(selected=mask.to_numpy())
+    out.attrs = dict(frame.attrs)
+    return out
+
+
 def heatmap_chart(
     frame: pd.DataFrame,
     *,
@@ -82,50 +117,83 @@ def heatmap_chart(
     selection: bool | alt.Parameter = True,
     selected: Mapping[str, Any] | None = None,
     width: int | None = None,
-) -> alt.Chart:
+    y_title: str | None = None,
+    row_height: int = 14,
+) -> alt.Chart | alt.LayerChart | alt.FacetChart:
     """Heat map of :func:`precnb.viz.heatmap_frame` cells with a ``cell`` point selection.
 
     Parameters
     ----------
     frame : pandas.DataFrame
-        From :func:`~precnb.viz.heatmap_frame`; its ``attrs`` name the colour mode and axis.
+        From :func:`~precnb.viz.heatmap_frame` (or :func:`~precnb.viz.where.where_frame`); its
+        ``attrs`` name the colour mode and axis. A frame with row groups (``attrs["groups"]``)
+        is drawn as one panel per group (forward, backward, optimizer).
     stat : str
         For the legend title.
     title : str, optional
     selection : bool or altair.Parameter
-        True: a :func:`~precnb.viz.selections.cell_selection` on ``row`` and ``col``.
+        True: a :func:`~precnb.viz.selections.cell_selection` on ``row`` and ``col`` (and
+        ``group`` for a grouped frame).
     selected : mapping, optional
-        Initially selected cell ``{"row": ..., "col": ...}``.
+        The selected cell ``{"row": ..., "col": ...}`` (plus ``"group"``), outlined through the
+        data (column ``selected``), not as the selection's initial value: a click on that cell
+        still reaches Python.
     width : int, optional
+    y_title : str, optional
+        Title of the row axis (none by default: the labels say it).
+    row_height : int
+        Pixels per row.
 
     Returns
     -------
-    altair.Chart
-        Cells outlined black where selected (dashed: ``focus``, a finding), red where
+    altair.Chart, LayerChart or FacetChart
+        Cells outlined black where selected or where the finding is (``focus``), red where
         non-finite values were recorded; cells with no finite value but non-finite ones are
-        filled red (``stat``); in ``reldiff`` mode, exactly equal cells stay grey.
+        filled red (``stat``); in ``reldiff`` mode, exactly equal cells stay grey. In
+        ``first_bad`` mode the colour is the cell's number in causal order (1 = earliest, darkest)
+        and the first :data:`LABELLED` cells carry that number.
     """
     mode = frame.attrs.get("color", "stat")
     by = frame.attrs.get("by", "step")
-    rows, cols = _order(frame, "row", "row_order"), _order(frame, "col", "col_order")
-    width = width or max(160, min(760, 22 * max(len(cols), 1)))
-    chart = alt.Chart(frame, title=title or "", width=width, height=max(60, min(15 * len(rows), 640)))
+    grouped = bool(frame.attrs.get("groups")) and "group" in frame and frame["group"].astype(str).ne("").any()
+    frame = mark_selected(frame, selected)
+    cols = _order(frame, "col", "col_order")
+    n_rows = int(frame.groupby("group")["row"].nunique().max()) if grouped and len(frame) else \
+        (frame["row"].nunique() if len(frame) else 0)
+    width = width or heatmap_width(len(cols))
+    height: Any = alt.Step(row_height) if grouped else max(60, min(row_height * n_rows, 640))
+    base = alt.Chart(frame, width=width, height=height)
     sel = None
     if selection is not False:
-        sel = cell_selection(value=selected) if selection is True else selection
+        fields = ("group", "row", "col") if grouped else ("row", "col")
+        sel = cell_selection(fields=fields) if selection is True else selection
     enc = _rect_encoding(frame, mode, stat, selection=sel)
-    tooltip = [alt.Tooltip("row:N"), alt.Tooltip("col:N", title=by), alt.Tooltip("value_text:N",
-               title=_COLOR_TITLES.get(mode, "value").format(stat=stat)),
+    tooltip = [alt.Tooltip("row:N", title=y_title or "row"), alt.Tooltip("col:N", title=by),
+               alt.Tooltip("value_text:N", title=_COLOR_TITLES.get(mode, "value").format(stat=stat)),
                alt.Tooltip("nonfinite:Q", title="non-finite"), alt.Tooltip("records:Q"),
-               alt.Tooltip("tensor:N", title="worst tensor"), alt.Tooltip("worst_step:Q"),
-               alt.Tooltip("worst_rank:Q")]
-    chart = chart.mark_rect(invalid="show").encode(
-        x=alt.X("col:O", sort=_sort_by("col_order"), title="ranks" if by == "rank" else "step",
-                axis=alt.Axis(labelAngle=-45 if by == "rank" else 0, labelOverlap=True)),
-        y=alt.Y("row:N", sort=_sort_by("row_order"), title=None, axis=alt.Axis(labelLimit=260)),
-        tooltip=tooltip, **enc,
-    )
-    return chart.add_params(sel) if sel is not None else chart
+               alt.Tooltip("tensor:N", title="first bad tensor" if mode == "first_bad" else "worst tensor"),
+               alt.Tooltip("worst_step:Q", title="its step"), alt.Tooltip("worst_rank:Q", title="its rank")]
+    if grouped:
+        tooltip.insert(1, alt.Tooltip("group:N"))
+    x = alt.X("col:O", sort=_sort_by("col_order"), title="ranks" if by == "rank" else "step",
+              axis=alt.Axis(labelAngle=-45 if by == "rank" else 0, labelOverlap=True))
+    y = alt.Y("row:N", sort=_sort_by("row_order"), title=y_title,
+              axis=alt.Axis(labelLimit=260, labelOverlap=False))
+    rect = base.mark_rect(invalid="show").encode(x=x, y=y, tooltip=tooltip, **enc)
+    if sel is not None:
+        rect = rect.add_params(sel)
+    chart: Any = rect
+    if mode == "first_bad" and len(frame):
+        text = base.transform_filter(f"datum.first_bad > 0 && datum.first_bad <= {LABELLED}").mark_text(
+            fontSize=10, fontWeight="bold", color="white").encode(x=x, y=y, text="first_bad:Q", tooltip=tooltip)
+        chart = alt.layer(rect, text)
+    if grouped:
+        order = [g for g in ("forward", "backward", "optimizer") if g in set(frame["group"].astype(str))]
+        chart = chart.facet(row=alt.Row("group:N", sort=order, title=None,
+                                        header=alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start",
+                                                          labelFontWeight="bold", labelPadding=2)),
+                            spacing=6).resolve_scale(y="independent")
+    return chart.properties(title=title) if title else chart
 
 
 def line_chart(
@@ -177,9 +245,11 @@ def line_chart(
         sel = pick_selection() if pick is True else pick
         points = points.add_params(sel).encode(
             size=alt.when(sel, empty=False).then(alt.value(140)).otherwise(alt.value(45)))
-    rules = base.transform_filter(alt.datum.nonfinite).mark_rule(
-        color=NONFINITE_COLOR, strokeDash=[4, 2]).encode(x=x, tooltip=tip)
-    return alt.layer(lines, points, rules, title=title or "")
+    layers: list[Any] = [lines, points]
+    if len(series) and bool(series["nonfinite"].any()):  # an empty layer gives vega an infinite step extent
+        layers.append(base.transform_filter(alt.datum.nonfinite).mark_rule(
+            color=NONFINITE_COLOR, strokeDash=[4, 2]).encode(x=x, tooltip=tip))
+    return alt.layer(*layers, title=title or "")
 
 
 def linked_chart(
@@ -219,7 +289,7 @@ def linked_chart(
         color=("color", "max"), nonfinite=("nonfinite", "sum"), records=("records", "sum"),
         value=("value", "max"), focus=("focus", "any"))
     heat_data["value_text"] = heat_data["value"].map(lambda v: f"{v:.4g}")
-    heat = alt.Chart(heat_data, title=title, width=max(160, min(760, 22 * len(steps))),
+    heat = alt.Chart(heat_data, title=title, width=heatmap_width(len(steps)),
                      height=max(60, min(15 * len(rows), 640))).mark_rect(invalid="show").encode(
         x=alt.X("step:O", title="step"),
         y=alt.Y("row:N", sort=_sort_by("row_order"), title=None, axis=alt.Axis(labelLimit=260)),

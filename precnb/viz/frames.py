@@ -22,17 +22,23 @@ import pandas as pd
 import xarray as xr
 
 from precnb.viz._grid import bucket_size, reduce_grid
-from precnb.viz.values import COLORS, ROWS, Color, Rows, cell_values, pick_runs, row_labels
+from precnb.viz.values import COLORS, GROUPS, ROWS, Color, Rows, cell_values, pick_runs, row_groups, row_labels
 
 __all__ = [
     "COLORS",
+    "GROUPS",
     "ROWS",
+    "SORTS",
     "cell_values",
     "cube_frame",
     "heatmap_frame",
     "pick_runs",
+    "row_groups",
     "row_labels",
 ]
+
+SORTS: tuple[str, ...] = ("first", "value")
+"""Row orders: by first occurrence (execution order), or by colour value (most salient first)."""
 
 REL_CAP = 1e6  # relative differences above this (and inf) are drawn as this value
 
@@ -69,6 +75,9 @@ def cube_frame(
     rank_groups: int = 8,
     focus: Mapping[str, Any] | None = None,
     values: tuple[np.ndarray, np.ndarray] | None = None,
+    groups: bool = False,
+    sort: str = "first",
+    positions: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Aggregate a run into at most ``top_k × step_groups × rank_groups`` cells.
 
@@ -78,9 +87,10 @@ def cube_frame(
         A canonical run (or several, see *run* / *baseline* and :func:`pick_runs`).
     rows : {"module", "node", "tensor"}
         What a row is.
-    color : {"stat", "reldiff", "nonfinite", "events"}
-        Largest ``|stat|``; largest relative difference to *baseline*; non-finite count;
-        NaN / unexpected ±inf count (see :func:`cell_values`).
+    color : {"first_bad", "stat", "reldiff", "nonfinite", "events"}
+        How early the cell's first flagged record comes in causal order; largest ``|stat|``;
+        largest relative difference to *baseline*; non-finite count; NaN / unexpected ±inf
+        count (see :func:`cell_values`).
     stat : str
         Statistic for ``color="stat"``.
     run, baseline : optional
@@ -95,32 +105,61 @@ def cube_frame(
         ``{"step", "rank", "tensor"}``: that cell is kept and flagged ``focus``.
     values : (score, nonfinite), optional
         Precomputed :func:`cell_values` of the whole run (a cache for widgets).
+    groups : bool
+        Split rows into :data:`GROUPS` (forward, backward, optimizer): the same module is one
+        row per group (column ``group``).
+    sort : {"first", "value"}
+        Row order: first occurrence (execution order), or colour value (most salient first).
+    positions : ndarray, optional
+        Causal positions for ``color="first_bad"`` (:func:`precnb.viz.values.first_bad_positions`).
 
     Returns
     -------
     pandas.DataFrame
-        One row per cell: ``row, row_order, col, col_order, step, step_hi, ranks, rank_lo,
-        rank_hi, value, color, value_text, nonfinite, records, tensor, worst_step,
-        worst_rank, focus``.
+        One row per cell: ``row, group, row_order, col, col_order, x, x_hi, step, step_hi, ranks,
+        rank_lo, rank_hi, value, color, value_text, first_bad, nonfinite, records, tensor,
+        worst_step, worst_rank, focus``. ``x``/``x_hi`` are the first and last step (or rank)
+        of the cell's column; ``first_bad`` numbers the flagged cells by how early their first
+        flagged record comes (1 = earliest; 0 for clean cells) in ``first_bad`` colour; ``attrs``
+        name the ``color``, the x dimension (``by`` and ``x``) and the row count.
     """
+    if sort not in SORTS:
+        raise ValueError(f"sort must be one of {SORTS}, got {sort!r}")
     target, base = pick_runs(ds, run, baseline)
     score, nf = values if values is not None else cell_values(target, color=color, stat=stat,
-                                                              baseline=base)
+                                                              baseline=base, positions=positions)
     si, ri, ti = (_index(target, "step", steps), _index(target, "rank", ranks),
                   _index(target, "tensor", tensors))
     if not (len(si) and len(ri) and len(ti)):
         return _empty()
     sub = np.ix_(si, ri, ti)
     labels = row_labels(target, rows)[ti]
-    uniq, groups = np.unique(labels, return_inverse=True)
+    if groups:
+        phase = row_groups(target)[ti]
+        rank_of = {g: i for i, g in enumerate(GROUPS)}
+        keyed = np.array([f"{rank_of[p]}\x1f{p}\x1f{lbl}" for p, lbl in zip(phase, labels, strict=True)],
+                         dtype=object)
+        uniq_keys, groups_idx = np.unique(keyed, return_inverse=True)
+        uniq = np.array([k.split("\x1f", 2)[2] for k in uniq_keys], dtype=object)
+        uniq_group = np.array([k.split("\x1f", 2)[1] for k in uniq_keys], dtype=object)
+    else:
+        uniq, groups_idx = np.unique(labels, return_inverse=True)
+        uniq_group = np.full(len(uniq), "", dtype=object)
+    groups_arr = groups_idx
     ss, rs = bucket_size(len(si), step_groups), bucket_size(len(ri), rank_groups)
     present = np.asarray(target["present"].values)[sub]
     g = reduce_grid(score[sub], nf[sub], present, np.asarray(target["seq"].values)[sub],
-                    groups, len(uniq), step_size=ss, rank_size=rs)
+                    groups_arr, len(uniq), step_size=ss, rank_size=rs)
     nfc = g.nonfinite.sum(axis=(0, 1))
     best = np.nan_to_num(g.score.max(axis=(0, 1)), nan=-np.inf)
     if color in ("nonfinite", "events"):
         keep = list(np.argsort(-nfc, kind="stable")[:top_k])
+    elif color == "first_bad":  # the earliest flagged rows; clean rows only when all of them fit
+        flagged = np.flatnonzero(best > -np.inf)
+        keep = list(flagged[np.argsort(-best[flagged], kind="stable")][:top_k])
+        clean = np.flatnonzero(best == -np.inf)
+        if len(keep) + len(clean) <= top_k or not len(keep):
+            keep += list(clean[np.argsort(g.first_seq[clean], kind="stable")][: top_k - len(keep)])
     else:  # by the largest value; rows with nothing finite but non-finite values first
         best = np.where((best == -np.inf) & (nfc > 0), np.inf, best)
         keep = list(np.argsort(-best, kind="stable")[:top_k])
@@ -129,13 +168,22 @@ def cube_frame(
         tj = int(target.indexes["tensor"].get_loc(str(focus["tensor"])))
         hit = np.flatnonzero(ti == tj)
         if len(hit):
-            fg = int(groups[hit[0]])
+            fg = int(groups_arr[hit[0]])
             if fg not in keep:
                 keep = [*keep[: max(top_k - 1, 0)], fg]
             fcell = (fg, _bucket_of(target["step"].values[si], focus.get("step"), ss),
                      _bucket_of(target["rank"].values[ri], focus.get("rank"), rs))
-    keep_arr = np.array(sorted(keep, key=lambda k: (g.first_seq[k], str(uniq[k]))), dtype=np.intp)
-    return _assemble(g, target, uniq, keep_arr, si, ri, ti, color, fcell)
+    group_rank = {gname: i for i, gname in enumerate(("", *GROUPS))}
+    if sort == "value":
+        row_key = {k: (group_rank[uniq_group[k]], -float(best[k]) if np.isfinite(best[k]) else np.inf,
+                       g.first_seq[k], str(uniq[k])) for k in keep}
+    else:
+        row_key = {k: (group_rank[uniq_group[k]], g.first_seq[k], str(uniq[k])) for k in keep}
+    keep_arr = np.array(sorted(keep, key=lambda k: row_key[k]), dtype=np.intp)
+    df = _assemble(g, target, uniq, keep_arr, si, ri, ti, color, fcell)
+    df.insert(1, "group", uniq_group[keep_arr][df["row_order"].to_numpy()] if len(df) else [])
+    df.attrs.update(groups=bool(groups), sort=sort)
+    return df
 
 
 def _bucket_of(vals: np.ndarray, value: Any, size: int) -> int | None:
@@ -146,9 +194,9 @@ def _bucket_of(vals: np.ndarray, value: Any, size: int) -> int | None:
 
 
 def _empty() -> pd.DataFrame:
-    cols = ["row", "row_order", "col", "col_order", "step", "step_hi", "ranks", "rank_lo",
-            "rank_hi", "value", "color", "value_text", "nonfinite", "records", "tensor",
-            "worst_step", "worst_rank", "focus"]
+    cols = ["row", "group", "row_order", "col", "col_order", "x", "x_hi", "step", "step_hi", "ranks",
+            "rank_lo", "rank_hi", "value", "color", "value_text", "first_bad", "nonfinite", "records",
+            "tensor", "worst_step", "worst_rank", "focus"]
     return pd.DataFrame({c: [] for c in cols})
 
 
@@ -178,6 +226,11 @@ def _assemble(g: Any, target: xr.Dataset, uniq: np.ndarray, keep: np.ndarray, si
         col_val = value
         has = np.ones(len(sx), bool)
         pick = nf > 0
+    elif color == "first_bad":  # earliness score; the colour is the cell's rank (1 = earliest)
+        value = np.where(has, score, np.nan)
+        col_val = np.full(len(sx), np.nan)
+        flagged = np.flatnonzero(has)
+        col_val[flagged[np.argsort(-value[flagged], kind="stable")]] = np.arange(1, len(flagged) + 1)
     elif color == "reldiff":
         value = np.where(has, score, np.nan)
         col_val = np.log10(np.clip(np.nan_to_num(value, nan=0.0, posinf=REL_CAP), 1e-300, REL_CAP))
@@ -193,6 +246,8 @@ def _assemble(g: Any, target: xr.Dataset, uniq: np.ndarray, keep: np.ndarray, si
     by_rank = sb == 1 and rb > 1
     if color not in ("nonfinite", "events"):
         pick = has
+    first_bad = np.nan_to_num(col_val, nan=0.0).astype(np.int64) if color == "first_bad" else np.zeros(len(sx),
+                                                                                                   np.int64)
     astep, arank, aten = g.arg_step[sx, rx, gx], g.arg_rank[sx, rx, gx], g.arg_tensor[sx, rx, gx]
     focus = np.zeros(len(sx), bool)
     if fcell is not None:
@@ -204,6 +259,8 @@ def _assemble(g: Any, target: xr.Dataset, uniq: np.ndarray, keep: np.ndarray, si
         "row_order": kx,
         "col": rank_lbl if by_rank else step_lbl,
         "col_order": rx if by_rank else sx,
+        "x": (ranks[r_lo] if by_rank else steps[s_lo]).astype(np.int64),
+        "x_hi": (ranks[r_hi] if by_rank else steps[s_hi]).astype(np.int64),
         "step": steps[s_lo].astype(np.int64),
         "step_hi": steps[s_hi].astype(np.int64),
         "ranks": rank_lbl,
@@ -211,9 +268,8 @@ def _assemble(g: Any, target: xr.Dataset, uniq: np.ndarray, keep: np.ndarray, si
         "rank_hi": ranks[r_hi].astype(np.int64),
         "value": value,
         "color": col_val,
-        "value_text": [_fmt(v) if p else ("non-finite" if n else "—")
-                       for v, p, n in zip(value, has, nf, strict=True)] if color not in (
-            "nonfinite", "events") else [str(int(v)) for v in value],
+        "value_text": _texts(color, value, col_val, has, nf),
+        "first_bad": first_bad,
         "nonfinite": nf.astype(np.int64),
         "records": rec.astype(np.int64),
         "tensor": np.where(pick, tlabels[aten], "").astype(str),
@@ -221,9 +277,18 @@ def _assemble(g: Any, target: xr.Dataset, uniq: np.ndarray, keep: np.ndarray, si
         "worst_rank": np.where(pick, ranks[np.minimum(arank, len(ranks) - 1)], -1).astype(np.int64),
         "focus": focus,
     })
-    df.attrs.update(color=color, by="rank" if by_rank else "step", n_rows_total=len(uniq),
-                    step_size=g.step_size, rank_size=g.rank_size)
+    df.attrs.update(color=color, by="rank" if by_rank else "step", x="rank" if by_rank else "step",
+                    n_rows_total=len(uniq), step_size=g.step_size, rank_size=g.rank_size,
+                    n_flagged=int((first_bad > 0).sum()))
     return df
+
+
+def _texts(color: str, value: np.ndarray, col_val: np.ndarray, has: np.ndarray, nf: np.ndarray) -> list[str]:
+    if color in ("nonfinite", "events"):
+        return [str(int(v)) for v in value]
+    if color == "first_bad":
+        return [f"#{int(k)}" if p else "clean" for k, p in zip(np.nan_to_num(col_val), has, strict=True)]
+    return [_fmt(v) if p else ("non-finite" if n else "—") for v, p, n in zip(value, has, nf, strict=True)]
 
 
 def heatmap_frame(

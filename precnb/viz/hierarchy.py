@@ -166,28 +166,53 @@ def hierarchy_frame(
 
 
 def hierarchy_chart(frame: pd.DataFrame, *, title: str = "module hierarchy", width: int = 760,
-                    counts_label: str = "flagged records", select: bool = True) -> alt.Chart:
-    """Icicle chart of :func:`hierarchy_frame`: depth downwards, subtree size across."""
-    depth = int(frame["depth"].max()) + 1 if len(frame) else 1
-    # the root would dominate the colour scale: only modules are shaded
-    frame = frame.assign(shade=frame["count"].where((frame["count"] > 0) & (frame["depth"] > 0)))
-    base = alt.Chart(frame, title=title, width=width, height=26 * depth)
-    rect = base.mark_rect(stroke="white", strokeWidth=0.5, invalid="show").encode(
-        x=alt.X("x0:Q", axis=None, scale=alt.Scale(nice=False, zero=True)),
-        x2="x1:Q",
-        y=alt.Y("depth:O", axis=None),
-        color=alt.Color("shade:Q", scale=alt.Scale(scheme="orangered"), title=counts_label,
-                        legend=alt.Legend(orient="bottom", gradientLength=160),
-                        condition=[{"test": "!isValid(datum.shade)", "value": "#e4e4e4"}]),
+                    counts_label: str = "flagged records", select: bool = True,
+                    current: str | None = None, row_height: int = 15, max_rows: int = 400) -> alt.LayerChart:
+    """Labelled tree of :func:`hierarchy_frame`: one row per module, indented by depth.
+
+    Every module carries its label (``blocks.1.attn · Attention fwd``) and a bar of its
+    subtree's flagged records; *current* (a node, with its ancestors) is highlighted, so the
+    module of the selected record is found at a glance. A click selects a module (``node``).
+    """
+    frame = frame[frame["depth"] > 0].head(max_rows).reset_index(drop=True)  # the root is the chart itself
+    frame = frame.assign(row=np.arange(len(frame)), shade=frame["count"].where(frame["count"] > 0))
+    chain: set[str] = set()
+    if current:
+        parents = dict(zip(frame["node"], frame["parent"], strict=True))
+        cur: str | None = current
+        while cur and cur not in chain:
+            chain.add(cur)
+            cur = parents.get(cur)
+    top = max(float(frame["count"].max()) if len(frame) else 1.0, 1.0)
+    frame = frame.assign(current=frame["node"] == current, on_path=frame["node"].isin(chain),
+                         tx=0.005 + (frame["depth"] - 1) * 0.018, bar_lo=0.62,
+                         bar_hi=0.62 + 0.36 * np.where(frame["count"] > 0, np.maximum(0.02, frame["count"] / top),
+                                                       0.01))
+    y = alt.Y("row:O", axis=None, sort="ascending")
+    base = alt.Chart(frame, title=title, width=width, height=alt.Step(row_height))
+    band = base.mark_rect(opacity=1).encode(
+        x=alt.XDatum(0, scale=alt.Scale(domain=[0, 1], nice=False), axis=None), x2=alt.X2Datum(1), y=y,
+        color=alt.when("datum.current").then(alt.value("#ffd45c")).when("datum.on_path").then(
+            alt.value("#fff3c8")).otherwise(alt.value("#ffffff")),
         tooltip=[alt.Tooltip("label:N", title="module"), alt.Tooltip("node:N"),
-                 alt.Tooltip("count:Q", title=counts_label), alt.Tooltip("tensors:Q")],
+                 alt.Tooltip("count:Q", title=counts_label), alt.Tooltip("tensors:Q")])
+    bar = base.mark_bar(height=row_height - 5).encode(
+        x=alt.X("bar_lo:Q", scale=alt.Scale(domain=[0, 1], nice=False), axis=None),
+        x2=alt.X2("bar_hi:Q"), y=y,
+        color=alt.Color("shade:Q", scale=alt.Scale(scheme="orangered", domainMin=0), title=counts_label,
+                        legend=alt.Legend(orient="top", gradientLength=160),
+                        condition=[{"test": "!isValid(datum.shade)", "value": "#e4e4e4"}]),
+        tooltip=[alt.Tooltip("label:N", title="module"), alt.Tooltip("count:Q", title=counts_label)],
     )
+    def text(weight: str, test: str) -> alt.Chart:
+        return base.mark_text(align="left", baseline="middle", fontSize=11, fontWeight=weight,
+                              limit=int(width * 0.6)).encode(
+            x=alt.X("tx:Q", scale=alt.Scale(domain=[0, 1], nice=False), axis=None), y=y, text="label:N",
+            tooltip=[alt.Tooltip("node:N"), alt.Tooltip("count:Q", title=counts_label)],
+        ).transform_filter(test)
+
+    layers: list[Any] = [band, bar, text("bold", "datum.on_path"), text("normal", "!datum.on_path")]
     if select:
         sel = node_selection()
-        rect = rect.add_params(sel).encode(
-            opacity=alt.condition(sel, alt.value(1.0), alt.value(0.55)))
-    px = width / max(1.0, float(frame["x1"].max()) if len(frame) else 1.0)  # pixels per tensor
-    text = base.mark_text(align="left", dx=3, fontSize=10, baseline="middle").encode(
-        x="x0:Q", y=alt.Y("depth:O", axis=None), text="label:N",
-    ).transform_filter(f"(datum.x1 - datum.x0) * {px} > 5.5 * length(datum.label) + 4")
-    return alt.layer(rect, text)
+        layers[0] = band.add_params(sel)
+    return alt.layer(*layers)

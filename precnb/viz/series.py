@@ -20,7 +20,7 @@ from precnb.combine import select_run
 from precnb.schema import dtype_changes
 from precnb.viz.frames import _fmt, _index
 
-__all__ = ["detail_frame", "series_frame", "tensor_evidence"]
+__all__ = ["detail_frame", "informative_series", "series_frame", "tensor_evidence"]
 
 SERIES_COLUMNS = ["step", "value", "series", "tensor", "rank", "run", "nonfinite", "value_text"]
 
@@ -232,3 +232,41 @@ def tensor_evidence(ds: xr.Dataset, tensor: str) -> dict[str, Any]:
             "module_path": ev.get("module_path", []), "stack": ev.get("stack", []),
             "dtype": str(ds["dtype"].sel(tensor=tensor).values),
             "shape": str(ds["shape"].sel(tensor=tensor).values)}
+
+
+def _flat(ds: xr.Dataset, tensors: list[str], stat: str) -> bool:
+    """Whether *stat* of *tensors* takes one finite value (or none) over every step and rank."""
+    if stat not in ds:
+        return True
+    v = np.asarray(ds[stat].sel(tensor=tensors).values, dtype=np.float64)
+    v = v[np.isfinite(v) & np.asarray(ds["present"].sel(tensor=tensors).values, bool)]
+    return not v.size or float(v.max()) == float(v.min())
+
+
+def informative_series(ds: xr.Dataset, tensors: Sequence[str], stat: str, *, node: str | None = None
+                       ) -> tuple[list[str], str]:
+    """Tensors and statistic for a line chart that does not draw a flat line.
+
+    When *tensors* are constant wherever they are finite (the output of ``sqrt(poison)`` is 0
+    except where it is NaN), the inputs of *node* that vary are drawn too (they show what
+    changed); when the statistic is still flat, another one that varies is used.
+
+    Returns
+    -------
+    (tensors, stat)
+        Unchanged when *stat* already varies.
+    """
+    tensors = [t for t in tensors if t in ds.indexes["tensor"]]
+    if not tensors or not _flat(ds, tensors, stat):
+        return tensors, stat
+    nodes, roles = ds["node"].values.astype(str), ds["role"].values.astype(str)
+    labels = ds["tensor"].values.astype(str)
+    node = node or str(ds["node"].sel(tensor=tensors[0]).values)
+    inputs = [str(t) for t, n, r in zip(labels, nodes, roles, strict=True) if n == node and r == "input"]
+    out = list(dict.fromkeys([*tensors, *[t for t in inputs if not _flat(ds, [t], stat)][:2]]))
+    if not _flat(ds, out, stat):
+        return out, stat
+    for other in ("max", "min", "mean", "norm"):
+        if other != stat and not _flat(ds, out, other):
+            return out, other
+    return tensors, stat

@@ -25,7 +25,7 @@ def _missing() -> list[str]:
 
 
 def explore(run_or_runs: Any, baseline: Any = None, *, auto: bool = True, max_lines: int = 12,
-            **options: Any) -> Any:
+            panels: Any = None, **options: Any) -> Any:
     """Open the linked explorer on one run or several, through the triage pipeline.
 
     Parameters
@@ -39,6 +39,9 @@ def explore(run_or_runs: Any, baseline: Any = None, *, auto: bool = True, max_li
         runs, the NaN origin of one, ... (False: run no diagnosis, just show the runs).
     max_lines : int
         Most rank lines in the line chart (the selected rank and the most deviating ones).
+    panels : sequence of callables, optional
+        The tabs: panel factories (``factory(explorer) -> Panel | None``), default
+        :func:`precnb.widgets.panel.default_panels` (see :mod:`precnb.widgets.panel`).
     **options
         Pipeline options, as for :func:`precnb.diagnose` (``target_layout="tp=2"``,
         ``baseline_layout``, ``step_offset``, ``tolerance``, ``mapping``, ``steps``, ``ranks``, ...).
@@ -61,14 +64,15 @@ def explore(run_or_runs: Any, baseline: Any = None, *, auto: bool = True, max_li
     from precnb.widgets.explorer import Explorer
 
     runs, triage = runs_for(run_or_runs, baseline, auto=auto, options=options)
-    return Explorer(runs, auto=auto, max_lines=max_lines, triage=triage)
+    return Explorer(runs, auto=auto, max_lines=max_lines, triage=triage, panels=panels)
 
 
 def __getattr__(name: str) -> Any:
     panels = {"Explorer": "explorer", "FilterPanel": "filters", "HeatmapPanel": "charts",
-              "SeriesPanel": "charts", "DetailPanel": "detail", "DivergencePanel": "findings",
-              "NanOriginPanel": "findings", "ShardPanel": "shards", "HierarchyPanel": "hierarchy",
-              "ExportPanel": "export"}
+              "SeriesPanel": "charts", "WherePanel": "charts", "DetailPanel": "detail", "FindingBar": "findings",
+              "FindingPanel": "findings", "TriagePanel": "options", "AlignmentPanel": "alignment",
+              "ShardPanel": "shards", "HierarchyPanel": "hierarchy", "ExportPanel": "export", "Panel": "panel",
+              "default_panels": "panel"}
     if name in panels:
         import importlib
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import xarray as xr
@@ -19,6 +19,7 @@ class Runs:
     ds: xr.Dataset
     target: str | None = None
     baseline: str | None = None
+    _views: dict[str, xr.Dataset] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def names(self) -> list[str]:
@@ -29,7 +30,10 @@ class Runs:
         """One run as a single-run dataset (the target by default)."""
         if "run" not in self.ds.dims:
             return self.ds
-        return self.ds.sel(run=name or self.target or self.names[-1])
+        name = name or self.target or self.names[-1]
+        if name not in self._views:  # one object per run: caches keyed on it stay valid
+            self._views[name] = self.ds.sel(run=name)
+        return self._views[name]
 
 
 def _open(x: Any) -> xr.Dataset:

@@ -14,7 +14,7 @@ import ipywidgets as ipw
 import numpy as np
 import pandas as pd
 
-__all__ = ["HeatmapPanel", "SeriesPanel", "offline_chart", "records"]
+__all__ = ["HeatmapPanel", "SeriesPanel", "WherePanel", "offline_chart", "records"]
 
 EMBED = {"renderer": "svg", "actions": False}
 
@@ -54,18 +54,48 @@ class _ChartPanel(ipw.VBox):
 class HeatmapPanel(_ChartPanel):
     """The heat map; its ``cell`` selection calls ``on_cell(change)``."""
 
+    css_class = "precnb-heatmap"
+
     def __init__(self, on_cell: Callable[[dict[str, Any]], None]) -> None:
         super().__init__({"cell": on_cell})
         self._width = 380
-        self.layout.min_width = "400px"
         self.layout.margin = "0 16px 0 0"
-        self.add_class("precnb-heatmap")
+        self.layout.flex = "0 0 auto"
+        self.add_class(self.css_class)
+
+
+class WherePanel(HeatmapPanel):
+    """The rank × step view (same cell selection as the heat map)."""
+
+    css_class = "precnb-where"
+
+    def __init__(self, on_cell: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(on_cell)
+        self._width = 480
+        self.layout.margin = "0"
 
 
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """JSON-ready records of a frame (NaN → None, numpy scalars → Python)."""
-    out = frame.astype(object).where(frame.notna(), None).to_dict("records")
-    return [{k: (v.item() if isinstance(v, np.generic) else v) for k, v in r.items()} for r in out]
+    """JSON-ready records of a frame (NaN → None, numpy scalars → Python).
+
+    Examples
+    --------
+    >>> records(pd.DataFrame({"a": [1.0, float("nan")], "b": ["x", "y"]}))
+    [{'a': 1.0, 'b': 'x'}, {'a': None, 'b': 'y'}]
+    """
+    cols = {}
+    for name in frame.columns:
+        col = frame[name]
+        if col.dtype.kind == "f":
+            vals = col.to_numpy()
+            cols[name] = [None if v != v else float(v) for v in vals.tolist()]  # v != v: NaN
+        elif col.dtype.kind in "iub":
+            cols[name] = col.to_numpy().tolist()
+        else:
+            cols[name] = [v.item() if isinstance(v, np.generic) else (None if v is None or v != v else v)
+                          for v in col.tolist()]
+    names = list(cols)
+    return [dict(zip(names, row, strict=True)) for row in zip(*cols.values(), strict=True)]
 
 
 class SeriesPanel(_ChartPanel):

@@ -9,7 +9,7 @@ from typing import Any
 import ipywidgets as ipw
 import pandas as pd
 
-__all__ = ["DetailPanel", "detail_html"]
+__all__ = ["DetailPanel", "detail_html", "evidence_html"]
 
 _CSS = """<style>
 .precnb-detail table{border-collapse:collapse;font-size:12px;font-family:var(--jp-code-font-family,monospace)}
@@ -18,7 +18,12 @@ _CSS = """<style>
 .precnb-detail tr.focus td{background:#fff3c4;font-weight:600}
 .precnb-detail .nf{color:#c00;font-weight:600}
 .precnb-detail .null{color:#999}
-.precnb-detail .stack{font-size:11px;color:#444;margin:2px 0 0 0;white-space:pre-wrap}
+.precnb-detail .stack{font-size:11px;color:#333;margin:2px 0 0 0;padding-left:0;list-style:none}
+.precnb-detail .stack li{margin:0 0 3px 0}
+.precnb-detail .stack .loc{color:#555}
+.precnb-detail .stack code{display:block;white-space:pre-wrap;margin-left:14px;color:#000}
+.precnb-detail .stack li.lib{color:#999}
+.precnb-detail .stack li.lib code{color:#888}
 </style>"""
 
 _STATS = ("max", "min", "mean", "norm")
@@ -39,8 +44,32 @@ def _num(v: Any, null: bool = False) -> str:
     return f"{f:.6g}"
 
 
+def evidence_html(evidence: dict[str, Any]) -> str:
+    """Module path and the whole stack (innermost first), each frame with its source line."""
+    from precnb.analysis.evidence import parse_frame
+
+    e = html.escape
+    path = list(reversed(evidence.get("module_path") or []))
+    if evidence.get("node"):
+        path.append(evidence["node"])
+    out = [f"<div><b>module path</b>: {e(' › '.join(path) or '—')}</div>"]
+    frames = [parse_frame(f) for f in evidence.get("stack") or []]
+    if not frames:
+        out.append("<div><b>stack</b>: not recorded</div>")
+        return "".join(out)
+    items = []
+    for f in frames:
+        loc = (f"{f['file']}:{f['line']} in {f['func']}" if f["file"] else "")
+        items.append(f"<li class='{'lib' if f['lib'] else 'user'}'><span class='loc'>{e(loc)}</span>"
+                     f"<code>{e(f['code'])}</code></li>")
+    user = sum(1 for f in frames if not f["lib"])
+    out.append(f"<details open class='precnb-stack'><summary><b>stack</b> (innermost first; {len(frames)} "
+               f"frame(s), {user} in your code)</summary><ul class='stack'>{''.join(items)}</ul></details>")
+    return "".join(out)
+
+
 def detail_html(frame: pd.DataFrame, evidence: dict[str, Any] | None = None, *,
-                focus: str | None = None, title: str = "", max_frames: int = 8) -> str:
+                focus: str | None = None, title: str = "") -> str:
     """HTML for :func:`precnb.viz.detail_frame` plus evidence of the focused tensor."""
     e = html.escape
     out = [_CSS, "<div class='precnb-detail'>"]
@@ -72,18 +101,7 @@ def detail_html(frame: pd.DataFrame, evidence: dict[str, Any] | None = None, *,
         out.append(f"<tr{cls}>{''.join(cells)}</tr>")
     out.append("</table>")
     if evidence:
-        path = list(reversed(evidence.get("module_path") or []))
-        if evidence.get("node"):
-            path.append(evidence["node"])
-        out.append(f"<div><b>module path</b>: {e(' › '.join(path) or '—')}</div>")
-        frames = evidence.get("stack") or []
-        if frames:
-            shown = "\n".join(str(f).replace("\n", " ").strip() for f in frames[:max_frames])
-            more = f"\n… {len(frames) - max_frames} more" if len(frames) > max_frames else ""
-            out.append(f"<div><b>stack</b> (innermost first)<pre class='stack'>{e(shown + more)}</pre>"
-                       "</div>")
-        else:
-            out.append("<div><b>stack</b>: not recorded</div>")
+        out.append(evidence_html(evidence))
     out.append("</div>")
     return "".join(out)
 
@@ -95,7 +113,7 @@ class DetailPanel(ipw.VBox):
         self.html = ipw.HTML("<i>select a heat-map cell</i>")
         self.frame = pd.DataFrame()
         self.evidence: dict[str, Any] = {}
-        super().__init__([self.html], layout=ipw.Layout(max_height="420px", overflow="auto"))
+        super().__init__([self.html], layout=ipw.Layout(max_height="460px", overflow="auto"))
         self.add_class("precnb-detail-panel")
 
     def show(self, frame: pd.DataFrame, evidence: dict[str, Any] | None, *, focus: str | None,

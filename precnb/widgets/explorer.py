@@ -1,13 +1,15 @@
-"""The explorer: filter bar, linked heat map → line chart → detail table, diagnosis panels.
+"""The explorer: finding bar, filter bar, heat map + "where" view → line chart → detail table, tabs.
 
-Wiring only: frames and charts come from :mod:`precnb.viz`, findings from
-:mod:`precnb.analysis`. The selected record is Python state (``step``, ``rank``, ``tensor``,
-``row`` traits) that a cell click, a line-chart click or a finding sets.
+Wiring only: frames and charts come from :mod:`precnb.viz`, findings and the "first bad" order
+from the triage (:func:`precnb.diagnose`). The selected record is Python state (``step``,
+``rank``, ``tensor``, ``row``, ``unmerged``) that a cell click, a key press, a line-chart
+click, a suspect link or a finding sets. Tabs are panels (:mod:`precnb.widgets.panel`).
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as ipw
@@ -15,220 +17,311 @@ import numpy as np
 import pandas as pd
 import traitlets
 
-from precnb.viz import detail_frame, heatmap_chart, heatmap_frame, line_chart, series_frame
 from precnb.viz.selections import read_point
 from precnb.widgets._data import ExplorerData
 from precnb.widgets._inputs import Runs
-from precnb.widgets.charts import HeatmapPanel, SeriesPanel
-from precnb.widgets.detail import DetailPanel
-from precnb.widgets.export import ExportPanel
+from precnb.widgets._rerun import input_paths, rerun_triage, sources_of
 from precnb.widgets.filters import FilterPanel
-from precnb.widgets.findings import DivergencePanel, NanOriginPanel
-from precnb.widgets.hierarchy import HierarchyPanel
+from precnb.widgets.findings import FindingBar
+from precnb.widgets.heat import HEATMAP_COLUMNS, HeatView, Pick, contract_frame
+from precnb.widgets.keys import KeyNav
+from precnb.widgets.panel import PanelFactory, PanelProtocol, default_panels
 from precnb.widgets.preflight import PreflightPanel
-from precnb.widgets.shards import ShardPanel
+from precnb.widgets.record import RecordView
 
-__all__ = ["Explorer"]
+__all__ = ["HEATMAP_COLUMNS", "Explorer"]
+
+_MOVES = {"ArrowUp": (-1, 0), "ArrowDown": (1, 0), "ArrowLeft": (0, -1), "ArrowRight": (0, 1)}
+
+# a click on a cell's number (or on a tree label) goes to the cell (the mark holding the selection) beneath it
+_CSS = ("<style>.precnb-explorer .precnb-heatmap g.mark-text, .precnb-explorer .precnb-where g.mark-text, "
+        ".precnb-explorer .precnb-alignment g.mark-text, .precnb-explorer .precnb-alignment g.mark-symbol, "
+        ".precnb-explorer .precnb-hierarchy g.mark-text, .precnb-explorer .precnb-hierarchy g.mark-rect + "
+        "g.mark-rect {pointer-events: none}</style>")
 
 
 class Explorer(ipw.VBox):
     """Linked notebook explorer of one run, or of several runs against a baseline.
 
     Create it with :func:`precnb.widgets.explore`. State: ``step``, ``rank``, ``tensor``,
-    ``row`` (the selected heat-map row), ``finding`` (the pipeline finding it opened on) and
-    ``current_finding`` (the finding shown now).
+    ``row`` (the selected heat-map row), ``unmerged`` (the rank is the dump's, before its shards
+    were merged), ``finding`` (the pipeline finding it opened on) and ``current_finding`` (the
+    finding shown now). :meth:`heatmap_frame` is the main heat map as data.
     """
 
     step = traitlets.Int(None, allow_none=True)
     rank = traitlets.Int(None, allow_none=True)
     tensor = traitlets.Unicode(None, allow_none=True)
     row = traitlets.Unicode(None, allow_none=True)
+    group = traitlets.Unicode(None, allow_none=True)
+    unmerged = traitlets.Bool(False)
     finding = traitlets.Any(None)
     current_finding = traitlets.Any(None)
 
-    def __init__(self, runs: Runs, *, auto: bool = True, max_lines: int = 12, triage: Any = None) -> None:
+    def __init__(self, runs: Runs, *, auto: bool = True, max_lines: int = 12, triage: Any = None,
+                 panels: Sequence[PanelFactory] | None = None, sources: dict[str, Any] | None = None) -> None:
         self.runs = runs
         self.triage = triage
         self.max_lines = max_lines
-        self._pinned: tuple[str, str] | None = None
-        self.frame = pd.DataFrame()
-        self.series = pd.DataFrame()
-        self.filters = FilterPanel(runs.run(), runs.names, self.refresh)
-        self.data = ExplorerData(runs, self.filters)
-        self.heatmap = HeatmapPanel(self._on_cell)
-        self.lines = SeriesPanel(self._on_pick, self._on_span)
-        self.detail = DetailPanel()
-        self.status = ipw.HTML("<b>selected</b>: nothing yet — click a heat-map cell")
-        self.status.add_class("precnb-selection")
-        self.divergence = DivergencePanel(self)
-        self.nan = NanOriginPanel(self)
-        self.shards = ShardPanel(self)
-        self.hierarchy = HierarchyPanel(self)
-        self.export = ExportPanel(self)
-        self.tabs = ipw.Tab([self.divergence, self.nan, self.shards, self.hierarchy, self.export])
-        for i, t in enumerate(["Divergence", "NaN origin", "Shards", "Hierarchy", "Export"]):
-            self.tabs.set_title(i, t)
-        self.tabs.selected_index = 0 if len(runs.names) > 1 else 1
+        self._sources = sources or sources_of(runs, triage)
+        self.filters = FilterPanel(runs.run(), runs.names, self._on_filters, tensor_metrics=self._has_metrics(triage))
+        self.data = ExplorerData(runs, self.filters, triage)
+        self.heat = HeatView(self.data, self.filters, self._on_pick, current=lambda: self.tensor)
+        self.record = RecordView(self.data, self.filters, max_lines=max_lines, on_pick=self._on_line_pick,
+                                 on_span=self._on_span)
+        self.bar = FindingBar(self)
+        self.keynav = KeyNav(self.on_key)
+        self.header = ipw.HTML("")
+        self.css = ipw.HTML(_CSS, layout=ipw.Layout(height="0px", margin="0"))
+        factories = default_panels() if panels is None else list(panels)
+        self.panels: list[PanelProtocol] = [p for p in (make(self) for make in factories) if p is not None]
+        self.tabs = ipw.Tab(list(self.panels))  # type: ignore[arg-type]
+        for i, p in enumerate(self.panels):
+            self.tabs.set_title(i, p.title)
         self.tabs.observe(self._on_tab, names="selected_index")
-        ds = runs.run()
-        title = ipw.HTML(f"<b>precnb explorer</b> — {html.escape(self._describe(ds))}")
-        pre = triage.result("preflight") if triage is not None else None
-        self.preflight = PreflightPanel(pre) if pre is not None else None
-        super().__init__([title, self.filters,
-                          ipw.HBox([self.heatmap, ipw.VBox([self.lines, self.status])]),
-                          self.detail, *([self.preflight] if self.preflight is not None else []), self.tabs])
+        self.filters.matches.observe(self._on_match, names="value")
+        self.preflight: PreflightPanel | None = None  # the pre-flight checklist, above the tabs when run
+        self.preflight_box = ipw.Box([])
+        self._checklist()
+        # the where view and the selection line first (always in sight), then the heat map beside the lines
+        wrap = ipw.Layout(flex_flow="row wrap", align_items="flex-start")
+        selection = ipw.VBox([self.record.status, self.record.attribution],
+                             layout=ipw.Layout(flex="1 1 360px", margin="0 0 0 12px"))
+        lines = ipw.VBox([self.record.lines, ipw.HBox([self.record.hist_toggle]), self.record.hist_box],
+                         layout=ipw.Layout(flex="1 1 420px"))
+        super().__init__([self.css, self.header, self.bar, self.filters,
+                          ipw.HBox([self.heat.where, selection], layout=wrap),
+                          ipw.HBox([self.heat.main, lines], layout=wrap),
+                          self.record.detail, self.keynav, self.preflight_box, self.tabs])
         self.add_class("precnb-explorer")
+        self._describe()
         self.refresh()
         if auto:
             self.start()
-
-    # -- data helpers ---------------------------------------------------------------------
-    def _describe(self, ds: Any) -> str:
-        runs = self.runs.names
-        what = f"runs {', '.join(runs)} (baseline: {self.runs.baseline}); " if runs else ""
-        return (f"{what}{ds.sizes['step']} steps × {ds.sizes['rank']} ranks × "
-                f"{ds.sizes['tensor']} tensors")
-
-    def target(self) -> Any:
-        """The run the heat map shows."""
-        return self.data.target()
-
-    # -- heat map -------------------------------------------------------------------------
-    def refresh(self, focus: dict[str, Any] | None = None, *, redraw_lines: bool = True
-                ) -> pd.DataFrame:
-        """Rebuild the heat map from the filter bar (``focus``: keep and outline that record)."""
-        f = self.filters
-        ds = self.target()
-        color = f.color.value if (f.color.value != "reldiff" or self.runs.baseline) else "stat"
-        frame = heatmap_frame(ds, by=f.by.value, rows=f.rows.value, color=color, stat=f.stat.value,
-                              tensors=self.data.mask(), steps=f.step_list(ds), ranks=f.rank_list(),
-                              top_k=f.top_k.value, focus=focus,
-                              values=self.data.values(color, f.stat.value))
-        selected = None
-        if focus is not None and frame["focus"].any():
-            hit = frame[frame["focus"]]
-        elif self.row is not None and self.step is not None:  # keep the selected cell selected
-            hit = frame[(frame["row"] == self.row) & (frame["step"] <= self.step)
-                        & (frame["step_hi"] >= self.step) & (frame["rank_lo"] <= self.rank)
-                        & (frame["rank_hi"] >= self.rank)]
         else:
-            hit = frame.iloc[:0]
-        if len(hit):
-            selected = {"row": str(hit["row"].iloc[0]), "col": str(hit["col"].iloc[0])}
-            self._pinned = (selected["row"], selected["col"])
-        self.frame = frame
-        n_total = frame.attrs.get("n_rows_total", 0)
-        caption = (f"{frame['row'].nunique()} of {n_total} {f.rows.value}s (top by colour), "
-                   f"{frame['col'].nunique()} columns; click a cell, shift-click to add")
-        self.heatmap.set_chart(heatmap_chart(frame, stat=f.stat.value, selected=selected),
-                               caption=html.escape(caption))
+            self.bar.update()
+
+    # -- compatibility names ------------------------------------------------------------------
+    @property
+    def heatmap(self) -> Any:
+        """The main heat-map panel (its ``chart`` is the ``alt.JupyterChart``)."""
+        return self.heat.main
+
+    @property
+    def where(self) -> Any:
+        """The rank × step panel."""
+        return self.heat.where
+
+    @property
+    def lines(self) -> Any:
+        """The line-chart panel."""
+        return self.record.lines
+
+    @property
+    def detail(self) -> Any:
+        """The detail-table panel."""
+        return self.record.detail
+
+    @property
+    def status(self) -> Any:
+        """The selection line."""
+        return self.record.status
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The main heat map's frame as :func:`precnb.viz.heatmap_frame` made it."""
+        return self.heat.frame
+
+    @property
+    def series(self) -> pd.DataFrame:
+        """The line chart's frame."""
+        return self.record.series if self.record.series is not None else pd.DataFrame()
+
+    @property
+    def hierarchy(self) -> Any:
+        """The Hierarchy tab (None when absent)."""
+        return self.panel("Hierarchy")
+
+    @property
+    def export(self) -> Any:
+        """The Export tab (None when absent)."""
+        return self.panel("Export")
+
+    def panel(self, title: str) -> Any:
+        """The tab titled *title* (None when absent)."""
+        return next((p for p in self.panels if p.title == title), None)
+
+    def sources(self) -> dict[str, Any]:
+        """The runs as given (before merging), by name."""
+        return dict(self._sources)
+
+    def input_paths(self) -> list[str]:
+        """The paths the explored runs were read from (a report or mapping file is never written inside)."""
+        return input_paths(self.runs, self.triage, self._sources)
+
+    # -- the contract -------------------------------------------------------------------------
+    def heatmap_frame(self) -> pd.DataFrame:
+        """The main heat map's cells (whatever view or tab is open).
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns :data:`HEATMAP_COLUMNS`: ``row`` (module path, node or tensor, as the rows
+            choice says; module by default), ``group`` (forward / backward / optimizer), ``x`` the
+            step (or rank) of the column — for a bucket its first, ``x_hi`` its last —, ``value``
+            the colour value (larger = more salient; in "first bad" colour the earliest cell has
+            the largest) and NaN for clean cells, ``first_bad`` (1 = earliest flagged cell, 0
+            clean), the record each cell stands for (``tensor``, ``worst_step``, ``worst_rank``).
+            ``attrs["x"]`` is ``"step"`` or ``"rank"``; ``attrs["color"]`` the colour mode.
+        """
+        return contract_frame(self.heat.frame, color=self.heat.color(), by=self.filters.by.value,
+                              rows=self.filters.rows.value)
+
+    # -- drawing ------------------------------------------------------------------------------
+    def _checklist(self) -> None:
+        pre = self.triage.result("preflight") if self.triage is not None else None
+        self.preflight = PreflightPanel(pre) if pre is not None else None
+        self.preflight_box.children = [self.preflight] if self.preflight is not None else []
+
+    def _describe(self) -> None:
+        ds = self.runs.run()
+        names = self.runs.names
+        what = f"runs {', '.join(names)} (baseline: {self.runs.baseline}); " if names else ""
+        self.header.value = (f"<b>precnb explorer</b> — {html.escape(what)}{ds.sizes['step']} steps × "
+                            f"{ds.sizes['rank']} ranks × {ds.sizes['tensor']} tensors")
+
+    def _selected(self) -> tuple[dict[str, str] | None, dict[str, str] | None]:
+        """The cells holding the selected record: in the main map, and in the rank × step view."""
+        main = self.heat.main_cell(self.step, None if self.unmerged else self.rank, self.tensor)
+        same_ranks = self.unmerged == self.heat.where_unmerged
+        return main, self.heat.where_cell(self.step, self.rank if same_ranks else None)
+
+    def refresh(self, focus: dict[str, Any] | None = None, *, redraw_lines: bool = True) -> pd.DataFrame:
+        """Rebuild both heat maps from the filter bar, keeping the selected record selected."""
+        if self.tensor is not None and not self.unmerged:  # its row at the current row level
+            gr = self.data.row_of(self.tensor)
+            if gr is not None:
+                with self.hold_trait_notifications():
+                    self.group, self.row = gr
+        frame = self.heat.update(focus=focus)
+        main, where = self._selected()
+        self.heat.draw_main(main)
+        self.heat.draw_where(where)
         if self.tensor is not None:
-            if redraw_lines:
-                self.update_views()
-            else:
-                self.update_detail()
+            self.record.show(self, redraw_lines=redraw_lines)
         return frame
 
-    def _on_cell(self, change: dict[str, Any]) -> None:
-        cells = read_point(change["new"])
-        if not cells:
-            return
-        last = (str(cells[-1].get("row")), str(cells[-1].get("col")))
-        if len(cells) == 1 and last == self._pinned:
-            return  # the echo of a cell selected from Python
-        self._pinned = None
-        self.select_cells(cells)
+    def _on_filters(self) -> None:
+        self.filters.list_matches(self.data.target())
+        self.refresh()
+
+    def _on_match(self, change: dict[str, Any]) -> None:
+        key = change["new"]
+        if key:
+            self.go_to(*str(key).split(":", 1))
+
+    def go_to(self, kind: str, name: str) -> None:
+        """Select a module's or node's first flagged record (else its first record)."""
+        rec = self.data.first_record(kind, name)
+        if rec is not None:
+            self.select_record(*rec)
+
+    def _sync_selection(self, *, main: bool = True, where: bool = True) -> None:
+        """Outline the selected record's cell in the map(s) it was not clicked in."""
+        sel_main, sel_where = self._selected()
+        if main:
+            self.heat.draw_main(sel_main)
+        if where:
+            self.heat.draw_where(sel_where)
+
+    # -- selecting ----------------------------------------------------------------------------
+    def _apply(self, pick: Pick) -> None:
+        with self.hold_trait_notifications():
+            self.row, self.group = pick.row, pick.group
+            self.unmerged = pick.unmerged
+            self.step, self.rank, self.tensor = int(pick.step), int(pick.rank), str(pick.tensor)
+
+    def _on_pick(self, pick: Pick) -> None:
+        self._apply(pick)
+        self.record.show(self, tensors=pick.tensors, ranks=pick.ranks)
+        self._sync_selection()  # both maps: the clicked one too, or its previous outline would stay
+        self._notify()
 
     def select_cells(self, cells: list[dict[str, Any]]) -> None:
-        """Select heat-map cells (``{"row", "col"}``): the last one sets the state."""
-        fr = self.frame
-        tensors: list[str] = []
-        hit = None
-        for c in cells:
-            m = fr[(fr["row"] == str(c.get("row"))) & (fr["col"].astype(str) == str(c.get("col")))]
-            if not len(m):
-                continue
-            hit = m.iloc[0]
-            t = str(hit["tensor"]) or self.data.largest(str(hit["row"]), int(hit["step"]))
-            if t and t not in tensors:
-                tensors.append(t)
-        if hit is None or not tensors:
+        """Select main heat-map cells (``{"row", "col"[, "group"]}``): the last one sets the state."""
+        pick = self.heat.pick_cells(cells)
+        if pick is not None:
+            self._on_pick(Pick(**{**pick.__dict__, "source": "python"}))
+
+    def select_cell(self, row: str, col: Any, group: str | None = None) -> None:
+        """Select one main heat-map cell, as a click would (*group*: forward / backward / optimizer)."""
+        cell = {"row": row, "col": str(col)}
+        if group is not None:
+            cell["group"] = group
+        self.select_cells([cell])
+
+    def select_where(self, row: Any, col: Any) -> None:
+        """Select one rank × step cell (row: the rank label, col: the step label), as a click would."""
+        pick = self.heat.pick_where({"row": str(row), "col": str(col)}, self.tensor)
+        if pick is not None:
+            self._on_pick(Pick(**{**pick.__dict__, "source": "python"}))
+
+    def select_record(self, step: int, rank: int, tensor: str, *, unmerged: bool = False) -> None:
+        """Select one record, making it visible (filters widened, its group shown)."""
+        ds = self._ds(unmerged)
+        gr = self.data.row_of(tensor, ds)
+        visible = gr is not None and tensor in ds.indexes["tensor"] and bool(
+            self.data.mask(ds)[ds.indexes["tensor"].get_loc(tensor)])
+        self.filters.show(step=step, rank=rank if not unmerged else None, group=gr[0] if gr else None,
+                          tensor_visible=visible)
+        self._apply(Pick(step=step, rank=rank, tensor=tensor, row=gr[1] if gr else None, group=gr[0] if gr else None,
+                         unmerged=unmerged))
+        self.refresh(focus={"step": step, "rank": rank, "tensor": tensor} if not unmerged else None)
+        self._notify()
+
+    def _ds(self, unmerged: bool) -> Any:
+        raw = self.data.raw() if unmerged else None
+        return raw if raw is not None else self.data.target()
+
+    def narrow(self, text: str, *, regex: bool = False) -> None:
+        """Show only tensors whose node, module or label matches *text* (substring; *regex*: a pattern)."""
+        with self.filters.quiet():
+            self.filters.regex.value = regex
+            self.filters.pattern.value = text
+        self.refresh()
+
+    def on_key(self, key: str) -> None:
+        """A key pressed in the explorer: arrows move the selection in the heat map, n / p change finding."""
+        if key in ("n", "p"):
+            self.bar.step(1 if key == "n" else -1)
             return
-        with self.hold_trait_notifications():
-            self.row = str(hit["row"])
-            self.tensor = tensors[-1]
-            self.step = int(hit["worst_step"]) if hit["worst_step"] >= 0 else int(hit["step"])
-            self.rank = int(hit["worst_rank"]) if hit["worst_rank"] >= 0 else int(hit["rank_lo"])
-        self._cell = hit
-        self.update_views(tensors=tensors[-4:])
-
-    def select_cell(self, row: str, col: Any) -> None:
-        """Select one heat-map cell, as a click would."""
-        self.select_cells([{"row": row, "col": str(col)}])
-
-    # -- line chart and detail ------------------------------------------------------------
-    def update_views(self, tensors: list[str] | None = None) -> None:
-        """Redraw the line chart and the detail table for the current state."""
-        if self.tensor is None:
+        if key not in _MOVES:
             return
-        f = self.filters
-        ds = self.target()
-        tensors = tensors or [self.tensor]
-        cell = getattr(self, "_cell", None)
-        ranks = f.rank_list()
-        if cell is not None and f.by.value == "rank" and self.row == cell["row"]:
-            ranks = [r for r in ds["rank"].values.tolist() if cell["rank_lo"] <= r <= cell["rank_hi"]]
-        if self.runs.names:
-            both = [self.runs.baseline, f.run.value] if self.runs.baseline != f.run.value else [f.run.value]
-            frame = series_frame(self.runs.ds, tensors, stat=f.stat.value, ranks=[self.rank],
-                                 steps=f.step_list(ds), runs=both)
-        else:
-            frame = series_frame(ds, tensors, stat=f.stat.value, ranks=ranks, steps=f.step_list(ds),
-                                 keep_ranks=[self.rank], max_lines=self.max_lines)
-        self.series = frame
-        shown = frame.attrs.get("ranks_drawn", 0)
-        note = (f" ({shown} of {frame.attrs.get('ranks_total')} ranks: selected + most deviating)"
-                if frame.attrs.get("ranks_total", 0) > shown else "")
-        stat = f.stat.value
-        key = (stat, tuple(sorted(set(frame["step"].tolist()))))
-        self.lines.show(frame, key=key, title=self.tensor,
-                        build=lambda: line_chart(frame, stat=stat, title=self.tensor, width=460),
-                        caption=f"{html.escape(stat)} over steps{html.escape(note)}; click a "
-                                "point for its record, drag to zoom the heat map to those steps")
-        self.update_detail()
+        cur, _ = self._selected()
+        d_row, d_col = _MOVES[key]
+        cell = self.heat.neighbour(cur, d_row, d_col)
+        if cell is None:
+            return
+        pick = self.heat.pick_cells([cell])
+        if pick is not None:
+            self._on_pick(Pick(**{**pick.__dict__, "source": "key"}))
 
-    def update_detail(self) -> None:
-        """Redraw the detail table and the selection label."""
-        ds = self.target()
-        cmp = bool(self.runs.names) and self.runs.baseline != self.filters.run.value
-        frame = detail_frame(self.runs.ds if cmp else ds, step=self.step, rank=self.rank,
-                             tensors=self.data.row_tensors(self.row) if self.row else [self.tensor],
-                             run=self.filters.run.value if cmp else None,
-                             baseline=self.runs.baseline if cmp else None)
-        ev = self.data.evidence(self.tensor)
-        self.detail.show(frame, ev, focus=self.tensor,
-                         title=f"{self.row} at step {self.step}, rank {self.rank}")
-        e = html.escape
-        self.status.value = (f"<b>selected</b>: step {self.step} · rank {self.rank} · "
-                             f"<code>{e(self.tensor or '')}</code> ({e(ev.get('module') or '—')})")
-
-    def _on_pick(self, change: dict[str, Any]) -> None:
+    def _on_line_pick(self, change: dict[str, Any]) -> None:
         pts = read_point(change["new"])
-        if not pts or not len(self.series):
+        s = self.series
+        if not pts or not len(s):
             return
-        m = self.series[(self.series["series"] == pts[-1].get("series"))
-                        & (self.series["step"] == pts[-1].get("step"))]
+        m = s[(s["series"] == pts[-1].get("series")) & (s["step"] == pts[-1].get("step"))]
         if len(m) and int(m.iloc[0]["rank"]) >= 0:
             with self.hold_trait_notifications():
                 self.step, self.rank = int(m.iloc[0]["step"]), int(m.iloc[0]["rank"])
                 self.tensor = str(m.iloc[0]["tensor"])
-            self.update_detail()
+            self.record.update_detail(self)
+            self._sync_selection()
+            self._notify()
 
     def _on_span(self, change: dict[str, Any]) -> None:
-        """Zoom the heat map to a step brush drawn on the line chart.
-
-        An empty brush is ignored (a redrawn chart sends one); the step slider resets.
-        """
+        """Zoom the heat maps to a step brush drawn on the line chart (an empty brush is ignored)."""
         steps = (getattr(change["new"], "value", {}) or {}).get("step")
         if not steps:
             return
@@ -240,64 +333,93 @@ class Explorer(ipw.VBox):
             f.steps.value = (max(lo, f.steps.min), min(hi, f.steps.max))
         self.refresh(redraw_lines=False)
 
-    # -- findings -------------------------------------------------------------------------
-    def show_finding(self, f: Any, *, color: str, target: str | None = None,
-                     baseline: str | None = None) -> None:
-        """Move the heat map, line chart and detail table to a Finding."""
-        if not f.found or f.tensor is None:
-            return
-        fb = self.filters
-        with fb.quiet():
-            if target and target in self.runs.names:
-                fb.run.value = target
-            if baseline and baseline in self.runs.names:
-                self.runs.baseline = baseline
-            ds = self.target()
-            visible = f.tensor in ds.indexes["tensor"] and bool(
-                self.data.mask()[ds.indexes["tensor"].get_loc(f.tensor)])
-            fb.show(step=f.step, rank=f.rank, color=color, tensor_visible=visible)
-        focus = {"step": f.step, "rank": f.rank, "tensor": f.tensor}
-        frame = self.refresh(focus=focus)
-        hit = frame[frame["focus"]]
-        with self.hold_trait_notifications():
+    def _notify(self) -> None:
+        for p in self.panels:
+            p.on_select()
+
+    # -- findings -----------------------------------------------------------------------------
+    def show_finding(self, f: Any, **_legacy: Any) -> None:
+        """Move the heat maps, line chart and detail table to a Finding."""
+        if not f.found or f.tensor is None or f.step is None or f.rank is None:
             self.current_finding = f
-            self.row = str(hit["row"].iloc[0]) if len(hit) else str(self.data.labels()[
-                ds.indexes["tensor"].get_loc(f.tensor)])
-            self.step, self.rank, self.tensor = int(f.step), int(f.rank), str(f.tensor)
-        self._cell = hit.iloc[0] if len(hit) else None
-        self.update_views()
+            self.bar.update()
+            self._notify()
+            return
+        unmerged = f.kind == "replica_mismatch" and self.data.raw() is not None
+        ds = self._ds(unmerged)
+        tensor = str(f.tensor)
+        if tensor not in ds.indexes["tensor"]:  # e.g. a computation only the baseline has
+            alt_label = f"{tensor} (baseline)"
+            tensor = alt_label if alt_label in ds.indexes["tensor"] else tensor
+        gr = self.data.row_of(tensor, ds)
+        visible = gr is not None and bool(self.data.mask(ds)[ds.indexes["tensor"].get_loc(tensor)])
+        self.filters.show(step=int(f.step), rank=None if unmerged else int(f.rank), group=gr[0] if gr else None,
+                          tensor_visible=visible)
+        self.current_finding = f
+        self._apply(Pick(step=int(f.step), rank=int(f.rank), tensor=tensor, row=gr[1] if gr else None,
+                         group=gr[0] if gr else None, unmerged=unmerged))
+        self.refresh(focus={"step": int(f.step), "rank": int(f.rank), "tensor": tensor} if not unmerged else None)
+        self.bar.update()
+        self._notify()
 
     def start(self) -> None:
-        """Open on the pipeline's first finding (the first divergence of two runs, the NaN origin of one)."""
-        from precnb.analysis.registry import get
-
+        """Open on the pipeline's first finding that names a record (``finding`` is the first finding)."""
         t = self.triage
         if t is None or not t.findings:
+            self.bar.update()
             return
-        f = t.finding
-        panel = self.divergence if t.paired else self.nan
-        shown = next((x for x in t.findings if x.kind == ("first_divergence" if t.paired else "nan_origin")), f)
-        panel.show(shown if not f.found else (f if f.kind in ("first_divergence", "nan_origin") else shown))
-        self.finding = f  # what it opened on (a "nothing found" finding on a clean run)
-        if f.found and f.tensor is None:  # a failing pre-flight check names no tensor: show what comes after it
-            f = next((x for x in t.findings if x.found and x.tensor is not None), f)
-        if not f.found:
-            return
-        try:
-            color = get(f.kind).color
-        except KeyError:
-            color = "events"
-        color = {"first_bad": "reldiff" if t.paired else "events"}.get(color, color)
-        self.show_finding(f, color=color, target=self.runs.target, baseline=self.runs.baseline)
+        self.finding = t.finding  # what it opened on (a "nothing found" finding on a clean run)
+        f = next((x for x in t.findings if x.found and x.tensor is not None and x.step is not None), t.finding)
+        self.show_finding(f)
 
     def findings(self) -> list[Any]:
-        """Findings for the report: the pipeline's, plus any a panel found since."""
-        out = list(self.triage.findings) if self.triage is not None else []
-        for p in (self.divergence, self.nan):
-            if p.finding is not None and all(p.finding is not f for f in out):
-                out.append(p.finding)
-        return out
+        """Findings for the report and the finding bar: the triage's, most important first."""
+        return list(self.triage.findings) if self.triage is not None else []
+
+    # -- rerunning ----------------------------------------------------------------------------
+    def rerun(self, *, target: str | None = None, baseline: Any = "keep", **options: Any) -> Any:
+        """Run the triage again (:func:`precnb.diagnose`) and show its runs and first finding.
+
+        Parameters
+        ----------
+        target, baseline : str, optional
+            Names of :meth:`sources` (default: the current ones; ``baseline=None``: the target alone).
+        **options
+            Options that change (``target_layout``, ``baseline_layout``, ``step_offset``,
+            ``tolerance``, ``mapping``, ...); the others stay as they were.
+
+        Returns
+        -------
+        precnb.Triage
+        """
+        runs, t = rerun_triage(self._sources, self.triage, target=target, baseline=baseline, **options)
+        self._load(runs, t)
+        return t
+
+    @staticmethod
+    def _has_metrics(triage: Any) -> bool:
+        return triage is not None and getattr(triage, "tensor_metrics", None) is not None
+
+    def _load(self, runs: Runs, triage: Any) -> None:
+        self.runs, self.triage = runs, triage
+        self.filters.reset(runs.run(), runs.names, tensor_metrics=self._has_metrics(triage))
+        self.data = ExplorerData(runs, self.filters, triage)
+        self.heat.data = self.record.data = self.data
+        self.heat._main.reset()
+        self.heat._where.reset()
+        with self.hold_trait_notifications():
+            self.step = self.rank = None
+            self.tensor = self.row = self.group = None
+            self.unmerged = False
+            self.current_finding = None
+        self._describe()
+        self._checklist()
+        for p in self.panels:
+            p.refresh()
+        self.refresh()
+        self.start()
 
     def _on_tab(self, change: dict[str, Any]) -> None:
-        if self.tabs.children[change["new"] or 0] is self.hierarchy and self.hierarchy.chart is None:
-            self.hierarchy.draw()
+        i = change["new"]
+        if i is not None and 0 <= i < len(self.panels):
+            self.panels[i].on_show()

@@ -1,4 +1,7 @@
-"""Diagnosis panels: first divergence and NaN origin; each moves the explorer to its finding."""
+"""Findings: the bar above the heat map (previous / next finding, suspects as links) and the Finding tab.
+
+Both act on the explorer through its API only (:class:`precnb.widgets.panel.ExplorerAPI`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ from typing import Any
 
 import ipywidgets as ipw
 
-__all__ = ["DivergencePanel", "NanOriginPanel", "finding_html"]
+from precnb.widgets.panel import ExplorerAPI, Panel
+
+__all__ = ["FindingBar", "FindingPanel", "finding_html", "finding_title", "suspect_label"]
 
 
 
@@ -19,8 +24,8 @@ def _v(x: Any) -> str:
     return str(x)
 
 
-def finding_html(f: Any) -> str:
-    """HTML summary of a :class:`precnb.analysis.Finding` (reason, where, values, hints)."""
+def finding_html(f: Any, *, suspects: bool = True) -> str:
+    """HTML summary of a :class:`precnb.analysis.Finding` (reason, where, values, hints; suspects as text)."""
     from precnb.analysis.registry import title
 
     e = html.escape
@@ -59,7 +64,7 @@ def finding_html(f: Any) -> str:
     if plan:
         out.append(f"<div class='precnb-finding-plan' style='font-size:12px'><b>next dump</b>: {e(plan['summary'])}"
                    " (<code>precnb plan</code> / <code>finding.plan()</code>)</div>")
-    if f.suspects[1:]:
+    if suspects and f.suspects[1:]:
         out.append("<div style='font-size:12px'><b>other suspects</b>: " + "; ".join(
             e(f"step {s.get('step')} rank {s.get('rank')} {s.get('node') or s.get('tensor')}"
               f" ({s.get('why', '')})") for s in f.suspects[1:5]) + "</div>")
@@ -75,102 +80,141 @@ def _error(err: Exception) -> str:
     return f"<span style='color:#b00'>{html.escape(type(err).__name__)}: {html.escape(str(err))}</span>"
 
 
-class DivergencePanel(ipw.VBox):
-    """Baseline / target pick, tolerance, "Find first divergence"; moves the explorer there."""
+def finding_title(f: Any, index: int | None = None, total: int | None = None) -> str:
+    """``"First divergence (1 of 2): Functional.gelu.0.forward at step 1, rank 0 · blocks.0.mlp"``."""
+    from precnb.analysis.registry import title
 
-    def __init__(self, explorer: Any) -> None:
-        self.explorer = explorer
-        names = explorer.runs.names
-        self.finding: Any = None
-        self.baseline = ipw.Dropdown(description="baseline", options=names or ["—"],
-                                   value=explorer.runs.baseline or (names[0] if names else "—"),
-                                   layout=ipw.Layout(width="220px"))
-        self.target = ipw.Dropdown(description="target", options=names or ["—"],
-                                 value=explorer.runs.target or (names[-1] if names else "—"),
-                                 layout=ipw.Layout(width="220px"))
-        self.tolerance = ipw.Text(value="", placeholder="by dtype", description="rtol",
-                                layout=ipw.Layout(width="180px"))
-        self.button = ipw.Button(description="Find first divergence", button_style="primary",
-                               icon="search", layout=ipw.Layout(width="200px"),
-                               disabled=len(names) < 2)
-        self.output = ipw.HTML("" if len(names) > 1 else
-                             "<i>needs two runs: explore({'gpu': a, 'npu': b}) or baseline=…</i>")
-        self.output.add_class("precnb-divergence-output")
-        self.button.on_click(lambda _b: self.run())
-        super().__init__([ipw.HBox([self.baseline, self.target, self.tolerance, self.button]),
-                          self.output])
+    n = f" ({index + 1} of {total})" if index is not None and total else ""
+    if not f.found:
+        return f"{title(f.kind)}{n}: {f.reason}"
+    where = f" at step {f.step}, rank {f.rank}" if f.step is not None else ""
+    mod = f" · {f.module}" if f.module else ""
+    return f"{title(f.kind)}{n}: {f.node or f.tensor or ''}{where}{mod}"
 
-    def tolerance_value(self) -> Any:
-        """The :class:`~precnb.analysis.Tolerance` from the box (blank: dtype defaults)."""
-        from precnb.analysis import Tolerance
 
-        text = self.tolerance.value.strip()
-        return Tolerance(rtol=float(text)) if text else Tolerance()
+def suspect_label(s: dict[str, Any]) -> str:
+    """Button text of a suspect: ``"step 1 · rank 0 · Distributed.all_reduce.0.forward (inherited …)"``."""
+    why = str(s.get("why", ""))
+    why = why if len(why) <= 48 else why[:47] + "…"
+    return f"step {s.get('step')} · rank {s.get('rank')} · {s.get('node') or s.get('tensor')} ({why})"
 
-    def run(self) -> Any:
-        """Search (through the pipeline), show and move the explorer to the finding; returns it (or None)."""
-        from precnb.pipeline import diagnose
 
-        b, t = self.baseline.value, self.target.value
-        if b == t:
-            self.output.value = _error(ValueError("baseline and target are the same run"))
+def _located(f: Any) -> bool:
+    return bool(f is not None and f.found and f.step is not None and f.rank is not None)
+
+
+class FindingBar(ipw.VBox):
+    """The finding shown now, ◀ / ▶ through the triage's findings, and its suspects as links."""
+
+    max_suspects = 5
+
+    def __init__(self, api: ExplorerAPI) -> None:
+        self.api = api
+        self.index = 0
+        self.previous = ipw.Button(description="", icon="chevron-left", tooltip="previous finding (p)",
+                                   layout=ipw.Layout(width="34px"))
+        self.next = ipw.Button(description="", icon="chevron-right", tooltip="next finding (n)",
+                               layout=ipw.Layout(width="34px"))
+        self.label = ipw.HTML("")
+        self.label.add_class("precnb-finding-title")
+        self.suspects = ipw.HBox([], layout=ipw.Layout(flex_flow="row wrap"))
+        self.suspects.add_class("precnb-suspects")
+        self.previous.on_click(lambda _b: self.step(-1))
+        self.next.on_click(lambda _b: self.step(1))
+        super().__init__([ipw.HBox([self.previous, self.next, self.label]), self.suspects])
+        self.add_class("precnb-finding-bar")
+
+    def found(self) -> list[Any]:
+        """The findings that can be shown (found ones, most important first)."""
+        return [f for f in self.api.findings() if f.found]
+
+    def step(self, delta: int) -> Any:
+        """Show the next (*delta* = 1) or previous (-1) finding; returns it (None when there is none)."""
+        found = self.found()
+        if not found:
             return None
-        self.output.value = "<i>searching…</i>"
-        runs = self.explorer.runs
-        triage = getattr(self.explorer, "triage", None)
-        offset = triage.step_offset if triage is not None and triage.paired else None
-        try:
-            f = diagnose(runs.run(t), runs.run(b), kinds=["first_divergence"], tolerance=self.tolerance_value(),
-                         step_offset=offset).finding
-        except Exception as err:
-            self.output.value = _error(err)
-            return None
-        self.show(f)
-        if f.found:
-            self.explorer.show_finding(f, color="reldiff", target=t, baseline=b)
+        cur = self.api.current_finding
+        here = next((i for i, f in enumerate(found) if f is cur), self.index)
+        self.index = (here + delta) % len(found)
+        f = found[self.index]
+        self.api.show_finding(f)
         return f
 
-    def show(self, f: Any) -> None:
-        """Display a finding without moving."""
-        self.finding = f
-        self.output.value = finding_html(f)
+    def update(self) -> None:
+        """Say which finding is shown; list its suspects as buttons."""
+        found = self.found()
+        cur = self.api.current_finding
+        self.index = next((i for i, f in enumerate(found) if f is cur), self.index)
+        many = len(found) > 1
+        self.previous.disabled = self.next.disabled = not many
+        if cur is None:
+            t = self.api.triage
+            f0 = t.finding if t is not None else None
+            text = html.escape(finding_title(f0)) if f0 is not None else "no diagnosis run"
+            self.label.value = f"<span style='color:#2a7'>{text}</span>"
+            self.suspects.children = []
+            return
+        color = "#2a7" if not cur.found else "#b00"
+        idx = found.index(cur) if cur in found else None
+        self.label.value = (f"<b style='color:{color}'>{html.escape(finding_title(cur, idx, len(found)))}</b>")
+        buttons = []
+        for s in [s for s in cur.suspects[1:] if s.get("step") is not None][: self.max_suspects]:
+            b = ipw.Button(description=suspect_label(s), tooltip=str(s.get("why", "")),
+                           layout=ipw.Layout(width="auto", max_width="460px", height="24px"))
+            b.add_class("precnb-suspect")
+            b.on_click(lambda _b, s=s: self.go(s))
+            buttons.append(b)
+        head = [ipw.HTML("<span style='font-size:12px'><b>suspects</b>:</span>")] if buttons else []
+        self.suspects.children = [*head, *buttons]
+
+    def go(self, suspect: dict[str, Any]) -> None:
+        """Select a suspect's record."""
+        cur = self.api.current_finding
+        unmerged = bool(cur is not None and cur.kind == "replica_mismatch" and self.api.data.raw() is not None)
+        ds = self.api.data.raw() if unmerged else self.api.data.target()
+        tensor = suspect.get("tensor")
+        if not tensor or tensor not in ds.indexes["tensor"]:
+            node = suspect.get("node")
+            cands = [str(t) for t, n in zip(ds["tensor"].values, ds["node"].values, strict=True) if n == node]
+            tensor = next((t for t in cands if ".output" in t), cands[0] if cands else None)
+        if tensor is None:
+            return
+        self.api.select_record(int(suspect["step"]), int(suspect["rank"]), str(tensor), unmerged=unmerged)
 
 
-class NanOriginPanel(ipw.VBox):
-    """Run pick and "Find NaN origin"; moves the explorer to the first NaN / new inf."""
+class FindingPanel(Panel):
+    """The tab with the current finding in full (reason, values, hints) and every finding as a link."""
 
-    def __init__(self, explorer: Any) -> None:
-        self.explorer = explorer
-        names = explorer.runs.names
-        self.finding: Any = None
-        self.run_pick = ipw.Dropdown(description="run", options=names or ["—"],
-                                   value=explorer.runs.target or (names[-1] if names else "—"),
-                                   layout=ipw.Layout(width="220px",
-                                                   display=None if names else "none"))
-        self.button = ipw.Button(description="Find NaN origin", button_style="danger", icon="search",
-                               layout=ipw.Layout(width="180px"))
+    title = "Finding"
+
+    def __init__(self, api: ExplorerAPI) -> None:
+        super().__init__(api)
         self.output = ipw.HTML("")
-        self.output.add_class("precnb-nan-output")
-        self.button.on_click(lambda _b: self.run())
-        super().__init__([ipw.HBox([self.run_pick, self.button]), self.output])
+        self.output.add_class("precnb-finding-output")
+        self.list = ipw.VBox([])
+        self.list.add_class("precnb-findings-list")
+        self.children = [self.output, self.list]
+        self.refresh()
 
-    def run(self) -> Any:
-        """Search (through the pipeline), show and move the explorer to the finding; returns it (or None)."""
-        from precnb.pipeline import diagnose
+    def refresh(self) -> None:
+        """List the triage's findings (found ones as links) and show the current one."""
+        t = self.api.triage
+        items: list[ipw.Widget] = []
+        for f in (t.findings if t is not None else []):
+            if _located(f):
+                b = ipw.Button(description=finding_title(f), layout=ipw.Layout(width="auto", max_width="720px"))
+                b.on_click(lambda _b, f=f: self.api.show_finding(f))
+                items.append(b)
+            else:
+                from precnb.analysis.registry import title
 
-        run = self.run_pick.value if self.explorer.runs.names else None
-        self.output.value = "<i>searching…</i>"
-        try:
-            f = diagnose(self.explorer.runs.run(run), kinds=["nan_origin"]).finding
-        except Exception as err:
-            self.output.value = _error(err)
-            return None
-        self.show(f)
-        if f.found:
-            self.explorer.show_finding(f, color="events", target=run)
-        return f
+                items.append(ipw.HTML(f"<span style='font-size:12px'><b>{html.escape(title(f.kind))}</b>: "
+                                      f"{html.escape(f.reason)}</span>"))
+        self.list.children = items
+        self.on_select()
 
-    def show(self, f: Any) -> None:
-        """Display a finding without moving."""
-        self.finding = f
-        self.output.value = finding_html(f)
+    def on_select(self) -> None:
+        """Show the current finding (or the triage's first when none is shown)."""
+        t = self.api.triage
+        f = self.api.current_finding or (t.finding if t is not None else None)
+        self.output.value = finding_html(f) if f is not None else "<i>no diagnosis run (auto=False)</i>"

@@ -140,9 +140,10 @@ def align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None) -> A
                 unpaired["glue"].append({"side": side, "node": node, "why": why})
     identical = (not specs and all(q.baseline == q.target for q in nodes) and not unpaired["baseline"]
                  and not unpaired["target"] and not unpaired["glue"] and len(tensors) == len(tt.labels))
+    user_unpaired = sorted({n for s in specs for n in (getattr(s, "unpair", None) or []) if n in tt.nodes})
     return Alignment(modules=modules, nodes=nodes, tensors=tensors, unpaired=unpaired,
                      frameworks=(tb.framework, tt.framework), identical=identical, target_coords=target_coords,
-                     sources=[s.source or s.kind for s in specs])
+                     sources=[s.source or s.kind for s in specs], user_unpaired=user_unpaired)
 
 
 def _plain(v: Any) -> Any:

@@ -74,6 +74,7 @@ class Alignment:
     target_coords: dict[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
     sources: list[str] = field(default_factory=list)
     applied: bool = False  # the baseline is already in the target's names (a combined dataset)
+    user_unpaired: list[str] = field(default_factory=list)  # target nodes a mapping said to leave unpaired
 
     ATTR = "precnb_alignment"
     """The attribute under which :func:`precnb.open_runs` records the alignment it applied."""
@@ -192,7 +193,7 @@ class Alignment:
             "modules": [p.to_dict() for p in self.modules],
             "nodes": [p.to_dict() for p in self.nodes],
             "tensors": [p.to_dict() for p in self.tensors if p.how == "user"],
-            "unpair": [],
+            "unpair": sorted(self.user_unpaired),
             "note": "precnb alignment: edit the pairs (baseline <-> target), delete wrong ones, add missing ones; "
                     "`precnb diff BASE TARGET --mapping THIS_FILE` keeps them and pairs the rest automatically",
         }
@@ -217,7 +218,8 @@ class Alignment:
         set_nodes : dict, optional
             Baseline node → target node pairs to force.
         unpair_targets : set of str, optional
-            Target nodes that must stay unpaired.
+            Target nodes that must stay unpaired (added to those a mapping already left unpaired;
+            a node given in *set_nodes* is paired again).
         set_modules : dict, optional
             Baseline module path → target module path pairs to force.
 
@@ -233,7 +235,7 @@ class Alignment:
             user_nodes = {k: v for k, v in user_nodes.items() if v != t}
             user_nodes[b] = t
         user_mods.update(set_modules or {})
-        unpair = set(unpair_targets or ())
+        unpair = (set(self.user_unpaired) - set((set_nodes or {}).values())) | set(unpair_targets or ())
         user_nodes = {b: t for b, t in user_nodes.items() if t not in unpair}
         return {"modules": user_mods, "nodes": user_nodes, "tensors": user_tensors, "unpair": sorted(unpair)}
 

@@ -1,0 +1,200 @@
+"""Two module trees side by side, paired modules (or calls) linked, coloured by divergence.
+
+The frame lists each run's modules (or the calls inside one module) in execution order with
+their depth, the partner the alignment gave them and how (name, structure, shape, value, user)
+and a divergence rank (1 = the module whose first flagged record comes first); the chart draws
+the baseline's tree on the left, the target's on the right and a line per pair, with a
+``left`` and a ``right`` point selection for picking one node on each side.
+
+Examples
+--------
+>>> from precnb.viz.alignment import alignment_frame
+>>> rows, links = alignment_frame(alignment, baseline, target)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+__all__ = ["alignment_chart", "alignment_frame", "first_seen"]
+
+ROW_COLUMNS = ["side", "name", "label", "depth", "y", "rank", "partner", "how", "confidence", "status"]
+LINK_COLUMNS = ["baseline", "target", "y_b", "y_t", "how", "confidence"]
+_HOW_COLORS = {"user": "#1f5fbf", "name": "#999999", "structure": "#b07a00", "shape": "#b07a00",
+               "value": "#b07a00"}
+
+
+def first_seen(ds: xr.Dataset, by: str) -> dict[str, int]:
+    """Earliest execution position of every value of coordinate *by* (``module`` or ``node``)."""
+    seq = np.asarray(ds["seq"].values)
+    first = np.where(seq >= 0, seq, np.iinfo(np.int32).max).min(axis=(0, 1)) if seq.size else np.zeros(0)
+    out: dict[str, int] = {}
+    for key, f in zip(ds[by].values.astype(str), np.asarray(first).ravel(), strict=False):
+        if key and (key not in out or f < out[key]):
+            out[key] = int(f)
+    return out
+
+
+def _tree(names: Mapping[str, int]) -> list[tuple[str, int]]:
+    """Module paths (plus ancestors) depth first, children in execution order: (path, depth)."""
+    seen: dict[str, int] = {}
+    for n, f in names.items():
+        parts = n.split(".")
+        for i in range(1, len(parts) + 1):
+            p = ".".join(parts[:i])
+            seen[p] = min(seen.get(p, f), f)
+    kids: dict[str, list[str]] = {}
+    for p in seen:
+        kids.setdefault(p.rsplit(".", 1)[0] if "." in p else "", []).append(p)
+    out: list[tuple[str, int]] = []
+    stack = [(k, 0) for k in sorted(kids.get("", []), key=lambda k: (seen[k], k), reverse=True)]
+    while stack:
+        p, d = stack.pop()
+        out.append((p, d))
+        stack.extend((k, d + 1) for k in sorted(kids.get(p, []), key=lambda k: (seen[k], k), reverse=True))
+    return out
+
+
+def alignment_frame(
+    alignment: Any,
+    baseline: xr.Dataset,
+    target: xr.Dataset,
+    *,
+    level: str = "modules",
+    within: tuple[str | None, str | None] = (None, None),
+    ranks: Mapping[str, int] | None = None,
+    limit: int = 240,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Rows of both trees and the links between pairs.
+
+    Parameters
+    ----------
+    alignment : precnb.Alignment
+    baseline, target : xarray.Dataset
+        The runs in their own names (shards merged).
+    level : {"modules", "calls"}
+        Module paths, or the calls (nodes) of each run.
+    within : (baseline module, target module), optional
+        For ``calls``: only the calls inside these modules.
+    ranks : mapping, optional
+        Divergence rank of target modules (or nodes): 1 = first flagged; baseline rows take their
+        partner's.
+    limit : int
+        Most rows per side (in execution order).
+
+    Returns
+    -------
+    (rows, links) : pandas.DataFrame
+        ``rows``: ``side, name, label, depth, y, rank, partner, how, confidence, status``
+        (``status`` is ``paired``, ``unpaired``, or ``glue``: framework glue, a module path without
+        records of its own, or a name both runs have); ``links``: ``baseline, target, y_b,
+        y_t, how, confidence``.
+    """
+    if level not in ("modules", "calls"):
+        raise ValueError(f"level must be 'modules' or 'calls', got {level!r}")
+    pairs = alignment.modules if level == "modules" else alignment.nodes
+    b2t = {p.baseline: p for p in pairs}
+    t2b = {p.target: p for p in pairs}
+    glue = {(g["side"], g["node"]) for g in alignment.unpaired.get("glue", [])}
+    ranks = dict(ranks or {})
+    rows: list[dict[str, Any]] = []
+    other_names = {"baseline": set(target[("module" if level == "modules" else "node")].values.astype(str)),
+                   "target": set(baseline[("module" if level == "modules" else "node")].values.astype(str))}
+    for side, ds, own, inside in (("baseline", baseline, b2t, within[0]), ("target", target, t2b, within[1])):
+        real = set(ds["module" if level == "modules" else "node"].values.astype(str))
+        if level == "modules":
+            items = _tree(first_seen(ds, "module"))
+        else:
+            nodes = first_seen(ds, "node")
+            if inside:
+                mod = dict(zip(ds["node"].values.astype(str), ds["module"].values.astype(str), strict=True))
+                nodes = {n: f for n, f in nodes.items() if mod.get(n) == inside or mod.get(n, "").startswith(
+                    inside + ".")}
+            items = [(n, 0) for n in sorted(nodes, key=lambda n: (nodes[n], n))]
+        for y, (name, depth) in enumerate(items[:limit]):
+            p = own.get(name)
+            partner = (p.target if side == "baseline" else p.baseline) if p is not None else ""
+            key = name if side == "target" else partner
+            if p is not None:
+                status = "paired"
+            elif (side, name) in glue or name not in real or name in other_names[side]:
+                status = "glue"  # framework glue, a path without records, or a name both runs share
+            else:
+                status = "unpaired"
+            rows.append({"side": side, "name": name, "label": name.rsplit(".", 1)[-1] if level == "modules" else name,
+                         "depth": depth, "y": y, "rank": int(ranks.get(key, 0)) if key else 0, "partner": partner,
+                         "how": p.how if p is not None else "", "confidence": float(p.confidence) if p else 0.0,
+                         "status": status})
+    frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
+    yb = {r["name"]: r["y"] for r in rows if r["side"] == "baseline"}
+    yt = {r["name"]: r["y"] for r in rows if r["side"] == "target"}
+    links = [{"baseline": p.baseline, "target": p.target, "y_b": yb[p.baseline], "y_t": yt[p.target], "how": p.how,
+              "confidence": float(p.confidence)} for p in pairs if p.baseline in yb and p.target in yt]
+    return frame, pd.DataFrame(links, columns=LINK_COLUMNS)
+
+
+def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str, str] = ("baseline", "target"),
+                    selected: tuple[str | None, str | None] = (None, None), width: int = 900,
+                    row_height: int = 16) -> alt.LayerChart:
+    """Both trees and the pair links, with ``left`` / ``right`` point selections.
+
+    The selections' fields are ``left_name`` / ``right_name`` (each side's rows carry only their own),
+    so a click on a target row never selects a baseline node.
+    """
+    n = int(rows["y"].max()) + 1 if len(rows) else 1
+    height = max(80, row_height * n)
+    y_scale = alt.Scale(domain=[-0.5, n - 0.5], reverse=True, nice=False)
+    y = alt.Y("y:Q", axis=None, scale=y_scale)
+    x_scale = alt.Scale(domain=[0, 1], nice=False)
+    top = float(rows["rank"].max()) if len(rows) and rows["rank"].max() > 0 else 1.0
+    conditions = [{"test": "datum.status == 'unpaired'", "value": "#f0a030"},
+                  {"test": "datum.status == 'glue'", "value": "#ffffff"},
+                  {"test": "!(datum.rank > 0)", "value": "#dddddd"}]
+    fill = alt.Color("rank:Q", scale=alt.Scale(type="log", domain=[1, max(2.0, top)], scheme="reds", reverse=True),
+                     title="first bad (1 = earliest)", legend=alt.Legend(orient="top", gradientLength=140),
+                     condition=conditions)
+    tip = [alt.Tooltip("name:N"), alt.Tooltip("partner:N"), alt.Tooltip("how:N", title="paired by"),
+           alt.Tooltip("confidence:Q", format=".2f"), alt.Tooltip("status:N"), alt.Tooltip("rank:Q", title="first bad")]
+    layers: list[Any] = []
+    base_links = alt.Chart(links).mark_rule(strokeWidth=1.2).encode(
+        x=alt.XDatum(0.425, scale=x_scale, axis=None), x2=alt.X2Datum(0.575),
+        y=alt.Y("y_b:Q", scale=y_scale, axis=None),
+        y2="y_t:Q", color=alt.Color("how:N", scale=alt.Scale(domain=list(_HOW_COLORS), range=list(
+            _HOW_COLORS.values())), title="paired by", legend=alt.Legend(orient="top")),
+        opacity=alt.Opacity("confidence:Q", scale=alt.Scale(domain=[0, 1], range=[0.25, 0.9]), legend=None),
+        tooltip=[alt.Tooltip("baseline:N"), alt.Tooltip("target:N"), alt.Tooltip("how:N"),
+                 alt.Tooltip("confidence:Q", format=".2f")])
+    layers.append(base_links)
+    for side, x0, x_box, align, param in (("baseline", 0.0, 0.41, "left", "left"),
+                                         ("target", 0.6, 0.59, "left", "right")):
+        key = f"{param}_name"  # a side's own field: a click on the other side's rows cannot fill it
+        part = rows[rows["side"] == side].assign(**{key: rows.loc[rows["side"] == side, "name"]})
+        value = selected[0] if side == "baseline" else selected[1]
+        sel = alt.selection_point(name=param, fields=[key], on="click", clear="dblclick",
+                                  **({"value": [{key: value}]} if value else {}))
+        hit = alt.Chart(part).mark_rect(opacity=1).encode(
+            x=alt.XDatum(x0 if side == "target" else 0.0, scale=x_scale, axis=None),
+            x2=alt.X2Datum(0.4 if side == "baseline" else 1.0),
+            y=alt.Y("y:Q", scale=y_scale, axis=None), y2=alt.Y2("y2:Q"),
+            color=alt.when(sel, empty=False).then(alt.value("#ffe39a")).otherwise(alt.value("#ffffff")),
+            tooltip=tip).transform_calculate(y2="datum.y + 0.5").transform_calculate(y="datum.y - 0.5") \
+            .add_params(sel)
+        fill_side = fill if side == "baseline" else alt.Color(
+            "rank:Q", scale=alt.Scale(type="log", domain=[1, max(2.0, top)], scheme="reds", reverse=True), legend=None,
+            condition=conditions)
+        box = alt.Chart(part).mark_square(size=90).encode(x=alt.XDatum(x_box, scale=x_scale, axis=None), y=y,
+                                                          color=fill_side,
+                                                          stroke=alt.value("#888"), tooltip=tip)
+        text = alt.Chart(part).mark_text(align=align, baseline="middle", fontSize=11, limit=int(width * 0.38)).encode(
+            x=alt.X("tx:Q", scale=x_scale, axis=None), y=y, text="label:N", tooltip=tip,
+            color=alt.condition("datum.status == 'unpaired'", alt.value("#a05a00"), alt.value("#222222")),
+        ).transform_calculate(tx=f"{x0 + 0.005} + datum.depth * 0.014")
+        layers += [hit, box, text]
+    title = alt.TitleParams(f"{names[0]} (left)  ↔  {names[1]} (right)", anchor="start", fontSize=12)
+    return alt.layer(*layers, title=title).properties(width=width, height=height).resolve_scale(color="independent")

@@ -1,0 +1,132 @@
+"""The explorer's panel protocol: a tab is one module that talks to the explorer through :class:`ExplorerAPI`.
+
+A panel is built with the explorer's API (``factory(api) -> Panel``, or None when it does not
+apply to these runs) and is told when the runs or triage change (:meth:`Panel.refresh`), when
+the selection changes (:meth:`Panel.on_select`) and when its tab is opened
+(:meth:`Panel.on_show`). It acts on the explorer only through the API (show a finding,
+select a record, narrow the view, rerun the triage); nothing calls back into it otherwise.
+``Explorer(panels=[...])`` takes the factories; :func:`default_panels` lists the built-in ones.
+
+Examples
+--------
+>>> from precnb.widgets.panel import Panel
+>>> class Notes(Panel):
+...     title = "Notes"
+...     def refresh(self):
+...         self.children = [ipw.HTML(f"{len(self.api.findings())} finding(s)")]
+>>> ex = precnb.explore(run, panels=[*default_panels(), Notes])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import ipywidgets as ipw
+
+if TYPE_CHECKING:
+    from precnb.widgets._data import ExplorerData
+    from precnb.widgets._inputs import Runs
+    from precnb.widgets.filters import FilterPanel
+
+__all__ = ["ExplorerAPI", "Panel", "PanelFactory", "PanelProtocol", "default_panels"]
+
+
+class ExplorerAPI(Protocol):
+    """What a panel may read and do (implemented by :class:`precnb.widgets.explorer.Explorer`)."""
+
+    runs: Runs
+    triage: Any
+    data: ExplorerData
+    filters: FilterPanel
+    step: int | None
+    rank: int | None
+    tensor: str | None
+    row: str | None
+    unmerged: bool
+    current_finding: Any
+
+    def show_finding(self, f: Any) -> None:
+        """Move every view to a finding."""
+
+    def select_record(self, step: int, rank: int, tensor: str, *, unmerged: bool = False) -> None:
+        """Select one record (as a click on its cell would)."""
+
+    def narrow(self, text: str, *, regex: bool = False) -> None:
+        """Show only the tensors whose node or module matches *text* (empty: all)."""
+
+    def rerun(self, **options: Any) -> Any:
+        """Run the triage again with these options (as :func:`precnb.diagnose` takes them)."""
+
+    def findings(self) -> list[Any]:
+        """The findings shown so far (the triage's, most important first)."""
+
+    def sources(self) -> dict[str, Any]:
+        """The runs as given (before merging), by name."""
+
+    def input_paths(self) -> list[str]:
+        """The paths the runs were read from: writes stay out of them."""
+
+
+@runtime_checkable
+class PanelProtocol(Protocol):
+    """A tab of the explorer."""
+
+    title: str
+
+    def refresh(self) -> None:
+        """The explorer's runs or triage changed."""
+
+    def on_select(self) -> None:
+        """The selected record changed."""
+
+    def on_show(self) -> None:
+        """The panel's tab was opened."""
+
+
+PanelFactory = Callable[["ExplorerAPI"], "PanelProtocol | None"]
+
+
+class Panel(ipw.VBox):
+    """Convenience base: an ``ipywidgets.VBox`` holding the API, with no-op hooks.
+
+    Subclasses set :attr:`title`, build their widgets in ``__init__`` (after ``super().__init__``)
+    and override the hooks they need; :meth:`applies` says whether the panel fits the runs.
+    """
+
+    title: ClassVar[str] = ""
+
+    def __init__(self, api: ExplorerAPI, children: Sequence[ipw.Widget] = ()) -> None:
+        super().__init__(list(children))
+        self.api = api
+
+    @classmethod
+    def create(cls, api: ExplorerAPI) -> Panel | None:
+        """The factory: an instance when :meth:`applies`, else None."""
+        return cls(api) if cls.applies(api) else None
+
+    @classmethod
+    def applies(cls, api: ExplorerAPI) -> bool:
+        """Whether the panel fits these runs (default: always)."""
+        return True
+
+    def refresh(self) -> None:
+        """The explorer's runs or triage changed."""
+
+    def on_select(self) -> None:
+        """The selected record changed."""
+
+    def on_show(self) -> None:
+        """The panel's tab was opened."""
+
+
+def default_panels() -> list[PanelFactory]:
+    """The built-in tabs, in order: Finding, Triage options, Alignment, Shards, Hierarchy, Export."""
+    from precnb.widgets.alignment import AlignmentPanel
+    from precnb.widgets.export import ExportPanel
+    from precnb.widgets.findings import FindingPanel
+    from precnb.widgets.hierarchy import HierarchyPanel
+    from precnb.widgets.options import TriagePanel
+    from precnb.widgets.shards import ShardPanel
+
+    return [p.create for p in (FindingPanel, TriagePanel, AlignmentPanel, ShardPanel, HierarchyPanel, ExportPanel)]
