@@ -21,7 +21,8 @@ pytest.importorskip("anywidget")
 pytest.importorskip("altair")
 from precnb.widgets import explore
 from precnb.widgets.explorer import HEATMAP_COLUMNS, Explorer
-from precnb.widgets.panel import Panel, default_panels
+from precnb.widgets.panel import Panel
+from precnb.widgets.tabs import default_panels
 
 
 def vega_point(jc, name, points):
@@ -645,6 +646,7 @@ def test_save_mapping_and_export_follow_the_write_rules(tmp_path):
     panel.overwrite.value = False
     assert panel.do_save() is not None
     assert panel.do_save() is None and "exists" in panel.output.value
+    assert "tick the replace box" in panel.output.value and "--overwrite" not in panel.output.value  # the panel's switch
     panel.overwrite.value = True
     assert panel.do_save() == tmp_path / "map.json" and "written" in panel.output.value
     out = tmp_path / "report.html"

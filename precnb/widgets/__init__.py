@@ -41,7 +41,7 @@ def explore(run_or_runs: Any, baseline: Any = None, *, auto: bool = True, max_li
         Most rank lines in the line chart (the selected rank and the most deviating ones).
     panels : sequence of callables, optional
         The tabs: panel factories (``factory(explorer) -> Panel | None``), default
-        :func:`precnb.widgets.panel.default_panels` (see :mod:`precnb.widgets.panel`).
+        :func:`precnb.widgets.tabs.default_panels` (see :mod:`precnb.widgets.panel`).
     **options
         Pipeline options, as for :func:`precnb.diagnose` (``target_layout="tp=2"``,
         ``baseline_layout``, ``step_offset``, ``tolerance``, ``mapping``, ``steps``, ``ranks``, ...).
@@ -72,7 +72,7 @@ def __getattr__(name: str) -> Any:
               "SeriesPanel": "charts", "WherePanel": "charts", "DetailPanel": "detail", "FindingBar": "findings",
               "FindingPanel": "findings", "TriagePanel": "options", "AlignmentPanel": "alignment",
               "ShardPanel": "shards", "HierarchyPanel": "hierarchy", "ExportPanel": "export", "Panel": "panel",
-              "default_panels": "panel"}
+              "default_panels": "tabs"}
     if name in panels:
         import importlib
 

@@ -25,9 +25,10 @@ from precnb.widgets.filters import FilterPanel
 from precnb.widgets.findings import FindingBar
 from precnb.widgets.heat import HEATMAP_COLUMNS, HeatView, Pick, contract_frame
 from precnb.widgets.keys import KeyNav
-from precnb.widgets.panel import PanelFactory, PanelProtocol, default_panels
+from precnb.widgets.panel import PanelFactory, PanelProtocol
 from precnb.widgets.preflight import PreflightPanel
 from precnb.widgets.record import RecordView
+from precnb.widgets.tabs import default_panels
 
 __all__ = ["HEATMAP_COLUMNS", "Explorer"]
 

@@ -77,7 +77,9 @@ def finding_html(f: Any, *, suspects: bool = True) -> str:
 
 
 def _error(err: Exception) -> str:
-    return f"<span style='color:#b00'>{html.escape(type(err).__name__)}: {html.escape(str(err))}</span>"
+    # the write rules' refusal names the command-line flag; in a panel the switch is the "replace" box
+    text = str(err).replace("(pass --overwrite to replace it)", "(tick the replace box to replace it)")
+    return f"<span style='color:#b00'>{html.escape(type(err).__name__)}: {html.escape(text)}</span>"
 
 
 def finding_title(f: Any, index: int | None = None, total: int | None = None) -> str:

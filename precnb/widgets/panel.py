@@ -5,7 +5,7 @@ apply to these runs) and is told when the runs or triage change (:meth:`Panel.re
 the selection changes (:meth:`Panel.on_select`) and when its tab is opened
 (:meth:`Panel.on_show`). It acts on the explorer only through the API (show a finding,
 select a record, narrow the view, rerun the triage); nothing calls back into it otherwise.
-``Explorer(panels=[...])`` takes the factories; :func:`default_panels` lists the built-in ones.
+``Explorer(panels=[...])`` takes the factories; :func:`precnb.widgets.tabs.default_panels` lists the built-in ones.
 
 Examples
 --------
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from precnb.widgets._inputs import Runs
     from precnb.widgets.filters import FilterPanel
 
-__all__ = ["ExplorerAPI", "Panel", "PanelFactory", "PanelProtocol", "default_panels"]
+__all__ = ["ExplorerAPI", "Panel", "PanelFactory", "PanelProtocol"]
 
 
 class ExplorerAPI(Protocol):
@@ -118,15 +118,3 @@ class Panel(ipw.VBox):
 
     def on_show(self) -> None:
         """The panel's tab was opened."""
-
-
-def default_panels() -> list[PanelFactory]:
-    """The built-in tabs, in order: Finding, Triage options, Alignment, Shards, Hierarchy, Export."""
-    from precnb.widgets.alignment import AlignmentPanel
-    from precnb.widgets.export import ExportPanel
-    from precnb.widgets.findings import FindingPanel
-    from precnb.widgets.hierarchy import HierarchyPanel
-    from precnb.widgets.options import TriagePanel
-    from precnb.widgets.shards import ShardPanel
-
-    return [p.create for p in (FindingPanel, TriagePanel, AlignmentPanel, ShardPanel, HierarchyPanel, ExportPanel)]
