@@ -263,7 +263,7 @@ def test_explorer_export_follows_the_same_rules(world):
     ex.export.overwrite.value = False
     ex.export.path.value = str(world / "explored.html")
     assert ex.export.export() == world / "explored.html"
-    assert ex.export.export() is None and "pass --overwrite" in ex.export.status.value
+    assert ex.export.export() is None and "tick the replace box" in ex.export.status.value
     ex.export.overwrite.value = True
     assert ex.export.export() == world / "explored.html"
 
