@@ -21,6 +21,7 @@ from precnb.viz.selections import read_point
 from precnb.widgets._data import ExplorerData
 from precnb.widgets._inputs import Runs
 from precnb.widgets._rerun import input_paths, rerun_triage, sources_of
+from precnb.widgets._views import ExplorerViews
 from precnb.widgets.filters import FilterPanel
 from precnb.widgets.findings import FindingBar
 from precnb.widgets.heat import HEATMAP_COLUMNS, HeatView, Pick, contract_frame
@@ -41,7 +42,7 @@ _CSS = ("<style>.precnb-explorer .precnb-heatmap g.mark-text, .precnb-explorer .
         "g.mark-rect {pointer-events: none}</style>")
 
 
-class Explorer(ipw.VBox):
+class Explorer(ExplorerViews, ipw.VBox):
     """Linked notebook explorer of one run, or of several runs against a baseline.
 
     Create it with :func:`precnb.widgets.explore`. State: ``step``, ``rank``, ``tensor``,
@@ -101,56 +102,6 @@ class Explorer(ipw.VBox):
             self.start()
         else:
             self.bar.update()
-
-    # -- compatibility names ------------------------------------------------------------------
-    @property
-    def heatmap(self) -> Any:
-        """The main heat-map panel (its ``chart`` is the ``alt.JupyterChart``)."""
-        return self.heat.main
-
-    @property
-    def where(self) -> Any:
-        """The rank × step panel."""
-        return self.heat.where
-
-    @property
-    def lines(self) -> Any:
-        """The line-chart panel."""
-        return self.record.lines
-
-    @property
-    def detail(self) -> Any:
-        """The detail-table panel."""
-        return self.record.detail
-
-    @property
-    def status(self) -> Any:
-        """The selection line."""
-        return self.record.status
-
-    @property
-    def frame(self) -> pd.DataFrame:
-        """The main heat map's frame as :func:`precnb.viz.heatmap_frame` made it."""
-        return self.heat.frame
-
-    @property
-    def series(self) -> pd.DataFrame:
-        """The line chart's frame."""
-        return self.record.series if self.record.series is not None else pd.DataFrame()
-
-    @property
-    def hierarchy(self) -> Any:
-        """The Hierarchy tab (None when absent)."""
-        return self.panel("Hierarchy")
-
-    @property
-    def export(self) -> Any:
-        """The Export tab (None when absent)."""
-        return self.panel("Export")
-
-    def panel(self, title: str) -> Any:
-        """The tab titled *title* (None when absent)."""
-        return next((p for p in self.panels if p.title == title), None)
 
     def sources(self) -> dict[str, Any]:
         """The runs as given (before merging), by name."""

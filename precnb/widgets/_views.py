@@ -1,0 +1,67 @@
+"""The explorer's parts by name (``ex.heatmap``, ``ex.lines``, ``ex.export``, ...): a mixin of read-only views."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["ExplorerViews"]
+
+
+class ExplorerViews:
+    """Named access to the explorer's panels and frames (mixed into :class:`~precnb.widgets.Explorer`)."""
+
+    heat: Any
+    record: Any
+    panels: list[Any]
+
+    # -- compatibility names ------------------------------------------------------------------
+    @property
+    def heatmap(self) -> Any:
+        """The main heat-map panel (its ``chart`` is the ``alt.JupyterChart``)."""
+        return self.heat.main
+
+    @property
+    def where(self) -> Any:
+        """The rank × step panel."""
+        return self.heat.where
+
+    @property
+    def lines(self) -> Any:
+        """The line-chart panel."""
+        return self.record.lines
+
+    @property
+    def detail(self) -> Any:
+        """The detail-table panel."""
+        return self.record.detail
+
+    @property
+    def status(self) -> Any:
+        """The selection line."""
+        return self.record.status
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The main heat map's frame as :func:`precnb.viz.heatmap_frame` made it."""
+        return self.heat.frame
+
+    @property
+    def series(self) -> pd.DataFrame:
+        """The line chart's frame."""
+        return self.record.series if self.record.series is not None else pd.DataFrame()
+
+    @property
+    def hierarchy(self) -> Any:
+        """The Hierarchy tab (None when absent)."""
+        return self.panel("Hierarchy")
+
+    @property
+    def export(self) -> Any:
+        """The Export tab (None when absent)."""
+        return self.panel("Export")
+
+    def panel(self, title: str) -> Any:
+        """The tab titled *title* (None when absent)."""
+        return next((p for p in self.panels if p.title == title), None)
