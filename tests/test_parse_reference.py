@@ -24,7 +24,7 @@ import pytest
 from precnb.io._runfacts import _API, _plain, api_of, is_optimizer_node
 from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
-from precnb.io.msprobe.walk import _module_of, name_parts
+from precnb.io.msprobe.walk import _module_of, _split_nodes, name_parts
 from precnb.io.records import _shape_text, stat_value
 from precnb.naming import module_path_of, parse_node
 from tests.conftest import SAMPLES, shared_path
@@ -253,6 +253,16 @@ def test_module_of_is_module_path_of():
         except ValueError:  # a counter of more than 4300 digits: no module
             want = ""
         assert _module_of(parent) == want, parent
+
+
+def test_split_nodes_is_name_parts():
+    """node_columns' in-line split of the node names gives name_parts' parts (an API's module: its parent's)."""
+    names = _names()
+    parents = [names[(i * 7919) % len(names)] if i % 3 else "" for i in range(len(names))]
+    got = list(zip(*_split_nodes(names, parents), strict=True))
+    for node, parent, (kind, api, module, direction, call) in zip(names, parents, got, strict=True):
+        k, a, m, d, c = name_parts(node)
+        assert (kind, api, module, direction, call) == (k, a, _module_of(parent) if k == "api" else m, d, c), node
 
 
 def test_api_of_is_its_pattern():

@@ -238,6 +238,44 @@ def leaves_of(node: str, record: Any, kind: str | None = None) -> list[tuple[str
     return list(zip(w.labels, w.roles, w.leaves, strict=True))
 
 
+def _split_nodes(nodes: Sequence[str], parents: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str],
+                                                                        list[int]]:
+    """(kinds, apis, modules, directions, calls) of *nodes*: :func:`name_parts` node by node, an API's module
+    its parent's; the common ``{api}.{call}.{direction}`` spelling split in line (the bulk of the nodes)."""
+    kinds: list[str] = []
+    apis: list[str] = []
+    modules: list[str] = []
+    dirs: list[str] = []
+    calls: list[int] = []
+    of_parent: dict[str, str] = {}
+    for node, parent in zip(nodes, parents, strict=True):
+        if "parameters_grad" not in node and node.isascii() and "\n" not in node:  # name_parts' first case
+            head, _, last = node.rpartition(".")
+            if last == "forward" or last == "backward":
+                api, sep, call = head.rpartition(".")
+                if sep and api and call.isdigit() and len(call) < 19:
+                    module = of_parent.get(parent)
+                    if module is None:
+                        module = of_parent[parent] = _module_of(parent)
+                    kinds.append("api")
+                    apis.append(api)
+                    modules.append(module)
+                    dirs.append(last)
+                    calls.append(int(call))
+                    continue
+        kind, api, module, direction, number = name_parts(node)
+        if kind == "api":
+            module = of_parent.get(parent)
+            if module is None:
+                module = of_parent[parent] = _module_of(parent)
+        kinds.append(kind)
+        apis.append(api)
+        modules.append(module)
+        dirs.append(direction)
+        calls.append(number)
+    return kinds, apis, modules, dirs, calls
+
+
 def node_columns(nodes: Sequence[str], parents: Sequence[str], counts: Sequence[int], micro: Mapping[str, int],
                  n: int) -> dict[str, np.ndarray]:
     """The per-tensor coordinates of :data:`NODE_COLUMNS` (one array each, *n* tensors).
@@ -252,10 +290,7 @@ def node_columns(nodes: Sequence[str], parents: Sequence[str], counts: Sequence[
     >>> cols["module"].tolist(), cols["call"].tolist(), cols["micro_step"].tolist()
     (['act', 'act'], [0, 0], [-1, -1])
     """
-    parts = list(map(name_parts, nodes))
-    kinds, apis, mods, dirs, calls = zip(*parts, strict=True) if parts else ((), (), (), (), ())
-    of_parent = {p: _module_of(p) for p in set(parents)}
-    modules = [of_parent[p] if k == "api" else m for k, m, p in zip(kinds, mods, parents, strict=True)]
+    kinds, apis, modules, dirs, calls = _split_nodes(nodes, parents)
     mget = micro.get
     micro_steps = [mget(nd, -1) for nd in nodes] if micro else None
     reps = np.asarray(counts, np.int64)
