@@ -58,10 +58,11 @@ class TooDeepError(Exception):
 def name_parts(node: str) -> tuple[str, str, str, str, int]:
     """(kind, api, module, direction, call) of a node name: :func:`precnb.naming.parse_node` without the node.
 
-    The common spellings, ``{api}.{call}.{forward|backward}`` and
-    ``Module|Cell.{path}.{Class}.{forward|backward}.{call}`` with ASCII names and counters of
+    The common spellings, ``{api}.{call}.{forward|backward}``,
+    ``Module|Cell.{path}.{Class}.{forward|backward}.{call}`` and
+    ``Module|Cell.{path}.{Class}.parameters_grad[.{call}]`` with ASCII names and counters of
     fewer than 19 digits, are split with string methods (what the regular expressions of
-    :mod:`precnb.naming` match there: ``tests/test_io_msprobe.py`` compares both); anything else
+    :mod:`precnb.naming` match there: ``tests/test_parse_reference.py`` compares both); anything else
     goes through ``parse_node``, with call counters beyond 2**62 (or 4300 digits) read as -1.
 
     Examples
@@ -69,7 +70,19 @@ def name_parts(node: str) -> tuple[str, str, str, str, int]:
     >>> name_parts("Module.fc.Linear.parameters_grad")
     ('param_grad', 'Linear', 'fc', 'backward', -1)
     """
-    if "parameters_grad" not in node and node.isascii() and "\n" not in node:
+    if "parameters_grad" in node:
+        if node.isascii() and "\n" not in node:  # Module|Cell.{path}.{Class}.parameters_grad[.{call}]
+            head, sep, last = node.rpartition(".")
+            call = -1
+            if last != "parameters_grad" and last.isdigit() and len(last) < 19 and head.endswith(".parameters_grad"):
+                head, call = head[:-16], int(last)
+            elif last != "parameters_grad":
+                head = ""
+            pre, sep, body = head.partition(".")
+            if sep and body and (pre == "Module" or pre == "Cell"):
+                path, _, cls = body.rpartition(".")
+                return ("param_grad", cls, path, "backward", call)
+    elif node.isascii() and "\n" not in node:
         head, sep, last = node.rpartition(".")
         if last == "forward" or last == "backward":
             api, sep, call = head.rpartition(".")
