@@ -229,8 +229,8 @@ class Columns:
                 self._numel.append(np.fromiter(map(_SHAPE_NUMEL.__getitem__, keys), np.int64, n))
                 return
             if None not in infos:
-                self.shape += [info[0] for info in infos]  # type: ignore[index]
-                self._numel.append(np.fromiter([info[1] for info in infos], np.int64, n))  # type: ignore[index]
+                self.shape += [info[0] for info in infos]
+                self._numel.append(np.fromiter([info[1] for info in infos], np.int64, n))
                 return
         else:
             infos = []

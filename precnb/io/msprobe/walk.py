@@ -73,15 +73,15 @@ def name_parts(node: str) -> tuple[str, str, str, str, int]:
     if "parameters_grad" in node:
         if node.isascii() and "\n" not in node:  # Module|Cell.{path}.{Class}.parameters_grad[.{call}]
             head, sep, last = node.rpartition(".")
-            call = -1
+            number = -1
             if last != "parameters_grad" and last.isdigit() and len(last) < 19 and head.endswith(".parameters_grad"):
-                head, call = head[:-16], int(last)
+                head, number = head[:-16], int(last)
             elif last != "parameters_grad":
                 head = ""
             pre, sep, body = head.partition(".")
             if sep and body and (pre == "Module" or pre == "Cell"):
                 path, _, cls = body.rpartition(".")
-                return ("param_grad", cls, path, "backward", call)
+                return ("param_grad", cls, path, "backward", number)
     elif node.isascii() and "\n" not in node:
         head, sep, last = node.rpartition(".")
         if last == "forward" or last == "backward":
@@ -253,8 +253,11 @@ def leaves_of(node: str, record: Any, kind: str | None = None) -> list[tuple[str
 
 def _split_nodes(nodes: Sequence[str], parents: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str],
                                                                         list[int]]:
-    """(kinds, apis, modules, directions, calls) of *nodes*: :func:`name_parts` node by node, an API's module
-    its parent's; the common ``{api}.{call}.{direction}`` spelling split in line (the bulk of the nodes)."""
+    """(kinds, apis, modules, directions, calls) of *nodes*: :func:`name_parts` node by node.
+
+    An API's module is its parent's; the common ``{api}.{call}.{direction}`` spelling (the bulk of
+    the nodes) is split in line.
+    """
     kinds: list[str] = []
     apis: list[str] = []
     modules: list[str] = []
