@@ -52,10 +52,9 @@ _STR_ONLY = frozenset({str})
 _STR_OR_NONE = frozenset({str, type(None)})
 _INT_ONLY = frozenset({int})
 _LIST_ONLY = frozenset({list})
-# per process, valid shapes only (tuples of ints: no bool or float can stand for an int in a key)
-_SHAPE_TEXT: dict[tuple[int, ...], str] = {}
-_SHAPE_NUMEL: dict[tuple[int, ...], int] = {}
+_SHAPES: dict[tuple[int, ...], tuple[str, int] | None] = {}  # per process: shape -> (text, numel), None: invalid
 _SAFE_NAMES: set[str] = set()
+_TEXT, _NUMEL = operator.itemgetter(0), operator.itemgetter(1)
 
 _MESSAGES = {
     "stat": "statistic(s) neither a number nor null; loaded as null",
@@ -136,16 +135,14 @@ def unsafe_data_name(name: str) -> bool:
 
 
 def _shape_info(key: tuple[int, ...]) -> tuple[str, int] | None:
-    """(text, numel) of a shape of ints, None when it is not a valid shape (valid ones are kept)."""
-    text = _SHAPE_TEXT.get(key)
-    if text is not None:
-        return text, _SHAPE_NUMEL[key]
+    if key in _SHAPES:
+        return _SHAPES[key]
     valid = valid_shape(list(key))
-    if valid is None:
-        return None
-    text, numel = _shape_text(valid), int(np.prod(valid, dtype=object))
-    _SHAPE_TEXT[key], _SHAPE_NUMEL[key] = text, numel
-    return text, numel
+    hit = None if valid is None else (_shape_text(valid), int(np.prod(valid, dtype=object)))
+    if len(_SHAPES) > 100_000:
+        _SHAPES.clear()
+    _SHAPES[key] = hit
+    return hit
 
 
 class Columns:
@@ -217,20 +214,12 @@ class Columns:
         infos: list[Any]
         if set(map(type, col)) <= _LIST_ONLY and set(map(type, itertools.chain.from_iterable(col))) <= _INT_ONLY:
             keys = list(map(tuple, col))  # every element an int (bools excluded): the tuple is the shape
-            try:  # every shape seen before: two lookups each, at C level
-                texts = list(map(_SHAPE_TEXT.__getitem__, keys))
-            except KeyError:
-                if len(_SHAPE_TEXT) > 100_000:  # bounded; cleared before, never while, a batch is read
-                    _SHAPE_TEXT.clear()
-                    _SHAPE_NUMEL.clear()
-                infos = list(map(_shape_info, keys))
-            else:
-                self.shape += texts
-                self._numel.append(np.fromiter(map(_SHAPE_NUMEL.__getitem__, keys), np.int64, n))
-                return
+            infos = list(map(_SHAPES.get, keys, itertools.repeat(False)))
+            if False in infos:
+                infos = [_shape_info(k) if hit is False else hit for k, hit in zip(keys, infos, strict=True)]
             if None not in infos:
-                self.shape += [info[0] for info in infos]
-                self._numel.append(np.fromiter([info[1] for info in infos], np.int64, n))
+                self.shape += map(_TEXT, infos)
+                self._numel.append(np.fromiter(map(_NUMEL, infos), np.int64, n))
                 return
         else:
             infos = []
