@@ -24,7 +24,7 @@ import pytest
 from precnb.io._runfacts import _API, _plain, api_of, is_optimizer_node
 from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
-from precnb.io.msprobe.walk import name_parts
+from precnb.io.msprobe.walk import _module_of, _split_nodes, name_parts
 from precnb.io.records import _shape_text, stat_value
 from precnb.naming import module_path_of, parse_node
 from tests.conftest import SAMPLES, shared_path
@@ -245,7 +245,36 @@ def test_name_parts_is_parse_node():
         assert name_parts(node) == (nn.kind, nn.api, nn.module, nn.direction, call), node
 
 
+def test_module_of_is_module_path_of():
+    """The parent -> module path of the coordinates is naming.module_path_of (string methods, same answer)."""
+    for parent in [*_names(), "", "optimizer", "clip_grad", "Module." + "9" * 5000 + ".forward.0"]:
+        try:
+            want = module_path_of(parent)
+        except ValueError:  # a counter of more than 4300 digits: no module
+            want = ""
+        assert _module_of(parent) == want, parent
+
+
+def test_split_nodes_is_name_parts():
+    """node_columns' in-line split of the node names gives name_parts' parts (an API's module: its parent's)."""
+    names = _names()
+    parents = [names[(i * 7919) % len(names)] if i % 3 else "" for i in range(len(names))]
+    got = list(zip(*_split_nodes(names, parents), strict=True))
+    for node, parent, (kind, api, module, direction, call) in zip(names, parents, got, strict=True):
+        k, a, m, d, c = name_parts(node)
+        assert (kind, api, module, direction, call) == (k, a, _module_of(parent) if k == "api" else m, d, c), node
+
+
 def test_api_of_is_its_pattern():
     for node in _names():
         m = _API.match(node)
         assert api_of(node) == (m.group("api") if m else node), node
+
+
+def test_optimizer_prefilter_covers_every_marker():
+    """The parser hands a record to the run facts when its name holds "_fused_", "addcdiv_" or "_foreach_lerp_":
+    every optimizer marker must hold one of them, or its records would lose their scalar arguments."""
+    from precnb.io._runfacts import _OPTIMIZER_MARKERS
+
+    for marker in _OPTIMIZER_MARKERS:
+        assert "_fused_" in marker or "addcdiv_" in marker or "_foreach_lerp_" in marker, marker

@@ -195,6 +195,28 @@ def test_quote_tokens_leaves_other_positions_bare(raw):
     assert _json.quote_tokens(raw) == raw
 
 
+@pytest.mark.skipif(not _json.has_orjson(), reason="the batched parse quotes tokens for orjson only")
+def test_batches_quote_nan_once_a_batch_needs_it(tmp_path, monkeypatch):
+    """NaN tokens are quoted only after a batch fails without it; strings holding "NaN" never need it."""
+    monkeypatch.setattr(_json, "BLOCK", 64)  # a batch or two per record
+    monkeypatch.setattr(_json, "_HEAD_MAX", 128)
+    leaf = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [1], "Min": float("-inf")}
+    data = {f"Functional.f.{i}.forward": {"input_args": [dict(leaf, note="NaN: Max", Max=1.0)]} for i in range(6)}
+    data.update({f"Functional.g.{i}.forward": {"output": [dict(leaf, Max=float("nan"))]} for i in range(6)})
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps({"task": "statistics", "data": data}, indent=1))
+    got: dict = {}
+    parts = list(_json.batches(path))
+    assert len(parts) > 6
+    for part in parts[:-1]:
+        got.update(part)
+    assert parts[-1] == {"task": "statistics"}
+    assert list(got) == list(data)
+    assert [r["input_args"][0]["note"] for n, r in got.items() if ".f." in n] == ["NaN: Max"] * 6
+    assert [r["output"][0]["Max"] for n, r in got.items() if ".g." in n] == ["NaN"] * 6
+    assert all(r[k][0]["Min"] == "-Infinity" for r in got.values() for k in r)
+
+
 def _random_string(rng: random.Random) -> str:
     parts = ["NaN", "Infinity", "-Infinity", '"', "\\", "\n", ": ", ",", "Max", "\u00e9", "{", "]", " ", "x"]
     return "".join(rng.choice(parts) for _ in range(rng.randint(0, 6)))

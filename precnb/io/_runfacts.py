@@ -115,7 +115,12 @@ def _scalars(value: Any, path: str, out: dict[str, list[Any]], depth: int, *, kw
         for k, x in value.items():
             _scalars(x, f"{path}.{k}", out, depth + 1, kwarg=kwarg)
     elif isinstance(value, list):
+        if depth >= _MAX_DEPTH:
+            return
         for x in value:  # the elements of one list argument share its path
+            if x.__class__ is dict and "shape" in x and x.get("type").__class__ is str \
+                    and not (kwarg and x["shape"] == [] and "Max" in x):
+                continue  # a tensor (the params of a foreach/fused op): no scalar, as the call below would find
             _scalars(x, path, out, depth + 1, kwarg=kwarg)
 
 
@@ -149,11 +154,13 @@ class FileFacts:
     def node(self, node: str, record: Mapping[str, Any], parent: str) -> None:
         """Fold in one node record (*parent*: its parent in construct.json, ``""`` when unknown)."""
         params = record.get("parameters")
-        if isinstance(params, dict):
+        if params.__class__ is dict:
             grads = self.grads
             for pname, leaf in params.items():
-                if isinstance(leaf, dict) and isinstance(leaf.get("requires_grad"), bool):
-                    grads[f"{node}.parameters.{pname}"] = leaf["requires_grad"]
+                if leaf.__class__ is dict:
+                    rg = leaf.get("requires_grad")
+                    if rg.__class__ is bool:
+                        grads[f"{node}.parameters.{pname}"] = rg
         if (parent[:9] == "optimizer" or _MARKERS.search(node) is not None) and is_optimizer_node(node, parent):
             self.optimizer(node, record)
 

@@ -72,8 +72,10 @@ def has_orjson() -> bool:
     return _orjson is not None
 
 
-def quote_tokens(raw: bytes) -> bytes:
+def quote_tokens(raw: bytes, *, nan: bool = True) -> bytes:
     """*raw* with the bare ``NaN``/``±Infinity`` values of statistics and scalar values quoted.
+
+    ``nan=False`` quotes the ``±Infinity`` ones only (looking for ``NaN`` costs a scan of its own).
 
     Examples
     --------
@@ -81,7 +83,7 @@ def quote_tokens(raw: bytes) -> bytes:
     b'{"Norm": "Infinity", "shape": [NaN]}'
     """
     spans = []
-    for token in (b"NaN", b"Infinity"):
+    for token in (b"NaN", b"Infinity") if nan else (b"Infinity",):
         i = raw.find(token)
         while i >= 0:
             start, end = i, i + len(token)
@@ -104,17 +106,29 @@ def quote_tokens(raw: bytes) -> bytes:
     return b"".join(out)
 
 
-def _loads(raw: bytes) -> Any:
+def _loads(raw: bytes, nan: bool = False) -> tuple[Any, bool]:
+    """(the parsed text, whether its NaN tokens needed quoting); *nan*: quote them before the first try.
+
+    Without *nan* the NaN tokens are quoted only when the first parse fails.
+    """
     if raw.find(b"\\") >= 0 and _SURROGATE_ESCAPE.search(raw):  # the whole-file parse replaces them, with a note
         raise NotBatchableError
     if _orjson is None:
         try:
-            return json.loads(raw)
+            return json.loads(raw), False
         except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, too many digits
             raise NotBatchableError from None
     try:
-        return _orjson.loads(quote_tokens(raw))
+        return _orjson.loads(quote_tokens(raw, nan=nan)), nan
     except _orjson.JSONDecodeError:  # also bad UTF-8, lone surrogates, numbers beyond 64 bits
+        if nan or raw.find(b"NaN") < 0:
+            raise NotBatchableError from None
+    # A batch without NaN tokens parses as it is: quote_tokens finds a NaN only where it is a bare
+    # token (never inside a string of valid JSON), so once orjson accepts the text, the quoting of
+    # NaN would have changed nothing. Otherwise the text quoted in full decides.
+    try:
+        return _orjson.loads(quote_tokens(raw)), True
+    except _orjson.JSONDecodeError:
         raise NotBatchableError from None
 
 
@@ -152,6 +166,7 @@ def batches(path: str | Path) -> Iterator[dict[str, Any]]:
         sep = b"\n" + indent + b"},"
         seen: set[str] = set()
         first = True
+        nan = False
         while True:
             block = fh.read(BLOCK)
             if block:
@@ -166,7 +181,7 @@ def batches(path: str | Path) -> Iterator[dict[str, Any]]:
                 end = _data_end(buf)
                 piece, tail = buf[:end], buf[end + 1:]
             if piece.strip():
-                data = _loads(b"{" + piece + b"}")
+                data, nan = _loads(b"{" + piece + b"}", nan)  # once NaN needed quoting, always quote it
             elif first and tail is not None:  # "data": {} (nothing dumped)
                 data = {}
             else:  # "{ , ..." or a trailing comma: not JSON
@@ -178,7 +193,7 @@ def batches(path: str | Path) -> Iterator[dict[str, Any]]:
                 seen.add(node)
             yield data
             if tail is not None:
-                top = _loads(head + b"{}" + tail)
+                top = _loads(head + b"{}" + tail, True)[0]
                 if not isinstance(top, dict) or top.get("data") != {} or next(reversed(top)) != "data":
                     raise NotBatchableError
                 del top["data"]

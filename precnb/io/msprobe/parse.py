@@ -35,7 +35,7 @@ from precnb.errors import DumpFormatError
 from precnb.io._assemble import FileRecords, LoadReport, dedup_labels
 from precnb.io._gc import paused_gc
 from precnb.io._jsonio import load_json
-from precnb.io._runfacts import OPTIMIZER_NAME, FileFacts
+from precnb.io._runfacts import FileFacts
 from precnb.io.msprobe import _json
 from precnb.io.msprobe.discover import RankDir
 from precnb.io.msprobe.sides import json_type, read_sides
@@ -111,7 +111,8 @@ class _File:
                 nodes.append(node)
                 node_parents.append(parent)
                 counts.append(len(leaves) - n0)
-            if "parameters" in record or parent[:9] == "optimizer" or OPTIMIZER_NAME.search(node) is not None:
+            if "parameters" in record or parent[:9] == "optimizer" or (  # OPTIMIZER_NAME's markers hold one of these
+                    "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node):
                 node_facts(node, record, parent)  # parameters' requires_grad, optimizer scalar arguments
         self.cols.add_batch(leaves, w.labels, self.issues)
         self.labels += w.labels

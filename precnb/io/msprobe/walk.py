@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from precnb.io.msprobe.values import MAX_COUNTER
-from precnb.naming import module_path_of, parse_node
+from precnb.naming import parse_node
 
 __all__ = ["MAX_DEPTH", "NODE_COLUMNS", "TooDeepError", "Walk", "leaves_of", "name_parts", "node_columns",
            "node_kind"]
@@ -58,10 +58,11 @@ class TooDeepError(Exception):
 def name_parts(node: str) -> tuple[str, str, str, str, int]:
     """(kind, api, module, direction, call) of a node name: :func:`precnb.naming.parse_node` without the node.
 
-    The common spellings, ``{api}.{call}.{forward|backward}`` and
-    ``Module|Cell.{path}.{Class}.{forward|backward}.{call}`` with ASCII names and counters of
+    The common spellings, ``{api}.{call}.{forward|backward}``,
+    ``Module|Cell.{path}.{Class}.{forward|backward}.{call}`` and
+    ``Module|Cell.{path}.{Class}.parameters_grad[.{call}]`` with ASCII names and counters of
     fewer than 19 digits, are split with string methods (what the regular expressions of
-    :mod:`precnb.naming` match there: ``tests/test_io_msprobe.py`` compares both); anything else
+    :mod:`precnb.naming` match there: ``tests/test_parse_reference.py`` compares both); anything else
     goes through ``parse_node``, with call counters beyond 2**62 (or 4300 digits) read as -1.
 
     Examples
@@ -69,7 +70,19 @@ def name_parts(node: str) -> tuple[str, str, str, str, int]:
     >>> name_parts("Module.fc.Linear.parameters_grad")
     ('param_grad', 'Linear', 'fc', 'backward', -1)
     """
-    if "parameters_grad" not in node and node.isascii() and "\n" not in node:
+    if "parameters_grad" in node:
+        if node.isascii() and "\n" not in node:  # Module|Cell.{path}.{Class}.parameters_grad[.{call}]
+            head, sep, last = node.rpartition(".")
+            number = -1
+            if last != "parameters_grad" and last.isdigit() and len(last) < 19 and head.endswith(".parameters_grad"):
+                head, number = head[:-16], int(last)
+            elif last != "parameters_grad":
+                head = ""
+            pre, sep, body = head.partition(".")
+            if sep and body and (pre == "Module" or pre == "Cell"):
+                path, _, cls = body.rpartition(".")
+                return ("param_grad", cls, path, "backward", number)
+    elif node.isascii() and "\n" not in node:
         head, sep, last = node.rpartition(".")
         if last == "forward" or last == "backward":
             api, sep, call = head.rpartition(".")
@@ -101,10 +114,13 @@ def node_kind(node: str) -> str:
 
 
 def _module_of(parent: str) -> str:
-    try:
-        return module_path_of(parent)
-    except ValueError:
+    """:func:`precnb.naming.module_path_of` with :func:`name_parts`' string methods ("" when unreadable)."""
+    if not parent:
         return ""
+    kind, _, module, _, _ = name_parts(parent)
+    if kind == "module" or kind == "param_grad":
+        return module
+    return parent if parent in ("optimizer", "clip_grad") else ""
 
 
 class Walk:
@@ -124,38 +140,56 @@ class Walk:
                 leaf = val[0] if val.__class__ is list and len(val) == 1 else val
                 self.value(leaf, f"{node}.{pname}", "grad", 1)
             return
-        sections = _BACKWARD if node.endswith(".backward") or ".backward." in node else _FORWARD
+        leaves, labels, roles = self.leaves, self.labels, self.roles
         used = False
-        for key, section, role in sections:
+        for key, section, role in _BACKWARD if node.endswith(".backward") or ".backward." in node else _FORWARD:
             v = record.get(key, _ABSENT)
             if v is _ABSENT:
                 continue
             used = True
-            if v.__class__ is list:  # the usual section: its items in line, leaves straight away
-                if v:
-                    self._items(v, node + section, role)
+            # the usual sections, a list or a dict of leaves and scalars, read in line (the hot loop of a
+            # load); any other item goes through children(), which is what value() would do with it
+            if v.__class__ is list:
+                prefix = node + section
+                for k, x in enumerate(v):
+                    if x.__class__ is dict:
+                        t = x.get("type")
+                        if t.__class__ is str and "dtype" in x and "shape" in x and t not in _NON_TENSOR_TYPES:
+                            leaves.append(x)
+                            labels.append(prefix + _INDEX[k] if k < 256 else f"{prefix}.{k}")
+                            roles.append(role)
+                            continue
+                        if len(x) == 2 and "value" in x and x["value"].__class__ not in (dict, list) \
+                                and t.__class__ is not dict and t.__class__ is not list:
+                            continue  # a scalar argument: nothing below it
+                    elif x.__class__ is not list:
+                        continue  # None, a number, a string: no tensor
+                    self.children(((k, x),), prefix, role, 1)
             elif v.__class__ is dict:
-                self.value(v, node + section, role, 1)
-        if not used:  # debug.json and unknown shapes: walk everything
-            self.value(record, node, "", 0)
-
-    def _items(self, items: list[Any], prefix: str, role: str) -> None:
-        """:meth:`children` of a section's list (depth 1), with the two common items read in line."""
-        leaves, labels, roles = self.leaves, self.labels, self.roles
-        for k, v in enumerate(items):
-            if v.__class__ is dict:
+                prefix = node + section
                 t = v.get("type")
                 if t.__class__ is str and "dtype" in v and "shape" in v and t not in _NON_TENSOR_TYPES:
-                    leaves.append(v)
-                    labels.append(prefix + _INDEX[k] if k < 256 else f"{prefix}.{k}")
+                    leaves.append(v)  # the section is itself a tensor
+                    labels.append(prefix)
                     roles.append(role)
                     continue
-                if len(v) == 2 and "value" in v and v["value"].__class__ not in (dict, list) \
-                        and t.__class__ is not dict and t.__class__ is not list:
-                    continue  # a scalar argument: nothing below it
-            elif v.__class__ is not list:
-                continue  # None, a number, a string: no tensor
-            self.children(((k, v),), prefix, role, 1)
+                dot = prefix + "."
+                for k, x in v.items():
+                    if x.__class__ is dict:
+                        t = x.get("type")
+                        if t.__class__ is str and "dtype" in x and "shape" in x and t not in _NON_TENSOR_TYPES:
+                            leaves.append(x)
+                            labels.append(dot + k)
+                            roles.append(role)
+                            continue
+                        if len(x) == 2 and "value" in x and x["value"].__class__ not in (dict, list) \
+                                and t.__class__ is not dict and t.__class__ is not list:
+                            continue
+                    elif x.__class__ is not list:
+                        continue
+                    self.children(((k, x),), prefix, role, 1)
+        if not used:  # debug.json and unknown shapes: walk everything
+            self.value(record, node, "", 0)
 
     def value(self, v: Any, prefix: str, role: str, depth: int) -> None:
         """The reference walk of one value at *depth* (a leaf, or a container walked by :meth:`children`)."""
@@ -217,6 +251,47 @@ def leaves_of(node: str, record: Any, kind: str | None = None) -> list[tuple[str
     return list(zip(w.labels, w.roles, w.leaves, strict=True))
 
 
+def _split_nodes(nodes: Sequence[str], parents: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str],
+                                                                        list[int]]:
+    """(kinds, apis, modules, directions, calls) of *nodes*: :func:`name_parts` node by node.
+
+    An API's module is its parent's; the common ``{api}.{call}.{direction}`` spelling (the bulk of
+    the nodes) is split in line.
+    """
+    kinds: list[str] = []
+    apis: list[str] = []
+    modules: list[str] = []
+    dirs: list[str] = []
+    calls: list[int] = []
+    of_parent: dict[str, str] = {}
+    for node, parent in zip(nodes, parents, strict=True):
+        if "parameters_grad" not in node and node.isascii() and "\n" not in node:  # name_parts' first case
+            head, _, last = node.rpartition(".")
+            if last == "forward" or last == "backward":
+                api, sep, call = head.rpartition(".")
+                if sep and api and call.isdigit() and len(call) < 19:
+                    module = of_parent.get(parent)
+                    if module is None:
+                        module = of_parent[parent] = _module_of(parent)
+                    kinds.append("api")
+                    apis.append(api)
+                    modules.append(module)
+                    dirs.append(last)
+                    calls.append(int(call))
+                    continue
+        kind, api, module, direction, number = name_parts(node)
+        if kind == "api":
+            module = of_parent.get(parent)
+            if module is None:
+                module = of_parent[parent] = _module_of(parent)
+        kinds.append(kind)
+        apis.append(api)
+        modules.append(module)
+        dirs.append(direction)
+        calls.append(number)
+    return kinds, apis, modules, dirs, calls
+
+
 def node_columns(nodes: Sequence[str], parents: Sequence[str], counts: Sequence[int], micro: Mapping[str, int],
                  n: int) -> dict[str, np.ndarray]:
     """The per-tensor coordinates of :data:`NODE_COLUMNS` (one array each, *n* tensors).
@@ -231,10 +306,7 @@ def node_columns(nodes: Sequence[str], parents: Sequence[str], counts: Sequence[
     >>> cols["module"].tolist(), cols["call"].tolist(), cols["micro_step"].tolist()
     (['act', 'act'], [0, 0], [-1, -1])
     """
-    parts = list(map(name_parts, nodes))
-    kinds, apis, mods, dirs, calls = zip(*parts, strict=True) if parts else ((), (), (), (), ())
-    of_parent = {p: _module_of(p) if p else "" for p in set(parents)}
-    modules = [of_parent[p] if k == "api" else m for k, m, p in zip(kinds, mods, parents, strict=True)]
+    kinds, apis, modules, dirs, calls = _split_nodes(nodes, parents)
     mget = micro.get
     micro_steps = [mget(nd, -1) for nd in nodes] if micro else None
     reps = np.asarray(counts, np.int64)
