@@ -646,7 +646,8 @@ def test_save_mapping_and_export_follow_the_write_rules(tmp_path):
     panel.overwrite.value = False
     assert panel.do_save() is not None
     assert panel.do_save() is None and "exists" in panel.output.value
-    assert "tick the replace box" in panel.output.value and "--overwrite" not in panel.output.value  # the panel's switch
+    assert "tick the replace box" in panel.output.value  # the panel's switch, not the CLI's flag
+    assert "--overwrite" not in panel.output.value
     panel.overwrite.value = True
     assert panel.do_save() == tmp_path / "map.json" and "written" in panel.output.value
     out = tmp_path / "report.html"
