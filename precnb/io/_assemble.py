@@ -136,6 +136,9 @@ class Assembler:
                                            for k in TENSOR_COORDS}
         self._owner = np.zeros((0, 3), np.int64)  # (step, rank, order) of the record that set the coords
         self._holes: dict[str, dict[int, tuple[int, ...]]] = {}  # coords still None: key of their value
+        # the first record's coordinates, not yet copied into _cv: a run of one record (one large
+        # dump.json) keeps its own columns; a second record copies them first (_materialize)
+        self._deferred: tuple[FileRecords, np.ndarray, int] | None = None
         self._pending: list[_Rec] = []
         self._n = 0
         self._meta: dict[str, set[str]] = {"task": set(), "level": set(), "framework": set()}
@@ -219,16 +222,31 @@ class Assembler:
                 self._meta[key].add(str(v))
         gids = self._ids(rec.labels, rec.label_index)
         rec.label_index = None  # taken over (it may be ours now): a second assembly of the record rebuilds it
-        self._grow(len(self._labels))
+        self._materialize()
         skipped = (self._steps_set is not None and rec.step not in self._steps_set) or (
             self._ranks_set is not None and rec.rank not in self._ranks_set)
+        first = self._n == 1 and not skipped and len(gids) == len(self._labels) and _increasing(gids)
+        if first:  # every label is this record's, in its order: its coordinates are taken at build
+            self._deferred = (rec, gids, order)
+        else:
+            self._grow(len(self._labels))
         if not skipped:
-            self._set_coords(rec, gids, order)
+            if not first:
+                self._set_coords(rec, gids, order)
             self.facts.add(rec.meta.get("facts"), step=rec.step)
         construct, stacks = self._side(rec.construct), self._side(rec.stacks)
         dt = rec.coords.get("dtype")
         self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks,
                                   dt if dt is not None and len(dt) == len(rec.labels) else None))
+
+    def _materialize(self) -> None:
+        """Copy the deferred first record's coordinates into the assembler's columns (before a second)."""
+        if self._deferred is None:
+            return
+        rec, gids, order = self._deferred
+        self._deferred = None
+        self._grow(len(self._labels))
+        self._set_coords(rec, gids, order)
 
     def _codes(self, names: Sequence[Any] | np.ndarray) -> np.ndarray:
         small = len(names) <= 200_000
@@ -444,9 +462,16 @@ class Assembler:
         order = self._order
         n = len(order)
         in_order = not copy and n == len(self._labels) and _increasing(order) and (not n or order[-1] == n - 1)
+        if self._deferred is not None and not in_order:
+            self._materialize()
         labels = np.empty(len(self._labels), object)
         labels[:] = self._labels
         out: dict[str, Any] = {"tensor": labels if in_order else labels[order]}
+        if self._deferred is not None:  # one record holding every label in order: its own columns
+            rec = self._deferred[0]
+            for name in self._cv:
+                out[name] = ("tensor", _column(rec.coords.get(name), name, n)[0])
+            return out
         for name, vals in self._cv.items():
             out[name] = ("tensor", vals[:n] if in_order else vals[order])
         return out
@@ -482,6 +507,7 @@ class Assembler:
         meta = self.attrs(source_format, attrs)
         self._finished = True  # the coordinates are the dataset's now: free what only adding needs
         self._gid, self._labels, self._owner = {}, [], np.zeros((0, 3), np.int64)
+        self._deferred = None
         return validate(dataset(arrays, coords, meta))
 
 
