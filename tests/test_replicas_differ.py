@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import xarray as xr
 
 import precnb
@@ -88,3 +89,14 @@ def test_three_of_four_copies_agreeing_is_a_replica_difference_not_a_shard():
     assert kinds.tolist() == ["replicated"]
     kinds, _, _ = classify_shards(_four_ranks([1.0, 1.0, 1.0, 1.0], sharded=True), [[0, 1, 2, 3]])
     assert kinds.tolist() == ["sharded"]  # every copy different: shards
+
+
+@pytest.mark.shared
+def test_real_healthy_tp2_run_has_no_replicas_differ(shared):
+    """S5 (real msprobe TP=2 vs TP=1, healthy): every tensor classified as before, nothing flagged."""
+    root = shared("data_samples", "msprobe", "S5_tp_shards")
+    tp2, tp1 = open_quiet(root / "tp2"), open_quiet(root / "tp1")
+    merged = merge_shards(tp2, Layout(2, tp=2), reference=tp1)
+    assert "replicas_differ" not in set(merged["shard_kind_tp"].values.tolist())
+    assert not bool(merged["replicas_differ"].any())
+    assert precnb.diagnose(root / "tp2", root / "tp1", target_layout="tp=2", progress=False).finding.kind == "none"

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import precnb
 from precnb.analysis.scalars import differing_arguments, scalar_arguments
 from precnb.io.api import node_records
@@ -81,3 +83,14 @@ def test_datasets_as_inputs_keep_the_finding_without_the_cause():
     f = precnb.diagnose(open_quiet(root / "target"), open_quiet(root / "baseline")).finding
     assert f.node == _gt("tensor_bug")["faults"][0]["node"]
     assert not [c for c in f.causes if c.get("cause") == "scalar_argument"]
+
+
+@pytest.mark.shared
+def test_real_healthy_port_reads_its_records_and_finds_no_argument_cause(shared):
+    """S13 (real PyTorch model and its MindSpore port, healthy): records read, nothing differs, nothing found."""
+    root = shared("data_samples", "msprobe", "S13_ms_vs_pt")
+    t = precnb.diagnose(root / "ms_same", root / "pt", progress=False)
+    assert t.finding.kind == "none"
+    node = "Functional.embedding.0.forward"
+    rec = node_records(root / "pt", 0, 0, [node])
+    assert node in rec and "input_args" in rec[node]
