@@ -246,17 +246,21 @@ def _majority(stats: dict[str, np.ndarray], numel: np.ndarray, scale: np.ndarray
     pick = lambda a: np.take_along_axis(a, first[None, :, None, :], axis=0)[0]  # noqa: E731
     at = {s: pick(v) for s, v in stats.items()}  # (G, n, tensor)
     sc, ne = pick(scale), pick(numel)
-    agree = np.zeros((*ne.shape[:1], n, n, ne.shape[2]), bool)  # (G, n, n, tensor)
-    for a in range(n):
-        ok = ne == ne[:, a:a + 1]
-        for s in at.values():
-            ok = ok & _close(s, s[:, a:a + 1], sc, rtol)
-        agree[:, a] = ok
-    size = agree.sum(axis=2)  # (G, n, tensor): how many copies agree with member a (itself included)
+
+    def agree_with(a: Any) -> np.ndarray:
+        """(G, n, tensor): which copies agree with member *a*'s (a: an int, or a (G, 1, tensor) index)."""
+        pick_a = (lambda v: v[:, a:a + 1]) if isinstance(a, int) else (lambda v: np.take_along_axis(v, a, axis=1))
+        ok = ne == pick_a(ne)
+        for v in at.values():
+            ok = ok & _close(v, pick_a(v), sc, rtol)
+        return ok
+
+    # how many copies agree with each member (itself included), one member at a time: O(G·n·tensor) memory
+    size = np.stack([agree_with(a).sum(axis=1) for a in range(n)], axis=1)  # (G, n, tensor)
     best = size.max(axis=1)  # (G, tensor)
     mixed = (n >= 3) & (best >= 2) & (best < n)
     lead = np.argmax(size, axis=1)  # (G, tensor)
-    odd = ~np.take_along_axis(agree, lead[:, None, None, :], axis=1)[:, 0]  # (G, n, tensor)
+    odd = ~agree_with(lead[:, None, :])  # (G, n, tensor): the members that disagree with the largest set
     return mixed.any(axis=0), odd
 
 

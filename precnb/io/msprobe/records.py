@@ -65,7 +65,8 @@ def node_records(path: Path, step: int, rank: int, nodes: Sequence[str]) -> dict
     Nodes the file does not hold, or a (step, rank) the run does not have, are left out; a file
     that cannot be read gives ``{}`` (the caller's finding stays as it was).
     """
-    rds = [rd for rd in discover(path) if rd.step == step and rd.rank == rank]
+    step_dir = Path(path) / f"step{step}"  # the usual layout: list that step's folders only, not the whole run
+    rds = [rd for rd in discover(step_dir if step_dir.is_dir() else path) if rd.step == step and rd.rank == rank]
     out: dict[str, Any] = {}
     for rd in rds[:1]:
         try:
