@@ -127,3 +127,21 @@ def executed_templates(tmp_path_factory):
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(pool.map(run, notebooks.list_templates()))
+
+
+def spy_batches(monkeypatch) -> list:
+    """Record the files whose batched JSON parse gave up (NotBatchableError): the list it returns fills up."""
+    from precnb.io.msprobe import _json
+
+    gave_up: list = []
+    real = _json.batches
+
+    def spy(path):
+        try:
+            yield from real(path)
+        except _json.NotBatchableError:
+            gave_up.append(path)
+            raise
+
+    monkeypatch.setattr(_json, "batches", spy)
+    return gave_up

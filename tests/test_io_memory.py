@@ -11,7 +11,7 @@ from precnb.errors import InsufficientMemoryError, PrecnbError
 from precnb.io import _jsonio, _memory
 from precnb.io import msprobe as md
 from precnb.io.msprobe import _json
-from tests.conftest import ROOT
+from tests.conftest import ROOT, spy_batches
 
 DUMP = ROOT / "data_samples" / "dp_nan"
 
@@ -53,17 +53,7 @@ def test_without_orjson_the_records_are_the_same(monkeypatch, sample):
     with_orjson = [md.read_rank_dir(rd) for rd in rds]
     monkeypatch.setattr(_json, "_orjson", None)
     monkeypatch.setattr(_jsonio, "_orjson", None)
-    gave_up = []
-    real = _json.batches
-
-    def spy(path):
-        try:
-            yield from real(path)
-        except _json.NotBatchableError:
-            gave_up.append(path)
-            raise
-
-    monkeypatch.setattr(_json, "batches", spy)
+    gave_up = spy_batches(monkeypatch)
     without = [md.read_rank_dir(rd) for rd in rds]
     assert not gave_up  # the standard library reads the batches too
     for a, b in zip(with_orjson, without, strict=True):

@@ -22,7 +22,7 @@ from precnb.io import msprobe as md
 from precnb.io._assemble import Assembler, SharedTable, assemble
 from precnb.io.msprobe import _json
 from precnb.io.msprobe.parse import leaves_of
-from tests.conftest import ROOT, SHARED
+from tests.conftest import ROOT, SHARED, spy_batches
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import generate
@@ -90,18 +90,7 @@ def batched_and_whole(rd):
 
 def check_folder(folder: Path, monkeypatch=None) -> bool:
     """The default parse equals the whole-file parse; returns whether the batched JSON path gave up."""
-    gave_up = []
-    if monkeypatch is not None:
-        real = _json.batches
-
-        def spy(path):
-            try:
-                yield from real(path)
-            except _json.NotBatchableError:
-                gave_up.append(path)
-                raise
-
-        monkeypatch.setattr(_json, "batches", spy)
+    gave_up = spy_batches(monkeypatch) if monkeypatch is not None else []
     rd = md.discover(folder)[0]
     try:
         a = md.read_rank_dir(rd)
