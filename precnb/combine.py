@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.schema import TENSOR_COORDS, dtype_changes, encode_dtype_changes, side_table, validate
+from precnb.schema import TENSOR_COORDS, dtype_changes, encode_dtype_changes, side_table, side_text, validate
 
 __all__ = ["FILL_VALUES", "combine_runs", "concat_steps", "rebase_dtype_changes", "reindex_tensors", "select_run"]
 
@@ -104,7 +104,7 @@ def _merged_side_tables(dsets: list[xr.Dataset]) -> dict[str, str]:
             construct.setdefault(k, v)
         for k, v in side_table(ds, "stacks").items():
             stacks.setdefault(k, v)
-    return {"construct": json.dumps(construct), "stacks": json.dumps(stacks)}
+    return {"construct": side_text(construct), "stacks": side_text(stacks)}
 
 
 def _json_attr(ds: xr.Dataset, key: str, default: Any) -> Any:

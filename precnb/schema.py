@@ -81,6 +81,7 @@ __all__ = [
     "encode_dtype_changes",
     "entry_dtype",
     "side_table",
+    "side_text",
     "validate",
 ]
 
@@ -210,6 +211,33 @@ def empty_dataset(**attrs: Any) -> xr.Dataset:
     base = {"precnb_schema": SCHEMA_VERSION, "source_format": "", "construct": "{}", "stacks": "{}"}
     base.update(attrs)
     return xr.Dataset(data, coords=coords, attrs=base)
+
+
+def side_text(table: dict[str, Any]) -> str:
+    """The attribute text of a side table (``construct`` / ``stacks``): what :func:`side_table` reads back.
+
+    Compact JSON with non-ASCII characters kept (orjson's text when it is installed, the same
+    text from the standard library otherwise); a table whose strings cannot be written as UTF-8
+    (lone surrogates) is written with ASCII escapes instead.
+
+    Examples
+    --------
+    >>> side_text({"Functional.relu.0.forward": "Module.act.ReLU.forward.0", "Module.act.ReLU.forward.0": ""})
+    '{"Functional.relu.0.forward":"Module.act.ReLU.forward.0","Module.act.ReLU.forward.0":""}'
+    """
+    try:
+        import orjson
+    except ImportError:
+        text = json.dumps(table, ensure_ascii=False, separators=(",", ":"))
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(table, separators=(",", ":"))
+        return text
+    try:
+        return orjson.dumps(table).decode()
+    except TypeError:  # a lone surrogate, a key that is not a string
+        return json.dumps(table, separators=(",", ":"))
 
 
 def side_table(ds: xr.Dataset, name: str) -> dict[str, Any]:

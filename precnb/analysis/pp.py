@@ -213,9 +213,7 @@ def _rename_tree(out: xr.Dataset, ds: xr.Dataset, groups: dict[int, list[int]], 
     Each stage's module tree is renamed with its own node map (its local layer ``blocks.0`` is
     the global ``blocks.2``); the parents of a tensor are those of the stage it was taken from.
     """
-    import json
-
-    from precnb.schema import side_table
+    from precnb.schema import side_table, side_text
 
     construct = side_table(ds, "construct")
     merged: dict[str, Any] = {}
@@ -241,7 +239,7 @@ def _rename_tree(out: xr.Dataset, ds: xr.Dataset, groups: dict[int, list[int]], 
         nm = node_maps.get(src, {})
         parents[k] = nm.get(str(parents[k])) or _rename_like(str(parents[k]), nm)
     out = out.assign_coords(parent=("tensor", parents))
-    out.attrs = {**out.attrs, "construct": json.dumps(merged)}
+    out.attrs = {**out.attrs, "construct": side_text(merged)}
     return out
 
 

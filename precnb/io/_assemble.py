@@ -21,7 +21,7 @@ import xarray as xr
 from precnb.io._lazy_dask import defer_dask_array_import
 from precnb.io._runfacts import FactsAccumulator
 from precnb.io.records import FileRecords, LoadReport, RecordBuilder, SharedTable, dedup_labels, stat_value
-from precnb.schema import DIMS, SCHEMA_VERSION, STATS, TENSOR_COORDS, validate
+from precnb.schema import DIMS, SCHEMA_VERSION, STATS, TENSOR_COORDS, side_text, validate
 
 __all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "SharedTable", "assemble", "dedup_labels",
            "select_items", "stat_value"]
@@ -129,7 +129,7 @@ class Assembler:
         self.forced_ranks = sorted(set(ranks)) if ranks is not None else None
         self._steps_set = set(self.forced_steps) if self.forced_steps is not None else None
         self._ranks_set = set(self.forced_ranks) if self.forced_ranks is not None else None
-        self._gid: dict[str, int] = {}
+        self._gid: dict[str, int] | None = {}  # None: not built yet (the labels of one checked record)
         self._labels: list[str] = []
         self._cap = 0
         self._cv: dict[str, np.ndarray] = {k: np.zeros(0, np.int64 if k in _INT_COORDS else object)
@@ -184,15 +184,21 @@ class Assembler:
         self._owner = owner
         self._cap = cap
 
-    def _ids(self, labels: Sequence[str], index: dict[str, int] | None = None) -> np.ndarray:
-        gid = self._gid
+    def _ids(self, labels: Sequence[str], unique: bool = False) -> np.ndarray:
         n = len(labels)
-        if not gid:  # the first record: one pass (none when the reader indexed its labels)
-            first = index if index is not None and len(index) == n else dict(zip(labels, range(n), strict=True))
+        if not self._labels:  # the first record: one pass at most
+            if unique:  # checked by the reader: the table is built only if a second record comes
+                self._gid = None
+                self._labels = list(labels)
+                return np.arange(n, dtype=np.int64)
+            first = dict(zip(labels, range(n), strict=True))
             if len(first) == n:
                 self._gid = first
                 self._labels = list(labels)
                 return np.arange(n, dtype=np.int64)
+        gid = self._gid
+        if gid is None:
+            gid = self._gid = dict(zip(self._labels, range(len(self._labels)), strict=True))
         ids = list(map(gid.get, labels))
         if ids.count(None):
             base = len(self._labels)
@@ -220,8 +226,7 @@ class Assembler:
             v = rec.meta.get(key)
             if v:
                 self._meta[key].add(str(v))
-        gids = self._ids(rec.labels, rec.label_index)
-        rec.label_index = None  # taken over (it may be ours now): a second assembly of the record rebuilds it
+        gids = self._ids(rec.labels, rec.unique_labels)
         self._materialize()
         skipped = (self._steps_set is not None and rec.step not in self._steps_set) or (
             self._ranks_set is not None and rec.rank not in self._ranks_set)
@@ -481,8 +486,8 @@ class Assembler:
         meta: dict[str, Any] = {
             "precnb_schema": SCHEMA_VERSION,
             "source_format": source_format,
-            "construct": json.dumps(self.construct),  # the text other code writes too (concat_steps, merge)
-            "stacks": json.dumps(self.stacks),
+            "construct": side_text(self.construct),  # the text other code writes too (concat_steps, merge)
+            "stacks": side_text(self.stacks),
         }
         for key in ("task", "level", "framework"):
             meta[key] = ",".join(sorted(self._meta[key]))

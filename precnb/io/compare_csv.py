@@ -59,7 +59,7 @@ from precnb.io._assemble import LoadReport, RecordBuilder, assemble
 from precnb.io._csvutil import iter_rows, parse_float, parse_shape, read_header
 from precnb.io.readers import Reader
 from precnb.naming import parse_node
-from precnb.schema import validate
+from precnb.schema import side_text, validate
 
 __all__ = ["METRIC_COLUMNS", "is_compare_csv", "open_compare_csv", "split_compare_name"]
 
@@ -445,7 +445,7 @@ def open_compare_csv(path: str | Path) -> xr.Dataset:
         "source": str(p),
         "compare_mode": _mode(names),
         "compare_header": _header_generation(names),
-        "stacks": json.dumps(stacks),
+        "stacks": side_text(stacks),
         "load_report": json.dumps(report.to_dict()),
     })
     ds.attrs.pop("run_attrs", None)

@@ -60,6 +60,30 @@ class SharedTable:
         return (SharedTable, (self.key, self.raw, self.parse))
 
 
+def distinct(labels: Sequence[str], hashes: np.ndarray | None = None) -> bool:
+    """Whether *labels* are all different, without building a table of them.
+
+    Their hashes are sorted and compared (a C-level pass, several times cheaper than a set or a
+    dict of millions of fresh strings); the strings themselves are compared only when two hashes
+    agree. *hashes*: the labels' ``hash()`` values when the caller has them (taken while the
+    strings were fresh in the processor's caches); they are sorted in place.
+
+    Examples
+    --------
+    >>> distinct(["a", "b", "c"]), distinct(["a", "b", "a"]), distinct([])
+    (True, False, True)
+    """
+    n = len(labels)
+    if n < 2:
+        return True
+    if hashes is None or len(hashes) != n:
+        hashes = np.fromiter(map(hash, labels), np.int64, n)
+    hashes.sort()
+    if not (hashes[1:] == hashes[:-1]).any():
+        return True
+    return len(set(labels)) == n
+
+
 def dedup_labels(labels: Sequence[str]) -> list[str]:
     """Rename repeated labels as ``label#dupN`` (N: the labels so far that start with it), keeping the first.
 
@@ -164,14 +188,9 @@ class FileRecords:
     construct: dict[str, str] | SharedTable = field(default_factory=dict)
     stacks: dict[str, list[str]] | SharedTable = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
-    #: label -> position, when the reader built it (unique labels); spares the assembler hashing them again.
-    #: Kept in this process only (not pickled).
-    label_index: dict[str, int] | None = field(default=None, repr=False, compare=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["label_index"] = None
-        return state
+    #: the reader checked that the labels are all different (:func:`distinct`): the assembler of a
+    #: single record then never builds a label table
+    unique_labels: bool = field(default=False, repr=False, compare=False)
 
 
 class RecordBuilder:

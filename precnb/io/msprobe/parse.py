@@ -41,6 +41,7 @@ from precnb.io.msprobe.discover import RankDir
 from precnb.io.msprobe.sides import json_type, read_sides
 from precnb.io.msprobe.values import Columns, Issues, short
 from precnb.io.msprobe.walk import MAX_DEPTH, TooDeepError, Walk, leaves_of, name_parts, node_columns
+from precnb.io.records import distinct
 from precnb.naming import COMM_PREFIXES
 
 __all__ = ["MAX_DEPTH", "leaves_of", "read_rank_dir"]
@@ -81,6 +82,7 @@ class _File:
         self.nodes: list[str] = []  # the node records that had tensors, in file order
         self.node_parents: list[str] = []
         self.counts: list[int] = []  # tensors per entry of nodes
+        self.hashes: list[np.ndarray] = []  # of the labels, batch by batch
         self.n_nodes = 0
 
     def batch(self, data: Mapping[str, Any]) -> None:
@@ -115,6 +117,7 @@ class _File:
                     "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node):
                 node_facts(node, record, parent)  # parameters' requires_grad, optimizer scalar arguments
         self.cols.add_batch(leaves, w.labels, self.issues)
+        self.hashes.append(np.fromiter(map(hash, w.labels), np.int64, len(w.labels)))  # for distinct() at build
         self.labels += w.labels
         self.roles += w.roles
         w.leaves, w.labels, w.roles = [], [], []
@@ -140,10 +143,9 @@ class _File:
         n = cols.n
         c = cols.finish()
         labels = self.labels
-        index = dict(zip(labels, range(n), strict=True))
-        if len(index) != n:
+        unique = distinct(labels, np.concatenate(self.hashes) if self.hashes else None)
+        if not unique:
             labels = dedup_labels(labels)
-            index = dict(zip(labels, range(n), strict=True))
         coords: dict[str, Any] = node_columns(self.nodes, self.node_parents, self.counts, self.micro, n)
         for name, col in (("role", self.roles), ("dtype", c["dtype"]), ("shape", c["shape"])):
             arr = coords[name] = np.empty(n, object)  # final values (str): the assembler takes them as they are
@@ -158,7 +160,7 @@ class _File:
             values={k: c[k] for k in ("max", "min", "mean", "norm")}, null_stats=c["null"],
             seq=np.arange(n, dtype=np.int32), numel=c["numel"], strings=strings,
             construct=sides[0] if sides[0] is not None else {}, stacks=sides[1] if sides[1] is not None else {},
-            meta=meta, label_index=index)
+            meta=meta, unique_labels=unique)
 
 
 def _wrap_bare_data(doc: Any) -> Any:

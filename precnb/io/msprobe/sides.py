@@ -19,6 +19,8 @@ Examples
 from __future__ import annotations
 
 import hashlib
+import itertools
+import operator
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +40,20 @@ _PLAIN_PARENTS = frozenset({str, type(None)})
 
 
 def parse_construct(raw: Any) -> tuple[dict[str, str], dict[str, int]]:
-    """(node → parent, node → Megatron micro step) of a parsed construct.json."""
+    """(node → parent, node → Megatron micro step) of a parsed construct.json.
+
+    The usual table (every value a string or null) is returned as *raw* itself, its nulls set to
+    ``""`` in place: a construct.json of a large dump holds millions of nodes, and a copy of it
+    costs a second or more.
+    """
     parents: dict[str, str] = {}
     micro: dict[str, int] = {}
     if not isinstance(raw, dict):
         return parents, micro
     if set(map(type, raw.values())) <= _PLAIN_PARENTS and "megatron_micro_step_number" not in raw:
-        return {node: val if val.__class__ is str else "" for node, val in raw.items()}, micro  # the usual table
+        for node in list(itertools.compress(raw, map(operator.is_, raw.values(), itertools.repeat(None)))):
+            raw[node] = ""  # the roots (no parent); the values of existing keys: the order is kept
+        return raw, micro
     for node, val in raw.items():
         if node == "megatron_micro_step_number":
             continue

@@ -47,7 +47,8 @@ _STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm")
 _FIELDS = operator.itemgetter("Max", "Min", "Mean", "Norm", "shape", "dtype")
 _NAN = float("nan")
 _FLOAT_ONLY = frozenset({float})
-_FLOAT_OR_NONE = frozenset({float, type(None)})
+_NONE = type(None)
+_NUMERIC = frozenset({float, int, bool, _NONE})
 _STR_ONLY = frozenset({str})
 _STR_OR_NONE = frozenset({str, type(None)})
 _INT_ONLY = frozenset({int})
@@ -193,6 +194,15 @@ class Columns:
         kinds = set(map(type, col))
         if kinds <= _FLOAT_ONLY:
             return np.array(col, dtype=np.float64)
+        if kinds <= _NUMERIC:  # numbers, booleans, nulls: numpy converts them as stat_value does (null -> NaN)
+            try:
+                out = np.array(col, dtype=np.float64)
+            except OverflowError:  # an int beyond the float range: the rules below make it +-inf
+                pass
+            else:
+                if _NONE in kinds:
+                    null[np.fromiter(map(operator.is_, col, itertools.repeat(None)), bool, len(col))] |= 1 << bit
+                return out
         odd = np.flatnonzero(~np.fromiter(map(isinstance, col, itertools.repeat(float)), bool, len(col)))
         fixed = list(col)
         for i in odd.tolist():
