@@ -24,7 +24,7 @@ import pytest
 from precnb.io._runfacts import _API, _plain, api_of, is_optimizer_node
 from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
-from precnb.io.msprobe.walk import _module_of, _split_nodes, name_parts
+from precnb.io.msprobe.walk import NodeParts, _module_of, name_parts
 from precnb.io.records import _shape_text, stat_value
 from precnb.naming import module_path_of, parse_node
 from tests.conftest import SAMPLES, shared_path
@@ -256,10 +256,13 @@ def test_module_of_is_module_path_of():
 
 
 def test_split_nodes_is_name_parts():
-    """node_columns' in-line split of the node names gives name_parts' parts (an API's module: its parent's)."""
+    """NodeParts' in-line split of the node names gives name_parts' parts (an API's module: its parent's)."""
     names = _names()
     parents = [names[(i * 7919) % len(names)] if i % 3 else "" for i in range(len(names))]
-    got = list(zip(*_split_nodes(names, parents), strict=True))
+    parts = NodeParts()  # in two batches: the cache of parents' modules carries over
+    parts.add(names[:len(names) // 2], parents[:len(names) // 2])
+    parts.add(names[len(names) // 2:], parents[len(names) // 2:])
+    got = list(zip(parts.kinds, parts.apis, parts.modules, parts.dirs, parts.calls, strict=True))
     for node, parent, (kind, api, module, direction, call) in zip(names, parents, got, strict=True):
         k, a, m, d, c = name_parts(node)
         assert (kind, api, module, direction, call) == (k, a, _module_of(parent) if k == "api" else m, d, c), node
@@ -278,3 +281,42 @@ def test_optimizer_prefilter_covers_every_marker():
 
     for marker in _OPTIMIZER_MARKERS:
         assert "_fused_" in marker or "addcdiv_" in marker or "_foreach_lerp_" in marker, marker
+
+
+def test_statistic_columns_follow_stat_value_for_every_kind_of_value():
+    """The value columns (one numpy conversion, the exact rules where numpy refuses) equal stat_value element by
+    element, null bits included, for each kind of value alone in a column and all of them mixed."""
+    from precnb.io.msprobe.values import Columns, Issues
+
+    odd: list[Any] = [1.5, -0.0, 7, 2**70, 10**400, -(10**400), True, False, None, float("nan"), float("inf"),
+                      "NaN", "-Infinity", "Infinity", "1e400", " 2.5 ", "1_000", "null", "", "n/a", "None", "abc",
+                      [1.0], [], {"a": 1}]
+    columns = [[v] * 3 for v in odd] + [odd, [[1.0], [2.0]], [[1.0, 2.0]], [1.0, None, None]]
+    for col in columns:
+        leaves = [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [1], "Max": v, "Min": 0.0,
+                   "Mean": v, "Norm": 1.0} for v in col]
+        cols, issues = Columns(), Issues()
+        cols.add_batch(leaves, [f"t{i}" for i in range(len(col))], issues)
+        out = cols.finish()
+        for i, v in enumerate(col):
+            try:
+                want = stat_value(v)
+            except TypeError:
+                want = None
+            got = out["max"][i]
+            assert (want is None) == bool(out["null"][i] & 1) == bool(out["null"][i] & 4), (col, v)
+            if want is None:
+                assert np.isnan(got), (col, v)
+            else:
+                assert _same_floats(np.array([got]), [want]) and math.copysign(1, got) == math.copysign(1, want), v
+        refused = sum(1 for v in col if not isinstance(v, str | int | float | type(None)) or (
+            isinstance(v, str) and v.strip().lower() not in ("", "null", "none", "n/a") and not _numeric(v)))
+        assert sum(m.count("statistic") for m in issues.messages("f")) == (1 if refused else 0), col
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

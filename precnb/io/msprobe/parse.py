@@ -40,7 +40,7 @@ from precnb.io.msprobe import _json
 from precnb.io.msprobe.discover import RankDir
 from precnb.io.msprobe.sides import json_type, read_sides
 from precnb.io.msprobe.values import Columns, Issues, short
-from precnb.io.msprobe.walk import MAX_DEPTH, TooDeepError, Walk, leaves_of, name_parts, node_columns
+from precnb.io.msprobe.walk import MAX_DEPTH, NodeParts, TooDeepError, Walk, leaves_of, name_parts, node_columns
 from precnb.io.records import distinct
 from precnb.naming import COMM_PREFIXES
 
@@ -83,6 +83,7 @@ class _File:
         self.node_parents: list[str] = []
         self.counts: list[int] = []  # tensors per entry of nodes
         self.hashes: list[np.ndarray] = []  # of the labels, batch by batch
+        self.parts = NodeParts()  # the split names of nodes
         self.n_nodes = 0
 
     def batch(self, data: Mapping[str, Any]) -> None:
@@ -92,6 +93,7 @@ class _File:
         nodes, node_parents, counts = self.nodes, self.node_parents, self.counts
         parents = self.parents.get
         self.n_nodes += len(data)
+        n_had = len(nodes)
         for node, record in data.items():
             if record.__class__ is not dict:
                 if record is not None:  # null records carry nothing
@@ -116,6 +118,7 @@ class _File:
             if "parameters" in record or parent[:9] == "optimizer" or (  # OPTIMIZER_NAME's markers hold one of these
                     "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node):
                 node_facts(node, record, parent)  # parameters' requires_grad, optimizer scalar arguments
+        self.parts.add(nodes[n_had:], node_parents[n_had:])
         self.cols.add_batch(leaves, w.labels, self.issues)
         self.hashes.append(np.fromiter(map(hash, w.labels), np.int64, len(w.labels)))  # for distinct() at build
         self.labels += w.labels
@@ -146,7 +149,8 @@ class _File:
         unique = distinct(labels, np.concatenate(self.hashes) if self.hashes else None)
         if not unique:
             labels = dedup_labels(labels)
-        coords: dict[str, Any] = node_columns(self.nodes, self.node_parents, self.counts, self.micro, n)
+        coords: dict[str, Any] = node_columns(self.nodes, self.node_parents, self.counts, self.micro, n,
+                                               self.parts)
         for name, col in (("role", self.roles), ("dtype", c["dtype"]), ("shape", c["shape"])):
             arr = coords[name] = np.empty(n, object)  # final values (str): the assembler takes them as they are
             arr[:] = col

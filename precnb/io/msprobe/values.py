@@ -46,9 +46,6 @@ MAX_COUNTER = 2**62  # call counters, micro steps, numel
 _STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm"))
 _FIELDS = operator.itemgetter("Max", "Min", "Mean", "Norm", "shape", "dtype")
 _NAN = float("nan")
-_FLOAT_ONLY = frozenset({float})
-_NONE = type(None)
-_NUMERIC = frozenset({float, int, bool, _NONE})
 _STR_ONLY = frozenset({str})
 _STR_OR_NONE = frozenset({str, type(None)})
 _INT_ONLY = frozenset({int})
@@ -190,19 +187,26 @@ class Columns:
 
     def _stat_column(self, col: Sequence[Any], bit: int, key: str, null: np.ndarray, labels: Sequence[str],
                      issues: Issues) -> np.ndarray:
-        """float64 statistics; values that are not floats go through the exact rules one by one."""
-        kinds = set(map(type, col))
-        if kinds <= _FLOAT_ONLY:
-            return np.array(col, dtype=np.float64)
-        if kinds <= _NUMERIC:  # numbers, booleans, nulls: numpy converts them as stat_value does (null -> NaN)
-            try:
-                out = np.array(col, dtype=np.float64)
-            except OverflowError:  # an int beyond the float range: the rules below make it +-inf
-                pass
-            else:
-                if _NONE in kinds:
-                    null[np.fromiter(map(operator.is_, col, itertools.repeat(None)), bool, len(col))] |= 1 << bit
-                return out
+        """float64 statistics: one numpy conversion, or the exact rules value by value when it refuses.
+
+        numpy converts numbers, booleans and numeric strings as :func:`stat_value` does (it calls
+        ``float()``: ``"-Infinity"``, ``"1e400"``, ``"nan"``) and nulls to NaN; only the NaN
+        results are looked at again, to mark the nulls among them. Anything ``stat_value`` reads as
+        null or refuses (``"null"``, ``""``, lists, objects) and ints beyond the float range make
+        numpy raise: the column then goes through ``stat_value`` element by element.
+        """
+        try:
+            out = np.array(col, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            out = None
+        if out is not None and out.ndim == 1:
+            nan = np.flatnonzero(out != out)
+            if len(nan):
+                mark = 1 << bit
+                for i in nan.tolist():
+                    if col[i] is None:
+                        null[i] |= mark
+            return out
         odd = np.flatnonzero(~np.fromiter(map(isinstance, col, itertools.repeat(float)), bool, len(col)))
         fixed = list(col)
         for i in odd.tolist():
