@@ -320,3 +320,39 @@ def _numeric(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def test_dtype_shape_and_crc_columns_follow_the_rules_batch_after_batch():
+    """dtype/md5 values that are not strings are ignored and reported, shapes that are not lists of non-negative
+    ints give numel -1, whatever came in earlier batches (the per-process caches of distinct values)."""
+    from precnb.io.msprobe.values import Columns, Issues, valid_shape
+
+    dtypes: list[Any] = ["torch.float32", None, 5, True, ["x"], {"a": 1}, "torch.bf16", 1]
+    shapes: list[Any] = [[2, 3], [2, -1], [True, 2], [2.0, 3], [], "23", {2: 3}, [2, 3], [1], [2**62, 2]]
+    crcs: list[Any] = [None, "abc", 7, None]
+    cols, issues = Columns(), Issues()
+    want_dtype, want_numel, want_crc, bad = [], [], [], 0
+    for batch in ([0], [0, 1, 2], [3, 0], [4, 5, 6], [7], [0, 6], list(range(8))):
+        leaves, labels = [], []
+        for j in batch:
+            shape, crc = shapes[j % len(shapes)], crcs[j % len(crcs)]
+            leaf = {"type": "torch.Tensor", "dtype": dtypes[j], "shape": shape, "Max": 1.0, "Min": 0.0,
+                    "Mean": 0.5, "Norm": 1.0}
+            if crc is not None:
+                leaf["md5"] = crc
+            leaves.append(leaf)
+            labels.append(f"t{len(want_dtype)}")
+            ok = dtypes[j] if isinstance(dtypes[j], str) else ""
+            bad += not isinstance(dtypes[j], str) and dtypes[j] is not None
+            bad += crc is not None and not isinstance(crc, str)
+            want_dtype.append(ok)
+            valid = valid_shape(shape)
+            want_numel.append(-1 if valid is None else int(np.prod(valid, dtype=object)))
+            want_crc.append(crc if crc is None or isinstance(crc, str) else "")
+        cols.add_batch(leaves, labels, issues)
+    out = cols.finish()
+    assert out["dtype"] == want_dtype
+    assert out["numel"].tolist() == want_numel
+    assert cols.crc == want_crc
+    fields = [m for m in issues.messages("f") if "dtype/md5/data_name" in m]
+    assert len(fields) == 1 and fields[0].startswith(f"f: {bad} dtype/md5/data_name"), fields

@@ -46,11 +46,11 @@ MAX_COUNTER = 2**62  # call counters, micro steps, numel
 _STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm"))
 _FIELDS = operator.itemgetter("Max", "Min", "Mean", "Norm", "shape", "dtype")
 _NAN = float("nan")
-_STR_ONLY = frozenset({str})
 _STR_OR_NONE = frozenset({str, type(None)})
 _INT_ONLY = frozenset({int})
 _LIST_ONLY = frozenset({list})
-_SHAPES: dict[tuple[int, ...], tuple[str, int] | None] = {}  # per process: shape -> (text, numel), None: invalid
+_SHAPES: dict[tuple[int, ...], tuple[str, int]] = {}  # per process: valid shape -> (text, numel)
+_BAD_SHAPES: set[tuple[int, ...]] = set()  # per process: shapes of ints that are not valid
 _SAFE_NAMES: set[str] = set()
 _TEXT, _NUMEL = operator.itemgetter(0), operator.itemgetter(1)
 
@@ -133,13 +133,18 @@ def unsafe_data_name(name: str) -> bool:
 
 
 def _shape_info(key: tuple[int, ...]) -> tuple[str, int] | None:
-    if key in _SHAPES:
-        return _SHAPES[key]
+    hit = _SHAPES.get(key)
+    if hit is not None or key in _BAD_SHAPES:
+        return hit
     valid = valid_shape(list(key))
-    hit = None if valid is None else (_shape_text(valid), int(np.prod(valid, dtype=object)))
+    if valid is None:
+        if len(_BAD_SHAPES) > 100_000:
+            _BAD_SHAPES.clear()
+        _BAD_SHAPES.add(key)
+        return None
     if len(_SHAPES) > 100_000:
         _SHAPES.clear()
-    _SHAPES[key] = hit
+    hit = _SHAPES[key] = (_shape_text(valid), int(np.prod(valid, dtype=object)))
     return hit
 
 
@@ -228,9 +233,14 @@ class Columns:
         infos: list[Any]
         if set(map(type, col)) <= _LIST_ONLY and set(map(type, itertools.chain.from_iterable(col))) <= _INT_ONLY:
             keys = list(map(tuple, col))  # every element an int (bools excluded): the tuple is the shape
-            infos = list(map(_SHAPES.get, keys, itertools.repeat(False)))
-            if False in infos:
-                infos = [_shape_info(k) if hit is False else hit for k, hit in zip(keys, infos, strict=True)]
+            try:  # shapes seen before (the usual case once a file is under way): no scan for misses
+                infos = list(map(_SHAPES.__getitem__, keys))
+            except KeyError:
+                infos = list(map(_shape_info, keys))
+            else:
+                self.shape += map(_TEXT, infos)
+                self._numel.append(np.fromiter(map(_NUMEL, infos), np.int64, n))
+                return
             if None not in infos:
                 self.shape += map(_TEXT, infos)
                 self._numel.append(np.fromiter(map(_NUMEL, infos), np.int64, n))
@@ -257,16 +267,28 @@ class Columns:
         get = dict.get
         base = self.n
         intern = self._interned
-        dtypes = list(dtype_col)
-        if not set(map(type, dtypes)) <= _STR_ONLY:
+        known = len(intern)
+        try:  # one pass: the strings are checked as they enter the (small) table of distinct dtypes
+            got: list[str] | None = list(map(intern.setdefault, dtype_col, dtype_col))
+        except TypeError:  # an unhashable value (a list, an object)
+            got = None
+        if got is not None and len(intern) > known and any(
+                k.__class__ is not str for k in itertools.islice(intern, known, None)):
+            got = None
+        if got is None:
+            for k in [k for k in intern if k.__class__ is not str]:
+                del intern[k]
+            dtypes = list(dtype_col)
             for i, d in enumerate(dtypes):
                 if d.__class__ is not str:
                     if d is not None:
                         issues.add((base + i, 5), "field", f"{labels[i]} dtype={short(d)}")
                     dtypes[i] = ""
-        self.dtype += map(intern.setdefault, dtypes, dtypes)
+            got = list(map(intern.setdefault, dtypes, dtypes))
+        self.dtype += got
+        n = len(leaves)
         crcs = list(map(get, leaves, itertools.repeat("md5")))
-        kinds = set(map(type, crcs))
+        kinds = {type(None)} if crcs.count(None) == n else set(map(type, crcs))
         if kinds != {type(None)}:
             self.any_crc = True
             if not kinds <= _STR_OR_NONE:
@@ -276,8 +298,7 @@ class Columns:
                         crcs[i] = ""
         self.crc += crcs
         names: list[Any] = list(map(get, leaves, itertools.repeat("data_name")))
-        kinds = set(map(type, names))
-        if kinds == {type(None)}:
+        if names.count(None) == n:
             self.data_name += itertools.repeat("", len(names))
             return
         for i, dn in enumerate(names):
