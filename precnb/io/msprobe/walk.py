@@ -293,9 +293,9 @@ class NodeParts:
                 hit = of_parent[parent] = (parent, _module_of(parent))
             parent, of = hit
             out.append(parent)
-            if "parameters_grad" not in node and node.isascii() and "\n" not in node:  # name_parts' first case
-                head, _, last = node.rpartition(".")
-                if last == "forward" or last == "backward":
+            if "parameters_grad" not in node and node.isascii() and "\n" not in node:  # name_parts' cases, in line
+                head, sep, last = node.rpartition(".")
+                if last == "forward" or last == "backward":  # {api}.{call}.{direction}
                     api, sep, call = head.rpartition(".")
                     if sep and api and call.isdigit() and len(call) < 19:
                         kinds.append("api")
@@ -304,6 +304,18 @@ class NodeParts:
                         dirs.append("forward" if last == "forward" else "backward")
                         calls.append(int(call))
                         continue
+                elif sep and last.isdigit() and len(last) < 19:  # Module|Cell.{path}.{Class}.{direction}.{call}
+                    body, sep, direction = head.rpartition(".")
+                    if sep and (direction == "forward" or direction == "backward"):
+                        pre, sep, body = body.partition(".")
+                        if sep and body and (pre == "Module" or pre == "Cell"):
+                            path, _, cls = body.rpartition(".")
+                            kinds.append("module")
+                            apis.append(one(cls, cls))
+                            modules.append(one(path, path))
+                            dirs.append("forward" if direction == "forward" else "backward")
+                            calls.append(int(last))
+                            continue
             kind, api, module, direction, number = name_parts(node)
             kinds.append(kind)
             apis.append(one(api, api))
