@@ -25,6 +25,7 @@ the first example); numbers beyond the float range are ±inf, call counters and 
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -91,10 +92,11 @@ class _File:
         w = self.walk
         leaves, walk_node, node_facts = w.leaves, w.node, self.facts.node
         nodes, node_parents, counts = self.nodes, self.node_parents, self.counts
-        parents = self.parents.get
         self.n_nodes += len(data)
         n_had = len(nodes)
-        for node, record in data.items():
+        # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
+        for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
+                                          strict=True):
             if record.__class__ is not dict:
                 if record is not None:  # null records carry nothing
                     self.issues.add((self.cols.n + len(leaves), -1), "record", f"{short(node)}: {json_type(record)}")
@@ -103,7 +105,6 @@ class _File:
                 for g in _find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
                     self.groups.setdefault(json.dumps(g), node)
                     break
-            parent = parents(node, "") or ""
             n0 = len(leaves)
             try:
                 walk_node(node, record)
@@ -115,9 +116,9 @@ class _File:
                 nodes.append(node)
                 node_parents.append(parent)
                 counts.append(len(leaves) - n0)
-            if "parameters" in record or parent[:9] == "optimizer" or (  # OPTIMIZER_NAME's markers hold one of these
+            if "parameters" in record or parent.startswith("optimizer") or (  # OPTIMIZER_NAME's markers hold
                     "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node):
-                node_facts(node, record, parent)  # parameters' requires_grad, optimizer scalar arguments
+                node_facts(node, record, parent)  # one of these: parameters' requires_grad, optimizer arguments
         self.parts.add(nodes[n_had:], node_parents[n_had:])
         self.cols.add_batch(leaves, w.labels, self.issues)
         self.hashes.append(np.fromiter(map(hash, w.labels), np.int64, len(w.labels)))  # for distinct() at build
