@@ -134,7 +134,7 @@ def spy_batches(monkeypatch) -> list:
     from precnb.io.msprobe import _json
 
     gave_up: list = []
-    real = _json.batches
+    real = _json.parts
 
     def spy(path):
         try:
@@ -143,5 +143,5 @@ def spy_batches(monkeypatch) -> list:
             gave_up.append(path)
             raise
 
-    monkeypatch.setattr(_json, "batches", spy)
+    monkeypatch.setattr(_json, "parts", spy)
     return gave_up

@@ -48,7 +48,7 @@ try:  # optional speed-up (the ``fast`` extra)
 except ImportError:  # pragma: no cover - exercised when the extra is missing
     _orjson = None  # type: ignore[assignment]
 
-__all__ = ["BLOCK", "NotBatchableError", "batches", "has_orjson", "quote_tokens"]
+__all__ = ["BLOCK", "NotBatchableError", "batches", "has_orjson", "parts", "quote_tokens"]
 
 BLOCK = 256 << 10
 """Bytes read at a time; a batch holds the whole records of about one block.
@@ -161,6 +161,25 @@ def batches(path: str | Path) -> Iterator[dict[str, Any]]:
     >>> [list(d) for d in batches(p)]
     [['a.0.forward', 'b.0.forward'], ['task']]
     """
+    for _, part in parts(path):
+        yield part
+
+
+def parts(path: str | Path) -> Iterator[tuple[bool, dict[str, Any]]]:
+    """:func:`batches` as ``(is_top, dict)`` pairs: no look-ahead is needed to tell the top-level members.
+
+    A batch is let go as soon as the caller asks for the next one (before the next block is read):
+    a caller that drops its own reference first has its objects freed while they are still in the
+    processor's caches.
+
+    Examples
+    --------
+    >>> import json, tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "dump.json")
+    >>> _ = open(p, "w").write(json.dumps({"task": "statistics", "data": {"a.0.forward": {}}}, indent=1))
+    >>> [(is_top, list(d)) for is_top, d in parts(p)]
+    [(False, ['a.0.forward']), (True, ['task'])]
+    """
     if os.environ.get("PRECNB_JSON_WHOLE"):  # parse whole files only (to check one path against the other)
         raise NotBatchableError
     with Path(path).open("rb") as fh:
@@ -190,7 +209,8 @@ def batches(path: str | Path) -> Iterator[dict[str, Any]]:
                 raise NotBatchableError
             first = False
             hashes.append(np.fromiter(map(hash, data), np.int64, len(data)))
-            yield data
+            yield False, data
+            data = {}  # let the batch go before the next block is parsed
             if tail is not None:
                 if _repeats(hashes):  # a node name in two batches: the whole parse keeps its last record
                     raise NotBatchableError
@@ -198,7 +218,7 @@ def batches(path: str | Path) -> Iterator[dict[str, Any]]:
                 if not isinstance(top, dict) or top.get("data") != {} or next(reversed(top)) != "data":
                     raise NotBatchableError
                 del top["data"]
-                yield top
+                yield True, top
                 return
 
 

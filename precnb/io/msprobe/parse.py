@@ -223,25 +223,15 @@ def _read(rd: RankDir) -> FileRecords:
     f = _File(rd, parents, micro)
     top: Mapping[str, Any] = {}
     try:
-        for is_top, part in _parts(rd):
+        for is_top, part in _json.parts(rd.dump_file):
             if is_top:
                 top = part
             else:
                 f.batch(part)
+                part = {}  # freed now, while its objects are still in the caches (not after the next parse)
     except (_json.NotBatchableError, DumpFormatError, OSError):  # the whole-file parse decides (and words the error)
         doc = _whole(rd, notes)
         f = _File(rd, parents, micro)
         f.batch(doc["data"])
         top = doc
     return f.build(top, notes + side_notes, (construct, stack))
-
-
-def _parts(rd: RankDir) -> Iterable[tuple[bool, Any]]:
-    """(is_top, dict) parts of the batched parse: the node batches, then the top-level members."""
-    prev = None
-    for part in _json.batches(rd.dump_file):
-        if prev is not None:
-            yield False, prev
-        prev = part
-    if prev is not None:
-        yield True, prev
