@@ -2,9 +2,10 @@
 
 A leaf is one JSON object (``type``, ``dtype``, ``shape``, ``Max``, ``Min``, ``Mean``, ``Norm``
 and optionally ``md5``, ``data_name``). :class:`Columns` turns a batch of leaves into numpy
-columns with one C-level pass per field for the common case (every statistic a float, every
-shape a list of ints, strings where strings belong) and applies the exact rules element by
-element only to the values that are not of the common type:
+columns with one C-level pass per field for the common case (statistics that numpy converts as
+the rules below do — numbers, booleans, nulls, numeric strings —, shapes of ints seen before,
+strings where strings belong) and applies the exact rules element by element only where that
+pass refuses:
 
 - a statistic that is a number, a boolean, null or a numeric string (``"nan"``, ``"1e400"``,
   the quoted ``"-Infinity"`` of a bare token) is read by :func:`precnb.io._assemble.stat_value`;
