@@ -356,3 +356,20 @@ def test_dtype_shape_and_crc_columns_follow_the_rules_batch_after_batch():
     assert cols.crc == want_crc
     fields = [m for m in issues.messages("f") if "dtype/md5/data_name" in m]
     assert len(fields) == 1 and fields[0].startswith(f"f: {bad} dtype/md5/data_name"), fields
+
+
+def test_data_names_first_met_in_a_later_batch_stay_aligned():
+    from precnb.io.msprobe.values import Columns, Issues
+
+    def leaf(name=None):
+        out = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [1], "Max": 1.0, "Min": 0.0, "Mean": 0.5,
+               "Norm": 1.0}
+        if name is not None:
+            out["data_name"] = name
+        return out
+
+    cols = Columns()
+    for batch in ([leaf(), leaf()], [leaf("a.pt"), leaf()], [leaf()], [leaf(""), leaf("b.pt")]):
+        cols.add_batch(batch, [f"t{cols.n + i}" for i in range(len(batch))], Issues())
+    assert cols.any_data_name and not cols.any_crc
+    assert cols.data_name == ["", "", "a.pt", "", "", "", "b.pt"]

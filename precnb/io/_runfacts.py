@@ -161,7 +161,8 @@ class FileFacts:
                     rg = leaf.get("requires_grad")
                     if rg.__class__ is bool:
                         grads[f"{node}.parameters.{pname}"] = rg
-        if (parent[:9] == "optimizer" or _MARKERS.search(node) is not None) and is_optimizer_node(node, parent):
+        if (parent.startswith("optimizer") or ("_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node)
+                ) and is_optimizer_node(node, parent):  # substrings of every marker: cheaper than the pattern
             self.optimizer(node, record)
 
     def optimizer(self, node: str, record: Mapping[str, Any]) -> None:

@@ -161,8 +161,9 @@ class Columns:
         self.dtype: list[str] = []
         self.crc: list[str | None] = []
         self.data_name: list[str] = []
-        self.any_crc = False
+        self.any_crc = False  # crc holds one entry per leaf only then
         self.any_data_name = False
+        self._names_from: int | None = None  # data_name holds one entry per leaf once a leaf had the key
         self.leaf_type = ""
         self._interned: dict[str, str] = {}
 
@@ -288,20 +289,27 @@ class Columns:
             got = list(map(intern.setdefault, dtypes, dtypes))
         self.dtype += got
         n = len(leaves)
+        # md5 and data_name: kept only once a leaf has one (earlier leaves then padded), none otherwise
         crcs = list(map(get, leaves, itertools.repeat("md5")))
-        kinds = {type(None)} if crcs.count(None) == n else set(map(type, crcs))
-        if kinds != {type(None)}:
+        if crcs.count(None) != n:
+            if not self.any_crc:
+                self.crc = [None] * base
             self.any_crc = True
-            if not kinds <= _STR_OR_NONE:
+            if not set(map(type, crcs)) <= _STR_OR_NONE:
                 for i, c in enumerate(crcs):
                     if c is not None and c.__class__ is not str:
                         issues.add((base + i, 6), "field", f"{labels[i]} md5={short(c)}")
                         crcs[i] = ""
-        self.crc += crcs
+        if self.any_crc:
+            self.crc += crcs
         names: list[Any] = list(map(get, leaves, itertools.repeat("data_name")))
         if names.count(None) == n:
-            self.data_name += itertools.repeat("", len(names))
+            if self._names_from is not None:
+                self.data_name += itertools.repeat("", n)
             return
+        if self._names_from is None:
+            self._names_from = base
+            self.data_name = [""] * base
         for i, dn in enumerate(names):
             if dn is None:
                 names[i] = ""
