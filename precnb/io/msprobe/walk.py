@@ -147,6 +147,8 @@ class Walk:
             if v is _ABSENT:
                 continue
             used = True
+            if not v and (v.__class__ is dict or v.__class__ is list):
+                continue  # an empty section (most input_kwargs): no tensor, nothing to name
             # the usual sections, a list or a dict of leaves and scalars, read in line (the hot loop of a
             # load); any other item goes through children(), which is what value() would do with it
             if v.__class__ is list:
