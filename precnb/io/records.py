@@ -78,10 +78,21 @@ def distinct(labels: Sequence[str], hashes: np.ndarray | None = None) -> bool:
         return True
     if hashes is None or len(hashes) != n:
         hashes = np.fromiter(map(hash, labels), np.int64, n)
-    hashes.sort()
-    if not (hashes[1:] == hashes[:-1]).any():
+    if not hashes_repeat(hashes):
         return True
     return len(set(labels)) == n
+
+
+def hashes_repeat(hashes: np.ndarray) -> bool:
+    """Whether two of *hashes* (int64, sorted here in place) are equal: the cheap half of a distinctness test.
+
+    Examples
+    --------
+    >>> hashes_repeat(np.array([3, 1, 2])), hashes_repeat(np.array([3, 1, 3]))
+    (False, True)
+    """
+    hashes.sort()
+    return bool((hashes[1:] == hashes[:-1]).any())
 
 
 def dedup_labels(labels: Sequence[str]) -> list[str]:

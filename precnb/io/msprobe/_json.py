@@ -43,6 +43,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from precnb.io.records import hashes_repeat
+
 try:  # optional speed-up (the ``fast`` extra)
     import orjson as _orjson
 except ImportError:  # pragma: no cover - exercised when the extra is missing
@@ -228,11 +230,7 @@ def _repeats(hashes: list[Any]) -> bool:
     A sort of the names' hashes instead of a set of millions of names; two names that only share
     their hash send the file to the whole-file parse, which reads it right either way.
     """
-    if len(hashes) < 2:
-        return False
-    every = np.concatenate(hashes)
-    every.sort()
-    return bool((every[1:] == every[:-1]).any())
+    return len(hashes) > 1 and hashes_repeat(np.concatenate(hashes))
 
 
 def _data_end(buf: bytes) -> int:
