@@ -520,3 +520,24 @@ def test_analysis_on_lazy_zarr_matches_eager(faults):
     assert ls["steps_not_searched"] == [s for s in es["steps"] if s not in loaded]
     assert (d_eager.step, d_eager.rank, d_eager.node) == (
         m["divergence"]["step"], m["divergence"]["rank"], m["divergence"]["node"])
+
+
+def test_a_node_name_in_two_batches_reads_as_the_whole_parse(tmp_path, monkeypatch):
+    """A node written twice, the copies in different batches (far apart): the batched parse gives up and the
+    whole-file parse's records are read (the first position, the last record), as json.loads would."""
+    body = {f"Functional.f{i}.0.forward": {"output": [leaf(Max=float(i), Min=0.0, Mean=0.5, Norm=1.0)]}
+            for i in range(12000)}
+    doc = {"task": "statistics", "level": "mix", "framework": "pytorch", "data": body}
+    text = json.dumps(doc, indent=1)
+    again = json.dumps({"Functional.f5.0.forward": {"output": [leaf(Max=-7.0)]}}, indent=1)
+    again = "\n".join(" " + line for line in again.splitlines()[1:-1])  # the record at data's indentation
+    last = text.rindex("\n  }\n }")  # after the last record of data
+    text = text[:last + 4] + ",\n" + again + text[last + 4:]
+    assert json.loads(text)["data"]["Functional.f5.0.forward"]["output"][0]["Max"] == -7.0
+    folder = write_rank(tmp_path, text)
+    with pytest.raises(_json.NotBatchableError):  # the copies are in different batches: the batched parse gives up
+        list(_json.parts(folder / "dump.json"))
+    assert check_folder(folder, monkeypatch)  # gave up, and equal to the whole-file parse
+    ds = precnb.open_run(folder)
+    assert float(ds["max"].sel(tensor="Functional.f5.0.forward.output.0").item()) == -7.0
+    assert list(ds["tensor"].values[:7]) == [f"Functional.f{i}.0.forward.output.0" for i in range(7)]
