@@ -81,7 +81,6 @@ class _File:
         self.groups: dict[str, str] = {}
         self.facts = FileFacts()
         self.nodes: list[str] = []  # the node records that had tensors, in file order
-        self.node_parents: list[str] = []
         self.counts: list[int] = []  # tensors per entry of nodes
         self.hashes: list[np.ndarray] = []  # of the labels, batch by batch
         self.parts = NodeParts()  # the split names of nodes
@@ -91,7 +90,8 @@ class _File:
         """Read one batch of node records (all of ``data`` for a whole-file parse)."""
         w = self.walk
         leaves, walk_node, node_facts = w.leaves, w.node, self.facts.node
-        nodes, node_parents, counts = self.nodes, self.node_parents, self.counts
+        nodes, counts = self.nodes, self.counts
+        node_parents: list[str] = []  # of this batch's nodes that had tensors (NodeParts keeps them)
         self.n_nodes += len(data)
         n_had = len(nodes)
         # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
@@ -119,7 +119,7 @@ class _File:
             if "parameters" in record or parent.startswith("optimizer") or (  # OPTIMIZER_NAME's markers hold
                     "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node):
                 node_facts(node, record, parent)  # one of these: parameters' requires_grad, optimizer arguments
-        self.parts.add(nodes[n_had:], node_parents[n_had:])
+        self.parts.add(nodes[n_had:], node_parents)
         self.cols.add_batch(leaves, w.labels, self.issues)
         self.hashes.append(np.fromiter(map(hash, w.labels), np.int64, len(w.labels)))  # for distinct() at build
         self.labels += w.labels
@@ -150,7 +150,7 @@ class _File:
         unique = distinct(labels, np.concatenate(self.hashes) if self.hashes else None)
         if not unique:
             labels = dedup_labels(labels)
-        coords: dict[str, Any] = node_columns(self.nodes, self.node_parents, self.counts, self.micro, n,
+        coords: dict[str, Any] = node_columns(self.nodes, self.parts.parents, self.counts, self.micro, n,
                                                self.parts)
         for name, col in (("role", self.roles), ("dtype", c["dtype"]), ("shape", c["shape"])):
             arr = coords[name] = np.empty(n, object)  # final values (str): the assembler takes them as they are
