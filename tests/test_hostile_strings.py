@@ -125,3 +125,23 @@ def test_notebook_export_escapes_widget_json(tmp_path):
     assert "<" not in blocks[0] and ">" not in blocks[0] and "\u2028" not in blocks[0]
     assert json.loads(blocks[0])["state"]["m1"]["state"]["value"] == evil
     assert '<meta name="generator" content="precnb' in page[:2000]
+
+
+def test_side_table_text_is_one_text_with_or_without_orjson_and_reads_back(monkeypatch):
+    """construct/stacks attributes: compact JSON, the same text from orjson and the standard library, every
+    string read back as it was (control characters, U+2028, emoji; lone surrogates as ASCII escapes)."""
+    import json
+    import sys
+
+    from precnb.schema import side_text
+
+    table = {"a\x00\x1f\x7f\"\\/\u2028\u2029é😀\b\f\n\r\t": "x\x01", "Module.a.A.forward.0": "",
+             "stack": ["File a.py, line 1, in f, \n x = NaN", "</script>"]}
+    lone = {"bad\ud800": "parent\udfff"}
+    with_orjson = side_text(table), side_text(lone)
+    monkeypatch.setitem(sys.modules, "orjson", None)  # ImportError: the standard-library path
+    without = side_text(table), side_text(lone)
+    assert with_orjson == without
+    assert with_orjson[0] == json.dumps(table, ensure_ascii=False, separators=(",", ":"))
+    assert json.loads(with_orjson[0]) == table and json.loads(with_orjson[1]) == lone
+    with_orjson[1].encode("ascii")  # escaped: writable as UTF-8 (zarr, netCDF)
