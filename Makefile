@@ -21,12 +21,12 @@ help:
 	@echo "make demo    install, then run precnb on the bundled samples (writes $(OUT)/)"
 	@echo "make test    install (incl. Debian chromium for browser tests), then run the test suite"
 	@echo "             (without the needs_generator tests; prints why tests were skipped)"
-	@echo "make test-generator  install the [samples] extra (torch, msprobe), run only the needs_generator tests"
+	@echo "make test-generator  install the generator (tools/samples: torch, msprobe), run only the needs_generator tests"
 	@echo "make fuzz    the reader fuzzing with a long budget (FUZZ_SCALE=$(FUZZ_SCALE), random seeds)"
 	@echo "make lab     install, then start JupyterLab on the notebook templates"
 	@echo "make lint    ruff, and the import contracts of pyproject.toml [tool.importlinter] (lint-imports)"
 	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io, analysis)"
-	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (extra [samples])"
+	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (tools/samples)"
 	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
 	@echo "make notebooks         strip notebooks/*.ipynb (the templates' one copy; the build puts them in the wheel)"
@@ -78,7 +78,7 @@ test-fast: install
 	$(PY) -m pytest -q -rs -m "not slow and not needs_generator"
 
 test-generator: install
-	$(PIP) install -q -e '.[test,samples]'
+	$(PIP) install -q -e '.[test]' -e tools/samples
 	$(PY) -m pytest -q -rs -m needs_generator
 
 fuzz: install
@@ -96,8 +96,8 @@ lab: install
 	$(VENV)/bin/jupyter lab --allow-root --no-browser notebooks/
 
 samples: install
-	$(PIP) install -q -e '.[samples]'
-	$(PY) -m precnb.samples --out data_samples
+	$(PIP) install -q -e tools/samples
+	$(PY) -m precnb_samples --out data_samples
 
 bench: install
 	$(PY) benchmarks/run.py

@@ -53,9 +53,9 @@ def make_large_pair(workdir: Path) -> Path:
     pair = workdir / "large_pair"
     if (pair / "done").exists():
         return pair
-    from precnb.samples import _scn_tensor as S  # noqa: N812
-    from precnb.samples._model import ModelConfig
-    from precnb.samples._train import launch
+    from precnb_samples import _scn_tensor as S  # noqa: N812
+    from precnb_samples._model import ModelConfig
+    from precnb_samples._train import launch
 
     if pair.exists():
         shutil.rmtree(pair)

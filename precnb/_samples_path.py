@@ -61,5 +61,7 @@ def sample_path(name: str = "") -> Path:
         known = sorted(c.name for c in root.iterdir() if c.is_dir()) if root.is_dir() else []
         hint = (f"; bundled: {', '.join(known)}" if known
                 else " (set PRECNB_SAMPLES, or run `make samples` in a checkout)")
+        if known and root == _INSTALLED:
+            hint += " (an installed wheel ships a few; every sample is in data_samples/ of the source repository)"
         raise NotADumpError(f"{p}: bundled sample not found{hint}")
     return p

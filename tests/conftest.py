@@ -12,6 +12,12 @@ SAMPLES = ROOT / "data_samples"
 SHARED = Path(os.environ.get("PRECNB_SHARED", ROOT.parent / "shared"))
 
 os.environ.setdefault("PRECNB_NO_DASK_CLIENT", "1")
+# subprocesses (`python -m precnb`, `python -m precnb_samples`) import this checkout's precnb, whatever the venv's
+# install points at (a git worktree beside the checkout the venv was installed from), and the sample generator
+# (tools/samples, outside the wheel; pyproject's pytest `pythonpath` puts it on this process's sys.path)
+GENERATOR = ROOT / "tools" / "samples"
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(ROOT), str(GENERATOR), os.environ.get("PYTHONPATH", "")) if p)
 
 _DESELECTED_GENERATOR: list[str] = []
 

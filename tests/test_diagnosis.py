@@ -321,7 +321,7 @@ def test_a_run_with_the_plan_captures_the_target(tmp_path, name):
     pytest.importorskip("msprobe")
     code = f"""
 import json, sys
-from precnb.samples import _diag_train as T, _scn_diagnosis as S
+from precnb_samples import _diag_train as T, _scn_diagnosis as S
 kw = dict(kernel_fault=(1, 1), register_kernel=True, model=S.KERNEL_MODEL) if {name!r} != "moe_empty_expert" \\
     else dict(pad_batch=(1, 1), model=S.MOE_MODEL)
 run = T.DiagRun(tag="plan", log_dir=sys.argv[2], world_size=2, steps=2, dump_config=sys.argv[1], **kw)
@@ -409,7 +409,7 @@ def test_monitor_scalar_means_that_change_sign_are_noise():
 def test_regenerate_moe_empty_expert_gives_the_committed_dumps(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("msprobe")
-    out = subprocess.run([sys.executable, "-m", "precnb.samples", "--out", str(tmp_path), "--only", "moe_empty_expert",
+    out = subprocess.run([sys.executable, "-m", "precnb_samples", "--out", str(tmp_path), "--only", "moe_empty_expert",
                           "--no-readme"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     new = json.loads((tmp_path / "moe_empty_expert" / "ground_truth.json").read_text())

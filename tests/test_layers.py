@@ -39,7 +39,8 @@ def test_import_contracts_hold():
     proc = _lint(ROOT)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     contracts = _contracts()
-    assert set(contracts) == {"layers", "viz-pure", "core-without-notebook", "generator-deps"}
+    assert set(contracts) == {"layers", "viz-pure", "core-without-notebook", "generator-deps",
+                              "no-msprobe-mindspore"}
     for c in contracts.values():
         assert f"{c['name']} KEPT" in " ".join(proc.stdout.split()), c["name"]
     assert f"Contracts: {len(contracts)} kept, 0 broken." in proc.stdout
@@ -61,6 +62,7 @@ INJECTIONS = [
     ("viz/frames.py", "import precnb.io.tensors", "viz-pure", "precnb.viz is not allowed to import precnb.io"),
     ("pipeline/inputs.py", "import altair", "core-without-notebook", "precnb.pipeline is not allowed to import altair"),
     ("analysis/summary.py", "import torch", "generator-deps", "precnb.analysis.summary -> torch"),
+    ("io/kernel.py", "import mindspore", "no-msprobe-mindspore", "precnb.io.kernel -> mindspore"),
 ]
 
 

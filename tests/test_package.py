@@ -39,20 +39,10 @@ def test_public_api_resolves():
 
 # -- every module's docstring examples ----------------------------------------------------------
 
-# modules whose import needs what the [test] extra does not install: their examples run with
-# `make test-generator` (needs_generator; there a missing dependency is an import error, not a skip)
-NEEDS_GENERATOR = {name: "torch (the [samples] extra: the sample generator's models and training)" for name in (
-    "precnb.samples._diag_model", "precnb.samples._diag_train", "precnb.samples._model",
-    "precnb.samples._named_models", "precnb.samples._scenarios", "precnb.samples._scn_diagnosis",
-    "precnb.samples._scn_pp", "precnb.samples._scn_preflight", "precnb.samples._scn_renamed",
-    "precnb.samples._scn_tensor", "precnb.samples._scn_tp_unsync", "precnb.samples._train")}
 # modules that are never imported here; they must hold no examples (test_unimported_modules_have_no_examples)
 NOT_IMPORTED = {
     "precnb.__main__": "importing it runs the CLI",
     "precnb.cli.__main__": "importing it runs the CLI",
-    "precnb.samples.__main__": "importing it runs the sample generator",
-    "precnb.samples._ms_model": "imports mindspore; only the MindSpore worker interpreter ($PRECNB_MINDSPORE_PYTHON) "
-                                "loads it",
 }
 
 
@@ -67,12 +57,10 @@ def test_every_module_is_discovered():
     files = {".".join(("precnb", *p.relative_to(PKG).with_suffix("").parts)).removesuffix(".__init__")
              for p in PKG.rglob("*.py") if "data_samples" not in p.parts}
     assert {"precnb", *MODULES} == files
-    assert set(NEEDS_GENERATOR) <= set(MODULES) and set(NOT_IMPORTED) <= set(MODULES)
+    assert set(NOT_IMPORTED) <= set(MODULES)
 
 
-@pytest.mark.parametrize("module", [
-    pytest.param(m, marks=pytest.mark.needs_generator) if m in NEEDS_GENERATOR else m
-    for m in ["precnb", *MODULES] if m not in NOT_IMPORTED])
+@pytest.mark.parametrize("module", [m for m in ["precnb", *MODULES] if m not in NOT_IMPORTED])
 def test_docstring_examples_run(module, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an example that writes a file writes it here
     mod = importlib.import_module(module)
@@ -80,21 +68,14 @@ def test_docstring_examples_run(module, tmp_path, monkeypatch):
     assert result.failed == 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
-                    reason="torch is installed: these modules' examples run in test_docstring_examples_run")
-@pytest.mark.parametrize("module", sorted(NEEDS_GENERATOR))
-def test_generator_modules_really_need_torch(module):
-    """The list above leaves out only modules that cannot be imported here."""
-    sys.modules.pop(module, None)
-    with pytest.raises(ModuleNotFoundError, match="torch"):
-        importlib.import_module(module)
-
-
 def test_unimported_modules_have_no_examples():
     parser = doctest.DocTestParser()
     for name in NOT_IMPORTED:
         path = PKG.joinpath(*name.split(".")[1:]).with_suffix(".py")
         assert not parser.get_examples(path.read_text(encoding="utf-8")), f"{name}: examples that never run"
+
+
+SHIPPED_SAMPLES = {"healthy", "dp_nan", "divergence", "dp_sum", "tp", "monitor"}
 
 
 # -- installed from a wheel, as a new user does ------------------------------------------------
@@ -139,7 +120,9 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     anom = _run(core_venv, cli, "anomalies", mon, cwd=tmp_path)  # stderr is a pipe: no progress bar
     assert anom.returncode == 0 and anom.stdout.startswith("FIRST ANOMALY") and "\r" not in anom.stderr
     assert anom.stderr == ""
-    xfw = pathlib.Path(sample).parent / "xfw"  # an msprobe YAML mapping file reads with the core dependencies
+    # an msprobe YAML mapping file reads with the core dependencies (xfw is not shipped: the checkout's copy)
+    assert not (pathlib.Path(sample).parent / "xfw").exists()
+    xfw = PKG.parent / "data_samples" / "xfw"
     aligned = _run(core_venv, cli, "align", str(xfw / "pt"), str(xfw / "ms_same"), "--json", "--mapping",
                    str(xfw / "msprobe_mapping" / "cell_mapping.yaml"), cwd=tmp_path)
     assert aligned.returncode == 0, aligned.stderr
@@ -171,6 +154,13 @@ def test_the_wheel_ships_the_notebook_templates_and_the_samples(built_wheel):
     assert {"precnb/templates/report/report.html.j2", "precnb/py.typed"} <= names
     assert "precnb/data_samples/dp_nan/ground_truth.json" in names
     assert not [n for n in names if n.startswith("notebooks/") or "/.ipynb_checkpoints/" in n]
+    # the sample generator (tools/samples) is a development program: no code of it in the wheel, and only the
+    # samples the templates and the README use (a few MB), not all of data_samples/
+    assert not [n for n in names if "precnb_samples" in n or n.startswith("precnb/samples/")]
+    with zipfile.ZipFile(built_wheel) as whl:
+        samples = [i for i in whl.infolist() if i.filename.startswith("precnb/data_samples/")]
+    assert sum(i.file_size for i in samples) < 10e6 and sum(i.compress_size for i in samples) < 3e6
+    assert {i.filename.split("/")[2] for i in samples} == {*SHIPPED_SAMPLES, "README.md"}
 
 
 @pytest.mark.slow

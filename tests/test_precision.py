@@ -182,8 +182,8 @@ def test_calibrated_thresholds_loosen_per_tensor_only(samples):
 @pytest.mark.skipif(not (_have("torch") and _have("msprobe")), reason="needs torch and msprobe")
 def test_bug_under_bf16_autocast_is_found_with_bf16_tolerance(tmp_path):
     """fp32 baseline vs bf16 autocast *with* the residual bug: the bug is still found at blocks.1."""
-    from precnb.samples import _scn_tensor as S
-    from precnb.samples._scenarios import Context
+    from precnb_samples import _scn_tensor as S
+    from precnb_samples._scenarios import Context
 
     ctx = Context(out=tmp_path, log_dir=tmp_path / "logs", command="test")
     sample = tmp_path / "bf16_bug"

@@ -315,7 +315,7 @@ def test_tp_unsync_persists_and_weights_drift():
 def test_generator_pairing_helpers_doctests():
     import doctest
 
-    import precnb.samples._align_truth as mod
+    import precnb_samples._align_truth as mod
 
     result = doctest.testmod(mod)
     assert result.failed == 0 and result.attempted >= 5
@@ -331,7 +331,7 @@ def test_regenerate_is_bit_identical(tmp_path, name):
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "precnb.samples", "--out", str(tmp_path), "--only", name, "--no-readme"],
+        [sys.executable, "-m", "precnb_samples", "--out", str(tmp_path), "--only", name, "--no-readme"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -128,7 +128,7 @@ def test_kernel_resume_precnb_reads_both_runs():
 @pytest.mark.skipif(not os.environ.get("PRECNB_MINDSPORE_PYTHON") or importlib.util.find_spec("torch") is None,
                     reason="needs PRECNB_MINDSPORE_PYTHON (MindSpore 2.10 venv) and torch + msprobe")
 def test_regenerate_kernel_resume(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "precnb.samples", "--out", str(tmp_path), "--only", "kernel_resume",
+    out = subprocess.run([sys.executable, "-m", "precnb_samples", "--out", str(tmp_path), "--only", "kernel_resume",
                           "--no-readme"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     new = json.loads((tmp_path / "kernel_resume" / "ground_truth.json").read_text(encoding="utf-8"))
@@ -143,7 +143,7 @@ def test_regenerate_kernel_resume(tmp_path):
 
 def test_missing_mindspore_interpreter_is_named(monkeypatch):
     monkeypatch.delenv("PRECNB_MINDSPORE_PYTHON", raising=False)
-    from precnb.samples import _ms_run
+    from precnb_samples import _ms_run
 
     with pytest.raises(ImportError, match=r"PRECNB_MINDSPORE_PYTHON.*pip install 'numpy<2' mindspore==2\.10\.0"):
         _ms_run.require_mindspore()
@@ -153,7 +153,7 @@ def test_missing_mindspore_interpreter_is_named(monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None or importlib.util.find_spec("msprobe") is None,
                     reason="the generator checks torch and msprobe before MindSpore")
 def test_asking_for_a_mindspore_sample_without_its_interpreter_is_an_error(tmp_path):
-    code = (f"import sys; from precnb.samples import main; "
+    code = (f"import sys; from precnb_samples import main; "
             f"sys.exit(main(['--out', {str(tmp_path)!r}, '--only', 'kernel_resume', '--no-readme']))")
     env = {k: v for k, v in os.environ.items() if k != "PRECNB_MINDSPORE_PYTHON"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
@@ -166,8 +166,8 @@ def test_asking_for_a_mindspore_sample_without_its_interpreter_is_an_error(tmp_p
 def test_all_samples_without_mindspore_skip_the_mindspore_ones(tmp_path, monkeypatch):
     from unittest import mock
 
-    import precnb.samples as samples
-    from precnb.samples import _scenarios
+    import precnb_samples as samples
+    from precnb_samples import _scenarios
 
     monkeypatch.delenv("PRECNB_MINDSPORE_PYTHON", raising=False)
     logs: list[str] = []

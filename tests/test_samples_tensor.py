@@ -86,7 +86,7 @@ def test_tensor_bug_ground_truth_holds():
 @pytest.mark.skipif(not (_have("torch") and _have("msprobe")), reason="needs torch and msprobe")
 def test_regenerate_tensor_samples_bit_identical(tmp_path):
     names = ["tensor_bf16", "tensor_bug"]
-    out = subprocess.run([sys.executable, "-m", "precnb.samples", "--out", str(tmp_path), "--only", *names,
+    out = subprocess.run([sys.executable, "-m", "precnb_samples", "--out", str(tmp_path), "--only", *names,
                           "--no-readme"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for name in names:

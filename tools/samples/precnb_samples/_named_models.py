@@ -1,6 +1,6 @@
 """The tiny GPT written twice, the way two code bases name the same model (imports torch).
 
-Both variants compute exactly what :class:`~precnb.samples._model.TinyGPT` computes, op for op,
+Both variants compute exactly what :class:`~precnb_samples._model.TinyGPT` computes, op for op,
 with its weights (copied from a ``TinyGPT`` built with the same seed):
 
 * :class:`TinyLlamaForCausalLM` — Hugging Face style: ``model.embed_tokens``,

@@ -6,7 +6,7 @@ PyNative on CPU in the MindSpore interpreter (``PRECNB_MINDSPORE_PYTHON``), with
 initial weights (``inputs/init_state_pt.npz``, loaded through a name map and checked bit-equal)
 and the same batches (``inputs/batches.npz``). ``ms_bug`` differs from ``ms_same`` in one place:
 layer 1's ffn_norm uses eps 1e-2 instead of 1e-6. Every location in the ground truth is read back
-from the dumps (:mod:`precnb.samples._xfw_truth`) and checked against that injection.
+from the dumps (:mod:`precnb_samples._xfw_truth`) and checked against that injection.
 """
 
 from __future__ import annotations

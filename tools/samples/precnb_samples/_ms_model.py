@@ -2,7 +2,7 @@
 
 Run only inside the MindSpore interpreter (``PRECNB_MINDSPORE_PYTHON``) by the worker scripts
 ``_ms_port_worker.py`` and ``_ms_kernel_worker.py``; precnb itself never imports this module. It
-mirrors :mod:`precnb.samples._model` operation by operation so that, with the same weights and
+mirrors :mod:`precnb_samples._model` operation by operation so that, with the same weights and
 batches, both frameworks compute the same numbers (to fp32 rounding):
 
 ======================  ===========================================

@@ -4,12 +4,12 @@ Runs a tiny GPT-like model on CPU under the real MindStudio Probe (msprobe) and 
 msprobe output plus a ``ground_truth.json`` per sample that records exactly what was injected
 and where (the node names are read back from the produced dumps)::
 
-    python -m precnb.samples [--out data_samples] [--only NAME ...]
+    python -m precnb_samples [--out data_samples] [--only NAME ...]
 
 Importing this package does not import torch or msprobe; they are imported when a sample is
-generated (install them with ``pip install 'precnb[samples]'``). The MindSpore samples (``xfw``,
+generated (install them with ``pip install -e tools/samples``). The MindSpore samples (``xfw``,
 ``kernel_resume``) also need a MindSpore 2.10 interpreter in a venv of its own (MindSpore needs
-numpy<2), named by ``PRECNB_MINDSPORE_PYTHON`` (see :data:`precnb.samples._ms_run.RECIPE`).
+numpy<2), named by ``PRECNB_MINDSPORE_PYTHON`` (see :data:`precnb_samples._ms_run.RECIPE`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ __all__ = [
 
 from ._catalog import CATALOG, SAMPLE_NAMES
 
-INSTALL_HINT = "pip install 'precnb[samples]'"
-COMMAND = "python -m precnb.samples --out data_samples"
+INSTALL_HINT = "pip install -e tools/samples"
+COMMAND = "python -m precnb_samples --out data_samples"
 
 
 def require_generator_deps() -> None:
@@ -107,34 +107,34 @@ def generate(
             if only:  # asked for by name: an error
                 raise
             skipped = [n for n in names if CATALOG[n] == module_name]
-            log(f"[precnb.samples] skipping {', '.join(skipped)}: {exc}")
+            log(f"[precnb_samples] skipping {', '.join(skipped)}: {exc}")
             names = [n for n in names if n not in skipped]
     try:
         for name in (n for n in SAMPLE_NAMES if n in names):
             t0 = time.monotonic()
-            log(f"[precnb.samples] generating {name} ...")
+            log(f"[precnb_samples] generating {name} ...")
             module = importlib.import_module(f"{__name__}.{CATALOG[name]}")
             done.append(_scenarios.generate_one(ctx, name, module.GENERATORS[name]))
-            log(f"[precnb.samples]   {name} done in {time.monotonic() - t0:.1f} s")
+            log(f"[precnb_samples]   {name} done in {time.monotonic() - t0:.1f} s")
     except Exception:
-        log(f"[precnb.samples] failed; worker logs kept in {log_dir}")
+        log(f"[precnb_samples] failed; worker logs kept in {log_dir}")
         raise
     if not keep_logs:
         shutil.rmtree(log_dir, ignore_errors=True)
     if write_readme:
         _readme.write_readme(out_path)
-        log(f"[precnb.samples] wrote {out_path / 'README.md'}")
+        log(f"[precnb_samples] wrote {out_path / 'README.md'}")
     return done
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point of ``python -m precnb.samples``."""
+    """Command-line entry point of ``python -m precnb_samples``."""
     import argparse
 
     from ._ms_run import ENV, RECIPE
 
     parser = argparse.ArgumentParser(
-        prog="python -m precnb.samples",
+        prog="python -m precnb_samples",
         description="Generate msprobe sample dumps (real msprobe, tiny GPT on CPU).",
         epilog=f"The MindSpore samples (xfw, kernel_resume) run MindSpore 2.10 in its own interpreter, "
         f"named by ${ENV} (MindSpore needs numpy<2): {RECIPE}",

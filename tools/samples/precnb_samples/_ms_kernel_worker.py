@@ -2,7 +2,7 @@
 
 Run by the sample generator with the MindSpore interpreter (``PRECNB_MINDSPORE_PYTHON``)::
 
-    $PRECNB_MINDSPORE_PYTHON precnb/samples/_ms_kernel_worker.py spec.json
+    $PRECNB_MINDSPORE_PYTHON tools/samples/precnb_samples/_ms_kernel_worker.py spec.json
 
 It imports neither precnb nor torch nor msprobe. ``spec.json`` has ``job``:
 

@@ -299,17 +299,17 @@ def write_readme(out: str | Path) -> Path:
         "on "
         "CPU (torch.distributed with the gloo backend on 127.0.0.1, ranks spawned with "
         "torch.multiprocessing). Only `ground_truth.json`, `configs/` and this README are written "
-        "by the generator, `precnb/samples/` (the fault locations in `ground_truth.json` are read "
+        "by the generator, `tools/samples/precnb_samples/` (the fault locations in `ground_truth.json` are read "
         "back "
         "from the produced dumps and checked against what was injected).",
         "",
         "## How they were made",
         "",
         "```",
-        "pip install -e '.[samples]'      # torch==2.13.0 (CPU wheel) and mindstudio-probe==26.2.0",
+        "pip install -e tools/samples     # the generator: torch==2.13.0 (CPU), mindstudio-probe==26.2.0",
         "make samples                     # = the line above + the next one",
-        "python -m precnb.samples --out data_samples                  # all samples",
-        "python -m precnb.samples --out data_samples --only dp_nan tp # some of them",
+        "python -m precnb_samples --out data_samples                  # all samples",
+        "python -m precnb_samples --out data_samples --only dp_nan tp # some of them",
         "```",
         "",
         "The MindSpore samples (`xfw`, `kernel_resume`) also run MindSpore 2.10 on CPU in an "
@@ -320,7 +320,7 @@ def write_readme(out: str | Path) -> Path:
         "python3 -m venv /work/venvs/ms",
         "/work/venvs/ms/bin/pip install 'numpy<2' mindspore==2.10.0 mindstudio-probe==26.2.0",
         "export PRECNB_MINDSPORE_PYTHON=/work/venvs/ms/bin/python",
-        "python -m precnb.samples --out data_samples --only xfw kernel_resume",
+        "python -m precnb_samples --out data_samples --only xfw kernel_resume",
         "```",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "command") + ".",

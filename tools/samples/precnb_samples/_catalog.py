@@ -1,6 +1,6 @@
 """The bundled samples and the generator module of each.
 
-Kept apart from :mod:`precnb.samples` so that the generator's modules read it without importing
+Kept apart from :mod:`precnb_samples` so that the generator's modules read it without importing
 the package that imports them.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = ["CATALOG", "SAMPLE_NAMES"]
 
-# name -> the generator module (``precnb.samples.<module>``) whose ``GENERATORS[name]`` writes it.
+# name -> the generator module (``precnb_samples.<module>``) whose ``GENERATORS[name]`` writes it.
 # A new scenario is one module with a ``GENERATORS`` dict plus one line here (generation order).
 CATALOG: dict[str, str] = {
     "healthy": "_scenarios",

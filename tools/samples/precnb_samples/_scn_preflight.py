@@ -12,7 +12,7 @@ Two-rank data-parallel runs of the one-block TinyGPT under the real msprobe, two
   rank R against rank R, passes that pair).
 
 Every fact in ``ground_truth.json`` is read back from the produced dumps and packs with
-:mod:`precnb.samples._dumps` (not with precnb's readers).
+:mod:`precnb_samples._dumps` (not with precnb's readers).
 """
 
 from __future__ import annotations

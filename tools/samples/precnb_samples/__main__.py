@@ -1,4 +1,4 @@
-"""``python -m precnb.samples``: regenerate the msprobe sample dumps."""
+"""``python -m precnb_samples``: regenerate the msprobe sample dumps."""
 
 import sys
 

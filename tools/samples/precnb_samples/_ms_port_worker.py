@@ -3,7 +3,7 @@
 Run by the sample generator with the MindSpore interpreter (``PRECNB_MINDSPORE_PYTHON``, a venv
 with ``numpy<2``, ``mindspore==2.10.0`` and ``mindstudio-probe==26.2.0``)::
 
-    $PRECNB_MINDSPORE_PYTHON precnb/samples/_ms_port_worker.py spec.json
+    $PRECNB_MINDSPORE_PYTHON tools/samples/precnb_samples/_ms_port_worker.py spec.json
 
 It imports neither precnb nor torch. ``spec.json``: ``config`` (msprobe config.json), ``cfg``
 (model sizes), ``state`` (npz of the PyTorch initial state dict), ``batches`` (npz ``x<step>`` /

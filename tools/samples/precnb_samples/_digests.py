@@ -1,6 +1,6 @@
 """README digests of the samples of runs whose names differ and of the TP replica check (no torch).
 
-:func:`precnb.samples._readme.write_readme` calls ``DIGESTS[name](ground_truth)`` for the
+:func:`precnb_samples._readme.write_readme` calls ``DIGESTS[name](ground_truth)`` for the
 samples listed here; each returns Markdown bullet lines.
 """
 

@@ -1,7 +1,7 @@
 """Diagnosis scenarios: an unhooked custom op (and the same op registered), an empty MoE expert, a drift.
 
 Every fault location in ``ground_truth.json`` is read back from the produced dumps / CSVs and
-checked against what was injected (see :mod:`precnb.samples._scenarios` for the style).
+checked against what was injected (see :mod:`precnb_samples._scenarios` for the style).
 """
 
 from __future__ import annotations
