@@ -1,0 +1,247 @@
+"""Generate the msprobe release conformance matrix (a development tool, not part of the precnb wheel).
+
+For each ``mindstudio-probe`` release on PyPI this script makes a venv of its own
+(``/work/venvs/msprobe-<version>``, ``python3 -m venv``, no system site packages), installs
+``torch==2.13.0`` (CPU) and the release into it, trains the tiny model of ``_pt_worker.py`` for
+2 steps under that release's ``PrecisionDebugger`` in every mode of :data:`MODES`, and stores beside each
+dump that release's own compare reading of it (``_truth.py``)::
+
+    python tools/msprobe_matrix/generate.py --out tests/fixtures/msprobe_releases [--only 26.2.0 1.0.1 ...]
+    python tools/msprobe_matrix/generate.py --out tests/fixtures/msprobe_releases --table   # README table
+
+Output, per release ``<out>/<version>/``:
+
+- ``pt_<mode>/step{0,1}/<rank folder>/{dump,construct,stack}.json``: the files as the release wrote them;
+- ``pt_<mode>.truth.json``: the release's compare of each rank file against itself (``_truth.py``);
+- ``release.json``: how it was installed (torch, numpy, pandas, python, the pip command, the error when
+  it failed), and per mode the msprobe config, the losses per rank and any error.
+
+Each training runs in a new PID namespace when ``unshare`` allows it (``unshare --pid --fork``), so the
+``proc<PID>`` folder of a single-process dump is ``proc1`` on every run (the files are then the same
+on a re-run); where ``unshare`` is refused it runs plainly and ``release.json`` says so. Installs and
+runs are sequential and niced (``nice -n 10``). The script itself needs only the standard library;
+``--table`` imports ``conformance.py`` beside it, which needs precnb (run it with precnb's venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+#: every mindstudio-probe release on PyPI (``pip index versions mindstudio-probe``), oldest first
+RELEASES = ("1.0.1", "1.0.3", "1.0.4", "1.1.0", "1.1.1", "1.2.0", "1.2.1", "1.2.2", "1.3.0",
+            "8.1.0", "8.1.1", "8.1.2", "8.2.0", "8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3",
+            "26.0.0", "26.1.0", "26.1.0.post1", "26.2.0")
+REFERENCE = "26.2.0"
+TORCH = "torch==2.13.0"
+VENVS = Path(os.environ.get("MSPROBE_MATRIX_VENVS", "/work/venvs"))
+#: the interpreter the venvs are made from (CPython 3.11: the 26.x wheels are cp311 builds)
+BASE_PYTHON = os.environ.get("MSPROBE_MATRIX_PYTHON", "python3")
+#: mode -> (level, summary_mode, world size); ``L1_2rank`` only for :data:`TWO_RANK_RELEASES`
+MODES: dict[str, tuple[str, str, int]] = {
+    "L0": ("L0", "statistics", 1),
+    "L1": ("L1", "statistics", 1),
+    "mix": ("mix", "statistics", 1),
+    "md5": ("mix", "md5", 1),
+    "L1_2rank": ("L1", "statistics", 2),
+}
+TWO_RANK_RELEASES = ("1.0.1", "26.2.0")
+STEPS = 2
+#: extra requirements a release needs beside torch 2.13.0, and why (what the unpinned install did)
+_NUMPY = ("its metadata does not bound numpy (1.0.4 on pin numpy<2) and pip takes numpy 2; then `from msprobe.pytorch "
+          "import PrecisionDebugger` fails: AttributeError: `np.unicode_` was removed in the NumPy 2.0 release "
+          "(msprobe/core/data_dump/data_processor/base.py line 54)")
+_TWISTED = ("`from msprobe.pytorch import PrecisionDebugger` imports twisted.internet.ssl (msprobe/pytorch/"
+            "api_accuracy_checker/tensor_transport_layer/client.py); current Twisted needs service_identity for it "
+            "(Twisted's `tls` extra), which the release's requirements do not list: ModuleNotFoundError: No module "
+            "named 'service_identity'")
+PINS: dict[str, tuple[tuple[str, ...], str]] = {
+    "1.0.1": (("numpy<2",), _NUMPY),
+    "1.0.3": (("numpy<2", "service_identity"), _NUMPY + "; " + _TWISTED),
+}
+#: compatibility shims a release needs with torch 2.13 (``_pt_worker.apply_shims``), and why
+SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
+    "1.0.1": (("torch.Any",), "with torch 2.13.0 `from msprobe.pytorch import PrecisionDebugger` fails: "
+              "AttributeError: module 'torch' has no attribute 'Any' (msprobe/pytorch/free_benchmark/perturbed_layers/"
+              "npu/improve_precision.py line 35 annotates `-> torch.Any`, which older torch re-exported from typing); "
+              "the worker sets torch.Any = typing.Any before importing msprobe"),
+}
+
+
+def venv_dir(version: str) -> Path:
+    """The venv of one release."""
+    return VENVS / f"msprobe-{version}"
+
+
+def _tail(text: str, n: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+def _pip_lines(text: str) -> str:
+    """The pip output without the local-index warnings this machine's pip.conf adds."""
+    return "\n".join(ln for ln in text.splitlines() if "is ignored: it is neither a file nor a directory" not in ln)
+
+
+def install(version: str, log: Path) -> dict[str, Any]:
+    """Create the release's venv and install torch + the release; what happened (``ok``, versions, error)."""
+    venv = venv_dir(version)
+    py = venv / "bin" / "python"
+    pins, why = PINS.get(version, ((), ""))
+    reqs = [TORCH, f"mindstudio-probe=={version}", *pins]
+    cmd = [str(py), "-m", "pip", "install", *reqs]
+    info: dict[str, Any] = {"venv": str(venv), "command": f"python3 -m venv {venv} && {venv}/bin/pip install "
+                            + " ".join(f"'{r}'" if "<" in r else r for r in reqs)}
+    if pins:
+        info["pins"] = {"requirements": list(pins), "why": why}
+    if not py.exists():
+        made = subprocess.run(["nice", "-n", "10", BASE_PYTHON, "-m", "venv", str(venv)], capture_output=True,
+                              text=True, check=False)
+        if made.returncode != 0:
+            return {**info, "ok": False, "error": _tail(made.stderr)}
+    t0 = time.time()
+    proc = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, check=False)
+    out = _pip_lines(proc.stdout + proc.stderr)
+    log.write_text(out, encoding="utf-8")
+    info["seconds"] = round(time.time() - t0)
+    if proc.returncode != 0:
+        return {**info, "ok": False, "error": _tail(out, 12)}
+    code = ("import json, platform; from importlib import metadata as m; print(json.dumps({p: m.version(p) for p in "
+            "('torch', 'mindstudio-probe', 'numpy', 'pandas')} | {'python': platform.python_version()}))")
+    ver = subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=False)
+    if ver.returncode != 0:
+        return {**info, "ok": False, "error": _tail(ver.stderr)}
+    return {**info, "ok": True, "versions": json.loads(ver.stdout.strip().splitlines()[-1])}
+
+
+def msprobe_config(dump_path: Path, level: str, summary: str) -> dict[str, Any]:
+    """The config.json every release reads (the keys 1.0.1 documents; later releases accept them)."""
+    return {"task": "statistics", "dump_path": str(dump_path), "rank": [], "step": [], "level": level,
+            "seed": 1234, "is_deterministic": False, "enable_dataloader": False,
+            "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": summary}}
+
+
+def _unshare_ok() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def run_mode(version: str, mode: str, dest: Path, scratch: Path, isolate: bool) -> dict[str, Any]:
+    """Train under the release in *mode*; move the dump to *dest*; the run's record for release.json."""
+    level, summary, world = MODES[mode]
+    py = venv_dir(version) / "bin" / "python"
+    work = scratch / mode
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    dump = work / "dump"
+    config = msprobe_config(dump, level, summary)
+    (work / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    shims = list(SHIMS.get(version, ((), ""))[0])
+    spec = {"config": str(work / "config.json"), "world_size": world, "steps": STEPS, "shims": shims,
+            "result": str(work / "result.json")}
+    (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc"] if isolate else []
+    cmd = ["nice", "-n", "10", *prefix, str(py), str(HERE / "_pt_worker.py"), str(work / "spec.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False, cwd=work)
+    (work / "worker.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    rec: dict[str, Any] = {"level": level, "summary_mode": summary, "world_size": world, "pid_namespace": isolate,
+                           "config": {k: v for k, v in config.items() if k != "dump_path"}}
+    if proc.returncode != 0 or not (work / "result.json").is_file():
+        return {**rec, "ok": False, "error": _tail(proc.stdout + proc.stderr, 20)}
+    result = json.loads((work / "result.json").read_text(encoding="utf-8"))
+    shutil.rmtree(dest, ignore_errors=True)
+    if not dump.is_dir():
+        return {**rec, "ok": False, "error": "the run finished but wrote no dump folder"}
+    shutil.move(str(dump), str(dest))
+    return {**rec, "ok": True, "losses": {r: v["losses"] for r, v in result["ranks"].items()},
+            "attach": result["ranks"]["0"]["attach"], "files": sorted(str(p.relative_to(dest))
+                                                                      for p in dest.rglob("*") if p.is_file())}
+
+
+def run_truth(version: str, dump: Path, out: Path, scratch: Path) -> dict[str, Any]:
+    """The release's compare of each rank file of *dump* against itself, written to *out*."""
+    py = venv_dir(version) / "bin" / "python"
+    work = scratch / f"truth_{dump.name}"
+    shutil.rmtree(work, ignore_errors=True)
+    shims = ",".join(SHIMS.get(version, ((), ""))[0])
+    cmd = ["nice", "-n", "10", str(py), str(HERE / "_truth.py"), str(dump), str(out), str(work), shims]
+    proc = subprocess.run(cmd,
+                          capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode != 0 or not out.is_file():
+        return {"ok": False, "error": _tail(proc.stdout + proc.stderr, 20)}
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    bad = {rel: f.get("error") for rel, f in doc["files"].items() if "rows" not in f}
+    return {"ok": not bad, "files": len(doc["files"]), **({"errors": bad} if bad else {})}
+
+
+def generate(version: str, out: Path, modes: list[str]) -> dict[str, Any]:
+    """Install, run and read one release; write ``<out>/<version>/release.json``; return it."""
+    rel_dir = out / version
+    rel_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"msprobe-matrix-{version}-"))
+    print(f"[{version}] installing", flush=True)
+    inst = install(version, scratch / "pip.log")
+    record: dict[str, Any] = {"release": version, "install": inst, "runs": {}}
+    if version in SHIMS:
+        record["shims"] = {"names": list(SHIMS[version][0]), "why": SHIMS[version][1]}
+    if inst["ok"]:
+        isolate = _unshare_ok()
+        for mode in modes:
+            if mode == "L1_2rank" and version not in TWO_RANK_RELEASES:
+                continue
+            print(f"[{version}] {mode}", flush=True)
+            dest = rel_dir / f"pt_{mode}"
+            run = run_mode(version, mode, dest, scratch, isolate)
+            if run["ok"]:
+                run["truth"] = run_truth(version, dest, rel_dir / f"pt_{mode}.truth.json", scratch)
+            record["runs"][mode] = run
+    else:
+        print(f"[{version}] install failed: {inst['error'].splitlines()[-1:]}", flush=True)
+    previous = rel_dir / "release.json"
+    if previous.is_file() and modes != list(MODES):  # --modes: keep the other modes' records
+        old = json.loads(previous.read_text(encoding="utf-8"))
+        record["runs"] = {**old.get("runs", {}), **record["runs"]}
+    previous.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    shutil.rmtree(scratch, ignore_errors=True)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("tests/fixtures/msprobe_releases"))
+    ap.add_argument("--only", nargs="+", metavar="VERSION", help="these releases only (default: all)")
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    ap.add_argument("--table", action="store_true", help="print the README table from the fixtures (needs precnb)")
+    args = ap.parse_args(argv)
+    if args.table:
+        sys.path.insert(0, str(HERE))
+        from conformance import readme_table  # needs precnb
+
+        print(readme_table(args.out))
+        return 0
+    versions = args.only or list(RELEASES)
+    unknown = [v for v in versions if v not in RELEASES]
+    if unknown:
+        ap.error(f"not a release of the matrix: {', '.join(unknown)} (known: {', '.join(RELEASES)})")
+    failed = 0
+    for version in versions:
+        rec = generate(version, args.out, args.modes)
+        failed += not rec["install"]["ok"] or not all(r["ok"] and r["truth"]["ok"] for r in rec["runs"].values()
+                                                      if "truth" in r or not r["ok"])
+    print(f"done: {len(versions)} release(s), {failed} with a failure (see <out>/<version>/release.json)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
