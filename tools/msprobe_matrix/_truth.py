@@ -4,7 +4,8 @@ Run by ``generate.py`` with the interpreter of the release's venv::
 
     /work/venvs/msprobe-<version>/bin/python tools/msprobe_matrix/_truth.py DUMP_ROOT OUT.json SCRATCH [SHIMS]
 
-For every ``step*/<rank folder>/dump.json`` under ``DUMP_ROOT`` it runs that release's compare of the
+For every ``[tree/]step*/<rank folder>/dump.json`` under ``DUMP_ROOT`` (a tree folder: MindSpore's
+``graph/`` and ``pynative/`` of a jit dump) it runs that release's compare of the
 file against itself (the same file as target and golden, stack.json beside it), the way a user
 would: ``msprobe compare -tp dump.json -gp dump.json -o DIR`` from 26.0.0 on,
 ``msprobe -f pytorch|mindspore compare -i input.json -o DIR -s`` from 1.0.3 to 8.3.3, and the Python
@@ -137,20 +138,22 @@ def main(root: str, out: str, scratch: str, shims_arg: str = "") -> int:
     shims = [s for s in shims_arg.split(",") if s]
     root_p, scratch_p = Path(root), Path(scratch)
     files: dict[str, object] = {}
-    for step_dir in sorted(p for p in root_p.iterdir() if p.is_dir() and re.match(r"^step\d+$", p.name)):
-        for rank_dir in sorted(p for p in step_dir.iterdir() if p.is_dir() and _RANK.match(p.name)):
-            rel = f"{step_dir.name}/{rank_dir.name}"
-            work = scratch_p / rel.replace("/", "_")
-            how, code, tail = _run_compare(rank_dir / "dump.json", work, shims)
-            found = sorted(work.glob("compare_result*.csv")) + sorted(work.glob("compare_result*.xlsx"))
-            if not found:
-                files[rel] = {"how": how, "exit_code": code, "error": "no compare_result file written", "log": tail}
-                continue
-            header, rows = _read_result(found[0])
-            cols = [(i, KEEP[h.strip().lower()]) for i, h in enumerate(header) if h.strip().lower() in KEEP]
-            files[rel] = {"how": how, "exit_code": code, "result_file": re.sub(r"\d{8,}", "<time>", found[0].name),
-                          "header": header, "columns": [key for _, key in cols],
-                          "rows": [[_cell(row[i]) if i < len(row) else None for i, _ in cols] for row in rows]}
+    # step*/<rank>/dump.json, also below a tree folder (MindSpore jit dumps: graph/ and pynative/)
+    rank_dirs = sorted(p.parent for p in root_p.rglob("dump.json")
+                       if _RANK.match(p.parent.name) and re.match(r"^step\d+$", p.parent.parent.name))
+    for rank_dir in rank_dirs:
+        rel = rank_dir.relative_to(root_p).as_posix()
+        work = scratch_p / rel.replace("/", "_")
+        how, code, tail = _run_compare(rank_dir / "dump.json", work, shims)
+        found = sorted(work.glob("compare_result*.csv")) + sorted(work.glob("compare_result*.xlsx"))
+        if not found:
+            files[rel] = {"how": how, "exit_code": code, "error": "no compare_result file written", "log": tail}
+            continue
+        header, rows = _read_result(found[0])
+        cols = [(i, KEEP[h.strip().lower()]) for i, h in enumerate(header) if h.strip().lower() in KEEP]
+        files[rel] = {"how": how, "exit_code": code, "result_file": re.sub(r"\d{8,}", "<time>", found[0].name),
+                      "header": header, "columns": [key for _, key in cols],
+                      "rows": [[_cell(row[i]) if i < len(row) else None for i, _ in cols] for row in rows]}
     Path(out).write_text(_dumps({"mindstudio-probe": metadata.version("mindstudio-probe"), "files": files}),
                          encoding="utf-8")
     return 0

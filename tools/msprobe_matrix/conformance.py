@@ -19,6 +19,9 @@ What "read exactly" means here, per fixture (release x mode) and per rank file (
   a ``null`` statistic, which precnb marks in ``null_stats``; ``True``/``False`` of bool tensors are
   1.0/0.0); the CRC (``md5`` column) equal in md5 mode; the role (``input``/``output``/``parameter``/
   ``grad``) the one the section means; and the execution order (``seq``) the compare's row order.
+- tensors a release writes but its own compare does not read (:data:`COMPARE_DOES_NOT_READ`: 1.2.0's
+  compare skips the ``parameters`` section and the ``parameters_grad`` records 1.2.0 writes) are checked
+  the same way against the REFERENCE compare's row for the same tensor of the same (bit-identical) training.
 - not checked: ``requires_grad`` (precnb keeps it for parameters only, in a side table).
 """
 
@@ -64,6 +67,11 @@ def fixtures(root: Path = FIXTURES) -> list[tuple[str, str]]:
             if run.get("ok") and run.get("truth", {}).get("ok"):
                 out.append((v, mode))
     return out
+
+
+def fixture_name(mode: str) -> str:
+    """The folder of a mode's dump under a release (``pt_<mode>``; MindSpore modes are named ``ms_*``)."""
+    return mode if mode.startswith("ms_") else f"pt_{mode}"
 
 
 def rank_of(folder: str) -> int:
@@ -164,13 +172,17 @@ class TruthRow:
     md5: str | None = None
 
 
-def load_truth(version: str, mode: str, root: Path = FIXTURES) -> dict[tuple[int, int], list[TruthRow]]:
-    """The tensor rows of one fixture's truth file, per (step, rank), in the compare's row order."""
-    doc = json.loads((root / version / f"pt_{mode}.truth.json").read_text(encoding="utf-8"))
-    out: dict[tuple[int, int], list[TruthRow]] = {}
+def load_truth(version: str, mode: str, root: Path = FIXTURES) -> dict[tuple[str, int, int], list[TruthRow]]:
+    """The tensor rows of one fixture's truth file, per (tree, step, rank), in the compare's row order.
+
+    *tree* is ``""`` for a dump root with ``step*`` folders, else the folder they are in (``graph``,
+    ``pynative``: MindSpore jit dumps).
+    """
+    doc = json.loads((root / version / f"{fixture_name(mode)}.truth.json").read_text(encoding="utf-8"))
+    out: dict[tuple[str, int, int], list[TruthRow]] = {}
     for rel, entry in doc["files"].items():
-        step_dir, rank_dir = rel.split("/")
-        key = (int(step_dir[4:]), rank_of(rank_dir))
+        *tree, step_dir, rank_dir = rel.split("/")
+        key = ("/".join(tree), int(step_dir[4:]), rank_of(rank_dir))
         cols = entry["columns"]
         rows = []
         for raw in entry["rows"]:
@@ -203,6 +215,7 @@ class ReadResult:
     release: str
     mode: str
     tensors: int = 0  # truth tensor rows checked (all steps and ranks)
+    cross_checked: int = 0  # tensors the release's compare does not read, checked against REFERENCE's
     problems: dict[str, list[str]] = field(default_factory=dict)  # kind -> examples
 
     def add(self, kind: str, text: str) -> None:
@@ -221,75 +234,128 @@ class ReadResult:
         return "; ".join(f"{kind}: {len(v)} (e.g. {v[0]})" for kind, v in sorted(self.problems.items()))
 
 
+#: sections a release writes but its own compare does not read: release -> (kind of label, what it is).
+#: precnb's reading of these tensors is checked against the REFERENCE compare's values for the same tensor of
+#: the same training (the trainings are bit-identical), matched by :func:`reference_key`.
+COMPARE_DOES_NOT_READ: dict[str, tuple[str, ...]] = {
+    "1.2.0": ("parameters", "parameters_grad"),
+}
+
+
+def section_kind(label: str) -> str:
+    """``parameters`` (a forward record's parameter), ``parameters_grad`` (a param-grad record) or ``""``."""
+    if ".parameters_grad" in label:
+        return "parameters_grad"
+    return "parameters" if re.search(r"\.forward\.\d+\.parameters\.", label) else ""
+
+
+def reference_key(label: str) -> str:
+    """A label with the parameters_grad counter removed (1.x writes ``...parameters_grad.w``, 26.x ``.0.w``)."""
+    return re.sub(r"\.parameters_grad(?:\.\d+)?\.", ".parameters_grad.", label)
+
+
 def check_read(version: str, mode: str, root: Path = FIXTURES) -> ReadResult:
-    """Read ``<version>/pt_<mode>`` with precnb and compare it tensor by tensor with the truth."""
+    """Read ``<version>/<fixture>`` with precnb and compare it tensor by tensor with the truth (per tree)."""
+    res = ReadResult(version, mode)
+    truth = load_truth(version, mode, root)
+    unread = COMPARE_DOES_NOT_READ.get(version, ())
+    ref: dict[tuple[str, int, int], dict[str, TruthRow]] = {}
+    if unread:
+        ref = {k: {reference_key(r.label): r for r in rows} for k, rows in load_truth(REFERENCE, mode, root).items()}
+    for tree in sorted({k[0] for k in truth}):
+        rows_of = {(s, r): rows for (t, s, r), rows in truth.items() if t == tree}
+        ref_of = {(s, r): rows for (t, s, r), rows in ref.items() if t == tree}
+        _check_tree(res, root / version / fixture_name(mode) / tree, rows_of, tree, unread, ref_of)
+    return res
+
+
+class _Entries:
+    """precnb's values at one (step, rank) of a dataset, by tensor label."""
+
+    def __init__(self, ds: Any, si: int, ri: int) -> None:
+        self.ds = ds
+        self.step, self.rank = int(ds["step"].values[si]), int(ds["rank"].values[ri])
+        self.present = ds["present"].values[si, ri]
+        self.cols = {s: ds[s].values[si, ri] for s in STATS}
+        self.nulls = ds["null_stats"].values[si, ri]
+        self.seqs = ds["seq"].values[si, ri]
+        self.crcs = ds["crc"].values[si, ri] if "crc" in ds else None
+        self.shapes = [str(x) for x in ds["shape"].values]
+
+    def check(self, res: ReadResult, i: int, label: str, row: TruthRow, where: str, against: str) -> None:
+        """Record every difference between precnb's entry *i* and *row* (dtype, shape, statistics, CRC)."""
+        from precnb.schema import entry_dtype
+
+        dt = entry_dtype(self.ds, label, self.step, self.rank)
+        if dt != row.dtype:
+            res.add("dtype", f"{label} ({where}): {dt!r} vs {against} {row.dtype!r}")
+        if self.shapes[i].replace(" ", "") != row.shape.replace(" ", ""):
+            res.add("shape", f"{label}: {self.shapes[i]} vs {against} {row.shape}")
+        for bit, s in enumerate(STATS):
+            if s in row.stats:
+                got = float(self.cols[s][i])
+                if not _same(got, row.stats[s], bool(int(self.nulls[i]) >> bit & 1)):
+                    res.add("value", f"{label} {s} ({where}): {got!r} vs {against} {row.stats[s]!r}")
+        if row.md5 is not None and row.md5 not in ("N/A", ""):
+            got_crc = str(self.crcs[i]) if self.crcs is not None else ""
+            if got_crc != row.md5:
+                res.add("crc", f"{label} ({where}): {got_crc!r} vs {against} {row.md5!r}")
+
+
+def _check_tree(res: ReadResult, path: Path, truth: dict[tuple[int, int], list[TruthRow]], tree: str,
+                unread: tuple[str, ...], ref: dict[tuple[int, int], dict[str, TruthRow]]) -> None:
     import numpy as np
 
     import precnb
-    from precnb.schema import entry_dtype
 
-    res = ReadResult(version, mode)
-    truth = load_truth(version, mode, root)
-    ds = precnb.open_run(root / version / f"pt_{mode}", workers=1, progress=False)
-    report = precnb.load_report(ds)
-    for s in report.skipped:
+    ds = precnb.open_run(path, workers=1, progress=False)
+    for s in precnb.load_report(ds).skipped:
         res.add("file skipped", str(s))
     labels = [str(t) for t in ds["tensor"].values]
     index = {t: i for i, t in enumerate(labels)}
     roles = [str(r) for r in ds["role"].values]
-    shapes = [str(s) for s in ds["shape"].values]
-    has_crc = "crc" in ds
     steps = [int(s) for s in ds["step"].values]
     ranks = [int(r) for r in ds["rank"].values]
+    prefix = f"{tree}/" if tree else ""
     for (step, rank), rows in sorted(truth.items()):
         if step not in steps or rank not in ranks:
-            res.add("step/rank not read", f"step {step} rank {rank}")
+            res.add("step/rank not read", f"{prefix}step {step} rank {rank}")
             continue
-        si, ri = steps.index(step), ranks.index(rank)
-        present = ds["present"].values[si, ri]
-        cols = {s: ds[s].values[si, ri] for s in STATS}
-        nulls = ds["null_stats"].values[si, ri]
-        seqs = ds["seq"].values[si, ri]
-        crcs = ds["crc"].values[si, ri] if has_crc else None
-        where = f"step{step} rank{rank}"
+        at = _Entries(ds, steps.index(step), ranks.index(rank))
+        where = f"{prefix}step{step} rank{rank}"
         seen = set()
         order = []
         for row in rows:
             res.tensors += 1
             seen.add(row.label)
             i = index.get(row.label)
-            if i is None or not present[i]:
+            if i is None or not at.present[i]:
                 res.add("tensor missing", f"{row.name} ({where})" + ("" if row.label == row.name
                                                                        else f" as {row.label}"))
                 continue
-            order.append(int(seqs[i]))
+            order.append(int(at.seqs[i]))
             node = node_of(row.label)
             if roles[i] != expected_role(row.label, node):
                 res.add("role", f"{row.label}: {roles[i]!r}, its section means {expected_role(row.label, node)!r}")
-            dt = entry_dtype(ds, row.label, step, rank)
-            if dt != row.dtype:
-                res.add("dtype", f"{row.label} ({where}): {dt!r} vs compare {row.dtype!r}")
-            if shapes[i].replace(" ", "") != row.shape.replace(" ", ""):
-                res.add("shape", f"{row.label}: {shapes[i]} vs compare {row.shape}")
-            for bit, s in enumerate(STATS):
-                if s not in row.stats:
-                    continue
-                got = float(cols[s][i])
-                if not _same(got, row.stats[s], bool(int(nulls[i]) >> bit & 1)):
-                    res.add("value", f"{row.label} {s} ({where}): {got!r} vs compare {row.stats[s]!r}")
-            if row.md5 is not None and row.md5 not in ("N/A", ""):
-                got_crc = str(crcs[i]) if crcs is not None else ""
-                if got_crc != row.md5:
-                    res.add("crc", f"{row.label} ({where}): {got_crc!r} vs compare {row.md5!r}")
+            at.check(res, i, row.label, row, where, "compare")
         if order != sorted(order):
             first = next(k for k in range(1, len(order)) if order[k] < order[k - 1])
             res.add("order", f"{where}: precnb's seq is not the compare's row order (first at row {first})")
-        for i in np.flatnonzero(present):
-            if labels[i] not in seen:
-                res.add("tensor not in compare", f"{labels[i]} ({where})")
+        for i in np.flatnonzero(at.present):
+            label = labels[i]
             if not roles[i]:
-                res.add("role empty", f"{labels[i]} ({where})")
-    return res
+                res.add("role empty", f"{label} ({where})")
+            if label in seen:
+                continue
+            if section_kind(label) in unread:  # the release's compare skips it: the reference compare's values
+                ref_row = ref.get((step, rank), {}).get(reference_key(label))
+                if ref_row is None:
+                    res.add("tensor not in compare", f"{label} ({where}; not in {REFERENCE}'s compare either)")
+                else:
+                    res.cross_checked += 1
+                    at.check(res, int(i), label, ref_row, where, f"{REFERENCE} compare")
+                continue
+            res.add("tensor not in compare", f"{label} ({where})")
 
 
 def roles_summary(ds: Any) -> Counter[str]:
@@ -336,8 +402,8 @@ def check_diff(version: str, mode: str, root: Path = FIXTURES) -> DiffResult:
     from precnb.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    base = root / REFERENCE / f"pt_{diff_mode(mode)}"
-    target = root / version / f"pt_{mode}"
+    base = root / REFERENCE / fixture_name(diff_mode(mode))
+    target = root / version / fixture_name(mode)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["diff", str(base), str(target), "--json", "--workers", "1"])
     text = out.getvalue().strip()
@@ -375,7 +441,7 @@ def readme_table(root: Path = FIXTURES) -> str:
             r = check_read(v, mode, root)
             if not r.ok:
                 reads.append(f"{mode}: " + ", ".join(f"{k} {len(x)}" for k, x in sorted(r.problems.items())))
-            if v != REFERENCE and (root / REFERENCE / f"pt_{diff_mode(mode)}").is_dir():
+            if v != REFERENCE and (root / REFERENCE / fixture_name(diff_mode(mode))).is_dir():
                 d = check_diff(v, mode, root)
                 if not d.ok:
                     diffs.append(f"{mode}: {d.finding.get('kind')} — {str(d.finding.get('reason', ''))[:90]}")

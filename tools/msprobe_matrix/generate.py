@@ -32,7 +32,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +54,33 @@ MODES: dict[str, tuple[str, str, int]] = {
     "L1_2rank": ("L1", "statistics", 2),
 }
 TWO_RANK_RELEASES = ("1.0.1", "26.2.0")
+#: MindSpore 2.10 CPU modes: mode -> (level, summary_mode, how the network runs; see ``_ms_worker.py``)
+MS_MODES: dict[str, tuple[str, str, str]] = {
+    "ms_L0": ("L0", "statistics", "pynative"),
+    "ms_L1": ("L1", "statistics", "pynative"),
+    "ms_mix": ("mix", "statistics", "pynative"),
+    "ms_md5": ("mix", "md5", "pynative"),
+    "ms_jit": ("mix", "statistics", "jit"),
+    "ms_graph": ("L0", "statistics", "graph"),
+}
+MINDSPORE = ("numpy<2", "mindspore==2.10.0")
+#: the releases the MindSpore modes are tried with by default (see README.md: which ran, which could not)
+MS_RELEASES: tuple[str, ...] = ("26.2.0",)
 STEPS = 2
 #: extra requirements a release needs beside torch 2.13.0, and why (what the unpinned install did)
 _NUMPY = ("its metadata does not bound numpy (1.0.4 on pin numpy<2) and pip takes numpy 2; then `from msprobe.pytorch "
           "import PrecisionDebugger` fails: AttributeError: `np.unicode_` was removed in the NumPy 2.0 release "
           "(msprobe/core/data_dump/data_processor/base.py line 54)")
-_TWISTED = ("`from msprobe.pytorch import PrecisionDebugger` imports twisted.internet.ssl (msprobe/pytorch/"
-            "api_accuracy_checker/tensor_transport_layer/client.py); current Twisted needs service_identity for it "
-            "(Twisted's `tls` extra), which the release's requirements do not list: ModuleNotFoundError: No module "
-            "named 'service_identity'")
+_TWISTED = ("Twisted's TLS support needs service_identity (Twisted's `tls` extra), which the release's requirements do "
+            "not list, and msprobe imports it: in 1.0.3 `from msprobe.pytorch import PrecisionDebugger`, in 1.0.4-1.3.0, "
+            "8.1.0-8.1.2 and 8.3.0 the command line (`msprobe -f pytorch compare`; msprobe.py imports run_ut, whose tensor_transport_layer/"
+            "client.py imports twisted.internet.endpoints -> ssl) fail: ModuleNotFoundError: No module named "
+            "'service_identity'")
 PINS: dict[str, tuple[tuple[str, ...], str]] = {
     "1.0.1": (("numpy<2",), _NUMPY),
     "1.0.3": (("numpy<2", "service_identity"), _NUMPY + "; " + _TWISTED),
+    **{v: (("service_identity",), _TWISTED) for v in ("1.0.4", "1.1.0", "1.1.1", "1.2.0", "1.2.1", "1.2.2", "1.3.0",
+                                                      "8.1.0", "8.1.1", "8.1.2", "8.3.0")},
 }
 #: compatibility shims a release needs with torch 2.13 (``_pt_worker.apply_shims``), and why
 SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -77,9 +91,14 @@ SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-def venv_dir(version: str) -> Path:
-    """The venv of one release."""
-    return VENVS / f"msprobe-{version}"
+def venv_dir(version: str, framework: str = "pytorch") -> Path:
+    """The venv of one release (``-ms``: its MindSpore venv, MindSpore 2.10 needs numpy<2)."""
+    return VENVS / (f"msprobe-{version}" if framework == "pytorch" else f"msprobe-{version}-ms")
+
+
+def fixture_name(mode: str) -> str:
+    """The folder of a mode's dump (``pt_<mode>`` for PyTorch; MindSpore modes are named ``ms_*``)."""
+    return mode if mode in MS_MODES else f"pt_{mode}"
 
 
 def _tail(text: str, n: int = 25) -> str:
@@ -91,12 +110,13 @@ def _pip_lines(text: str) -> str:
     return "\n".join(ln for ln in text.splitlines() if "is ignored: it is neither a file nor a directory" not in ln)
 
 
-def install(version: str, log: Path) -> dict[str, Any]:
-    """Create the release's venv and install torch + the release; what happened (``ok``, versions, error)."""
-    venv = venv_dir(version)
+def install(version: str, log: Path, framework: str = "pytorch") -> dict[str, Any]:
+    """Create the release's venv and install torch (or MindSpore) + the release; what happened."""
+    venv = venv_dir(version, framework)
     py = venv / "bin" / "python"
     pins, why = PINS.get(version, ((), ""))
-    reqs = [TORCH, f"mindstudio-probe=={version}", *pins]
+    first = [TORCH] if framework == "pytorch" else list(MINDSPORE)
+    reqs = [*first, f"mindstudio-probe=={version}", *(p for p in pins if p not in first)]
     cmd = [str(py), "-m", "pip", "install", *reqs]
     info: dict[str, Any] = {"venv": str(venv), "command": f"python3 -m venv {venv} && {venv}/bin/pip install "
                             + " ".join(f"'{r}'" if "<" in r else r for r in reqs)}
@@ -107,15 +127,14 @@ def install(version: str, log: Path) -> dict[str, Any]:
                               text=True, check=False)
         if made.returncode != 0:
             return {**info, "ok": False, "error": _tail(made.stderr)}
-    t0 = time.time()
     proc = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, check=False)
     out = _pip_lines(proc.stdout + proc.stderr)
     log.write_text(out, encoding="utf-8")
-    info["seconds"] = round(time.time() - t0)
     if proc.returncode != 0:
         return {**info, "ok": False, "error": _tail(out, 12)}
+    top = "torch" if framework == "pytorch" else "mindspore"
     code = ("import json, platform; from importlib import metadata as m; print(json.dumps({p: m.version(p) for p in "
-            "('torch', 'mindstudio-probe', 'numpy', 'pandas')} | {'python': platform.python_version()}))")
+            f"('{top}', 'mindstudio-probe', 'numpy', 'pandas')}} | {{'python': platform.python_version()}}))")
     ver = subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=False)
     if ver.returncode != 0:
         return {**info, "ok": False, "error": _tail(ver.stderr)}
@@ -138,8 +157,13 @@ def _unshare_ok() -> bool:
 
 def run_mode(version: str, mode: str, dest: Path, scratch: Path, isolate: bool) -> dict[str, Any]:
     """Train under the release in *mode*; move the dump to *dest*; the run's record for release.json."""
-    level, summary, world = MODES[mode]
-    py = venv_dir(version) / "bin" / "python"
+    if mode in MS_MODES:
+        level, summary, graph = MS_MODES[mode]
+        world, worker, framework = 1, "_ms_worker.py", "mindspore"
+    else:
+        level, summary, world = MODES[mode]
+        graph, worker, framework = "", "_pt_worker.py", "pytorch"
+    py = venv_dir(version, framework) / "bin" / "python"
     work = scratch / mode
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -148,14 +172,16 @@ def run_mode(version: str, mode: str, dest: Path, scratch: Path, isolate: bool) 
     (work / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     shims = list(SHIMS.get(version, ((), ""))[0])
     spec = {"config": str(work / "config.json"), "world_size": world, "steps": STEPS, "shims": shims,
-            "result": str(work / "result.json")}
+            "graph": graph, "result": str(work / "result.json")}
     (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
     prefix = ["unshare", "--pid", "--fork", "--mount-proc"] if isolate else []
-    cmd = ["nice", "-n", "10", *prefix, str(py), str(HERE / "_pt_worker.py"), str(work / "spec.json")]
+    cmd = ["nice", "-n", "10", *prefix, str(py), str(HERE / worker), str(work / "spec.json")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False, cwd=work)
     (work / "worker.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
-    rec: dict[str, Any] = {"level": level, "summary_mode": summary, "world_size": world, "pid_namespace": isolate,
-                           "config": {k: v for k, v in config.items() if k != "dump_path"}}
+    rec: dict[str, Any] = {"framework": framework, "level": level, "summary_mode": summary, "world_size": world,
+                           "pid_namespace": isolate, "config": {k: v for k, v in config.items() if k != "dump_path"}}
+    if graph:
+        rec["execution"] = graph
     if proc.returncode != 0 or not (work / "result.json").is_file():
         return {**rec, "ok": False, "error": _tail(proc.stdout + proc.stderr, 20)}
     result = json.loads((work / "result.json").read_text(encoding="utf-8"))
@@ -168,9 +194,9 @@ def run_mode(version: str, mode: str, dest: Path, scratch: Path, isolate: bool) 
                                                                       for p in dest.rglob("*") if p.is_file())}
 
 
-def run_truth(version: str, dump: Path, out: Path, scratch: Path) -> dict[str, Any]:
+def run_truth(version: str, dump: Path, out: Path, scratch: Path, framework: str = "pytorch") -> dict[str, Any]:
     """The release's compare of each rank file of *dump* against itself, written to *out*."""
-    py = venv_dir(version) / "bin" / "python"
+    py = venv_dir(version, framework) / "bin" / "python"
     work = scratch / f"truth_{dump.name}"
     shutil.rmtree(work, ignore_errors=True)
     shims = ",".join(SHIMS.get(version, ((), ""))[0])
@@ -185,32 +211,49 @@ def run_truth(version: str, dump: Path, out: Path, scratch: Path) -> dict[str, A
 
 
 def generate(version: str, out: Path, modes: list[str]) -> dict[str, Any]:
-    """Install, run and read one release; write ``<out>/<version>/release.json``; return it."""
+    """Install, run and read one release in *modes*; update ``<out>/<version>/release.json``; return it.
+
+    The PyTorch modes use the release's venv (record ``install``), the MindSpore modes its ``-ms`` venv
+    (record ``install_ms``). Modes not given keep their earlier record and files.
+    """
     rel_dir = out / version
+    if set(modes) >= set(MODES) | (set(MS_MODES) if version in MS_RELEASES else set()):
+        shutil.rmtree(rel_dir, ignore_errors=True)  # a whole release: nothing of an earlier generation stays
+    for mode in modes:  # nor of the modes made again
+        shutil.rmtree(rel_dir / fixture_name(mode), ignore_errors=True)
+        (rel_dir / f"{fixture_name(mode)}.truth.json").unlink(missing_ok=True)
     rel_dir.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"msprobe-matrix-{version}-"))
-    print(f"[{version}] installing", flush=True)
-    inst = install(version, scratch / "pip.log")
-    record: dict[str, Any] = {"release": version, "install": inst, "runs": {}}
+    previous = rel_dir / "release.json"
+    record: dict[str, Any] = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
+    record["release"] = version
+    record.setdefault("runs", {})
+    for mode in modes:
+        record["runs"].pop(mode, None)
     if version in SHIMS:
         record["shims"] = {"names": list(SHIMS[version][0]), "why": SHIMS[version][1]}
-    if inst["ok"]:
-        isolate = _unshare_ok()
-        for mode in modes:
+    scratch = Path(tempfile.mkdtemp(prefix=f"msprobe-matrix-{version}-"))
+    isolate = _unshare_ok()
+    for framework, key, wanted in (("pytorch", "install", [m for m in modes if m in MODES]),
+                                   ("mindspore", "install_ms", [m for m in modes if m in MS_MODES])):
+        if not wanted:
+            continue
+        print(f"[{version}] installing ({framework})", flush=True)
+        inst = record[key] = install(version, scratch / f"pip_{framework}.log", framework)
+        if not inst["ok"]:
+            print(f"[{version}] install failed: {inst['error'].splitlines()[-1:]}", flush=True)
+            continue
+        for mode in wanted:
             if mode == "L1_2rank" and version not in TWO_RANK_RELEASES:
                 continue
             print(f"[{version}] {mode}", flush=True)
-            dest = rel_dir / f"pt_{mode}"
+            dest = rel_dir / fixture_name(mode)
             run = run_mode(version, mode, dest, scratch, isolate)
             if run["ok"]:
-                run["truth"] = run_truth(version, dest, rel_dir / f"pt_{mode}.truth.json", scratch)
+                run["truth"] = run_truth(version, dest, rel_dir / f"{fixture_name(mode)}.truth.json", scratch,
+                                         framework)
             record["runs"][mode] = run
-    else:
-        print(f"[{version}] install failed: {inst['error'].splitlines()[-1:]}", flush=True)
-    previous = rel_dir / "release.json"
-    if previous.is_file() and modes != list(MODES):  # --modes: keep the other modes' records
-        old = json.loads(previous.read_text(encoding="utf-8"))
-        record["runs"] = {**old.get("runs", {}), **record["runs"]}
+    record = {"release": record.pop("release"), **{k: record.pop(k) for k in ("install", "install_ms", "shims")
+                                                   if k in record}, **record}
     previous.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     shutil.rmtree(scratch, ignore_errors=True)
     return record
@@ -221,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("tests/fixtures/msprobe_releases"))
     ap.add_argument("--only", nargs="+", metavar="VERSION", help="these releases only (default: all)")
-    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    ap.add_argument("--modes", nargs="+", choices=[*MODES, *MS_MODES],
+                    help="these modes only (default: the PyTorch modes, and the MindSpore ones for MS_RELEASES)")
     ap.add_argument("--table", action="store_true", help="print the README table from the fixtures (needs precnb)")
     args = ap.parse_args(argv)
     if args.table:
@@ -236,9 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"not a release of the matrix: {', '.join(unknown)} (known: {', '.join(RELEASES)})")
     failed = 0
     for version in versions:
-        rec = generate(version, args.out, args.modes)
-        failed += not rec["install"]["ok"] or not all(r["ok"] and r["truth"]["ok"] for r in rec["runs"].values()
-                                                      if "truth" in r or not r["ok"])
+        modes = args.modes or [*MODES, *(MS_MODES if version in MS_RELEASES else ())]
+        rec = generate(version, args.out, modes)
+        failed += not all(rec[k]["ok"] for k in ("install", "install_ms") if k in rec) or not all(
+            r["ok"] and r["truth"]["ok"] for r in rec["runs"].values())
     print(f"done: {len(versions)} release(s), {failed} with a failure (see <out>/<version>/release.json)")
     return 0
 
