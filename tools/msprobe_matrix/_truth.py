@@ -57,7 +57,8 @@ import openpyxl.workbook.workbook as _wb
 _save = _wb.Workbook.save
 def _save_and_keep(self, filename):  # the cells msprobe put into the workbook, before openpyxl rounds them
     sheets = [[[c.value for c in row] for row in ws.iter_rows()] for ws in self.worksheets]
-    with open(str(filename) + ".cells.json", "w", encoding="utf-8") as fh:
+    path = getattr(filename, "name", filename)  # pandas' ExcelWriter saves to an open file
+    with open(str(path) + ".cells.json", "w", encoding="utf-8") as fh:
         json.dump([[[v if v is None or isinstance(v, (bool, int, float)) else str(v) for v in r] for r in sh]
                    for sh in sheets], fh)
     return _save(self, filename)

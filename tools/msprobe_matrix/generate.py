@@ -76,11 +76,14 @@ _TWISTED = ("Twisted's TLS support needs service_identity (Twisted's `tls` extra
             "8.1.0-8.1.2 and 8.3.0 the command line (`msprobe -f pytorch compare`; msprobe.py imports run_ut, whose tensor_transport_layer/"
             "client.py imports twisted.internet.endpoints -> ssl) fail: ModuleNotFoundError: No module named "
             "'service_identity'")
+_PSUTIL = ("the command line (`msprobe -f pytorch compare`) imports msprobe/nan_analyze/utils.py, which imports psutil; "
+           "8.1.0's requirements do not list it (8.1.1 on do): ModuleNotFoundError: No module named 'psutil'")
 PINS: dict[str, tuple[tuple[str, ...], str]] = {
     "1.0.1": (("numpy<2",), _NUMPY),
     "1.0.3": (("numpy<2", "service_identity"), _NUMPY + "; " + _TWISTED),
     **{v: (("service_identity",), _TWISTED) for v in ("1.0.4", "1.1.0", "1.1.1", "1.2.0", "1.2.1", "1.2.2", "1.3.0",
-                                                      "8.1.0", "8.1.1", "8.1.2", "8.3.0")},
+                                                      "8.1.1", "8.1.2", "8.3.0")},
+    "8.1.0": (("service_identity", "psutil"), _TWISTED + "; " + _PSUTIL),
 }
 #: compatibility shims a release needs with torch 2.13 (``_pt_worker.apply_shims``), and why
 SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
