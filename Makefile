@@ -111,6 +111,7 @@ bench: install
 	$(PY) benchmarks/bench_align.py
 	$(PY) benchmarks/bench_kernel_tensors.py
 	$(PY) benchmarks/bench_tensors.py $(MSPROBE_ARG)
+	$(PY) benchmarks/bench_scheduler.py
 
 clean:
 	rm -rf $(VENV) build $(OUT) .pytest_cache

@@ -112,3 +112,11 @@ def test_bench_tensors_smoke(tmp_path):
     (pair,) = res["pairs"].values()
     assert pair["tensor_pairs"] > 100 and pair["agreement"] is None
     assert "msprobe not run" in out.read_text()
+
+
+def test_bench_scheduler_smoke(tmp_path):
+    out = tmp_path / "RESULTS_scheduler.md"
+    _run(str(BENCH / "bench_scheduler.py"), "--ranks", "4", "--reps", "1", "--workdir", str(tmp_path / "w"),
+         "--out", str(out))
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert all(tuple(a) == tuple(res["truth"]) for a in res["answers"].values()), res

@@ -24,7 +24,9 @@ from precnb.cli._common import (  # noqa: F401 - the shared helpers, also under 
     _one_line_text,
     _open,
     _workers,
+    cli_client,
     cli_workers,
+    close_client,
     command_inputs,
     int_or_auto,
     open_checked,
@@ -88,7 +90,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         out = to_zarr(args.path, args.output, mode="w" if args.overwrite else "w-", format=args.format,
                       steps=parse_int_set(args.steps, "steps"), ranks=parse_int_set(args.ranks, "ranks"),
-                      workers=cli_workers(args))
+                      workers=cli_workers(args), client=cli_client(args))
     ds = open_store(out, lazy=True)
     failures = load_report(ds).failures
     args.load_failures = [*(getattr(args, "load_failures", None) or []), *failures]
@@ -169,7 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cmd = f"precnb {args.command}"
     try:
-        code = int(args.func(args))
+        try:
+            code = int(args.func(args))
+        finally:
+            close_client(args)
     except UsageError as exc:
         if debug:
             raise

@@ -87,6 +87,11 @@ def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
         kw["baseline_layout"] = args.baseline_layout
     if getattr(args, "mapping", None):
         kw["mapping"] = list(args.mapping)
+    from precnb.cli._common import cli_client
+
+    client = cli_client(args)
+    if client is not None:
+        kw["client"] = client
     kw.update(extra)
     return Options.from_kwargs(**kw)
 
