@@ -249,7 +249,9 @@ _NOTES = """\
   right after it is recorded (the input of `Tensor.div_`, an `all_reduce` output divided in place
   next, the inputs of the fused optimizer) can carry the CRC of its new value and differ across
   replicas whose statistics are equal. `sdc_md5` therefore ends its dumped region after backward
-  (before the gradient sync and the optimizer); its remaining CRCs are stable across reruns.
+  (before the gradient sync and the optimizer). The inputs of in-place collectives (and the
+  row-parallel partial sum the forward `all_reduce` sums in place) stay racy: their CRCs changed
+  between identical reruns; `checks.crc_unreliable` lists them (none is a replicated tensor).
 - msprobe takes a float16 tensor's `Norm` in float16: `spike_numerics` step 7 has a float16
   `Tensor.pow` output whose Norm is `Infinity` while its Max is 10856 (no element overflowed).
   int64 tensors (token ids) get Max/Min only (Mean and Norm `null`).

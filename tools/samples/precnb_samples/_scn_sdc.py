@@ -437,6 +437,28 @@ def gen_sdc(ctx: Context, sample: Path) -> dict:
     )
 
 
+def _crc_unreliable(data: dict) -> list[tuple[str, str]]:
+    """Tensor leaves an in-place op changes right after msprobe records them (CRC-32 racy on CPU).
+
+    The inputs of the (in-place) collectives, and earlier outputs that are the same tensor (equal
+    dtype, shape and statistics), such as the row-parallel partial sum the all_reduce then sums in place.
+    """
+    names = list(data)
+    out: dict[tuple[str, str], None] = {}
+    for i, node in enumerate(names):
+        if not node.startswith("Distributed."):
+            continue
+        for path, leaf in D.node_leaves(data[node]).items():
+            if not path.startswith("input_args") or "shape" not in leaf:
+                continue
+            out[(node, path)] = None
+            for prev in names[:i]:
+                for q, other in D.node_leaves(data[prev]).items():
+                    if not _is_input(q) and "shape" in other and _key(other, md5=False) == _key(leaf, md5=False):
+                        out[(prev, q)] = None
+    return list(out)
+
+
 def gen_sdc_md5(ctx: Context, sample: Path) -> dict:
     """Job1 dumped in md5 mode (CRC-32 per tensor): the same departures, bitwise."""
     ref = _reference(ctx)
@@ -462,6 +484,8 @@ def gen_sdc_md5(ctx: Context, sample: Path) -> dict:
         stats_only += any(la[k] != lb[k] for k in D.STAT_KEYS)
     faults, _ = _device_events(sample, {"job1": info}, ref, "compute_fault", _faulty_rank)
     _check(faults[0]["baseline"]["decides"] and not faults[1]["baseline"]["decides"], "md5: clean-run sides")
+    racy = sorted({k for d in data.values() for k in _crc_unreliable(d)})
+    _check(racy and not set(racy) & (set(tp_rep) | set(dp_rep)), f"racy CRCs among replicated tensors: {racy}")
     flips = out[1]["flipped"]
     for f in faults:
         f["how"] = _fault_how("job1", flips)
@@ -480,7 +504,14 @@ def gen_sdc_md5(ctx: Context, sample: Path) -> dict:
         checks={"per_step": info["per_step"], "tp_replicated_leaves_with_equal_crc": crc_equal,
                 "tp_replicated_leaves_checked": len(tp_rep) * len(DUMP_STEPS) * len(tp_groups()),
                 "departures_also_visible_in_statistics": stats_only,
-                "md5_note": "md5 = CRC-32 of the tensor's bytes (8 hex digits); the statistics are kept as well"},
+                "md5_note": "md5 = CRC-32 of the tensor's bytes (8 hex digits); the statistics are kept as well",
+                "crc_unreliable": [f"{n} {p}" for n, p in racy],
+                "crc_unreliable_note": "msprobe computes the CRC-32 in a thread pool on the live CPU tensor, so a "
+                "tensor changed in place right after it is recorded may get the CRC of a later value: the inputs "
+                "of the in-place collectives and the row-parallel partial sum the forward all_reduce sums in place "
+                "(their CRCs changed between identical reruns); none of them is a replicated tensor. The dumped "
+                "region ends after backward, so the gradient sync and the fused optimizer (whose CRCs differed "
+                "across replicas with equal statistics) are not in it"},
         losses={str(r): v["losses"] for r, v in out.items()},
     )
 
