@@ -61,6 +61,8 @@ class MsprobeLoad:
             for g, node in rec.meta.get("comm_groups", {}).items():
                 self.comm_groups.setdefault(g, node)
             self.report.warnings.extend(rec.meta.get("warnings", ()))
+            self.report.unread.extend(tuple(u) for u in rec.meta.get("unread", ()))
+            self.report.unread_count += int(rec.meta.get("unread_count", 0))
             self.acc.add(rec, order=offset + i)
             self.n_read += 1
 
@@ -70,7 +72,7 @@ class MsprobeLoad:
     def check_any(self) -> None:
         """Raise :class:`NotADumpError` when no file could be read."""
         if not self.n_read:
-            reasons = "; ".join(f"{p}: {r}" for p, r in self.report.skipped[:3])
+            reasons = "; ".join(r if r.startswith(p) else f"{p}: {r}" for p, r in self.report.skipped[:3])
             raise NotADumpError(f"{self.path}: no dump file could be read ({reasons})")
 
     def attrs(self) -> dict[str, Any]:

@@ -48,6 +48,23 @@ from precnb.naming import COMM_PREFIXES
 __all__ = ["MAX_DEPTH", "leaves_of", "read_rank_dir"]
 
 _MAX_INDEX = 2**31 - 1
+#: unreadable sections and leaves listed per file (all are counted)
+MAX_UNREAD = 1000
+
+
+def framework_of_leaf(leaf_type: str) -> str:
+    """The framework a tensor leaf's ``type`` names (``"unknown"`` when it names none).
+
+    Examples
+    --------
+    >>> framework_of_leaf("mindspore.Tensor"), framework_of_leaf("torch.Tensor"), framework_of_leaf("")
+    ('mindspore', 'pytorch', 'unknown')
+    """
+    if leaf_type.startswith("mindspore"):
+        return "mindspore"
+    if leaf_type.startswith("mindtorch"):
+        return "mindtorch"
+    return "pytorch" if leaf_type.startswith("torch") else "unknown"
 
 
 def _find_groups(value: Any, depth: int = 0) -> Iterable[list[int]]:
@@ -100,6 +117,7 @@ class _File:
             if record.__class__ is not dict:
                 if record is not None:  # null records carry nothing
                     self.issues.add((self.cols.n + len(leaves), -1), "record", f"{short(node)}: {json_type(record)}")
+                    w.unread.append((node, "", f"a JSON {json_type(record)}, not an object of sections"))
                 continue
             if node.startswith(COMM_PREFIXES):
                 for g in _find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
@@ -135,12 +153,25 @@ class _File:
                 v = ""
             out[key] = v or ""
         cols = self.cols
-        framework = out["framework"] or ("mindspore" if cols.leaf_type.startswith("mindspore") else "pytorch")
+        framework = out["framework"] or framework_of_leaf(cols.leaf_type)
+        path = self.rd.dump_file
         if not self.n_nodes:
-            notes.append(f"{self.rd.dump_file}: 'data' is empty (nothing was dumped on this rank and step)")
-        notes += self.issues.messages(self.rd.dump_file)
+            notes.append(f"{path}: 'data' is empty (nothing was dumped on this rank and step)")
+        notes += self.issues.messages(path)
+        w = self.walk
+        if w.unknown:
+            keys = ", ".join(f"{k!r} ({n})" for k, n in w.unknown.items())
+            notes.append(f"{path}: {sum(w.unknown.values())} tensor(s) under record key(s) precnb does not know: "
+                         f"{keys}; read as {{node}}.{{key}}.N with no role")
+        if w.unread:
+            node, where, why = w.unread[0]
+            notes.append(f"{path}: {len(w.unread)} section(s) or leaf(s) precnb cannot read, not loaded (first: "
+                         f"{short(node, 80)} {where or '(the record)'}: {why}); see precnb.load_report(ds).unread")
         meta: dict[str, Any] = {"task": out["task"], "level": out["level"], "framework": framework,
                                 "path": str(self.rd.path), "comm_groups": self.groups, "warnings": notes}
+        if w.unread:
+            meta["unread"] = [(str(path), node, where, why) for node, where, why in w.unread[:MAX_UNREAD]]
+            meta["unread_count"] = len(w.unread)
         facts = self.facts.result()
         if facts:
             meta["facts"] = facts
