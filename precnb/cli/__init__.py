@@ -49,6 +49,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     ]
     if s["runs"]:
         lines.append(f"runs       {', '.join(s['runs'])}")
+    release = str(ds.attrs.get("msprobe_release", "") or "")
+    if release:
+        s.setdefault("msprobe_release", release)
+        lines.append(f"release    msprobe {release} (as far as the dump says: precnb.io.msprobe.release)")
     lines += [
         f"steps      {_ranges(s['steps'])}  ({len(s['steps'])})",
         f"ranks      {_ranges(s['ranks'])}  ({len(s['ranks'])})",

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from precnb.dtypes import dtype_kind
 from precnb.errors import DumpFormatError
 from precnb.io._assemble import FileRecords, LoadReport, dedup_labels
 from precnb.io._gc import paused_gc
@@ -39,6 +40,7 @@ from precnb.io._jsonio import load_json
 from precnb.io._runfacts import FileFacts
 from precnb.io.msprobe import _json
 from precnb.io.msprobe.discover import RankDir
+from precnb.io.msprobe.release import file_facts, stack_format
 from precnb.io.msprobe.sides import json_type, read_sides
 from precnb.io.msprobe.values import Columns, Issues, short
 from precnb.io.msprobe.walk import MAX_DEPTH, NodeParts, TooDeepError, Walk, leaves_of, name_parts, node_columns
@@ -102,6 +104,9 @@ class _File:
         self.hashes: list[np.ndarray] = []  # of the labels, batch by batch
         self.parts = NodeParts()  # the split names of nodes
         self.n_nodes = 0
+        self.backward: str | None = None  # the sections of the first backward record: "grad" (1.0.1) / "io"
+        self.is_recompute: bool | None = None  # whether the first forward record carries is_recompute
+        self.probe = True  # until both are known
 
     def batch(self, data: Mapping[str, Any]) -> None:
         """Read one batch of node records (all of ``data`` for a whole-file parse)."""
@@ -111,6 +116,7 @@ class _File:
         node_parents: list[str] = []  # of this batch's nodes that had tensors (NodeParts keeps them)
         self.n_nodes += len(data)
         n_had = len(nodes)
+        probe = self.probe
         # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
         for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
                                           strict=True):
@@ -119,6 +125,9 @@ class _File:
                     self.issues.add((self.cols.n + len(leaves), -1), "record", f"{short(node)}: {json_type(record)}")
                     w.unread.append((node, "", f"a JSON {json_type(record)}, not an object of sections"))
                 continue
+            if probe:
+                self.look(node, record)
+                probe = self.probe
             if node.startswith(COMM_PREFIXES):
                 for g in _find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
                     self.groups.setdefault(json.dumps(g), node)
@@ -143,6 +152,28 @@ class _File:
         self.labels += w.labels
         self.roles += w.roles
         w.leaves, w.labels, w.roles = [], [], []
+
+    def look(self, node: str, record: dict[str, Any]) -> None:
+        """Release facts from the first backward and the first forward record (:mod:`.release`)."""
+        if self.backward is None and (node.endswith(".backward") or ".backward." in node):
+            if "grad_input" in record or "grad_output" in record:
+                self.backward = "grad"
+            elif "input" in record or "output" in record:
+                self.backward = "io"
+        elif self.is_recompute is None and (node.endswith(".forward") or ".forward." in node):
+            self.is_recompute = "is_recompute" in record
+        self.probe = self.backward is None or self.is_recompute is None
+
+    def int_stats(self, c: Mapping[str, Any]) -> str | None:
+        """``"null"`` / ``"filled"``: the Mean of the first integer tensor with a dimension (among the first leaves)."""
+        dtypes, shapes, null = c["dtype"][:20000], c["shape"], c["null"]
+        ints = {d for d in set(dtypes) if dtype_kind(d) == "int"}
+        if not ints:
+            return None
+        for i, d in enumerate(dtypes):
+            if d in ints and shapes[i] not in ("[]", ""):
+                return "null" if null[i] & 4 else "filled"
+        return None
 
     def build(self, top: Mapping[str, Any], notes: list[str], sides: tuple[Any, Any]) -> FileRecords:
         out: dict[str, str] = {}
@@ -183,6 +214,11 @@ class _File:
             labels = dedup_labels(labels)
         coords: dict[str, Any] = node_columns(self.nodes, self.parts.parents, self.counts, self.micro, n,
                                                self.parts)
+        meta["release_facts"] = file_facts(
+            top=top, framework=framework, folder=self.rd.path.name, backward=self.backward,
+            is_recompute=self.is_recompute, kinds=self.parts.kinds, calls=self.parts.calls,
+            has_parameters="parameter" in self.roles, int_stats=self.int_stats(c),
+            stack=stack_format(sides[1].raw) if sides[1] is not None else None)
         for name, col in (("role", self.roles), ("dtype", c["dtype"]), ("shape", c["shape"])):
             arr = coords[name] = np.empty(n, object)  # final values (str): the assembler takes them as they are
             arr[:] = col
