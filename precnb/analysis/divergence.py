@@ -23,6 +23,7 @@ from precnb.analysis.hints import (
 from precnb.analysis.order import first_event_per_rank, pick_origin
 from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.tolerance import Tolerance
+from precnb.analysis.versions import late_inplace_inputs, late_inplace_text, releases_of, version_structural_hints
 from precnb.schema import entry_dtype
 
 __all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "searched_differences",
@@ -236,9 +237,15 @@ def first_divergence(
         hints.append(gh)
     hints += zero_parameter_hints(b, t, cmp.both, names)
     hints += structural_hints(structural, names)
+    hints += version_structural_hints(structural, names, (b_in, t_in))
     struct_out = [{"node": s["node"], "only_in": s["only_in"], "step": s["step"], "rank": s["rank"],
                    "count": s["count"]} for s in structural[:MAX_LISTED]]
     seq = b["seq"].where(b["seq"] >= 0, t["seq"])
+    late, late_ex = late_inplace_inputs(cmp, diff, releases=(releases_of(b_in), releases_of(t_in)))
+    if late_ex:  # how one run's msprobe release records in-place ops: a version difference
+        diff = diff & ~late
+        stats["version_differences"] = int(late.sum())
+        hints.append(late_inplace_text(late_ex))
     isolated: list[dict[str, Any]] = []
     if two_frameworks(alignment):  # two frameworks record some backward ops differently
         diff, isolated = _drop_isolated(diff, seq, cmp)
@@ -247,7 +254,7 @@ def first_divergence(
         hints.append(f"{len(isolated)} difference(s) did not propagate (the records right after agree again), "
                      f"e.g. {isolated[0]['tensor']} at step {isolated[0]['step']}: a recording difference "
                      "(what the two runs capture at that op), not a divergence")
-    part = compared_part(stats["compared_records"], b_in, t_in, names, stats)
+    part = compared_part(int(cmp.both.sum()), b_in, t_in, names, stats)
     any_step = diff.any(["rank", "tensor"])
     if not bool(any_step.any()):
         reason = "no value divergence beyond tolerance"
