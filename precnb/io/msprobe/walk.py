@@ -50,7 +50,9 @@ SECTIONS: dict[str, tuple[str, str, int]] = {
     "output": (".output", "output", 1), "grad_input": (".output", "output", 1),
     "parameters_grad": (".parameters_grad", "grad", 2),
 }
+_ORDER = tuple((key, section, role) for key, (section, role, _) in sorted(SECTIONS.items(), key=lambda kv: kv[1][2]))
 _TENSOR_KEYS = ("dtype", "shape", "Max", "Min", "Mean", "Norm", "md5", "data_name")
+_ABSENT = object()
 _INDEX = tuple(f".{i}" for i in range(256))  # ".0", ".1", ...: list positions in labels
 #: the per-tensor coordinates :func:`node_columns` returns, in this order
 NODE_COLUMNS = ("node", "module", "api", "kind", "direction", "parent", "call", "micro_step")
@@ -165,45 +167,20 @@ class Walk:
                     self.unread.append((node, str(pname), f"a JSON {_json_kind(leaf)}, not a tensor"))
             return
         leaves, labels, roles = self.leaves, self.labels, self.roles
-        sections: list[tuple[Any, str, str, str, int]] = []  # (value, key, label part, role, phase), read in order
-        later: list[tuple[Any, str, str, str, int]] | None = None  # outputs and other keys: read after
-        get = SECTIONS.get
-        known = False
-        for key, v in record.items():
-            spec = get(key)
-            if spec is None:  # a key precnb does not know: its own name, no role; a scalar is a record flag
-                if (v.__class__ is dict or v.__class__ is list) and v:
-                    if later is None:
-                        later = []
-                    later.append((v, key, f".{key}", "", 3))
+        found, n_keys = 0, len(record)
+        get = record.get
+        for key, section, role in _ORDER:  # the known sections, in reading order (a miss costs one lookup)
+            if found == n_keys:
+                break  # every key of the record read (most records: the later lookups are not made)
+            v = get(key, _ABSENT)
+            if v is _ABSENT:
                 continue
-            known = True
-            if v.__class__ is not list and v.__class__ is not dict:
-                if v is not None:
-                    self.unread.append((node, key, f"a JSON {_json_kind(v)}, not a list or object of tensors"))
-                continue
-            if spec[2]:
-                if later is None:
-                    later = []
-                later.append((v, key, spec[0], spec[1], spec[2]))
-            else:
-                sections.append((v, key, spec[0], spec[1], 0))
-        if not known:
-            t = record.get("type")
-            if _is_leaf(record) or _tensor_like(record, t):
-                self.value(record, node, "", 0)  # the record is itself a tensor (debug.json)
-                return
-        if later is not None:
-            if len(later) > 1:
-                later.sort(key=_PHASE)
-            sections += later
-        for v, key, section, role, _ in sections:
-            if not v:
-                continue  # an empty section (most input_kwargs): no tensor, nothing to name
-            n0 = len(leaves)
+            found += 1
             # the usual sections, a list or a dict of leaves and scalars, read in line (the hot loop of a
             # load); any other item goes through children(), which is what value() would do with it
             if v.__class__ is list:
+                if not v:
+                    continue
                 prefix = node + section
                 for k, x in enumerate(v):
                     if x.__class__ is dict:
@@ -219,7 +196,9 @@ class Walk:
                     elif x.__class__ is not list:
                         continue  # None, a number, a string: no tensor
                     self.children(((k, x),), prefix, role, 1)
-            else:
+            elif v.__class__ is dict:
+                if not v:
+                    continue  # an empty section (most input_kwargs): no tensor, nothing to name
                 prefix = node + section
                 t = v.get("type")
                 if t.__class__ is str and "dtype" in v and "shape" in v and t not in _NON_TENSOR_TYPES:
@@ -245,7 +224,23 @@ class Walk:
                     elif x.__class__ is not list:
                         continue
                     self.children(((k, x),), prefix, role, 1)
-            if not role and len(leaves) > n0 and (".forward" in node or ".backward" in node):
+            elif v is not None:
+                self.unread.append((node, key, f"a JSON {_json_kind(v)}, not a list or object of tensors"))
+        if found != n_keys:
+            self._other_keys(node, record, found)
+
+    def _other_keys(self, node: str, record: dict[str, Any], found: int) -> None:
+        """The keys of a record that :data:`SECTIONS` does not name: sections of their own name, or record flags."""
+        if not found and (_is_leaf(record) or _tensor_like(record, record.get("type"))):
+            self.value(record, node, "", 0)  # the record is itself a tensor (debug.json)
+            return
+        leaves = self.leaves
+        for key, v in record.items():
+            if key in SECTIONS or not (v.__class__ is dict or v.__class__ is list) or not v:
+                continue  # a known section, or a scalar beside the sections: a record flag (is_recompute)
+            n0 = len(leaves)
+            self.value(v, f"{node}.{key}", "", 1)
+            if len(leaves) > n0 and (".forward" in node or ".backward" in node):
                 self.unknown[key] = self.unknown.get(key, 0) + len(leaves) - n0
 
     def value(self, v: Any, prefix: str, role: str, depth: int) -> None:
@@ -329,10 +324,6 @@ def _tensor_like(v: dict[str, Any], t: Any) -> bool:
             return False
         return "Tensor" in t or any(k in v for k in _TENSOR_KEYS)
     return v.get("dtype").__class__ is str and v.get("shape").__class__ is list  # a leaf without a string type
-
-
-def _PHASE(x: tuple[Any, str, str, str, int]) -> int:  # noqa: N802 - a sort key, named as a constant
-    return x[4]
 
 
 def leaves_of(node: str, record: Any, kind: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
