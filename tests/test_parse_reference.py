@@ -235,8 +235,8 @@ def test_sections_fixtures_equal_the_reference_reader():
     """Every key of a record read (an "input" section on a forward record, "input_args" on a backward one,
     1.0.x's grad_input/grad_output, a key precnb does not know), and the same unreadable items listed."""
     folders = _msprobe_folders(FIXTURES / "msprobe_sections")
-    assert len(folders) == 3, folders
-    assert sum(check_folder(f) for f in folders) == 11 + 16 + 16
+    assert len(folders) == 7, folders
+    assert sum(check_folder(f) for f in folders) == 11 + 16 + 16 + 2 * 6 + 6 + 4
     assert reference_records(FIXTURES / "msprobe_sections" / "odd" / "step0" / "rank")["unread"] == [
         "Functional.relu.0.forward.input.1", "Functional.relu.0.forward.output", "Functional.broken.0.forward"]
 

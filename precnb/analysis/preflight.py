@@ -73,7 +73,7 @@ def _no_parameter_records(ds: xr.Dataset | None) -> str:
     'level L1 dumps record no parameters: dump with level L0 or mix'
     >>> ds.attrs["level"] = "mix"
     >>> _no_parameter_records(ds)[:80]
-    'a level mix dump without parameter records: msprobe releases up to 1.1.1 record n'
+    'a level mix dump without parameter records: msprobe releases up to 1.1.1 record '
     """
     attrs = ds.attrs if ds is not None else {}
     level = str(attrs.get("level", "") or "")

@@ -194,10 +194,11 @@ class _File:
             keys = ", ".join(f"{k!r} ({n})" for k, n in w.unknown.items())
             notes.append(f"{path}: {sum(w.unknown.values())} tensor(s) under record key(s) precnb does not know: "
                          f"{keys}; read as {{node}}.{{key}}.N with no role")
-        if w.unread:
-            node, where, why = w.unread[0]
-            notes.append(f"{path}: {len(w.unread)} section(s) or leaf(s) precnb cannot read, not loaded (first: "
-                         f"{short(node, 80)} {where or '(the record)'}: {why}); see precnb.load_report(ds).unread")
+        inner = [u for u in w.unread if u[1]]  # records that are not objects have their own line ("record")
+        if inner:
+            node, where, why = inner[0]
+            notes.append(f"{path}: {len(inner)} section(s) or leaf(s) precnb cannot read, not loaded (first: "
+                         f"{short(node, 80)} {where}: {why}); see precnb.load_report(ds).unread")
         meta: dict[str, Any] = {"task": out["task"], "level": out["level"], "framework": framework,
                                 "path": str(self.rd.path), "comm_groups": self.groups, "warnings": notes}
         if w.unread:
