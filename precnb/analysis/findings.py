@@ -106,6 +106,24 @@ class Finding:
         """False for kind ``"none"``."""
         return self.kind != "none"
 
+    @property
+    def nothing_compared(self) -> bool:
+        """True for the answer of a pair that had no record in common (:mod:`precnb.analysis.compared`)."""
+        return self.kind == "none" and bool(isinstance(self.stats, dict) and self.stats.get("nothing_compared"))
+
+    @property
+    def title(self) -> str:
+        """The heading every front end shows: the diagnosis' title, or "Nothing compared"."""
+        from precnb.analysis.registry import title as kind_title
+
+        return "Nothing compared" if self.nothing_compared else kind_title(self.kind)
+
+    @property
+    def headline(self) -> str:
+        """``"{title}: {reason}"``, the reason without the words the title already says."""
+        reason = self.reason.removeprefix("nothing was compared: ") if self.nothing_compared else self.reason
+        return f"{self.title}: {reason}"
+
     def plan(self) -> dict[str, Any]:
         """The msprobe ``config.json`` (a dict) that confirms this finding, or closes its gap, on the next run.
 
@@ -135,10 +153,8 @@ class Finding:
 
     def summary(self) -> str:
         """A readable multi-line summary (what the CLI prints without ``--json``)."""
-        from precnb.analysis.registry import title as kind_title
-
-        title = kind_title(self.kind).upper().replace("NAN/INF", "NaN/Inf")
-        lines = [f"{title}: {self.reason}"]
+        title, _, reason = self.headline.partition(": ")
+        lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]
         checks = self.evidence.get("checks") if self.evidence.get("diagnosis") == "preflight" else None
         if checks:
             failed = sum(1 for c in checks if c.get("status") == "fail")

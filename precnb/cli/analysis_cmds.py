@@ -134,10 +134,14 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     else:
         triage = run_triage(args, args.target, args.baseline, kinds=["preflight", "first_divergence"])
     if args.json:  # one object: the most important finding (a failing pre-flight one names the divergence)
-        return _emit_finding(triage.finding, args)
-    shown = triage.found or [triage.result("first_divergence") or triage.finding]
+        _emit_finding(triage.finding, args)
+        return 1 if triage.nothing_compared else 0
+    if triage.nothing_compared:  # nothing in common: that is the answer (and not a clean one: exit 1)
+        shown = [triage.finding]
+    else:
+        shown = triage.found or [triage.result("first_divergence") or triage.finding]
     _term.out("\n\n".join(f.summary() for f in shown) + "\n")
-    return 0
+    return 1 if triage.nothing_compared else 0
 
 
 def _cmd_preflight(args: argparse.Namespace) -> int:

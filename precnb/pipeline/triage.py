@@ -94,6 +94,11 @@ class Triage:
         return [f for f in self.findings if f.found]
 
     @property
+    def nothing_compared(self) -> bool:
+        """True when the pair had no record in common: the first finding says so ("Nothing compared")."""
+        return self.finding is not None and bool(self.finding.nothing_compared)
+
+    @property
     def paired(self) -> bool:
         """True when a baseline was compared."""
         return self.baseline is not None
@@ -123,8 +128,9 @@ class Triage:
                 kw["tolerance"] = self.tolerance
             if self.tensor_metrics is not None:  # entries judged on whole tensors, as the search did
                 kw["tensor_metrics"] = self.tensor_metrics
+            kw["disjoint"] = "union"  # a pair with nothing in common ("nothing compared"): both runs, no mask set
             cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
-            if self.tolerance is None and two_frameworks(self.alignment):
+            if self.tolerance is None and two_frameworks(self.alignment) and bool(cached.both.any()):
                 calibrated = noise_floor(cached)[1]
                 if calibrated is not None:
                     cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset,
@@ -393,7 +399,9 @@ def diagnose(
                 pre.names = (bsrc.name, tsrc.name)
             else:
                 pre = diagnose(target, baseline, options=pre_opts)
-            return with_preflight(pre, div)
+            joined = with_preflight(pre, div)
+            nothing_compared_first(joined.findings, joined.load_failures)
+            return joined
 
     if bsrc is None:
         raw_t = open_source(tsrc, loaded=loaded, steps=opts.steps, **common)
@@ -413,11 +421,14 @@ def diagnose(
     alignment = None
     step_offset: int | None = None
     if base is not None:
-        from precnb.analysis.compare import align_steps
+        from precnb.analysis.compare import NothingToCompareError, align_steps
 
         alignment = _alignment(base, targ, opts, notes)
         b_for_steps = alignment.apply(base) if alignment is not None else base
-        step_offset = align_steps(b_for_steps, targ, opts.step_offset)
+        try:
+            step_offset = align_steps(b_for_steps, targ, opts.step_offset)
+        except NothingToCompareError:  # no step in common: the divergence search answers "nothing compared"
+            step_offset = opts.step_offset if isinstance(opts.step_offset, int) else 0
         if opts.steps is not None:
             keep = [s for s in base["step"].values.tolist() if s in set(opts.steps)]
             base = base.sel(step=keep)
@@ -429,12 +440,30 @@ def diagnose(
                   step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,
                   names=(bsrc.name if bsrc is not None else "", tsrc.name), params=params)
     findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
+    nothing_compared_first(findings, loaded.failures)
     _enrich(findings, ctx)
     attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
                   tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"))
+
+
+def nothing_compared_first(findings: list[Any], failures: Sequence[tuple[str, str]]) -> None:
+    """A pair that had no record in common answers that first, and says which files were skipped.
+
+    (:mod:`precnb.analysis.compared`; the CLI exits 1 on it, the report and the explorer head with it.)
+    """
+    at = next((i for i, f in enumerate(findings) if f.nothing_compared), None)
+    if at is None:
+        return
+    f = findings.pop(at)
+    if failures and "skipped_files" not in f.stats:
+        path, why = failures[0]
+        first = why if why.startswith(path) else f"{path}: {why}"
+        f.reason += f"; {len(failures)} unreadable file(s) skipped (first: {first})"
+        f.stats["skipped_files"] = [{"path": p, "reason": r} for p, r in failures[:50]]
+    findings.insert(0, f)
 
 
 def _enrich(findings: list[Any], ctx: Any) -> None:
@@ -538,6 +567,7 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
 
     finding = first_divergence_stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc,
                                         alignment=state["alignment"])
+    nothing_compared_first([finding], loaded.failures)
     notes.extend(state.get("notes", []))
     skipped = finding.stats.get("steps_not_searched") or []
     if skipped:

@@ -70,7 +70,7 @@ def comparison_dataset(data: ReportData) -> xr.Dataset | None:
         return None
     from precnb.analysis import compare_runs
 
-    cmp = compare_runs(data.baseline, data.target, step_offset=data.step_offset)
+    cmp = compare_runs(data.baseline, data.target, step_offset=data.step_offset, disjoint="union")
     return cmp.ds.assign_coords(run=("run", list(data.names)))
 
 

@@ -30,12 +30,6 @@ __all__ = [
 _STATS = ("max", "min", "mean", "norm")
 
 
-def _title(kind: str) -> str:
-    from precnb.analysis.registry import title
-
-    return title(kind)
-
-
 def _checked(kind: str) -> str:
     from precnb.analysis.registry import get
 
@@ -200,7 +194,7 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
     return {
         "kind": kind,
         "found": found,
-        "title": _title(kind),
+        "title": finding.title,  # "Nothing compared" for a pair with no record in common
         "checked": _checked(kind),
         "reason": d.get("reason", ""),
         "where": where,
