@@ -323,7 +323,7 @@ def diagnose(
         ``target_layout`` (alias ``layout``), ``baseline_layout``, ``step_offset``, ``tolerance``,
         ``reference``, ``mapping``, ``steps``, ``ranks``, ``kinds``, ``crc``, ``format``,
         ``workers``, ``client``, ``progress``, ``spike_z``, ``spike_ratio``, ``spike_stats``,
-        ``limit``, ``replica_rtol``.
+        ``limit``, ``replica_rtol``, ``monitor``, ``loss``.
 
     Returns
     -------
@@ -361,6 +361,10 @@ def diagnose(
 
     tolerance = _tolerance(opts, open_ref)
     params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol)}
+    if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
+        from precnb.pipeline.side_inputs import side_inputs
+
+        params.update(side_inputs(opts, loaded, common))
 
     kinds_wanted = {d.kind for d in wanted}
     stepwise = bsrc is not None and "first_divergence" in kinds_wanted and kinds_wanted <= {"first_divergence",
