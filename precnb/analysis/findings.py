@@ -230,8 +230,8 @@ def shown_record(finding: Any, ranks: Any = ()) -> tuple[int, int, str] | None:
     """The (step, rank, tensor) a front end opens on for *finding*, or None when it names no record.
 
     The origin record (``values["origin"]``) when the finding has one — a loss spike's ``step`` is
-    where the loss departs, its origin may come a step earlier —, else its own step, rank and
-    tensor. A rank of None (every rank) is the first of *ranks*.
+    where the loss departs, its origin may come a step earlier; an origin rank of None (every
+    rank) is the first of *ranks* —, else its own step, rank and tensor.
 
     Examples
     --------
@@ -246,8 +246,8 @@ def shown_record(finding: Any, ranks: Any = ()) -> tuple[int, int, str] | None:
     step, rank, tensor = finding.step, finding.rank, finding.tensor
     if isinstance(origin, dict) and origin.get("tensor") and origin.get("step") is not None:
         step, rank, tensor = origin["step"], origin.get("rank"), origin["tensor"]
-    if rank is None and len(ranks):
-        rank = ranks[0]
+        if rank is None and len(ranks):
+            rank = ranks[0]
     if step is None or rank is None or tensor is None:
         return None
     return int(step), int(rank), str(tensor)

@@ -121,6 +121,9 @@ class Diagnosis:
     flags : callable, optional
         ``flags(ds, finding) -> [{"step", "rank", "tensor"}, ...]``: the records of one run the
         explorer colours as flagged for its finding (besides NaN / ±inf).
+    plan : callable, optional
+        ``plan(finding, ds, dump_path=..., task=...) -> dict | None``: its own dump plan (the
+        shape :func:`precnb.analysis.plan.plan_dump` returns), instead of the generic one.
     """
 
     kind: str
@@ -134,6 +137,7 @@ class Diagnosis:
     color: str = "first_bad"
     clean_last: bool = False
     flags: Callable[[xr.Dataset, Any], list[dict[str, Any]]] | None = None
+    plan: Callable[..., dict[str, Any] | None] | None = None
 
     def applicable(self, ctx: Context) -> bool:
         """Whether it runs on *ctx*."""

@@ -77,7 +77,7 @@ def _lead_indicators(views: list[View], spike_step: int, ranks: list[int] | None
         if not len(table):
             continue
         for r in table.to_dict("records"):
-            if r["step"] <= spike_step:
+            if r["step"] < spike_step:
                 rows.append({**r, "source": v.name})
     if not rows:
         return None
@@ -209,8 +209,8 @@ def _finding(series: LossSeries, spike: dict[str, Any], ranked: list[dict[str, A
     causes = [{k: c.get(k) for k in _PUBLIC} | {"series": c["series"]} for c in ranked]
     values: dict[str, Any] = {
         "spike": {"step": sp, "signal": series.signal, "source": series.source, "ranks": ranks,
-                  "departures": {k: {a: b for a, b in d.items()} for k, d in deps.items()},
-                  "later_departures": spike["later"]},
+                  "previous": best["previous"], "value": best["value"], "ratio": best["ratio"], "z": best["z"],
+                  "test": best["test"]},
     }
     if first is not None:
         values["origin"] = {k: first.get(k) for k in ("step", "rank", "node", "tensor", "module", "cause")}
@@ -218,6 +218,8 @@ def _finding(series: LossSeries, spike: dict[str, Any], ranked: list[dict[str, A
             if first.get(k) not in (None, [], {}):
                 values["origin"][k] = first[k]
     evidence: dict[str, Any] = {"loss": series.around(sp), "rule": spike["rule"],
+                                "departures": [{"series": k, **d} for k, d in deps.items()],
+                                "later_departures": spike["later"],
                                 "series": [s for c in ranked[:3] for s in c["series"]]}
     trend = _lead_indicators(views, sp, series.ranks)
     if trend is not None:
@@ -235,7 +237,4 @@ def _finding(series: LossSeries, spike: dict[str, Any], ranked: list[dict[str, A
                 node=first["node"] if first else None, tensor=first["tensor"] if first else None,
                 module=first["module"] if first else None, values=values, hints=hints, suspects=suspects,
                 evidence=evidence, stats=stats, causes=causes)
-    from precnb.analysis.spike._plan import spike_plan
-
-    f.dump_plan = spike_plan(f, first, views)
     return f

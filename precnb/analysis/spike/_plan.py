@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import xarray as xr
+
 from precnb.analysis.plan import DEFAULT_DUMP_PATH, node_selector
 from precnb.analysis.spike._records import View
 
@@ -50,33 +52,52 @@ def _entries(cause: dict[str, Any], dump: View | None) -> tuple[list[str], list[
         notes.append("compare the gradient before the reduce on the departing rank with the healthy replica's; rerun "
                      "the step on another device (or `precnb repro` the backward on the dumped inputs) to tell a "
                      "faulty device from a kernel bug")
+    if kind == "optimizer" and dump is not None:
+        wanted = set(cause.get("parameters") or [])
+        for p in dump.params():
+            if p.name in wanted and p.after is not None and len(entries) < 9:
+                entries.append(node_selector(str(dump.node[p.after])))
     if kind == "optimizer":
         notes.append("the optimizer's scalar arguments (lr, alpha, value) are recorded with its ops: compare them "
                      "with the schedule's")
     return list(dict.fromkeys(entries)), modules, notes
 
 
-def spike_plan(finding: Any, cause: dict[str, Any] | None, views: list[View], *,
-               dump_path: str = DEFAULT_DUMP_PATH, task: str = "tensor") -> dict[str, Any] | None:
-    """The plan (the shape :func:`precnb.analysis.plan.plan_dump` returns) for a loss-spike finding."""
+def spike_plan(finding: Any, ds: xr.Dataset | None, *, dump_path: str = DEFAULT_DUMP_PATH, task: str = "tensor"
+               ) -> dict[str, Any] | None:
+    """The plan (the shape :func:`precnb.analysis.plan.plan_dump` returns) for a loss-spike finding.
+
+    *ds* is the run diagnosed (its statistics give the size estimate and the collective that
+    reduces the parameter's gradient); the cause is the finding's first.
+    """
     from precnb.analysis.plan import _estimate, _human, _selected
 
-    dump = next((v for v in views if not v.monitor), None)
+    if not getattr(finding, "found", False) or finding.step is None:
+        return None
+    view = View(ds, "run") if ds is not None else None
+    dump = view if view is not None and not view.monitor else None
     sp = int(finding.step)
+    cause = None
+    if finding.causes:
+        cause = {**finding.causes[0], **{k: v for k, v in (finding.values.get("origin") or {}).items()
+                                          if k not in finding.causes[0]}}
+    all_ranks = view.ranks if view is not None else []
     if cause is None:
         entries, modules, notes = [], [], ["no cause found: dump every op at the spike step"]
         steps, ranks = sorted({sp - 1, sp} - {-1}), list(finding.values.get("spike", {}).get("ranks") or [])
     else:
         entries, modules, notes = _entries(cause, dump)
         steps = sorted({int(cause["step"]), sp})
-        all_ranks = (dump or views[0]).ranks if views else []
         r = cause.get("rank")
         if r is None:
             ranks = all_ranks[:1]
         elif cause["cause"] == "hardware":
-            ranks = [int(r), *[x for x in all_ranks if x != r][:1]]
+            ranks = [int(r)] + [x for x in all_ranks if x != r][:1]
         else:
             ranks = [int(r)]
+    if view is not None and view.monitor:
+        notes.insert(0, "planned from monitor output: run PrecisionDebugger with this config (the module's APIs "
+                        "are dumped with it)")
     config: dict[str, Any] = {"task": task, "dump_path": dump_path, "rank": sorted(ranks), "step": steps,
                               "level": "mix", "async_dump": False,
                               task: {"scope": [], "list": entries, "data_mode": ["all"]}}

@@ -43,8 +43,14 @@ def _flags(ds: xr.Dataset, finding: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _plan(finding: Any, ds: xr.Dataset, **kw: Any) -> Any:
+    from precnb.analysis.spike._plan import spike_plan
+
+    return spike_plan(finding, ds, **kw)
+
+
 register(Diagnosis(
     kind="loss_spike", title="Loss spike", priority=25, mode="single", run=_run,
     description="loss spike (the first step whose loss departs from its own recent history; its origin rank, batch "
     "input, parameter or op; cause data, optimizer, hardware or numerics)", command="spike", color="first_bad",
-    flags=_flags))
+    flags=_flags, plan=_plan))
