@@ -49,7 +49,7 @@ def test_tensor_scalars_and_a_rewritten_step():
 def test_explicit_tag_and_unknown_tag():
     df = read_loss_log(TB / "simple", tag="eval/loss")
     assert sorted(set(df["step"])) == [0, 3, 6, 9]
-    with pytest.raises(DumpFormatError, match="no scalar tag 'nope'.*train/loss"):
+    with pytest.raises(DumpFormatError, match=r"no scalar tag 'nope'.*train/loss"):
         read_loss_log(TB / "simple", tag="nope")
 
 

@@ -203,7 +203,7 @@ def test_data_plan_dumps_the_batch_of_the_rank():
 
 
 def test_anomalies_names_the_spike_beside_its_finding():
-    dump, mon, log = inputs("spike_hardware")
+    dump, _mon, log = inputs("spike_hardware")
     out = cli("anomalies", dump, "--loss", log, "--json")
     assert out.returncode == 0, out.stderr
     f = json.loads(out.stdout)

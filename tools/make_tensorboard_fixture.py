@@ -47,11 +47,13 @@ def _write(folder: Path, events: list[tuple[int, list[summary_pb2.Summary.Value]
     folder.mkdir(parents=True, exist_ok=True)
     w = EventFileWriter(str(folder), filename_suffix=".precnb")
     for i, (step, values) in enumerate(events):
-        w.add_event(event_pb2.Event(wall_time=1_700_000_000.0 + i, step=step, summary=summary_pb2.Summary(value=values)))
+        w.add_event(event_pb2.Event(wall_time=1_700_000_000.0 + i, step=step,
+                                    summary=summary_pb2.Summary(value=values)))
     w.close()
 
 
 def main() -> None:
+    """Write the fixture folders from the spike_data loss log."""
     rows = list(csv.DictReader(LOG.open()))
     by_rank: dict[int, list[tuple[int, float]]] = {}
     for r in rows:

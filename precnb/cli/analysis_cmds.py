@@ -235,7 +235,7 @@ def _given(**kw: Any) -> dict[str, Any]:
 
 
 def _cmd_anomalies(args: argparse.Namespace) -> int:
-    from precnb.cli.spike_cmds import side_options, with_loss_spike
+    from precnb.cli._side import side_options, with_loss_spike
 
     extra = _given(spike_z=args.z, spike_ratio=args.ratio, spike_stats=tuple(args.stat) if args.stat else None,
                    limit=args.limit)
@@ -395,7 +395,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
                    help=f"statistic(s) to test for spikes (default {', '.join(DEFAULTS.spike_stats)})")
     p.add_argument("--limit", type=integer(0, 10**9), default=None,
                    help=f"how many further anomalies to list (default {DEFAULTS.limit})")
-    from precnb.cli.spike_cmds import add_side_options
+    from precnb.cli._side import add_side_options
 
     add_side_options(p)
     add_load_options(p)

@@ -20,9 +20,9 @@ Bad input raises :class:`~precnb.errors.DumpFormatError` naming the file and wha
 
 Examples
 --------
->>> import io, tempfile, os
->>> path = os.path.join(tempfile.mkdtemp(), "loss.csv")
->>> _ = open(path, "w").write("step,loss,rank\\n0,4.4,0\\n0,4.3,1\\n1,nan,0\\n")
+>>> import tempfile
+>>> path = Path(tempfile.mkdtemp()) / "loss.csv"
+>>> _ = path.write_text("step,loss,rank\n0,4.4,0\n0,4.3,1\n1,nan,0\n")
 >>> read_loss_log(path).to_dict("records")[2]
 {'step': 1, 'rank': 0.0, 'loss': nan}
 """
@@ -33,7 +33,9 @@ import math
 import os
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -95,7 +97,7 @@ def _varint(buf: bytes, i: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: bytes, start: int, end: int):  # type: ignore[no-untyped-def]
+def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, Any]]:
     """Yield (field number, wire type, value) of a message in ``buf[start:end]``.
 
     Value: an int (varint), ``(lo, hi)`` bounds of a length-delimited field, or the raw bytes of
@@ -138,30 +140,30 @@ def _tensor_scalar(buf: bytes, lo: int, hi: int) -> float | None:
     halves: list[int] = []
     for num, wire, v in _fields(buf, lo, hi):
         if num == 1 and wire == 0:
-            dtype = int(v)  # type: ignore[arg-type]
+            dtype = int(v)
         elif num == 2 and wire == 2:  # TensorShapeProto: field 2 = dim {size = 1}
-            a, b = v  # type: ignore[misc]
+            a, b = v
             for dn, dw, dv in _fields(buf, a, b):
                 if dn == 2 and dw == 2:
-                    for sn, sw, sv in _fields(buf, dv[0], dv[1]):  # type: ignore[index]
+                    for sn, sw, sv in _fields(buf, dv[0], dv[1]):
                         if sn == 1 and sw == 0 and sv != 1:
                             dims += 1
         elif num == 4 and wire == 2:
-            content = buf[v[0]:v[1]]  # type: ignore[index]
+            content = buf[v[0]:v[1]]
         elif num == 5:  # float_val: packed or not
             if wire == 5:
-                floats.append(struct.unpack("<f", v)[0])  # type: ignore[arg-type]
+                floats.append(struct.unpack("<f", v)[0])
             elif wire == 2:
-                raw = buf[v[0]:v[1]]  # type: ignore[index]
+                raw = buf[v[0]:v[1]]
                 floats += list(struct.unpack(f"<{len(raw) // 4}f", raw[: len(raw) // 4 * 4]))
         elif num == 6:  # double_val
             if wire == 1:
-                floats.append(struct.unpack("<d", v)[0])  # type: ignore[arg-type]
+                floats.append(struct.unpack("<d", v)[0])
             elif wire == 2:
-                raw = buf[v[0]:v[1]]  # type: ignore[index]
+                raw = buf[v[0]:v[1]]
                 floats += list(struct.unpack(f"<{len(raw) // 8}d", raw[: len(raw) // 8 * 8]))
         elif num == 13 and wire == 2:  # half_val: packed int32 holding the 16 bits
-            a, b = v  # type: ignore[misc]
+            a, b = v
             while a < b:
                 x, a = _varint(buf, a, b)
                 halves.append(x)
@@ -192,22 +194,22 @@ def _event_scalars(buf: bytes, lo: int, hi: int) -> tuple[int | None, list[tuple
     out: list[tuple[str, float]] = []
     for num, wire, v in _fields(buf, lo, hi):
         if num == 2 and wire == 0:
-            step = int(v)  # type: ignore[arg-type]
+            step = int(v)
             if step >= 1 << 63:
                 step -= 1 << 64
         elif num == 5 and wire == 2:  # Summary
-            lo2, hi2 = v  # type: ignore[misc]
+            lo2, hi2 = v
             for sn, sw, sv in _fields(buf, lo2, hi2):
                 if sn != 1 or sw != 2:
                     continue
                 tag, value = None, None
-                for vn, vw, vv in _fields(buf, sv[0], sv[1]):  # type: ignore[index]
+                for vn, vw, vv in _fields(buf, sv[0], sv[1]):
                     if vn == 1 and vw == 2:
-                        tag = buf[vv[0]:vv[1]].decode("utf-8", "replace")  # type: ignore[index]
+                        tag = buf[vv[0]:vv[1]].decode("utf-8", "replace")
                     elif vn == 2 and vw == 5:
-                        value = float(struct.unpack("<f", vv)[0])  # type: ignore[arg-type]
+                        value = float(struct.unpack("<f", vv)[0])
                     elif vn == 8 and vw == 2:
-                        value = _tensor_scalar(buf, vv[0], vv[1])  # type: ignore[index]
+                        value = _tensor_scalar(buf, vv[0], vv[1])
                 if tag is not None and value is not None:
                     out.append((tag, value))
     return step, out

@@ -296,9 +296,8 @@ def detail_table(data: Any, combined: xr.Dataset | None, finding: Any, *, rows: 
     dict or None
         ``title``, ``columns`` and ``rows`` (lists of :class:`Cell`), ``focus`` row index.
     """
-    from precnb.viz import detail_frame
-
     from precnb.analysis.findings import shown_record
+    from precnb.viz import detail_frame
 
     ds = data.target
     rec = shown_record(finding, [int(r) for r in ds["rank"].values]) if finding is not None else None

@@ -324,7 +324,7 @@ class Explorer(ExplorerViews, ipw.VBox):
             self.bar.update()
             return
         self.finding = t.finding  # what it opened on (a "nothing found" finding on a clean run)
-        f = next((x for x in t.findings if x.found and (x.tensor is not None and x.step is not None
+        f = next((x for x in t.findings if x.found and ((x.tensor is not None and x.step is not None)
                                                           or (x.values or {}).get("origin"))), t.finding)
         self.show_finding(f)
 

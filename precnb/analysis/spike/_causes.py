@@ -159,7 +159,7 @@ def _first_per_rank(cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- hardware and the loss-scale pattern --------------------------------------------------------
 def _grad_departures(v: View, step: int) -> list[tuple[Param, int, float, float]]:
     """(param, rank index, ratio to the other ranks' median, ratio to its own history) of pre-reduce gradients."""
-    out = []
+    out: list[tuple[Param, int, float, float]] = []
     if len(v.ranks) < 2:
         return out
     for p in v.params():
@@ -376,7 +376,7 @@ def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_l
             si = v.step_index(t)
             if si is None:
                 continue
-            earlier = inf_el[:si].any(axis=0) if si else np.zeros(inf_el.shape[1:], bool)
+            earlier = np.asarray(inf_el[:si].any(axis=0) if si else np.zeros(inf_el.shape[1:], bool))
             for ri, r in enumerate(v.ranks):
                 limit = math.inf
                 if spike_step == t:
@@ -443,7 +443,7 @@ def _loss_scale(v: View, t: int) -> list[dict[str, Any]]:
                          "while its forward is ordinary: a loss-scale change (the loss scaled before backward and not "
                          "unscaled, or a scaler out of step on this rank)", t, r, rec, math.log10(max(k, 1 / k)),
                          [f"{v.name} gradients before the reduce, rank {r} against the others"],
-                         [(v, t, r, v.labels[j0])] + [(v, t, r, v.labels[d[0].pre]) for d in deps if d[1] == ri],
+                         [(v, t, r, v.labels[j0]), *((v, t, r, v.labels[d[0].pre]) for d in deps if d[1] == ri)],
                          seq=_seq(v, j0, t, ri),
                          kind="loss_scale", scale=k))
     return out

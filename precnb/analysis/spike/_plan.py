@@ -82,6 +82,8 @@ def spike_plan(finding: Any, ds: xr.Dataset | None, *, dump_path: str = DEFAULT_
         cause = {**finding.causes[0], **{k: v for k, v in (finding.values.get("origin") or {}).items()
                                           if k not in finding.causes[0]}}
     all_ranks = view.ranks if view is not None else []
+    entries: list[str]
+    modules: list[str]
     if cause is None:
         entries, modules, notes = [], [], ["no cause found: dump every op at the spike step"]
         steps, ranks = sorted({sp - 1, sp} - {-1}), list(finding.values.get("spike", {}).get("ranks") or [])
@@ -92,7 +94,7 @@ def spike_plan(finding: Any, ds: xr.Dataset | None, *, dump_path: str = DEFAULT_
         if r is None:
             ranks = all_ranks[:1]
         elif cause["cause"] == "hardware":
-            ranks = [int(r)] + [x for x in all_ranks if x != r][:1]
+            ranks = [int(r), *[x for x in all_ranks if x != r][:1]]
         else:
             ranks = [int(r)]
     if view is not None and view.monitor:

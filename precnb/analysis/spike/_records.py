@@ -115,7 +115,7 @@ class View:
             mod = str(self.module[j])
             p = Param(f"{mod}.{pname}" if mod else pname, mod, int(j))
             mine = (self.module == mod) & (self.kind == "module") & (self.role == "input")
-            fwd = [int(k) for k in np.flatnonzero(mine & (self.direction == "forward"))][:1]
+            fwd: list[int] = [int(k) for k in np.flatnonzero(mine & (self.direction == "forward"))][:1]
             bwd = [int(k) for k in np.flatnonzero(mine & (self.direction == "backward"))][:1]
             p.inputs = fwd + bwd
             p.post = self._reduced(int(j), reduce_in)
@@ -161,11 +161,12 @@ class View:
 
     def batch_inputs(self) -> list[int]:
         """Tensors that hold the batch: integer forward inputs (token ids, labels); a monitor's first module input."""
-        ints = [j for j in range(len(self.labels)) if self.role[j] == "input" and self.direction[j] == "forward"
-                and "int" in self.dtype[j].lower() and not self.monitor]
+        ints: list[int] = [j for j in range(len(self.labels)) if self.role[j] == "input"
+                           and self.direction[j] == "forward" and "int" in self.dtype[j].lower() and not self.monitor]
         if self.monitor:
             actv = [j for j in np.flatnonzero(self.api == "actv") if self.labels[j].endswith(".input")]
             if actv:
-                first = min(actv, key=lambda j: np.nanmin(np.where(self.seq[..., j] >= 0, self.seq[..., j], np.inf)))
-                ints = [first] + [j for j in actv if "int" in self.dtype[j].lower() and j != first]
+                seq = self.seq
+                first = min(actv, key=lambda j: np.nanmin(np.where(seq[..., j] >= 0, seq[..., j], np.inf)))
+                ints = [int(first)] + [int(j) for j in actv if "int" in self.dtype[j].lower() and j != first]
         return ints
