@@ -25,26 +25,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import xarray as xr
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_explorer import tile_ranks  # noqa: E402 - the same tiling as the explorer benchmark
+
 TARGET = 1.5
-
-
-def tile_ranks(ds: xr.Dataset, n: int, *, seed: int = 0) -> xr.Dataset:
-    """Repeat the ranks of *ds* until there are *n*, with a small per-rank jitter."""
-    reps = -(-n // ds.sizes["rank"])
-    rng = np.random.default_rng(seed)
-    data = {}
-    for name, var in ds.data_vars.items():
-        arr = np.tile(var.values, (1, reps, 1))[:, :n]
-        if var.dtype.kind == "f":
-            arr = arr * (1 + 1e-3 * rng.standard_normal((1, n, 1)))
-        data[name] = (var.dims, arr)
-    coords = {k: v for k, v in ds.coords.items() if k != "rank"}
-    coords["rank"] = np.arange(n, dtype=np.int64)
-    return xr.Dataset(data, coords=coords, attrs=ds.attrs)
 
 
 def tile_loss(df: pd.DataFrame, n: int, *, seed: int = 0) -> pd.DataFrame:

@@ -144,7 +144,12 @@ def test_monitor_and_loss_log_alone(cause):
     if cause == "numerics":  # the monitor does not see the overflowing op, only its lead indicator
         assert not f.causes and f.evidence["trend"]["modules"][0]["module"] == "norm_out"
         return
-    assert f.causes[0]["cause"] == cause and f.module == want["module"].replace("optimizer", f.module or "")
+    assert f.causes[0]["cause"] == cause and f.causes[0]["certain"] is True
+    if cause == "optimizer":  # the weight change of the step, from param_origin / param_updated
+        assert f.tensor.startswith("param_updated/") and f.values["origin"]["step"] == want["origin_step"]
+        assert {"embed.weight", "norm_out.weight", "lm_head.weight"} <= set(f.values["origin"]["parameters"])
+    else:
+        assert f.module == want["module"] and f.values["origin"]["step"] == want["origin_step"]
 
 
 def test_dump_alone_is_too_short_a_history_and_says_so():

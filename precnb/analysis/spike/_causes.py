@@ -290,8 +290,8 @@ def _first_node(v: View, api: str, step: int) -> int | None:
     if not seqs:
         return None
     first = min(seqs)[1]
-    outs = [j for j in np.flatnonzero(v.node == v.node[first]) if v.role[j] == "output"]
-    return int(outs[0]) if outs else int(first)
+    out = v.first_output(str(v.node[first]))
+    return out if out is not None else int(first)
 
 
 def optimizer_causes(views: list[View], steps: list[int], spike_step: int) -> list[dict[str, Any]]:
@@ -371,6 +371,7 @@ def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_l
         if mx is None or mn is None:
             continue
         inf_el = np.isinf(mx) | np.isinf(mn)
+        tops = np.asarray([_low_max(d) or np.nan for d in v.dtype], dtype=float)  # float16 / bfloat16 largest
         loss_j = v.index.get(loss_label) if loss_label else None
         for t in steps:
             si = v.step_index(t)
@@ -396,17 +397,16 @@ def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_l
                             + ") where earlier steps are finite")
                     out.append(_cand("numerics", True, text, t, r, rec, 3.0, [f"{v.name} {rec['tensor']} Max/Min"],
                                      [(v, t, r, rec["tensor"])], seq=float(v.seq[si, ri, j]), kind="overflow"))
-                for j in np.flatnonzero(ok & ~inf_el[si, ri]):
-                    top = _low_max(v.dtype[j])
-                    if top is None:
-                        continue
-                    peak = max(abs(float(mx[si, ri, j])), abs(float(mn[si, ri, j])))
-                    if np.isfinite(peak) and peak >= top / 2:
-                        rec = v.record(int(j))
-                        out.append(_cand("numerics", False, f"{rec['tensor']} reaches {peak:.6g} at step {t}, within "
-                                         f"2x of {v.dtype[j].replace('torch.', '')}'s largest value {top:.6g} "
-                                         "(saturating)", t, r, rec, 1.0, [f"{v.name} {rec['tensor']} Max/Min"],
-                                         [(v, t, r, rec["tensor"])], seq=float(v.seq[si, ri, j]), kind="saturation"))
+                with np.errstate(invalid="ignore"):
+                    peaks = np.fmax(np.abs(mx[si, ri]), np.abs(mn[si, ri]))
+                    near = ok & ~inf_el[si, ri] & np.isfinite(peaks) & (peaks >= tops / 2)
+                for j in np.flatnonzero(near):
+                    top, peak = float(tops[j]), float(peaks[j])
+                    rec = v.record(int(j))
+                    out.append(_cand("numerics", False, f"{rec['tensor']} reaches {peak:.6g} at step {t}, within "
+                                     f"2x of {v.dtype[j].replace('torch.', '')}'s largest value {top:.6g} "
+                                     "(saturating)", t, r, rec, 1.0, [f"{v.name} {rec['tensor']} Max/Min"],
+                                     [(v, t, r, rec["tensor"])], seq=float(v.seq[si, ri, j]), kind="saturation"))
                 if nm is not None:
                     hist = np.delete(nm[:, ri], si, axis=0)
                     histmin = np.delete(mn[:, ri], si, axis=0)

@@ -55,6 +55,7 @@ class View:
         self.micro = np.asarray(ds["micro_step"].values) if "micro_step" in ds else np.full(len(self.labels), -1)
         self.monitor = bool(len(self.kind)) and bool(np.all(self.kind == "monitor"))
         self._params: list[Param] | None = None
+        self._outputs: dict[str, int] | None = None
 
     # -- values -------------------------------------------------------------------------------
     def step_index(self, step: int) -> int | None:
@@ -76,6 +77,14 @@ class View:
     def record(self, j: int) -> dict[str, Any]:
         """Node, tensor and module names of tensor *j* (module None when it has none)."""
         return {"node": str(self.node[j]), "tensor": self.labels[j], "module": str(self.module[j]) or None}
+
+    def first_output(self, node: str) -> int | None:
+        """The first output tensor of *node* (None when it records none)."""
+        if self._outputs is None:
+            self._outputs = {}
+            for j in np.flatnonzero(self.role == "output"):
+                self._outputs.setdefault(str(self.node[j]), int(j))
+        return self._outputs.get(node)
 
     # -- structure ----------------------------------------------------------------------------
     def params(self) -> list[Param]:
@@ -109,15 +118,16 @@ class View:
         out: list[Param] = []
         reduce_in = {self._signature(j): j for j in range(len(self.labels))
                      if self.api[j].rsplit(".", 1)[-1] in _REDUCE_APIS and self.role[j] == "input"}
+        first_input: dict[tuple[str, str], int] = {}  # (module, direction) -> its first module-record input
+        for k in np.flatnonzero((self.kind == "module") & (self.role == "input")):
+            first_input.setdefault((str(self.module[k]), str(self.direction[k])), int(k))
         for j in np.flatnonzero(self.kind == "param_grad"):
             node = str(self.node[j])
             pname = self.labels[j][len(node) + 1:] if self.labels[j].startswith(node + ".") else self.labels[j]
             mod = str(self.module[j])
             p = Param(f"{mod}.{pname}" if mod else pname, mod, int(j))
-            mine = (self.module == mod) & (self.kind == "module") & (self.role == "input")
-            fwd: list[int] = [int(k) for k in np.flatnonzero(mine & (self.direction == "forward"))][:1]
-            bwd = [int(k) for k in np.flatnonzero(mine & (self.direction == "backward"))][:1]
-            p.inputs = fwd + bwd
+            p.inputs = [k for k in (first_input.get((mod, "forward")), first_input.get((mod, "backward")))
+                        if k is not None]
             p.post = self._reduced(int(j), reduce_in)
             out.append(p)
         self._optimizer_updates(out)
@@ -132,8 +142,7 @@ class View:
         k = reduce_in.get(self._signature(grad))
         if k is None:
             return None
-        out = [j for j in np.flatnonzero(self.node == self.node[k]) if self.role[j] == "output"]
-        return int(out[0]) if out else None
+        return self.first_output(str(self.node[k]))
 
     def _optimizer_updates(self, params: list[Param]) -> None:
         """Optimizer ops that update a parameter in place: the parameter before (input 0) and after (output 0).
@@ -153,10 +162,10 @@ class View:
             nodes.setdefault(str(self.node[j]), []).append(int(j))
         for node, ins in nodes.items():
             target = by_sig.get(self._signature(ins[0]))
-            outs = [j for j in np.flatnonzero(self.node == node) if self.role[j] == "output"]
-            if target is None or target.before is not None or not outs:
+            out = self.first_output(node)
+            if target is None or target.before is not None or out is None:
                 continue
-            target.before, target.after = ins[0], int(outs[0])
+            target.before, target.after = ins[0], out
             target.update_grad = ins[1] if len(ins) > 1 else None
 
     def batch_inputs(self) -> list[int]:
