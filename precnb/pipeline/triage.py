@@ -481,6 +481,8 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
         results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
             nan.found and "first_spike" not in f.values and "first_drift" not in f.values)))]
+        # a clean loss-spike search says no more than the NaN search's "nothing found" (its check is listed)
+        results = [(k, f) for k, f in results if not (k == "loss_spike" and not f.found)]
     ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
                                                        registry.priority(x[1][0], found=x[1][1].found), x[0]))
     findings = [f for _, (_, f) in ranked]
