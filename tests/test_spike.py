@@ -287,3 +287,12 @@ def test_bad_loss_log_is_one_line_naming_the_file(tmp_path):
     out = cli("spike", dump, "--loss", bad)
     assert out.returncode == 1 and str(bad) in out.stderr and "line 3" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_data_cause_names_the_micro_batch_where_the_dump_has_it():
+    dump, mon, log = inputs("spike_data")
+    ds = precnb.open_run(dump, progress=False)
+    micro = np.where(ds["node"].values == "Functional.embedding.0.forward", 3, ds["micro_step"].values)
+    ds = ds.assign_coords(micro_step=("tensor", micro))  # as a Megatron dump's [parent, micro_step] records it
+    f = loss_spike(ds, monitor=precnb.open_run(mon, progress=False), loss=precnb.io.read_loss_log(log))
+    assert f.values["origin"]["micro_batch"] == 3 and "micro-batch 3" in f.causes[0]["text"]
