@@ -135,6 +135,11 @@ def plan_dump(
     """
     if not getattr(finding, "found", False) or finding.step is None:
         return None
+    from precnb.analysis import registry
+
+    own = registry.get(finding.kind).plan if finding.kind in registry.kinds() else None
+    if own is not None:  # a diagnosis that plans its own confirmation (e.g. a loss spike's cause)
+        return own(finding, ds, dump_path=dump_path, task=task)
     steps, ranks = _where(finding)
     entries: list[str] = []
     modules: list[str] = []

@@ -329,7 +329,7 @@ def diagnose(
         ``target_layout`` (alias ``layout``), ``baseline_layout``, ``step_offset``, ``tolerance``,
         ``reference``, ``mapping``, ``steps``, ``ranks``, ``kinds``, ``crc``, ``format``,
         ``workers``, ``client``, ``progress``, ``spike_z``, ``spike_ratio``, ``spike_stats``,
-        ``limit``, ``replica_rtol``.
+        ``limit``, ``replica_rtol``, ``monitor``, ``loss``.
 
     Returns
     -------
@@ -367,6 +367,10 @@ def diagnose(
 
     tolerance = _tolerance(opts, open_ref)
     params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol)}
+    if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
+        from precnb.pipeline.side_inputs import side_inputs
+
+        params.update(side_inputs(opts, loaded, common))
 
     kinds_wanted = {d.kind for d in wanted}
     stepwise = bsrc is not None and "first_divergence" in kinds_wanted and kinds_wanted <= {"first_divergence",
@@ -506,6 +510,8 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
         results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
             nan.found and "first_spike" not in f.values and "first_drift" not in f.values)))]
+        # a clean loss-spike search says no more than the NaN search's "nothing found" (its check is listed)
+        results = [(k, f) for k, f in results if not (k == "loss_spike" and not f.found)]
     ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
                                                        registry.priority(x[1][0], found=x[1][1].found), x[0]))
     findings = [f for _, (_, f) in ranked]
