@@ -29,7 +29,7 @@ help:
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (tools/samples)"
 	@echo "make msprobe-matrix  regenerate tests/fixtures/msprobe_releases/ (one venv per msprobe release in"
 	@echo "             $(MATRIX_VENVS); ONLY='26.2.0 1.0.1' for some releases) and print the README table"
-	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
+	@echo "make bench   run every script of benchmarks/ and write benchmarks/RESULTS*.md (MSPROBE=path: msprobe)"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
 	@echo "make notebooks         strip notebooks/*.ipynb (the templates' one copy; the build puts them in the wheel)"
 
@@ -111,11 +111,19 @@ msprobe-matrix: install
 	    $(if $(ONLY),--only $(ONLY))
 	$(PY) tools/msprobe_matrix/generate.py --out $(MATRIX_OUT) --table
 
+# MSPROBE=/path/to/msprobe: the msprobe executable for the side-by-side rows (default: beside $(PY), else PATH;
+# e.g. the generator's venv). make test runs every script at a tiny size (tests/test_benchmarks_smoke.py).
+MSPROBE ?=
+MSPROBE_ARG := $(if $(MSPROBE),--msprobe $(MSPROBE),)
 bench: install
-	$(PY) benchmarks/run.py
-	$(PY) benchmarks/bench_explorer.py
+	$(PY) benchmarks/run.py $(MSPROBE_ARG)
+	$(PY) benchmarks/bench_explorer.py --markdown benchmarks/RESULTS_explorer.md
 	$(PY) benchmarks/bench_large.py
 	$(PY) benchmarks/bench_startup.py
+	$(PY) benchmarks/bench_align.py
+	$(PY) benchmarks/bench_kernel_tensors.py
+	$(PY) benchmarks/bench_tensors.py $(MSPROBE_ARG)
+	$(PY) benchmarks/bench_scheduler.py
 
 clean:
 	rm -rf $(VENV) build $(OUT) .pytest_cache

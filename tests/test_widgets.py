@@ -449,6 +449,11 @@ def test_monitor_nan_origin_is_the_most_salient_cell(shared):
     gt = json.loads(shared("data_samples", "msprobe", "S6_monitor", "ground_truth.json").read_text())
     nan = next(i for i in gt["injections"] if i["kind"] == "nan")
     ex = explore(shared("data_samples", "msprobe", "S6_monitor", "monitor_output"))
+    spike = next(i for i in gt["injections"] if i["kind"] != "nan")  # rank 1's loss x1000 at step 2 comes first
+    top = top_cell(ex)
+    assert (ex.finding.kind, top["row"], int(top["x"]), int(top["worst_rank"])) == (
+        "loss_spike", "lm_head", spike["step"], spike["rank"])
+    ex = explore(shared("data_samples", "msprobe", "S6_monitor", "monitor_output"), kinds=["nan_origin", "anomaly"])
     top = top_cell(ex)
     first = gt["facts_from_csvs"]["rank1"]["first_nan_step_and_names_in_csv_order"]["actv"]
     assert (top["row"], int(top["x"]), int(top["worst_rank"])) == ("blocks.1.attn", nan["step"], nan["rank"])

@@ -490,7 +490,10 @@ class Assembler:
             "stacks": side_text(self.stacks),
         }
         for key in ("task", "level", "framework"):
-            meta[key] = ",".join(sorted(self._meta[key]))
+            vals = self._meta[key]
+            if key == "framework" and len(vals) > 1:
+                vals = vals - {"unknown"}  # a file without framework evidence says nothing against the others
+            meta[key] = ",".join(sorted(vals))
         if self.dtype_changes:
             meta["dtype_changes"] = json.dumps(self.dtype_changes)
         meta.update(self.facts.attrs())

@@ -94,6 +94,11 @@ class Triage:
         return [f for f in self.findings if f.found]
 
     @property
+    def nothing_compared(self) -> bool:
+        """True when the pair had no record in common: the first finding says so ("Nothing compared")."""
+        return self.finding is not None and bool(self.finding.nothing_compared)
+
+    @property
     def paired(self) -> bool:
         """True when a baseline was compared."""
         return self.baseline is not None
@@ -123,8 +128,9 @@ class Triage:
                 kw["tolerance"] = self.tolerance
             if self.tensor_metrics is not None:  # entries judged on whole tensors, as the search did
                 kw["tensor_metrics"] = self.tensor_metrics
+            kw["disjoint"] = "union"  # a pair with nothing in common ("nothing compared"): both runs, no mask set
             cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
-            if self.tolerance is None and two_frameworks(self.alignment):
+            if self.tolerance is None and two_frameworks(self.alignment) and bool(cached.both.any()):
                 calibrated = noise_floor(cached)[1]
                 if calibrated is not None:
                     cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset,
@@ -323,7 +329,7 @@ def diagnose(
         ``target_layout`` (alias ``layout``), ``baseline_layout``, ``step_offset``, ``tolerance``,
         ``reference``, ``mapping``, ``steps``, ``ranks``, ``kinds``, ``crc``, ``format``,
         ``workers``, ``client``, ``progress``, ``spike_z``, ``spike_ratio``, ``spike_stats``,
-        ``limit``, ``replica_rtol``.
+        ``limit``, ``replica_rtol``, ``monitor``, ``loss``.
 
     Returns
     -------
@@ -361,6 +367,10 @@ def diagnose(
 
     tolerance = _tolerance(opts, open_ref)
     params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol)}
+    if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
+        from precnb.pipeline.side_inputs import side_inputs
+
+        params.update(side_inputs(opts, loaded, common))
 
     kinds_wanted = {d.kind for d in wanted}
     stepwise = bsrc is not None and "first_divergence" in kinds_wanted and kinds_wanted <= {"first_divergence",
@@ -393,7 +403,9 @@ def diagnose(
                 pre.names = (bsrc.name, tsrc.name)
             else:
                 pre = diagnose(target, baseline, options=pre_opts)
-            return with_preflight(pre, div)
+            joined = with_preflight(pre, div)
+            nothing_compared_first(joined.findings, joined.load_failures)
+            return joined
 
     if bsrc is None:
         raw_t = open_source(tsrc, loaded=loaded, steps=opts.steps, **common)
@@ -413,11 +425,14 @@ def diagnose(
     alignment = None
     step_offset: int | None = None
     if base is not None:
-        from precnb.analysis.compare import align_steps
+        from precnb.analysis.compare import NothingToCompareError, align_steps
 
         alignment = _alignment(base, targ, opts, notes)
         b_for_steps = alignment.apply(base) if alignment is not None else base
-        step_offset = align_steps(b_for_steps, targ, opts.step_offset)
+        try:
+            step_offset = align_steps(b_for_steps, targ, opts.step_offset)
+        except NothingToCompareError:  # no step in common: the divergence search answers "nothing compared"
+            step_offset = opts.step_offset if isinstance(opts.step_offset, int) else 0
         if opts.steps is not None:
             keep = [s for s in base["step"].values.tolist() if s in set(opts.steps)]
             base = base.sel(step=keep)
@@ -429,12 +444,30 @@ def diagnose(
                   step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,
                   names=(bsrc.name if bsrc is not None else "", tsrc.name), params=params)
     findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
+    nothing_compared_first(findings, loaded.failures)
     _enrich(findings, ctx)
     attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
                   tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"))
+
+
+def nothing_compared_first(findings: list[Any], failures: Sequence[tuple[str, str]]) -> None:
+    """A pair that had no record in common answers that first, and says which files were skipped.
+
+    (:mod:`precnb.analysis.compared`; the CLI exits 1 on it, the report and the explorer head with it.)
+    """
+    at = next((i for i, f in enumerate(findings) if f.nothing_compared), None)
+    if at is None:
+        return
+    f = findings.pop(at)
+    if failures and "skipped_files" not in f.stats:
+        path, why = failures[0]
+        first = why if why.startswith(path) else f"{path}: {why}"
+        f.reason += f"; {len(failures)} unreadable file(s) skipped (first: {first})"
+        f.stats["skipped_files"] = [{"path": p, "reason": r} for p, r in failures[:50]]
+    findings.insert(0, f)
 
 
 def _enrich(findings: list[Any], ctx: Any) -> None:
@@ -477,6 +510,8 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
         results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
             nan.found and "first_spike" not in f.values and "first_drift" not in f.values)))]
+        # a clean loss-spike search says no more than the NaN search's "nothing found" (its check is listed)
+        results = [(k, f) for k, f in results if not (k == "loss_spike" and not f.found)]
     ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
                                                        registry.priority(x[1][0], found=x[1][1].found), x[0]))
     findings = [f for _, (_, f) in ranked]
@@ -538,6 +573,7 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
 
     finding = first_divergence_stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc,
                                         alignment=state["alignment"])
+    nothing_compared_first([finding], loaded.failures)
     notes.extend(state.get("notes", []))
     skipped = finding.stats.get("steps_not_searched") or []
     if skipped:

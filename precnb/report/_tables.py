@@ -30,12 +30,6 @@ __all__ = [
 _STATS = ("max", "min", "mean", "norm")
 
 
-def _title(kind: str) -> str:
-    from precnb.analysis.registry import title
-
-    return title(kind)
-
-
 def _checked(kind: str) -> str:
     from precnb.analysis.registry import get
 
@@ -200,7 +194,7 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
     return {
         "kind": kind,
         "found": found,
-        "title": _title(kind),
+        "title": finding.title,  # "Nothing compared" for a pair with no record in common
         "checked": _checked(kind),
         "reason": d.get("reason", ""),
         "where": where,
@@ -296,10 +290,14 @@ def detail_table(data: Any, combined: xr.Dataset | None, finding: Any, *, rows: 
     dict or None
         ``title``, ``columns`` and ``rows`` (lists of :class:`Cell`), ``focus`` row index.
     """
+    from precnb.analysis.findings import shown_record
     from precnb.viz import detail_frame
 
     ds = data.target
-    if finding is not None and finding.found and finding.step is not None and finding.rank is not None:
+    rec = shown_record(finding, [int(r) for r in ds["rank"].values]) if finding is not None else None
+    if rec is not None and rec[2] in ds.indexes["tensor"]:  # the origin record, when the finding has one
+        step, rank, tensor = rec
+    elif finding is not None and finding.found and finding.step is not None and finding.rank is not None:
         step, rank, tensor = int(finding.step), int(finding.rank), finding.tensor
     else:
         if not (ds.sizes["step"] and ds.sizes["rank"]):

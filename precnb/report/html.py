@@ -166,6 +166,8 @@ def render(
     # the checklist has its own section; a clean pre-flight result needs no finding card
     views = [tables.finding_view(f, limit=lim.table_rows) for f in findings if f.found or f is not pre]
     verdict = ("problem" if any(v["found"] for v in views) else "clean") if views else "none"
+    if findings and findings[0].nothing_compared:  # the pipeline puts it first: not a clean result
+        verdict = "nothing"
     anomaly = next((f for f in findings if f.kind == "anomaly"), None)
     ctx = {
         "title": title or (f"{data.names[1]} vs {data.names[0]}" if data.compared else name),

@@ -291,26 +291,29 @@ class Explorer(ExplorerViews, ipw.VBox):
 
     # -- findings -----------------------------------------------------------------------------
     def show_finding(self, f: Any, **_legacy: Any) -> None:
-        """Move the heat maps, line chart and detail table to a Finding."""
-        if not f.found or f.tensor is None or f.step is None or f.rank is None:
+        """Move the heat maps, line chart and detail table to a Finding (its origin record when it has one)."""
+        from precnb.analysis.findings import shown_record
+
+        unmerged = f.kind == "replica_mismatch" and self.data.raw() is not None
+        ds = self._ds(unmerged)
+        rec = shown_record(f, [int(r) for r in ds["rank"].values])
+        if rec is None:
             self.current_finding = f
             self.bar.update()
             self._notify()
             return
-        unmerged = f.kind == "replica_mismatch" and self.data.raw() is not None
-        ds = self._ds(unmerged)
-        tensor = str(f.tensor)
+        step, rank, tensor = rec
         if tensor not in ds.indexes["tensor"]:  # e.g. a computation only the baseline has
             alt_label = f"{tensor} (baseline)"
             tensor = alt_label if alt_label in ds.indexes["tensor"] else tensor
         gr = self.data.row_of(tensor, ds)
         visible = gr is not None and bool(self.data.mask(ds)[ds.indexes["tensor"].get_loc(tensor)])
-        self.filters.show(step=int(f.step), rank=None if unmerged else int(f.rank), group=gr[0] if gr else None,
+        self.filters.show(step=step, rank=None if unmerged else rank, group=gr[0] if gr else None,
                           tensor_visible=visible)
         self.current_finding = f
-        self._apply(Pick(step=int(f.step), rank=int(f.rank), tensor=tensor, row=gr[1] if gr else None,
+        self._apply(Pick(step=step, rank=rank, tensor=tensor, row=gr[1] if gr else None,
                          group=gr[0] if gr else None, unmerged=unmerged))
-        self.refresh(focus={"step": int(f.step), "rank": int(f.rank), "tensor": tensor} if not unmerged else None)
+        self.refresh(focus={"step": step, "rank": rank, "tensor": tensor} if not unmerged else None)
         self.bar.update()
         self._notify()
 
@@ -321,7 +324,8 @@ class Explorer(ExplorerViews, ipw.VBox):
             self.bar.update()
             return
         self.finding = t.finding  # what it opened on (a "nothing found" finding on a clean run)
-        f = next((x for x in t.findings if x.found and x.tensor is not None and x.step is not None), t.finding)
+        f = next((x for x in t.findings if x.found and ((x.tensor is not None and x.step is not None)
+                                                          or (x.values or {}).get("origin"))), t.finding)
         self.show_finding(f)
 
     def findings(self) -> list[Any]:

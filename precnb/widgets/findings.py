@@ -26,12 +26,10 @@ def _v(x: Any) -> str:
 
 def finding_html(f: Any, *, suspects: bool = True) -> str:
     """HTML summary of a :class:`precnb.analysis.Finding` (reason, where, values, hints; suspects as text)."""
-    from precnb.analysis.registry import title
-
     e = html.escape
-    color = "#2a7" if f.kind == "none" else "#b00"
-    out = [f"<div class='precnb-finding'><b style='color:{color}'>{e(title(f.kind))}"
-           f"</b>: {e(f.reason)}"]
+    color = ("#5d6675" if f.nothing_compared else "#2a7") if f.kind == "none" else "#b00"
+    title, _, reason = f.headline.partition(": ")
+    out = [f"<div class='precnb-finding'><b style='color:{color}'>{e(title)}</b>: {e(reason)}"]
     if f.kind != "none":
         rows = [("step", f.step), ("rank", f.rank), ("node", f.node), ("tensor", f.tensor),
                 ("module", f.module)]
@@ -84,14 +82,13 @@ def _error(err: Exception) -> str:
 
 def finding_title(f: Any, index: int | None = None, total: int | None = None) -> str:
     """``"First divergence (1 of 2): Functional.gelu.0.forward at step 1, rank 0 · blocks.0.mlp"``."""
-    from precnb.analysis.registry import title
-
     n = f" ({index + 1} of {total})" if index is not None and total else ""
     if not f.found:
-        return f"{title(f.kind)}{n}: {f.reason}"
+        title, _, reason = f.headline.partition(": ")
+        return f"{title}{n}: {reason}"
     where = f" at step {f.step}, rank {f.rank}" if f.step is not None else ""
     mod = f" · {f.module}" if f.module else ""
-    return f"{title(f.kind)}{n}: {f.node or f.tensor or ''}{where}{mod}"
+    return f"{f.title}{n}: {f.node or f.tensor or ''}{where}{mod}"
 
 
 def suspect_label(s: dict[str, Any]) -> str:
@@ -208,10 +205,9 @@ class FindingPanel(Panel):
                 b.on_click(lambda _b, f=f: self.api.show_finding(f))
                 items.append(b)
             else:
-                from precnb.analysis.registry import title
-
-                items.append(ipw.HTML(f"<span style='font-size:12px'><b>{html.escape(title(f.kind))}</b>: "
-                                      f"{html.escape(f.reason)}</span>"))
+                title, _, reason = f.headline.partition(": ")
+                items.append(ipw.HTML(f"<span style='font-size:12px'><b>{html.escape(title)}</b>: "
+                                      f"{html.escape(reason)}</span>"))
         self.list.children = items
         self.on_select()
 

@@ -35,6 +35,16 @@ CATALOG: dict[str, str] = {
     "drift": "_scn_diagnosis",
     "tensor_bf16": "_scn_tensor",
     "tensor_bug": "_scn_tensor",
+    # issues 28 (faulty device: replica departures followed to a host and device) and 29 (loss spikes)
+    "sdc_clean": "_scn_sdc",
+    "sdc": "_scn_sdc",
+    "sdc_md5": "_scn_sdc",
+    "sdc_rank": "_scn_sdc",
+    "spike_healthy": "_scn_spike",
+    "spike_data": "_scn_spike",
+    "spike_optimizer": "_scn_spike",
+    "spike_hardware": "_scn_spike",
+    "spike_numerics": "_scn_spike",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
