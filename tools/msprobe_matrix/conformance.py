@@ -18,7 +18,9 @@ What "read exactly" means here, per fixture (release x mode) and per rank file (
   text; Max/Min/Mean/Norm exactly equal as float64 (NaN == NaN, ±inf kept; the compare's ``None`` is
   a ``null`` statistic, which precnb marks in ``null_stats``; ``True``/``False`` of bool tensors are
   1.0/0.0); the CRC (``md5`` column) equal in md5 mode; the role (``input``/``output``/``parameter``/
-  ``grad``) the one the section means; and the execution order (``seq``) the compare's row order.
+  ``grad``) the one the section means; and the execution order (``seq``) the compare's row order
+  (:func:`expected_order`: 1.0.1's backward rows are in its file order ``grad_input``, ``grad_output``,
+  precnb's seq puts what a backward consumes, ``grad_output`` = ``.input``, before what it produces).
 - tensors a release writes but its own compare does not read (:data:`COMPARE_DOES_NOT_READ`: 1.2.0's
   compare skips the ``parameters`` section and the ``parameters_grad`` records 1.2.0 writes) are checked
   the same way against the REFERENCE compare's row for the same tensor of the same (bit-identical) training.
@@ -138,6 +140,31 @@ def expected_label(version: str, name: str) -> str:
     if ".backward" in node:
         sec = {"input": "output", "output": "input"}[sec]
     return f"{node}.{sec}{rest}"
+
+
+def expected_order(version: str, rows: list[TruthRow]) -> list[TruthRow]:
+    """The compare's rows in the order precnb's ``seq`` has them (the compare's own order from 1.0.3 on).
+
+    1.0.1's dump (and compare) list a backward record's ``grad_input`` before its ``grad_output``; precnb reads
+    a record's sections in execution order, what the op consumes (``.input`` = ``grad_output``) before what it
+    produces (``.output`` = ``grad_input``), as later releases write them. So for 1.0.1 the rows of each
+    backward record are stably reordered ``.input`` first; record order and order within a section stay.
+    """
+    if version_key(version) >= (1, 0, 3):
+        return rows
+    out: list[TruthRow] = []
+    k = 0
+    while k < len(rows):
+        node = node_of(rows[k].label)
+        j = k
+        while j < len(rows) and node_of(rows[j].label) == node:
+            j += 1
+        group = rows[k:j]
+        if ".backward" in node:
+            group = sorted(group, key=lambda r: r.label[len(node):].startswith(".output"))
+        out.extend(group)
+        k = j
+    return out
 
 
 def expected_role(label: str, node: str) -> str:
@@ -325,7 +352,7 @@ def _check_tree(res: ReadResult, path: Path, truth: dict[tuple[int, int], list[T
         where = f"{prefix}step{step} rank{rank}"
         seen = set()
         order = []
-        for row in rows:
+        for row in expected_order(res.release, rows):
             res.tensors += 1
             seen.add(row.label)
             i = index.get(row.label)
@@ -424,31 +451,60 @@ def _install_text(rec: dict[str, Any]) -> str:
     return f"torch {v['torch']}, numpy {v['numpy']}"
 
 
+def _notes(rec: dict[str, Any]) -> str:
+    """What the release needed beside torch 2.13.0 (pins, shims) and its MindSpore install, if tried."""
+    notes = []
+    pins = rec["install"].get("pins", {}).get("requirements")
+    if pins:
+        notes.append("pins " + ", ".join(f"`{p}`" for p in pins))
+    shims = rec.get("shims", {}).get("names")
+    if shims:
+        notes.append("shim " + ", ".join(f"`{s}`" for s in shims))
+    ms = rec.get("install_ms")
+    if ms is not None:
+        notes.append(f"MindSpore {ms['versions']['mindspore']}" if ms.get("ok") else
+                     "MindSpore not installed: " + (ms.get("error") or "?").strip().splitlines()[-1][:100])
+    return "; ".join(notes) or "—"
+
+
 def readme_table(root: Path = FIXTURES) -> str:
-    """The README's "msprobe releases" table, computed from the committed fixtures (needs precnb)."""
-    lines = ["| release | installs with | read exactly (vs the release's own compare) | `precnb diff` vs 26.2.0 |",
-             "|---|---|---|---|"]
+    """The README's "msprobe releases" table, computed from the committed fixtures (needs precnb).
+
+    Per release: how it installed; the modes whose every tensor precnb reads as the release's own compare
+    does (or what differs); the modes whose ``precnb diff`` against the REFERENCE dump of the same mode is
+    clean (or what it reports); notes (pins, shims, MindSpore).
+    """
+    lines = ["| release | installs with | read exactly (vs the release's own compare) | "
+             f"compared: `precnb diff` vs {REFERENCE} | notes |", "|---|---|---|---|---|"]
     for v in releases(root):
         rec = release_record(v, root)
-        reads, diffs = [], []
+        good, bad, diff_good, diff_bad = [], [], [], []
         for mode, run in rec["runs"].items():
             if not run.get("ok"):
-                reads.append(f"{mode}: run failed")
+                bad.append(f"{mode}: run failed")
                 continue
             if not run.get("truth", {}).get("ok"):
-                reads.append(f"{mode}: compare failed")
+                bad.append(f"{mode}: its compare failed")
                 continue
             r = check_read(v, mode, root)
-            if not r.ok:
-                reads.append(f"{mode}: " + ", ".join(f"{k} {len(x)}" for k, x in sorted(r.problems.items())))
-            if v != REFERENCE and (root / REFERENCE / fixture_name(diff_mode(mode))).is_dir():
+            if r.ok:
+                good.append(mode)
+            else:
+                bad.append(f"{mode}: " + ", ".join(f"{k} {len(x)}" for k, x in sorted(r.problems.items())))
+            if v != REFERENCE and not mode.startswith("ms_") and (root / REFERENCE / fixture_name(mode)).is_dir():
                 d = check_diff(v, mode, root)
-                if not d.ok:
-                    diffs.append(f"{mode}: {d.finding.get('kind')} — {str(d.finding.get('reason', ''))[:90]}")
-        read_text = "✓" if rec["install"].get("ok") and not reads else "; ".join(reads) or "—"
-        diff_text = "(reference)" if v == REFERENCE else ("✓" if rec["install"].get("ok") and not diffs
-                                                          else "; ".join(diffs) or "—")
-        lines.append(f"| {v} | {_install_text(rec)} | {_escape(read_text)} | {_escape(diff_text)} |")
+                if d.ok:
+                    diff_good.append(mode)
+                else:
+                    diff_bad.append(f"{mode}: {d.finding.get('kind')} — {str(d.finding.get('reason', ''))[:90]}")
+        if not rec["install"].get("ok"):
+            read_text = diff_text = "—"
+        else:
+            read_text = "; ".join(([f"✓ {' '.join(good)}"] if good else []) + bad)
+            diff_text = "(reference)" if v == REFERENCE else "; ".join(
+                ([f"✓ {' '.join(diff_good)}"] if diff_good else []) + diff_bad)
+        lines.append(f"| {v} | {_install_text(rec)} | {_escape(read_text)} | {_escape(diff_text)} | "
+                     f"{_escape(_notes(rec))} |")
     return "\n".join(lines)
 
 

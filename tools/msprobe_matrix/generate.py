@@ -71,13 +71,13 @@ STEPS = 2
 _NUMPY = ("its metadata does not bound numpy (1.0.4 on pin numpy<2) and pip takes numpy 2; then `from msprobe.pytorch "
           "import PrecisionDebugger` fails: AttributeError: `np.unicode_` was removed in the NumPy 2.0 release "
           "(msprobe/core/data_dump/data_processor/base.py line 54)")
-_TWISTED = ("Twisted's TLS support needs service_identity (Twisted's `tls` extra), which the release's requirements do "
-            "not list, and msprobe imports it: in 1.0.3 `from msprobe.pytorch import PrecisionDebugger`, in 1.0.4-1.3.0, "
-            "8.1.0-8.1.2 and 8.3.0 the command line (`msprobe -f pytorch compare`; msprobe.py imports run_ut, whose tensor_transport_layer/"
-            "client.py imports twisted.internet.endpoints -> ssl) fail: ModuleNotFoundError: No module named "
-            "'service_identity'")
-_PSUTIL = ("the command line (`msprobe -f pytorch compare`) imports msprobe/nan_analyze/utils.py, which imports psutil; "
-           "8.1.0's requirements do not list it (8.1.1 on do): ModuleNotFoundError: No module named 'psutil'")
+_TWISTED = ("Twisted's TLS support needs service_identity (Twisted's `tls` extra), which the release's requirements "
+            "do not list, and msprobe imports it: in 1.0.3 `from msprobe.pytorch import PrecisionDebugger`, in "
+            "1.0.4-1.3.0, 8.1.0-8.1.2 and 8.3.0 the command line (`msprobe -f pytorch compare`; msprobe.py imports "
+            "run_ut, whose tensor_transport_layer/client.py imports twisted.internet.endpoints -> ssl) fail: "
+            "ModuleNotFoundError: No module named 'service_identity'")
+_PSUTIL = ("the command line (`msprobe -f pytorch compare`) imports msprobe/nan_analyze/utils.py, which imports "
+           "psutil; 8.1.0's requirements do not list it (8.1.1 on do): ModuleNotFoundError: No module named 'psutil'")
 PINS: dict[str, tuple[tuple[str, ...], str]] = {
     "1.0.1": (("numpy<2",), _NUMPY),
     "1.0.3": (("numpy<2", "service_identity"), _NUMPY + "; " + _TWISTED),
