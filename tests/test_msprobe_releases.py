@@ -225,3 +225,22 @@ def test_1_0_1_backward_sections_mean_what_later_releases_write() -> None:
             assert olds == news, (node, old_key, new_key)
             checked += len(olds)
     assert checked >= 4
+
+
+def test_release_fits() -> None:
+    """precnb's release text is a single release, a range of consecutive releases, or a list."""
+    assert cf.release_fits("8.2.0", "8.1.0–8.3.3") and not cf.release_fits("26.0.0", "8.1.0–8.3.3")
+    assert cf.release_fits("26.1.0.post1", "26.1.0–26.2.0") and not cf.release_fits("26.0.0", "26.1.0–26.2.0")
+    assert cf.release_fits("1.0.1", "1.0.1") and cf.release_fits("8.1.0", "1.0.1, 8.1.0")
+    assert not cf.release_fits("1.0.3", "1.0.1, 8.1.0") and cf.release_fits("1.0.3", "")
+
+
+def test_1_0_1_expected_order_puts_a_backward_input_first() -> None:
+    """1.0.1's compare lists grad_input (-> .output) before grad_output (-> .input); precnb's seq the other way."""
+    rows = [cf.TruthRow(n, cf.expected_label("1.0.1", n), "torch.float32", "[1]") for n in (
+        "Module.fc2.Linear.forward.0_input.0", "Module.fc2.Linear.forward.0_output.0",
+        "Module.fc2.Linear.backward.0_input.0", "Module.fc2.Linear.backward.0_output.0")]
+    assert [r.label for r in cf.expected_order("1.0.1", rows)] == [
+        "Module.fc2.Linear.forward.0.input.0", "Module.fc2.Linear.forward.0.output.0",
+        "Module.fc2.Linear.backward.0.input.0", "Module.fc2.Linear.backward.0.output.0"]
+    assert cf.expected_order("26.2.0", rows) == rows

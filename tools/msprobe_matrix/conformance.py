@@ -24,6 +24,8 @@ What "read exactly" means here, per fixture (release x mode) and per rank file (
 - tensors a release writes but its own compare does not read (:data:`COMPARE_DOES_NOT_READ`: 1.2.0's
   compare skips the ``parameters`` section and the ``parameters_grad`` records 1.2.0 writes) are checked
   the same way against the REFERENCE compare's row for the same tensor of the same (bit-identical) training.
+- nothing is in ``load_report(ds).unread`` or skipped, and ``attrs["msprobe_release"]`` (the releases the
+  dump's own evidence allows) includes the release that wrote it (:func:`release_fits`).
 - not checked: ``requires_grad`` (precnb keeps it for parameters only, in a side table).
 """
 
@@ -329,6 +331,20 @@ class _Entries:
                 res.add("crc", f"{label} ({where}): {got_crc!r} vs {against} {row.md5!r}")
 
 
+def release_fits(version: str, said: str) -> bool:
+    """Whether precnb's ``attrs["msprobe_release"]`` allows *version*.
+
+    The text is ``"8.1.0"``, ``"8.1.0–8.3.3"`` (consecutive releases), ``"1.0.1, 8.1.0"`` or ``""`` (no
+    evidence either way: every release).
+    """
+    if not said:
+        return True
+    if "–" in said:
+        lo, hi = said.split("–")
+        return version_key(lo) <= version_key(version) <= version_key(hi)
+    return version in [p.strip() for p in said.split(",")]
+
+
 def _check_tree(res: ReadResult, path: Path, truth: dict[tuple[int, int], list[TruthRow]], tree: str,
                 unread: tuple[str, ...], ref: dict[tuple[int, int], dict[str, TruthRow]]) -> None:
     import numpy as np
@@ -336,8 +352,14 @@ def _check_tree(res: ReadResult, path: Path, truth: dict[tuple[int, int], list[T
     import precnb
 
     ds = precnb.open_run(path, workers=1, progress=False)
-    for s in precnb.load_report(ds).skipped:
+    report = precnb.load_report(ds)
+    for s in report.skipped:
         res.add("file skipped", str(s))
+    for u in report.unread:
+        res.add("unread", " / ".join(map(str, u)))
+    said = str(ds.attrs.get("msprobe_release", ""))
+    if not release_fits(res.release, said):
+        res.add("release", f"precnb says the dump is from {said!r} ({ds.attrs.get('msprobe_release_evidence')})")
     labels = [str(t) for t in ds["tensor"].values]
     index = {t: i for i, t in enumerate(labels)}
     roles = [str(r) for r in ds["role"].values]
