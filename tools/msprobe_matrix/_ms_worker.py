@@ -13,7 +13,8 @@ whole network one graph), ``steps`` and ``result``.
 The model mirrors ``_pt_worker.py``'s: ``fc1`` (Dense 6->8, no bias), ``+ 0.5``, ``act`` (ReLU), ``fc2``
 (Dense 8->4), ``masked_fill(mask, -inf)`` (Infinity literals) and ``logits - logits`` (NaN literals,
 not in the loss); cross-entropy; weights and batches from numpy with fixed seeds. CPU workarounds
-(MindSpore 2.10, as ``tools/samples/precnb_samples/_ms_port_worker.py``): ``mint.norm`` (its
+(MindSpore 2.10, taken from ``tools/samples/precnb_samples``: ``_ms_port_worker._patch_norm``,
+``_ms_model.adamw_numpy``): ``mint.norm`` (its
 LinalgVectorNorm kernel is not registered on CPU, and msprobe's statistics call it) is replaced by
 ``sqrt(sum(x*x))`` before msprobe is imported; MindSpore's AdamW fails on CPU under msprobe, so the
 AdamW update is written out in numpy and runs after ``debugger.stop()`` (no optimizer records).
@@ -22,22 +23,13 @@ AdamW update is written out in numpy and runs after ``debugger.stop()`` (no opti
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from importlib import metadata
 from pathlib import Path
 
-
-def _patch_norm() -> None:
-    from mindspore import mint, ops
-
-    def norm(x, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if args or kwargs:
-            raise NotImplementedError("only the default 2-norm of the whole tensor is patched")
-        return ops.sqrt(ops.square(x).sum())
-
-    mint.norm = norm
+#: the samples generator's MindSpore helpers (the same CPU workarounds): tools/samples/precnb_samples
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
 
 
 def _build(ms, graph: str):  # type: ignore[no-untyped-def]
@@ -83,24 +75,6 @@ def _build(ms, graph: str):  # type: ignore[no-untyped-def]
     return net, batches, Tensor(mask_np)
 
 
-def _adamw(params, grads, state, step, lr=0.05, wd=0.01, b1=0.9, b2=0.999, eps=1e-8):  # type: ignore[no-untyped-def]
-    import numpy as np
-    from mindspore import Tensor
-
-    for p, g in zip(params, grads, strict=True):
-        w = p.asnumpy().astype(np.float32)
-        g = g.asnumpy().astype(np.float32)
-        m = state.setdefault(f"m.{p.name}", np.zeros_like(w))
-        v = state.setdefault(f"v.{p.name}", np.zeros_like(w))
-        w *= np.float32(1 - lr * wd)
-        m += (g - m) * np.float32(1 - b1)
-        v *= np.float32(b2)
-        v += np.float32(1 - b2) * g * g
-        denom = np.sqrt(v) / np.float32(math.sqrt(1 - b2 ** step)) + np.float32(eps)
-        w -= np.float32(lr / (1 - b1 ** step)) * m / denom
-        p.set_data(Tensor(w))
-
-
 def main(spec_path: str) -> int:
     """Run the job described by *spec_path*; write its result JSON."""
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
@@ -114,8 +88,11 @@ def main(spec_path: str) -> int:
     else:
         ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
     ms.set_seed(0)
+    from precnb_samples._ms_port_worker import _patch_norm
+
     _patch_norm()
     from msprobe.mindspore import PrecisionDebugger
+    from precnb_samples._ms_model import adamw_numpy
 
     net, batches, mask = _build(ms, graph)
     params = net.trainable_params()
@@ -132,7 +109,7 @@ def main(spec_path: str) -> int:
         debugger.start(model=net) if graph != "graph" else debugger.start()
         loss, grads = grad_fn(x, y)
         debugger.stop()
-        _adamw(params, list(grads), state, step + 1)
+        adamw_numpy(params, list(grads), state, step + 1, lr=0.05, weight_decay=0.01)
         debugger.step()
         losses.append(float(loss.asnumpy()))
     result = {"ranks": {"0": {"losses": losses, "attach": "start(model=net)", "pid": os.getpid()}},
