@@ -106,7 +106,7 @@ def main(spec_path: str) -> int:
     losses = []
     for step in range(int(spec["steps"])):
         x, y = batches[step]
-        debugger.start(model=net) if graph != "graph" else debugger.start()
+        debugger.start(model=net)  # GRAPH_MODE too: without the model msprobe 26.2.0 refuses ("The model is empty")
         loss, grads = grad_fn(x, y)
         debugger.stop()
         adamw_numpy(params, list(grads), state, step + 1, lr=0.05, weight_decay=0.01)

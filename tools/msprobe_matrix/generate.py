@@ -234,7 +234,8 @@ def generate(version: str, out: Path, modes: list[str]) -> dict[str, Any]:
         record["runs"].pop(mode, None)
     if version in SHIMS:
         record["shims"] = {"names": list(SHIMS[version][0]), "why": SHIMS[version][1]}
-    scratch = Path(tempfile.mkdtemp(prefix=f"msprobe-matrix-{version}-"))
+    # no '.' in the scratch path: MindSpore's graph dump accepts only letters, digits, '-', '_' and '/' in a dump path
+    scratch = Path(tempfile.mkdtemp(prefix=f"msprobe-matrix-{version.replace('.', '_')}-"))
     isolate = _unshare_ok()
     for framework, key, wanted in (("pytorch", "install", [m for m in modes if m in MODES]),
                                    ("mindspore", "install_ms", [m for m in modes if m in MS_MODES])):
