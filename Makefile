@@ -109,7 +109,7 @@ MATRIX_VENVS ?= /work/venvs
 msprobe-matrix: install
 	MSPROBE_MATRIX_VENVS=$(MATRIX_VENVS) python3 tools/msprobe_matrix/generate.py --out $(MATRIX_OUT) \
 	    $(if $(ONLY),--only $(ONLY))
-	$(PY) tools/msprobe_matrix/generate.py --out $(MATRIX_OUT) --table
+	$(PY) tools/msprobe_matrix/generate.py --out $(MATRIX_OUT) --table --readme README.md
 
 # MSPROBE=/path/to/msprobe: the msprobe executable for the side-by-side rows (default: beside $(PY), else PATH;
 # e.g. the generator's venv). make test runs every script at a tiny size (tests/test_benchmarks_smoke.py).

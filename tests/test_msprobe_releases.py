@@ -247,3 +247,14 @@ def test_1_0_1_expected_order_puts_a_backward_input_first() -> None:
         "Module.fc2.Linear.forward.0.input.0", "Module.fc2.Linear.forward.0.output.0",
         "Module.fc2.Linear.backward.0.input.0", "Module.fc2.Linear.backward.0.output.0"]
     assert cf.expected_order("26.2.0", rows) == rows
+
+
+def test_put_table_replaces_only_what_is_between_the_markers(tmp_path: Path) -> None:
+    """``generate.py --table --readme`` keeps the README around the table; without markers it stops."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{gen.TABLE_START}\nold\n{gen.TABLE_END}\nafter\n", encoding="utf-8")
+    gen.put_table(readme, "| a |\n|---|")
+    assert readme.read_text(encoding="utf-8") == f"intro\n{gen.TABLE_START}\n| a |\n|---|\n{gen.TABLE_END}\nafter\n"
+    readme.write_text("no markers\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="markers are missing"):
+        gen.put_table(readme, "| a |")
