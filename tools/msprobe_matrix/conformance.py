@@ -473,6 +473,13 @@ def _install_text(rec: dict[str, Any]) -> str:
     return f"torch {v['torch']}, numpy {v['numpy']}"
 
 
+def _error_line(text: str) -> str:
+    """The exception line of a traceback (the last ``...Error: ...``/``...Exception: ...``), else its last line."""
+    lines = text.strip().splitlines() or ["?"]
+    found = [ln.strip() for ln in lines if re.match(r"^\s*[\w.]*(?:Error|Exception)\b", ln)]
+    return found[-1] if found else lines[-1].strip()
+
+
 def _notes(rec: dict[str, Any]) -> str:
     """What the release needed beside torch 2.13.0 (pins, shims) and its MindSpore install, if tried."""
     notes = []
@@ -484,7 +491,7 @@ def _notes(rec: dict[str, Any]) -> str:
         notes.append("shim " + ", ".join(f"`{s}`" for s in shims))
     ms = rec.get("install_ms")
     if ms is not None:
-        notes.append(f"MindSpore {ms['versions']['mindspore']}" if ms.get("ok") else
+        notes.append(f"MindSpore {ms['versions']['mindspore']} installed" if ms.get("ok") else
                      "MindSpore not installed: " + (ms.get("error") or "?").strip().splitlines()[-1][:100])
     return "; ".join(notes) or "—"
 
@@ -501,9 +508,10 @@ def readme_table(root: Path = FIXTURES) -> str:
     for v in releases(root):
         rec = release_record(v, root)
         good, bad, diff_good, diff_bad = [], [], [], []
+        failed: dict[str, list[str]] = {}  # the last line of a failed run's error -> its modes
         for mode, run in rec["runs"].items():
             if not run.get("ok"):
-                bad.append(f"{mode}: run failed")
+                failed.setdefault(_error_line(run.get("error") or "?")[:110], []).append(mode)
                 continue
             if not run.get("truth", {}).get("ok"):
                 bad.append(f"{mode}: its compare failed")
@@ -519,6 +527,7 @@ def readme_table(root: Path = FIXTURES) -> str:
                     diff_good.append(mode)
                 else:
                     diff_bad.append(f"{mode}: {d.finding.get('kind')} — {str(d.finding.get('reason', ''))[:90]}")
+        bad += [f"{' '.join(modes)}: no dump ({why})" for why, modes in failed.items()]
         if not rec["install"].get("ok"):
             read_text = diff_text = "—"
         else:
