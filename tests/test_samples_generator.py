@@ -46,6 +46,9 @@ NAMES = (
     "drift",
     "tensor_bf16",
     "tensor_bug",
+    # issue 26
+    "rank_shift",
+    "tp_noise",
 )
 TENSOR_NAMES = ("tensor_bf16", "tensor_bug")
 STATS = ("Max", "Min", "Mean", "Norm")

@@ -35,6 +35,9 @@ CATALOG: dict[str, str] = {
     "drift": "_scn_diagnosis",
     "tensor_bf16": "_scn_tensor",
     "tensor_bug": "_scn_tensor",
+    # issue 26: per-rank metadata (call counters shift on one rank), a per-rank-seeded op under a TP merge
+    "rank_shift": "_scn_rank_meta",
+    "tp_noise": "_scn_rank_meta",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)
