@@ -9,9 +9,23 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.schema import TENSOR_COORDS, dtype_changes, encode_dtype_changes, side_table, side_text, validate
+from precnb.schema import (
+    ENTRY_CHANGE_ATTRS,
+    META_FIELDS,
+    TENSOR_COORDS,
+    dtype_changes,
+    encode_dtype_changes,
+    encode_meta_changes,
+    encode_stack_changes,
+    meta_changes,
+    side_table,
+    side_text,
+    stack_changes,
+    validate,
+)
 
-__all__ = ["FILL_VALUES", "combine_runs", "concat_steps", "rebase_dtype_changes", "reindex_tensors", "select_run"]
+__all__ = ["FILL_VALUES", "combine_runs", "concat_steps", "rebase_dtype_changes", "rebase_meta_changes",
+           "reindex_tensors", "select_run"]
 
 FILL_VALUES: dict[str, Any] = {
     "present": False,
@@ -181,9 +195,11 @@ def concat_steps(parts: list[xr.Dataset]) -> xr.Dataset:
     for ds in parts:
         for t, where in rebase_dtype_changes(ds, final).items():
             changes.setdefault(t, {}).update(where)
-    attrs.pop("dtype_changes", None)
+    for name in ENTRY_CHANGE_ATTRS:
+        attrs.pop(name, None)
     if changes:
         attrs["dtype_changes"] = encode_dtype_changes(changes)
+    attrs.update(_joined_entry_meta(parts, labels, coords, attrs["stacks"]))
     attrs.update(_merged_facts(parts))
     if "load_report" in attrs:
         report: dict[str, list[Any]] = {"read": [], "skipped": [], "warnings": []}
@@ -249,19 +265,102 @@ def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
     aligned = _align(dsets, labels, coords, step=steps, rank=ranks)
     out = xr.concat(aligned, dim=xr.DataArray(np.asarray(names, dtype=object), dims="run", name="run"),
                     data_vars="all", coords="minimal", compat="override", join="exact")
-    attrs = {k: v for k, v in dsets[0].attrs.items() if k != "dtype_changes"}  # per run: in run_attrs
+    attrs = {k: v for k, v in dsets[0].attrs.items() if k not in ENTRY_CHANGE_ATTRS}  # per run: in run_attrs
     attrs.update(_merged_side_tables(dsets))
     final = dict(zip(labels, coords["dtype"].tolist(), strict=True))
     run_attrs = {}
     for n, ds in zip(names, dsets, strict=True):
-        own = {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks", "dtype_changes")}
+        own = {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks", *ENTRY_CHANGE_ATTRS)}
+        for side in ("construct", "stacks"):  # a run's own side table where the merged one is not it
+            if ds.attrs.get(side) and ds.attrs.get(side) != attrs.get(side) and side_table(ds, side):
+                own[side] = ds.attrs[side]
         changes = rebase_dtype_changes(ds, final)  # relative to the combined dtype coordinate
         if changes:
             own["dtype_changes"] = encode_dtype_changes(changes)
+        own.update(_joined_entry_meta([ds], labels, coords, own.get("stacks", attrs["stacks"])))
         run_attrs[n] = own
     attrs["run_attrs"] = json.dumps(run_attrs)
     out.attrs = attrs
     return validate(out)
+
+
+def _rebase(ds: xr.Dataset, own: dict[str, dict[tuple[int, int], str]], name: str,
+            coord: dict[str, Any]) -> dict[str, dict[tuple[int, int], str]]:
+    """*own* (tensor → {(step, rank): value} for coordinate *name*) relative to another coordinate *coord*."""
+    labels = [str(t) for t in ds["tensor"].values]
+    mine = ds[name].values
+    out: dict[str, dict[tuple[int, int], str]] = {}
+    steps = [int(x) for x in ds["step"].values]
+    ranks = [int(x) for x in ds["rank"].values]
+    present = None
+    for j, lbl in enumerate(labels):
+        base = coord.get(lbl) or ""
+        here = str(mine[j] or "")
+        if here == base or not here or not base:
+            kept = {k: d for k, d in own.get(lbl, {}).items() if d != base}
+        else:  # every recorded entry without its own exception has this part's value
+            if present is None:
+                present = np.asarray(ds["present"].values)
+            kept = {(steps[a], ranks[b]): here for a, b in np.argwhere(present[:, :, j]).tolist()}
+            kept.update(own.get(lbl, {}))
+            kept = {k: d for k, d in kept.items() if d != base}
+        if kept:
+            out[lbl] = kept
+    return out
+
+
+def rebase_meta_changes(ds: xr.Dataset, coords: Mapping[str, dict[str, Any]]
+                        ) -> dict[str, dict[str, dict[tuple[int, int], str]]]:
+    """*ds*'s per-entry ``module`` / ``parent`` / ``shape`` exceptions relative to other coordinates.
+
+    As :func:`rebase_dtype_changes`, for each of :data:`precnb.schema.META_FIELDS` (*coords*:
+    field → tensor → the joined dataset's coordinate).
+    """
+    own = meta_changes(ds)
+    out = {}
+    for f in META_FIELDS:
+        if f in ds.coords and f in coords:
+            moved = _rebase(ds, own.get(f, {}), f, coords[f])
+            if moved:
+                out[f] = moved
+    return out
+
+
+def _joined_entry_meta(parts: list[xr.Dataset], labels: list[str], coords: dict[str, np.ndarray],
+                       stacks_text: str) -> dict[str, str]:
+    """``meta_changes`` / ``stack_changes`` of *parts* joined into one dataset (its coordinates and stacks)."""
+    final: dict[str, dict[str, Any]] = {f: dict(zip(labels, coords[f].tolist(), strict=True))
+                                        for f in META_FIELDS if f in coords}
+    meta: dict[str, dict[str, dict[tuple[int, int], str]]] = {}
+    for ds in parts:
+        for f, by_tensor in rebase_meta_changes(ds, final).items():
+            for t, where in by_tensor.items():
+                meta.setdefault(f, {}).setdefault(t, {}).update(where)
+    stacks: dict[str, dict[tuple[int, int], list[str]]] = {}
+    joined = json.loads(stacks_text) if len(parts) > 1 else None
+    for k, ds in enumerate(parts):
+        for node, frames_at in stack_changes(ds).items():
+            stacks.setdefault(node, {}).update(frames_at)
+        if joined is None or k == 0 or ds.attrs.get("stacks") == stacks_text:
+            continue
+        nodes, present = ds["node"].values, None
+        for node, frames in side_table(ds, "stacks").items():  # frames this part records otherwise
+            if joined.get(node, frames) == frames:
+                continue
+            cols = np.flatnonzero(nodes == node)
+            if not len(cols):
+                continue
+            if present is None:
+                present = np.asarray(ds["present"].values)
+            for a, b in np.argwhere(present[:, :, cols].any(axis=2)).tolist():
+                key = (int(ds["step"].values[a]), int(ds["rank"].values[b]))
+                stacks.setdefault(node, {}).setdefault(key, list(frames))
+    out = {}
+    if meta:
+        out["meta_changes"] = encode_meta_changes(meta)
+    if stacks:
+        out["stack_changes"] = encode_stack_changes(stacks)
+    return out
 
 
 def rebase_dtype_changes(ds: xr.Dataset, coord: dict[str, Any]) -> dict[str, dict[tuple[int, int], str]]:
@@ -283,27 +382,7 @@ def rebase_dtype_changes(ds: xr.Dataset, coord: dict[str, Any]) -> dict[str, dic
     dict
         tensor → {(step, rank): dtype}, as :func:`precnb.schema.dtype_changes`.
     """
-    own = dtype_changes(ds)
-    labels = [str(t) for t in ds["tensor"].values]
-    mine = ds["dtype"].values
-    out: dict[str, dict[tuple[int, int], str]] = {}
-    steps = [int(x) for x in ds["step"].values]
-    ranks = [int(x) for x in ds["rank"].values]
-    present = None
-    for j, lbl in enumerate(labels):
-        base = coord.get(lbl) or ""
-        here = str(mine[j] or "")
-        if here == base or not here or not base:
-            kept = {k: d for k, d in own.get(lbl, {}).items() if d != base}
-        else:  # every recorded entry without its own exception has this part's dtype
-            if present is None:
-                present = np.asarray(ds["present"].values)
-            kept = {(steps[a], ranks[b]): here for a, b in np.argwhere(present[:, :, j]).tolist()}
-            kept.update(own.get(lbl, {}))
-            kept = {k: d for k, d in kept.items() if d != base}
-        if kept:
-            out[lbl] = kept
-    return out
+    return _rebase(ds, dtype_changes(ds), "dtype", coord)
 
 
 def select_run(ds: xr.Dataset, name: str) -> xr.Dataset:
@@ -318,8 +397,9 @@ def select_run(ds: xr.Dataset, name: str) -> xr.Dataset:
     Returns
     -------
     xarray.Dataset
-        Without the ``run`` dimension; run-specific attributes (``dtype_changes``, ``source``,
-        the load report) are those of *name*; side tables stay merged.
+        Without the ``run`` dimension; run-specific attributes (``dtype_changes``, ``meta_changes``,
+        ``stack_changes``, ``source``, the load report) are those of *name*; side tables are its own
+        where they differ from the merged ones.
 
     Examples
     --------
@@ -332,7 +412,7 @@ def select_run(ds: xr.Dataset, name: str) -> xr.Dataset:
     raw = ds.attrs.get("run_attrs")
     own = (json.loads(raw) if isinstance(raw, str) else raw or {}).get(str(name)) if raw else None
     if own is not None:
-        attrs = {k: v for k, v in ds.attrs.items() if k not in ("run_attrs", "dtype_changes")}
+        attrs = {k: v for k, v in ds.attrs.items() if k not in ("run_attrs", *ENTRY_CHANGE_ATTRS)}
         attrs.update(own)
         out.attrs = attrs
     return out

@@ -35,6 +35,7 @@ import xarray as xr
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.nan_origin import event_mask, lazy_persistence
+from precnb.schema import entry_meta
 
 __all__ = ["SpikeRule", "anomalies", "anomaly_table"]
 
@@ -308,10 +309,13 @@ def anomalies(
         n0 = nf.iloc[0]
         hints.append(f"first non-finite value: step {int(n0['step'])}, rank {int(n0['rank'])}, {n0['tensor']}")
     suspects = [_row(r) for r in rows[1: limit + 1]]
+    module = first["module"] if first["type"] == "drift" else (
+        entry_meta(ds, first["tensor"], first["step"], first["rank"])["module"] or first["module"])
     return Finding(kind="anomaly", reason=reason, step=first["step"], rank=first["rank"],
-                   node=first["node"], tensor=first["tensor"], module=first["module"] or None,
+                   node=first["node"], tensor=first["tensor"], module=module or None,
                    values=values, hints=hints, suspects=suspects,
-                   evidence={**node_evidence(ds, first["node"]), **({"trend": trend_ev} if trend_ev else {})},
+                   evidence={**node_evidence(ds, first["node"], step=first["step"], rank=first["rank"],
+                                             tensor=first["tensor"]), **({"trend": trend_ev} if trend_ev else {})},
                    stats=stats)
 
 

@@ -11,7 +11,7 @@ import xarray as xr
 from precnb.analysis.tolerance import Tolerance, relative_difference
 from precnb.combine import combine_runs, select_run
 from precnb.naming import canonical_dtype
-from precnb.schema import dtype_changes, encode_dtype_changes
+from precnb.schema import dtype_changes, shift_entry_changes
 
 __all__ = ["Comparison", "align_steps", "compare_runs", "default_step_offset", "entry_dtype_differences",
            "split_runs"]
@@ -298,9 +298,7 @@ def compare_runs(
     off = align_steps(b, t, step_offset)
     if off:
         t = t.assign_coords(step=t["step"] - off)
-        moved = {k: {(st - off, r): d for (st, r), d in w.items()} for k, w in dtype_changes(t).items()}
-        if moved:
-            t.attrs = {**t.attrs, "dtype_changes": encode_dtype_changes(moved)}
+        t.attrs = shift_entry_changes(t.attrs, off)  # per-entry dtypes and metadata follow their steps
     common_steps = sorted(set(b["step"].values.tolist()) & set(t["step"].values.tolist()))
     common_ranks = sorted(set(b["rank"].values.tolist()) & set(t["rank"].values.tolist()))
     if steps is not None:

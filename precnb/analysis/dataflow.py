@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.naming import parse_node
-from precnb.schema import side_table
+from precnb.schema import META_FIELDS, dtype_changes, entry_meta, meta_changes, side_table
 
 __all__ = ["StepFlow", "module_of_node", "to_backward", "to_forward", "user_frame"]
 
@@ -105,8 +105,16 @@ class StepFlow:
         return np.full(len(self.labels), -1, np.int64)
 
     def coord(self, name: str) -> np.ndarray:
-        """A per-tensor coordinate as a str array."""
-        return np.asarray([str(x) for x in self.ds[name].values])
+        """A per-tensor coordinate as a str array, as this (step, rank) recorded it (:func:`entry_meta`)."""
+        out = np.asarray([str(x) for x in self.ds[name].values])
+        if name in META_FIELDS or name == "dtype":
+            attr = "dtype_changes" if name == "dtype" else "meta_changes"
+            if self.ds.attrs.get(attr):
+                labels = [t for t in (meta_changes(self.ds).get(name, {}) if name != "dtype"
+                                      else dtype_changes(self.ds)) if t in self.index]
+                for t in labels:
+                    out[self.index[t]] = entry_meta(self.ds, t, self.step, self.rank)[name]
+        return out
 
     @cached_property
     def nodes(self) -> np.ndarray:

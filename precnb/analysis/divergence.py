@@ -22,7 +22,7 @@ from precnb.analysis.hints import (
 from precnb.analysis.order import first_event_per_rank, pick_origin
 from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.tolerance import Tolerance
-from precnb.schema import entry_dtype
+from precnb.schema import entry_dtype, entry_meta
 
 __all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "searched_differences",
            "structural_differences", "two_frameworks"]
@@ -247,7 +247,8 @@ def first_divergence(
     tensor = origin.tensor
     j = list(ds["tensor"].values).index(tensor)
     role = str(b["role"].values[j])
-    module = str(b["module"].values[j]) or None
+    own_meta = entry_meta(cmp.targ, tensor, step, r)  # the target rank's own (a label may name another op elsewhere)
+    module = own_meta["module"] or str(b["module"].values[j]) or None
     vb = entry_values(cmp.base, step=step, rank=r, tensor=tensor)
     vt = entry_values(cmp.targ, step=step, rank=r, tensor=tensor)
     values: dict[str, Any] = {names[0]: vb, names[1]: vt, "rel_diff": float(cmp.rel.values[si, ri, j]),
@@ -305,12 +306,12 @@ def first_divergence(
                          "rel_diff": float(cmp.rel.values[si, ri, k])})
         if len(seen) > 6:
             break
-    evidence = node_evidence(cmp.targ, origin.node) or {}  # the target's own stack and module tree
+    evidence = node_evidence(cmp.targ, origin.node, step=step, rank=r, tensor=tensor) or {}  # the target's own
     if j_api is not None:
         evidence["first_api_node"] = str(b["node"].values[j_api])
     # the first differing module: the innermost module around the first differing API, and the
     # first Module record (msprobe writes a module's record when it completes) that differs
-    parent = str(b["parent"].values[j]) if str(b["kind"].values[j]) == "api" else origin.node
+    parent = (own_meta["parent"] or str(b["parent"].values[j])) if str(b["kind"].values[j]) == "api" else origin.node
     evidence["first_module"] = module or ""
     evidence["first_module_node"] = parent
     if j_mod is not None:
@@ -344,7 +345,7 @@ def first_divergence(
         evidence["first_value_difference"] = {"step": step, "rank": r, "node": origin.node, "tensor": tensor,
                                               "reason": reason}
         evidence.update({k: v for k, v in node_evidence(cmp.base if x["only_in"] == names[0] else cmp.targ,
-                                                        x["node"]).items()})
+                                                        x["node"], step=x["step"], rank=x["rank"]).items()})
         missing = names[1] if x["only_in"] == names[0] else names[0]
         reason = (f"{x['node']} runs in {x['only_in']} but not in {missing} (step {x['step']}, rank {x['rank']}), "
                   f"before the first value difference ({origin.node}, step {step}, rank {r})")

@@ -39,7 +39,16 @@ import xarray as xr
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.pp import relabel_pipeline
 from precnb.naming import is_communication
-from precnb.schema import NULL_BITS, dtype_changes, encode_dtype_changes, validate
+from precnb.schema import (
+    NULL_BITS,
+    dtype_changes,
+    encode_dtype_changes,
+    encode_meta_changes,
+    encode_stack_changes,
+    meta_changes,
+    stack_changes,
+    validate,
+)
 
 __all__ = ["classify_shards", "merge_group_dim", "merge_shards"]
 
@@ -351,10 +360,15 @@ def merge_group_dim(
     coords = {k: v for k, v in ds.coords.items() if k != "rank" and "rank" not in v.dims}
     out = xr.Dataset(data, coords={**coords, "rank": np.asarray(new_ranks, np.int64)}, attrs=dict(ds.attrs))
     changes = dtype_changes(ds)
+    rep = {ranks[g[0]]: new for g, new in zip(idx, new_ranks, strict=True)}
     if changes:  # entries take the group's first rank's values: so do their dtypes
-        rep = {ranks[g[0]]: new for g, new in zip(idx, new_ranks, strict=True)}
         moved = {t: {(s, rep[r]): d for (s, r), d in where.items() if r in rep} for t, where in changes.items()}
         out.attrs["dtype_changes"] = encode_dtype_changes({t: w for t, w in moved.items() if w})
+    for name, text in _first_rank_meta(ds, rep, kinds).items():
+        if text:
+            out.attrs[name] = text
+        else:
+            out.attrs.pop(name, None)
     prev_kind = out.coords.get(f"shard_kind_{dim}")
     del prev_kind
     out = out.assign_coords({f"shard_kind_{dim}": ("tensor", kinds.astype(object)),
@@ -369,6 +383,26 @@ def merge_group_dim(
         out = out.assign_coords(shape=("tensor", shapes))
     out = out.sortby("rank")
     return out, new_layout
+
+
+def _first_rank_meta(ds: xr.Dataset, rep: dict[int, int], kinds: np.ndarray) -> dict[str, Any]:
+    """``meta_changes`` / ``stack_changes`` of the merged entries: the group's first rank's, on the new ranks.
+
+    A sharded tensor's merged shape is the whole tensor's, not a shard's: its shape exceptions are dropped.
+    """
+    out: dict[str, Any] = {"meta_changes": "", "stack_changes": ""}
+    sharded = {str(t) for t, k in zip(ds["tensor"].values, kinds, strict=True) if k == "sharded"}
+    meta = {f: {t: {(s, rep[r]): v for (s, r), v in where.items() if r in rep}
+                for t, where in by_tensor.items() if not (f == "shape" and t in sharded)}
+            for f, by_tensor in meta_changes(ds).items()}
+    meta = {f: {t: w for t, w in by_tensor.items() if w} for f, by_tensor in meta.items()}
+    if any(meta.values()):
+        out["meta_changes"] = encode_meta_changes({f: bt for f, bt in meta.items() if bt})
+    stacks = {n: {(s, rep[r]): fr for (s, r), fr in where.items() if r in rep}
+              for n, where in stack_changes(ds).items()}
+    if any(stacks.values()):
+        out["stack_changes"] = encode_stack_changes({n: w for n, w in stacks.items() if w})
+    return out
 
 
 def merge_shards(

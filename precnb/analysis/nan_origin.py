@@ -28,6 +28,7 @@ from precnb.analysis.findings import Finding
 from precnb.analysis.masks import nonfinite
 from precnb.analysis.order import first_event_per_rank, pick_origin
 from precnb.combine import select_run
+from precnb.schema import entry_meta
 
 __all__ = ["MASKING_APIS", "event_mask", "lazy_persistence", "nan_origin", "persistent_nonfinite"]
 
@@ -297,12 +298,13 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
         reason = (f"first {what} at step {step}, rank {origin.rank}: {node} — "
                   + (f"the gradient of {gap['gradient_of']} " if gap.get("gradient_of") else "its input ")
                   + f"came from an op msprobe did not capture inside {gap.get('module') or 'the model'}")
-    evidence = node_evidence(ds, node)
+    evidence = node_evidence(ds, node, step=step, rank=origin.rank, tensor=origin.tensor)
     evidence["ranks_with_events"] = [p.rank for p in per_rank]
     evidence["benign_nodes"] = benign_nodes[:50]
-    module = (gap.get("module") if gap else None) or str(ds["module"].values[j]) or None
+    own_module = entry_meta(ds, origin.tensor, step, origin.rank)["module"]  # that rank's own
+    module = (gap.get("module") if gap else None) or own_module or None
     if gap is not None:
-        evidence["node_module"] = str(ds["module"].values[j])
+        evidence["node_module"] = own_module
     return Finding(kind="nan_origin", reason=reason, step=step, rank=origin.rank, node=node,
                    tensor=origin.tensor, module=module, values=values,
                    hints=hints, suspects=suspects, evidence=evidence, stats=stats, causes=causes, gap=gap)

@@ -26,6 +26,7 @@ import xarray as xr
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.layout import Layout
+from precnb.schema import entry_meta
 
 __all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas", "replica_mismatches"]
 
@@ -223,6 +224,8 @@ def check_replicas(
     evidence_ranks = {"ranks": list(first["group"]), "departing_ranks_at_step": ranks_bad}
     return Finding(kind="replica_mismatch", reason=reason, step=first["step"], rank=first["rank"],
                    node=first["node"], tensor=first["tensor"],
-                   module=str(ds["module"].sel(tensor=first["tensor"]).values) or None, values=values,
+                   module=entry_meta(ds, first["tensor"], first["step"], first["rank"])["module"] or None,
+                   values=values,
                    hints=hints, suspects=[{k: v for k, v in r.items() if k != "seq"} for r in rows[1:limit + 1]],
-                   evidence={**node_evidence(ds, first["node"]), **evidence_ranks}, stats=stats)
+                   evidence={**node_evidence(ds, first["node"], step=first["step"], rank=first["rank"],
+                                             tensor=first["tensor"]), **evidence_ranks}, stats=stats)

@@ -15,11 +15,11 @@ from typing import Any
 
 import xarray as xr
 
-from precnb.pipeline.inputs import Loaded, Source, open_source, split_inputs
+from precnb.pipeline.inputs import Loaded, ReadRun, Source, open_source, split_inputs
 from precnb.pipeline.options import Options
 from precnb.pipeline.scalars import attach_scalar_arguments
 
-__all__ = ["Triage", "diagnose"]
+__all__ = ["ReadRun", "Triage", "diagnose"]
 
 TRIAGE_SCHEMA = "precnb.triage/1"
 
@@ -62,6 +62,9 @@ class Triage:
         :func:`precnb.tensor_metrics` of a tensor-mode pair, when the search judged on it.
     cache : dict
         Derived results computed on demand (:meth:`comparison`).
+    source_paths : (str or None, str or None)
+        Where the (baseline, target) were read from (None: given as a dataset of unknown origin):
+        a rerun on the datasets as read reads node records from there (:class:`ReadRun`).
     """
 
     findings: list[Any]
@@ -82,6 +85,7 @@ class Triage:
     tolerance: Any = field(default=None, repr=False)
     tensor_metrics: xr.Dataset | None = field(default=None, repr=False)
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    source_paths: tuple[str | None, str | None] = (None, None)
 
     @property
     def finding(self) -> Any:
@@ -434,7 +438,8 @@ def diagnose(
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
-                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"))
+                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"),
+                  source_paths=(bsrc.records_path if bsrc is not None else None, tsrc.records_path))
 
 
 def _enrich(findings: list[Any], ctx: Any) -> None:
@@ -554,4 +559,5 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
     return Triage(findings=[finding], options=opts, alignment=state.get("alignment"), checks=checks, target=mt,
                   baseline=mb, raw_target=raw_t, raw_baseline=raw_b, names=(bsrc.name, tsrc.name), step_offset=off,
                   notes=notes, load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay,
-                  results={"first_divergence": finding}, tolerance=tolerance)
+                  results={"first_divergence": finding}, tolerance=tolerance,
+                  source_paths=(bsrc.records_path, tsrc.records_path))

@@ -197,17 +197,28 @@ class AlignmentPanel(Panel):
         self._say()
 
     # -- editing ------------------------------------------------------------------------------
-    def _rerun(self, doc: dict[str, Any], what: str) -> Any:
+    def _rerun(self, doc: dict[str, Any], what: str, done: Any) -> Any:
+        """Rerun with *doc*; *done(triage)* says whether the edit took (None) or why not (a message)."""
         self.output.value = f"<i>{html.escape(what)}: rerunning the triage…</i>"
         try:
             t = self.api.rerun(mapping=doc)
         except Exception as err:
             self.output.value = _error(err)
             return None
+        why_not = done(t)
+        if why_not:
+            self.output.value = _error(ValueError(why_not))
+            return t
         f = t.finding if t is not None else None
         self.output.value = (f"{html.escape(what)}; first finding now: <b>{html.escape(f.node or f.reason)}</b>"
                              if f is not None else html.escape(what))
         return t
+
+    def _names(self, side: str) -> set[str]:
+        """The module paths (modules level) or node names (calls level) of one side's run."""
+        t = self.api.triage
+        ds = t.baseline if side == "baseline" else t.target
+        return set(ds["module" if self.level.value == "modules" else "node"].values.astype(str))
 
     def do_match(self) -> Any:
         """Force the selected pair (modules or calls) and rerun; returns the new triage."""
@@ -217,26 +228,48 @@ class AlignmentPanel(Panel):
         if not (self.left and self.right):
             self.output.value = _error(ValueError("pick a baseline node (left) and a target node (right) first"))
             return None
+        what = "module" if self.level.value == "modules" else "call"
+        bad = [f"{side} {name!r}" for side, name in (("baseline", self.left), ("target", self.right))
+               if name not in self._names(side)]
+        if bad:  # a pick made at the other level (a module while calls are listed, or the reverse)
+            self.output.value = _error(ValueError(f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a "
+                                                  f"{what} of that run: pick a {what} on each side"))
+            return None
         a = t.alignment
+        left, right = self.left, self.right
         if self.level.value == "modules":
-            doc = a.with_pairs(set_modules={self.left: self.right})
+            doc = a.with_pairs(set_modules={left: right})
+            pairs = lambda nt: {(p.baseline, p.target) for p in nt.alignment.modules}  # noqa: E731
         else:
-            doc = a.with_pairs(set_nodes={self.left: self.right})
-        return self._rerun(doc, f"matched {self.left} ↔ {self.right}")
+            doc = a.with_pairs(set_nodes={left: right})
+            pairs = lambda nt: {(p.baseline, p.target) for p in nt.alignment.nodes}  # noqa: E731
+        return self._rerun(doc, f"matched {left} ↔ {right}", lambda nt: None if nt.alignment is not None and (
+            left, right) in pairs(nt) else f"{left} ↔ {right} is not a pair after the rerun (the aligner refused it)")
 
     def do_unmatch(self) -> Any:
-        """Leave the selected target call (or the partner of the selected baseline call) unpaired; rerun."""
+        """Leave the selected target call (or the partner of the selected baseline call) unpaired; rerun.
+
+        The pick must be a paired call: a module picked at the "modules" level (still selected when
+        the calls are listed) is not one, and nothing is said to be unpaired unless it is.
+        """
         t = self.api.triage
         if t is None or t.alignment is None:
             return None
         if self.level.value != "calls":
             self.output.value = _error(ValueError("unmatch works on calls: choose 'calls in the selected modules'"))
             return None
-        target = self.right or next((p.target for p in t.alignment.nodes if p.baseline == self.left), None)
+        by_target = {p.target: p.baseline for p in t.alignment.nodes}
+        by_base = {p.baseline: p.target for p in t.alignment.nodes}
+        target = self.right if self.right in by_target else by_base.get(self.left or "")
         if not target:
-            self.output.value = _error(ValueError("pick a paired call first"))
+            picked = self.right or self.left
+            why = (f"{picked!r} is not a paired call (a module picked at the modules level, or an unpaired call): "
+                   "pick a paired call in the list" if picked else "pick a paired call first")
+            self.output.value = _error(ValueError(why))
             return None
-        return self._rerun(t.alignment.with_pairs(unpair_targets={target}), f"unmatched {target}")
+        return self._rerun(t.alignment.with_pairs(unpair_targets={target}), f"unmatched {target}",
+                           lambda nt: None if nt.alignment is not None and target not in {
+                               p.target for p in nt.alignment.nodes} else f"{target} is still paired after the rerun")
 
     def do_save(self) -> Path | None:
         """Write precnb's mapping file of the current alignment; returns its path (None on a refusal).

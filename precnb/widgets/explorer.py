@@ -151,7 +151,7 @@ class Explorer(ExplorerViews, ipw.VBox):
     def refresh(self, focus: dict[str, Any] | None = None, *, redraw_lines: bool = True) -> pd.DataFrame:
         """Rebuild both heat maps from the filter bar, keeping the selected record selected."""
         if self.tensor is not None and not self.unmerged:  # its row at the current row level
-            gr = self.data.row_of(self.tensor)
+            gr = self.data.row_of(self.tensor, None, self.step, self.rank)
             if gr is not None:
                 with self.hold_trait_notifications():
                     self.group, self.row = gr
@@ -221,7 +221,7 @@ class Explorer(ExplorerViews, ipw.VBox):
     def select_record(self, step: int, rank: int, tensor: str, *, unmerged: bool = False) -> None:
         """Select one record, making it visible (filters widened, its group shown)."""
         ds = self._ds(unmerged)
-        gr = self.data.row_of(tensor, ds)
+        gr = self.data.row_of(tensor, ds, step, None if unmerged else rank)
         visible = gr is not None and tensor in ds.indexes["tensor"] and bool(
             self.data.mask(ds)[ds.indexes["tensor"].get_loc(tensor)])
         self.filters.show(step=step, rank=rank if not unmerged else None, group=gr[0] if gr else None,
@@ -303,7 +303,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         if tensor not in ds.indexes["tensor"]:  # e.g. a computation only the baseline has
             alt_label = f"{tensor} (baseline)"
             tensor = alt_label if alt_label in ds.indexes["tensor"] else tensor
-        gr = self.data.row_of(tensor, ds)
+        gr = self.data.row_of(tensor, ds, int(f.step), None if unmerged else int(f.rank))
         visible = gr is not None and bool(self.data.mask(ds)[ds.indexes["tensor"].get_loc(tensor)])
         self.filters.show(step=int(f.step), rank=None if unmerged else int(f.rank), group=gr[0] if gr else None,
                           tensor_visible=visible)

@@ -289,7 +289,7 @@ class HeatView:
             tensor = current
         step = int(hit["worst_step"]) if hit["worst_step"] >= 0 else int(hit["step"])
         rank = int(hit["worst_rank"]) if hit["worst_rank"] >= 0 else int(hit["rank_lo"])
-        grp_row = self.data.row_of(tensor, ds)
+        grp_row = self.data.row_of(tensor, ds, step, None if self.where_unmerged else rank)
         return Pick(step=step, rank=rank, tensor=tensor, row=grp_row[1] if grp_row else None,
                     group=grp_row[0] if grp_row else None, unmerged=self.where_unmerged, tensors=[tensor],
                     ranks=(int(hit["rank_lo"]), int(hit["rank_hi"])), source="where")
@@ -300,7 +300,7 @@ class HeatView:
         fr = self.frame
         if tensor is None or step is None or not len(fr):
             return None
-        gr = self.data.row_of(tensor)
+        gr = self.data.row_of(tensor, None, step, rank)
         if gr is None:
             return None
         m = fr[(fr["group"] == gr[0]) & (fr["row"] == gr[1]) & (fr["step"] <= step) & (fr["step_hi"] >= step)]

@@ -66,7 +66,7 @@ class HierarchyPanel(Panel):
         if api.tensor is None or self.frame is None:
             return None
         ds = api.data.target()
-        ev = api.data.evidence(api.tensor, ds)
+        ev = api.data.evidence(api.tensor, ds, api.step, None if api.unmerged else api.rank)
         nodes = set(self.frame["node"])
         if ev.get("node") in nodes:
             return str(ev["node"])

@@ -18,7 +18,20 @@ from precnb.viz.series import informative_series
 from precnb.widgets.charts import SeriesPanel
 from precnb.widgets.detail import DetailPanel
 
-__all__ = ["RecordView", "attribution_html"]
+__all__ = ["RecordView", "attribution_html", "elsewhere_html"]
+
+
+def elsewhere_html(evidence: dict[str, Any]) -> str:
+    """A warning when the selected label names another op on other ranks (empty otherwise)."""
+    groups = evidence.get("elsewhere") or []
+    if not groups:
+        return ""
+    e = html.escape
+    parts = [f"rank{'s' if len(g['ranks']) > 1 else ''} {e(', '.join(map(str, g['ranks'][:8])))}: module "
+             f"<code>{e(g['module'] or '—')}</code>, shape <code>{e(g['shape'] or '—')}</code>" for g in groups[:3]]
+    return ("<div class='precnb-elsewhere' style='color:#b76e00'>this label names another op on "
+            + "; ".join(parts) + " (their call counters differ): module, shape and stack here are rank "
+            f"{e(str(evidence.get('rank')))}'s own; lines of other ranks are other ops</div>")
 
 
 def attribution_html(row: str | None, rows: str, finding: Any, *, node: str | None) -> str:
@@ -154,6 +167,12 @@ class RecordView:
         added = [t for t in tensors if t != state.tensor]
         note += f"; with its node's input {', '.join(added)} (its own {f.stat.value} is flat)" if added else ""
         note += f"; {stat} shown ({f.stat.value} does not change)" if stat != f.stat.value else ""
+        other = self.data.evidence(state.tensor, ds, state.step, None if state.unmerged else state.rank).get(
+            "elsewhere") or []
+        if other:
+            ranks = sorted({r for g in other for r in g["ranks"]})
+            note += (f"; on rank(s) {', '.join(map(str, ranks[:8]))} this label is another op (their call counters "
+                     "differ): their lines are not this tensor")
         title = state.tensor
         self.lines.show(frame, key=key, title=title,
                         build=lambda: line_chart(frame, stat=stat, title=title, width=400),
@@ -168,11 +187,12 @@ class RecordView:
         cmp = bool(runs.names) and runs.baseline != f.run.value and not state.unmerged
         tensors = self.data.node_tensors(state.tensor, ds)
         if state.row and not state.unmerged:
-            row_t = self.data.row_tensors(state.row, getattr(state, "group", None))
+            row_t = self.data.row_tensors(state.row, getattr(state, "group", None), None, state.step, state.rank)
             tensors = row_t if state.tensor in row_t else tensors
         frame = detail_frame(runs.ds if cmp else ds, step=state.step, rank=state.rank, tensors=tensors,
-                             run=f.run.value if cmp else None, baseline=runs.baseline if cmp else None)
-        ev = self.data.evidence(state.tensor, ds)
+                             run=f.run.value if cmp else None, baseline=runs.baseline if cmp else None,
+                             focus=state.tensor)
+        ev = self.data.evidence(state.tensor, ds, state.step, state.rank)  # that rank's own record
         where = " (rank as dumped, before merging shards)" if state.unmerged else ""
         self.detail.show(frame, ev, focus=state.tensor,
                          title=f"{state.row or ev.get('module') or ''} at step {state.step}, rank {state.rank}{where}")
@@ -181,7 +201,8 @@ class RecordView:
             " <i style='color:#b76e00'>(hidden by the filters: clear the search or tick its group)</i>")
         self.status.value = (f"<b>selected</b>: step {state.step} · rank {state.rank}{e(where)} · "
                              f"<code>{e(state.tensor or '')}</code> · node <code>{e(ev.get('node') or '—')}</code>"
-                             f" · module <code>{e(ev.get('module') or '—')}</code>{hidden}")
+                             f" · module <code>{e(ev.get('module') or '—')}</code> · shape "
+                             f"<code>{e(ev.get('shape') or '—')}</code>{hidden}{elsewhere_html(ev)}")
         self.attribution.value = attribution_html(state.row, f.rows.value, state.current_finding,
                                                   node=ev.get("node"))
         self.update_histogram(state)
