@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from precnb.schema import (
@@ -54,6 +55,8 @@ def reindex_tensors(ds: xr.Dataset, labels: list[str], coords: dict[str, np.ndar
     """Reindex *ds* onto *labels* with the schema's fill values and the given tensor coords."""
     fills = {name: _fill_for(ds[name]) for name in ds.data_vars}
     base = ds.drop_vars([c for c in TENSOR_COORDS if c in ds.coords])
+    if len(labels) == ds.sizes["tensor"] and ds.indexes["tensor"].equals(pd.Index(labels, dtype=object)):
+        return base.assign_coords({k: ("tensor", v) for k, v in coords.items()})  # the same labels: no copy
     out = base.reindex(tensor=np.asarray(labels, dtype=object), fill_value=fills)
     for name, fill in fills.items():  # reindex promotes ints/bools when filling: restore dtypes
         if out[name].dtype != ds[name].dtype:
@@ -94,7 +97,8 @@ def _align(dsets: list[xr.Dataset], labels: list[str], coords: dict[str, np.ndar
     for ds in dsets:
         r = reindex_tensors(ds, labels, coords)
         fills = {name: _fill_for(ds[name]) for name in ds.data_vars}
-        r = r.reindex(dims, fill_value=fills)
+        if any(list(r.indexes[d]) != list(v) for d, v in dims.items()):
+            r = r.reindex(dims, fill_value=fills)
         for name, fill in fills.items():
             if r[name].dtype != ds[name].dtype:
                 r[name] = r[name].fillna(fill).astype(ds[name].dtype)
@@ -285,36 +289,51 @@ def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
 
 
 def _rebase(ds: xr.Dataset, own: dict[str, dict[tuple[int, int], str]], name: str,
-            coord: dict[str, Any]) -> dict[str, dict[tuple[int, int], str]]:
-    """*own* (tensor → {(step, rank): value} for coordinate *name*) relative to another coordinate *coord*."""
-    labels = [str(t) for t in ds["tensor"].values]
-    mine = ds[name].values
+            coord: dict[str, Any] | np.ndarray) -> dict[str, dict[tuple[int, int], str]]:
+    """*own* (tensor → {(step, rank): value} for coordinate *name*) relative to another coordinate *coord*.
+
+    *coord*: tensor → value, or the values aligned with *ds*'s tensors.
+    """
+    labels = ds["tensor"].values
+    if isinstance(coord, np.ndarray):
+        base_v = np.asarray(["" if v is None else str(v) for v in coord.tolist()], dtype=object)
+    else:
+        base_v = np.asarray([str(coord.get(str(t)) or "") for t in labels.tolist()], dtype=object)
+    mine = np.asarray(["" if v is None else str(v) for v in ds[name].values.tolist()], dtype=object)
+    moved = np.flatnonzero((mine != base_v) & (mine != "") & (base_v != ""))  # the part's coordinate differs
     out: dict[str, dict[tuple[int, int], str]] = {}
-    steps = [int(x) for x in ds["step"].values]
-    ranks = [int(x) for x in ds["rank"].values]
-    present = None
-    for j, lbl in enumerate(labels):
-        base = coord.get(lbl) or ""
-        here = str(mine[j] or "")
-        if here == base or not here or not base:
-            kept = {k: d for k, d in own.get(lbl, {}).items() if d != base}
-        else:  # every recorded entry without its own exception has this part's value
-            if present is None:
-                present = np.asarray(ds["present"].values)
+    if len(moved):
+        present = np.asarray(ds["present"].values)
+        steps = [int(x) for x in ds["step"].values]
+        ranks = [int(x) for x in ds["rank"].values]
+        for j in moved.tolist():  # every recorded entry without its own exception has this part's value
+            lbl, here, base = str(labels[j]), str(mine[j]), str(base_v[j])
             kept = {(steps[a], ranks[b]): here for a, b in np.argwhere(present[:, :, j]).tolist()}
             kept.update(own.get(lbl, {}))
             kept = {k: d for k, d in kept.items() if d != base}
-        if kept:
-            out[lbl] = kept
+            if kept:
+                out[lbl] = kept
+    if own:
+        pos = {str(t): j for j, t in enumerate(labels.tolist())} if len(own) > 8 else None
+        done = {str(labels[j]) for j in moved.tolist()}
+        for lbl, where in own.items():
+            if lbl in done:
+                continue
+            j = pos.get(lbl) if pos is not None else (int(ds.indexes["tensor"].get_loc(lbl))
+                                                      if lbl in ds.indexes["tensor"] else None)
+            base = str(base_v[j]) if j is not None else ""
+            kept = {k: d for k, d in where.items() if d != base}
+            if kept:
+                out[lbl] = kept
     return out
 
 
-def rebase_meta_changes(ds: xr.Dataset, coords: Mapping[str, dict[str, Any]]
+def rebase_meta_changes(ds: xr.Dataset, coords: Mapping[str, dict[str, Any] | np.ndarray]
                         ) -> dict[str, dict[str, dict[tuple[int, int], str]]]:
     """*ds*'s per-entry ``module`` / ``parent`` / ``shape`` exceptions relative to other coordinates.
 
     As :func:`rebase_dtype_changes`, for each of :data:`precnb.schema.META_FIELDS` (*coords*:
-    field → tensor → the joined dataset's coordinate).
+    field → tensor → the joined dataset's coordinate, or field → values aligned with *ds*'s tensors).
     """
     own = meta_changes(ds)
     out = {}
@@ -329,10 +348,11 @@ def rebase_meta_changes(ds: xr.Dataset, coords: Mapping[str, dict[str, Any]]
 def _joined_entry_meta(parts: list[xr.Dataset], labels: list[str], coords: dict[str, np.ndarray],
                        stacks_text: str) -> dict[str, str]:
     """``meta_changes`` / ``stack_changes`` of *parts* joined into one dataset (its coordinates and stacks)."""
-    final: dict[str, dict[str, Any]] = {f: dict(zip(labels, coords[f].tolist(), strict=True))
-                                        for f in META_FIELDS if f in coords}
+    order = {lbl: j for j, lbl in enumerate(labels)}
     meta: dict[str, dict[str, dict[tuple[int, int], str]]] = {}
     for ds in parts:
+        idx = np.fromiter((order[str(t)] for t in ds["tensor"].values), np.int64, ds.sizes["tensor"])
+        final = {f: np.asarray(coords[f])[idx] for f in META_FIELDS if f in coords}  # aligned with ds
         for f, by_tensor in rebase_meta_changes(ds, final).items():
             for t, where in by_tensor.items():
                 meta.setdefault(f, {}).setdefault(t, {}).update(where)

@@ -49,8 +49,10 @@ def check_initial_weights(base: xr.Dataset, target: xr.Dataset, pb: dict[str, Pa
             rel = np.where(np.isnan(a) & np.isnan(b), 0.0, rel)  # NaN in both: the same
             if not np.all(rel <= tol):
                 k = int(np.nanargmax(np.where(np.isnan(rel), np.inf, rel)))
+                zero = [side for side, v in ((names[0], a), (names[1], b)) if v[0] == 0 and v[1] == 0]
                 differ.append({"name": n, "rank": r, "stat": ("max", "min", "mean", "norm")[k],
-                               "baseline": float(a[k]), "target": float(b[k]), "rel_diff": float(rel[k])})
+                               "baseline": float(a[k]), "target": float(b[k]), "rel_diff": float(rel[k]),
+                               "all_zero_in": zero[0] if len(zero) == 1 else None})
                 break
     if not compared:
         return check("initial_weights", title, "skip", f"no parameter recorded on both runs at step {s0}")
@@ -58,11 +60,19 @@ def check_initial_weights(base: xr.Dataset, target: xr.Dataset, pb: dict[str, Pa
     if differ:
         names_d = [d["name"] for d in differ]
         first = differ[0]
+        zeroed = [d for d in differ if d["all_zero_in"]]
+        lead = ""
+        if zeroed:  # all zeros in one run only: a weight the checkpoint did not load, the likely root cause
+            z = zeroed[0]
+            lead = (f"{names_list([d['name'] for d in zeroed])} {'is' if len(zeroed) == 1 else 'are'} all zeros in "
+                    f"{z['all_zero_in']} only (max = min = 0 at {where}): a weight that was not loaded (checkpoint "
+                    "loading), the likely root cause; ")
         # a warning, not a failure: the runs' first common step need not be where training started
-        return check("initial_weights", title, "warn", f"{len(differ)} of {len(common)} parameters differ at {where}:"
-                     f" {names_list(names_d)}; e.g. {first['name']} {first['stat']} {fmt(first['baseline'])} vs "
-                     f"{fmt(first['target'])} (rel. {fmt(first['rel_diff'])}, rank {first['rank']}): the runs do not "
-                     "start from the same weights (another checkpoint or initialisation, or the dumps begin after "
-                     "they diverged)", confidence="high", basis="compared", step=s0, differ=differ)
+        return check("initial_weights", title, "warn", f"{lead}{len(differ)} of {len(common)} parameters differ at "
+                     f"{where}: {names_list(names_d)}; e.g. {first['name']} {first['stat']} {fmt(first['baseline'])} "
+                     f"vs {fmt(first['target'])} (rel. {fmt(first['rel_diff'])}, rank {first['rank']}): the runs do "
+                     "not start from the same weights (another checkpoint or initialisation, or the dumps begin after "
+                     "they diverged)", confidence="high", basis="compared", step=s0, differ=differ,
+                     root_cause=bool(zeroed))
     return check("initial_weights", title, "pass", f"all {len(common)} common parameters agree at {where} "
                  f"(within dtype tolerance, {len(ranks)} rank(s))", confidence="high", basis="compared", step=s0)

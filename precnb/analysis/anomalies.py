@@ -51,6 +51,22 @@ class SpikeRule:
     min_history: int = 1
 
 
+def nanmedian0(h: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(h, axis=0)`` (NaN where a column holds none), by one sort: several times faster.
+
+    Examples
+    --------
+    >>> nanmedian0(np.array([[1.0, np.nan, 4.0], [3.0, np.nan, np.nan], [2.0, np.nan, 6.0]])).tolist()
+    [2.0, nan, 5.0]
+    """
+    s = np.sort(h, axis=0)  # NaN last
+    cnt = (~np.isnan(h)).sum(axis=0)
+    lo = np.take_along_axis(s, np.maximum((cnt - 1) // 2, 0)[None], axis=0)[0]
+    hi = np.take_along_axis(s, np.maximum(cnt // 2, 0)[None], axis=0)[0]
+    with np.errstate(invalid="ignore"):
+        return np.where(cnt > 0, (lo + hi) / 2, np.nan)
+
+
 def _spikes(values: np.ndarray, rec: np.ndarray, rule: SpikeRule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Spike mask, reference (median) and score over axis 0 (steps) of (step, rank, tensor)."""
     n = values.shape[0]
@@ -67,8 +83,8 @@ def _spikes(values: np.ndarray, rec: np.ndarray, rule: SpikeRule) -> tuple[np.nd
             continue
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            med = np.nanmedian(np.where(ok[None], h, np.nan), axis=0)
-            mad = np.nanmedian(np.abs(h - med[None]), axis=0)
+            med = nanmedian0(np.where(ok[None], h, np.nan))
+            mad = nanmedian0(np.abs(h - med[None]))
             scale = np.fmax(1.4826 * mad, rule.rel_floor * np.abs(med))
             scale = np.where(scale > 0, scale, np.inf)
             z = np.abs(values[i] - med) / scale

@@ -19,7 +19,7 @@ from precnb.analysis.hints import (
     structural_hints,
     zero_parameter_hints,
 )
-from precnb.analysis.order import first_event_per_rank, pick_origin
+from precnb.analysis.order import after_collectives, first_event_per_rank, pick_origin
 from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.tolerance import Tolerance
 from precnb.schema import entry_dtype, entry_meta
@@ -293,7 +293,7 @@ def first_divergence(
     for e in others:
         suspects.append({"step": e.step, "rank": e.rank, "node": e.node, "tensor": e.tensor,
                          "why": "inherited via communication" if e.inherited else
-                         f"first difference on rank {e.rank} (epoch {e.epoch})", "epoch": e.epoch})
+                         f"first difference on rank {e.rank}, {after_collectives(e.epoch)}", "epoch": e.epoch})
     order = np.argsort(np.where(dmask, sq, np.iinfo(np.int64).max), kind="stable")
     seen = {origin.node}
     for k in order[: int(dmask.sum())]:

@@ -7,14 +7,18 @@ classified, with the reason kept in the ``shard_reason`` coordinate:
     every shard has the same statistics (relative 1e-5 on the tensor's scale) — keep one;
 ``partial_sum``
     each rank holds an addend of the full tensor: its statistics equal the input of a later
-    all-reduce / reduce-scatter on the same rank, or (with a reference run) its shape is the
-    full shape although the shards differ — the full Mean is Σ Meanᵢ; Max, Min and Norm
-    cannot be derived from shard statistics and become null;
+    all-reduce / reduce-scatter on the same rank, or (with a reference run) it is the output of
+    an op that reads a shard (a row-parallel matmul) and has the full shape although the copies
+    differ — the full Mean is Σ Meanᵢ; Max, Min and Norm cannot be derived from shard statistics
+    and become null;
 ``replicas_differ``
     a tensor that must be replicated but whose copies differ at the first step that shows it:
     the op's tensor inputs are replicated and its output has their shape (or the reference's),
-    or, in a group of three or more, some copies agree and others do not (a random op seeded
-    differently on one rank, a missed broadcast). The merged entry keeps the group's first
+    or, with a reference run, it has the full shape on every rank and nothing in it reads a shard
+    (a random op seeded differently on one rank — ``torch.normal`` has no tensor input —, a
+    replicated parameter whose copies drifted apart, and what is computed from them), or, in a
+    group of three or more, some copies agree and others do not (a missed broadcast). A merge
+    never invents a value for it: no sum of means that no rank holds. The merged entry keeps the group's first
     copy and the ``replicas_differ`` variable marks every (step, rank) whose copies differ, which
     the comparison counts as a difference (:func:`precnb.analysis.compare.compare_runs`);
 ``sharded``
@@ -152,10 +156,14 @@ def classify_shards(
     ref_shapes = reference["shape"].to_series().to_dict() if reference is not None else None
     by_inputs = _should_be_replicated(ds, replicated, ref_shapes)
     differ = (by_copies | by_inputs) & ~replicated & ~partial & any_present
+    by_shape = np.zeros(n_t, bool)  # full shape, copies differ, reads no shard: replicas that differ
     shard_dim = np.zeros(n_t, np.int64)
     ref_reason = np.full(n_t, "", dtype=object)
     if reference is not None:
+        from precnb.analysis.dataflow import scalar_only_nodes
+
         ref_shape = reference["shape"].to_series().to_dict()
+        scalar_only = scalar_only_nodes(ds)
         local = ds["shape"].values
         k = len(groups[0]) if groups else 1
         for j, lbl in enumerate(ds["tensor"].values):
@@ -173,9 +181,11 @@ def classify_shards(
                     replicated[j] = False  # equal shards (all zeros at first) of a split tensor: sharded
                 else:
                     continue
-            if a == b:
+            if a == b and _reads_a_shard(ds, j, ref_shape, scalar_only):
                 partial[j] = True
-                ref_reason[j] = "same shape as the reference but shards differ"
+                ref_reason[j] = "same shape as the reference but shards differ, and its op reads a shard"
+            elif a == b:  # no sign of an addend: the copies of a whole tensor disagree (no value is invented)
+                by_shape[j] = True
             else:
                 diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
                 if len(diff) == 1 and a[diff[0]] * k == b[diff[0]]:
@@ -189,9 +199,12 @@ def classify_shards(
     reasons[pmask] = "equals the input of a later all-reduce/reduce-scatter (an addend of the full tensor)"
     for j in np.flatnonzero(pmask & (ref_reason != "")).tolist():
         reasons[j] = str(ref_reason[j])
+    by_shape &= ~replicated & ~partial & any_present
+    differ |= by_shape
     kinds[differ] = "replicas_differ"
     for jd in np.flatnonzero(differ).tolist():
-        reasons[jd] = _differ_reason(jd, bool(by_inputs[jd]), same, first, groups, odd)
+        reasons[jd] = _differ_reason(jd, "inputs" if by_inputs[jd] else "shape" if by_shape[jd] else "copies",
+                                     same, first, groups, odd)
     local_only = ~any_present
     kinds[local_only] = "local"
     reasons[local_only] = "not recorded on every rank of the group"
@@ -201,10 +214,17 @@ def classify_shards(
     return kinds, reasons, shard_dim
 
 
-def _differ_reason(j: int, by_inputs: bool, same: np.ndarray, first: np.ndarray, groups: list[list[int]],
+_WHY_REPLICATED = {
+    "inputs": "its op's inputs are identical on every rank",
+    "shape": "it has the reference's full shape on every rank and nothing in it reads a shard",
+    "copies": "some copies agree, others do not",
+}
+
+
+def _differ_reason(j: int, by: str, same: np.ndarray, first: np.ndarray, groups: list[list[int]],
                    odd: np.ndarray | None) -> str:
-    """Why tensor *j* must be replicated, and which ranks' copies differ (first group that differs)."""
-    why = "its op's inputs are identical on every rank" if by_inputs else "some copies agree, others do not"
+    """Why tensor *j* must be replicated (*by*: inputs / shape / copies), and which ranks' copies differ."""
+    why = _WHY_REPLICATED[by]
     for g, members in enumerate(groups):
         st = int(first[g, j])
         flags = odd[g, :, j] if odd is not None and odd[g, :, j].any() else ~same[st, g, :, j]
@@ -214,6 +234,22 @@ def _differ_reason(j: int, by_inputs: bool, same: np.ndarray, first: np.ndarray,
             return (f"must be replicated ({why}) but its copies differ: rank(s) {bad} differ from "
                     f"rank(s) {good}")
     return f"must be replicated ({why}) but its copies differ"
+
+
+def _reads_a_shard(ds: xr.Dataset, j: int, ref_shape: dict[Any, Any], scalar_only: set[str]) -> bool:
+    """Tensor *j* may be an addend: an API op's output one of whose inputs is a shard (not the reference's shape).
+
+    An output whose op's inputs were not recorded (a dump of outputs alone) may be one too; an op
+    that reads no tensor (*scalar_only*) is not.
+    """
+    roles, kinds, nodes = ds["role"].values, ds["kind"].values, ds["node"].values
+    if roles[j] != "output" or kinds[j] != "api" or is_communication(str(nodes[j])):
+        return False
+    cols = np.flatnonzero((nodes == nodes[j]) & (roles == "input"))
+    if not len(cols):
+        return str(nodes[j]) not in scalar_only
+    labels, shapes = ds["tensor"].values, ds["shape"].values
+    return any(ref_shape.get(labels[c]) and shapes[c] and shapes[c] != ref_shape.get(labels[c]) for c in cols)
 
 
 def _should_be_replicated(ds: xr.Dataset, replicated: np.ndarray,

@@ -26,7 +26,7 @@ import xarray as xr
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.masks import nonfinite
-from precnb.analysis.order import first_event_per_rank, pick_origin
+from precnb.analysis.order import after_collectives, first_event_per_rank, pick_origin
 from precnb.combine import select_run
 from precnb.schema import entry_meta
 
@@ -121,7 +121,7 @@ def event_mask(ds: xr.Dataset, *, persistent: np.ndarray | None = None) -> tuple
                 else:
                     events[si, ri, j] = True
     like = ds["present"]
-    return like.copy(data=events), like.copy(data=benign)
+    return like.copy(deep=False, data=events), like.copy(deep=False, data=benign)  # (coordinates not copied)
 
 
 def nan_origin(
@@ -280,7 +280,7 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     for ev in others:
         suspects.append({"step": ev.step, "rank": ev.rank, "node": ev.node, "tensor": ev.tensor,
                          "why": "inherited via communication" if ev.inherited else
-                         f"first event on rank {ev.rank} (epoch {ev.epoch})", "epoch": ev.epoch})
+                         f"first event on rank {ev.rank}, {after_collectives(ev.epoch)}", "epoch": ev.epoch})
     if origin.inherited:
         hints.append("no rank shows a local origin: the collective itself produced the NaN "
                      "(check its dtype / reduce op), or the source rank was not dumped")

@@ -482,13 +482,20 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
         results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
             nan.found and "first_spike" not in f.values and "first_drift" not in f.values)))]
-    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
+    # a "nothing found" that warns (a pre-flight warning may be the cause: a weight left at zero) comes
+    # before the other "nothing found" results, so that it is what a clean triage shows first
+    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found, not _warns(x[1][1]),
                                                        registry.priority(x[1][0], found=x[1][1].found), x[0]))
     findings = [f for _, (_, f) in ranked]
     from precnb.pipeline._preflight_join import note_later
 
     note_later(findings)
     return findings, checks, by_kind
+
+
+def _warns(f: Any) -> bool:
+    """A clean result whose checks warn (``stats["status"] == "warn"``)."""
+    return not f.found and isinstance(f.stats, dict) and f.stats.get("status") == "warn"
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:

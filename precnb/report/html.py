@@ -166,6 +166,8 @@ def render(
     # the checklist has its own section; a clean pre-flight result needs no finding card
     views = [tables.finding_view(f, limit=lim.table_rows) for f in findings if f.found or f is not pre]
     verdict = ("problem" if any(v["found"] for v in views) else "clean") if views else "none"
+    if verdict == "clean" and pre is not None and pre.stats.get("status") == "warn":
+        verdict = "warn"  # nothing found, but a pre-flight warning may be the cause (a weight left at zero)
     anomaly = next((f for f in findings if f.kind == "anomaly"), None)
     ctx = {
         "title": title or (f"{data.names[1]} vs {data.names[0]}" if data.compared else name),

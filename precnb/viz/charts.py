@@ -39,15 +39,15 @@ LABELLED = 3
 """In ``first_bad`` colour the earliest cells carry their number (1, 2, 3) as text."""
 
 
-def heatmap_width(n_cols: int) -> int:
-    """Pixel width of a heat map's cells for *n_cols* columns (22 px each, within 160-760).
+def heatmap_width(n_cols: int, *, cell: int = 22, lo: int = 160, hi: int = 760) -> int:
+    """Pixel width of a heat map's cells for *n_cols* columns (*cell* px each, within *lo*-*hi*).
 
     Examples
     --------
-    >>> heatmap_width(3), heatmap_width(100)
-    (160, 760)
+    >>> heatmap_width(3), heatmap_width(100), heatmap_width(3, cell=36, lo=240)
+    (160, 760, 240)
     """
-    return max(160, min(760, 22 * max(n_cols, 1)))
+    return max(lo, min(hi, cell * max(n_cols, 1)))
 
 
 def _order(frame: pd.DataFrame, field: str, key: str) -> list[Any]:

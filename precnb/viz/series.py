@@ -20,7 +20,7 @@ from precnb.combine import select_run
 from precnb.schema import dtype_changes, meta_changes
 from precnb.viz.frames import _fmt, _index
 
-__all__ = ["detail_frame", "informative_series", "series_frame", "tensor_evidence"]
+__all__ = ["detail_frame", "informative_series", "series_frame", "shard_kinds", "tensor_evidence"]
 
 SERIES_COLUMNS = ["step", "value", "series", "tensor", "rank", "run", "nonfinite", "value_text"]
 
@@ -156,6 +156,7 @@ def detail_frame(
     baseline: str | None = None,
     limit: int = 60,
     focus: str | None = None,
+    merged: dict[str, str] | None = None,
 ) -> pd.DataFrame:
     """The records of one (step, rank): values, dtype/shape, module, execution order.
 
@@ -176,13 +177,18 @@ def detail_frame(
     focus : str, optional
         A tensor that is always a row when it is recorded here: the *limit* rows are the window of
         execution order around it (``attrs["first_row"]`` / ``attrs["rows_total"]`` say which).
+    merged : dict, optional
+        Tensor → how merging shards made it (:func:`shard_kinds` of the merged run; default: of *ds*).
 
     Returns
     -------
     pandas.DataFrame
         ``tensor, node, module, role, direction, dtype, shape, seq, max, min, mean, norm,
-        null_stats, nonfinite`` (+ baseline columns and ``rel_diff``); ``null_stats`` is the
-        schema's bit mask of statistics recorded as null (shown as "null", not NaN).
+        null_stats, nonfinite, merged`` (+ baseline columns, ``null_stats_<baseline>`` and
+        ``rel_diff``); ``null_stats`` is the schema's bit mask of statistics recorded as null
+        (shown as "null", not NaN); ``merged`` how merging shards made the entry (``sharded``,
+        ``partial_sum`` — whose max, min and norm no shard statistic gives —, ``replicas_differ``;
+        empty otherwise).
     """
     from precnb.analysis.masks import nonfinite, stat_vars
 
@@ -219,12 +225,15 @@ def detail_frame(
         df[s] = np.asarray(e[s].values, dtype=np.float64)
     df["null_stats"] = np.asarray(e["null_stats"].values, dtype=np.int64)
     df["nonfinite"] = np.asarray(nonfinite(e).values, bool)
+    kinds = shard_kinds(ds) if merged is None else merged  # how merging shards made the entry
+    df["merged"] = [kinds.get(t, "") for t in df["tensor"]] if kinds else ""
     if base is not None:
         from precnb.analysis import relative_difference
 
         b = base.isel(step=si, rank=ri, tensor=ti)
         for s in ("max", "min", "mean", "norm"):
             df[f"{s}_{baseline}"] = np.asarray(b[s].values, dtype=np.float64)
+        df[f"null_stats_{baseline}"] = np.asarray(b["null_stats"].values, dtype=np.int64)  # the baseline's own nulls
         rel = relative_difference(b, e).max("stat")
         df["rel_diff"] = np.where(keep & np.asarray(b["present"].values), rel.values, np.nan)
         keep = keep | np.asarray(b["present"].values, bool)
@@ -238,6 +247,20 @@ def detail_frame(
     df.attrs.update(step=int(step), rank=int(rank), run=run or "", baseline=baseline or "", first_row=first,
                     rows_total=total)
     return df
+
+
+def shard_kinds(ds: xr.Dataset) -> dict[str, str]:
+    """Tensor → how :func:`precnb.merge_shards` made it (``sharded``, ``partial_sum``, ``replicas_differ``).
+
+    Replicated and unmerged tensors are left out; empty for a run that was not merged.
+    """
+    out: dict[str, str] = {}
+    for c in ("shard_kind_tp", "shard_kind_cp"):
+        if c in ds.coords:
+            for t, k in zip(ds["tensor"].values.tolist(), ds[c].values.tolist(), strict=True):
+                if k not in ("replicated", "local", "") and str(t) not in out:
+                    out[str(t)] = str(k)
+    return out
 
 
 def tensor_evidence(ds: xr.Dataset, tensor: str, step: int | None = None, rank: int | None = None

@@ -236,6 +236,14 @@ class ExplorerData:
             s, r, k = np.unravel_index(int(np.argmin(np.where(seq >= 0, seq, np.inf))), seq.shape)
         return int(ds["step"].values[s]), int(ds["rank"].values[r]), str(ds["tensor"].values[cols[k]])
 
+    def shard_kinds(self) -> dict[str, str]:
+        """How merging shards made each tensor of the triage's target (:func:`precnb.viz.series.shard_kinds`)."""
+        from precnb.viz.series import shard_kinds
+
+        t = self.triage
+        return self.cached(("shard_kinds",), lambda: shard_kinds(t.target) if t is not None and  # type: ignore[no-any-return]
+                           t.target is not None else {})
+
     def evidence(self, tensor: str, ds: xr.Dataset | None = None, step: int | None = None,
                  rank: int | None = None) -> dict[str, Any]:
         """:func:`precnb.viz.tensor_evidence` at (*step*, *rank*) (that rank's own), memoised."""

@@ -14,9 +14,25 @@ import ipywidgets as ipw
 import numpy as np
 import pandas as pd
 
-__all__ = ["HeatmapPanel", "SeriesPanel", "WherePanel", "offline_chart", "records"]
+__all__ = ["HeatmapPanel", "SeriesPanel", "WherePanel", "offline_chart", "records", "unvalidated"]
 
 EMBED = {"renderer": "svg", "actions": False}
+
+
+def unvalidated(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
+    """*chart*, whose ``to_dict()`` (what ``JupyterChart`` calls) skips the schema validation.
+
+    Examples
+    --------
+    >>> import altair as alt
+    >>> c = unvalidated(alt.Chart().mark_point())
+    >>> c.to_dict()["mark"]["type"]
+    'point'
+    """
+    import functools
+
+    object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
+    return chart
 
 
 def offline_chart() -> alt.JupyterChart:
@@ -42,9 +58,13 @@ class _ChartPanel(ipw.VBox):
                               f"font-size:11px;line-height:1.3;color:#555'>{text}</div>")
 
     def set_chart(self, chart: alt.TopLevelMixin, caption: str = "") -> None:
-        """Replace the chart (one comm message) and re-attach the selection observers."""
+        """Replace the chart (one comm message) and re-attach the selection observers.
+
+        The spec is not validated against the Vega-Lite schema here (a second or more of
+        ``jsonschema`` per chart on a large run): the builders are validated by the tests.
+        """
         with self.chart.hold_sync():
-            self.chart.chart = chart
+            self.chart.chart = unvalidated(chart)
         self.set_caption(caption)
         for name, handler in self._handlers.items():
             if name in self.chart.selections.trait_names():

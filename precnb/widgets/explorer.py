@@ -39,7 +39,12 @@ _MOVES = {"ArrowUp": (-1, 0), "ArrowDown": (1, 0), "ArrowLeft": (0, -1), "ArrowR
 _CSS = ("<style>.precnb-explorer .precnb-heatmap g.mark-text, .precnb-explorer .precnb-where g.mark-text, "
         ".precnb-explorer .precnb-alignment g.mark-text, .precnb-explorer .precnb-alignment g.mark-symbol, "
         ".precnb-explorer .precnb-hierarchy g.mark-text, .precnb-explorer .precnb-hierarchy g.mark-rect + "
-        "g.mark-rect {pointer-events: none}</style>")
+        "g.mark-rect {pointer-events: none}"
+        # a suspect's whole text, wrapped: never clipped to "inherited via co…"
+        ".precnb-explorer .precnb-suspect {white-space: normal; height: auto; min-height: 24px; text-align: left; "
+        "line-height: 1.3; padding: 2px 8px; overflow: visible; text-overflow: clip}"
+        ".precnb-explorer .precnb-suspect .widget-label-basic, .precnb-explorer .precnb-suspect span "
+        "{white-space: normal}</style>")
 
 
 class Explorer(ExplorerViews, ipw.VBox):
@@ -85,16 +90,21 @@ class Explorer(ExplorerViews, ipw.VBox):
         self.preflight: PreflightPanel | None = None  # the pre-flight checklist, above the tabs when run
         self.preflight_box = ipw.Box([])
         self._checklist()
-        # the where view and the selection line first (always in sight), then the heat map beside the lines
-        wrap = ipw.Layout(flex_flow="row wrap", align_items="flex-start")
-        selection = ipw.VBox([self.record.status, self.record.attribution],
-                             layout=ipw.Layout(flex="1 1 360px", margin="0 0 0 12px"))
-        lines = ipw.VBox([self.record.lines, ipw.HBox([self.record.hist_toggle]), self.record.hist_box],
-                         layout=ipw.Layout(flex="1 1 420px"))
-        super().__init__([self.css, self.header, self.bar, self.filters,
-                          ipw.HBox([self.heat.where, selection], layout=wrap),
-                          ipw.HBox([self.heat.main, lines], layout=wrap),
-                          self.record.detail, self.keynav, self.preflight_box, self.tabs])
+        # two columns that use the width: the maps (rank × step view over the main heat map) on the left, the
+        # selected record on the right (selection line, its chart, its detail table), so the origin, its chart
+        # and its record are on one screen; on a narrow notebook the right column wraps below the maps
+        selection = ipw.VBox([self.record.status, self.record.attribution])
+        self.maps = ipw.VBox([self.heat.where, self.heat.main], layout=ipw.Layout(flex="0 1 auto", min_width="0"))
+        self.maps.add_class("precnb-maps")
+        self.side = ipw.VBox([selection, self.record.lines, ipw.HBox([self.record.hist_toggle]), self.record.hist_box,
+                              self.record.detail],
+                             layout=ipw.Layout(flex="1 1 520px", min_width="480px", margin="0 0 0 16px"))
+        self.side.add_class("precnb-record")
+        grid = ipw.HBox([self.maps, self.side], layout=ipw.Layout(flex_flow="row wrap", align_items="flex-start",
+                                                                   width="100%"))
+        grid.add_class("precnb-grid")
+        super().__init__([self.css, self.header, self.bar, self.filters, grid, self.keynav, self.preflight_box,
+                          self.tabs])
         self.add_class("precnb-explorer")
         self._describe()
         self.refresh()

@@ -217,10 +217,17 @@ class HeatView:
                    "(shift-click adds); arrow keys move")
         shape = ("main", color, f.by.value, f.stat.value, f.metric.value if color == "tensor" else "",
                  tuple(sorted(set(frame["group"]))) if len(frame) else ())
-        self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected),
+        width = self.cells_width(frame)
+        shape = (*shape, width)  # the template holds the width
+        self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected, width=width),
                         selected, caption)
-        # the panel as wide as its chart (cells + row labels up to 260 px + the facet's margin): lines fit beside
-        self.main.layout.width = f"{heatmap_width(frame['col'].nunique() if len(frame) else 1) + 300}px"
+        # the panel as wide as its chart (cells + row labels up to 260 px + the facet's margin): the record beside
+        self.main.layout.width = f"{width + 300}px"
+
+    @staticmethod
+    def cells_width(frame: pd.DataFrame) -> int:
+        """The cells' width in the explorer: up to 36 px a column, 240-720 px (a few steps still fill the map)."""
+        return heatmap_width(frame["col"].nunique() if len(frame) else 1, cell=36, lo=240, hi=720)
 
     def draw_where(self, selected: dict[str, str] | None) -> None:
         """Draw the rank × step frame with *selected* outlined."""
@@ -232,7 +239,9 @@ class HeatView:
                                                            if self.where_unmerged else "")
                    + (f"; first bad = {html.escape(what)}" if color == "first_bad" and what else ""))
         shape = ("where", color, f.stat.value, self.where_unmerged)
-        self._where.draw(wf, shape, lambda: heatmap_chart(wf, stat=f.stat.value, selected=selected,
+        width = self.cells_width(wf)
+        shape = (*shape, width)
+        self._where.draw(wf, shape, lambda: heatmap_chart(wf, stat=f.stat.value, selected=selected, width=width,
                                                           y_title="rank", row_height=16), selected, caption)
 
     # -- picking ------------------------------------------------------------------------------

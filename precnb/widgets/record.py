@@ -175,7 +175,7 @@ class RecordView:
                      "differ): their lines are not this tensor")
         title = state.tensor
         self.lines.show(frame, key=key, title=title,
-                        build=lambda: line_chart(frame, stat=stat, title=title, width=400),
+                        build=lambda: line_chart(frame, stat=stat, title=title, width=500),
                         caption=f"{html.escape(stat)} over steps{html.escape(note)}; click a point for its "
                                 "record, drag to zoom the heat map to those steps")
 
@@ -191,7 +191,7 @@ class RecordView:
             tensors = row_t if state.tensor in row_t else tensors
         frame = detail_frame(runs.ds if cmp else ds, step=state.step, rank=state.rank, tensors=tensors,
                              run=f.run.value if cmp else None, baseline=runs.baseline if cmp else None,
-                             focus=state.tensor)
+                             focus=state.tensor, merged=None if state.unmerged else self.data.shard_kinds())
         ev = self.data.evidence(state.tensor, ds, state.step, state.rank)  # that rank's own record
         where = " (rank as dumped, before merging shards)" if state.unmerged else ""
         self.detail.show(frame, ev, focus=state.tensor,
