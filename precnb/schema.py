@@ -93,6 +93,7 @@ __all__ = [
     "entry_meta",
     "entry_stack",
     "meta_changes",
+    "read_side_table",
     "shift_entry_changes",
     "side_table",
     "side_text",
@@ -350,16 +351,28 @@ def encode_dtype_changes(changes: dict[str, dict[tuple[int, int], str]]) -> str:
     return json.dumps(table)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=8)
 def _decoded(raw: str) -> Any:
     return json.loads(raw)
 
 
 def _attr_table(ds: xr.Dataset, name: str) -> Any:
+    """A JSON attribute, decoded once per distinct text (shared: read it, never change it)."""
     raw = ds.attrs.get(name)
     if not raw:
         return {}
     return _decoded(raw) if isinstance(raw, str) else raw
+
+
+def read_side_table(ds: xr.Dataset, name: str) -> dict[str, Any]:
+    """:func:`side_table`, decoded once per distinct attribute text: shared, to read and never change.
+
+    Examples
+    --------
+    >>> read_side_table(empty_dataset(stacks='{"n": ["File a"]}'), "stacks")
+    {'n': ['File a']}
+    """
+    return _attr_table(ds, name)  # type: ignore[no-any-return]
 
 
 def meta_changes(ds: xr.Dataset) -> dict[str, dict[str, dict[tuple[int, int], str]]]:
@@ -498,7 +511,7 @@ def entry_stack(ds: xr.Dataset, node: str, step: int | None = None, rank: int | 
         for frames, where in _attr_table(ds, "stack_changes").get(node, []):
             if [int(step), int(rank)] in where:
                 return list(frames)
-    return list(side_table(ds, "stacks").get(node, []))
+    return list(_attr_table(ds, "stacks").get(node, []))  # (parsed once per distinct text)
 
 
 def shift_entry_changes(attrs: dict[str, Any], offset: int) -> dict[str, Any]:

@@ -217,6 +217,8 @@ class Comparison:
     # whole tensors (precnb.analysis.tensor_verdicts); None when not applicable
     precision: Any = None
     tensor_judged: xr.DataArray | None = None
+    # two frameworks compared with the tolerance calibrated on their noise floor: that calibration
+    calibration: Any = None
     #: entries of a merged target whose replicated copies differ across their TP/CP group
     #: (:func:`precnb.analysis.merge.merge_shards`); counted in ``differs``
     replicas_differ: xr.DataArray | None = None

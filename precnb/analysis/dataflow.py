@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.naming import parse_node
-from precnb.schema import META_FIELDS, dtype_changes, entry_meta, meta_changes, side_table
+from precnb.schema import META_FIELDS, dtype_changes, entry_meta, meta_changes, read_side_table
 
 __all__ = ["StepFlow", "module_of_node", "scalar_only_nodes", "to_backward", "to_forward", "user_frame"]
 
@@ -171,12 +171,12 @@ class StepFlow:
     @cached_property
     def construct(self) -> dict[str, Any]:
         """construct.json (node → parent)."""
-        return side_table(self.ds, "construct")
+        return read_side_table(self.ds, "construct")
 
     @cached_property
     def stacks(self) -> dict[str, Any]:
         """stack.json (node → frames)."""
-        return side_table(self.ds, "stacks")
+        return read_side_table(self.ds, "stacks")
 
     @cached_property
     def matchable(self) -> np.ndarray:

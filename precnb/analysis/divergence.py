@@ -24,7 +24,7 @@ from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.tolerance import Tolerance
 from precnb.schema import entry_dtype, entry_meta
 
-__all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "searched_differences",
+__all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "pair_comparison", "searched_differences",
            "structural_differences", "two_frameworks"]
 
 MAX_LISTED = 200
@@ -73,6 +73,25 @@ def _first_of_kind(mask: np.ndarray, seq: np.ndarray, kinds: np.ndarray, kind: s
     return first_by_seq(mask & (kinds == kind), seq)
 
 
+def pair_comparison(baseline: xr.Dataset, target: xr.Dataset, *, alignment: Any = None,
+                    tolerance: Tolerance | None = None, **kw: Any) -> Comparison:
+    """The :class:`Comparison` the first-divergence search judges.
+
+    :func:`compare_runs`, and for two frameworks without a tolerance, again with the tolerance
+    calibrated on their noise floor (:func:`noise_floor`; ``calibration`` holds it). *kw* goes to
+    :func:`compare_runs` (``runs``, ``steps``, ``ranks``, ``step_offset``, ``tensor_metrics``, ...).
+    """
+    aligned = alignment is not None and not getattr(alignment, "identical", True)
+    cmp = compare_runs(baseline, target, tolerance=tolerance, alignment=alignment if aligned else None, **kw)
+    if two_frameworks(alignment) and tolerance is None:
+        # two frameworks: calibrate from how well the aligned pair agrees before any real difference
+        noise, calibrated = noise_floor(cmp)
+        if calibrated is not None:
+            cmp = compare_runs(baseline, target, tolerance=calibrated, alignment=alignment, **kw)
+        cmp.calibration = noise
+    return cmp
+
+
 def first_divergence(
     baseline: xr.Dataset,
     target: xr.Dataset | None = None,
@@ -87,6 +106,7 @@ def first_divergence(
     tensor_metrics: xr.Dataset | None = None,
     tensor_thresholds: Any = None,
     precision_aware: bool = True,
+    comparison: Comparison | None = None,
 ) -> Finding:
     """Find where *target* first departs from *baseline*.
 
@@ -125,6 +145,9 @@ def first_divergence(
         A run in systematic lower precision (autocast) is compared with that precision's
         tolerance and says so (:mod:`precnb.analysis.precision`); an isolated dtype change stays
         a finding.
+    comparison : Comparison, optional
+        The pair as already compared with these options (the pipeline builds it once for the
+        search and the views); the search then does not compare the runs again.
 
     Returns
     -------
@@ -163,15 +186,14 @@ def first_divergence(
         # one dataset holding both runs (precnb.open_runs) already has the baseline in the target's names
         alignment = (Alignment.of(baseline) if target is None else None) or align(b_in, t_in)
     aligned = alignment is not None and not alignment.identical
-    cmp = compare_runs(b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks,
-                       step_offset=step_offset, alignment=alignment if aligned else None, **hooks)
     noise = None
-    if two_frameworks(alignment) and tolerance is None:
-        # two frameworks: calibrate from how well the aligned pair agrees before any real difference
-        noise, calibrated = noise_floor(cmp)
-        if calibrated is not None:
-            cmp = compare_runs(b_in, t_in, runs=pair, tolerance=calibrated, steps=steps, ranks=ranks,
-                               step_offset=step_offset, alignment=alignment, **hooks)
+    if comparison is not None:
+        cmp = comparison
+        noise = comparison.calibration
+    else:
+        cmp = pair_comparison(b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks,
+                              step_offset=step_offset, alignment=alignment, **hooks)
+        noise = cmp.calibration
     ds = cmp.ds
     names = cmp.names
     structural = structural_differences(cmp)

@@ -9,7 +9,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.masks import stat_vars
-from precnb.schema import META_FIELDS, NULL_BITS, entry_meta, entry_stack, meta_changes, side_table
+from precnb.schema import META_FIELDS, NULL_BITS, entry_meta, entry_stack, meta_changes, read_side_table
 
 __all__ = ["entry_values", "label_elsewhere", "node_evidence", "parse_frame"]
 
@@ -46,7 +46,7 @@ def node_evidence(ds: xr.Dataset, node: str, *, step: int | None = None, rank: i
     With *step* and *rank*, as that rank recorded them (its own stack frames and parent: one label
     may name another op on another rank); *tensor* names the node's tensor to take the parent of.
     """
-    tree = side_table(ds, "construct")
+    tree = read_side_table(ds, "construct")
     parent = tree.get(node)
     if step is not None and rank is not None and ds.attrs.get("meta_changes"):  # that rank's own parent
         label = tensor if tensor is not None else _a_label(ds, node)

@@ -113,28 +113,11 @@ class Triage:
         frameworks without a tolerance, the one calibrated on their noise floor,
         :func:`precnb.analysis.divergence.noise_floor`); computed once.
         """
-        from precnb.analysis.compare import compare_runs
-        from precnb.analysis.divergence import noise_floor, two_frameworks
-
         if self.baseline is None or self.target is None:
             return None
-        cached = self.cache.get("comparison")
-        if cached is None:
-            kw: dict[str, Any] = {}
-            if self.alignment is not None:
-                kw["alignment"] = self.alignment
-            if self.tolerance is not None:
-                kw["tolerance"] = self.tolerance
-            if self.tensor_metrics is not None:  # entries judged on whole tensors, as the search did
-                kw["tensor_metrics"] = self.tensor_metrics
-            cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
-            if self.tolerance is None and two_frameworks(self.alignment):
-                calibrated = noise_floor(cached)[1]
-                if calibrated is not None:
-                    cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset,
-                                          **{**kw, "tolerance": calibrated})
-            self.cache["comparison"] = cached
-        return cached
+        return shared_comparison(self.cache, self.baseline, self.target, alignment=self.alignment,
+                                 step_offset=self.step_offset, tolerance=self.tolerance,
+                                 tensor_metrics=self.tensor_metrics)
 
     def flagged(self) -> Any:
         """Every record a diagnosis flags, in causal order (:func:`precnb.pipeline.flagged.flagged`)."""
@@ -185,6 +168,25 @@ class Triage:
     def summary(self) -> str:
         """Readable text: every finding's summary, most important first."""
         return "\n\n".join(f.summary() for f in self.findings)
+
+
+def shared_comparison(cache: dict[str, Any], baseline: xr.Dataset, target: xr.Dataset, *, alignment: Any,
+                      step_offset: Any, tolerance: Any, tensor_metrics: Any) -> Any:
+    """The pair's :func:`~precnb.analysis.divergence.pair_comparison`, made once per triage (kept in *cache*).
+
+    The first-divergence search and every view of the triage (:meth:`Triage.comparison`) share it.
+    """
+    from precnb.analysis.divergence import pair_comparison
+
+    cached = cache.get("comparison")
+    if cached is None:
+        kw: dict[str, Any] = {}
+        if tensor_metrics is not None:  # entries judged on whole tensors, as the search does
+            kw["tensor_metrics"] = tensor_metrics
+        cached = pair_comparison(baseline, target, alignment=alignment, tolerance=tolerance,
+                                 step_offset=step_offset, **kw)
+        cache["comparison"] = cached
+    return cached
 
 
 def _layout(spec: Any, ds: xr.Dataset) -> Any:
@@ -428,6 +430,11 @@ def diagnose(
             targ = targ.sel(step=[s for s in targ["step"].values.tolist() if s - step_offset in set(keep)])
         params["tensor_metrics"] = pair_tensor_metrics(opts, raw_b, raw_t, step_offset=step_offset,
                                                        alignment=alignment, notes=notes)  # issue #17
+    cache: dict[str, Any] = {}
+    if base is not None:  # the search's comparison, made once and kept for the views (Triage.comparison)
+        params["comparison"] = lambda: shared_comparison(
+            cache, base, targ, alignment=alignment, step_offset=step_offset, tolerance=tolerance,
+            tensor_metrics=params.get("tensor_metrics"))
     ctx = Context(target=targ, baseline=base, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
                   baseline_layout=b_lay, alignment=alignment, tolerance=tolerance,
                   step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,
@@ -438,7 +445,7 @@ def diagnose(
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
-                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"),
+                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"), cache=cache,
                   source_paths=(bsrc.records_path if bsrc is not None else None, tsrc.records_path))
 
 

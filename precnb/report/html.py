@@ -9,6 +9,7 @@ sit in ``<script type="application/json">`` blocks with ``<``, ``>`` and ``&`` e
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -22,7 +23,9 @@ from precnb.report._inputs import ReportData, from_triage
 __all__ = ["render", "to_html", "write_html"]
 
 
+@functools.lru_cache(maxsize=1)
 def _env() -> Any:
+    """The report's jinja2 environment, made once (it reloads a template whose file changed)."""
     import jinja2
 
     env = jinja2.Environment(

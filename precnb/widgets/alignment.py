@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as ipw
 import numpy as np
 
-from precnb.widgets.charts import EMBED
+from precnb.widgets.charts import EMBED, unvalidated
 from precnb.widgets.findings import _error
 from precnb.widgets.panel import ExplorerAPI, Panel
 
@@ -86,6 +86,7 @@ class AlignmentPanel(Panel):
                          ipw.HBox([self.path, self.overwrite, self.save]), self.status, self.output, self.chart_box]
         self.add_class("precnb-alignment")
         self._drawn_for: Any = None
+        self._drawn_level: str | None = None
 
     # -- hooks --------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -94,7 +95,7 @@ class AlignmentPanel(Panel):
         a = t.alignment if t is not None else None
         self.summary.value = (f"<div style='font-size:12px'>{html.escape(a.describe())}</div>" if a is not None else
                               "<i>no alignment (one run)</i>")
-        if self.chart is not None:
+        if self.chart is not None and self.is_open():  # else redrawn when the tab is opened (on_show)
             self.draw()
 
     def on_show(self) -> None:
@@ -127,11 +128,12 @@ class AlignmentPanel(Panel):
             self.chart_box.children = [ipw.HTML(_error(err))]
             return
         alt.JupyterChart.enable_offline(True)
-        self.chart = alt.JupyterChart(chart, embed_options=EMBED)
+        self.chart = alt.JupyterChart(unvalidated(chart), embed_options=EMBED)
         self.chart.selections.observe(self._on_left, names=["left"])
         self.chart.selections.observe(self._on_right, names=["right"])
         self.chart_box.children = [self.chart]
         self._drawn_for = t
+        self._drawn_level = level
         self._say()
 
     def _module_pair(self) -> tuple[str | None, str | None]:
@@ -215,10 +217,13 @@ class AlignmentPanel(Panel):
         return t
 
     def _names(self, side: str) -> set[str]:
-        """The module paths (modules level) or node names (calls level) of one side's run."""
+        """What can be picked on one side at this level: the drawn tree's rows (modules, containers, calls)."""
         t = self.api.triage
         ds = t.baseline if side == "baseline" else t.target
-        return set(ds["module" if self.level.value == "modules" else "node"].values.astype(str))
+        names = set(ds["module" if self.level.value == "modules" else "node"].values.astype(str))
+        if self.rows is not None and self._drawn_level == self.level.value:
+            names |= set(self.rows.loc[self.rows["side"] == side, "name"].astype(str))
+        return names
 
     def do_match(self) -> Any:
         """Force the selected pair (modules or calls) and rerun; returns the new triage."""

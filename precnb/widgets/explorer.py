@@ -107,7 +107,8 @@ class Explorer(ExplorerViews, ipw.VBox):
                           self.tabs])
         self.add_class("precnb-explorer")
         self._describe()
-        self.refresh()
+        if not (auto and self._opening() is not None):  # start() draws everything once, on the finding
+            self.refresh()
         if auto:
             self.start()
         else:
@@ -324,6 +325,14 @@ class Explorer(ExplorerViews, ipw.VBox):
         self.bar.update()
         self._notify()
 
+    def _opening(self) -> Any:
+        """The finding :meth:`start` shows a record of (None: nothing located to open on)."""
+        t = self.triage
+        if t is None:
+            return None
+        return next((x for x in t.findings if x.found and x.tensor is not None and x.step is not None
+                     and x.rank is not None), None)
+
     def start(self) -> None:
         """Open on the pipeline's first finding that names a record (``finding`` is the first finding)."""
         t = self.triage
@@ -331,8 +340,7 @@ class Explorer(ExplorerViews, ipw.VBox):
             self.bar.update()
             return
         self.finding = t.finding  # what it opened on (a "nothing found" finding on a clean run)
-        f = next((x for x in t.findings if x.found and x.tensor is not None and x.step is not None), t.finding)
-        self.show_finding(f)
+        self.show_finding(self._opening() or t.finding)
 
     def findings(self) -> list[Any]:
         """Findings for the report and the finding bar: the triage's, most important first."""
@@ -367,8 +375,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         self.filters.reset(runs.run(), runs.names, tensor_metrics=self._has_metrics(triage))
         self.data = ExplorerData(runs, self.filters, triage)
         self.heat.data = self.record.data = self.data
-        self.heat._main.reset()
-        self.heat._where.reset()
+        # the charts' templates are data-free (their shape is in their key): kept, only new data is sent
         with self.hold_trait_notifications():
             self.step = self.rank = None
             self.tensor = self.row = self.group = None
@@ -378,7 +385,8 @@ class Explorer(ExplorerViews, ipw.VBox):
         self._checklist()
         for p in self.panels:
             p.refresh()
-        self.refresh()
+        if self._opening() is None:  # start() draws everything once, on the finding
+            self.refresh()
         self.start()
 
     def _on_tab(self, change: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from precnb.widgets.charts import EMBED
+from precnb.widgets.charts import EMBED, unvalidated
 from precnb.widgets.findings import _error
 from precnb.widgets.panel import ExplorerAPI, Panel
 
@@ -44,9 +44,9 @@ class HierarchyPanel(Panel):
         self.add_class("precnb-hierarchy")
 
     def refresh(self) -> None:
-        """New runs: recount when shown."""
+        """New runs: recount now when the tab is open, else when it is opened next."""
         self.frame = None
-        if self.shown:
+        if self.shown and self.is_open():
             self.draw(recount=True)
 
     def on_show(self) -> None:
@@ -92,7 +92,7 @@ class HierarchyPanel(Panel):
             self.message.value = _error(err)
             return
         alt.JupyterChart.enable_offline(True)
-        self.chart = alt.JupyterChart(chart, embed_options=EMBED)
+        self.chart = alt.JupyterChart(unvalidated(chart), embed_options=EMBED)
         self.chart.selections.observe(self._on_node, names=["node"])
         self.chart_box.children = [self.chart]
 

@@ -119,7 +119,7 @@ class RecordView:
 
         from precnb.io.tensors import load_array, tensor_file
         from precnb.viz.histogram import histogram_chart, histogram_frame
-        from precnb.widgets.charts import EMBED
+        from precnb.widgets.charts import EMBED, unvalidated
 
         t = self.data.triage
         names = (str(t.names[0]), str(t.names[1]))
@@ -139,7 +139,7 @@ class RecordView:
         note = "; ".join(f"{k}: {v} NaN/inf" for k, v in frame.attrs["nonfinite"].items() if v)
         alt.JupyterChart.enable_offline(True)
         chart = histogram_chart(frame, title=f"values of {label}" + (f" ({note})" if note else ""))
-        return alt.JupyterChart(chart, embed_options=EMBED), ""
+        return alt.JupyterChart(unvalidated(chart), embed_options=EMBED), ""
 
     def _lines(self, state: Any, tensors: list[str], ranks: tuple[int, int] | None) -> None:
         f = self.filters
@@ -192,7 +192,7 @@ class RecordView:
         frame = detail_frame(runs.ds if cmp else ds, step=state.step, rank=state.rank, tensors=tensors,
                              run=f.run.value if cmp else None, baseline=runs.baseline if cmp else None,
                              focus=state.tensor, merged=None if state.unmerged else self.data.shard_kinds())
-        ev = self.data.evidence(state.tensor, ds, state.step, state.rank)  # that rank's own record
+        ev = self.data.evidence(state.tensor, self._owner(state, ds), state.step, state.rank)  # that rank's own
         where = " (rank as dumped, before merging shards)" if state.unmerged else ""
         self.detail.show(frame, ev, focus=state.tensor,
                          title=f"{state.row or ev.get('module') or ''} at step {state.step}, rank {state.rank}{where}")
@@ -206,6 +206,20 @@ class RecordView:
         self.attribution.value = attribution_html(state.row, f.rows.value, state.current_finding,
                                                   node=ev.get("node"))
         self.update_histogram(state)
+
+    def _owner(self, state: Any, ds: Any) -> Any:
+        """The run that recorded the selected entry: the baseline for a computation only the baseline has."""
+        runs = self.data.runs
+        if state.unmerged or not runs.names or not runs.baseline or runs.baseline == self.filters.run.value:
+            return ds
+        t, s, r = state.tensor, state.step, state.rank
+        if t in ds.indexes["tensor"] and s in ds.indexes["step"] and r in ds.indexes["rank"] and bool(
+                ds["present"].sel(step=s, rank=r, tensor=t)):
+            return ds
+        base = runs.run(runs.baseline)
+        here = t in base.indexes["tensor"] and s in base.indexes["step"] and r in base.indexes["rank"] and bool(
+            base["present"].sel(step=s, rank=r, tensor=t))
+        return base if here else ds
 
     def _visible(self, state: Any) -> bool:
         ds = self.data.target()
