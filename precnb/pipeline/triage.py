@@ -143,7 +143,15 @@ class Triage:
         if self.baseline is None:
             return self.target
         cmp = self.comparison()
-        return cmp.ds.assign_coords(run=("run", [str(self.names[0]), str(self.names[1])]))
+        names = [str(self.names[0]), str(self.names[1])]
+        out = cmp.ds.assign_coords(run=("run", names))
+        raw = out.attrs.get("run_attrs")  # each run's own attributes (per-entry metadata, stacks), by its new name
+        if raw:
+            own = json.loads(raw) if isinstance(raw, str) else dict(raw)
+            old = [str(r) for r in cmp.ds["run"].values]
+            out.attrs = {**out.attrs, "run_attrs": json.dumps({n: own.get(o, {}) for o, n in zip(old, names,
+                                                                                          strict=True)})}
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: ``findings`` (most important first), ``checks``, ``options``, ``notes``."""

@@ -119,6 +119,7 @@ def heatmap_chart(
     width: int | None = None,
     y_title: str | None = None,
     row_height: int = 14,
+    label_limit: int = 260,
 ) -> alt.Chart | alt.LayerChart | alt.FacetChart:
     """Heat map of :func:`precnb.viz.heatmap_frame` cells with a ``cell`` point selection.
 
@@ -143,6 +144,8 @@ def heatmap_chart(
         Title of the row axis (none by default: the labels say it).
     row_height : int
         Pixels per row.
+    label_limit : int
+        Most pixels of a row label (longer ones are cut with an ellipsis; the tooltip has them whole).
 
     Returns
     -------
@@ -178,7 +181,7 @@ def heatmap_chart(
     x = alt.X("col:O", sort=_sort_by("col_order"), title="ranks" if by == "rank" else "step",
               axis=alt.Axis(labelAngle=-45 if by == "rank" else 0, labelOverlap=True))
     y = alt.Y("row:N", sort=_sort_by("row_order"), title=y_title,
-              axis=alt.Axis(labelLimit=260, labelOverlap=False))
+              axis=alt.Axis(labelLimit=label_limit, labelOverlap=False))
     rect = base.mark_rect(invalid="show").encode(x=x, y=y, tooltip=tooltip, **enc)
     if sel is not None:
         rect = rect.add_params(sel)

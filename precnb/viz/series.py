@@ -239,10 +239,10 @@ def detail_frame(
         keep = keep | np.asarray(b["present"].values, bool)
     df = df[keep].sort_values("seq", kind="stable").reset_index(drop=True)
     total, first = len(df), 0
-    if total > limit:  # a window of execution order that holds the focused record
+    if total > limit:  # a window of execution order that holds the focused record, a few records before it
         at = np.flatnonzero(df["tensor"].to_numpy() == focus) if focus is not None else np.zeros(0, np.int64)
         if len(at):
-            first = int(min(max(int(at[0]) - limit // 2, 0), total - limit))
+            first = int(min(max(int(at[0]) - min(2, limit // 4), 0), total - limit))
         df = df.iloc[first:first + limit].reset_index(drop=True)
     df.attrs.update(step=int(step), rank=int(rank), run=run or "", baseline=baseline or "", first_row=first,
                     rows_total=total)

@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as ipw
 import numpy as np
 
-from precnb.widgets.charts import EMBED, unvalidated
+from precnb.widgets.charts import offline_chart
 from precnb.widgets.findings import _error
 from precnb.widgets.panel import ExplorerAPI, Panel
 
@@ -106,8 +106,6 @@ class AlignmentPanel(Panel):
     # -- drawing ------------------------------------------------------------------------------
     def draw(self) -> None:
         """(Re)build both trees for the current level and selection."""
-        import altair as alt
-
         from precnb.viz.alignment import alignment_chart, alignment_frame
 
         t = self.api.triage
@@ -127,8 +125,7 @@ class AlignmentPanel(Panel):
         except Exception as err:
             self.chart_box.children = [ipw.HTML(_error(err))]
             return
-        alt.JupyterChart.enable_offline(True)
-        self.chart = alt.JupyterChart(unvalidated(chart), embed_options=EMBED)
+        self.chart = offline_chart(chart)
         self.chart.selections.observe(self._on_left, names=["left"])
         self.chart.selections.observe(self._on_right, names=["right"])
         self.chart_box.children = [self.chart]

@@ -18,7 +18,9 @@ _CSS = """<style>
 .precnb-detail tr.focus td{background:#fff3c4;font-weight:600}
 .precnb-detail .nf{color:#c00;font-weight:600}
 .precnb-detail .null{color:#999}
-.precnb-detail td.l.t{white-space:normal;overflow-wrap:anywhere;max-width:330px;min-width:180px}
+.precnb-detail td.l.t{white-space:normal;overflow-wrap:anywhere;max-width:340px;min-width:160px;line-height:1.25}
+.precnb-detail td.l.t .m{display:block;color:#777;font-size:10px;font-weight:400;line-height:1.1}
+.precnb-detail td{line-height:1.25}
 .precnb-detail td .b{display:block;color:#777;font-size:11px}
 .precnb-detail td .b.d{color:#b35900}
 .precnb-detail .note{font-size:11px;color:#666;margin:2px 0}
@@ -101,7 +103,7 @@ def detail_html(frame: pd.DataFrame, evidence: dict[str, Any] | None = None, *,
     paired = [s for s in stats if base and f"{s}_{base}" in frame]
     lead = ["rel_diff"] if "rel_diff" in frame else []
     labels = {s: (f"{s}<br><span class='b'>{e(base)}</span>" if s in paired else e(s)) for s in stats}
-    head = ["tensor", "role", "dtype", "shape"]
+    head = ["tensor <span class='b'>role · dtype</span>", "shape"]
     out.append("<table><tr>" + "".join(f"<th class='l'>{h}</th>" for h in head)
                + "".join(f"<th>{e(h)}</th>" for h in lead) + "".join(f"<th>{labels[s]}</th>" for s in stats)
                + "</tr>")
@@ -109,8 +111,9 @@ def detail_html(frame: pd.DataFrame, evidence: dict[str, Any] | None = None, *,
     for row in frame.itertuples(index=False):
         r = row._asdict()
         cls = " class='focus'" if focus and r["tensor"] == focus else ""
-        cells = [f"<td class='l t'>{e(str(r['tensor']))}</td>", f"<td class='l'>{e(str(r['role']))}</td>",
-                 f"<td class='l'>{e(str(r['dtype']).replace('torch.', ''))}</td>",
+        # role and dtype under the label: the table fits beside the maps (at 1600 px)
+        cells = [f"<td class='l t'>{e(str(r['tensor']))}<span class='m'>{e(str(r['role']))} · "
+                 f"{e(str(r['dtype']).replace('torch.', ''))}</span></td>",
                  f"<td class='l'>{e(str(r['shape']))}</td>"]
         nulls = int(r.get("null_stats", 0) or 0)
         bnulls = int(r.get(f"null_stats_{base}", 0) or 0) if base else 0

@@ -98,7 +98,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         self.maps.add_class("precnb-maps")
         self.side = ipw.VBox([selection, self.record.lines, ipw.HBox([self.record.hist_toggle]), self.record.hist_box,
                               self.record.detail],
-                             layout=ipw.Layout(flex="1 1 520px", min_width="480px", margin="0 0 0 16px"))
+                             layout=ipw.Layout(flex="1 1 420px", min_width="420px", margin="0 0 0 16px"))
         self.side.add_class("precnb-record")
         grid = ipw.HBox([self.maps, self.side], layout=ipw.Layout(flex_flow="row wrap", align_items="flex-start",
                                                                    width="100%"))

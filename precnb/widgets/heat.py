@@ -24,6 +24,9 @@ from precnb.widgets.charts import HeatmapPanel, WherePanel, records
 
 __all__ = ["HEATMAP_COLUMNS", "HeatView", "Pick", "contract_frame"]
 
+LABEL_LIMIT = 200
+"""Most pixels of a heat-map row label in the explorer (the record's column needs the rest of the width)."""
+
 HEATMAP_COLUMNS = ["row", "group", "x", "x_hi", "value", "first_bad", "col", "step", "step_hi", "rank_lo", "rank_hi",
                    "tensor", "worst_step", "worst_rank", "nonfinite", "records", "focus"]
 """Columns of :meth:`precnb.widgets.explorer.Explorer.heatmap_frame`."""
@@ -219,10 +222,10 @@ class HeatView:
                  tuple(sorted(set(frame["group"]))) if len(frame) else ())
         width = self.cells_width(frame)
         shape = (*shape, width)  # the template holds the width
-        self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected, width=width),
-                        selected, caption)
-        # the panel as wide as its chart (cells + row labels up to 260 px + the facet's margin): the record beside
-        self.main.layout.width = f"{width + 300}px"
+        self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected, width=width,
+                                                            label_limit=LABEL_LIMIT), selected, caption)
+        # the panel as wide as its chart (cells + row labels + the facet's margin): the record beside it
+        self.main.layout.width = f"{width + LABEL_LIMIT + 40}px"
 
     @staticmethod
     def cells_width(frame: pd.DataFrame) -> int:
@@ -242,7 +245,8 @@ class HeatView:
         width = self.cells_width(wf)
         shape = (*shape, width)
         self._where.draw(wf, shape, lambda: heatmap_chart(wf, stat=f.stat.value, selected=selected, width=width,
-                                                          y_title="rank", row_height=16), selected, caption)
+                                                          y_title="rank", row_height=16, label_limit=LABEL_LIMIT),
+                         selected, caption)
 
     # -- picking ------------------------------------------------------------------------------
     def _on_main(self, change: dict[str, Any]) -> None:

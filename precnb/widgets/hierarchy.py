@@ -14,7 +14,7 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from precnb.widgets.charts import EMBED, unvalidated
+from precnb.widgets.charts import offline_chart
 from precnb.widgets.findings import _error
 from precnb.widgets.panel import ExplorerAPI, Panel
 
@@ -75,8 +75,6 @@ class HierarchyPanel(Panel):
 
     def draw(self, *, recount: bool = False) -> None:
         """(Re)build the tree; *recount* recomputes the flagged counts."""
-        import altair as alt
-
         from precnb.viz import hierarchy_chart, hierarchy_frame
 
         api = self.api
@@ -91,8 +89,7 @@ class HierarchyPanel(Panel):
         except Exception as err:
             self.message.value = _error(err)
             return
-        alt.JupyterChart.enable_offline(True)
-        self.chart = alt.JupyterChart(unvalidated(chart), embed_options=EMBED)
+        self.chart = offline_chart(chart)
         self.chart.selections.observe(self._on_node, names=["node"])
         self.chart_box.children = [self.chart]
 

@@ -115,11 +115,9 @@ class RecordView:
 
     def _histogram_chart(self, state: Any) -> tuple[Any, str]:
         """(JupyterChart, "") of the values of both runs, or (None, why not)."""
-        import altair as alt
-
         from precnb.io.tensors import load_array, tensor_file
         from precnb.viz.histogram import histogram_chart, histogram_frame
-        from precnb.widgets.charts import EMBED, unvalidated
+        from precnb.widgets.charts import offline_chart
 
         t = self.data.triage
         names = (str(t.names[0]), str(t.names[1]))
@@ -137,9 +135,8 @@ class RecordView:
                           f"{rank}: {e(type(err).__name__)}: {e(str(err))}</span>")
         frame = histogram_frame(values)
         note = "; ".join(f"{k}: {v} NaN/inf" for k, v in frame.attrs["nonfinite"].items() if v)
-        alt.JupyterChart.enable_offline(True)
         chart = histogram_chart(frame, title=f"values of {label}" + (f" ({note})" if note else ""))
-        return alt.JupyterChart(unvalidated(chart), embed_options=EMBED), ""
+        return offline_chart(chart), ""
 
     def _lines(self, state: Any, tensors: list[str], ranks: tuple[int, int] | None) -> None:
         f = self.filters
@@ -175,7 +172,7 @@ class RecordView:
                      "differ): their lines are not this tensor")
         title = state.tensor
         self.lines.show(frame, key=key, title=title,
-                        build=lambda: line_chart(frame, stat=stat, title=title, width=500),
+                        build=lambda: line_chart(frame, stat=stat, title=title, width=420, height=180),
                         caption=f"{html.escape(stat)} over steps{html.escape(note)}; click a point for its "
                                 "record, drag to zoom the heat map to those steps")
 
@@ -191,7 +188,8 @@ class RecordView:
             tensors = row_t if state.tensor in row_t else tensors
         frame = detail_frame(runs.ds if cmp else ds, step=state.step, rank=state.rank, tensors=tensors,
                              run=f.run.value if cmp else None, baseline=runs.baseline if cmp else None,
-                             focus=state.tensor, merged=None if state.unmerged else self.data.shard_kinds())
+                             focus=state.tensor, merged=None if state.unmerged else self.data.shard_kinds(),
+                             limit=24)
         ev = self.data.evidence(state.tensor, self._owner(state, ds), state.step, state.rank)  # that rank's own
         where = " (rank as dumped, before merging shards)" if state.unmerged else ""
         self.detail.show(frame, ev, focus=state.tensor,

@@ -41,11 +41,12 @@ NB = "window.jupyterapp?.shell?.currentWidget"  # optional: JupyterLab may not b
 
 
 @contextlib.contextmanager
-def jupyter_lab(tmp_path_factory, cells: list[str], name: str):
+def jupyter_lab(tmp_path_factory, cells: list[str], name: str, settings: dict[str, dict] | None = None):
     """A JupyterLab server on 127.0.0.1 (random port and token, throw-away config dirs) serving a notebook.
 
-    The notebook *name* holds *cells* (code); yields ``{"url", "root"}``. The server is stopped
-    (SIGTERM, then kill on timeout) when the block ends.
+    The notebook *name* holds *cells* (code); *settings*: extension settings (``"plugin id": {...}``, e.g.
+    ``"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True}``). Yields ``{"url", "root"}``.
+    The server is stopped (SIGTERM, then kill on timeout) when the block ends.
     """
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("jupyterlab")
@@ -53,9 +54,14 @@ def jupyter_lab(tmp_path_factory, cells: list[str], name: str):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / name)
-    settings = home / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)  # no "Jupyter news?" toast over the widgets
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    settings_dir = home / "settings" / "@jupyterlab" / "apputils-extension"
+    settings_dir.mkdir(parents=True)  # no "Jupyter news?" toast over the widgets
+    (settings_dir / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    for plugin, values in (settings or {}).items():
+        package, _, file = plugin.rpartition(":")
+        where = home / "settings" / package
+        where.mkdir(parents=True, exist_ok=True)
+        (where / f"{file}.jupyterlab-settings").write_text(json.dumps(values))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

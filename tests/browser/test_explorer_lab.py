@@ -132,8 +132,9 @@ def _explorer(page, i: int):
 
 
 def test_layout_at_1400_px_and_nothing_printed_into_cells(page):
-    """Where view and selection line on top, the heat map beside the line chart, nothing wider than the
-    notebook; no cell printed to stderr (a warning, a progress bar)."""
+    """The maps on the left (the where view above the heat map), the selected record on the right (selection
+    line above its line chart), nothing wider than the notebook; no cell printed to stderr (a warning, a
+    progress bar)."""
     outputs = page.evaluate(f"() => {NB}.content.widgets.map(c => c.model.outputs ? c.model.outputs.toJSON() : [])")
     assert len(outputs) == len(_cells())
     assert not [o for cell in outputs for o in cell if o.get("output_type") == "stream" and o.get("name") == "stderr"]
@@ -146,11 +147,14 @@ def test_layout_at_1400_px_and_nothing_printed_into_cells(page):
             assert b and b["width"] > 0 and b["height"] > 0, css
             return b
 
-        where, heat, lines, sel = (box(c) for c in (".precnb-where", ".precnb-heatmap", ".precnb-lines",
-                                                    ".precnb-selection"))
+        OUT.mkdir(exist_ok=True)
+        ex.screenshot(path=str(OUT / f"explorer_1400_{i}.png"))
+        where, heat, lines, sel, maps = (box(c) for c in (".precnb-where", ".precnb-heatmap", ".precnb-lines",
+                                                          ".precnb-selection", ".precnb-maps"))
         assert where["y"] + where["height"] <= heat["y"] + 1, i  # the where view above the heat map
-        assert sel["x"] >= where["x"] + where["width"] - 1 and sel["y"] < where["y"] + where["height"], i
-        assert lines["x"] >= heat["x"] + heat["width"] - 1 and lines["y"] < heat["y"] + heat["height"], i
+        assert sel["x"] >= maps["x"] + maps["width"] - 1 and sel["y"] < where["y"] + where["height"], i
+        assert lines["x"] >= maps["x"] + maps["width"] - 1 and lines["y"] < heat["y"] + heat["height"], i
+        assert sel["y"] + sel["height"] <= lines["y"] + 1, i  # the selection line above its chart
         assert ex.evaluate("el => el.scrollWidth <= el.clientWidth + 1"), i  # fits the notebook's width
 
 

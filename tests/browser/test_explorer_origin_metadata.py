@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import NB, jupyter_lab, kernel_output, open_notebook, wait_idle
+from tests.browser.conftest import jupyter_lab, kernel_output, open_notebook
 from tests.conftest import ROOT, sample_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
@@ -62,7 +62,9 @@ def _cells() -> list[str]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    with jupyter_lab(tmp_path_factory, _cells(), "incidents.ipynb") as server:
+    # every cell in the page (no windowing): the n-th explorer is the n-th incident's, wherever the page scrolls
+    settings = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
+    with jupyter_lab(tmp_path_factory, _cells(), "incidents.ipynb", settings=settings) as server:
         yield server
 
 
@@ -142,7 +144,11 @@ def _shown(ex) -> dict[str, str]:
     status = " ".join(ex.locator(".precnb-selection").inner_text().split())
     module = re.search(r"module (\S+) · shape (.+?)(?: this label| \(hidden|$)", status)
     assert module, status
-    first = ex.locator(".precnb-detail-panel .precnb-stack li").first
+    items = ex.locator(".precnb-detail-panel .precnb-stack li")
+    if not items.count():  # no frame for this node in that rank's stack.json
+        assert "stack: not recorded" in ex.locator(".precnb-detail-panel").inner_text(), status
+        return {"module": module.group(1), "shape": module.group(2).strip(), "loc": "", "code": ""}
+    first = items.first
     loc = " ".join(first.locator(".loc").inner_text().split())
     code = " ".join(first.locator("code").inner_text().split())
     return {"module": module.group(1), "shape": module.group(2).strip(), "loc": loc, "code": code}
@@ -157,7 +163,7 @@ def test_origin_module_shape_and_stack_are_that_ranks_own(page, i):
     name, target, base, _opts = INCIDENTS[i]
     ex = page.locator(".precnb-explorer").nth(i)
     ex.scroll_into_view_if_needed()
-    expect(ex.locator(".precnb-detail-panel .precnb-stack li").first).to_be_visible(timeout=60_000)
+    expect(ex.locator(".precnb-detail-panel table").first).to_be_visible(timeout=60_000)
     step, rank, tensor, node, unmerged, in_baseline = json.loads(
         kernel_output(page, f"state(ex{i})").strip().splitlines()[-1])
     assert node and not unmerged, (name, tensor)
@@ -165,17 +171,23 @@ def test_origin_module_shape_and_stack_are_that_ranks_own(page, i):
     want = _expected(root, step, rank, node, tensor)
     got = _shown(ex)
     assert (got["module"], got["shape"]) == (want["module"], want["shape"]), (name, step, rank, tensor)
-    frame = parse_frame(want["frame"])
-    assert got["loc"] == f"{frame['file']}:{frame['line']} in {frame['func']}" and got["code"] == frame["code"], \
-        (name, got, frame)
+    if not want["frame"]:  # that rank's stack.json has no frame for the node: the page says so
+        assert (got["loc"], got["code"]) == ("", ""), (name, got)
+    else:
+        frame = parse_frame(want["frame"])
+        assert got["loc"] == f"{frame['file']}:{frame['line']} in {frame['func']}" and got["code"] == frame["code"], \
+            (name, got, frame)
     OUT.mkdir(exist_ok=True)
     ex.screenshot(path=str(OUT / f"origin_{name}.png"))
 
 
 def test_rank_shift_shows_rank_1s_op_not_rank_0s(page):
+    from playwright.sync_api import expect
+
     i = next(k for k, (n, *_r) in enumerate(INCIDENTS) if n == "rank_shift")
     ex = page.locator(".precnb-explorer").nth(i)
     ex.scroll_into_view_if_needed()
+    expect(ex.locator(".precnb-detail-panel table").first).to_be_visible(timeout=60_000)
     got = _shown(ex)
     assert (got["module"], got["shape"]) == ("blocks.0.attn", "[2, 2, 8, 8]")
     assert "scores = scores + torch.sqrt(poison)" in got["code"]
@@ -202,25 +214,9 @@ def test_layout_at_1600_px_origin_chart_and_record_on_one_screen(page):
         one = ex.locator(".precnb-heatmap g.mark-text.role-mark text").filter(has_text=re.compile(r"^1$")).first
         cell, lines, row = one.bounding_box(), box(".precnb-lines"), box(".precnb-detail-panel tr.focus")
         for what, b in (("origin cell", cell), ("line chart", lines), ("detail row", row)):
-            assert b is not None and b["y"] >= 0 and b["y"] + min(b["height"], 40) <= 1000, (name, what, b)
+            if not (b is not None and b["y"] >= 0 and b["y"] + min(b["height"], 40) <= 1000):
+                page.screenshot(path=str(OUT / f"layout_{name}.png"))
+                raise AssertionError((name, what, b))
         for s in ex.locator(".precnb-suspect").all():  # the whole text shows (wrapped, not cut)
             assert s.evaluate("el => el.scrollWidth <= el.clientWidth + 1"), (name, s.inner_text())
     page.screenshot(path=str(OUT / "explorer_1600.png"))
-
-
-def test_a_saved_notebook_reopens_without_page_errors(page, chromium, lab):
-    """Save (widget state kept by JupyterLab) and reopen: no "model not found", no anywidget errors."""
-    before = list(page.errors)
-    assert not [e for e in before if "anywidget" in e.lower() or "model not found" in e.lower()], before
-    page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
-    wait_idle(page)
-    page.wait_for_function(f"!{NB}.context.model.dirty", timeout=30_000)
-    again = open_notebook(chromium, lab["url"], viewport={"width": 1600, "height": 1000}, run=False)
-    try:
-        again.wait_for_timeout(5000)  # the saved outputs render (or fail to)
-        texts = again.locator(".jp-OutputArea-output").all_inner_texts()
-        assert not [t for t in texts if "Error displaying widget" in t], texts[:3]
-        assert not [e for e in again.errors if "anywidget" in e.lower() or "model not found" in e.lower()], \
-            again.errors
-    finally:
-        again.close()
