@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +183,18 @@ def test_report_shows_the_origins_own_module_shape_and_stack():
     assert code in text  # the origin's own source line
     rows = [" ".join(tr.get_text(" ").split()) for tr in soup.find_all("tr")]
     assert any(LABEL in r and "[2, 2, 8, 8]" in r and "blocks.0.attn" in r for r in rows)
+
+
+def test_pair_views_show_the_targets_own_stack_lines():
+    """Two runs whose nodes share names (a port): the explorer's record is the target's, stack included."""
+    pytest.importorskip("ipywidgets")
+    import glob
+
+    from precnb.widgets import explore
+
+    ex = explore(sample_path("xfw", "ms_bug"), sample_path("xfw", "pt"))
+    ev = ex.record.detail.evidence
+    [path] = glob.glob(str(sample_path("xfw", "ms_bug", "step0") / "*" / "stack.json"))
+    raw = json.loads(Path(path).read_text())
+    own = next(frames for nodes, frames in raw.values() if ev["node"] in nodes)
+    assert ev["stack"] == own and "mindspore" in own[0]  # not the PyTorch baseline's frames
