@@ -319,9 +319,9 @@ def _rebase(ds: xr.Dataset, own: dict[str, dict[tuple[int, int], str]], name: st
         for lbl, where in own.items():
             if lbl in done:
                 continue
-            j = pos.get(lbl) if pos is not None else (int(ds.indexes["tensor"].get_loc(lbl))
-                                                      if lbl in ds.indexes["tensor"] else None)
-            base = str(base_v[j]) if j is not None else ""
+            at: int | None = pos.get(lbl) if pos is not None else (
+                int(ds.indexes["tensor"].get_loc(lbl)) if lbl in ds.indexes["tensor"] else None)
+            base = str(base_v[at]) if at is not None else ""
             kept = {k: d for k, d in where.items() if d != base}
             if kept:
                 out[lbl] = kept
@@ -352,7 +352,7 @@ def _joined_entry_meta(parts: list[xr.Dataset], labels: list[str], coords: dict[
     meta: dict[str, dict[str, dict[tuple[int, int], str]]] = {}
     for ds in parts:
         idx = np.fromiter((order[str(t)] for t in ds["tensor"].values), np.int64, ds.sizes["tensor"])
-        final = {f: np.asarray(coords[f])[idx] for f in META_FIELDS if f in coords}  # aligned with ds
+        final: dict[str, Any] = {f: np.asarray(coords[f])[idx] for f in META_FIELDS if f in coords}  # ds order
         for f, by_tensor in rebase_meta_changes(ds, final).items():
             for t, where in by_tensor.items():
                 meta.setdefault(f, {}).setdefault(t, {}).update(where)

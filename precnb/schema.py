@@ -372,7 +372,8 @@ def read_side_table(ds: xr.Dataset, name: str) -> dict[str, Any]:
     >>> read_side_table(empty_dataset(stacks='{"n": ["File a"]}'), "stacks")
     {'n': ['File a']}
     """
-    return _attr_table(ds, name)  # type: ignore[no-any-return]
+    table: dict[str, Any] = _attr_table(ds, name)
+    return table
 
 
 def meta_changes(ds: xr.Dataset) -> dict[str, dict[str, dict[tuple[int, int], str]]]:

@@ -473,7 +473,7 @@ def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None) -> Pairing:
     a = _Aligner(tb, tt, hints)
     for b, t in (hints.modules.items() if hints else ()):
         if b in tb.modules and t in tt.modules:
-            a._pair_module(b, t, *hints.how("modules", b))
+            a._pair_module(b, t, *a.hints.how("modules", b))
     a.pair_modules()
     for b, t in (hints.modules.items() if hints else ()):  # below the user's pairs, pair as usual
         if a.out.modules.get(b, ("",))[0] == t:
