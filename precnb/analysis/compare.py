@@ -11,7 +11,7 @@ import xarray as xr
 from precnb.analysis.tolerance import Tolerance, relative_difference
 from precnb.combine import combine_runs, select_run
 from precnb.dtypes import canonical_dtype, equivalence, same_values
-from precnb.schema import dtype_changes, encode_dtype_changes
+from precnb.schema import dtype_changes, shift_entry_changes
 
 __all__ = ["Comparison", "NothingToCompareError", "align_steps", "compare_runs", "default_step_offset",
            "entry_dtype_differences", "split_runs"]
@@ -234,6 +234,8 @@ class Comparison:
     # whole tensors (precnb.analysis.tensor_verdicts); None when not applicable
     precision: Any = None
     tensor_judged: xr.DataArray | None = None
+    # two frameworks compared with the tolerance calibrated on their noise floor: that calibration
+    calibration: Any = None
     #: entries of a merged target whose replicated copies differ across their TP/CP group
     #: (:func:`precnb.analysis.merge.merge_shards`); counted in ``differs``
     replicas_differ: xr.DataArray | None = None
@@ -338,9 +340,7 @@ def compare_runs(
         off = int(step_offset) if isinstance(step_offset, int) and not isinstance(step_offset, bool) else 0
     if off:
         t = t.assign_coords(step=t["step"] - off)
-        moved = {k: {(st - off, r): d for (st, r), d in w.items()} for k, w in dtype_changes(t).items()}
-        if moved:
-            t.attrs = {**t.attrs, "dtype_changes": encode_dtype_changes(moved)}
+        t.attrs = shift_entry_changes(t.attrs, off)  # per-entry dtypes and metadata follow their steps
     common_steps = sorted(set(b["step"].values.tolist()) & set(t["step"].values.tolist()))
     common_ranks = sorted(set(b["rank"].values.tolist()) & set(t["rank"].values.tolist()))
     if steps is not None:

@@ -84,7 +84,7 @@ def _drop_isolated(diff: xr.DataArray, seq: xr.DataArray, cmp: Comparison
             break
         d[si, ri, j] = False
         out.append({"step": steps[si], "rank": ranks[ri], "tensor": str(labels[j])})
-    return diff.copy(data=d), out
+    return diff.copy(deep=False, data=d), out
 
 
 NOISE_FACTOR = 20.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -20,13 +21,13 @@ from precnb.analysis.hints import (
     structural_hints,
     zero_parameter_hints,
 )
-from precnb.analysis.order import first_event_per_rank, pick_origin
+from precnb.analysis.order import after_collectives, first_event_per_rank, pick_origin
 from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.tolerance import Tolerance
 from precnb.analysis.versions import late_inplace_inputs, late_inplace_text, releases_of, version_structural_hints
-from precnb.schema import entry_dtype
+from precnb.schema import entry_dtype, entry_meta
 
-__all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "searched_differences",
+__all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "pair_comparison", "searched_differences",
            "structural_differences", "two_frameworks"]
 
 MAX_LISTED = 200
@@ -92,6 +93,25 @@ def _first_of_kind(mask: np.ndarray, seq: np.ndarray, kinds: np.ndarray, kind: s
     return first_by_seq(mask & (kinds == kind), seq)
 
 
+def pair_comparison(baseline: xr.Dataset, target: xr.Dataset, *, alignment: Any = None,
+                    tolerance: Tolerance | None = None, **kw: Any) -> Comparison:
+    """The :class:`Comparison` the first-divergence search judges.
+
+    :func:`compare_runs`, and for two frameworks without a tolerance, again with the tolerance
+    calibrated on their noise floor (:func:`noise_floor`; ``calibration`` holds it). *kw* goes to
+    :func:`compare_runs` (``runs``, ``steps``, ``ranks``, ``step_offset``, ``tensor_metrics``, ...).
+    """
+    aligned = alignment is not None and not getattr(alignment, "identical", True)
+    cmp = compare_runs(baseline, target, tolerance=tolerance, alignment=alignment if aligned else None, **kw)
+    if two_frameworks(alignment) and tolerance is None and bool(cmp.both.any()):
+        # two frameworks: calibrate from how well the aligned pair agrees before any real difference
+        noise, calibrated = noise_floor(cmp)
+        if calibrated is not None:
+            cmp = compare_runs(baseline, target, tolerance=calibrated, alignment=alignment, **kw)
+        cmp.calibration = noise
+    return cmp
+
+
 def first_divergence(
     baseline: xr.Dataset,
     target: xr.Dataset | None = None,
@@ -106,6 +126,7 @@ def first_divergence(
     tensor_metrics: xr.Dataset | None = None,
     tensor_thresholds: Any = None,
     precision_aware: bool = True,
+    comparison: Comparison | None = None,
 ) -> Finding:
     """Find where *target* first departs from *baseline*.
 
@@ -144,6 +165,9 @@ def first_divergence(
         A run in systematic lower precision (autocast) is compared with that precision's
         tolerance and says so (:mod:`precnb.analysis.precision`); an isolated dtype change stays
         a finding.
+    comparison : Comparison, optional
+        The pair as already compared with these options (the pipeline builds it once for the
+        search and the views); the search then does not compare the runs again.
 
     Returns
     -------
@@ -186,19 +210,14 @@ def first_divergence(
         alignment = (Alignment.of(baseline) if target is None else None) or align(b_in, t_in)
     aligned = alignment is not None and not alignment.identical
     try:
-        cmp = compare_runs(b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks,
-                           step_offset=step_offset, alignment=alignment if aligned else None, **hooks)
+        cmp = comparison if comparison is not None else pair_comparison(
+            b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks, step_offset=step_offset,
+            alignment=alignment, **hooks)
     except NothingToCompareError:  # no step or rank in common: nothing compared is the answer, not an error
         return _nothing(b_in, t_in, pair, alignment if aligned else None, step_offset, steps, ranks)
     if not bool(cmp.both.any()):
         return _nothing(b_in, t_in, pair, alignment if aligned else None, cmp.step_offset, steps, ranks)
-    noise = None
-    if two_frameworks(alignment) and tolerance is None:
-        # two frameworks: calibrate from how well the aligned pair agrees before any real difference
-        noise, calibrated = noise_floor(cmp)
-        if calibrated is not None:
-            cmp = compare_runs(b_in, t_in, runs=pair, tolerance=calibrated, steps=steps, ranks=ranks,
-                               step_offset=step_offset, alignment=alignment, **hooks)
+    noise = cmp.calibration
     ds = cmp.ds
     names = cmp.names
     structural = structural_differences(cmp)
@@ -287,7 +306,8 @@ def first_divergence(
     tensor = origin.tensor
     j = list(ds["tensor"].values).index(tensor)
     role = str(b["role"].values[j])
-    module = str(b["module"].values[j]) or None
+    own_meta = entry_meta(cmp.targ, tensor, step, r)  # the target rank's own (a label may name another op elsewhere)
+    module = own_meta["module"] or str(b["module"].values[j]) or None
     vb = entry_values(cmp.base, step=step, rank=r, tensor=tensor)
     vt = entry_values(cmp.targ, step=step, rank=r, tensor=tensor)
     values: dict[str, Any] = {names[0]: vb, names[1]: vt, "rel_diff": float(cmp.rel.values[si, ri, j]),
@@ -336,7 +356,7 @@ def first_divergence(
     for e in others:
         suspects.append({"step": e.step, "rank": e.rank, "node": e.node, "tensor": e.tensor,
                          "why": "inherited via communication" if e.inherited else
-                         f"first difference on rank {e.rank} (epoch {e.epoch})", "epoch": e.epoch})
+                         f"first difference on rank {e.rank}, {after_collectives(e.epoch)}", "epoch": e.epoch})
     order = np.argsort(np.where(dmask, sq, np.iinfo(np.int64).max), kind="stable")
     seen = {origin.node}
     for k in order[: int(dmask.sum())]:
@@ -349,12 +369,12 @@ def first_divergence(
                          "rel_diff": float(cmp.rel.values[si, ri, k])})
         if len(seen) > 6:
             break
-    evidence = node_evidence(cmp.targ, origin.node) or {}  # the target's own stack and module tree
+    evidence = node_evidence(cmp.targ, origin.node, step=step, rank=r, tensor=tensor) or {}  # the target's own
     if j_api is not None:
         evidence["first_api_node"] = str(b["node"].values[j_api])
     # the first differing module: the innermost module around the first differing API, and the
     # first Module record (msprobe writes a module's record when it completes) that differs
-    parent = str(b["parent"].values[j]) if str(b["kind"].values[j]) == "api" else origin.node
+    parent = (own_meta["parent"] or str(b["parent"].values[j])) if str(b["kind"].values[j]) == "api" else origin.node
     evidence["first_module"] = module or ""
     evidence["first_module_node"] = parent
     if j_mod is not None:
@@ -388,7 +408,7 @@ def first_divergence(
         evidence["first_value_difference"] = {"step": step, "rank": r, "node": origin.node, "tensor": tensor,
                                               "reason": reason}
         evidence.update({k: v for k, v in node_evidence(cmp.base if x["only_in"] == names[0] else cmp.targ,
-                                                        x["node"]).items()})
+                                                        x["node"], step=x["step"], rank=x["rank"]).items()})
         missing = names[1] if x["only_in"] == names[0] else names[0]
         reason = (f"{x['node']} runs in {x['only_in']} but not in {missing} (step {x['step']}, rank {x['rank']}), "
                   f"before the first value difference ({origin.node}, step {step}, rank {r})")
@@ -505,8 +525,17 @@ def _first_divergence_lazy(
         return (baseline.sel(step=batch).load(),
                 target.sel(step=[s + off for s in batch]).load())
 
-    return first_divergence_stepwise(load, search, names=names, tolerance=tolerance, ranks=ranks,
-                                     step_offset=off, crc=crc, alignment=alignment, **hooks)
+    f = first_divergence_stepwise(load, search, names=names, tolerance=tolerance, ranks=ranks,
+                                  step_offset=off, crc=crc, alignment=alignment, **hooks)
+    if f.kind == "none" and "compared_records" in f.stats and not f.stats.get("nothing_compared"):
+        # "compared N of M" against the whole runs, as the in-memory search says it (the batches hold
+        # only the steps both runs have)
+        clean = "no value divergence beyond tolerance"
+        f.reason = re.sub(r"^no value divergence beyond tolerance \(compared [^)]*\)", clean, f.reason)
+        part = compared_part(int(f.stats["compared_records"]), baseline, target, names, f.stats)
+        if part and f.reason.startswith(clean):
+            f.reason = f"{clean} ({part})" + f.reason[len(clean):]
+    return f
 
 
 def _replica_reason(cmp: Comparison, si: int, ri: int, j: int, tensor: str) -> str | None:

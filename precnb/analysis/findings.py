@@ -163,7 +163,9 @@ class Finding:
             failed = sum(1 for c in checks if c.get("status") == "fail")
             n = {s: sum(1 for c in checks if c.get("status") == s) for s in ("pass", "warn", "skip")}
             head = (f"PRE-FLIGHT CHECK FAILED: {failed} of {len(checks)} checks" if self.found else
-                    f"PRE-FLIGHT CHECKS PASSED: {n['pass']} pass, {n['warn']} warn, {n['skip']} skip")
+                    f"PRE-FLIGHT: NO CHECK FAILED, {n['warn']} WARNING{'S' if n['warn'] > 1 else ''}: "
+                    f"{n['pass']} pass, {n['warn']} warn, {n['skip']} skip" if n["warn"] else
+                    f"PRE-FLIGHT CHECKS PASSED: {n['pass']} pass, {n['skip']} skip")
             tail = [f"  hint: {h}" for h in self.hints if h.startswith("later differences")]
             tail += [f"  then: {h}" for h in self.evidence.get("later_findings_text", [])]
             return "\n".join([head, *checklist_lines(checks), *tail])

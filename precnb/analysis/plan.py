@@ -190,11 +190,14 @@ def plan_dump(
     if task == "statistics":
         config[task]["summary_mode"] = "statistics"
     where = f"step {', '.join(map(str, steps))}, rank {', '.join(map(str, ranks))}"
+    size = f"about {_human(est)}" if est > 0 else (  # never "about 0 B": a size the statistics cannot tell
+        "size unknown (the statistics record no element count for them)" if mask.any() else
+        "size unknown (none of them is recorded at that step and rank)")
     summary = (f"task {task}, level mix, {where}, list {entries}: {len(selected_nodes)} recorded node(s)"
-               + (" + the uncaptured op once registered" if gap else "") + f", about {_human(est)}")
+               + (" + the uncaptured op once registered" if gap else "") + f", {size}")
     return {"config": config, "selects": {"list": entries, "modules": modules, "nodes": selected_nodes[:200],
                                           "node_count": len(selected_nodes)},
-            "estimated_bytes": est, "estimate": _human(est), "steps": steps, "ranks": ranks,
+            "estimated_bytes": est, "estimate": _human(est) if est > 0 else "unknown", "steps": steps, "ranks": ranks,
             "register_custom_api": register, "summary": summary, "notes": notes}
 
 

@@ -365,7 +365,8 @@ def preflight_finding(checks: list[dict[str, Any]]) -> Finding:
     ('preflight', {'frozen': 'fail'})
     """
     failed = [c for c in checks if c["status"] == "fail"]
-    warned = [c for c in checks if c["status"] == "warn"]
+    warned = sorted((c for c in checks if c["status"] == "warn"),  # a likely root cause (a zero weight) first
+                    key=lambda c: not (c.get("details") or {}).get("root_cause"))
     counts = {s: sum(1 for c in checks if c["status"] == s) for s in ("fail", "warn", "pass", "skip")}
     summary = {c["name"]: c["status"] for c in checks}
     if failed:
@@ -375,10 +376,15 @@ def preflight_finding(checks: list[dict[str, Any]]) -> Finding:
         hints.append("later differences (a first divergence, shifted call counters, structural noise) may be "
                      "consequences of the failing pre-flight check(s): fix them before comparing layer by layer")
         kind = "preflight"
-    else:
-        reason = (f"pre-flight checks passed ({counts['pass']} pass, {counts['warn']} warn, {counts['skip']} skip)"
-                  + (": " + "; ".join(f"{c['name']}: {c['message']}" for c in warned) if warned else ""))
+    elif warned:  # no failure, but not "passed": the warnings may be the cause (a weight left at zero)
+        reason = (f"no pre-flight check failed, {len(warned)} warning{'s' if len(warned) > 1 else ''} "
+                  f"({counts['pass']} pass, {counts['warn']} warn, {counts['skip']} skip): "
+                  + "; ".join(f"{c['name']}: {c['message']}" for c in warned))
         hints = [f"{c['title']}: {c['message']}" for c in warned]
+        kind = "none"
+    else:
+        reason = f"pre-flight checks passed ({counts['pass']} pass, {counts['skip']} skip)"
+        hints = []
         kind = "none"
     return Finding(kind=kind, reason=reason, values={"checks": summary}, hints=hints,
                    evidence={"checks": checks, "diagnosis": "preflight"},

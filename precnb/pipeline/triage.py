@@ -15,11 +15,11 @@ from typing import Any
 
 import xarray as xr
 
-from precnb.pipeline.inputs import Loaded, Source, open_source, split_inputs
+from precnb.pipeline.inputs import Loaded, ReadRun, Source, open_source, split_inputs
 from precnb.pipeline.options import Options
 from precnb.pipeline.scalars import attach_scalar_arguments
 
-__all__ = ["Triage", "diagnose"]
+__all__ = ["ReadRun", "Triage", "diagnose"]
 
 TRIAGE_SCHEMA = "precnb.triage/1"
 
@@ -62,6 +62,9 @@ class Triage:
         :func:`precnb.tensor_metrics` of a tensor-mode pair, when the search judged on it.
     cache : dict
         Derived results computed on demand (:meth:`comparison`).
+    source_paths : (str or None, str or None)
+        Where the (baseline, target) were read from (None: given as a dataset of unknown origin):
+        a rerun on the datasets as read reads node records from there (:class:`ReadRun`).
     """
 
     findings: list[Any]
@@ -82,6 +85,7 @@ class Triage:
     tolerance: Any = field(default=None, repr=False)
     tensor_metrics: xr.Dataset | None = field(default=None, repr=False)
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    source_paths: tuple[str | None, str | None] = (None, None)
 
     @property
     def finding(self) -> Any:
@@ -114,29 +118,11 @@ class Triage:
         frameworks without a tolerance, the one calibrated on their noise floor,
         :func:`precnb.analysis.divergence.noise_floor`); computed once.
         """
-        from precnb.analysis.compare import compare_runs
-        from precnb.analysis.divergence import noise_floor, two_frameworks
-
         if self.baseline is None or self.target is None:
             return None
-        cached = self.cache.get("comparison")
-        if cached is None:
-            kw: dict[str, Any] = {}
-            if self.alignment is not None:
-                kw["alignment"] = self.alignment
-            if self.tolerance is not None:
-                kw["tolerance"] = self.tolerance
-            if self.tensor_metrics is not None:  # entries judged on whole tensors, as the search did
-                kw["tensor_metrics"] = self.tensor_metrics
-            kw["disjoint"] = "union"  # a pair with nothing in common ("nothing compared"): both runs, no mask set
-            cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
-            if self.tolerance is None and two_frameworks(self.alignment) and bool(cached.both.any()):
-                calibrated = noise_floor(cached)[1]
-                if calibrated is not None:
-                    cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset,
-                                          **{**kw, "tolerance": calibrated})
-            self.cache["comparison"] = cached
-        return cached
+        return shared_comparison(self.cache, self.baseline, self.target, alignment=self.alignment,
+                                 step_offset=self.step_offset, tolerance=self.tolerance,
+                                 tensor_metrics=self.tensor_metrics)
 
     def flagged(self) -> Any:
         """Every record a diagnosis flags, in causal order (:func:`precnb.pipeline.flagged.flagged`)."""
@@ -162,7 +148,15 @@ class Triage:
         if self.baseline is None:
             return self.target
         cmp = self.comparison()
-        return cmp.ds.assign_coords(run=("run", [str(self.names[0]), str(self.names[1])]))
+        names = [str(self.names[0]), str(self.names[1])]
+        out = cmp.ds.assign_coords(run=("run", names))
+        raw = out.attrs.get("run_attrs")  # each run's own attributes (per-entry metadata, stacks), by its new name
+        if raw:
+            own = json.loads(raw) if isinstance(raw, str) else dict(raw)
+            old = [str(r) for r in cmp.ds["run"].values]
+            out.attrs = {**out.attrs, "run_attrs": json.dumps({n: own.get(o, {}) for o, n in zip(old, names,
+                                                                                          strict=True)})}
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: ``findings`` (most important first), ``checks``, ``options``, ``notes``."""
@@ -187,6 +181,26 @@ class Triage:
     def summary(self) -> str:
         """Readable text: every finding's summary, most important first."""
         return "\n\n".join(f.summary() for f in self.findings)
+
+
+def shared_comparison(cache: dict[str, Any], baseline: xr.Dataset, target: xr.Dataset, *, alignment: Any,
+                      step_offset: Any, tolerance: Any, tensor_metrics: Any) -> Any:
+    """The pair's :func:`~precnb.analysis.divergence.pair_comparison`, made once per triage (kept in *cache*).
+
+    The first-divergence search and every view of the triage (:meth:`Triage.comparison`) share it.
+    """
+    from precnb.analysis.divergence import pair_comparison
+
+    cached = cache.get("comparison")
+    if cached is None:
+        # a pair with nothing in common ("nothing compared"): both runs, no mask set, instead of an error
+        kw: dict[str, Any] = {"disjoint": "union"}
+        if tensor_metrics is not None:  # entries judged on whole tensors, as the search does
+            kw["tensor_metrics"] = tensor_metrics
+        cached = pair_comparison(baseline, target, alignment=alignment, tolerance=tolerance,
+                                 step_offset=step_offset, **kw)
+        cache["comparison"] = cached
+    return cached
 
 
 def _layout(spec: Any, ds: xr.Dataset) -> Any:
@@ -439,6 +453,11 @@ def diagnose(
             targ = targ.sel(step=[s for s in targ["step"].values.tolist() if s - step_offset in set(keep)])
         params["tensor_metrics"] = pair_tensor_metrics(opts, raw_b, raw_t, step_offset=step_offset,
                                                        alignment=alignment, notes=notes)  # issue #17
+    cache: dict[str, Any] = {}
+    if base is not None:  # the search's comparison, made once and kept for the views (Triage.comparison)
+        params["comparison"] = lambda: shared_comparison(
+            cache, base, targ, alignment=alignment, step_offset=step_offset, tolerance=tolerance,
+            tensor_metrics=params.get("tensor_metrics"))
     ctx = Context(target=targ, baseline=base, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
                   baseline_layout=b_lay, alignment=alignment, tolerance=tolerance,
                   step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,
@@ -450,7 +469,8 @@ def diagnose(
     return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
-                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"))
+                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"), cache=cache,
+                  source_paths=(bsrc.records_path if bsrc is not None else None, tsrc.records_path))
 
 
 def nothing_compared_first(findings: list[Any], failures: Sequence[tuple[str, str]]) -> None:
@@ -512,13 +532,20 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
             nan.found and "first_spike" not in f.values and "first_drift" not in f.values)))]
         # a clean loss-spike search says no more than the NaN search's "nothing found" (its check is listed)
         results = [(k, f) for k, f in results if not (k == "loss_spike" and not f.found)]
-    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
+    # a "nothing found" that warns (a pre-flight warning may be the cause: a weight left at zero) comes
+    # before the other "nothing found" results, so that it is what a clean triage shows first
+    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found, not _warns(x[1][1]),
                                                        registry.priority(x[1][0], found=x[1][1].found), x[0]))
     findings = [f for _, (_, f) in ranked]
     from precnb.pipeline._preflight_join import note_later
 
     note_later(findings)
     return findings, checks, by_kind
+
+
+def _warns(f: Any) -> bool:
+    """A clean result whose checks warn (``stats["status"] == "warn"``)."""
+    return not f.found and isinstance(f.stats, dict) and f.stats.get("status") == "warn"
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:
@@ -590,4 +617,5 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
     return Triage(findings=[finding], options=opts, alignment=state.get("alignment"), checks=checks, target=mt,
                   baseline=mb, raw_target=raw_t, raw_baseline=raw_b, names=(bsrc.name, tsrc.name), step_offset=off,
                   notes=notes, load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay,
-                  results={"first_divergence": finding}, tolerance=tolerance)
+                  results={"first_divergence": finding}, tolerance=tolerance,
+                  source_paths=(bsrc.records_path, tsrc.records_path))

@@ -47,8 +47,8 @@ class ChartSpec:
 def _spec(chart: Any) -> dict[str, Any]:
     import altair as alt
 
-    with alt.data_transformers.disable_max_rows():
-        spec = chart.to_dict()
+    with alt.data_transformers.disable_max_rows():  # the builders are validated by the tests: not again here
+        spec = chart.to_dict(validate=False)
     spec.pop("$schema", None)
     spec.setdefault("config", {}).setdefault("view", {}).setdefault("stroke", "transparent")
     return spec

@@ -93,9 +93,16 @@ def finding_title(f: Any, index: int | None = None, total: int | None = None) ->
 
 def suspect_label(s: dict[str, Any]) -> str:
     """Button text of a suspect: ``"step 1 · rank 0 · Distributed.all_reduce.0.forward (inherited …)"``."""
-    why = str(s.get("why", ""))
-    why = why if len(why) <= 48 else why[:47] + "…"
-    return f"step {s.get('step')} · rank {s.get('rank')} · {s.get('node') or s.get('tensor')} ({why})"
+    return f"step {s.get('step')} · rank {s.get('rank')} · {s.get('node') or s.get('tensor')} ({s.get('why', '')})"
+
+
+def _colour(f: Any) -> str:
+    """Red for a finding, amber for a clean result that warns (a pre-flight warning), green otherwise."""
+    if f is None:
+        return "#2a7"
+    if f.found:
+        return "#b00"
+    return "#b76e00" if isinstance(f.stats, dict) and f.stats.get("status") == "warn" else "#2a7"
 
 
 def _located(f: Any) -> bool:
@@ -150,16 +157,16 @@ class FindingBar(ipw.VBox):
             t = self.api.triage
             f0 = t.finding if t is not None else None
             text = html.escape(finding_title(f0)) if f0 is not None else "no diagnosis run"
-            self.label.value = f"<span style='color:#2a7'>{text}</span>"
+            self.label.value = f"<span style='color:{_colour(f0)}'>{text}</span>"
             self.suspects.children = []
             return
-        color = "#2a7" if not cur.found else "#b00"
+        color = _colour(cur)
         idx = found.index(cur) if cur in found else None
         self.label.value = (f"<b style='color:{color}'>{html.escape(finding_title(cur, idx, len(found)))}</b>")
         buttons = []
         for s in [s for s in cur.suspects[1:] if s.get("step") is not None][: self.max_suspects]:
-            b = ipw.Button(description=suspect_label(s), tooltip=str(s.get("why", "")),
-                           layout=ipw.Layout(width="auto", max_width="460px", height="24px"))
+            b = ipw.Button(description=suspect_label(s), tooltip=suspect_label(s),  # the whole text, wrapped (CSS)
+                           layout=ipw.Layout(width="auto", max_width="100%", height="auto"))
             b.add_class("precnb-suspect")
             b.on_click(lambda _b, s=s: self.go(s))
             buttons.append(b)
