@@ -358,8 +358,10 @@ def _check_tree(res: ReadResult, path: Path, truth: dict[tuple[int, int], list[T
     for u in report.unread:
         res.add("unread", " / ".join(map(str, u)))
     said = str(ds.attrs.get("msprobe_release", ""))
-    if not release_fits(res.release, said):
-        res.add("release", f"precnb says the dump is from {said!r} ({ds.attrs.get('msprobe_release_evidence')})")
+    evidence = json.loads(str(ds.attrs.get("msprobe_release_evidence") or "{}"))
+    # "" is both "no evidence" and "the evidence contradicts itself": the candidates say which
+    if not release_fits(res.release, said) or res.release not in evidence.get("candidates", [res.release]):
+        res.add("release", f"precnb says the dump is from {said!r} ({evidence})")
     labels = [str(t) for t in ds["tensor"].values]
     index = {t: i for i, t in enumerate(labels)}
     roles = [str(r) for r in ds["role"].values]
