@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's precnb, in process as in the children
 
 import generate  # noqa: E402
 import run  # noqa: E402
@@ -111,6 +111,27 @@ def build(out: Path, ranks: int, small: int) -> dict[str, tuple[Path, Path]]:
             "renamed (aligned)": (out / "hf" / "baseline", out / "mg" / "baseline")}
 
 
+def fast_vs_full(a: Path, b: Path, reps: int) -> dict[str, Any]:
+    """In process: ``precnb.align`` (the proof by name) vs the full programme (every pair scored), alternating."""
+    import importlib
+
+    import precnb
+
+    al = importlib.import_module("precnb.analysis.align")
+    x, y = precnb.open_run(a, progress=False), precnb.open_run(b, progress=False)
+    t: dict[bool, list[float]] = {True: [], False: []}
+    same = True
+    for i in range(reps):
+        got = {}
+        for fast in ((True, False) if i % 2 == 0 else (False, True)):
+            t0 = time.perf_counter()
+            got[fast] = al._align(x, y, fast=fast)
+            t[fast].append(time.perf_counter() - t0)
+        same = same and got[True].to_dict() == got[False].to_dict()
+    fast_s, full_s = statistics.median(t[True]), statistics.median(t[False])
+    return {"fast_s": fast_s, "full_s": full_s, "speedup": full_s / fast_s, "same_result": same, "reps": reps}
+
+
 def write_markdown(path: Path, res: dict[str, Any], argv: list[str]) -> None:
     mach = res["machine"]
     lines = [
@@ -139,6 +160,12 @@ def write_markdown(path: Path, res: dict[str, Any], argv: list[str]) -> None:
                      f"{row['unaligned_s']:.2f} s | "
                      f"**{row['ratio']:.2f}** | {f.get('kind')} step {f.get('step')}, rank {f.get('rank')}, "
                      f"{f.get('node')} |")
+    fv = res.get("fast_vs_full")
+    if fv:
+        lines += ["", f"In process, on the names-agree pair ({res['small_ranks']} ranks, one step): `precnb.align` "
+                  f"{fv['fast_s']:.3f} s with the proof by name, {fv['full_s']:.3f} s scoring every pair (the code "
+                  f"before it): **{fv['speedup']:.1f}×**, results identical: {fv['same_result']} (median of "
+                  f"{fv['reps']}, alternating)."]
     lines += ["", f"In process, `precnb.align` on the renamed pair's first batch: {res['align_seconds_median']:.3f} s "
               f"({100 * res['align_share_of_aligned_diff']:.0f} % of its aligned diff); {res['alignment']}.", ""]
     ms = res.get("msprobe")
@@ -164,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/precnb-bench-align"))
     ap.add_argument("--msprobe", type=Path, help="the msprobe executable (default: beside this Python, or PATH)")
     ap.add_argument("--markdown", type=Path, help="write the results as a markdown table here")
+    ap.add_argument("--inprocess-only", action="store_true",
+                    help="only the in-process comparison of the proof by name with the full programme")
     args = ap.parse_args(argv)
     if args.msprobe is not None:
         run.MSPROBE = args.msprobe
@@ -171,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     os.environ["PYTHONPYCACHEPREFIX"] = str(args.out / "pycache")
     pairs = build(args.out, args.ranks, args.small_ranks)
+    fv = fast_vs_full(*pairs["names agree, one op fewer"], args.reps)
+    if args.inprocess_only:
+        print(json.dumps(fv, indent=2))
+        return 0
     ranks = {"same names": args.ranks, "names agree, one op fewer": args.small_ranks, "renamed (aligned)": args.ranks}
     times: dict[tuple[str, bool], list[float]] = {(k, al): [] for k in pairs for al in (True, False)}
     share: dict[str, list[float]] = {k: [] for k in pairs}
@@ -225,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         "align_seconds_median": statistics.median(align_t),
         "align_share_of_aligned_diff": statistics.median(align_t) / cases["renamed (aligned)"]["aligned_s"],
         "alignment": al.describe(),
-        "msprobe": ms_res,
+        "msprobe": ms_res, "fast_vs_full": fv,
         "dropped": extra["dropped"], "template": extra["template"],
         "findings": {k: c["finding"] for k, c in cases.items()},
     }
