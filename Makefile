@@ -120,7 +120,8 @@ bench: install
 	$(PY) benchmarks/bench_explorer.py --markdown benchmarks/RESULTS_explorer.md
 	$(PY) benchmarks/bench_large.py
 	$(PY) benchmarks/bench_startup.py
-	$(PY) benchmarks/bench_align.py
+	$(PY) benchmarks/bench_align.py $(MSPROBE_ARG) --markdown benchmarks/RESULTS_align.md
+	$(PY) benchmarks/bench_memory.py --markdown benchmarks/RESULTS_memory.md
 	$(PY) benchmarks/bench_kernel_tensors.py
 	$(PY) benchmarks/bench_tensors.py $(MSPROBE_ARG)
 	$(PY) benchmarks/bench_scheduler.py

@@ -115,12 +115,17 @@ def align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None) -> A
     >>> a.module_map()["layers.0.attention.wq"]  # doctest: +SKIP
     'blocks.0.attn.q_proj'
     """
+    return _align(baseline, target, mapping=mapping)
+
+
+def _align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None, fast: bool = True) -> Alignment:
+    """:func:`align`; ``fast=False`` scores every pair (no identity shortcut, no proof by name), for tests."""
     tb, tt = run_tree(baseline), run_tree(target)
     specs = mapping_specs(mapping)
-    if not specs and _identical(tb, tt):
+    if fast and not specs and _identical(tb, tt):
         return _identity(tb, tt)
     hints = hints_from(specs, tb, tt) if specs else Hints()
-    p = pair_runs(tb, tt, hints)
+    p = pair_runs(tb, tt, hints, fast=fast)
     col = {name: tt.coords[name] for name in _COORDS if name in tt.coords}
     index = {lbl: j for j, lbl in enumerate(tt.labels)}
     target_coords = {t: tuple(_plain(col[name][index[t]]) if name in col else None for name in _COORDS)

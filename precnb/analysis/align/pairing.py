@@ -25,8 +25,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from precnb.analysis.align.certify import certified_pairs
 from precnb.analysis.align.evidence import close, module_values, node_values, tensor_score
-from precnb.analysis.align.match import pair_greedy, pair_in_order
+from precnb.analysis.align.match import MAX_CELLS, pair_greedy, pair_in_order
 from precnb.analysis.align.tree import ROOT, SCOPES, NodeInfo, RunTree
 from precnb.analysis.align.vocab import class_similarity, is_glue_op, name_similarity, op_similarity
 from precnb.naming import is_communication, op_key
@@ -88,9 +89,10 @@ def _dice(a: tuple[int, ...], b: tuple[int, ...]) -> float:
 
 
 class _Aligner:
-    def __init__(self, tb: RunTree, tt: RunTree, hints: Hints | None) -> None:
+    def __init__(self, tb: RunTree, tt: RunTree, hints: Hints | None, *, fast: bool = True) -> None:
         self.tb, self.tt = tb, tt
         self.hints = hints or Hints()
+        self.fast = fast
         self.same_fw = tb.framework == tt.framework
         self.out = Pairing()
         self.mod_rev: dict[str, str] = {}
@@ -269,6 +271,30 @@ class _Aligner:
             s += 1.0  # one framework: the same name is strong evidence (values decide a shifted counter)
         return s
 
+    def _calls_in_order(self, xs: list[NodeInfo], ys: list[NodeInfo], threshold: float
+                        ) -> list[tuple[int, int, float]]:
+        """:func:`pair_in_order` of two call lists on :meth:`api_score`, proven by name where names agree.
+
+        Where the calls' names pair one to one, :func:`precnb.analysis.align.certify.certified_pairs`
+        proves that the programme would pair exactly them (a few scores instead of ``n × m``); else the
+        programme runs, reusing the scores the attempt computed.
+        """
+        seen: dict[tuple[str, str], float] = {}
+
+        def score(x: NodeInfo, y: NodeInfo) -> float:
+            k = (x.name, y.name)
+            v = seen.get(k)
+            if v is None:
+                v = seen[k] = self.api_score(x, y)
+            return v
+
+        if self.fast and not self.hints and len(xs) * len(ys) <= MAX_CELLS:
+            proven = certified_pairs(xs, ys, score, threshold=threshold)
+            if proven is not None:
+                return proven
+        return pair_in_order(xs, ys, score, threshold=threshold,
+                             key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+
     def _scope(self, tree: RunTree, kids: dict[str, list[str]], node: str, side: str) -> list[str]:
         """API calls made inside *node* (a module call, the root, or a scope), unpaired sub-modules folded in."""
         paired = self.out.modules if side == "baseline" else self.mod_rev
@@ -292,8 +318,7 @@ class _Aligner:
             return
         xs = [self.tb.nodes[n] for n in ab]
         ys = [self.tt.nodes[n] for n in at]
-        pairs = pair_in_order(xs, ys, self.api_score, threshold=API_THRESHOLD,
-                              key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+        pairs = self._calls_in_order(xs, ys, API_THRESHOLD)
         for i, j, s in pairs:
             x, y = xs[i], ys[j]
             if self.hints.nodes.get(x.name) == y.name:
@@ -352,8 +377,7 @@ class _Aligner:
                 continue
             xs = sorted((self.tb.nodes[n] for n in nodes_b), key=lambda i: i.seq)
             ys = sorted((self.tt.nodes[n] for n in by_mod_t[mt] if n not in self.node_rev), key=lambda i: i.seq)
-            for i, j, s in pair_in_order(xs, ys, self.api_score, threshold=API_THRESHOLD + 0.5,
-                                         key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api)):
+            for i, j, s in self._calls_in_order(xs, ys, API_THRESHOLD + 0.5):
                 how = "name" if xs[i].name == ys[j].name else ("value" if node_values(xs[i], ys[j]) >= 1.0
                                                                else "structure")
                 self._pair_node(xs[i].name, ys[j].name, how, _confidence(s, API_THRESHOLD + 0.5))
@@ -456,7 +480,7 @@ class _Aligner:
         return "unpaired: an op with no counterpart"
 
 
-def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None) -> Pairing:
+def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None, *, fast: bool = True) -> Pairing:
     """Pair two runs' modules, nodes and tensors (see the module docstring).
 
     Parameters
@@ -465,12 +489,15 @@ def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None) -> Pairing:
         Baseline and target (:func:`precnb.analysis.align.tree.run_tree`).
     hints : Hints, optional
         Pairs a mapping file forces.
+    fast : bool, default True
+        Pair calls whose names agree by proof (:mod:`precnb.analysis.align.certify`) instead of
+        scoring every pair; the result is the same (False: always score, for testing).
 
     Returns
     -------
     Pairing
     """
-    a = _Aligner(tb, tt, hints)
+    a = _Aligner(tb, tt, hints, fast=fast)
     for b, t in (hints.modules.items() if hints else ()):
         if b in tb.modules and t in tt.modules:
             a._pair_module(b, t, *a.hints.how("modules", b))
