@@ -35,6 +35,8 @@ CATALOG: dict[str, str] = {
     "drift": "_scn_diagnosis",
     "tensor_bf16": "_scn_tensor",
     "tensor_bug": "_scn_tensor",
+    # issue 24: real Megatron-Core runs (PRECNB_MEGATRON_PYTHON)
+    "megatron": "_scn_megatron",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)

@@ -104,7 +104,7 @@ def _tp_unsync(gt: dict[str, Any]) -> list[str]:
 
 
 def _mindspore(name: str) -> Callable[[dict[str, Any]], list[str]]:
-    """The digest of a MindSpore sample, from its scenario module (imported when used; torch-free)."""
+    """The digest of a sample from its (torch-free) scenario module: MindSpore, Megatron (imported when used)."""
     def digest(gt: dict[str, Any]) -> list[str]:
         import importlib
 
@@ -122,4 +122,5 @@ DIGESTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "tp_unsync": _tp_unsync,
     "xfw": _mindspore("xfw"),
     "kernel_resume": _mindspore("kernel_resume"),
+    "megatron": _mindspore("megatron"),  # its scenario module is torch-free too (issue 24)
 }
