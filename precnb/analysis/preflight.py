@@ -191,7 +191,10 @@ def _frozen_signals(ds: xr.Dataset, params: dict[str, Param]) -> dict[str, list[
     out: dict[str, list[str]] = {}
     for name, p in params.items():
         signs = []
-        if has_grads and p.grad is None:
+        # msprobe writes a module's parameter gradients when its backward hook fires: a bias added outside the
+        # module (Megatron's skip_bias_add) can get its gradient later and go unrecorded. A missing record is a
+        # sign only for a parameter that is not known to require a gradient and whose weights do not change
+        if has_grads and p.grad is None and p.requires_grad is not True and motion[name] != "changed":
             signs.append("no gradient record")
         if p.requires_grad is False:
             signs.append("requires_grad false")
