@@ -131,23 +131,26 @@ def mark_rank_args(ds: xr.Dataset) -> xr.Dataset:
     return ds.assign(add) if add else ds
 
 
-def _shape_key(ds: xr.Dataset, si: int, ri: int, j: int, dtypes: np.ndarray) -> tuple[int, str]:
-    return int(ds["numel"].values[si, ri, j]), str(dtypes[j])
+_ENTRY = ("numel", "max", "min", "mean", "norm")
 
 
-def _signature(ds: xr.Dataset, si: int, ri: int, j: int, dtypes: np.ndarray) -> bytes | None:
+def _shape_key(arr: dict[str, np.ndarray], si: int, ri: int, j: int, dtypes: np.ndarray) -> tuple[int, str]:
+    return int(arr["numel"][si, ri, j]), str(dtypes[j])
+
+
+def _signature(arr: dict[str, np.ndarray], si: int, ri: int, j: int, dtypes: np.ndarray) -> bytes | None:
     """Element count, dtype and statistics of one entry (a view keeps them: ``view`` / ``reshape`` are not dumped)."""
-    numel = int(ds["numel"].values[si, ri, j])
+    numel = int(arr["numel"][si, ri, j])
     if numel <= 1:
         return None  # scalars and empty tensors match too much
-    vals = np.array([ds[s].values[si, ri, j] for s in ("max", "min", "mean", "norm")], np.float64)
+    vals = np.array([arr[s][si, ri, j] for s in ("max", "min", "mean", "norm")], np.float64)
     return f"{numel}|{dtypes[j]}|".encode() + vals.tobytes()
 
 
-def _mask_key(ds: xr.Dataset, si: int, ri: int, j: int, dtypes: np.ndarray) -> bytes | None:
+def _mask_key(arr: dict[str, np.ndarray], si: int, ri: int, j: int, dtypes: np.ndarray) -> bytes | None:
     """Element count, Max and Min of a 0/1 tensor (a bool mask, or one cast to numbers: ``mask.float()``)."""
-    numel = int(ds["numel"].values[si, ri, j])
-    mx, mn = float(ds["max"].values[si, ri, j]), float(ds["min"].values[si, ri, j])
+    numel = int(arr["numel"][si, ri, j])
+    mx, mn = float(arr["max"][si, ri, j]), float(arr["min"][si, ri, j])
     if numel <= 1 or mx not in (0.0, 1.0) or mn not in (0.0, 1.0):
         return None
     return f"mask|{numel}|{mx}|{mn}".encode()
@@ -225,6 +228,7 @@ def rank_dependent(ds: xr.Dataset, groups: list[list[int]], present: np.ndarray 
                                   "its scalar arguments do not" for n in seeds}
     seq = ds["seq"].values
     parents = ds["parent"].values
+    arr = {s: ds[s].values for s in _ENTRY}  # read once: the loops below index single entries
     fwd = [n for n, js in by_node.items() if kinds[js[0]] == "api" and n.endswith(".forward")]
     members = sorted({ranks.index(r) for g in groups for r in g if r in ranks})
     collective_inputs: set[int] = set()
@@ -240,36 +244,36 @@ def rank_dependent(ds: xr.Dataset, groups: list[list[int]], present: np.ndarray 
                 scope = str(parents[js[0]])
                 ins = [j for j in js if roles[j] == "input" and pres[si, ri, j]]
                 if is_communication(n):  # a collective combines the ranks' parts: the glue ends here
-                    hit = [j for j in ins if _signature(ds, si, ri, j, dtypes) in made or (
-                        scope in mutated and _shape_key(ds, si, ri, j, dtypes) == mutated[scope][0])]
+                    hit = [j for j in ins if _signature(arr, si, ri, j, dtypes) in made or (
+                        scope in mutated and _shape_key(arr, si, ri, j, dtypes) == mutated[scope][0])]
                     collective_inputs.update(hit)
                     if hit:
                         mutated.pop(scope, None)
                     continue
                 if n not in derived:
                     for j in ins:
-                        sig = _signature(ds, si, ri, j, dtypes)
-                        cast = _mask_key(ds, si, ri, j, dtypes)  # a rank's mask read again as 0/1 numbers
+                        sig = _signature(arr, si, ri, j, dtypes)
+                        cast = _mask_key(arr, si, ri, j, dtypes)  # a rank's mask read again as 0/1 numbers
                         src = made.get(sig) if sig is not None else None
                         src = src or (made.get(cast) if cast is not None else None)
                         if src is not None:
                             derived[n] = f"{n} computes on the rank-dependent output of {src}"
                             break
-                        if scope in mutated and _shape_key(ds, si, ri, j, dtypes) == mutated[scope][0]:
+                        if scope in mutated and _shape_key(arr, si, ri, j, dtypes) == mutated[scope][0]:
                             derived[n] = f"{n} reads the tensor {mutated[scope][1]} changed in place"
                             break
                 if n not in derived:
                     continue
                 for j in js:
                     if roles[j] == "output" and pres[si, ri, j]:
-                        sig = _signature(ds, si, ri, j, dtypes)
+                        sig = _signature(arr, si, ri, j, dtypes)
                         if sig is not None:
                             made[sig] = n
-                        cast = _mask_key(ds, si, ri, j, dtypes)
+                        cast = _mask_key(arr, si, ri, j, dtypes)
                         if cast is not None and "bool" in str(dtypes[j]):
                             made[cast] = n
                 if _in_place(str(apis[js[0]])) and ins:
-                    mutated[scope] = (_shape_key(ds, si, ri, ins[0], dtypes), n)
+                    mutated[scope] = (_shape_key(arr, si, ri, ins[0], dtypes), n)
     for j in collective_inputs:  # the rank's part handed to the collective (its output is the whole)
         out[j] = True
         why[str(labels[j])] = "tensor-parallel glue: the rank's part of a tensor a collective combines"
