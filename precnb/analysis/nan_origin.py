@@ -315,7 +315,9 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     if origin.inherited:
         hints.append("no rank shows a local origin: the collective itself produced the NaN "
                      "(check its dtype / reduce op), or the source rank was not dumped")
-    if len([p for p in per_rank if not p.inherited]) > 1:
+    # ranks whose own first event is as early as the origin's (a later one may be downstream of it, e.g. a
+    # pipeline stage receiving the NaN gradient point-to-point, whose irecv buffer has no defined value)
+    if len([p for p in per_rank if not p.inherited and p.epoch == origin.epoch]) > 1:
         hints.append("several ranks create NaN independently at this step: suspect shared data "
                      "or shared parameters rather than one rank")
     from precnb.analysis.causes import nan_causes
