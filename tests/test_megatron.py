@@ -9,6 +9,9 @@ buffers with no defined value, pipeline hand-overs, data-parallel locals) is set
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -208,3 +211,99 @@ def test_merge_gives_whole_model_names():
     mods = {str(m) for m in merged["module"].values}
     assert {f"decoder.layers.{i}.mlp.linear_fc1" for i in range(4)} <= mods
     assert int(merged.sizes["rank"]) == 1
+
+
+# ------------------------------------------------------------------- every front end
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+
+
+def _key(f: dict) -> tuple:
+    return (f["kind"], f.get("step"), f.get("rank"), f.get("node"))
+
+
+@pytest.mark.parametrize(("target", "baseline", "verb"), [("tp2pp2_scaled", "tp1pp1", "diff"),
+                                                           ("tp1pp2_nan", None, "nan")])
+def test_cli_report_and_explorer_give_the_bug(target, baseline, verb, tmp_path):
+    f = fault(target)
+    want = diagnose(target, baseline).finding
+    assert want.step == f["step"]
+    args = ["diff", str(MG / baseline), str(MG / target)] if verb == "diff" else [verb, str(MG / target)]
+    out = _cli(*args, "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert _key(got) == _key(want.to_dict())
+    assert got["module"].endswith(f["global_module"]) or got["evidence"]["global_module"] == f["global_module"]
+    html = tmp_path / "r.html"
+    out = _cli("report", str(MG / target), "-o", str(html), *(["--baseline", str(MG / baseline)] if baseline else []))
+    assert out.returncode == 0, out.stderr
+    m = re.search(r'<script type="application/json" id="precnb-findings">(.*?)</script>', html.read_text(), re.S)
+    assert m and _key(json.loads(m.group(1))[0]) == _key(want.to_dict())
+    pytest.importorskip("ipywidgets")
+    ex = precnb.explore(MG / target, MG / baseline if baseline else None)
+    assert _key(ex.finding.to_dict()) == _key(want.to_dict()) and (ex.step, ex.rank) == (f["step"], want.rank)
+
+
+def test_replicas_and_merge_read_the_layout_from_the_dumps():
+    out = _cli("replicas", str(MG / "tp2pp2"), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["kind"] == "none" and "read from the dumps: world 4 = tp2" in out.stderr
+    f = fault("tp2pp1_dropout_unsync")
+    got = json.loads(_cli("replicas", str(MG / "tp2pp1_dropout_unsync"), "--json").stdout)
+    assert _key(got) == ("replica_mismatch", f["step"], f["rank"], f["node"])
+    bad = _cli("replicas", str(MG / "tp2pp2"), "--tp", "2")
+    assert bad.returncode == 2 and "contradicts the dumps" in bad.stderr and "[[0, 2], [1, 3]]" in bad.stderr
+    merged = json.loads(_cli("merge", str(MG / "tp1pp2vpp2"), "--json").stdout)
+    assert merged["merged_ranks"] == [0] and "pp2" in merged["layout"] and "vpp2" in merged["layout"]
+
+
+def test_align_across_layouts_pairs_everything():
+    out = _cli("align", str(MG / "tp1pp1"), str(MG / "tp2pp2"), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    unpaired = doc.get("unpaired", {})
+    assert not unpaired.get("baseline") and not unpaired.get("target"), str(unpaired)[:300]
+
+
+# ----------------------------------------------------------------- Megatron vs Hugging Face
+def test_megatron_and_hugging_face_align_fused_projections_combined():
+    from precnb.analysis.align.fused import fuse_projections
+
+    mg = precnb.open_run(MG / "tp1pp1", steps=[0])
+    hf = precnb.open_run(MG / "hf_llama", steps=[0])
+    fused = fuse_projections(hf, mg)
+    qkv = "Module.model.layers.0.self_attn.q_proj+k_proj+v_proj.Linear.forward.0.output.0"
+    mine = "Module.0.decoder.layers.0.self_attention.linear_qkv.ColumnParallelLinear.forward.0.output.0"
+    assert fused["shape"].sel(tensor=qkv).item() == "[2, 8, 96]"
+    for s in ("max", "min", "mean", "norm"):  # q, k and v combine like shards into the fused linear_qkv
+        a, b = float(fused[s].sel(tensor=qkv, step=0, rank=0)), float(mg[s].sel(tensor=mine, step=0, rank=0))
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), s
+    assert not fused["present"].sel(tensor=[t for t in fused["tensor"].values if "q_proj+k_proj+v_proj.Linear.backward"
+                                            in t and t.endswith("output.0")]).any()  # a sum: not from statistics
+    al = precnb.align(mg, hf)
+    mods = {b: t for t, b in al.module_map().items()}  # module_map: target -> baseline
+    want = {p["megatron"]: p["hf"] for p in gt()["hf"]["module_pairs_step0_micro_batch0"]}
+    for i in range(4):
+        qkv = f"model.layers.{i}.self_attn.q_proj+k_proj+v_proj"
+        assert mods[f"0.decoder.layers.{i}.self_attention.linear_qkv"] == qkv
+        assert mods[f"0.decoder.layers.{i}.mlp.linear_fc1"] == f"model.layers.{i}.mlp.gate_proj+up_proj"
+        assert mods[f"0.decoder.layers.{i}.self_attention.linear_proj"] == f"model.layers.{i}.self_attn.o_proj"
+        fc1 = want[f"Module.0.decoder.layers.{i}.mlp.linear_fc1.ColumnParallelLinear.forward.0"]
+        assert [n.split(".")[-4] for n in fc1] == ["gate_proj", "up_proj"]
+    parts = {g["node"] for g in al.unpaired["glue"] if "part of the fused projection" in g["why"]}
+    assert "Module.model.layers.0.self_attn.k_proj.Linear.forward.0" in parts
+
+
+def test_megatron_and_hugging_face_preflight_passes():
+    checks = {c["name"]: c for c in diagnose("hf_llama", "tp1pp1", kinds=("preflight",)).finding.evidence["checks"]}
+    assert checks["parameters"]["status"] == "pass" and "same 43 parameters" in checks["parameters"]["message"]
+    assert checks["frozen"]["status"] == "pass", checks["frozen"]["message"]
+    assert checks["initial_weights"]["status"] == "pass"
+
+
+def test_nan_reached_by_another_stage_later_is_no_independent_origin():
+    nan = diagnose("tp1pp2_nan", kinds=("nan_origin",)).finding
+    assert not any("independently" in h for h in nan.hints), nan.hints
+    later = [s for s in nan.suspects if s["rank"] == 0]
+    assert later and later[0]["epoch"] > nan.suspects[0]["epoch"]  # stage 0 gets the NaN gradient afterwards

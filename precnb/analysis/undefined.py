@@ -149,16 +149,13 @@ RETURNED = ("gradient of a parameter the module returns instead of using (Megatr
             "its value depends on the schedule")
 
 
-def returned_parameter_grads(ds: xr.Dataset) -> dict[str, str]:
-    """Gradient labels (``…parameters_grad.N.bias``) of parameters a module returns as one of its outputs.
+def returned_parameters(ds: xr.Dataset) -> dict[str, list[str]]:
+    """Module node → the names of its parameters it returns as one of its outputs (statistics equal, exactly).
 
-    A module output whose statistics and element count are its own parameter's, exactly, is that parameter
-    handed back (``RowParallelLinear(skip_bias_add=True)`` returns ``(output, bias)``; the bias is added in
-    the caller's bias-dropout-add).
+    ``RowParallelLinear(skip_bias_add=True)`` returns ``(output, bias)``; the bias is added in the caller's
+    bias-dropout-add, so its gradient is recorded at another time, or not by the module's hook at all.
     """
-    from precnb.naming import parse_node
-
-    out: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
     if ds.sizes.get("step", 0) == 0 or ds.sizes.get("rank", 0) == 0:
         return out
     nodes, roles, labels = ds["node"].values, ds["role"].values, ds["tensor"].values
@@ -171,19 +168,32 @@ def returned_parameter_grads(ds: xr.Dataset) -> dict[str, str]:
     for j, n in enumerate(nodes.tolist()):
         if str(n).startswith(("Module.", "Cell.")):
             by_node.setdefault(str(n), []).append(j)
-    grads = {str(t): j for j, t in enumerate(labels.tolist()) if ".parameters_grad." in str(t)}
     for node, js in by_node.items():
         params = [j for j in js if roles[j] == "parameter"]
         outs = [j for j in js if roles[j] == "output"]
-        if not params or not outs:
-            continue
-        p = parse_node(node)
         for j in params:
-            if not np.isfinite(sig[j, :4]).all() or not any(np.array_equal(sig[j], sig[o]) for o in outs):
-                continue
-            pname = str(labels[j]).rsplit(".", 1)[-1]
-            prefix = node.rsplit(".", 2)[0] + ".parameters_grad."
-            for lbl in grads:
-                if lbl.startswith(prefix) and lbl.rsplit(".", 1)[-1] == pname and p.kind == "module":
-                    out[lbl] = RETURNED
+            if np.isfinite(sig[j, :4]).all() and any(np.array_equal(sig[j], sig[o]) for o in outs):
+                out.setdefault(node, []).append(str(labels[j]).rsplit(".", 1)[-1])
+    return out
+
+
+def returned_parameter_grads(ds: xr.Dataset) -> dict[str, str]:
+    """Gradient labels (``…parameters_grad.N.bias``) of parameters a module returns as one of its outputs.
+
+    See :func:`returned_parameters`.
+    """
+    from precnb.naming import parse_node
+
+    out: dict[str, str] = {}
+    returned = returned_parameters(ds)
+    if not returned:
+        return out
+    grads = [str(t) for t in ds["tensor"].values.tolist() if ".parameters_grad." in str(t)]
+    for node, names in returned.items():
+        if parse_node(node).kind != "module":
+            continue
+        prefix = node.rsplit(".", 2)[0] + ".parameters_grad."
+        for lbl in grads:
+            if lbl.startswith(prefix) and lbl.rsplit(".", 1)[-1] in names:
+                out[lbl] = RETURNED
     return out

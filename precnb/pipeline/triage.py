@@ -462,7 +462,10 @@ def diagnose(
     if opts.baseline_layout is not None and raw_b is None:
         raise ValueError("baseline_layout needs a baseline")
     if raw_b is not None:  # shards are merged to compare; one run is diagnosed rank by rank
-        base, targ = merge_layouts(raw_b, raw_t, b_lay, t_lay, notes)
+        merged_b, targ = merge_layouts(raw_b, raw_t, b_lay, t_lay, notes)
+        from precnb.analysis.align.fused import fuse_pair
+
+        base, targ = fuse_pair(merged_b if merged_b is not None else raw_b, targ)  # fused vs separate projections
     else:
         base, targ = None, raw_t
     alignment = None

@@ -296,6 +296,11 @@ class Alignment:
                 elif lbl in labels and str(nodes[labels.index(lbl)]) not in skip:
                     moved[lbl if lbl not in targets else f"{lbl} (baseline)"] = v
             out.attrs = {**out.attrs, "dtype_changes": json.dumps(moved)}
+        from precnb.analysis.undefined import returned_parameters
+
+        # parameters a module returns as an output (whose records the renaming may drop), in the new names
+        ret = [f"{n}.parameters.{p}" for n, ps in returned_parameters(baseline).items() for p in ps]
+        out.attrs = {**out.attrs, "returned_parameters": json.dumps([tmap.get(lbl, lbl) for lbl in ret])}
         return out
 
     def target_view(self, target: xr.Dataset) -> xr.Dataset:

@@ -418,6 +418,8 @@ class _Aligner:
         scope = info.parent if info.parent in SCOPES else ""
         if scope and scope not in other_scopes:
             return f"not captured: the other run recorded no {scope} calls"
+        if info.kind != "api" and info.name in tree.glue:  # e.g. a part of a fused projection
+            return f"organisation: {tree.glue[info.name]}"
         if info.kind == "module":
             if info.module in wrappers:
                 return "organisation: a wrapper module the other run does not have"
