@@ -469,10 +469,10 @@ def _merged_layout_facts(parts: list[xr.Dataset], labels: list[str], shapes: np.
             if parent != construct.get(node, parent):
                 cols = np.flatnonzero(nodes == node)
                 if len(cols):
-                    where = [f"{steps[a]},{ranks[b]}" for a, b in np.argwhere(present[:, :, cols].any(axis=2)).tolist()]
+                    files = [f"{steps[a]},{ranks[b]}" for a, b in np.argwhere(present[:, :, cols].any(axis=2)).tolist()]
                 else:  # a call construct.json names but dump.json does not hold (a low-risk API): every file
-                    where = list(_json_attr(ds, "rank_dirs", {}))
-                for at in where:
+                    files = list(_json_attr(ds, "rank_dirs", {}))
+                for at in files:
                     exc.setdefault(at, parent)
             exc = {k: v for k, v in exc.items() if v != construct.get(node)}
             if exc:

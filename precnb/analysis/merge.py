@@ -287,6 +287,15 @@ def _reads_a_shard(ds: xr.Dataset, j: int, ref_shape: dict[Any, Any], scalar_onl
     that reads no tensor (*scalar_only*) is not.
     """
     roles, kinds, nodes = ds["role"].values, ds["kind"].values, ds["node"].values
+    backward = kinds[j] == "module" and ".backward." in str(nodes[j])
+    if kinds[j] == "param_grad" or backward:  # a module's backward records and parameter gradients are addends
+        # when its forward call returns a shard of the whole output (sequence parallelism: each rank's part of the
+        # sequence, a replicated norm weight's gradient summed over it); a row-parallel module whose output is
+        # all-reduced returns the whole tensor: its differing copies are no partial sums
+        fwd = str(nodes[j]).replace(".parameters_grad.", ".forward.").replace(".backward.", ".forward.")
+        cols = np.flatnonzero((nodes == fwd) & (roles == "output"))
+        labels, shapes = ds["tensor"].values, ds["shape"].values
+        return any(ref_shape.get(labels[c]) and shapes[c] and shapes[c] != ref_shape.get(labels[c]) for c in cols)
     if roles[j] != "output" or kinds[j] != "api" or is_communication(str(nodes[j])):
         return False
     cols = np.flatnonzero((nodes == nodes[j]) & (roles == "input"))
