@@ -214,11 +214,12 @@ def concat_steps(parts: list[xr.Dataset]) -> xr.Dataset:
     attrs.update(_merged_layout_facts(parts, labels, np.asarray(coords["shape"]),
                                       side_table(out.assign_attrs(attrs), "construct")))
     if "load_report" in attrs:
-        report: dict[str, list[Any]] = {"read": [], "skipped": [], "warnings": []}
+        report: dict[str, Any] = {"read": [], "skipped": [], "warnings": [], "unread": [], "unread_count": 0}
         for ds in parts:
             rep = _json_attr(ds, "load_report", {})
-            for k in report:
+            for k in ("read", "skipped", "warnings", "unread"):
                 report[k] += list(rep.get(k, []))
+            report["unread_count"] += int(rep.get("unread_count", len(rep.get("unread", []))))
         attrs["load_report"] = json.dumps(report)
     out.attrs = attrs
     return validate(out)
