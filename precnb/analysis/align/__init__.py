@@ -21,6 +21,7 @@ from typing import Any
 import xarray as xr
 
 from precnb.analysis.align.alignment import ALIGNMENT_SCHEMA, Alignment, Pair
+from precnb.analysis.align.fused import fuse_pair
 from precnb.analysis.align.hints import hints_from
 from precnb.analysis.align.pairing import Hints, pair_runs
 from precnb.analysis.align.tree import RunTree, run_tree
@@ -120,8 +121,12 @@ def align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None) -> A
 
 def _align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None, fast: bool = True) -> Alignment:
     """:func:`align`; ``fast=False`` scores every pair (no identity shortcut, no proof by name), for tests."""
-    tb, tt = run_tree(baseline), run_tree(target)
     specs = mapping_specs(mapping)
+    if fast and not specs and baseline.indexes["tensor"].equals(target.indexes["tensor"]):
+        tb, tt = run_tree(baseline), run_tree(target)
+        return _identity(tb, tt)
+    baseline, target = fuse_pair(baseline, target)  # fused projections against separate ones: combined
+    tb, tt = run_tree(baseline), run_tree(target)
     if fast and not specs and _identical(tb, tt):
         return _identity(tb, tt)
     hints = hints_from(specs, tb, tt) if specs else Hints()

@@ -308,6 +308,11 @@ class Alignment:
             if kept:
                 attrs["meta_changes"] = json.dumps({"shape": kept})
         out.attrs = attrs
+        from precnb.analysis.undefined import returned_parameters
+
+        # parameters a module returns as an output (whose records the renaming may drop), in the new names
+        ret = [f"{n}.parameters.{p}" for n, ps in returned_parameters(baseline).items() for p in ps]
+        out.attrs = {**out.attrs, "returned_parameters": json.dumps([tmap.get(lbl, lbl) for lbl in ret])}
         return out
 
     def target_view(self, target: xr.Dataset) -> xr.Dataset:

@@ -451,6 +451,8 @@ class _Aligner:
         scope = info.parent if info.parent in SCOPES else ""
         if scope and scope not in other_scopes:
             return f"not captured: the other run recorded no {scope} calls"
+        if info.kind != "api" and info.name in tree.glue:  # e.g. a part of a fused projection
+            return f"organisation: {tree.glue[info.name]}"
         if info.kind == "module":
             if info.module in wrappers:
                 return "organisation: a wrapper module the other run does not have"
@@ -463,6 +465,11 @@ class _Aligner:
             return "unpaired: a parameter gradient with no counterpart"
         if is_glue_op(info.api):
             return f"glue: {op_key(info.api)} only moves, reshapes or casts data"
+        if info.name in tree.glue:
+            return f"organisation: {tree.glue[info.name]}"
+        if tree.parallel and not other_parallel and _after_collective(info, tree):
+            return ("organisation: it finishes a collective of this run's parallel layout (e.g. averages a "
+                    "data-parallel gradient all-reduce)")
         key = op_key(info.api).rstrip("_")
         if key in _P2P:
             return "organisation: point-to-point communication (between pipeline stages)"
@@ -478,6 +485,23 @@ class _Aligner:
         if info.direction == "backward":
             return "unpaired: the backward of an unpaired call"
         return "unpaired: an op with no counterpart"
+
+
+_FINISHING_OPS = ("div_", "mul_", "__itruediv__", "__imul__", "div", "mul", "__truediv__", "__mul__")
+
+
+def _after_collective(info: NodeInfo, tree: RunTree) -> bool:
+    """An in-place scaling whose input is the output of the collective called just before it in its scope."""
+    if info.kind != "api" or op_key(info.api).rsplit(".", 1)[-1] not in _FINISHING_OPS or not info.inputs:
+        return False
+    calls = tree.calls_in.get(info.parent or ROOT, [])
+    k = calls.index(info.name) if info.name in calls else -1
+    if k <= 0:
+        return False
+    prev = tree.nodes[calls[k - 1]]
+    first = info.inputs[0]
+    return is_communication(prev.name) and any(o.numel == first.numel and close(o.stats, first.stats, 0)
+                                               for o in prev.outputs)
 
 
 def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None, *, fast: bool = True) -> Pairing:
