@@ -78,6 +78,9 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as exc:
         raise UsageError(str(exc).strip("'\"")) from None
     frame = to_frame(m)
+    from precnb.pipeline.tensors import unreadable_entries
+
+    args.load_failures = [*(getattr(args, "load_failures", None) or []), *unreadable_entries(m)]  # exit 1
     if args.json:
         counts = frame["status"].value_counts().to_dict() if len(frame) else {}
         text = json.dumps({"schema": "precnb.tensor_metrics/1", "baseline": args.baseline, "target": args.target,

@@ -84,7 +84,8 @@ def utf8_reason(path: str | os.PathLike[str], limit: int = 1 << 20) -> str | Non
     if kind_of(path) is not None:
         return None
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # regular (checked above): never blocks
+        with os.fdopen(fd, "rb") as fh:
             raw = fh.read(limit)
     except OSError:
         return None

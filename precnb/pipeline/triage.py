@@ -423,7 +423,8 @@ def diagnose(
             base = base.sel(step=keep)
             targ = targ.sel(step=[s for s in targ["step"].values.tolist() if s - step_offset in set(keep)])
         params["tensor_metrics"] = pair_tensor_metrics(opts, raw_b, raw_t, step_offset=step_offset,
-                                                       alignment=alignment, notes=notes)  # issue #17
+                                                       alignment=alignment, notes=notes,
+                                                       failures=loaded.failures)  # issue #17; #23: refused files
     ctx = Context(target=targ, baseline=base, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
                   baseline_layout=b_lay, alignment=alignment, tolerance=tolerance,
                   step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,
