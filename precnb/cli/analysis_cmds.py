@@ -111,6 +111,8 @@ def run_triage(args: argparse.Namespace, target: Any, baseline: Any = None, **ex
         failures = []
         args.load_failures = failures
     failures.extend(f for f in triage.load_failures if f not in failures)
+    for problem in getattr(triage.alignment, "mapping_problems", None) or []:  # said, never applied silently
+        _term.err(f"precnb {getattr(args, 'command', '')}: mapping: {' '.join(problem.split())}\n")
     return triage
 
 

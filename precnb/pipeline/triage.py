@@ -452,6 +452,7 @@ def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[st
     a = align(base, targ, mapping=opts.mapping)
     if not a.identical:
         notes.append("aligned: " + a.describe())
+    notes.extend(f"mapping: {p}" for p in a.mapping_problems)  # pairs not kept (unknown names, swapped, ...)
     return a
 
 
