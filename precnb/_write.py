@@ -59,8 +59,12 @@ from precnb._atomic import lock_nowait, rename_noreplace
 from precnb._marks import has_marker, is_precnb_output
 from precnb.errors import OutputExistsError, OutputRefusedError
 
-__all__ = ["check_output", "dataset_inputs", "protected_roots", "write_bytes", "write_text", "writing_file",
-           "writing_folder"]
+__all__ = ["STORE_ATTR", "check_output", "dataset_inputs", "protected_roots", "write_bytes", "write_text",
+           "writing_file", "writing_folder"]
+
+#: the key under which a dataset opened from a zarr store records that store (an input as well), in
+#: ``ds.encoding`` (kept by selections; never written); a combined dataset keeps it per run in ``run_attrs``
+STORE_ATTR = "precnb_store"
 
 PathLike = str | os.PathLike[str]
 # folder names that are part of a dump's structure: an input inside one protects the dump root
@@ -108,9 +112,11 @@ def protected_roots(inputs: Iterable[PathLike | None]) -> list[Path]:
 
 
 def dataset_inputs(ds: Any) -> list[str]:
-    """The source paths recorded in a dataset's attributes (``source``, per-run sources).
+    """The source paths recorded in a dataset's attributes (``source``, per-run sources, zarr stores).
 
-    A :class:`precnb.Triage` gives those of the runs it holds.
+    A dataset reopened from a zarr store names the dump it was converted from as its ``source``;
+    the store it was read from (:data:`STORE_ATTR`) is an input too. A :class:`precnb.Triage`
+    gives those of the runs it holds.
     """
     import json
 
@@ -120,15 +126,18 @@ def dataset_inputs(ds: Any) -> list[str]:
         return [p for name in ("raw_target", "raw_baseline", "target", "baseline")
                 for p in dataset_inputs(getattr(ds, name, None))]
     attrs = getattr(ds, "attrs", {}) or {}
-    out = [str(attrs["source"])] if attrs.get("source") else []
+    out = [str(attrs[k]) for k in ("source", STORE_ATTR) if attrs.get(k)]
+    store = (getattr(ds, "encoding", None) or {}).get(STORE_ATTR)
+    if store:
+        out.append(str(store))
     raw = attrs.get("run_attrs")
     try:
         runs = json.loads(raw) if isinstance(raw, str) else (raw or {})
     except ValueError:
         runs = {}
     for own in runs.values() if isinstance(runs, dict) else ():
-        if isinstance(own, dict) and own.get("source"):
-            out.append(str(own["source"]))
+        if isinstance(own, dict):
+            out += [str(own[k]) for k in ("source", STORE_ATTR) if own.get(k)]
     return [s for s in out if not s.startswith("(")]
 
 

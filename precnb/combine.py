@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb._write import STORE_ATTR
 from precnb.schema import TENSOR_COORDS, dtype_changes, encode_dtype_changes, side_table, side_text, validate
 
 __all__ = ["FILL_VALUES", "combine_runs", "concat_steps", "rebase_dtype_changes", "reindex_tensors", "select_run"]
@@ -255,6 +256,8 @@ def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
     run_attrs = {}
     for n, ds in zip(names, dsets, strict=True):
         own = {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks", "dtype_changes")}
+        if ds.encoding.get(STORE_ATTR):  # the zarr store the run was read from: an input of any write
+            own[STORE_ATTR] = str(ds.encoding[STORE_ATTR])
         changes = rebase_dtype_changes(ds, final)  # relative to the combined dtype coordinate
         if changes:
             own["dtype_changes"] = encode_dtype_changes(changes)
