@@ -168,7 +168,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
 
     inputs = command_inputs(args)
     if args.output:  # refuse a bad -o before aligning
-        check_output(args.output, inputs=inputs, overwrite=args.overwrite)
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite, content="json")
     triage = run_triage(args, args.target, args.baseline, kinds=[])
     a = triage.alignment
     if a is None:
