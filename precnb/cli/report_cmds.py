@@ -39,6 +39,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     inputs = command_inputs(args)
     check_output(args.output, inputs=inputs, overwrite=args.overwrite, content="html")  # before the long part
+    from precnb.report._assets import vega_bundle
+
+    vega_bundle()  # the charts' JavaScript (a child process; under a hard ulimit -v it says so) before it too
     triage = run_triage(args, args.run, args.baseline)
     out = write_html(triage, args.output, title=args.title, stat=args.stat, overwrite=args.overwrite,
                      inputs=inputs)

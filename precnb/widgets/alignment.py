@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as ipw
 import numpy as np
 
-from precnb.widgets.charts import EMBED
+from precnb.widgets.charts import EMBED, enable_offline
 from precnb.widgets.findings import _error
 from precnb.widgets.panel import ExplorerAPI, Panel
 
@@ -126,7 +126,7 @@ class AlignmentPanel(Panel):
         except Exception as err:
             self.chart_box.children = [ipw.HTML(_error(err))]
             return
-        alt.JupyterChart.enable_offline(True)
+        enable_offline()
         self.chart = alt.JupyterChart(chart, embed_options=EMBED)
         self.chart.selections.observe(self._on_left, names=["left"])
         self.chart.selections.observe(self._on_right, names=["right"])

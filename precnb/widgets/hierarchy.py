@@ -14,7 +14,7 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from precnb.widgets.charts import EMBED
+from precnb.widgets.charts import EMBED, enable_offline
 from precnb.widgets.findings import _error
 from precnb.widgets.panel import ExplorerAPI, Panel
 
@@ -91,7 +91,7 @@ class HierarchyPanel(Panel):
         except Exception as err:
             self.message.value = _error(err)
             return
-        alt.JupyterChart.enable_offline(True)
+        enable_offline()
         self.chart = alt.JupyterChart(chart, embed_options=EMBED)
         self.chart.selections.observe(self._on_node, names=["node"])
         self.chart_box.children = [self.chart]

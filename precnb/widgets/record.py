@@ -15,7 +15,7 @@ import ipywidgets as ipw
 
 from precnb.viz import detail_frame, line_chart, series_frame
 from precnb.viz.series import informative_series
-from precnb.widgets.charts import SeriesPanel
+from precnb.widgets.charts import SeriesPanel, enable_offline
 from precnb.widgets.detail import DetailPanel
 
 __all__ = ["RecordView", "attribution_html"]
@@ -124,7 +124,7 @@ class RecordView:
                           f"{rank}: {e(type(err).__name__)}: {e(str(err))}</span>")
         frame = histogram_frame(values)
         note = "; ".join(f"{k}: {v} NaN/inf" for k, v in frame.attrs["nonfinite"].items() if v)
-        alt.JupyterChart.enable_offline(True)
+        enable_offline()
         chart = histogram_chart(frame, title=f"values of {label}" + (f" ({note})" if note else ""))
         return alt.JupyterChart(chart, embed_options=EMBED), ""
 
