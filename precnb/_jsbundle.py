@@ -23,18 +23,22 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from precnb.errors import PrecnbError
 
-__all__ = ["ChartScriptError", "describe_limit", "javascript_bundle"]
+__all__ = ["ChartScriptError", "describe_limit", "javascript_bundle", "vegalite_to_svg", "vl_version"]
 
-#: run by the child: raise the soft address-space limit to the hard one, then bundle
+#: run by the child: raise the soft address-space limit to the hard one, then do what stdin asks (JSON)
 _CHILD = """\
+import json
 import sys
 try:
     import resource
@@ -44,12 +48,16 @@ try:
 except (ImportError, ValueError, OSError):
     pass
 import vl_convert as vlc
-snippet = sys.stdin.read()
-out = vlc.javascript_bundle(snippet or None, vl_version=sys.argv[1])
+req = json.loads(sys.stdin.read())
+if req["op"] == "svg":
+    out = vlc.vegalite_to_svg(req["spec"], vl_version=req["vl_version"])
+else:
+    out = vlc.javascript_bundle(req["snippet"] or None, vl_version=req["vl_version"])
 sys.stdout.buffer.write(out.encode("utf-8"))
 """
 _TIMEOUT = 600  # seconds; building takes 1-3 s
 _V8_RESERVES = "about 100 GiB"
+_BUNDLE = "build the charts' JavaScript"
 _END = "\n//precnb-bundle-end\n"  # a cache file ends so (one cut short is rebuilt)
 
 
@@ -107,18 +115,19 @@ def _write_cache(path: Path | None, text: str) -> None:
         pass
 
 
-def _failure(rc: int, stderr: str) -> ChartScriptError:
+def _failure(rc: int, stderr: str, what: str) -> ChartScriptError:
     hard = _hard_address_limit()
     last = next((ln.strip() for ln in reversed(stderr.splitlines()) if ln.strip()), "")
     memory = "out of memory" in stderr.lower() or "cagedheap" in stderr.lower() or rc in (133, -5)
     if memory and hard is not None:
+        way = (" Build it once where the limit is higher with PRECNB_CACHE=<folder> set and keep PRECNB_CACHE set "
+               "here: precnb reuses the bundle from that folder" if what == _BUNDLE else "")
         return ChartScriptError(
-            "cannot build the charts' JavaScript: vl-convert's JavaScript engine (V8) cannot start under this "
-            f"address-space limit (ulimit -v {describe_limit(hard)}; V8 reserves {_V8_RESERVES} of virtual "
-            "address space, not RAM). Build it once where the limit is higher with PRECNB_CACHE=<folder> set "
-            "and keep PRECNB_CACHE set here: precnb reuses the bundle from that folder")
+            f"cannot {what}: vl-convert's JavaScript engine (V8) cannot start under this address-space limit "
+            f"(ulimit -v {describe_limit(hard)}; V8 reserves {_V8_RESERVES} of virtual address space, not RAM)."
+            + way)
     why = last or f"exit code {rc}"
-    return ChartScriptError(f"cannot build the charts' JavaScript with vl-convert (in a child process): {why}")
+    return ChartScriptError(f"cannot {what} with vl-convert (in a child process): {why}")
 
 
 @functools.lru_cache(maxsize=4)
@@ -148,16 +157,42 @@ def javascript_bundle(snippet: str | None, vl_version: str) -> str:
     cached = _read_cache(cache)
     if cached is not None:
         return cached
-    try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, vl_version], input=snippet.encode("utf-8"),
-                              capture_output=True, timeout=_TIMEOUT, check=False)
-    except subprocess.TimeoutExpired:
-        raise ChartScriptError(f"cannot build the charts' JavaScript: vl-convert took over {_TIMEOUT} s") from None
-    except OSError as exc:
-        raise ChartScriptError(f"cannot build the charts' JavaScript: cannot start {sys.executable}: "
-                               f"{exc.strerror or exc}") from None
-    if proc.returncode != 0 or not proc.stdout:
-        raise _failure(proc.returncode, proc.stderr.decode("utf-8", "replace"))
-    text = proc.stdout.decode("utf-8")
+    text = _in_child({"op": "bundle", "snippet": snippet, "vl_version": vl_version}, _BUNDLE)
     _write_cache(cache, text + _END)
     return text
+
+
+def vegalite_to_svg(spec: dict[str, Any], vl_version: str) -> str:
+    """:func:`vl_convert.vegalite_to_svg` of the Vega-Lite *spec*, in a child process.
+
+    Raises
+    ------
+    ChartScriptError
+        As :func:`javascript_bundle`.
+    """
+    return _in_child({"op": "svg", "spec": spec, "vl_version": vl_version}, "draw the chart")
+
+
+def vl_version() -> str:
+    """Vega-Lite version of the installed altair, as vl-convert spells it (``"v6_4"``)."""
+    import altair as alt
+
+    m = re.match(r"v?(\d+)\.(\d+)", str(alt.SCHEMA_VERSION))
+    if not m:  # pragma: no cover - altair always has one
+        raise RuntimeError(f"cannot read altair's Vega-Lite version {alt.SCHEMA_VERSION!r}")
+    return f"v{m.group(1)}_{m.group(2)}"
+
+
+def _in_child(request: dict[str, Any], what: str) -> str:
+    """What the child prints for *request* (vl-convert's V8 never starts in this process)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(request).encode("utf-8"),
+                              capture_output=True, timeout=_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise ChartScriptError(f"cannot {what}: vl-convert took over {_TIMEOUT} s") from None
+    except OSError as exc:
+        raise ChartScriptError(f"cannot {what}: cannot start {sys.executable}: "
+                               f"{exc.strerror or exc}") from None
+    if proc.returncode != 0 or not proc.stdout:
+        raise _failure(proc.returncode, proc.stderr.decode("utf-8", "replace"), what)
+    return proc.stdout.decode("utf-8")

@@ -33,8 +33,9 @@ def _capped(hard: bool):
     return limit
 
 
-def _run(argv: list[str], *, hard: bool, cache: Path | None = None, code: str | None = None):
-    env = {k: v for k, v in os.environ.items() if k != "PRECNB_CACHE"}
+def _run(argv: list[str], *, hard: bool, cache: Path | None = None, code: str | None = None,
+         env: dict[str, str] | None = None):
+    env = {**{k: v for k, v in os.environ.items() if k != "PRECNB_CACHE"}, **(env or {})}
     if cache is not None:
         env["PRECNB_CACHE"] = str(cache)
     cmd = [sys.executable, "-c", code, *argv] if code else [sys.executable, "-m", "precnb", *argv]
@@ -113,3 +114,40 @@ def test_a_failing_child_is_one_clear_error(monkeypatch):
             _jsbundle.javascript_bundle(None, "v6_4")
     finally:
         _jsbundle.javascript_bundle.cache_clear()
+
+
+STATIC = """\
+import sys
+import altair as alt
+import pandas as pd
+import precnb.viz as viz
+viz.enable_static()
+bundle = alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_point().encode(x="x")._repr_mimebundle_()
+bundle = bundle[0] if isinstance(bundle, tuple) else bundle
+assert "vl_convert" not in sys.modules, "V8 was loaded into the kernel's own process"
+print(bundle.get("image/svg+xml", "")[:4] or bundle["text/plain"])
+"""
+
+
+def test_static_charts_are_drawn_in_a_child_and_say_why_not_under_a_hard_cap():
+    soft = _run([], hard=False, code=STATIC)
+    assert soft.returncode == 0 and soft.stdout.strip() == "<svg", soft.stderr[-2000:]
+    hard = _run([], hard=True, code=STATIC)
+    assert hard.returncode == 0, hard.stderr[-2000:]
+    assert hard.stdout.strip().startswith("(chart not drawn: cannot draw the chart: vl-convert's JavaScript engine "
+                                          "(V8) cannot start under this address-space limit (ulimit -v 8.0 GiB")
+
+
+def test_template_html_runs_under_a_hard_cap(tmp_path):
+    """The notebook (static charts, the explorer) runs and exports; charts that cannot be drawn say so."""
+    pytest.importorskip("papermill")
+    from precnb.report import notebooks
+
+    if notebooks.offline_template_dir() is None:
+        pytest.skip("the offline_lab template is not built (make offline-template)")
+    out, page = tmp_path / "t.ipynb", tmp_path / "t.html"
+    p = _run(["template", "nan_origin", "-p", "run", DP, "-o", str(out), "--html", str(page)], hard=True,
+             env={"PRECNB_NBTEMPLATES": str(notebooks.offline_template_dir())})
+    assert p.returncode == 0, p.stderr[-3000:]
+    text = page.read_text()
+    assert "chart not drawn: cannot draw the chart" in text and "ulimit -v 8.0 GiB" in text

@@ -8,7 +8,6 @@ process and inlined once per page.
 from __future__ import annotations
 
 import functools
-import re
 from importlib import resources
 
 __all__ = ["escape_script_json", "package_text", "script_safe", "vega_bundle", "vl_version"]
@@ -16,12 +15,9 @@ __all__ = ["escape_script_json", "package_text", "script_safe", "vega_bundle", "
 
 def vl_version() -> str:
     """Vega-Lite version of the installed altair, as vl-convert spells it (``"v6_4"``)."""
-    import altair as alt
+    from precnb._jsbundle import vl_version as version
 
-    m = re.match(r"v?(\d+)\.(\d+)", str(alt.SCHEMA_VERSION))
-    if not m:  # pragma: no cover - altair always has one
-        raise RuntimeError(f"cannot read altair's Vega-Lite version {alt.SCHEMA_VERSION!r}")
-    return f"v{m.group(1)}_{m.group(2)}"
+    return version()
 
 
 def escape_script_json(text: str) -> str:
