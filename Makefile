@@ -27,7 +27,7 @@ help:
 	@echo "make lint    ruff, and the import contracts of pyproject.toml [tool.importlinter] (lint-imports)"
 	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io, analysis)"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (tools/samples)"
-	@echo "make bench   run benchmarks/ and write benchmarks/RESULTS.md"
+	@echo "make bench   run every script of benchmarks/ and write benchmarks/RESULTS*.md (MSPROBE=path: msprobe)"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
 	@echo "make notebooks         strip notebooks/*.ipynb (the templates' one copy; the build puts them in the wheel)"
 
@@ -99,11 +99,19 @@ samples: install
 	$(PIP) install -q -e tools/samples
 	$(PY) -m precnb_samples --out data_samples
 
+# MSPROBE=/path/to/msprobe: the msprobe executable for the side-by-side rows (default: beside $(PY), else PATH;
+# e.g. the generator's venv). make test runs every script at a tiny size (tests/test_benchmarks_smoke.py).
+MSPROBE ?=
+MSPROBE_ARG := $(if $(MSPROBE),--msprobe $(MSPROBE),)
 bench: install
-	$(PY) benchmarks/run.py
-	$(PY) benchmarks/bench_explorer.py
+	$(PY) benchmarks/run.py $(MSPROBE_ARG)
+	$(PY) benchmarks/bench_explorer.py --markdown benchmarks/RESULTS_explorer.md
 	$(PY) benchmarks/bench_large.py
 	$(PY) benchmarks/bench_startup.py
+	$(PY) benchmarks/bench_align.py
+	$(PY) benchmarks/bench_kernel_tensors.py
+	$(PY) benchmarks/bench_tensors.py $(MSPROBE_ARG)
+	$(PY) benchmarks/bench_scheduler.py
 
 clean:
 	rm -rf $(VENV) build $(OUT) .pytest_cache

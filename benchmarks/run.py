@@ -142,12 +142,23 @@ def precnb_cmd() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "precnb"]
 
 
+MSPROBE: Path | None = None  # --msprobe PATH
+
+
 def msprobe_cmd() -> list[str] | None:
+    """The msprobe command: ``--msprobe PATH``, else beside this interpreter, else on ``PATH``."""
+    if MSPROBE is not None:
+        return [str(MSPROBE)]
     exe = Path(sys.executable).parent / "msprobe"
     if exe.exists():
         return [str(exe)]
     found = shutil.which("msprobe")
     return [found] if found else None
+
+
+def warm_worker() -> None:
+    """Import the parser in a dask worker (the first task pays no import)."""
+    import precnb.io.msprobe.parse  # noqa: F401
 
 
 # ---------------------------------------------------------------------------- the trees
@@ -228,7 +239,7 @@ def bench_load(root: Path, reps: int, workers: tuple[int, ...]) -> dict[str, Any
         for n in workers:
             with LocalCluster(n_workers=n, threads_per_worker=1, dashboard_address=None, processes=True,
                               silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-                client.run(lambda: __import__("precnb.io._fastparse"))
+                client.run(warm_worker)
                 precnb.open_run(root, client=client, progress=False)  # warm the workers
                 f_t, p_t = [], []
                 for i in range(reps):
@@ -552,13 +563,14 @@ def write_report(path: Path, res: dict[str, Any]) -> str:
               "every step; precnb treats those infinities as benign and names the injected NaN.", ""]
     sc = res.get("scale")
     if sc:
-        lines += ["## 3. Scale: 1,024 ranks × 4 steps", ""]
+        n_scale = res.get("scale_ranks", 1024)
+        lines += [f"## 3. Scale: {n_scale:,} ranks × {STEPS} steps", ""]
         if "error" in sc:
             lines += ["The scale task failed:", "", "```", sc["error"], "```", ""]
         else:
             sz = sc.get("sizes", {})
             lines += [f"Dataset: {sz.get('step')} steps × {sz.get('rank')} ranks × {sz.get('tensor')} tensors per run; "
-                      f"{res['sizes_mb'].get(1024, 0):.0f} MB of JSON per tree. One fresh process, in memory:", "",
+                      f"{res['sizes_mb'].get(n_scale, 0):.0f} MB of JSON per tree. One fresh process, in memory:", "",
                       "| phase | time |", "|---|---:|"]
             for key, label in (("import_s", "import precnb"), ("load_baseline_s", "load baseline"),
                                ("load_diverge_s", "load diverge"), ("first_divergence_s", "first divergence"),
@@ -626,16 +638,17 @@ def targets(res: dict[str, Any]) -> list[str]:
                            f"{_fmt_s(row['msprobe_s'])}, {row['speedup']:.1f}×; same node: "
                            f"{'yes' if row['agree'] else 'no'}).")
             else:
-                out.append(f"- `precnb diff` vs `msprobe compare -da` ({size} ranks): msprobe not run here.")
+                out.append(f"- `precnb diff` vs `msprobe compare -da` ({size} ranks, {what}): msprobe not run here.")
     sc = res.get("scale")
+    n_scale = res.get("scale_ranks", 1024)
     if sc and "peak_mb" in sc:
         ok = sc["peak_mb"] / 1024 <= TARGETS["rss_gb"] and "viz_error" not in sc
-        out.append(f"- 1,024 ranks loaded, first divergence, NaN origin and heat map within "
+        out.append(f"- {n_scale:,} ranks loaded, first divergence, NaN origin and heat map within "
                    f"{TARGETS['rss_gb']:.0f} GB: **{'met' if ok else 'NOT met'}** (peak "
                    f"{sc['peak_mb'] / 1024:.2f} GB, {_fmt_s(sc['total_s'])} in total"
                    f"{'; heat map skipped' if 'viz_error' in sc else ''}).")
     elif sc:
-        out.append("- 1,024-rank scale task: **failed** (see above).")
+        out.append(f"- {n_scale:,}-rank scale task: **failed** (see above).")
     return out
 
 
@@ -647,6 +660,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="repetitions for small cases")
     ap.add_argument("--msprobe-reps", type=int, default=3)
     ap.add_argument("--no-msprobe", action="store_true")
+    ap.add_argument("--msprobe", type=Path, metavar="PATH",
+                    help="the msprobe executable (e.g. /work/venvs/gen/bin/msprobe); default: beside this "
+                         "interpreter, else on PATH")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny end-to-end run of every code path (4 and 8 ranks, 1 repetition; the 8-rank "
+                         "tree takes the scale path) into --out, for make test: figures mean nothing")
     ap.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     ap.add_argument("--scale-task", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stream-task", type=Path, help=argparse.SUPPRESS)
@@ -667,8 +686,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.stream_task:
         stream_task(args.stream_task, args.task_out)
         return 0
+    global MSPROBE
+    if args.msprobe is not None:
+        if not (args.msprobe.is_file() and os.access(args.msprobe, os.X_OK)):
+            ap.error(f"--msprobe {args.msprobe}: not an executable file")
+        MSPROBE = args.msprobe
+    if args.smoke and args.out == HERE / "RESULTS.md":
+        ap.error("--smoke writes meaningless figures: give --out outside benchmarks/")
     started = time.time()
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = [4, 8] if args.smoke else [int(s) for s in args.sizes.split(",") if s]
+    large_from = 8 if args.smoke else 65  # sizes from here take the scale path
+    workers_at = max([n for n in sizes if n < large_from], default=None)  # the worker / LocalCluster rows
+    if args.smoke:
+        args.reps = args.msprobe_reps = 1
     args.workdir.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"started": started, "sizes": sizes, "machine": machine(), "load": {}, "cli": {},
                            "sizes_mb": {}}
@@ -683,9 +713,9 @@ def main(argv: list[str] | None = None) -> int:
         log("msprobe not found (or --no-msprobe): msprobe rows are skipped")
     for n in sizes:
         root, m = roots[n]
-        if n <= 64:
+        if n < large_from:
             log(f"[{n} ranks] load throughput ...")
-            res["load"][n] = bench_load(root / "baseline", args.reps, workers=(1, 2) if n == 64 else ())
+            res["load"][n] = bench_load(root / "baseline", args.reps, workers=(1, 2) if n == workers_at else ())
             for row in res["load"][n]["rows"]:
                 log(f"  {row['where']}: precnb {row['precnb_mbps']:.1f} MB/s, floor {row['floor_mbps']:.1f} MB/s, "
                     f"ratio {row['ratio']:.2f}")
@@ -696,13 +726,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"msprobe {_fmt_s(row.get('msprobe_s', float('nan')))}"
                     f" speed-up {row.get('speedup', float('nan')):.1f}× agree {row.get('agree')}")
         else:
-            log(f"[{n} ranks] load throughput (3 reps) ...")
-            res["load"][n] = bench_load(root / "baseline", 3, workers=(2,))
+            log(f"[{n} ranks] load throughput ({min(3, args.reps)} reps) ...")
+            res["load"][n] = bench_load(root / "baseline", min(3, args.reps), workers=(2,))
             for row in res["load"][n]["rows"]:
                 log(f"  {row['where']}: precnb {row['precnb_mbps']:.1f} MB/s, floor {row['floor_mbps']:.1f} MB/s, "
                     f"ratio {row['ratio']:.2f}")
             log(f"[{n} ranks] scale task (fresh process) ...")
             res["scale"] = bench_scale(root, m)
+            res["scale_ranks"] = n
             log(f"  {json.dumps({k: v for k, v in res['scale'].items() if k.endswith('_s') or k == 'peak_mb'})}")
     res["elapsed_s"] = time.time() - started
     res["load_average_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None

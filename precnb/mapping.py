@@ -65,6 +65,7 @@ class MappingSpec:
     tensors: dict[str, str] = field(default_factory=dict)  # baseline label -> target label (precnb)
     unpair: list[str] = field(default_factory=list)  # target nodes that must stay unpaired (precnb)
     problems: list[str] = field(default_factory=list)  # pairs read but not kept (duplicates), said to the user
+    found: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)  # level -> baseline -> how (precnb)
 
 
 _TENSOR_NAME = re.compile(r"\.(forward|backward)(\.\d+)?\.(input|output|parameters|kwargs)\b|\.parameters_grad")
@@ -97,6 +98,11 @@ def parse_mapping(obj: Any, *, source: str = "") -> MappingSpec:
                                          "the second pair is ignored")
                     continue
                 pairs[b] = t
+                how = item.get("how")
+                if isinstance(how, str) and how and how != "user":  # how it was found when the file was written
+                    conf = item.get("confidence")
+                    ok = isinstance(conf, (int, float)) and not isinstance(conf, bool) and 0 <= conf <= 1
+                    spec.found.setdefault(key, {})[b] = (how, float(conf) if ok else 1.0)
         unpair = obj.get("unpair") or []
         if not isinstance(unpair, list) or not all(isinstance(x, str) for x in unpair):
             raise MappingError(f"{where}: 'unpair' must be a list of target node names")

@@ -87,15 +87,20 @@ def core_venv(tmp_path_factory, built_wheel):
     venv = tmp_path_factory.mktemp("venv") / "core"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
+    # without the test session's PYTHONPATH (the checkout, see conftest): pip would take the checkout's
+    # precnb.egg-info for an installed precnb and skip the wheel
     proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(built_wheel)],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env=_clean_env())
     assert proc.returncode == 0, f"pip install of the wheel with its core dependencies failed: {proc.stderr[-3000:]}"
     return venv
 
 
+def _clean_env():
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PRECNB_", "PYTHON"))}
+
+
 def _run(venv, *args, cwd):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRECNB_", "PYTHON"))}
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(args, cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

@@ -46,6 +46,18 @@ NAMES = (
     "drift",
     "tensor_bf16",
     "tensor_bug",
+    "sdc_clean",
+    "sdc",
+    "sdc_md5",
+    "sdc_rank",
+    "spike_healthy",
+    "spike_data",
+    "spike_optimizer",
+    "spike_hardware",
+    "spike_numerics",
+    # issue 26
+    "rank_shift",
+    "tp_noise",
 )
 TENSOR_NAMES = ("tensor_bf16", "tensor_bug")
 STATS = ("Max", "Min", "Mean", "Norm")
@@ -138,7 +150,8 @@ NOT_IMPORTED_HERE = {"__main__", "_ms_model", "_ms_port_worker", "_ms_kernel_wor
 
 # import torch (directly or through a sibling): their examples run with make test-generator
 NEEDS_TORCH = {"_diag_model", "_diag_train", "_model", "_named_models", "_scenarios", "_scn_diagnosis", "_scn_pp",
-               "_scn_preflight", "_scn_renamed", "_scn_tensor", "_scn_tp_unsync", "_train"}
+               "_scn_preflight", "_scn_renamed", "_scn_tensor", "_scn_tp_unsync", "_train",
+               "_scn_sdc", "_scn_spike", "_sdc_train", "_spike_train", "_scn_rank_meta"}
 
 
 def _generator_params():
@@ -206,7 +219,9 @@ def test_readme_and_total_size():
         assert f"## {name}" in text
     assert "python -m precnb_samples" in text
     total = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file())
-    assert total < 45e6, f"data_samples is {total / 1e6:.1f} MB"  # ~20 samples, each a few hundred kB to 3 MB
+    # ~35 samples, each a few hundred kB to 3 MB; the faulty-device (4-rank jobs, two jobs per sample) and
+    # loss-spike samples of issues 28/29 add about 12 MB, hence 60 MB rather than 45
+    assert total < 60e6, f"data_samples is {total / 1e6:.1f} MB"
     # every dump root stays small (tiny model, few steps); the newer samples aim at 1 MB
     for name in NAMES:
         if name in TENSOR_NAMES:  # tensor mode saves every tensor: under 3 MB per sample
@@ -243,7 +258,8 @@ def test_dumps_parse_and_have_msprobe_layout(name):
                 assert names and all((path.parent / "dump_tensor_data" / n).is_file() for n in names)
             else:
                 assert top["dump_data_dir"] is None
-            assert isinstance(top["data"], dict) and len(top["data"]) > (50 if level == "mix" else 20)
+            full = level == "mix" and g.get("data_mode", ["all"]) == ["all"]  # forward-only dumps are shorter
+            assert isinstance(top["data"], dict) and len(top["data"]) > (50 if full else 20)
             assert re.fullmatch(r"rank\d+|proc\d+", path.parent.name)
             for other in ("construct.json", "stack.json"):
                 assert isinstance(load(path.parent / other), dict)

@@ -26,11 +26,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MAX_INDEX", "MAX_SELECTED", "ArgType", "existing_folder", "int_set", "integer", "layout_text", "number",
-           "order_text"]
+__all__ = [
+    "MAX_INDEX",
+    "MAX_SELECTED",
+    "ArgType",
+    "existing_folder",
+    "int_set",
+    "integer",
+    "layout_text",
+    "number",
+    "order_text",
+    "scheduler_address",
+]
 
 MAX_INDEX = 2**31 - 1
 """Largest step or rank number (as the readers accept them)."""
@@ -201,3 +212,18 @@ def _existing_folder(text: str) -> str:
 
 
 existing_folder = ArgType("folder", _existing_folder, ("/nonexistent/precnb-folder", "", "/dev/null"), ".")
+
+
+_ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx|inproc|ws|wss)://)?[\w.\-\[\]:]+:\d{1,5}$")
+
+
+def _scheduler(text: str) -> str:
+    s = text.strip()
+    if not _ADDRESS.match(s) or int(s.rsplit(":", 1)[1]) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Dask scheduler address (e.g. tcp://10.0.0.2:8786)")
+    return s
+
+
+scheduler_address = ArgType("Dask scheduler address", _scheduler,
+                            ("not an address", "tcp://", "http//x:1", "host", "host:99999", "tcp://h:x", ""),
+                            "tcp://127.0.0.1:8786")

@@ -7,6 +7,7 @@ subcommand module imports the package that imports it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -14,9 +15,10 @@ from collections.abc import Callable
 from typing import IO, Any, NoReturn
 
 from precnb.cli import _term
-from precnb.cli._args import MAX_INDEX, int_set, integer
+from precnb.cli._args import MAX_INDEX, int_set, integer, scheduler_address
 
-__all__ = ["Parser", "UsageError", "cli_workers", "command_inputs", "int_or_auto", "open_checked", "parse_int_set"]
+__all__ = ["Parser", "UsageError", "cli_client", "cli_workers", "close_client", "command_inputs", "int_or_auto",
+           "open_checked", "parse_int_set"]
 
 def _one_line_text(text: str) -> str:
     text = " ".join(text.split())
@@ -48,6 +50,53 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=_workers, default=None,
                    help="local processes that parse dump files: N, or 'auto' (default: "
                         "$PRECNB_WORKERS, else auto = one per available CPU, at most 8)")
+    p.add_argument("--scheduler", type=scheduler_address, default=None, metavar="ADDRESS",
+                   help="parse on a running Dask cluster: its scheduler's address (tcp://host:8786; default "
+                        "$PRECNB_SCHEDULER). The workers must see the dump paths (a shared file system)")
+
+
+def cli_client(args: argparse.Namespace) -> Any:
+    """The Dask client of ``--scheduler`` (else ``$PRECNB_SCHEDULER``), connected once per command; or None.
+
+    Raises
+    ------
+    precnb.errors.PrecnbError
+        When the scheduler cannot be reached (one line naming the address and where it came from).
+    """
+    client = getattr(args, "_dask_client", None)
+    if client is not None:
+        return client
+    address, origin = getattr(args, "scheduler", None), "--scheduler"
+    if address is None and os.environ.get("PRECNB_SCHEDULER"):
+        address, origin = os.environ["PRECNB_SCHEDULER"].strip(), "$PRECNB_SCHEDULER"
+        try:
+            address = scheduler_address(address)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"{origin}: {exc}") from None
+    if address is None:
+        return None
+    from precnb.errors import PrecnbError
+
+    try:
+        from distributed import Client
+    except ImportError as exc:  # pragma: no cover - distributed is a core dependency
+        raise PrecnbError(f"{origin} {address}: dask.distributed is not installed ({exc})") from None
+    try:
+        client = Client(address, timeout=os.environ.get("PRECNB_SCHEDULER_TIMEOUT", "15s"), set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise PrecnbError(f"cannot reach the Dask scheduler at {address} ({origin}): "
+                          f"{_one_line_text(str(exc)) or type(exc).__name__}") from None
+    args._dask_client = client
+    return client
+
+
+def close_client(args: argparse.Namespace) -> None:
+    """Close the client :func:`cli_client` opened (the cluster itself keeps running)."""
+    client = getattr(args, "_dask_client", None)
+    if client is not None:
+        args._dask_client = None
+        with contextlib.suppress(Exception):
+            client.close()
 
 
 def int_or_auto(minimum: int | None = None, why: str = "", maximum: int | None = MAX_INDEX) -> Callable[[str], Any]:
@@ -124,7 +173,7 @@ def open_checked(path: str, args: argparse.Namespace, *, steps: list[int] | None
         warnings.simplefilter("ignore")
         ds = open_run(path, format=getattr(args, "format", None), steps=steps,
                       ranks=parse_int_set(getattr(args, "ranks", None), "ranks"), progress=None,
-                      workers=cli_workers(args))
+                      workers=cli_workers(args), client=cli_client(args))
     failures = getattr(args, "load_failures", None)
     if failures is None:
         failures = []

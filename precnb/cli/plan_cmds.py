@@ -73,7 +73,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from precnb._write import check_output
 
         check_output(args.output, inputs=inputs, overwrite=args.overwrite, content="json")
-    triage = run_triage(args, args.run, args.baseline, **({"kinds": kinds} if kinds else {}))
+    from precnb.cli._side import side_options
+
+    triage = run_triage(args, args.run, args.baseline, **({"kinds": kinds} if kinds else {}), **side_options(args))
     found = triage.found
     if not found:
         msg = "nothing found: no finding to confirm (" + "; ".join(f.reason for f in triage.findings) + ")"
@@ -120,6 +122,9 @@ def register(sub: Any, add_load_options: Any) -> None:
                    help="dump_path written into the config (default %(default)s)")
     p.add_argument("--task", choices=["tensor", "statistics"], default="tensor",
                    help="tensor (default: save the selected tensors) or statistics")
-    p.add_argument("--kind", help="plan for the first finding of this kind (e.g. nan_origin, anomaly)")
+    p.add_argument("--kind", help="plan for the first finding of this kind (e.g. nan_origin, anomaly, loss_spike)")
+    from precnb.cli._side import add_side_options
+
+    add_side_options(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_plan)

@@ -101,9 +101,8 @@ def _precnb_hints(spec: MappingSpec, tb: RunTree, tt: RunTree, h: Hints) -> None
         base_names, targ_names = _names_of(tb, key), _names_of(tt, key)
         out: dict[str, str] = getattr(h, key)
         taken = set(out.values())
-        for b, t in getattr(spec, key).items():
-            if flip:
-                b, t = t, b
+        for b0, t0 in getattr(spec, key).items():
+            b, t = (t0, b0) if flip else (b0, t0)
             missing = [f"the baseline has no {what} {b!r}"] if b not in base_names else []
             missing += [f"the target has no {what} {t!r}"] if t not in targ_names else []
             if missing:
@@ -114,6 +113,9 @@ def _precnb_hints(spec: MappingSpec, tb: RunTree, tt: RunTree, h: Hints) -> None
             else:
                 out[b] = t
                 taken.add(t)
+                how = spec.found.get(key, {}).get(b0)  # how the pair was found when the file was written
+                if how is not None:
+                    h.found.setdefault(key, {})[b] = how
     unpair = set(spec.unpair)
     for n in sorted(unpair - set(tt.nodes)):
         h.problems.append(f"{where}: unpair {n!r} ignored: the target has no node {n!r}")

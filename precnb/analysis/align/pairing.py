@@ -51,10 +51,17 @@ class Hints:
     unpair_nodes: set[str] = field(default_factory=set)  # target nodes that must stay unpaired
     problems: list[str] = field(default_factory=list)  # pairs of a mapping file that were not kept, and why
     many_tensors: dict[str, str] = field(default_factory=dict)  # target label -> baseline label (many-to-one)
+    # how a pair of precnb's own mapping file was found when it was written ("modules" / "nodes" /
+    # "tensors" -> baseline -> (how, confidence)): a reloaded file keeps it; pairs without one are "user"
+    found: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.modules or self.nodes or self.tensors or self.api_names or self.unpair_nodes
                     or self.many_tensors)
+
+    def how(self, level: str, baseline: str) -> tuple[str, float]:
+        """(how, confidence) of a forced pair: as its mapping file recorded it, else ``("user", 1.0)``."""
+        return self.found.get(level, {}).get(baseline, ("user", 1.0))
 
 
 @dataclass
@@ -141,7 +148,7 @@ class _Aligner:
 
     def _how_module(self, b: str, t: str) -> str:
         if self.hints.modules.get(b) == t:
-            return "user"
+            return self.hints.how("modules", b)[0]
         mb, mt = self.tb.modules[b], self.tt.modules[t]
         if b == t and (mb.cls == mt.cls or class_similarity(mb.cls, mt.cls) >= 0.8):
             return "name"
@@ -293,8 +300,10 @@ class _Aligner:
         for i, j, s in pairs:
             x, y = xs[i], ys[j]
             if self.hints.nodes.get(x.name) == y.name:
-                how = "user"
-            elif x.name == y.name:
+                how, conf = self.hints.how("nodes", x.name)
+                self._pair_node(x.name, y.name, how, conf if how != "user" else _confidence(s, API_THRESHOLD))
+                continue
+            if x.name == y.name:
                 how = "name"
             elif node_values(x, y) >= 1.0:
                 how = "value"
@@ -328,7 +337,7 @@ class _Aligner:
                     self._pair_node(bb, bt, how, conf)
         for b, t in self.hints.nodes.items():  # user pairs the structure did not reach
             if b in self.tb.nodes and t in self.tt.nodes:
-                self._pair_node(b, t, "user", 1.0)
+                self._pair_node(b, t, *self.hints.how("nodes", b))
 
     def _pair_leftover_apis(self) -> None:
         """API calls still unpaired whose module pair is known (a call recorded under another parent)."""
@@ -355,7 +364,7 @@ class _Aligner:
     # ------------------------------------------------------------------ tensors
     def pair_tensors(self) -> None:
         for b_lbl, t_lbl in self.hints.tensors.items():
-            self.out.tensors.setdefault(t_lbl, (b_lbl, "user", 1.0))
+            self.out.tensors.setdefault(t_lbl, (b_lbl, *self.hints.how("tensors", b_lbl)))
         for t_lbl, b_lbl in self.hints.many_tensors.items():  # msprobe data mappings: several onto one
             self.out.tensors.setdefault(t_lbl, (b_lbl, "user", 1.0))
         used_b = {v[0] for v in self.out.tensors.values()}
@@ -469,7 +478,7 @@ def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None) -> Pairing:
     a = _Aligner(tb, tt, hints)
     for b, t in (hints.modules.items() if hints else ()):
         if b in tb.modules and t in tt.modules:
-            a._pair_module(b, t, "user", 1.0)
+            a._pair_module(b, t, *a.hints.how("modules", b))
     a.pair_modules()
     for b, t in (hints.modules.items() if hints else ()):  # below the user's pairs, pair as usual
         if a.out.modules.get(b, ("",))[0] == t:

@@ -35,6 +35,19 @@ CATALOG: dict[str, str] = {
     "drift": "_scn_diagnosis",
     "tensor_bf16": "_scn_tensor",
     "tensor_bug": "_scn_tensor",
+    # issues 28 (faulty device: replica departures followed to a host and device) and 29 (loss spikes)
+    "sdc_clean": "_scn_sdc",
+    "sdc": "_scn_sdc",
+    "sdc_md5": "_scn_sdc",
+    "sdc_rank": "_scn_sdc",
+    "spike_healthy": "_scn_spike",
+    "spike_data": "_scn_spike",
+    "spike_optimizer": "_scn_spike",
+    "spike_hardware": "_scn_spike",
+    "spike_numerics": "_scn_spike",
+    # issue 26: per-rank metadata (call counters shift on one rank), a per-rank-seeded op under a TP merge
+    "rank_shift": "_scn_rank_meta",
+    "tp_noise": "_scn_rank_meta",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)

@@ -103,6 +103,71 @@ def _tp_unsync(gt: dict[str, Any]) -> list[str]:
     return out
 
 
+def _dev(d: dict[str, str] | None) -> str:
+    return f"{d['host']}:{d['device']}" if d else "none"
+
+
+def _departure_lines(gt: dict[str, Any]) -> list[str]:
+    out = []
+    for f in gt["faults"]:
+        b = f["baseline"]
+        side = (f"the clean run (sdc_clean) blames rank {b['differ_from_baseline'][0]}" if b["decides"] else
+                "the clean run cannot decide (inputs already differ from it): both ranks stay candidates")
+        out.append(
+            f"- {f.get('run', '')} step {f['step']}: ranks {f['ranks']} depart at `{f['node']}` {f['tensor']} "
+            f"(in `{f['module']}`), inputs identical: {f['inputs_identical']}; origin rank {f['rank']} on "
+            f"{_dev(f['device'])} (candidates " + ", ".join(f"rank {c['rank']} {c['host']}:{c['device']}"
+                                                          for c in f["candidates"])
+            + f"); {side}; {f['consequences']['tensors']} later replicated tensors of that step depart too")
+    return out
+
+
+def _sdc(gt: dict[str, Any]) -> list[str]:
+    out = [f"- layout tp{gt['layout']['tp']} x dp{gt['layout']['dp']} (TP groups {gt['layout']['tp_groups']}, DP "
+           f"groups {gt['layout']['dp_groups']}); {gt['replicated']['tp_tensors']} TP-replicated and "
+           f"{gt['replicated']['dp_tensors']} DP-replicated tensor leaves per dump (read from the clean run)",
+           "- placement: " + "; ".join(f"{job}: " + ", ".join(f"rank {r} {_dev(d)}" for r, d in p.items())
+                                        for job, p in gt["placement"].items()),
+           "- rank tables: " + ", ".join(f"`{v}`" for t in gt["rank_tables"].values() for v in t.values())]
+    out += _departure_lines(gt)
+    for d in gt.get("devices", []):
+        if d["departures"]:
+            out.append(f"- device {_dev(d)} (ranks {d['ranks']}): candidate in {len(d['departures'])} departures, "
+                       f"origin of {len(d['origin_of'])}, blamed by the clean run in {len(d['wrong_side'])}")
+    if gt["scenario"] == "sdc_md5":
+        c = gt["checks"]
+        out.append(f"- md5 (CRC-32) mode: {c['tp_replicated_leaves_with_equal_crc']} of "
+                   f"{c['tp_replicated_leaves_checked']} TP-replicated leaves carry equal CRCs across their replicas; "
+                   "the dumped region ends after backward (see the md5 note below)")
+    return out
+
+
+def _sdc_clean(gt: dict[str, Any]) -> list[str]:
+    return [f"- no fault: none of the {gt['replicated']['tp_tensors']} TP-replicated and "
+            f"{gt['replicated']['dp_tensors']} DP-replicated tensor leaves departs at any step "
+            f"(steps {gt['steps']}); rank table `{gt['rank_tables']['job1']['json']}`, "
+            f"`{gt['rank_tables']['job1']['csv']}`"]
+
+
+def _spike(gt: dict[str, Any]) -> list[str]:
+    sp = gt["spike"]
+    around = sp["loss_around"]
+    out = [f"- spike step: {sp['step']} ({sp['rule']}); per-rank departures {sp['rank_departures']}",
+           f"- loss around it (steps {around['steps']}): "
+           + "; ".join(f"{k} " + ", ".join(f"{x:.3f}" for x in v) for k, v in around.items() if k != "steps")]
+    for f in gt["faults"]:
+        out.append(f"- origin: cause {f['cause']}, step {f['step']}, rank {f['rank']}, `{f['node']}` {f['tensor']} "
+                   f"({f['origin']}" + (f", module `{f['module']}`" if f.get("module") else "")
+                   + (f", device {_dev(f['device'])} by `{gt['rank_tables']['rank_table']['json']}`"
+                      if f.get("device") else "") + ")")
+    out += [f"- {c['cause']}: {c['text']}" for c in gt["causes"]]
+    if "evidence" in gt:
+        out.append("- series: " + "; ".join(gt["evidence"]["series"]))
+    if "precursor" in gt:
+        out.append(f"- precursor: {gt['precursor']['note']}")
+    return out
+
+
 def _mindspore(name: str) -> Callable[[dict[str, Any]], list[str]]:
     """The digest of a MindSpore sample, from its scenario module (imported when used; torch-free)."""
     def digest(gt: dict[str, Any]) -> list[str]:
@@ -122,4 +187,9 @@ DIGESTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "tp_unsync": _tp_unsync,
     "xfw": _mindspore("xfw"),
     "kernel_resume": _mindspore("kernel_resume"),
+    "sdc_clean": _sdc_clean,
+    "sdc": _sdc,
+    "sdc_md5": _sdc,
+    "sdc_rank": _sdc,
+    **{f"spike_{c}": _spike for c in ("healthy", "data", "optimizer", "hardware", "numerics")},
 }

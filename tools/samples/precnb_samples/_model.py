@@ -32,16 +32,24 @@ class ModelConfig:
     seed: int = 1234
     lm_head_bias: bool = False  # an extra parameter (``lm_head.bias``, zero-initialised)
     fused_adamw: bool = True  # False: torch's single-tensor AdamW (about nine in-place ops per parameter)
+    attention: bool = True  # False: MLP-only blocks (x + mlp(mlp_norm(x))), fewer nodes per dump
+    optimizer: str = "adamw"  # "sgd": torch's single-tensor SGD with momentum (three in-place ops per parameter)
+    momentum: float = 0.9  # of the SGD optimizer
 
     def describe(self) -> str:
         """Return a one-line description for ground-truth files and the README."""
+        if self.optimizer == "sgd":
+            opt = f"SGD(lr={self.lr}, momentum={self.momentum}, weight_decay={self.weight_decay}, foreach=False)"
+        else:
+            opt = (f"AdamW(lr={self.lr}, weight_decay={self.weight_decay}, "
+                   f"{'fused=True' if self.fused_adamw else 'foreach=False, fused=False'})")
+        blocks = "pre-norm blocks (RMSNorm)" if self.attention else "pre-norm MLP-only blocks (RMSNorm, no attention)"
         return (
             f"TinyGPT: vocab {self.vocab}, hidden {self.hidden}, {self.heads} heads, "
-            f"ffn {self.ffn}, {self.blocks} pre-norm blocks (RMSNorm), seq {self.seq}, "
+            f"ffn {self.ffn}, {self.blocks} {blocks}, seq {self.seq}, "
             f"batch {self.batch} per rank, "
-            f"{'a zero-initialised lm_head bias' if self.lm_head_bias else 'no biases'}, AdamW(lr={self.lr}, "
-            f"weight_decay={self.weight_decay}, "
-            f"{'fused=True' if self.fused_adamw else 'foreach=False, fused=False'}), no grad clipping, seed {self.seed}"
+            f"{'a zero-initialised lm_head bias' if self.lm_head_bias else 'no biases'}, {opt}, "
+            f"no grad clipping, seed {self.seed}"
         )
 
 
@@ -73,6 +81,15 @@ class Faults:
         (``x + attn(norm(x)) * scale``); blocks not listed add the branch unscaled and record no
         extra op. A healthy run lists the block with 1.0, a buggy one with another factor, so
         both record the same nodes.
+    embed_noise_std:
+        Standard deviation of the (NEFTune-like) noise ``torch.normal(0, std, size)`` added to
+        the embedding output, drawn from the default generator; 0 leaves the ops out.
+    final_scale:
+        Factor the hidden states are multiplied by before the final RMSNorm (set per step by the
+        training loop); ``None`` leaves the op out.
+    final_norm_half:
+        Compute the final RMSNorm in float16 (its input cast with ``Tensor.half``), as a port that
+        drops the float32 upcast of the norm: ``x.pow(2)`` overflows once ``|x| > 255.9``.
     """
 
     nan_attention_block: int | None = None
@@ -81,42 +98,59 @@ class Faults:
     mlp_act_dtype: dict[int, torch.dtype] = field(default_factory=dict)
     hidden_dropout: float = 0.0
     residual_scale: dict[int, float] = field(default_factory=dict)
+    embed_noise_std: float = 0.0
+    final_scale: float | None = None
+    final_norm_half: bool = False
 
 
 class TPGroup:
-    """Tensor-parallel context: ``size`` ranks of the default process group (None = no TP)."""
+    """Tensor-parallel context: ``size`` ranks, ``rank`` within them (None = no TP).
 
-    def __init__(self, size: int, rank: int) -> None:
+    ``group`` is the torch.distributed process group of the TP ranks; ``None`` means the default
+    group (the TP=2 samples whose world is the TP group). Only a real group is passed on to the
+    collectives, so the default-group samples record the same nodes and arguments as before.
+    """
+
+    def __init__(self, size: int, rank: int, group: object | None = None) -> None:
         self.size = size
         self.rank = rank
+        self.group = group
+
+
+def _all_reduce(x: torch.Tensor, group: object | None) -> None:
+    if group is None:
+        dist.all_reduce(x)
+    else:
+        dist.all_reduce(x, group=group)
 
 
 class _CopyToTP(torch.autograd.Function):
     """Identity in forward, all-reduce of the input gradient in backward (Megatron ``f``)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group=None):
+        ctx.group = group
         return x
 
     @staticmethod
     def backward(ctx, grad):
         grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
+        _all_reduce(grad, ctx.group)
+        return grad, None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     """In-place all-reduce of the partial sums in forward, identity in backward (Megatron ``g``)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group=None):
         ctx.mark_dirty(x)
-        dist.all_reduce(x)
+        _all_reduce(x, group)
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        return grad
+        return grad, None
 
 
 class ColumnParallelLinear(nn.Module):
@@ -132,7 +166,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         if self.tp.size > 1:
-            x = _CopyToTP.apply(x)
+            x = _CopyToTP.apply(x, self.tp.group)
         return F.linear(x, self.weight)
 
 
@@ -150,7 +184,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         partial = F.linear(x, self.weight)
         if self.tp.size > 1:
-            return _ReduceFromTP.apply(partial)
+            return _ReduceFromTP.apply(partial, self.tp.group)
         return partial
 
 
@@ -231,8 +265,8 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, index: int, faults: Faults, tp: TPGroup | None) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden)
-        self.attn = Attention(cfg, index, faults, tp)
+        self.attn_norm: RMSNorm | None = RMSNorm(cfg.hidden) if cfg.attention else None
+        self.attn: Attention | None = Attention(cfg, index, faults, tp) if cfg.attention else None
         self.mlp_norm = RMSNorm(cfg.hidden)
         self.mlp = MLP(cfg, index, faults, tp)
         self.index = index
@@ -243,9 +277,10 @@ class Block(nn.Module):
         return F.dropout(h, p=p, training=True) if p else h
 
     def forward(self, x):
-        branch = self._dropout(self.attn(self.attn_norm(x)))
-        scale = self.faults.residual_scale.get(self.index)
-        x = x + (branch if scale is None else branch * scale)
+        if self.attn is not None:
+            branch = self._dropout(self.attn(self.attn_norm(x)))
+            scale = self.faults.residual_scale.get(self.index)
+            x = x + (branch if scale is None else branch * scale)
         return x + self._dropout(self.mlp(self.mlp_norm(x)))
 
 
@@ -268,8 +303,15 @@ class TinyGPT(nn.Module):
 
     def forward(self, tokens):
         x = self.embed(tokens)
+        f = self.faults
+        if f.embed_noise_std:
+            x = x + torch.normal(0.0, f.embed_noise_std, size=tuple(x.shape))
         for block in self.blocks:
             x = block(x)
+        if f.final_scale is not None:
+            x = x * f.final_scale
+        if f.final_norm_half:
+            return self.lm_head(self.norm_out(x.half()).float())
         return self.lm_head(self.norm_out(x))
 
 
@@ -287,6 +329,9 @@ def make_optimizer(model: nn.Module, cfg: ModelConfig) -> torch.optim.Optimizer:
     parameter, which would make the committed dumps ~40% larger; the shared S1 sample already
     shows that form (``cfg.fused_adamw=False`` selects it: the ``preflight/lr10`` sample).
     """
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay, foreach=False)
     if not cfg.fused_adamw:
         return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     return torch.optim.AdamW(

@@ -244,6 +244,25 @@ _NOTES = """\
   `F.embedding(ids, weight)` itself: `renamed/` pairs such records whose tensors agree while
   their non-tensor `input_args` differ. `Tensor.float` on a float32 tensor is a low-risk API
   (construct.json only).
+- `summary_mode: "md5"` on CPU: the CRC-32 of a tensor is computed by a thread pool on the live
+  tensor (msprobe copies to the host only from cuda/npu devices), so a tensor changed in place
+  right after it is recorded (the input of `Tensor.div_`, an `all_reduce` output divided in place
+  next, the inputs of the fused optimizer) can carry the CRC of its new value and differ across
+  replicas whose statistics are equal. `sdc_md5` therefore ends its dumped region after backward
+  (before the gradient sync and the optimizer). The inputs of in-place collectives (and the
+  row-parallel partial sum the forward `all_reduce` sums in place) stay racy: their CRCs changed
+  between identical reruns; `checks.crc_unreliable` lists them (none is a replicated tensor).
+- msprobe takes a float16 tensor's `Norm` in float16: `spike_numerics` step 7 has a float16
+  `Tensor.pow` output whose Norm is `Infinity` while its Max is 10856 (no element overflowed).
+  int64 tensors (token ids) get Max/Min only (Mean and Norm `null`).
+- With `data_mode: ["forward"]` (the `sdc*` samples) the collectives issued during backward
+  (`_CopyToTP.backward`) are still recorded (they are `Distributed.all_reduce.N.forward`); a
+  collective on a sub-group records its `group` argument as `{"type": "torch.ProcessGroup",
+  "group_ranks": [...], "group_id": ...}`.
+- TrainerMon watches the parameters of its targets (matched by name prefix: target
+  `blocks.0.mlp` also takes `blocks.0.mlp_norm`); `forward_only: true` drops `actv_grad`.
+  Its statistics ops run inside the dumped region and appear in dump.json
+  (`bookkeeping_nodes_per_dump` in the `spike_*` ground truths).
 - Fault injection for NaN: `scores + torch.sqrt(poison)` with `poison` zero except `-1` at one
   position on the faulty step/rank. The same ops run on every step and rank (the position is
   written with `Tensor.__setitem__` every time), so node names line up across ranks and steps and
@@ -324,7 +343,8 @@ def write_readme(out: str | Path) -> Path:
         "```",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "command") + ".",
-        "All samples take 2-3 minutes on 2 CPU cores. Seeds, data and fault positions are "
+        "All samples take about 12 minutes on 2 CPU cores (8 of them for the 4-rank `sdc*` jobs and the "
+        "`spike_*` runs). Seeds, data and fault positions are "
         "fixed and every rank runs single-threaded with "
         "`torch.use_deterministic_algorithms(True)`, "
         "so a rerun reproduces the statistics bit for bit and the faults at the same step, rank "
@@ -337,8 +357,11 @@ def write_readme(out: str | Path) -> Path:
         "4 blocks (2 per pipeline stage) and `tp_unsync` 1 block with hidden dropout, to keep "
         "all samples under 20 MB; `xfw` uses 2 blocks and `kernel_resume` a smaller 1-layer MindSpore "
         "configuration; the tensor-mode samples (`tensor_*`: every tensor saved as a file, 1 step) use "
-        "2 blocks with vocab 32 and batch 1 to stay under 3 MB each. Each `ground_truth.json` states its "
-        "model.",
+        "2 blocks with vocab 32 and batch 1 to stay under 3 MB each; the faulty-device samples (`sdc*`, "
+        "issue 28) run 1 MLP-only block as tp2 x dp2 on 4 ranks and dump forward records of 3 of 4 steps, and "
+        "the loss-spike samples (`spike_*`, issue 29) run 1 MLP-only block with plain SGD and batch 16 on 2 ranks "
+        "for 10 steps (TrainerMon every step, the dump on the 3 steps around the spike, every loss in "
+        "`loss_log.csv`). Each `ground_truth.json` states its model.",
         "",
         f"Total size: {_mb(total)}.",
         "",

@@ -1,0 +1,133 @@
+"""Every benchmark script runs end to end at a tiny size, so ``make bench`` cannot rot unseen.
+
+The figures of these runs mean nothing (a few ranks, one repetition, a busy machine): what is checked is
+that each script completes, writes its results where it is told (never into ``benchmarks/``), and that the
+answers it reports are the injected ones where the script checks answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+BENCH = ROOT / "benchmarks"
+pytestmark = pytest.mark.slow
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha1(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def benchmarks_untouched():
+    before = _digest(BENCH)
+    yield
+    assert _digest(BENCH) == before, "a smoke run wrote into benchmarks/"
+
+
+def _run(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_run_py_smoke(tmp_path):
+    """Load throughput (in-process, local workers, LocalCluster), the CLI rows and the scale path."""
+    out = tmp_path / "RESULTS.md"
+    _run(str(BENCH / "run.py"), "--smoke", "--no-msprobe", "--workdir", str(tmp_path / "work"), "--out", str(out),
+         timeout=900)
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert set(res["load"]) == {"4", "8"} and res["scale_ranks"] == 8
+    wheres = {row["where"] for row in res["load"]["4"]["rows"]}
+    assert any("LocalCluster" in w for w in wheres) and any("local processes" in w for w in wheres)
+    rows = res["cli"]["4"]["rows"]
+    assert {(r["case"], r["scope"]) for r in rows} == {("diff", "step"), ("diff", "run"), ("nan", "step"),
+                                                        ("nan", "run")}
+    assert all(r["precnb_correct"] for r in rows), rows
+    sc = res["scale"]
+    assert sc["divergence"] == {k: sc["truth"]["divergence"][k] for k in ("step", "rank", "node")}
+    assert sc["nan"] == {k: sc["truth"]["nan"][k] for k in ("step", "rank", "node")}
+    assert "error" not in sc["stream"] and "viz_error" not in sc
+    assert "## 3. Scale: 8 ranks" in out.read_text()
+
+
+def test_run_py_smoke_refuses_the_committed_results():
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--smoke"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "--out" in proc.stderr
+
+
+def test_run_py_msprobe_must_be_an_executable(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--msprobe", str(tmp_path / "nope"), "--smoke",
+                           "--out", str(tmp_path / "R.md")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not an executable file" in proc.stderr
+
+
+def test_bench_large_smoke(tmp_path):
+    results = tmp_path / "RESULTS_large.md"
+    _run(str(BENCH / "bench_large.py"), "--size", "3e6", "--reps", "1", "--out", str(tmp_path / "w"),
+         "--results", str(results))
+    res = json.loads(results.with_suffix(".json").read_text())
+    assert {"floor", "precnb", "floor_gc_off", "precnb_no_orjson", "orjson_batches"} <= set(res["medians"])
+    assert "open_run ≥ 2× the json.loads floor" in results.read_text()
+
+
+def test_bench_startup_smoke(tmp_path):
+    results = tmp_path / "RESULTS_startup.md"
+    _run(str(BENCH / "bench_startup.py"), "--reps", "1", "--results", str(results))
+    assert len(json.loads(results.with_suffix(".json").read_text())) == 2
+
+
+def test_bench_explorer_smoke(tmp_path):
+    table = tmp_path / "explorer.md"
+    proc = _run(str(BENCH / "bench_explorer.py"), "--ranks", "8", "--repeat", "1", "--markdown", str(table))
+    assert "explorer opened" in proc.stdout and "Worst interaction" in table.read_text()
+
+
+def test_bench_align_smoke(tmp_path):
+    proc = _run(str(BENCH / "bench_align.py"), "--ranks", "2", "--reps", "1", "--out", str(tmp_path / "w"))
+    res = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert res["findings"]["same names"]["node"] == "Functional.gelu.1.forward"
+
+
+def test_bench_kernel_tensors_smoke():
+    bundled = ROOT / "data_samples" / "kernel_resume"
+    proc = _run(str(BENCH / "bench_kernel_tensors.py"), str(bundled / "correct" / "dump"), "--reps", "1")
+    assert "correct" in proc.stdout
+
+
+def test_bench_tensors_smoke(tmp_path):
+    """The bundled pair, precnb's side (msprobe and the larger pair need the generator's venv)."""
+    out = tmp_path / "RESULTS_tensors.md"
+    _run(str(BENCH / "bench_tensors.py"), "--repeat", "1", "--no-msprobe", "--no-large", "--workdir",
+         str(tmp_path / "w"), "--out", str(out))
+    res = json.loads(out.with_suffix(".json").read_text())
+    (pair,) = res["pairs"].values()
+    assert pair["tensor_pairs"] > 100 and pair["agreement"] is None
+    assert "msprobe not run" in out.read_text()
+
+
+def test_bench_scheduler_smoke(tmp_path):
+    out = tmp_path / "RESULTS_scheduler.md"
+    _run(str(BENCH / "bench_scheduler.py"), "--ranks", "4", "--reps", "1", "--workdir", str(tmp_path / "w"),
+         "--out", str(out))
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert all(tuple(a) == tuple(res["truth"]) for a in res["answers"].values()), res
+
+
+def test_bench_spike_smoke(tmp_path):
+    """Loss spike vs anomalies on the same input (issue 29), and the spike's answer on the hardware sample."""
+    out = tmp_path / "RESULTS_spike.md"
+    _run(str(BENCH / "bench_spike.py"), "--smoke", "--out", str(out))
+    res = json.loads(out.with_suffix(".json").read_text())
+    rows = res["rows"]
+    assert {r["ranks"] for r in rows} == {2, 4} and all(r["spike"] > 0 and r["anomalies"] > 0 for r in rows)
+    assert rows[0]["answer"] == [6, 1, "Module.lm_head.Linear.parameters_grad.0", "hardware"]
+    assert "Worst ratio" in out.read_text()
