@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from precnb._write import STORE_ATTR
 from precnb.schema import (
     ENTRY_CHANGE_ATTRS,
     META_FIELDS,
@@ -284,6 +285,8 @@ def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
     run_attrs = {}
     for n, ds in zip(names, dsets, strict=True):
         own = {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks", *ENTRY_CHANGE_ATTRS)}
+        if ds.encoding.get(STORE_ATTR):  # the zarr store the run was read from: an input of any write
+            own[STORE_ATTR] = str(ds.encoding[STORE_ATTR])
         for side in ("construct", "stacks"):  # a run's own side table where the merged one is not it
             if ds.attrs.get(side) and ds.attrs.get(side) != attrs.get(side) and side_table(ds, side):
                 own[side] = ds.attrs[side]

@@ -116,6 +116,8 @@ def run_triage(args: argparse.Namespace, target: Any, baseline: Any = None, **ex
         failures = []
         args.load_failures = failures
     failures.extend(f for f in triage.load_failures if f not in failures)
+    for problem in getattr(triage.alignment, "mapping_problems", None) or []:  # said, never applied silently
+        _term.err(f"precnb {getattr(args, 'command', '')}: mapping: {' '.join(problem.split())}\n")
     return triage
 
 
@@ -175,7 +177,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
 
     inputs = command_inputs(args)
     if args.output:  # refuse a bad -o before aligning
-        check_output(args.output, inputs=inputs, overwrite=args.overwrite)
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite, content="json")
     triage = run_triage(args, args.target, args.baseline, kinds=[])
     a = triage.alignment
     if a is None:

@@ -72,7 +72,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.output:  # refuse a bad -o before diagnosing
         from precnb._write import check_output
 
-        check_output(args.output, inputs=inputs, overwrite=args.overwrite)
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite, content="json")
     from precnb.cli._side import side_options
 
     triage = run_triage(args, args.run, args.baseline, **({"kinds": kinds} if kinds else {}), **side_options(args))

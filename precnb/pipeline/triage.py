@@ -510,7 +510,8 @@ def diagnose(
             base = base.sel(step=keep)
             targ = targ.sel(step=[s for s in targ["step"].values.tolist() if s - step_offset in set(keep)])
         params["tensor_metrics"] = pair_tensor_metrics(opts, raw_b, raw_t, step_offset=step_offset,
-                                                       alignment=alignment, notes=notes)  # issue #17
+                                                       alignment=alignment, notes=notes,
+                                                       failures=loaded.failures)  # issue #17; #23: refused files
     cache: dict[str, Any] = {}
     if base is not None:  # the search's comparison, made once and kept for the views (Triage.comparison)
         params["comparison"] = lambda: shared_comparison(
@@ -575,6 +576,7 @@ def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[st
     a = align(base, targ, mapping=opts.mapping)
     if not a.identical:
         notes.append("aligned: " + a.describe())
+    notes.extend(f"mapping: {p}" for p in a.mapping_problems)  # pairs not kept (unknown names, swapped, ...)
     return a
 
 

@@ -150,10 +150,11 @@ def _align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None, fas
                 unpaired["glue"].append({"side": side, "node": node, "why": why})
     identical = (not specs and all(q.baseline == q.target for q in nodes) and not unpaired["baseline"]
                  and not unpaired["target"] and not unpaired["glue"] and len(tensors) == len(tt.labels))
-    user_unpaired = sorted({n for s in specs for n in (getattr(s, "unpair", None) or []) if n in tt.nodes})
+    user_unpaired = sorted(hints.unpair_nodes & set(tt.nodes))
     return Alignment(modules=modules, nodes=nodes, tensors=tensors, unpaired=unpaired,
                      frameworks=(tb.framework, tt.framework), identical=identical, target_coords=target_coords,
-                     sources=[s.source or s.kind for s in specs], user_unpaired=user_unpaired)
+                     sources=[s.source or s.kind for s in specs], user_unpaired=user_unpaired,
+                     mapping_problems=list(hints.problems))
 
 
 def _plain(v: Any) -> Any:

@@ -50,12 +50,15 @@ class Hints:
     tensors: dict[str, str] = field(default_factory=dict)  # baseline label -> target label
     api_names: dict[str, set[str]] = field(default_factory=dict)  # op key (baseline) -> op keys (target)
     unpair_nodes: set[str] = field(default_factory=set)  # target nodes that must stay unpaired
+    problems: list[str] = field(default_factory=list)  # pairs of a mapping file that were not kept, and why
+    many_tensors: dict[str, str] = field(default_factory=dict)  # target label -> baseline label (many-to-one)
     # how a pair of precnb's own mapping file was found when it was written ("modules" / "nodes" /
     # "tensors" -> baseline -> (how, confidence)): a reloaded file keeps it; pairs without one are "user"
     found: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.modules or self.nodes or self.tensors or self.api_names or self.unpair_nodes)
+        return bool(self.modules or self.nodes or self.tensors or self.api_names or self.unpair_nodes
+                    or self.many_tensors)
 
     def how(self, level: str, baseline: str) -> tuple[str, float]:
         """(how, confidence) of a forced pair: as its mapping file recorded it, else ``("user", 1.0)``."""
@@ -386,6 +389,8 @@ class _Aligner:
     def pair_tensors(self) -> None:
         for b_lbl, t_lbl in self.hints.tensors.items():
             self.out.tensors.setdefault(t_lbl, (b_lbl, *self.hints.how("tensors", b_lbl)))
+        for t_lbl, b_lbl in self.hints.many_tensors.items():  # msprobe data mappings: several onto one
+            self.out.tensors.setdefault(t_lbl, (b_lbl, "user", 1.0))
         used_b = {v[0] for v in self.out.tensors.values()}
         for nb, (nt, how, _conf) in self.out.nodes.items():
             xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
