@@ -27,7 +27,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "msprobe_matrix"))
 
 import conformance as cf  # noqa: E402
-import generate as gen  # noqa: E402
+
+
+def _load(name: str, path: Path):
+    """Import *path* under a name of its own (benchmarks/ has a generate.py too: tests/test_scale.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gen = _load("msprobe_matrix_generate", ROOT / "tools" / "msprobe_matrix" / "generate.py")
 
 FIXTURES = ROOT / "tests" / "fixtures" / "msprobe_releases"
 
