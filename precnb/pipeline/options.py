@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from os import PathLike
 from typing import Any, Literal
 
 __all__ = ["DEFAULTS", "Options"]
@@ -66,6 +67,12 @@ class Options:
         How many further suspects a finding lists.
     replica_rtol : float
         Relative tolerance of the replica check.
+    rank_table : path or mapping, optional
+        Which host and device served each rank (an HCCL ``rank_table_file`` JSON, a
+        ``rank,host,device`` CSV, or ``{rank: (host, device)}``): every finding naming a rank names
+        them too (:mod:`precnb.pipeline.devices`).
+    replica_baseline : path or xarray.Dataset, optional
+        A clean run of the same training: decides which side of a two-replica departure is wrong.
     tensor_metrics : bool or None
         Judge the divergence on whole-tensor metrics (msprobe compare's) where both runs saved
         the tensors (``task: tensor``). None: whenever both runs hold tensor files and no layout
@@ -92,6 +99,8 @@ class Options:
     limit: int = 50
     replica_rtol: float = 1e-6
     tensor_metrics: bool | None = None  # issue #17 (precnb.pipeline.tensors)
+    rank_table: Any = None  # issue #28 (precnb.pipeline.devices)
+    replica_baseline: Any = field(default=None, compare=False)  # issue #28
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> Options:
@@ -127,6 +136,10 @@ class Options:
             if f.name == "client":
                 continue
             v = getattr(self, f.name)
+            if f.name == "replica_baseline":  # a path, or an opened dataset (not compared elementwise)
+                if v is not None:
+                    out[f.name] = str(v) if isinstance(v, (str, PathLike)) else "dataset"
+                continue
             if v == getattr(DEFAULTS, f.name) and f.name not in ("step_offset", "crc"):
                 continue
             out[f.name] = _plain(v)

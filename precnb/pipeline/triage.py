@@ -82,6 +82,8 @@ class Triage:
     tolerance: Any = field(default=None, repr=False)
     tensor_metrics: xr.Dataset | None = field(default=None, repr=False)
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: ``{rank: {"host", "device"}}`` from the ``rank_table`` option (issue #28), else None
+    rank_table: dict[int, dict[str, str]] | None = field(default=None, repr=False)
 
     @property
     def finding(self) -> Any:
@@ -381,7 +383,7 @@ def diagnose(
             loaded.failures.clear()
         else:
             if "preflight" not in kinds_wanted:
-                return div
+                return _with_devices(div, opts)
             # the pre-flight checks need the first two steps only (inventory, first update, data): the
             # ones the search read when it read two, else read again
             pre_opts = opts.with_(kinds=["preflight"], steps=plan[0][:2], step_offset=plan[1])
@@ -393,7 +395,7 @@ def diagnose(
                 pre.names = (bsrc.name, tsrc.name)
             else:
                 pre = diagnose(target, baseline, options=pre_opts)
-            return with_preflight(pre, div)
+            return _with_devices(with_preflight(pre, div), opts)
 
     if bsrc is None:
         raw_t = open_source(tsrc, loaded=loaded, steps=opts.steps, **common)
@@ -402,6 +404,9 @@ def diagnose(
         b_steps, t_steps = _pair_steps(tsrc, bsrc, opts)
         raw_t = open_source(tsrc, loaded=loaded, steps=t_steps, **common)
         raw_b = open_source(bsrc, loaded=loaded, steps=b_steps, **common)
+    from precnb.pipeline.devices import resolve_rank_table
+
+    rank_table = resolve_rank_table(opts.rank_table, raw_t)  # a bad table fails before the diagnoses run
     t_lay = _layout(opts.target_layout, raw_t)
     b_lay = _layout(opts.baseline_layout, raw_b) if raw_b is not None else None
     if opts.baseline_layout is not None and raw_b is None:
@@ -431,10 +436,24 @@ def diagnose(
     findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
     _enrich(findings, ctx)
     attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
-    return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
+    from precnb.pipeline.devices import attach_devices
+
+    attach_devices(findings, rank_table)
+    return Triage(rank_table=rank_table,
+                  findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
                   tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"))
+
+
+def _with_devices(triage: Triage, opts: Options) -> Triage:
+    """*triage* with hosts and devices beside its ranks (the ``rank_table`` option; issue #28)."""
+    from precnb.pipeline.devices import attach_devices, resolve_rank_table
+
+    table = resolve_rank_table(opts.rank_table, triage.raw_target)
+    attach_devices(triage.findings, table)
+    triage.rank_table = table
+    return triage
 
 
 def _enrich(findings: list[Any], ctx: Any) -> None:

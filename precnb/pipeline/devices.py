@@ -1,0 +1,82 @@
+"""Rank tables in the pipeline: every finding that names a rank also names its host and device.
+
+:func:`resolve_rank_table` turns the ``rank_table`` option (a path to an HCCL ``rank_table_file``
+JSON or a ``rank,host,device`` CSV, or a mapping) into ``{rank: {"host", "device"}}`` and checks
+that it places every rank of the run; :func:`attach_devices` writes ``device`` on each finding,
+on its suspects and on every entry of its replica departures (``evidence["departures"]``) that
+names a rank.
+
+Examples
+--------
+>>> from precnb.analysis.findings import Finding
+>>> f = Finding(kind="nan_origin", reason="r", rank=1, suspects=[{"rank": 0, "step": 2}])
+>>> attach_devices([f], {0: {"host": "h", "device": "0"}, 1: {"host": "h", "device": "1"}})
+>>> f.device, f.suspects[0]["device"]
+({'host': 'h', 'device': '1'}, {'host': 'h', 'device': '0'})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import xarray as xr
+
+__all__ = ["attach_devices", "resolve_rank_table"]
+
+#: evidence entries that list ranks (replica departures, their candidates and consequences)
+_EVIDENCE_KEYS = ("departures", "departure", "candidates")
+
+
+def resolve_rank_table(value: Any, ds: xr.Dataset | None = None) -> dict[int, dict[str, str]] | None:
+    """The rank table of the ``rank_table`` option (None: none given), checked against *ds*'s ranks.
+
+    Without the option, a table stored on the run (``ds.attrs["rank_table"]``, written by
+    ``precnb.open_run(..., rank_table=...)``) is used.
+
+    Raises
+    ------
+    precnb.io.rank_table.RankTableError
+        A table that cannot be read, or that does not place a rank of the run.
+    """
+    from precnb.io.rank_table import check_covers, normalise_table
+
+    name = str(value) if value is not None and not isinstance(value, Mapping) else "rank table"
+    if value is None and ds is not None and ds.attrs.get("rank_table"):
+        import json
+
+        value = {int(k): v for k, v in json.loads(ds.attrs["rank_table"]).items()}
+        name = str(ds.attrs.get("rank_table_source") or "the run's rank table")
+    if value is None:
+        return None
+    table = normalise_table(value, name=name)
+    if ds is not None and "rank" in ds.dims:
+        check_covers(table, (int(r) for r in ds["rank"].values), name=name)
+    return table
+
+
+def _walk(obj: Any, table: Mapping[int, dict[str, str]]) -> None:
+    if isinstance(obj, dict):
+        r = obj.get("rank")
+        if isinstance(r, int) and not isinstance(r, bool) and "device" not in obj and r in table:
+            obj["device"] = dict(table[r])
+        for v in obj.values():
+            if isinstance(v, (dict, list)):
+                _walk(v, table)
+    elif isinstance(obj, list):
+        for v in obj:
+            _walk(v, table)
+
+
+def attach_devices(findings: Iterable[Any], table: Mapping[int, dict[str, str]] | None) -> None:
+    """Name the host and device beside every rank of *findings* (changed in place; no-op without a table)."""
+    if not table:
+        return
+    for f in findings:
+        if f.rank is not None and int(f.rank) in table:
+            f.device = dict(table[int(f.rank)])
+        _walk(f.suspects, table)
+        _walk(f.crc_only, table)
+        for key in _EVIDENCE_KEYS:
+            if key in f.evidence:
+                _walk(f.evidence[key], table)
