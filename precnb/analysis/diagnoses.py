@@ -52,11 +52,13 @@ def _has_layout(ctx: Context) -> bool:
 
 
 def _replicas(ctx: Context) -> Any:
-    from precnb.analysis.replicas import check_replicas
+    from precnb.analysis.departures import check_departures  # issue #28: the first departure, classified
 
     raw = ctx.raw_target if ctx.raw_target is not None else ctx.target
-    return check_replicas(raw, ctx.target_layout, rtol=float(ctx.params.get("replica_rtol", 1e-6)),
-                          limit=int(ctx.params.get("limit", 50)))
+    return check_departures(raw, ctx.target_layout, rtol=float(ctx.params.get("replica_rtol", 1e-6)),
+                            limit=int(ctx.params.get("limit", 50)), records=ctx.params.get("node_records"),
+                            baseline=ctx.params.get("replica_baseline"),
+                            rng_regions=tuple(ctx.params.get("rng_regions") or ()))
 
 
 def _preflight(ctx: Context) -> Any:

@@ -91,6 +91,8 @@ def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
         kw["rank_table"] = args.rank_table
     if getattr(args, "replica_baseline", None):
         kw["replica_baseline"] = args.replica_baseline
+    if getattr(args, "rng_region", None):
+        kw["rng_regions"] = tuple(args.rng_region)
     from precnb.cli._common import cli_client
 
     client = cli_client(args)
@@ -165,6 +167,13 @@ def add_rank_table_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank-table", metavar="FILE",
                    help="HCCL rank_table_file JSON or a rank,host,device CSV: every finding naming a rank "
                         "names its host and device too")
+
+
+def add_rng_region_option(p: argparse.ArgumentParser) -> None:
+    """``--rng-region MODULE`` (repeatable): module paths inside a model-parallel RNG region (issue #28)."""
+    p.add_argument("--rng-region", action="append", metavar="MODULE",
+                   help="module path (prefix) inside a model-parallel RNG region, e.g. blocks.0.attn: a random "
+                        "op there differs across TP ranks by design (repeatable)")
 
 
 def add_mapping_option(p: argparse.ArgumentParser) -> None:
@@ -429,6 +438,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--baseline", dest="replica_baseline", metavar="RUN",
                    help="a clean run of the same training: decides which side of a two-replica departure "
                         "is wrong")
+    add_rng_region_option(p)
     _add_layout_options(p)
     add_rank_table_option(p)
     add_load_options(p)

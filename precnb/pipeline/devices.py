@@ -22,7 +22,7 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["attach_devices", "resolve_rank_table"]
+__all__ = ["attach_devices", "replica_inputs", "resolve_rank_table"]
 
 #: evidence entries that list ranks (replica departures, their candidates and consequences)
 _EVIDENCE_KEYS = ("departures", "departure", "candidates")
@@ -80,3 +80,29 @@ def attach_devices(findings: Iterable[Any], table: Mapping[int, dict[str, str]] 
         for key in _EVIDENCE_KEYS:
             if key in f.evidence:
                 _walk(f.evidence[key], table)
+
+
+def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, common: dict[str, Any]) -> dict[str, Any]:
+    """What the replica diagnosis reads besides the run: the dump's node records and the clean baseline run.
+
+    ``node_records(step, rank, node)`` reads one record of the target's dump (its scalar arguments) when
+    the target was given as a path; ``replica_baseline`` is the ``replica_baseline`` option opened with the
+    target's steps.
+    """
+    out: dict[str, Any] = {}
+    if getattr(tsrc, "is_path", False):
+        from precnb.io.api import node_records
+
+        path, fmt = tsrc.value, opts.format
+
+        def records(step: int, rank: int, node: str) -> Any:
+            return node_records(path, step, rank, [node], format=fmt).get(node)
+
+        out["node_records"] = records
+    if opts.replica_baseline is not None:
+        from precnb.pipeline.inputs import Source, open_source
+
+        steps = [int(s) for s in raw_t["step"].values]
+        out["replica_baseline"] = open_source(Source(opts.replica_baseline, "baseline"), loaded=loaded, steps=steps,
+                                              **common)
+    return out

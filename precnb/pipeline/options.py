@@ -73,6 +73,9 @@ class Options:
         them too (:mod:`precnb.pipeline.devices`).
     replica_baseline : path or xarray.Dataset, optional
         A clean run of the same training: decides which side of a two-replica departure is wrong.
+    rng_regions : tuple of str
+        Module path prefixes inside a model-parallel RNG region (Megatron's tracker): a random op there
+        differs across TP ranks by design; elsewhere its departure is an unsynchronised seed.
     tensor_metrics : bool or None
         Judge the divergence on whole-tensor metrics (msprobe compare's) where both runs saved
         the tensors (``task: tensor``). None: whenever both runs hold tensor files and no layout
@@ -101,6 +104,7 @@ class Options:
     tensor_metrics: bool | None = None  # issue #17 (precnb.pipeline.tensors)
     rank_table: Any = None  # issue #28 (precnb.pipeline.devices)
     replica_baseline: Any = field(default=None, compare=False)  # issue #28
+    rng_regions: tuple[str, ...] = ()
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> Options:

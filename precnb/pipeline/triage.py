@@ -362,7 +362,8 @@ def diagnose(
         return open_source(Source(x, "reference"), loaded=loaded, **common)
 
     tolerance = _tolerance(opts, open_ref)
-    params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol)}
+    params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol),
+              "rng_regions": tuple(opts.rng_regions)}
 
     kinds_wanted = {d.kind for d in wanted}
     stepwise = bsrc is not None and "first_divergence" in kinds_wanted and kinds_wanted <= {"first_divergence",
@@ -404,9 +405,11 @@ def diagnose(
         b_steps, t_steps = _pair_steps(tsrc, bsrc, opts)
         raw_t = open_source(tsrc, loaded=loaded, steps=t_steps, **common)
         raw_b = open_source(bsrc, loaded=loaded, steps=b_steps, **common)
-    from precnb.pipeline.devices import resolve_rank_table
+    from precnb.pipeline.devices import replica_inputs, resolve_rank_table
 
     rank_table = resolve_rank_table(opts.rank_table, raw_t)  # a bad table fails before the diagnoses run
+    if "replica_mismatch" in kinds_wanted:
+        params.update(replica_inputs(tsrc, opts, raw_t, loaded=loaded, common=common))
     t_lay = _layout(opts.target_layout, raw_t)
     b_lay = _layout(opts.baseline_layout, raw_b) if raw_b is not None else None
     if opts.baseline_layout is not None and raw_b is None:
