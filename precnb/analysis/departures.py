@@ -427,7 +427,8 @@ def check_departures(
                 sorted(rows, key=lambda r: (r["step"], r["seq"], r["rank"]))
                 if (r["step"], r["tensor"], r["rank"]) != (first["step"], first["tensor"], first["rank"])][:limit]
     brief = [{k: e[k] for k in ("step", "rank", "node", "inputs_identical", "cause", "dim", "group")} | {
-        "candidates": [c["rank"] for c in e["candidates"]], "wrong_side": e["wrong_side"]} for e in events]
+        "candidates": [c["rank"] for c in e["candidates"]], "wrong_side": e["wrong_side"],
+        "decided_by": e["decided_by"]} for e in events]
     evidence = {**node_evidence(ds, first["node"]), "ranks": list(first["group"]),
                 "departing_ranks_at_step": sorted({int(r["rank"]) for r in rows if r["step"] == first["step"]}),
                 "departure": first, "departures": brief, "candidates": [dict(c) for c in first["candidates"]],

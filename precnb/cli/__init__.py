@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     from precnb.cli import tensor_cmds
 
     tensor_cmds.register(sub, _add_load_options)
+    from precnb.cli import device_cmds
+
+    device_cmds.register(sub, _add_load_options)
     return parser
 
 
