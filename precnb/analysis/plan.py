@@ -113,7 +113,7 @@ def plan_dump(
     ds: xr.Dataset,
     *,
     dump_path: str = DEFAULT_DUMP_PATH,
-    task: str = "tensor",
+    task: str | None = None,
 ) -> dict[str, Any] | None:
     """The msprobe config (and what it selects) that confirms *finding* on the next run of *ds*'s job.
 
@@ -124,9 +124,10 @@ def plan_dump(
         The run that shows the finding (its statistics give the size estimate).
     dump_path : str
         ``dump_path`` written into the config.
-    task : {"tensor", "statistics"}
+    task : {"tensor", "statistics"}, optional
         ``tensor`` saves the selected tensors (to confirm and replay); ``statistics`` re-dumps them
-        only.
+        only. Default: ``tensor``, except for a classified replica departure, whose cheapest confirmation
+        is an md5-mode statistics dump of its group (:mod:`precnb.analysis.departure_plan`).
 
     Returns
     -------
@@ -138,6 +139,11 @@ def plan_dump(
     """
     if not getattr(finding, "found", False) or finding.step is None:
         return None
+    if task is None and finding.kind == "replica_mismatch" and (finding.evidence or {}).get("departure"):
+        from precnb.analysis.departure_plan import departure_plan  # issue #28
+
+        return departure_plan(finding, ds, dump_path=dump_path)
+    task = task or "tensor"
     steps, ranks = _where(finding)
     entries: list[str] = []
     modules: list[str] = []
