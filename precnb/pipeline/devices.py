@@ -22,7 +22,7 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["attach_devices", "follow_devices", "replica_inputs", "resolve_rank_table"]
+__all__ = ["attach_devices", "device_labels", "follow_devices", "replica_inputs", "resolve_rank_table"]
 
 #: evidence entries that list ranks (replica departures, their candidates and consequences)
 _EVIDENCE_KEYS = ("departures", "departure", "candidates")
@@ -156,3 +156,32 @@ def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout
         assert t.rank_table is not None
         placed[name] = t.rank_table
     return {"devices": device_verdicts(events, placed), "findings": findings}
+
+
+def device_labels(triage: Any) -> dict[int, str]:
+    """``{rank: "host:device"}`` of a triage's rank table, the replica departure's devices marked.
+
+    The wrong side of the first departure (decided by a clean run or the majority) is marked
+    ``(suspect)``, the two sides of an undecided pair ``(candidate)``. ``{}`` without a rank table.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from precnb.analysis.findings import Finding
+    >>> f = Finding(kind="replica_mismatch", reason="r", rank=1,
+    ...             evidence={"candidates": [{"rank": 1, "wrong_side": True}]})
+    >>> t = SimpleNamespace(rank_table={0: {"host": "h", "device": "0"}, 1: {"host": "h", "device": "1"}},
+    ...                     result=lambda kind: f)
+    >>> device_labels(t)
+    {0: 'h:0', 1: 'h:1 (suspect)'}
+    """
+    table = getattr(triage, "rank_table", None)
+    if not table:
+        return {}
+    out = {int(r): f"{d['host']}:{d['device']}" for r, d in table.items()}
+    f = triage.result("replica_mismatch")
+    for c in ((f.evidence.get("candidates") or []) if f is not None and f.found else []):
+        r = int(c["rank"])
+        if r in out:
+            out[r] += " (suspect)" if c.get("wrong_side") else " (candidate)"
+    return out
