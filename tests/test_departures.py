@@ -149,3 +149,26 @@ def test_cli_replicas_baseline(capsys):
     assert f["device"] == _gt("sdc")["faulty_device"]
     assert f["evidence"]["candidates"] == [{"rank": 2, "wrong_side": True, "device": f["device"]}]
     assert np.isfinite(f["values"]["rank2"]["min"])
+
+
+def test_md5_dumps_compare_bitwise_a_crc_only_departure():
+    """Statistics equal on both replicas (as a flip below their precision would leave them), CRC-32 not."""
+    from precnb.analysis.departures import crc_rows
+    from precnb.analysis.replicas import replica_mismatches
+
+    ds = _open("sdc_md5")
+    lay = Layout.parse(LAYOUT, world_size=4)
+    assert crc_rows(ds, lay) == []  # where the statistics already differ, the CRC adds nothing
+    rows, _ = replica_mismatches(ds, lay)
+    labels = list(ds["tensor"].values)
+    flat = ds.copy(deep=True)
+    for r in rows:
+        if r["step"] == 1:  # rank 1's statistics made equal to rank 0's: only the CRC still differs
+            for s in ("max", "min", "mean", "norm"):
+                flat[s].values[0, 1, labels.index(r["tensor"])] = flat[s].values[0, 0, labels.index(r["tensor"])]
+    assert replica_mismatches(flat, lay)[0][0]["step"] == 3  # statistics alone miss step 1
+    f = check_departures(flat, lay)
+    g = _gt("sdc_md5")["faults"][0]
+    assert (f.step, f.node, f.evidence["departure"]["cause"]) == (1, g["node"], "compute_fault")
+    assert f.evidence["departure"]["consequences"]["tensors"] == g["consequences"]["tensors"]
+    assert "CRC differs" in f.suspects[0]["why"]

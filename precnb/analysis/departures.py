@@ -44,7 +44,8 @@ from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.layout import Layout
 
-__all__ = ["RANDOM_OPS", "check_departures", "departure_events", "input_free_rows", "is_random_op", "scalar_args"]
+__all__ = ["RANDOM_OPS", "check_departures", "crc_rows", "departure_events", "input_free_rows", "is_random_op",
+           "scalar_args"]
 
 #: torch ops whose output is drawn from a generator (API names without the ``Torch.``/``Tensor.``/``Functional.``
 #: prefix; in-place variants end with ``_``)
@@ -154,6 +155,52 @@ def input_free_rows(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("t
         if layout.size(dim) <= 1:
             continue
         rows += _groups_rows(ds, cols, layout.groups(dim), dim, ranks, rtol, present)
+    return rows
+
+
+def crc_rows(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("tp", "cp", "dp")) -> list[dict[str, Any]]:
+    """Departures only the CRC shows (md5 dumps): statistics equal across the group, CRC-32 not.
+
+    A tensor counts as replicated on a group when its statistics are equal on every member at most of the
+    steps recorded there and its CRC at one of them at least (the CRC of a collective's input is skipped:
+    msprobe may take it after the collective changed the buffer in place). Rows have the shape of
+    :func:`precnb.analysis.replicas.replica_mismatches`'s.
+    """
+    if "crc" not in ds.data_vars:
+        return []
+    from precnb.naming import is_communication
+
+    crc = ds["crc"].values
+    has = np.vectorize(lambda c: isinstance(c, str) and bool(c), otypes=[bool])(crc) & ds["present"].values
+    if not has.any():
+        return []
+    ok_col = np.array([not (is_communication(str(n)) and r == "input") for n, r in
+                       zip(ds["node"].values.tolist(), ds["role"].values.tolist(), strict=True)], bool)
+    ranks = [int(r) for r in ds["rank"].values]
+    stats = np.stack([ds[s].values for s in STATS], axis=-1)
+    rows: list[dict[str, Any]] = []
+    for dim in dims:
+        if layout.size(dim) * (layout.ep if dim == "dp" else 1) <= 1:
+            continue
+        for g in layout.groups(dim):
+            idx = [ranks.index(r) for r in g]
+            c, h = crc[:, idx], has[:, idx].all(axis=1)  # (step, n, t), (step, t)
+            same_crc = (c == c[:, :1]).all(axis=1) & h
+            v = stats[:, idx]
+            same_stats = _equal(v, v[:, :1], 0.0).all(axis=(1, 3))
+            # replicated: equal statistics at most recorded steps and one CRC at one step at least
+            rep = (2 * (same_stats & h).sum(axis=0) >= h.sum(axis=0)) & same_crc.any(axis=0) & ok_col
+            bad = h & ~same_crc & same_stats & rep[None, :]
+            for si, tj in np.argwhere(bad):
+                counts: dict[str, int] = {}
+                for k in range(len(g)):
+                    counts[str(c[si, k, tj])] = counts.get(str(c[si, k, tj]), 0) + 1
+                odd = [k for k in range(len(g)) if counts[str(c[si, k, tj])] * 2 <= len(g)] or [len(g) - 1]
+                for k in (odd[-1:] if len(g) == 2 else odd):
+                    rows.append({"step": int(ds["step"].values[si]), "rank": g[k], "group": list(g), "dim": dim,
+                                 "tensor": str(ds["tensor"].values[tj]), "node": str(ds["node"].values[tj]),
+                                 "seq": int(ds["seq"].values[si, idx[k], tj]), "inputs_identical": False,
+                                 "why": f"its CRC differs from its {dim} replicas' (statistics equal)"})
     return rows
 
 
@@ -392,6 +439,8 @@ def check_departures(
     seen = {(r["step"], r["rank"], r["tensor"]) for r in rows}
     rows += [r for r in input_free_rows(ds, layout, dims=[d for d in dims if d != "dp"], rtol=rtol)
              if (r["step"], r["rank"], r["tensor"]) not in seen]
+    seen = {(r["step"], r["group"][0], r["tensor"]) for r in rows}
+    rows += [r for r in crc_rows(ds, layout, dims=dims) if (r["step"], r["group"][0], r["tensor"]) not in seen]
     events, aside = departure_events(ds, rows, rtol=rtol, records=records, baseline=baseline,
                                      rng_regions=rng_regions)
     stats: dict[str, Any] = {"checked_records": checked, "mismatches": len(rows), "layout": layout.describe(),
