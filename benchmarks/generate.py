@@ -238,7 +238,22 @@ def generate_large(out: Path, size: int, *, template: Path | None = None) -> dic
             (out / "manifest.json").read_text()).get("copies") == copies:
         return json.loads((out / "manifest.json").read_text())
     dst.mkdir(parents=True, exist_ok=True)
+    big_construct, _ = _write_copies(dump, head, body, construct, None, copies)
+    (dst / "construct.json").write_text(json.dumps(big_construct, indent=1))
+    shutil.copyfile(rdir / "stack.json", dst / "stack.json")
+    manifest["bytes"] = dump.stat().st_size
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def _write_copies(dump: Path, head: str, body: str, construct: dict, stack: dict | None,
+                  copies: int) -> tuple[dict, dict]:
+    """Write *copies* copies of a dump.json's records (renamed, :func:`_renamer`) to *dump*.
+
+    Returns the construct.json and stack.json tables of the copies (stack: empty when *stack* is None).
+    """
     big_construct: dict = {}
+    big_stack: dict = {}
     with dump.open("w") as fh:
         fh.write(head + '"data": {\n')
         for k in range(copies):
@@ -249,12 +264,45 @@ def generate_large(out: Path, size: int, *, template: Path | None = None) -> dic
             for node, parent in construct.items():
                 big_construct[rename(node)] = ([rename(parent[0]), parent[1]] if isinstance(parent, list)
                                                else rename(parent) if isinstance(parent, str) else parent)
+            if stack and "0" in stack:  # the grouped format: id -> [[nodes], [frames]]
+                for sid, (nodes, frames) in stack.items():
+                    big_stack[f"{k * len(stack) + int(sid)}"] = [[rename(n) for n in nodes], frames]
+            elif stack:
+                big_stack.update({rename(n): frames for n, frames in stack.items()})
         fh.write("\n }\n}")
-    (dst / "construct.json").write_text(json.dumps(big_construct, indent=1))
-    shutil.copyfile(rdir / "stack.json", dst / "stack.json")
-    manifest["bytes"] = dump.stat().st_size
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return manifest
+    return big_construct, big_stack
+
+
+def deepen(template: Path, copies: int, out: Path) -> Path:
+    """A template dump root whose every step is *copies* copies of *template*'s (a deeper model).
+
+    Each ``stepN`` folder of the first rank of *template* becomes ``out/stepN/rank0/`` with its
+    dump.json records repeated; copy k renames its nodes (:func:`_renamer`: API call counters moved
+    on, module paths under ``copy{k}``) in dump.json, construct.json and stack.json, so the result
+    reads like one run of a model *copies* times as deep, with msprobe's own layout and tokens.
+    Deterministic; an existing tree made with the same arguments is reused.
+    """
+    stamp = out / "deepened.json"
+    want = {"template": str(template), "copies": copies}
+    if stamp.exists() and json.loads(stamp.read_text()) == want:
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    steps = sorted((p for p in template.iterdir() if re.fullmatch(r"step\d+", p.name)), key=lambda p: int(p.name[4:]))
+    for sdir in steps:
+        rdir = sorted(p for p in sdir.iterdir() if p.is_dir())[0]
+        text = (rdir / "dump.json").read_text()
+        head, _, rest = text.partition('"data": {\n')
+        body = rest.rstrip()[:-1].rstrip()[:-1].rstrip()
+        construct = json.loads((rdir / "construct.json").read_text())
+        stack = json.loads((rdir / "stack.json").read_text())
+        dst = out / sdir.name / "rank0"
+        dst.mkdir(parents=True)
+        big_construct, big_stack = _write_copies(dst / "dump.json", head, body, construct, stack, copies)
+        (dst / "construct.json").write_text(json.dumps(big_construct, indent=1))
+        (dst / "stack.json").write_text(json.dumps(big_stack, indent=1))
+    stamp.write_text(json.dumps(want))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,6 +136,12 @@ class PrecAccessor:
 
         return diagnose(self._one(options), kinds=["anomaly"], **_options(options)).finding
 
+    def loss_spike(self, **options: Any) -> Any:
+        """The pipeline's loss-spike finding for this run (``monitor=``, ``loss=``); see :func:`precnb.diagnose`."""
+        from precnb.pipeline import diagnose
+
+        return diagnose(self._one(options), kinds=["loss_spike"], **_options(options)).finding
+
     def explore(self, baseline: Any = None, **options: Any) -> Any:
         """Open the notebook explorer on this run; see :func:`precnb.explore`."""
         from precnb.widgets import explore

@@ -7,11 +7,26 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
-from precnb.schema import TENSOR_COORDS, dtype_changes, encode_dtype_changes, side_table, side_text, validate
+from precnb.schema import (
+    ENTRY_CHANGE_ATTRS,
+    META_FIELDS,
+    TENSOR_COORDS,
+    dtype_changes,
+    encode_dtype_changes,
+    encode_meta_changes,
+    encode_stack_changes,
+    meta_changes,
+    side_table,
+    side_text,
+    stack_changes,
+    validate,
+)
 
-__all__ = ["FILL_VALUES", "combine_runs", "concat_steps", "rebase_dtype_changes", "reindex_tensors", "select_run"]
+__all__ = ["FILL_VALUES", "combine_runs", "concat_steps", "rebase_dtype_changes", "rebase_meta_changes",
+           "reindex_tensors", "select_run"]
 
 FILL_VALUES: dict[str, Any] = {
     "present": False,
@@ -40,6 +55,8 @@ def reindex_tensors(ds: xr.Dataset, labels: list[str], coords: dict[str, np.ndar
     """Reindex *ds* onto *labels* with the schema's fill values and the given tensor coords."""
     fills = {name: _fill_for(ds[name]) for name in ds.data_vars}
     base = ds.drop_vars([c for c in TENSOR_COORDS if c in ds.coords])
+    if len(labels) == ds.sizes["tensor"] and ds.indexes["tensor"].equals(pd.Index(labels, dtype=object)):
+        return base.assign_coords({k: ("tensor", v) for k, v in coords.items()})  # the same labels: no copy
     out = base.reindex(tensor=np.asarray(labels, dtype=object), fill_value=fills)
     for name, fill in fills.items():  # reindex promotes ints/bools when filling: restore dtypes
         if out[name].dtype != ds[name].dtype:
@@ -80,7 +97,8 @@ def _align(dsets: list[xr.Dataset], labels: list[str], coords: dict[str, np.ndar
     for ds in dsets:
         r = reindex_tensors(ds, labels, coords)
         fills = {name: _fill_for(ds[name]) for name in ds.data_vars}
-        r = r.reindex(dims, fill_value=fills)
+        if any(list(r.indexes[d]) != list(v) for d, v in dims.items()):
+            r = r.reindex(dims, fill_value=fills)
         for name, fill in fills.items():
             if r[name].dtype != ds[name].dtype:
                 r[name] = r[name].fillna(fill).astype(ds[name].dtype)
@@ -181,9 +199,11 @@ def concat_steps(parts: list[xr.Dataset]) -> xr.Dataset:
     for ds in parts:
         for t, where in rebase_dtype_changes(ds, final).items():
             changes.setdefault(t, {}).update(where)
-    attrs.pop("dtype_changes", None)
+    for name in ENTRY_CHANGE_ATTRS:
+        attrs.pop(name, None)
     if changes:
         attrs["dtype_changes"] = encode_dtype_changes(changes)
+    attrs.update(_joined_entry_meta(parts, labels, coords, attrs["stacks"]))
     attrs.update(_merged_facts(parts))
     if "load_report" in attrs:
         report: dict[str, list[Any]] = {"read": [], "skipped": [], "warnings": []}
@@ -249,19 +269,118 @@ def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
     aligned = _align(dsets, labels, coords, step=steps, rank=ranks)
     out = xr.concat(aligned, dim=xr.DataArray(np.asarray(names, dtype=object), dims="run", name="run"),
                     data_vars="all", coords="minimal", compat="override", join="exact")
-    attrs = {k: v for k, v in dsets[0].attrs.items() if k != "dtype_changes"}  # per run: in run_attrs
+    attrs = {k: v for k, v in dsets[0].attrs.items() if k not in ENTRY_CHANGE_ATTRS}  # per run: in run_attrs
     attrs.update(_merged_side_tables(dsets))
     final = dict(zip(labels, coords["dtype"].tolist(), strict=True))
     run_attrs = {}
     for n, ds in zip(names, dsets, strict=True):
-        own = {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks", "dtype_changes")}
+        own = {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks", *ENTRY_CHANGE_ATTRS)}
+        for side in ("construct", "stacks"):  # a run's own side table where the merged one is not it
+            if ds.attrs.get(side) and ds.attrs.get(side) != attrs.get(side) and side_table(ds, side):
+                own[side] = ds.attrs[side]
         changes = rebase_dtype_changes(ds, final)  # relative to the combined dtype coordinate
         if changes:
             own["dtype_changes"] = encode_dtype_changes(changes)
+        own.update(_joined_entry_meta([ds], labels, coords, own.get("stacks", attrs["stacks"])))
         run_attrs[n] = own
     attrs["run_attrs"] = json.dumps(run_attrs)
     out.attrs = attrs
     return validate(out)
+
+
+def _rebase(ds: xr.Dataset, own: dict[str, dict[tuple[int, int], str]], name: str,
+            coord: dict[str, Any] | np.ndarray) -> dict[str, dict[tuple[int, int], str]]:
+    """*own* (tensor → {(step, rank): value} for coordinate *name*) relative to another coordinate *coord*.
+
+    *coord*: tensor → value, or the values aligned with *ds*'s tensors.
+    """
+    labels = ds["tensor"].values
+    if isinstance(coord, np.ndarray):
+        base_v = np.asarray(["" if v is None else str(v) for v in coord.tolist()], dtype=object)
+    else:
+        base_v = np.asarray([str(coord.get(str(t)) or "") for t in labels.tolist()], dtype=object)
+    mine = np.asarray(["" if v is None else str(v) for v in ds[name].values.tolist()], dtype=object)
+    moved = np.flatnonzero((mine != base_v) & (mine != "") & (base_v != ""))  # the part's coordinate differs
+    out: dict[str, dict[tuple[int, int], str]] = {}
+    if len(moved):
+        present = np.asarray(ds["present"].values)
+        steps = [int(x) for x in ds["step"].values]
+        ranks = [int(x) for x in ds["rank"].values]
+        for j in moved.tolist():  # every recorded entry without its own exception has this part's value
+            lbl, here, base = str(labels[j]), str(mine[j]), str(base_v[j])
+            kept = {(steps[a], ranks[b]): here for a, b in np.argwhere(present[:, :, j]).tolist()}
+            kept.update(own.get(lbl, {}))
+            kept = {k: d for k, d in kept.items() if d != base}
+            if kept:
+                out[lbl] = kept
+    if own:
+        pos = {str(t): j for j, t in enumerate(labels.tolist())} if len(own) > 8 else None
+        done = {str(labels[j]) for j in moved.tolist()}
+        for lbl, where in own.items():
+            if lbl in done:
+                continue
+            at: int | None = pos.get(lbl) if pos is not None else (
+                int(ds.indexes["tensor"].get_loc(lbl)) if lbl in ds.indexes["tensor"] else None)
+            base = str(base_v[at]) if at is not None else ""
+            kept = {k: d for k, d in where.items() if d != base}
+            if kept:
+                out[lbl] = kept
+    return out
+
+
+def rebase_meta_changes(ds: xr.Dataset, coords: Mapping[str, dict[str, Any] | np.ndarray]
+                        ) -> dict[str, dict[str, dict[tuple[int, int], str]]]:
+    """*ds*'s per-entry ``module`` / ``parent`` / ``shape`` exceptions relative to other coordinates.
+
+    As :func:`rebase_dtype_changes`, for each of :data:`precnb.schema.META_FIELDS` (*coords*:
+    field → tensor → the joined dataset's coordinate, or field → values aligned with *ds*'s tensors).
+    """
+    own = meta_changes(ds)
+    out = {}
+    for f in META_FIELDS:
+        if f in ds.coords and f in coords:
+            moved = _rebase(ds, own.get(f, {}), f, coords[f])
+            if moved:
+                out[f] = moved
+    return out
+
+
+def _joined_entry_meta(parts: list[xr.Dataset], labels: list[str], coords: dict[str, np.ndarray],
+                       stacks_text: str) -> dict[str, str]:
+    """``meta_changes`` / ``stack_changes`` of *parts* joined into one dataset (its coordinates and stacks)."""
+    order = {lbl: j for j, lbl in enumerate(labels)}
+    meta: dict[str, dict[str, dict[tuple[int, int], str]]] = {}
+    for ds in parts:
+        idx = np.fromiter((order[str(t)] for t in ds["tensor"].values), np.int64, ds.sizes["tensor"])
+        final: dict[str, Any] = {f: np.asarray(coords[f])[idx] for f in META_FIELDS if f in coords}  # ds order
+        for f, by_tensor in rebase_meta_changes(ds, final).items():
+            for t, where in by_tensor.items():
+                meta.setdefault(f, {}).setdefault(t, {}).update(where)
+    stacks: dict[str, dict[tuple[int, int], list[str]]] = {}
+    joined = json.loads(stacks_text) if len(parts) > 1 else None
+    for k, ds in enumerate(parts):
+        for node, frames_at in stack_changes(ds).items():
+            stacks.setdefault(node, {}).update(frames_at)
+        if joined is None or k == 0 or ds.attrs.get("stacks") == stacks_text:
+            continue
+        nodes, present = ds["node"].values, None
+        for node, frames in side_table(ds, "stacks").items():  # frames this part records otherwise
+            if joined.get(node, frames) == frames:
+                continue
+            cols = np.flatnonzero(nodes == node)
+            if not len(cols):
+                continue
+            if present is None:
+                present = np.asarray(ds["present"].values)
+            for a, b in np.argwhere(present[:, :, cols].any(axis=2)).tolist():
+                key = (int(ds["step"].values[a]), int(ds["rank"].values[b]))
+                stacks.setdefault(node, {}).setdefault(key, list(frames))
+    out = {}
+    if meta:
+        out["meta_changes"] = encode_meta_changes(meta)
+    if stacks:
+        out["stack_changes"] = encode_stack_changes(stacks)
+    return out
 
 
 def rebase_dtype_changes(ds: xr.Dataset, coord: dict[str, Any]) -> dict[str, dict[tuple[int, int], str]]:
@@ -283,27 +402,7 @@ def rebase_dtype_changes(ds: xr.Dataset, coord: dict[str, Any]) -> dict[str, dic
     dict
         tensor → {(step, rank): dtype}, as :func:`precnb.schema.dtype_changes`.
     """
-    own = dtype_changes(ds)
-    labels = [str(t) for t in ds["tensor"].values]
-    mine = ds["dtype"].values
-    out: dict[str, dict[tuple[int, int], str]] = {}
-    steps = [int(x) for x in ds["step"].values]
-    ranks = [int(x) for x in ds["rank"].values]
-    present = None
-    for j, lbl in enumerate(labels):
-        base = coord.get(lbl) or ""
-        here = str(mine[j] or "")
-        if here == base or not here or not base:
-            kept = {k: d for k, d in own.get(lbl, {}).items() if d != base}
-        else:  # every recorded entry without its own exception has this part's dtype
-            if present is None:
-                present = np.asarray(ds["present"].values)
-            kept = {(steps[a], ranks[b]): here for a, b in np.argwhere(present[:, :, j]).tolist()}
-            kept.update(own.get(lbl, {}))
-            kept = {k: d for k, d in kept.items() if d != base}
-        if kept:
-            out[lbl] = kept
-    return out
+    return _rebase(ds, dtype_changes(ds), "dtype", coord)
 
 
 def select_run(ds: xr.Dataset, name: str) -> xr.Dataset:
@@ -318,8 +417,9 @@ def select_run(ds: xr.Dataset, name: str) -> xr.Dataset:
     Returns
     -------
     xarray.Dataset
-        Without the ``run`` dimension; run-specific attributes (``dtype_changes``, ``source``,
-        the load report) are those of *name*; side tables stay merged.
+        Without the ``run`` dimension; run-specific attributes (``dtype_changes``, ``meta_changes``,
+        ``stack_changes``, ``source``, the load report) are those of *name*; side tables are its own
+        where they differ from the merged ones.
 
     Examples
     --------
@@ -332,7 +432,7 @@ def select_run(ds: xr.Dataset, name: str) -> xr.Dataset:
     raw = ds.attrs.get("run_attrs")
     own = (json.loads(raw) if isinstance(raw, str) else raw or {}).get(str(name)) if raw else None
     if own is not None:
-        attrs = {k: v for k, v in ds.attrs.items() if k not in ("run_attrs", "dtype_changes")}
+        attrs = {k: v for k, v in ds.attrs.items() if k not in ("run_attrs", *ENTRY_CHANGE_ATTRS)}
         attrs.update(own)
         out.attrs = attrs
     return out

@@ -61,6 +61,7 @@ class MappingSpec:
     nodes: dict[str, str] = field(default_factory=dict)  # baseline node -> target node (precnb)
     tensors: dict[str, str] = field(default_factory=dict)  # baseline label -> target label (precnb)
     unpair: list[str] = field(default_factory=list)  # target nodes that must stay unpaired (precnb)
+    found: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)  # level -> baseline -> how (precnb)
 
 
 _TENSOR_NAME = re.compile(r"\.(forward|backward)(\.\d+)?\.(input|output|parameters|kwargs)\b|\.parameters_grad")
@@ -87,6 +88,11 @@ def parse_mapping(obj: Any, *, source: str = "") -> MappingSpec:
                         and isinstance(item.get("target"), str)):
                     raise MappingError(f"{where}: {key}[{k}] must be {{\"baseline\": str, \"target\": str}}")
                 getattr(spec, key)[item["baseline"]] = item["target"]
+                how = item.get("how")
+                if isinstance(how, str) and how and how != "user":  # how it was found when the file was written
+                    conf = item.get("confidence")
+                    ok = isinstance(conf, (int, float)) and not isinstance(conf, bool) and 0 <= conf <= 1
+                    spec.found.setdefault(key, {})[item["baseline"]] = (how, float(conf) if ok else 1.0)
         unpair = obj.get("unpair") or []
         if not isinstance(unpair, list) or not all(isinstance(x, str) for x in unpair):
             raise MappingError(f"{where}: 'unpair' must be a list of target node names")

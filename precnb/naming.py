@@ -3,7 +3,7 @@
 msprobe names API records ``{Prefix}.{api}.{call}.{forward|backward}``, module records
 ``Module.{path}.{Class}.{forward|backward}.{call}`` (``Cell`` for MindSpore), and
 parameter-gradient records ``Module.{path}.{Class}.parameters_grad[.{n}]``. This module is
-shared by the readers and the analysis functions (it depends on nothing but ``re``).
+shared by the readers and the analysis functions (it depends on nothing but ``re`` and :mod:`precnb.dtypes`).
 
 Examples
 --------
@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from typing import NamedTuple
+
+from precnb.dtypes import canonical_dtype  # re-exported: the one dtype table is precnb.dtypes
 
 __all__ = [
     "COMM_PREFIXES",
@@ -124,37 +126,6 @@ def is_communication(node: str) -> bool:
     if not node.startswith(COMM_PREFIXES):
         return False
     return bool(_COMM_NAMES.search(node))
-
-
-_DTYPE_ALIASES = {
-    "float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16", "fp16": "float16",
-    "fp32": "float32", "fp64": "float64", "long": "int64", "int": "int32", "short": "int16", "bool_": "bool",
-    "complex": "complex64", "cfloat": "complex64", "cdouble": "complex128",
-}
-
-
-@lru_cache(maxsize=4096)
-def canonical_dtype(dtype: str) -> str:
-    """One spelling of a dtype across frameworks (``torch.float32``, ``Float32``, ``float32`` → ``float32``).
-
-    PyTorch writes ``torch.bfloat16``, MindSpore ``BFloat16``, numpy ``float32``; compare dtypes
-    through this so that a port is not reported as a dtype change.
-
-    Examples
-    --------
-    >>> canonical_dtype("torch.float32"), canonical_dtype("Float32"), canonical_dtype("mindspore.BFloat16")
-    ('float32', 'float32', 'bfloat16')
-    >>> canonical_dtype("Int64"), canonical_dtype("torch.bool"), canonical_dtype("")
-    ('int64', 'bool', '')
-    """
-    d = str(dtype or "").strip()
-    for pre in ("torch.", "mindspore.", "numpy.", "np.", "ms."):
-        if d.lower().startswith(pre):
-            d = d[len(pre):]
-    d = d.lower().replace(" ", "")
-    if d.startswith("<class'") and d.endswith("'>"):
-        d = d[7:-2]
-    return _DTYPE_ALIASES.get(d, d)
 
 
 _BINARY = frozenset({"add", "sub", "mul", "truediv", "div", "floordiv", "mod", "pow", "matmul", "and", "or", "xor",

@@ -40,7 +40,12 @@ Attributes
 (node → parent) and ``stacks`` (node → list of frames). ``dtype_changes`` (JSON text, only
 when some entry's dtype differs from its tensor's ``dtype`` coordinate, e.g. an op cast to
 bfloat16 from step 1 on one rank): tensor → {dtype → [[step, rank], ...]}; read it with
-:func:`entry_dtype` / :func:`dtype_changes`. MindSpore tensor-layout kernel dumps
+:func:`entry_dtype` / :func:`dtype_changes`. ``meta_changes`` (JSON text, only when some entry's
+``module``, ``parent`` or ``shape`` differs from its tensor's coordinate, e.g. a rank whose call
+counters are shifted by one extra op, so that one label names another op there): field → tensor →
+{value → [[step, rank], ...]}; ``stack_changes`` (JSON text, the same for stack.json): node →
+[[frames, [[step, rank], ...]], ...]. Read them with :func:`entry_meta` / :func:`entry_stack`:
+the metadata of one (step, rank, tensor) entry is that rank's own. MindSpore tensor-layout kernel dumps
 (``source_format == "kernel_tensors"``) add ``kernel_order`` (how ``seq`` was ordered) and
 ``kernel_parameters`` (JSON text: tensor label of a kernel input → the parameter it reads).
 Run facts outside the statistics, JSON text, only when the source holds them (read with
@@ -61,6 +66,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Final
 
@@ -69,7 +75,9 @@ import xarray as xr
 
 __all__ = [
     "DIRECTIONS",
+    "ENTRY_CHANGE_ATTRS",
     "KINDS",
+    "META_FIELDS",
     "NULL_BITS",
     "ROLES",
     "SCHEMA_VERSION",
@@ -79,9 +87,17 @@ __all__ = [
     "dtype_changes",
     "empty_dataset",
     "encode_dtype_changes",
+    "encode_meta_changes",
+    "encode_stack_changes",
     "entry_dtype",
+    "entry_meta",
+    "entry_stack",
+    "meta_changes",
+    "read_side_table",
+    "shift_entry_changes",
     "side_table",
     "side_text",
+    "stack_changes",
     "validate",
 ]
 
@@ -105,6 +121,10 @@ TENSOR_COORDS: Final = {
     "micro_step": np.int64,
 }
 DIMS: Final = ("step", "rank", "tensor")
+META_FIELDS: Final = ("module", "parent", "shape")
+"""Per-tensor coordinates that may differ on some (step, rank) entries (``attrs["meta_changes"]``)."""
+ENTRY_CHANGE_ATTRS: Final = ("dtype_changes", "meta_changes", "stack_changes")
+"""Attributes keyed by (step, rank): run-specific, shifted with the steps (:func:`shift_entry_changes`)."""
 
 
 class SchemaError(ValueError):
@@ -329,3 +349,197 @@ def encode_dtype_changes(changes: dict[str, dict[tuple[int, int], str]]) -> str:
         for (step, rank), dtype in sorted(where.items()):
             table.setdefault(tensor, {}).setdefault(dtype, []).append([int(step), int(rank)])
     return json.dumps(table)
+
+
+@functools.lru_cache(maxsize=8)
+def _decoded(raw: str) -> Any:
+    return json.loads(raw)
+
+
+def _attr_table(ds: xr.Dataset, name: str) -> Any:
+    """A JSON attribute, decoded once per distinct text (shared: read it, never change it)."""
+    raw = ds.attrs.get(name)
+    if not raw:
+        return {}
+    return _decoded(raw) if isinstance(raw, str) else raw
+
+
+def read_side_table(ds: xr.Dataset, name: str) -> dict[str, Any]:
+    """:func:`side_table`, decoded once per distinct attribute text: shared, to read and never change.
+
+    Examples
+    --------
+    >>> read_side_table(empty_dataset(stacks='{"n": ["File a"]}'), "stacks")
+    {'n': ['File a']}
+    """
+    table: dict[str, Any] = _attr_table(ds, name)
+    return table
+
+
+def meta_changes(ds: xr.Dataset) -> dict[str, dict[str, dict[tuple[int, int], str]]]:
+    """Entries whose ``module`` / ``parent`` / ``shape`` differ from their tensor's coordinate.
+
+    Returns
+    -------
+    dict
+        field → tensor → {(step, rank): value}; empty when every entry has its tensor's coordinates.
+
+    Examples
+    --------
+    >>> meta_changes(empty_dataset(meta_changes='{"shape": {"x": {"[2]": [[1, 0]]}}}'))
+    {'shape': {'x': {(1, 0): '[2]'}}}
+    """
+    table = _attr_table(ds, "meta_changes")
+    return {f: {t: {(int(s), int(r)): v for v, where in by_value.items() for s, r in where}
+                for t, by_value in by_tensor.items()} for f, by_tensor in table.items()}
+
+
+def encode_meta_changes(changes: dict[str, dict[str, dict[tuple[int, int], str]]]) -> str:
+    """The ``meta_changes`` attribute text for *changes* (the inverse of :func:`meta_changes`).
+
+    Examples
+    --------
+    >>> encode_meta_changes({"shape": {"x": {(1, 0): "[2]"}}})
+    '{"shape": {"x": {"[2]": [[1, 0]]}}}'
+    """
+    table: dict[str, dict[str, dict[str, list[list[int]]]]] = {}
+    for f, by_tensor in changes.items():
+        for tensor, where in by_tensor.items():
+            for (step, rank), value in sorted(where.items()):
+                table.setdefault(f, {}).setdefault(tensor, {}).setdefault(value, []).append([int(step), int(rank)])
+    return json.dumps(table)
+
+
+def stack_changes(ds: xr.Dataset) -> dict[str, dict[tuple[int, int], list[str]]]:
+    """Entries whose node's stack frames differ from the ``stacks`` side table's.
+
+    Returns
+    -------
+    dict
+        node → {(step, rank): frames}.
+
+    Examples
+    --------
+    >>> stack_changes(empty_dataset(stack_changes='{"n": [[["File a"], [[0, 1]]]]}'))
+    {'n': {(0, 1): ['File a']}}
+    """
+    table = _attr_table(ds, "stack_changes")
+    return {n: {(int(s), int(r)): list(frames) for frames, where in variants for s, r in where}
+            for n, variants in table.items()}
+
+
+def encode_stack_changes(changes: dict[str, dict[tuple[int, int], list[str]]]) -> str:
+    """The ``stack_changes`` attribute text (the inverse of :func:`stack_changes`).
+
+    Examples
+    --------
+    >>> encode_stack_changes({"n": {(0, 1): ["File a"]}})
+    '{"n": [[["File a"], [[0, 1]]]]}'
+    """
+    table: dict[str, list[list[Any]]] = {}
+    for node, where in changes.items():
+        variants: dict[tuple[str, ...], list[list[int]]] = {}
+        for (step, rank), frames in sorted(where.items()):
+            variants.setdefault(tuple(str(f) for f in frames), []).append([int(step), int(rank)])
+        table[node] = [[list(k), v] for k, v in variants.items()]
+    return json.dumps(table)
+
+
+def entry_meta(ds: xr.Dataset, tensor: str, step: int | None, rank: int | None,
+               changes: dict[str, dict[str, dict[tuple[int, int], str]]] | None = None) -> dict[str, str]:
+    """``module``, ``parent``, ``shape`` and ``dtype`` of one (step, rank, tensor) entry: that rank's own.
+
+    The coordinates are the first record's; an entry whose rank recorded other values (a label
+    that names another op there) has them in ``attrs["meta_changes"]`` / ``attrs["dtype_changes"]``.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run.
+    tensor : str
+    step, rank : int or None
+        None: the tensor's coordinates.
+    changes : dict, optional
+        :func:`meta_changes` of *ds*, when calling many times.
+
+    Returns
+    -------
+    dict
+        Empty strings for a tensor the run does not hold.
+
+    Examples
+    --------
+    >>> ds = empty_dataset(meta_changes='{"module": {"x": {"blocks.1": [[1, 0]]}}}')
+    >>> entry_meta(ds, "x", 1, 0)["module"]
+    'blocks.1'
+    """
+    out = {k: "" for k in (*META_FIELDS, "dtype")}
+    if tensor in ds.indexes["tensor"]:
+        j = int(ds.indexes["tensor"].get_loc(tensor))
+        for k in out:
+            if k in ds.coords:
+                out[k] = str(ds.coords[k].values[j])
+    if step is None or rank is None:
+        return out
+    key = (int(step), int(rank))
+    if changes is not None:
+        for k in META_FIELDS:
+            hit = changes.get(k, {}).get(tensor, {}).get(key)
+            if hit is not None:
+                out[k] = hit
+    else:
+        raw = _attr_table(ds, "meta_changes")
+        for k in META_FIELDS:
+            for value, where in raw.get(k, {}).get(tensor, {}).items():
+                if [key[0], key[1]] in where:
+                    out[k] = value
+    for dtype, where in _attr_table(ds, "dtype_changes").get(tensor, {}).items():
+        if [key[0], key[1]] in where:
+            out["dtype"] = dtype
+    return out
+
+
+def entry_stack(ds: xr.Dataset, node: str, step: int | None = None, rank: int | None = None) -> list[str]:
+    """The stack frames of *node* as its (step, rank) recorded them (the ``stacks`` table otherwise).
+
+    Examples
+    --------
+    >>> ds = empty_dataset(stacks='{"n": ["File b"]}', stack_changes='{"n": [[["File a"], [[0, 1]]]]}')
+    >>> entry_stack(ds, "n", 0, 1), entry_stack(ds, "n", 0, 0)
+    (['File a'], ['File b'])
+    """
+    if step is not None and rank is not None and ds.attrs.get("stack_changes"):
+        for frames, where in _attr_table(ds, "stack_changes").get(node, []):
+            if [int(step), int(rank)] in where:
+                return list(frames)
+    return list(_attr_table(ds, "stacks").get(node, []))  # (parsed once per distinct text)
+
+
+def shift_entry_changes(attrs: dict[str, Any], offset: int) -> dict[str, Any]:
+    """*attrs* with the (step, rank) keys of :data:`ENTRY_CHANGE_ATTRS` moved by ``step - offset``.
+
+    Examples
+    --------
+    >>> shift_entry_changes({"dtype_changes": '{"x": {"torch.bfloat16": [[5, 0]]}}'}, 5)["dtype_changes"]
+    '{"x": {"torch.bfloat16": [[0, 0]]}}'
+    """
+    if not offset:
+        return attrs
+    out = dict(attrs)
+
+    def move(where: list[list[int]]) -> list[list[int]]:
+        return [[int(s) - offset, int(r)] for s, r in where]
+
+    for name in ENTRY_CHANGE_ATTRS:
+        raw = attrs.get(name)
+        if not raw:
+            continue
+        table = json.loads(raw) if isinstance(raw, str) else raw
+        if name == "dtype_changes":
+            moved: Any = {t: {d: move(w) for d, w in by.items()} for t, by in table.items()}
+        elif name == "meta_changes":
+            moved = {f: {t: {v: move(w) for v, w in by.items()} for t, by in bt.items()} for f, bt in table.items()}
+        else:
+            moved = {n: [[frames, move(w)] for frames, w in variants] for n, variants in table.items()}
+        out[name] = json.dumps(moved)
+    return out

@@ -271,8 +271,12 @@ def test_mapping_file_round_trip_and_user_pairs(renamed, tmp_path):
     again = json.loads(cli("align", str(root / "baseline"), str(root / "target"), "--mapping", str(m),
                            "--json").stdout)
     mods = {p["baseline"]: p for p in again["modules"]}
-    assert mods["model.layers.1.mlp"]["target"] == "decoder.layers.1.mlp" and mods["model.layers.1.mlp"][
-        "how"] == "user"
+    written = {p["baseline"]: p for p in json.loads(m.read_text())["modules"]}
+    assert mods["model.layers.1.mlp"]["target"] == "decoder.layers.1.mlp"
+    # read back, a pair keeps how it was found (issue 26): not every pair becomes "user"
+    assert mods["model.layers.1.mlp"]["how"] == written["model.layers.1.mlp"]["how"] == "value"
+    assert {p["how"] for p in again["modules"]} == {p["how"] for p in written.values()} and "user" not in {
+        p["how"] for p in again["modules"]}
     # writing again without --overwrite is refused; with it, the precnb file is replaced
     assert cli("align", str(root / "baseline"), str(root / "target"), "-o", str(m)).returncode == 1
     assert cli("align", str(root / "baseline"), str(root / "target"), "-o", str(m), "--overwrite").returncode == 0

@@ -120,3 +120,14 @@ def test_bench_scheduler_smoke(tmp_path):
          "--out", str(out))
     res = json.loads(out.with_suffix(".json").read_text())
     assert all(tuple(a) == tuple(res["truth"]) for a in res["answers"].values()), res
+
+
+def test_bench_spike_smoke(tmp_path):
+    """Loss spike vs anomalies on the same input (issue 29), and the spike's answer on the hardware sample."""
+    out = tmp_path / "RESULTS_spike.md"
+    _run(str(BENCH / "bench_spike.py"), "--smoke", "--out", str(out))
+    res = json.loads(out.with_suffix(".json").read_text())
+    rows = res["rows"]
+    assert {r["ranks"] for r in rows} == {2, 4} and all(r["spike"] > 0 and r["anomalies"] > 0 for r in rows)
+    assert rows[0]["answer"] == [6, 1, "Module.lm_head.Linear.parameters_grad.0", "hardware"]
+    assert "Worst ratio" in out.read_text()

@@ -86,6 +86,18 @@ def test_moe_monitor_zero_over_zero():
     assert f.causes and f.causes[0]["cause"] == "0/0"
 
 
+@pytest.mark.parametrize("name", ["monitor", "moe_monitor"])
+def test_monitor_nan_reaching_other_ranks_through_the_all_reduce_is_inherited(name):
+    """Issue 26 item 5: the other ranks' first NaNs are grad_reduced/... rows: inherited, not created there."""
+    truth = next(x for x in gt(name)["faults"] if x["kind"] == "nan")
+    f = triage(sample_path(name, "monitor_output"), kinds=["nan_origin"]).finding
+    assert (f.step, f.rank) == (truth["step"], truth["rank"])
+    others = [s for s in f.suspects if s["rank"] != f.rank]
+    assert others and all(s["tensor"].startswith("grad_reduced/") for s in others)
+    assert all(s["why"] == "inherited via communication" for s in others)
+    assert not any("independently" in h or "shared data" in h for h in f.hints), f.hints
+
+
 def test_sqrt_of_negative_on_dp_nan():
     f = triage(sample_path("dp_nan"), kinds=["nan_origin"]).finding
     assert f.node == "Torch.sqrt.0.forward"

@@ -30,9 +30,13 @@ from precnb.naming import module_path_of, parse_node
 from tests.conftest import SAMPLES, shared_path
 
 _NON_TENSOR = {"slice", "ellipsis", "torch.Size", "torch.dtype", "torch.device", "mindspore.dtype"}
-_SECTIONS_FWD = (("input_args", "input", "input"), ("input_kwargs", "input", "input"),
-                 ("parameters", "parameters", "parameter"), ("output", "output", "output"))
-_SECTIONS_BWD = (("input", "input", "input"), ("output", "output", "output"))
+# every key of a record is a section, on forward and backward records alike: record key -> (label part, role);
+# read inputs and parameters first, then outputs, then the keys precnb does not know (own name, no role)
+_INPUTS = {"input_args": ("input", "input"), "input_kwargs": ("input", "input"), "input": ("input", "input"),
+           "grad_output": ("input", "input"), "parameters": ("parameters", "parameter")}
+_OUTPUTS = {"output": ("output", "output"), "grad_input": ("output", "output")}
+_OTHER = {"parameters_grad": ("parameters_grad", "grad")}
+_TENSOR_FIELDS = {"dtype", "shape", "Max", "Min", "Mean", "Norm", "md5", "data_name"}
 
 
 # ------------------------------------------------------------------------------ reference reader
@@ -41,7 +45,15 @@ def _is_leaf(v: dict) -> bool:
     return isinstance(t, str) and "dtype" in v and "shape" in v and t not in _NON_TENSOR
 
 
-def _walk(v: Any, prefix: str, role: str, out: list) -> None:
+def _unreadable(v: dict) -> bool:
+    """Tensor fields on an object that is not a leaf."""
+    t = v.get("type")
+    if isinstance(t, str):
+        return t not in _NON_TENSOR and ("Tensor" in t or bool(_TENSOR_FIELDS & set(v)))
+    return isinstance(v.get("dtype"), str) and isinstance(v.get("shape"), list)
+
+
+def _walk(v: Any, prefix: str, role: str, out: list, unread: list | None = None) -> None:
     if isinstance(v, dict):
         if _is_leaf(v):
             out.append((prefix, role, v))
@@ -49,27 +61,37 @@ def _walk(v: Any, prefix: str, role: str, out: list) -> None:
         if len(v) == 2 and "value" in v and not isinstance(v["value"], (dict, list)) \
                 and not isinstance(v.get("type"), (dict, list)):
             return  # a scalar argument
+        if _unreadable(v):
+            if unread is not None:
+                unread.append(prefix)
+            return
         for k, x in v.items():
-            _walk(x, f"{prefix}.{k}", role, out)
+            _walk(x, f"{prefix}.{k}", role, out, unread)
     elif isinstance(v, list):
         for i, x in enumerate(v):
-            _walk(x, f"{prefix}.{i}", role, out)
+            _walk(x, f"{prefix}.{i}", role, out, unread)
 
 
-def ref_leaves(node: str, record: dict) -> list:
-    """(label, role, leaf) of one record by the naming rules."""
+def ref_leaves(node: str, record: dict, unread: list | None = None) -> list:
+    """(label, role, leaf) of one record by the naming rules; *unread* receives the paths of what cannot be read."""
     out: list = []
     if parse_node(node).kind == "param_grad":
         for pname, val in record.items():
-            _walk(val[0] if isinstance(val, list) and len(val) == 1 else val, f"{node}.{pname}", "grad", out)
+            _walk(val[0] if isinstance(val, list) and len(val) == 1 else val, f"{node}.{pname}", "grad", out, unread)
         return out
-    backward = node.endswith(".backward") or ".backward." in node
-    present = [(k, s, r) for k, s, r in (_SECTIONS_BWD if backward else _SECTIONS_FWD) if k in record]
-    for key, section, role in present:
-        if isinstance(record[key], (list, dict)):
-            _walk(record[key], f"{node}.{section}", role, out)
-    if not present:
-        _walk(record, node, "", out)
+    known = {**_INPUTS, **_OUTPUTS, **_OTHER}
+    if not any(k in known for k in record) and (_is_leaf(record) or _unreadable(record)):
+        _walk(record, node, "", out, unread)  # the record is itself a tensor
+        return out
+    order = [k for k in record if k in _INPUTS] + [k for k in record if k in _OUTPUTS] + \
+        [k for k in record if k in _OTHER] + [k for k in record if k not in known]
+    for key in order:
+        section, role = known.get(key, (key, ""))
+        value = record[key]
+        if isinstance(value, (list, dict)):
+            _walk(value, f"{node}.{section}", role, out, unread)
+        elif value is not None and key in known and unread is not None:
+            unread.append(f"{node}.{key}")
     return out
 
 
@@ -139,13 +161,15 @@ def reference_records(folder: Path) -> dict[str, Any]:
     micro = {k: v[1] for k, v in construct.items() if isinstance(v, list) and isinstance(v[1], int)}
     rows: dict[str, list] = {k: [] for k in ("label", "role", "node", "module", "api", "kind", "direction", "parent",
                                              "call", "micro_step", "dtype", "shape", "numel", "null",
-                                             "max", "min", "mean", "norm")}
+                                             "max", "min", "mean", "norm", "unread")}
     for node, record in data.items():
         if not isinstance(record, dict):
+            if record is not None:
+                rows["unread"].append(node)  # a record that is not an object
             continue
         nn = parse_node(node)
         parent = parents.get(node, "")
-        for label, role, leaf in ref_leaves(node, record):
+        for label, role, leaf in ref_leaves(node, record, rows["unread"]):
             module = nn.module if nn.kind != "api" else module_path_of(parent)
             shape = leaf["shape"]
             null = 0
@@ -194,11 +218,36 @@ def check_folder(folder: Path) -> int:
         assert rec.null_stats.tolist() == ref["null"], (folder, whole)
         assert rec.numel.tolist() == ref["numel"], (folder, whole)
         assert rec.meta.get("facts", {}) == ref["facts"], (folder, whole)
+        unread = [f"{node}.{where}" if where else node for _f, node, where, _why in rec.meta.get("unread", [])]
+        assert sorted(unread) == sorted(ref["unread"]), (folder, whole)
+        assert rec.meta.get("unread_count", 0) == len(ref["unread"]), (folder, whole)
     return len(ref["label"])
 
 
 def _msprobe_folders(root: Path) -> list[Path]:
     return sorted({p.parent for p in root.rglob("dump.json") if p.parent.parent.name.startswith("step")})
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def test_sections_fixtures_equal_the_reference_reader():
+    """Every key of a record read (an "input" section on a forward record, "input_args" on a backward one,
+    1.0.x's grad_input/grad_output, a key precnb does not know), and the same unreadable items listed."""
+    folders = _msprobe_folders(FIXTURES / "msprobe_sections")
+    assert len(folders) == 7, folders
+    assert sum(check_folder(f) for f in folders) == 11 + 16 + 16 + 2 * 6 + 6 + 4
+    assert reference_records(FIXTURES / "msprobe_sections" / "odd" / "step0" / "rank")["unread"] == [
+        "Functional.relu.0.forward.input.1", "Functional.relu.0.forward.output", "Functional.broken.0.forward"]
+
+
+def test_releases_fixtures_equal_the_reference_reader():
+    """The conformance matrix's dumps (one per mindstudio-probe release), when present on this branch."""
+    root = FIXTURES / "msprobe_releases"
+    folders = _msprobe_folders(root) if root.is_dir() else []
+    if not folders:
+        pytest.skip("no tests/fixtures/msprobe_releases on this branch")
+    assert sum(check_folder(f) for f in folders) > 1000
 
 
 def test_bundled_samples_equal_the_reference_reader():

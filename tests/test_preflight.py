@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import precnb
@@ -286,3 +287,58 @@ def test_single_tensor_adamw_arguments_of_a_real_run_are_read(shared):
     lerp = sa["Tensor.lerp_"]["2"]["0"][0]  # 1 - beta1
     for step, (v,) in sa["Tensor.addcdiv_"]["value"].items():
         assert v == pytest.approx(-0.01 / (1 - (1 - lerp) ** (int(step) + 1)), rel=1e-12)
+
+
+# -- issue 26 item 7: pre-flight wording --------------------------------------------------------------
+def test_same_batch_is_not_claimed_from_nan_outputs_and_integer_extremes():
+    """A NaN step (the embedding output NaN) whose token ids share max and min (mean and norm null) says nothing."""
+    import warnings
+
+    from precnb.analysis._pf_data import check_dp_data, model_input
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = precnb.open_run(ROOT / "data_samples" / "dp_nan", progress=False, steps=[2])
+    _node, ins, outs = model_input(ds)
+    assert np.isnan(ds["norm"].sel(tensor=outs[0], rank=1).values).all()  # step 2: rank 1's output is NaN
+    assert (ds["null_stats"].sel(tensor=ins[0]).values & 12 == 12).all()  # int64 ids: mean and norm are null
+    for s in ("max", "min"):  # two batches of one vocabulary: the same largest and smallest id
+        ds[s].loc[dict(rank=1, tensor=ins)] = ds[s].sel(rank=0, tensor=ins).values
+    c = check_dp_data([("dp_nan", ds, None)])
+    assert c["status"] == "skip" and "same batch" not in c["message"], c["message"]
+    assert "cannot tell" in c["message"]
+
+
+def test_warnings_are_no_green_passed_heading_and_a_zero_weight_is_named_first():
+    pytest.importorskip("ipywidgets")
+    from precnb.widgets.preflight import preflight_html
+
+    kr = ROOT / "data_samples" / "kernel_resume"
+    t = precnb.diagnose(kr / "bad", kr / "correct", progress=False)
+    pre = t.result("preflight")
+    assert pre.stats["status"] == "warn" and "passed" not in pre.reason
+    assert pre.reason.startswith("no pre-flight check failed, 2 warnings")
+    page = preflight_html(pre)
+    assert "checks passed" not in page and "no check failed, 2 warning(s)" in page and "#2a7'>Pre-flight" not in page
+    assert "CHECKS PASSED" not in pre.summary() and "NO CHECK FAILED, 2 WARNINGS" in pre.summary()
+    first_warn = pre.reason.split(": ", 1)[1]
+    assert first_warn.startswith("initial_weights: norm_out.1") and "all zeros in bad only" in first_warn
+    assert "likely root cause" in first_warn
+
+
+def test_a_warning_that_is_the_root_cause_is_what_a_clean_triage_shows_first():
+    pytest.importorskip("ipywidgets")
+    import bs4
+
+    from precnb.report import to_html
+    from precnb.widgets import explore
+
+    kr = ROOT / "data_samples" / "kernel_resume"
+    t = precnb.diagnose(kr / "bad", kr / "correct", tolerance=10.0, progress=False)  # nothing beyond rtol 10
+    assert not t.found and t.finding is t.result("preflight") and "all zeros in bad only" in t.finding.reason
+    ex = explore(kr / "bad", kr / "correct", tolerance=10.0)
+    assert "#b76e00" in ex.bar.label.value and "all zeros in bad only" in ex.bar.label.value
+    soup = bs4.BeautifulSoup(to_html(t), "html.parser")
+    verdict = soup.select_one(".verdict")
+    assert "warn" in verdict["class"] and "pre-flight warnings" in verdict.get_text()
+    assert "likely root cause" in soup.select_one("#preflight").get_text()

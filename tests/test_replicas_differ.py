@@ -100,3 +100,72 @@ def test_real_healthy_tp2_run_has_no_replicas_differ(shared):
     assert "replicas_differ" not in set(merged["shard_kind_tp"].values.tolist())
     assert not bool(merged["replicas_differ"].any())
     assert precnb.diagnose(root / "tp2", root / "tp1", target_layout="tp=2", progress=False).finding.kind == "none"
+
+
+# -- issue 26 item 2: a merge never invents a value ------------------------------------------------
+def _noise():
+    gt = json.loads((sample_path("tp_noise") / "ground_truth.json").read_text())
+    return gt["faults"][0], open_quiet(sample_path("tp_noise", "tp2")), open_quiet(sample_path("tp_noise", "tp1"))
+
+
+def test_a_per_rank_seeded_random_op_is_replicas_differ_not_a_partial_sum():
+    fault, tp2, tp1 = _noise()
+    label = f"{fault['node']}.{fault['tensor']}"
+    assert fault["tensor_inputs"] == 0  # torch.normal(mean, std, size): no tensor input
+    merged = merge_shards(tp2, Layout(2, tp=2), reference=tp1)
+    kinds = merged["shard_kind_tp"].to_series()
+    assert kinds[label] == "replicas_differ"
+    assert "full shape on every rank" in str(merged["shard_reason_tp"].sel(tensor=label).values)
+    for stat in ("max", "min", "mean", "norm"):  # rank 0's copy, exactly: no sum of means, no null
+        assert merged[stat].sel(step=0, rank=0, tensor=label).item() == fault["stats"]["rank0"][stat.title()]
+    assert int(merged["null_stats"].sel(step=0, rank=0, tensor=label)) == 0
+    # what is computed from the noise is replicated by design too: only shard-reading ops give partial sums
+    partial = [str(t) for t in kinds.index[kinds == "partial_sum"]]
+    assert partial and all("linear" in t or "all_reduce" in t for t in partial), partial
+
+
+def test_tp1_comparison_names_the_random_op_and_the_odd_rank_everywhere():
+    fault = _noise()[0]
+    label = f"{fault['node']}.{fault['tensor']}"
+    t = precnb.diagnose(sample_path("tp_noise", "tp2"), sample_path("tp_noise", "tp1"), target_layout="tp=2")
+    f = t.finding
+    assert (f.kind, f.step, f.tensor) == ("first_divergence", 0, label)
+    assert "must be replicated" in f.reason and "rank(s) [1] differ from rank(s) [0]" in f.reason
+    rep = t.result("replica_mismatch")
+    assert (rep.kind, rep.step, rep.rank, rep.tensor) == ("replica_mismatch", 0, fault["rank"], label)
+    assert "no tensor input" in rep.reason
+    assert t.flagged_ranks().first() == (0, fault["rank"], label)  # the rank × step view points at it
+    pre = t.result("preflight")
+    assert not [c for c in pre.evidence["checks"] if c["status"] != "pass" and "nan" in c.get("message", "")]
+
+
+def test_unsynced_replicated_weights_do_not_mislead_the_pre_flight_checks():
+    t = precnb.diagnose(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"), target_layout="tp=2")
+    checks = {c["name"]: c for c in t.result("preflight").evidence["checks"]}
+    assert checks["initial_weights"]["status"] == "pass", checks["initial_weights"]
+    merged = t.target
+    w = [str(x) for x in merged["tensor"].values if str(x).endswith("mlp_norm.RMSNorm.forward.0.parameters.weight")]
+    assert w and str(merged["shard_kind_tp"].sel(tensor=w[0]).values) == "replicas_differ"
+    assert np.isfinite(merged["max"].sel(tensor=w[0]).values).all()  # never a null, never a NaN made up
+
+
+def test_detail_table_shows_each_runs_own_values_and_nulls():
+    pytest.importorskip("ipywidgets")
+    from precnb.widgets import explore
+
+    ex = explore(sample_path("tp_noise", "tp2"), sample_path("tp_noise", "tp1"), target_layout="tp=2")
+    fault = _noise()[0]
+    assert (ex.step, ex.tensor) == (0, f"{fault['node']}.{fault['tensor']}")
+    row = ex.record.detail.frame.set_index("tensor").loc[ex.tensor]
+    assert row["null_stats"] == 0 and row["null_stats_tp1"] == 0 and row["max"] == fault["stats"]["rank0"]["Max"]
+    # a real partial sum (the row-parallel linear before its all-reduce): only its mean, said so; the
+    # TP=1 baseline's own values stay in its columns (its nulls are its own, not the merged run's)
+    healthy = explore(sample_path("tp", "tp2"), sample_path("tp", "tp1"), target_layout="tp=2")
+    healthy.select_record(0, 0, "Functional.linear.3.forward.output.0")
+    r = healthy.record.detail.frame.set_index("tensor").loc["Functional.linear.3.forward.output.0"]
+    assert r["merged"] == "partial_sum" and r["null_stats"] & 1 and r["null_stats_tp1"] == 0
+    assert np.isfinite(r["max_tp1"])
+    page = healthy.record.detail.html.value
+    assert "a partial sum across shards" in page
+    cell = page.split("Functional.linear.3.forward.output.0</td>", 1)[1].split("</tr>", 1)[0]
+    assert "null</span>" not in cell and "Σ" in cell

@@ -280,8 +280,9 @@ def test_mismatched_steps_and_ranks_between_runs(tmp_path):
     assert not bool(both["present"].sel(run="a", step=2).any()) and not bool(both["present"].sel(run="b", rank=0).any())
     f = precnb.first_divergence(a, b)  # they overlap at step 1, rank 1: identical there
     assert f.kind == "none"
-    with pytest.raises((ValueError, PrecnbError), match="share no step/rank"):
-        precnb.first_divergence(a.sel(step=[0]), b.sel(step=[2]), step_offset=0)
+    f = precnb.first_divergence(a.sel(step=[0]), b.sel(step=[2]), step_offset=0)  # nothing in common: its own answer
+    assert f.kind == "none" and f.nothing_compared
+    assert f.reason.startswith("nothing was compared: the runs share no step")
 
 
 def test_open_runs_with_one_unreadable_run_raises_precnb_error(tmp_path):

@@ -55,6 +55,9 @@ NAMES = (
     "spike_optimizer",
     "spike_hardware",
     "spike_numerics",
+    # issue 26
+    "rank_shift",
+    "tp_noise",
 )
 TENSOR_NAMES = ("tensor_bf16", "tensor_bug")
 STATS = ("Max", "Min", "Mean", "Norm")

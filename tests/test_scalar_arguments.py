@@ -94,3 +94,39 @@ def test_real_healthy_port_reads_its_records_and_finds_no_argument_cause(shared)
     node = "Functional.embedding.0.forward"
     rec = node_records(root / "pt", 0, 0, [node])
     assert node in rec and "input_args" in rec[node]
+
+
+def test_explorer_rerun_match_unmatch_and_export_keep_every_cause(tmp_path):
+    """Issue 26 item 3: a rerun goes through the first run's inputs (the datasets as read, and their dumps)."""
+    pytest.importorskip("ipywidgets")
+    from precnb.pipeline import ReadRun
+    from precnb.widgets import explore
+
+    target, base = sample_path("xfw", "ms_bug"), sample_path("xfw", "pt")
+    want = precnb.diagnose(target, base).finding
+    assert "computed with a different scalar argument" in want.reason
+
+    def same(f):  # (an unpaired call adds "n node(s) at this step exist in one run only" to the reason)
+        assert f.reason.startswith(want.reason) and (f.causes, f.node, f.step, f.rank) == (
+            want.causes, want.node, want.step, want.rank)
+
+    ex = explore(target, baseline=base)
+    same(ex.finding)
+    assert all(isinstance(v, ReadRun) for v in ex.sources().values())  # the datasets, and where they came from
+    same(ex.rerun().finding)
+    panel = ex.panel("Alignment")
+    panel.on_show()
+    pair = next(p for p in ex.triage.alignment.modules if p.baseline and p.target)
+    panel.pick(left=pair.baseline, right=pair.target)
+    same(panel.do_match().finding)
+    panel.level.value = "calls"
+    call = [p for p in ex.triage.alignment.nodes if p.target.endswith(".backward")][-1]  # after the origin
+    panel.pick(left=call.baseline, right=call.target)
+    t = panel.do_unmatch()
+    assert call.target not in {p.target for p in t.alignment.nodes}
+    same(t.finding)
+    export = ex.panel("Export")
+    export.path.value = str(tmp_path / "report.html")
+    out = export.export()
+    assert out is not None and "different scalar argument (input_args.1 = 0.01 here, 1e-06 in pt)" in \
+        out.read_text().replace("&#39;", "'")

@@ -449,6 +449,11 @@ def test_monitor_nan_origin_is_the_most_salient_cell(shared):
     gt = json.loads(shared("data_samples", "msprobe", "S6_monitor", "ground_truth.json").read_text())
     nan = next(i for i in gt["injections"] if i["kind"] == "nan")
     ex = explore(shared("data_samples", "msprobe", "S6_monitor", "monitor_output"))
+    spike = next(i for i in gt["injections"] if i["kind"] != "nan")  # rank 1's loss x1000 at step 2 comes first
+    top = top_cell(ex)
+    assert (ex.finding.kind, top["row"], int(top["x"]), int(top["worst_rank"])) == (
+        "loss_spike", "lm_head", spike["step"], spike["rank"])
+    ex = explore(shared("data_samples", "msprobe", "S6_monitor", "monitor_output"), kinds=["nan_origin", "anomaly"])
     top = top_cell(ex)
     first = gt["facts_from_csvs"]["rank1"]["first_nan_step_and_names_in_csv_order"]["actv"]
     assert (top["row"], int(top["x"]), int(top["worst_rank"])) == ("blocks.1.attn", nan["step"], nan["rank"])
@@ -775,3 +780,41 @@ def test_thousand_ranks_bounded_and_responsive():
     assert ex.series["series"].nunique() <= ex.max_lines + 1
     assert statistics.median(times) < 1.0  # the 200 ms budget is measured in benchmarks/
     assert np.isfinite(statistics.median(times))
+
+
+def test_unmatch_needs_a_paired_call_not_a_module_picked_before(tmp_path):
+    """Issue 26 item 4: a module picked at the modules level is not a call: Unmatch says so and changes nothing."""
+    ex = explore(sample_path("renamed", "target"), sample_path("renamed", "baseline"))
+    panel = ex.panel("Alignment")
+    panel.on_show()
+    panel.pick(left="model.layers.1.self_attn", right="decoder.layers.1.self_attention")
+    panel.level.value = "calls"
+    before = ex.triage
+    assert panel.do_unmatch() is None and ex.triage is before
+    assert "not a paired call" in panel.output.value and "unmatched" not in panel.output.value
+    assert panel.do_match() is None and "not a call of that run" in panel.output.value and ex.triage is before
+    paired = next(p for p in ex.triage.alignment.nodes if p.target.startswith("Functional.linear"))
+    panel.pick(left=paired.baseline, right=paired.target)
+    t = panel.do_unmatch()
+    assert paired.target not in {p.target for p in t.alignment.nodes} and "unmatched" in panel.output.value
+
+
+def test_a_reloaded_mapping_keeps_how_each_pair_was_found(tmp_path):
+    """Issue 26 item 4: pairs read back from precnb's mapping file keep their "how"; only hand pairs are "user"."""
+    ex = explore(sample_path("renamed", "target"), sample_path("renamed", "baseline"))
+    first = ex.triage.alignment
+    panel = ex.panel("Alignment")
+    panel.on_show()
+    panel.level.value = "calls"
+    panel.pick(left="Functional.gelu.1.forward", right="Functional.gelu.1.forward")
+    t = panel.do_match()
+    panel.path.value = str(tmp_path / "map.json")
+    out = panel.do_save()
+    again = precnb.diagnose(sample_path("renamed", "target"), sample_path("renamed", "baseline"), mapping=str(out))
+    how = {(p.baseline, p.target): p.how for p in again.alignment.nodes}
+    was = {(p.baseline, p.target): p.how for p in t.alignment.nodes}
+    assert how == was  # every pair as it was found, the hand pair "user"
+    assert how[("Functional.gelu.1.forward", "Functional.gelu.1.forward")] == "user"
+    assert {p.how for p in again.alignment.modules} == {p.how for p in first.modules} != {"user"}
+    assert {b for (b, _t), h in how.items() if h == "user"} == {"Functional.gelu.1.forward",
+                                                                 "Functional.gelu.1.backward"}  # and its backward

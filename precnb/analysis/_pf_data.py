@@ -5,8 +5,9 @@ module's inputs and outputs (the embedding's token ids and its output), or, with
 records, the first API's first input and outputs; a config_check pack's ``dataset`` features.
 Two ranks holding the same parameters (DP replicas) that compute bit-identical statistics for it
 read the same batch — the embedding output is a float function of the ids, so equal float
-statistics are strong evidence; equal integer statistics alone (token-id max/min) are weak.
-Non-finite statistics are no evidence either way (a NaN run computes NaN everywhere).
+statistics are strong evidence; equal integer extremes alone (token-id max and min, with the
+mean and norm of an integer tensor recorded as null) are no evidence: two batches of one vocabulary
+share them. Non-finite statistics are no evidence either way (a NaN run computes NaN everywhere).
 """
 
 from __future__ import annotations
@@ -60,13 +61,23 @@ def _fp(ds: xr.Dataset, labels: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return vals, np.asarray(sub["present"].values, bool)
 
 
-def _compare(a: np.ndarray, pa: np.ndarray, b: np.ndarray, pb: np.ndarray) -> tuple[bool | None, bool]:
-    """(equal? — None when nothing finite to compare, float evidence?) of two fingerprints (k, 4)."""
+def _compare(a: np.ndarray, pa: np.ndarray, b: np.ndarray, pb: np.ndarray, *,
+             extremes_tell: bool = True) -> tuple[bool | None, bool]:
+    """(equal? — None when nothing finite to compare, float evidence?) of two fingerprints (k, 4).
+
+    With ``extremes_tell=False``, equal values say "same batch" only when a mean or norm, or a
+    non-integer value, is among them: integer extremes alone (token-id max and min, an integer
+    tensor's mean and norm being null) are shared by distinct batches, and the answer is None.
+    Unequal values always say "different".
+    """
     use = pa[:, None] & pb[:, None] & np.isfinite(a) & np.isfinite(b)
     if not use.any():
         return None, False
     equal = bool(np.all(a[use] == b[use]))
-    return equal, bool(np.any(a[use] % 1 != 0))
+    fractional = bool(np.any(a[use] % 1 != 0))
+    if equal and not extremes_tell and not fractional and not use[:, 2:].any():
+        return None, False
+    return equal, fractional
 
 
 def _replica_groups(ds: xr.Dataset, layout: Any) -> tuple[list[list[int]], str]:
@@ -113,6 +124,7 @@ def _dp_one(name: str, ds: xr.Dataset, layout: Any) -> dict[str, Any]:
     dup: dict[tuple[int, ...], list[int]] = {}
     strong = False
     checked = 0
+    told = 0  # (step, group) comparisons whose statistics could tell two batches apart
     for si, s in enumerate(steps):
         for g in groups:
             clusters: list[list[int]] = []
@@ -120,7 +132,8 @@ def _dp_one(name: str, ds: xr.Dataset, layout: Any) -> dict[str, Any]:
                 ri = ranks.index(r)
                 for c in clusters:
                     cj = ranks.index(c[0])
-                    eq, fl = _compare(vals[si, ri], pres[si, ri], vals[si, cj], pres[si, cj])
+                    eq, fl = _compare(vals[si, ri], pres[si, ri], vals[si, cj], pres[si, cj], extremes_tell=False)
+                    told += eq is not None
                     if eq:
                         c.append(r)
                         strong = strong or fl
@@ -133,6 +146,10 @@ def _dp_one(name: str, ds: xr.Dataset, layout: Any) -> dict[str, Any]:
                     dup.setdefault(tuple(c), []).append(s)
     detail = {"node": node, "inputs": ins, "outputs": outs, "groups": groups, "replicas": how,
               "same_batch": [{"ranks": list(c), "steps": st} for c, st in dup.items()]}
+    if not told:
+        return {"status": "skip", "text": f"{name}: cannot tell whether DP replicas read distinct batches: {node}'s "
+                "statistics hold nothing that tells two batches apart (non-finite values, integer ids recorded "
+                "without mean and norm)", **detail}
     if dup:
         items = [f"ranks {', '.join(map(str, c))} at step{'s' if len(st) > 1 else ''} {format_ranges(st)}"
                  for c, st in dup.items()]

@@ -35,6 +35,7 @@ import xarray as xr
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.nan_origin import event_mask, lazy_persistence
+from precnb.schema import entry_meta
 
 __all__ = ["SpikeRule", "anomalies", "anomaly_table"]
 
@@ -48,6 +49,22 @@ class SpikeRule:
     ratio: float = 5.0
     rel_floor: float = 0.05
     min_history: int = 1
+
+
+def nanmedian0(h: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(h, axis=0)`` (NaN where a column holds none), by one sort: several times faster.
+
+    Examples
+    --------
+    >>> nanmedian0(np.array([[1.0, np.nan, 4.0], [3.0, np.nan, np.nan], [2.0, np.nan, 6.0]])).tolist()
+    [2.0, nan, 5.0]
+    """
+    s = np.sort(h, axis=0)  # NaN last
+    cnt = (~np.isnan(h)).sum(axis=0)
+    lo = np.take_along_axis(s, np.maximum((cnt - 1) // 2, 0)[None], axis=0)[0]
+    hi = np.take_along_axis(s, np.maximum(cnt // 2, 0)[None], axis=0)[0]
+    with np.errstate(invalid="ignore"):
+        return np.where(cnt > 0, (lo + hi) / 2, np.nan)
 
 
 def _spikes(values: np.ndarray, rec: np.ndarray, rule: SpikeRule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -66,8 +83,8 @@ def _spikes(values: np.ndarray, rec: np.ndarray, rule: SpikeRule) -> tuple[np.nd
             continue
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            med = np.nanmedian(np.where(ok[None], h, np.nan), axis=0)
-            mad = np.nanmedian(np.abs(h - med[None]), axis=0)
+            med = nanmedian0(np.where(ok[None], h, np.nan))
+            mad = nanmedian0(np.abs(h - med[None]))
             scale = np.fmax(1.4826 * mad, rule.rel_floor * np.abs(med))
             scale = np.where(scale > 0, scale, np.inf)
             z = np.abs(values[i] - med) / scale
@@ -308,10 +325,13 @@ def anomalies(
         n0 = nf.iloc[0]
         hints.append(f"first non-finite value: step {int(n0['step'])}, rank {int(n0['rank'])}, {n0['tensor']}")
     suspects = [_row(r) for r in rows[1: limit + 1]]
+    module = first["module"] if first["type"] == "drift" else (
+        entry_meta(ds, first["tensor"], first["step"], first["rank"])["module"] or first["module"])
     return Finding(kind="anomaly", reason=reason, step=first["step"], rank=first["rank"],
-                   node=first["node"], tensor=first["tensor"], module=first["module"] or None,
+                   node=first["node"], tensor=first["tensor"], module=module or None,
                    values=values, hints=hints, suspects=suspects,
-                   evidence={**node_evidence(ds, first["node"]), **({"trend": trend_ev} if trend_ev else {})},
+                   evidence={**node_evidence(ds, first["node"], step=first["step"], rank=first["rank"],
+                                             tensor=first["tensor"]), **({"trend": trend_ev} if trend_ev else {})},
                    stats=stats)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.dataflow import StepFlow, to_forward
+from precnb.dtypes import canonical_dtype
 
 __all__ = ["DTYPE_MAX", "division_cause", "nan_causes"]
 
@@ -55,8 +56,7 @@ def _short(api: str) -> str:
 
 
 def _dtype_key(dtype: str) -> str:
-    d = dtype.lower().replace("torch.", "").replace("mindspore.", "")
-    return {"half": "float16", "float": "float32", "double": "float64", "bf16": "bfloat16"}.get(d, d)
+    return canonical_dtype(dtype)  # the one spelling (precnb.dtypes)
 
 
 def _holds_zero(s: dict[str, float]) -> tuple[bool, bool]:

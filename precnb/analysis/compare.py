@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 import xarray as xr
 
 from precnb.analysis.tolerance import Tolerance, relative_difference
 from precnb.combine import combine_runs, select_run
-from precnb.naming import canonical_dtype
-from precnb.schema import dtype_changes, encode_dtype_changes
+from precnb.dtypes import canonical_dtype, equivalence, same_values
+from precnb.schema import dtype_changes, shift_entry_changes
 
-__all__ = ["Comparison", "align_steps", "compare_runs", "default_step_offset", "entry_dtype_differences",
-           "split_runs"]
+__all__ = ["Comparison", "NothingToCompareError", "align_steps", "compare_runs", "default_step_offset",
+           "entry_dtype_differences", "split_runs"]
+
+
+class NothingToCompareError(ValueError):
+    """Two runs share no step or rank to compare (a ValueError: callers that caught that still do).
+
+    :func:`precnb.analysis.divergence.first_divergence` answers it with a "nothing compared"
+    finding (:func:`precnb.analysis.compared.nothing_compared`).
+    """
 
 
 def split_runs(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: tuple[str, str] | None = None
@@ -80,7 +88,7 @@ def align_steps(baseline: xr.Dataset, target: xr.Dataset, step_offset: int | str
     if not labels:
         if shared:
             return 0
-        raise ValueError(f"the runs share no step/rank to compare (baseline steps {bsteps}, target steps "
+        raise NothingToCompareError(f"the runs share no step/rank to compare (baseline steps {bsteps}, target steps "
                          f"{tsteps}) and share no tensor to detect a step offset from")
     bmax = baseline["norm"].sel(tensor=labels)
     tmax = target["norm"].sel(tensor=labels)
@@ -97,7 +105,7 @@ def align_steps(baseline: xr.Dataset, target: xr.Dataset, step_offset: int | str
     if best_score <= 0:
         if shared:
             return 0
-        raise ValueError(f"the runs share no step/rank to compare (baseline steps {bsteps}, target steps "
+        raise NothingToCompareError(f"the runs share no step/rank to compare (baseline steps {bsteps}, target steps "
                          f"{tsteps}) and no step offset makes any parameter statistic agree")
     return best
 
@@ -114,19 +122,17 @@ def _numel(shape: str) -> int:
     return n
 
 
-def _same_dtype(a: str, b: str, *, cross: bool) -> bool:
-    """One dtype in both runs: the same spelling once canonical.
+def _same_dtype(a: str, b: str, *, cross: bool = False) -> bool:
+    """One dtype in both runs, or two that hold the same values (:data:`precnb.dtypes.EQUIVALENT`).
 
-    Across frameworks, any two integer widths too (index tensors are int64 in PyTorch and int32 in
-    MindSpore).
+    A bool mask stored as uint8, an index tensor in another integer width: the statistics decide.
+    (*cross*, the two runs' frameworks differ, is kept for callers; the table holds everywhere.)
     """
-    ca, cb = canonical_dtype(a), canonical_dtype(b)
-    if ca == cb:
-        return True
-    return cross and ca.startswith(("int", "uint")) and cb.startswith(("int", "uint"))
+    return same_values(a, b)
 
 
-def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset, *, cross: bool = False
+def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset, *, cross: bool = False,
+                            notes: dict[str, tuple[str, str, str]] | None = None
                             ) -> tuple[xr.DataArray, dict[str, tuple[str, str]]]:
     """Entries whose dtype differs between two aligned runs (per entry, not first seen).
 
@@ -143,6 +149,10 @@ def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset, *
         (step, rank, tensor) bool; True where both dtypes are known and differ.
     examples : dict
         tensor → (baseline dtype, target dtype) at its first differing entry.
+
+    *notes*, when given, receives the tensors whose dtypes differ but hold the same values
+    (:func:`precnb.dtypes.equivalence`): tensor → (baseline dtype, target dtype, why). They are
+    not in the mask.
     """
     steps = [int(x) for x in both_ds["step"].values]
     ranks = [int(x) for x in both_ds["rank"].values]
@@ -157,6 +167,10 @@ def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset, *
     for j, lbl in enumerate(labels.tolist()):
         xb, xt = coord_b.get(lbl), coord_t.get(lbl)
         if not xb or not xt or (_same_dtype(xb, xt, cross=cross) and lbl not in cb and lbl not in ct):
+            if notes is not None and xb and xt and canonical_dtype(xb) != canonical_dtype(xt):
+                why = equivalence(xb, xt)
+                if why is not None:
+                    notes[str(lbl)] = (str(xb), str(xt), why)
             continue
         grid_b = np.full((len(steps), len(ranks)), xb, dtype=object)
         grid_t = np.full((len(steps), len(ranks)), xt, dtype=object)
@@ -213,10 +227,15 @@ class Comparison:
     base: xr.Dataset
     targ: xr.Dataset
     dtype_differs: xr.DataArray | None = None
+    #: tensors whose dtypes differ but hold the same values (precnb.dtypes.EQUIVALENT): tensor -> (baseline
+    #: dtype, target dtype, why); a note on the pair, never a difference
+    dtype_notes: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     # issue #17 hooks: the precision verdict (precnb.analysis.precision) and the entries judged on
     # whole tensors (precnb.analysis.tensor_verdicts); None when not applicable
     precision: Any = None
     tensor_judged: xr.DataArray | None = None
+    # two frameworks compared with the tolerance calibrated on their noise floor: that calibration
+    calibration: Any = None
     #: entries of a merged target whose replicated copies differ across their TP/CP group
     #: (:func:`precnb.analysis.merge.merge_shards`); counted in ``differs``
     replicas_differ: xr.DataArray | None = None
@@ -243,6 +262,19 @@ def _replicas_differ(t: xr.Dataset, tt: xr.Dataset, both: xr.DataArray) -> xr.Da
     return both & out
 
 
+def _disjoint(b: xr.Dataset, t: xr.Dataset, names: tuple[str, str], off: int, tol: Tolerance) -> Comparison:
+    """The comparison of two runs that share no step or rank: their union grid, nothing in both."""
+    both_ds = combine_runs({names[0]: b, names[1]: t})
+    pb, pt = both_ds["present"].isel(run=0, drop=True), both_ds["present"].isel(run=1, drop=True)
+    none = xr.zeros_like(pb, dtype=bool)
+    rtol = xr.DataArray(tol.rtol_array(both_ds["dtype"].values, both_ds["tensor"].values), dims="tensor",
+                        coords={"tensor": both_ds["tensor"]})
+    return Comparison(ds=both_ds, rel=xr.zeros_like(pb, dtype=np.float64), rtol=rtol, both=none,
+                      only_baseline=pb & ~pt, only_target=pt & ~pb, differs=none, crc_differs=none, crc_only=none,
+                      dtype_changed={}, shape_changed={}, names=names, step_offset=off, base=b, targ=t,
+                      dtype_differs=none)
+
+
 def compare_runs(
     baseline: xr.Dataset,
     target: xr.Dataset | None = None,
@@ -257,6 +289,7 @@ def compare_runs(
     tensor_metrics: xr.Dataset | None = None,
     tensor_thresholds: Any = None,
     precision_aware: bool = True,
+    disjoint: Literal["raise", "union"] = "raise",
 ) -> Comparison:
     """Align two runs and compute difference masks.
 
@@ -284,6 +317,10 @@ def compare_runs(
     precision_aware : bool
         Compare a run in systematic lower precision with that precision's tolerance
         (:mod:`precnb.analysis.precision`); False counts every dtype change as a difference.
+    disjoint : {"raise", "union"}
+        Runs that share no step or rank: raise :class:`NothingToCompareError`, or return the
+        comparison of nothing (both runs on the union of their grids, every mask False: what the
+        charts of a "nothing compared" answer draw).
 
     Returns
     -------
@@ -295,20 +332,25 @@ def compare_runs(
     if aligned:
         b = alignment.apply(b)
         t = alignment.target_view(t)
-    off = align_steps(b, t, step_offset)
+    try:
+        off = align_steps(b, t, step_offset)
+    except NothingToCompareError:
+        if disjoint != "union":
+            raise
+        off = int(step_offset) if isinstance(step_offset, int) and not isinstance(step_offset, bool) else 0
     if off:
         t = t.assign_coords(step=t["step"] - off)
-        moved = {k: {(st - off, r): d for (st, r), d in w.items()} for k, w in dtype_changes(t).items()}
-        if moved:
-            t.attrs = {**t.attrs, "dtype_changes": encode_dtype_changes(moved)}
+        t.attrs = shift_entry_changes(t.attrs, off)  # per-entry dtypes and metadata follow their steps
     common_steps = sorted(set(b["step"].values.tolist()) & set(t["step"].values.tolist()))
     common_ranks = sorted(set(b["rank"].values.tolist()) & set(t["rank"].values.tolist()))
     if steps is not None:
         common_steps = [s for s in common_steps if s in set(steps)]
     if ranks is not None:
         common_ranks = [r for r in common_ranks if r in set(ranks)]
+    if (not common_steps or not common_ranks) and disjoint == "union":
+        return _disjoint(b, t, names, off, tol)
     if not common_steps or not common_ranks:
-        raise ValueError(
+        raise NothingToCompareError(
             f"the runs share no step/rank to compare (baseline steps {b['step'].values.tolist()}, "
             f"target steps {t['step'].values.tolist()} after offset {off}; baseline ranks "
             f"{b['rank'].values.tolist()}, target ranks {t['rank'].values.tolist()})")
@@ -324,7 +366,8 @@ def compare_runs(
                 shape_changed[str(lbl)] = (str(x), str(y))  # (an aligned pair may differ by a reshape only)
     both_ds = combine_runs({names[0]: b, names[1]: t})
     cross = aligned and len(set(getattr(alignment, "frameworks", ()))) > 1
-    dtype_differs, dtype_changed = entry_dtype_differences(b, t, both_ds, cross=cross)
+    dtype_notes: dict[str, tuple[str, str, str]] = {}
+    dtype_differs, dtype_changed = entry_dtype_differences(b, t, both_ds, cross=cross, notes=dtype_notes)
     bb, tt = both_ds.isel(run=0), both_ds.isel(run=1)
     # -- issue #17 hook: systematic lower precision (autocast) → that precision's tolerance, and its
     #    dtype differences are not findings; an isolated dtype change stays one
@@ -362,7 +405,7 @@ def compare_runs(
     return Comparison(
         ds=both_ds, rel=rel, rtol=rtol, both=both, only_baseline=pb & ~pt, only_target=pt & ~pb,
         differs=differs, crc_differs=crc_differs, crc_only=crc_only, dtype_changed=dtype_changed,
-        dtype_differs=dtype_differs,
+        dtype_differs=dtype_differs, dtype_notes=dtype_notes,
         shape_changed=shape_changed, names=names, step_offset=off, base=b, targ=t,
         precision=precision, tensor_judged=tensor_judged, tensor_metrics=tensor_metrics,
         replicas_differ=replicas_differ,

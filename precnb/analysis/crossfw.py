@@ -16,6 +16,7 @@ import xarray as xr
 
 from precnb.analysis.compare import Comparison
 from precnb.analysis.tolerance import Tolerance
+from precnb.analysis.versions import late_inplace_inputs, releases_of
 
 __all__ = ["ISOLATION_WINDOW", "MAX_ISOLATED", "NOISE_FACTOR", "noise_floor", "searched_differences",
            "two_frameworks"]
@@ -34,6 +35,8 @@ def searched_differences(cmp: Comparison, *, alignment: Any = None, crc: str = "
     (what the frameworks record differently at one op, :func:`_drop_isolated`).
     """
     diff = cmp.differs | cmp.crc_differs if crc == "strict" else cmp.differs
+    late, _ = late_inplace_inputs(cmp, diff, releases=(releases_of(cmp.base), releases_of(cmp.targ)))
+    diff = diff & ~late  # in-place inputs one run's msprobe release records after the op: a version difference
     if not two_frameworks(alignment):
         return diff
     b, t = cmp.ds.isel(run=0), cmp.ds.isel(run=1)
@@ -81,7 +84,7 @@ def _drop_isolated(diff: xr.DataArray, seq: xr.DataArray, cmp: Comparison
             break
         d[si, ri, j] = False
         out.append({"step": steps[si], "rank": ranks[ri], "tensor": str(labels[j])})
-    return diff.copy(data=d), out
+    return diff.copy(deep=False, data=d), out
 
 
 NOISE_FACTOR = 20.0

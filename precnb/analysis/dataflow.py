@@ -24,9 +24,9 @@ import numpy as np
 import xarray as xr
 
 from precnb.naming import parse_node
-from precnb.schema import side_table
+from precnb.schema import META_FIELDS, dtype_changes, entry_meta, meta_changes, read_side_table
 
-__all__ = ["StepFlow", "module_of_node", "to_backward", "to_forward", "user_frame"]
+__all__ = ["StepFlow", "module_of_node", "scalar_only_nodes", "to_backward", "to_forward", "user_frame"]
 
 _INTERNAL_FRAMES = ("/site-packages/torch/", "/site-packages/msprobe/", "/torch/nn/modules/", "/msprobe/")
 
@@ -49,6 +49,28 @@ def to_backward(node: str) -> str:
     if node.endswith(".forward"):
         return node[: -len(".forward")] + ".backward"
     return node.replace(".forward.", ".backward.")
+
+
+def scalar_only_nodes(ds: xr.Dataset) -> set[str]:
+    """Forward API nodes that read no tensor (``torch.normal(0, 1, size)``), where the run records inputs.
+
+    A node with outputs and no input record is scalar-only only when the run records the inputs
+    of its other API calls (most of them): a dump of outputs alone (msprobe ``data_mode:
+    ["output"]``) says nothing about inputs, and then none is.
+    """
+    from precnb.naming import is_communication
+
+    nodes, roles, kinds = ds["node"].values, ds["role"].values, ds["kind"].values
+    dirs = ds["direction"].values
+    with_in: set[str] = set()
+    with_out: set[str] = set()
+    for n, r, k, d in zip(nodes.tolist(), roles.tolist(), kinds.tolist(), dirs.tolist(), strict=True):
+        if k != "api" or d != "forward" or is_communication(n):
+            continue
+        (with_in if r == "input" else with_out if r == "output" else set()).add(n)
+    if not with_out or 2 * len(with_in & with_out) < len(with_out):
+        return set()
+    return with_out - with_in
 
 
 def user_frame(frames: list[str]) -> str | None:
@@ -105,8 +127,16 @@ class StepFlow:
         return np.full(len(self.labels), -1, np.int64)
 
     def coord(self, name: str) -> np.ndarray:
-        """A per-tensor coordinate as a str array."""
-        return np.asarray([str(x) for x in self.ds[name].values])
+        """A per-tensor coordinate as a str array, as this (step, rank) recorded it (:func:`entry_meta`)."""
+        out = np.asarray([str(x) for x in self.ds[name].values])
+        if name in META_FIELDS or name == "dtype":
+            attr = "dtype_changes" if name == "dtype" else "meta_changes"
+            if self.ds.attrs.get(attr):
+                labels = [t for t in (meta_changes(self.ds).get(name, {}) if name != "dtype"
+                                      else dtype_changes(self.ds)) if t in self.index]
+                for t in labels:
+                    out[self.index[t]] = entry_meta(self.ds, t, self.step, self.rank)[name]
+        return out
 
     @cached_property
     def nodes(self) -> np.ndarray:
@@ -141,12 +171,12 @@ class StepFlow:
     @cached_property
     def construct(self) -> dict[str, Any]:
         """construct.json (node → parent)."""
-        return side_table(self.ds, "construct")
+        return read_side_table(self.ds, "construct")
 
     @cached_property
     def stacks(self) -> dict[str, Any]:
         """stack.json (node → frames)."""
-        return side_table(self.ds, "stacks")
+        return read_side_table(self.ds, "stacks")
 
     @cached_property
     def matchable(self) -> np.ndarray:

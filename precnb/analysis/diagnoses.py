@@ -30,6 +30,8 @@ def _first_divergence(ctx: Context) -> Any:
         kw["alignment"] = ctx.alignment
     if ctx.params.get("tensor_metrics") is not None:  # issue #17: judged on whole tensors first
         kw["tensor_metrics"] = ctx.params["tensor_metrics"]
+    if callable(ctx.params.get("comparison")):  # the pipeline's comparison of the pair, shared with its views
+        kw["comparison"] = ctx.params["comparison"]()
     return first_divergence(ctx.baseline, ctx.target, tolerance=ctx.tolerance, step_offset=ctx.step_offset,
                             crc=ctx.crc, **kw)
 

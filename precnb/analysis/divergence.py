@@ -8,7 +8,8 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.compare import Comparison, compare_runs, split_runs
+from precnb.analysis.compare import Comparison, NothingToCompareError, compare_runs, split_runs
+from precnb.analysis.compared import compared_part, nothing_compared
 from precnb.analysis.crossfw import _drop_isolated, noise_floor, searched_differences, two_frameworks
 from precnb.analysis.evidence import entry_values, first_by_seq, node_evidence
 from precnb.analysis.findings import Finding
@@ -19,12 +20,13 @@ from precnb.analysis.hints import (
     structural_hints,
     zero_parameter_hints,
 )
-from precnb.analysis.order import first_event_per_rank, pick_origin
+from precnb.analysis.order import after_collectives, first_event_per_rank, pick_origin
 from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.tolerance import Tolerance
-from precnb.schema import entry_dtype
+from precnb.analysis.versions import late_inplace_inputs, late_inplace_text, releases_of, version_structural_hints
+from precnb.schema import entry_dtype, entry_meta
 
-__all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "searched_differences",
+__all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "pair_comparison", "searched_differences",
            "structural_differences", "two_frameworks"]
 
 MAX_LISTED = 200
@@ -69,8 +71,44 @@ def structural_differences(cmp: Comparison) -> list[dict[str, Any]]:
     return out
 
 
+def _nothing(b: xr.Dataset, t: xr.Dataset, names: tuple[str, str], alignment: Any, step_offset: Any,
+             steps: Sequence[int] | None, ranks: Sequence[int] | None) -> Finding:
+    """The "nothing compared" finding of a pair (the baseline in the target's names when aligned)."""
+    if alignment is not None:
+        b = alignment.apply(b)
+    off = step_offset if isinstance(step_offset, int) and not isinstance(step_offset, bool) else 0
+    return nothing_compared(b, t, names, step_offset=off, steps=steps, ranks=ranks)
+
+
+def _dtype_note_text(notes: dict[str, tuple[str, str, str]], names: tuple[str, str]) -> str:
+    """One hint for the tensors whose dtypes differ but hold the same values."""
+    shown = [f"{lbl}: {a} in {names[0]} vs {b} in {names[1]} ({why})" for lbl, (a, b, why) in list(notes.items())[:3]]
+    more = f"; and {len(notes) - 3} more" if len(notes) > 3 else ""
+    return (f"{len(notes)} tensor(s) differ in dtype only (the same values in another dtype: compared on their "
+            f"statistics, the dtype is not a difference): {'; '.join(shown)}{more}")
+
+
 def _first_of_kind(mask: np.ndarray, seq: np.ndarray, kinds: np.ndarray, kind: str) -> int | None:
     return first_by_seq(mask & (kinds == kind), seq)
+
+
+def pair_comparison(baseline: xr.Dataset, target: xr.Dataset, *, alignment: Any = None,
+                    tolerance: Tolerance | None = None, **kw: Any) -> Comparison:
+    """The :class:`Comparison` the first-divergence search judges.
+
+    :func:`compare_runs`, and for two frameworks without a tolerance, again with the tolerance
+    calibrated on their noise floor (:func:`noise_floor`; ``calibration`` holds it). *kw* goes to
+    :func:`compare_runs` (``runs``, ``steps``, ``ranks``, ``step_offset``, ``tensor_metrics``, ...).
+    """
+    aligned = alignment is not None and not getattr(alignment, "identical", True)
+    cmp = compare_runs(baseline, target, tolerance=tolerance, alignment=alignment if aligned else None, **kw)
+    if two_frameworks(alignment) and tolerance is None and bool(cmp.both.any()):
+        # two frameworks: calibrate from how well the aligned pair agrees before any real difference
+        noise, calibrated = noise_floor(cmp)
+        if calibrated is not None:
+            cmp = compare_runs(baseline, target, tolerance=calibrated, alignment=alignment, **kw)
+        cmp.calibration = noise
+    return cmp
 
 
 def first_divergence(
@@ -87,6 +125,7 @@ def first_divergence(
     tensor_metrics: xr.Dataset | None = None,
     tensor_thresholds: Any = None,
     precision_aware: bool = True,
+    comparison: Comparison | None = None,
 ) -> Finding:
     """Find where *target* first departs from *baseline*.
 
@@ -125,6 +164,9 @@ def first_divergence(
         A run in systematic lower precision (autocast) is compared with that precision's
         tolerance and says so (:mod:`precnb.analysis.precision`); an isolated dtype change stays
         a finding.
+    comparison : Comparison, optional
+        The pair as already compared with these options (the pipeline builds it once for the
+        search and the views); the search then does not compare the runs again.
 
     Returns
     -------
@@ -150,10 +192,13 @@ def first_divergence(
     """
     if is_lazy(baseline) or is_lazy(target):  # out of core: load the steps up to the fault only
         b, t, pair = split_runs(baseline, target, runs=runs)
-        return _first_divergence_lazy(b, t, names=pair, tolerance=tolerance, steps=steps, ranks=ranks,
-                                     step_offset=step_offset, crc=crc, alignment=alignment,
-                                     tensor_metrics=tensor_metrics, tensor_thresholds=tensor_thresholds,
-                                     precision_aware=precision_aware)
+        try:
+            return _first_divergence_lazy(b, t, names=pair, tolerance=tolerance, steps=steps, ranks=ranks,
+                                          step_offset=step_offset, crc=crc, alignment=alignment,
+                                          tensor_metrics=tensor_metrics, tensor_thresholds=tensor_thresholds,
+                                          precision_aware=precision_aware)
+        except NothingToCompareError:
+            return _nothing(b, t, pair, None, step_offset, steps, ranks)
     b_in, t_in, pair = split_runs(baseline, target, runs=runs)
     hooks = {"tensor_metrics": tensor_metrics, "tensor_thresholds": tensor_thresholds,
              "precision_aware": precision_aware}  # issue #17
@@ -163,15 +208,15 @@ def first_divergence(
         # one dataset holding both runs (precnb.open_runs) already has the baseline in the target's names
         alignment = (Alignment.of(baseline) if target is None else None) or align(b_in, t_in)
     aligned = alignment is not None and not alignment.identical
-    cmp = compare_runs(b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks,
-                       step_offset=step_offset, alignment=alignment if aligned else None, **hooks)
-    noise = None
-    if two_frameworks(alignment) and tolerance is None:
-        # two frameworks: calibrate from how well the aligned pair agrees before any real difference
-        noise, calibrated = noise_floor(cmp)
-        if calibrated is not None:
-            cmp = compare_runs(b_in, t_in, runs=pair, tolerance=calibrated, steps=steps, ranks=ranks,
-                               step_offset=step_offset, alignment=alignment, **hooks)
+    try:
+        cmp = comparison if comparison is not None else pair_comparison(
+            b_in, t_in, runs=pair, tolerance=tolerance, steps=steps, ranks=ranks, step_offset=step_offset,
+            alignment=alignment, **hooks)
+    except NothingToCompareError:  # no step or rank in common: nothing compared is the answer, not an error
+        return _nothing(b_in, t_in, pair, alignment if aligned else None, step_offset, steps, ranks)
+    if not bool(cmp.both.any()):
+        return _nothing(b_in, t_in, pair, alignment if aligned else None, cmp.step_offset, steps, ranks)
+    noise = cmp.calibration
     ds = cmp.ds
     names = cmp.names
     structural = structural_differences(cmp)
@@ -200,15 +245,25 @@ def first_divergence(
 
     notes = comparison_notes(cmp, stats)
     hints += notes
+    if cmp.dtype_notes:  # dtypes that hold the same values (precnb.dtypes): a note on the pair, not a difference
+        stats["dtype_notes"] = {k: {names[0]: a, names[1]: c, "why": why}
+                                for k, (a, c, why) in list(cmp.dtype_notes.items())[:MAX_LISTED]}
+        hints.append(_dtype_note_text(cmp.dtype_notes, names))
     world = int(ds.sizes["rank"])
     gh = grad_ratio_hint(b, t, cmp.both, world, names) or ratio_hint(b, t, diff, world, names)
     if gh:
         hints.append(gh)
     hints += zero_parameter_hints(b, t, cmp.both, names)
     hints += structural_hints(structural, names)
+    hints += version_structural_hints(structural, names, (b_in, t_in))
     struct_out = [{"node": s["node"], "only_in": s["only_in"], "step": s["step"], "rank": s["rank"],
                    "count": s["count"]} for s in structural[:MAX_LISTED]]
     seq = b["seq"].where(b["seq"] >= 0, t["seq"])
+    late, late_ex = late_inplace_inputs(cmp, diff, releases=(releases_of(b_in), releases_of(t_in)))
+    if late_ex:  # how one run's msprobe release records in-place ops: a version difference
+        diff = diff & ~late
+        stats["version_differences"] = int(late.sum())
+        hints.append(late_inplace_text(late_ex))
     isolated: list[dict[str, Any]] = []
     if two_frameworks(alignment):  # two frameworks record some backward ops differently
         diff, isolated = _drop_isolated(diff, seq, cmp)
@@ -217,9 +272,12 @@ def first_divergence(
         hints.append(f"{len(isolated)} difference(s) did not propagate (the records right after agree again), "
                      f"e.g. {isolated[0]['tensor']} at step {isolated[0]['step']}: a recording difference "
                      "(what the two runs capture at that op), not a divergence")
+    part = compared_part(int(cmp.both.sum()), b_in, t_in, names, stats)
     any_step = diff.any(["rank", "tensor"])
     if not bool(any_step.any()):
         reason = "no value divergence beyond tolerance"
+        if part:
+            reason += f" ({part})"
         if structural:
             reason += f"; {len(structural)} node(s) recorded in one run only"
         if stats["crc_only_records"]:
@@ -247,7 +305,8 @@ def first_divergence(
     tensor = origin.tensor
     j = list(ds["tensor"].values).index(tensor)
     role = str(b["role"].values[j])
-    module = str(b["module"].values[j]) or None
+    own_meta = entry_meta(cmp.targ, tensor, step, r)  # the target rank's own (a label may name another op elsewhere)
+    module = own_meta["module"] or str(b["module"].values[j]) or None
     vb = entry_values(cmp.base, step=step, rank=r, tensor=tensor)
     vt = entry_values(cmp.targ, step=step, rank=r, tensor=tensor)
     values: dict[str, Any] = {names[0]: vb, names[1]: vt, "rel_diff": float(cmp.rel.values[si, ri, j]),
@@ -256,6 +315,8 @@ def first_divergence(
     from precnb.analysis.tensor_findings import origin_tensor_values
 
     values.update(origin_tensor_values(cmp, step=step, rank=r, tensor=tensor))
+    if tensor in cmp.dtype_notes:
+        values["dtype_note"] = "{} vs {}: {}".format(*cmp.dtype_notes[tensor])
     if cmp.step_offset:
         values["target_step"] = step + cmp.step_offset
     if role == "output":
@@ -273,6 +334,8 @@ def first_divergence(
     if copies:
         why = copies
     reason = f"{origin.node} at step {step}, rank {r}: {why}"
+    if part:
+        hints.append(f"{part}: the rest was not compared (steps, ranks or tensors one run does not hold)")
     # structural difference just before the divergence on the same (step, rank)
     before = [s for s in structural if s["step"] == step and s["rank"] == r]
     if before:
@@ -292,7 +355,7 @@ def first_divergence(
     for e in others:
         suspects.append({"step": e.step, "rank": e.rank, "node": e.node, "tensor": e.tensor,
                          "why": "inherited via communication" if e.inherited else
-                         f"first difference on rank {e.rank} (epoch {e.epoch})", "epoch": e.epoch})
+                         f"first difference on rank {e.rank}, {after_collectives(e.epoch)}", "epoch": e.epoch})
     order = np.argsort(np.where(dmask, sq, np.iinfo(np.int64).max), kind="stable")
     seen = {origin.node}
     for k in order[: int(dmask.sum())]:
@@ -305,12 +368,12 @@ def first_divergence(
                          "rel_diff": float(cmp.rel.values[si, ri, k])})
         if len(seen) > 6:
             break
-    evidence = node_evidence(cmp.targ, origin.node) or {}  # the target's own stack and module tree
+    evidence = node_evidence(cmp.targ, origin.node, step=step, rank=r, tensor=tensor) or {}  # the target's own
     if j_api is not None:
         evidence["first_api_node"] = str(b["node"].values[j_api])
     # the first differing module: the innermost module around the first differing API, and the
     # first Module record (msprobe writes a module's record when it completes) that differs
-    parent = str(b["parent"].values[j]) if str(b["kind"].values[j]) == "api" else origin.node
+    parent = (own_meta["parent"] or str(b["parent"].values[j])) if str(b["kind"].values[j]) == "api" else origin.node
     evidence["first_module"] = module or ""
     evidence["first_module_node"] = parent
     if j_mod is not None:
@@ -344,7 +407,7 @@ def first_divergence(
         evidence["first_value_difference"] = {"step": step, "rank": r, "node": origin.node, "tensor": tensor,
                                               "reason": reason}
         evidence.update({k: v for k, v in node_evidence(cmp.base if x["only_in"] == names[0] else cmp.targ,
-                                                        x["node"]).items()})
+                                                        x["node"], step=x["step"], rank=x["rank"]).items()})
         missing = names[1] if x["only_in"] == names[0] else names[0]
         reason = (f"{x['node']} runs in {x['only_in']} but not in {missing} (step {x['step']}, rank {x['rank']}), "
                   f"before the first value difference ({origin.node}, step {step}, rank {r})")
@@ -453,7 +516,7 @@ def _first_divergence_lazy(
     if steps is not None:
         search = [s for s in search if s in set(steps)]
     if not search:
-        raise ValueError(
+        raise NothingToCompareError(
             f"the runs share no step to compare (baseline steps {baseline['step'].values.tolist()}, "
             f"target steps {sorted(tsteps)} after offset {off})")
 

@@ -5,6 +5,9 @@
 * a first divergence whose first *value* difference has norms in an integer ratio gets the ratio
   hint even when a structural difference is reported first (e.g. the missing ``Tensor.div_``
   of gradients summed, not averaged);
+* a finding whose tensor label names another op on other ranks (their call counters are shifted
+  by an op one rank runs and the others do not) says so (:func:`label_elsewhere`), so that no one
+  reads the other ranks' module, shape or stack as the finding's;
 * every found finding gets its msprobe dump plan (:func:`precnb.analysis.plan.plan_dump`).
 """
 
@@ -16,9 +19,10 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis.evidence import label_elsewhere
 from precnb.analysis.plan import attach_plans
 
-__all__ = ["enrich", "origin_ratio_hint"]
+__all__ = ["enrich", "label_elsewhere_hint", "origin_ratio_hint"]
 
 
 def _value_difference(f: Any) -> tuple[str | None, int | None, int | None]:
@@ -79,13 +83,46 @@ def _divergence_gap(f: Any, base: xr.Dataset, targ: xr.Dataset) -> dict[str, Any
     return find_gap(targ, step=tstep, rank=int(rank), tensor=str(tensor), bad=differs, what="difference")
 
 
+def label_elsewhere_hint(tensor: str, elsewhere: Sequence[dict[str, Any]], *, rank: int) -> str:
+    """One sentence: on which ranks the label *tensor* names another op, and which one.
+
+    Examples
+    --------
+    >>> label_elsewhere_hint("Torch.sqrt.0.forward.output.0", [{"module": "blocks.0.attn_norm", "shape": "[]",
+    ...                      "parent": "", "ranks": [0], "steps": [0, 1]}], rank=1)[:60]
+    'Torch.sqrt.0.forward.output.0 names another op on rank 0 (mo'
+    """
+    parts = []
+    for g in elsewhere[:3]:
+        ranks = ", ".join(str(r) for r in g["ranks"][:8]) + ("…" if len(g["ranks"]) > 8 else "")
+        parts.append(f"rank{'s' if len(g['ranks']) > 1 else ''} {ranks} (module {g['module'] or '—'}, "
+                     f"shape {g['shape'] or '—'})")
+    return (f"{tensor} names another op on {'; '.join(parts)} than on rank {rank}: the ranks' call counters "
+            "differ (one rank runs an op the others do not), so compare ranks by their own records (module, "
+            "shape, stack), not by label")
+
+
+def _note_label_elsewhere(f: Any, target: xr.Dataset) -> None:
+    if f.tensor is None or f.step is None or f.rank is None or "run" in target.dims:
+        return
+    step = int(f.values.get("target_step", f.step)) if isinstance(f.values, dict) else int(f.step)
+    if step not in target.indexes["step"] or int(f.rank) not in target.indexes["rank"]:
+        return
+    other = label_elsewhere(target, str(f.tensor), step=step, rank=int(f.rank))
+    if other:
+        f.evidence["label_elsewhere"] = other
+        f.hints.append(label_elsewhere_hint(str(f.tensor), other, rank=int(f.rank)))
+
+
 def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Dataset | None = None) -> None:
-    """Add gap, ratio hint and dump plan to *findings* (in place)."""
+    """Add gap, ratio hint, per-rank label notes and dump plan to *findings* (in place)."""
     from precnb.analysis.coverage import gap_hint
 
     for f in findings:
         if not getattr(f, "found", False):
             continue
+        if target is not None:
+            _note_label_elsewhere(f, target)
         if f.kind == "first_divergence" and target is not None and baseline is not None and "run" not in target.dims:
             try:
                 if f.gap is None:

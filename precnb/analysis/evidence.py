@@ -9,9 +9,9 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.masks import stat_vars
-from precnb.schema import NULL_BITS, entry_dtype, side_table
+from precnb.schema import META_FIELDS, NULL_BITS, entry_meta, entry_stack, meta_changes, read_side_table
 
-__all__ = ["entry_values", "node_evidence", "parse_frame"]
+__all__ = ["entry_values", "label_elsewhere", "node_evidence", "parse_frame"]
 
 _FRAME = re.compile(r"^\s*File\s+(?P<file>.+?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]+),?\s*(?P<code>.*)$",
                     re.DOTALL)
@@ -31,24 +31,69 @@ def entry_values(ds: xr.Dataset, *, step: int, rank: int, tensor: str) -> dict[s
     for s in stat_vars(ds):
         bit = NULL_BITS.get(s, 0)
         out[s] = None if (bit and null & bit) else float(e[s])
-    out["dtype"] = entry_dtype(ds, tensor, step, rank)
-    out["shape"] = str(e["shape"].values)
+    meta = entry_meta(ds, tensor, step, rank)  # that rank's own (a label may name another op elsewhere)
+    out["dtype"] = meta["dtype"]
+    out["shape"] = meta["shape"]
     if "crc" in ds and str(e["crc"].values):
         out["crc"] = str(e["crc"].values)
     return out
 
 
-def node_evidence(ds: xr.Dataset, node: str) -> dict[str, Any]:
-    """Stack frames and module ancestry of *node* (from stack.json / construct.json)."""
-    stacks = side_table(ds, "stacks")
-    tree = side_table(ds, "construct")
+def node_evidence(ds: xr.Dataset, node: str, *, step: int | None = None, rank: int | None = None,
+                  tensor: str | None = None) -> dict[str, Any]:
+    """Stack frames and module ancestry of *node* (from stack.json / construct.json).
+
+    With *step* and *rank*, as that rank recorded them (its own stack frames and parent: one label
+    may name another op on another rank); *tensor* names the node's tensor to take the parent of.
+    """
+    tree = read_side_table(ds, "construct")
+    parent = tree.get(node)
+    if step is not None and rank is not None and ds.attrs.get("meta_changes"):  # that rank's own parent
+        label = tensor if tensor is not None else _a_label(ds, node)
+        own = meta_changes(ds).get("parent", {}).get(label or "", {}).get((int(step), int(rank)))
+        if own:
+            parent = own
     chain: list[str] = []
-    cur, seen = node, {node}
-    while (parent := tree.get(cur)) and parent not in seen:
+    seen = {node}
+    while parent and parent not in seen:
         chain.append(parent)
         seen.add(parent)
-        cur = parent
-    return {"stack": list(stacks.get(node, [])), "module_path": chain}
+        parent = tree.get(parent)
+    return {"stack": entry_stack(ds, node, step, rank), "module_path": chain}
+
+
+def _a_label(ds: xr.Dataset, node: str) -> str | None:
+    """A tensor label of *node* (None when the run holds none)."""
+    cols = np.flatnonzero(np.asarray(ds["node"].values) == node)
+    return str(ds["tensor"].values[cols[0]]) if len(cols) else None
+
+
+def label_elsewhere(ds: xr.Dataset, tensor: str, *, step: int, rank: int) -> list[dict[str, Any]]:
+    """Where else the label *tensor* names another op: other metadata than at (*step*, *rank*).
+
+    A rank that runs one op more (or less) shifts its call counters, so one label names different
+    ops on different ranks. Returns one dict per other metadata: ``module``, ``shape``, ``parent``,
+    ``ranks`` and ``steps`` where the label has it (empty when every entry agrees).
+    """
+    table = meta_changes(ds)
+    if tensor not in ds.indexes["tensor"] or not any(tensor in table.get(f, {}) for f in META_FIELDS):
+        return []
+    j = int(ds.indexes["tensor"].get_loc(tensor))
+    present = np.asarray(ds["present"].values[:, :, j], bool)
+    here = entry_meta(ds, tensor, step, rank, table)
+    groups: dict[tuple[str, ...], dict[str, Any]] = {}
+    for si, ri in np.argwhere(present).tolist():
+        s, r = int(ds["step"].values[si]), int(ds["rank"].values[ri])
+        m = entry_meta(ds, tensor, s, r, table)
+        key = tuple(m[f] for f in META_FIELDS)
+        if key == tuple(here[f] for f in META_FIELDS):
+            continue
+        g = groups.setdefault(key, {**{f: m[f] for f in META_FIELDS}, "ranks": [], "steps": []})
+        if r not in g["ranks"]:
+            g["ranks"].append(r)
+        if s not in g["steps"]:
+            g["steps"].append(s)
+    return [{**g, "ranks": sorted(g["ranks"]), "steps": sorted(g["steps"])} for g in groups.values()]
 
 
 def first_by_seq(mask: np.ndarray, seq: np.ndarray) -> int | None:

@@ -4,7 +4,8 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
 
     {
       "schema": "precnb.finding/1",
-      "kind": "first_divergence" | "nan_origin" | "anomaly" | "replica_mismatch" | "preflight" | "none",
+      "kind": "first_divergence" | "nan_origin" | "anomaly" | "replica_mismatch" | "preflight" | "loss_spike"
+              | "none",
       "step": int | null, "rank": int | null,
       "device": {"host": str, "device": str},   # only with a rank table: where the rank ran
       "node": str | null,          # msprobe node, e.g. "Functional.linear.3.forward"
@@ -20,6 +21,8 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
       "stats": {...},              # counts: compared, differing, ...
       "baseline": {"node", "tensor", "module"},  # two runs: the baseline's names of the same place
       "causes": [{"cause": "0/0", "text": str, "certain": bool}, ...],   # NaN/Inf causes, likeliest first
+                                   # (a loss spike's: "data" | "optimizer" | "hardware" | "numerics", each
+                                   # with the step, rank, node, tensor, module of its origin)
       "gap": {...} | null,         # uncaptured region that produced the bad input (coverage.find_gap)
       "dump_plan": {...} | null    # msprobe config.json to confirm / close the gap (plan.plan_dump)
     }
@@ -45,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FINDING_SCHEMA", "Finding", "device_text", "jsonable", "to_json"]
+__all__ = ["FINDING_SCHEMA", "Finding", "device_text", "jsonable", "shown_record", "to_json"]
 
 FINDING_SCHEMA = "precnb.finding/1"
 Kind = str
@@ -109,6 +112,24 @@ class Finding:
         """False for kind ``"none"``."""
         return self.kind != "none"
 
+    @property
+    def nothing_compared(self) -> bool:
+        """True for the answer of a pair that had no record in common (:mod:`precnb.analysis.compared`)."""
+        return self.kind == "none" and bool(isinstance(self.stats, dict) and self.stats.get("nothing_compared"))
+
+    @property
+    def title(self) -> str:
+        """The heading every front end shows: the diagnosis' title, or "Nothing compared"."""
+        from precnb.analysis.registry import title as kind_title
+
+        return "Nothing compared" if self.nothing_compared else kind_title(self.kind)
+
+    @property
+    def headline(self) -> str:
+        """``"{title}: {reason}"``, the reason without the words the title already says."""
+        reason = self.reason.removeprefix("nothing was compared: ") if self.nothing_compared else self.reason
+        return f"{self.title}: {reason}"
+
     def plan(self) -> dict[str, Any]:
         """The msprobe ``config.json`` (a dict) that confirms this finding, or closes its gap, on the next run.
 
@@ -140,16 +161,16 @@ class Finding:
 
     def summary(self) -> str:
         """A readable multi-line summary (what the CLI prints without ``--json``)."""
-        from precnb.analysis.registry import title as kind_title
-
-        title = kind_title(self.kind).upper().replace("NAN/INF", "NaN/Inf")
-        lines = [f"{title}: {self.reason}"]
+        title, _, reason = self.headline.partition(": ")
+        lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]
         checks = self.evidence.get("checks") if self.evidence.get("diagnosis") == "preflight" else None
         if checks:
             failed = sum(1 for c in checks if c.get("status") == "fail")
             n = {s: sum(1 for c in checks if c.get("status") == s) for s in ("pass", "warn", "skip")}
             head = (f"PRE-FLIGHT CHECK FAILED: {failed} of {len(checks)} checks" if self.found else
-                    f"PRE-FLIGHT CHECKS PASSED: {n['pass']} pass, {n['warn']} warn, {n['skip']} skip")
+                    f"PRE-FLIGHT: NO CHECK FAILED, {n['warn']} WARNING{'S' if n['warn'] > 1 else ''}: "
+                    f"{n['pass']} pass, {n['warn']} warn, {n['skip']} skip" if n["warn"] else
+                    f"PRE-FLIGHT CHECKS PASSED: {n['pass']} pass, {n['skip']} skip")
             tail = [f"  hint: {h}" for h in self.hints if h.startswith("later differences")]
             tail += [f"  then: {h}" for h in self.evidence.get("later_findings_text", [])]
             return "\n".join([head, *checklist_lines(checks), *tail])
@@ -240,6 +261,33 @@ def device_text(device: Any) -> str:
     if not isinstance(device, dict) or "host" not in device:
         return ""
     return f" (host {device['host']}, device {device.get('device')})"
+
+
+def shown_record(finding: Any, ranks: Any = ()) -> tuple[int, int, str] | None:
+    """The (step, rank, tensor) a front end opens on for *finding*, or None when it names no record.
+
+    The origin record (``values["origin"]``) when the finding has one — a loss spike's ``step`` is
+    where the loss departs, its origin may come a step earlier; an origin rank of None (every
+    rank) is the first of *ranks* —, else its own step, rank and tensor.
+
+    Examples
+    --------
+    >>> f = Finding(kind="loss_spike", reason="", step=7, values={"origin": {"step": 6, "rank": None,
+    ...             "tensor": "Tensor.add_.0.forward.output.0"}})
+    >>> shown_record(f, ranks=[0, 1])
+    (6, 0, 'Tensor.add_.0.forward.output.0')
+    """
+    if not getattr(finding, "found", False):
+        return None
+    origin = (finding.values or {}).get("origin") if isinstance(finding.values, dict) else None
+    step, rank, tensor = finding.step, finding.rank, finding.tensor
+    if isinstance(origin, dict) and origin.get("tensor") and origin.get("step") is not None:
+        step, rank, tensor = origin["step"], origin.get("rank"), origin["tensor"]
+        if rank is None and len(ranks):
+            rank = ranks[0]
+    if step is None or rank is None or tensor is None:
+        return None
+    return int(step), int(rank), str(tensor)
 
 
 def checklist_lines(checks: list[dict[str, Any]]) -> list[str]:

@@ -61,10 +61,11 @@ def nonfinite(ds: xr.Dataset, stats: tuple[str, ...] = STATS, *, kind: str = "an
     -------
     xarray.DataArray
     """
+    names = [s for s in stats if s in ds]
+    if not any(ds[n].chunks is not None for n in (*names, "present", "null_stats")):
+        return _nonfinite_in_memory(ds, names, kind)  # numpy: no xarray alignment per operation
     out: xr.DataArray | None = None
-    for s in stats:
-        if s not in ds:
-            continue
+    for s in names:
         v = ds[s]
         if kind == "nan":
             bad = np.isnan(v)
@@ -78,3 +79,18 @@ def nonfinite(ds: xr.Dataset, stats: tuple[str, ...] = STATS, *, kind: str = "an
     if out is None:
         return xr.zeros_like(ds["present"])
     return out
+
+
+def _nonfinite_in_memory(ds: xr.Dataset, names: list[str], kind: str) -> xr.DataArray:
+    """:func:`nonfinite` of an in-memory run, in numpy (the mask wraps ``present``'s coordinates, not copied)."""
+    present = np.asarray(ds["present"].values, bool)
+    null = np.asarray(ds["null_stats"].values)
+    out = np.zeros(present.shape, bool)
+    with np.errstate(invalid="ignore"):
+        for s in names:
+            v = np.asarray(ds[s].values)
+            bad = np.isnan(v) if kind == "nan" else np.isinf(v) if kind == "inf" else ~np.isfinite(v)
+            bit = NULL_BITS.get(s)
+            rec = present if bit is None else present & ((null & bit) == 0)
+            out |= bad & rec
+    return ds["present"].copy(deep=False, data=out)

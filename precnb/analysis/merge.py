@@ -7,14 +7,18 @@ classified, with the reason kept in the ``shard_reason`` coordinate:
     every shard has the same statistics (relative 1e-5 on the tensor's scale) — keep one;
 ``partial_sum``
     each rank holds an addend of the full tensor: its statistics equal the input of a later
-    all-reduce / reduce-scatter on the same rank, or (with a reference run) its shape is the
-    full shape although the shards differ — the full Mean is Σ Meanᵢ; Max, Min and Norm
-    cannot be derived from shard statistics and become null;
+    all-reduce / reduce-scatter on the same rank, or (with a reference run) it is the output of
+    an op that reads a shard (a row-parallel matmul) and has the full shape although the copies
+    differ — the full Mean is Σ Meanᵢ; Max, Min and Norm cannot be derived from shard statistics
+    and become null;
 ``replicas_differ``
     a tensor that must be replicated but whose copies differ at the first step that shows it:
     the op's tensor inputs are replicated and its output has their shape (or the reference's),
-    or, in a group of three or more, some copies agree and others do not (a random op seeded
-    differently on one rank, a missed broadcast). The merged entry keeps the group's first
+    or, with a reference run, it has the full shape on every rank and nothing in it reads a shard
+    (a random op seeded differently on one rank — ``torch.normal`` has no tensor input —, a
+    replicated parameter whose copies drifted apart, and what is computed from them), or, in a
+    group of three or more, some copies agree and others do not (a missed broadcast). A merge
+    never invents a value for it: no sum of means that no rank holds. The merged entry keeps the group's first
     copy and the ``replicas_differ`` variable marks every (step, rank) whose copies differ, which
     the comparison counts as a difference (:func:`precnb.analysis.compare.compare_runs`);
 ``sharded``
@@ -39,7 +43,16 @@ import xarray as xr
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.pp import relabel_pipeline
 from precnb.naming import is_communication
-from precnb.schema import NULL_BITS, dtype_changes, encode_dtype_changes, validate
+from precnb.schema import (
+    NULL_BITS,
+    dtype_changes,
+    encode_dtype_changes,
+    encode_meta_changes,
+    encode_stack_changes,
+    meta_changes,
+    stack_changes,
+    validate,
+)
 
 __all__ = ["classify_shards", "merge_group_dim", "merge_shards"]
 
@@ -143,10 +156,14 @@ def classify_shards(
     ref_shapes = reference["shape"].to_series().to_dict() if reference is not None else None
     by_inputs = _should_be_replicated(ds, replicated, ref_shapes)
     differ = (by_copies | by_inputs) & ~replicated & ~partial & any_present
+    by_shape = np.zeros(n_t, bool)  # full shape, copies differ, reads no shard: replicas that differ
     shard_dim = np.zeros(n_t, np.int64)
     ref_reason = np.full(n_t, "", dtype=object)
     if reference is not None:
+        from precnb.analysis.dataflow import scalar_only_nodes
+
         ref_shape = reference["shape"].to_series().to_dict()
+        scalar_only = scalar_only_nodes(ds)
         local = ds["shape"].values
         k = len(groups[0]) if groups else 1
         for j, lbl in enumerate(ds["tensor"].values):
@@ -164,9 +181,11 @@ def classify_shards(
                     replicated[j] = False  # equal shards (all zeros at first) of a split tensor: sharded
                 else:
                     continue
-            if a == b:
+            if a == b and _reads_a_shard(ds, j, ref_shape, scalar_only):
                 partial[j] = True
-                ref_reason[j] = "same shape as the reference but shards differ"
+                ref_reason[j] = "same shape as the reference but shards differ, and its op reads a shard"
+            elif a == b:  # no sign of an addend: the copies of a whole tensor disagree (no value is invented)
+                by_shape[j] = True
             else:
                 diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
                 if len(diff) == 1 and a[diff[0]] * k == b[diff[0]]:
@@ -180,9 +199,12 @@ def classify_shards(
     reasons[pmask] = "equals the input of a later all-reduce/reduce-scatter (an addend of the full tensor)"
     for j in np.flatnonzero(pmask & (ref_reason != "")).tolist():
         reasons[j] = str(ref_reason[j])
+    by_shape &= ~replicated & ~partial & any_present
+    differ |= by_shape
     kinds[differ] = "replicas_differ"
     for jd in np.flatnonzero(differ).tolist():
-        reasons[jd] = _differ_reason(jd, bool(by_inputs[jd]), same, first, groups, odd)
+        reasons[jd] = _differ_reason(jd, "inputs" if by_inputs[jd] else "shape" if by_shape[jd] else "copies",
+                                     same, first, groups, odd)
     local_only = ~any_present
     kinds[local_only] = "local"
     reasons[local_only] = "not recorded on every rank of the group"
@@ -192,10 +214,17 @@ def classify_shards(
     return kinds, reasons, shard_dim
 
 
-def _differ_reason(j: int, by_inputs: bool, same: np.ndarray, first: np.ndarray, groups: list[list[int]],
+_WHY_REPLICATED = {
+    "inputs": "its op's inputs are identical on every rank",
+    "shape": "it has the reference's full shape on every rank and nothing in it reads a shard",
+    "copies": "some copies agree, others do not",
+}
+
+
+def _differ_reason(j: int, by: str, same: np.ndarray, first: np.ndarray, groups: list[list[int]],
                    odd: np.ndarray | None) -> str:
-    """Why tensor *j* must be replicated, and which ranks' copies differ (first group that differs)."""
-    why = "its op's inputs are identical on every rank" if by_inputs else "some copies agree, others do not"
+    """Why tensor *j* must be replicated (*by*: inputs / shape / copies), and which ranks' copies differ."""
+    why = _WHY_REPLICATED[by]
     for g, members in enumerate(groups):
         st = int(first[g, j])
         flags = odd[g, :, j] if odd is not None and odd[g, :, j].any() else ~same[st, g, :, j]
@@ -205,6 +234,22 @@ def _differ_reason(j: int, by_inputs: bool, same: np.ndarray, first: np.ndarray,
             return (f"must be replicated ({why}) but its copies differ: rank(s) {bad} differ from "
                     f"rank(s) {good}")
     return f"must be replicated ({why}) but its copies differ"
+
+
+def _reads_a_shard(ds: xr.Dataset, j: int, ref_shape: dict[Any, Any], scalar_only: set[str]) -> bool:
+    """Tensor *j* may be an addend: an API op's output one of whose inputs is a shard (not the reference's shape).
+
+    An output whose op's inputs were not recorded (a dump of outputs alone) may be one too; an op
+    that reads no tensor (*scalar_only*) is not.
+    """
+    roles, kinds, nodes = ds["role"].values, ds["kind"].values, ds["node"].values
+    if roles[j] != "output" or kinds[j] != "api" or is_communication(str(nodes[j])):
+        return False
+    cols = np.flatnonzero((nodes == nodes[j]) & (roles == "input"))
+    if not len(cols):
+        return str(nodes[j]) not in scalar_only
+    labels, shapes = ds["tensor"].values, ds["shape"].values
+    return any(ref_shape.get(labels[c]) and shapes[c] and shapes[c] != ref_shape.get(labels[c]) for c in cols)
 
 
 def _should_be_replicated(ds: xr.Dataset, replicated: np.ndarray,
@@ -351,10 +396,15 @@ def merge_group_dim(
     coords = {k: v for k, v in ds.coords.items() if k != "rank" and "rank" not in v.dims}
     out = xr.Dataset(data, coords={**coords, "rank": np.asarray(new_ranks, np.int64)}, attrs=dict(ds.attrs))
     changes = dtype_changes(ds)
+    rep = {ranks[g[0]]: new for g, new in zip(idx, new_ranks, strict=True)}
     if changes:  # entries take the group's first rank's values: so do their dtypes
-        rep = {ranks[g[0]]: new for g, new in zip(idx, new_ranks, strict=True)}
         moved = {t: {(s, rep[r]): d for (s, r), d in where.items() if r in rep} for t, where in changes.items()}
         out.attrs["dtype_changes"] = encode_dtype_changes({t: w for t, w in moved.items() if w})
+    for name, text in _first_rank_meta(ds, rep, kinds).items():
+        if text:
+            out.attrs[name] = text
+        else:
+            out.attrs.pop(name, None)
     prev_kind = out.coords.get(f"shard_kind_{dim}")
     del prev_kind
     out = out.assign_coords({f"shard_kind_{dim}": ("tensor", kinds.astype(object)),
@@ -369,6 +419,26 @@ def merge_group_dim(
         out = out.assign_coords(shape=("tensor", shapes))
     out = out.sortby("rank")
     return out, new_layout
+
+
+def _first_rank_meta(ds: xr.Dataset, rep: dict[int, int], kinds: np.ndarray) -> dict[str, Any]:
+    """``meta_changes`` / ``stack_changes`` of the merged entries: the group's first rank's, on the new ranks.
+
+    A sharded tensor's merged shape is the whole tensor's, not a shard's: its shape exceptions are dropped.
+    """
+    out: dict[str, Any] = {"meta_changes": "", "stack_changes": ""}
+    sharded = {str(t) for t, k in zip(ds["tensor"].values, kinds, strict=True) if k == "sharded"}
+    meta = {f: {t: {(s, rep[r]): v for (s, r), v in where.items() if r in rep}
+                for t, where in by_tensor.items() if not (f == "shape" and t in sharded)}
+            for f, by_tensor in meta_changes(ds).items()}
+    meta = {f: {t: w for t, w in by_tensor.items() if w} for f, by_tensor in meta.items()}
+    if any(meta.values()):
+        out["meta_changes"] = encode_meta_changes({f: bt for f, bt in meta.items() if bt})
+    stacks = {n: {(s, rep[r]): fr for (s, r), fr in where.items() if r in rep}
+              for n, where in stack_changes(ds).items()}
+    if any(stacks.values()):
+        out["stack_changes"] = encode_stack_changes({n: w for n, w in stacks.items() if w})
+    return out
 
 
 def merge_shards(

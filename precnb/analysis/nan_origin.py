@@ -26,8 +26,9 @@ import xarray as xr
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.masks import nonfinite
-from precnb.analysis.order import first_event_per_rank, pick_origin
+from precnb.analysis.order import after_collectives, first_event_per_rank, pick_origin
 from precnb.combine import select_run
+from precnb.schema import entry_meta
 
 __all__ = ["MASKING_APIS", "event_mask", "lazy_persistence", "nan_origin", "persistent_nonfinite"]
 
@@ -120,7 +121,7 @@ def event_mask(ds: xr.Dataset, *, persistent: np.ndarray | None = None) -> tuple
                 else:
                     events[si, ri, j] = True
     like = ds["present"]
-    return like.copy(data=events), like.copy(data=benign)
+    return like.copy(deep=False, data=events), like.copy(deep=False, data=benign)  # (coordinates not copied)
 
 
 def nan_origin(
@@ -279,7 +280,7 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     for ev in others:
         suspects.append({"step": ev.step, "rank": ev.rank, "node": ev.node, "tensor": ev.tensor,
                          "why": "inherited via communication" if ev.inherited else
-                         f"first event on rank {ev.rank} (epoch {ev.epoch})", "epoch": ev.epoch})
+                         f"first event on rank {ev.rank}, {after_collectives(ev.epoch)}", "epoch": ev.epoch})
     if origin.inherited:
         hints.append("no rank shows a local origin: the collective itself produced the NaN "
                      "(check its dtype / reduce op), or the source rank was not dumped")
@@ -297,12 +298,13 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
         reason = (f"first {what} at step {step}, rank {origin.rank}: {node} — "
                   + (f"the gradient of {gap['gradient_of']} " if gap.get("gradient_of") else "its input ")
                   + f"came from an op msprobe did not capture inside {gap.get('module') or 'the model'}")
-    evidence = node_evidence(ds, node)
+    evidence = node_evidence(ds, node, step=step, rank=origin.rank, tensor=origin.tensor)
     evidence["ranks_with_events"] = [p.rank for p in per_rank]
     evidence["benign_nodes"] = benign_nodes[:50]
-    module = (gap.get("module") if gap else None) or str(ds["module"].values[j]) or None
+    own_module = entry_meta(ds, origin.tensor, step, origin.rank)["module"]  # that rank's own
+    module = (gap.get("module") if gap else None) or own_module or None
     if gap is not None:
-        evidence["node_module"] = str(ds["module"].values[j])
+        evidence["node_module"] = own_module
     return Finding(kind="nan_origin", reason=reason, step=step, rank=origin.rank, node=node,
                    tensor=origin.tensor, module=module, values=values,
                    hints=hints, suspects=suspects, evidence=evidence, stats=stats, causes=causes, gap=gap)

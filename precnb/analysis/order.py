@@ -16,7 +16,7 @@ import xarray as xr
 
 from precnb.naming import is_communication
 
-__all__ = ["RankEvent", "comm_mask", "first_event_per_rank", "pick_origin"]
+__all__ = ["RankEvent", "after_collectives", "comm_mask", "first_event_per_rank", "pick_origin"]
 
 
 COMM_MONITOR_FAMILIES = ("grad_reduced", "cc")
@@ -35,6 +35,19 @@ def comm_mask(ds: xr.Dataset) -> np.ndarray:
         (is_communication(str(n)) or (k == "monitor" and a in COMM_MONITOR_FAMILIES)
          for n, a, k in zip(nodes, apis, kinds, strict=True)),
         bool, ds.sizes["tensor"])
+
+
+def after_collectives(epoch: int) -> str:
+    """A rank event's epoch in words: how many collectives that rank ran before it at that step.
+
+    Examples
+    --------
+    >>> after_collectives(0), after_collectives(2)
+    ('before any collective at that step', 'after 2 collectives at that step')
+    """
+    if epoch <= 0:
+        return "before any collective at that step"
+    return f"after {epoch} collective{'s' if epoch > 1 else ''} at that step"
 
 
 @dataclass
@@ -68,6 +81,7 @@ def first_event_per_rank(event: xr.DataArray, seq: xr.DataArray, ds: xr.Dataset,
     comm = comm_mask(ds)
     nodes = ds["node"].values
     roles = ds["role"].values
+    kinds = ds["kind"].values
     labels = ds["tensor"].values
     out: list[RankEvent] = []
     for r in ev["rank"].values:
@@ -82,7 +96,9 @@ def first_event_per_rank(event: xr.DataArray, seq: xr.DataArray, ds: xr.Dataset,
         first_seq = int(s[j])
         earlier_comm = comm & (s >= 0) & (s < first_seq)
         epoch = len(set(nodes[earlier_comm].tolist()))
-        inherited = bool(comm[j]) and (roles[j] == "output" or not inherited_if_comm_output)
+        # a collective's output; a monitor row of a communication family (grad_reduced: the gradient after
+        # the data-parallel all-reduce) is itself what the collective returned, whatever its role
+        inherited = bool(comm[j]) and (roles[j] == "output" or kinds[j] == "monitor" or not inherited_if_comm_output)
         out.append(RankEvent(int(step), int(r), str(labels[j]), str(nodes[j]), first_seq, epoch, inherited))
     return out
 

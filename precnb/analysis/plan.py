@@ -31,20 +31,17 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.dtypes import dtype_size as _dtype_size
 from precnb.naming import parse_node
 
 __all__ = ["DEFAULT_DUMP_PATH", "attach_plans", "dtype_size", "node_selector", "plan_dump"]
 
 DEFAULT_DUMP_PATH = "./precnb_confirm"
-_SIZES = {"float64": 8, "double": 8, "int64": 8, "long": 8, "complex64": 8, "complex128": 16, "float32": 4,
-          "float": 4, "int32": 4, "int": 4, "uint32": 4, "float16": 2, "half": 2, "bfloat16": 2, "int16": 2,
-          "uint16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
 def dtype_size(dtype: str) -> int:
-    """Bytes per element of a torch / MindSpore / numpy dtype name (4 when unknown)."""
-    d = str(dtype).lower().replace("torch.", "").replace("mindspore.", "").replace("numpy.", "")
-    return _SIZES.get(d, 4)
+    """Bytes per element of a dtype name (4 when unknown): :func:`precnb.dtypes.dtype_size`."""
+    return _dtype_size(str(dtype))
 
 
 def node_selector(node: str) -> str:
@@ -143,6 +140,11 @@ def plan_dump(
         from precnb.analysis.departure_plan import departure_plan  # issue #28
 
         return departure_plan(finding, ds, dump_path=dump_path)
+    from precnb.analysis import registry
+
+    own = registry.get(finding.kind).plan if finding.kind in registry.kinds() else None
+    if own is not None:  # a diagnosis that plans its own confirmation (e.g. a loss spike's cause)
+        return own(finding, ds, dump_path=dump_path, task=task or "tensor")
     task = task or "tensor"
     steps, ranks = _where(finding)
     entries: list[str] = []
@@ -194,11 +196,14 @@ def plan_dump(
     if task == "statistics":
         config[task]["summary_mode"] = "statistics"
     where = f"step {', '.join(map(str, steps))}, rank {', '.join(map(str, ranks))}"
+    size = f"about {_human(est)}" if est > 0 else (  # never "about 0 B": a size the statistics cannot tell
+        "size unknown (the statistics record no element count for them)" if mask.any() else
+        "size unknown (none of them is recorded at that step and rank)")
     summary = (f"task {task}, level mix, {where}, list {entries}: {len(selected_nodes)} recorded node(s)"
-               + (" + the uncaptured op once registered" if gap else "") + f", about {_human(est)}")
+               + (" + the uncaptured op once registered" if gap else "") + f", {size}")
     return {"config": config, "selects": {"list": entries, "modules": modules, "nodes": selected_nodes[:200],
                                           "node_count": len(selected_nodes)},
-            "estimated_bytes": est, "estimate": _human(est), "steps": steps, "ranks": ranks,
+            "estimated_bytes": est, "estimate": _human(est) if est > 0 else "unknown", "steps": steps, "ranks": ranks,
             "register_custom_api": register, "summary": summary, "notes": notes}
 
 

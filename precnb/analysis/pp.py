@@ -29,6 +29,7 @@ import xarray as xr
 
 from precnb.analysis.layout import Layout
 from precnb.naming import parse_node
+from precnb.schema import ENTRY_CHANGE_ATTRS
 
 __all__ = ["layer_containers", "relabel_pipeline", "rename_node"]
 
@@ -359,6 +360,6 @@ def _assemble_groups(ds: xr.Dataset, layout: Layout, reduced: Layout, groups: di
     coords["module"] = ("tensor", np.asarray(modules, dtype=object))
     # per-entry dtype exceptions are keyed by the old labels and ranks: not carried over (the
     # dtype coordinate, first seen, stays)
-    out = xr.Dataset(data, coords=coords, attrs={k: v for k, v in ds.attrs.items() if k != "dtype_changes"})
+    out = xr.Dataset(data, coords=coords, attrs={k: v for k, v in ds.attrs.items() if k not in ENTRY_CHANGE_ATTRS})
     out.attrs["pipeline_stitched"] = f"pp={layout.pp} vpp={layout.vpp} ep={layout.ep} -> {reduced.describe()}"
     return out

@@ -35,6 +35,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.tolerance import DTYPE_RTOL, Tolerance
+from precnb.dtypes import canonical_dtype
 
 __all__ = [
     "LOW_PRECISION",
@@ -55,9 +56,6 @@ MIN_FAMILIES = 2
 MIXED_PRECISION_FACTOR = 8.0
 """Tolerance of a systematically lower-precision run, in units of that dtype's rtol."""
 
-_ALIASES = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32", "fp32": "float32",
-            "double": "float64", "fp64": "float64"}
-
 
 def normalise_dtype(dtype: Any) -> str:
     """``torch.bfloat16`` / ``BFloat16`` / ``bf16`` → ``bfloat16`` (lower case, no framework prefix).
@@ -67,11 +65,7 @@ def normalise_dtype(dtype: Any) -> str:
     >>> normalise_dtype("torch.bfloat16"), normalise_dtype("Float16"), normalise_dtype("torch.float")
     ('bfloat16', 'float16', 'float32')
     """
-    d = str(dtype).strip().lower()
-    for prefix in ("torch.", "mindspore.", "numpy.", "np."):
-        if d.startswith(prefix):
-            d = d[len(prefix):]
-    return _ALIASES.get(d, d)
+    return canonical_dtype(str(dtype))  # the one spelling (precnb.dtypes)
 
 
 @dataclass(frozen=True)

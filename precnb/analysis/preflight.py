@@ -43,6 +43,7 @@ from precnb.analysis._pf_common import (
     worst,
 )
 from precnb.analysis.findings import Finding
+from precnb.dtypes import same_values
 
 __all__ = ["CHECKS", "preflight", "preflight_finding"]
 
@@ -60,9 +61,31 @@ def _describe(p: Param) -> str:
     return " ".join(bits)
 
 
-def _dt(dtype: str) -> str:
-    """A dtype in one spelling across frameworks (``torch.float32``, ``Float32`` → ``float32``)."""
-    return dtype.lower().replace("torch.", "").replace("mindspore.", "").replace("numpy.", "")
+def _no_parameter_records(ds: xr.Dataset | None) -> str:
+    """Why a dump holds no parameter record: its level, else its msprobe release (releases up to 1.1.1 record none).
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> ds = empty_dataset()
+    >>> ds.attrs["level"] = "L1"
+    >>> _no_parameter_records(ds)
+    'level L1 dumps record no parameters: dump with level L0 or mix'
+    >>> ds.attrs["level"] = "mix"
+    >>> _no_parameter_records(ds)[:80]
+    'a level mix dump without parameter records: msprobe releases up to 1.1.1 record '
+    """
+    attrs = ds.attrs if ds is not None else {}
+    level = str(attrs.get("level", "") or "")
+    levels = {x for x in level.split(",") if x}
+    if levels and levels <= {"L1", "L2"}:
+        return f"level {level} dumps record no parameters: dump with level L0 or mix"
+    release = str(attrs.get("msprobe_release", "") or "")
+    written = f"; this one was written by msprobe {release}" if release else ""
+    if levels & {"L0", "mix"}:
+        return (f"a level {level} dump without parameter records: msprobe releases up to 1.1.1 record none, 1.2.0 "
+                f"and later do{written}")
+    return f"dump with level L0 or mix (msprobe 1.2.0 or later records parameters){written}"
 
 
 def _elements(params: dict[str, Param]) -> int | None:
@@ -114,17 +137,22 @@ def check_parameters(pb: dict[str, Param] | None, pt: dict[str, Param], names: t
             alt = _optimizer_inventory(optimizer_tensors(base), optimizer_tensors(target), names)
             if alt is not None:
                 return alt
-        return check("parameters", title, "skip", "no parameter or gradient record in the dump(s) (level L1 "
-                     "dumps carry none: dump with level L0 or mix)")
+        why = _no_parameter_records(target if target is not None else base)
+        return check("parameters", title, "skip", f"no parameter or gradient record in the dump(s) ({why})")
     if pb is None:
         return check("parameters", title, "pass", f"{tn}: {_count_text(pt)}", basis="read", target=_inventory(pt))
+    if not pt or not pb:  # one run records none (its level or its msprobe release): nothing to compare, no failure
+        empty, other, full, ds = (tn, bn, pb, target) if not pt else (bn, tn, pt, base)
+        return check("parameters", title, "skip", f"the {empty} has no parameter records to compare "
+                     f"({_no_parameter_records(ds)}); the {other} has {_count_text(full)}", basis="read",
+                     baseline=_inventory(pb), target=_inventory(pt))
     only_b = [pb[n] for n in pb if n not in pt]
     only_t = [pt[n] for n in pt if n not in pb]
     common = [n for n in pb if n in pt]
     shapes = [(n, pb[n].shape, pt[n].shape) for n in common if pb[n].shape and pt[n].shape
               and pb[n].shape != pt[n].shape]
     dtypes = [(n, pb[n].dtype, pt[n].dtype) for n in common if pb[n].dtype and pt[n].dtype
-              and _dt(pb[n].dtype) != _dt(pt[n].dtype)]
+              and not same_values(pb[n].dtype, pt[n].dtype)]
     counts = f"parameter counts {len(pb)} ({bn}) vs {len(pt)} ({tn})"
     eb, et = _elements(pb), _elements(pt)
     if eb is not None and et is not None:
@@ -337,7 +365,8 @@ def preflight_finding(checks: list[dict[str, Any]]) -> Finding:
     ('preflight', {'frozen': 'fail'})
     """
     failed = [c for c in checks if c["status"] == "fail"]
-    warned = [c for c in checks if c["status"] == "warn"]
+    warned = sorted((c for c in checks if c["status"] == "warn"),  # a likely root cause (a zero weight) first
+                    key=lambda c: not (c.get("details") or {}).get("root_cause"))
     counts = {s: sum(1 for c in checks if c["status"] == s) for s in ("fail", "warn", "pass", "skip")}
     summary = {c["name"]: c["status"] for c in checks}
     if failed:
@@ -347,10 +376,15 @@ def preflight_finding(checks: list[dict[str, Any]]) -> Finding:
         hints.append("later differences (a first divergence, shifted call counters, structural noise) may be "
                      "consequences of the failing pre-flight check(s): fix them before comparing layer by layer")
         kind = "preflight"
-    else:
-        reason = (f"pre-flight checks passed ({counts['pass']} pass, {counts['warn']} warn, {counts['skip']} skip)"
-                  + (": " + "; ".join(f"{c['name']}: {c['message']}" for c in warned) if warned else ""))
+    elif warned:  # no failure, but not "passed": the warnings may be the cause (a weight left at zero)
+        reason = (f"no pre-flight check failed, {len(warned)} warning{'s' if len(warned) > 1 else ''} "
+                  f"({counts['pass']} pass, {counts['warn']} warn, {counts['skip']} skip): "
+                  + "; ".join(f"{c['name']}: {c['message']}" for c in warned))
         hints = [f"{c['title']}: {c['message']}" for c in warned]
+        kind = "none"
+    else:
+        reason = f"pre-flight checks passed ({counts['pass']} pass, {counts['skip']} skip)"
+        hints = []
         kind = "none"
     return Finding(kind=kind, reason=reason, values={"checks": summary}, hints=hints,
                    evidence={"checks": checks, "diagnosis": "preflight"},

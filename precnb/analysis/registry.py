@@ -15,6 +15,8 @@ Examples
 'NaN/Inf origin'
 >>> [d.kind for d in registry.diagnoses()][:2]
 ['preflight', 'first_divergence']
+>>> registry.title("loss_spike")
+'Loss spike'
 """
 
 from __future__ import annotations
@@ -116,6 +118,12 @@ class Diagnosis:
         A precondition check (the pre-flight checks): when it finds nothing, its "nothing found"
         result is listed after the other diagnoses' (when it finds something, its priority
         applies as usual).
+    flags : callable, optional
+        ``flags(ds, finding) -> [{"step", "rank", "tensor"}, ...]``: the records of one run the
+        explorer colours as flagged for its finding (besides NaN / ±inf).
+    plan : callable, optional
+        ``plan(finding, ds, dump_path=..., task=...) -> dict | None``: its own dump plan (the
+        shape :func:`precnb.analysis.plan.plan_dump` returns), instead of the generic one.
     """
 
     kind: str
@@ -128,6 +136,8 @@ class Diagnosis:
     command: str | None = None
     color: str = "first_bad"
     clean_last: bool = False
+    flags: Callable[[xr.Dataset, Any], list[dict[str, Any]]] | None = None
+    plan: Callable[..., dict[str, Any] | None] | None = None
 
     def applicable(self, ctx: Context) -> bool:
         """Whether it runs on *ctx*."""
@@ -140,7 +150,7 @@ class Diagnosis:
 
 _REGISTRY: dict[str, Diagnosis] = {}
 _TITLES_WITHOUT_DIAGNOSIS = {"none": "Nothing found"}
-BUILTIN_MODULES: tuple[str, ...] = ("precnb.analysis.diagnoses",)
+BUILTIN_MODULES: tuple[str, ...] = ("precnb.analysis.diagnoses", "precnb.analysis.spike.diagnosis")
 """Modules whose import registers the built-in diagnoses."""
 _loaded = False
 

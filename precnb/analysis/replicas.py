@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis.dataflow import scalar_only_nodes
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.layout import Layout
+from precnb.schema import entry_meta
 
 __all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas", "replica_mismatches"]
 
@@ -48,13 +50,23 @@ def _same_across(ds: xr.Dataset, idx: list[int], rtol: float) -> tuple[np.ndarra
     return allp, same
 
 
+_UNDEFINED_CONTENT = ("empty", "empty_like", "empty_strided", "new_empty")
+
+
 def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: float) -> np.ndarray:
-    """(step, tensor): outputs of API calls whose tensor inputs are identical across every group member."""
+    """(step, tensor): outputs of API calls whose tensor inputs are identical across every group member.
+
+    An op with no tensor input at all (``torch.normal(0, 1, size)``, ``torch.randn``) qualifies: it
+    reads only its scalar arguments and the random state, which the group shares (not ``empty``,
+    whose content is whatever the memory held).
+    """
     from precnb.naming import is_communication
 
     nodes = ds["node"].values
     roles = ds["role"].values
     kinds = ds["kind"].values
+    apis = ds["api"].values
+    scalar_only = scalar_only_nodes(ds)
     by_node: dict[str, tuple[list[int], list[int]]] = {}
     for j, (n, r, k) in enumerate(zip(nodes.tolist(), roles.tolist(), kinds.tolist(), strict=True)):
         if k != "api" or ".backward" in n or is_communication(n):
@@ -67,14 +79,24 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
         allp, same = _same_across(ds, idx, rtol)
         floats = np.array([str(d).split(".")[-1].lower().startswith(("float", "bfloat", "half")) for d in
                            ds["dtype"].values])
-        for ins, outs in by_node.values():
-            if not ins or not outs:
+        for node, (ins, outs) in by_node.items():
+            if not outs or (not ins and node not in scalar_only):
                 continue
-            ins_f = [j for j in ins if floats[j]] or ins
-            ok = (allp[:, ins_f] & same[:, ins_f]).all(axis=1)  # (step,) inputs identical everywhere
+            if not ins:  # scalar arguments only: identical on every member unless it reads the rank
+                if str(apis[outs[0]]).rsplit(".", 1)[-1] in _UNDEFINED_CONTENT:
+                    continue
+                ok = np.ones(ds.sizes["step"], bool)
+            else:
+                ins_f = [j for j in ins if floats[j]] or ins
+                ok = (allp[:, ins_f] & same[:, ins_f]).all(axis=1)  # (step,) inputs identical everywhere
             for j in outs:
                 out[:, j] |= ok & allp[:, j]
     return out
+
+
+def _no_tensor_input(ds: xr.Dataset, j: int) -> bool:
+    """Tensor *j*'s node reads no tensor (:func:`precnb.analysis.dataflow.scalar_only_nodes`)."""
+    return str(ds["node"].values[j]) in scalar_only_nodes(ds)
 
 
 def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float) -> np.ndarray:
@@ -149,7 +171,11 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
                 if n == 2 and k == 0 and bad[si, 1, tj]:
                     continue  # a pair: report the later rank only
                 others = [r for r in g if r != g[k]]
-                if by_cause[si, tj]:
+                if by_cause[si, tj] and _no_tensor_input(ds, cols[tj]):
+                    why = (f"differs from its {dim} replicas {others} although the op has no tensor input (it reads "
+                           f"only its scalar arguments and the random state): the op computed differently on rank "
+                           f"{g[k]}")
+                elif by_cause[si, tj]:
                     why = (f"differs from its {dim} replicas {others} although the op's inputs are identical "
                            f"on ranks {list(g)}: the op computed differently on rank {g[k]}")
                 else:
@@ -211,7 +237,9 @@ def check_replicas(
     hints = []
     if first.get("inputs_identical"):
         api = str(ds["api"].sel(tensor=first["tensor"]).values)
-        hints.append(f"{api} received identical inputs on ranks {first['group']} but produced different outputs: "
+        got = ("has no tensor input" if _no_tensor_input(ds, int(ds.indexes["tensor"].get_loc(first["tensor"])))
+               else "received identical inputs")
+        hints.append(f"{api} {got} on ranks {first['group']} but produced different outputs: "
                      "a random op whose seed is not synchronised across the group (e.g. dropout on the "
                      "replicated hidden states outside the model-parallel RNG tracker), a non-deterministic "
                      "kernel, or an op given a rank-dependent argument")
@@ -223,6 +251,8 @@ def check_replicas(
     evidence_ranks = {"ranks": list(first["group"]), "departing_ranks_at_step": ranks_bad}
     return Finding(kind="replica_mismatch", reason=reason, step=first["step"], rank=first["rank"],
                    node=first["node"], tensor=first["tensor"],
-                   module=str(ds["module"].sel(tensor=first["tensor"]).values) or None, values=values,
+                   module=entry_meta(ds, first["tensor"], first["step"], first["rank"])["module"] or None,
+                   values=values,
                    hints=hints, suspects=[{k: v for k, v in r.items() if k != "seq"} for r in rows[1:limit + 1]],
-                   evidence={**node_evidence(ds, first["node"]), **evidence_ranks}, stats=stats)
+                   evidence={**node_evidence(ds, first["node"], step=first["step"], rank=first["rank"],
+                                             tensor=first["tensor"]), **evidence_ranks}, stats=stats)

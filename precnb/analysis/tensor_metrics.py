@@ -56,6 +56,8 @@ from typing import Any
 
 import numpy as np
 
+from precnb.dtypes import canonical_dtype
+
 __all__ = [
     "FLOAT_METRICS",
     "METRICS",
@@ -110,10 +112,7 @@ def _fmt(value: Any) -> float:
 
 def _dtype_key(dtype: str | None, array: np.ndarray) -> str:
     if dtype:
-        d = str(dtype).lower().replace("torch.", "").replace("mindspore.", "").replace("numpy.", "")
-        aliases = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32",
-                   "fp32": "float32", "double": "float64"}
-        return aliases.get(d, d)
+        return canonical_dtype(str(dtype))  # the one spelling (precnb.dtypes); which pairs compare is msprobe's rule
     return str(array.dtype)
 
 

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.dtypes import canonical_dtype
+
 __all__ = ["DTYPE_RTOL", "Tolerance", "relative_difference"]
 
 DTYPE_RTOL: dict[str, float] = {
@@ -44,8 +46,7 @@ DTYPE_RTOL: dict[str, float] = {
 
 
 def _dtype_key(dtype: str) -> str:
-    d = dtype.lower().replace("torch.", "").replace("mindspore.", "").replace("numpy.", "")
-    return d
+    return canonical_dtype(dtype)  # the one spelling (precnb.dtypes)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class Tolerance:
             base = self.rtol
         else:
             key = _dtype_key(str(dtype))
-            known = self.by_dtype.get(key, DTYPE_RTOL.get(key))
+            known = self.by_dtype.get(key, self.by_dtype.get(str(dtype), DTYPE_RTOL.get(key)))
             fallback = 0.0 if ("int" in key or "bool" in key) else DTYPE_RTOL["float32"]
             base = known if known is not None else fallback
             if "float8" in key or "fp8" in key:

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from precnb.schema import side_table
+from precnb.schema import read_side_table
 
 __all__ = ["TrendRule", "bookkeeping_nodes", "drift_onset", "drift_table", "noise_dominated", "noise_mask",
            "reference_series", "trend_summary"]
@@ -162,7 +162,7 @@ def bookkeeping_nodes(ds: xr.Dataset) -> set[str]:
     from precnb.naming import parse_node
 
     out: set[str] = set()
-    for node, frames in side_table(ds, "stacks").items():
+    for node, frames in read_side_table(ds, "stacks").items():
         p = parse_node(str(node))
         if not isinstance(frames, list) or not frames or p.kind != "api" or p.direction != "forward":
             continue  # module records are written from msprobe's own module hooks

@@ -51,6 +51,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     ]
     if s["runs"]:
         lines.append(f"runs       {', '.join(s['runs'])}")
+    release = str(ds.attrs.get("msprobe_release", "") or "")
+    if release:
+        s.setdefault("msprobe_release", release)
+        lines.append(f"release    msprobe {release} (as far as the dump says: precnb.io.msprobe.release)")
     lines += [
         f"steps      {_ranges(s['steps'])}  ({len(s['steps'])})",
         f"ranks      {_ranges(s['ranks'])}  ({len(s['ranks'])})",
@@ -62,13 +66,20 @@ def _cmd_info(args: argparse.Namespace) -> int:
     ]
     if s["has_crc"]:
         lines.append("checksums  CRC recorded (md5 mode)")
-    lines.append(f"read       {len(rep.read)} file(s); skipped {len(rep.skipped)}")
+    lines.append(f"read       {len(rep.read)} file(s); skipped {len(rep.skipped)}; "
+                 f"{rep.unread_count} section(s) or leaf(s) not read")
     for w in rep.warnings:
         lines.append(f"warning    {w}")
+    for f, rec, where, why in rep.unread[:10]:
+        lines.append(f"NOT READ   {f}: {rec} {where or '(the record)'}: {why}")
+    if rep.unread_count > 10:
+        lines.append(f"NOT READ   ... {rep.unread_count - 10} more (precnb.load_report(ds).unread)")
     for path, reason in rep.skipped:
         lines.append(f"SKIPPED    {reason}" if reason.startswith(path) else f"SKIPPED    {path}: {reason}")
     s.setdefault("files_read", len(rep.read))
     s.setdefault("warnings", list(rep.warnings))
+    s.setdefault("unread_count", rep.unread_count)
+    s.setdefault("unread", [{"file": f, "record": r, "where": w, "why": y} for f, r, w, y in rep.unread[:100]])
     _emit(s, args.json, "\n".join(lines))
     args.load_failures_reported = True  # printed above: main() need not repeat them
     return 0 if rep.ok else 1
@@ -139,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     from precnb.cli import device_cmds
 
     device_cmds.register(sub, _add_load_options)
+    from precnb.cli import spike_cmds
+
+    spike_cmds.register(sub, _add_load_options)
     return parser
 
 

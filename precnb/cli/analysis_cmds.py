@@ -140,10 +140,14 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     else:
         triage = run_triage(args, args.target, args.baseline, kinds=["preflight", "first_divergence"])
     if args.json:  # one object: the most important finding (a failing pre-flight one names the divergence)
-        return _emit_finding(triage.finding, args)
-    shown = triage.found or [triage.result("first_divergence") or triage.finding]
+        _emit_finding(triage.finding, args)
+        return 1 if triage.nothing_compared else 0
+    if triage.nothing_compared:  # nothing in common: that is the answer (and not a clean one: exit 1)
+        shown = [triage.finding]
+    else:
+        shown = triage.found or [triage.result("first_divergence") or triage.finding]
     _term.out("\n\n".join(f.summary() for f in shown) + "\n")
-    return 0
+    return 1 if triage.nothing_compared else 0
 
 
 def _cmd_preflight(args: argparse.Namespace) -> int:
@@ -255,9 +259,12 @@ def _given(**kw: Any) -> dict[str, Any]:
 
 
 def _cmd_anomalies(args: argparse.Namespace) -> int:
+    from precnb.cli._side import side_options, with_loss_spike
+
     extra = _given(spike_z=args.z, spike_ratio=args.ratio, spike_stats=tuple(args.stat) if args.stat else None,
                    limit=args.limit)
-    return _emit_finding(run_triage(args, args.run, kinds=["anomaly"], **extra).finding, args)
+    triage = run_triage(args, args.run, kinds=["anomaly", "loss_spike"], **extra, **side_options(args))
+    return with_loss_spike(triage, args)  # issue #29: the anomaly finding, and the loss spike beside it
 
 
 def _layout_from_args(args: argparse.Namespace, world_size: int) -> Any:
@@ -414,6 +421,9 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
                    help=f"statistic(s) to test for spikes (default {', '.join(DEFAULTS.spike_stats)})")
     p.add_argument("--limit", type=integer(0, 10**9), default=None,
                    help=f"how many further anomalies to list (default {DEFAULTS.limit})")
+    from precnb.cli._side import add_side_options
+
+    add_side_options(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_anomalies)
 

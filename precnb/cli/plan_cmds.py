@@ -74,10 +74,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from precnb._write import check_output
 
         check_output(args.output, inputs=inputs, overwrite=args.overwrite)
+    from precnb.cli._side import side_options
+
     extra: dict[str, Any] = {"kinds": kinds} if kinds else {}
     if args.layout:  # the replica check (issue #28): plan a departure
         extra["target_layout"] = args.layout
-    triage = run_triage(args, args.run, args.baseline, **extra)
+    triage = run_triage(args, args.run, args.baseline, **extra, **side_options(args))
     found = triage.found
     if not found:
         msg = "nothing found: no finding to confirm (" + "; ".join(f.reason for f in triage.findings) + ")"
@@ -125,11 +127,13 @@ def register(sub: Any, add_load_options: Any) -> None:
     p.add_argument("--task", choices=["tensor", "statistics"], default=None,
                    help="tensor (save the selected tensors; the default) or statistics; a replica departure's "
                         "default is an md5-mode statistics dump of its TP/DP group at the next steps")
-    p.add_argument("--kind", help="plan for the first finding of this kind (e.g. nan_origin, anomaly)")
+    p.add_argument("--kind", help="plan for the first finding of this kind (e.g. nan_origin, anomaly, loss_spike)")
     p.add_argument("--layout", type=layout_text, help="parallel layout of RUN, e.g. tp=2,dp=2: plans a replica "
                    "departure (replica_mismatch) too")
+    from precnb.cli._side import add_side_options
     from precnb.cli.analysis_cmds import add_rank_table_option
 
+    add_side_options(p)
     add_rank_table_option(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_plan)

@@ -39,7 +39,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     inputs = command_inputs(args)
     check_output(args.output, inputs=inputs, overwrite=args.overwrite)  # before the long part
-    triage = run_triage(args, args.run, args.baseline)
+    from precnb.cli._side import side_options
+
+    triage = run_triage(args, args.run, args.baseline, **side_options(args))
     out = write_html(triage, args.output, title=args.title, stat=args.stat, overwrite=args.overwrite,
                      inputs=inputs)
     size = out.stat().st_size
@@ -147,6 +149,9 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--stat", default="norm", choices=["norm", "max", "min", "mean"],
                    help="statistic the charts draw (default norm)")
     p.add_argument("--title", help="page title (default: the run's folder name)")
+    from precnb.cli._side import add_side_options
+
+    add_side_options(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_report)
 

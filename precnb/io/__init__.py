@@ -8,6 +8,7 @@ from __future__ import annotations
 from precnb.combine import combine_runs
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble
 from precnb.io.api import available_steps, detect_format, load_report, open_run, open_runs
+from precnb.io.losslog import read_loss_log
 from precnb.io.readers import Reader, get_reader, reader_names, register
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "load_report",
     "open_run",
     "open_runs",
+    "read_loss_log",
     "reader_names",
     "register",
 ]

@@ -21,7 +21,7 @@ import xarray as xr
 from precnb.io._lazy_dask import defer_dask_array_import
 from precnb.io._runfacts import FactsAccumulator
 from precnb.io.records import FileRecords, LoadReport, RecordBuilder, SharedTable, dedup_labels, stat_value
-from precnb.schema import DIMS, SCHEMA_VERSION, STATS, TENSOR_COORDS, side_text, validate
+from precnb.schema import DIMS, META_FIELDS, SCHEMA_VERSION, STATS, TENSOR_COORDS, side_text, validate
 
 __all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "SharedTable", "assemble", "dedup_labels",
            "select_items", "stat_value"]
@@ -80,12 +80,12 @@ def _increasing(a: np.ndarray) -> bool:
 class _Rec:
     """The part of a :class:`FileRecords` kept until its step is materialised (no Python lists of labels)."""
 
-    __slots__ = ("construct", "dtypes", "gids", "key", "null", "numel", "order", "rank", "seq", "skipped",
+    __slots__ = ("codes", "construct", "dtypes", "gids", "key", "null", "numel", "order", "rank", "seq", "skipped",
                  "stacks", "step", "strings", "values")
 
     def __init__(self, rec: FileRecords, gids: np.ndarray, order: int, skipped: bool,
                  construct: tuple[Any, Mapping[str, Any]], stacks: tuple[Any, Mapping[str, Any]],
-                 dtypes: Any = None) -> None:
+                 dtypes: Any = None, codes: dict[str, np.ndarray] | None = None) -> None:
         self.step, self.rank, self.order = rec.step, rec.rank, order
         self.key = (rec.step, rec.rank, order)
         self.skipped = skipped
@@ -95,9 +95,11 @@ class _Rec:
         self.strings = rec.strings
         self.construct, self.stacks = construct, stacks
         self.dtypes = dtypes  # the record's dtype column, to find entries whose dtype changed
+        self.codes = codes or {}  # the record's META_FIELDS columns as value codes (entries whose metadata changed)
 
 
 MAX_DTYPE_CHANGES = 200_000
+MAX_META_CHANGES = 500_000
 
 
 class Assembler:
@@ -159,6 +161,12 @@ class Assembler:
         self._codes_cache: dict[tuple[Any, ...], np.ndarray] = {}
         self.dtype_changes: dict[str, dict[str, list[list[int]]]] = {}
         self.n_dtype_changes = 0
+        # entries whose module / parent / shape (attrs["meta_changes"]) or stack frames (attrs["stack_changes"])
+        # are not their tensor's (node's): a label that names another op on some rank
+        self.meta_changes: dict[str, dict[str, dict[str, list[list[int]]]]] = {}
+        self.n_meta_changes = 0
+        self.stack_changes: dict[str, dict[tuple[str, ...], list[Any]]] = {}
+        self._stack_diff: dict[Any, dict[str, Any]] = {}
         self.facts = FactsAccumulator()  # requires_grad / optimizer scalar arguments (attrs)
 
     # ----------------------------------------------------------------------------- adding
@@ -241,8 +249,11 @@ class Assembler:
             self.facts.add(rec.meta.get("facts"), step=rec.step)
         construct, stacks = self._side(rec.construct), self._side(rec.stacks)
         dt = rec.coords.get("dtype")
+        n = len(rec.labels)
+        codes = {f: self._codes(col) for f in META_FIELDS
+                 if (col := rec.coords.get(f)) is not None and len(col) == n} if not skipped else None
         self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks,
-                                  dt if dt is not None and len(dt) == len(rec.labels) else None))
+                                  dt if dt is not None and len(dt) == n else None, codes))
 
     def _materialize(self) -> None:
         """Copy the deferred first record's coordinates into the assembler's columns (before a second)."""
@@ -271,11 +282,32 @@ class Assembler:
             self._codes_cache[key] = out
         return out
 
+    def _note_meta_changes(self, recs: list[_Rec]) -> None:
+        """Record entries of *recs* whose module / parent / shape is not their tensor's coordinate (both known)."""
+        coords: dict[str, np.ndarray] = {}
+        for r in recs:
+            if r.skipped:
+                continue
+            for f, codes in r.codes.items():
+                if f not in coords:
+                    coords[f] = self._codes(self._cv[f][:len(self._labels)])
+                own = coords[f][r.gids]
+                bad = np.flatnonzero((codes != own) & (codes != 0))
+                for j in bad.tolist():
+                    if self.n_meta_changes >= MAX_META_CHANGES:
+                        return
+                    label = self._labels[int(r.gids[j])]
+                    name = self._dtype_names[int(codes[j])]
+                    self.meta_changes.setdefault(f, {}).setdefault(label, {}).setdefault(name, []).append(
+                        [r.step, r.rank])
+                    self.n_meta_changes += 1
+
     def _note_dtype_changes(self, recs: list[_Rec]) -> None:
-        """Record entries of *recs* whose dtype is not their tensor's coordinate (both known)."""
+        """Record entries of *recs* whose dtype (or other metadata) is not their tensor's coordinate (both known)."""
         coord: np.ndarray | None = None
         if len(recs) == 1 and self._n == 1:  # the coordinates are this record's own
             return
+        self._note_meta_changes(recs)
         for r in recs:
             if r.skipped or r.dtypes is None:
                 continue
@@ -373,10 +405,18 @@ class Assembler:
             self.stat_names += [k for k in r.values if k not in self.stat_names]
             self.string_names.update(r.strings)
 
+    def _note_stacks(self, r: _Rec, diff: Mapping[str, Any] | None) -> None:
+        """The (step, rank) of *r* holds the frames of *diff* (node → frames) where the merged table has others."""
+        for node, frames in (diff or {}).items():
+            variant = tuple(str(f) for f in frames) if isinstance(frames, list) else (str(frames),)
+            self.stack_changes.setdefault(node, {}).setdefault(variant, []).append([r.step, r.rank])
+
     def _merge_sides(self, r: _Rec) -> None:
         for (key, table), name in ((r.construct, "construct"), (r.stacks, "stacks")):
             if key is not None:
                 if key in self._merged:
+                    if name == "stacks" and not r.skipped:
+                        self._note_stacks(r, self._stack_diff.get(key))
                     continue
                 self._merged.add(key)
             target = getattr(self, name)
@@ -388,6 +428,13 @@ class Assembler:
                 target = dict(target)
                 setattr(self, name, target)
                 self._borrowed[name] = False
+            if name == "stacks" and target:  # what this table records otherwise than the merged one
+                diff = {node: val for node, val in table.items()
+                        if (old := target.get(node)) is not None and old != val}
+                if key is not None:
+                    self._stack_diff[key] = diff
+                if not r.skipped:
+                    self._note_stacks(r, diff)
             for node, val in table.items():
                 target.setdefault(node, val)
 
@@ -490,9 +537,17 @@ class Assembler:
             "stacks": side_text(self.stacks),
         }
         for key in ("task", "level", "framework"):
-            meta[key] = ",".join(sorted(self._meta[key]))
+            vals = self._meta[key]
+            if key == "framework" and len(vals) > 1:
+                vals = vals - {"unknown"}  # a file without framework evidence says nothing against the others
+            meta[key] = ",".join(sorted(vals))
         if self.dtype_changes:
             meta["dtype_changes"] = json.dumps(self.dtype_changes)
+        if self.meta_changes:
+            meta["meta_changes"] = json.dumps(self.meta_changes)
+        if self.stack_changes:
+            meta["stack_changes"] = json.dumps({node: [[list(frames), where] for frames, where in variants.items()]
+                                                for node, variants in self.stack_changes.items()})
         meta.update(self.facts.attrs())
         meta.update(attrs or {})
         return meta

@@ -239,11 +239,6 @@ def load_report(ds: xr.Dataset) -> LoadReport:
     LoadReport
     """
     raw = ds.attrs.get("load_report")
-    rep = LoadReport()
     if not raw:
-        return rep
-    d = json.loads(raw) if isinstance(raw, str) else raw
-    rep.read = list(d.get("read", []))
-    rep.skipped = [(s["path"], s["reason"]) for s in d.get("skipped", [])]
-    rep.warnings = list(d.get("warnings", []))
-    return rep
+        return LoadReport()
+    return LoadReport.from_dict(json.loads(raw) if isinstance(raw, str) else raw)

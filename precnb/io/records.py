@@ -125,11 +125,20 @@ class LoadReport:
         ``(path, reason)`` for every file or folder that was not loaded.
     warnings : list of str
         Things that loaded but deserve attention.
+    unread : list of (str, str, str, str)
+        ``(file, record, where, why)`` for every section or tensor leaf of a readable file that
+        could not be read (a section that is not a list or an object, an object with tensor fields
+        but no ``type``/``dtype``/``shape``); *where* is the record key or the tensor's label
+        inside the record (``input.0``), ``""`` for the whole record. At most a thousand per file.
+    unread_count : int
+        How many there were (all of them).
     """
 
     read: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unread: list[tuple[str, str, str, str]] = field(default_factory=list)
+    unread_count: int = 0
 
     @property
     def failures(self) -> list[tuple[str, str]]:
@@ -147,19 +156,34 @@ class LoadReport:
             "read": list(self.read),
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "warnings": list(self.warnings),
+            "unread": [{"file": f, "record": r, "where": w, "why": y} for f, r, w, y in self.unread],
+            "unread_count": self.unread_count,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LoadReport:
+        """The report :meth:`to_dict` wrote (older dicts without ``unread`` too)."""
+        rep = cls(read=list(d.get("read", [])), skipped=[(s["path"], s["reason"]) for s in d.get("skipped", [])],
+                  warnings=list(d.get("warnings", [])))
+        rep.unread = [(u["file"], u["record"], u["where"], u["why"]) for u in d.get("unread", [])]
+        rep.unread_count = int(d.get("unread_count", len(rep.unread)))
+        return rep
 
     def merge(self, other: LoadReport) -> None:
         """Add *other*'s entries to this report."""
         self.read.extend(other.read)
         self.skipped.extend(other.skipped)
         self.warnings.extend(other.warnings)
+        self.unread.extend(other.unread)
+        self.unread_count += other.unread_count
 
     def summary(self) -> str:
         """One paragraph, for the CLI."""
         lines = [f"read {len(self.read)} file(s), skipped {len(self.skipped)}"]
         lines += [f"  skipped {p}: {r}" for p, r in self.skipped]
         lines += [f"  warning: {w}" for w in self.warnings]
+        if self.unread_count:
+            lines.append(f"  not read: {self.unread_count} section(s) or leaf(s)")
         return "\n".join(lines)
 
 

@@ -14,6 +14,6 @@ Examples
 from __future__ import annotations
 
 from precnb.pipeline.options import DEFAULTS, Options
-from precnb.pipeline.triage import Triage, diagnose, merge_layouts
+from precnb.pipeline.triage import ReadRun, Triage, diagnose, merge_layouts
 
-__all__ = ["DEFAULTS", "Options", "Triage", "diagnose", "merge_layouts"]
+__all__ = ["DEFAULTS", "Options", "ReadRun", "Triage", "diagnose", "merge_layouts"]

@@ -99,10 +99,26 @@ def _replica_rows(t: Any, ds: xr.Dataset) -> list[dict[str, Any]]:
     return list(t.cache[key])
 
 
-def _pin(t: Any) -> Any:
-    """The triage's first finding that names a record (the one put first)."""
-    return next((f for f in t.findings if f.found and f.tensor is not None and f.step is not None
-                 and f.rank is not None), None)
+def _pin(t: Any, ds: xr.Dataset | None = None) -> Any:
+    """The record of the triage's first finding that names one (put first): its origin when it has one."""
+    from precnb.analysis.findings import shown_record
+
+    ranks = [int(r) for r in ds["rank"].values] if ds is not None else []
+    return next((rec for f in t.findings if (rec := shown_record(f, ranks)) is not None), None)
+
+
+def _own_flags(t: Any, grid: xr.Dataset) -> tuple[np.ndarray, list[str]]:
+    """Records the found findings' diagnoses flag themselves (:attr:`Diagnosis.flags`), and their titles."""
+    from precnb.analysis import registry
+
+    bad = np.zeros(tuple(grid.sizes[d] for d in ("step", "rank", "tensor")), bool)
+    titles: list[str] = []
+    for f in t.found:
+        d = registry.get(f.kind) if f.kind in registry.kinds() else None
+        if d is not None and d.flags is not None:
+            bad |= _rows_mask(grid, d.flags(grid, f))
+            titles.append(d.title.lower())
+    return bad, titles
 
 
 def flagged(t: Any) -> Flagged:
@@ -135,7 +151,10 @@ def flagged(t: Any) -> Flagged:
                              stats=tuple(t.options.spike_stats))
             bad = bad | _rows_mask(grid, anomaly_table(grid, rule=rule))
             what += ", anomalies"
-    out = Flagged(grid, causal_positions_of(grid, bad, seq=seq, first=_pin(t)), what)
+        own, titles = _own_flags(t, grid)
+        bad = bad | own
+        what += "".join(f", {x}" for x in titles)
+    out = Flagged(grid, causal_positions_of(grid, bad, seq=seq, first=_pin(t, grid)), what)
     t.cache["flagged"] = out
     return out
 

@@ -16,20 +16,44 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["Loaded", "Source", "open_source", "split_inputs"]
+__all__ = ["Loaded", "ReadRun", "Source", "open_source", "split_inputs"]
+
+
+@dataclass(frozen=True)
+class ReadRun:
+    """A run already read into *ds* from *path*: diagnosed from the dataset, its node records read from the path.
+
+    What a rerun hands :func:`precnb.diagnose` (the explorer's Match, Unmatch and Rerun): the
+    dataset saves reading the dumps again, the path keeps what only the files hold (the scalar
+    arguments of a node's record, :mod:`precnb.pipeline.scalars`), so a rerun gives the first
+    run's answer.
+    """
+
+    ds: xr.Dataset
+    path: str
 
 
 @dataclass
 class Source:
-    """One run to open: a path or a dataset, and its display name."""
+    """One run to open: a path or a dataset, and its display name (*path*: where a dataset was read from)."""
 
     value: Any
     name: str
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, ReadRun):
+            self.value, self.path = self.value.ds, self.value.path
 
     @property
     def is_path(self) -> bool:
         """True for a path (not yet opened)."""
         return isinstance(self.value, (str, os.PathLike))
+
+    @property
+    def records_path(self) -> str | None:
+        """The path to read node records from: the path given, or the one the dataset was read from."""
+        return os.fspath(self.value) if self.is_path else self.path
 
 
 @dataclass
@@ -41,6 +65,8 @@ class Loaded:
 
 
 def _name_of(x: Any, default: str) -> str:
+    if isinstance(x, ReadRun):
+        x = x.path
     if isinstance(x, (str, os.PathLike)):
         p = Path(x)
         return p.name or str(p)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from os import PathLike
 from typing import Any, Literal
 
 __all__ = ["DEFAULTS", "Options"]
@@ -80,6 +79,12 @@ class Options:
         Judge the divergence on whole-tensor metrics (msprobe compare's) where both runs saved
         the tensors (``task: tensor``). None: whenever both runs hold tensor files and no layout
         is given; False: statistics only.
+    monitor : path or xarray.Dataset, optional
+        msprobe monitor output of the same job, read beside the run (the loss-spike diagnosis
+        reads its gradients, updates and activations at every step).
+    loss : path or pandas.DataFrame, optional
+        A loss log: CSV ``step,loss[,rank]`` or TensorBoard event files (``precnb.io.read_loss_log``),
+        or a DataFrame with those columns; the loss-spike diagnosis judges the loss on it.
     """
 
     target_layout: Any = None
@@ -105,6 +110,8 @@ class Options:
     rank_table: Any = None  # issue #28 (precnb.pipeline.devices)
     replica_baseline: Any = field(default=None, compare=False)  # issue #28
     rng_regions: tuple[str, ...] = ()
+    monitor: Any = field(default=None, compare=False)  # issue #29 (precnb.pipeline.side_inputs)
+    loss: Any = field(default=None, compare=False)  # issue #29
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> Options:
@@ -140,14 +147,24 @@ class Options:
             if f.name == "client":
                 continue
             v = getattr(self, f.name)
-            if f.name == "replica_baseline":  # a path, or an opened dataset (not compared elementwise)
+            if f.name in ("monitor", "loss", "replica_baseline"):  # data or a path: never compared by value
                 if v is not None:
-                    out[f.name] = str(v) if isinstance(v, (str, PathLike)) else "dataset"
+                    out[f.name] = _source(v)
                 continue
             if v == getattr(DEFAULTS, f.name) and f.name not in ("step_offset", "crc"):
                 continue
             out[f.name] = _plain(v)
         return out
+
+
+def _source(v: Any) -> str:
+    """A path as text; an in-memory dataset or table by what it is."""
+    import os
+
+    if isinstance(v, (str, os.PathLike)):
+        return os.fspath(v)
+    src = getattr(v, "attrs", {}).get("source") if hasattr(v, "attrs") else None
+    return str(src) if src else f"<{type(v).__name__} in memory>"
 
 
 def _plain(v: Any) -> Any:

@@ -5,7 +5,7 @@ The statistics cannot show that an op ran with another ``eps`` or scale; its rec
 node's record at the finding's (step, rank) from each dump (:func:`precnb.io.node_records`,
 only those records are decoded) and, when scalar arguments differ
 (:func:`precnb.analysis.scalars.differing_arguments`), adds a certain cause and says so in
-the reason. Inputs given as datasets (no files) are left as they are.
+the reason. Inputs given as datasets read from nowhere known (no files) are left as they are.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ _COMPUTED = "computed differently here"
 
 
 def _records(src: Source, step: int, rank: int, node: str, fmt: str | None) -> dict[str, Any] | None:
-    if not src.is_path:
+    path = src.records_path
+    if path is None:
         return None
     from precnb.io.api import node_records
 
     try:
-        return node_records(src.value, step, rank, [node], format=fmt).get(node)
+        return node_records(path, step, rank, [node], format=fmt).get(node)
     except Exception:  # evidence is optional: the finding stands without it
         return None
 
@@ -39,13 +40,14 @@ def attach_scalar_arguments(findings: list[Any], tsrc: Source, bsrc: Source | No
     findings : list of Finding
         Changed in place.
     tsrc, bsrc : Source
-        The target and baseline as given (paths are read; datasets are skipped).
+        The target and baseline as given (paths are read, and so are the paths datasets were read
+        from, :class:`~precnb.pipeline.inputs.ReadRun`; other datasets are skipped).
     names : (str, str)
         The (baseline, target) display names.
     format : str, optional
         The forced input format.
     """
-    if bsrc is None or not tsrc.is_path or not bsrc.is_path:
+    if bsrc is None or tsrc.records_path is None or bsrc.records_path is None:
         return
     from precnb.analysis.scalars import argument_cause, differing_arguments, format_argument
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import xarray as xr
 
-from precnb.pipeline.inputs import Loaded, Source, open_source, split_inputs
+from precnb.pipeline.inputs import Loaded, ReadRun, Source, open_source, split_inputs
 from precnb.pipeline.options import Options
 from precnb.pipeline.scalars import attach_scalar_arguments
 
-__all__ = ["Triage", "diagnose"]
+__all__ = ["ReadRun", "Triage", "diagnose"]
 
 TRIAGE_SCHEMA = "precnb.triage/1"
 
@@ -62,6 +62,9 @@ class Triage:
         :func:`precnb.tensor_metrics` of a tensor-mode pair, when the search judged on it.
     cache : dict
         Derived results computed on demand (:meth:`comparison`).
+    source_paths : (str or None, str or None)
+        Where the (baseline, target) were read from (None: given as a dataset of unknown origin):
+        a rerun on the datasets as read reads node records from there (:class:`ReadRun`).
     """
 
     findings: list[Any]
@@ -84,6 +87,7 @@ class Triage:
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: ``{rank: {"host", "device"}}`` from the ``rank_table`` option (issue #28), else None
     rank_table: dict[int, dict[str, str]] | None = field(default=None, repr=False)
+    source_paths: tuple[str | None, str | None] = (None, None)
 
     @property
     def finding(self) -> Any:
@@ -94,6 +98,11 @@ class Triage:
     def found(self) -> list[Any]:
         """The findings that found something."""
         return [f for f in self.findings if f.found]
+
+    @property
+    def nothing_compared(self) -> bool:
+        """True when the pair had no record in common: the first finding says so ("Nothing compared")."""
+        return self.finding is not None and bool(self.finding.nothing_compared)
 
     @property
     def paired(self) -> bool:
@@ -111,28 +120,11 @@ class Triage:
         frameworks without a tolerance, the one calibrated on their noise floor,
         :func:`precnb.analysis.divergence.noise_floor`); computed once.
         """
-        from precnb.analysis.compare import compare_runs
-        from precnb.analysis.divergence import noise_floor, two_frameworks
-
         if self.baseline is None or self.target is None:
             return None
-        cached = self.cache.get("comparison")
-        if cached is None:
-            kw: dict[str, Any] = {}
-            if self.alignment is not None:
-                kw["alignment"] = self.alignment
-            if self.tolerance is not None:
-                kw["tolerance"] = self.tolerance
-            if self.tensor_metrics is not None:  # entries judged on whole tensors, as the search did
-                kw["tensor_metrics"] = self.tensor_metrics
-            cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset, **kw)
-            if self.tolerance is None and two_frameworks(self.alignment):
-                calibrated = noise_floor(cached)[1]
-                if calibrated is not None:
-                    cached = compare_runs(self.baseline, self.target, step_offset=self.step_offset,
-                                          **{**kw, "tolerance": calibrated})
-            self.cache["comparison"] = cached
-        return cached
+        return shared_comparison(self.cache, self.baseline, self.target, alignment=self.alignment,
+                                 step_offset=self.step_offset, tolerance=self.tolerance,
+                                 tensor_metrics=self.tensor_metrics)
 
     def flagged(self) -> Any:
         """Every record a diagnosis flags, in causal order (:func:`precnb.pipeline.flagged.flagged`)."""
@@ -158,7 +150,15 @@ class Triage:
         if self.baseline is None:
             return self.target
         cmp = self.comparison()
-        return cmp.ds.assign_coords(run=("run", [str(self.names[0]), str(self.names[1])]))
+        names = [str(self.names[0]), str(self.names[1])]
+        out = cmp.ds.assign_coords(run=("run", names))
+        raw = out.attrs.get("run_attrs")  # each run's own attributes (per-entry metadata, stacks), by its new name
+        if raw:
+            own = json.loads(raw) if isinstance(raw, str) else dict(raw)
+            old = [str(r) for r in cmp.ds["run"].values]
+            out.attrs = {**out.attrs, "run_attrs": json.dumps({n: own.get(o, {}) for o, n in zip(old, names,
+                                                                                          strict=True)})}
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: ``findings`` (most important first), ``checks``, ``options``, ``notes``."""
@@ -183,6 +183,26 @@ class Triage:
     def summary(self) -> str:
         """Readable text: every finding's summary, most important first."""
         return "\n\n".join(f.summary() for f in self.findings)
+
+
+def shared_comparison(cache: dict[str, Any], baseline: xr.Dataset, target: xr.Dataset, *, alignment: Any,
+                      step_offset: Any, tolerance: Any, tensor_metrics: Any) -> Any:
+    """The pair's :func:`~precnb.analysis.divergence.pair_comparison`, made once per triage (kept in *cache*).
+
+    The first-divergence search and every view of the triage (:meth:`Triage.comparison`) share it.
+    """
+    from precnb.analysis.divergence import pair_comparison
+
+    cached = cache.get("comparison")
+    if cached is None:
+        # a pair with nothing in common ("nothing compared"): both runs, no mask set, instead of an error
+        kw: dict[str, Any] = {"disjoint": "union"}
+        if tensor_metrics is not None:  # entries judged on whole tensors, as the search does
+            kw["tensor_metrics"] = tensor_metrics
+        cached = pair_comparison(baseline, target, alignment=alignment, tolerance=tolerance,
+                                 step_offset=step_offset, **kw)
+        cache["comparison"] = cached
+    return cached
 
 
 def _layout(spec: Any, ds: xr.Dataset) -> Any:
@@ -325,7 +345,7 @@ def diagnose(
         ``target_layout`` (alias ``layout``), ``baseline_layout``, ``step_offset``, ``tolerance``,
         ``reference``, ``mapping``, ``steps``, ``ranks``, ``kinds``, ``crc``, ``format``,
         ``workers``, ``client``, ``progress``, ``spike_z``, ``spike_ratio``, ``spike_stats``,
-        ``limit``, ``replica_rtol``.
+        ``limit``, ``replica_rtol``, ``monitor``, ``loss``.
 
     Returns
     -------
@@ -364,6 +384,10 @@ def diagnose(
     tolerance = _tolerance(opts, open_ref)
     params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol),
               "rng_regions": tuple(opts.rng_regions)}
+    if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
+        from precnb.pipeline.side_inputs import side_inputs
+
+        params.update(side_inputs(opts, loaded, common))
 
     kinds_wanted = {d.kind for d in wanted}
     stepwise = bsrc is not None and "first_divergence" in kinds_wanted and kinds_wanted <= {"first_divergence",
@@ -396,7 +420,9 @@ def diagnose(
                 pre.names = (bsrc.name, tsrc.name)
             else:
                 pre = diagnose(target, baseline, options=pre_opts)
-            return _with_devices(with_preflight(pre, div), opts)
+            joined = with_preflight(pre, div)
+            nothing_compared_first(joined.findings, joined.load_failures)
+            return _with_devices(joined, opts)
 
     if bsrc is None:
         raw_t = open_source(tsrc, loaded=loaded, steps=opts.steps, **common)
@@ -421,22 +447,31 @@ def diagnose(
     alignment = None
     step_offset: int | None = None
     if base is not None:
-        from precnb.analysis.compare import align_steps
+        from precnb.analysis.compare import NothingToCompareError, align_steps
 
         alignment = _alignment(base, targ, opts, notes)
         b_for_steps = alignment.apply(base) if alignment is not None else base
-        step_offset = align_steps(b_for_steps, targ, opts.step_offset)
+        try:
+            step_offset = align_steps(b_for_steps, targ, opts.step_offset)
+        except NothingToCompareError:  # no step in common: the divergence search answers "nothing compared"
+            step_offset = opts.step_offset if isinstance(opts.step_offset, int) else 0
         if opts.steps is not None:
             keep = [s for s in base["step"].values.tolist() if s in set(opts.steps)]
             base = base.sel(step=keep)
             targ = targ.sel(step=[s for s in targ["step"].values.tolist() if s - step_offset in set(keep)])
         params["tensor_metrics"] = pair_tensor_metrics(opts, raw_b, raw_t, step_offset=step_offset,
                                                        alignment=alignment, notes=notes)  # issue #17
+    cache: dict[str, Any] = {}
+    if base is not None:  # the search's comparison, made once and kept for the views (Triage.comparison)
+        params["comparison"] = lambda: shared_comparison(
+            cache, base, targ, alignment=alignment, step_offset=step_offset, tolerance=tolerance,
+            tensor_metrics=params.get("tensor_metrics"))
     ctx = Context(target=targ, baseline=base, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
                   baseline_layout=b_lay, alignment=alignment, tolerance=tolerance,
                   step_offset=step_offset if base is not None else opts.step_offset, crc=opts.crc,
                   names=(bsrc.name if bsrc is not None else "", tsrc.name), params=params)
     findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
+    nothing_compared_first(findings, loaded.failures)
     _enrich(findings, ctx)
     attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
     from precnb.pipeline.devices import attach_devices
@@ -446,7 +481,25 @@ def diagnose(
                   findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
-                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"))
+                  tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"), cache=cache,
+                  source_paths=(bsrc.records_path if bsrc is not None else None, tsrc.records_path))
+
+
+def nothing_compared_first(findings: list[Any], failures: Sequence[tuple[str, str]]) -> None:
+    """A pair that had no record in common answers that first, and says which files were skipped.
+
+    (:mod:`precnb.analysis.compared`; the CLI exits 1 on it, the report and the explorer head with it.)
+    """
+    at = next((i for i, f in enumerate(findings) if f.nothing_compared), None)
+    if at is None:
+        return
+    f = findings.pop(at)
+    if failures and "skipped_files" not in f.stats:
+        path, why = failures[0]
+        first = why if why.startswith(path) else f"{path}: {why}"
+        f.reason += f"; {len(failures)} unreadable file(s) skipped (first: {first})"
+        f.stats["skipped_files"] = [{"path": p, "reason": r} for p, r in failures[:50]]
+    findings.insert(0, f)
 
 
 def _with_devices(triage: Triage, opts: Options) -> Triage:
@@ -499,13 +552,22 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
         results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
             nan.found and "first_spike" not in f.values and "first_drift" not in f.values)))]
-    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
+        # a clean loss-spike search says no more than the NaN search's "nothing found" (its check is listed)
+        results = [(k, f) for k, f in results if not (k == "loss_spike" and not f.found)]
+    # a "nothing found" that warns (a pre-flight warning may be the cause: a weight left at zero) comes
+    # before the other "nothing found" results, so that it is what a clean triage shows first
+    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found, not _warns(x[1][1]),
                                                        registry.priority(x[1][0], found=x[1][1].found), x[0]))
     findings = [f for _, (_, f) in ranked]
     from precnb.pipeline._preflight_join import note_later
 
     note_later(findings)
     return findings, checks, by_kind
+
+
+def _warns(f: Any) -> bool:
+    """A clean result whose checks warn (``stats["status"] == "warn"``)."""
+    return not f.found and isinstance(f.stats, dict) and f.stats.get("status") == "warn"
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:
@@ -560,6 +622,7 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
 
     finding = first_divergence_stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc,
                                         alignment=state["alignment"])
+    nothing_compared_first([finding], loaded.failures)
     notes.extend(state.get("notes", []))
     skipped = finding.stats.get("steps_not_searched") or []
     if skipped:
@@ -576,4 +639,5 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
     return Triage(findings=[finding], options=opts, alignment=state.get("alignment"), checks=checks, target=mt,
                   baseline=mb, raw_target=raw_t, raw_baseline=raw_b, names=(bsrc.name, tsrc.name), step_offset=off,
                   notes=notes, load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay,
-                  results={"first_divergence": finding}, tolerance=tolerance)
+                  results={"first_divergence": finding}, tolerance=tolerance,
+                  source_paths=(bsrc.records_path, tsrc.records_path))

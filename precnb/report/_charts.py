@@ -47,8 +47,8 @@ class ChartSpec:
 def _spec(chart: Any) -> dict[str, Any]:
     import altair as alt
 
-    with alt.data_transformers.disable_max_rows():
-        spec = chart.to_dict()
+    with alt.data_transformers.disable_max_rows():  # the builders are validated by the tests: not again here
+        spec = chart.to_dict(validate=False)
     spec.pop("$schema", None)
     spec.setdefault("config", {}).setdefault("view", {}).setdefault("stroke", "transparent")
     return spec
@@ -70,7 +70,7 @@ def comparison_dataset(data: ReportData) -> xr.Dataset | None:
         return None
     from precnb.analysis import compare_runs
 
-    cmp = compare_runs(data.baseline, data.target, step_offset=data.step_offset)
+    cmp = compare_runs(data.baseline, data.target, step_offset=data.step_offset, disjoint="union")
     return cmp.ds.assign_coords(run=("run", list(data.names)))
 
 
@@ -91,9 +91,14 @@ _CAPTIONS = {
 }
 
 
-def _focus(finding: Any) -> dict[str, Any] | None:
+def _focus(finding: Any, ds: xr.Dataset | None = None) -> dict[str, Any] | None:
     if finding is None or not finding.found or not finding.tensor:
         return None
+    from precnb.analysis.findings import shown_record
+
+    rec = shown_record(finding, [int(r) for r in ds["rank"].values] if ds is not None else [])
+    if rec is not None and (ds is None or rec[2] in ds.indexes["tensor"]):  # the origin record, when it has one
+        return {"step": rec[0], "rank": rec[1], "tensor": rec[2]}
     return {"step": finding.step, "rank": finding.rank, "tensor": finding.tensor}
 
 
@@ -121,7 +126,7 @@ def build_charts(data: ReportData, finding: Any, *, stat: str = "norm", limits: 
 
     lim = limits or Limits()
     mode = color_mode(data, finding)
-    focus = _focus(finding)
+    focus = _focus(finding, data.target)
     names = data.names
     if data.compared and combined is None:
         combined = comparison_dataset(data)
@@ -156,11 +161,12 @@ def build_charts(data: ReportData, finding: Any, *, stat: str = "norm", limits: 
                                      runs=[names[0], names[1]])
             what = f"{names[0]} vs {names[1]} on rank {finding.rank}"
         else:
-            frame = viz.series_frame(data.target, tensors, stat=s_stat, keep_ranks=[finding.rank],
+            rank = focus["rank"] if focus is not None else finding.rank
+            frame = viz.series_frame(data.target, tensors, stat=s_stat, keep_ranks=[rank] if rank is not None else [],
                                      max_lines=lim.max_lines)
             shown = frame.attrs.get("ranks_drawn", 0)
             total = frame.attrs.get("ranks_total", 0)
-            what = (f"{shown} of {total} ranks: rank {finding.rank}, the most deviating ones and the median"
+            what = (f"{shown} of {total} ranks: rank {rank}, the most deviating ones and the median"
                     if total > shown else "every rank")
         if len(frame):
             own = _series_tensors(finding, src)

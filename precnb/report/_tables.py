@@ -30,12 +30,6 @@ __all__ = [
 _STATS = ("max", "min", "mean", "norm")
 
 
-def _title(kind: str) -> str:
-    from precnb.analysis.registry import title
-
-    return title(kind)
-
-
 def _checked(kind: str) -> str:
     from precnb.analysis.registry import get
 
@@ -222,7 +216,7 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
     return {
         "kind": kind,
         "found": found,
-        "title": _title(kind),
+        "title": finding.title,  # "Nothing compared" for a pair with no record in common
         "checked": _checked(kind),
         "reason": d.get("reason", ""),
         "where": where,
@@ -318,10 +312,14 @@ def detail_table(data: Any, combined: xr.Dataset | None, finding: Any, *, rows: 
     dict or None
         ``title``, ``columns`` and ``rows`` (lists of :class:`Cell`), ``focus`` row index.
     """
+    from precnb.analysis.findings import shown_record
     from precnb.viz import detail_frame
 
     ds = data.target
-    if finding is not None and finding.found and finding.step is not None and finding.rank is not None:
+    rec = shown_record(finding, [int(r) for r in ds["rank"].values]) if finding is not None else None
+    if rec is not None and rec[2] in ds.indexes["tensor"]:  # the origin record, when the finding has one
+        step, rank, tensor = rec
+    elif finding is not None and finding.found and finding.step is not None and finding.rank is not None:
         step, rank, tensor = int(finding.step), int(finding.rank), finding.tensor
     else:
         if not (ds.sizes["step"] and ds.sizes["rank"]):
@@ -338,8 +336,10 @@ def detail_table(data: Any, combined: xr.Dataset | None, finding: Any, *, rows: 
         if step not in side.indexes["step"] or rank not in side.indexes["rank"]:
             return None
         window = _window(side, step, rank, tensor, before, after)
+        from precnb.viz.series import shard_kinds
+
         frame = detail_frame(combined, step=step, rank=rank, tensors=window, run=names[1], baseline=names[0],
-                             limit=len(window) + 1)
+                             limit=len(window) + 1, merged=shard_kinds(data.target))
         order = {t: i for i, t in enumerate(window)}
         frame = frame.assign(_o=frame["tensor"].map(order)).sort_values("_o", kind="stable").drop(columns="_o")
         from precnb.report._tensor_cols import metric_columns  # issue #17: whole-tensor metrics
@@ -371,16 +371,20 @@ def _detail_rows(frame: pd.DataFrame, step: int, rank: int, tensor: str | None, 
     out, focus = [], None
     for i, r in enumerate(frame.to_dict("records")):
         null = int(r.get("null_stats", 0) or 0)
+        bnull = int(r.get(f"null_stats_{base}", 0) or 0) if base is not None else 0
+        partial = str(r.get("merged", "") or "") == "partial_sum"  # only its mean merges from shard statistics
         cells = [fmt(int(r["seq"])) if int(r["seq"]) >= 0 else Cell("—", "absent"),
                  Cell(r["tensor"], "name"), Cell(r["module"] or "—", "name short"), Cell(r["role"]),
                  Cell(str(r["dtype"]).removeprefix("torch."), "meta"), Cell(r["shape"], "meta")]
-        own = [Cell("null", "num null") if null & {"max": 1, "min": 2, "mean": 4, "norm": 8}[s] else fmt(r[s])
-               for s in stat_cols]
+        bits = {"max": 1, "min": 2, "mean": 4, "norm": 8}
+        own = [(Cell("Σ (partial sum)", "num null") if partial else Cell("null", "num null")) if null & bits[s]
+               else fmt(r[s]) for s in stat_cols]
         if base is None:
             cells += own
             cells += [fmt(r[c]) for c in extra]
         else:
-            cells += [pair_cell(v, fmt(r.get(f"{s}_{base}"))) for s, v in zip(stat_cols, own, strict=True)]
+            cells += [pair_cell(v, Cell("null", "num null") if bnull & bits[s] else fmt(r.get(f"{s}_{base}")))
+                      for s, v in zip(stat_cols, own, strict=True)]
             rel = r.get("rel_diff")
             cells.append(Cell("—", "absent") if rel is None or (isinstance(rel, float) and math.isnan(rel))
                          else fmt(rel))
@@ -462,7 +466,8 @@ def preflight_view(finding: Any) -> dict[str, Any]:
     -------
     dict
         ``status`` (worst), ``rows`` (``name``, ``title``, ``status``, ``message``, ``confidence``,
-        ``basis``), ``failed`` (how many), ``later`` (findings after a failure, as text).
+        ``basis``), ``failed`` / ``warned`` (how many), ``root_cause`` (a warning names a likely root cause),
+        ``later`` (findings after a failure, as text).
     """
     checks = [c for c in (finding.evidence.get("checks") or []) if isinstance(c, dict)]
     rows = [{"name": str(c.get("name", "")), "title": str(c.get("title") or c.get("name", "")),
@@ -470,4 +475,6 @@ def preflight_view(finding: Any) -> dict[str, Any]:
              "confidence": str(c.get("confidence") or ""), "basis": str(c.get("basis") or "")} for c in checks]
     return {"status": str(finding.stats.get("status", "")), "rows": rows,
             "failed": sum(1 for r in rows if r["status"] == "fail"),
+            "warned": sum(1 for r in rows if r["status"] == "warn"),
+            "root_cause": any((c.get("details") or {}).get("root_cause") for c in checks),
             "later": [str(t) for t in finding.evidence.get("later_findings_text") or []]}

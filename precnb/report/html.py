@@ -9,6 +9,7 @@ sit in ``<script type="application/json">`` blocks with ``<``, ``>`` and ``&`` e
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -22,7 +23,9 @@ from precnb.report._inputs import ReportData, from_triage
 __all__ = ["render", "to_html", "write_html"]
 
 
+@functools.lru_cache(maxsize=1)
 def _env() -> Any:
+    """The report's jinja2 environment, made once (it reloads a template whose file changed)."""
     import jinja2
 
     env = jinja2.Environment(
@@ -166,6 +169,10 @@ def render(
     # the checklist has its own section; a clean pre-flight result needs no finding card
     views = [tables.finding_view(f, limit=lim.table_rows) for f in findings if f.found or f is not pre]
     verdict = ("problem" if any(v["found"] for v in views) else "clean") if views else "none"
+    if findings and findings[0].nothing_compared:  # the pipeline puts it first: not a clean result
+        verdict = "nothing"
+    elif verdict == "clean" and pre is not None and pre.stats.get("status") == "warn":
+        verdict = "warn"  # nothing found, but a pre-flight warning may be the cause (a weight left at zero)
     anomaly = next((f for f in findings if f.kind == "anomaly"), None)
     ctx = {
         "title": title or (f"{data.names[1]} vs {data.names[0]}" if data.compared else name),

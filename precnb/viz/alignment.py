@@ -26,8 +26,9 @@ __all__ = ["alignment_chart", "alignment_frame", "first_seen"]
 
 ROW_COLUMNS = ["side", "name", "label", "depth", "y", "rank", "partner", "how", "confidence", "status"]
 LINK_COLUMNS = ["baseline", "target", "y_b", "y_t", "how", "confidence"]
-_HOW_COLORS = {"user": "#1f5fbf", "name": "#999999", "structure": "#b07a00", "shape": "#b07a00",
-               "value": "#b07a00"}
+# one colour per way a pair was found (ColorBrewer Dark2 + grey): the legend tells them apart
+_HOW_COLORS = {"user": "#1f5fbf", "name": "#999999", "value": "#1b9e77", "structure": "#d95f02",
+               "shape": "#7570b3"}
 
 
 def first_seen(ds: xr.Dataset, by: str) -> dict[str, int]:

@@ -39,15 +39,15 @@ LABELLED = 3
 """In ``first_bad`` colour the earliest cells carry their number (1, 2, 3) as text."""
 
 
-def heatmap_width(n_cols: int) -> int:
-    """Pixel width of a heat map's cells for *n_cols* columns (22 px each, within 160-760).
+def heatmap_width(n_cols: int, *, cell: int = 22, lo: int = 160, hi: int = 760) -> int:
+    """Pixel width of a heat map's cells for *n_cols* columns (*cell* px each, within *lo*-*hi*).
 
     Examples
     --------
-    >>> heatmap_width(3), heatmap_width(100)
-    (160, 760)
+    >>> heatmap_width(3), heatmap_width(100), heatmap_width(3, cell=36, lo=240)
+    (160, 760, 240)
     """
-    return max(160, min(760, 22 * max(n_cols, 1)))
+    return max(lo, min(hi, cell * max(n_cols, 1)))
 
 
 def _order(frame: pd.DataFrame, field: str, key: str) -> list[Any]:
@@ -119,6 +119,7 @@ def heatmap_chart(
     width: int | None = None,
     y_title: str | None = None,
     row_height: int = 14,
+    label_limit: int = 260,
 ) -> alt.Chart | alt.LayerChart | alt.FacetChart:
     """Heat map of :func:`precnb.viz.heatmap_frame` cells with a ``cell`` point selection.
 
@@ -143,6 +144,8 @@ def heatmap_chart(
         Title of the row axis (none by default: the labels say it).
     row_height : int
         Pixels per row.
+    label_limit : int
+        Most pixels of a row label (longer ones are cut with an ellipsis; the tooltip has them whole).
 
     Returns
     -------
@@ -180,7 +183,7 @@ def heatmap_chart(
     x = alt.X("col:O", sort=_sort_by("col_order"), title="ranks" if by == "rank" else "step",
               axis=alt.Axis(labelAngle=-45 if by == "rank" else 0, labelOverlap=True))
     y = alt.Y("row:N", sort=_sort_by("row_order"), title=y_title,
-              axis=alt.Axis(labelLimit=260, labelOverlap=False))
+              axis=alt.Axis(labelLimit=label_limit, labelOverlap=False))
     rect = base.mark_rect(invalid="show").encode(x=x, y=y, tooltip=tooltip, **enc)
     if sel is not None:
         rect = rect.add_params(sel)

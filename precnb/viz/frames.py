@@ -134,6 +134,10 @@ def cube_frame(
         return _empty()
     sub = np.ix_(si, ri, ti)
     labels = row_labels(target, rows)[ti]
+    sc, nfs, pres, sq = score[sub], nf[sub], np.asarray(target["present"].values)[sub], \
+        np.asarray(target["seq"].values)[sub]
+    if rows == "module":  # entries whose rank recorded another op under the label: in that op's module row
+        ti, labels, (sc, nfs, pres, sq) = _entry_rows(target, si, ri, ti, labels, (sc, nfs, pres, sq))
     if groups:
         phase = row_groups(target)[ti]
         rank_of = {g: i for i, g in enumerate(GROUPS)}
@@ -147,9 +151,7 @@ def cube_frame(
         uniq_group = np.full(len(uniq), "", dtype=object)
     groups_arr = groups_idx
     ss, rs = bucket_size(len(si), step_groups), bucket_size(len(ri), rank_groups)
-    present = np.asarray(target["present"].values)[sub]
-    g = reduce_grid(score[sub], nf[sub], present, np.asarray(target["seq"].values)[sub],
-                    groups_arr, len(uniq), step_size=ss, rank_size=rs)
+    g = reduce_grid(sc, nfs, pres, sq, groups_arr, len(uniq), step_size=ss, rank_size=rs)
     nfc = g.nonfinite.sum(axis=(0, 1))
     best = np.nan_to_num(g.score.max(axis=(0, 1)), nan=-np.inf)
     if color in ("nonfinite", "events"):
@@ -167,6 +169,10 @@ def cube_frame(
     if focus is not None and str(focus.get("tensor")) in target.indexes["tensor"]:
         tj = int(target.indexes["tensor"].get_loc(str(focus["tensor"])))
         hit = np.flatnonzero(ti == tj)
+        if len(hit) > 1:  # the label is in several rows: the one holding the focused entry
+            fs, fr = _pos(target, "step", focus.get("step"), si), _pos(target, "rank", focus.get("rank"), ri)
+            if fs is not None and fr is not None:
+                hit = hit[np.argsort(~pres[fs, fr, hit], kind="stable")]
         if len(hit):
             fg = int(groups_arr[hit[0]])
             if fg not in keep:
@@ -184,6 +190,59 @@ def cube_frame(
     df.insert(1, "group", uniq_group[keep_arr][df["row_order"].to_numpy()] if len(df) else [])
     df.attrs.update(groups=bool(groups), sort=sort)
     return df
+
+
+def _pos(ds: xr.Dataset, dim: str, value: Any, idx: np.ndarray) -> int | None:
+    """Position of coordinate *value* among the selected *idx* of *dim* (None when not selected)."""
+    if value is None or int(value) not in ds.indexes[dim]:
+        return None
+    hit = np.flatnonzero(idx == int(ds.indexes[dim].get_loc(int(value))))
+    return int(hit[0]) if len(hit) else None
+
+
+def _entry_rows(ds: xr.Dataset, si: np.ndarray, ri: np.ndarray, ti: np.ndarray, labels: np.ndarray,
+                arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """Move the entries whose rank recorded the label in another module into that module's row.
+
+    A label names another op on a rank whose call counters are shifted; its entries there belong to
+    the other op's module (:func:`precnb.schema.entry_meta`). Each (label, other module) becomes a
+    column of its own holding only those entries (the label's column loses them). *arrays* are
+    (score, nonfinite, present, seq) over (si, ri, ti); returns the new (ti, labels, arrays).
+    """
+    from precnb.schema import meta_changes
+
+    moved = meta_changes(ds).get("module")
+    if not moved:
+        return ti, labels, arrays
+    steps = {int(s): k for k, s in enumerate(ds["step"].values[si])}
+    ranks = {int(r): k for k, r in enumerate(ds["rank"].values[ri])}
+    tlabels = ds["tensor"].values[ti]
+    cols: list[int] = []
+    new_labels: list[str] = []
+    masks: list[np.ndarray] = []
+    for c in np.flatnonzero(np.isin(tlabels, list(moved))).tolist():
+        by_module: dict[str, np.ndarray] = {}
+        for (s, r), module in moved[str(tlabels[c])].items():
+            if s in steps and r in ranks:
+                m = by_module.setdefault(module or "(none)", np.zeros((len(si), len(ri)), bool))
+                m[steps[s], ranks[r]] = True
+        for module, m in by_module.items():
+            cols.append(c)
+            new_labels.append(module)
+            masks.append(m)
+    if not cols:
+        return ti, labels, arrays
+    mask = np.stack(masks, axis=-1)  # (S, R, E)
+    fills = (-np.inf, False, False, -1)
+    out = []
+    for arr, fill in zip(arrays, fills, strict=True):
+        extra = np.where(mask, arr[:, :, cols], np.asarray(fill, dtype=arr.dtype))
+        base = arr.copy()
+        for e, c in enumerate(cols):
+            base[:, :, c] = np.where(mask[:, :, e], np.asarray(fill, dtype=arr.dtype), base[:, :, c])
+        out.append(np.concatenate([base, extra], axis=2))
+    return (np.concatenate([ti, ti[cols]]), np.concatenate([labels, np.asarray(new_labels, dtype=object)]),
+            tuple(out))
 
 
 def _bucket_of(vals: np.ndarray, value: Any, size: int) -> int | None:

@@ -17,10 +17,10 @@ import pandas as pd
 import xarray as xr
 
 from precnb.combine import select_run
-from precnb.schema import dtype_changes
+from precnb.schema import dtype_changes, meta_changes
 from precnb.viz.frames import _fmt, _index
 
-__all__ = ["detail_frame", "informative_series", "series_frame", "tensor_evidence"]
+__all__ = ["detail_frame", "informative_series", "series_frame", "shard_kinds", "tensor_evidence"]
 
 SERIES_COLUMNS = ["step", "value", "series", "tensor", "rank", "run", "nonfinite", "value_text"]
 
@@ -155,8 +155,13 @@ def detail_frame(
     run: str | None = None,
     baseline: str | None = None,
     limit: int = 60,
+    focus: str | None = None,
+    merged: dict[str, str] | None = None,
 ) -> pd.DataFrame:
     """The records of one (step, rank): values, dtype/shape, module, execution order.
+
+    Module, shape and dtype are that rank's own (:func:`precnb.schema.entry_meta`): where a label
+    names another op on another rank, the row shows this rank's op.
 
     Parameters
     ----------
@@ -169,13 +174,21 @@ def detail_frame(
         (adds ``<stat>_<baseline>`` and ``rel_diff`` columns).
     limit : int
         Most rows, in execution order.
+    focus : str, optional
+        A tensor that is always a row when it is recorded here: the *limit* rows are the window of
+        execution order around it (``attrs["first_row"]`` / ``attrs["rows_total"]`` say which).
+    merged : dict, optional
+        Tensor → how merging shards made it (:func:`shard_kinds` of the merged run; default: of *ds*).
 
     Returns
     -------
     pandas.DataFrame
         ``tensor, node, module, role, direction, dtype, shape, seq, max, min, mean, norm,
-        null_stats, nonfinite`` (+ baseline columns and ``rel_diff``); ``null_stats`` is the
-        schema's bit mask of statistics recorded as null (shown as "null", not NaN).
+        null_stats, nonfinite, merged`` (+ baseline columns, ``null_stats_<baseline>`` and
+        ``rel_diff``); ``null_stats`` is the schema's bit mask of statistics recorded as null
+        (shown as "null", not NaN); ``merged`` how merging shards made the entry (``sharded``,
+        ``partial_sum`` — whose max, min and norm no shard statistic gives —, ``replicas_differ``;
+        empty otherwise).
     """
     from precnb.analysis.masks import nonfinite, stat_vars
 
@@ -201,37 +214,76 @@ def detail_frame(
     if changes:  # entries whose dtype is not their tensor's first-seen one
         df["dtype"] = [changes.get(t, {}).get((int(step), int(rank)), d)
                        for t, d in zip(df["tensor"], df["dtype"], strict=True)]
+    meta = meta_changes(ds)
+    for f in ("module", "shape"):  # entries whose rank recorded another op under this label
+        where = meta.get(f)
+        if where:
+            key = (int(step), int(rank))
+            df[f] = [where.get(t, {}).get(key, v) for t, v in zip(df["tensor"], df[f], strict=True)]
     df["seq"] = np.asarray(e["seq"].values, dtype=np.int64)
     for s in stats:
         df[s] = np.asarray(e[s].values, dtype=np.float64)
     df["null_stats"] = np.asarray(e["null_stats"].values, dtype=np.int64)
     df["nonfinite"] = np.asarray(nonfinite(e).values, bool)
+    kinds = shard_kinds(ds) if merged is None else merged  # how merging shards made the entry
+    df["merged"] = [kinds.get(t, "") for t in df["tensor"]] if kinds else ""
     if base is not None:
         from precnb.analysis import relative_difference
 
         b = base.isel(step=si, rank=ri, tensor=ti)
         for s in ("max", "min", "mean", "norm"):
             df[f"{s}_{baseline}"] = np.asarray(b[s].values, dtype=np.float64)
+        df[f"null_stats_{baseline}"] = np.asarray(b["null_stats"].values, dtype=np.int64)  # the baseline's own nulls
         rel = relative_difference(b, e).max("stat")
         df["rel_diff"] = np.where(keep & np.asarray(b["present"].values), rel.values, np.nan)
         keep = keep | np.asarray(b["present"].values, bool)
-    df = df[keep].sort_values("seq", kind="stable").head(limit).reset_index(drop=True)
-    df.attrs.update(step=int(step), rank=int(rank), run=run or "", baseline=baseline or "")
+    df = df[keep].sort_values("seq", kind="stable").reset_index(drop=True)
+    total, first = len(df), 0
+    if total > limit:  # a window of execution order that holds the focused record, a few records before it
+        at = np.flatnonzero(df["tensor"].to_numpy() == focus) if focus is not None else np.zeros(0, np.int64)
+        if len(at):
+            first = int(min(max(int(at[0]) - min(2, limit // 4), 0), total - limit))
+        df = df.iloc[first:first + limit].reset_index(drop=True)
+    df.attrs.update(step=int(step), rank=int(rank), run=run or "", baseline=baseline or "", first_row=first,
+                    rows_total=total)
     return df
 
 
-def tensor_evidence(ds: xr.Dataset, tensor: str) -> dict[str, Any]:
-    """Node, module, module path (construct.json) and stack frames (stack.json) of a tensor."""
-    from precnb.analysis.evidence import node_evidence
+def shard_kinds(ds: xr.Dataset) -> dict[str, str]:
+    """Tensor → how :func:`precnb.merge_shards` made it (``sharded``, ``partial_sum``, ``replicas_differ``).
+
+    Replicated and unmerged tensors are left out; empty for a run that was not merged.
+    """
+    out: dict[str, str] = {}
+    for c in ("shard_kind_tp", "shard_kind_cp"):
+        if c in ds.coords:
+            for t, k in zip(ds["tensor"].values.tolist(), ds[c].values.tolist(), strict=True):
+                if k not in ("replicated", "local", "") and str(t) not in out:
+                    out[str(t)] = str(k)
+    return out
+
+
+def tensor_evidence(ds: xr.Dataset, tensor: str, step: int | None = None, rank: int | None = None
+                    ) -> dict[str, Any]:
+    """Node, module, module path (construct.json) and stack frames (stack.json) of a tensor.
+
+    With *step* and *rank*, as that rank recorded them (its own construct.json and stack.json:
+    a label may name another op on another rank); ``elsewhere`` lists the ranks where it does
+    (:func:`precnb.analysis.evidence.label_elsewhere`).
+    """
+    from precnb.analysis.evidence import label_elsewhere, node_evidence
+    from precnb.schema import entry_meta
 
     if tensor not in ds.indexes["tensor"]:
-        return {"tensor": tensor, "node": "", "module": "", "module_path": [], "stack": []}
+        return {"tensor": tensor, "node": "", "module": "", "module_path": [], "stack": [], "elsewhere": []}
     node = str(ds["node"].sel(tensor=tensor).values)
-    ev = node_evidence(ds, node)
-    return {"tensor": tensor, "node": node, "module": str(ds["module"].sel(tensor=tensor).values),
+    ev = node_evidence(ds, node, step=step, rank=rank, tensor=tensor)
+    meta = entry_meta(ds, tensor, step, rank)
+    here = step is not None and rank is not None and step in ds.indexes["step"] and rank in ds.indexes["rank"]
+    return {"tensor": tensor, "node": node, "module": meta["module"],
             "module_path": ev.get("module_path", []), "stack": ev.get("stack", []),
-            "dtype": str(ds["dtype"].sel(tensor=tensor).values),
-            "shape": str(ds["shape"].sel(tensor=tensor).values)}
+            "dtype": meta["dtype"], "shape": meta["shape"], "step": step, "rank": rank,
+            "elsewhere": label_elsewhere(ds, tensor, step=int(step), rank=int(rank)) if here else []}
 
 
 def _flat(ds: xr.Dataset, tensors: list[str], stat: str) -> bool:

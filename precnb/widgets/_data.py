@@ -166,23 +166,44 @@ class ExplorerData:
         rows = self.filters.rows.value
         return self.cached(("rows", id(ds), rows), lambda: row_labels(ds, rows))  # type: ignore[no-any-return]
 
+    def labels_at(self, ds: xr.Dataset | None, step: int | None, rank: int | None) -> np.ndarray:
+        """Row label of every tensor as (*step*, *rank*) recorded it (module rows: that rank's own module)."""
+        ds = self.target() if ds is None else ds
+        base = self.labels(ds)
+        if self.filters.rows.value != "module" or step is None or rank is None or not ds.attrs.get("meta_changes"):
+            return base
+
+        def make() -> np.ndarray:
+            from precnb.schema import meta_changes
+
+            out = base.copy()
+            for t, where in meta_changes(ds).get("module", {}).items():
+                m = where.get((int(step), int(rank)))
+                if m is not None and t in ds.indexes["tensor"]:
+                    out[ds.indexes["tensor"].get_loc(t)] = m or "(none)"
+            return out
+
+        return self.cached(("rows_at", id(ds), "module", int(step), int(rank)), make)  # type: ignore[no-any-return]
+
     def groups(self, ds: xr.Dataset | None = None) -> np.ndarray:
         """Row group (forward / backward / optimizer) of every tensor."""
         ds = self.target() if ds is None else ds
         return self.cached(("groups", id(ds)), lambda: row_groups(ds))  # type: ignore[no-any-return]
 
-    def row_of(self, tensor: str, ds: xr.Dataset | None = None) -> tuple[str, str] | None:
-        """(group, row label) of a tensor at the current row level (None when absent)."""
+    def row_of(self, tensor: str, ds: xr.Dataset | None = None, step: int | None = None,
+               rank: int | None = None) -> tuple[str, str] | None:
+        """(group, row label) of a tensor at the current row level (None when absent); at (*step*, *rank*)."""
         ds = self.target() if ds is None else ds
         if tensor not in ds.indexes["tensor"]:
             return None
         j = int(ds.indexes["tensor"].get_loc(tensor))
-        return str(self.groups(ds)[j]), str(self.labels(ds)[j])
+        return str(self.groups(ds)[j]), str(self.labels_at(ds, step, rank)[j])
 
-    def row_tensors(self, row: str, group: str | None = None, ds: xr.Dataset | None = None) -> list[str]:
-        """Tensors of a heat-map row (for a tensor row: the tensors of its node)."""
+    def row_tensors(self, row: str, group: str | None = None, ds: xr.Dataset | None = None,
+                    step: int | None = None, rank: int | None = None) -> list[str]:
+        """Tensors of a heat-map row (for a tensor row: the tensors of its node), as (*step*, *rank*) recorded them."""
         ds = self.target() if ds is None else ds
-        keep = self.mask(ds) & (self.labels(ds) == row)
+        keep = self.mask(ds) & (self.labels_at(ds, step, rank) == row)
         if group:
             keep &= self.groups(ds) == group
         if self.filters.rows.value == "tensor" and row in ds.indexes["tensor"]:
@@ -223,8 +244,17 @@ class ExplorerData:
             s, r, k = np.unravel_index(int(np.argmin(np.where(seq >= 0, seq, np.inf))), seq.shape)
         return int(ds["step"].values[s]), int(ds["rank"].values[r]), str(ds["tensor"].values[cols[k]])
 
-    def evidence(self, tensor: str, ds: xr.Dataset | None = None) -> dict[str, Any]:
-        """:func:`precnb.viz.tensor_evidence`, memoised (stack.json is parsed once per tensor)."""
+    def shard_kinds(self) -> dict[str, str]:
+        """How merging shards made each tensor of the triage's target (:func:`precnb.viz.series.shard_kinds`)."""
+        from precnb.viz.series import shard_kinds
+
+        t = self.triage
+        return self.cached(("shard_kinds",), lambda: shard_kinds(t.target) if t is not None and  # type: ignore[no-any-return]
+                           t.target is not None else {})
+
+    def evidence(self, tensor: str, ds: xr.Dataset | None = None, step: int | None = None,
+                 rank: int | None = None) -> dict[str, Any]:
+        """:func:`precnb.viz.tensor_evidence` at (*step*, *rank*) (that rank's own), memoised."""
         ds = self.target() if ds is None else ds
-        return self.cached(("evidence", id(ds), tensor),  # type: ignore[no-any-return]
-                           lambda: tensor_evidence(ds, tensor))
+        return self.cached(("evidence", id(ds), tensor, step, rank),  # type: ignore[no-any-return]
+                           lambda: tensor_evidence(ds, tensor, step, rank))

@@ -32,7 +32,9 @@ class Runs:
             return self.ds
         name = name or self.target or self.names[-1]
         if name not in self._views:  # one object per run: caches keyed on it stay valid
-            self._views[name] = self.ds.sel(run=name)
+            from precnb.combine import select_run
+
+            self._views[name] = select_run(self.ds, name)  # with its own attributes (per-entry metadata, stacks)
         return self._views[name]
 
 

@@ -10,14 +10,25 @@ __all__ = ["input_paths", "rerun_triage", "sources_of"]
 
 
 def sources_of(runs: Runs, triage: Any) -> dict[str, Any]:
-    """The runs as given (before merging), by name: what a rerun starts from."""
+    """The runs as given (before merging), by name: what a rerun starts from.
+
+    Runs read from a path are that dataset and that path (:class:`precnb.pipeline.ReadRun`): a
+    rerun does not read the dumps again, and still reads what only they hold (node records).
+    """
     if triage is not None and triage.raw_target is not None and len(runs.names) <= 2:
+        from precnb.pipeline import ReadRun
+
         b, t = (str(x) for x in triage.names)
+        pb, pt = getattr(triage, "source_paths", (None, None))
+
+        def read(ds: Any, path: str | None) -> Any:
+            return ReadRun(ds, path) if path else ds
+
         if triage.raw_baseline is None:
-            return {t or "run": triage.raw_target}
+            return {t or "run": read(triage.raw_target, pt)}
         if b == t:
             b, t = f"{b} (baseline)", f"{t} (target)"
-        return {b: triage.raw_baseline, t: triage.raw_target}
+        return {b: read(triage.raw_baseline, pb), t: read(triage.raw_target, pt)}
     if runs.names:
         return {n: runs.run(n) for n in runs.names}
     return {"run": runs.ds}
@@ -35,6 +46,10 @@ def input_paths(runs: Runs, triage: Any, sources: dict[str, Any]) -> list[str]:
 
     out: list[str] = []
     for src in sources.values():
+        path = getattr(src, "path", None)  # a ReadRun: the dataset and where it was read from
+        if path:
+            out.append(os.fspath(path))
+            src = src.ds
         out += [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else dataset_inputs(src)
     out += dataset_inputs(triage) + dataset_inputs(runs.ds)
     return list(dict.fromkeys(out))

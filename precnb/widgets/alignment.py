@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as ipw
 import numpy as np
 
-from precnb.widgets.charts import EMBED
+from precnb.widgets.charts import offline_chart
 from precnb.widgets.findings import _error
 from precnb.widgets.panel import ExplorerAPI, Panel
 
@@ -86,6 +86,7 @@ class AlignmentPanel(Panel):
                          ipw.HBox([self.path, self.overwrite, self.save]), self.status, self.output, self.chart_box]
         self.add_class("precnb-alignment")
         self._drawn_for: Any = None
+        self._drawn_level: str | None = None
 
     # -- hooks --------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -94,7 +95,7 @@ class AlignmentPanel(Panel):
         a = t.alignment if t is not None else None
         self.summary.value = (f"<div style='font-size:12px'>{html.escape(a.describe())}</div>" if a is not None else
                               "<i>no alignment (one run)</i>")
-        if self.chart is not None:
+        if self.chart is not None and self.is_open():  # else redrawn when the tab is opened (on_show)
             self.draw()
 
     def on_show(self) -> None:
@@ -105,8 +106,6 @@ class AlignmentPanel(Panel):
     # -- drawing ------------------------------------------------------------------------------
     def draw(self) -> None:
         """(Re)build both trees for the current level and selection."""
-        import altair as alt
-
         from precnb.viz.alignment import alignment_chart, alignment_frame
 
         t = self.api.triage
@@ -126,12 +125,12 @@ class AlignmentPanel(Panel):
         except Exception as err:
             self.chart_box.children = [ipw.HTML(_error(err))]
             return
-        alt.JupyterChart.enable_offline(True)
-        self.chart = alt.JupyterChart(chart, embed_options=EMBED)
+        self.chart = offline_chart(chart)
         self.chart.selections.observe(self._on_left, names=["left"])
         self.chart.selections.observe(self._on_right, names=["right"])
         self.chart_box.children = [self.chart]
         self._drawn_for = t
+        self._drawn_level = level
         self._say()
 
     def _module_pair(self) -> tuple[str | None, str | None]:
@@ -197,17 +196,31 @@ class AlignmentPanel(Panel):
         self._say()
 
     # -- editing ------------------------------------------------------------------------------
-    def _rerun(self, doc: dict[str, Any], what: str) -> Any:
+    def _rerun(self, doc: dict[str, Any], what: str, done: Any) -> Any:
+        """Rerun with *doc*; *done(triage)* says whether the edit took (None) or why not (a message)."""
         self.output.value = f"<i>{html.escape(what)}: rerunning the triage…</i>"
         try:
             t = self.api.rerun(mapping=doc)
         except Exception as err:
             self.output.value = _error(err)
             return None
+        why_not = done(t)
+        if why_not:
+            self.output.value = _error(ValueError(why_not))
+            return t
         f = t.finding if t is not None else None
         self.output.value = (f"{html.escape(what)}; first finding now: <b>{html.escape(f.node or f.reason)}</b>"
                              if f is not None else html.escape(what))
         return t
+
+    def _names(self, side: str) -> set[str]:
+        """What can be picked on one side at this level: the drawn tree's rows (modules, containers, calls)."""
+        t = self.api.triage
+        ds = t.baseline if side == "baseline" else t.target
+        names = set(ds["module" if self.level.value == "modules" else "node"].values.astype(str))
+        if self.rows is not None and self._drawn_level == self.level.value:
+            names |= set(self.rows.loc[self.rows["side"] == side, "name"].astype(str))
+        return names
 
     def do_match(self) -> Any:
         """Force the selected pair (modules or calls) and rerun; returns the new triage."""
@@ -217,26 +230,48 @@ class AlignmentPanel(Panel):
         if not (self.left and self.right):
             self.output.value = _error(ValueError("pick a baseline node (left) and a target node (right) first"))
             return None
+        what = "module" if self.level.value == "modules" else "call"
+        bad = [f"{side} {name!r}" for side, name in (("baseline", self.left), ("target", self.right))
+               if name not in self._names(side)]
+        if bad:  # a pick made at the other level (a module while calls are listed, or the reverse)
+            self.output.value = _error(ValueError(f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a "
+                                                  f"{what} of that run: pick a {what} on each side"))
+            return None
         a = t.alignment
+        left, right = self.left, self.right
         if self.level.value == "modules":
-            doc = a.with_pairs(set_modules={self.left: self.right})
+            doc = a.with_pairs(set_modules={left: right})
+            pairs = lambda nt: {(p.baseline, p.target) for p in nt.alignment.modules}  # noqa: E731
         else:
-            doc = a.with_pairs(set_nodes={self.left: self.right})
-        return self._rerun(doc, f"matched {self.left} ↔ {self.right}")
+            doc = a.with_pairs(set_nodes={left: right})
+            pairs = lambda nt: {(p.baseline, p.target) for p in nt.alignment.nodes}  # noqa: E731
+        return self._rerun(doc, f"matched {left} ↔ {right}", lambda nt: None if nt.alignment is not None and (
+            left, right) in pairs(nt) else f"{left} ↔ {right} is not a pair after the rerun (the aligner refused it)")
 
     def do_unmatch(self) -> Any:
-        """Leave the selected target call (or the partner of the selected baseline call) unpaired; rerun."""
+        """Leave the selected target call (or the partner of the selected baseline call) unpaired; rerun.
+
+        The pick must be a paired call: a module picked at the "modules" level (still selected when
+        the calls are listed) is not one, and nothing is said to be unpaired unless it is.
+        """
         t = self.api.triage
         if t is None or t.alignment is None:
             return None
         if self.level.value != "calls":
             self.output.value = _error(ValueError("unmatch works on calls: choose 'calls in the selected modules'"))
             return None
-        target = self.right or next((p.target for p in t.alignment.nodes if p.baseline == self.left), None)
+        by_target = {p.target: p.baseline for p in t.alignment.nodes}
+        by_base = {p.baseline: p.target for p in t.alignment.nodes}
+        target = self.right if self.right in by_target else by_base.get(self.left or "")
         if not target:
-            self.output.value = _error(ValueError("pick a paired call first"))
+            picked = self.right or self.left
+            why = (f"{picked!r} is not a paired call (a module picked at the modules level, or an unpaired call): "
+                   "pick a paired call in the list" if picked else "pick a paired call first")
+            self.output.value = _error(ValueError(why))
             return None
-        return self._rerun(t.alignment.with_pairs(unpair_targets={target}), f"unmatched {target}")
+        return self._rerun(t.alignment.with_pairs(unpair_targets={target}), f"unmatched {target}",
+                           lambda nt: None if nt.alignment is not None and target not in {
+                               p.target for p in nt.alignment.nodes} else f"{target} is still paired after the rerun")
 
     def do_save(self) -> Path | None:
         """Write precnb's mapping file of the current alignment; returns its path (None on a refusal).

@@ -14,15 +14,64 @@ import ipywidgets as ipw
 import numpy as np
 import pandas as pd
 
-__all__ = ["HeatmapPanel", "SeriesPanel", "WherePanel", "offline_chart", "records"]
+__all__ = ["HeatmapPanel", "OfflineChart", "SeriesPanel", "WherePanel", "offline_chart", "records", "unvalidated"]
 
 EMBED = {"renderer": "svg", "actions": False}
 
 
-def offline_chart() -> alt.JupyterChart:
-    """An empty ``JupyterChart`` whose JavaScript comes from vl-convert (no CDN)."""
-    alt.JupyterChart.enable_offline(True)
-    return alt.JupyterChart(None, embed_options=EMBED)
+def unvalidated(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
+    """*chart*, whose ``to_dict()`` (what ``JupyterChart`` calls) skips the schema validation.
+
+    Examples
+    --------
+    >>> import altair as alt
+    >>> c = unvalidated(alt.Chart().mark_point())
+    >>> c.to_dict()["mark"]["type"]
+    'point'
+    """
+    import functools
+
+    object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
+    return chart
+
+
+class OfflineChart(alt.JupyterChart):
+    """A ``JupyterChart`` whose offline JavaScript (vl-convert's 0.9 MB bundle, no CDN) is compiled once per page.
+
+    anywidget imports each widget's ``_esm`` from a blob of its own, and a model must be ready within
+    2 s: every chart on a page compiled the whole bundle again, and a notebook of explorers, opened
+    again (every model restored at once), ran past that limit (``[anywidget] Failed to initialize
+    model``). Here ``_esm`` is a small module holding the bundle as a string, ready at once; its
+    ``render`` imports the bundle the first time a chart on the page draws, and every other chart
+    waits for that one import (a page-wide promise keyed by the bundle's digest).
+    """
+
+
+def _shared_esm(bundle: str) -> str:
+    """The ES module that imports *bundle* once per page and re-exports its default (the widget)."""
+    import hashlib
+    import json
+
+    key = "__precnb_jupyterchart_" + hashlib.sha1(bundle.encode("utf-8"), usedforsecurity=False).hexdigest()[:16]
+    return (f"const key = {json.dumps(key)};\n"
+            f"const src = {json.dumps(bundle)};\n"
+            "const load = () => (globalThis[key] ??= import(URL.createObjectURL(new Blob([src], "
+            "{type: 'text/javascript'}))));\n"
+            "export default {\n"
+            "  async render(ctx) {\n"
+            "    const mod = await load();\n"
+            "    return mod.default.render(ctx);\n"
+            "  },\n"
+            "};\n")
+
+
+def offline_chart(chart: alt.TopLevelMixin | None = None) -> alt.JupyterChart:
+    """A ``JupyterChart`` (empty, or of *chart*, unvalidated) whose JavaScript comes from vl-convert (no CDN)."""
+    if not OfflineChart.__dict__.get("_precnb_ready"):
+        alt.JupyterChart.enable_offline(True)  # altair's offline bundle, built once per process
+        OfflineChart._esm = _shared_esm(str(alt.JupyterChart._esm))
+        OfflineChart._precnb_ready = True
+    return OfflineChart(unvalidated(chart) if chart is not None else None, embed_options=EMBED)
 
 
 class _ChartPanel(ipw.VBox):
@@ -42,9 +91,13 @@ class _ChartPanel(ipw.VBox):
                               f"font-size:11px;line-height:1.3;color:#555'>{text}</div>")
 
     def set_chart(self, chart: alt.TopLevelMixin, caption: str = "") -> None:
-        """Replace the chart (one comm message) and re-attach the selection observers."""
+        """Replace the chart (one comm message) and re-attach the selection observers.
+
+        The spec is not validated against the Vega-Lite schema here (a second or more of
+        ``jsonschema`` per chart on a large run): the builders are validated by the tests.
+        """
         with self.chart.hold_sync():
-            self.chart.chart = chart
+            self.chart.chart = unvalidated(chart)
         self.set_caption(caption)
         for name, handler in self._handlers.items():
             if name in self.chart.selections.trait_names():

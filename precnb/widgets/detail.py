@@ -18,6 +18,12 @@ _CSS = """<style>
 .precnb-detail tr.focus td{background:#fff3c4;font-weight:600}
 .precnb-detail .nf{color:#c00;font-weight:600}
 .precnb-detail .null{color:#999}
+.precnb-detail td.l.t{white-space:normal;overflow-wrap:anywhere;max-width:340px;min-width:160px;line-height:1.25}
+.precnb-detail td.l.t .m{display:block;color:#777;font-size:10px;font-weight:400;line-height:1.1}
+.precnb-detail td{line-height:1.25}
+.precnb-detail td .b{display:block;color:#777;font-size:11px}
+.precnb-detail td .b.d{color:#b35900}
+.precnb-detail .note{font-size:11px;color:#666;margin:2px 0}
 .precnb-detail .stack{font-size:11px;color:#333;margin:2px 0 0 0;padding-left:0;list-style:none}
 .precnb-detail .stack li{margin:0 0 3px 0}
 .precnb-detail .stack .loc{color:#555}
@@ -30,7 +36,13 @@ _STATS = ("max", "min", "mean", "norm")
 _NULL_BITS = {"max": 1, "min": 2, "mean": 4, "norm": 8}
 
 
-def _num(v: Any, null: bool = False) -> str:
+_MERGED_NULL = ("<span class='null' title='a partial sum across shards: only its mean can be merged from the "
+                "shard statistics'>Σ</span>")
+
+
+def _num(v: Any, null: bool = False, merged: bool = False) -> str:
+    if null and merged:
+        return _MERGED_NULL
     if null:
         return "<span class='null'>null</span>"
     try:
@@ -68,9 +80,17 @@ def evidence_html(evidence: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _bit(col: str) -> int:
+    return _NULL_BITS.get(col.split("_")[0], 0)
+
+
 def detail_html(frame: pd.DataFrame, evidence: dict[str, Any] | None = None, *,
                 focus: str | None = None, title: str = "") -> str:
-    """HTML for :func:`precnb.viz.detail_frame` plus evidence of the focused tensor."""
+    """HTML for :func:`precnb.viz.detail_frame` plus evidence of the focused tensor.
+
+    Two runs: one column per statistic, the target's value over the baseline's (orange where they
+    differ), so the table fits the notebook; each run's nulls are its own.
+    """
     e = html.escape
     out = [_CSS, "<div class='precnb-detail'>"]
     if title:
@@ -79,27 +99,43 @@ def detail_html(frame: pd.DataFrame, evidence: dict[str, Any] | None = None, *,
         out.append("<div><i>no records here</i></div></div>")
         return "".join(out)
     base = frame.attrs.get("baseline") or ""
-    cols: list[str] = ["rel_diff"] if "rel_diff" in frame else []
-    for s in [*_STATS, "nans", "zeros"]:
-        if s in frame:
-            cols.append(s)
-        if base and f"{s}_{base}" in frame:
-            cols.append(f"{s}_{base}")
-    head = ["tensor", "role", "dtype", "shape", *cols]
-    out.append("<table><tr>" + "".join(
-        f"<th class='{'l' if h in ('tensor', 'role', 'dtype', 'shape') else ''}'>{e(h)}</th>"
-        for h in head) + "</tr>")
+    stats = [s for s in (*_STATS, "nans", "zeros") if s in frame]
+    paired = [s for s in stats if base and f"{s}_{base}" in frame]
+    lead = ["rel_diff"] if "rel_diff" in frame else []
+    labels = {s: (f"{s}<br><span class='b'>{e(base)}</span>" if s in paired else e(s)) for s in stats}
+    head = ["tensor <span class='b'>role · dtype</span>", "shape"]
+    out.append("<table><tr>" + "".join(f"<th class='l'>{h}</th>" for h in head)
+               + "".join(f"<th>{e(h)}</th>" for h in lead) + "".join(f"<th>{labels[s]}</th>" for s in stats)
+               + "</tr>")
+    any_merged_null = False
     for row in frame.itertuples(index=False):
         r = row._asdict()
         cls = " class='focus'" if focus and r["tensor"] == focus else ""
-        cells = [f"<td class='l'>{e(str(r['tensor']))}</td>", f"<td class='l'>{e(str(r['role']))}</td>",
-                 f"<td class='l'>{e(str(r['dtype']).replace('torch.', ''))}</td>",
+        # role and dtype under the label: the table fits beside the maps (at 1600 px)
+        cells = [f"<td class='l t'>{e(str(r['tensor']))}<span class='m'>{e(str(r['role']))} · "
+                 f"{e(str(r['dtype']).replace('torch.', ''))}</span></td>",
                  f"<td class='l'>{e(str(r['shape']))}</td>"]
         nulls = int(r.get("null_stats", 0) or 0)
-        cells += [f"<td>{_num(r[c], bool(nulls & _NULL_BITS.get(c.split('_')[0], 0)))}</td>"
-                  for c in cols]
+        bnulls = int(r.get(f"null_stats_{base}", 0) or 0) if base else 0
+        merged = str(r.get("merged", "") or "") == "partial_sum"
+        cells += [f"<td>{_num(r[c])}</td>" for c in lead]
+        for s in stats:
+            mine = _num(r[s], bool(nulls & _bit(s)), merged)
+            any_merged_null |= merged and bool(nulls & _bit(s))
+            if s in paired:
+                theirs = _num(r[f"{s}_{base}"], bool(bnulls & _bit(s)))
+                differ = " d" if theirs != mine else ""
+                mine += f"<span class='b{differ}'>{theirs}</span>"
+            cells.append(f"<td>{mine}</td>")
         out.append(f"<tr{cls}>{''.join(cells)}</tr>")
     out.append("</table>")
+    total, first = frame.attrs.get("rows_total"), int(frame.attrs.get("first_row", 0) or 0)
+    if total and total > len(frame):
+        out.append(f"<div class='note'>records {first + 1}–{first + len(frame)} of {total} at this step and rank, in "
+                   "execution order, around the selected one</div>")
+    if any_merged_null:
+        out.append(f"<div class='note'>{_MERGED_NULL}: a partial sum across shards (each rank holds an addend): "
+                   "its max, min and norm cannot be derived from the shard statistics, only its mean</div>")
     if evidence:
         out.append(evidence_html(evidence))
     out.append("</div>")

@@ -39,7 +39,12 @@ _MOVES = {"ArrowUp": (-1, 0), "ArrowDown": (1, 0), "ArrowLeft": (0, -1), "ArrowR
 _CSS = ("<style>.precnb-explorer .precnb-heatmap g.mark-text, .precnb-explorer .precnb-where g.mark-text, "
         ".precnb-explorer .precnb-alignment g.mark-text, .precnb-explorer .precnb-alignment g.mark-symbol, "
         ".precnb-explorer .precnb-hierarchy g.mark-text, .precnb-explorer .precnb-hierarchy g.mark-rect + "
-        "g.mark-rect {pointer-events: none}</style>")
+        "g.mark-rect {pointer-events: none}"
+        # a suspect's whole text, wrapped: never clipped to "inherited via co…"
+        ".precnb-explorer .precnb-suspect {white-space: normal; height: auto; min-height: 24px; text-align: left; "
+        "line-height: 1.3; padding: 2px 8px; overflow: visible; text-overflow: clip}"
+        ".precnb-explorer .precnb-suspect .widget-label-basic, .precnb-explorer .precnb-suspect span "
+        "{white-space: normal}</style>")
 
 
 class Explorer(ExplorerViews, ipw.VBox):
@@ -85,19 +90,25 @@ class Explorer(ExplorerViews, ipw.VBox):
         self.preflight: PreflightPanel | None = None  # the pre-flight checklist, above the tabs when run
         self.preflight_box = ipw.Box([])
         self._checklist()
-        # the where view and the selection line first (always in sight), then the heat map beside the lines
-        wrap = ipw.Layout(flex_flow="row wrap", align_items="flex-start")
-        selection = ipw.VBox([self.record.status, self.record.attribution],
-                             layout=ipw.Layout(flex="1 1 360px", margin="0 0 0 12px"))
-        lines = ipw.VBox([self.record.lines, ipw.HBox([self.record.hist_toggle]), self.record.hist_box],
-                         layout=ipw.Layout(flex="1 1 420px"))
-        super().__init__([self.css, self.header, self.bar, self.filters,
-                          ipw.HBox([self.heat.where, selection], layout=wrap),
-                          ipw.HBox([self.heat.main, lines], layout=wrap),
-                          self.record.detail, self.keynav, self.preflight_box, self.tabs])
+        # two columns that use the width: the maps (rank × step view over the main heat map) on the left, the
+        # selected record on the right (selection line, its chart, its detail table), so the origin, its chart
+        # and its record are on one screen; on a narrow notebook the right column wraps below the maps
+        selection = ipw.VBox([self.record.status, self.record.attribution])
+        self.maps = ipw.VBox([self.heat.where, self.heat.main], layout=ipw.Layout(flex="0 1 auto", min_width="0"))
+        self.maps.add_class("precnb-maps")
+        self.side = ipw.VBox([selection, self.record.lines, ipw.HBox([self.record.hist_toggle]), self.record.hist_box,
+                              self.record.detail],
+                             layout=ipw.Layout(flex="1 1 420px", min_width="420px", margin="0 0 0 16px"))
+        self.side.add_class("precnb-record")
+        grid = ipw.HBox([self.maps, self.side], layout=ipw.Layout(flex_flow="row wrap", align_items="flex-start",
+                                                                   width="100%"))
+        grid.add_class("precnb-grid")
+        super().__init__([self.css, self.header, self.bar, self.filters, grid, self.keynav, self.preflight_box,
+                          self.tabs])
         self.add_class("precnb-explorer")
         self._describe()
-        self.refresh()
+        if not (auto and self._opening() is not None):  # start() draws everything once, on the finding
+            self.refresh()
         if auto:
             self.start()
         else:
@@ -151,7 +162,7 @@ class Explorer(ExplorerViews, ipw.VBox):
     def refresh(self, focus: dict[str, Any] | None = None, *, redraw_lines: bool = True) -> pd.DataFrame:
         """Rebuild both heat maps from the filter bar, keeping the selected record selected."""
         if self.tensor is not None and not self.unmerged:  # its row at the current row level
-            gr = self.data.row_of(self.tensor)
+            gr = self.data.row_of(self.tensor, None, self.step, self.rank)
             if gr is not None:
                 with self.hold_trait_notifications():
                     self.group, self.row = gr
@@ -221,7 +232,7 @@ class Explorer(ExplorerViews, ipw.VBox):
     def select_record(self, step: int, rank: int, tensor: str, *, unmerged: bool = False) -> None:
         """Select one record, making it visible (filters widened, its group shown)."""
         ds = self._ds(unmerged)
-        gr = self.data.row_of(tensor, ds)
+        gr = self.data.row_of(tensor, ds, step, None if unmerged else rank)
         visible = gr is not None and tensor in ds.indexes["tensor"] and bool(
             self.data.mask(ds)[ds.indexes["tensor"].get_loc(tensor)])
         self.filters.show(step=step, rank=rank if not unmerged else None, group=gr[0] if gr else None,
@@ -291,28 +302,40 @@ class Explorer(ExplorerViews, ipw.VBox):
 
     # -- findings -----------------------------------------------------------------------------
     def show_finding(self, f: Any, **_legacy: Any) -> None:
-        """Move the heat maps, line chart and detail table to a Finding."""
-        if not f.found or f.tensor is None or f.step is None or f.rank is None:
+        """Move the heat maps, line chart and detail table to a Finding (its origin record when it has one)."""
+        from precnb.analysis.findings import shown_record
+
+        unmerged = f.kind == "replica_mismatch" and self.data.raw() is not None
+        ds = self._ds(unmerged)
+        rec = shown_record(f, [int(r) for r in ds["rank"].values])
+        if rec is None:
             self.current_finding = f
             self.bar.update()
             self._notify()
             return
-        unmerged = f.kind == "replica_mismatch" and self.data.raw() is not None
-        ds = self._ds(unmerged)
-        tensor = str(f.tensor)
+        step, rank, tensor = rec
         if tensor not in ds.indexes["tensor"]:  # e.g. a computation only the baseline has
             alt_label = f"{tensor} (baseline)"
             tensor = alt_label if alt_label in ds.indexes["tensor"] else tensor
-        gr = self.data.row_of(tensor, ds)
+        gr = self.data.row_of(tensor, ds, int(f.step), None if unmerged else int(f.rank))
         visible = gr is not None and bool(self.data.mask(ds)[ds.indexes["tensor"].get_loc(tensor)])
-        self.filters.show(step=int(f.step), rank=None if unmerged else int(f.rank), group=gr[0] if gr else None,
+        self.filters.show(step=step, rank=None if unmerged else rank, group=gr[0] if gr else None,
                           tensor_visible=visible)
         self.current_finding = f
-        self._apply(Pick(step=int(f.step), rank=int(f.rank), tensor=tensor, row=gr[1] if gr else None,
+        self._apply(Pick(step=step, rank=rank, tensor=tensor, row=gr[1] if gr else None,
                          group=gr[0] if gr else None, unmerged=unmerged))
-        self.refresh(focus={"step": int(f.step), "rank": int(f.rank), "tensor": tensor} if not unmerged else None)
+        self.refresh(focus={"step": step, "rank": rank, "tensor": tensor} if not unmerged else None)
         self.bar.update()
         self._notify()
+
+    def _opening(self) -> Any:
+        """The finding :meth:`start` shows a record of (None: nothing located to open on)."""
+        t = self.triage
+        if t is None:
+            return None
+        return next((x for x in t.findings if x.found and (
+            (x.tensor is not None and x.step is not None and x.rank is not None)
+            or (x.values or {}).get("origin"))), None)  # a loss spike: its origin record (values["origin"])
 
     def start(self) -> None:
         """Open on the pipeline's first finding that names a record (``finding`` is the first finding)."""
@@ -321,8 +344,7 @@ class Explorer(ExplorerViews, ipw.VBox):
             self.bar.update()
             return
         self.finding = t.finding  # what it opened on (a "nothing found" finding on a clean run)
-        f = next((x for x in t.findings if x.found and x.tensor is not None and x.step is not None), t.finding)
-        self.show_finding(f)
+        self.show_finding(self._opening() or t.finding)
 
     def findings(self) -> list[Any]:
         """Findings for the report and the finding bar: the triage's, most important first."""
@@ -357,8 +379,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         self.filters.reset(runs.run(), runs.names, tensor_metrics=self._has_metrics(triage))
         self.data = ExplorerData(runs, self.filters, triage)
         self.heat.data = self.record.data = self.data
-        self.heat._main.reset()
-        self.heat._where.reset()
+        # the charts' templates are data-free (their shape is in their key): kept, only new data is sent
         with self.hold_trait_notifications():
             self.step = self.rank = None
             self.tensor = self.row = self.group = None
@@ -368,7 +389,8 @@ class Explorer(ExplorerViews, ipw.VBox):
         self._checklist()
         for p in self.panels:
             p.refresh()
-        self.refresh()
+        if self._opening() is None:  # start() draws everything once, on the finding
+            self.refresh()
         self.start()
 
     def _on_tab(self, change: dict[str, Any]) -> None:

@@ -26,12 +26,10 @@ def _v(x: Any) -> str:
 
 def finding_html(f: Any, *, suspects: bool = True) -> str:
     """HTML summary of a :class:`precnb.analysis.Finding` (reason, where, values, hints; suspects as text)."""
-    from precnb.analysis.registry import title
-
     e = html.escape
-    color = "#2a7" if f.kind == "none" else "#b00"
-    out = [f"<div class='precnb-finding'><b style='color:{color}'>{e(title(f.kind))}"
-           f"</b>: {e(f.reason)}"]
+    color = ("#5d6675" if f.nothing_compared else "#2a7") if f.kind == "none" else "#b00"
+    title, _, reason = f.headline.partition(": ")
+    out = [f"<div class='precnb-finding'><b style='color:{color}'>{e(title)}</b>: {e(reason)}"]
     if f.kind != "none":
         rows = [("step", f.step), ("rank", f.rank), ("node", f.node), ("tensor", f.tensor),
                 ("module", f.module)]
@@ -84,21 +82,27 @@ def _error(err: Exception) -> str:
 
 def finding_title(f: Any, index: int | None = None, total: int | None = None) -> str:
     """``"First divergence (1 of 2): Functional.gelu.0.forward at step 1, rank 0 · blocks.0.mlp"``."""
-    from precnb.analysis.registry import title
-
     n = f" ({index + 1} of {total})" if index is not None and total else ""
     if not f.found:
-        return f"{title(f.kind)}{n}: {f.reason}"
+        title, _, reason = f.headline.partition(": ")
+        return f"{title}{n}: {reason}"
     where = f" at step {f.step}, rank {f.rank}" if f.step is not None else ""
     mod = f" · {f.module}" if f.module else ""
-    return f"{title(f.kind)}{n}: {f.node or f.tensor or ''}{where}{mod}"
+    return f"{f.title}{n}: {f.node or f.tensor or ''}{where}{mod}"
 
 
 def suspect_label(s: dict[str, Any]) -> str:
     """Button text of a suspect: ``"step 1 · rank 0 · Distributed.all_reduce.0.forward (inherited …)"``."""
-    why = str(s.get("why", ""))
-    why = why if len(why) <= 48 else why[:47] + "…"
-    return f"step {s.get('step')} · rank {s.get('rank')} · {s.get('node') or s.get('tensor')} ({why})"
+    return f"step {s.get('step')} · rank {s.get('rank')} · {s.get('node') or s.get('tensor')} ({s.get('why', '')})"
+
+
+def _colour(f: Any) -> str:
+    """Red for a finding, amber for a clean result that warns (a pre-flight warning), green otherwise."""
+    if f is None:
+        return "#2a7"
+    if f.found:
+        return "#b00"
+    return "#b76e00" if isinstance(f.stats, dict) and f.stats.get("status") == "warn" else "#2a7"
 
 
 def _located(f: Any) -> bool:
@@ -153,16 +157,16 @@ class FindingBar(ipw.VBox):
             t = self.api.triage
             f0 = t.finding if t is not None else None
             text = html.escape(finding_title(f0)) if f0 is not None else "no diagnosis run"
-            self.label.value = f"<span style='color:#2a7'>{text}</span>"
+            self.label.value = f"<span style='color:{_colour(f0)}'>{text}</span>"
             self.suspects.children = []
             return
-        color = "#2a7" if not cur.found else "#b00"
+        color = _colour(cur)
         idx = found.index(cur) if cur in found else None
         self.label.value = (f"<b style='color:{color}'>{html.escape(finding_title(cur, idx, len(found)))}</b>")
         buttons = []
         for s in [s for s in cur.suspects[1:] if s.get("step") is not None][: self.max_suspects]:
-            b = ipw.Button(description=suspect_label(s), tooltip=str(s.get("why", "")),
-                           layout=ipw.Layout(width="auto", max_width="460px", height="24px"))
+            b = ipw.Button(description=suspect_label(s), tooltip=suspect_label(s),  # the whole text, wrapped (CSS)
+                           layout=ipw.Layout(width="auto", max_width="100%", height="auto"))
             b.add_class("precnb-suspect")
             b.on_click(lambda _b, s=s: self.go(s))
             buttons.append(b)
@@ -208,10 +212,9 @@ class FindingPanel(Panel):
                 b.on_click(lambda _b, f=f: self.api.show_finding(f))
                 items.append(b)
             else:
-                from precnb.analysis.registry import title
-
-                items.append(ipw.HTML(f"<span style='font-size:12px'><b>{html.escape(title(f.kind))}</b>: "
-                                      f"{html.escape(f.reason)}</span>"))
+                title, _, reason = f.headline.partition(": ")
+                items.append(ipw.HTML(f"<span style='font-size:12px'><b>{html.escape(title)}</b>: "
+                                      f"{html.escape(reason)}</span>"))
         self.list.children = items
         self.on_select()
 

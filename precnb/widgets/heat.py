@@ -24,6 +24,9 @@ from precnb.widgets.charts import HeatmapPanel, WherePanel, records
 
 __all__ = ["HEATMAP_COLUMNS", "HeatView", "Pick", "contract_frame"]
 
+LABEL_LIMIT = 200
+"""Most pixels of a heat-map row label in the explorer (the record's column needs the rest of the width)."""
+
 HEATMAP_COLUMNS = ["row", "group", "x", "x_hi", "value", "first_bad", "col", "step", "step_hi", "rank_lo", "rank_hi",
                    "tensor", "worst_step", "worst_rank", "nonfinite", "records", "focus"]
 """Columns of :meth:`precnb.widgets.explorer.Explorer.heatmap_frame`."""
@@ -222,10 +225,17 @@ class HeatView:
                    "(shift-click adds); arrow keys move")
         shape = ("main", color, f.by.value, f.stat.value, f.metric.value if color == "tensor" else "",
                  tuple(sorted(set(frame["group"]))) if len(frame) else ())
-        self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected),
-                        selected, caption)
-        # the panel as wide as its chart (cells + row labels up to 260 px + the facet's margin): lines fit beside
-        self.main.layout.width = f"{heatmap_width(frame['col'].nunique() if len(frame) else 1) + 300}px"
+        width = self.cells_width(frame)
+        shape = (*shape, width)  # the template holds the width
+        self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected, width=width,
+                                                            label_limit=LABEL_LIMIT), selected, caption)
+        # the panel as wide as its chart (cells + row labels + the facet's margin): the record beside it
+        self.main.layout.width = f"{width + LABEL_LIMIT + 40}px"
+
+    @staticmethod
+    def cells_width(frame: pd.DataFrame) -> int:
+        """The cells' width in the explorer: up to 36 px a column, 240-720 px (a few steps still fill the map)."""
+        return heatmap_width(frame["col"].nunique() if len(frame) else 1, cell=36, lo=240, hi=720)
 
     def draw_where(self, selected: dict[str, str] | None) -> None:
         """Draw the rank × step frame with *selected* outlined."""
@@ -239,8 +249,11 @@ class HeatView:
                    + (f"; devices: {html.escape(', '.join(marked))}" if marked else "")
                    + (f"; first bad = {html.escape(what)}" if color == "first_bad" and what else ""))
         shape = ("where", color, f.stat.value, self.where_unmerged)
-        self._where.draw(wf, shape, lambda: heatmap_chart(wf, stat=f.stat.value, selected=selected,
-                                                          y_title="rank", row_height=16), selected, caption)
+        width = self.cells_width(wf)
+        shape = (*shape, width)
+        self._where.draw(wf, shape, lambda: heatmap_chart(wf, stat=f.stat.value, selected=selected, width=width,
+                                                          y_title="rank", row_height=16, label_limit=LABEL_LIMIT),
+                         selected, caption)
 
     # -- picking ------------------------------------------------------------------------------
     def _on_main(self, change: dict[str, Any]) -> None:
@@ -296,7 +309,7 @@ class HeatView:
             tensor = current
         step = int(hit["worst_step"]) if hit["worst_step"] >= 0 else int(hit["step"])
         rank = int(hit["worst_rank"]) if hit["worst_rank"] >= 0 else int(hit["rank_lo"])
-        grp_row = self.data.row_of(tensor, ds)
+        grp_row = self.data.row_of(tensor, ds, step, None if self.where_unmerged else rank)
         return Pick(step=step, rank=rank, tensor=tensor, row=grp_row[1] if grp_row else None,
                     group=grp_row[0] if grp_row else None, unmerged=self.where_unmerged, tensors=[tensor],
                     ranks=(int(hit["rank_lo"]), int(hit["rank_hi"])), source="where")
@@ -307,7 +320,7 @@ class HeatView:
         fr = self.frame
         if tensor is None or step is None or not len(fr):
             return None
-        gr = self.data.row_of(tensor)
+        gr = self.data.row_of(tensor, None, step, rank)
         if gr is None:
             return None
         m = fr[(fr["group"] == gr[0]) & (fr["row"] == gr[1]) & (fr["step"] <= step) & (fr["step_hi"] >= step)]

@@ -14,7 +14,7 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from precnb.widgets.charts import EMBED
+from precnb.widgets.charts import offline_chart
 from precnb.widgets.findings import _error
 from precnb.widgets.panel import ExplorerAPI, Panel
 
@@ -44,9 +44,9 @@ class HierarchyPanel(Panel):
         self.add_class("precnb-hierarchy")
 
     def refresh(self) -> None:
-        """New runs: recount when shown."""
+        """New runs: recount now when the tab is open, else when it is opened next."""
         self.frame = None
-        if self.shown:
+        if self.shown and self.is_open():
             self.draw(recount=True)
 
     def on_show(self) -> None:
@@ -66,7 +66,7 @@ class HierarchyPanel(Panel):
         if api.tensor is None or self.frame is None:
             return None
         ds = api.data.target()
-        ev = api.data.evidence(api.tensor, ds)
+        ev = api.data.evidence(api.tensor, ds, api.step, None if api.unmerged else api.rank)
         nodes = set(self.frame["node"])
         if ev.get("node") in nodes:
             return str(ev["node"])
@@ -75,8 +75,6 @@ class HierarchyPanel(Panel):
 
     def draw(self, *, recount: bool = False) -> None:
         """(Re)build the tree; *recount* recomputes the flagged counts."""
-        import altair as alt
-
         from precnb.viz import hierarchy_chart, hierarchy_frame
 
         api = self.api
@@ -91,8 +89,7 @@ class HierarchyPanel(Panel):
         except Exception as err:
             self.message.value = _error(err)
             return
-        alt.JupyterChart.enable_offline(True)
-        self.chart = alt.JupyterChart(chart, embed_options=EMBED)
+        self.chart = offline_chart(chart)
         self.chart.selections.observe(self._on_node, names=["node"])
         self.chart_box.children = [self.chart]
 

@@ -17,8 +17,15 @@ def preflight_html(finding: Any) -> str:
     e = html.escape
     checks = [c for c in (finding.evidence.get("checks") or []) if isinstance(c, dict)]
     failed = sum(1 for c in checks if c.get("status") == "fail")
-    head = (f"<b style='color:#b00'>Pre-flight: {failed} check(s) failed</b> — later differences may be "
-            "consequences" if failed else "<b style='color:#2a7'>Pre-flight checks passed</b>")
+    warned = sum(1 for c in checks if c.get("status") == "warn")
+    if failed:
+        head = (f"<b style='color:#b00'>Pre-flight: {failed} check(s) failed</b> — later differences may be "
+                "consequences")
+    elif warned:  # not "passed": a warning may be the cause (a weight left at zero)
+        head = (f"<b style='color:#b76e00'>Pre-flight: no check failed, {warned} warning(s)</b> — read them before "
+                "trusting a layer-by-layer comparison")
+    else:
+        head = "<b style='color:#2a7'>Pre-flight checks passed</b>"
     rows = []
     for c in checks:
         status = str(c.get("status"))

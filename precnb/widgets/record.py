@@ -18,7 +18,20 @@ from precnb.viz.series import informative_series
 from precnb.widgets.charts import SeriesPanel
 from precnb.widgets.detail import DetailPanel
 
-__all__ = ["RecordView", "attribution_html"]
+__all__ = ["RecordView", "attribution_html", "elsewhere_html"]
+
+
+def elsewhere_html(evidence: dict[str, Any]) -> str:
+    """A warning when the selected label names another op on other ranks (empty otherwise)."""
+    groups = evidence.get("elsewhere") or []
+    if not groups:
+        return ""
+    e = html.escape
+    parts = [f"rank{'s' if len(g['ranks']) > 1 else ''} {e(', '.join(map(str, g['ranks'][:8])))}: module "
+             f"<code>{e(g['module'] or '—')}</code>, shape <code>{e(g['shape'] or '—')}</code>" for g in groups[:3]]
+    return ("<div class='precnb-elsewhere' style='color:#b76e00'>this label names another op on "
+            + "; ".join(parts) + " (their call counters differ): module, shape and stack here are rank "
+            f"{e(str(evidence.get('rank')))}'s own; lines of other ranks are other ops</div>")
 
 
 def attribution_html(row: str | None, rows: str, finding: Any, *, node: str | None) -> str:
@@ -102,11 +115,9 @@ class RecordView:
 
     def _histogram_chart(self, state: Any) -> tuple[Any, str]:
         """(JupyterChart, "") of the values of both runs, or (None, why not)."""
-        import altair as alt
-
         from precnb.io.tensors import load_array, tensor_file
         from precnb.viz.histogram import histogram_chart, histogram_frame
-        from precnb.widgets.charts import EMBED
+        from precnb.widgets.charts import offline_chart
 
         t = self.data.triage
         names = (str(t.names[0]), str(t.names[1]))
@@ -124,9 +135,8 @@ class RecordView:
                           f"{rank}: {e(type(err).__name__)}: {e(str(err))}</span>")
         frame = histogram_frame(values)
         note = "; ".join(f"{k}: {v} NaN/inf" for k, v in frame.attrs["nonfinite"].items() if v)
-        alt.JupyterChart.enable_offline(True)
         chart = histogram_chart(frame, title=f"values of {label}" + (f" ({note})" if note else ""))
-        return alt.JupyterChart(chart, embed_options=EMBED), ""
+        return offline_chart(chart), ""
 
     def _lines(self, state: Any, tensors: list[str], ranks: tuple[int, int] | None) -> None:
         f = self.filters
@@ -154,9 +164,15 @@ class RecordView:
         added = [t for t in tensors if t != state.tensor]
         note += f"; with its node's input {', '.join(added)} (its own {f.stat.value} is flat)" if added else ""
         note += f"; {stat} shown ({f.stat.value} does not change)" if stat != f.stat.value else ""
+        other = self.data.evidence(state.tensor, ds, state.step, None if state.unmerged else state.rank).get(
+            "elsewhere") or []
+        if other:
+            ranks = sorted({r for g in other for r in g["ranks"]})
+            note += (f"; on rank(s) {', '.join(map(str, ranks[:8]))} this label is another op (their call counters "
+                     "differ): their lines are not this tensor")
         title = state.tensor
         self.lines.show(frame, key=key, title=title,
-                        build=lambda: line_chart(frame, stat=stat, title=title, width=400),
+                        build=lambda: line_chart(frame, stat=stat, title=title, width=420, height=180),
                         caption=f"{html.escape(stat)} over steps{html.escape(note)}; click a point for its "
                                 "record, drag to zoom the heat map to those steps")
 
@@ -168,11 +184,13 @@ class RecordView:
         cmp = bool(runs.names) and runs.baseline != f.run.value and not state.unmerged
         tensors = self.data.node_tensors(state.tensor, ds)
         if state.row and not state.unmerged:
-            row_t = self.data.row_tensors(state.row, getattr(state, "group", None))
+            row_t = self.data.row_tensors(state.row, getattr(state, "group", None), None, state.step, state.rank)
             tensors = row_t if state.tensor in row_t else tensors
         frame = detail_frame(runs.ds if cmp else ds, step=state.step, rank=state.rank, tensors=tensors,
-                             run=f.run.value if cmp else None, baseline=runs.baseline if cmp else None)
-        ev = self.data.evidence(state.tensor, ds)
+                             run=f.run.value if cmp else None, baseline=runs.baseline if cmp else None,
+                             focus=state.tensor, merged=None if state.unmerged else self.data.shard_kinds(),
+                             limit=24)
+        ev = self.data.evidence(state.tensor, self._owner(state, ds), state.step, state.rank)  # that rank's own
         where = " (rank as dumped, before merging shards)" if state.unmerged else ""
         self.detail.show(frame, ev, focus=state.tensor,
                          title=f"{state.row or ev.get('module') or ''} at step {state.step}, rank {state.rank}{where}")
@@ -181,10 +199,25 @@ class RecordView:
             " <i style='color:#b76e00'>(hidden by the filters: clear the search or tick its group)</i>")
         self.status.value = (f"<b>selected</b>: step {state.step} · rank {state.rank}{e(where)} · "
                              f"<code>{e(state.tensor or '')}</code> · node <code>{e(ev.get('node') or '—')}</code>"
-                             f" · module <code>{e(ev.get('module') or '—')}</code>{hidden}")
+                             f" · module <code>{e(ev.get('module') or '—')}</code> · shape "
+                             f"<code>{e(ev.get('shape') or '—')}</code>{hidden}{elsewhere_html(ev)}")
         self.attribution.value = attribution_html(state.row, f.rows.value, state.current_finding,
                                                   node=ev.get("node"))
         self.update_histogram(state)
+
+    def _owner(self, state: Any, ds: Any) -> Any:
+        """The run that recorded the selected entry: the baseline for a computation only the baseline has."""
+        runs = self.data.runs
+        if state.unmerged or not runs.names or not runs.baseline or runs.baseline == self.filters.run.value:
+            return ds
+        t, s, r = state.tensor, state.step, state.rank
+        if t in ds.indexes["tensor"] and s in ds.indexes["step"] and r in ds.indexes["rank"] and bool(
+                ds["present"].sel(step=s, rank=r, tensor=t)):
+            return ds
+        base = runs.run(runs.baseline)
+        here = t in base.indexes["tensor"] and s in base.indexes["step"] and r in base.indexes["rank"] and bool(
+            base["present"].sel(step=s, rank=r, tensor=t))
+        return base if here else ds
 
     def _visible(self, state: Any) -> bool:
         ds = self.data.target()

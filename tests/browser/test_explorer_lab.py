@@ -22,24 +22,20 @@ Screenshots go to ``test-output/``.
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
+from tests.browser.conftest import NB, jupyter_lab, kernel_output, open_notebook, wait_idle
 from tests.conftest import ROOT, sample_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-NB = "window.jupyterapp?.shell?.currentWidget"  # optional: JupyterLab may not be up yet when first polled
 OUT = ROOT / "test-output"
 
 
@@ -69,73 +65,12 @@ def _cells() -> list[str]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    nbformat = pytest.importorskip("nbformat")
-    pytest.importorskip("jupyterlab")
-    root, home = tmp_path_factory.mktemp("nb"), tmp_path_factory.mktemp("jhome")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in _cells()])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, root / "explorer.ipynb")
-    settings = home / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)  # no "Jupyter news?" toast over the widgets
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    token = secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "cfg"), JUPYTER_RUNTIME_DIR=str(home / "rt"),
-               JUPYTERLAB_SETTINGS_DIR=str(home / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(home / "ws"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               PRECNB_NO_DASK_CLIENT="1")
-    log = open(home / "server.log", "w")  # noqa: SIM115 - closed below
-    srv = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
-         "--LabApp.extension_manager=readonly",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 60
-        while True:
-            assert srv.poll() is None, (home / "server.log").read_text()[-2000:]
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=1)
-                break
-            except OSError:
-                assert time.time() < deadline, "jupyter lab did not start"
-                time.sleep(0.3)
-        yield {"url": f"http://127.0.0.1:{port}/lab/tree/explorer.ipynb?token={token}", "root": root}
-    finally:
-        srv.terminate()  # the server shuts its kernels down on SIGTERM
-        try:
-            srv.wait(15)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-        log.close()
-
-
-def _kernel(page, code: str) -> str:
-    """Run *code* in the notebook's kernel and return its stdout (Python-side state read-back)."""
-    return page.evaluate(
-        """async (code) => {
-            const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-            const fut = k.requestExecute({code, silent: false, store_history: false});
-            let out = "";
-            fut.onIOPub = (msg) => {
-                if (msg.header.msg_type === "stream") out += msg.content.text;
-                if (msg.header.msg_type === "error") out += `KERNEL ERROR ${msg.content.ename}: ${msg.content.evalue}`;
-            };
-            await fut.done;
-            return out;
-        }""", code)
+    with jupyter_lab(tmp_path_factory, _cells(), "explorer.ipynb") as server:
+        yield server
 
 
 def _state(page, name: str) -> list:
-    return json.loads(_kernel(page, f"state({name})").strip().splitlines()[-1])
-
-
-def _wait_idle(page) -> None:
-    page.wait_for_function(f"{NB}?.sessionContext?.session?.kernel?.status === 'idle'", timeout=60_000)
+    return json.loads(kernel_output(page, f"state({name})").strip().splitlines()[-1])
 
 
 def _number(explorer, view: str, n: int = 1):
@@ -162,28 +97,19 @@ class Clicks:
                                     arg=[status.element_handle(), before, expect_text or ""], timeout=30_000)
         self.latency_ms.append(round((time.perf_counter() - t) * 1000, 1))
         self.path.append(what)
-        _wait_idle(self.page)
+        wait_idle(self.page)
 
 
 def _away(page, name: str) -> None:
     """Leave the origin first (a person who clicked around): the path below must bring it back."""
-    _kernel(page, f"{name}.select_cell(*{name}.frame.loc[{name}.frame['first_bad'] != 1]"
+    kernel_output(page, f"{name}.select_cell(*{name}.frame.loc[{name}.frame['first_bad'] != 1]"
                   ".iloc[0][['row', 'col', 'group']].tolist())")
-    _wait_idle(page)
+    wait_idle(page)
 
 
 @pytest.fixture(scope="module")
 def page(chromium, lab):
-    page = chromium.new_page(viewport={"width": 1400, "height": 1600})
-    page.errors = []
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.goto(lab["url"])
-    page.wait_for_function("window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel?.status"
-                           " === 'idle'", timeout=90_000)
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    page.wait_for_function(f"""() => {NB}?.content?.widgets?.every(c => c.model.executionCount)
-                                  && {NB}?.sessionContext?.session?.kernel?.status === 'idle'""",
-                           timeout=240_000)
+    page = open_notebook(chromium, lab["url"], viewport={"width": 1400, "height": 1600})
     yield page
     page.close()
 
@@ -206,8 +132,9 @@ def _explorer(page, i: int):
 
 
 def test_layout_at_1400_px_and_nothing_printed_into_cells(page):
-    """Where view and selection line on top, the heat map beside the line chart, nothing wider than the
-    notebook; no cell printed to stderr (a warning, a progress bar)."""
+    """The maps on the left (the where view above the heat map), the selected record on the right (selection
+    line above its line chart), nothing wider than the notebook; no cell printed to stderr (a warning, a
+    progress bar)."""
     outputs = page.evaluate(f"() => {NB}.content.widgets.map(c => c.model.outputs ? c.model.outputs.toJSON() : [])")
     assert len(outputs) == len(_cells())
     assert not [o for cell in outputs for o in cell if o.get("output_type") == "stream" and o.get("name") == "stderr"]
@@ -220,11 +147,14 @@ def test_layout_at_1400_px_and_nothing_printed_into_cells(page):
             assert b and b["width"] > 0 and b["height"] > 0, css
             return b
 
-        where, heat, lines, sel = (box(c) for c in (".precnb-where", ".precnb-heatmap", ".precnb-lines",
-                                                    ".precnb-selection"))
+        OUT.mkdir(exist_ok=True)
+        ex.screenshot(path=str(OUT / f"explorer_1400_{i}.png"))
+        where, heat, lines, sel, maps = (box(c) for c in (".precnb-where", ".precnb-heatmap", ".precnb-lines",
+                                                          ".precnb-selection", ".precnb-maps"))
         assert where["y"] + where["height"] <= heat["y"] + 1, i  # the where view above the heat map
-        assert sel["x"] >= where["x"] + where["width"] - 1 and sel["y"] < where["y"] + where["height"], i
-        assert lines["x"] >= heat["x"] + heat["width"] - 1 and lines["y"] < heat["y"] + heat["height"], i
+        assert sel["x"] >= maps["x"] + maps["width"] - 1 and sel["y"] < where["y"] + where["height"], i
+        assert lines["x"] >= maps["x"] + maps["width"] - 1 and lines["y"] < heat["y"] + heat["height"], i
+        assert sel["y"] + sel["height"] <= lines["y"] + 1, i  # the selection line above its chart
         assert ex.evaluate("el => el.scrollWidth <= el.clientWidth + 1"), i  # fits the notebook's width
 
 
@@ -277,7 +207,7 @@ def test_keyboard_moves_the_selection(page, latencies):
     page.wait_for_function("([el, old]) => el.innerText !== old", arg=[status.element_handle(), old],
                            timeout=30_000)
     latencies["keyboard ArrowRight"] = {"latency_ms": [round((time.perf_counter() - t) * 1000, 1)]}
-    _wait_idle(page)
+    wait_idle(page)
     after = _state(page, "nan")
     assert after[0] == before[0] + 1 and after[4] == before[4]  # next step, same row
 
@@ -307,8 +237,8 @@ def test_match_and_save_mapping_round_trip_into_precnb_diff(page, lab, latencies
     panel.locator("button[title='Match']").click()
     expect(panel.locator(".precnb-align-output")).to_contain_text("first finding now", timeout=60_000)
     match_ms = (time.perf_counter() - t1) * 1000
-    _wait_idle(page)
-    assert _kernel(page, "print(next(p.how for p in ren.triage.alignment.modules "
+    wait_idle(page)
+    assert kernel_output(page, "print(next(p.how for p in ren.triage.alignment.modules "
                          "if p.target == 'decoder.layers.1.mlp'))").strip() == "user"
     path = lab["root"] / "renamed_mapping.json"
     box = panel.locator("input[type=text]").first
@@ -326,7 +256,7 @@ def test_match_and_save_mapping_round_trip_into_precnb_diff(page, lab, latencies
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert diff.returncode == 0, diff.stderr
     finding = json.loads(diff.stdout)
-    want = json.loads(_kernel(page, "print(json.dumps([ren.triage.finding.step, ren.triage.finding.rank, "
+    want = json.loads(kernel_output(page, "print(json.dumps([ren.triage.finding.step, ren.triage.finding.rank, "
                                     "ren.triage.finding.node]))").strip())
     assert [finding["step"], finding["rank"], finding["node"]] == want == [1, 0, "Functional.gelu.1.forward"]
     align = subprocess.run([*run, "align", str(base), str(target), "--mapping", str(path), "--json"],

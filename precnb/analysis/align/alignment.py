@@ -296,6 +296,18 @@ class Alignment:
                 elif lbl in labels and str(nodes[labels.index(lbl)]) not in skip:
                     moved[lbl if lbl not in targets else f"{lbl} (baseline)"] = v
             out.attrs = {**out.attrs, "dtype_changes": json.dumps(moved)}
+        # per-entry module / parent / stack exceptions are relative to the baseline's own coordinates and
+        # node names, which the target's replace here: kept only for a shape of a tensor that kept its label
+        meta = baseline.attrs.get("meta_changes")
+        attrs = {k: v for k, v in out.attrs.items() if k not in ("meta_changes", "stack_changes")}
+        if meta:
+            table = json.loads(meta) if isinstance(meta, str) else meta
+            pos = {lbl: j for j, lbl in enumerate(labels)}
+            kept = {lbl: v for lbl, v in table.get("shape", {}).items() if lbl in pos and lbl not in tmap
+                    and lbl not in targets and str(nodes[pos[lbl]]) not in skip}
+            if kept:
+                attrs["meta_changes"] = json.dumps({"shape": kept})
+        out.attrs = attrs
         return out
 
     def target_view(self, target: xr.Dataset) -> xr.Dataset:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from precnb.analysis.align.tree import ModuleInfo, NodeInfo, RunTree, TensorInfo
+from precnb.dtypes import dtype_kind, same_values
 
 __all__ = ["VALUE_RTOL", "close", "information", "module_values", "node_values", "tensor_score"]
 
@@ -72,11 +73,8 @@ def _numel_ok(a: TensorInfo, b: TensorInfo) -> bool:
 
 
 def _kind(dtype: str) -> str:
-    if dtype.startswith(("float", "bfloat", "half", "double", "complex")):
-        return "float"
-    if dtype == "bool":
-        return "bool"
-    return "int" if dtype else ""
+    kind = dtype_kind(dtype)  # the one dtype table (precnb.dtypes)
+    return "float" if kind == "complex" else (kind or ("int" if dtype else ""))
 
 
 def tensor_score(a: TensorInfo, b: TensorInfo, *, same_framework: bool, position: bool) -> float:
@@ -93,7 +91,8 @@ def tensor_score(a: TensorInfo, b: TensorInfo, *, same_framework: bool, position
     s = 0.0
     s += 1.0 if _numel_ok(a, b) else -1.5
     ka, kb = _kind(a.dtype), _kind(b.dtype)
-    s += 0.3 if ka == kb else (-0.2 if {ka, kb} == {"int", "bool"} else -0.6)
+    # a bool mask stored as uint8 is the same tensor (precnb.dtypes.EQUIVALENT); another int / bool pair may be
+    s += 0.3 if ka == kb or same_values(a.dtype, b.dtype) else (-0.2 if {ka, kb} == {"int", "bool"} else -0.6)
     if close(a.stats, b.stats):
         s += 2.0 * min(information(a), information(b)) + 0.2
     if same_framework and a.label == b.label:

@@ -78,6 +78,8 @@ def hints_from(specs: Iterable[MappingSpec], tb: RunTree, tt: RunTree) -> Hints:
             h.nodes.update(spec.nodes)
             h.tensors.update(spec.tensors)
             h.unpair_nodes.update(spec.unpair)
+            for level, found in spec.found.items():
+                h.found.setdefault(level, {}).update(found)
             continue
         flip = _fits(spec, tb) > _fits(spec, tt)
         tgt_tree, base_tree = (tb, tt) if flip else (tt, tb)

@@ -49,9 +49,16 @@ class Hints:
     tensors: dict[str, str] = field(default_factory=dict)  # baseline label -> target label
     api_names: dict[str, set[str]] = field(default_factory=dict)  # op key (baseline) -> op keys (target)
     unpair_nodes: set[str] = field(default_factory=set)  # target nodes that must stay unpaired
+    # how a pair of precnb's own mapping file was found when it was written ("modules" / "nodes" /
+    # "tensors" -> baseline -> (how, confidence)): a reloaded file keeps it; pairs without one are "user"
+    found: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.modules or self.nodes or self.tensors or self.api_names or self.unpair_nodes)
+
+    def how(self, level: str, baseline: str) -> tuple[str, float]:
+        """(how, confidence) of a forced pair: as its mapping file recorded it, else ``("user", 1.0)``."""
+        return self.found.get(level, {}).get(baseline, ("user", 1.0))
 
 
 @dataclass
@@ -138,7 +145,7 @@ class _Aligner:
 
     def _how_module(self, b: str, t: str) -> str:
         if self.hints.modules.get(b) == t:
-            return "user"
+            return self.hints.how("modules", b)[0]
         mb, mt = self.tb.modules[b], self.tt.modules[t]
         if b == t and (mb.cls == mt.cls or class_similarity(mb.cls, mt.cls) >= 0.8):
             return "name"
@@ -290,8 +297,10 @@ class _Aligner:
         for i, j, s in pairs:
             x, y = xs[i], ys[j]
             if self.hints.nodes.get(x.name) == y.name:
-                how = "user"
-            elif x.name == y.name:
+                how, conf = self.hints.how("nodes", x.name)
+                self._pair_node(x.name, y.name, how, conf if how != "user" else _confidence(s, API_THRESHOLD))
+                continue
+            if x.name == y.name:
                 how = "name"
             elif node_values(x, y) >= 1.0:
                 how = "value"
@@ -325,7 +334,7 @@ class _Aligner:
                     self._pair_node(bb, bt, how, conf)
         for b, t in self.hints.nodes.items():  # user pairs the structure did not reach
             if b in self.tb.nodes and t in self.tt.nodes:
-                self._pair_node(b, t, "user", 1.0)
+                self._pair_node(b, t, *self.hints.how("nodes", b))
 
     def _pair_leftover_apis(self) -> None:
         """API calls still unpaired whose module pair is known (a call recorded under another parent)."""
@@ -352,7 +361,7 @@ class _Aligner:
     # ------------------------------------------------------------------ tensors
     def pair_tensors(self) -> None:
         for b_lbl, t_lbl in self.hints.tensors.items():
-            self.out.tensors.setdefault(t_lbl, (b_lbl, "user", 1.0))
+            self.out.tensors.setdefault(t_lbl, (b_lbl, *self.hints.how("tensors", b_lbl)))
         used_b = {v[0] for v in self.out.tensors.values()}
         for nb, (nt, how, _conf) in self.out.nodes.items():
             xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
@@ -464,7 +473,7 @@ def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None) -> Pairing:
     a = _Aligner(tb, tt, hints)
     for b, t in (hints.modules.items() if hints else ()):
         if b in tb.modules and t in tt.modules:
-            a._pair_module(b, t, "user", 1.0)
+            a._pair_module(b, t, *a.hints.how("modules", b))
     a.pair_modules()
     for b, t in (hints.modules.items() if hints else ()):  # below the user's pairs, pair as usual
         if a.out.modules.get(b, ("",))[0] == t:

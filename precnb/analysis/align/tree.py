@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.naming import canonical_dtype, parse_node
+from precnb.dtypes import canonical_dtype
+from precnb.naming import parse_node
 from precnb.schema import side_table
 
 __all__ = ["ModuleInfo", "NodeInfo", "RunTree", "TensorInfo", "run_tree"]
@@ -215,7 +216,7 @@ def run_tree(ds: xr.Dataset) -> RunTree:
     for k in calls_in:
         calls_in[k].sort(key=lambda n: (nodes[n].seq, n))
     framework = str(ds.attrs.get("framework", "") or "")
-    if not framework:
+    if not framework or framework == "unknown":
         framework = "mindspore" if any(n.startswith(("Cell.", "Primitive.", "Mint.")) for n in nodes) else "pytorch"
     parallel = str(ds.attrs.get("merged_layout", "") or ds.attrs.get("pipeline_stitched", "") or "")
     return RunTree(framework, modules, nodes, calls_in, labels, coords, parallel)

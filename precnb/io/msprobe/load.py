@@ -22,6 +22,7 @@ from precnb.io._memory import check_memory
 from precnb.io.executor import parse_files
 from precnb.io.msprobe.discover import RankDir, discover
 from precnb.io.msprobe.parse import read_rank_dir
+from precnb.io.msprobe.release import release_range, release_text
 
 __all__ = ["MsprobeLoad", "available_steps", "open_msprobe", "select_rank_dirs", "stream_msprobe"]
 
@@ -52,6 +53,7 @@ class MsprobeLoad:
         self.path, self.dirs, self.report = path, list(dirs), report
         self.acc = Assembler(steps=[d.step for d in dirs], ranks=[d.rank for d in dirs])
         self.comm_groups: dict[str, str] = {}
+        self.release_facts: dict[tuple[tuple[str, Any], ...], None] = {}  # distinct facts of the files read
         self.n_read = 0
 
     def read(self, dirs: Sequence[RankDir], *, offset: int = 0, errors: Any = "report", client: Any = None,
@@ -61,6 +63,9 @@ class MsprobeLoad:
             for g, node in rec.meta.get("comm_groups", {}).items():
                 self.comm_groups.setdefault(g, node)
             self.report.warnings.extend(rec.meta.get("warnings", ()))
+            self.report.unread.extend(tuple(u) for u in rec.meta.get("unread", ()))
+            self.report.unread_count += int(rec.meta.get("unread_count", 0))
+            self.release_facts[tuple(sorted(rec.meta.get("release_facts", {}).items()))] = None
             self.acc.add(rec, order=offset + i)
             self.n_read += 1
 
@@ -70,15 +75,18 @@ class MsprobeLoad:
     def check_any(self) -> None:
         """Raise :class:`NotADumpError` when no file could be read."""
         if not self.n_read:
-            reasons = "; ".join(f"{p}: {r}" for p, r in self.report.skipped[:3])
+            reasons = "; ".join(r if r.startswith(p) else f"{p}: {r}" for p, r in self.report.skipped[:3])
             raise NotADumpError(f"{self.path}: no dump file could be read ({reasons})")
 
     def attrs(self) -> dict[str, Any]:
         """Reader attributes: source, rank folders, communication groups, load report."""
         rank_dirs = {d.key: str(d.path) for d in self.dirs}
+        candidates, evidence = release_range(dict(f) for f in self.release_facts)
         return {"source": str(self.path), "rank_dirs": json.dumps(rank_dirs),
                 "comm_groups": json.dumps([{"ranks": json.loads(g), "node": n} for g, n in self.comm_groups.items()]),
-                "load_report": json.dumps(self.report.to_dict())}
+                "load_report": json.dumps(self.report.to_dict()),
+                "msprobe_release": release_text(candidates),
+                "msprobe_release_evidence": json.dumps({"candidates": candidates, "evidence": evidence})}
 
 
 def _sizes(dirs: Sequence[RankDir]) -> list[tuple[str, int]]:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from precnb.dtypes import dtype_kind
 from precnb.errors import DumpFormatError
 from precnb.io._assemble import FileRecords, LoadReport, dedup_labels
 from precnb.io._gc import paused_gc
@@ -39,6 +40,7 @@ from precnb.io._jsonio import load_json
 from precnb.io._runfacts import FileFacts
 from precnb.io.msprobe import _json
 from precnb.io.msprobe.discover import RankDir
+from precnb.io.msprobe.release import file_facts, stack_format
 from precnb.io.msprobe.sides import json_type, read_sides
 from precnb.io.msprobe.values import Columns, Issues, short
 from precnb.io.msprobe.walk import MAX_DEPTH, NodeParts, TooDeepError, Walk, leaves_of, name_parts, node_columns
@@ -48,6 +50,23 @@ from precnb.naming import COMM_PREFIXES
 __all__ = ["MAX_DEPTH", "leaves_of", "read_rank_dir"]
 
 _MAX_INDEX = 2**31 - 1
+#: unreadable sections and leaves listed per file (all are counted)
+MAX_UNREAD = 1000
+
+
+def framework_of_leaf(leaf_type: str) -> str:
+    """The framework a tensor leaf's ``type`` names (``"unknown"`` when it names none).
+
+    Examples
+    --------
+    >>> framework_of_leaf("mindspore.Tensor"), framework_of_leaf("torch.Tensor"), framework_of_leaf("")
+    ('mindspore', 'pytorch', 'unknown')
+    """
+    if leaf_type.startswith("mindspore"):
+        return "mindspore"
+    if leaf_type.startswith("mindtorch"):
+        return "mindtorch"
+    return "pytorch" if leaf_type.startswith("torch") else "unknown"
 
 
 def _find_groups(value: Any, depth: int = 0) -> Iterable[list[int]]:
@@ -85,6 +104,9 @@ class _File:
         self.hashes: list[np.ndarray] = []  # of the labels, batch by batch
         self.parts = NodeParts()  # the split names of nodes
         self.n_nodes = 0
+        self.backward: str | None = None  # the sections of the first backward record: "grad" (1.0.1) / "io"
+        self.is_recompute: bool | None = None  # whether the first forward record carries is_recompute
+        self.probe = True  # until both are known
 
     def batch(self, data: Mapping[str, Any]) -> None:
         """Read one batch of node records (all of ``data`` for a whole-file parse)."""
@@ -94,13 +116,18 @@ class _File:
         node_parents: list[str] = []  # of this batch's nodes that had tensors (NodeParts keeps them)
         self.n_nodes += len(data)
         n_had = len(nodes)
+        probe = self.probe
         # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
         for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
                                           strict=True):
             if record.__class__ is not dict:
                 if record is not None:  # null records carry nothing
                     self.issues.add((self.cols.n + len(leaves), -1), "record", f"{short(node)}: {json_type(record)}")
+                    w.unread.append((node, "", f"a JSON {json_type(record)}, not an object of sections"))
                 continue
+            if probe:
+                self.look(node, record)
+                probe = self.probe
             if node.startswith(COMM_PREFIXES):
                 for g in _find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
                     self.groups.setdefault(json.dumps(g), node)
@@ -126,6 +153,28 @@ class _File:
         self.roles += w.roles
         w.leaves, w.labels, w.roles = [], [], []
 
+    def look(self, node: str, record: dict[str, Any]) -> None:
+        """Release facts from the first backward and the first forward record (:mod:`.release`)."""
+        if self.backward is None and (node.endswith(".backward") or ".backward." in node):
+            if "grad_input" in record or "grad_output" in record:
+                self.backward = "grad"
+            elif "input" in record or "output" in record:
+                self.backward = "io"
+        elif self.is_recompute is None and (node.endswith(".forward") or ".forward." in node):
+            self.is_recompute = "is_recompute" in record
+        self.probe = self.backward is None or self.is_recompute is None
+
+    def int_stats(self, c: Mapping[str, Any]) -> str | None:
+        """``"null"`` / ``"filled"``: the Mean of the first integer tensor with a dimension (among the first leaves)."""
+        dtypes, shapes, null = c["dtype"][:20000], c["shape"], c["null"]
+        ints = {d for d in set(dtypes) if dtype_kind(d) == "int"}
+        if not ints:
+            return None
+        for i, d in enumerate(dtypes):
+            if d in ints and shapes[i] not in ("[]", ""):
+                return "null" if null[i] & 4 else "filled"
+        return None
+
     def build(self, top: Mapping[str, Any], notes: list[str], sides: tuple[Any, Any]) -> FileRecords:
         out: dict[str, str] = {}
         for i, key in enumerate(("task", "level", "framework")):
@@ -135,12 +184,26 @@ class _File:
                 v = ""
             out[key] = v or ""
         cols = self.cols
-        framework = out["framework"] or ("mindspore" if cols.leaf_type.startswith("mindspore") else "pytorch")
+        framework = out["framework"] or framework_of_leaf(cols.leaf_type)
+        path = self.rd.dump_file
         if not self.n_nodes:
-            notes.append(f"{self.rd.dump_file}: 'data' is empty (nothing was dumped on this rank and step)")
-        notes += self.issues.messages(self.rd.dump_file)
+            notes.append(f"{path}: 'data' is empty (nothing was dumped on this rank and step)")
+        notes += self.issues.messages(path)
+        w = self.walk
+        if w.unknown:
+            keys = ", ".join(f"{k!r} ({n})" for k, n in w.unknown.items())
+            notes.append(f"{path}: {sum(w.unknown.values())} tensor(s) under record key(s) precnb does not know: "
+                         f"{keys}; read as {{node}}.{{key}}.N with no role")
+        inner = [u for u in w.unread if u[1]]  # records that are not objects have their own line ("record")
+        if inner:
+            node, where, why = inner[0]
+            notes.append(f"{path}: {len(inner)} section(s) or leaf(s) precnb cannot read, not loaded (first: "
+                         f"{short(node, 80)} {where}: {why}); see precnb.load_report(ds).unread")
         meta: dict[str, Any] = {"task": out["task"], "level": out["level"], "framework": framework,
                                 "path": str(self.rd.path), "comm_groups": self.groups, "warnings": notes}
+        if w.unread:
+            meta["unread"] = [(str(path), node, where, why) for node, where, why in w.unread[:MAX_UNREAD]]
+            meta["unread_count"] = len(w.unread)
         facts = self.facts.result()
         if facts:
             meta["facts"] = facts
@@ -152,6 +215,11 @@ class _File:
             labels = dedup_labels(labels)
         coords: dict[str, Any] = node_columns(self.nodes, self.parts.parents, self.counts, self.micro, n,
                                                self.parts)
+        meta["release_facts"] = file_facts(
+            top=top, framework=framework, folder=self.rd.path.name, backward=self.backward,
+            is_recompute=self.is_recompute, kinds=self.parts.kinds, calls=self.parts.calls,
+            has_parameters="parameter" in self.roles, int_stats=self.int_stats(c),
+            stack=stack_format(sides[1].raw) if sides[1] is not None else None)
         for name, col in (("role", self.roles), ("dtype", c["dtype"]), ("shape", c["shape"])):
             arr = coords[name] = np.empty(n, object)  # final values (str): the assembler takes them as they are
             arr[:] = col

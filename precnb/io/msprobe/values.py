@@ -187,7 +187,7 @@ class Columns:
         if not self.leaf_type:
             for v in leaves:
                 t = v["type"]
-                if t.startswith(("torch", "mindspore")):
+                if t.startswith(("torch", "mindspore", "mindtorch")):
                     self.leaf_type = t
                     break
         self.n += n

@@ -37,10 +37,21 @@ __all__ = ["MAX_DEPTH", "NODE_COLUMNS", "NodeParts", "TooDeepError", "Walk", "le
 #: values nested deeper than this below a node record make the file unreadable
 MAX_DEPTH = 64
 _NON_TENSOR_TYPES = frozenset({"slice", "ellipsis", "torch.Size", "torch.dtype", "torch.device", "mindspore.dtype"})
-# parameters are inputs of the forward: they come before the outputs in execution order
-_FORWARD = (("input_args", ".input", "input"), ("input_kwargs", ".input", "input"),
-            ("parameters", ".parameters", "parameter"), ("output", ".output", "output"))
-_BACKWARD = (("input", ".input", "input"), ("output", ".output", "output"))
+#: the record keys msprobe has written tensors under, by release: key -> (label part, role, phase). The
+#: sections of a record are read in phase order (in file order within a phase): 0 the inputs and parameters
+#: (parameters are inputs of the forward: they come before the outputs in execution order), 1 the outputs,
+#: 2 any other key, which keeps its own name (``{node}.{key}.0``) and no role. ``grad_input`` /
+#: ``grad_output`` are the backward sections of 1.0.x (the hook's names: gradients w.r.t. the forward's inputs /
+#: outputs), which later releases call ``output`` / ``input``; MindSpore cell dumps write ``input_args`` on
+#: backward records and ``input`` on forward ones.
+SECTIONS: dict[str, tuple[str, str, int]] = {
+    "input_args": (".input", "input", 0), "input_kwargs": (".input", "input", 0), "input": (".input", "input", 0),
+    "grad_output": (".input", "input", 0), "parameters": (".parameters", "parameter", 0),
+    "output": (".output", "output", 1), "grad_input": (".output", "output", 1),
+    "parameters_grad": (".parameters_grad", "grad", 2),
+}
+_ORDER = tuple((key, section, role) for key, (section, role, _) in sorted(SECTIONS.items(), key=lambda kv: kv[1][2]))
+_TENSOR_KEYS = ("dtype", "shape", "Max", "Min", "Mean", "Norm", "md5", "data_name")
 _ABSENT = object()
 _INDEX = tuple(f".{i}" for i in range(256))  # ".0", ".1", ...: list positions in labels
 #: the per-tensor coordinates :func:`node_columns` returns, in this order
@@ -124,34 +135,52 @@ def _module_of(parent: str) -> str:
 
 
 class Walk:
-    """The tensor leaves of node records, in file order: leaf objects, labels, roles."""
+    """The tensor leaves of node records, in file order: leaf objects, labels, roles; and what could not be read.
 
-    __slots__ = ("labels", "leaves", "roles")
+    Every key of a record whose value holds tensor leaves is a section (:data:`SECTIONS` names and
+    orders the known ones; any other key keeps its own name and gets no role). Scalars beside the
+    sections (``is_recompute``, ``is_nan``) are record flags, not data. What looks like data but
+    cannot be read — a section that is not a list or an object, an object with tensor fields but no
+    ``type``/``dtype``/``shape`` — goes to :attr:`unread` as ``(record, where, why)``; the tensors of
+    unknown sections of forward/backward records are counted by key in :attr:`unknown`.
+    """
+
+    __slots__ = ("_rec", "labels", "leaves", "roles", "unknown", "unread")
 
     def __init__(self) -> None:
         self.leaves: list[dict[str, Any]] = []
         self.labels: list[str] = []
         self.roles: list[str] = []
+        self.unread: list[tuple[str, str, str]] = []
+        self.unknown: dict[str, int] = {}
+        self._rec = ""
 
     def node(self, node: str, record: dict[str, Any], kind: str | None = None) -> None:
         """Add the leaves of one record (*kind* as :func:`node_kind` gives it; found when None)."""
+        self._rec = node
         if "parameters_grad" in node and (kind or node_kind(node)) == "param_grad":
             for pname, val in record.items():
                 leaf = val[0] if val.__class__ is list and len(val) == 1 else val
-                self.value(leaf, f"{node}.{pname}", "grad", 1)
+                if leaf.__class__ is dict or leaf.__class__ is list:
+                    self.value(leaf, f"{node}.{pname}", "grad", 1)
+                elif leaf is not None:
+                    self.unread.append((node, str(pname), f"a JSON {_json_kind(leaf)}, not a tensor"))
             return
         leaves, labels, roles = self.leaves, self.labels, self.roles
-        used = False
-        for key, section, role in _BACKWARD if node.endswith(".backward") or ".backward." in node else _FORWARD:
-            v = record.get(key, _ABSENT)
+        found, n_keys = 0, len(record)
+        get = record.get
+        for key, section, role in _ORDER:  # the known sections, in reading order (a miss costs one lookup)
+            if found == n_keys:
+                break  # every key of the record read (most records: the later lookups are not made)
+            v = get(key, _ABSENT)
             if v is _ABSENT:
                 continue
-            used = True
-            if not v and (v.__class__ is dict or v.__class__ is list):
-                continue  # an empty section (most input_kwargs): no tensor, nothing to name
+            found += 1
             # the usual sections, a list or a dict of leaves and scalars, read in line (the hot loop of a
             # load); any other item goes through children(), which is what value() would do with it
             if v.__class__ is list:
+                if not v:
+                    continue
                 prefix = node + section
                 for k, x in enumerate(v):
                     if x.__class__ is dict:
@@ -168,12 +197,17 @@ class Walk:
                         continue  # None, a number, a string: no tensor
                     self.children(((k, x),), prefix, role, 1)
             elif v.__class__ is dict:
+                if not v:
+                    continue  # an empty section (most input_kwargs): no tensor, nothing to name
                 prefix = node + section
                 t = v.get("type")
                 if t.__class__ is str and "dtype" in v and "shape" in v and t not in _NON_TENSOR_TYPES:
                     leaves.append(v)  # the section is itself a tensor
                     labels.append(prefix)
                     roles.append(role)
+                    continue
+                if (t is not None or "shape" in v) and _tensor_like(v, t):
+                    self._cannot(prefix, v)
                     continue
                 dot = prefix + "."
                 for k, x in v.items():
@@ -190,8 +224,24 @@ class Walk:
                     elif x.__class__ is not list:
                         continue
                     self.children(((k, x),), prefix, role, 1)
-        if not used:  # debug.json and unknown shapes: walk everything
-            self.value(record, node, "", 0)
+            elif v is not None:
+                self.unread.append((node, key, f"a JSON {_json_kind(v)}, not a list or object of tensors"))
+        if found != n_keys:
+            self._other_keys(node, record, found)
+
+    def _other_keys(self, node: str, record: dict[str, Any], found: int) -> None:
+        """The keys of a record that :data:`SECTIONS` does not name: sections of their own name, or record flags."""
+        if not found and (_is_leaf(record) or _tensor_like(record, record.get("type"))):
+            self.value(record, node, "", 0)  # the record is itself a tensor (debug.json)
+            return
+        leaves = self.leaves
+        for key, v in record.items():
+            if key in SECTIONS or not (v.__class__ is dict or v.__class__ is list) or not v:
+                continue  # a known section, or a scalar beside the sections: a record flag (is_recompute)
+            n0 = len(leaves)
+            self.value(v, f"{node}.{key}", "", 1)
+            if len(leaves) > n0 and (".forward" in node or ".backward" in node):
+                self.unknown[key] = self.unknown.get(key, 0) + len(leaves) - n0
 
     def value(self, v: Any, prefix: str, role: str, depth: int) -> None:
         """The reference walk of one value at *depth* (a leaf, or a container walked by :meth:`children`)."""
@@ -203,6 +253,8 @@ class Walk:
                 self.leaves.append(v)
                 self.labels.append(prefix)
                 self.roles.append(role)
+            elif _tensor_like(v, t):
+                self._cannot(prefix, v)
             else:
                 self.children(v.items(), prefix, role, depth)
         elif v.__class__ is list:
@@ -227,6 +279,8 @@ class Walk:
                 elif len(v) == 2 and "value" in v and v["value"].__class__ not in (dict, list) \
                         and t.__class__ is not dict and t.__class__ is not list:
                     continue  # a scalar argument: nothing below it
+                elif _tensor_like(v, t):
+                    self._cannot(f"{prefix}.{k}", v)
                 elif v:
                     self.children(v.items(), f"{prefix}.{k}", role, d1)
             elif cls is list:
@@ -234,6 +288,42 @@ class Walk:
                     raise TooDeepError(f"{prefix}.{k}")
                 if v:
                     self.children(enumerate(v), f"{prefix}.{k}", role, d1)
+
+    def _cannot(self, where: str, v: dict[str, Any]) -> None:
+        """A tensor-like object that is not a readable leaf: into :attr:`unread`."""
+        node = self._rec
+        rel = where[len(node) + 1:] if where.startswith(node + ".") else where
+        missing = [k for k in ("type", "dtype", "shape") if k not in v]
+        why = (f"tensor fields without {', '.join(repr(k) for k in missing)}" if missing else
+               f"tensor fields with a {_json_kind(v.get('type'))} 'type'")
+        self.unread.append((node, rel, why))
+
+
+def _json_kind(v: Any) -> str:
+    """The JSON kind of a decoded value, for messages ("string", "number", "boolean", ...)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def _is_leaf(v: dict[str, Any]) -> bool:
+    t = v.get("type")
+    return t.__class__ is str and "dtype" in v and "shape" in v and t not in _NON_TENSOR_TYPES
+
+
+def _tensor_like(v: dict[str, Any], t: Any) -> bool:
+    """An object that holds tensor fields but is not a readable leaf (read only off the hot path)."""
+    if t.__class__ is str:
+        if t in _NON_TENSOR_TYPES:
+            return False
+        return "Tensor" in t or any(k in v for k in _TENSOR_KEYS)
+    return v.get("dtype").__class__ is str and v.get("shape").__class__ is list  # a leaf without a string type
 
 
 def leaves_of(node: str, record: Any, kind: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:

@@ -45,6 +45,9 @@ CATALOG: dict[str, str] = {
     "spike_optimizer": "_scn_spike",
     "spike_hardware": "_scn_spike",
     "spike_numerics": "_scn_spike",
+    # issue 26: per-rank metadata (call counters shift on one rank), a per-rank-seeded op under a TP merge
+    "rank_shift": "_scn_rank_meta",
+    "tp_noise": "_scn_rank_meta",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)

@@ -1,0 +1,187 @@
+"""The front ends against the pipeline on one large run: explore(), the report, every explorer interaction.
+
+    python benchmarks/bench_frontends.py [--tensors 5000] [--ranks 8] [--steps 4] [--repeat 5]
+                                         [--workdir /tmp/precnb-bench-frontends] [--markdown FILE]
+
+A 5,000-tensor, 8-rank, 4-step run is built from real msprobe structure (``benchmarks/generate.py``:
+the shared S1 statistics dump, else ``data_samples/healthy``, made deeper by copying its records
+with renamed nodes, :func:`generate.deepen`), with a NaN from one node onward at one (step, rank)
+(``nan/``) and a target whose statistics double from one node onward (``diverge/`` against
+``baseline/``). On each case, in one process, the sides of every ratio alternate within each
+repetition (medians; the first repetition also stands apart, as "first call", since it pays the
+process's one-time costs: importing altair, building the offline JavaScript bundle):
+
+* ``precnb.diagnose(path)`` vs ``precnb.explore(path)`` (target: explore within 1.5x);
+* ``precnb.diagnose(path)`` vs ``precnb.report.to_html(path)`` (target: within 2x);
+* every explorer interaction, kernel (Python) time until the handler returns with every view
+  redrawn: each tab opened, each colour, rows / x / sort, a heat-map cell, a suspect link,
+  next / previous finding, and for the pair Match, Unmatch and Rerun (target: each below 1 s).
+  Both the CPU time the kernel process spent (``time.process_time``: what the interaction costs,
+  whatever else the machine runs) and the wall time are given; the target is read on the CPU time.
+
+Run it with ``PYTHONPATH`` pointing at another checkout to measure that code on the same trees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+import generate  # noqa: E402
+
+TARGETS = {"explore": 1.5, "report": 2.0, "interaction_s": 1.0}
+
+
+def build_trees(work: Path, tensors: int, ranks: int, steps: int) -> tuple[Path, int]:
+    """(trees folder, tensors per file): ``baseline/``, ``nan/``, ``diverge/`` below *work*."""
+    import json
+
+    template = generate.default_template()
+    per = _tensors_of(template)
+    copies = max(1, -(-tensors // per))
+    deep = generate.deepen(template, copies, work / f"template_x{copies}")
+    out = work / f"r{ranks}_s{steps}_x{copies}"
+    manifest = out / "manifest.json"
+    if not (manifest.exists() and json.loads(manifest.read_text()).get("template") == str(deep)):
+        generate.generate(out, ranks=ranks, steps=steps, template=deep, quiet=True)
+    return out, per * copies
+
+
+def _tensors_of(template: Path) -> int:
+    import precnb
+
+    first = sorted(p for p in template.iterdir() if p.name.startswith("step"))[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return int(precnb.open_run(first, progress=False).sizes["tensor"])
+
+
+def _cpu(fn: Callable[[], object]) -> tuple[float, float]:
+    """(CPU seconds of this process, wall seconds) of one call."""
+    c, t = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - c, time.perf_counter() - t
+
+
+def compare_sides(sides: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[tuple[float, float]]]:
+    """(CPU, wall) seconds of each side, alternating within each repetition (the first repetition included)."""
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in sides}
+    for _ in range(repeat):
+        for name, fn in sides.items():
+            times[name].append(_cpu(fn))
+    return times
+
+
+def interactions(ex, paired: bool, repeat: int) -> list[tuple[str, float, float]]:
+    """(what, CPU seconds, wall seconds) of every explorer interaction, as its handler runs (medians)."""
+    out: list[tuple[str, float, float]] = []
+
+    def once(what: str, fn: Callable[[], object]) -> None:
+        out.append((what, *_cpu(fn)))
+
+    def med(what: str, fns: list[Callable[[], object]]) -> None:
+        fns[0]()  # warm-up (what is computed once per explorer)
+        got = [_cpu(f) for f in fns[1:]]
+        out.append((what, statistics.median(c for c, _w in got), statistics.median(w for _c, w in got)))
+
+    f = ex.filters
+    for p in ex.panels:  # open each tab (the first opening computes what the tab shows)
+        once(f"tab {p.title} (first opening)", lambda p=p: setattr(ex.tabs, "selected_index", ex.panels.index(p)))
+    ex.tabs.selected_index = 0
+    for value in [v for _label, v in f.color.options]:
+        once(f"colour {value} (first)", lambda v=value: setattr(f.color, "value", v))
+    f.color.value = "first_bad"
+    for what, w, values in (("rows module / node", f.rows, ["node", "module"]),
+                            ("x step / rank", f.by, ["rank", "step"]),
+                            ("sort value / first", f.sort, ["value", "first"])):
+        seq = (values * (repeat + 1))[: repeat + 1]
+        med(what, [lambda w=w, v=v: setattr(w, "value", v) for v in seq])
+    frame = ex.heatmap_frame()
+    cells = frame[["row", "col", "group"]].drop_duplicates().head(repeat + 1).values.tolist()
+    med("heat-map cell", [lambda c=c: ex.select_cell(*c) for c in cells])
+    med("next / previous finding", [lambda i=i: ex.bar.step(1 if i % 2 else -1) for i in range(repeat + 1)])
+    links = [b for b in ex.bar.suspects.children if hasattr(b, "click")]
+    if links:
+        med("suspect link", [lambda b=b: b.click() for b in (links * (repeat + 1))[: repeat + 1]])
+    if paired:
+        panel = ex.panel("Alignment")
+        ex.tabs.selected_index = ex.panels.index(panel)  # as a person does it: on the tab, which redraws
+        mod = next(p for p in ex.triage.alignment.modules if p.baseline and p.target)
+        panel.level.value = "modules"
+        panel.pick(left=mod.baseline, right=mod.target)
+        once("Match (a module pair; reruns the triage, redraws the tab)", panel.do_match)
+        panel.level.value = "calls"
+        call = [p for p in ex.triage.alignment.nodes if p.target.endswith(".backward")][-1]
+        panel.pick(left=call.baseline, right=call.target)
+        once("Unmatch (a call; reruns the triage, redraws the tab)", panel.do_unmatch)
+        assert "first finding now" in panel.output.value, panel.output.value
+        ex.tabs.selected_index = 0
+    once("Rerun (another tolerance)", lambda: ex.rerun(tolerance=1e-3))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tensors", type=int, default=5000)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/precnb-bench-frontends"))
+    ap.add_argument("--markdown", type=Path, default=None)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PRECNB_NO_DASK_CLIENT", "1")
+    warnings.simplefilter("ignore")
+    trees, n_tensors = build_trees(args.workdir, args.tensors, args.ranks, args.steps)
+    import precnb
+    from precnb.report import to_html
+
+    t0 = time.perf_counter()
+    lines = [f"Front ends on a {n_tensors}-tensor, {args.ranks}-rank, {args.steps}-step run "
+             f"(`benchmarks/bench_frontends.py`, precnb from `{Path(precnb.__file__).parent}`): seconds, medians of "
+             f"{args.repeat} alternating repetitions (first call: the first repetition, with the process's one-time "
+             "costs); the ratio is read on the wall times, the CPU times (this process) beside them.", "",
+             "| case | side | first call | median wall | ratio to diagnose | median CPU | CPU ratio | target |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    rows: list[tuple[str, float, float]] = []
+    for case, target, baseline in (("NaN run", trees / "nan", None),
+                                   ("pair", trees / "diverge", trees / "baseline")):
+        sides = {"diagnose": lambda t=target, b=baseline: precnb.diagnose(t, b, progress=False),
+                 "explore": lambda t=target, b=baseline: precnb.explore(t, b, progress=False),
+                 "report": lambda t=target, b=baseline: to_html(t, baseline=b, progress=False)}
+        times = compare_sides(sides, args.repeat)
+        base = statistics.median(w for _c, w in times["diagnose"])
+        base_cpu = statistics.median(c for c, _w in times["diagnose"])
+        for side, ts in times.items():
+            wall, cpu = statistics.median(w for _c, w in ts), statistics.median(c for c, _w in ts)
+            ratio = wall / base
+            goal = TARGETS.get(side)
+            lines.append(f"| {case} | {side} | {ts[0][1]:.2f} | {wall:.2f} | {ratio:.2f} | {cpu:.2f} | "
+                         f"{cpu / base_cpu:.2f} | "
+                         + (f"≤ {goal} ({'met' if ratio <= goal else '**not met**'})" if goal else "") + " |")
+        ex = precnb.explore(target, baseline, progress=False)
+        rows += [(f"{case}: {what}", c, w) for what, c, w in interactions(ex, baseline is not None, args.repeat)]
+    worst = max(c for _w, c, _t in rows)
+    lines += ["", "| explorer interaction | kernel CPU time | wall time |", "|---|---:|---:|"]
+    lines += [f"| {what} | {c * 1000:.0f} ms{'' if c < TARGETS['interaction_s'] else ' **over 1 s**'} | "
+              f"{w * 1000:.0f} ms |" for what, c, w in rows]
+    lines += ["", f"Slowest interaction {worst:.2f} s of CPU (target below {TARGETS['interaction_s']:.0f} s: "
+                  f"{'met' if worst < TARGETS['interaction_s'] else 'NOT met'}); whole benchmark "
+                  f"{time.perf_counter() - t0:.0f} s."]
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown is not None:
+        args.markdown.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

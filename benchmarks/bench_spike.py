@@ -1,0 +1,134 @@
+"""Loss-spike diagnosis against the anomaly search on the same input (issue 29: within 1.5x).
+
+    python benchmarks/bench_spike.py [--ranks 128] [--repeat 7] [--out benchmarks/RESULTS_spike.md] [--smoke]
+
+The spike samples (``data_samples/spike_hardware``, ``spike_data``: a 3-step dump, the monitor
+output of 10 steps, the loss log) are timed as they are (from the files: reading included) and
+tiled along ``rank`` to ``--ranks`` data-parallel ranks in memory (a small per-rank jitter; the
+loss log tiled likewise). Each row times ``precnb.diagnose(..., kinds=["loss_spike"])`` and
+``precnb.diagnose(..., kinds=["anomaly"])`` on the same runs, interleaved, and gives the ratio of
+their medians. With the dump and the monitor output both, the anomaly search runs on each (it
+takes one run): its time is the sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_explorer import tile_ranks  # noqa: E402 - the same tiling as the explorer benchmark
+
+TARGET = 1.5
+
+
+def tile_loss(df: pd.DataFrame, n: int, *, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    ranks = sorted(set(df["rank"]))
+    parts = []
+    for r in range(n):
+        src = df[df["rank"] == ranks[r % len(ranks)]].copy()
+        src["rank"] = float(r)
+        src["loss"] = src["loss"] * (1 + 1e-3 * rng.standard_normal(len(src)))
+        parts.append(src)
+    return pd.concat(parts, ignore_index=True)
+
+
+def _medians(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    for fn in fns.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):  # interleaved: the machine's load hits both alike
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench(sample: str, ranks: int, repeat: int) -> list[dict[str, Any]]:
+    import precnb
+    from precnb.io import read_loss_log
+
+    root = ROOT / "data_samples" / sample
+    dump_p, mon_p, log_p = root / "dump", root / "monitor_output", root / "loss_log.csv"
+    rows = []
+
+    def diag(target: Any, kinds: list[str], **kw: Any) -> Any:
+        return precnb.diagnose(target, kinds=kinds, progress=False, workers=1, **kw).finding
+
+    # from the files, as the command line runs (reading included)
+    got = diag(dump_p, ["loss_spike"], monitor=mon_p, loss=log_p)
+    m = _medians({"spike": lambda: diag(dump_p, ["loss_spike"], monitor=mon_p, loss=log_p),
+                  "anomalies": lambda: (diag(dump_p, ["anomaly"]), diag(mon_p, ["anomaly"]))}, repeat)
+    rows.append({"sample": sample, "ranks": 2, "input": "dump + monitor + loss log (files)", **m,
+                 "answer": [got.step, got.rank, got.node, got.causes[0]["cause"] if got.causes else None]})
+    dump = precnb.open_run(dump_p, progress=False)
+    mon = precnb.open_run(mon_p, progress=False)
+    log = read_loss_log(log_p)
+    for n in sorted({2, ranks}):
+        d, mo = (dump, mon) if n == 2 else (tile_ranks(dump, n), tile_ranks(mon, n))
+        lg = log if n == 2 else tile_loss(log, n)
+        for what, spike, anomalies in (
+                ("dump + loss log", lambda d=d, lg=lg: diag(d, ["loss_spike"], loss=lg),
+                 lambda d=d: diag(d, ["anomaly"])),
+                ("monitor + loss log", lambda mo=mo, lg=lg: diag(mo, ["loss_spike"], loss=lg),
+                 lambda mo=mo: diag(mo, ["anomaly"])),
+                ("dump + monitor + loss log", lambda d=d, mo=mo, lg=lg: diag(d, ["loss_spike"], monitor=mo, loss=lg),
+                 lambda d=d, mo=mo: (diag(d, ["anomaly"]), diag(mo, ["anomaly"])))):
+            m = _medians({"spike": spike, "anomalies": anomalies}, repeat)
+            rows.append({"sample": sample, "ranks": n, "input": f"{what} (in memory)", **m})
+    for r in rows:
+        r["ratio"] = r["spike"] / r["anomalies"]
+    return rows
+
+
+def write(rows: list[dict[str, Any]], out: Path, args: argparse.Namespace) -> None:
+    worst = max(r["ratio"] for r in rows)
+    lines = ["# Loss spike vs anomalies (issue 29)", "",
+             f"Medians of {args.repeat} interleaved runs each, one process (workers=1); python "
+             f"{platform.python_version()}, {platform.machine()}. Target: spike / anomalies <= {TARGET} on the same "
+             f"input. Worst ratio: **{worst:.2f}** ({'met' if worst <= TARGET else 'NOT met'}).", "",
+             "| sample | ranks | input | spike (ms) | anomalies (ms) | ratio |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['sample']} | {r['ranks']} | {r['input']} | {r['spike'] * 1e3:.1f} | "
+                     f"{r['anomalies'] * 1e3:.1f} | {r['ratio']:.2f} |")
+    answers = [r for r in rows if "answer" in r]
+    if answers:
+        lines += ["", "Answers (step, origin rank, node, cause): "
+                  + "; ".join(f"{r['sample']}: {tuple(r['answer'])}" for r in answers)]
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "target": TARGET, "worst_ratio": worst},
+                                                   indent=2, default=str))
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS_spike.md")
+    ap.add_argument("--smoke", action="store_true", help="tiny: 4 ranks, 1 repetition, one sample")
+    args = ap.parse_args(argv)
+    samples = ["spike_hardware", "spike_data"]
+    if args.smoke:
+        args.ranks, args.repeat, samples = 4, 1, ["spike_hardware"]
+    rows = [r for s in samples for r in bench(s, args.ranks, args.repeat)]
+    write(rows, args.out, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The ``loss_spike`` diagnosis: registered in :mod:`precnb.analysis.registry` (``precnb spike``).
+
+It reads the run diagnosed (a dump or a monitor output) and, from the pipeline's parameters,
+the monitor output (``params["monitor"]``, a dataset) and the loss log (``params["loss_log"]``,
+a DataFrame ``step, loss[, rank]``; ``params["loss_source"]`` says where it was read), both
+opened by the pipeline from the ``monitor`` / ``loss`` options.
+
+Examples
+--------
+>>> from precnb.analysis.registry import get
+>>> get("loss_spike").command
+'spike'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xarray as xr
+
+from precnb.analysis.registry import Context, Diagnosis, register
+
+__all__: list[str] = []
+
+
+def _run(ctx: Context) -> Any:
+    from precnb.analysis.spike import loss_spike
+
+    return loss_spike(ctx.target, monitor=ctx.params.get("monitor"), loss=ctx.params.get("loss_log"),
+                      loss_source=str(ctx.params.get("loss_source") or "loss log"),
+                      rule=ctx.params.get("loss_spike_rule"), limit=int(ctx.params.get("limit", 50)))
+
+
+def _flags(ds: xr.Dataset, finding: Any) -> list[dict[str, Any]]:
+    """The records the explorer colours: each cause's origin (on every rank when the cause names none)."""
+    have = ds.indexes["tensor"]
+    rows = []
+    for c in finding.causes:
+        if c.get("tensor") not in have or c.get("step") is None:
+            continue
+        ranks = [c["rank"]] if c.get("rank") is not None else [int(r) for r in ds["rank"].values]
+        rows += [{"step": int(c["step"]), "rank": int(r), "tensor": str(c["tensor"])} for r in ranks]
+    return rows
+
+
+def _plan(finding: Any, ds: xr.Dataset, **kw: Any) -> Any:
+    from precnb.analysis.spike._plan import spike_plan
+
+    return spike_plan(finding, ds, **kw)
+
+
+register(Diagnosis(
+    kind="loss_spike", title="Loss spike", priority=25, mode="single", run=_run,
+    description="loss spike (the first step whose loss departs from its own recent history; its origin rank, batch "
+    "input, parameter or op; cause data, optimizer, hardware or numerics)", command="spike", color="first_bad",
+    flags=_flags, plan=_plan))

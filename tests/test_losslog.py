@@ -1,0 +1,131 @@
+"""Loss logs (issue 29): CSV and TensorBoard event files, read without TensorBoard.
+
+The event files in tests/fixtures/tensorboard were written by TensorBoard's own EventFileWriter
+(tools/make_tensorboard_fixture.py) from data_samples/spike_data/loss_log.csv.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from precnb.errors import DumpFormatError
+from precnb.io.losslog import read_event_scalars, read_loss_log
+
+ROOT = Path(__file__).resolve().parents[1]
+TB = ROOT / "tests" / "fixtures" / "tensorboard"
+CSV = ROOT / "data_samples" / "spike_data" / "loss_log.csv"
+
+
+def f32(x):
+    return np.asarray(x, dtype=np.float32).astype(float)
+
+
+def test_simple_value_scalars_per_rank_folder():
+    df = read_loss_log(TB / "simple")
+    ref = pd.read_csv(CSV)
+    assert df.attrs["tag"] == "train/loss"  # not eval/loss, not lr
+    assert sorted(set(df["rank"])) == [0.0, 1.0] and len(df) == len(ref)
+    got = df.sort_values(["rank", "step"])["loss"].to_numpy()
+    want = f32(ref.sort_values(["rank", "step"])["loss"])
+    assert np.array_equal(got, want)  # float32 as written, exactly
+
+
+def test_tensor_scalars_and_a_rewritten_step():
+    df = read_loss_log(TB / "tensor")
+    ref = pd.read_csv(CSV).groupby("step")["loss"].mean()
+    assert df.attrs["tag"] == "loss" and df["rank"].isna().all()
+    assert df["step"].tolist() == list(range(10))  # step 3 written twice: once in the table
+    assert np.allclose(df["loss"], f32(ref.to_numpy()), rtol=0, atol=1e-6)
+
+
+def test_explicit_tag_and_unknown_tag():
+    df = read_loss_log(TB / "simple", tag="eval/loss")
+    assert sorted(set(df["step"])) == [0, 3, 6, 9]
+    with pytest.raises(DumpFormatError, match=r"no scalar tag 'nope'.*train/loss"):
+        read_loss_log(TB / "simple", tag="nope")
+
+
+def test_matches_tensorboard_where_installed():
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    ea = ea_mod.EventAccumulator(str(TB / "simple" / "rank1"))
+    ea.Reload()
+    theirs = [(e.step, e.value) for e in ea.Scalars("train/loss")]
+    ours = read_event_scalars(next((TB / "simple" / "rank1").iterdir()))
+    mine = [(int(s), float(v)) for s, t, v in zip(ours["step"], ours["tag"], ours["value"], strict=True)
+            if t == "train/loss"]
+    assert mine == theirs
+
+
+def test_corrupt_and_truncated_event_files(tmp_path):
+    src = next((TB / "simple" / "rank0").iterdir())
+    data = bytearray(src.read_bytes())
+    bad = tmp_path / src.name
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0x40
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(DumpFormatError, match="checksum"):
+        read_loss_log(bad)
+    cut = tmp_path / "cut" / src.name
+    cut.parent.mkdir()
+    cut.write_bytes(bytes(data[:-7]))  # a log being written: the last record (eval/loss, step 9) is incomplete
+    assert len(read_loss_log(cut.parent)) == 10
+    assert read_loss_log(cut.parent, tag="eval/loss")["step"].tolist() == [0, 3, 6]
+    junk = tmp_path / "events.out.tfevents.junk"
+    junk.write_bytes(b"\x00" * 40)
+    with pytest.raises(DumpFormatError, match="checksum"):
+        read_loss_log(junk)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DumpFormatError, match="no TensorBoard event file"):
+        read_loss_log(empty)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("", "empty file"),
+    ("step,value\n0,1\n", "must name step and loss"),
+    ("step,loss\n0,1\n-1,2\n", "line 3: step '-1'"),
+    ("step,loss\n0,abc\n", "line 2: loss 'abc' is not a number"),
+    ("step,loss,rank\n0,1,0\n0,2,0\n", "step 0 rank 0 appears more than once"),
+    ("step,loss\n0,1,5\n", "line 2: 3 fields"),
+])
+def test_bad_csv(tmp_path, text, match):
+    p = tmp_path / "loss.csv"
+    p.write_text(text)
+    with pytest.raises(DumpFormatError, match=match) as e:
+        read_loss_log(p)
+    assert str(p) in str(e.value)
+
+
+def test_csv_keeps_nonfinite_and_optional_rank(tmp_path):
+    p = tmp_path / "loss.csv"
+    p.write_text("loss,step,rank\nnan,0,\ninf,1,\n3.5,2,1\n")
+    df = read_loss_log(p)
+    assert np.isnan(df["loss"][0]) and np.isinf(df["loss"][1]) and df["rank"].isna().tolist() == [True, True, False]
+
+
+def test_spike_from_tensorboard_logs_same_answer_as_csv(tmp_path):
+    dump = ROOT / "data_samples" / "spike_data" / "dump"
+    mon = ROOT / "data_samples" / "spike_data" / "monitor_output"
+    answers = []
+    for log in (CSV, TB / "simple"):
+        out = subprocess.run([sys.executable, "-m", "precnb", "spike", str(dump), "--monitor", str(mon), "--loss",
+                              str(log), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert out.returncode == 0, out.stderr
+        f = json.loads(out.stdout)
+        answers.append((f["step"], f["rank"], f["node"], f["causes"][0]["cause"]))
+        assert "TensorBoard tag 'train/loss'" in f["values"]["spike"]["source"] or log == CSV
+    assert answers[0] == answers[1] == (6, 1, "Functional.embedding.0.forward", "data")
+    copy = tmp_path / "tb"
+    shutil.copytree(TB / "tensor", copy)  # the job's loss only: the dump's losses say which rank
+    out = subprocess.run([sys.executable, "-m", "precnb", "spike", str(dump), "--monitor", str(mon), "--loss",
+                          str(copy), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    f = json.loads(out.stdout)
+    assert (f["step"], f["rank"], f["causes"][0]["cause"]) == (6, 1, "data")
