@@ -86,8 +86,8 @@ def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, comm
     """What the replica diagnosis reads besides the run: the dump's node records and the clean baseline run.
 
     ``node_records(step, rank, node)`` reads one record of the target's dump (its scalar arguments) when
-    the target was given as a path or read from one; ``replica_baseline`` is the ``replica_baseline`` option opened with the
-    target's steps.
+    the target was given as a path or read from one; ``replica_baseline`` is the ``replica_baseline`` option
+    opened with the target's steps.
     """
     out: dict[str, Any] = {}
     path = getattr(tsrc, "records_path", None) or (tsrc.value if getattr(tsrc, "is_path", False) else None)
