@@ -424,10 +424,10 @@ def check_departures(
     Examples
     --------
     >>> import precnb
-    >>> f = check_departures(precnb.open_run(precnb.sample_path("sdc/job1")), precnb.Layout.parse(
-    ...     "tp=2,dp=2", world_size=4))  # doctest: +SKIP
-    >>> f.node, f.evidence["departure"]["cause"]  # doctest: +SKIP
-    ('Torch.rsqrt.0.forward', 'compute_fault')
+    >>> run = precnb.open_run(precnb.sample_path("sdc/job1"), workers=1)
+    >>> f = check_departures(run, precnb.Layout.parse("tp=2,dp=2", world_size=4))
+    >>> f.step, f.node, f.evidence["departure"]["cause"], f.evidence["departure"]["group"]
+    (1, 'Torch.rsqrt.0.forward', 'compute_fault', [0, 1])
     """
     from precnb.analysis.replicas import replica_mismatches
 

@@ -138,8 +138,8 @@ def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout
     >>> root = precnb.sample_path("sdc")
     >>> out = follow_devices({j: root / j for j in ("job1", "job2")},
     ...                      {j: root / "rank_tables" / f"{j}.csv" for j in ("job1", "job2")},
-    ...                      layout="tp=2,dp=2", workers=1)  # doctest: +SKIP
-    >>> out["devices"][0]["host"], out["devices"][0]["device"], out["devices"][0]["verdict"]  # doctest: +SKIP
+    ...                      layout="tp=2,dp=2", workers=1)
+    >>> out["devices"][0]["host"], out["devices"][0]["device"], out["devices"][0]["verdict"]
     ('10.0.0.1', '1', 'suspect')
     """
     from precnb.analysis.devices import device_verdicts
