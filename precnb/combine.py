@@ -206,11 +206,12 @@ def concat_steps(parts: list[xr.Dataset]) -> xr.Dataset:
     attrs.update(_joined_entry_meta(parts, labels, coords, attrs["stacks"]))
     attrs.update(_merged_facts(parts))
     if "load_report" in attrs:
-        report: dict[str, list[Any]] = {"read": [], "skipped": [], "warnings": []}
+        report: dict[str, Any] = {"read": [], "skipped": [], "warnings": [], "unread": [], "unread_count": 0}
         for ds in parts:
             rep = _json_attr(ds, "load_report", {})
-            for k in report:
+            for k in ("read", "skipped", "warnings", "unread"):
                 report[k] += list(rep.get(k, []))
+            report["unread_count"] += int(rep.get("unread_count", len(rep.get("unread", []))))
         attrs["load_report"] = json.dumps(report)
     out.attrs = attrs
     return validate(out)

@@ -167,5 +167,6 @@ def test_detail_table_shows_each_runs_own_values_and_nulls():
     assert np.isfinite(r["max_tp1"])
     page = healthy.record.detail.html.value
     assert "a partial sum across shards" in page
-    cell = page.split("Functional.linear.3.forward.output.0</td>", 1)[1].split("</tr>", 1)[0]
+    cell = page.split("<tr class='focus'>", 1)[1].split("</tr>", 1)[0]  # the selected record's row
+    assert "Functional.linear.3.forward.output.0<span" in cell
     assert "null</span>" not in cell and "Σ" in cell

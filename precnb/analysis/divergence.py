@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -524,8 +525,17 @@ def _first_divergence_lazy(
         return (baseline.sel(step=batch).load(),
                 target.sel(step=[s + off for s in batch]).load())
 
-    return first_divergence_stepwise(load, search, names=names, tolerance=tolerance, ranks=ranks,
-                                     step_offset=off, crc=crc, alignment=alignment, **hooks)
+    f = first_divergence_stepwise(load, search, names=names, tolerance=tolerance, ranks=ranks,
+                                  step_offset=off, crc=crc, alignment=alignment, **hooks)
+    if f.kind == "none" and "compared_records" in f.stats and not f.stats.get("nothing_compared"):
+        # "compared N of M" against the whole runs, as the in-memory search says it (the batches hold
+        # only the steps both runs have)
+        clean = "no value divergence beyond tolerance"
+        f.reason = re.sub(r"^no value divergence beyond tolerance \(compared [^)]*\)", clean, f.reason)
+        part = compared_part(int(f.stats["compared_records"]), baseline, target, names, f.stats)
+        if part and f.reason.startswith(clean):
+            f.reason = f"{clean} ({part})" + f.reason[len(clean):]
+    return f
 
 
 def _replica_reason(cmp: Comparison, si: int, ri: int, j: int, tensor: str) -> str | None:

@@ -317,7 +317,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         if tensor not in ds.indexes["tensor"]:  # e.g. a computation only the baseline has
             alt_label = f"{tensor} (baseline)"
             tensor = alt_label if alt_label in ds.indexes["tensor"] else tensor
-        gr = self.data.row_of(tensor, ds, int(f.step), None if unmerged else int(f.rank))
+        gr = self.data.row_of(tensor, ds, int(step), None if unmerged or rank is None else int(rank))
         visible = gr is not None and bool(self.data.mask(ds)[ds.indexes["tensor"].get_loc(tensor)])
         self.filters.show(step=step, rank=None if unmerged else rank, group=gr[0] if gr else None,
                           tensor_visible=visible)
