@@ -46,7 +46,7 @@ _LAZY = {
     "merge_shards": "precnb.analysis",
     "check_replicas": "precnb.analysis",
     "check_departures": "precnb.analysis.departures",  # issue #28
-    "follow_devices": "precnb.pipeline.devices",
+    "follow_devices": "precnb.pipeline.follow",
     "read_rank_table": "precnb.io.rank_table",
     "explore": "precnb.widgets",
     "diagnose": "precnb.pipeline",

@@ -63,6 +63,16 @@ def _replicas(ctx: Context) -> Any:
                             rng_regions=tuple(ctx.params.get("rng_regions") or ()))
 
 
+def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
+    """A classified departure's own plan (md5 on its group, issue #28), unless a task is asked for."""
+    from precnb.analysis.departure_plan import departure_plan
+    from precnb.analysis.plan import generic_plan
+
+    if task is None and (finding.evidence or {}).get("departure"):
+        return departure_plan(finding, ds, dump_path=dump_path)
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor")
+
+
 def _preflight(ctx: Context) -> Any:
     from precnb.analysis.preflight import preflight, preflight_finding
 
@@ -88,7 +98,7 @@ register(Diagnosis(
 register(Diagnosis(
     kind="replica_mismatch", title="Replica mismatch", priority=20, mode="any", run=_replicas,
     applies=_has_layout, description="replica check (tensors that must be identical across the "
-    "layout's replicas)", command="replicas", color="first_bad"))
+    "layout's replicas)", command="replicas", color="first_bad", plan=_replica_plan))
 register(Diagnosis(
     kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
     description="NaN/Inf origin (mask infinities ignored)", command="nan", color="first_bad"))

@@ -34,7 +34,7 @@ import xarray as xr
 from precnb.dtypes import dtype_size as _dtype_size
 from precnb.naming import parse_node
 
-__all__ = ["DEFAULT_DUMP_PATH", "attach_plans", "dtype_size", "node_selector", "plan_dump"]
+__all__ = ["DEFAULT_DUMP_PATH", "attach_plans", "dtype_size", "generic_plan", "node_selector", "plan_dump"]
 
 DEFAULT_DUMP_PATH = "./precnb_confirm"
 
@@ -136,16 +136,19 @@ def plan_dump(
     """
     if not getattr(finding, "found", False) or finding.step is None:
         return None
-    if task is None and finding.kind == "replica_mismatch" and (finding.evidence or {}).get("departure"):
-        from precnb.analysis.departure_plan import departure_plan  # issue #28
-
-        return departure_plan(finding, ds, dump_path=dump_path)
     from precnb.analysis import registry
 
     own = registry.get(finding.kind).plan if finding.kind in registry.kinds() else None
     if own is not None:  # a diagnosis that plans its own confirmation (e.g. a loss spike's cause)
-        return own(finding, ds, dump_path=dump_path, task=task or "tensor")
-    task = task or "tensor"
+        return own(finding, ds, dump_path=dump_path, **({"task": task} if task is not None else {}))
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor")
+
+
+def generic_plan(finding: Any, ds: xr.Dataset, *, dump_path: str = DEFAULT_DUMP_PATH, task: str = "tensor"
+                 ) -> dict[str, Any] | None:
+    """The plan :func:`plan_dump` makes for a finding whose diagnosis has no plan of its own."""
+    if not getattr(finding, "found", False) or finding.step is None:
+        return None
     steps, ranks = _where(finding)
     entries: list[str] = []
     modules: list[str] = []
