@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import precnb
-from precnb.analysis.departures import check_departures, departure_events, input_free_rows, scalar_args
+from precnb.analysis.departures import check_departures, departure_events, scalar_args
 from precnb.analysis.layout import Layout
 from precnb.cli import main
 
@@ -130,14 +130,15 @@ def test_a_third_replica_decides_and_a_parameter_is_inherited():
     assert [c["rank"] for c in f.evidence["candidates"]] == [2] and "the majority decides" in f.reason
 
 
-def test_input_free_rows_only_see_ops_without_tensor_inputs():
+def test_random_ops_without_tensor_inputs_are_checked():
+    from precnb.analysis.replicas import replica_mismatches
+
     ds = _open("sdc_rank/job1")
-    rows = input_free_rows(ds, Layout.parse(LAYOUT, world_size=4))
+    rows, _ = replica_mismatches(ds, Layout.parse(LAYOUT, world_size=4))
     assert {(r["step"], r["rank"], r["node"]) for r in rows} == {(s, r, "Torch.normal.0.forward") for s in (1, 2, 3)
                                                                  for r in (1, 3)}
-    assert input_free_rows(_open("sdc_clean"), Layout.parse(LAYOUT, world_size=4)) == []
     events, _ = departure_events(ds, rows)
-    assert len(events) == 6 and all(e["cause"] == "unsynchronised_seed" for e in events)
+    assert len(events) == 6 and all(e["cause"] == "unsynchronised_seed" and e["random_op"] for e in events)
 
 
 def test_cli_replicas_baseline(capsys):

@@ -17,8 +17,9 @@ Each origin says
   run of the same training (*baseline*) decides (the side whose output differs from the clean run while
   every member's inputs still match it); with three or more the majority decides.
 
-Random ops have no tensor input, so the generic check never sees them: :func:`input_free_rows` adds the
-outputs of API calls recorded without a tensor input that depart across a TP/CP group.
+Random ops (``torch.normal(0, 1, size)``) have no tensor input: the replica check counts their outputs as
+replicated (they read only their scalar arguments and the shared random state); in md5 dumps
+:func:`crc_rows` adds the departures only the CRC shows.
 
 :func:`check_departures` is the replica diagnosis of :func:`precnb.diagnose` (kind ``replica_mismatch``).
 
@@ -33,7 +34,6 @@ Examples
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,8 +44,7 @@ from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.layout import Layout
 
-__all__ = ["RANDOM_OPS", "check_departures", "crc_rows", "departure_events", "input_free_rows", "is_random_op",
-           "scalar_args"]
+__all__ = ["RANDOM_OPS", "check_departures", "crc_rows", "departure_events", "is_random_op", "scalar_args"]
 
 #: torch ops whose output is drawn from a generator (API names without the ``Torch.``/``Tensor.``/``Functional.``
 #: prefix; in-place variants end with ``_``)
@@ -100,62 +99,6 @@ def scalar_args(record: Mapping[str, Any] | None) -> dict[str, tuple[str, Any]]:
 def _equal(v: np.ndarray, ref: np.ndarray, rtol: float) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return (v == ref) | (np.isnan(v) & np.isnan(ref)) | (np.abs(v - ref) <= rtol * np.fmax(np.abs(ref), 1e-30))
-
-
-def _groups_rows(ds: xr.Dataset, cols: np.ndarray, groups: list[list[int]], dim: str, ranks: list[int],
-                 rtol: float, present: np.ndarray) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    vals = np.stack([ds[s].values[:, :, cols] for s in STATS], axis=-1)
-    seq = ds["seq"].values[:, :, cols]
-    steps = ds["step"].values
-    for g in groups:
-        idx = [ranks.index(r) for r in g]
-        v = vals[:, idx]
-        p: np.ndarray = np.all(present[:, idx][:, :, cols], axis=1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            med = np.nanmedian(np.where(np.isfinite(v), v, np.nan), axis=1, keepdims=True)
-        bad: np.ndarray = ~_equal(v, med, rtol).all(axis=-1) & p[:, None, :]
-        for si, k, tj in np.argwhere(bad):
-            if len(g) == 2 and k == 0 and bad[si, 1, tj]:
-                continue  # a pair: the later rank stands for both
-            rows.append({"step": int(steps[si]), "rank": g[k], "group": list(g), "dim": dim,
-                         "tensor": str(ds["tensor"].values[cols[tj]]), "node": str(ds["node"].values[cols[tj]]),
-                         "seq": int(seq[si, idx[k], tj]), "inputs_identical": True,
-                         "why": f"differs from its {dim} replicas {[r for r in g if r != g[k]]} although the op "
-                                "has no tensor input"})
-    return rows
-
-
-def input_free_rows(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("tp", "cp"),
-                    rtol: float = 1e-6) -> list[dict[str, Any]]:
-    """Departures of API calls recorded without any tensor input (random and factory ops) across TP/CP groups.
-
-    Rows have the shape of :func:`precnb.analysis.replicas.replica_mismatches`'s.
-    """
-    from precnb.naming import is_communication
-
-    nodes, roles, kinds = ds["node"].values.tolist(), ds["role"].values.tolist(), ds["kind"].values.tolist()
-    has_input: set[str] = set()
-    outs: dict[str, list[int]] = {}
-    for j, (n, r, k) in enumerate(zip(nodes, roles, kinds, strict=True)):
-        if k != "api" or ".backward" in n or is_communication(n):
-            continue
-        if r == "input":
-            has_input.add(n)
-        elif r == "output":
-            outs.setdefault(n, []).append(j)
-    cols = np.array(sorted(j for n, js in outs.items() if n not in has_input for j in js), np.int64)
-    if not len(cols):
-        return []
-    ranks = [int(r) for r in ds["rank"].values]
-    present = ds["present"].values
-    rows: list[dict[str, Any]] = []
-    for dim in dims:
-        if layout.size(dim) <= 1:
-            continue
-        rows += _groups_rows(ds, cols, layout.groups(dim), dim, ranks, rtol, present)
-    return rows
 
 
 def crc_rows(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("tp", "cp", "dp")) -> list[dict[str, Any]]:
@@ -290,7 +233,7 @@ def departure_events(
     ds : xarray.Dataset
         The run the rows come from (ranks as dumped).
     rows : sequence of dict
-        :func:`precnb.analysis.replicas.replica_mismatches` rows, with :func:`input_free_rows`.
+        :func:`precnb.analysis.replicas.replica_mismatches` rows (and :func:`crc_rows`).
     rtol : float
         Relative tolerance on statistics (CRCs compare exactly).
     records : callable, optional
@@ -436,9 +379,6 @@ def check_departures(
     if sorted(ranks) != list(range(layout.world_size)):
         raise ValueError(f"layout {layout.describe()} does not match the run's ranks {ranks[:8]}")
     rows, checked = replica_mismatches(ds, layout, dims=dims, rtol=rtol)
-    seen = {(r["step"], r["rank"], r["tensor"]) for r in rows}
-    rows += [r for r in input_free_rows(ds, layout, dims=[d for d in dims if d != "dp"], rtol=rtol)
-             if (r["step"], r["rank"], r["tensor"]) not in seen]
     seen = {(r["step"], r["group"][0], r["tensor"]) for r in rows}
     rows += [r for r in crc_rows(ds, layout, dims=dims) if (r["step"], r["group"][0], r["tensor"]) not in seen]
     events, aside = departure_events(ds, rows, rtol=rtol, records=records, baseline=baseline,
