@@ -15,7 +15,7 @@ FUZZ_SCALE ?= 25
 PYTEST_CI := -q -rs -m "not needs_generator"
 
 .PHONY: help install system-deps demo test test-fast test-generator fuzz lint typecheck lab samples bench clean \
-        offline-template notebooks
+        offline-template notebooks msprobe-matrix
 
 help:
 	@echo "make demo    install, then run precnb on the bundled samples (writes $(OUT)/)"
@@ -27,6 +27,8 @@ help:
 	@echo "make lint    ruff, and the import contracts of pyproject.toml [tool.importlinter] (lint-imports)"
 	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io, analysis)"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (tools/samples)"
+	@echo "make msprobe-matrix  regenerate tests/fixtures/msprobe_releases/ (one venv per msprobe release in"
+	@echo "             $(MATRIX_VENVS); ONLY='26.2.0 1.0.1' for some releases) and print the README table"
 	@echo "make bench   run every script of benchmarks/ and write benchmarks/RESULTS*.md (MSPROBE=path: msprobe)"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
 	@echo "make notebooks         strip notebooks/*.ipynb (the templates' one copy; the build puts them in the wheel)"
@@ -99,6 +101,16 @@ samples: install
 	$(PIP) install -q -e tools/samples
 	$(PY) -m precnb_samples --out data_samples
 
+# the msprobe release conformance matrix (tools/msprobe_matrix/README.md): every mindstudio-probe release on PyPI in
+# a venv of its own beside torch 2.13.0 CPU, the same tiny training dumped by each, the release's own compare reading
+# stored beside each dump; then the README table (precnb's reading of them, needs the installed precnb)
+MATRIX_OUT ?= tests/fixtures/msprobe_releases
+MATRIX_VENVS ?= /work/venvs
+msprobe-matrix: install
+	MSPROBE_MATRIX_VENVS=$(MATRIX_VENVS) python3 tools/msprobe_matrix/generate.py --out $(MATRIX_OUT) \
+	    $(if $(ONLY),--only $(ONLY))
+	$(PY) tools/msprobe_matrix/generate.py --out $(MATRIX_OUT) --table --readme README.md
+
 # MSPROBE=/path/to/msprobe: the msprobe executable for the side-by-side rows (default: beside $(PY), else PATH;
 # e.g. the generator's venv). make test runs every script at a tiny size (tests/test_benchmarks_smoke.py).
 MSPROBE ?=
@@ -108,7 +120,8 @@ bench: install
 	$(PY) benchmarks/bench_explorer.py --markdown benchmarks/RESULTS_explorer.md
 	$(PY) benchmarks/bench_large.py
 	$(PY) benchmarks/bench_startup.py
-	$(PY) benchmarks/bench_align.py
+	$(PY) benchmarks/bench_align.py $(MSPROBE_ARG) --markdown benchmarks/RESULTS_align.md
+	$(PY) benchmarks/bench_memory.py --markdown benchmarks/RESULTS_memory.md
 	$(PY) benchmarks/bench_kernel_tensors.py
 	$(PY) benchmarks/bench_tensors.py $(MSPROBE_ARG)
 	$(PY) benchmarks/bench_scheduler.py

@@ -35,7 +35,7 @@ _LAZY = {
     "validate": "precnb.schema",
     "sample_path": "precnb._samples_path",
     "first_divergence": "precnb.analysis",
-    "align": "precnb.analysis",
+    "align": "precnb.pipeline.runs",
     "Alignment": "precnb.analysis",
     "first_divergence_stepwise": "precnb.analysis",
     "nan_origin": "precnb.analysis",

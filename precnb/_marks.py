@@ -16,7 +16,14 @@ any other folder          a ``.precnb_output`` JSON manifest listing every file 
                           string ``"precnb <kind>"`` where the file's reader wants scalars)
 any other text file       a ``precnb_output: KIND`` line among the first five
                           (:func:`text_marker`, with the file's comment prefix)
+a table (CSV)             a sidecar ``.NAME.precnb_output`` (JSON: marker, size, sha256 of the
+                          file): any line inside would be read by ``pandas.read_csv`` as the
+                          header or a row, and it has no comment syntax (:func:`sidecar_path`)
 ========================  ===================================================================
+
+The name of a file tells what it holds: ``.json`` is JSON, ``.html``/``.htm`` HTML, ``.ipynb``
+a notebook, anything else text (:func:`suffix_problem`: a writer asked for ``report -o r.json``
+refuses at once, naming the suffix to use).
 
 Only ``os``/``json``/``stat`` are used: importable without the heavy dependencies, and never
 blocks (a FIFO or a device is never opened).
@@ -40,14 +47,15 @@ from pathlib import Path
 
 from precnb._version import __version__
 
-__all__ = ["MANIFEST", "MARKER_KEY", "has_marker", "html_marker", "is_precnb_output", "mark_folder",
-           "marker", "text_marker"]
+__all__ = ["MANIFEST", "MARKER_KEY", "content_kind", "has_marker", "html_marker", "is_precnb_output", "mark_folder",
+           "marker", "sidecar_json", "sidecar_path", "suffix_problem", "text_marker"]
 
 MARKER_KEY = "precnb_output"
 MANIFEST = ".precnb_output"
 _HEAD = 64 * 1024
 _JSON_LIMIT = 512 * 1024 * 1024  # a .json/.ipynb larger than this is not parsed (not ours)
 _HTML_TAG = '<meta name="generator" content="precnb'
+_SIDECAR = ".precnb_output"
 
 
 def marker(kind: str) -> dict[str, str]:
@@ -104,6 +112,81 @@ def has_marker(path: str | os.PathLike[str], content: bytes) -> bool:
         return isinstance(mark, dict) and mark.get("writer") == "precnb"
     lines = content[:_HEAD].split(b"\n", 5)[:5]
     return any(f"{MARKER_KEY}: ".encode() in ln and b"written by precnb" in ln for ln in lines)
+
+
+# content kind -> (what it is, the suffixes its marker is recognised under)
+_CONTENT = {"html": ("an HTML page", (".html", ".htm")), "ipynb": ("a notebook", (".ipynb",)),
+            "json": ("JSON", (".json",)), "text": ("text", ())}
+
+
+def content_kind(content: bytes) -> str | None:
+    """Which marker *content* carries (``"html"``, ``"ipynb"``, ``"json"``, ``"text"``), or None.
+
+    Examples
+    --------
+    >>> content_kind(html_marker("report").encode()), content_kind(b"# precnb_output: x (written by precnb)")
+    ('html', 'text')
+    """
+    for kind, (_, suffixes) in _CONTENT.items():
+        if has_marker(f"x{suffixes[0] if suffixes else '.txt'}", content):
+            return kind
+    return None
+
+
+def suffix_problem(path: str | os.PathLike[str], content: str) -> str | None:
+    """Why a file named *path* cannot hold *content* (a kind of :func:`content_kind`), or None.
+
+    Examples
+    --------
+    >>> suffix_problem("r.json", "html")
+    'precnb writes an HTML page here: give it a .html name (a .json file holds JSON)'
+    >>> suffix_problem("m.yaml", "json") is None, suffix_problem("m.txt", "text") is None
+    (False, True)
+    """
+    suffix = Path(path).suffix.lower()
+    what, wanted = _CONTENT[content]
+    owner = next((k for k, (_, sfx) in _CONTENT.items() if suffix in sfx), "text")
+    if owner == content:
+        return None
+    if wanted:
+        hint = f"give it a {wanted[0]} name"
+    else:
+        hint = "give it a name that does not end in " + ", ".join(x for _, (_, sfx) in _CONTENT.items() for x in sfx)
+    held = (f"a {suffix} file holds {_CONTENT[owner][0]}" if owner != "text"
+            else f"{suffix or 'that name'} is not {what}")
+    return f"precnb writes {what} here: {hint} ({held})"
+
+
+def sidecar_path(path: str | os.PathLike[str]) -> Path:
+    """The marker file beside a table output (``dir/.NAME.precnb_output``)."""
+    p = Path(path)
+    return p.with_name(f".{p.name}{_SIDECAR}")
+
+
+def sidecar_json(path: str | os.PathLike[str], content: bytes, kind: str) -> str:
+    """The text of the sidecar that marks *content*, written to *path*, as precnb's."""
+    import hashlib
+
+    return json.dumps({MARKER_KEY: marker(kind), "file": Path(path).name, "size": len(content),
+                       "sha256": hashlib.sha256(content).hexdigest()})
+
+
+def _sidecar_is_ours(path: Path, st: os.stat_result) -> bool:
+    """Whether the file at *path* is exactly the content its sidecar describes (so precnb wrote it)."""
+    import hashlib
+
+    raw = _read_regular(sidecar_path(path), 1 << 20)
+    if raw is None:
+        return False
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        ok = (doc[MARKER_KEY]["writer"] == "precnb" and doc["file"] == path.name and doc["size"] == st.st_size)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
+        return False
+    if not ok or st.st_size > _JSON_LIMIT:
+        return False
+    data = _read_regular(path, st.st_size + 1)
+    return data is not None and hashlib.sha256(data).hexdigest() == doc.get("sha256")
 
 
 def _read_regular(path: Path, limit: int) -> bytes | None:
@@ -204,6 +287,8 @@ def is_precnb_output(path: str | os.PathLike[str]) -> bool:
         return _folder_is_ours(p)
     if not stat.S_ISREG(st.st_mode):
         return False
+    if _sidecar_is_ours(p, st):
+        return True
     limit = _JSON_LIMIT if p.suffix.lower() in (".json", ".ipynb") else _HEAD
     if p.suffix.lower() in (".json", ".ipynb") and st.st_size > limit:
         return False

@@ -46,6 +46,7 @@ precnb.errors.OutputExistsError: refusing to write .../plan.txt: it exists (pass
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -56,11 +57,15 @@ from pathlib import Path
 from typing import Any
 
 from precnb._atomic import lock_nowait, rename_noreplace
-from precnb._marks import has_marker, is_precnb_output
+from precnb._marks import content_kind, has_marker, is_precnb_output, sidecar_json, sidecar_path, suffix_problem
 from precnb.errors import OutputExistsError, OutputRefusedError
 
-__all__ = ["check_output", "dataset_inputs", "protected_roots", "write_bytes", "write_text", "writing_file",
-           "writing_folder"]
+__all__ = ["STORE_ATTR", "check_output", "dataset_inputs", "protected_roots", "write_bytes", "write_text",
+           "writing_file", "writing_folder"]
+
+#: the key under which a dataset opened from a zarr store records that store (an input as well), in
+#: ``ds.encoding`` (kept by selections; never written); a combined dataset keeps it per run in ``run_attrs``
+STORE_ATTR = "precnb_store"
 
 PathLike = str | os.PathLike[str]
 # folder names that are part of a dump's structure: an input inside one protects the dump root
@@ -68,6 +73,15 @@ _DUMP_PART = re.compile(r"^(step[0-9]+|rank[0-9]*|rank_[0-9]+|proc[0-9]+|.*-rank
 _SIDE_FILES = ("dump.json", "debug.json", "construct.json", "stack.json", "statistic.csv")
 _PARTIAL = ".precnb-partial"
 _SENTINEL = ".precnb-writing"
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # the output's file system cannot take it
+
+
+def _write_failed(shown: str, exc: OSError) -> OutputRefusedError:
+    """An OSError while writing an output, as one line naming the output (nothing was published)."""
+    why = exc.strerror or type(exc).__name__
+    if exc.errno in _FULL:
+        why += ": the file system holding it is full (free some space, or write elsewhere)"
+    return OutputRefusedError(shown, f"cannot write it: {why}; nothing was written")
 
 
 # ----------------------------------------------------------------------------- what to protect
@@ -108,9 +122,11 @@ def protected_roots(inputs: Iterable[PathLike | None]) -> list[Path]:
 
 
 def dataset_inputs(ds: Any) -> list[str]:
-    """The source paths recorded in a dataset's attributes (``source``, per-run sources).
+    """The source paths recorded in a dataset's attributes (``source``, per-run sources, zarr stores).
 
-    A :class:`precnb.Triage` gives those of the runs it holds.
+    A dataset reopened from a zarr store names the dump it was converted from as its ``source``;
+    the store it was read from (:data:`STORE_ATTR`) is an input too. A :class:`precnb.Triage`
+    gives those of the runs it holds.
     """
     import json
 
@@ -120,15 +136,18 @@ def dataset_inputs(ds: Any) -> list[str]:
         return [p for name in ("raw_target", "raw_baseline", "target", "baseline")
                 for p in dataset_inputs(getattr(ds, name, None))]
     attrs = getattr(ds, "attrs", {}) or {}
-    out = [str(attrs["source"])] if attrs.get("source") else []
+    out = [str(attrs[k]) for k in ("source", STORE_ATTR) if attrs.get(k)]
+    store = (getattr(ds, "encoding", None) or {}).get(STORE_ATTR)
+    if store:
+        out.append(str(store))
     raw = attrs.get("run_attrs")
     try:
         runs = json.loads(raw) if isinstance(raw, str) else (raw or {})
     except ValueError:
         runs = {}
     for own in runs.values() if isinstance(runs, dict) else ():
-        if isinstance(own, dict) and own.get("source"):
-            out.append(str(own["source"]))
+        if isinstance(own, dict):
+            out += [str(own[k]) for k in ("source", STORE_ATTR) if own.get(k)]
     return [s for s in out if not s.startswith("(")]
 
 
@@ -155,7 +174,7 @@ def _ident(p: Path) -> tuple[int, int] | None:
 
 # ----------------------------------------------------------------------------- checks
 def check_output(path: PathLike, *, inputs: Iterable[PathLike | None] = (), overwrite: bool = False,
-                 folder: bool = False) -> Path:
+                 folder: bool = False, content: str | None = None) -> Path:
     """Validate an output path before writing; return it absolute (symlinks of parents kept).
 
     Parameters
@@ -168,6 +187,9 @@ def check_output(path: PathLike, *, inputs: Iterable[PathLike | None] = (), over
         Allow replacing an existing precnb output of the same shape.
     folder : bool
         The output is a folder (a zarr store); else a file.
+    content : {"json", "html", "ipynb", "text"}, optional
+        What the file will hold: a name that does not fit it (``report -o r.json``) is refused
+        at once (:func:`precnb._marks.suffix_problem`).
 
     Returns
     -------
@@ -234,8 +256,12 @@ def check_output(path: PathLike, *, inputs: Iterable[PathLike | None] = (), over
             what = "folder" if folder else "file"
             raise OutputRefusedError(text, f"it exists and is not a precnb output (precnb replaces only "
                                            f"what it wrote; this {what} is left alone)")
-        if not overwrite:
-            raise OutputExistsError(text, "it exists (pass --overwrite to replace it)")
+    if content is not None and not folder:
+        problem = suffix_problem(p, content)
+        if problem:
+            raise OutputRefusedError(text, problem)
+    if st is not None and not overwrite:
+        raise OutputExistsError(text, "it exists (pass --overwrite to replace it)")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputRefusedError(text, f"cannot write in folder {parent} (permission denied)")
     return p
@@ -286,39 +312,89 @@ def _temp_file(target: Path) -> tuple[Path, int]:
     raise OutputRefusedError(str(target), "cannot create a temporary file beside it")
 
 
-def write_bytes(path: PathLike, data: bytes, *, inputs: Iterable[PathLike | None] = (),
-                overwrite: bool = False) -> Path:
-    """Write *data* to *path* atomically under the rules above; returns the path written.
+def _check_sidecar(target: Path, shown: str) -> Path:
+    side = sidecar_path(target)
+    try:
+        st = os.lstat(side)
+    except FileNotFoundError:
+        return side
+    except OSError as exc:
+        raise OutputRefusedError(shown, f"cannot access {side}: {exc.strerror or exc}") from None
+    raw = b""
+    if stat.S_ISREG(st.st_mode) and st.st_size < 1 << 20:
+        with contextlib.suppress(OSError), open(side, "rb") as fh:
+            raw = fh.read()
+    if not raw.startswith(b'{"precnb_output": {"writer": "precnb"'):
+        raise OutputRefusedError(shown, f"{side} (the marker file precnb writes beside a table) exists and is "
+                                        "not precnb's; it is left alone")
+    return side
 
-    Raises
-    ------
-    OutputRefusedError
-        See :func:`check_output`.
-    ValueError
-        *data* carries no precnb marker (a writer bug: a later ``--overwrite`` could not
-        recognise the file).
-    """
-    target = check_output(path, inputs=inputs, overwrite=overwrite)
-    if not has_marker(target, data):
-        raise ValueError(f"{target}: the content carries no precnb marker (see precnb._marks)")
+
+def _write_temp(target: Path, data: bytes) -> Path:
     tmp, fd = _temp_file(target)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        _publish(tmp, target, overwrite, folder=False)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    return tmp
+
+
+def write_bytes(path: PathLike, data: bytes, *, inputs: Iterable[PathLike | None] = (),
+                overwrite: bool = False, sidecar: str | None = None) -> Path:
+    """Write *data* to *path* atomically under the rules above; returns the path written.
+
+    Parameters
+    ----------
+    sidecar : str, optional
+        A table (CSV) that cannot hold a marker line: marked instead by a sidecar
+        ``.NAME.precnb_output`` of this kind, describing the file's size and sha256.
+
+    Raises
+    ------
+    OutputRefusedError
+        See :func:`check_output`; also when the name does not fit the content (a ``.json``
+        name for an HTML page) and when the write fails (a full disk), naming the path.
+    ValueError
+        *data* carries no precnb marker (a writer bug: a later ``--overwrite`` could not
+        recognise the file).
+    """
+    target = check_output(path, inputs=inputs, overwrite=overwrite)
+    shown = str(path)
+    side = _check_sidecar(target, shown) if sidecar else None
+    if side is None and not has_marker(target, data):
+        kind = content_kind(data)
+        problem = suffix_problem(target, kind) if kind else None
+        if problem:
+            raise OutputRefusedError(shown, problem)
+        raise ValueError(f"{target}: the content carries no precnb marker (see precnb._marks)")
+    tmp = None
+    try:
+        tmp = _write_temp(target, data)
+        _publish(tmp, target, overwrite, folder=False)
+        tmp = None
+        if side is not None and sidecar is not None:
+            side_tmp = _write_temp(side, sidecar_json(target, data, sidecar).encode())
+            os.replace(side_tmp, side)
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) or exc.errno not in _FULL | {errno.EIO, errno.EROFS}:
+            raise
+        raise _write_failed(shown, exc) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return target
 
 
 def write_text(path: PathLike, text: str, *, inputs: Iterable[PathLike | None] = (), overwrite: bool = False,
-               encoding: str = "utf-8") -> Path:
+               encoding: str = "utf-8", sidecar: str | None = None) -> Path:
     """:func:`write_bytes` of *text* encoded with *encoding* (UTF-8)."""
-    return write_bytes(path, text.encode(encoding), inputs=inputs, overwrite=overwrite)
+    return write_bytes(path, text.encode(encoding), inputs=inputs, overwrite=overwrite, sidecar=sidecar)
 
 
 @contextlib.contextmanager
@@ -338,8 +414,16 @@ def writing_file(path: PathLike, *, inputs: Iterable[PathLike | None] = (),
         yield tmp
         raw = tmp.read_bytes() if tmp.stat().st_size <= 512 * 1024 * 1024 else b""
         if not has_marker(target, raw):
+            kind = content_kind(raw)
+            problem = suffix_problem(target, kind) if kind else None
+            if problem:
+                raise OutputRefusedError(str(path), problem)
             raise ValueError(f"{target}: the content carries no precnb marker (see precnb._marks)")
         _publish(tmp, target, overwrite, folder=False)
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        raise _write_failed(str(path), exc) from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -401,8 +485,23 @@ def writing_folder(path: PathLike, *, inputs: Iterable[PathLike | None] = (),
         if not is_precnb_output(partial):
             raise ValueError(f"{target}: the folder written is not marked as a precnb output (see precnb._marks)")
         _publish(partial, target, overwrite, folder=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)
+        full = _full_disk(exc)
+        if full is not None:
+            raise _write_failed(str(path), full) from None
         raise
     finally:
         os.close(fd)
+
+
+def _full_disk(exc: BaseException) -> OSError | None:
+    """The "disk full" OSError behind *exc* (zarr and dask wrap it), or None."""
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 8:
+        if isinstance(cur, OSError) and cur.errno in _FULL:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return None

@@ -10,18 +10,23 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from precnb._write import STORE_ATTR
 from precnb.schema import (
     ENTRY_CHANGE_ATTRS,
     META_FIELDS,
     TENSOR_COORDS,
     dtype_changes,
     encode_dtype_changes,
+    encode_entry_changes,
     encode_meta_changes,
     encode_stack_changes,
+    encode_undefined,
+    entry_changes,
     meta_changes,
     side_table,
     side_text,
     stack_changes,
+    undefined_table,
     validate,
 )
 
@@ -205,6 +210,10 @@ def concat_steps(parts: list[xr.Dataset]) -> xr.Dataset:
         attrs["dtype_changes"] = encode_dtype_changes(changes)
     attrs.update(_joined_entry_meta(parts, labels, coords, attrs["stacks"]))
     attrs.update(_merged_facts(parts))
+    for key in ("undefined", "scalar_signatures", "reduce_ops", "p2p_peers", "shape_changes", "construct_ranks"):
+        attrs.pop(key, None)
+    attrs.update(_merged_layout_facts(parts, labels, np.asarray(coords["shape"]),
+                                      side_table(out.assign_attrs(attrs), "construct")))
     if "load_report" in attrs:
         report: dict[str, Any] = {"read": [], "skipped": [], "warnings": [], "unread": [], "unread_count": 0}
         for ds in parts:
@@ -276,6 +285,8 @@ def combine_runs(runs: Mapping[str, xr.Dataset]) -> xr.Dataset:
     run_attrs = {}
     for n, ds in zip(names, dsets, strict=True):
         own = {k: v for k, v in ds.attrs.items() if k not in ("construct", "stacks", *ENTRY_CHANGE_ATTRS)}
+        if ds.encoding.get(STORE_ATTR):  # the zarr store the run was read from: an input of any write
+            own[STORE_ATTR] = str(ds.encoding[STORE_ATTR])
         for side in ("construct", "stacks"):  # a run's own side table where the merged one is not it
             if ds.attrs.get(side) and ds.attrs.get(side) != attrs.get(side) and side_table(ds, side):
                 own[side] = ds.attrs[side]
@@ -404,6 +415,87 @@ def rebase_dtype_changes(ds: xr.Dataset, coord: dict[str, Any]) -> dict[str, dic
         tensor → {(step, rank): dtype}, as :func:`precnb.schema.dtype_changes`.
     """
     return _rebase(ds, dtype_changes(ds), "dtype", coord)
+
+
+def _merged_layout_facts(parts: list[xr.Dataset], labels: list[str], shapes: np.ndarray,
+                         construct: dict[str, Any]) -> dict[str, str]:
+    """The attributes parallel runs are read with, joined as a whole load writes them.
+
+    (:mod:`precnb.analysis.undefined`, :mod:`precnb.analysis.rank_args`, :mod:`precnb.analysis.pp`.)
+    """
+    out: dict[str, str] = {}
+    und: dict[str, tuple[str, set[tuple[int, int]]]] = {}
+    for ds in parts:
+        for label, (why, pairs) in undefined_table(ds).items():
+            und.setdefault(label, (why, set()))[1].update(pairs)
+    if und:
+        out["undefined"] = encode_undefined(und)
+    sigs: dict[str, dict[str, Any]] = {}
+    for ds in parts:
+        for node, by_step in _json_attr(ds, "scalar_signatures", {}).items():
+            sigs.setdefault(node, {}).update(by_step)
+    if sigs:
+        out["scalar_signatures"] = json.dumps({n: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
+                                               for n, v in sorted(sigs.items())})
+    ops: dict[str, dict[str, set[int]]] = {}
+    for ds in parts:
+        for node, by_op in _json_attr(ds, "reduce_ops", {}).items():
+            for op, rs in by_op.items():
+                ops.setdefault(node, {}).setdefault(op, set()).update(int(r) for r in rs)
+    if ops:
+        out["reduce_ops"] = json.dumps({n: {op: sorted(r) for op, r in sorted(v.items())}
+                                        for n, v in sorted(ops.items())})
+    peers: dict[int, set[int]] = {}
+    for ds in parts:
+        for r, ps in _json_attr(ds, "p2p_peers", {}).items():
+            peers.setdefault(int(r), set()).update(int(p) for p in ps)
+    if peers:
+        out["p2p_peers"] = json.dumps({str(r): sorted(p) for r, p in sorted(peers.items())})
+    final = dict(zip(labels, shapes.tolist(), strict=True))
+    shape_ch: dict[str, dict[tuple[int, int], str]] = {}
+    for ds in parts:
+        for t, where in _rebase(ds, entry_changes(ds, "shape_changes"), "shape", final).items():
+            shape_ch.setdefault(t, {}).update(where)
+    if shape_ch:
+        out["shape_changes"] = encode_entry_changes(shape_ch)
+    parents: dict[str, dict[str, str]] = {}
+    for ds in parts:  # a call's parent in a file, where it is not the joined table's
+        own = side_table(ds, "construct")
+        mine = _json_attr(ds, "construct_ranks", {})
+        steps = [int(x) for x in ds["step"].values]
+        ranks = [int(x) for x in ds["rank"].values]
+        nodes = ds["node"].values
+        present = np.asarray(ds["present"].values)
+        for node, parent in own.items():
+            if node.startswith(("Module.", "Cell.")):
+                continue
+            exc = dict(mine.get(node, {}))
+            if parent != construct.get(node, parent):
+                cols = np.flatnonzero(nodes == node)
+                if len(cols):
+                    files = [f"{steps[a]},{ranks[b]}" for a, b in np.argwhere(present[:, :, cols].any(axis=2)).tolist()]
+                else:  # a call construct.json names but dump.json does not hold (a low-risk API): every file
+                    files = list(_json_attr(ds, "rank_dirs", {}))
+                for at in files:
+                    exc.setdefault(at, parent)
+            exc = {k: v for k, v in exc.items() if v != construct.get(node)}
+            if exc:
+                parents.setdefault(node, {}).update(exc)
+    if parents:
+        out["construct_ranks"] = encode_construct_ranks(parents)
+    return out
+
+
+def encode_construct_ranks(table: dict[str, dict[str, str]]) -> str:
+    """The ``construct_ranks`` attribute text: node → "step,rank" → parent, both sorted.
+
+    Examples
+    --------
+    >>> encode_construct_ranks({"b": {"1,0": "M", "0,1": "N"}})
+    '{"b": {"0,1": "N", "1,0": "M"}}'
+    """
+    return json.dumps({n: dict(sorted(by.items(), key=lambda kv: tuple(int(x) for x in kv[0].split(","))))
+                       for n, by in sorted(table.items())})
 
 
 def select_run(ds: xr.Dataset, name: str) -> xr.Dataset:

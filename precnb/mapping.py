@@ -27,6 +27,7 @@ Examples
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -41,6 +42,8 @@ __all__ = ["MAPPING_SCHEMA", "MappingError", "MappingSpec", "load_mapping", "par
 
 MAPPING_SCHEMA = "precnb.mapping/1"
 MAX_MAPPING_BYTES = 64 << 20
+MAX_DEPTH = 32  # msprobe's files nest 2 levels, precnb's 3
+MAX_VALUE_CHARS = 4096  # a module path, a node or a tensor label
 
 
 class MappingError(PrecnbError):
@@ -61,6 +64,7 @@ class MappingSpec:
     nodes: dict[str, str] = field(default_factory=dict)  # baseline node -> target node (precnb)
     tensors: dict[str, str] = field(default_factory=dict)  # baseline label -> target label (precnb)
     unpair: list[str] = field(default_factory=list)  # target nodes that must stay unpaired (precnb)
+    problems: list[str] = field(default_factory=list)  # pairs read but not kept (duplicates), said to the user
     found: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)  # level -> baseline -> how (precnb)
 
 
@@ -83,23 +87,29 @@ def parse_mapping(obj: Any, *, source: str = "") -> MappingSpec:
             items = obj.get(key) or []
             if not isinstance(items, list):
                 raise MappingError(f"{where}: {key!r} must be a list of {{baseline, target}} pairs")
+            pairs: dict[str, str] = getattr(spec, key)
             for k, item in enumerate(items):
                 if not (isinstance(item, dict) and isinstance(item.get("baseline"), str)
                         and isinstance(item.get("target"), str)):
                     raise MappingError(f"{where}: {key}[{k}] must be {{\"baseline\": str, \"target\": str}}")
-                getattr(spec, key)[item["baseline"]] = item["target"]
+                b, t = item["baseline"], item["target"]
+                if b in pairs and pairs[b] != t:  # one-to-many: a pair is 1:1
+                    spec.problems.append(f"{key}[{k}]: baseline {b!r} is paired twice ({pairs[b]!r} and {t!r}); "
+                                         "the second pair is ignored")
+                    continue
+                pairs[b] = t
                 how = item.get("how")
                 if isinstance(how, str) and how and how != "user":  # how it was found when the file was written
                     conf = item.get("confidence")
                     ok = isinstance(conf, (int, float)) and not isinstance(conf, bool) and 0 <= conf <= 1
-                    spec.found.setdefault(key, {})[item["baseline"]] = (how, float(conf) if ok else 1.0)
+                    spec.found.setdefault(key, {})[b] = (how, float(conf) if ok else 1.0)
         unpair = obj.get("unpair") or []
         if not isinstance(unpair, list) or not all(isinstance(x, str) for x in unpair):
             raise MappingError(f"{where}: 'unpair' must be a list of target node names")
         spec.unpair = list(unpair)
         return spec
     if isinstance(obj, list) and obj and all(isinstance(x, dict) and "ms_api" in x and "pt_api" in x for x in obj):
-        return MappingSpec("api", source, api=[dict(x) for x in obj])
+        return MappingSpec("api", source, api=[_api_item(x, k, where) for k, x in enumerate(obj)])
     if isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(v, dict) for k, v in obj.items()):
         layer: dict[str, dict[str, str]] = {}
         for cls, sub in obj.items():
@@ -115,23 +125,58 @@ def parse_mapping(obj: Any, *, source: str = "") -> MappingSpec:
                        "YAML, or precnb's own mapping file from `precnb align -o`)")
 
 
+_API_LISTS = ("ms_args", "pt_args", "ms_outputs", "pt_outputs")
+
+
+def _api_item(x: dict[str, Any], k: int, where: str) -> dict[str, Any]:
+    """One msprobe API mapping item: two API names and, optionally, argument / output index lists."""
+    if not (isinstance(x["ms_api"], str) and isinstance(x["pt_api"], str)):
+        raise MappingError(f"{where}: [{k}] ms_api and pt_api must be API names (strings)")
+    out: dict[str, Any] = {"ms_api": x["ms_api"], "pt_api": x["pt_api"]}
+    for key in _API_LISTS:
+        v = x.get(key)
+        if v is None:
+            continue
+        if not (isinstance(v, list) and len(v) <= 4096 and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                for i in v)):
+            raise MappingError(f"{where}: [{k}] {key} must be a list of argument / output indices")
+        out[key] = list(v)
+    return out
+
+
 def load_mapping(path: str | os.PathLike[str]) -> MappingSpec:
     """Read and detect one mapping file (YAML or JSON).
+
+    The file must be a regular file of at most :data:`MAX_MAPPING_BYTES`; YAML is read with the
+    C loader when available, and plain YAML only: aliases (a 1.5 kB "billion laughs" expands to
+    gigabytes), tags other than the core scalars and collections (``!!python/...``), nesting
+    deeper than :data:`MAX_DEPTH` and scalars longer than :data:`MAX_VALUE_CHARS` are refused
+    before anything is built.
 
     Raises
     ------
     MappingError
-        Unreadable, too large, not YAML/JSON, or no known kind (the message names the file).
+        Unreadable (missing, a symlink loop, a FIFO, ...), too large, not YAML/JSON, not plain,
+        or no known kind (the message names the file).
     """
+    from precnb._files import missing_reason, read_regular
+
     p = Path(path)
     try:
-        if not p.is_file():
-            raise MappingError(f"{p}: no such mapping file" if not p.exists() else f"{p}: not a regular file")
-        if p.stat().st_size > MAX_MAPPING_BYTES:
+        st = os.stat(p)
+        if st.st_size > MAX_MAPPING_BYTES:
             raise MappingError(f"{p}: mapping file larger than {MAX_MAPPING_BYTES >> 20} MB")
-        raw = p.read_bytes()
+        raw = read_regular(p, MAX_MAPPING_BYTES + 1)
+    except FileNotFoundError:
+        reason = missing_reason(p)
+        raise MappingError(f"{p}: no such mapping file" if reason.startswith("no such") else f"{p}: {reason}"
+                           ) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise MappingError(f"{p}: {missing_reason(p)}") from None
         raise MappingError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_MAPPING_BYTES:
+        raise MappingError(f"{p}: mapping file larger than {MAX_MAPPING_BYTES >> 20} MB")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -139,16 +184,72 @@ def load_mapping(path: str | os.PathLike[str]) -> MappingSpec:
     obj: Any
     try:
         obj = json.loads(text)
+    except RecursionError:
+        raise MappingError(f"{p}: nested deeper than {MAX_DEPTH} levels (not a mapping file)") from None
     except ValueError:
-        import yaml
-
-        try:
-            obj = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise MappingError(f"{p}: not valid YAML or JSON{at}") from None
+        obj = _load_yaml(text, p)
+    _check_plain(obj, str(p))
     return parse_mapping(obj, source=str(p))
+
+
+_CORE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map"))
+
+
+def _load_yaml(text: str, p: Path) -> Any:
+    """Plain YAML only: the events are checked (C parser when available) before anything is built."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    def where(ev: Any) -> str:
+        mark = getattr(ev, "start_mark", None)
+        return f" at line {mark.line + 1}" if mark is not None else ""
+
+    depth = 0
+    try:
+        for ev in yaml.parse(text, Loader=loader):
+            if isinstance(ev, yaml.AliasEvent):
+                raise MappingError(f"{p}: YAML alias *{str(ev.anchor)[:40]}{where(ev)}: mapping files are plain "
+                                   "YAML; aliases (which can expand a small file into gigabytes) are refused")
+            tag = getattr(ev, "tag", None)
+            if tag and tag not in _CORE_TAGS and tag != "!":
+                raise MappingError(f"{p}: YAML tag {str(tag)[:80]!r}{where(ev)}: mapping files are plain YAML "
+                                   "(strings, numbers, lists, maps); precnb never builds objects from tags")
+            if isinstance(ev, yaml.ScalarEvent) and len(ev.value) > MAX_VALUE_CHARS:
+                raise MappingError(f"{p}: a value of {len(ev.value)} characters{where(ev)} (at most "
+                                   f"{MAX_VALUE_CHARS}): not a name")
+            if isinstance(ev, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise MappingError(f"{p}: nested deeper than {MAX_DEPTH} levels{where(ev)} (not a mapping file)")
+            elif isinstance(ev, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+                depth -= 1
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader, on events checked above
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise MappingError(f"{p}: not valid YAML or JSON{at}") from None
+
+
+def _check_plain(obj: Any, where: str) -> None:
+    """Plain data of bounded size: strings, numbers, booleans, null, lists and maps (no recursion)."""
+    stack = [(obj, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise MappingError(f"{where}: nested deeper than {MAX_DEPTH} levels (not a mapping file)")
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if not isinstance(k, str | int | float | bool) or (isinstance(k, str) and len(k) > MAX_VALUE_CHARS):
+                    raise MappingError(f"{where}: a key that is not a short name ({str(k)[:60]!r})")
+                stack.append((v, depth + 1))
+        elif isinstance(x, list):
+            stack.extend((v, depth + 1) for v in x)
+        elif isinstance(x, str):
+            if len(x) > MAX_VALUE_CHARS:
+                raise MappingError(f"{where}: a value of {len(x)} characters (at most {MAX_VALUE_CHARS}): not a name")
+        elif x is not None and not isinstance(x, int | float | bool):
+            raise MappingError(f"{where}: a {type(x).__name__} value ({str(x)[:60]!r}): mapping values are names")
 
 
 def write_mapping(doc: dict[str, Any]) -> str:

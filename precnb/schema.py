@@ -87,8 +87,11 @@ __all__ = [
     "dtype_changes",
     "empty_dataset",
     "encode_dtype_changes",
+    "encode_entry_changes",
     "encode_meta_changes",
     "encode_stack_changes",
+    "encode_undefined",
+    "entry_changes",
     "entry_dtype",
     "entry_meta",
     "entry_stack",
@@ -98,6 +101,7 @@ __all__ = [
     "side_table",
     "side_text",
     "stack_changes",
+    "undefined_table",
     "validate",
 ]
 
@@ -283,6 +287,37 @@ def side_table(ds: xr.Dataset, name: str) -> dict[str, Any]:
     return json.loads(raw or "{}")
 
 
+def entry_changes(ds: xr.Dataset, attr: str) -> dict[str, dict[tuple[int, int], str]]:
+    """A per-entry exception table (``dtype_changes``, ``shape_changes``): tensor → {(step, rank): value}.
+
+    Examples
+    --------
+    >>> entry_changes(empty_dataset(shape_changes='{"x": {"[2, 4]": [[0, 1]]}}'), "shape_changes")
+    {'x': {(0, 1): '[2, 4]'}}
+    """
+    raw = ds.attrs.get(attr)
+    if not raw:
+        return {}
+    table = json.loads(raw) if isinstance(raw, str) else raw
+    return {t: {(int(s), int(r)): d for d, where in by_value.items() for s, r in where}
+            for t, by_value in table.items()}
+
+
+def encode_entry_changes(changes: dict[str, dict[tuple[int, int], str]]) -> str:
+    """The attribute text of a per-entry exception table (the inverse of :func:`entry_changes`).
+
+    Examples
+    --------
+    >>> encode_entry_changes({"x": {(1, 0): "[2]", (0, 1): "[2]"}})
+    '{"x": {"[2]": [[0, 1], [1, 0]]}}'
+    """
+    table: dict[str, dict[str, list[list[int]]]] = {}
+    for tensor, where in changes.items():
+        for (step, rank), value in sorted(where.items()):
+            table.setdefault(tensor, {}).setdefault(value, []).append([int(step), int(rank)])
+    return json.dumps(table)
+
+
 def dtype_changes(ds: xr.Dataset) -> dict[str, dict[tuple[int, int], str]]:
     """Entries whose dtype differs from their tensor's ``dtype`` coordinate.
 
@@ -296,12 +331,44 @@ def dtype_changes(ds: xr.Dataset) -> dict[str, dict[tuple[int, int], str]]:
     >>> dtype_changes(empty_dataset(dtype_changes='{"x": {"torch.bfloat16": [[1, 0]]}}'))
     {'x': {(1, 0): 'torch.bfloat16'}}
     """
-    raw = ds.attrs.get("dtype_changes")
+    return entry_changes(ds, "dtype_changes")
+
+
+def encode_undefined(pairs: dict[str, tuple[str, set[tuple[int, int]]]]) -> str:
+    """The ``undefined`` attribute text: label → why and where (``steps`` × ``ranks``, else the ``at`` pairs).
+
+    Examples
+    --------
+    >>> encode_undefined({"x.input.0": ("beta=0", {(0, 0), (0, 1)})})
+    '{"x.input.0": {"why": "beta=0", "steps": [0], "ranks": [0, 1]}}'
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for label, (why, at) in sorted(pairs.items()):
+        steps, ranks = sorted({s for s, _ in at}), sorted({r for _, r in at})
+        out[label] = ({"why": why, "steps": steps, "ranks": ranks} if len(at) == len(steps) * len(ranks)
+                      else {"why": why, "at": [list(x) for x in sorted(at)]})
+    return json.dumps(out)
+
+
+def undefined_table(ds: xr.Dataset) -> dict[str, tuple[str, set[tuple[int, int]]]]:
+    """The ``undefined`` attribute read back: label → (why, {(step, rank), ...}).
+
+    Examples
+    --------
+    >>> why, at = undefined_table(empty_dataset(undefined='{"x": {"why": "w", "steps": [0], "ranks": [0, 1]}}'))["x"]
+    >>> why, sorted(at)
+    ('w', [(0, 0), (0, 1)])
+    """
+    raw = ds.attrs.get("undefined")
     if not raw:
         return {}
     table = json.loads(raw) if isinstance(raw, str) else raw
-    return {t: {(int(s), int(r)): d for d, where in by_dtype.items() for s, r in where}
-            for t, by_dtype in table.items()}
+    out: dict[str, tuple[str, set[tuple[int, int]]]] = {}
+    for label, e in table.items():
+        pairs = {(int(s), int(r)) for s, r in e["at"]} if "at" in e else {
+            (int(s), int(r)) for s in e.get("steps", []) for r in e.get("ranks", [])}
+        out[str(label)] = (str(e.get("why", "")), pairs)
+    return out
 
 
 def entry_dtype(ds: xr.Dataset, tensor: str, step: int, rank: int,

@@ -30,6 +30,7 @@ import xarray as xr
 
 from precnb.analysis.tensor_metrics import FLOAT_METRICS, pair_metrics
 from precnb.errors import PrecnbError
+from precnb.io._expect import Expected
 from precnb.io.tensors import TensorFolder, load_array, rank_folders
 
 __all__ = ["ENTRY_VARS", "select_tensors", "tensor_metrics", "to_frame"]
@@ -131,26 +132,40 @@ def _pairing(alignment: Any) -> Callable[[str], str]:
     raise TypeError(f"alignment: expected a mapping target label -> baseline label, got {type(alignment).__name__}")
 
 
-def _entries(ds: xr.Dataset, labels: list[str], steps: list[int], ranks: list[int]) -> np.ndarray:
-    """data_name over (step, rank, label); "" where the label is absent or not saved."""
+def _entries(ds: xr.Dataset, labels: list[str], steps: list[int], ranks: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(data_name, expected)`` over (step, rank, label); "" / None where the label is absent or not saved.
+
+    *expected* is what each file's dump record says (:class:`precnb.io._expect.Expected`: its
+    element count and dtype), checked before the file is materialised.
+    """
     out = np.full((len(steps), len(ranks), len(labels)), "", dtype=object)
+    exp = np.full(out.shape, None, dtype=object)
     known = ds.indexes["tensor"]
     have = [i for i, lbl in enumerate(labels) if lbl in known]
     if have:
-        sub = ds["data_name"].sel(step=steps, rank=ranks, tensor=[labels[i] for i in have]).values
-        pres = ds["present"].sel(step=steps, rank=ranks, tensor=[labels[i] for i in have]).values
+        names = [labels[i] for i in have]
+        sub = ds["data_name"].sel(step=steps, rank=ranks, tensor=names).values
+        pres = ds["present"].sel(step=steps, rank=ranks, tensor=names).values
         out[:, :, have] = np.where(pres, sub, "")
-    return out
+        numel = ds["numel"].sel(step=steps, rank=ranks, tensor=names).values if "numel" in ds else None
+        dtypes = ds["dtype"].sel(tensor=names).values if "dtype" in ds.coords else [None] * len(names)
+        for s, r, k in zip(*np.nonzero(pres), strict=True):
+            exp[s, r, have[k]] = Expected.of(None if numel is None else numel[s, r, k], dtypes[k])
+    return out, exp
 
 
-def _load(folder: TensorFolder | None, name: str) -> tuple[np.ndarray, str]:
+def _load(folder: TensorFolder | None, name: str, expected: Expected | None) -> tuple[np.ndarray, str]:
     if folder is None:
         raise PrecnbError("no dump folder known for this step and rank")
-    return load_array(folder.path(name))
+    path = folder.path(name)
+    try:
+        return load_array(path, expected)
+    except MemoryError:  # one tensor too large for this machine: that tensor is unreadable, not the command
+        raise PrecnbError(f"{path}: not enough memory to load it") from None
 
 
-def _compute_block(tnames: list[str], bnames: list[str], tdir: Path | None,
-                   bdir: Path | None) -> dict[str, np.ndarray]:
+def _compute_block(tnames: list[str], bnames: list[str], tdir: Path | None, bdir: Path | None,
+                   texp: list[Any] | None = None, bexp: list[Any] | None = None) -> dict[str, np.ndarray]:
     """Metrics of one block of pairs (one pair in memory at a time)."""
     tfolder = TensorFolder(tdir / "dump_tensor_data") if tdir is not None else None
     bfolder = TensorFolder(bdir / "dump_tensor_data") if bdir is not None else None
@@ -165,8 +180,8 @@ def _compute_block(tnames: list[str], bnames: list[str], tdir: Path | None,
             out["message"][j] = "no tensor file in the " + ("target" if not tn else "baseline")
             continue
         try:
-            tarr, tdt = _load(tfolder, tn)
-            barr, bdt = _load(bfolder, bn)
+            tarr, tdt = _load(tfolder, tn, texp[j] if texp else None)
+            barr, bdt = _load(bfolder, bn, bexp[j] if bexp else None)
         except PrecnbError as exc:  # one unreadable file does not stop the others
             out["status"][j] = "unreadable"
             out["message"][j] = " ".join(str(exc).split())[:300]
@@ -269,12 +284,13 @@ def tensor_metrics(
     pair = _pairing(alignment)
     labels = select_tensors(t, tensors)
     blabels = [pair(lbl) for lbl in labels]
-    tnames = _entries(t, labels, [s + off for s in common_steps], common_ranks)
-    bnames = _entries(b, blabels, common_steps, common_ranks)
+    tnames, texp = _entries(t, labels, [s + off for s in common_steps], common_ranks)
+    bnames, bexp = _entries(b, blabels, common_steps, common_ranks)
     keep = np.flatnonzero(((tnames != "") | (bnames != "")).any(axis=(0, 1)))
     labels = [labels[i] for i in keep]
     blabels = [blabels[i] for i in keep]
     tnames, bnames = tnames[:, :, keep], bnames[:, :, keep]
+    texp, bexp = texp[:, :, keep], bexp[:, :, keep]
     tdirs, bdirs = rank_folders(t), rank_folders(b)
     chunk = max(1, int(chunk))
     n = len(labels)
@@ -286,7 +302,7 @@ def tensor_metrics(
         s, r, k0, k1 = spec
         step, rank = common_steps[s], common_ranks[r]
         return (list(tnames[s, r, k0:k1]), list(bnames[s, r, k0:k1]), tdirs.get((step + off, rank)),
-                bdirs.get((step, rank)))
+                bdirs.get((step, rank)), list(texp[s, r, k0:k1]), list(bexp[s, r, k0:k1]))
 
     coords: dict[str, Any] = {"step": np.asarray(common_steps, np.int64), "rank": np.asarray(common_ranks, np.int64),
                               "target_step": ("step", np.asarray([s + off for s in common_steps], np.int64)),

@@ -92,9 +92,21 @@ def test_bench_explorer_smoke(tmp_path):
 
 
 def test_bench_align_smoke(tmp_path):
-    proc = _run(str(BENCH / "bench_align.py"), "--ranks", "2", "--reps", "1", "--out", str(tmp_path / "w"))
+    md = tmp_path / "align.md"
+    proc = _run(str(BENCH / "bench_align.py"), "--ranks", "2", "--small-ranks", "2", "--reps", "1", "--ms-reps", "0",
+                "--out", str(tmp_path / "w"), "--markdown", str(md))
     res = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert res["findings"]["same names"]["node"] == "Functional.gelu.1.forward"
+    assert res["findings"]["names agree, one op fewer"]["kind"] == "first_divergence"
+    assert "aligned / no alignment" in md.read_text()
+
+
+def test_bench_memory_smoke(tmp_path):
+    md = tmp_path / "memory.md"
+    _run(str(BENCH / "bench_memory.py"), "--size", "3e5", "--reps", "1", "--modes", "precnb", "--out",
+         str(tmp_path / "m"), "--markdown", str(md))
+    text = md.read_text()
+    assert all(layout in text for layout in ("indented", "one line", "records shuffled", "a record per line"))
 
 
 def test_bench_kernel_tensors_smoke():

@@ -127,3 +127,90 @@ def test_other_zips_are_not_packs(tmp_path):
     other = _zip(tmp_path / "o.zip", {"readme.txt": b"hello"})
     assert not cc.is_config_check(other)
     assert not cc.is_config_check(tmp_path)
+
+
+# ----------------------------------------------------------------------------- issue 23, item 9 (and 7)
+def _feats(v: float) -> dict:
+    return {"max": v, "min": -v, "mean": v / 2, "norm": 2 * v}
+
+
+def _data(v: float) -> bytes:
+    return json.dumps({"args": {"0": _feats(v)}, "kwargs": {}}).encode()
+
+
+def _skipped(ds) -> list[tuple[str, str]]:
+    return [(x["path"], x["reason"]) if isinstance(x, dict) else tuple(x)
+            for x in json.loads(ds.attrs["load_report"])["skipped"]]
+
+
+@pytest.mark.parametrize("first, second, kept", [
+    ("dataset/step1/rank0/dataset.json", "dataset/step01/rank0/dataset.json", "dataset/step1/rank0/dataset.json"),
+    ("dataset/step1/rank00/dataset.json", "dataset/step1/rank0/dataset.json", "dataset/step1/rank0/dataset.json"),
+    ("weights/step2/rank1/weight.json", "weights/step002/rank1/weight.json", "weights/step2/rank1/weight.json"),
+    ("random/rank00.json", "random/rank0.json", "random/rank0.json"),
+])
+def test_two_spellings_of_one_number_are_named_never_merged(tmp_path, first, second, kept):
+    body = (lambda v: json.dumps({"torch.rand": [{"count": v, "stack": []}]}).encode()) if "random" in first \
+        else (lambda v: json.dumps({"fc.weight": _feats(v)}).encode()) if "weights" in first else _data
+    path = _zip(tmp_path / "p.zip", {**GOOD, first: body(1), second: body(7)})
+    ds = cc.open_config_check(path)
+    other = second if kept == first else first
+    (entry,) = [s for s in _skipped(ds) if s[0].endswith(f"[{other}]")]
+    assert entry[1].startswith("not loaded: entry") and f"[{kept}] (loaded)" in entry[1]
+    value = 1 if kept == first else 7
+    if "dataset" in first:
+        assert float(ds["max"].sel(step=1, rank=0, tensor="Dataset.args.0")) == value
+    elif "weights" in first:
+        assert float(ds["max"].sel(step=2, rank=1, tensor="Weights.fc.weight")) == value
+    else:
+        assert json.loads(ds.attrs["config_check"])["random"]["0"]["torch.rand"][0]["count"] == value
+
+
+def test_non_ascii_digits_and_huge_numbers_are_named(tmp_path):
+    path = _zip(tmp_path / "p.zip", {**GOOD, "dataset/step1/rank0/dataset.json": _data(1),
+                                     "dataset/step\u0661/rank0/dataset.json": _data(9),  # Arabic-Indic one
+                                     "dataset/step99999999999999999999/rank0/dataset.json": _data(3)})
+    ds = cc.open_config_check(path)
+    assert float(ds["max"].sel(step=1, rank=0, tensor="Dataset.args.0")) == 1
+    reasons = dict(_skipped(ds))
+    assert reasons[f"{path} [dataset/step\u0661/rank0/dataset.json]"].startswith(
+        "not loaded: step or rank number not in ASCII digits")
+    assert "out of range" in reasons[f"{path} [dataset/step99999999999999999999/rank0/dataset.json]"]
+    assert sorted(int(s) for s in ds["step"].values) == [0, 1]
+    from precnb.cli import main
+
+    assert main(["info", str(path)]) == 1  # named on the command line, no OverflowError
+    assert main(["preflight", str(path), str(path)]) == 1
+
+
+def test_a_duplicate_entry_name_is_named(tmp_path):
+    path = tmp_path / "d.zip"
+    import warnings
+
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "w") as zf:
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate name
+        zf.writestr("weights/step0/rank0/weight.json", json.dumps({"fc.weight": _feats(1)}))
+        zf.writestr("weights/step0/rank0/weight.json", json.dumps({"fc.weight": _feats(5)}))
+    ds = cc.open_config_check(path)
+    assert float(ds["max"].sel(step=0, rank=0, tensor="Weights.fc.weight")) == 1
+    (entry,) = _skipped(ds)
+    assert "holds entry 'weights/step0/rank0/weight.json' more than once" in entry[1]
+
+
+def test_non_numeric_features_are_not_nan_and_the_data_check_counts_right(tmp_path):
+    from precnb.pipeline.preflight import preflight
+
+    entries = {f"dataset/step{s}/rank0/dataset.json": _data(s + 1) for s in range(4)}
+    base = _zip(tmp_path / "b.zip", {**GOOD, **entries})
+    odd = {**entries, "dataset/step2/rank0/dataset.json": json.dumps(
+        {"args": {"0": {"max": "abc", "min": "x", "mean": [1], "norm": {}}}, "kwargs": {}}).encode()}
+    target = _zip(tmp_path / "t.zip", {**GOOD, **odd})
+    ds = cc.open_config_check(target)
+    assert not bool(ds["present"].sel(step=2, rank=0, tensor="Dataset.args.0"))  # absent, not a NaN statistic
+    (entry,) = _skipped(ds)
+    assert entry[0].endswith("[dataset/step2/rank0/dataset.json]")
+    assert "feature 'max' is 'abc', not a number" in entry[1]
+    checks = {c["name"]: c for c in preflight(base, target=target)["checks"]}
+    data = checks["data"]
+    assert data["status"] == "warn" and "at 3 of 4 common (step, rank) entries" in data["message"]
+    assert "1 could not be compared" in data["message"] and "step 2 rank 0" in data["message"]

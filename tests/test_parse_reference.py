@@ -147,7 +147,29 @@ def ref_facts(data: dict, parents: dict) -> dict:
         for path, vals in found.items():
             for v in vals:
                 add(into.setdefault(path, []), v)
-    return {k: v for k, v in (("requires_grad", grads), ("scalar_args", scalars)) if v}
+    # the facts read for the analyses of parallel runs: checked per record with the public rules, so what is
+    # tested here is which records the parser hands them (every API forward record; Distributed ones for the
+    # reduce op and P2P peers)
+    from precnb.io._runfacts import p2p_peers, reduce_op, scalar_signature, undefined_leaves
+
+    undefined: dict = {}
+    sigs: dict = {}
+    reduce_ops: dict = {}
+    peers: set = set()
+    for node, record in data.items():
+        if not isinstance(record, dict):
+            continue
+        undefined.update(undefined_leaves(node, record))
+        if node.endswith(".forward") and not node.startswith(("Module.", "Cell.")):
+            if scalar_signature(record):
+                sigs[node] = scalar_signature(record)
+            if node.startswith(("Distributed.", "MintDistributed.")):
+                op = reduce_op(record)
+                if op and not op.upper().endswith("SUM"):
+                    reduce_ops[node] = op
+                peers.update(p2p_peers(node, record))
+    return {k: v for k, v in (("requires_grad", grads), ("scalar_args", scalars), ("undefined", undefined),
+                              ("scalar_sigs", sigs), ("reduce_ops", reduce_ops), ("p2p_peers", sorted(peers))) if v}
 
 
 def reference_records(folder: Path) -> dict[str, Any]:

@@ -414,9 +414,17 @@ def test_unreadable_folders_simulated(tmp_path, monkeypatch, parser):
             raise PermissionError(13, "Permission denied", str(self))
         return real_open(self, *a, **k)
 
+    real_os_open = os.open
+
+    def os_open(path, flags, *a, **k):  # precnb._files.open_regular opens with os.open (O_NONBLOCK)
+        if Path(path) in denied:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_os_open(path, flags, *a, **k)
+
     monkeypatch.setattr(Path, "iterdir", iterdir)
     monkeypatch.setattr(Path, "is_file", is_file)
     monkeypatch.setattr(Path, "open", open_)
+    monkeypatch.setattr(os, "open", os_open)
     ds = open_quiet(root)
     rep = load_report(ds)
     f2 = root / "step0" / "rank2" / "dump.json"

@@ -84,7 +84,7 @@ def test_committed_notebook_is_clean_and_parameterised(name):
     assert "report = \"\"" in params.source
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "precnb.sample_path(" in code  # defaults resolve the bundled samples from anywhere
-    assert "alt.renderers.enable(\"svg\")" in code  # static charts survive export without a CDN
+    assert "viz.enable_static()" in code  # static charts survive export without a CDN (drawn in a child process)
     assert "precnb.explore(" in code
     assert "precnb.report.write_html(" in code
     described = notebooks.describe(name)["parameters"]

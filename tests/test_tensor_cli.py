@@ -47,9 +47,10 @@ def test_metrics_csv_and_output_file(samples, tmp_path):
     out = tmp_path / "m.csv"
     p = cli("metrics", str(b), str(t), "--csv", "-o", str(out))
     assert p.returncode == 0, p.stderr
-    text_lines = out.read_text().splitlines(keepends=True)
-    assert text_lines[0].startswith("# precnb_output: tensor-metrics")  # what --overwrite recognises
-    rows = list(csv.DictReader(io.StringIO("".join(text_lines[1:]))))
+    text = out.read_text()
+    assert not text.startswith("#")  # a plain table (issue 23 item 11): the marker is a sidecar
+    assert (tmp_path / ".m.csv.precnb_output").is_file()  # what --overwrite recognises
+    rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == 430 and {"cosine", "euc_dist", "ulp_err", "bitwise_equal", "status"} <= set(rows[0])
     bf = [r for r in rows if r["target_dtype"] == "torch.bfloat16"]
     assert bf and all(float(r["ulp_err"]) >= 0 for r in bf)

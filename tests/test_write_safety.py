@@ -454,3 +454,54 @@ def test_odd_paths_from_python_are_refusals(world):
     for bad, needle in [("a\0b.txt", "NUL"), ("", "empty output path"), ("  ", "empty output path")]:
         with pytest.raises(OutputRefusedError, match=needle):
             write_text(bad, text_marker("x") + "\n")
+
+
+# -- a zarr store is an input too (issue 23, item 6) ----------------------------------------------
+
+def test_a_dataset_reopened_from_a_store_never_writes_inside_it(world, capsys):
+    """Its ``source`` names the dump it was converted from; the store it was read from is protected as well."""
+    import precnb
+    from precnb._write import STORE_ATTR, dataset_inputs
+    from precnb.report import write_html
+
+    assert main(["convert", "RUN", "-o", "run.zarr", "--workers", "1"]) == 0
+    store = world / "run.zarr"
+    ds = open_quiet(store)
+    assert ds.encoding[STORE_ATTR] == str(store) and str(store) in dataset_inputs(ds)
+    assert STORE_ATTR not in ds.attrs  # the dataset stays identical to the one written
+    assert str(store) in dataset_inputs(precnb.combine_runs({"a": ds, "b": open_quiet("RUN", workers=1)}))
+    before = snapshot(world)
+    for call in (lambda: write_html(ds, store / "report.html"),
+                 lambda: write_html(ds.sel(step=[0]), store / "step" / ".." / "r.html"),
+                 lambda: precnb.align(ds, ds).to_file(store / "map.json", inputs=dataset_inputs(ds)),
+                 lambda: precnb.to_zarr(ds, store / "inner.zarr")):
+        with pytest.raises(OutputRefusedError, match=f"inside the input {store}"):
+            call()
+    assert snapshot(world) == before
+    # the store reopens as it was written, and `convert --overwrite` may still replace it
+    assert main(["convert", "RUN", "-o", "run.zarr", "--overwrite", "--workers", "1"]) == 0, capsys.readouterr().err
+    precnb.to_zarr(ds, world / "copy.zarr")
+    assert STORE_ATTR not in json.loads((world / "copy.zarr" / "zarr.json").read_text())["attributes"]
+    assert open_quiet(world / "copy.zarr").encoding[STORE_ATTR] == str(world / "copy.zarr")
+
+
+def test_the_explorer_on_stores_never_saves_inside_them(world):
+    pytest.importorskip("ipywidgets")
+    import precnb
+
+    for side in ("baseline", "target"):
+        precnb.to_zarr(sample_path("renamed", side), world / f"{side}.zarr")
+    ex = precnb.explore(open_quiet(world / "target.zarr"), open_quiet(world / "baseline.zarr"))
+    assert {str(world / "target.zarr"), str(world / "baseline.zarr")} <= set(ex.input_paths())
+    before = snapshot(world)
+    panel = ex.panel("Alignment")
+    for inside in (world / "target.zarr" / "map.json", world / "baseline.zarr" / "map.json"):
+        panel.path.value = str(inside)
+        panel.overwrite.value = True
+        assert panel.do_save() is None and "refusing to write" in panel.output.value
+        ex.export.path.value = str(inside.with_suffix(".html"))
+        ex.export.overwrite.value = True
+        assert ex.export.export() is None and "refusing to write" in ex.export.status.value
+    assert snapshot(world) == before
+    panel.path.value = str(world / "map.json")
+    assert panel.do_save() == world / "map.json"

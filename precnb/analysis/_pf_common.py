@@ -110,7 +110,13 @@ def parameter_table(ds: xr.Dataset) -> dict[str, Param]:
     present = ds["present"].values.reshape(-1, ds.sizes["tensor"]).any(axis=0)
     numel = ds["numel"].values.reshape(-1, ds.sizes["tensor"])
     seen_call: dict[str, int] = {}
+    from precnb.analysis.align.fused import fused_parts
+
+    parts = set(fused_parts(ds))  # separate projections counted once, as the fused one they were combined into
+    nodes = ds["node"].values if parts else None
     for i in np.flatnonzero(((role == "parameter") | (kind == "param_grad")) & present):
+        if nodes is not None and str(nodes[i]) in parts:
+            continue
         label, module = str(labels[i]), str(modules[i])
         name = _pname(label, module)
         p = out.setdefault(name, Param(name))

@@ -194,7 +194,7 @@ def check_data(base: xr.Dataset, target: xr.Dataset, off: int, names: tuple[str,
     vb, pb = _fp(base, ins)
     vt, pt = _fp(target, ins)
     tsteps, tranks = [int(s) for s in target["step"].values], [int(r) for r in target["rank"].values]
-    differ, same = [], 0
+    differ, same, unjudged = [], 0, []
     for si, s in enumerate(int(x) for x in base["step"].values):
         if s + off not in tsteps:
             continue
@@ -203,7 +203,8 @@ def check_data(base: xr.Dataset, target: xr.Dataset, off: int, names: tuple[str,
                 continue
             a, b = vb[si, ri], vt[tsteps.index(s + off), tranks.index(r)]
             eq, _ = _compare(a, pb[si, ri], b, pt[tsteps.index(s + off), tranks.index(r)])
-            if eq is None:
+            if eq is None:  # no finite statistic to compare in one run: counted, and named below
+                unjudged.append((s, r))
                 continue
             if eq:
                 same += 1
@@ -213,12 +214,18 @@ def check_data(base: xr.Dataset, target: xr.Dataset, off: int, names: tuple[str,
                            "baseline": float(a[k, j]), "target": float(b[k, j])})
     if not differ and not same:
         return check("data", title, "skip", "no (step, rank) with a finite model input in both runs")
+    common = len(differ) + same + len(unjudged)
+    rest = (f"; {len(unjudged)} could not be compared (no finite statistic in one run), e.g. step "
+            f"{unjudged[0][0]} rank {unjudged[0][1]}" if unjudged else "")
     if differ:
         d = differ[0]
-        return check("data", title, "fail", f"the runs read different data at {len(differ)} of {len(differ) + same} "
+        return check("data", title, "fail", f"the runs read different data at {len(differ)} of {common} "
                      f"(step, rank) entries: step {d['step']} rank {d['rank']} {d['tensor']} {d['stat']} "
-                     f"{fmt(d['baseline'])} ({names[0]}) vs {fmt(d['target'])} ({names[1]})", confidence="high",
-                     basis="compared", node=node, differ=differ[:50])
+                     f"{fmt(d['baseline'])} ({names[0]}) vs {fmt(d['target'])} ({names[1]}){rest}", confidence="high",
+                     basis="compared", node=node, differ=differ[:50], not_compared=unjudged[:50])
+    if unjudged:
+        return check("data", title, "warn", f"same model input ({node}) at {same} of {common} common (step, rank) "
+                     f"entries{rest}", confidence="medium", basis="compared", node=node, not_compared=unjudged[:50])
     return check("data", title, "pass", f"same model input ({node}) at all {same} common (step, rank) entries",
                  confidence="high", basis="compared", node=node)
 

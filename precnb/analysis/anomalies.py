@@ -37,7 +37,7 @@ from precnb.analysis.findings import Finding
 from precnb.analysis.nan_origin import event_mask, lazy_persistence
 from precnb.schema import entry_meta
 
-__all__ = ["SpikeRule", "anomalies", "anomaly_table"]
+__all__ = ["SpikeRule", "anomalies", "anomaly_table", "same_calls"]
 
 
 @dataclass(frozen=True)
@@ -168,8 +168,48 @@ def _lazy_table(ds: xr.Dataset, rule: SpikeRule) -> pd.DataFrame:
     return df
 
 
+def same_calls(ds: xr.Dataset) -> np.ndarray:
+    """(step, rank, tensor): an API call's counter names the same call as at the rank's last step.
+
+    msprobe numbers an API's calls per step; when a step makes more or fewer calls of an API (Megatron
+    computes its rotary embedding at the first step only and caches it), every later counter of that API
+    names another call, so its statistics are not one series. Module records keep their names.
+    """
+    present = np.asarray(ds["present"].values, bool)
+    out = np.ones(present.shape, bool)
+    if present.shape[0] < 2:
+        return out
+    kinds, apis, nodes = ds["kind"].values, ds["api"].values, ds["node"].values
+    fwd = np.fromiter((k == "api" and str(n).endswith(".forward") for k, n in zip(kinds, nodes, strict=True)),
+                      bool, len(nodes))
+    by_api: dict[str, list[int]] = {}
+    for j in np.flatnonzero(kinds == "api").tolist():
+        by_api.setdefault(str(apis[j]), []).append(j)
+    for cols in by_api.values():
+        node_cols: dict[str, int] = {}
+        for j in cols:
+            if fwd[j]:
+                node_cols.setdefault(str(nodes[j]), j)  # one tensor per forward call stands for its presence
+        if not node_cols:
+            continue
+        counts = present[:, :, list(node_cols.values())].sum(axis=2)  # (step, rank)
+        recorded = np.asarray(present[:, :, cols].any(axis=2), bool)
+        for ri in range(present.shape[1]):
+            steps = np.flatnonzero(recorded[:, ri])
+            if len(steps) < 2:
+                continue
+            ok = counts[:, ri] == counts[steps[-1], ri]
+            if not ok[steps].all():
+                out[np.ix_(~ok, [ri], cols)] = False
+    return out
+
+
 def _table(ds: xr.Dataset, rule: SpikeRule, *, persistent: np.ndarray | None = None) -> pd.DataFrame:
     from precnb.analysis.trends import bookkeeping_nodes, drift_table, noise_mask
+
+    comparable = same_calls(ds)
+    if not comparable.all():  # not one series where the counters name other calls
+        ds = ds.assign(present=ds["present"] & comparable)
 
     events, _benign = event_mask(ds, persistent=persistent)
     book = bookkeeping_nodes(ds)

@@ -241,6 +241,20 @@ class Comparison:
     replicas_differ: xr.DataArray | None = None
     tensor_metrics: xr.Dataset | None = None
     tensor_thresholds: Any = None
+    #: entries with no defined value on either side (:mod:`precnb.analysis.undefined`), never counted
+    #: in ``differs``; ``undefined_why``: tensor label → why
+    undefined: xr.DataArray | None = None
+    undefined_why: dict[str, str] | None = None
+
+    def set_aside(self) -> list[dict[str, Any]]:
+        """The undefined entries whose statistics differ, which the comparison set aside (by reason)."""
+        from precnb.analysis.undefined import summarise
+
+        if self.undefined is None:
+            return []
+        m = (self.undefined & (self.rel > self.rtol)).values
+        return summarise(m, self.ds["step"].values, self.ds["rank"].values, self.ds["tensor"].values,
+                         self.undefined_why or {}) if m.any() else []
 
     @property
     def baseline(self) -> xr.Dataset:
@@ -326,8 +340,12 @@ def compare_runs(
     -------
     Comparison
     """
+    from precnb.analysis.rank_args import glue_labels
+    from precnb.analysis.undefined import mark_undefined, returned_parameter_grads, undefined_reasons
+
     tol = tolerance or Tolerance()
     b, t, names = split_runs(baseline, target, runs=runs)
+    b, t = mark_undefined(b), mark_undefined(t)  # before any renaming: the reader's table names the run as read
     aligned = alignment is not None and not getattr(alignment, "identical", True)
     if aligned:
         b = alignment.apply(b)
@@ -358,6 +376,10 @@ def compare_runs(
     t = t.sel(step=common_steps, rank=common_ranks)
     shape_changed: dict[str, tuple[str, str]] = {}
     shared = b.indexes["tensor"].intersection(t.indexes["tensor"])
+    glue = {**glue_labels(b), **glue_labels(t),  # tensor-parallel glue of a merged side: no counterpart
+            **returned_parameter_grads(b), **returned_parameter_grads(t)}
+    if glue:
+        shared = shared.difference(list(glue))  # a rank's own part has no whole-model shape to compare
     if len(shared):
         sb = b["shape"].sel(tensor=shared).values
         st = t["shape"].sel(tensor=shared).values
@@ -401,6 +423,19 @@ def compare_runs(
         crc_differs = xr.zeros_like(both)
     if replicas_differ is not None:  # a merged replicated tensor whose copies differ across its group
         differs = differs | replicas_differ
+    undefined = None
+    why = {**undefined_reasons(b), **undefined_reasons(t)}
+    if "undefined" in both_ds.data_vars or glue:  # no defined value, or none to compare: never a difference
+        und = np.zeros(both.shape, bool)
+        if "undefined" in both_ds.data_vars:
+            und |= np.asarray(bb["undefined"].values, bool) | np.asarray(tt["undefined"].values, bool)
+        if glue:
+            cols = np.fromiter((str(x) in glue for x in both_ds["tensor"].values), bool, both_ds.sizes["tensor"])
+            und |= cols[None, None, :] & np.asarray((pb | pt).values, bool)
+            why.update(glue)
+        undefined = xr.DataArray(und, dims=("step", "rank", "tensor"), coords=both.coords)
+        differs = differs & ~undefined
+        crc_differs = crc_differs & ~undefined
     crc_only = crc_differs & ~differs
     return Comparison(
         ds=both_ds, rel=rel, rtol=rtol, both=both, only_baseline=pb & ~pt, only_target=pt & ~pb,
@@ -410,4 +445,5 @@ def compare_runs(
         precision=precision, tensor_judged=tensor_judged, tensor_metrics=tensor_metrics,
         replicas_differ=replicas_differ,
         tensor_thresholds=tensor_thresholds,
+        undefined=undefined, undefined_why=why if undefined is not None else None,
     )

@@ -305,6 +305,11 @@ def departure_events(
     return events, aside
 
 
+def _aside_text(a: Mapping[str, Any]) -> str:
+    where = a.get("node") or ((a.get("examples") or [{}])[0].get("tensor")) or "?"
+    return f"set aside: {where}" + (f" at step {a['step']}" if "step" in a else "") + f": {a.get('why', '')}"
+
+
 def _reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> str:
     g = ev["group"]
     dim = ev["dim"].upper()
@@ -378,16 +383,18 @@ def check_departures(
     layout = layout or Layout(len(ranks))
     if sorted(ranks) != list(range(layout.world_size)):
         raise ValueError(f"layout {layout.describe()} does not match the run's ranks {ranks[:8]}")
-    rows, checked = replica_mismatches(ds, layout, dims=dims, rtol=rtol)
+    rank_args: list[dict[str, Any]] = []  # set aside by the check itself (undefined values, rank-dependent ops)
+    rows, checked = replica_mismatches(ds, layout, dims=dims, rtol=rtol, aside=rank_args)
     seen = {(r["step"], r["group"][0], r["tensor"]) for r in rows}
     rows += [r for r in crc_rows(ds, layout, dims=dims) if (r["step"], r["group"][0], r["tensor"]) not in seen]
     events, aside = departure_events(ds, rows, rtol=rtol, records=records, baseline=baseline,
                                      rng_regions=rng_regions)
+    aside = rank_args + aside
     stats: dict[str, Any] = {"checked_records": checked, "mismatches": len(rows), "layout": layout.describe(),
                              "events": len(events)}
     evidence_aside = {"set_aside": aside} if aside else {}
     if not events:
-        hints = [f"set aside: {a['node']} at step {a['step']}: {a['why']}" for a in aside[:4]]
+        hints = [_aside_text(a) for a in aside[:4]]
         return Finding(kind="none", reason="all replicas agree", stats=stats, hints=hints, evidence=evidence_aside)
     first = events[0]
     origins = [e for e in events if e["inputs_identical"]]
@@ -410,7 +417,7 @@ def check_departures(
     if len(first["group"]) == 2 and not first["wrong_side"]:
         hints.append("a pair cannot say which side is wrong: a clean run of the same training (--baseline RUN), a "
                      "third replica, or the same departure on another job's device decides")
-    hints += [f"set aside: {a['node']} at step {a['step']}: {a['why']}" for a in aside[:4]]
+    hints += [_aside_text(a) for a in aside[:4]]
     values = {f"rank{r}": entry_values(ds, step=first["step"], rank=r, tensor=first["tensor"]) for r in first["group"]}
     suspects = [{k: v for k, v in r.items() if k != "seq"} for r in
                 sorted(rows, key=lambda r: (r["step"], r["seq"], r["rank"]))

@@ -81,7 +81,13 @@ def _preflight(ctx: Context) -> Any:
     base = ctx.baseline
     if base is not None and ctx.alignment is not None:  # runs named differently: the baseline in the target's names
         base = ctx.alignment.apply(base)
-    checks = preflight(ctx.target, base, target_layout=ctx.target_layout,
+    target = ctx.target
+    lay = ctx.target_layout
+    if base is None and lay is not None and any(getattr(lay, d) > 1 for d in ("tp", "pp", "vpp", "cp", "ep")):
+        from precnb.analysis.merge import merge_shards  # one run: its inventory is the whole model's
+
+        target = merge_shards(ctx.raw_target if ctx.raw_target is not None else ctx.target, lay)
+    checks = preflight(target, base, target_layout=ctx.target_layout,
                        baseline_layout=ctx.baseline_layout, step_offset=off, names=names,
                        raw_target=ctx.raw_target, raw_baseline=ctx.raw_baseline)
     return preflight_finding(checks)

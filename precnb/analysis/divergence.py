@@ -237,6 +237,9 @@ def first_divergence(
     }
     if aligned:
         stats["alignment"] = alignment.summary()
+    aside = cmp.set_aside()
+    if aside:
+        stats["set_aside_entries"] = sum(a["entries"] for a in aside)
     if noise is not None:
         stats["cross_framework_noise"] = noise
     b, t = ds.isel(run=0), ds.isel(run=1)
@@ -257,6 +260,10 @@ def first_divergence(
     hints += zero_parameter_hints(b, t, cmp.both, names)
     hints += structural_hints(structural, names)
     hints += version_structural_hints(structural, names, (b_in, t_in))
+    if aside:
+        hints.append("set aside, not compared (by construction): " + "; ".join(
+            f"{a['entries']} differing entr{'y' if a['entries'] == 1 else 'ies'} {a['why']} (e.g. "
+            f"{a['examples'][0]['tensor']})" for a in aside))
     struct_out = [{"node": s["node"], "only_in": s["only_in"], "step": s["step"], "rank": s["rank"],
                    "count": s["count"]} for s in structural[:MAX_LISTED]]
     seq = b["seq"].where(b["seq"] >= 0, t["seq"])
@@ -287,6 +294,8 @@ def first_divergence(
         if cmp.precision is not None and cmp.precision.systematic:
             reason += f"; {cmp.precision.statement()}"
         evidence_none: dict[str, Any] = {"alignment": alignment.describe()} if aligned else {}
+        if aside:
+            evidence_none["set_aside"] = aside
         if isolated:
             evidence_none["isolated_differences"] = isolated[:MAX_LISTED]
         return Finding(kind="none", reason=reason, structural=struct_out, crc_only=crc_only,
@@ -334,6 +343,9 @@ def first_divergence(
     copies = _replica_reason(cmp, si, ri, j, tensor)
     if copies:
         why = copies
+    same_shard = _same_shard_reason(cmp, tensor)
+    if same_shard:
+        hints.insert(0, f"{tensor}: {same_shard}")
     reason = f"{origin.node} at step {step}, rank {r}: {why}"
     if part:
         hints.append(f"{part}: the rest was not compared (steps, ranks or tensors one run does not hold)")
@@ -380,6 +392,8 @@ def first_divergence(
     if j_mod is not None:
         evidence["first_differing_module_record"] = str(b["node"].values[j_mod])
     evidence["ranks_with_differences"] = [e.rank for e in events]
+    if aside:
+        evidence["set_aside"] = aside
     culprit = _culprit(cmp, diff.values[si, ri], si, ri, origin.node)
     if culprit is not None:
         evidence["culprit"] = culprit
@@ -536,6 +550,18 @@ def _first_divergence_lazy(
         if part and f.reason.startswith(clean):
             f.reason = f"{clean} ({part})" + f.reason[len(clean):]
     return f
+
+
+def _same_shard_reason(cmp: Comparison, tensor: str) -> str | None:
+    """The merge's reason when a split tensor's shards are identical on every rank of the group (else None)."""
+    if tensor not in cmp.targ.indexes["tensor"]:
+        return None
+    for name in cmp.targ.coords:
+        if str(name).startswith("shard_reason_"):
+            said = str(cmp.targ[name].sel(tensor=tensor).values)
+            if "hold the same shard" in said:
+                return f"across the {str(name).removeprefix('shard_reason_').upper()} group, {said}"
+    return None
 
 
 def _replica_reason(cmp: Comparison, si: int, ri: int, j: int, tensor: str) -> str | None:

@@ -173,13 +173,16 @@ class Layout:
 
     def reduced(self, *dims: str) -> Layout:
         """The layout with the given dimensions merged away (size 1)."""
-        def size(d: str) -> int:  # merging pp away merges its virtual stages too
-            return 1 if d in dims or (d == "vpp" and "pp" in dims) else int(getattr(self, d))
+        def size(d: str) -> int:  # merging pp away merges its virtual stages too (dp away: its ep split)
+            return 1 if d in dims or (d == "vpp" and "pp" in dims) or (d == "ep" and "dp" in dims) \
+                else int(getattr(self, d))
 
         shrink = 1
         for d in dims:
-            if d in ("tp", "pp", "cp", "ep"):
+            if d in ("tp", "pp", "cp") or (d == "ep" and "dp" not in dims):
                 shrink *= getattr(self, d)
+            elif d == "dp":  # the data-parallel replicas merged into one (ep splits dp: it goes too)
+                shrink *= self.dp
         return replace(self, world_size=self.world_size // shrink, num_layers=None, tp=size("tp"), pp=size("pp"),
                        vpp=size("vpp"), cp=size("cp"), ep=size("ep"))
 

@@ -4,7 +4,7 @@ For each tensor and each group of ranks that shard it (a TP or CP group) the ten
 classified, with the reason kept in the ``shard_reason`` coordinate:
 
 ``replicated``
-    every shard has the same statistics (relative 1e-5 on the tensor's scale) — keep one;
+    every shard has the same statistics (bit-identical by default) — keep one;
 ``partial_sum``
     each rank holds an addend of the full tensor: its statistics equal the input of a later
     all-reduce / reduce-scatter on the same rank, or (with a reference run) it is the output of
@@ -21,6 +21,14 @@ classified, with the reason kept in the ``shard_reason`` coordinate:
     never invents a value for it: no sum of means that no rank holds. The merged entry keeps the group's first
     copy and the ``replicas_differ`` variable marks every (step, rank) whose copies differ, which
     the comparison counts as a difference (:func:`precnb.analysis.compare.compare_runs`);
+``rank_dependent``
+    tensor-parallel glue: computed by a call whose scalar arguments differ between the ranks (a TP
+    rank's vocabulary range in Megatron's ``VocabParallelEmbedding`` and vocab-parallel cross entropy),
+    or from such a value until a collective combines the ranks' parts (:mod:`precnb.analysis.rank_args`).
+    No whole-model counterpart: the comparison sets it aside, the alignment calls it organisation;
+``partial_max``
+    each rank's maximum, the input of a later ``MAX`` all-reduce (the reduce op is read from the
+    record): the whole tensor's Max is the largest shard Max; Min, Mean and Norm become null;
 ``sharded``
     otherwise — Max = max Maxᵢ, Min = min Minᵢ, Mean = Σ(Meanᵢ·numelᵢ)/Σ numelᵢ (numel-weighted,
     exact for unequal shards), Norm = √Σ Normᵢ², numel = Σ numelᵢ.
@@ -42,6 +50,8 @@ import xarray as xr
 
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.pp import relabel_pipeline
+from precnb.analysis.rank_args import RANK_DEPENDENT, mark_rank_args, rank_dependent
+from precnb.analysis.undefined import mark_undefined
 from precnb.naming import is_communication
 from precnb.schema import (
     NULL_BITS,
@@ -59,16 +69,29 @@ __all__ = ["classify_shards", "merge_group_dim", "merge_shards"]
 _REDUCERS = re.compile(r"(all_reduce|reduce_scatter|_reduce_scatter_base|reduce_scatter_tensor)")
 
 
-def _partial_by_reduce_inputs(ds: xr.Dataset) -> np.ndarray:
-    """Per tensor: at some (step, rank) its statistics equal a later reduce op's input."""
+def _partial_by_reduce_inputs(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Per tensor: at some (step, rank) its statistics equal a later reduction's input — (sum, max) reductions.
+
+    The second mask holds the inputs of ``MAX`` reductions (a vocab-parallel cross entropy's logits max): an
+    elementwise maximum over the ranks, whose only derivable statistic is the Max; ``MIN``, product and other
+    reductions count as neither (their ``reduce_op`` is read from the records: :mod:`precnb.analysis.rank_args`).
+    """
+    from precnb.analysis.rank_args import REDUCE_CODES, reduce_ops
+
     nodes = ds["node"].values
     roles = ds["role"].values
     is_red_in = np.fromiter(((is_communication(str(n)) and bool(_REDUCERS.search(str(n))) and r == "input")
                              for n, r in zip(nodes, roles, strict=True)), bool, ds.sizes["tensor"])
     comm = np.fromiter((is_communication(str(n)) for n in nodes), bool, ds.sizes["tensor"])
+    codes = reduce_ops(ds)
     out = is_red_in.copy()  # the input of a reduction is itself an addend
+    out_max = np.zeros_like(out)
+    if codes is not None:  # a non-sum reduction's input: no addend
+        red_code = np.where(ds["present"].values & is_red_in[None, None, :], codes, 0).max(axis=(0, 1))
+        out &= red_code == 0
+        out_max |= is_red_in & (red_code == REDUCE_CODES["MAX"])
     if not is_red_in.any():
-        return out
+        return out, out_max
     stats = np.stack([ds[s].values for s in ("max", "min", "mean", "norm")], axis=-1)
     present = ds["present"].values
     seq = ds["seq"].values
@@ -77,13 +100,17 @@ def _partial_by_reduce_inputs(ds: xr.Dataset) -> np.ndarray:
             red = np.flatnonzero(is_red_in & present[si, ri])
             if not len(red):
                 continue
-            sig = {stats[si, ri, j].tobytes(): int(seq[si, ri, j]) for j in red}
+            code = codes[si, ri] if codes is not None else np.zeros(ds.sizes["tensor"], np.int8)
+            sig = {stats[si, ri, j].tobytes(): (int(seq[si, ri, j]), int(code[j])) for j in red}
             cand = np.flatnonzero(present[si, ri] & ~comm)
             for j in cand:
                 s = sig.get(stats[si, ri, j].tobytes())
-                if s is not None and seq[si, ri, j] < s and np.isfinite(stats[si, ri, j]).any():
-                    out[j] = True
-    return out
+                if s is not None and seq[si, ri, j] < s[0] and np.isfinite(stats[si, ri, j]).any():
+                    if s[1] == 0:
+                        out[j] = True
+                    elif s[1] == REDUCE_CODES["MAX"]:
+                        out_max[j] = True
+    return out, out_max & ~out
 
 
 def _close(a: np.ndarray, b: np.ndarray, scale: np.ndarray, rtol: float) -> np.ndarray:
@@ -118,7 +145,7 @@ def classify_shards(
     ds: xr.Dataset,
     groups: list[list[int]],
     *,
-    rtol: float = 1e-5,
+    rtol: float = 0.0,
     reference: xr.Dataset | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Classify each tensor across rank groups.
@@ -126,7 +153,8 @@ def classify_shards(
     Returns
     -------
     kinds : ndarray of str
-        ``replicated`` / ``sharded`` / ``partial_sum`` / ``local`` (never on all members).
+        ``replicated`` / ``sharded`` / ``partial_sum`` / ``replicas_differ`` / ``rank_dependent``
+        (tensor-parallel glue, :mod:`precnb.analysis.rank_args`) / ``local`` (never on all members).
     reasons : ndarray of str
     shard_dim : ndarray of int
         Negative dim index of the shard split when a reference shape says so, else 0.
@@ -149,16 +177,19 @@ def classify_shards(
     at_first = np.take_along_axis(same_sg, first[None], axis=0)[0]  # (G, tensor)
     ever = all_present.any(axis=0)  # (G, tensor)
     replicated = (at_first | ~ever).all(axis=0) & any_present
-    partial = _partial_by_reduce_inputs(ds)
+    partial, partial_max = _partial_by_reduce_inputs(ds)
     n_t = ds.sizes["tensor"]
     by_copies, odd = _majority(stats, numel, scale, first, rtol) if idx and len(idx[0]) >= 3 else \
         (np.zeros(n_t, bool), None)
     ref_shapes = reference["shape"].to_series().to_dict() if reference is not None else None
     by_inputs = _should_be_replicated(ds, replicated, ref_shapes)
-    differ = (by_copies | by_inputs) & ~replicated & ~partial & any_present
+    # tensor-parallel glue: computed with the rank's own constants (or from such a value): no replicas
+    glue, glue_why = rank_dependent(ds, groups)
+    differ = (by_copies | by_inputs) & ~replicated & ~partial & ~partial_max & any_present & ~glue
     by_shape = np.zeros(n_t, bool)  # full shape, copies differ, reads no shard: replicas that differ
     shard_dim = np.zeros(n_t, np.int64)
     ref_reason = np.full(n_t, "", dtype=object)
+    same_shard: dict[int, int] = {}  # tensor -> split dim: identical on every rank, yet split in the reference
     if reference is not None:
         from precnb.analysis.dataflow import scalar_only_nodes
 
@@ -173,12 +204,13 @@ def classify_shards(
             a, b = _shape(local[j]), _shape(full)
             if a is None or b is None or len(a) != len(b):
                 continue
-            if differ[j]:
+            if differ[j] or partial_max[j] or glue[j]:
                 continue
             if replicated[j]:
                 diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
                 if len(diff) == 1 and a[diff[0]] * k == b[diff[0]]:
                     replicated[j] = False  # equal shards (all zeros at first) of a split tensor: sharded
+                    same_shard[j] = diff[0] - len(a)
                 else:
                     continue
             if a == b and _reads_a_shard(ds, j, ref_shape, scalar_only):
@@ -199,18 +231,30 @@ def classify_shards(
     reasons[pmask] = "equals the input of a later all-reduce/reduce-scatter (an addend of the full tensor)"
     for j in np.flatnonzero(pmask & (ref_reason != "")).tolist():
         reasons[j] = str(ref_reason[j])
-    by_shape &= ~replicated & ~partial & any_present
+    mmask = partial_max & ~replicated & ~pmask
+    kinds[mmask] = "partial_max"
+    reasons[mmask] = ("equals the input of a later MAX all-reduce (each rank's maximum): the whole tensor's Max "
+                      "is the largest of the ranks' Maxes, its other statistics are unknown")
+    by_shape &= ~replicated & ~partial & ~partial_max & any_present & ~glue
     differ |= by_shape
     kinds[differ] = "replicas_differ"
     for jd in np.flatnonzero(differ).tolist():
         reasons[jd] = _differ_reason(jd, "inputs" if by_inputs[jd] else "shape" if by_shape[jd] else "copies",
                                      same, first, groups, odd)
+    kinds[glue & any_present] = RANK_DEPENDENT
+    labels = ds["tensor"].values
+    for jg in np.flatnonzero(glue & any_present).tolist():
+        reasons[jg] = glue_why.get(str(labels[jg]), "tensor-parallel glue")
     local_only = ~any_present
     kinds[local_only] = "local"
     reasons[local_only] = "not recorded on every rank of the group"
     for j in np.flatnonzero(kinds == "sharded").tolist():
         if shard_dim[j]:
             reasons[j] = f"shards differ; split along dim {shard_dim[j]} (reference shape)"
+        if j in same_shard:
+            reasons[j] = (f"identical on every rank of the group, although the reference is {len(groups[0])}x larger "
+                          f"along dim {same_shard[j]}: the ranks hold the same shard (a rank loaded another rank's "
+                          "shard, or the shards are still equal, e.g. zeros); merged as a split tensor")
     return kinds, reasons, shard_dim
 
 
@@ -243,6 +287,15 @@ def _reads_a_shard(ds: xr.Dataset, j: int, ref_shape: dict[Any, Any], scalar_onl
     that reads no tensor (*scalar_only*) is not.
     """
     roles, kinds, nodes = ds["role"].values, ds["kind"].values, ds["node"].values
+    backward = kinds[j] == "module" and ".backward." in str(nodes[j])
+    if kinds[j] == "param_grad" or backward:  # a module's backward records and parameter gradients are addends
+        # when its forward call returns a shard of the whole output (sequence parallelism: each rank's part of the
+        # sequence, a replicated norm weight's gradient summed over it); a row-parallel module whose output is
+        # all-reduced returns the whole tensor: its differing copies are no partial sums
+        fwd = str(nodes[j]).replace(".parameters_grad.", ".forward.").replace(".backward.", ".forward.")
+        cols = np.flatnonzero((nodes == fwd) & (roles == "output"))
+        labels, shapes = ds["tensor"].values, ds["shape"].values
+        return any(ref_shape.get(labels[c]) and shapes[c] and shapes[c] != ref_shape.get(labels[c]) for c in cols)
     if roles[j] != "output" or kinds[j] != "api" or is_communication(str(nodes[j])):
         return False
     cols = np.flatnonzero((nodes == nodes[j]) & (roles == "input"))
@@ -319,16 +372,78 @@ def _shape(text: Any) -> list[int] | None:
         return None
 
 
+DP_LOCAL = "dp_local"
+
+
+def _backward_phase(ds: xr.Dataset) -> np.ndarray:
+    """Per tensor: recorded during a backward pass (a backward record, or a call that runs inside one).
+
+    A call's own direction is forward even when the backward of a module makes it (Megatron's linear layers
+    and cross entropy compute their gradients with recorded ops): it runs in the backward pass when its
+    parent is a backward module call, or — a call outside any module — when the next module record on its
+    rank (records are written when a call completes) is a backward one. Read at each tensor's first entry.
+    """
+    from precnb.naming import parse_node
+
+    n_t = ds.sizes["tensor"]
+    out = np.asarray(ds["direction"].values == "backward") | np.asarray(ds["kind"].values == "param_grad")
+    if ds.sizes.get("step", 0) == 0 or ds.sizes.get("rank", 0) == 0:
+        return out
+    nodes, parents, kinds = ds["node"].values, ds["parent"].values, ds["kind"].values
+    pres = ds["present"].values[0, 0]
+    seq = ds["seq"].values[0, 0]
+    mods = sorted((int(seq[j]), str(nodes[j])) for j in range(n_t) if kinds[j] == "module" and pres[j])
+    mod_q = [q for q, _ in mods]
+    for j in range(n_t):
+        if out[j] or kinds[j] != "api" or not pres[j]:
+            continue
+        par = parse_node(str(parents[j])) if parents[j] else None
+        if par is not None and par.kind == "module":
+            out[j] = par.direction == "backward"
+            continue
+        k = int(np.searchsorted(mod_q, int(seq[j]), side="right"))
+        out[j] = k < len(mods) and parse_node(mods[k][1]).direction == "backward"
+    return out
+
+
+def _data_parallel_kinds(ds: xr.Dataset, kinds: np.ndarray, reasons: np.ndarray, shard_dim: np.ndarray,
+                         reference: xr.Dataset | None) -> tuple[np.ndarray, np.ndarray]:
+    """Data-parallel replicas merged into one: what is each rank's own, what concatenates along the batch.
+
+    Each replica runs the whole model on its part of the batch: a forward tensor the reference holds larger
+    along one dim is that part (sharded); its loss, its gradients (of its own loss, before the gradient
+    reduction) and anything else that differs between the replicas are the replica's own (``dp_local``:
+    compared after the reduction, in the optimizer's inputs and the next step's parameters). Parameters
+    that differ stay ``replicas_differ``.
+    """
+    kind, role = ds["kind"].values, ds["role"].values
+    backward = _backward_phase(ds)
+    kinds, reasons = kinds.copy(), reasons.copy()
+    for j in range(len(kinds)):
+        k = str(kinds[j])
+        if k in ("replicated", "local") or (k == "replicas_differ" and role[j] == "parameter"):
+            continue
+        batch_part = (k == "sharded" and bool(shard_dim[j]) and not backward[j] and kind[j] != "param_grad"
+                      and "hold the same shard" not in str(reasons[j]))  # equal on every replica: its own indices
+        if batch_part:
+            reasons[j] = f"each data-parallel replica's part of the batch (split along dim {shard_dim[j]})"
+            continue
+        kinds[j] = DP_LOCAL
+        reasons[j] = ("data-parallel: the replica's own value (its loss and gradients over its part of the batch, "
+                      "before the gradient reduction); no whole-batch counterpart")
+    return kinds, reasons
+
+
 def merge_group_dim(
     ds: xr.Dataset,
     layout: Layout,
     dim: str,
     *,
-    rtol: float = 1e-5,
+    rtol: float = 0.0,
     reference: xr.Dataset | None = None,
     like: xr.Dataset | None = None,
 ) -> tuple[xr.Dataset, Layout]:
-    """Merge one sharding dimension (``"tp"`` or ``"cp"``) of *ds* laid out as *layout*.
+    """Merge one sharding dimension (``"tp"``, ``"cp"``, or ``"dp"``: replicas on parts of the batch) of *ds*.
 
     *like*: a dataset merged before (earlier steps of the same run) whose classification is kept
     for the tensors it has, so that merging step by step gives what merging all steps at once gives.
@@ -343,6 +458,8 @@ def merge_group_dim(
             k = prev.get(str(lbl))
             if k is not None:
                 kinds[j], reasons[j], shard_dim[j] = pk[k], pr[k], pd[k]
+    if dim == "dp":
+        kinds, reasons = _data_parallel_kinds(ds, kinds, reasons, shard_dim, reference)
     ranks = [int(r) for r in ds["rank"].values]
     idx = [[ranks.index(r) for r in g] for g in groups]
     pres = ds["present"].values[:, idx, :]
@@ -361,16 +478,19 @@ def merge_group_dim(
         ps_mean = v["mean"].sum(axis=2)
     is_sh = (kinds == "sharded")[None, None, :]
     is_ps = (kinds == "partial_sum")[None, None, :]
+    is_pm = (kinds == "partial_max")[None, None, :]
     out_vals = {}
     for s in ("max", "min", "mean", "norm"):
-        val = np.where(is_sh, sh[s], first[s])
+        val = np.where(is_sh | (is_pm & (s == "max")), sh[s], first[s])
         if s == "mean":
             val = np.where(is_ps, ps_mean, val)
         out_vals[s] = val
     null_or = np.bitwise_or.reduce(null, axis=2)
-    out_null = np.where(is_sh | is_ps, null_or, null[:, :, 0, :]).astype(np.uint8)
+    out_null = np.where(is_sh | is_ps | is_pm, null_or, null[:, :, 0, :]).astype(np.uint8)
     ps_bits = NULL_BITS["max"] | NULL_BITS["min"] | NULL_BITS["norm"]
     out_null = np.where(is_ps, out_null | ps_bits, out_null).astype(np.uint8)
+    pm_bits = NULL_BITS["min"] | NULL_BITS["mean"] | NULL_BITS["norm"]
+    out_null = np.where(is_pm, out_null | pm_bits, out_null).astype(np.uint8)
     for s, bit in NULL_BITS.items():
         out_vals[s] = np.where(out_null & bit, np.nan, out_vals[s])
     out_numel = np.where(is_sh, numel.sum(axis=2), numel[:, :, 0, :]).astype(np.int64)
@@ -446,8 +566,9 @@ def merge_shards(
     layout: Layout,
     *,
     reference: xr.Dataset | None = None,
-    rtol: float = 1e-5,
+    rtol: float = 0.0,
     like: xr.Dataset | None = None,
+    merge_dp: bool = False,
 ) -> xr.Dataset:
     """Merge a sharded run into whole-layer statistics (one entry per model replica).
 
@@ -460,10 +581,15 @@ def merge_shards(
         An unsharded run of the same model; its shapes name the split dimension and single
         out partial sums by shape.
     rtol : float
-        Relative tolerance for "identical on every rank" (replicated).
+        Relative tolerance for "identical on every rank" (replicated). Default 0: copies of one
+        computation are bit-identical, while different shards' statistics can coincide to 1e-5 (the
+        scores of a causal attention are dominated by its mask fill).
     like : xarray.Dataset, optional
         The same run's earlier steps, merged: their shard classification is kept (a step-by-step
         merge equals a merge of all steps).
+    merge_dp : bool
+        Also merge the data-parallel replicas (each on its part of the global batch) into one rank, to
+        compare with a run on the whole batch (*reference* names the batch dimension).
 
     Returns
     -------
@@ -484,12 +610,12 @@ def merge_shards(
         raise LayoutError(
             f"layout {layout.describe()} needs ranks 0..{layout.world_size - 1}, the run has "
             f"{len(ranks)} rank(s) {ranks[:8]}{'…' if len(ranks) > 8 else ''}")
-    out = ds
+    out = mark_rank_args(mark_undefined(ds))  # facts the reader keyed by the ranks and names as read
     lay = layout
     if layout.pp > 1 or layout.vpp > 1 or layout.ep > 1:
         out, lay = relabel_pipeline(out, lay)
-    for dim in ("tp", "cp"):
-        if getattr(lay, dim) > 1:
+    for dim in ("tp", "cp", *(("dp",) if merge_dp else ())):
+        if (lay.dp if dim == "dp" else getattr(lay, dim)) > 1:
             out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=reference, like=like)
     out.attrs["merged_layout"] = layout.describe()
     return validate(out)

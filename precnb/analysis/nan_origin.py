@@ -27,6 +27,7 @@ from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.masks import nonfinite
 from precnb.analysis.order import after_collectives, first_event_per_rank, pick_origin
+from precnb.analysis.undefined import set_aside, undefined_mask
 from precnb.combine import select_run
 from precnb.schema import entry_meta
 
@@ -76,8 +77,9 @@ def event_mask(ds: xr.Dataset, *, persistent: np.ndarray | None = None) -> tuple
     twice) defaults to what *ds* itself shows; pass the whole run's when *ds* holds some of
     its steps.
     """
-    nan = nonfinite(ds, kind="nan").values
-    inf = (nonfinite(ds, kind="inf").values & ~nan)
+    undefined = undefined_mask(ds)  # buffers with no defined value (beta=0 inputs, irecv before the wait)
+    nan = nonfinite(ds, kind="nan").values & ~undefined
+    inf = (nonfinite(ds, kind="inf").values & ~nan & ~undefined)
     anynf = nan | inf
     if persistent is None:
         persistent = persistent_nonfinite(ds["present"].values.sum(axis=(0, 1)), anynf.sum(axis=(0, 1)))
@@ -122,6 +124,23 @@ def event_mask(ds: xr.Dataset, *, persistent: np.ndarray | None = None) -> tuple
                     events[si, ri, j] = True
     like = ds["present"]
     return like.copy(deep=False, data=events), like.copy(deep=False, data=benign)  # (coordinates not copied)
+
+
+def _merge_aside(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per reason (the lazy search collects them step by step)."""
+    out: dict[str, dict[str, Any]] = {}
+    for a in parts:
+        e = out.setdefault(a["why"], {"why": a["why"], "entries": 0, "tensors": 0, "examples": []})
+        e["entries"] += a["entries"]
+        e["tensors"] = max(e["tensors"], a["tensors"])
+        e["examples"] = (e["examples"] + a["examples"])[:3]
+    return list(out.values())
+
+
+def _aside_hint(aside: list[dict[str, Any]]) -> str:
+    parts = "; ".join(f"{a['entries']} entr{'y' if a['entries'] == 1 else 'ies'} {a['why']} "
+                      f"(e.g. {a['examples'][0]['tensor']})" for a in aside)
+    return f"set aside, not counted as NaN/inf (no defined value by construction): {parts}"
 
 
 def nan_origin(
@@ -183,7 +202,8 @@ def nan_origin(
         "steps": [int(s) for s in ds["step"].values],
         "ranks": [int(r) for r in ds["rank"].values],
     }
-    return _finding(ds, events, benign, stats)
+    aside = set_aside(ds, only=nonfinite(ds, kind="any").values)
+    return _finding(ds, events, benign, stats, aside=aside)
 
 
 def _nan_origin_lazy(ds: xr.Dataset) -> Finding:
@@ -203,6 +223,7 @@ def _nan_origin_lazy(ds: xr.Dataset) -> Finding:
                              "benign_inf_records": 0, "steps": all_steps,
                              "ranks": [int(r) for r in ds["rank"].values]}
     benign_parts: list[xr.DataArray] = []
+    aside: list[dict[str, Any]] = []
     flagged = [i for i, f in enumerate(np.asarray(flags)) if f]
     for n, i in enumerate(flagged):
         one = ds.isel(step=[i]).load()
@@ -210,17 +231,24 @@ def _nan_origin_lazy(ds: xr.Dataset) -> Finding:
         stats["event_records"] += int(events.sum())
         stats["benign_inf_records"] += int(benign.sum())
         benign_parts.append(benign.any(["step", "rank"]))
+        aside += set_aside(one, only=nonfinite(one, kind="any").values)
         if bool(events.any()):
             rest = [all_steps[k] for k in flagged[n + 1:]]
             if rest:
                 stats["steps_not_searched"] = rest
-            return _finding(one, events, benign, stats, benign_any=benign_parts)
-    return _finding(ds.isel(step=[]).load(), None, None, stats, benign_any=benign_parts)
+            return _finding(one, events, benign, stats, benign_any=benign_parts, aside=aside)
+    return _finding(ds.isel(step=[]).load(), None, None, stats, benign_any=benign_parts, aside=aside)
 
 
 def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray | None,
-             stats: dict[str, Any], *, benign_any: list[xr.DataArray] | None = None) -> Finding:
-    """The finding, from the event and benign masks of *ds* (the steps searched)."""
+             stats: dict[str, Any], *, benign_any: list[xr.DataArray] | None = None,
+             aside: list[dict[str, Any]] | None = None) -> Finding:
+    """The finding, from the event and benign masks of *ds* (the steps searched).
+
+    *aside*: the non-finite entries set aside as undefined (:func:`precnb.analysis.undefined.set_aside`),
+    listed in the finding's ``evidence["set_aside"]`` and a hint.
+    """
+    aside = _merge_aside(aside or [])
     if benign_any is not None:
         mask = np.zeros(ds.sizes["tensor"], bool)
         for b in benign_any:
@@ -234,9 +262,12 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
         hints.append(f"{len(benign_nodes)} node(s) carry non-finite values by design (masks, or monitor "
                      "rows of tensors that never exist) and were not counted, "
                      f"e.g. {', '.join(benign_nodes[:4])}")
+    if aside:
+        hints.append(_aside_hint(aside))
+        stats["set_aside_entries"] = sum(a["entries"] for a in aside)
     if events is None or not bool(events.any()):
         return Finding(kind="none", reason="no NaN and no unexpected ±inf in the recorded statistics",
-                       hints=hints, stats=stats, evidence={"benign_nodes": benign_nodes[:50]})
+                       hints=hints, stats=stats, evidence={"benign_nodes": benign_nodes[:50], "set_aside": aside})
     any_step = events.any(["rank", "tensor"])
     step = int(ds["step"].values[int(np.argmax(any_step.values))])
     per_rank = first_event_per_rank(events, ds["seq"], ds, step)
@@ -251,8 +282,9 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     node = origin.node
     node_cols = np.flatnonzero(ds["node"].values == node)
     inputs = [c for c in node_cols if ds["role"].values[c] in ("input", "parameter")]
+    und = undefined_mask(ds)[list(ds["step"].values).index(step), list(ds["rank"].values).index(origin.rank)]
     input_inf = [str(ds["tensor"].values[c]) for c in inputs
-                 if bool(e["present"].values[c]) and not np.isfinite(
+                 if bool(e["present"].values[c]) and not und[c] and not np.isfinite(
                      [e[s].values[c] for s in ("max", "min", "mean", "norm")]).all()]
     if kind == "monitor":
         how = "first recorded in this monitored tensor"
@@ -284,7 +316,9 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     if origin.inherited:
         hints.append("no rank shows a local origin: the collective itself produced the NaN "
                      "(check its dtype / reduce op), or the source rank was not dumped")
-    if len([p for p in per_rank if not p.inherited]) > 1:
+    # ranks whose own first event is as early as the origin's (a later one may be downstream of it, e.g. a
+    # pipeline stage receiving the NaN gradient point-to-point, whose irecv buffer has no defined value)
+    if len([p for p in per_rank if not p.inherited and p.epoch == origin.epoch]) > 1:
         hints.append("several ranks create NaN independently at this step: suspect shared data "
                      "or shared parameters rather than one rank")
     from precnb.analysis.causes import nan_causes
@@ -301,6 +335,7 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     evidence = node_evidence(ds, node, step=step, rank=origin.rank, tensor=origin.tensor)
     evidence["ranks_with_events"] = [p.rank for p in per_rank]
     evidence["benign_nodes"] = benign_nodes[:50]
+    evidence["set_aside"] = aside
     own_module = entry_meta(ds, origin.tensor, step, origin.rank)["module"]  # that rank's own
     module = (gap.get("module") if gap else None) or own_module or None
     if gap is not None:

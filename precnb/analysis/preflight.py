@@ -26,6 +26,7 @@ Examples
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -216,10 +217,20 @@ def _frozen_signals(ds: xr.Dataset, params: dict[str, Param]) -> dict[str, list[
     has_grads = any(p.grad for p in params.values())
     motion = _motion(ds, params)
     trains = any(v == "changed" for v in motion.values())
+    from precnb.analysis.undefined import returned_parameters
+
+    if ds.attrs.get("returned_parameters"):  # a baseline renamed into the target's names said them first
+        returned = set(json.loads(ds.attrs["returned_parameters"]))
+    else:
+        returned = {f"{node}.parameters.{n}" for node, names in returned_parameters(ds).items() for n in names}
     out: dict[str, list[str]] = {}
     for name, p in params.items():
         signs = []
-        if has_grads and p.grad is None:
+        # msprobe writes a module's parameter gradients when its backward hook fires: a bias added outside the
+        # module (Megatron's skip_bias_add) can get its gradient later and go unrecorded. A missing record is a
+        # sign only for a parameter that is not known to require a gradient and whose weights do not change
+        if (has_grads and p.grad is None and p.requires_grad is not True and motion[name] != "changed"
+                and p.label not in returned):  # a returned bias's gradient is recorded outside the module
             signs.append("no gradient record")
         if p.requires_grad is False:
             signs.append("requires_grad false")
@@ -261,7 +272,11 @@ def check_frozen(base: xr.Dataset | None, target: xr.Dataset, pb: dict[str, Para
         return check("frozen", title, "pass", text, basis="read", frozen=frozen)
     sb = _frozen_signals(base, pb)
     ob, ot = optimizer_tensors(base), optimizer_tensors(target)
-    if ob is not None and ot is not None and len(ob[1]) != len(ot[1]) and len(pb) == len(pt):
+    from precnb.analysis.align.fused import fused_parts
+
+    # an optimizer list counts fused projections' parts one by one: not comparable across fused and separate
+    fused = bool(fused_parts(base) or fused_parts(target))
+    if ob is not None and ot is not None and len(ob[1]) != len(ot[1]) and len(pb) == len(pt) and not fused:
         opt_note = (f"; the optimizer updates {len(ob[1])} tensors in the {bn} and {len(ot[1])} in the {tn} "
                     f"({ot[0]})")
     else:

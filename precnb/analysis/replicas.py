@@ -35,9 +35,10 @@ REPLICATED_MONITOR_FAMILIES = ("param_origin", "param_updated", "grad_reduced", 
 STATS = ("max", "min", "mean", "norm")
 
 
-def _same_across(ds: xr.Dataset, idx: list[int], rtol: float) -> tuple[np.ndarray, np.ndarray]:
+def _same_across(ds: xr.Dataset, idx: list[int], rtol: float, present: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(step, tensor) masks: recorded on all ranks *idx*, and equal on them (every statistic)."""
-    pres = ds["present"].values
+    pres = present
     allp: np.ndarray = np.all(pres[:, idx, :], axis=1)
     same = np.ones(allp.shape, bool)
     for s in STATS:
@@ -53,9 +54,11 @@ def _same_across(ds: xr.Dataset, idx: list[int], rtol: float) -> tuple[np.ndarra
 _UNDEFINED_CONTENT = ("empty", "empty_like", "empty_strided", "new_empty")
 
 
-def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: float) -> np.ndarray:
-    """(step, tensor): outputs of API calls whose tensor inputs are identical across every group member.
+def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: float, present: np.ndarray,
+            families: list[int]) -> np.ndarray:
+    """(family, step, tensor): outputs of API calls whose tensor inputs are identical across every group member.
 
+    A family holds the groups of one pipeline stage: another stage's ops share API labels, not ops.
     An op with no tensor input at all (``torch.normal(0, 1, size)``, ``torch.randn``) qualifies: it
     reads only its scalar arguments and the random state, which the group shares (not ``empty``,
     whose content is whatever the memory held).
@@ -73,10 +76,10 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
             continue
         ins, outs = by_node.setdefault(n, ([], []))
         (ins if r == "input" else outs if r == "output" else []).append(j)
-    out = np.zeros((ds.sizes["step"], ds.sizes["tensor"]), bool)
-    for g in groups:
+    out = np.zeros((max(families, default=0) + 1, ds.sizes["step"], ds.sizes["tensor"]), bool)
+    for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
-        allp, same = _same_across(ds, idx, rtol)
+        allp, same = _same_across(ds, idx, rtol, present)
         floats = np.array([str(d).split(".")[-1].lower().startswith(("float", "bfloat", "half")) for d in
                            ds["dtype"].values])
         for node, (ins, outs) in by_node.items():
@@ -90,7 +93,7 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
                 ins_f = [j for j in ins if floats[j]] or ins
                 ok = (allp[:, ins_f] & same[:, ins_f]).all(axis=1)  # (step,) inputs identical everywhere
             for j in outs:
-                out[:, j] |= ok & allp[:, j]
+                out[fam, :, j] |= ok & allp[:, j]
     return out
 
 
@@ -99,19 +102,22 @@ def _no_tensor_input(ds: xr.Dataset, j: int) -> bool:
     return str(ds["node"].values[j]) in scalar_only_nodes(ds)
 
 
-def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float) -> np.ndarray:
+def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float,
+                present: np.ndarray, families: list[int]) -> np.ndarray:
+    """(family, tensor): tensors that must be replicated on the groups of each family (pipeline stage)."""
     roles = ds["role"].values
     apis = ds["api"].values
     kinds = ds["kind"].values
+    n_f = max(families, default=0) + 1
     must = (roles == "parameter") | ((kinds == "monitor") & np.isin(apis, REPLICATED_MONITOR_FAMILIES))
     if dim == "dp":
-        return must
-    # tp/cp: tensors replicated (and not all-zero) at most of the steps recorded on the group
-    pres = ds["present"].values
+        return np.repeat(must[None, :], n_f, axis=0)
+    # tp/cp: tensors replicated (and not all-zero) at most of the steps recorded on the stage's groups
+    pres = present
     n_t = ds.sizes["tensor"]
-    rep_steps = np.zeros(n_t, np.int64)
-    rec_steps = np.zeros(n_t, np.int64)
-    for g in groups:
+    rep_steps = np.zeros((n_f, n_t), np.int64)
+    rec_steps = np.zeros((n_f, n_t), np.int64)
+    for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp = pres[:, idx, :].all(axis=1)  # (step, tensor)
         same = np.ones(allp.shape, bool)
@@ -124,38 +130,60 @@ def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[i
             same &= ok.all(axis=1)
         mx, mn = ds["max"].values[:, idx[0], :], ds["min"].values[:, idx[0], :]
         degenerate = (mx == 0) & (mn == 0)
-        rep_steps += (allp & same & ~degenerate).sum(axis=0)
-        rec_steps += allp.sum(axis=0)
+        rep_steps[fam] += (allp & same & ~degenerate).sum(axis=0)
+        rec_steps[fam] += allp.sum(axis=0)
     ok = (rec_steps > 0) & (2 * rep_steps >= rec_steps)
     not_opt = ds["module"].values != "optimizer"
-    return ok & not_opt & (kinds != "param_grad")
+    return ok & (not_opt & (kinds != "param_grad"))[None, :]
 
 
 def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("dp", "tp"),
-                       rtol: float = 1e-6) -> tuple[list[dict[str, Any]], int]:
+                       rtol: float = 1e-6, aside: list[dict[str, Any]] | None = None
+                       ) -> tuple[list[dict[str, Any]], int]:
     """Every record that departs from its replica group, in causal order, and the records checked.
 
     Each row: ``step, rank, group, dim, tensor, node, seq, inputs_identical, why``, sorted by step,
     execution position and rank (what :func:`check_replicas` reports first comes first).
+
+    Entries with no defined value (:mod:`precnb.analysis.undefined`) are not checked, nor the tensors of a
+    rank-dependent op (its tensor inputs agree across the group, its scalar arguments do not: a TP rank's
+    vocabulary offset, :mod:`precnb.analysis.rank_args`) and what it computes before a collective. What was
+    set aside, and why, is appended to *aside*.
     """
+    from precnb.analysis.undefined import set_aside, undefined_mask
+
     ranks = [int(r) for r in ds["rank"].values]
     rows: list[dict[str, Any]] = []
     checked = 0
+    undefined = undefined_mask(ds)
+    present = ds["present"].values & ~undefined
+    if aside is not None:
+        aside += set_aside(ds, undefined)
     for dim in dims:
         if layout.size(dim) * (layout.ep if dim == "dp" else 1) <= 1:
             continue
         groups = layout.groups(dim)
-        cand = _candidates(ds, dim, groups, ranks, rtol)
-        caused = _caused(ds, groups, ranks, rtol) if dim != "dp" else np.zeros((ds.sizes["step"], len(cand)), bool)
-        cols = np.flatnonzero(cand | caused.any(axis=0))
+        families = [layout.coords(g[0])["pp"] for g in groups]  # one pipeline stage: the same ops under one label
+        if dim != "dp":  # rank-dependent by design: not replicas
+            from precnb.analysis.rank_args import rank_dependent
+
+            glue, glue_why = rank_dependent(ds, groups, present)
+            if glue.any():
+                present = present & ~glue[None, None, :]
+                if aside is not None:
+                    aside += _glue_aside(ds, glue, glue_why)
+        cand = _candidates(ds, dim, groups, ranks, rtol, present, families)
+        caused = _caused(ds, groups, ranks, rtol, present, families) if dim != "dp" else \
+            np.zeros((cand.shape[0], ds.sizes["step"], cand.shape[1]), bool)
+        cols = np.flatnonzero(cand.any(axis=0) | caused.any(axis=(0, 1)))
         if not len(cols):
             continue
-        by_cause = caused[:, cols] & ~cand[cols][None, :]  # (step, t): replicated because its inputs are
-        pres = ds["present"].values[:, :, cols]
+        pres = present[:, :, cols]
         vals = np.stack([ds[s].values[:, :, cols] for s in STATS], axis=-1)  # (step, rank, t, 4)
         seq = ds["seq"].values[:, :, cols]
-        for g in groups:
+        for g, fam in zip(groups, families, strict=True):
             idx = [ranks.index(r) for r in g]
+            by_cause = caused[fam][:, cols] & ~cand[fam, cols][None, :]  # (step, t): replicated as its inputs are
             v = vals[:, idx]  # (step, n, t, 4)
             p: np.ndarray = np.all(pres[:, idx], axis=1)  # (step, t)
             checked += int(p.sum()) * len(g)
@@ -165,7 +193,7 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
                 scale = np.fmax(np.abs(med), 1e-30)
                 bad = ~((np.abs(v - med) <= rtol * scale) | (np.isnan(v) & np.isnan(med)))
             bad = bad.any(axis=-1) & p[:, None, :]  # (step, n, t)
-            bad &= (cand[cols][None, None, :] | caused[:, cols][:, None, :])
+            bad &= (cand[fam, cols][None, None, :] | caused[fam][:, cols][:, None, :])
             n = len(g)
             for si, k, tj in np.argwhere(bad):
                 if n == 2 and k == 0 and bad[si, 1, tj]:
@@ -187,6 +215,16 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
                              "why": why + (" (a pair: either side may be wrong)" if n == 2 else "")})
     rows.sort(key=lambda r: (r["step"], r["seq"], r["rank"]))
     return rows, checked
+
+
+def _glue_aside(ds: xr.Dataset, glue: np.ndarray, why: dict[str, str]) -> list[dict[str, Any]]:
+    """One set-aside entry per rank-dependent call (its node, why, how many of its tensors)."""
+    nodes, labels = ds["node"].values, ds["tensor"].values
+    by_node: dict[str, list[str]] = {}
+    for j in np.flatnonzero(glue).tolist():
+        by_node.setdefault(str(nodes[j]), []).append(str(labels[j]))
+    return [{"why": why.get(ts[0], "tensor-parallel glue"), "node": n, "entries": len(ts), "tensors": len(ts),
+             "examples": [{"tensor": t} for t in ts[:3]]} for n, ts in by_node.items()]
 
 
 def check_replicas(
@@ -227,10 +265,14 @@ def check_replicas(
     layout = layout or Layout(len(ranks))
     if sorted(ranks) != list(range(layout.world_size)):
         raise ValueError(f"layout {layout.describe()} does not match the run's ranks {ranks[:8]}")
-    rows, checked = replica_mismatches(ds, layout, dims=dims, rtol=rtol)
+    aside: list[dict[str, Any]] = []
+    rows, checked = replica_mismatches(ds, layout, dims=dims, rtol=rtol, aside=aside)
     stats = {"checked_records": checked, "mismatches": len(rows), "layout": layout.describe()}
+    aside_hint = ("set aside, not replica mismatches: " + "; ".join(
+        f"{a.get('node') or a['examples'][0]['tensor']}: {a['why']}" for a in aside[:4])) if aside else None
     if not rows:
-        return Finding(kind="none", reason="all replicas agree", stats=stats)
+        return Finding(kind="none", reason="all replicas agree", stats=stats,
+                       hints=[aside_hint] if aside_hint else [], evidence={"set_aside": aside})
     first = rows[0]
     ranks_bad = sorted({r["rank"] for r in rows if r["step"] == first["step"]})
     reason = (f"{first['tensor']} on rank {first['rank']} at step {first['step']} {first['why']}")
@@ -248,7 +290,9 @@ def check_replicas(
                      "that rank (hardware fault, non-deterministic kernel, or a missed synchronisation)")
     values = {f"rank{r}": entry_values(ds, step=first["step"], rank=r, tensor=first["tensor"])
               for r in first["group"]}
-    evidence_ranks = {"ranks": list(first["group"]), "departing_ranks_at_step": ranks_bad}
+    evidence_ranks = {"ranks": list(first["group"]), "departing_ranks_at_step": ranks_bad, "set_aside": aside}
+    if aside_hint:
+        hints.append(aside_hint)
     return Finding(kind="replica_mismatch", reason=reason, step=first["step"], rank=first["rank"],
                    node=first["node"], tensor=first["tensor"],
                    module=entry_meta(ds, first["tensor"], first["step"], first["rank"])["module"] or None,

@@ -122,6 +122,8 @@ def run_triage(args: argparse.Namespace, target: Any, baseline: Any = None, **ex
         failures = []
         args.load_failures = failures
     failures.extend(f for f in triage.load_failures if f not in failures)
+    for problem in getattr(triage.alignment, "mapping_problems", None) or []:  # said, never applied silently
+        _term.err(f"precnb {getattr(args, 'command', '')}: mapping: {' '.join(problem.split())}\n")
     return triage
 
 
@@ -195,7 +197,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
 
     inputs = command_inputs(args)
     if args.output:  # refuse a bad -o before aligning
-        check_output(args.output, inputs=inputs, overwrite=args.overwrite)
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite, content="json")
     triage = run_triage(args, args.target, args.baseline, kinds=[])
     a = triage.alignment
     if a is None:
@@ -267,19 +269,35 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
     return with_loss_spike(triage, args)  # issue #29: the anomaly finding, and the loss spike beside it
 
 
-def _layout_from_args(args: argparse.Namespace, world_size: int) -> Any:
-    from precnb.analysis import Layout
+def _layout_from_args(args: argparse.Namespace, ds: Any) -> Any:
+    """The layout the flags give, checked against the dumps; with no layout flag, the one the dumps show."""
+    from precnb.analysis import Layout, LayoutError
+    from precnb.pipeline.triage import resolve_layout
 
+    world_size = int(ds.sizes["rank"])
+    given = args.layout or any(getattr(args, d) is not None for d in ("tp", "pp", "vpp", "cp", "ep"))
+    if not given:  # nothing said: Megatron's rank order and degrees read from the dumps (DP only if they show none)
+        notes: list[str] = []
+        lay = resolve_layout(None, ds, "run", notes)
+        for n in notes:
+            _term.err(f"note: {n}\n")
+        return lay if lay is not None else Layout(world_size, order=args.order, num_layers=args.num_layers)
     if args.layout:
-        return Layout.parse(args.layout, world_size=world_size)
-    return Layout(world_size, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
-                  order=args.order, num_layers=args.num_layers)
+        lay = Layout.parse(args.layout, world_size=world_size)
+    else:
+        lay = Layout(world_size, tp=args.tp or 1, pp=args.pp or 1, vpp=args.vpp or 1, cp=args.cp or 1,
+                     ep=args.ep or 1, order=args.order, num_layers=args.num_layers)
+    try:
+        return resolve_layout(lay, ds, "run")
+    except ValueError as exc:
+        raise LayoutError(str(exc)) from None
 
 
 def _add_layout_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", type=layout_text, help="layout as text, e.g. tp=2,pp=2 (instead of the flags below)")
     for dim in ("tp", "pp", "vpp", "cp", "ep"):
-        p.add_argument(f"--{dim}", type=_size, default=1, help=f"{dim.upper()} size (default 1)")
+        p.add_argument(f"--{dim}", type=_size, default=None,
+                       help=f"{dim.upper()} size (default: read from the dumps, else 1)")
     p.add_argument("--order", type=order_text, default="tp-cp-ep-dp-pp", help="Megatron order string")
     p.add_argument("--num-layers", type=_size, help="total layers, for PP/VPP renumbering")
 
@@ -297,7 +315,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     ds = _load(args.run, args, steps=_steps_arg(args))
     ref = _load(args.reference, args, steps=_steps_arg(args)) if args.reference else None
     try:
-        layout = _layout_from_args(args, ds.sizes["rank"])
+        layout = _layout_from_args(args, ds)
         merged = merge_shards(ds, layout, reference=ref)
     except LayoutError as exc:
         raise UsageError(str(exc)) from None
@@ -331,7 +349,7 @@ def _cmd_replicas(args: argparse.Namespace) -> int:
     else:
         ds = open_checked(args.run, args)  # the flags need the world size
         try:
-            layout = _layout_from_args(args, ds.sizes["rank"])
+            layout = _layout_from_args(args, ds)
         except LayoutError as exc:
             raise UsageError(str(exc)) from None
         return _emit_finding(run_triage(args, ds, kinds=["replica_mismatch"], target_layout=layout,

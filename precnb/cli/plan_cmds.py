@@ -73,7 +73,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.output:  # refuse a bad -o before diagnosing
         from precnb._write import check_output
 
-        check_output(args.output, inputs=inputs, overwrite=args.overwrite)
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite, content="json")
     from precnb.cli._side import side_options
 
     extra: dict[str, Any] = {"kinds": kinds} if kinds else {}

@@ -38,9 +38,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from precnb.report import write_html
 
     inputs = command_inputs(args)
-    check_output(args.output, inputs=inputs, overwrite=args.overwrite)  # before the long part
+    check_output(args.output, inputs=inputs, overwrite=args.overwrite, content="html")  # before the long part
     from precnb.cli._side import side_options
+    from precnb.report._assets import vega_bundle
 
+    vega_bundle()  # the charts' JavaScript (a child process; under a hard ulimit -v it says so) before it too
     triage = run_triage(args, args.run, args.baseline, **side_options(args))
     out = write_html(triage, args.output, title=args.title, stat=args.stat, overwrite=args.overwrite,
                      inputs=inputs)
@@ -102,7 +104,8 @@ def _cmd_template(args: argparse.Namespace) -> int:
     if args.html:  # refuse a bad --html before writing and running the notebook
         from precnb._write import check_output
 
-        check_output(args.html, inputs=[args.output, *notebooks.parameter_paths(params)], overwrite=args.overwrite)
+        check_output(args.html, inputs=[args.output, *notebooks.parameter_paths(params)], overwrite=args.overwrite,
+                     content="html")
     try:
         out = notebooks.fill_template(args.name, args.output, params, overwrite=args.overwrite)
     except (KeyError, ValueError) as exc:

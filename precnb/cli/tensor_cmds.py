@@ -22,28 +22,35 @@ __all__ = ["register", "write_output"]
 _TEXT_COLUMNS = ("cosine", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio", "rel_l2_err", "ulp_err")
 
 
-def write_output(args: argparse.Namespace, text: str, kind: str) -> Path:
+def write_output(args: argparse.Namespace, text: str, kind: str, content: str = "text") -> Path:
     """Write a command's output through the project's write rules (:mod:`precnb._write`).
 
-    The text gets precnb's marker (a ``precnb_output`` key for JSON, a comment line otherwise),
-    so ``--overwrite`` can later recognise and replace it; nothing else is ever replaced, and
+    *content* is what the text is: ``"json"`` (it gets a ``precnb_output`` key; the file must be
+    named ``*.json``), ``"text"`` (a comment line, after a script's shebang; not ``*.json`` /
+    ``*.html`` / ``*.ipynb``) or ``"csv"`` (a table: marked by a sidecar ``.NAME.precnb_output``,
+    since any line inside would be read by ``pandas.read_csv`` as its header or a row). So
+    ``--overwrite`` can later recognise and replace it; nothing else is ever replaced, and
     nothing is written inside an input.
     """
     from precnb._marks import marker, text_marker
-    from precnb._write import write_text
+    from precnb._write import check_output, write_text
     from precnb.cli._common import command_inputs
 
     out = Path(args.output)
-    if out.suffix.lower() == ".json":
+    overwrite = bool(getattr(args, "overwrite", False))
+    check_output(out, inputs=command_inputs(args), overwrite=overwrite, content="text" if content == "csv" else content)
+    if content == "json":
         doc = json.loads(text)
         doc = {"precnb_output": marker(kind), **doc} if isinstance(doc, dict) else doc
         text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    elif content == "csv":
+        return write_text(out, text, inputs=command_inputs(args), overwrite=overwrite, sidecar=kind)
     elif text.startswith("#!"):  # a script: the marker goes after its shebang line
         head, _, rest = text.partition("\n")
         text = head + "\n" + text_marker(kind) + "\n" + rest
     else:
         text = text_marker(kind) + "\n" + text
-    return write_text(out, text, inputs=command_inputs(args), overwrite=bool(getattr(args, "overwrite", False)))
+    return write_text(out, text, inputs=command_inputs(args), overwrite=overwrite)
 
 
 def _clean(v: Any) -> Any:
@@ -66,6 +73,13 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 
     if args.json and args.csv:
         raise UsageError("give --json or --csv, not both")
+    content = "json" if args.json else ("csv" if args.csv else "text")
+    if args.output:  # a bad -o is refused before the tensors are read
+        from precnb._write import check_output
+        from precnb.cli._common import command_inputs
+
+        check_output(args.output, inputs=command_inputs(args), overwrite=bool(args.overwrite),
+                     content="text" if content == "csv" else content)
     base = open_checked(args.baseline, args)
     target = open_checked(args.target, args)
     tensors: Any = args.tensors
@@ -78,6 +92,9 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as exc:
         raise UsageError(str(exc).strip("'\"")) from None
     frame = to_frame(m)
+    from precnb.pipeline.tensors import unreadable_entries
+
+    args.load_failures = [*(getattr(args, "load_failures", None) or []), *unreadable_entries(m)]  # exit 1
     if args.json:
         counts = frame["status"].value_counts().to_dict() if len(frame) else {}
         text = json.dumps({"schema": "precnb.tensor_metrics/1", "baseline": args.baseline, "target": args.target,
@@ -89,7 +106,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     else:
         text = _text(frame, args.top)
     if args.output:
-        out = write_output(args, text, "tensor-metrics")
+        out = write_output(args, text, "tensor-metrics", content)
         term.out(f"wrote {out} ({len(frame)} tensor pair(s))\n")
     else:
         term.out(text)
@@ -119,6 +136,11 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     from precnb.cli._common import open_checked
     from precnb.repro import repro_script
 
+    if args.output:  # a bad -o is refused before the dump is read
+        from precnb._write import check_output
+        from precnb.cli._common import command_inputs
+
+        check_output(args.output, inputs=command_inputs(args), overwrite=bool(args.overwrite), content="text")
     run = open_checked(args.run, args, steps=None if args.step is None else [args.step], use_steps_option=False)
     text = repro_script(run, args.node, step=args.step, rank=args.rank)
     if not args.output:

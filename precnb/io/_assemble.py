@@ -21,7 +21,16 @@ import xarray as xr
 from precnb.io._lazy_dask import defer_dask_array_import
 from precnb.io._runfacts import FactsAccumulator
 from precnb.io.records import FileRecords, LoadReport, RecordBuilder, SharedTable, dedup_labels, stat_value
-from precnb.schema import DIMS, META_FIELDS, SCHEMA_VERSION, STATS, TENSOR_COORDS, side_text, validate
+from precnb.schema import (
+    DIMS,
+    META_FIELDS,
+    SCHEMA_VERSION,
+    STATS,
+    TENSOR_COORDS,
+    encode_entry_changes,
+    side_text,
+    validate,
+)
 
 __all__ = ["Assembler", "FileRecords", "LoadReport", "RecordBuilder", "SharedTable", "assemble", "dedup_labels",
            "select_items", "stat_value"]
@@ -80,12 +89,12 @@ def _increasing(a: np.ndarray) -> bool:
 class _Rec:
     """The part of a :class:`FileRecords` kept until its step is materialised (no Python lists of labels)."""
 
-    __slots__ = ("codes", "construct", "dtypes", "gids", "key", "null", "numel", "order", "rank", "seq", "skipped",
-                 "stacks", "step", "strings", "values")
+    __slots__ = ("codes", "construct", "dtypes", "gids", "key", "null", "numel", "order", "rank", "seq", "shapes",
+                 "skipped", "stacks", "step", "strings", "values")
 
     def __init__(self, rec: FileRecords, gids: np.ndarray, order: int, skipped: bool,
                  construct: tuple[Any, Mapping[str, Any]], stacks: tuple[Any, Mapping[str, Any]],
-                 dtypes: Any = None, codes: dict[str, np.ndarray] | None = None) -> None:
+                 dtypes: Any = None, shapes: Any = None, codes: dict[str, np.ndarray] | None = None) -> None:
         self.step, self.rank, self.order = rec.step, rec.rank, order
         self.key = (rec.step, rec.rank, order)
         self.skipped = skipped
@@ -95,6 +104,7 @@ class _Rec:
         self.strings = rec.strings
         self.construct, self.stacks = construct, stacks
         self.dtypes = dtypes  # the record's dtype column, to find entries whose dtype changed
+        self.shapes = shapes  # its shape column: a label another rank records with another shape (PP stages)
         self.codes = codes or {}  # the record's META_FIELDS columns as value codes (entries whose metadata changed)
 
 
@@ -151,6 +161,8 @@ class Assembler:
         self.stat_names: list[str] = list(STATS)
         self.string_names: set[str] = set()
         self.construct: dict[str, str] = {}
+        self.construct_ranks: dict[str, dict[str, str]] = {}  # node -> "step,rank" -> parent, where files disagree
+        self._exceptions: dict[Any, dict[str, str]] = {}  # shared construct table -> its disagreeing entries
         self.stacks: dict[str, list[str]] = {}
         self._merged: set[Any] = set()
         self._finished = False
@@ -161,6 +173,8 @@ class Assembler:
         self._codes_cache: dict[tuple[Any, ...], np.ndarray] = {}
         self.dtype_changes: dict[str, dict[str, list[list[int]]]] = {}
         self.n_dtype_changes = 0
+        self.shape_changes: dict[str, dict[tuple[int, int], str]] = {}
+        self.n_shape_changes = 0
         # entries whose module / parent / shape (attrs["meta_changes"]) or stack frames (attrs["stack_changes"])
         # are not their tensor's (node's): a label that names another op on some rank
         self.meta_changes: dict[str, dict[str, dict[str, list[list[int]]]]] = {}
@@ -246,14 +260,15 @@ class Assembler:
         if not skipped:
             if not first:
                 self._set_coords(rec, gids, order)
-            self.facts.add(rec.meta.get("facts"), step=rec.step)
+            self.facts.add(rec.meta.get("facts"), step=rec.step, rank=rec.rank)
         construct, stacks = self._side(rec.construct), self._side(rec.stacks)
-        dt = rec.coords.get("dtype")
+        dt, sh = rec.coords.get("dtype"), rec.coords.get("shape")
         n = len(rec.labels)
         codes = {f: self._codes(col) for f in META_FIELDS
                  if (col := rec.coords.get(f)) is not None and len(col) == n} if not skipped else None
         self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks,
-                                  dt if dt is not None and len(dt) == n else None, codes))
+                                  dt if dt is not None and len(dt) == n else None,
+                                  sh if sh is not None and len(sh) == n else None, codes))
 
     def _materialize(self) -> None:
         """Copy the deferred first record's coordinates into the assembler's columns (before a second)."""
@@ -323,6 +338,28 @@ class Assembler:
                 name = self._dtype_names[int(codes[j])]
                 self.dtype_changes.setdefault(label, {}).setdefault(name, []).append([r.step, r.rank])
                 self.n_dtype_changes += 1
+
+    def _note_shape_changes(self, recs: list[_Rec]) -> None:
+        """Record entries of *recs* whose shape is not their tensor's coordinate (both known).
+
+        A pipeline stage names its layers and calls locally: another stage's ``Functional.dropout.0`` is
+        another op, of another shape. ``attrs["shape_changes"]``: label -> shape -> [[step, rank], ...].
+        """
+        if (len(recs) == 1 and self._n == 1) or "shape" not in self._cv:
+            return
+        coord = self._cv["shape"]
+        for r in recs:
+            if r.skipped or r.shapes is None:
+                continue
+            own = coord[r.gids]
+            mine = np.asarray(r.shapes, dtype=object)
+            bad = np.flatnonzero((mine != own) & (mine != "") & (own != ""))
+            for j in bad.tolist():
+                if self.n_shape_changes >= MAX_DTYPE_CHANGES:
+                    return
+                label = self._labels[int(r.gids[j])]
+                self.shape_changes.setdefault(label, {})[(int(r.step), int(r.rank))] = str(mine[j])
+                self.n_shape_changes += 1
 
     def _set_coords(self, rec: FileRecords, gids: np.ndarray, order: int) -> None:
         """Coordinates come from the first record (in (step, rank, order) order) holding the label."""
@@ -415,6 +452,10 @@ class Assembler:
         for (key, table), name in ((r.construct, "construct"), (r.stacks, "stacks")):
             if key is not None:
                 if key in self._merged:
+                    if name == "construct":  # the same table again: its disagreements hold for this file too
+                        at = f"{int(r.step)},{int(r.rank)}"
+                        for node, val in self._exceptions.get(key, {}).items():
+                            self.construct_ranks.setdefault(node, {})[at] = val
                     if name == "stacks" and not r.skipped:
                         self._note_stacks(r, self._stack_diff.get(key))
                     continue
@@ -435,6 +476,14 @@ class Assembler:
                     self._stack_diff[key] = diff
                 if not r.skipped:
                     self._note_stacks(r, diff)
+            if name == "construct":  # a parent another (step, rank) gives the same node name: PP stages'
+                ranks_of, at = self.construct_ranks, f"{int(r.step)},{int(r.rank)}"  # local names, cached ops
+                mine = self._exceptions.setdefault(key, {}) if key is not None else {}
+                for node, val in table.items():
+                    have = target.setdefault(node, val)
+                    if have != val and not node.startswith(("Module.", "Cell.")):  # calls: they hold tensors
+                        ranks_of.setdefault(node, {})[at] = mine[node] = val
+                continue
             for node, val in table.items():
                 target.setdefault(node, val)
 
@@ -466,6 +515,7 @@ class Assembler:
         si = {s: i for i, s in enumerate(step_vals)}
         ri = {r: i for i, r in enumerate(rank_vals)}
         self._note_dtype_changes([r for r in recs if r.step in si and r.rank in ri])
+        self._note_shape_changes([r for r in recs if r.step in si and r.rank in ri])
         sole = self._sole(recs, step_vals, rank_vals)
         if sole is not None:
             return sole
@@ -543,6 +593,12 @@ class Assembler:
             meta[key] = ",".join(sorted(vals))
         if self.dtype_changes:
             meta["dtype_changes"] = json.dumps(self.dtype_changes)
+        if self.shape_changes:
+            meta["shape_changes"] = encode_entry_changes(self.shape_changes)
+        if self.construct_ranks:  # read with precnb.analysis.pp (stage-local names of pipeline stages)
+            meta["construct_ranks"] = json.dumps({
+                n: dict(sorted(by.items(), key=lambda kv: tuple(int(x) for x in kv[0].split(","))))
+                for n, by in sorted(self.construct_ranks.items())})
         if self.meta_changes:
             meta["meta_changes"] = json.dumps(self.meta_changes)
         if self.stack_changes:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from precnb.errors import DumpFormatError
+from precnb.io._fs import open_regular
 
 __all__ = ["iter_rows", "parse_float", "parse_shape", "read_header", "short_repr"]
 
@@ -54,7 +55,7 @@ def read_header(path: str | Path) -> list[str] | None:
     True
     """
     try:  # decode the first line only: a non-UTF-8 byte further down is the parser's to report
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             raw = fh.readline(65536)
         line = raw.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError):
@@ -86,7 +87,7 @@ def iter_rows(path: str | Path) -> Iterator[tuple[int, list[str]]]:
         When the file cannot be opened, is not UTF-8 text or is not valid CSV.
     """
     try:
-        fh = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 - closed below
+        fh = open_regular(path, "r", encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise DumpFormatError(path, f"cannot open: {exc.strerror or exc}") from exc
     with fh:
@@ -108,7 +109,7 @@ def iter_rows(path: str | Path) -> Iterator[tuple[int, list[str]]]:
 def bad_byte(path: str | Path) -> str:
     """Where the first invalid UTF-8 byte of *path* is (line, column, byte offset)."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             raw = fh.read()
         raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -4,6 +4,9 @@ A dump may sit behind a folder the user cannot list, a name that is too long or 
 symlink: discovery must report those, not crash on them, so every check here turns an
 ``OSError`` into the answer "no".
 
+Every reader opens its files with :func:`open_regular` (from :mod:`precnb._files`, re-exported
+here): regular files only; a FIFO or a device is refused without being opened.
+
 Examples
 --------
 >>> is_file("/nonexistent"), is_dir("/"), is_link("/nonexistent")
@@ -14,7 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["is_dir", "is_file", "is_link", "list_dir", "os_reason"]
+from precnb._files import NotRegularFileError, open_regular, read_regular
+
+__all__ = ["NotRegularFileError", "is_dir", "is_file", "is_link", "list_dir", "open_regular", "os_reason",
+           "read_regular"]
 
 
 def is_file(p: str | Path) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from precnb.errors import DumpFormatError
+from precnb.io._fs import open_regular
 
 try:  # optional speed-up
     import orjson as _orjson
@@ -189,7 +190,7 @@ def load_json(path: str | Path, notes: list[str] | None = None) -> Any:
     """
     p = Path(path)
     try:
-        with p.open("rb") as fh:
+        with open_regular(p) as fh:  # a FIFO named dump.json is refused, never opened
             raw = fh.read()
     except OSError as exc:
         raise DumpFormatError(p, f"cannot read: {exc.strerror or exc}") from None

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from precnb.errors import DumpFormatError
+from precnb.io._fs import open_regular
 
 __all__ = ["CHUNK", "EXTRA_STATS", "NAME", "load_npy", "mapping", "parse_file_name", "tensor_stats"]
 
@@ -75,10 +76,13 @@ def tensor_stats(a: np.ndarray) -> dict[str, float | None]:
 
 
 def load_npy(path: Path) -> np.ndarray:
-    """The array of one .npy file, never unpickling (memory-mapped when large)."""
+    """The array of one .npy file, never unpickling (memory-mapped when large); regular files only."""
     try:
-        big = path.stat().st_size > 64 * 1024 * 1024
-        return np.load(path, allow_pickle=False, mmap_mode="r" if big else None)
+        with open_regular(path) as fh:  # a FIFO or a device named *.npy is refused, never opened
+            big = os.fstat(fh.fileno()).st_size > 64 * 1024 * 1024
+            if not big:
+                return np.load(fh, allow_pickle=False)
+        return np.load(path, allow_pickle=False, mmap_mode="r")
     except ValueError as exc:  # object arrays ("allow_pickle=False"), bad headers, truncated data
         raise DumpFormatError(path, f"not a readable .npy: {exc}") from None
     except (OSError, EOFError) as exc:
@@ -91,7 +95,7 @@ def mapping(folder: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     out = {}
-    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+    with open_regular(path, "r", newline="", encoding="utf-8", errors="replace") as fh:
         for row in csv.reader(fh):
             if len(row) >= 2 and row[0].strip() and parse_file_name(row[1].strip()):
                 out[os.path.basename(row[0].strip())] = row[1].strip()

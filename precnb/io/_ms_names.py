@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from precnb.io._fs import open_regular
+
 __all__ = ["NameTable", "direction_of", "module_path", "name_table", "split_underscored"]
 
 _FULLNAME = re.compile(r"#\s*Fullname with scope:\s*\((.+)\)\s*$")
@@ -188,7 +190,7 @@ def _args(text: str) -> list[str]:
 def _read_ir(path: Path, table: NameTable) -> None:
     loads: dict[str, str] = {}
     pending: tuple[str, str, list[str]] | None = None
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open_regular(path, "r", encoding="utf-8", errors="replace") as fh:
         for line in fh:
             if line.startswith("%para"):
                 m = _PARAM.match(line)
@@ -223,7 +225,7 @@ def _read_ir(path: Path, table: NameTable) -> None:
 
 
 def _read_order_csv(path: Path, table: NameTable) -> None:
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open_regular(path, "r", encoding="utf-8", errors="replace") as fh:
         header = fh.readline()
         if "FullNameWithScope" not in header:
             return

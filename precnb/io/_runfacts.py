@@ -12,8 +12,11 @@ Examples
 --------
 >>> data = {"Torch._fused_adamw_.0.forward": {"input_args": [], "input_kwargs": {
 ...     "lr": {"type": "float", "value": 0.01}, "maximize": {"type": "bool", "value": False}}}}
->>> file_facts(data, {"Torch._fused_adamw_.0.forward": "optimizer"})
-{'scalar_args': {'Torch._fused_adamw_': {'lr': [0.01], 'maximize': [False]}}}
+>>> facts = file_facts(data, {"Torch._fused_adamw_.0.forward": "optimizer"})
+>>> facts["scalar_args"]
+{'Torch._fused_adamw_': {'lr': [0.01], 'maximize': [False]}}
+>>> sorted(facts)  # and the checksum of each call's scalar arguments (rank-dependent ops)
+['scalar_args', 'scalar_sigs']
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["OPTIMIZER_NAME", "FactsAccumulator", "FileFacts", "api_of", "file_facts", "is_optimizer_node"]
+__all__ = ["OPTIMIZER_NAME", "UNDEFINED_PREFIXES", "FactsAccumulator", "FileFacts", "api_of", "file_facts",
+           "is_optimizer_node", "p2p_peers", "reduce_op", "scalar_signature", "undefined_leaves"]
 
 #: API names that are optimizer updates wherever they are called (fused and foreach kernels)
 _OPTIMIZER_MARKERS = ("_fused_adam", "_fused_sgd", "_fused_adagrad", "addcdiv_", "_foreach_lerp_")
@@ -36,6 +40,14 @@ _MAX_VALUES = 64  # distinct values kept per (api, argument, step)
 _MAX_DEPTH = 8
 _NONFINITE = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}
 _POSITIONS = tuple(str(i) for i in range(64))
+_MAX_SIG_EXCEPTIONS = 100_000  # (step, rank) entries kept per node whose scalar arguments vary
+#: ops whose record may hold a tensor the op never reads (see :func:`undefined_leaves`): a quick pre-filter
+_BETA_APIS = ("baddbmm", "addbmm", "addmm", "addmv", "addr")
+UNDEFINED_PREFIXES = (*(f"{p}.{a}" for p in ("Torch", "Tensor") for a in _BETA_APIS),
+                      "Distributed.batch_isend_irecv.", "Distributed.irecv.", "Distributed.recv.")
+BETA_ZERO = "ignored by the op: beta=0 (torch ignores input, NaN and inf in it included)"
+RECV_BUFFER = "receive buffer: the op overwrites it (its recorded value is whatever the buffer held)"
+BEFORE_WAIT = "irecv buffer recorded before the wait: no defined value"
 
 
 def api_of(node: str) -> str:
@@ -57,6 +69,164 @@ def api_of(node: str) -> str:
                     return head
     m = _API.match(node)
     return m.group("api") if m else node
+
+
+def _is_zero(leaf: Any) -> bool:
+    return isinstance(leaf, dict) and "shape" not in leaf and leaf.get("value") in (0, 0.0) \
+        and not isinstance(leaf.get("value"), bool)
+
+
+def undefined_leaves(node: str, record: Mapping[str, Any]) -> dict[str, str]:
+    """Tensor labels of *record* that hold no value the op uses, with why (``{}`` for most ops).
+
+    * ``input`` of ``baddbmm`` / ``addbmm`` / ``addmm`` / ``addmv`` / ``addr`` called with ``beta=0``
+      (Megatron's attention passes an uninitialised ``torch.empty`` buffer there);
+    * the buffer of a receive (``Distributed.recv`` / ``irecv`` input), which the op overwrites;
+    * an ``irecv``'s tensor inside ``Distributed.batch_isend_irecv`` (input and output: msprobe records
+      both before the wait) and a bare ``Distributed.irecv``'s output.
+
+    Examples
+    --------
+    >>> rec = {"input_args": [{"type": "torch.Tensor", "shape": [2]}, {"type": "torch.Tensor", "shape": [2]}],
+    ...        "input_kwargs": {"beta": {"type": "float", "value": 0.0}}}
+    >>> list(undefined_leaves("Torch.baddbmm.3.forward", rec))
+    ['Torch.baddbmm.3.forward.input.0']
+    >>> ops = [{"class_type": "torch.distributed.P2POp", "tensor": {"type": "torch.Tensor", "shape": [2]},
+    ...         "op": "isend"}, {"class_type": "torch.distributed.P2POp", "tensor": {"type": "torch.Tensor"},
+    ...         "op": "irecv"}]
+    >>> got = undefined_leaves("Distributed.batch_isend_irecv.0.forward", {"input_args": [ops], "output": [ops]})
+    >>> sorted(got)  # doctest: +NORMALIZE_WHITESPACE
+    ['Distributed.batch_isend_irecv.0.forward.input.0.1.tensor',
+     'Distributed.batch_isend_irecv.0.forward.output.0.1.tensor']
+    """
+    out: dict[str, str] = {}
+    if not node.endswith(".forward") or not node.startswith(UNDEFINED_PREFIXES):
+        return out
+    args, kwargs = record.get("input_args"), record.get("input_kwargs")
+    args = args if isinstance(args, list) else []
+    kwargs = kwargs if isinstance(kwargs, dict) else {}
+    if node.startswith("Distributed.batch_isend_irecv."):
+        for side, tag in (("input_args", "input"), ("output", "output")):
+            ops = record.get(side)
+            ops = ops[0] if isinstance(ops, list) and ops and isinstance(ops[0], list) else []
+            for i, op in enumerate(ops):
+                if isinstance(op, dict) and op.get("op") == "irecv" and isinstance(op.get("tensor"), dict):
+                    out[f"{node}.{tag}.0.{i}.tensor"] = BEFORE_WAIT
+        return out
+    if node.startswith("Distributed."):
+        buffer = "input.tensor" if "tensor" in kwargs else "input.0"
+        out[f"{node}.{buffer}"] = RECV_BUFFER
+        if node.startswith("Distributed.irecv."):
+            out[f"{node}.output.0"] = BEFORE_WAIT
+        return out
+    beta = kwargs.get("beta")
+    if _is_zero(beta):
+        out[f"{node}.input.input" if "input" in kwargs else f"{node}.input.0"] = BETA_ZERO
+    return out
+
+
+def _sig_walk(value: Any, path: str, out: list[str], depth: int) -> None:
+    if depth > 4:
+        return
+    if value.__class__ is dict:
+        kind = value.get("type")
+        if kind.__class__ is str:
+            if "value" in value and "shape" not in value:
+                v = value["value"]
+                if v is None or v.__class__ in (bool, int, float, str):  # bare NaN/Infinity read either way
+                    out.append(f"{path}={_plain(kind, v)!r}")
+            return
+        for k, x in value.items():
+            if k != "tensor":  # a P2POp's tensor; its op / peer / tag are plain strings and ints, not leaves
+                _sig_walk(x, f"{path}.{k}", out, depth + 1)
+    elif value.__class__ is list:
+        for i, x in enumerate(value):
+            _sig_walk(x, f"{path}.{i}", out, depth + 1)
+
+
+def scalar_signature(record: Mapping[str, Any]) -> int:
+    """A checksum of a record's scalar arguments (``{type, value}`` leaves of ``input_args``/``input_kwargs``).
+
+    0 when it has none. The same arguments give the same number in every process (CRC-32 of their text):
+    the replica check and shard merging compare it across ranks to tell rank-dependent ops (a TP rank's
+    vocabulary offset) from replicated ones.
+
+    Examples
+    --------
+    >>> a = {"input_args": [{"type": "torch.Tensor", "shape": [2]}, {"type": "int", "value": 32}]}
+    >>> b = {"input_args": [{"type": "torch.Tensor", "shape": [2]}, {"type": "int", "value": 0}]}
+    >>> scalar_signature(a) == scalar_signature(a), scalar_signature(a) == scalar_signature(b)
+    (True, False)
+    >>> scalar_signature({"input_args": [{"type": "torch.Tensor", "shape": [2]}]})
+    0
+    """
+    import zlib
+
+    out: list[str] = []
+    args, kwargs = record.get("input_args"), record.get("input_kwargs")
+    if args.__class__ is list:
+        for i, x in enumerate(args):
+            _sig_walk(x, str(i), out, 1)
+    if kwargs.__class__ is dict:
+        for k, x in kwargs.items():
+            _sig_walk(x, str(k), out, 1)
+    return (zlib.crc32(";".join(out).encode("utf-8", "replace")) or 1) if out else 0
+
+
+_P2P = ("batch_isend_irecv", "isend", "irecv", "send", "recv")
+_PEER_KW = ("peer", "dst", "src", "group_dst", "group_src")
+
+
+def p2p_peers(node: str, record: Mapping[str, Any]) -> list[int]:
+    """The peer ranks of a point-to-point record (``Distributed.batch_isend_irecv``'s P2P ops, ``send`` / ``recv``).
+
+    Examples
+    --------
+    >>> ops = [{"class_type": "torch.distributed.P2POp", "op": "isend", "peer": 1, "tensor": {}}]
+    >>> p2p_peers("Distributed.batch_isend_irecv.0.forward", {"input_args": [ops]})
+    [1]
+    >>> p2p_peers("Distributed.send.0.forward", {"input_kwargs": {"dst": {"type": "int", "value": 3}}})
+    [3]
+    """
+    api = node.split(".")[1] if node.count(".") >= 2 else ""
+    if api not in _P2P:
+        return []
+    out: list[int] = []
+    args, kwargs = record.get("input_args"), record.get("input_kwargs")
+    if api == "batch_isend_irecv":
+        ops = args[0] if isinstance(args, list) and args and isinstance(args[0], list) else []
+        out += [int(op["peer"]) for op in ops if isinstance(op, dict) and isinstance(op.get("peer"), int)]
+        return out
+    cands = [kwargs.get(k) for k in _PEER_KW] if isinstance(kwargs, dict) else []
+    if isinstance(args, list) and len(args) > 1:
+        cands.append(args[1])
+    for c in cands:
+        v = c.get("value") if isinstance(c, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            out.append(v)
+            break
+    return out
+
+
+def reduce_op(record: Mapping[str, Any]) -> str | None:
+    """The reduce op of a collective's record (``"RedOpType.MAX"``; ``None`` when it records none).
+
+    Examples
+    --------
+    >>> reduce_op({"input_kwargs": {"op": {"type": "torch.distributed.ReduceOp", "value": "RedOpType.MAX"}}})
+    'RedOpType.MAX'
+    >>> reduce_op({"input_args": [{"type": "torch.Tensor", "shape": [2]}]}) is None
+    True
+    """
+    kwargs = record.get("input_kwargs")
+    cands = [kwargs.get("op")] if kwargs.__class__ is dict else []
+    args = record.get("input_args")
+    if args.__class__ is list:
+        cands += [x for x in args[1:3] if x.__class__ is dict and "ReduceOp" in str(x.get("type", ""))]
+    for c in cands:
+        if c.__class__ is dict and isinstance(c.get("value"), str):
+            return str(c["value"])
+    return None
 
 
 def is_optimizer_node(node: str, parent: str) -> bool:
@@ -144,11 +314,15 @@ class FileFacts:
      'scalar_args': {'Tensor.addcdiv_': {'value': [-0.1]}}}
     """
 
-    __slots__ = ("_seen", "grads", "scalars")
+    __slots__ = ("_seen", "grads", "peers", "reduce_ops", "scalars", "sigs", "undefined")
 
     def __init__(self) -> None:
         self.grads: dict[str, bool] = {}
         self.scalars: dict[str, dict[str, list[Any]]] = {}
+        self.undefined: dict[str, str] = {}
+        self.sigs: dict[str, int] = {}  # API forward node -> scalar_signature (only nodes that have scalars)
+        self.reduce_ops: dict[str, str] = {}  # collective -> its reduce op, when not a sum (``RedOpType.MAX``)
+        self.peers: set[int] = set()  # the ranks this file's point-to-point calls send to / receive from
         self._seen: dict[tuple[str, str], set[tuple[type, Any]]] = {}
 
     def node(self, node: str, record: Mapping[str, Any], parent: str) -> None:
@@ -164,6 +338,19 @@ class FileFacts:
         if (parent.startswith("optimizer") or ("_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node)
                 ) and is_optimizer_node(node, parent):  # substrings of every marker: cheaper than the pattern
             self.optimizer(node, record)
+        if node.startswith(UNDEFINED_PREFIXES):
+            self.undefined.update(undefined_leaves(node, record))
+
+    def api(self, node: str, record: Mapping[str, Any]) -> None:
+        """Note an API forward record's :func:`scalar_signature` (the parser calls it for those records)."""
+        sig = scalar_signature(record)
+        if sig:
+            self.sigs[node] = sig
+        if node.startswith(("Distributed.", "MintDistributed.")):
+            op = reduce_op(record)
+            if op and not op.upper().endswith("SUM"):
+                self.reduce_ops[node] = op
+            self.peers.update(p2p_peers(node, record))
 
     def optimizer(self, node: str, record: Mapping[str, Any]) -> None:
         """The scalar arguments of an optimizer op's record (the common ``{type, value}`` ones read in line)."""
@@ -211,6 +398,14 @@ class FileFacts:
             out["requires_grad"] = self.grads
         if self.scalars:
             out["scalar_args"] = self.scalars
+        if self.undefined:
+            out["undefined"] = self.undefined
+        if self.sigs:
+            out["scalar_sigs"] = self.sigs
+        if self.reduce_ops:
+            out["reduce_ops"] = self.reduce_ops
+        if self.peers:
+            out["p2p_peers"] = sorted(self.peers)
         return out
 
 
@@ -237,6 +432,8 @@ def file_facts(data: Mapping[str, Any], parents: Mapping[str, str]) -> dict[str,
         if isinstance(record, dict):
             parent = parents.get(node, "") or ""
             ff.node(node, record, parent if isinstance(parent, str) else "")
+            if not node.startswith(("Module.", "Cell.")) and node.endswith(".forward"):
+                ff.api(node, record)
     return ff.result()
 
 
@@ -255,11 +452,31 @@ class FactsAccumulator:
     def __init__(self) -> None:
         self.requires_grad: dict[str, bool] = {}
         self.scalar_args: dict[str, dict[str, dict[int, list[Any]]]] = {}
+        self.undefined: dict[str, tuple[str, set[tuple[int, int]]]] = {}
+        # node -> step -> [the first signature seen at that step, {rank: another one}]: rank-dependent calls
+        self._sigs: dict[str, dict[int, list[Any]]] = {}
+        self.reduce_ops: dict[str, dict[str, set[int]]] = {}  # collective -> its non-sum reduce op -> ranks
+        self.peers: dict[int, set[int]] = {}  # rank -> the ranks its point-to-point calls exchange with
 
-    def add(self, facts: Mapping[str, Any] | None, *, step: int) -> None:
+    def add(self, facts: Mapping[str, Any] | None, *, step: int, rank: int = -1) -> None:
         """Fold one file's :func:`file_facts` (a parameter is frozen when any file says so)."""
         if not facts:
             return
+        for label, why in (facts.get("undefined") or {}).items():
+            self.undefined.setdefault(label, (str(why), set()))[1].add((int(step), int(rank)))
+        if facts.get("p2p_peers"):
+            self.peers.setdefault(int(rank), set()).update(int(p) for p in facts["p2p_peers"])
+        for node, op in (facts.get("reduce_ops") or {}).items():
+            self.reduce_ops.setdefault(node, {}).setdefault(str(op), set()).add(int(rank))
+        sigs = facts.get("scalar_sigs")
+        if sigs:
+            table, st, rk = self._sigs, int(step), int(rank)
+            for node, sig in sigs.items():
+                slot = table.setdefault(node, {}).get(st)
+                if slot is None:
+                    table[node][st] = [sig, {}]
+                elif slot[0] != sig and len(slot[1]) < _MAX_SIG_EXCEPTIONS:
+                    slot[1][rk] = sig
         for label, rg in (facts.get("requires_grad") or {}).items():
             self.requires_grad[label] = self.requires_grad.get(label, True) and bool(rg)
         for api, args in (facts.get("scalar_args") or {}).items():
@@ -278,4 +495,19 @@ class FactsAccumulator:
             table = {api: {path: {str(s): vals for s, vals in sorted(steps.items())}
                            for path, steps in args.items()} for api, args in self.scalar_args.items()}
             out["scalar_args"] = json.dumps(table, allow_nan=False)
+        if self.undefined:
+            from precnb.schema import encode_undefined
+
+            out["undefined"] = encode_undefined(self.undefined)
+        if self.peers:
+            out["p2p_peers"] = json.dumps({str(r): sorted(p) for r, p in sorted(self.peers.items())})
+        if self.reduce_ops:
+            out["reduce_ops"] = json.dumps({n: {op: sorted(r) for op, r in sorted(ops.items())}
+                                            for n, ops in sorted(self.reduce_ops.items())})
+        varying = {node: {str(st): {"default": d, "at": {str(r): v for r, v in sorted(at.items())}}
+                          for st, (d, at) in sorted(by_step.items()) if at}
+                   for node, by_step in sorted(self._sigs.items())}
+        varying = {node: v for node, v in varying.items() if v}
+        if varying:  # node -> step -> the signature of most ranks and the ranks that differ
+            out["scalar_signatures"] = json.dumps(varying)
         return out

@@ -8,7 +8,9 @@ allow-list: the only globals it may name are ``torch._utils._rebuild_tensor_v2``
 (never to torch's own). Anything else — any other global, a pickle that rebuilds something other
 than one tensor — raises :class:`UnsupportedArchiveError` before it is called, so a malicious file can
 at most be refused. The tensor's geometry (offset, sizes, strides) is checked against its storage
-before numpy views it.
+and against what its dump record says (:class:`precnb.io._expect.Expected`) before numpy views or
+copies anything: a view never holds more elements than its storage, a storage never more than its
+record, and a compressed member expands at most ``MAX_RATIO`` times.
 
 bfloat16 (and float8) tensors are returned as float32 with the same values (bf16 → fp32 is exact),
 which is also what ``msprobe compare`` computes on.
@@ -25,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from precnb.io._expect import Expected, TensorRefusedError, check_archive
+from precnb.io._fs import open_regular
 
 __all__ = ["MAX_PICKLE_BYTES", "UnsupportedArchiveError", "read_torch_zip"]
 
@@ -67,38 +72,51 @@ class _Storage:
 
 @dataclass(frozen=True, slots=True)
 class _Tensor:
-    array: np.ndarray
-    torch_dtype: str
+    storage: _Storage
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @property
+    def torch_dtype(self) -> str:
+        return self.storage.torch_dtype
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=object)) if self.shape else 1
 
 
 def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any = False,
                        backward_hooks: Any = None, metadata: Any = None) -> _Tensor:
+    """The tensor's geometry, checked against its storage (nothing is materialised here)."""
     if not isinstance(storage, _Storage):
         raise UnsupportedArchiveError("tensor without a storage")
     shape = tuple(size) if isinstance(size, tuple | list) else None
     strides = tuple(stride) if isinstance(stride, tuple | list) else None
     if shape is None or strides is None or len(shape) != len(strides):
         raise UnsupportedArchiveError(f"bad tensor geometry: size {size!r}, stride {stride!r}")
-    if not all(isinstance(v, int) and v >= 0 for v in (*shape, *strides, storage_offset)):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, *strides, storage_offset)):
         raise UnsupportedArchiveError(f"bad tensor geometry: offset {storage_offset!r}, size {shape}, stride {strides}")
+    t = _Tensor(storage, storage_offset, shape, strides)
     n = storage.array.size
-    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if numel:
+    if t.numel:
         last = storage_offset + sum((s - 1) * st for s, st in zip(shape, strides, strict=True))
         if last >= n:
             raise UnsupportedArchiveError(f"tensor reaches element {last} of a storage of {n}")
-    base = storage.array
+    return t
+
+
+def _materialise(t: _Tensor) -> np.ndarray:
+    base, shape, strides, offset = t.storage.array, t.shape, t.strides, t.offset
+    numel = t.numel
     contiguous = tuple(int(x) for x in np.cumprod((1, *shape[:0:-1]))[::-1]) if shape else ()
     if numel == 0:
-        arr = np.empty(shape, dtype=base.dtype)
-    elif strides == contiguous or numel == 1:  # a plain slice of the storage: no copy (read-only)
-        arr = base[storage_offset:storage_offset + numel].reshape(shape)
-    else:  # a strided view (transpose, slice): copy into C order
-        view = np.lib.stride_tricks.as_strided(base[storage_offset:], shape=shape,
-                                               strides=tuple(st * base.itemsize for st in strides),
-                                               writeable=False)
-        arr = np.array(view, order="C")
-    return _Tensor(arr, storage.torch_dtype)
+        return np.empty(shape, dtype=base.dtype)
+    if strides == contiguous or numel == 1:  # a plain slice of the storage: no copy (read-only)
+        return base[offset:offset + numel].reshape(shape)
+    view = np.lib.stride_tricks.as_strided(base[offset:], shape=shape,  # a strided view: copy into C order
+                                           strides=tuple(st * base.itemsize for st in strides), writeable=False)
+    return np.array(view, order="C")
 
 
 def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any) -> _Tensor:
@@ -120,12 +138,15 @@ _FUNCTIONS = {
 
 
 class _AllowListUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, zf: zipfile.ZipFile, prefix: str, byteorder: str) -> None:
+    def __init__(self, data: bytes, zf: zipfile.ZipFile, prefix: str, byteorder: str, path: str,
+                 expected: Expected | None) -> None:
         super().__init__(io.BytesIO(data))
         self._zf = zf
         self._prefix = prefix
         self._order = "<" if byteorder == "little" else ">"
         self._loaded: dict[str, _Storage] = {}
+        self._path = path
+        self._expected = expected
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _FUNCTIONS:
@@ -151,6 +172,11 @@ class _AllowListUnpickler(pickle.Unpickler):
             raise UnsupportedArchiveError(f"storage {name} missing from the archive") from None
         if info.file_size != numel * dtype.itemsize:
             raise UnsupportedArchiveError(f"storage {name}: {info.file_size} bytes for {numel} x {dtype}")
+        limit = self._expected.max_bytes(dtype.itemsize) if self._expected is not None else None
+        if limit is not None and info.file_size > limit:  # the storage of a record's tensor (or of a slice of it)
+            raise TensorRefusedError(self._path, f"a storage of {numel} elements, its dump record says "
+                                                 f"{self._expected.numel if self._expected else '?'}; refused "
+                                                 "before reading it")
         raw = self._zf.read(info)
         arr = np.frombuffer(raw, dtype=dtype)
         if not arr.dtype.isnative:
@@ -160,21 +186,24 @@ class _AllowListUnpickler(pickle.Unpickler):
         return storage
 
 
-def _widen(t: _Tensor) -> np.ndarray:
-    if t.torch_dtype == "torch.bfloat16":  # exact: the bf16 bits are the top half of the fp32 bits
-        wide = t.array.astype(np.uint32)
+def _widen(array: np.ndarray, torch_dtype: str) -> np.ndarray:
+    if torch_dtype == "torch.bfloat16":  # exact: the bf16 bits are the top half of the fp32 bits
+        wide = array.astype(np.uint32)
         wide <<= 16  # in place, so a 0-d array stays an array
         return wide.view(np.float32)
-    return t.array
+    return array
 
 
-def read_torch_zip(path: str | Path) -> tuple[np.ndarray, str]:
+def read_torch_zip(path: str | Path, expected: Expected | None = None) -> tuple[np.ndarray, str]:
     """Read a one-tensor torch zip archive.
 
     Parameters
     ----------
     path : str or Path
         A ``.pt`` file written by ``torch.save`` (zip format, the default since torch 1.6).
+    expected : Expected, optional
+        What the tensor's dump record says (element count, dtype): checked before any storage
+        is read or any view materialised.
 
     Returns
     -------
@@ -188,9 +217,15 @@ def read_torch_zip(path: str | Path) -> tuple[np.ndarray, str]:
     UnsupportedArchiveError
         For anything but a plain tensor (other globals, several storages of unknown layout,
         a damaged archive): nothing it names is ever called.
+    TensorRefusedError
+        The archive or the tensor is larger than its record allows, a view holds more elements
+        than its storage (a stride-0 expansion), or a member expands beyond :data:`MAX_RATIO`:
+        refused before it is materialised (torch must not be tried on it either).
     """
+    shown = str(path)
     try:
-        with zipfile.ZipFile(path) as zf:
+        with open_regular(path) as fh, zipfile.ZipFile(fh) as zf:
+            check_archive(shown, zf, expected)
             names = zf.namelist()
             pkl = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
             if len(pkl) != 1:
@@ -201,14 +236,18 @@ def read_torch_zip(path: str | Path) -> tuple[np.ndarray, str]:
                 raise UnsupportedArchiveError(f"data.pkl of {info.file_size} bytes")
             order = "little"
             if f"{prefix}byteorder" in names:
-                order = zf.read(f"{prefix}byteorder").decode("ascii", "replace").strip()
+                order = zf.read(f"{prefix}byteorder")[:16].decode("ascii", "replace").strip()
             if order not in ("little", "big"):
                 raise UnsupportedArchiveError(f"byteorder {order!r}")
-            obj = _AllowListUnpickler(zf.read(info), zf, prefix, order).load()
+            obj = _AllowListUnpickler(zf.read(info), zf, prefix, order, shown, expected).load()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, pickle.UnpicklingError, KeyError, TypeError,
-            IndexError, AttributeError) as exc:
+            IndexError, AttributeError, RecursionError) as exc:
         raise UnsupportedArchiveError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
-    if not isinstance(obj, _Tensor) or not isinstance(obj.array, np.ndarray) or \
-            obj.torch_dtype not in _TORCH_DTYPES:
+    if not isinstance(obj, _Tensor) or obj.torch_dtype not in _TORCH_DTYPES:
         raise UnsupportedArchiveError(f"the archive holds a {type(obj).__name__}, not one tensor")
-    return _widen(obj), obj.torch_dtype
+    if expected is not None:
+        expected.check(shown, numel=obj.numel, dtype=obj.torch_dtype)
+    if obj.numel > obj.storage.array.size:  # overlapping strides: msprobe saves contiguous clones
+        raise TensorRefusedError(shown, f"a view of {obj.numel} elements over a storage of {obj.storage.array.size} "
+                                        f"(stride {list(obj.strides)}); refused before materialising it")
+    return _widen(_materialise(obj), obj.torch_dtype), obj.torch_dtype

@@ -49,6 +49,7 @@ import xarray as xr
 
 from precnb.errors import DumpFormatError
 from precnb.io._assemble import LoadReport, RecordBuilder, assemble
+from precnb.io._fs import open_regular
 from precnb.io._jsonio import loads_json
 from precnb.io.readers import Reader
 
@@ -64,9 +65,12 @@ ENV_KEYS: tuple[str, ...] = (
 )
 _TOP = ("env", "pip")
 _DIRS = ("dataset/", "weights/", "hyperparameters/", "random/")
-_STEP_RANK = re.compile(r"^(dataset|weights)/step(\d+)/rank(\d+)/(dataset|weight)\.json$")
-_RANDOM = re.compile(r"^random/rank(\d+)\.json$")
+# ASCII digits only (re's \d also matches "١", which int() reads as 1: step١ would silently be step1)
+_STEP_RANK = re.compile(r"^(dataset|weights)/step([0-9]+)/rank([0-9]+)/(dataset|weight)\.json$")
+_RANDOM = re.compile(r"^random/rank([0-9]+)\.json$")
 _FEATURES = ("max", "min", "mean", "norm")
+_MAX_INDEX = 2**31 - 1  # step / rank numbers, as in dump folders
+_UNICODE_NUMBERED = re.compile(r"^((dataset|weights)/step\d+/rank\d+/(dataset|weight)\.json|random/rank\d+\.json)$")
 
 
 class Limits:
@@ -124,16 +128,25 @@ def _check_name(path: Path, info: zipfile.ZipInfo) -> None:
         raise _bad(path, name, "encrypted: cannot be read")
 
 
-def _entries(path: Path, limits: type[Limits]) -> dict[str, bytes]:
-    """Every known entry's bytes, read in memory with the size checks of *limits*."""
+def _entries(path: Path, limits: type[Limits], skipped: list[tuple[str, str]] | None = None) -> dict[str, bytes]:
+    """Every known entry's bytes, read in memory with the size checks of *limits*.
+
+    An entry name that appears twice is read once (the first); the others go to *skipped*.
+    """
     try:
-        zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as exc:
-        raise DumpFormatError(path, f"not a readable zip file ({exc})") from None
+        fh = open_regular(path)
     except OSError as exc:
         raise DumpFormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        zf = zipfile.ZipFile(fh)
+    except zipfile.BadZipFile as exc:
+        fh.close()
+        raise DumpFormatError(path, f"not a readable zip file: damaged or truncated ({exc})") from None
+    except OSError as exc:
+        fh.close()
+        raise DumpFormatError(path, f"cannot read: {exc.strerror or exc}") from None
     out: dict[str, bytes] = {}
-    with zf:
+    with fh, zf:
         infos = zf.infolist()
         if len(infos) > limits.entries:
             raise DumpFormatError(path, f"config_check pack has {len(infos)} entries (more than {limits.entries})")
@@ -141,6 +154,12 @@ def _entries(path: Path, limits: type[Limits]) -> dict[str, bytes]:
         for info in infos:
             _check_name(path, info)
             if info.is_dir() or not _known(info.filename):
+                continue
+            if info.filename in out:  # a second entry of the same name: never merged
+                if skipped is not None:
+                    skipped.append((f"{path} [{info.filename}]", f"not loaded: the pack holds entry "
+                                    f"{info.filename!r} more than once (the first is loaded); the copies would "
+                                    "replace each other"))
                 continue
             if info.file_size > limits.entry_bytes:
                 raise _bad(path, info.filename, f"{info.file_size} bytes uncompressed (limit {limits.entry_bytes})")
@@ -230,9 +249,11 @@ def read_pack(path: str | os.PathLike[str], *, limits: type[Limits] = Limits) ->
         For a broken or unsafe pack (naming the file and entry).
     """
     p = Path(path)
-    raw = _entries(p, limits)
+    skipped: list[tuple[str, str]] = []
+    raw = _entries(p, limits, skipped)
     out: dict[str, Any] = {"entries": sorted(raw), "env": {}, "env_variables": 0, "pip": {},
-                           "hyperparameters": {}, "random": {}, "dataset": {}, "weights": {}}
+                           "hyperparameters": {}, "random": {}, "dataset": {}, "weights": {}, "skipped": skipped}
+    numbered = _numbered(p, raw, skipped)
     for name, data in raw.items():
         if name == "env":
             env = _json(p, name, data, dict)
@@ -243,26 +264,101 @@ def read_pack(path: str | os.PathLike[str], *, limits: type[Limits] = Limits) ->
         elif name.startswith("hyperparameters/"):
             kind = "dynamic" if "dynamic" in name else "static"
             out["hyperparameters"][kind] = _json(p, name, data, dict)
-        elif (m := _RANDOM.match(name)) is not None:
-            out["random"][int(m.group(1))] = _random(p, name, _json(p, name, data, dict))
-        elif (m := _STEP_RANK.match(name)) is not None:
-            out[m.group(1)][(int(m.group(2)), int(m.group(3)))] = _json(p, name, data, dict)
+        elif name in numbered:
+            kind, key = numbered[name]
+            if kind == "random":
+                out["random"][key[0]] = _random(p, name, _json(p, name, data, dict))
+            else:
+                out[kind][key] = _json(p, name, data, dict)
     return out
+
+
+def _numbered(p: Path, raw: dict[str, bytes], skipped: list[tuple[str, str]]
+              ) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{entry: (kind, (step, rank) or (rank,))}`` of the numbered entries to read, by the rules of dump folders.
+
+    ASCII digits only, numbers below 2**31, and one entry per number: ``step01`` beside ``step1``
+    (or ``rank00`` beside ``rank0``) keeps the canonical spelling; every other one is named in
+    *skipped*, never merged.
+    """
+    from precnb.io._assemble import LoadReport
+    from precnb.io._dupes import keep_one_per_number
+
+    items: list[tuple[Any, str]] = []
+    parsed: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name in raw:
+        m, r = _STEP_RANK.match(name), _RANDOM.match(name)
+        if m is None and r is None:
+            if _UNICODE_NUMBERED.match(name):  # step١ would be read as step1 by int(): named, not merged
+                skipped.append((f"{p} [{name}]", "not loaded: step or rank number not in ASCII digits 0-9 "
+                                "(msprobe writes dataset/stepN/rankR/...); rename it"))
+            elif name.startswith(("dataset/", "weights/", "random/")):
+                skipped.append((f"{p} [{name}]", "ignored: not a config_check entry name (dataset/stepN/rankR/"
+                                "dataset.json, weights/stepN/rankR/weight.json or random/rankR.json)"))
+            continue
+        digits = (m.group(2), m.group(3)) if m is not None else (r.group(1),)  # type: ignore[union-attr]
+        if any(len(d) > 10 or int(d) > _MAX_INDEX for d in digits):
+            skipped.append((f"{p} [{name}]", f"not loaded: step or rank number out of range (0..{_MAX_INDEX})"))
+            continue
+        kind, nums = (m.group(1) if m is not None else "random"), tuple(int(d) for d in digits)
+        key = f"{kind} of step {nums[0]} rank {nums[1]}" if len(nums) == 2 else f"random of rank {nums[0]}"
+        parsed[key] = (kind, nums)
+        items.append((key, name))
+
+    def canonical(key: Any) -> str:
+        kind, nums = parsed[key]
+        if kind == "random":
+            return f"random/rank{nums[0]}.json"
+        return f"{kind}/step{nums[0]}/rank{nums[1]}/{'dataset' if kind == 'dataset' else 'weight'}.json"
+
+    report = LoadReport()
+    kept: list[tuple[Any, str]] = keep_one_per_number(items, "entry", canonical, report, name=lambda n: n,
+                                                      where=lambda n: f"{p} [{n}]")
+    skipped.extend(report.skipped)
+    return {name: parsed[key] for key, name in kept}
+
+
+def _numeric_features(feats: dict[str, Any]) -> str | None:
+    """None when every feature is a number (or null / a NaN-inf token); else which one is not."""
+    from precnb.io.records import stat_value
+
+    for k in _FEATURES:
+        v = feats.get(k)
+        try:
+            stat_value(v)
+        except TypeError:
+            return f"feature {k!r} is {str(v)[:40]!r}, not a number"
+        if isinstance(v, str) and v.strip().lower() not in ("", "null", "none", "n/a"):
+            try:
+                float(v)
+            except ValueError:
+                return f"feature {k!r} is {v[:40]!r}, not a number"
+    return None
 
 
 def _records(pack: dict[str, Any], path: Path) -> list[Any]:
     keys = sorted(set(pack["dataset"]) | set(pack["weights"]))
     recs = []
+    skipped = pack.setdefault("skipped", [])
     for step, rank in keys:
         b = RecordBuilder(step, rank)
         leaves: list[tuple[str, dict[str, Any]]] = []
         _feature_leaves(pack["dataset"].get((step, rank), {}), "Dataset", leaves)
         for label, feats in leaves:
+            why = _numeric_features(feats)
+            if why is not None:  # a non-numeric feature is no statistic: named, never a NaN
+                skipped.append((f"{path} [dataset/step{step}/rank{rank}/dataset.json]",
+                                f"not loaded: {label[len('Dataset.'):]}: {why}"))
+                continue
             b.add(label, dict(feats), node="Dataset.forward", module="", api="Dataset", kind="module",
                   direction="forward", role="input", dtype="", parent="", call=0, micro_step=-1)
         for name, feats in (pack["weights"].get((step, rank)) or {}).items():
             if not isinstance(feats, dict):
                 raise _bad(path, f"weights/step{step}/rank{rank}/weight.json", f"{name!r}: not a features object")
+            why = _numeric_features(feats)
+            if why is not None:
+                skipped.append((f"{path} [weights/step{step}/rank{rank}/weight.json]", f"not loaded: {name}: {why}"))
+                continue
             module = str(name).rsplit(".", 1)[0] if "." in str(name) else ""
             b.add(f"Weights.{name}", dict(feats), node=f"Weights.{module}" if module else "Weights", module=module,
                   api="Weights", kind="module", direction="forward", role="parameter", dtype="", parent="",
@@ -301,7 +397,7 @@ def open_config_check(path: str | os.PathLike[str], *, steps: Sequence[int] | No
     pack = read_pack(p, limits=limits)
     recs = [r for r in _records(pack, p) if (steps is None or r.step in set(steps))
             and (ranks is None or r.rank in set(ranks))]
-    report = LoadReport(read=[str(p)])
+    report = LoadReport(read=[str(p)], skipped=list(pack.get("skipped") or []))
     side = {k: pack[k] for k in ("entries", "env", "env_variables", "pip", "hyperparameters")}
     side["random"] = {str(r): v for r, v in sorted(pack["random"].items())}
     attrs = {"source": str(p), "task": "config_check", "config_check": json.dumps(side, allow_nan=True),

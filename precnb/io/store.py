@@ -14,6 +14,7 @@ earlier steps marked absent there), so the store reopens identical to
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
+from precnb._write import STORE_ATTR
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io.readers import Reader
 from precnb.schema import DIMS, TENSOR_COORDS, SchemaError, validate
@@ -306,6 +308,10 @@ def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
     ds = _strings_to_object(ds)
     ds = ds.drop_encoding()
     ds.attrs.pop(_MARKER_KEY, None)
+    # the store itself is an input too (its ``source`` names the dump it was converted from): a write
+    # from this dataset (a report, a mapping file, a second store) must stay out of it. In the encoding,
+    # not the attributes: the dataset stays identical to the one written, and the path is never written
+    ds.encoding[STORE_ATTR] = os.path.abspath(p)
     try:
         return validate(ds)
     except SchemaError as exc:

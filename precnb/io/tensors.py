@@ -10,6 +10,7 @@ of one folder cheaply, with the same refusals as :func:`safe_join`.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle  # only for its exception type: nothing is unpickled with it
@@ -22,6 +23,8 @@ import numpy as np
 import xarray as xr
 
 from precnb.errors import DumpFormatError, PrecnbError, UnsafeFileError
+from precnb.io._expect import Expected, TensorRefusedError, check_archive, check_npy
+from precnb.io._fs import NotRegularFileError, open_regular
 
 __all__ = ["TensorFolder", "load_array", "load_tensor", "load_tensor_file", "rank_folders", "safe_join",
            "tensor_file"]
@@ -193,7 +196,7 @@ class TensorFolder:
         return safe_join(self.base, name)
 
 
-def load_tensor_file(path: str | Path) -> Any:
+def load_tensor_file(path: str | Path, expected: Expected | None = None) -> Any:
     """Load a ``.npy`` or ``.pt`` tensor file without executing code.
 
     ``.npy`` files are read with ``numpy.load(allow_pickle=False)``; ``.pt`` files only when
@@ -204,6 +207,8 @@ def load_tensor_file(path: str | Path) -> Any:
     Parameters
     ----------
     path : str or Path
+    expected : precnb.io._expect.Expected, optional
+        What its dump record says (element count, dtype), checked before reading.
 
     Returns
     -------
@@ -219,32 +224,42 @@ def load_tensor_file(path: str | Path) -> Any:
         When a ``.pt`` file is asked for and torch is not installed.
     """
     p = Path(path)
-    try:
-        is_file = p.is_file()
-    except OSError as exc:
-        raise DumpFormatError(p, f"cannot access: {exc.strerror or exc}") from None
-    if not is_file:
-        raise DumpFormatError(p, "tensor file not found")
-    try:
-        with p.open("rb") as fh:
-            head = fh.read(8)
-    except OSError as exc:
-        raise DumpFormatError(p, f"cannot read: {exc.strerror or exc}") from None
+    head = _head(p)
     suffix = p.suffix.lower()
     if suffix == ".npy":
-        return _load_npy(p, head)
+        return _load_npy(p, head, expected)
     if suffix == ".pt":
-        return _load_pt(p, head)
+        return _load_pt(p, head, expected)
     raise DumpFormatError(p, "unknown tensor file type (expected .npy or .pt)")
 
 
-def _load_npy(p: Path, head: bytes) -> Any:
+def _head(p: Path) -> bytes:
+    """The first bytes of a tensor file (regular files only: a FIFO is refused, never opened)."""
+    from precnb.io._why import missing_reason
+
+    try:
+        with open_regular(p) as fh:
+            return fh.read(8)
+    except FileNotFoundError:
+        reason = missing_reason(p)
+        raise DumpFormatError(p, "tensor file not found" if reason.startswith("no such") else reason) from None
+    except NotRegularFileError as exc:
+        raise DumpFormatError(p, str(exc.strerror)) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DumpFormatError(p, missing_reason(p)) from None
+        raise DumpFormatError(p, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _load_npy(p: Path, head: bytes, expected: Expected | None = None) -> Any:
     if not head.startswith(_NPY_MAGIC):
         if _looks_pickled(head):
             raise UnsafeFileError(f"{p}: a pickle, not a .npy array; refused (numpy.load(allow_pickle=False))")
         raise DumpFormatError(p, "not a .npy file (no NUMPY header)")
     try:
-        return np.load(p, allow_pickle=False)
+        with open_regular(p) as fh:
+            check_npy(p, fh, expected)  # shape and size from the header, before any allocation
+            return np.load(fh, allow_pickle=False)
     except ValueError as exc:
         if "pickle" in str(exc).lower() or "object arrays" in str(exc).lower():
             raise UnsafeFileError(f"{p}: holds pickled Python objects; refused (numpy.load(allow_pickle=False))"
@@ -254,10 +269,11 @@ def _load_npy(p: Path, head: bytes) -> Any:
         raise DumpFormatError(p, f"not a valid .npy file: {type(exc).__name__}: {exc}") from None
 
 
-def _load_pt(p: Path, head: bytes) -> Any:
-    if not head.startswith(_ZIP_MAGIC) or not zipfile.is_zipfile(p):
+def _load_pt(p: Path, head: bytes, expected: Expected | None = None) -> Any:
+    if not head.startswith(_ZIP_MAGIC):
         what = "a plain pickle or a legacy (non-zip) torch file" if _looks_pickled(head) else "not a torch zip file"
         raise UnsafeFileError(f"{p}: {what}; loading it would need full unpickling; refused")
+    _check_zip(p, expected)
     try:
         import torch
     except (ImportError, OSError):
@@ -272,7 +288,18 @@ def _load_pt(p: Path, head: bytes) -> Any:
         raise DumpFormatError(p, f"cannot load tensor: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
-def load_array(path: str | Path) -> tuple[np.ndarray, str]:
+def _check_zip(p: Path, expected: Expected | None) -> None:
+    """A readable zip whose members expand no more than its record allows (before torch reads it)."""
+    try:
+        with open_regular(p) as fh, zipfile.ZipFile(fh) as zf:
+            check_archive(p, zf, expected)
+    except zipfile.BadZipFile as exc:
+        raise DumpFormatError(p, f"a damaged or truncated zip archive ({exc})") from None
+    except OSError as exc:
+        raise DumpFormatError(p, f"cannot read: {exc.strerror or exc}") from None
+
+
+def load_array(path: str | Path, expected: Expected | None = None) -> tuple[np.ndarray, str]:
     """Load a tensor file as a numpy array, with the dtype it was saved in.
 
     ``.pt`` files are read without torch when they hold one plain tensor (an allow-list reader
@@ -283,6 +310,9 @@ def load_array(path: str | Path) -> tuple[np.ndarray, str]:
     Parameters
     ----------
     path : str or Path
+    expected : precnb.io._expect.Expected, optional
+        What the tensor's dump record says (element count, dtype): a file holding more, or
+        another dtype, is refused before it is materialised.
 
     Returns
     -------
@@ -300,14 +330,11 @@ def load_array(path: str | Path) -> tuple[np.ndarray, str]:
 
     p = Path(path)
     if p.suffix.lower() == ".pt":
-        try:
-            with p.open("rb") as fh:
-                head = fh.read(8)
-        except OSError as exc:
-            raise DumpFormatError(p, f"cannot read: {exc.strerror or exc}") from None
+        head = _head(p)
         if head.startswith(_ZIP_MAGIC):
+            _check_zip(p, expected)  # truncated, or members expanding beyond the record: named, refused
             try:
-                return read_torch_zip(p)
+                return read_torch_zip(p, expected)
             except UnsupportedArchiveError as why:
                 fallback = why  # torch may know it (weights_only)
             try:
@@ -315,17 +342,22 @@ def load_array(path: str | Path) -> tuple[np.ndarray, str]:
             except (ImportError, OSError):
                 raise DumpFormatError(p, f"not a plain tensor archive ({fallback}); loading it needs torch"
                                       ) from None
-    value = load_tensor_file(p)
+    value = load_tensor_file(p, expected)
     if isinstance(value, np.ndarray):
         return value, str(value.dtype)
-    return _torch_to_numpy(p, value)
+    return _torch_to_numpy(p, value, expected)
 
 
-def _torch_to_numpy(p: Path, value: Any) -> tuple[np.ndarray, str]:
+def _torch_to_numpy(p: Path, value: Any, expected: Expected | None = None) -> tuple[np.ndarray, str]:
     import torch
 
     if not isinstance(value, torch.Tensor):
         raise DumpFormatError(p, f"holds a {type(value).__name__}, not a tensor")
+    storage = value.untyped_storage().nbytes() // max(value.element_size(), 1)
+    if value.numel() > storage:  # a stride-0 expansion: torch holds it as a view, a copy would not fit
+        raise TensorRefusedError(p, f"a view of {value.numel()} elements over a storage of {storage}; refused")
+    if expected is not None:
+        expected.check(p, numel=value.numel(), dtype=str(value.dtype))
     t = value.detach().cpu()
     dtype = str(t.dtype)
     if t.dtype == torch.bfloat16 or "float8" in dtype:

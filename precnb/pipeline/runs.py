@@ -1,4 +1,8 @@
-"""``precnb.open_runs``: several runs in one dataset, two runs whose names differ aligned first."""
+"""``precnb.open_runs``: several runs in one dataset, two runs whose names differ aligned first.
+
+``precnb.align`` is here too: :func:`precnb.analysis.align.align` on opened runs or on paths,
+as :func:`precnb.diagnose` and :func:`precnb.tensor_metrics` accept them.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["open_runs"]
+__all__ = ["align", "open_runs"]
 
 
 def open_runs(paths: Mapping[str, Any], *, mapping: Any = None, **kwargs: Any) -> xr.Dataset:
@@ -56,3 +60,45 @@ def open_runs(paths: Mapping[str, Any], *, mapping: Any = None, **kwargs: Any) -
     elif mapping is not None:
         raise ValueError("mapping aligns two runs; give exactly two")
     return combine_runs(opened)
+
+
+def align(baseline: Any, target: Any, *, mapping: Any = None, **kwargs: Any) -> Any:
+    """Pair the modules, nodes and tensors of two runs (paths or opened datasets).
+
+    Parameters
+    ----------
+    baseline, target : path-like or xarray.Dataset
+        Two single runs: a dump path (opened with :func:`precnb.open_run`) or a dataset.
+    mapping : path, mapping document, Alignment or a sequence of them, optional
+        See :func:`precnb.analysis.align.align`.
+    **kwargs
+        Passed to :func:`precnb.open_run` for a path.
+
+    Returns
+    -------
+    precnb.Alignment
+
+    Raises
+    ------
+    TypeError
+        An input that is neither a path nor a dataset.
+
+    Examples
+    --------
+    >>> import precnb
+    >>> precnb.align("data_samples/renamed/baseline", "data_samples/renamed/target").identical  # doctest: +SKIP
+    False
+    """
+    import os
+
+    from precnb.analysis.align import align as align_datasets
+    from precnb.io.api import open_run
+
+    def opened(x: Any, which: str) -> xr.Dataset:
+        if isinstance(x, xr.Dataset):
+            return x
+        if isinstance(x, str | os.PathLike):
+            return open_run(x, **{"progress": False, **kwargs})
+        raise TypeError(f"{which}: expected a run path or an xarray.Dataset, got {type(x).__name__}")
+
+    return align_datasets(opened(baseline, "baseline"), opened(target, "target"), mapping=mapping)

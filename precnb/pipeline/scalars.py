@@ -58,17 +58,26 @@ def attach_scalar_arguments(findings: list[Any], tsrc: Source, bsrc: Source | No
             continue  # a node one run does not have has nothing to compare
         b_node = (f.baseline or {}).get("node") or f.node
         t_step = int(f.values.get("target_step", f.step)) if isinstance(f.values, dict) else int(f.step)
-        rt = _records(tsrc, t_step, int(f.rank), f.node, format)
         rb = _records(bsrc, int(f.step), int(f.rank), b_node, format)
-        if rt is None or rb is None:
-            continue
-        diffs = differing_arguments(rt, rb)
-        if not diffs:
-            continue
-        cause = argument_cause(f.node, diffs, baseline_node=b_node, names=names)
-        f.causes.insert(0, cause)
-        d = diffs[0]
-        if _COMPUTED in f.reason:
-            said = (f"computed with a different scalar argument ({d['argument']} = "
-                    f"{format_argument(d['target'])} here, {format_argument(d['baseline'])} in {names[0]})")
-            f.reason = f.reason.replace(_COMPUTED, said)
+        dump = f.evidence.get("dump") if isinstance(f.evidence.get("dump"), dict) else None
+        # a merged target's record is in the dump under its own rank(s) and local name
+        where = [(int(r), str(dump["node"])) for r in dump["ranks"]] if dump else [(int(f.rank), f.node)]
+        for rank, node in where:
+            rt = _records(tsrc, t_step, rank, node, format)
+            if rt is None or rb is None:
+                continue
+            diffs = differing_arguments(rt, rb)
+            if not diffs:
+                continue
+            cause = argument_cause(node, diffs, baseline_node=b_node, names=names)
+            if dump:
+                cause["rank"] = rank
+                dump["rank"] = rank
+            f.causes.insert(0, cause)
+            d = diffs[0]
+            if _COMPUTED in f.reason:
+                on = f" on rank {rank} ({node})" if dump else ""
+                said = (f"computed with a different scalar argument{on} ({d['argument']} = "
+                        f"{format_argument(d['target'])} here, {format_argument(d['baseline'])} in {names[0]})")
+                f.reason = f.reason.replace(_COMPUTED, said)
+            break

@@ -19,7 +19,7 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["has_tensor_files", "pair_tensor_metrics", "pairing", "wants_tensor_metrics"]
+__all__ = ["has_tensor_files", "pair_tensor_metrics", "pairing", "unreadable_entries", "wants_tensor_metrics"]
 
 _PATTERNS = ("dump_tensor_data", "*/dump_tensor_data", "*/*/dump_tensor_data", "*/*/*/dump_tensor_data")
 
@@ -70,9 +70,13 @@ def pairing(alignment: Any) -> Any:
 
 
 def pair_tensor_metrics(opts: Any, raw_baseline: xr.Dataset | None, raw_target: xr.Dataset, *,
-                        step_offset: int | None, alignment: Any = None,
-                        notes: list[str] | None = None) -> xr.Dataset | None:
-    """:func:`precnb.tensor_metrics` of the pair when wanted (else None); what was done goes to *notes*."""
+                        step_offset: int | None, alignment: Any = None, notes: list[str] | None = None,
+                        failures: list[tuple[str, str]] | None = None) -> xr.Dataset | None:
+    """:func:`precnb.tensor_metrics` of the pair when wanted (else None); what was done goes to *notes*.
+
+    Tensor files that could not be read (or were refused: larger than their record, unsafe) go
+    to *failures* as ``(tensor at step/rank, reason naming the file)``: the command exits 1.
+    """
     if raw_baseline is None or not wants_tensor_metrics(opts, raw_target, raw_baseline):
         return None
     if not (has_tensor_files(raw_baseline) and has_tensor_files(raw_target)):
@@ -88,8 +92,23 @@ def pair_tensor_metrics(opts: Any, raw_baseline: xr.Dataset | None, raw_target: 
     metrics = tensor_metrics(raw_baseline, raw_target, steps=getattr(opts, "steps", None),
                              ranks=getattr(opts, "ranks", None), alignment=pairing,
                              step_offset=int(step_offset or 0))
+    if failures is not None:
+        failures.extend(unreadable_entries(metrics))
     if notes is not None:
         pairs = int((metrics["status"] != "no_data").sum())
         notes.append(f"tensor metrics (msprobe compare's formulas) computed for {pairs} tensor pair(s): "
                      "the divergence search judges them on whole tensors first")
     return metrics
+
+
+def unreadable_entries(metrics: xr.Dataset) -> list[tuple[str, str]]:
+    """``(tensor at step S rank R, message)`` of every entry whose files could not be read or were refused."""
+    import numpy as np
+
+    status = metrics["status"].values
+    out = []
+    for s, r, k in zip(*np.nonzero(status == "unreadable"), strict=True):
+        where = (f"{metrics['tensor'].values[k]} at step {int(metrics['step'].values[s])} "
+                 f"rank {int(metrics['rank'].values[r])}")
+        out.append((where, str(metrics["message"].values[s, r, k])))
+    return out

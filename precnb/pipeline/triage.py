@@ -8,6 +8,7 @@ over it, so the same input and options always give the same first finding.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -219,6 +220,49 @@ def _layout(spec: Any, ds: xr.Dataset) -> Any:
     return Layout.parse(str(spec), world_size=int(ds.sizes["rank"]))
 
 
+def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str] | None = None, *,
+                   infer: bool = True) -> Any:
+    """The layout of one run: the one given (checked against the dumps), else the one they show (*infer*).
+
+    A given layout that contradicts the dumps (pipelines, model chunks, TP groups:
+    :func:`precnb.analysis.layout_infer.check_layout`) is a ValueError naming what disagrees; an inferred
+    one is used only when it shards something (tp, pp, vpp > 1) or has data-parallel replicas, and is said
+    in *notes*.
+    """
+    if ds is None:
+        return None
+    from precnb.analysis.layout_infer import check_layout, infer_layout
+
+    lay = _layout(spec, ds)
+    if lay is not None:
+        problems = check_layout(ds, lay)
+        if problems:
+            raise ValueError(f"{side} layout {lay.describe()} contradicts the dumps: " + "; ".join(problems))
+        return lay
+    if not infer or int(ds.sizes.get("rank", 0)) < 2:
+        return None
+    got = infer_layout(ds)
+    if got.layout is None or not (_sharded(got.layout) or got.layout.dp > 1):
+        return None
+    if notes is not None:
+        notes.append(f"{side} layout read from the dumps: {got.layout.describe()} (" + "; ".join(got.evidence) + ")")
+    return got.layout
+
+
+def _same_layout(a: Any, b: Any, base: xr.Dataset, target: xr.Dataset) -> bool:
+    """Two runs laid out alike (same sizes, order and ranks): rank r holds the same part of the model in both."""
+    keys = ("world_size", "tp", "pp", "vpp", "cp", "ep", "order")
+    if not all(getattr(a, k) == getattr(b, k) for k in keys) or (
+            base["rank"].values.tolist() != target["rank"].values.tolist()):
+        return False
+    from precnb.naming import is_communication
+
+    def collectives(ds: xr.Dataset) -> set[str]:  # sequence parallelism trades all-reduces for gathers/scatters
+        return {str(a) for a, n in zip(ds["api"].values, ds["node"].values, strict=True) if is_communication(str(n))}
+
+    return collectives(base) == collectives(target)
+
+
 def _sharded(layout: Any) -> bool:
     return layout is not None and any(getattr(layout, d) > 1 for d in ("tp", "pp", "vpp", "cp", "ep"))
 
@@ -240,16 +284,26 @@ def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay
     """
     from precnb.analysis import merge_shards
 
-    b_m = b_lay if _sharded(b_lay) else None
-    t_m = t_lay if _sharded(t_lay) else None
+    b_dp = b_lay.dp if b_lay is not None else (int(base.sizes["rank"]) if base is not None else 1)
+    t_dp = t_lay.dp if t_lay is not None else int(target.sizes["rank"])
+    # replicas on parts of the batch against a run on the whole batch: merged too, the other run naming the batch dim
+    t_dp_merge = base is not None and t_lay is not None and t_dp > 1 and b_dp == 1
+    b_dp_merge = base is not None and b_lay is not None and b_dp > 1 and t_dp == 1
+    b_m = b_lay if _sharded(b_lay) or b_dp_merge else None
+    t_m = t_lay if _sharded(t_lay) or t_dp_merge else None
+    if base is not None and b_m is not None and t_m is not None and _same_layout(b_m, t_m, base, target):
+        if notes is not None:  # rank r is the same shard of the same stage in both: the dump's own ranks answer
+            notes.append(f"the same layout on both sides ({t_m.describe()}): compared rank by rank, unmerged")
+        return base, target
     merged_base = base
     if base is not None and b_m is not None:
-        merged_base = merge_shards(base, b_m, reference=None if t_m else target, like=like[0] if like else None)
+        merged_base = merge_shards(base, b_m, reference=None if t_m else target, like=like[0] if like else None,
+                                   merge_dp=b_dp_merge)
         if notes is not None:
             notes.append(f"baseline shards merged ({b_m.describe()})")
     if t_m is not None:
         target = merge_shards(target, t_m, reference=None if (b_m or base is None) else base,
-                              like=like[1] if like else None)
+                              like=like[1] if like else None, merge_dp=t_dp_merge)
         if notes is not None:
             notes.append(f"target shards merged ({t_m.describe()})")
     return merged_base, target
@@ -436,12 +490,16 @@ def diagnose(
     rank_table = resolve_rank_table(opts.rank_table, raw_t)  # a bad table fails before the diagnoses run
     if "replica_mismatch" in kinds_wanted:
         params.update(replica_inputs(tsrc, opts, raw_t, loaded=loaded, common=common))
-    t_lay = _layout(opts.target_layout, raw_t)
-    b_lay = _layout(opts.baseline_layout, raw_b) if raw_b is not None else None
+    # a pair is compared whole-model against whole-model: a layout the user did not give is read from the dumps
+    t_lay = resolve_layout(opts.target_layout, raw_t, "target", notes, infer=raw_b is not None)
+    b_lay = resolve_layout(opts.baseline_layout, raw_b, "baseline", notes) if raw_b is not None else None
     if opts.baseline_layout is not None and raw_b is None:
         raise ValueError("baseline_layout needs a baseline")
     if raw_b is not None:  # shards are merged to compare; one run is diagnosed rank by rank
-        base, targ = merge_layouts(raw_b, raw_t, b_lay, t_lay, notes)
+        merged_b, targ = merge_layouts(raw_b, raw_t, b_lay, t_lay, notes)
+        from precnb.analysis.align.fused import fuse_pair
+
+        base, targ = fuse_pair(merged_b if merged_b is not None else raw_b, targ)  # fused vs separate projections
     else:
         base, targ = None, raw_t
     alignment = None
@@ -460,7 +518,8 @@ def diagnose(
             base = base.sel(step=keep)
             targ = targ.sel(step=[s for s in targ["step"].values.tolist() if s - step_offset in set(keep)])
         params["tensor_metrics"] = pair_tensor_metrics(opts, raw_b, raw_t, step_offset=step_offset,
-                                                       alignment=alignment, notes=notes)  # issue #17
+                                                       alignment=alignment, notes=notes,
+                                                       failures=loaded.failures)  # issue #17; #23: refused files
     cache: dict[str, Any] = {}
     if base is not None:  # the search's comparison, made once and kept for the views (Triage.comparison)
         params["comparison"] = lambda: shared_comparison(
@@ -473,6 +532,7 @@ def diagnose(
     findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
     nothing_compared_first(findings, loaded.failures)
     _enrich(findings, ctx)
+    _name_in_layout(findings, raw_t, targ, t_lay, paired=base is not None)
     attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
     from precnb.pipeline.devices import attach_devices
 
@@ -512,6 +572,18 @@ def _with_devices(triage: Triage, opts: Options) -> Triage:
     return triage
 
 
+def _name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_lay: Any, *, paired: bool) -> None:
+    """The dump's names of a merged target's finding; the whole model's names of a pipeline run's finding."""
+    from precnb.pipeline.layout_names import attach_layout_names
+
+    if not any(f.found and f.node for f in findings):
+        return
+    merged = paired and bool(targ.attrs.get("merged_layout"))
+    lay = t_lay if t_lay is not None or paired else resolve_layout(None, raw_t, "target", None)
+    with contextlib.suppress(Exception):  # names are evidence: the finding stands without them
+        attach_layout_names(findings, raw=raw_t, merged=targ if merged else None, layout=lay, was_merged=merged)
+
+
 def _enrich(findings: list[Any], ctx: Any) -> None:
     """What every finding gets after its diagnosis: ratio / gap evidence, then its dump plan."""
     from precnb.analysis.enrich import enrich
@@ -526,6 +598,7 @@ def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[st
     a = align(base, targ, mapping=opts.mapping)
     if not a.identical:
         notes.append("aligned: " + a.describe())
+    notes.extend(f"mapping: {p}" for p in a.mapping_problems)  # pairs not kept (unknown names, swapped, ...)
     return a
 
 
@@ -599,7 +672,10 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
         b = open_source(bsrc, loaded=loaded, steps=batch, **common)
         t = open_source(tsrc, loaded=loaded, steps=[s + off for s in batch], **common)
         if "layouts" not in state:
-            state["layouts"] = (_layout(opts.baseline_layout, b), _layout(opts.target_layout, t))
+            lnotes: list[str] = []
+            state["layouts"] = (resolve_layout(opts.baseline_layout, b, "baseline", lnotes),
+                                resolve_layout(opts.target_layout, t, "target", lnotes))
+            state["layout_notes"] = lnotes
         b_lay, t_lay = state["layouts"]
         mnotes: list[str] = []
         mb, mt = merge_layouts(b, t, b_lay, t_lay, mnotes, like=state.get("first_merged"))
@@ -622,6 +698,7 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
 
     finding = first_divergence_stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc,
                                         alignment=state["alignment"])
+    notes.extend(state.get("layout_notes", []))
     nothing_compared_first([finding], loaded.failures)
     notes.extend(state.get("notes", []))
     skipped = finding.stats.get("steps_not_searched") or []
@@ -635,6 +712,7 @@ def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[li
     from precnb.analysis.enrich import enrich
 
     enrich([finding], mt, mb)
+    _name_in_layout([finding], raw_t, mt, t_lay, paired=True)
     attach_scalar_arguments([finding], tsrc, bsrc, names=(bsrc.name, tsrc.name), format=opts.format)
     return Triage(findings=[finding], options=opts, alignment=state.get("alignment"), checks=checks, target=mt,
                   baseline=mb, raw_target=raw_t, raw_baseline=raw_b, names=(bsrc.name, tsrc.name), step_offset=off,

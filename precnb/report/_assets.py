@@ -1,28 +1,23 @@
 """Inlined assets of the report: the vega/vega-lite/vega-embed bundle, CSS and page script.
 
 The vega bundle comes from :func:`vl_convert.javascript_bundle` (offline, no CDN), in the
-Vega-Lite version altair writes; it is built once per process and inlined once per page.
+Vega-Lite version altair writes, built in a child process (:mod:`precnb._jsbundle`) once per
+process and inlined once per page.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import re
 from importlib import resources
-from pathlib import Path
 
 __all__ = ["escape_script_json", "package_text", "script_safe", "vega_bundle", "vl_version"]
 
 
 def vl_version() -> str:
     """Vega-Lite version of the installed altair, as vl-convert spells it (``"v6_4"``)."""
-    import altair as alt
+    from precnb._jsbundle import vl_version as version
 
-    m = re.match(r"v?(\d+)\.(\d+)", str(alt.SCHEMA_VERSION))
-    if not m:  # pragma: no cover - altair always has one
-        raise RuntimeError(f"cannot read altair's Vega-Lite version {alt.SCHEMA_VERSION!r}")
-    return f"v{m.group(1)}_{m.group(2)}"
+    return version()
 
 
 def escape_script_json(text: str) -> str:
@@ -60,45 +55,24 @@ def script_safe(js: str) -> str:
     return js
 
 
-def _cache_dir() -> Path | None:
-    """The on-disk bundle cache: only where the user asked for one (``PRECNB_CACHE``)."""
-    base = os.environ.get("PRECNB_CACHE")
-    return Path(base) if base else None
-
-
 @functools.lru_cache(maxsize=2)
 def vega_bundle(version: str | None = None) -> str:
     """Vega, Vega-Lite and vega-embed as one classic script that sets ``window.vegaEmbed``.
 
     Wrapped in a function scope: the bundle declares top-level constants that would clash
-    with any other copy on the page (``jupyter_stack_notes.md``, pitfall 4). Building it takes
-    1-3 s, so it is kept in memory for the process and, only when ``$PRECNB_CACHE`` names a
-    folder, on disk per vl-convert and Vega-Lite version (precnb writes nowhere the user did not
-    ask for); an unwritable cache is ignored.
-    """
-    import vl_convert as vlc
+    with any other copy on the page (``jupyter_stack_notes.md``, pitfall 4). Built by
+    vl-convert in a child process (:mod:`precnb._jsbundle`: its JavaScript engine cannot start
+    under a ``ulimit -v``, and must not take precnb down with it), kept for the process and,
+    only when ``$PRECNB_CACHE`` names a folder, on disk.
 
-    version = version or vl_version()
-    cache = _cache_dir()
-    cached = cache / f"vega-bundle-{getattr(vlc, '__version__', 'x')}-{version}.js" if cache else None
-    if cached is not None:
-        try:
-            text = cached.read_text(encoding="utf-8")
-            if text.startswith("(function () {") and text.rstrip().endswith("})();"):
-                return script_safe(text)
-        except (OSError, ValueError):
-            pass
-    text = script_safe("(function () {\n" + vlc.javascript_bundle(vl_version=version) + "\n})();\n")
-    if cached is None:
-        return text
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, cached)
-    except OSError:
-        pass
-    return text
+    Raises
+    ------
+    precnb._jsbundle.ChartScriptError
+        vl-convert could not build it (the message says why and what to do).
+    """
+    from precnb._jsbundle import javascript_bundle
+
+    return script_safe("(function () {\n" + javascript_bundle(None, version or vl_version()) + "\n})();\n")
 
 
 @functools.lru_cache(maxsize=8)

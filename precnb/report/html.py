@@ -305,7 +305,7 @@ def write_html(ds_or_runs: Any, path: str | os.PathLike[str], *, overwrite: bool
     from precnb._write import check_output, dataset_inputs, write_text
 
     protect = [*_input_paths(ds_or_runs), *_input_paths(kw.get("baseline")), *inputs]
-    check_output(path, inputs=protect, overwrite=overwrite)  # before the (long) diagnosis
+    check_output(path, inputs=protect, overwrite=overwrite, content="html")  # before the (long) diagnosis
     page = to_html(ds_or_runs, **kw)
     protect += dataset_inputs(ds_or_runs) + dataset_inputs(kw.get("baseline"))
     return write_text(Path(path).expanduser(), page, inputs=protect, overwrite=overwrite)

@@ -151,7 +151,7 @@ def fill_template(name: str, output: str | os.PathLike[str], parameters: dict[st
     from precnb._write import check_output, writing_file
 
     protect = [*inputs, *parameter_paths(parameters)]
-    check_output(output, inputs=protect, overwrite=overwrite)
+    check_output(output, inputs=protect, overwrite=overwrite, content="ipynb")
     nb = read_template(name)
     params = dict(parameters or {})
     known = _parameters(nb)
@@ -299,7 +299,7 @@ def export_html(notebook: Any, output: str | os.PathLike[str], *,
     from precnb.report._assets import escape_script_json
 
     protect = [*inputs, *([os.fspath(notebook)] if isinstance(notebook, (str, os.PathLike)) else [])]
-    check_output(output, inputs=protect, overwrite=overwrite)
+    check_output(output, inputs=protect, overwrite=overwrite, content="html")
     nb = notebook if not isinstance(notebook, (str, os.PathLike)) else nbformat.read(str(notebook), as_version=4)
     # nbconvert escapes only "/" in the widget JSON it inlines; escape what ends or confuses a script too
     exporter = HTMLExporter(template_name="offline_lab", extra_template_basedirs=[str(tdir)],

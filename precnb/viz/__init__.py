@@ -19,6 +19,7 @@ from precnb.viz.frames import COLORS, ROWS, cell_values, cube_frame, heatmap_fra
 from precnb.viz.hierarchy import hierarchy_chart, hierarchy_frame, tensor_counts
 from precnb.viz.selections import CELL, NODE, PICK, SPAN
 from precnb.viz.series import detail_frame, series_frame, tensor_evidence
+from precnb.viz.static import enable_static
 
 __all__ = [
     "CELL",
@@ -30,6 +31,7 @@ __all__ = [
     "cell_values",
     "cube_frame",
     "detail_frame",
+    "enable_static",
     "heatmap_chart",
     "heatmap_frame",
     "hierarchy_chart",

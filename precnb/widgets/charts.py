@@ -14,7 +14,8 @@ import ipywidgets as ipw
 import numpy as np
 import pandas as pd
 
-__all__ = ["HeatmapPanel", "OfflineChart", "SeriesPanel", "WherePanel", "offline_chart", "records", "unvalidated"]
+__all__ = ["HeatmapPanel", "OfflineChart", "SeriesPanel", "WherePanel", "enable_offline", "offline_chart", "records",
+           "unvalidated"]
 
 EMBED = {"renderer": "svg", "actions": False}
 
@@ -65,10 +66,35 @@ def _shared_esm(bundle: str) -> str:
             "};\n")
 
 
+def enable_offline() -> None:
+    """``alt.JupyterChart.enable_offline(True)``, with vl-convert run in a child process.
+
+    altair's own runs vl-convert's JavaScript engine in the kernel, which aborts it under any
+    ``ulimit -v`` (:mod:`precnb._jsbundle`); this builds the same bundle outside, or raises
+    :class:`precnb._jsbundle.ChartScriptError` saying why it cannot.
+    """
+    cls = alt.JupyterChart
+    if getattr(cls, "_is_offline", False):
+        return
+    try:
+        from altair.jupyter.jupyter_chart import load_js_src
+        from altair.utils._importers import vl_version_for_vl_convert
+    except ImportError:  # pragma: no cover - an altair without these: its own way
+        cls.enable_offline(True)
+        return
+    from precnb._jsbundle import javascript_bundle
+
+    lines = load_js_src().split("\n")
+    while lines and (not lines[0].strip() or lines[0].startswith(("import", "//"))):  # as altair does
+        lines.pop(0)
+    cls._esm = javascript_bundle("\n".join(lines), vl_version_for_vl_convert())
+    cls._is_offline = True
+
+
 def offline_chart(chart: alt.TopLevelMixin | None = None) -> alt.JupyterChart:
     """A ``JupyterChart`` (empty, or of *chart*, unvalidated) whose JavaScript comes from vl-convert (no CDN)."""
     if not OfflineChart.__dict__.get("_precnb_ready"):
-        alt.JupyterChart.enable_offline(True)  # altair's offline bundle, built once per process
+        enable_offline()  # altair's offline bundle, built once per process (in a child: precnb._jsbundle)
         OfflineChart._esm = _shared_esm(str(alt.JupyterChart._esm))
         OfflineChart._precnb_ready = True
     return OfflineChart(unvalidated(chart) if chart is not None else None, embed_options=EMBED)

@@ -75,6 +75,7 @@ class Alignment:
     sources: list[str] = field(default_factory=list)
     applied: bool = False  # the baseline is already in the target's names (a combined dataset)
     user_unpaired: list[str] = field(default_factory=list)  # target nodes a mapping said to leave unpaired
+    mapping_problems: list[str] = field(default_factory=list)  # mapping pairs not kept (unknown names, ...), why
 
     ATTR = "precnb_alignment"
     """The attribute under which :func:`precnb.open_runs` records the alignment it applied."""
@@ -146,7 +147,8 @@ class Alignment:
         return {"frameworks": list(self.frameworks), "identical": self.identical,
                 "modules_paired": c["modules"]["paired"], "nodes_paired": c["nodes"]["paired"],
                 "tensors_paired": c["tensors"]["paired"], "by_how": c["nodes"]["by_how"],
-                "unpaired": c["unpaired"], "sources": list(self.sources)}
+                "unpaired": c["unpaired"], "sources": list(self.sources),
+                "mapping_problems": list(self.mapping_problems)}
 
     def describe(self) -> str:
         """One sentence: how many nodes were paired and how."""
@@ -175,6 +177,7 @@ class Alignment:
             "counts": self.counts(),
             "frameworks": list(self.frameworks),
             "identical": self.identical,
+            "mapping_problems": list(self.mapping_problems),
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -308,6 +311,11 @@ class Alignment:
             if kept:
                 attrs["meta_changes"] = json.dumps({"shape": kept})
         out.attrs = attrs
+        from precnb.analysis.undefined import returned_parameters
+
+        # parameters a module returns as an output (whose records the renaming may drop), in the new names
+        ret = [f"{n}.parameters.{p}" for n, ps in returned_parameters(baseline).items() for p in ps]
+        out.attrs = {**out.attrs, "returned_parameters": json.dumps([tmap.get(lbl, lbl) for lbl in ret])}
         return out
 
     def target_view(self, target: xr.Dataset) -> xr.Dataset:

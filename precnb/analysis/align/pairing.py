@@ -25,8 +25,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from precnb.analysis.align.certify import certified_pairs
 from precnb.analysis.align.evidence import close, module_values, node_values, tensor_score
-from precnb.analysis.align.match import pair_greedy, pair_in_order
+from precnb.analysis.align.match import MAX_CELLS, pair_greedy, pair_in_order
 from precnb.analysis.align.tree import ROOT, SCOPES, NodeInfo, RunTree
 from precnb.analysis.align.vocab import class_similarity, is_glue_op, name_similarity, op_similarity
 from precnb.naming import is_communication, op_key
@@ -49,12 +50,15 @@ class Hints:
     tensors: dict[str, str] = field(default_factory=dict)  # baseline label -> target label
     api_names: dict[str, set[str]] = field(default_factory=dict)  # op key (baseline) -> op keys (target)
     unpair_nodes: set[str] = field(default_factory=set)  # target nodes that must stay unpaired
+    problems: list[str] = field(default_factory=list)  # pairs of a mapping file that were not kept, and why
+    many_tensors: dict[str, str] = field(default_factory=dict)  # target label -> baseline label (many-to-one)
     # how a pair of precnb's own mapping file was found when it was written ("modules" / "nodes" /
     # "tensors" -> baseline -> (how, confidence)): a reloaded file keeps it; pairs without one are "user"
     found: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.modules or self.nodes or self.tensors or self.api_names or self.unpair_nodes)
+        return bool(self.modules or self.nodes or self.tensors or self.api_names or self.unpair_nodes
+                    or self.many_tensors)
 
     def how(self, level: str, baseline: str) -> tuple[str, float]:
         """(how, confidence) of a forced pair: as its mapping file recorded it, else ``("user", 1.0)``."""
@@ -88,9 +92,10 @@ def _dice(a: tuple[int, ...], b: tuple[int, ...]) -> float:
 
 
 class _Aligner:
-    def __init__(self, tb: RunTree, tt: RunTree, hints: Hints | None) -> None:
+    def __init__(self, tb: RunTree, tt: RunTree, hints: Hints | None, *, fast: bool = True) -> None:
         self.tb, self.tt = tb, tt
         self.hints = hints or Hints()
+        self.fast = fast
         self.same_fw = tb.framework == tt.framework
         self.out = Pairing()
         self.mod_rev: dict[str, str] = {}
@@ -269,6 +274,30 @@ class _Aligner:
             s += 1.0  # one framework: the same name is strong evidence (values decide a shifted counter)
         return s
 
+    def _calls_in_order(self, xs: list[NodeInfo], ys: list[NodeInfo], threshold: float
+                        ) -> list[tuple[int, int, float]]:
+        """:func:`pair_in_order` of two call lists on :meth:`api_score`, proven by name where names agree.
+
+        Where the calls' names pair one to one, :func:`precnb.analysis.align.certify.certified_pairs`
+        proves that the programme would pair exactly them (a few scores instead of ``n × m``); else the
+        programme runs, reusing the scores the attempt computed.
+        """
+        seen: dict[tuple[str, str], float] = {}
+
+        def score(x: NodeInfo, y: NodeInfo) -> float:
+            k = (x.name, y.name)
+            v = seen.get(k)
+            if v is None:
+                v = seen[k] = self.api_score(x, y)
+            return v
+
+        if self.fast and not self.hints and len(xs) * len(ys) <= MAX_CELLS:
+            proven = certified_pairs(xs, ys, score, threshold=threshold)
+            if proven is not None:
+                return proven
+        return pair_in_order(xs, ys, score, threshold=threshold,
+                             key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+
     def _scope(self, tree: RunTree, kids: dict[str, list[str]], node: str, side: str) -> list[str]:
         """API calls made inside *node* (a module call, the root, or a scope), unpaired sub-modules folded in."""
         paired = self.out.modules if side == "baseline" else self.mod_rev
@@ -292,8 +321,7 @@ class _Aligner:
             return
         xs = [self.tb.nodes[n] for n in ab]
         ys = [self.tt.nodes[n] for n in at]
-        pairs = pair_in_order(xs, ys, self.api_score, threshold=API_THRESHOLD,
-                              key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+        pairs = self._calls_in_order(xs, ys, API_THRESHOLD)
         for i, j, s in pairs:
             x, y = xs[i], ys[j]
             if self.hints.nodes.get(x.name) == y.name:
@@ -352,8 +380,7 @@ class _Aligner:
                 continue
             xs = sorted((self.tb.nodes[n] for n in nodes_b), key=lambda i: i.seq)
             ys = sorted((self.tt.nodes[n] for n in by_mod_t[mt] if n not in self.node_rev), key=lambda i: i.seq)
-            for i, j, s in pair_in_order(xs, ys, self.api_score, threshold=API_THRESHOLD + 0.5,
-                                         key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api)):
+            for i, j, s in self._calls_in_order(xs, ys, API_THRESHOLD + 0.5):
                 how = "name" if xs[i].name == ys[j].name else ("value" if node_values(xs[i], ys[j]) >= 1.0
                                                                else "structure")
                 self._pair_node(xs[i].name, ys[j].name, how, _confidence(s, API_THRESHOLD + 0.5))
@@ -362,6 +389,8 @@ class _Aligner:
     def pair_tensors(self) -> None:
         for b_lbl, t_lbl in self.hints.tensors.items():
             self.out.tensors.setdefault(t_lbl, (b_lbl, *self.hints.how("tensors", b_lbl)))
+        for t_lbl, b_lbl in self.hints.many_tensors.items():  # msprobe data mappings: several onto one
+            self.out.tensors.setdefault(t_lbl, (b_lbl, "user", 1.0))
         used_b = {v[0] for v in self.out.tensors.values()}
         for nb, (nt, how, _conf) in self.out.nodes.items():
             xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
@@ -427,6 +456,8 @@ class _Aligner:
         scope = info.parent if info.parent in SCOPES else ""
         if scope and scope not in other_scopes:
             return f"not captured: the other run recorded no {scope} calls"
+        if info.kind != "api" and info.name in tree.glue:  # e.g. a part of a fused projection
+            return f"organisation: {tree.glue[info.name]}"
         if info.kind == "module":
             if info.module in wrappers:
                 return "organisation: a wrapper module the other run does not have"
@@ -439,6 +470,11 @@ class _Aligner:
             return "unpaired: a parameter gradient with no counterpart"
         if is_glue_op(info.api):
             return f"glue: {op_key(info.api)} only moves, reshapes or casts data"
+        if info.name in tree.glue:
+            return f"organisation: {tree.glue[info.name]}"
+        if tree.parallel and not other_parallel and _after_collective(info, tree):
+            return ("organisation: it finishes a collective of this run's parallel layout (e.g. averages a "
+                    "data-parallel gradient all-reduce)")
         key = op_key(info.api).rstrip("_")
         if key in _P2P:
             return "organisation: point-to-point communication (between pipeline stages)"
@@ -456,7 +492,24 @@ class _Aligner:
         return "unpaired: an op with no counterpart"
 
 
-def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None) -> Pairing:
+_FINISHING_OPS = ("div_", "mul_", "__itruediv__", "__imul__", "div", "mul", "__truediv__", "__mul__")
+
+
+def _after_collective(info: NodeInfo, tree: RunTree) -> bool:
+    """An in-place scaling whose input is the output of the collective called just before it in its scope."""
+    if info.kind != "api" or op_key(info.api).rsplit(".", 1)[-1] not in _FINISHING_OPS or not info.inputs:
+        return False
+    calls = tree.calls_in.get(info.parent or ROOT, [])
+    k = calls.index(info.name) if info.name in calls else -1
+    if k <= 0:
+        return False
+    prev = tree.nodes[calls[k - 1]]
+    first = info.inputs[0]
+    return is_communication(prev.name) and any(o.numel == first.numel and close(o.stats, first.stats, 0)
+                                               for o in prev.outputs)
+
+
+def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None, *, fast: bool = True) -> Pairing:
     """Pair two runs' modules, nodes and tensors (see the module docstring).
 
     Parameters
@@ -465,12 +518,15 @@ def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None) -> Pairing:
         Baseline and target (:func:`precnb.analysis.align.tree.run_tree`).
     hints : Hints, optional
         Pairs a mapping file forces.
+    fast : bool, default True
+        Pair calls whose names agree by proof (:mod:`precnb.analysis.align.certify`) instead of
+        scoring every pair; the result is the same (False: always score, for testing).
 
     Returns
     -------
     Pairing
     """
-    a = _Aligner(tb, tt, hints)
+    a = _Aligner(tb, tt, hints, fast=fast)
     for b, t in (hints.modules.items() if hints else ()):
         if b in tb.modules and t in tt.modules:
             a._pair_module(b, t, *a.hints.how("modules", b))

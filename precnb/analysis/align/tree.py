@@ -115,6 +115,7 @@ class RunTree:
     labels: list[str]
     coords: dict[str, np.ndarray]  # the dataset's tensor coordinates (node, module, api, kind, ...)
     parallel: str = ""  # the layout its shards were merged with / its stages stitched with, if any
+    glue: dict[str, str] = field(default_factory=dict)  # node -> why it is tensor-parallel glue (merged run)
 
 
 def _ref_values(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -207,6 +208,7 @@ def run_tree(ds: xr.Dataset) -> RunTree:
         if not info.parent and info.name in construct:
             par = construct.get(info.name)
             info.parent = par if isinstance(par, str) else ""
+    _drop_stale_parents(nodes)
     _infer_parents(nodes)
     modules = _modules(nodes)
     calls_in: dict[str, list[str]] = {}
@@ -219,7 +221,15 @@ def run_tree(ds: xr.Dataset) -> RunTree:
     if not framework or framework == "unknown":
         framework = "mindspore" if any(n.startswith(("Cell.", "Primitive.", "Mint.")) for n in nodes) else "pytorch"
     parallel = str(ds.attrs.get("merged_layout", "") or ds.attrs.get("pipeline_stitched", "") or "")
-    return RunTree(framework, modules, nodes, calls_in, labels, coords, parallel)
+    from precnb.analysis.align.fused import fused_parts
+    from precnb.analysis.rank_args import glue_labels
+
+    glue: dict[str, str] = {part: f"part of the fused projection {whole} (compared combined with its siblings)"
+                            for part, whole in fused_parts(ds).items()}
+    for lbl, why in glue_labels(ds).items():
+        j = ds.indexes["tensor"].get_loc(lbl)
+        glue.setdefault(str(node_col[j]), why)
+    return RunTree(framework, modules, nodes, calls_in, labels, coords, parallel, glue)
 
 
 def _own_construct(construct: dict[str, Any], recorded: set[str]) -> dict[str, Any]:
@@ -241,6 +251,19 @@ def _own_construct(construct: dict[str, Any], recorded: set[str]) -> dict[str, A
         if isinstance(par, str) and par and par in construct and par not in keep:
             todo.append(par)
     return keep
+
+
+def _drop_stale_parents(nodes: dict[str, NodeInfo]) -> None:
+    """API calls whose recorded parent, a backward module, completed before them run outside it: top level.
+
+    msprobe writes a backward module's record when its backward completes, after the calls made inside it; it also
+    keeps the last module seen as the parent of the next calls made outside any module, e.g. Megatron's
+    next micro-batch's loss and P2P calls, parented to a backward module of the previous micro-batch.
+    """
+    for info in nodes.values():
+        par = nodes.get(info.parent) if info.kind == "api" and info.parent else None
+        if par is not None and par.kind == "module" and par.direction == "backward" and par.seq < info.seq < 1 << 40:
+            info.parent = ""
 
 
 def _infer_parents(nodes: dict[str, NodeInfo]) -> None:

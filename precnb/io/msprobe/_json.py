@@ -5,16 +5,20 @@ and, with millions of fresh containers, most of its time in the cyclic garbage c
 writes the file with ``json.dump(..., indent=1)``: every node record of ``data`` starts on a line
 of its own and ends with ``}`` at the record's indentation. :func:`batches` reads the file in
 blocks and cuts ``data`` there into batches of whole records, each parsed on its own
-(``{<records>}``) and dropped once read, so only one batch of objects lives at a time.
+(``{<records>}``) and dropped once read, so only one batch of objects lives at a time. A file in
+any other layout (one line, as ``json.dump`` without ``indent`` writes it; records on very long
+lines; the top-level members in another order) is cut where its structure says a record ends
+(:mod:`precnb.io.msprobe._scan`: strings skipped, braces counted, by byte offsets), so it is read
+batch by batch too.
 
 The cut is checked, never trusted: every batch must parse as a JSON object, and the text
-around ``data`` (``{"task": ..., "data": {}}``) must parse with ``data`` as its last member.
-Because ``{a}`` and ``{b}`` both valid means ``{a, b}`` is valid with the members of both, in
-order, a file whose batches all parse is the file the whole parse would have read. Anything else
-(no line breaks, a layout of another writer, a byte-order mark, a node name seen twice, JSON that
-orjson refuses) raises :class:`NotBatchableError`, and the reader parses the whole file with
-:func:`precnb.io._jsonio.load_json` instead, which gives exactly the standard library's answer
-and its error messages.
+around ``data`` (``{"task": ..., "data": {}, ...}``) must parse with that empty ``data`` as its
+only ``data``. Because ``{a}`` and ``{b}`` both valid means ``{a, b}`` is valid with the members
+of both, in order, a file whose batches all parse is the file the whole parse would have read.
+Anything else (a byte-order mark, a node name seen twice, JSON that orjson refuses, a ``data``
+that does not start in the first MiB) raises :class:`NotBatchableError`, and the reader parses
+the whole file with :func:`precnb.io._jsonio.load_json` instead, which gives exactly the standard
+library's answer and its error messages.
 
 msprobe writes bare ``NaN`` / ``Infinity`` / ``-Infinity`` tokens, which orjson rejects.
 :func:`quote_tokens` turns ``"K": NaN`` into ``"K": "NaN"`` for the keys ``Max``, ``Min``,
@@ -43,6 +47,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from precnb.io.msprobe._scan import Scanner, find_data
 from precnb.io.records import hashes_repeat
 
 try:  # optional speed-up (the ``fast`` extra)
@@ -59,6 +64,7 @@ Small enough that a batch's objects are still in the processor's caches when the
 facts and the value columns read them one after the other (``benchmarks/bench_large.py``: a
 1 GB file loads about a quarter faster than with 4 MiB batches; 64-128 KiB gain nothing more)."""
 _HEAD_MAX = 1 << 20
+_LONG = 4 * BLOCK  # a buffer this long without a line of msprobe's layout is cut by structure
 _DATA_KEY = re.compile(rb'\n[ \t]*"data"[ \t]*:[ \t]*(\{)[ \t]*\r?\n([ \t]*)["}]')
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
 _BEFORE = re.compile(rb'"(?:Max|Min|Mean|Norm|value)"[ \t\r\n]*:[ \t\r\n]*\Z')
@@ -136,15 +142,63 @@ def _loads(raw: bytes, nan: bool = False) -> tuple[Any, bool]:
         raise NotBatchableError from None
 
 
-def _head(fh: IO[bytes]) -> tuple[bytes, bytes, bytes]:
-    """(text up to ``data``'s ``{``, the records' indentation, the rest of the block after the ``{``)."""
+def _head(fh: IO[bytes]) -> tuple[bytes, bytes | None, bytes]:
+    """(text up to ``data``'s ``{``, the records' indentation, the rest of the block after the ``{``).
+
+    The indentation is None when the file is not in msprobe's layout (one line, another writer's
+    line breaks): its records are then cut by structure (:class:`~precnb.io.msprobe._scan.Scanner`).
+    """
     buf = fh.read(max(BLOCK, _HEAD_MAX))
     if buf.startswith(_BOM):
         raise NotBatchableError
     m = _DATA_KEY.search(buf, 0, _HEAD_MAX)
-    if m is None:
+    if m is not None:
+        return buf[:m.start(1)], m.group(2), buf[m.start(1) + 1:]
+    brace = find_data(buf[:_HEAD_MAX])
+    if brace < 0:
         raise NotBatchableError
-    return buf[:m.start(1)], m.group(2), buf[m.start(1) + 1:]
+    return buf[:brace], None, buf[brace + 1:]
+
+
+def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None) -> Iterator[tuple[bytes, bytes | None]]:
+    """``(records, None)`` pieces of ``data``'s text between records, then ``(last records, text after data)``.
+
+    In msprobe's layout a piece ends where a line holds a record's closing brace at the records'
+    indentation; otherwise (or when no such line comes within :data:`_LONG` bytes) where the
+    structure says a record ended. *buf* starts right after ``data``'s ``{``.
+    """
+    sep = b"\n" + indent + b"}," if indent is not None else None
+    scan = Scanner() if sep is None else None
+    scanned = 0  # bytes of buf the scanner has seen
+    while True:
+        block = fh.read(BLOCK)
+        if block:
+            buf += block
+            if scan is None and sep is not None:
+                cut = buf.rfind(sep)
+                if cut >= 0:
+                    end = cut + len(sep) - 1  # the comma after a record's closing brace
+                    piece, buf = buf[:end], buf[end + 1:]
+                    yield piece, None
+                    continue
+                if len(buf) < _LONG:
+                    continue  # records longer than a block: read on
+                scan = Scanner()  # no line of msprobe's layout for a while: follow the structure
+        if scan is None:  # end of file in msprobe's layout: data's end by structure (other members may follow)
+            scan = Scanner()
+        scan.feed(buf, scanned)
+        scanned = len(buf)
+        if scan.end >= 0:
+            yield buf[:scan.end], buf[scan.end + 1:] + fh.read()
+            return
+        if not block:
+            raise NotBatchableError  # the file ends inside data
+        if scan.cut >= 0:
+            end = scan.cut
+            piece, buf = buf[:end], buf[end + 1:]
+            scan.rebase(end + 1)
+            scanned -= end + 1
+            yield piece, None
 
 
 def batches(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -186,29 +240,18 @@ def parts(path: str | Path) -> Iterator[tuple[bool, dict[str, Any]]]:
         raise NotBatchableError
     with Path(path).open("rb") as fh:
         head, indent, buf = _head(fh)
-        sep = b"\n" + indent + b"},"
         hashes: list[Any] = []  # of the node names of each batch: a name in two batches is checked at the end
         first = True
         nan = False
-        while True:
-            block = fh.read(BLOCK)
-            if block:
-                buf += block
-                cut = buf.rfind(sep)
-                if cut < 0:
-                    continue  # records longer than a block: read on
-                end = cut + len(sep) - 1  # the comma after a record's closing brace
-                piece, buf = buf[:end], buf[end + 1:]
-                tail = None
-            else:  # end of file: the last records, data's '}' and the text after it
-                end = _data_end(buf)
-                piece, tail = buf[:end], buf[end + 1:]
+        for piece, tail in _pieces(fh, buf, indent):
+            buf = b""
             if piece.strip():
                 data, nan = _loads(b"{" + piece + b"}", nan)  # once NaN needed quoting, always quote it
             elif first and tail is not None:  # "data": {} (nothing dumped)
                 data = {}
             else:  # "{ , ..." or a trailing comma: not JSON
                 raise NotBatchableError
+            piece = b""
             first = False
             hashes.append(np.fromiter(map(hash, data), np.int64, len(data)))
             yield False, data
@@ -216,8 +259,10 @@ def parts(path: str | Path) -> Iterator[tuple[bool, dict[str, Any]]]:
             if tail is not None:
                 if _repeats(hashes):  # a node name in two batches: the whole parse keeps its last record
                     raise NotBatchableError
+                # data's members are the records read; whatever the order of the top-level members, data
+                # is the one found here if the text around it parses with it as its only "data"
                 top = _loads(head + b"{}" + tail, True)[0]
-                if not isinstance(top, dict) or top.get("data") != {} or next(reversed(top)) != "data":
+                if not isinstance(top, dict) or top.get("data") != {}:
                     raise NotBatchableError
                 del top["data"]
                 yield True, top
@@ -231,14 +276,3 @@ def _repeats(hashes: list[Any]) -> bool:
     their hash send the file to the whole-file parse, which reads it right either way.
     """
     return len(hashes) > 1 and hashes_repeat(np.concatenate(hashes))
-
-
-def _data_end(buf: bytes) -> int:
-    """Position of ``data``'s closing brace: the last ``}`` before the document's own."""
-    end = len(buf.rstrip())
-    if end == 0 or buf[end - 1:end] != b"}":
-        raise NotBatchableError
-    close = len(buf[:end - 1].rstrip())
-    if close == 0 or buf[close - 1:close] != b"}":
-        raise NotBatchableError
-    return close - 1

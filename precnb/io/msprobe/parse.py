@@ -37,7 +37,7 @@ from precnb.errors import DumpFormatError
 from precnb.io._assemble import FileRecords, LoadReport, dedup_labels
 from precnb.io._gc import paused_gc
 from precnb.io._jsonio import load_json
-from precnb.io._runfacts import FileFacts
+from precnb.io._runfacts import UNDEFINED_PREFIXES, FileFacts
 from precnb.io.msprobe import _json
 from precnb.io.msprobe.discover import RankDir
 from precnb.io.msprobe.release import file_facts, stack_format
@@ -112,6 +112,7 @@ class _File:
         """Read one batch of node records (all of ``data`` for a whole-file parse)."""
         w = self.walk
         leaves, walk_node, node_facts = w.leaves, w.node, self.facts.node
+        undef, api_facts = UNDEFINED_PREFIXES, self.facts.api
         nodes, counts = self.nodes, self.counts
         node_parents: list[str] = []  # of this batch's nodes that had tensors (NodeParts keeps them)
         self.n_nodes += len(data)
@@ -144,8 +145,10 @@ class _File:
                 node_parents.append(parent)
                 counts.append(len(leaves) - n0)
             if "parameters" in record or parent.startswith("optimizer") or (  # OPTIMIZER_NAME's markers hold
-                    "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node):
-                node_facts(node, record, parent)  # one of these: parameters' requires_grad, optimizer arguments
+                    "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node) or node.startswith(undef):
+                node_facts(node, record, parent)  # parameters' requires_grad, optimizer arguments, unread buffers
+            if node.endswith(".forward") and not node.startswith(("Module.", "Cell.")):
+                api_facts(node, record)  # its scalar arguments' checksum (rank-dependent ops)
         self.parts.add(nodes[n_had:], node_parents)
         self.cols.add_batch(leaves, w.labels, self.issues)
         self.hashes.append(np.fromiter(map(hash, w.labels), np.int64, len(w.labels)))  # for distinct() at build

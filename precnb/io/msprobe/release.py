@@ -3,7 +3,7 @@
 Every release writes the same records a little differently (``tests/fixtures/msprobe_releases`` holds the same
 training dumped by each): the backward sections are ``grad_input``/``grad_output`` in 1.0.1 only; parameters
 and parameter gradients are recorded from 1.2.0; dump.json has a ``framework`` key from 1.2.1; records carry
-``is_recompute`` from 1.2.2 to 8.3.3; stack.json is deduplicated (grouped) from 8.1.0; parameter gradients are
+``is_recompute`` from 1.2.2 to 26.0.0; stack.json is deduplicated (grouped) from 8.1.0; parameter gradients are
 numbered (``parameters_grad.N``) and a process without ``torch.distributed`` writes ``proc<PID>`` instead of
 ``rank`` from 26.0.0; integer tensors get a null Mean/Norm from 26.1.0. :func:`file_facts` reads those facts
 from one parsed file, :func:`release_range` intersects what they allow. The answer is a range (most dumps fit
@@ -39,7 +39,7 @@ RULES: dict[tuple[str, Any], tuple[str | None, str | None, str]] = {
     ("module_parameters", False): (None, "1.1.1", "module records hold no parameters"),
     ("param_grad", "numbered"): ("26.0.0", None, "parameter gradients are numbered (parameters_grad.N)"),
     ("param_grad", "plain"): ("1.2.0", "8.3.3", "parameter gradients are not numbered"),
-    ("is_recompute", True): ("1.2.2", "8.3.3", "records carry is_recompute"),
+    ("is_recompute", True): ("1.2.2", "26.0.0", "records carry is_recompute"),
     ("is_recompute", False): (None, None, ""),  # its absence says nothing: 26.x and before 1.2.2 alike
     ("stack", "grouped"): ("8.1.0", None, "stack.json is deduplicated (grouped)"),
     ("stack", "plain"): (None, "1.3.0", "stack.json is one entry per node"),

@@ -9,7 +9,10 @@ and where (the node names are read back from the produced dumps)::
 Importing this package does not import torch or msprobe; they are imported when a sample is
 generated (install them with ``pip install -e tools/samples``). The MindSpore samples (``xfw``,
 ``kernel_resume``) also need a MindSpore 2.10 interpreter in a venv of its own (MindSpore needs
-numpy<2), named by ``PRECNB_MINDSPORE_PYTHON`` (see :data:`precnb_samples._ms_run.RECIPE`).
+numpy<2), named by ``PRECNB_MINDSPORE_PYTHON`` (see :data:`precnb_samples._ms_run.RECIPE`); the
+``megatron`` sample runs Megatron-Core 0.19.2 (and Hugging Face ``transformers``) in an interpreter named by
+``PRECNB_MEGATRON_PYTHON`` (see :data:`precnb_samples._mg_run.RECIPE`). Samples whose interpreter is not set
+are skipped with a message unless named in ``--only``.
 """
 
 from __future__ import annotations
@@ -131,13 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of ``python -m precnb_samples``."""
     import argparse
 
+    from ._mg_run import ENV as MG_ENV
+    from ._mg_run import RECIPE as MG_RECIPE
     from ._ms_run import ENV, RECIPE
 
     parser = argparse.ArgumentParser(
         prog="python -m precnb_samples",
         description="Generate msprobe sample dumps (real msprobe, tiny GPT on CPU).",
         epilog=f"The MindSpore samples (xfw, kernel_resume) run MindSpore 2.10 in its own interpreter, "
-        f"named by ${ENV} (MindSpore needs numpy<2): {RECIPE}",
+        f"named by ${ENV} (MindSpore needs numpy<2): {RECIPE}. The megatron sample runs Megatron-Core 0.19.2 "
+        f"in the interpreter named by ${MG_ENV}: {MG_RECIPE}",
     )
     parser.add_argument(
         "--out", default="data_samples", help="output folder (default: %(default)s)"

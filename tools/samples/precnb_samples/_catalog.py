@@ -48,6 +48,8 @@ CATALOG: dict[str, str] = {
     # issue 26: per-rank metadata (call counters shift on one rank), a per-rank-seeded op under a TP merge
     "rank_shift": "_scn_rank_meta",
     "tp_noise": "_scn_rank_meta",
+    # issue 24: real Megatron-Core runs (PRECNB_MEGATRON_PYTHON)
+    "megatron": "_scn_megatron",
 }
 
 SAMPLE_NAMES: tuple[str, ...] = tuple(CATALOG)

@@ -169,7 +169,7 @@ def _spike(gt: dict[str, Any]) -> list[str]:
 
 
 def _mindspore(name: str) -> Callable[[dict[str, Any]], list[str]]:
-    """The digest of a MindSpore sample, from its scenario module (imported when used; torch-free)."""
+    """The digest of a sample from its (torch-free) scenario module: MindSpore, Megatron (imported when used)."""
     def digest(gt: dict[str, Any]) -> list[str]:
         import importlib
 
@@ -192,4 +192,5 @@ DIGESTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "sdc_md5": _sdc,
     "sdc_rank": _sdc,
     **{f"spike_{c}": _spike for c in ("healthy", "data", "optimizer", "hardware", "numerics")},
+    "megatron": _mindspore("megatron"),  # its scenario module is torch-free too (issue 24)
 }

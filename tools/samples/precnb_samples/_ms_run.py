@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ENV", "MINDSPORE_VERSION", "RECIPE", "mindspore_python", "mindspore_versions",
-           "require_mindspore", "run_ms", "worker_path"]
+           "require_mindspore", "run_ms", "run_worker", "worker_path"]
 
 ENV = "PRECNB_MINDSPORE_PYTHON"
 MINDSPORE_VERSION = "2.10.0"
@@ -71,29 +71,35 @@ def require_mindspore() -> None:
     mindspore_versions()
 
 
-def run_ms(script: str, spec: Mapping[str, Any], *, log_dir: Path, tag: str,
-           env: Mapping[str, str] | None = None, timeout: float = 1800) -> dict[str, Any]:
-    """Run ``worker_path(script)`` with *spec* in the MindSpore interpreter; return its result JSON.
+def run_worker(exe: str, script: str, spec: Mapping[str, Any], *, log_dir: Path, tag: str,
+               env: Mapping[str, str] | None = None, timeout: float = 1800, what: str = "worker") -> dict[str, Any]:
+    """Run ``worker_path(script)`` with *spec* in the interpreter *exe*; return its result JSON.
 
     The spec gets a ``result`` path in *log_dir*; the worker's output goes to
-    ``log_dir/<tag>.log`` (its tail is in the error when it fails).
+    ``log_dir/<tag>.log`` (its tail is in the error when it fails). *what* names the worker in errors.
     """
-    exe = mindspore_python()
     log_dir.mkdir(parents=True, exist_ok=True)
     spec_path = log_dir / f"{tag}_spec.json"
     result_path = log_dir / f"{tag}_result.json"
     spec_path.write_text(json.dumps({**spec, "result": str(result_path)}, indent=1), encoding="utf-8")
     log = log_dir / f"{tag}.log"
-    full_env = {**os.environ, "GLOG_v": "3", **(env or {})}
+    full_env = {**os.environ, **(env or {})}
     with open(log, "w", encoding="utf-8") as fh:
         proc = subprocess.run([exe, str(worker_path(script)), str(spec_path)], stdout=fh,
                               stderr=subprocess.STDOUT, env=full_env, timeout=timeout, check=False)
     if proc.returncode != 0 or not result_path.is_file():
         tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"MindSpore worker {script} ({tag}) failed with code {proc.returncode}; "
+        raise RuntimeError(f"{what} {script} ({tag}) failed with code {proc.returncode}; "
                            f"log {log}:\n{tail}")
     result: dict[str, Any] = json.loads(result_path.read_text(encoding="utf-8"))
     return result
+
+
+def run_ms(script: str, spec: Mapping[str, Any], *, log_dir: Path, tag: str,
+           env: Mapping[str, str] | None = None, timeout: float = 1800) -> dict[str, Any]:
+    """Run ``worker_path(script)`` with *spec* in the MindSpore interpreter (see :func:`run_worker`)."""
+    return run_worker(mindspore_python(), script, spec, log_dir=log_dir, tag=tag,
+                      env={"GLOG_v": "3", **(env or {})}, timeout=timeout, what="MindSpore worker")
 
 
 def run_ms_command(args: list[str], *, log_dir: Path, tag: str, timeout: float = 900) -> int:

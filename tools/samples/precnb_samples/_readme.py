@@ -342,6 +342,19 @@ def write_readme(out: str | Path) -> Path:
         "python -m precnb_samples --out data_samples --only xfw kernel_resume",
         "```",
         "",
+        "The `megatron` sample runs real Megatron-Core 0.19.2 (and Hugging Face `transformers`) in an interpreter "
+        "named by `PRECNB_MEGATRON_PYTHON` (megatron-core 0.19.2 declares Python >= 3.12; its cp311 wheel works on "
+        "3.11; about 16 minutes on 2 cores):",
+        "",
+        "```",
+        "python3.11 -m venv /work/venvs/megatron",
+        "/work/venvs/megatron/bin/pip install torch==2.13.0 mindstudio-probe==26.2.0 triton transformers",
+        "/work/venvs/megatron/bin/pip download --no-deps --ignore-requires-python megatron-core==0.19.2 -d /tmp/mg",
+        "/work/venvs/megatron/bin/pip install --ignore-requires-python /tmp/mg/megatron_core-0.19.2-cp311-*.whl",
+        "export PRECNB_MEGATRON_PYTHON=/work/venvs/megatron/bin/python",
+        "python -m precnb_samples --out data_samples --only megatron",
+        "```",
+        "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "command") + ".",
         "All samples take about 12 minutes on 2 CPU cores (8 of them for the 4-rank `sdc*` jobs and the "
         "`spike_*` runs). Seeds, data and fault positions are "

@@ -1,0 +1,274 @@
+"""The msprobe release conformance matrix: every release's dump, read as that release's compare reads it.
+
+The fixtures under ``tests/fixtures/msprobe_releases/<release>/`` were written by
+``tools/msprobe_matrix/generate.py`` (``make msprobe-matrix``): the same tiny training (2 steps, fixed
+seeds) dumped by each ``mindstudio-probe`` release in modes L0, L1, mix and md5 (+ a 2-rank gloo L1 run
+for some releases), with the release's own compare of each rank file against itself stored beside it
+(``pt_<mode>.truth.json``). The checks are in ``tools/msprobe_matrix/conformance.py`` (see its docstring
+for what "read exactly" means).
+
+Every mode every release was run in is a case, and so is a release that did not install: a failed
+install, run or compare fails its case naming the release. A genuine gap is an ``xfail(strict=True)``
+naming the release and the reason (:data:`READ_GAPS`, :data:`DIFF_GAPS`); closing it turns the case into
+a failure ("XPASS(strict)") until its mark is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools" / "msprobe_matrix"))
+
+import conformance as cf  # noqa: E402
+import generate as gen  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "msprobe_releases"
+
+# --- every release and mode, and the genuine gaps -----------------------------------------------------------------
+
+#: (release, mode) -> why ``test_read_exactly`` cannot pass there (an ``xfail(strict=True)`` naming the release and
+#: the reason; mode ``install`` for a release that did not install). Every PyTorch mode of every release installed,
+#: ran, was read by its own compare and is read exactly by precnb; the gaps are MindSpore's graph dumps on CPU and
+#: 8.3.3 with MindSpore 2.10.
+_MS_GRAPH_CPU = ("no dump on CPU: msprobe dumps jit cells and GRAPH_MODE networks through MindSpore's graph dump, "
+                 "and MindSpore 2.10 refuses statistics there on CPU ('storing statistic dump is only supported on "
+                 "GPU and Ascend, please set saved_data to tensor'); the PyNative modes ms_L0/ms_L1/ms_mix/ms_md5 ran")
+_MS_HOOK_833 = ("8.3.3 cannot dump MindSpore 2.10 in PyNative mode: its cell hooks (msprobe/mindspore/"
+                "cell_processor.py forward_pre_hook; dump/hook_cell/ms_hook_manager.py _register_backward_hook) call "
+                "MindSpore's CellBackwardHook as bw_hook(*args), which MindSpore 2.10 takes as one tuple: TypeError: "
+                "CellBackwardHook.__call__() takes 2 positional arguments but 3 were given (26.2.0 runs the same "
+                "network)")
+READ_GAPS: dict[tuple[str, str], str] = {
+    ("26.2.0", "ms_jit"): _MS_GRAPH_CPU, ("26.2.0", "ms_graph"): _MS_GRAPH_CPU,
+    **{("8.3.3", m): _MS_HOOK_833 for m in ("ms_L0", "ms_L1", "ms_mix", "ms_md5")},
+}
+#: (release, mode) -> why ``test_diff_against_reference_is_clean`` cannot pass there
+DIFF_GAPS: dict[tuple[str, str], str] = {}
+
+
+def _params(gaps: dict[tuple[str, str], str], cases: list[tuple[str, str]]) -> list[object]:
+    return [pytest.param(v, m, id=f"{v}-{m}",
+                         marks=[pytest.mark.xfail(strict=True, reason=f"{v} {m}: {gaps[(v, m)]}")]
+                         if (v, m) in gaps else [])
+            for v, m in cases]
+
+
+def _cases() -> list[tuple[str, str]]:
+    """(release, mode) of every mode each committed release ran in, ``(release, "install")`` where it did not
+    install: nothing the generator tried is left out of the test (a failed run or compare fails its case)."""
+    out = []
+    for v in cf.releases(FIXTURES):
+        rec = cf.release_record(v, FIXTURES)
+        for key, label in (("install", "install"), ("install_ms", "ms_install")):
+            if key in rec and not rec[key]["ok"]:
+                out.append((v, label))
+        out.extend((v, mode) for mode in rec["runs"])
+    return out
+
+
+_CASES = _cases()
+_FIXTURES = cf.fixtures(FIXTURES)
+_DIFF_CASES = [(v, m) for v, m in _CASES
+               if v != cf.REFERENCE and not m.startswith("ms_") and m in gen.MODES]
+
+
+def _ran(release: str, mode: str) -> None:
+    """Fail naming the release when it did not install, run, or read with its own compare in *mode*."""
+    rec = cf.release_record(release, FIXTURES)
+    if mode in ("install", "ms_install"):
+        inst = rec["install" if mode == "install" else "install_ms"]
+        pytest.fail(f"{release} did not install ({inst['command']}): {inst.get('error', '?').strip()[-300:]}")
+    run = rec["runs"][mode]
+    assert run["ok"], f"{release} {mode}: the training under the release failed: {run.get('error', '?')[-300:]}"
+    truth = run["truth"]
+    assert truth["ok"], f"{release} {mode}: the release's own compare failed: {truth}"
+
+
+def test_every_release_is_accounted_for() -> None:
+    """Each release of the registry has a record; one that did not install or run says why."""
+    assert cf.releases(FIXTURES) == sorted(gen.RELEASES, key=cf.version_key)
+    for v in gen.RELEASES:
+        rec = cf.release_record(v, FIXTURES)
+        assert rec["release"] == v
+        if not rec["install"]["ok"]:
+            assert rec["install"]["error"].strip(), f"{v}: install failed without a recorded error"
+            continue
+        assert rec["install"]["versions"]["mindstudio-probe"] == v
+        for mode, run in rec["runs"].items():
+            assert run["ok"] or run["error"].strip(), f"{v} {mode}: failed without a recorded error"
+            if run["ok"]:
+                assert run["truth"]["ok"] or run["truth"].get("error") or run["truth"].get("errors"), (v, mode)
+
+
+def test_every_gap_is_a_case() -> None:
+    """No stale gap: each strict xfail names a (release, mode) the fixtures hold."""
+    assert set(READ_GAPS) <= set(_CASES) and set(DIFF_GAPS) <= set(_DIFF_CASES)
+
+
+def test_the_reference_and_all_modes_are_there() -> None:
+    """26.2.0 (the diff reference) has every PyTorch mode, read and compared; every release has L0, L1, mix, md5."""
+    modes = {m for v, m in _FIXTURES if v == cf.REFERENCE}
+    assert modes >= set(gen.MODES)
+    for v in cf.releases(FIXTURES):
+        assert {m for r, m in _CASES if r == v} >= {"L0", "L1", "mix", "md5"} or (v, "install") in _CASES, v
+
+
+def test_losses_are_bit_identical_across_releases() -> None:
+    """The same training in every release (the dumps differ only by what each release writes), per framework."""
+    seen: dict[tuple[str, str, str], list[float]] = {}
+    for v in cf.releases(FIXTURES):
+        for mode, run in cf.release_record(v, FIXTURES)["runs"].items():
+            if run.get("ok"):
+                world = "2rank" if mode.endswith("2rank") else "1rank"
+                for rank, losses in run["losses"].items():
+                    key = (run.get("framework", "pytorch"), world, rank)
+                    assert seen.setdefault(key, losses) == losses, (v, mode, rank)
+    assert seen
+
+
+@pytest.mark.parametrize(("release", "mode"), _params(READ_GAPS, _CASES))
+def test_read_exactly(release: str, mode: str) -> None:
+    """precnb reads every tensor of the fixture as the release's own compare does (names, values, CRC, order)."""
+    _ran(release, mode)
+    res = cf.check_read(release, mode, FIXTURES)
+    assert res.tensors > 0
+    assert res.ok, res.summary()
+
+
+@pytest.mark.parametrize(("release", "mode"), _params(DIFF_GAPS, _DIFF_CASES))
+def test_diff_against_reference_is_clean(release: str, mode: str) -> None:
+    """``precnb diff 26.2.0-dump release-dump`` (same training, same mode) reports no divergence."""
+    assert cf.release_record(release, FIXTURES)["runs"][mode]["ok"], f"{release} {mode}: no dump (the run failed)"
+    res = cf.check_diff(release, mode, FIXTURES)
+    assert res.ok, res.summary()
+
+
+# --- the checker itself -------------------------------------------------------------------------------------------
+
+def _copy_fixture(tmp_path: Path, version: str, mode: str) -> Path:
+    root = tmp_path / "fx"
+    (root / version).mkdir(parents=True)
+    shutil.copytree(FIXTURES / version / f"pt_{mode}", root / version / f"pt_{mode}")
+    shutil.copy(FIXTURES / version / f"pt_{mode}.truth.json", root / version / f"pt_{mode}.truth.json")
+    shutil.copy(FIXTURES / version / "release.json", root / version / "release.json")
+    return root
+
+
+def _edit_truth(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    edit(doc)
+    path.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def test_checker_finds_a_changed_value_a_missing_row_and_a_wrong_crc(tmp_path: Path) -> None:
+    """check_read fails on a truth that differs from the file (it is not a test that cannot fail)."""
+    ref = cf.REFERENCE
+    root = _copy_fixture(tmp_path, ref, "mix")
+    assert cf.check_read(ref, "mix", root).ok
+
+    def change(doc: dict) -> None:  # type: ignore[type-arg]
+        f = doc["files"]["step1/proc1"]
+        i_max = f["columns"].index("max")
+        row = next(r for r in f["rows"] if r[1] == "torch.float32")
+        row[i_max] = repr(float(row[i_max]) + 2 ** -20)
+        f["rows"].pop()  # the last tensor row disappears from the truth
+
+    _edit_truth(root / ref / "pt_mix.truth.json", change)
+    res = cf.check_read(ref, "mix", root)
+    assert set(res.problems) == {"value", "tensor not in compare"}, res.summary()
+    assert len(res.problems["value"]) == 1 and "step1 rank0" in res.problems["value"][0]
+
+    root = _copy_fixture(tmp_path / "b", ref, "md5")
+
+    def crc(doc: dict) -> None:  # type: ignore[type-arg]
+        f = doc["files"]["step0/proc1"]
+        i = f["columns"].index("md5")
+        row = next(r for r in f["rows"] if r[1] == "torch.float32")
+        row[i] = "00000000"
+
+    _edit_truth(root / ref / "pt_md5.truth.json", crc)
+    assert set(cf.check_read(ref, "md5", root).problems) == {"crc"}
+
+
+def test_parse_stat_conventions() -> None:
+    """The compare outputs' spellings of non-finite and null statistics."""
+    assert cf.parse_stat(" inf") == math.inf and cf.parse_stat(" -inf") == -math.inf
+    assert cf.parse_stat("inf\t") == math.inf and cf.parse_stat("-inf\t") == -math.inf
+    assert math.isnan(cf.parse_stat("Nan")) and math.isnan(cf.parse_stat("nan\t"))  # type: ignore[arg-type]
+    assert cf.parse_stat("None") == "null" and cf.parse_stat(True) == 1.0 and cf.parse_stat("False") == 0.0
+    assert cf.parse_stat("0.913090705871582") == 0.913090705871582
+
+
+def test_1_0_1_names_map_to_the_later_naming() -> None:
+    """1.0.1's compare row names, mapped to precnb's labels (forward as is, backward sections swapped)."""
+    assert cf.expected_label("1.0.1", "Functional.linear.0.forward_input.1") == "Functional.linear.0.forward.input.1"
+    assert cf.expected_label("1.0.1", "Module.fc1.Linear.forward.0_output.0") == "Module.fc1.Linear.forward.0.output.0"
+    assert cf.expected_label("1.0.1", "Functional.linear.0.backward_input.0") == "Functional.linear.0.backward.output.0"
+    assert cf.expected_label("1.0.1", "Module.fc2.Linear.backward.0_output.0") == "Module.fc2.Linear.backward.0.input.0"
+    assert cf.expected_label("26.2.0", "Functional.linear.0.backward.input.0") == "Functional.linear.0.backward.input.0"
+
+
+def _json(path: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _stats(leaf: dict) -> tuple:  # type: ignore[type-arg]
+    return tuple(leaf.get(k) for k in ("Max", "Min", "Mean", "Norm"))
+
+
+def test_1_0_1_backward_sections_mean_what_later_releases_write() -> None:
+    """By value (raw JSON, no precnb): 1.0.1's ``grad_input`` is 26.2.0's backward ``output``, and so on.
+
+    Same training, same step: the module backward records of both releases hold the same tensors, under
+    swapped names. (This is what :func:`conformance.expected_label` relies on.)
+    """
+    old = _json(FIXTURES / "1.0.1" / "pt_L0" / "step0" / "rank" / "dump.json")["data"]
+    new_dir = next((FIXTURES / cf.REFERENCE / "pt_L0" / "step0").iterdir())
+    new = _json(new_dir / "dump.json")["data"]
+    checked = 0
+    for node, rec in old.items():
+        if ".backward." not in node or node not in new:
+            continue
+        for old_key, new_key in (("grad_input", "output"), ("grad_output", "input")):
+            olds = [_stats(x) for x in rec[old_key] if isinstance(x, dict)]
+            news = [_stats(x) for x in new[node][new_key] if isinstance(x, dict)]
+            assert olds == news, (node, old_key, new_key)
+            checked += len(olds)
+    assert checked >= 4
+
+
+def test_release_fits() -> None:
+    """precnb's release text is a single release, a range of consecutive releases, or a list."""
+    assert cf.release_fits("8.2.0", "8.1.0–8.3.3") and not cf.release_fits("26.0.0", "8.1.0–8.3.3")
+    assert cf.release_fits("26.1.0.post1", "26.1.0–26.2.0") and not cf.release_fits("26.0.0", "26.1.0–26.2.0")
+    assert cf.release_fits("1.0.1", "1.0.1") and cf.release_fits("8.1.0", "1.0.1, 8.1.0")
+    assert not cf.release_fits("1.0.3", "1.0.1, 8.1.0") and cf.release_fits("1.0.3", "")
+
+
+def test_1_0_1_expected_order_puts_a_backward_input_first() -> None:
+    """1.0.1's compare lists grad_input (-> .output) before grad_output (-> .input); precnb's seq the other way."""
+    rows = [cf.TruthRow(n, cf.expected_label("1.0.1", n), "torch.float32", "[1]") for n in (
+        "Module.fc2.Linear.forward.0_input.0", "Module.fc2.Linear.forward.0_output.0",
+        "Module.fc2.Linear.backward.0_input.0", "Module.fc2.Linear.backward.0_output.0")]
+    assert [r.label for r in cf.expected_order("1.0.1", rows)] == [
+        "Module.fc2.Linear.forward.0.input.0", "Module.fc2.Linear.forward.0.output.0",
+        "Module.fc2.Linear.backward.0.input.0", "Module.fc2.Linear.backward.0.output.0"]
+    assert cf.expected_order("26.2.0", rows) == rows
+
+
+def test_put_table_replaces_only_what_is_between_the_markers(tmp_path: Path) -> None:
+    """``generate.py --table --readme`` keeps the README around the table; without markers it stops."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{gen.TABLE_START}\nold\n{gen.TABLE_END}\nafter\n", encoding="utf-8")
+    gen.put_table(readme, "| a |\n|---|")
+    assert readme.read_text(encoding="utf-8") == f"intro\n{gen.TABLE_START}\n| a |\n|---|\n{gen.TABLE_END}\nafter\n"
+    readme.write_text("no markers\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="markers are missing"):
+        gen.put_table(readme, "| a |")

@@ -1,0 +1,315 @@
+"""Generate the msprobe release conformance matrix (a development tool, not part of the precnb wheel).
+
+For each ``mindstudio-probe`` release on PyPI this script makes a venv of its own
+(``/work/venvs/msprobe-<version>``, ``python3 -m venv``, no system site packages), installs
+``torch==2.13.0`` (CPU) and the release into it, trains the tiny model of ``_pt_worker.py`` for
+2 steps under that release's ``PrecisionDebugger`` in every mode of :data:`MODES`, and stores beside each
+dump that release's own compare reading of it (``_truth.py``)::
+
+    python tools/msprobe_matrix/generate.py --out tests/fixtures/msprobe_releases [--only 26.2.0 1.0.1 ...]
+    python tools/msprobe_matrix/generate.py --out tests/fixtures/msprobe_releases --table [--readme README.md]
+
+Output, per release ``<out>/<version>/``:
+
+- ``pt_<mode>/step{0,1}/<rank folder>/{dump,construct,stack}.json``: the files as the release wrote them;
+- ``pt_<mode>.truth.json``: the release's compare of each rank file against itself (``_truth.py``);
+- ``release.json``: how it was installed (torch, numpy, pandas, python, the pip command, the error when
+  it failed), and per mode the msprobe config, the losses per rank and any error.
+
+Each training runs in a new PID namespace when ``unshare`` allows it (``unshare --pid --fork``), so the
+``proc<PID>`` folder of a single-process dump is ``proc1`` on every run (the files are then the same
+on a re-run); where ``unshare`` is refused it runs plainly and ``release.json`` says so. Installs and
+runs are sequential and niced (``nice -n 10``). The script itself needs only the standard library;
+``--table`` imports ``conformance.py`` beside it, which needs precnb (run it with precnb's venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+#: every mindstudio-probe release on PyPI (``pip index versions mindstudio-probe``), oldest first
+RELEASES = ("1.0.1", "1.0.3", "1.0.4", "1.1.0", "1.1.1", "1.2.0", "1.2.1", "1.2.2", "1.3.0",
+            "8.1.0", "8.1.1", "8.1.2", "8.2.0", "8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3",
+            "26.0.0", "26.1.0", "26.1.0.post1", "26.2.0")
+REFERENCE = "26.2.0"
+TORCH = "torch==2.13.0"
+VENVS = Path(os.environ.get("MSPROBE_MATRIX_VENVS", "/work/venvs"))
+#: the interpreter the venvs are made from (CPython 3.11: the 26.x wheels are cp311 builds)
+BASE_PYTHON = os.environ.get("MSPROBE_MATRIX_PYTHON", "python3")
+#: mode -> (level, summary_mode, world size); ``L1_2rank`` only for :data:`TWO_RANK_RELEASES`
+MODES: dict[str, tuple[str, str, int]] = {
+    "L0": ("L0", "statistics", 1),
+    "L1": ("L1", "statistics", 1),
+    "mix": ("mix", "statistics", 1),
+    "md5": ("mix", "md5", 1),
+    "L1_2rank": ("L1", "statistics", 2),
+}
+TWO_RANK_RELEASES = ("1.0.1", "26.2.0")
+#: MindSpore 2.10 CPU modes: mode -> (level, summary_mode, how the network runs; see ``_ms_worker.py``)
+MS_MODES: dict[str, tuple[str, str, str]] = {
+    "ms_L0": ("L0", "statistics", "pynative"),
+    "ms_L1": ("L1", "statistics", "pynative"),
+    "ms_mix": ("mix", "statistics", "pynative"),
+    "ms_md5": ("mix", "md5", "pynative"),
+    "ms_jit": ("mix", "statistics", "jit"),
+    "ms_graph": ("L0", "statistics", "graph"),
+}
+MINDSPORE = ("numpy<2", "mindspore==2.10.0")
+#: the releases the MindSpore modes are tried with by default, and which modes (see README.md: which ran, which could
+#: not). 8.3.3's PyNative cell hooks fail with MindSpore 2.10; its jit/graph modes were not tried (CPU: see README)
+MS_RELEASES: dict[str, tuple[str, ...]] = {"8.3.3": ("ms_L0", "ms_L1", "ms_mix", "ms_md5"), "26.2.0": tuple(MS_MODES)}
+STEPS = 2
+#: extra requirements a release needs beside torch 2.13.0, and why (what the unpinned install did)
+_NUMPY = ("its metadata does not bound numpy (1.0.4 on pin numpy<2) and pip takes numpy 2; then `from msprobe.pytorch "
+          "import PrecisionDebugger` fails: AttributeError: `np.unicode_` was removed in the NumPy 2.0 release "
+          "(msprobe/core/data_dump/data_processor/base.py line 54)")
+_TWISTED = ("Twisted's TLS support needs service_identity (Twisted's `tls` extra), which the release's requirements "
+            "do not list, and msprobe imports it: in 1.0.3 `from msprobe.pytorch import PrecisionDebugger`, in "
+            "1.0.4-1.3.0, 8.1.0-8.1.2 and 8.3.0 the command line (`msprobe -f pytorch compare`; msprobe.py imports "
+            "run_ut, whose tensor_transport_layer/client.py imports twisted.internet.endpoints -> ssl) fail: "
+            "ModuleNotFoundError: No module named 'service_identity'")
+_PSUTIL = ("the command line (`msprobe -f pytorch compare`) imports msprobe/nan_analyze/utils.py, which imports "
+           "psutil; 8.1.0's requirements do not list it (8.1.1 on do): ModuleNotFoundError: No module named 'psutil'")
+PINS: dict[str, tuple[tuple[str, ...], str]] = {
+    "1.0.1": (("numpy<2",), _NUMPY),
+    "1.0.3": (("numpy<2", "service_identity"), _NUMPY + "; " + _TWISTED),
+    **{v: (("service_identity",), _TWISTED) for v in ("1.0.4", "1.1.0", "1.1.1", "1.2.0", "1.2.1", "1.2.2", "1.3.0",
+                                                      "8.1.1", "8.1.2", "8.3.0")},
+    "8.1.0": (("service_identity", "psutil"), _TWISTED + "; " + _PSUTIL),
+}
+#: compatibility shims a release needs with torch 2.13 (``_pt_worker.apply_shims``), and why
+SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
+    "1.0.1": (("torch.Any",), "with torch 2.13.0 `from msprobe.pytorch import PrecisionDebugger` fails: "
+              "AttributeError: module 'torch' has no attribute 'Any' (msprobe/pytorch/free_benchmark/perturbed_layers/"
+              "npu/improve_precision.py line 35 annotates `-> torch.Any`, which older torch re-exported from typing); "
+              "the worker sets torch.Any = typing.Any before importing msprobe"),
+}
+
+
+def venv_dir(version: str, framework: str = "pytorch") -> Path:
+    """The venv of one release (``-ms``: its MindSpore venv, MindSpore 2.10 needs numpy<2)."""
+    return VENVS / (f"msprobe-{version}" if framework == "pytorch" else f"msprobe-{version}-ms")
+
+
+def fixture_name(mode: str) -> str:
+    """The folder of a mode's dump (``pt_<mode>`` for PyTorch; MindSpore modes are named ``ms_*``)."""
+    return mode if mode in MS_MODES else f"pt_{mode}"
+
+
+def _tail(text: str, n: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+def _pip_lines(text: str) -> str:
+    """The pip output without the local-index warnings this machine's pip.conf adds."""
+    return "\n".join(ln for ln in text.splitlines() if "is ignored: it is neither a file nor a directory" not in ln)
+
+
+def install(version: str, log: Path, framework: str = "pytorch") -> dict[str, Any]:
+    """Create the release's venv and install torch (or MindSpore) + the release; what happened."""
+    venv = venv_dir(version, framework)
+    py = venv / "bin" / "python"
+    pins, why = PINS.get(version, ((), ""))
+    first = [TORCH] if framework == "pytorch" else list(MINDSPORE)
+    reqs = [*first, f"mindstudio-probe=={version}", *(p for p in pins if p not in first)]
+    cmd = [str(py), "-m", "pip", "install", *reqs]
+    info: dict[str, Any] = {"venv": str(venv), "command": f"python3 -m venv {venv} && {venv}/bin/pip install "
+                            + " ".join(f"'{r}'" if "<" in r else r for r in reqs)}
+    if pins:
+        info["pins"] = {"requirements": list(pins), "why": why}
+    if not py.exists():
+        made = subprocess.run(["nice", "-n", "10", BASE_PYTHON, "-m", "venv", str(venv)], capture_output=True,
+                              text=True, check=False)
+        if made.returncode != 0:
+            return {**info, "ok": False, "error": _tail(made.stderr)}
+    proc = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, check=False)
+    out = _pip_lines(proc.stdout + proc.stderr)
+    log.write_text(out, encoding="utf-8")
+    if proc.returncode != 0:
+        return {**info, "ok": False, "error": _tail(out, 12)}
+    top = "torch" if framework == "pytorch" else "mindspore"
+    code = ("import json, platform; from importlib import metadata as m; print(json.dumps({p: m.version(p) for p in "
+            f"('{top}', 'mindstudio-probe', 'numpy', 'pandas')}} | {{'python': platform.python_version()}}))")
+    ver = subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=False)
+    if ver.returncode != 0:
+        return {**info, "ok": False, "error": _tail(ver.stderr)}
+    return {**info, "ok": True, "versions": json.loads(ver.stdout.strip().splitlines()[-1])}
+
+
+def msprobe_config(dump_path: Path, level: str, summary: str) -> dict[str, Any]:
+    """The config.json every release reads (the keys 1.0.1 documents; later releases accept them)."""
+    return {"task": "statistics", "dump_path": str(dump_path), "rank": [], "step": [], "level": level,
+            "seed": 1234, "is_deterministic": False, "enable_dataloader": False,
+            "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": summary}}
+
+
+def _unshare_ok() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def run_mode(version: str, mode: str, dest: Path, scratch: Path, isolate: bool) -> dict[str, Any]:
+    """Train under the release in *mode*; move the dump to *dest*; the run's record for release.json."""
+    if mode in MS_MODES:
+        level, summary, graph = MS_MODES[mode]
+        world, worker, framework = 1, "_ms_worker.py", "mindspore"
+    else:
+        level, summary, world = MODES[mode]
+        graph, worker, framework = "", "_pt_worker.py", "pytorch"
+    py = venv_dir(version, framework) / "bin" / "python"
+    work = scratch / mode
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    dump = work / "dump"
+    config = msprobe_config(dump, level, summary)
+    (work / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    shims = list(SHIMS.get(version, ((), ""))[0])
+    spec = {"config": str(work / "config.json"), "world_size": world, "steps": STEPS, "shims": shims,
+            "graph": graph, "result": str(work / "result.json")}
+    (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc"] if isolate else []
+    cmd = ["nice", "-n", "10", *prefix, str(py), str(HERE / worker), str(work / "spec.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False, cwd=work)
+    (work / "worker.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    rec: dict[str, Any] = {"framework": framework, "level": level, "summary_mode": summary, "world_size": world,
+                           "pid_namespace": isolate, "config": {k: v for k, v in config.items() if k != "dump_path"}}
+    if graph:
+        rec["execution"] = graph
+    if proc.returncode != 0 or not (work / "result.json").is_file():
+        return {**rec, "ok": False, "error": _tail(proc.stdout + proc.stderr, 20)}
+    result = json.loads((work / "result.json").read_text(encoding="utf-8"))
+    shutil.rmtree(dest, ignore_errors=True)
+    if not dump.is_dir():
+        return {**rec, "ok": False, "error": "the run finished but wrote no dump folder"}
+    shutil.move(str(dump), str(dest))
+    return {**rec, "ok": True, "losses": {r: v["losses"] for r, v in result["ranks"].items()},
+            "attach": result["ranks"]["0"]["attach"], "files": sorted(str(p.relative_to(dest))
+                                                                      for p in dest.rglob("*") if p.is_file())}
+
+
+def run_truth(version: str, dump: Path, out: Path, scratch: Path, framework: str = "pytorch") -> dict[str, Any]:
+    """The release's compare of each rank file of *dump* against itself, written to *out*."""
+    py = venv_dir(version, framework) / "bin" / "python"
+    work = scratch / f"truth_{dump.name}"
+    shutil.rmtree(work, ignore_errors=True)
+    shims = ",".join(SHIMS.get(version, ((), ""))[0])
+    cmd = ["nice", "-n", "10", str(py), str(HERE / "_truth.py"), str(dump), str(out), str(work), shims]
+    proc = subprocess.run(cmd,
+                          capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode != 0 or not out.is_file():
+        return {"ok": False, "error": _tail(proc.stdout + proc.stderr, 20)}
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    bad = {rel: f.get("error") for rel, f in doc["files"].items() if "rows" not in f}
+    return {"ok": not bad, "files": len(doc["files"]), **({"errors": bad} if bad else {})}
+
+
+def generate(version: str, out: Path, modes: list[str]) -> dict[str, Any]:
+    """Install, run and read one release in *modes*; update ``<out>/<version>/release.json``; return it.
+
+    The PyTorch modes use the release's venv (record ``install``), the MindSpore modes its ``-ms`` venv
+    (record ``install_ms``). Modes not given keep their earlier record and files.
+    """
+    rel_dir = out / version
+    if set(modes) >= set(MODES) | set(MS_RELEASES.get(version, ())):
+        shutil.rmtree(rel_dir, ignore_errors=True)  # a whole release: nothing of an earlier generation stays
+    for mode in modes:  # nor of the modes made again
+        shutil.rmtree(rel_dir / fixture_name(mode), ignore_errors=True)
+        (rel_dir / f"{fixture_name(mode)}.truth.json").unlink(missing_ok=True)
+    rel_dir.mkdir(parents=True, exist_ok=True)
+    previous = rel_dir / "release.json"
+    record: dict[str, Any] = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
+    record["release"] = version
+    record.setdefault("runs", {})
+    for mode in modes:
+        record["runs"].pop(mode, None)
+    if version in SHIMS:
+        record["shims"] = {"names": list(SHIMS[version][0]), "why": SHIMS[version][1]}
+    # no '.' in the scratch path: MindSpore's graph dump accepts only letters, digits, '-', '_' and '/' in a dump path
+    scratch = Path(tempfile.mkdtemp(prefix=f"msprobe-matrix-{version.replace('.', '_')}-"))
+    isolate = _unshare_ok()
+    for framework, key, wanted in (("pytorch", "install", [m for m in modes if m in MODES]),
+                                   ("mindspore", "install_ms", [m for m in modes if m in MS_MODES])):
+        if not wanted:
+            continue
+        print(f"[{version}] installing ({framework})", flush=True)
+        inst = record[key] = install(version, scratch / f"pip_{framework}.log", framework)
+        if not inst["ok"]:
+            print(f"[{version}] install failed: {inst['error'].splitlines()[-1:]}", flush=True)
+            continue
+        for mode in wanted:
+            if mode == "L1_2rank" and version not in TWO_RANK_RELEASES:
+                continue
+            print(f"[{version}] {mode}", flush=True)
+            dest = rel_dir / fixture_name(mode)
+            run = run_mode(version, mode, dest, scratch, isolate)
+            if run["ok"]:
+                run["truth"] = run_truth(version, dest, rel_dir / f"{fixture_name(mode)}.truth.json", scratch,
+                                         framework)
+            record["runs"][mode] = run
+    record = {"release": record.pop("release"), **{k: record.pop(k) for k in ("install", "install_ms", "shims")
+                                                   if k in record}, **record}
+    previous.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    shutil.rmtree(scratch, ignore_errors=True)
+    return record
+
+
+TABLE_START = "<!-- msprobe-releases-table: generated by `python tools/msprobe_matrix/generate.py --table` -->"
+TABLE_END = "<!-- /msprobe-releases-table -->"
+
+
+def put_table(readme: Path, table: str) -> None:
+    """Replace what is between README's table markers by *table*."""
+    text = readme.read_text(encoding="utf-8")
+    head, sep, rest = text.partition(TABLE_START)
+    _, sep2, tail = rest.partition(TABLE_END)
+    if not sep or not sep2:
+        raise SystemExit(f"{readme}: the msprobe-releases-table markers are missing")
+    readme.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("tests/fixtures/msprobe_releases"))
+    ap.add_argument("--only", nargs="+", metavar="VERSION", help="these releases only (default: all)")
+    ap.add_argument("--modes", nargs="+", choices=[*MODES, *MS_MODES],
+                    help="these modes only (default: the PyTorch modes, and the MindSpore ones for MS_RELEASES)")
+    ap.add_argument("--table", action="store_true", help="print the README table from the fixtures (needs precnb)")
+    ap.add_argument("--readme", type=Path, metavar="README", help="with --table: put it between README's markers")
+    args = ap.parse_args(argv)
+    if args.table:
+        sys.path.insert(0, str(HERE))
+        from conformance import readme_table  # needs precnb
+
+        table = readme_table(args.out)
+        print(table)
+        if args.readme:
+            put_table(args.readme, table)
+        return 0
+    versions = args.only or list(RELEASES)
+    unknown = [v for v in versions if v not in RELEASES]
+    if unknown:
+        ap.error(f"not a release of the matrix: {', '.join(unknown)} (known: {', '.join(RELEASES)})")
+    failed = 0
+    for version in versions:
+        modes = args.modes or [*MODES, *MS_RELEASES.get(version, ())]
+        rec = generate(version, args.out, modes)
+        failed += not all(rec[k]["ok"] for k in ("install", "install_ms") if k in rec) or not all(
+            r["ok"] and r["truth"]["ok"] for r in rec["runs"].values())
+    print(f"done: {len(versions)} release(s), {failed} with a failure (see <out>/<version>/release.json)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
