@@ -26,8 +26,13 @@ def _names(runs: list[str]) -> list[str]:
 def _layout(args: argparse.Namespace) -> Any:
     if args.layout:
         return args.layout
-    return {"tp": args.tp, "pp": args.pp, "vpp": args.vpp, "cp": args.cp, "ep": args.ep, "order": args.order,
-            "num_layers": args.num_layers}
+    parts = [f"{k}={getattr(args, k)}" for k in ("tp", "pp", "vpp", "cp", "ep", "order", "num_layers")
+             if getattr(args, k, None) is not None]
+    if not parts:
+        from precnb.cli._common import UsageError
+
+        raise UsageError("give the jobs' layout: --layout tp=2,dp=2 or --tp N (--pp, --cp, ...)")
+    return ",".join(parts)
 
 
 def _text(devices: list[dict[str, Any]]) -> str:
