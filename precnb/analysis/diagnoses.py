@@ -54,11 +54,23 @@ def _has_layout(ctx: Context) -> bool:
 
 
 def _replicas(ctx: Context) -> Any:
-    from precnb.analysis.replicas import check_replicas
+    from precnb.analysis.departures import check_departures  # issue #28: the first departure, classified
 
     raw = ctx.raw_target if ctx.raw_target is not None else ctx.target
-    return check_replicas(raw, ctx.target_layout, rtol=float(ctx.params.get("replica_rtol", 1e-6)),
-                          limit=int(ctx.params.get("limit", 50)))
+    return check_departures(raw, ctx.target_layout, rtol=float(ctx.params.get("replica_rtol", 1e-6)),
+                            limit=int(ctx.params.get("limit", 50)), records=ctx.params.get("node_records"),
+                            baseline=ctx.params.get("replica_baseline"),
+                            rng_regions=tuple(ctx.params.get("rng_regions") or ()))
+
+
+def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
+    """A classified departure's own plan (md5 on its group, issue #28), unless a task is asked for."""
+    from precnb.analysis.departure_plan import departure_plan
+    from precnb.analysis.plan import generic_plan
+
+    if task is None and (finding.evidence or {}).get("departure"):
+        return departure_plan(finding, ds, dump_path=dump_path)
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor")
 
 
 def _preflight(ctx: Context) -> Any:
@@ -92,7 +104,7 @@ register(Diagnosis(
 register(Diagnosis(
     kind="replica_mismatch", title="Replica mismatch", priority=20, mode="any", run=_replicas,
     applies=_has_layout, description="replica check (tensors that must be identical across the "
-    "layout's replicas)", command="replicas", color="first_bad"))
+    "layout's replicas)", command="replicas", color="first_bad", plan=_replica_plan))
 register(Diagnosis(
     kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
     description="NaN/Inf origin (mask infinities ignored)", command="nan", color="first_bad"))

@@ -7,6 +7,7 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
       "kind": "first_divergence" | "nan_origin" | "anomaly" | "replica_mismatch" | "preflight" | "loss_spike"
               | "none",
       "step": int | null, "rank": int | null,
+      "device": {"host": str, "device": str},   # only with a rank table: where the rank ran
       "node": str | null,          # msprobe node, e.g. "Functional.linear.3.forward"
       "tensor": str | null,        # tensor label, e.g. "Functional.linear.3.forward.output.0"
       "module": str | null,        # module path, e.g. "blocks.1.attn"
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FINDING_SCHEMA", "Finding", "jsonable", "shown_record", "to_json"]
+__all__ = ["FINDING_SCHEMA", "Finding", "device_text", "jsonable", "shown_record", "to_json"]
 
 FINDING_SCHEMA = "precnb.finding/1"
 Kind = str
@@ -103,6 +104,8 @@ class Finding:
     causes: list[dict[str, Any]] = field(default_factory=list)
     gap: dict[str, Any] | None = None
     dump_plan: dict[str, Any] | None = None
+    #: host and device of ``rank`` (from a rank table, :mod:`precnb.io.rank_table`); left out of the JSON when None
+    device: dict[str, str] | None = None
 
     @property
     def found(self) -> bool:
@@ -148,6 +151,8 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict (strict JSON values)."""
         d = {"schema": FINDING_SCHEMA, **asdict(self)}
+        if d.get("device") is None:
+            d.pop("device", None)
         return jsonable(d)
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -170,7 +175,7 @@ class Finding:
             tail += [f"  then: {h}" for h in self.evidence.get("later_findings_text", [])]
             return "\n".join([head, *checklist_lines(checks), *tail])
         if self.kind != "none":
-            lines.append(f"  step {self.step}, rank {self.rank}")
+            lines.append(f"  step {self.step}, rank {self.rank}{device_text(self.device)}")
             if self.node:
                 lines.append(f"  node   {self.node}")
             if self.tensor:
@@ -221,7 +226,8 @@ class Finding:
         if self.suspects:
             lines.append("  suspects:")
             for s in self.suspects[:5]:
-                lines.append(f"    step {s.get('step')} rank {s.get('rank')} {s.get('tensor') or s.get('node')}"
+                lines.append(f"    step {s.get('step')} rank {s.get('rank')}{device_text(s.get('device'))} "
+                             f"{s.get('tensor') or s.get('node')}"
                              f"  ({s.get('why', '')})")
         trend = self.evidence.get("trend") if isinstance(self.evidence, dict) else None
         if trend:
@@ -242,6 +248,19 @@ class Finding:
             for fr in stack[:4]:
                 lines.append("    " + fr.replace("\n", " ").strip())
         return "\n".join(lines)
+
+
+def device_text(device: Any) -> str:
+    """`` (host 10.0.0.1, device 3)`` for a device dict, ``""`` for None.
+
+    Examples
+    --------
+    >>> device_text({"host": "10.0.0.1", "device": "3"})
+    ' (host 10.0.0.1, device 3)'
+    """
+    if not isinstance(device, dict) or "host" not in device:
+        return ""
+    return f" (host {device['host']}, device {device.get('device')})"
 
 
 def shown_record(finding: Any, ranks: Any = ()) -> tuple[int, int, str] | None:

@@ -34,7 +34,7 @@ import xarray as xr
 from precnb.dtypes import dtype_size as _dtype_size
 from precnb.naming import parse_node
 
-__all__ = ["DEFAULT_DUMP_PATH", "attach_plans", "dtype_size", "node_selector", "plan_dump"]
+__all__ = ["DEFAULT_DUMP_PATH", "attach_plans", "dtype_size", "generic_plan", "node_selector", "plan_dump"]
 
 DEFAULT_DUMP_PATH = "./precnb_confirm"
 
@@ -110,7 +110,7 @@ def plan_dump(
     ds: xr.Dataset,
     *,
     dump_path: str = DEFAULT_DUMP_PATH,
-    task: str = "tensor",
+    task: str | None = None,
 ) -> dict[str, Any] | None:
     """The msprobe config (and what it selects) that confirms *finding* on the next run of *ds*'s job.
 
@@ -121,9 +121,10 @@ def plan_dump(
         The run that shows the finding (its statistics give the size estimate).
     dump_path : str
         ``dump_path`` written into the config.
-    task : {"tensor", "statistics"}
+    task : {"tensor", "statistics"}, optional
         ``tensor`` saves the selected tensors (to confirm and replay); ``statistics`` re-dumps them
-        only.
+        only. Default: ``tensor``, except for a classified replica departure, whose cheapest confirmation
+        is an md5-mode statistics dump of its group (:mod:`precnb.analysis.departure_plan`).
 
     Returns
     -------
@@ -139,7 +140,15 @@ def plan_dump(
 
     own = registry.get(finding.kind).plan if finding.kind in registry.kinds() else None
     if own is not None:  # a diagnosis that plans its own confirmation (e.g. a loss spike's cause)
-        return own(finding, ds, dump_path=dump_path, task=task)
+        return own(finding, ds, dump_path=dump_path, **({"task": task} if task is not None else {}))
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor")
+
+
+def generic_plan(finding: Any, ds: xr.Dataset, *, dump_path: str = DEFAULT_DUMP_PATH, task: str = "tensor"
+                 ) -> dict[str, Any] | None:
+    """The plan :func:`plan_dump` makes for a finding whose diagnosis has no plan of its own."""
+    if not getattr(finding, "found", False) or finding.step is None:
+        return None
     steps, ranks = _where(finding)
     entries: list[str] = []
     modules: list[str] = []

@@ -123,7 +123,8 @@ class Diagnosis:
         explorer colours as flagged for its finding (besides NaN / ±inf).
     plan : callable, optional
         ``plan(finding, ds, dump_path=..., task=...) -> dict | None``: its own dump plan (the
-        shape :func:`precnb.analysis.plan.plan_dump` returns), instead of the generic one.
+        shape :func:`precnb.analysis.plan.plan_dump` returns), instead of the generic one
+        (:func:`precnb.analysis.plan.generic_plan`); ``task`` is passed only when the caller asked for one.
     """
 
     kind: str

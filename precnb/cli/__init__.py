@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     from precnb.cli import tensor_cmds
 
     tensor_cmds.register(sub, _add_load_options)
+    from precnb.cli import device_cmds
+
+    device_cmds.register(sub, _add_load_options)
     from precnb.cli import spike_cmds
 
     spike_cmds.register(sub, _add_load_options)

@@ -87,6 +87,12 @@ def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
         kw["baseline_layout"] = args.baseline_layout
     if getattr(args, "mapping", None):
         kw["mapping"] = list(args.mapping)
+    if getattr(args, "rank_table", None):  # issue #28
+        kw["rank_table"] = args.rank_table
+    if getattr(args, "replica_baseline", None):
+        kw["replica_baseline"] = args.replica_baseline
+    if getattr(args, "rng_region", None):
+        kw["rng_regions"] = tuple(args.rng_region)
     from precnb.cli._common import cli_client
 
     client = cli_client(args)
@@ -160,6 +166,20 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     else:
         _term.out(triage.result("preflight").summary() + "\n")
     return 0
+
+
+def add_rank_table_option(p: argparse.ArgumentParser) -> None:
+    """``--rank-table FILE``: which host and device served each rank (issue #28)."""
+    p.add_argument("--rank-table", metavar="FILE",
+                   help="HCCL rank_table_file JSON or a rank,host,device CSV: every finding naming a rank "
+                        "names its host and device too")
+
+
+def add_rng_region_option(p: argparse.ArgumentParser) -> None:
+    """``--rng-region MODULE`` (repeatable): module paths inside a model-parallel RNG region (issue #28)."""
+    p.add_argument("--rng-region", action="append", metavar="MODULE",
+                   help="module path (prefix) inside a model-parallel RNG region, e.g. blocks.0.attn: a random "
+                        "op there differs across TP ranks by design (repeatable)")
 
 
 def add_mapping_option(p: argparse.ArgumentParser) -> None:
@@ -362,6 +382,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--target-layout", type=layout_text, help="merge target shards first, e.g. tp=2")
     p.add_argument("--layout", type=layout_text, help="same as --target-layout (the target's layout)")
     add_mapping_option(p)
+    add_rank_table_option(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_diff)
 
@@ -402,6 +423,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("run")
     p.add_argument("--json", action="store_true", help="print one JSON finding")
     p.add_argument("--step", type=_step, help="only this step")
+    add_rank_table_option(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_nan)
 
@@ -441,6 +463,11 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--step", type=_step, help="only this step")
     p.add_argument("--rtol", type=_positive, default=None,
                    help=f"relative tolerance (default {DEFAULTS.replica_rtol:g})")
+    p.add_argument("--baseline", dest="replica_baseline", metavar="RUN",
+                   help="a clean run of the same training: decides which side of a two-replica departure "
+                        "is wrong")
+    add_rng_region_option(p)
     _add_layout_options(p)
+    add_rank_table_option(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_replicas)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from precnb.cli import _term
+from precnb.cli._args import layout_text
 
 __all__ = ["MARKER_KEY", "register", "write_config"]
 
@@ -75,7 +76,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         check_output(args.output, inputs=inputs, overwrite=args.overwrite, content="json")
     from precnb.cli._side import side_options
 
-    triage = run_triage(args, args.run, args.baseline, **({"kinds": kinds} if kinds else {}), **side_options(args))
+    extra: dict[str, Any] = {"kinds": kinds} if kinds else {}
+    if args.layout:  # the replica check (issue #28): plan a departure
+        extra["target_layout"] = args.layout
+    triage = run_triage(args, args.run, args.baseline, **extra, **side_options(args))
     found = triage.found
     if not found:
         msg = "nothing found: no finding to confirm (" + "; ".join(f.reason for f in triage.findings) + ")"
@@ -120,11 +124,16 @@ def register(sub: Any, add_load_options: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (finding, config, selection, size)")
     p.add_argument("--dump-path", default=DEFAULT_DUMP_PATH,
                    help="dump_path written into the config (default %(default)s)")
-    p.add_argument("--task", choices=["tensor", "statistics"], default="tensor",
-                   help="tensor (default: save the selected tensors) or statistics")
+    p.add_argument("--task", choices=["tensor", "statistics"], default=None,
+                   help="tensor (save the selected tensors; the default) or statistics; a replica departure's "
+                        "default is an md5-mode statistics dump of its TP/DP group at the next steps")
     p.add_argument("--kind", help="plan for the first finding of this kind (e.g. nan_origin, anomaly, loss_spike)")
+    p.add_argument("--layout", type=layout_text, help="parallel layout of RUN, e.g. tp=2,dp=2: plans a replica "
+                   "departure (replica_mismatch) too")
     from precnb.cli._side import add_side_options
+    from precnb.cli.analysis_cmds import add_rank_table_option
 
     add_side_options(p)
+    add_rank_table_option(p)
     add_load_options(p)
     p.set_defaults(func=_cmd_plan)

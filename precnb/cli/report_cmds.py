@@ -145,9 +145,10 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--rtol", type=_positive, help="one relative tolerance for all tensors (default: by dtype)")
     p.add_argument("--reference", nargs=2, metavar=("RUN_A", "RUN_B"),
                    help="calibrate tolerances from two healthy runs of the same job")
-    from precnb.cli.analysis_cmds import add_mapping_option
+    from precnb.cli.analysis_cmds import add_mapping_option, add_rank_table_option
 
     add_mapping_option(p)
+    add_rank_table_option(p)
     p.add_argument("--stat", default="norm", choices=["norm", "max", "min", "mean"],
                    help="statistic the charts draw (default norm)")
     p.add_argument("--title", help="page title (default: the run's folder name)")

@@ -40,6 +40,7 @@ def open_run(
     lazy: bool = False,
     progress: bool | None = None,
     workers: int | str | None = None,
+    rank_table: Any = None,
 ) -> xr.Dataset:
     """Open one run as a canonical dataset (dims step, rank, tensor).
 
@@ -69,6 +70,10 @@ def open_run(
         Without a dask client, parse in this many local processes (``"auto"``: one per
         available CPU, at most 8, when the input is large enough to pay for them). Default
         (everywhere, the command line included): ``PRECNB_WORKERS``, else ``"auto"``.
+    rank_table : path or mapping, optional
+        Which host and device served each rank (HCCL ``rank_table_file`` JSON, ``rank,host,device``
+        CSV or ``{rank: (host, device)}``, :mod:`precnb.io.rank_table`). Kept as
+        ``ds.attrs["rank_table"]``, so every diagnosis of the run names hosts and devices beside ranks.
 
     Returns
     -------
@@ -96,6 +101,30 @@ def open_run(
             "see precnb.load_report(ds)", stacklevel=2)
     if lazy and not reader.lazy:
         ds = ds.chunk({"step": 1})
+    if rank_table is not None:
+        ds = with_rank_table(ds, rank_table)
+    return ds
+
+
+def with_rank_table(ds: xr.Dataset, rank_table: Any) -> xr.Dataset:
+    """*ds* with its rank table kept in ``attrs["rank_table"]`` (JSON ``{rank: {"host", "device"}}``).
+
+    The table must place every rank of *ds*.
+
+    Raises
+    ------
+    precnb.io.rank_table.RankTableError
+        A table that cannot be read or that does not place a rank of the run.
+    """
+    from precnb.io.rank_table import check_covers, normalise_table
+
+    name = str(rank_table) if isinstance(rank_table, (str, os.PathLike)) else "rank table"
+    table = normalise_table(rank_table, name=name)
+    if "rank" in ds.dims:
+        check_covers(table, (int(r) for r in ds["rank"].values), name=name)
+    ds = ds.copy()
+    ds.attrs["rank_table"] = json.dumps({str(r): d for r, d in table.items()})
+    ds.attrs["rank_table_source"] = name
     return ds
 
 

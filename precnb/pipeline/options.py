@@ -66,6 +66,15 @@ class Options:
         How many further suspects a finding lists.
     replica_rtol : float
         Relative tolerance of the replica check.
+    rank_table : path or mapping, optional
+        Which host and device served each rank (an HCCL ``rank_table_file`` JSON, a
+        ``rank,host,device`` CSV, or ``{rank: (host, device)}``): every finding naming a rank names
+        them too (:mod:`precnb.pipeline.devices`).
+    replica_baseline : path or xarray.Dataset, optional
+        A clean run of the same training: decides which side of a two-replica departure is wrong.
+    rng_regions : tuple of str
+        Module path prefixes inside a model-parallel RNG region (Megatron's tracker): a random op there
+        differs across TP ranks by design; elsewhere its departure is an unsynchronised seed.
     tensor_metrics : bool or None
         Judge the divergence on whole-tensor metrics (msprobe compare's) where both runs saved
         the tensors (``task: tensor``). None: whenever both runs hold tensor files and no layout
@@ -98,6 +107,9 @@ class Options:
     limit: int = 50
     replica_rtol: float = 1e-6
     tensor_metrics: bool | None = None  # issue #17 (precnb.pipeline.tensors)
+    rank_table: Any = None  # issue #28 (precnb.pipeline.devices)
+    replica_baseline: Any = field(default=None, compare=False)  # issue #28
+    rng_regions: tuple[str, ...] = ()
     monitor: Any = field(default=None, compare=False)  # issue #29 (precnb.pipeline.side_inputs)
     loss: Any = field(default=None, compare=False)  # issue #29
 
@@ -135,7 +147,7 @@ class Options:
             if f.name == "client":
                 continue
             v = getattr(self, f.name)
-            if f.name in ("monitor", "loss"):  # data (a dataset, a table) or a path: never compared by value
+            if f.name in ("monitor", "loss", "replica_baseline"):  # data or a path: never compared by value
                 if v is not None:
                     out[f.name] = _source(v)
                 continue

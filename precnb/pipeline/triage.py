@@ -86,6 +86,8 @@ class Triage:
     tolerance: Any = field(default=None, repr=False)
     tensor_metrics: xr.Dataset | None = field(default=None, repr=False)
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: ``{rank: {"host", "device"}}`` from the ``rank_table`` option (issue #28), else None
+    rank_table: dict[int, dict[str, str]] | None = field(default=None, repr=False)
     source_paths: tuple[str | None, str | None] = (None, None)
 
     @property
@@ -434,7 +436,8 @@ def diagnose(
         return open_source(Source(x, "reference"), loaded=loaded, **common)
 
     tolerance = _tolerance(opts, open_ref)
-    params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol)}
+    params = {"spike_rule": _spike_rule(opts), "limit": int(opts.limit), "replica_rtol": float(opts.replica_rtol),
+              "rng_regions": tuple(opts.rng_regions)}
     if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
         from precnb.pipeline.side_inputs import side_inputs
 
@@ -459,7 +462,7 @@ def diagnose(
             loaded.failures.clear()
         else:
             if "preflight" not in kinds_wanted:
-                return div
+                return _with_devices(div, opts)
             # the pre-flight checks need the first two steps only (inventory, first update, data): the
             # ones the search read when it read two, else read again
             pre_opts = opts.with_(kinds=["preflight"], steps=plan[0][:2], step_offset=plan[1])
@@ -473,7 +476,7 @@ def diagnose(
                 pre = diagnose(target, baseline, options=pre_opts)
             joined = with_preflight(pre, div)
             nothing_compared_first(joined.findings, joined.load_failures)
-            return joined
+            return _with_devices(joined, opts)
 
     if bsrc is None:
         raw_t = open_source(tsrc, loaded=loaded, steps=opts.steps, **common)
@@ -482,6 +485,11 @@ def diagnose(
         b_steps, t_steps = _pair_steps(tsrc, bsrc, opts)
         raw_t = open_source(tsrc, loaded=loaded, steps=t_steps, **common)
         raw_b = open_source(bsrc, loaded=loaded, steps=b_steps, **common)
+    from precnb.pipeline.devices import replica_inputs, resolve_rank_table
+
+    rank_table = resolve_rank_table(opts.rank_table, raw_t)  # a bad table fails before the diagnoses run
+    if "replica_mismatch" in kinds_wanted:
+        params.update(replica_inputs(tsrc, opts, raw_t, loaded=loaded, common=common))
     # a pair is compared whole-model against whole-model: a layout the user did not give is read from the dumps
     t_lay = resolve_layout(opts.target_layout, raw_t, "target", notes, infer=raw_b is not None)
     b_lay = resolve_layout(opts.baseline_layout, raw_b, "baseline", notes) if raw_b is not None else None
@@ -526,7 +534,11 @@ def diagnose(
     _enrich(findings, ctx)
     _name_in_layout(findings, raw_t, targ, t_lay, paired=base is not None)
     attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
-    return Triage(findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
+    from precnb.pipeline.devices import attach_devices
+
+    attach_devices(findings, rank_table)
+    return Triage(rank_table=rank_table,
+                  findings=findings, options=opts, alignment=alignment, checks=checks, target=targ, baseline=base,
                   raw_target=raw_t, raw_baseline=raw_b, names=ctx.names, step_offset=step_offset, notes=notes,
                   load_failures=loaded.failures, target_layout=t_lay, baseline_layout=b_lay, results=results,
                   tolerance=tolerance, tensor_metrics=params.get("tensor_metrics"), cache=cache,
@@ -548,6 +560,16 @@ def nothing_compared_first(findings: list[Any], failures: Sequence[tuple[str, st
         f.reason += f"; {len(failures)} unreadable file(s) skipped (first: {first})"
         f.stats["skipped_files"] = [{"path": p, "reason": r} for p, r in failures[:50]]
     findings.insert(0, f)
+
+
+def _with_devices(triage: Triage, opts: Options) -> Triage:
+    """*triage* with hosts and devices beside its ranks (the ``rank_table`` option; issue #28)."""
+    from precnb.pipeline.devices import attach_devices, resolve_rank_table
+
+    table = resolve_rank_table(opts.rank_table, triage.raw_target)
+    attach_devices(triage.findings, table)
+    triage.rank_table = table
+    return triage
 
 
 def _name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_lay: Any, *, paired: bool) -> None:

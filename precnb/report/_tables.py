@@ -130,6 +130,10 @@ def _values_tables(values: dict[str, Any], title: str) -> list[dict[str, Any]]:
 
 def _suspects(rows: Sequence[dict[str, Any]], limit: int) -> dict[str, Any]:
     keys = ["step", "rank", "node", "tensor", "why"]
+    if any(isinstance(r.get("device"), dict) for r in rows):  # a rank table: the device beside the rank
+        keys.insert(2, "device")
+        rows = [{**r, "device": f"{r['device'].get('host')}:{r['device'].get('device')}"}
+                if isinstance(r.get("device"), dict) else r for r in rows]
     extra = [k for k in ("stat", "value", "reference", "score", "rel_diff", "epoch", "group")
              if any(k in r for r in rows)]
     out = []
@@ -139,6 +143,21 @@ def _suspects(rows: Sequence[dict[str, Any]], limit: int) -> dict[str, Any]:
             for k in keys + extra]
         out.append(cells)
     return {"columns": ["#", *keys, *extra], "rows": out, "total": len(rows)}
+
+
+def _device_text(d: dict[str, Any]) -> str:
+    """``10.0.0.1:1 — suspect`` for a finding dict's device, marked from its replica departure's candidates."""
+    dev = d["device"]
+    text = f"{dev.get('host')}:{dev.get('device')}"
+    cands = (d.get("evidence") or {}).get("candidates") or []
+    mine = [c for c in cands if c.get("rank") == d.get("rank")]
+    if mine and mine[0].get("wrong_side"):
+        return text + " — suspect device (the wrong side of the departure)"
+    if mine and len(cands) > 1:
+        others = ", ".join(f"rank {c['rank']} on {c['device']['host']}:{c['device']['device']}" for c in cands
+                           if c is not mine[0] and isinstance(c.get("device"), dict))
+        return text + f" — one of {len(cands)} candidate devices" + (f" (also {others})" if others else "")
+    return text
 
 
 def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
@@ -167,6 +186,9 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
     module_path = [str(m) for m in ev.pop("module_path", []) or []]
     where = [(k, fmt(d.get(k))) for k in ("step", "rank", "node", "tensor", "module") if d.get(k) is not None
              and not (k == "tensor" and d.get("tensor") == d.get("node"))]  # monitor rows: node == tensor
+    if isinstance(d.get("device"), dict):  # a rank table was given (issue #28): the device beside the rank
+        where.insert([k for k, _ in where].index("rank") + 1 if "rank" in [k for k, _ in where] else 0,
+                     ("device", Cell(_device_text(d))))
     if "target_step" in (d.get("values") or {}):
         where.insert(1, ("target step", fmt(d["values"]["target_step"])))
     base = d.get("baseline") or {}

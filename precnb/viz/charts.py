@@ -178,6 +178,8 @@ def heatmap_chart(
                alt.Tooltip("worst_step:Q", title="its step"), alt.Tooltip("worst_rank:Q", title="its rank")]
     if grouped:
         tooltip.insert(1, alt.Tooltip("group:N"))
+    if "device" in frame and frame["device"].astype(str).ne("").any():  # a rank table was given (issue #28)
+        tooltip.insert(1, alt.Tooltip("device:N", title="host:device"))
     x = alt.X("col:O", sort=_sort_by("col_order"), title="ranks" if by == "rank" else "step",
               axis=alt.Axis(labelAngle=-45 if by == "rank" else 0, labelOverlap=True))
     y = alt.Y("row:N", sort=_sort_by("row_order"), title=y_title,

@@ -24,7 +24,7 @@ from precnb.viz._grid import bucket_size, reduce_grid
 from precnb.viz.frames import _bucket_of, _fmt, _index, _label
 from precnb.viz.values import Color, cell_values
 
-__all__ = ["WHERE_COLUMNS", "where_frame"]
+__all__ = ["WHERE_COLUMNS", "where_frame", "with_devices"]
 
 WHERE_COLUMNS = ["row", "row_order", "col", "col_order", "x", "x_hi", "step", "step_hi", "rank_lo", "rank_hi",
                  "value", "color", "value_text", "first_bad", "nonfinite", "records", "tensor", "worst_step",
@@ -130,3 +130,30 @@ def where_frame(
     df.attrs.update(color=color, x="step", by="step", rows="rank", step_size=ss, rank_size=rs,
                     n_flagged=int((rank_k > 0).sum()))
     return df
+
+
+def with_devices(frame: pd.DataFrame, labels: Mapping[int, str] | None) -> pd.DataFrame:
+    """*frame* (a :func:`where_frame`) with a ``device`` column: the host and device of each row's rank.
+
+    A row of one rank gets its label (``"10.0.0.1:1 (suspect)"``); a bucket of ranks the labels of its
+    marked devices, else ``""``. Without *labels* the frame is returned as is.
+
+    Examples
+    --------
+    >>> f = pd.DataFrame({"rank_lo": [0, 2], "rank_hi": [0, 3]})
+    >>> with_devices(f, {0: "h:0", 2: "h:2", 3: "h:3 (suspect)"})["device"].tolist()
+    ['h:0', 'h:3 (suspect)']
+    """
+    if not labels or not len(frame):
+        return frame
+    out = frame.copy()
+
+    def label(lo: int, hi: int) -> str:
+        if lo == hi:
+            return labels.get(int(lo), "")
+        marked = [labels[r] for r in range(int(lo), int(hi) + 1) if r in labels and "(" in labels[r]]
+        return ", ".join(marked[:3]) + (" ..." if len(marked) > 3 else "")
+
+    out["device"] = [label(a, b) for a, b in zip(out["rank_lo"], out["rank_hi"], strict=True)]
+    out.attrs.update(frame.attrs)
+    return out

@@ -54,6 +54,14 @@ class ExplorerData:
             return None
         return t.raw_target  # type: ignore[no-any-return]
 
+    def device_labels(self) -> dict[int, str]:
+        """``{rank: "host:device"}`` from the triage's rank table, suspect devices marked (``{}`` without one)."""
+        if self.triage is None:
+            return {}
+        from precnb.pipeline.devices import device_labels
+
+        return self.cached(("device_labels",), lambda: device_labels(self.triage))
+
     def cached(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         """Memoise *make()* under *key*."""
         if key not in self._cache:

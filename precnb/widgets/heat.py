@@ -188,6 +188,11 @@ class HeatView:
         frame = self.data.cached(key, lambda: where_frame(ds, color=color, stat=f.stat.value, values=values,
                                                           tensors=mask, steps=steps, ranks=ranks, focus=focus))
         frame.attrs["what"] = what
+        labels = self.data.device_labels()
+        if labels and (unmerged or self.data.raw() is None):  # the dump's ranks: host and device beside each
+            from precnb.viz.where import with_devices
+
+            frame = with_devices(frame, labels)
         return frame
 
     def update(self, *, focus: Mapping[str, Any] | None = None) -> pd.DataFrame:
@@ -238,8 +243,10 @@ class HeatView:
         color = self.color()
         what = wf.attrs.get("what") or ""
         n_ranks = self.where_ds.sizes["rank"] if self.where_ds is not None else 0
+        marked = [f"rank {r} on {lab}" for r, lab in self.data.device_labels().items() if "(" in lab]
         caption = (f"where: {n_ranks} rank(s) × steps" + (" — the target as dumped, before merging its shards"
                                                            if self.where_unmerged else "")
+                   + (f"; devices: {html.escape(', '.join(marked))}" if marked else "")
                    + (f"; first bad = {html.escape(what)}" if color == "first_bad" and what else ""))
         shape = ("where", color, f.stat.value, self.where_unmerged)
         width = self.cells_width(wf)

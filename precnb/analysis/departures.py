@@ -1,0 +1,434 @@
+"""Replica departures, classified: the first one in execution order, why it happened, what followed.
+
+:func:`precnb.analysis.replicas.replica_mismatches` lists every record that departs from its replica
+group. This module turns that list into *events*: in each step and replica group the first departing
+record in execution order is the event's origin, everything after it in that step is a consequence.
+Each origin says
+
+* whether the op's **inputs were identical** across the replicas: its tensor inputs (every statistic,
+  and the CRC in md5 dumps, equal on every member) and, when the dump's records can be read, its
+  **scalar arguments**. An op given a per-rank argument differs by design and is set aside, not a
+  departure;
+* its **cause**: inputs identical and a random op (``torch.normal``, dropout, ...) outside a
+  model-parallel RNG region → ``unsynchronised_seed``; inputs identical otherwise → ``compute_fault``
+  (a compute fault on that device, or a non-deterministic kernel); inputs that already differ →
+  ``inherited`` (from an earlier event, or from a difference no checked tensor shows);
+* its **candidates**: with two replicas either side may be wrong, so both ranks are named unless a clean
+  run of the same training (*baseline*) decides (the side whose output differs from the clean run while
+  every member's inputs still match it); with three or more the majority decides.
+
+Random ops (``torch.normal(0, 1, size)``) have no tensor input: the replica check counts their outputs as
+replicated (they read only their scalar arguments and the shared random state); in md5 dumps
+:func:`crc_rows` adds the departures only the CRC shows.
+
+:func:`check_departures` is the replica diagnosis of :func:`precnb.diagnose` (kind ``replica_mismatch``).
+
+Examples
+--------
+>>> is_random_op("Torch.normal"), is_random_op("Functional.dropout"), is_random_op("Torch.rsqrt")
+(True, True, False)
+>>> scalar_args({"input_args": [{"type": "float", "value": 0.0}, {"type": "torch.Tensor", "shape": [2]}],
+...              "input_kwargs": {"p": {"type": "float", "value": 0.1}}})
+{'input_args.0': ('float', 0.0), 'input_kwargs.p': ('float', 0.1)}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from precnb.analysis.evidence import entry_values, node_evidence
+from precnb.analysis.findings import Finding
+from precnb.analysis.layout import Layout
+
+__all__ = ["RANDOM_OPS", "check_departures", "crc_rows", "departure_events", "is_random_op", "scalar_args"]
+
+#: torch ops whose output is drawn from a generator (API names without the ``Torch.``/``Tensor.``/``Functional.``
+#: prefix; in-place variants end with ``_``)
+RANDOM_OPS = frozenset({
+    "normal", "normal_", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+    "bernoulli", "bernoulli_", "multinomial", "poisson", "uniform_", "exponential_", "geometric_", "cauchy_",
+    "log_normal_", "random_", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+    "feature_alpha_dropout", "fused_dropout", "native_dropout", "rrelu", "gumbel_softmax",
+})
+STATS = ("max", "min", "mean", "norm")
+CAUSE_TEXT = {
+    "compute_fault": "inputs identical across the replicas, output differs: a compute fault on that device, or a "
+                     "non-deterministic kernel",
+    "unsynchronised_seed": "a random op whose output differs across the replicas while its inputs are identical, "
+                           "outside any model-parallel RNG region: an unsynchronised seed",
+    "inherited": "its inputs already differ across the replicas: inherited from an earlier difference",
+}
+_MAX_RECORD_READS = 32  # origins whose scalar arguments are read from the dump's records
+
+
+def is_random_op(api: str) -> bool:
+    """True for an msprobe API name (``Torch.normal``, ``Functional.dropout``) of a random op."""
+    name = str(api).rsplit(".", 1)[-1]
+    return name in RANDOM_OPS or name.lstrip("_") in RANDOM_OPS
+
+
+def scalar_args(record: Mapping[str, Any] | None) -> dict[str, tuple[str, Any]]:
+    """``{path: (type, value)}`` of the scalar (non-tensor) arguments of one node's dump record."""
+    out: dict[str, tuple[str, Any]] = {}
+
+    def walk(v: Any, path: str, depth: int) -> None:
+        if depth > 6:
+            return
+        if isinstance(v, dict):
+            if "type" in v and "shape" not in v and "value" in v:
+                val = v["value"]
+                out[path] = (str(v["type"]), repr(val) if isinstance(val, float) and val != val else val)
+                return
+            if "shape" in v or "data_name" in v:
+                return  # a tensor
+            for k, x in v.items():
+                walk(x, f"{path}.{k}", depth + 1)
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, f"{path}.{i}", depth + 1)
+
+    for side in ("input_args", "input_kwargs"):
+        walk((record or {}).get(side), side, 0)
+    return out
+
+
+def _equal(v: np.ndarray, ref: np.ndarray, rtol: float) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return (v == ref) | (np.isnan(v) & np.isnan(ref)) | (np.abs(v - ref) <= rtol * np.fmax(np.abs(ref), 1e-30))
+
+
+def crc_rows(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("tp", "cp", "dp")) -> list[dict[str, Any]]:
+    """Departures only the CRC shows (md5 dumps): statistics equal across the group, CRC-32 not.
+
+    A tensor counts as replicated on a group when its statistics are equal on every member at most of the
+    steps recorded there and its CRC at one of them at least (the CRC of a collective's input is skipped:
+    msprobe may take it after the collective changed the buffer in place). Rows have the shape of
+    :func:`precnb.analysis.replicas.replica_mismatches`'s.
+    """
+    if "crc" not in ds.data_vars:
+        return []
+    from precnb.naming import is_communication
+
+    crc = ds["crc"].values
+    has = np.vectorize(lambda c: isinstance(c, str) and bool(c), otypes=[bool])(crc) & ds["present"].values
+    if not has.any():
+        return []
+    ok_col = np.array([not (is_communication(str(n)) and r == "input") for n, r in
+                       zip(ds["node"].values.tolist(), ds["role"].values.tolist(), strict=True)], bool)
+    ranks = [int(r) for r in ds["rank"].values]
+    stats = np.stack([ds[s].values for s in STATS], axis=-1)
+    rows: list[dict[str, Any]] = []
+    for dim in dims:
+        if layout.size(dim) * (layout.ep if dim == "dp" else 1) <= 1:
+            continue
+        for g in layout.groups(dim):
+            idx = [ranks.index(r) for r in g]
+            c, h = crc[:, idx], has[:, idx].all(axis=1)  # (step, n, t), (step, t)
+            same_crc = (c == c[:, :1]).all(axis=1) & h
+            v = stats[:, idx]
+            same_stats = _equal(v, v[:, :1], 0.0).all(axis=(1, 3))
+            # replicated: equal statistics at most recorded steps and one CRC at one step at least
+            rep = (2 * (same_stats & h).sum(axis=0) >= h.sum(axis=0)) & same_crc.any(axis=0) & ok_col
+            bad = h & ~same_crc & same_stats & rep[None, :]
+            for si, tj in np.argwhere(bad):
+                counts: dict[str, int] = {}
+                for k in range(len(g)):
+                    counts[str(c[si, k, tj])] = counts.get(str(c[si, k, tj]), 0) + 1
+                odd = [k for k in range(len(g)) if counts[str(c[si, k, tj])] * 2 <= len(g)] or [len(g) - 1]
+                for k in (odd[-1:] if len(g) == 2 else odd):
+                    rows.append({"step": int(ds["step"].values[si]), "rank": g[k], "group": list(g), "dim": dim,
+                                 "tensor": str(ds["tensor"].values[tj]), "node": str(ds["node"].values[tj]),
+                                 "seq": int(ds["seq"].values[si, idx[k], tj]), "inputs_identical": False,
+                                 "why": f"its CRC differs from its {dim} replicas' (statistics equal)"})
+    return rows
+
+
+class _Run:
+    """Per-run lookups the classification needs (tensor columns of a node, values at (step, rank))."""
+
+    def __init__(self, ds: xr.Dataset) -> None:
+        self.ds = ds
+        self.col = {str(t): j for j, t in enumerate(ds["tensor"].values.tolist())}
+        self.step = {int(s): i for i, s in enumerate(ds["step"].values.tolist())}
+        self.rank = {int(r): i for i, r in enumerate(ds["rank"].values.tolist())}
+        self.inputs: dict[str, list[int]] = {}
+        for j, (n, r) in enumerate(zip(ds["node"].values.tolist(), ds["role"].values.tolist(), strict=True)):
+            if r == "input":
+                self.inputs.setdefault(str(n), []).append(j)
+        self.crc = ds["crc"].values if "crc" in ds.data_vars else None
+        self.vals = {s: ds[s].values for s in STATS}
+        self.present = ds["present"].values
+
+    def key(self, step: int, rank: int, col: int) -> tuple[Any, ...] | None:
+        si, ri = self.step.get(step), self.rank.get(rank)
+        if si is None or ri is None or not self.present[si, ri, col]:
+            return None
+        crc = self.crc[si, ri, col] if self.crc is not None else None
+        return (*(float(self.vals[s][si, ri, col]) for s in STATS), crc if isinstance(crc, str) and crc else None)
+
+
+def _same(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None, rtol: float) -> bool:
+    if a is None or b is None:
+        return False
+    if a[-1] is not None and b[-1] is not None and a[-1] != b[-1]:
+        return False  # CRC: bitwise
+    x, y = np.array(a[:-1], float), np.array(b[:-1], float)
+    return bool(_equal(x, y, rtol).all())
+
+
+def _inputs_identical(run: _Run, step: int, group: list[int], node: str, rtol: float) -> bool | None:
+    """Tensor inputs of *node* equal on every member (None: the node records no tensor input)."""
+    cols = run.inputs.get(node, [])
+    if not cols:
+        return None
+    for j in cols:
+        keys = [run.key(step, r, j) for r in group]
+        if any(k is None for k in keys) or not all(_same(keys[0], k, rtol) for k in keys[1:]):
+            return False
+    return True
+
+
+def _decide(run: _Run, base: _Run | None, ev: dict[str, Any], rtol: float) -> None:
+    """Which side of the departure is wrong: the majority (three or more replicas), else the clean run."""
+    group, step = ev["group"], ev["step"]
+    if len(group) >= 3:
+        ev["wrong_side"], ev["decided_by"] = sorted(ev["departing_ranks"]), "majority"
+        return
+    ev["wrong_side"], ev["decided_by"] = [], None
+    if base is None:
+        return
+    col, bcol = run.col[ev["tensor"]], base.col.get(ev["tensor"])
+    if bcol is None:
+        ev["baseline"] = {"decides": False, "why": "the clean run does not record this tensor"}
+        return
+    ins_match = all(_same(run.key(step, r, j), base.key(step, r, base.col[str(run.ds["tensor"].values[j])]), rtol)
+                    for r in group for j in run.inputs.get(ev["node"], [])
+                    if str(run.ds["tensor"].values[j]) in base.col)
+    agree = [r for r in group if _same(run.key(step, r, col), base.key(step, r, bcol), rtol)]
+    differ = [r for r in group if r not in agree]
+    decides = ins_match and bool(agree) and bool(differ)
+    ev["baseline"] = {"agree_with_baseline": agree, "differ_from_baseline": differ, "inputs_match_baseline":
+                      ins_match, "decides": decides}
+    if decides:
+        ev["wrong_side"], ev["decided_by"] = differ, "baseline"
+
+
+def departure_events(
+    ds: xr.Dataset,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    rtol: float = 1e-6,
+    records: Callable[[int, int, str], Mapping[str, Any] | None] | None = None,
+    baseline: xr.Dataset | None = None,
+    rng_regions: Sequence[str] = (),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Group departure *rows* into events (one per step and replica group) and classify their origins.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The run the rows come from (ranks as dumped).
+    rows : sequence of dict
+        :func:`precnb.analysis.replicas.replica_mismatches` rows (and :func:`crc_rows`).
+    rtol : float
+        Relative tolerance on statistics (CRCs compare exactly).
+    records : callable, optional
+        ``records(step, rank, node)`` → the node's dump record: its scalar arguments are compared.
+    baseline : xarray.Dataset, optional
+        A clean run of the same training (same ranks and steps): decides two-replica departures.
+    rng_regions : sequence of str
+        Module path prefixes inside a model-parallel RNG region: a random op there differs by design.
+
+    Returns
+    -------
+    (events, set_aside)
+        Events in (step, execution position) order, and what was set aside as differing by design.
+    """
+    run = _Run(ds)
+    base = _Run(baseline) if baseline is not None else None
+    by_event: dict[tuple[int, tuple[int, ...], str], list[Mapping[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: (r["step"], r["seq"], r["rank"])):
+        by_event.setdefault((int(r["step"]), tuple(r["group"]), str(r["dim"])), []).append(r)
+    events: list[dict[str, Any]] = []
+    aside: list[dict[str, Any]] = []
+    reads = 0
+    for (step, group, dim), rs in sorted(by_event.items(), key=lambda kv: (kv[0][0], kv[1][0]["seq"], kv[0][1])):
+        first = rs[0]
+        node, tensor = str(first["node"]), str(first["tensor"])
+        module = str(ds["module"].values[run.col[tensor]]) if tensor in run.col else ""
+        api = str(ds["api"].values[run.col[tensor]]) if tensor in run.col else node
+        role = str(ds["role"].values[run.col[tensor]]) if tensor in run.col else ""
+        tin = _inputs_identical(run, step, list(group), node, rtol) if role == "output" else False
+        sargs: bool | None = None
+        if records is not None and role == "output" and reads < _MAX_RECORD_READS:
+            reads += 1
+            try:
+                got = [records(step, r, node) for r in group]
+            except Exception:  # evidence is optional: classified from the tensors alone
+                got = []
+            if got and all(g is not None for g in got):
+                sa = [scalar_args(g) for g in got]
+                sargs = all(x == sa[0] for x in sa[1:])
+        random = is_random_op(api)
+        in_region = random and bool(module) and any(module.startswith(p) for p in rng_regions)
+        if sargs is False or in_region:
+            why = ("the op's scalar arguments differ across the replicas (a per-rank argument): different by "
+                   "design" if sargs is False else "a random op inside a model-parallel RNG region: different by "
+                   "design")
+            aside.append({"step": step, "group": list(group), "node": node, "why": why, "entries": len(rs)})
+            continue
+        identical = tin is not False and role == "output"
+        cause = ("unsynchronised_seed" if random else "compute_fault") if identical else "inherited"
+        departing = sorted({int(r["rank"]) for r in rs if r["tensor"] == tensor})
+        ev: dict[str, Any] = {
+            "step": step, "dim": dim, "group": list(group), "rank": int(first["rank"]), "departing_ranks": departing,
+            "node": node, "tensor": tensor, "module": module or None, "api": api, "role": role,
+            "seq": int(first["seq"]),
+            "inputs_identical": identical, "tensor_inputs_identical": tin, "scalar_args_identical": sargs,
+            "random_op": random, "cause": cause, "cause_text": CAUSE_TEXT[cause].replace(
+                "the replicas", f"the {dim.upper()} replicas"),
+            "consequences": {"tensors": len(rs) - 1, "nodes": len({r["node"] for r in rs[1:]} - {node}),
+                             "first": str(rs[1]["tensor"]) if len(rs) > 1 else None,
+                             "last": str(rs[-1]["tensor"]) if len(rs) > 1 else None},
+        }
+        if cause == "inherited":
+            earlier = [e for e in events if e["group"] == list(group) and e["step"] < step]
+            ev["inherited_from"] = ({"step": earlier[-1]["step"], "node": earlier[-1]["node"]} if earlier else None)
+        _decide(run, base, ev, rtol)
+        ev["candidates"] = [{"rank": r, "wrong_side": r in ev["wrong_side"]} for r in
+                            (ev["wrong_side"] or (list(group) if len(group) == 2 else departing))]
+        events.append(ev)
+    return events, aside
+
+
+def _aside_text(a: Mapping[str, Any]) -> str:
+    where = a.get("node") or ((a.get("examples") or [{}])[0].get("tensor")) or "?"
+    return f"set aside: {where}" + (f" at step {a['step']}" if "step" in a else "") + f": {a.get('why', '')}"
+
+
+def _reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> str:
+    g = ev["group"]
+    dim = ev["dim"].upper()
+    judge = "the clean run" if ev["decided_by"] == "baseline" else "the majority"
+    who = (f"rank {ev['wrong_side'][0]} is wrong ({judge} decides)" if ev["wrong_side"] else
+           f"ranks {g[0]} and {g[1]} disagree; a pair cannot say which side is wrong (both are candidates)"
+           if len(g) == 2 else f"ranks {ev['departing_ranks']} depart")
+    if ev["inputs_identical"]:
+        if ev["scalar_args_identical"]:
+            ins = ("its inputs (tensors and scalar arguments) are identical" if ev["tensor_inputs_identical"] else
+                   "it has no tensor input and its scalar arguments are identical")
+        elif ev["tensor_inputs_identical"]:
+            ins = "its tensor inputs are identical (scalar arguments not read)"
+        else:
+            ins = "it has no tensor input (scalar arguments not read)"
+        what = {"unsynchronised_seed": "a random op outside any model-parallel RNG region: an unsynchronised seed",
+                "compute_fault": "a compute fault on that device, or a non-deterministic kernel"}[ev["cause"]]
+        head = f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']} while {ins}: {what}"
+    else:
+        src = ev.get("inherited_from")
+        what = "its inputs already differ" if ev["role"] == "output" else f"it is {ev['role']}, not an op's output"
+        head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}; {what}: "
+                + (f"inherited from the departure at step {src['step']} ({src['node']})" if src else
+                   "inherited from an earlier difference no checked tensor shows"))
+    tail = (f"; {later} later mismatch(es) follow from it (steps {', '.join(map(str, later_steps))})" if later else "")
+    return f"{head}; {who}{tail}"
+
+
+def check_departures(
+    ds: xr.Dataset,
+    layout: Layout | None = None,
+    *,
+    dims: Sequence[str] = ("dp", "tp"),
+    rtol: float = 1e-6,
+    limit: int = 50,
+    records: Callable[[int, int, str], Mapping[str, Any] | None] | None = None,
+    baseline: xr.Dataset | None = None,
+    rng_regions: Sequence[str] = (),
+) -> Finding:
+    """The replica check with its first departure classified (kind ``replica_mismatch``, or ``none``).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run, ranks as dumped.
+    layout : Layout, optional
+        Defaults to pure data parallelism over all ranks.
+    dims, rtol, limit
+        As :func:`precnb.analysis.replicas.check_replicas`.
+    records, baseline, rng_regions
+        As :func:`departure_events`.
+
+    Returns
+    -------
+    Finding
+        The first event's origin (step, rank, node, tensor); ``evidence["departure"]`` classifies it,
+        ``evidence["departures"]`` lists every event (origins at later steps included), ``evidence["candidates"]``
+        names the ranks that may be wrong, ``stats["consequences"]`` counts the later mismatches and their steps.
+
+    Examples
+    --------
+    >>> import precnb
+    >>> run = precnb.open_run(precnb.sample_path("sdc/job1"), workers=1)
+    >>> f = check_departures(run, precnb.Layout.parse("tp=2,dp=2", world_size=4))
+    >>> f.step, f.node, f.evidence["departure"]["cause"], f.evidence["departure"]["group"]
+    (1, 'Torch.rsqrt.0.forward', 'compute_fault', [0, 1])
+    """
+    from precnb.analysis.replicas import replica_mismatches
+
+    ranks = [int(r) for r in ds["rank"].values]
+    layout = layout or Layout(len(ranks))
+    if sorted(ranks) != list(range(layout.world_size)):
+        raise ValueError(f"layout {layout.describe()} does not match the run's ranks {ranks[:8]}")
+    rank_args: list[dict[str, Any]] = []  # set aside by the check itself (undefined values, rank-dependent ops)
+    rows, checked = replica_mismatches(ds, layout, dims=dims, rtol=rtol, aside=rank_args)
+    seen = {(r["step"], r["group"][0], r["tensor"]) for r in rows}
+    rows += [r for r in crc_rows(ds, layout, dims=dims) if (r["step"], r["group"][0], r["tensor"]) not in seen]
+    events, aside = departure_events(ds, rows, rtol=rtol, records=records, baseline=baseline,
+                                     rng_regions=rng_regions)
+    aside = rank_args + aside
+    stats: dict[str, Any] = {"checked_records": checked, "mismatches": len(rows), "layout": layout.describe(),
+                             "events": len(events)}
+    evidence_aside = {"set_aside": aside} if aside else {}
+    if not events:
+        hints = [_aside_text(a) for a in aside[:4]]
+        return Finding(kind="none", reason="all replicas agree", stats=stats, hints=hints, evidence=evidence_aside)
+    first = events[0]
+    origins = [e for e in events if e["inputs_identical"]]
+    inherited = [e for e in events[1:] if not e["inputs_identical"]]
+    later = first["consequences"]["tensors"] + sum(e["consequences"]["tensors"] + 1 for e in inherited)
+    later_steps = sorted({first["step"]} if first["consequences"]["tensors"] else set()
+                         | {e["step"] for e in inherited})
+    stats["consequences"] = {"count": later, "steps": later_steps}
+    stats["origins"] = len(origins)
+    rank = first["wrong_side"][0] if first["wrong_side"] else first["rank"]
+    hints = []
+    more = [e for e in origins if e is not first]
+    if more:
+        where = ", ".join(f"step {e['step']} ranks {e['group']}" for e in more[:6]) + (" ..." if len(more) > 6 else "")
+        hints.append(f"{len(more)} more departure(s) with identical inputs ({where}): separate events, not "
+                     "consequences; `precnb devices` follows them to hosts and devices across jobs")
+    if first["cause"] == "unsynchronised_seed":
+        hints.append(f"{first['api']} draws other numbers on the {first['dim'].upper()} ranks: seed the generator "
+                     "identically across the group outside the model-parallel RNG region (or move the op into it)")
+    if len(first["group"]) == 2 and not first["wrong_side"]:
+        hints.append("a pair cannot say which side is wrong: a clean run of the same training (--baseline RUN), a "
+                     "third replica, or the same departure on another job's device decides")
+    hints += [_aside_text(a) for a in aside[:4]]
+    values = {f"rank{r}": entry_values(ds, step=first["step"], rank=r, tensor=first["tensor"]) for r in first["group"]}
+    suspects = [{k: v for k, v in r.items() if k != "seq"} for r in
+                sorted(rows, key=lambda r: (r["step"], r["seq"], r["rank"]))
+                if (r["step"], r["tensor"], r["rank"]) != (first["step"], first["tensor"], first["rank"])][:limit]
+    brief = [{k: e[k] for k in ("step", "rank", "node", "inputs_identical", "cause", "dim", "group")} | {
+        "candidates": [c["rank"] for c in e["candidates"]], "wrong_side": e["wrong_side"],
+        "decided_by": e["decided_by"]} for e in events]
+    evidence = {**node_evidence(ds, first["node"]), "ranks": list(first["group"]),
+                "departing_ranks_at_step": sorted({int(r["rank"]) for r in rows if r["step"] == first["step"]}),
+                "departure": first, "departures": brief, "candidates": [dict(c) for c in first["candidates"]],
+                **evidence_aside}
+    return Finding(kind="replica_mismatch", reason=_reason(first, later, later_steps), step=first["step"], rank=rank,
+                   node=first["node"], tensor=first["tensor"], module=first["module"], values=values, hints=hints,
+                   suspects=suspects, evidence=evidence, stats=stats)

@@ -1,0 +1,180 @@
+"""Replica departures followed to hosts and devices, across steps and jobs: which device is suspect.
+
+Input: for each job (run), its classified replica departures (the events of
+:func:`precnb.analysis.departures.departure_events`, as ``Finding.evidence["departures"]`` lists them)
+and its rank table. Output: one entry per device, most suspect first, in the shape ``precnb devices``
+prints::
+
+    {"host", "device", "ranks": {run: rank}, "departures": [{"run", "step", "rank", "node",
+     "inputs_identical"}], "verdict": "suspect" | "clean" | "inconclusive", "why"}
+
+The rules:
+
+* a device is blamed by an event when its rank is the event's wrong side (a clean run or a third replica
+  decided), or one of its two candidates (a pair, undecided);
+* an event whose op is random (an unsynchronised seed) is code, not a device;
+* a rank blamed in every job while the device serving it changes: the departure **follows the rank**,
+  it points at code or data, and the devices are not blamed for it;
+* devices are taken most-blamed first (jobs, then decided events, then events); a device is ``suspect``
+  when the events left to it span more than one job or, decided, several steps; with one job the verdict is
+  at most "suspect (one event)"; events an earlier suspect explains are not counted again for its pair
+  partner (``clean``); an undecided pair partner otherwise stays ``inconclusive``.
+
+Examples
+--------
+>>> tables = {"a": {0: {"host": "h", "device": "0"}, 1: {"host": "h", "device": "1"}},
+...           "b": {0: {"host": "h", "device": "1"}, 1: {"host": "h", "device": "0"}}}
+>>> ev = lambda step, rank: {"step": step, "rank": rank, "node": "Torch.rsqrt.0.forward", "inputs_identical": True,
+...                          "cause": "compute_fault", "group": [0, 1], "candidates": [0, 1], "wrong_side": []}
+>>> out = device_verdicts({"a": [ev(1, 1)], "b": [ev(2, 1)]}, tables)
+>>> [(d["device"], d["verdict"]) for d in out]
+[('0', 'inconclusive'), ('1', 'inconclusive')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["device_verdicts"]
+
+_ORDER = {"suspect": 0, "inconclusive": 1, "clean": 2}
+_JUDGE = {"baseline": "the clean run", "majority": "the majority of its replicas"}
+
+
+def _name(dev: tuple[str, str]) -> str:
+    return f"{dev[0]}:{dev[1]}"
+
+
+def _blamed(ev: Mapping[str, Any]) -> list[int]:
+    return [int(r) for r in (ev.get("wrong_side") or ev.get("candidates") or [ev["rank"]])]
+
+
+def _where(hits: Sequence[tuple[str, Mapping[str, Any], int]]) -> str:
+    by_run: dict[str, list[str]] = {}
+    for run, ev, _ in hits:
+        by_run.setdefault(run, []).append(f"{ev['step']}")
+    ranks: dict[str, set[int]] = {}
+    for run, _, rank in hits:
+        ranks.setdefault(run, set()).add(rank)
+    return "; ".join(f"{run} step{'s' if len(st) > 1 else ''} {', '.join(dict.fromkeys(st))} as rank "
+                     f"{'/'.join(map(str, sorted(ranks[run])))}" for run, st in by_run.items())
+
+
+def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],
+                    tables: Mapping[str, Mapping[int, Mapping[str, str]]]) -> list[dict[str, Any]]:
+    """Per device: the rank it served in each job, its departures, and a verdict with why (most suspect first).
+
+    Parameters
+    ----------
+    events : mapping run -> list of dict
+        Each job's departure events: ``step, rank, node, inputs_identical, cause, group, candidates,
+        wrong_side`` (``Finding.evidence["departures"]`` of the replica diagnosis).
+    tables : mapping run -> rank table
+        ``{rank: {"host", "device"}}`` of each job.
+
+    Returns
+    -------
+    list of dict
+    """
+    runs = list(tables)
+    where: dict[tuple[str, str], dict[str, int]] = {}
+    for run in runs:
+        for rank, d in tables[run].items():
+            where.setdefault((str(d["host"]), str(d["device"])), {})[run] = int(rank)
+
+    def dev_of(run: str, rank: int) -> tuple[str, str] | None:
+        d = tables[run].get(rank)
+        return (str(d["host"]), str(d["device"])) if d else None
+
+    # ranks blamed in every job while the device serving them changes: the departure follows the rank
+    blamed = {run: {r for ev in events.get(run, ()) if ev.get("inputs_identical") for r in _blamed(ev)}
+              for run in runs}
+    blamed_devs = {run: {dev_of(run, r) for r in blamed[run]} for run in runs}
+    follows: set[int] = set()
+    if len(runs) > 1:
+        for r in set.intersection(*blamed.values()) if blamed else set():
+            # a device that served r in one job and did not depart in another: r departs, not the device
+            if any(dev_of(a, r) not in blamed_devs[b] for a in runs for b in runs if a != b):
+                follows.add(r)
+    departures: dict[tuple[str, str], list[dict[str, Any]]] = {d: [] for d in where}
+    hits: dict[tuple[str, str], list[tuple[str, Mapping[str, Any], int]]] = {d: [] for d in where}
+    seed: dict[tuple[str, str], list[str]] = {d: [] for d in where}
+    rank_follow: dict[tuple[str, str], set[int]] = {d: set() for d in where}
+    for run in runs:
+        for ev in events.get(run, ()):
+            for r in _blamed(ev):
+                dev = dev_of(run, r)
+                if dev is None:
+                    continue
+                departures[dev].append({"run": run, "step": int(ev["step"]), "rank": r, "node": ev["node"],
+                                        "inputs_identical": bool(ev.get("inputs_identical"))})
+                if not ev.get("inputs_identical"):
+                    continue  # inherited: a consequence, not an origin
+                is_seed = ev.get("cause") == "unsynchronised_seed"
+                if is_seed:
+                    seed[dev].append(str(ev["node"]))
+                if r in follows:
+                    rank_follow[dev].add(r)
+                if not is_seed and r not in follows:
+                    hits[dev].append((run, ev, r))
+
+    def weight(dev: tuple[str, str]) -> tuple[int, int, int]:
+        h = hits[dev]
+        return (len({run for run, _, _ in h}), sum(1 for _, ev, r in h if r in (ev.get("wrong_side") or [])), len(h))
+
+    explained: dict[tuple[str, int, tuple[int, ...]], tuple[str, str]] = {}
+    out: list[dict[str, Any]] = []
+    for dev in sorted(where, key=lambda d: (tuple(-x for x in weight(d)), d)):
+        h = hits[dev]
+        mine = [(run, ev, r) for run, ev, r in h if (run, int(ev["step"]), tuple(ev["group"])) not in explained]
+        decided = [(run, ev, r) for run, ev, r in mine if r in (ev.get("wrong_side") or [])]
+        jobs = {run for run, _, _ in mine}
+        steps = {(run, int(ev["step"])) for run, ev, _ in mine}
+        keys = {(run, int(ev["step"]), tuple(ev["group"])) for run, ev, _ in mine}
+        twins = [_name(o) for o in where if o != dev and keys and {
+            (run, int(ev["step"]), tuple(ev["group"])) for run, ev, _ in hits[o]} == keys and not any(
+            r in (ev.get("wrong_side") or []) for _, ev, r in mine)]
+        if twins:
+            verdict = "inconclusive"
+            why = (f"departed with identical inputs ({_where(mine)}) always together with {', '.join(twins)}: "
+                   "nothing tells them apart; a clean run (--baseline), a third replica or another placement decides")
+        elif mine and (len(jobs) > 1 or decided):
+            verdict = "suspect"
+            judges = sorted({_JUDGE.get(str(ev.get("decided_by")), "a decision") for _, ev, _ in decided})
+            at = ", ".join(dict.fromkeys(f"{run} step {ev['step']}" for run, ev, _ in decided))
+            how = ("in more than one job, on different ranks: it follows the device" if len(jobs) > 1 else
+                   f"at {len(steps)} step(s); {' and '.join(judges)} names it the wrong side at {at}")
+            why = f"departed with identical inputs ({_where(mine)}) {how}"
+            if len(runs) == 1:
+                why = ("suspect (one event): " + why + "; one job only: rerun with another rank placement (or on a "
+                       "clean device) to confirm")
+            for run, ev, _ in mine:
+                explained[(run, int(ev["step"]), tuple(ev["group"]))] = dev
+        elif mine:
+            verdict = "inconclusive"
+            why = (f"one of the two replicas that departed with identical inputs ({_where(mine)}); a pair cannot say "
+                   "which side is wrong: a clean run (--baseline), a third replica or another job decides")
+        elif h:
+            verdict = "clean"
+            by = sorted({_name(explained[(run, int(ev["step"]), tuple(ev["group"]))]) for run, ev, _ in h})
+            why = (f"its departures ({_where(h)}) are explained by the other side, {', '.join(by)}, which is "
+                   "suspect")
+        elif rank_follow[dev]:
+            verdict = "clean"
+            rs = sorted(rank_follow[dev])
+            why = (f"the departure follows rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} across devices "
+                   "in every job, not this device: it points at code or data (the same rank departs wherever it runs)")
+        elif seed[dev]:
+            verdict = "clean"
+            why = (f"its departures are a random op ({', '.join(sorted(set(seed[dev])))}) drawing other numbers: an "
+                   "unsynchronised seed is code, not this device")
+        else:
+            verdict = "clean"
+            why = "no replica departure with identical inputs on this device"
+        if verdict == "clean" and seed[dev] and (h or rank_follow[dev]):  # the random op's part of the story
+            why += f"; the random op {', '.join(sorted(set(seed[dev])))} departs too: an unsynchronised seed (code)"
+        out.append({"host": dev[0], "device": dev[1], "ranks": dict(where[dev]), "departures": departures[dev],
+                    "verdict": verdict, "why": why})
+    out.sort(key=lambda d: _ORDER[d["verdict"]])  # stable: most blamed first within each verdict
+    return out

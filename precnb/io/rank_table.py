@@ -1,0 +1,195 @@
+"""Rank tables: which host and device served each rank of a job.
+
+Two formats are read:
+
+* Ascend's HCCL ``rank_table_file`` (JSON): ``server_list[].server_id`` is the host,
+  ``server_list[].device[].device_id`` the device on it and ``rank_id`` the global rank;
+* a CSV with the header ``rank,host,device`` (other columns are ignored).
+
+:func:`read_rank_table` returns ``{rank: {"host": str, "device": str}}``; a table that cannot
+be used raises :class:`RankTableError`, one line naming the file and what is wrong (a missing
+field, a rank given twice, one device serving two ranks, ...).
+
+Examples
+--------
+>>> import precnb
+>>> t = read_rank_table(precnb.sample_path("sdc/rank_tables/job2.json"))
+>>> t[2]
+{'host': '10.0.0.1', 'device': '1'}
+>>> read_rank_table(precnb.sample_path("sdc/rank_tables/job2.csv")) == t
+True
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from precnb.errors import PrecnbError
+
+__all__ = ["RankTableError", "check_covers", "normalise_table", "read_rank_table"]
+
+_MAX_BYTES = 64 * 2**20  # a rank table of a million ranks stays far below this
+
+
+class RankTableError(PrecnbError):
+    """A rank table that cannot be read or used (the message names the file and the problem)."""
+
+
+def _rank(value: Any, where: str, name: str) -> int:
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if text is None or not text.isdigit():
+        raise RankTableError(f"{name}: {where}: rank {value!r} is not a non-negative integer")
+    return int(text)
+
+
+def _text(value: Any, where: str, what: str, name: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise RankTableError(f"{name}: {where}: no {what}")
+    return str(value).strip()
+
+
+def _build(entries: Iterable[tuple[Any, Any, Any, str]], name: str) -> dict[int, dict[str, str]]:
+    out: dict[int, dict[str, str]] = {}
+    served: dict[tuple[str, str], int] = {}
+    for rank_v, host_v, dev_v, where in entries:
+        rank = _rank(rank_v, where, name)
+        host, dev = _text(host_v, where, "host", name), _text(dev_v, where, "device", name)
+        if rank in out:
+            raise RankTableError(f"{name}: {where}: rank {rank} is given twice")
+        if (host, dev) in served:
+            raise RankTableError(f"{name}: {where}: device {host}:{dev} serves rank {served[(host, dev)]} and "
+                                 f"rank {rank}")
+        served[(host, dev)] = rank
+        out[rank] = {"host": host, "device": dev}
+    if not out:
+        raise RankTableError(f"{name}: the rank table lists no rank")
+    return dict(sorted(out.items()))
+
+
+def _from_hccl(doc: Any, name: str) -> dict[int, dict[str, str]]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("server_list"), list):
+        raise RankTableError(f"{name}: not an HCCL rank table (no server_list list)")
+
+    def entries() -> Iterable[tuple[Any, Any, Any, str]]:
+        for i, server in enumerate(doc["server_list"]):
+            if not isinstance(server, dict) or not isinstance(server.get("device"), list):
+                raise RankTableError(f"{name}: server_list[{i}]: no device list")
+            for j, dev in enumerate(server["device"]):
+                where = f"server_list[{i}].device[{j}]"
+                if not isinstance(dev, dict):
+                    raise RankTableError(f"{name}: {where}: not an object")
+                for key in ("rank_id", "device_id"):
+                    if key not in dev:
+                        raise RankTableError(f"{name}: {where}: no {key}")
+                if "server_id" not in server:
+                    raise RankTableError(f"{name}: server_list[{i}]: no server_id")
+                yield dev["rank_id"], server["server_id"], dev["device_id"], where
+
+    return _build(entries(), name)
+
+
+def _from_csv(text: str, name: str) -> dict[int, dict[str, str]]:
+    reader = csv.DictReader(io.StringIO(text))
+    header = [h.strip().lower() for h in (reader.fieldnames or [])]
+    missing = [h for h in ("rank", "host", "device") if h not in header]
+    if missing:
+        raise RankTableError(f"{name}: CSV header {','.join(header) or '(empty)'} lacks {', '.join(missing)} "
+                             "(expected rank,host,device)")
+    reader.fieldnames = header
+
+    def entries() -> Iterable[tuple[Any, Any, Any, str]]:
+        for row in reader:
+            if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
+                continue
+            yield row.get("rank"), row.get("host"), row.get("device"), f"line {reader.line_num}"
+
+    return _build(entries(), name)
+
+
+def read_rank_table(path: str | os.PathLike[str]) -> dict[int, dict[str, str]]:
+    """Read an HCCL ``rank_table_file`` JSON or a ``rank,host,device`` CSV.
+
+    Parameters
+    ----------
+    path : path-like
+        The table. JSON is recognised by its content (a leading ``{``), anything else is read as CSV.
+
+    Returns
+    -------
+    dict
+        ``{rank: {"host": ..., "device": ...}}``, by rank.
+
+    Raises
+    ------
+    RankTableError
+        When the file cannot be read, is neither format, or lists a rank twice or one device for two ranks.
+    """
+    p = Path(path)
+    name = str(path)
+    try:
+        if p.stat().st_size > _MAX_BYTES:
+            raise RankTableError(f"{name}: {p.stat().st_size} bytes is too large for a rank table")
+        text = p.read_text(encoding="utf-8-sig")
+    except RankTableError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RankTableError(f"{name}: cannot read the rank table ({exc.__class__.__name__}: "
+                             f"{getattr(exc, 'strerror', None) or exc})") from None
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise RankTableError(f"{name}: not valid JSON ({exc})") from None
+        return _from_hccl(doc, name)
+    return _from_csv(text, name)
+
+
+def normalise_table(table: Any, *, name: str = "rank table") -> dict[int, dict[str, str]]:
+    """A table given as a path, or as a mapping ``{rank: {"host", "device"}}`` / ``{rank: (host, device)}``.
+
+    Examples
+    --------
+    >>> normalise_table({"0": ("h1", 0), 1: {"host": "h1", "device": "1"}})
+    {0: {'host': 'h1', 'device': '0'}, 1: {'host': 'h1', 'device': '1'}}
+    """
+    if isinstance(table, (str, os.PathLike)):
+        return read_rank_table(table)
+    if not isinstance(table, Mapping):
+        raise RankTableError(f"{name}: a rank table is a path or a mapping rank -> (host, device), "
+                             f"not {type(table).__name__}")
+
+    def entries() -> Iterable[tuple[Any, Any, Any, str]]:
+        for rank, dev in table.items():
+            where = f"rank {rank}"
+            if isinstance(dev, Mapping):
+                yield rank, dev.get("host"), dev.get("device"), where
+            elif isinstance(dev, (tuple, list)) and len(dev) == 2:
+                yield rank, dev[0], dev[1], where
+            else:
+                raise RankTableError(f"{name}: {where}: expected (host, device), got {dev!r}")
+
+    return _build(entries(), name)
+
+
+def check_covers(table: Mapping[int, Any], ranks: Iterable[int], *, name: str = "rank table") -> None:
+    """Raise :class:`RankTableError` when the run holds a rank the table does not place.
+
+    Examples
+    --------
+    >>> check_covers({0: {}, 1: {}}, [0, 1, 2], name="t.csv")
+    Traceback (most recent call last):
+    ...
+    precnb.io.rank_table.RankTableError: t.csv: the run has rank 2, the table places ranks 0-1 only
+    """
+    missing = sorted(set(int(r) for r in ranks) - set(table))
+    if missing:
+        have = sorted(table)
+        span = f"{have[0]}-{have[-1]}" if have == list(range(have[0], have[-1] + 1)) else ", ".join(map(str, have[:8]))
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise RankTableError(f"{name}: the run has rank {missing[0]}{more}, the table places ranks {span} only")

@@ -1,0 +1,109 @@
+"""Rank -> host and device (issue 28, item 1): HCCL rank tables and CSVs on the faulty-device samples.
+
+Every finding that names a rank names its host and device too, from ``--rank-table`` (replicas,
+diff, nan, report), ``Options(rank_table=...)`` or ``precnb.open_run(..., rank_table=...)``; a bad
+table is one line naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import precnb
+from precnb.cli import main
+from precnb.io.rank_table import RankTableError, read_rank_table
+
+SDC = precnb.sample_path("sdc")
+TABLES = SDC / "rank_tables"
+
+
+def _gt(name: str) -> dict:
+    return json.loads((precnb.sample_path(name) / "ground_truth.json").read_text())
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main([*args, "--workers", "1"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("job", ["job1", "job2"])
+def test_hccl_json_and_csv_give_the_placement(job):
+    want = {int(r): d for r, d in _gt("sdc")["placement"][job].items()}
+    assert read_rank_table(TABLES / f"{job}.json") == want
+    assert read_rank_table(TABLES / f"{job}.csv") == want
+    assert want[1 if job == "job1" else 2] == {"host": "10.0.0.1", "device": "1"}  # the faulty device
+
+
+@pytest.mark.parametrize(("text", "suffix", "problem"), [
+    ('{"server_list": [{"server_id": "h"}]}', "json", "server_list[0]: no device list"),
+    ('{"server_list": [{"server_id": "h", "device": [{"device_id": "0"}]}]}', "json",
+     "server_list[0].device[0]: no rank_id"),
+    ('{"server_list": [{"device": [{"device_id": "0", "rank_id": "0"}]}]}', "json", "server_list[0]: no server_id"),
+    ('{"version": "1.0"}', "json", "not an HCCL rank table (no server_list list)"),
+    ('{"server_list": [', "json", "not valid JSON (Expecting value: line 1 column 18 (char 17))"),
+    ("rank,host,device\n0,h,0\n0,h,1\n", "csv", "line 3: rank 0 is given twice"),
+    ("rank,host,device\n0,h,0\n1,h,0\n", "csv", "line 3: device h:0 serves rank 0 and rank 1"),
+    ("rank,host,device\n-1,h,0\n", "csv", "line 2: rank '-1' is not a non-negative integer"),
+    ("rank,host,device\n0,,0\n", "csv", "line 2: no host"),
+    ("rank,node\n0,h\n", "csv", "CSV header rank,node lacks host, device (expected rank,host,device)"),
+    ("rank,host,device\n", "csv", "the rank table lists no rank"),
+])
+def test_bad_tables_say_what_is_wrong(tmp_path, text, suffix, problem):
+    p = tmp_path / f"t.{suffix}"
+    p.write_text(text)
+    with pytest.raises(RankTableError) as exc:
+        read_rank_table(p)
+    assert str(exc.value) == f"{p}: {problem}"
+
+
+def test_cli_names_the_device_beside_every_rank(capsys):
+    code, out, _ = cli(capsys, "replicas", str(SDC / "job1"), "--layout", "tp=2,dp=2", "--rank-table",
+                       str(TABLES / "job1.json"), "--json")
+    f = json.loads(out)
+    assert code == 0 and (f["step"], f["rank"], f["node"]) == (1, 1, "Torch.rsqrt.0.forward")
+    assert f["device"] == {"host": "10.0.0.1", "device": "1"}
+    assert f["suspects"] and all(s["device"] == {"host": "10.0.0.1", "device": "1"} for s in f["suspects"]
+                                 if s["rank"] == 1)
+    code, out, _ = cli(capsys, "replicas", str(SDC / "job2"), "--layout", "tp=2,dp=2", "--rank-table",
+                       str(TABLES / "job2.csv"))
+    assert code == 0 and "step 2, rank 3 (host 10.0.0.2, device 0)" in out  # the later rank of the pair
+    # without a table nothing changes: no "device" key at all
+    code, out, _ = cli(capsys, "replicas", str(SDC / "job1"), "--layout", "tp=2,dp=2", "--json")
+    assert "device" not in json.loads(out)
+
+
+def test_diff_and_nan_take_a_rank_table(capsys):
+    clean = precnb.sample_path("sdc_clean")
+    code, out, _ = cli(capsys, "diff", str(clean), str(SDC / "job1"), "--rank-table", str(TABLES / "job1.csv"),
+                       "--json")
+    f = json.loads(out)
+    assert code == 0 and f["kind"] == "first_divergence" and f["rank"] is not None
+    assert f["device"] == _gt("sdc")["placement"]["job1"][str(f["rank"])]
+    code, out, _ = cli(capsys, "nan", str(SDC / "job1"), "--rank-table", str(TABLES / "job1.csv"), "--json")
+    assert code == 0 and json.loads(out)["kind"] == "none"
+
+
+def test_cli_bad_table_is_one_line(capsys, tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("rank,host,device\n0,h,0\n1,h,1\n")
+    code, out, err = cli(capsys, "replicas", str(SDC / "job1"), "--layout", "tp=2,dp=2", "--rank-table", str(bad))
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [f"precnb replicas: error: {bad}: the run has rank 2 (and 1 more), the table "
+                                        "places ranks 0-1 only"]
+    code, _, err = cli(capsys, "nan", str(SDC / "job1"), "--rank-table", str(tmp_path / "none.json"))
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "none.json: cannot read the rank table" in err
+
+
+def test_python_api_open_run_and_options():
+    ds = precnb.open_run(SDC / "job2", rank_table=TABLES / "job2.json", workers=1)
+    assert json.loads(ds.attrs["rank_table"])["2"] == {"host": "10.0.0.1", "device": "1"}
+    t = precnb.diagnose(ds, layout="tp=2,dp=2", kinds=["replica_mismatch"])
+    assert t.finding.device == {"host": "10.0.0.2", "device": "0"} and t.rank_table[2]["device"] == "1"
+    t = precnb.diagnose(SDC / "job2", layout="tp=2,dp=2", kinds=["replica_mismatch"],
+                        rank_table={0: ("a", 0), 1: ("a", 1), 2: ("b", 0), 3: ("b", 1)}, workers=1)
+    assert t.finding.device == {"host": "b", "device": "1"}
+    with pytest.raises(RankTableError, match="the run has rank 3"):
+        precnb.open_run(SDC / "job2", rank_table={0: ("a", 0), 1: ("a", 1), 2: ("b", 0)}, workers=1)
