@@ -487,9 +487,6 @@ def _have(module: str) -> bool:
         return False
 
 
-@pytest.mark.slow
-@pytest.mark.needs_generator
-@pytest.mark.skipif(not (_have("torch") and _have("msprobe")), reason="needs torch and msprobe (make test-generator)")
 def _mg(root: str, step: int, rank: int, name: str = "dump.json"):
     data = load(DATA / "megatron" / root / f"step{step}" / f"rank{rank}" / name)
     return data["data"] if name == "dump.json" else data
@@ -543,6 +540,9 @@ def test_megatron_ground_truth_holds_in_the_dumps():
     assert math.isnan(losses["tp1pp2_nan"][1]) and not math.isnan(losses["tp1pp2_nan"][0])
 
 
+@pytest.mark.slow
+@pytest.mark.needs_generator
+@pytest.mark.skipif(not (_have("torch") and _have("msprobe")), reason="needs torch and msprobe (make test-generator)")
 def test_regenerate_dp_nan(tmp_path):
     out = subprocess.run(
         [

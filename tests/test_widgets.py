@@ -549,7 +549,9 @@ def test_full_stack_with_source_lines():
 def test_triage_options_rerun_the_pipeline():
     ex = explore(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"))
     panel = ex.panel("Triage options")
-    assert ex.triage.target_layout is None and panel.target_layout.value == ""
+    # no layout given: the field stays empty, the pipeline reads tp=2 from the dumps (#24)
+    assert panel.target_layout.value == "" and ex.triage.options.target_layout is None
+    assert ex.triage.target_layout is not None and ex.triage.target_layout.tp == 2
     panel.target_layout.value = "tp=2"
     panel.tolerance.value = "1e-3"
     panel.step_offset.value = "auto"

@@ -156,7 +156,7 @@ def returned_parameters(ds: xr.Dataset) -> dict[str, list[str]]:
     bias-dropout-add, so its gradient is recorded at another time, or not by the module's hook at all.
     """
     out: dict[str, list[str]] = {}
-    if ds.sizes.get("step", 0) == 0 or ds.sizes.get("rank", 0) == 0:
+    if ds.sizes.get("step", 0) == 0 or ds.sizes.get("rank", 0) == 0 or ds.sizes.get("tensor", 0) == 0:
         return out
     nodes, roles, labels = ds["node"].values, ds["role"].values, ds["tensor"].values
     present = ds["present"].values
