@@ -12,7 +12,7 @@ NBTEMPLATES ?= build/nbtemplates
 OFFLINE_TEMPLATE := $(NBTEMPLATES)/offline_lab/index.html.j2
 FUZZ_SCALE ?= 25
 # make test: -rs lists why tests were skipped; tests needing torch/msprobe/MindSpore run in make test-generator
-PYTEST_CI := -q -rs -m "not needs_generator"
+PYTEST_CI := -q -rs -m "not needs_generator" -n auto --maxprocesses 4 --dist loadfile
 
 .PHONY: help install system-deps demo test test-fast test-generator fuzz lint typecheck lab samples bench clean \
         offline-template notebooks msprobe-matrix
