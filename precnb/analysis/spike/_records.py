@@ -56,12 +56,16 @@ class View:
         self.monitor = bool(len(self.kind)) and bool(np.all(self.kind == "monitor"))
         self._params: list[Param] | None = None
         self._outputs: dict[str, int] | None = None
+        self._step_pos: dict[int, int] = {}
+        for i, t in enumerate(self.steps.tolist()):
+            self._step_pos.setdefault(int(t), i)
+        self.memo: dict[Any, Any] = {}
+        """Results the cause tests share within one diagnosis (e.g. the pre-reduce gradient departures of a step)."""
 
     # -- values -------------------------------------------------------------------------------
     def step_index(self, step: int) -> int | None:
         """Position of *step* (None when not recorded)."""
-        hit = np.flatnonzero(self.steps == step)
-        return int(hit[0]) if len(hit) else None
+        return self._step_pos.get(int(step))
 
     def at(self, j: int, step: int, stat: str = "norm") -> np.ndarray:
         """*stat* of tensor *j* at *step* over ranks (NaN when absent)."""
