@@ -436,6 +436,41 @@ def _low_max(dtype: str) -> float | None:
     return _LOW.get(d)
 
 
+def _numerics_masks(v: View, si: int, t: int, spike_step: int, loss_j: int | None, inf_el: np.ndarray,
+                    tops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, tensor) masks at step position *si*: a new overflow, a saturating value, an underflow to zero.
+
+    Only records that precede the loss at the spike step are judged (a monitor's forward
+    activations there); an overflow is new when no earlier step holds one in that record.
+    """
+    mx, mn, nm = v.stats["max"], v.stats["min"], v.stats.get("norm")
+    n_ranks = len(v.ranks)
+    earlier = inf_el[:si].any(axis=0) if si else np.zeros(inf_el.shape[1:], bool)
+    limit = np.full(n_ranks, math.inf)
+    if spike_step == t:
+        if loss_j is not None:
+            ls = v.seq[si, :, loss_j]
+            limit = np.where(ls >= 0, ls.astype(float), -math.inf if v.monitor else math.inf)
+        elif v.monitor:
+            limit = np.full(n_ranks, -math.inf)  # a monitor's step: only its forward activations precede the loss
+    fwd_only = v.monitor and spike_step == t
+    ok = v.present[si] & ((v.seq[si] < limit[:, None]) | (fwd_only & (v.api == "actv"))[None, :])
+    new = inf_el[si] & ~earlier & ok
+    with np.errstate(invalid="ignore"):
+        peaks = np.fmax(np.abs(mx[si]), np.abs(mn[si]))
+        near = ok & ~inf_el[si] & np.isfinite(peaks) & (peaks >= tops / 2)
+    zero = np.zeros_like(ok)
+    if nm is not None:
+        hist = np.delete(nm, si, axis=0)
+        histmin = np.delete(mn, si, axis=0)
+        fin = np.isfinite(hist)
+        nonzero_hist = (fin.sum(axis=0) >= 2) & np.all(np.where(fin, hist > 0, True), axis=0)
+        fin_min = np.isfinite(histmin)
+        pos_hist = (fin_min.sum(axis=0) >= 2) & np.all(np.where(fin_min, histmin > 0, True), axis=0)
+        zero = ok & (((nm[si] == 0) & nonzero_hist) | ((mn[si] == 0) & pos_hist)) & ~inf_el[si]
+    return new, near, zero
+
+
 def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_label: str | None
                     ) -> list[dict[str, Any]]:
     """Numerics: a new overflow, a saturating float16/bfloat16 value, an underflow to zero, a loss-scale change."""
@@ -451,18 +486,10 @@ def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_l
             si = v.step_index(t)
             if si is None:
                 continue
-            earlier = np.asarray(inf_el[:si].any(axis=0) if si else np.zeros(inf_el.shape[1:], bool))
-            for ri, r in enumerate(v.ranks):
-                limit = math.inf
-                if spike_step == t:
-                    if loss_j is not None and v.seq[si, ri, loss_j] >= 0:
-                        limit = float(v.seq[si, ri, loss_j])
-                    elif v.monitor:
-                        limit = -math.inf  # a monitor's step: only its forward activations precede the loss
-                fwd_only = v.monitor and spike_step == t
-                ok = v.present[si, ri] & ((v.seq[si, ri] < limit) | (fwd_only & (v.api == "actv")))
-                new = np.flatnonzero(inf_el[si, ri] & ~earlier[ri] & ok)
-                for j in new:
+            new_m, near_m, zero_m = _numerics_masks(v, si, t, spike_step, loss_j, inf_el, tops)
+            for ri in np.flatnonzero(new_m.any(axis=1) | near_m.any(axis=1) | zero_m.any(axis=1)):
+                r = v.ranks[ri]
+                for j in np.flatnonzero(new_m[ri]):
                     rec = v.record(int(j))
                     val = mx[si, ri, j] if np.isinf(mx[si, ri, j]) else mn[si, ri, j]
                     dt = v.dtype[j].replace("torch.", "")
@@ -471,30 +498,21 @@ def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_l
                             + ") where earlier steps are finite")
                     out.append(_cand("numerics", True, text, t, r, rec, 3.0, [f"{v.name} {rec['tensor']} Max/Min"],
                                      [(v, t, r, rec["tensor"])], seq=float(v.seq[si, ri, j]), kind="overflow"))
-                with np.errstate(invalid="ignore"):
-                    peaks = np.fmax(np.abs(mx[si, ri]), np.abs(mn[si, ri]))
-                    near = ok & ~inf_el[si, ri] & np.isfinite(peaks) & (peaks >= tops / 2)
-                for j in np.flatnonzero(near):
+                peaks = np.fmax(np.abs(mx[si, ri]), np.abs(mn[si, ri]))
+                for j in np.flatnonzero(near_m[ri]):
                     top, peak = float(tops[j]), float(peaks[j])
                     rec = v.record(int(j))
                     out.append(_cand("numerics", False, f"{rec['tensor']} reaches {peak:.6g} at step {t}, within "
                                      f"2x of {v.dtype[j].replace('torch.', '')}'s largest value {top:.6g} "
                                      "(saturating)", t, r, rec, 1.0, [f"{v.name} {rec['tensor']} Max/Min"],
                                      [(v, t, r, rec["tensor"])], seq=float(v.seq[si, ri, j]), kind="saturation"))
-                if nm is not None:
-                    hist = np.delete(nm[:, ri], si, axis=0)
-                    histmin = np.delete(mn[:, ri], si, axis=0)
-                    fin = np.isfinite(hist)
-                    nonzero_hist = (fin.sum(axis=0) >= 2) & np.all(np.where(fin, hist > 0, True), axis=0)
-                    pos_hist = (np.isfinite(histmin).sum(axis=0) >= 2) & np.all(
-                        np.where(np.isfinite(histmin), histmin > 0, True), axis=0)
-                    zero = ok & (((nm[si, ri] == 0) & nonzero_hist) | ((mn[si, ri] == 0) & pos_hist))
-                    for j in np.flatnonzero(zero & ~inf_el[si, ri]):
-                        rec = v.record(int(j))
-                        out.append(_cand("numerics", False, f"underflow to zero at step {t}: {rec['tensor']} "
-                                         f"{'is all zero' if nm[si, ri, j] == 0 else 'reaches 0'} where every other "
-                                         "step is non-zero", t, r, rec, 0.8, [f"{v.name} {rec['tensor']} Min/Norm"],
-                                         [(v, t, r, rec["tensor"])], seq=float(v.seq[si, ri, j]), kind="underflow"))
+                for j in np.flatnonzero(zero_m[ri]):
+                    rec = v.record(int(j))
+                    out.append(_cand("numerics", False, f"underflow to zero at step {t}: {rec['tensor']} "
+                                     f"{'is all zero' if nm is not None and nm[si, ri, j] == 0 else 'reaches 0'} "
+                                     "where every other step is non-zero", t, int(r), rec, 0.8,
+                                     [f"{v.name} {rec['tensor']} Min/Norm"], [(v, t, r, rec["tensor"])],
+                                     seq=float(v.seq[si, ri, j]), kind="underflow"))
             out += _loss_scale(v, t)
     return _earliest_numerics(out)
 
