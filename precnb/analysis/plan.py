@@ -76,7 +76,9 @@ def _selected(ds: xr.Dataset, entries: list[str], modules: list[str]) -> np.ndar
 def _estimate(ds: xr.Dataset, mask: np.ndarray, steps: Sequence[int], ranks: Sequence[int]) -> int:
     if not mask.any():
         return 0
-    sub = ds.isel(tensor=np.flatnonzero(mask))
+    if "numel" not in ds:
+        return 0
+    sub = ds[["present", "numel", "dtype"]].isel(tensor=np.flatnonzero(mask))  # only what the sum reads
     sub = sub.sel(step=[s for s in steps if s in set(ds["step"].values.tolist())],
                   rank=[r for r in ranks if r in set(ds["rank"].values.tolist())])
     if "numel" not in sub or sub.sizes["step"] == 0 or sub.sizes["rank"] == 0:
