@@ -146,7 +146,8 @@ def profile(sample: str, ranks: int) -> list[dict[str, Any]]:
     return out
 
 
-BEFORE = """Before (main at a6ddbb3, the same profile, spike_data, 128 ranks, dump + loss log): 476 ms under cProfile,
+BEFORE = """Before (main at a6ddbb3, the same profile at load ~2, spike_data, 128 ranks, dump + loss log): 476 ms
+under cProfile,
 of which 12,679 `np.median` calls took 292 ms: the cause tests looped over ranks in Python (`np.median(np.delete(g,
 ri))` per rank, per parameter, per step; the batch-outlier test one median and one MAD per (input, rank, stat);
 the pre-reduce gradient departures computed twice, by the hardware and the loss-scale tests): data_causes 134 ms,
@@ -159,7 +160,14 @@ to later steps when fewer than two come before, so reading only a window of step
 def write(rows: list[dict[str, Any]], out: Path, args: argparse.Namespace,
           prof: list[dict[str, Any]] | None = None) -> None:
     worst = max(r["ratio"] for r in rows)
-    lines = ["# Loss spike vs anomalies (issue 29)", "",
+    import datetime
+    import os
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lines = [f"<!-- `python benchmarks/bench_spike.py {' '.join(sys.argv[1:])}`; "
+             f"{datetime.date.today().isoformat()}, {platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
+             f"load average {load:.1f} at the end (the machine is shared): ratios in one run, medians -->", "",
+             "# Loss spike vs anomalies (issue 29)", "",
              f"Medians of {args.repeat} interleaved runs each, one process (workers=1); python "
              f"{platform.python_version()}, {platform.machine()}. Target: spike / anomalies <= {TARGET} on the same "
              f"input. Worst ratio: **{worst:.2f}** ({'met' if worst <= TARGET else 'NOT met'}).", "",
