@@ -88,7 +88,7 @@ def _estimate(ds: xr.Dataset, mask: np.ndarray, steps: Sequence[int], ranks: Seq
     numel_v, present_v = ds["numel"].variable, ds["present"].variable
     if numel_v.dims == dims and present_v.dims == dims and isinstance(numel_v.data, np.ndarray) and isinstance(
             present_v.data, np.ndarray):  # in memory: index the arrays, not the dataset
-        at = np.ix_(si, ri, ti)
+        at = np.ix_(np.asarray(si, dtype=np.int64), np.asarray(ri, dtype=np.int64), ti)
         numel = np.where(present_v.data[at], np.maximum(numel_v.data[at], 0), 0)
     else:  # a lazily opened store: read only the cells selected
         sub = ds[["present", "numel"]].isel(step=si, rank=ri, tensor=ti)
