@@ -76,10 +76,9 @@ def _mean_over_ranks(values: np.ndarray) -> np.ndarray:
 def dump_loss_label(ds: xr.Dataset) -> str | None:
     """The tensor label of the dumped loss (the output of the first forward loss API), or None."""
     apis = ds["api"].values
-    roles = ds["role"].values
-    dirs = ds["direction"].values
-    for j, a in enumerate(apis):
-        if str(a).rsplit(".", 1)[-1] in LOSS_APIS and roles[j] == "output" and dirs[j] == "forward":
+    cand = np.flatnonzero((ds["role"].values == "output") & (ds["direction"].values == "forward"))
+    for j in cand:  # in tensor order: the first forward output of a loss API
+        if str(apis[j]).rsplit(".", 1)[-1] in LOSS_APIS:
             return str(ds["tensor"].values[j])
     return None
 
