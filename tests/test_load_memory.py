@@ -65,9 +65,16 @@ def test_rank_dependent_signatures_per_step():
     assert "scalar_signatures" not in same.attrs()
 
 
-def test_load_identical_with_worker_processes():
-    """The construct table crosses to and from worker processes as its own text: the same dataset."""
-    one = precnb.open_run(S1, steps=[0, 1], workers=1, progress=False)
-    two = precnb.open_run(S1, steps=[0, 1], workers=2, progress=False)
+def test_load_identical_with_worker_processes(monkeypatch):
+    """The construct table crosses from worker processes as its own text: the same dataset as one process."""
+    from precnb.io import _pool
+
+    one = precnb.open_run(S1, workers=1, progress=False)
+    used = []
+    real = _pool.outcomes_in_processes
+    monkeypatch.setattr(_pool, "MIN_PARALLEL_BYTES", 0)  # a small run in processes all the same
+    monkeypatch.setattr(_pool, "outcomes_in_processes", lambda *a, **k: used.append(1) or real(*a, **k))
+    two = precnb.open_run(S1, workers=2, progress=False)
+    assert used, "the files were not parsed in worker processes"
     assert json.loads(one.attrs["construct"]) and one.attrs["construct"] == two.attrs["construct"]
     assert one.identical(two)
