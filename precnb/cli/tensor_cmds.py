@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from precnb.cli import _term as term
-from precnb.cli._args import MAX_INDEX, integer
+from precnb.cli._args import MAX_INDEX, int_set, integer
 
 __all__ = ["register", "write_output"]
 
@@ -157,17 +157,6 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ranks(text: str) -> list[int]:
-    """``--replicas 0,2``: a comma list of ranks."""
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give ranks as R[,R...]") from None
-    if not out or any(r < 0 or r > MAX_INDEX for r in out):
-        raise argparse.ArgumentTypeError(f"{text!r}: give ranks as R[,R...] (0 or more)")
-    return out
-
-
 def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add ``metrics`` and ``repro`` to *sub*."""
     p = sub.add_parser("metrics", help="msprobe compare's tensor metrics for every saved tensor pair "
@@ -191,7 +180,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("node", help="API node, e.g. Functional.linear.0.forward (or one of its tensor labels)")
     p.add_argument("--step", type=integer(0, MAX_INDEX), help="step of the record (default: the first)")
     p.add_argument("--rank", type=integer(0, MAX_INDEX), help="rank of the record (default: the first)")
-    p.add_argument("--replicas", type=_ranks, metavar="R[,R...]",
+    p.add_argument("--replicas", type=int_set("rank"), metavar="R[,R...]",
                    help="ranks holding replicas of the same call (a replica departure's other ranks): the script "
                         "also checks their inputs are bit-identical and says whose dumped output the recomputation "
                         "agrees with (the other side computed it wrongly)")
