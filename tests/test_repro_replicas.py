@@ -160,3 +160,16 @@ def test_the_recomputation_on_the_cpu_confirms_the_device_fault(capsys, tmp_path
     p = subprocess.run([_torch_python(), str(script3), "--replica-data", "9=/nowhere"], capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 2 and "--replica-data" in p.stderr
+
+
+def test_the_text_finding_shows_the_repro_command(capsys):
+    code = main(["replicas", str(precnb.sample_path(SAMPLE)), "--tp", "2", "--workers", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    repro = [x for x in lines if x.startswith("  repro: ")]
+    assert repro == [f"  repro: precnb repro {precnb.sample_path(SAMPLE)} {NODE} --step 1 --rank 1 --replicas 0 "
+                     "-o repro.py; then on another device: python repro.py --device npu:0 (or cuda:0, cpu): it re-runs "
+                     "the op on rank 1's dumped inputs, checks rank(s) 0 had the same inputs, and says whose dumped "
+                     "output it agrees with (the other side computed it wrongly)"]
+    code = main(["replicas", str(precnb.sample_path("sdc/job1")), "--tp", "2", "--workers", "1"])
+    assert code == 0 and "  repro: " not in capsys.readouterr().out  # a statistics dump: no tensors to re-run on

@@ -242,6 +242,8 @@ class Finding:
         if self.dump_plan:
             p = self.dump_plan
             lines.append(f"  plan: {p['summary']} (`precnb plan` writes the msprobe config.json)")
+            if p.get("repro"):  # a tensor dump: the departing op re-run on its dumped inputs
+                lines.append(f"  repro: {p['repro']}")
         stack = self.evidence.get("stack") or []
         if stack:
             lines.append("  stack (innermost first):")
