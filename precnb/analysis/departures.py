@@ -221,22 +221,32 @@ def _signature_check(ds: xr.Dataset, run: _Run) -> Callable[[int, list[int], str
     """``check(step, group, tensor)``: whether the op's scalar arguments agree on *group*, from the reader's checksums.
 
     The msprobe reader notes a checksum of every API call's scalar arguments and keeps those that vary
-    across ranks (:func:`precnb.analysis.rank_args.scalar_sigs`); a call it does not list has the same
-    scalar arguments on every rank. None where the run does not say (another reader, a tensor not in it).
+    across ranks (``attrs["scalar_signatures"]``, :mod:`precnb.analysis.rank_args`); a call it does not list
+    has the same scalar arguments on every rank. None where the run does not say (another reader, a
+    tensor not in it). Looked up per call: no (step, rank, tensor) array is built.
     """
-    from precnb.analysis.rank_args import scalar_sigs
+    import json
 
-    sigs = scalar_sigs(ds)
-    complete = str(ds.attrs.get("source_format", "")) == "msprobe"
+    var = ds["scalar_sig"] if "scalar_sig" in ds.data_vars else None  # carried by pipeline stitching
+    try:
+        table = json.loads(ds.attrs.get("scalar_signatures") or "{}")
+    except (TypeError, ValueError):
+        table = None
+    complete = str(ds.attrs.get("source_format", "")) == "msprobe" and isinstance(table, dict)
 
     def check(step: int, group: list[int], tensor: str) -> bool | None:
         j, si = run.col.get(tensor), run.step.get(step)
         if j is None or si is None or any(r not in run.rank for r in group):
             return None
-        if sigs is None:
-            return True if complete else None
-        vals = {int(sigs[si, run.rank[r], j]) for r in group}
-        return len(vals) == 1
+        if var is not None:
+            return len({int(var[si, run.rank[r], j].item()) for r in group}) == 1
+        if not complete:
+            return None
+        entry = (table.get(str(ds["node"].values[j])) or {}).get(str(step))
+        if not isinstance(entry, dict):
+            return True  # not listed: the same scalar arguments on every rank
+        at = entry.get("at") or {}
+        return len({at.get(str(r), entry.get("default")) for r in group}) == 1
 
     return check
 
