@@ -131,9 +131,9 @@ def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],
         return (run, int(ev["step"]), tuple(ev["group"]))
 
     blamed_by: dict[tuple[str, int, tuple[int, ...]], dict[tuple[str, str], int]] = {}  # event -> device -> rank
-    for d, hs in hits.items():
+    for one, hs in hits.items():
         for run, ev, r in hs:
-            blamed_by.setdefault(key(run, ev), {})[d] = r
+            blamed_by.setdefault(key(run, ev), {})[one] = r
 
     def partners(dev: tuple[str, str], mine: Sequence[tuple[str, Mapping[str, Any], int]]) -> str:
         """The other candidates of *dev*'s events: ``10.0.0.1:0 (job1 rank 0)``."""
