@@ -42,7 +42,7 @@ def _as_exporter(obj: Any, name: str) -> Callable[..., Any]:
 
 #: the exporters: built-ins (:data:`EXPORTERS`), run-time ones and the ``precnb.exporters`` entry points
 REGISTRY: PluginRegistry[Callable[..., Any]] = PluginRegistry(ENTRY_POINT_GROUP, kind="exporter", builtins=EXPORTERS,
-                                                              convert=_as_exporter)
+                                                              convert=_as_exporter, cache_builtins=False)
 
 
 def exporter_names() -> tuple[str, ...]:

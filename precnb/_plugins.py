@@ -74,15 +74,20 @@ class PluginRegistry(Generic[T]):
         ``TypeError`` for a wrong object. Default: the object as loaded.
     builtin_word : str, optional
         The word in "reuses a built-in ... name" (default *kind*).
+    cache_builtins : bool
+        Keep a built-in once imported (default). False: import it on every :meth:`get` (cheap once
+        imported; a module made unimportable later, as a test does, then fails as it would).
     """
 
     def __init__(self, group: str, *, kind: str, builtins: Mapping[str, Any] | None = None,
-                 convert: Callable[[Any, str], T] | None = None, builtin_word: str | None = None) -> None:
+                 convert: Callable[[Any, str], T] | None = None, builtin_word: str | None = None,
+                 cache_builtins: bool = True) -> None:
         self.group = group
         self.kind = kind
         self.builtins: Mapping[str, Any] = builtins if builtins is not None else {}
         self._convert = convert
         self._word = builtin_word or kind
+        self._cache_builtins = cache_builtins
         self._loaded: dict[str, T] = {}
         self._extra: dict[str, T] = {}
         self._plugins: dict[str, Any] | None = None  # name -> entry point, or the loaded plug-in
@@ -150,6 +155,8 @@ class PluginRegistry(Generic[T]):
         if name in self.builtins:
             target = self.builtins[name]
             obj = self._as(load_object(target) if isinstance(target, str) else target, name)
+            if not self._cache_builtins:
+                return obj
         elif name in self._extra:
             obj = self._extra[name]
         else:

@@ -121,9 +121,9 @@ def runs_for(run_or_runs: Any, baseline: Any = None, *, auto: bool = True,
         (isinstance(run_or_runs, Mapping) and not isinstance(run_or_runs, xr.Dataset) and len(run_or_runs) > 2)
     if many:
         runs = normalize_runs(run_or_runs, baseline)
-        triage = diagnose(runs.run(runs.target), runs.run(runs.baseline), **kw)
+        triage = diagnose(runs.run(runs.target), baseline=runs.run(runs.baseline), **kw)
         return runs, triage
-    triage = diagnose(run_or_runs, baseline, **kw)
+    triage = diagnose(run_or_runs, baseline=baseline, **kw)
     if triage.baseline is None:
         return Runs(_in_memory(triage.target)), triage
     names = list(triage.names)
