@@ -1,7 +1,7 @@
 """Third-party plug-ins: one tiny package declares a reader, a diagnosis, a panel and an exporter.
 
-The package is written the way docs/ARCHITECTURE.md ("Adding a reader / a diagnosis / a panel")
-tells a contributor to: a module per plug-in and a ``pyproject.toml`` declaring the entry points.
+The package is the one docs/ARCHITECTURE.md ("How to add …") shows, block by block, so the documented
+steps stay true: a module per plug-in and a ``pyproject.toml`` declaring the entry points.
 It is made visible as an installed distribution (a ``.dist-info`` built from that pyproject, on
 ``sys.path`` of a fresh interpreter), which is what ``pip install`` leaves behind.
 """
@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 import tomllib
 from pathlib import Path
 
@@ -21,96 +20,26 @@ import pytest
 
 from tests.conftest import ROOT
 
-PYPROJECT = """\
-[project]
-name = "precnb-toyplug"
-version = "1.0"
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 
-[project.entry-points."precnb.readers"]
-toy = "toyplug.reader:READER"
-broken_reader = "toyplug.no_such_module:READER"
-
-[project.entry-points."precnb.diagnoses"]
-toy_check = "toyplug.diagnosis:DIAGNOSIS"
-broken_diagnosis = "toyplug.reader:READER"
-
-[project.entry-points."precnb.panels"]
-toy_tab = "toyplug.panel:ToyPanel"
-broken_panel = "toyplug.panel:NOT_THERE"
-
-[project.entry-points."precnb.exporters"]
-toy_json = "toyplug.export:write_json"
-broken_exporter = "toyplug.export:NUMBER"
-"""
-
-MODULES = {
-    "__init__.py": "",
-    "reader.py": '''
-        from pathlib import Path
-
-        from precnb.io._assemble import RecordBuilder, assemble
-        from precnb.io.readers import Reader
-
-
-        def can_open(path):
-            return Path(path).suffix == ".toy"
-
-
-        def open_toy(path, **_):
-            b = RecordBuilder(step=0, rank=0)
-            for i, word in enumerate(Path(path).read_text().split()):
-                v = float(word)
-                b.add(f"t{i}.output.0", {"max": v, "min": v, "mean": v, "norm": 0.0},
-                      node=f"t{i}", kind="api", role="output")
-            return assemble([b.build()], source_format="toy")
-
-
-        READER = Reader(name="toy", can_open=can_open, open=open_toy, description="toy file")
-    ''',
-    "diagnosis.py": '''
-        import numpy as np
-
-        from precnb.analysis.findings import Finding
-        from precnb.analysis.registry import Diagnosis
-
-
-        def run(ctx):
-            mx = ctx.target["max"].max("tensor").transpose("step", "rank")
-            bad = np.argwhere(mx.values > 100.0)
-            if not len(bad):
-                return []
-            s, r = bad[0]
-            return [Finding(kind="toy_check", reason="max above 100",
-                            step=int(mx["step"].values[s]), rank=int(mx["rank"].values[r]))]
-
-
-        DIAGNOSIS = Diagnosis(kind="toy_check", title="Toy check", priority=90, mode="any", run=run,
-                              description="a value above 100")
-    ''',
-    "panel.py": '''
-        import ipywidgets as ipw
-
-        from precnb.widgets.panel import Panel
-
-
-        class ToyPanel(Panel):
-            title = "Toy"
-
-            def refresh(self):
-                self.children = [ipw.HTML(f"{len(self.api.findings())} finding(s)")]
-    ''',
-    "export.py": '''
-        import json
-        from pathlib import Path
-
-        NUMBER = 3
-
-
-        def write_json(source, path, **_):
-            Path(path).write_text(json.dumps({"vars": sorted(source.data_vars)}))
-            return Path(path)
-    ''',
+#: entries a careless plug-in author could write: each must warn by name and break nothing
+BROKEN = {
+    "precnb.readers": {"broken_reader": "toyplug.no_such_module:READER"},
+    "precnb.diagnoses": {"broken_diagnosis": "toyplug.reader:READER"},  # a Reader is not a Diagnosis
+    "precnb.panels": {"broken_panel": "toyplug.panel:NOT_THERE"},
+    "precnb.exporters": {"broken_exporter": "toyplug.export:json"},  # a module, not a callable
 }
+
+
+def documented_files() -> dict[str, str]:
+    """The code blocks of docs/ARCHITECTURE.md whose first line names a file (``# toyplug/reader.py``)."""
+    files = {}
+    for block in re.findall(r"```(?:python|toml)\n(.*?)```", ARCHITECTURE.read_text(), flags=re.S):
+        first, _, body = block.partition("\n")
+        if first.startswith("# ") and first[2:].strip().endswith((".py", ".toml")):
+            files[first[2:].strip()] = body
+    return files
+
 
 CHECK = """
 import json, sys, warnings
@@ -147,33 +76,40 @@ print(json.dumps(out))
 
 
 def make_plugin_package(root: Path) -> Path:
-    """Write the toy package (sources + pyproject) under *root*/src; return the project folder."""
+    """Write the documented toy package (its modules and pyproject) under *root*; return the project folder."""
     project = root / "precnb-toyplug"
-    pkg = project / "toyplug"
-    pkg.mkdir(parents=True)
-    (project / "pyproject.toml").write_text(PYPROJECT)
-    for name, code in MODULES.items():
-        (pkg / name).write_text(textwrap.dedent(code).lstrip())
+    (project / "toyplug").mkdir(parents=True)
+    (project / "toyplug" / "__init__.py").write_text("")
+    for name, text in documented_files().items():
+        (project / name).write_text(text)
     return project
 
 
-def install_as_dist_info(project: Path, site: Path) -> None:
-    """What ``pip install --no-deps`` leaves: the package and a .dist-info with its entry points."""
+def install_as_dist_info(project: Path, site: Path, extra: dict[str, dict[str, str]]) -> None:
+    """What ``pip install --no-deps`` leaves: the package and a .dist-info with its entry points (+ *extra*)."""
     meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     site.mkdir(parents=True, exist_ok=True)
     (site / "toyplug").symlink_to(project / "toyplug", target_is_directory=True)
     dist = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
-    groups = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
+    groups = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in {**eps, **extra.get(group, {})}.items())
               for group, eps in meta["entry-points"].items()]
     (dist / "entry_points.txt").write_text("\n".join(groups))
+
+
+def test_the_documented_package_has_one_plugin_per_group():
+    files = documented_files()
+    assert set(files) == {"pyproject.toml", "toyplug/reader.py", "toyplug/diagnosis.py", "toyplug/panel.py",
+                          "toyplug/export.py"}
+    groups = tomllib.loads(files["pyproject.toml"])["project"]["entry-points"]
+    assert set(groups) == {"precnb.readers", "precnb.diagnoses", "precnb.panels", "precnb.exporters"}
 
 
 @pytest.fixture(scope="module")
 def plugged(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plug")
-    install_as_dist_info(make_plugin_package(tmp), tmp / "site")
+    install_as_dist_info(make_plugin_package(tmp), tmp / "site", BROKEN)
     toy = tmp / "run.toy"
     toy.write_text("1.5 -inf nan 250")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp / "site")])}
