@@ -98,7 +98,7 @@ def test_the_same_values_from_a_release_that_records_before_the_op_are_a_diverge
 
 # ------------------------------------------------------------------------------------------ parameters
 def test_a_target_without_parameter_records_is_a_skip_that_says_why():
-    checks = {c["name"]: c for c in preflight(_open(FIX / "params" / "old"), _open(FIX / "params" / "new"))}
+    checks = {c["name"]: c for c in preflight(_open(FIX / "params" / "old"), baseline=_open(FIX / "params" / "new"))}
     c = checks["parameters"]
     assert c["status"] == "skip", c
     assert c["message"].startswith("the target has no parameter records to compare (a level L0 dump without "

@@ -260,14 +260,14 @@ def test_without_parameter_records_the_optimizer_lists_stand_in():
     n = g["checks"]["baseline"]["parameter_count"]
     base = no_params(precnb.open_run(PF / "lr10" / "baseline", progress=False))
     target = no_params(precnb.open_run(PF / "lr10" / "target", progress=False))
-    c = {x["name"]: x for x in preflight(target, base)}["parameters"]
+    c = {x["name"]: x for x in preflight(target, baseline=base)}["parameters"]
     assert c["status"] == "pass" and f"updates {n} tensors in the baseline and {n} in the target" in c["message"]
     # one parameter less in the target's optimizer (its Tensor.addcdiv_ call removed)
     last = sorted({str(x) for x in target["node"].values if str(x).startswith("Tensor.addcdiv_.")},
                   key=lambda s: int(s.split(".")[2]))[-1]
     shape = str(target["shape"].sel(tensor=f"{last}.input.0").values)
     fewer = target.sel(tensor=[t for t in target["tensor"].values if not str(t).startswith(f"{last}.")])
-    c = {x["name"]: x for x in preflight(fewer, base)}["parameters"]
+    c = {x["name"]: x for x in preflight(fewer, baseline=base)}["parameters"]
     assert c["status"] == "fail" and c["details"]["extra_shapes_in_baseline"] == [shape]
     assert "in the target" in c["message"] and str(n - 1) in c["message"]
 
