@@ -22,7 +22,7 @@ Examples
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
@@ -40,6 +40,7 @@ __all__ = [
     "diagnoses",
     "get",
     "kinds",
+    "order_findings",
     "refresh",
     "register",
     "title",
@@ -274,3 +275,29 @@ def priority(kind: str, *, found: bool = True) -> int:
     if d is None:
         return 1000
     return d.priority + (500 if d.clean_last and not found else 0)
+
+
+def _warns(f: Any) -> bool:
+    """A clean result whose checks warn (``stats["status"] == "warn"``)."""
+    return not f.found and isinstance(f.stats, dict) and f.stats.get("status") == "warn"
+
+
+def order_findings(results: Iterable[Any]) -> list[Any]:
+    """The one order of findings (the pipeline's, the pre-flight join's, the report's).
+
+    Found first; then a "nothing found" that warns (a pre-flight warning may be the cause: a weight
+    left at zero) before the other "nothing found" results; then by :func:`priority` of the kind
+    (found or not); stable otherwise.
+
+    Parameters
+    ----------
+    results : iterable of Finding or of (kind, Finding)
+
+    Returns
+    -------
+    list of Finding
+    """
+    pairs = [r if isinstance(r, tuple) else (r.kind, r) for r in results]
+    ranked = sorted(enumerate(pairs), key=lambda x: (not x[1][1].found, not _warns(x[1][1]),
+                                                     priority(x[1][0], found=x[1][1].found), x[0]))
+    return [f for _, (_, f) in ranked]

@@ -633,18 +633,11 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
         results = [(k, f) for k, f in results if not (k == "loss_spike" and not f.found)]
     # a "nothing found" that warns (a pre-flight warning may be the cause: a weight left at zero) comes
     # before the other "nothing found" results, so that it is what a clean triage shows first
-    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found, not _warns(x[1][1]),
-                                                       registry.priority(x[1][0], found=x[1][1].found), x[0]))
-    findings = [f for _, (_, f) in ranked]
+    findings = registry.order_findings(results)
     from precnb.pipeline._preflight_join import note_later
 
     note_later(findings)
     return findings, checks, by_kind
-
-
-def _warns(f: Any) -> bool:
-    """A clean result whose checks warn (``stats["status"] == "warn"``)."""
-    return not f.found and isinstance(f.stats, dict) and f.stats.get("status") == "warn"
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:
