@@ -9,6 +9,8 @@ from typing import Any
 
 import xarray as xr
 
+from precnb.pipeline.inputs import in_memory as _in_memory  # one function (issue #27)
+
 __all__ = ["Runs", "normalize_runs", "parse_ranks", "runs_for"]
 
 
@@ -46,11 +48,6 @@ def _open(x: Any) -> xr.Dataset:
 
         return open_run(x)
     raise TypeError(f"expected an xarray.Dataset or a path, got {type(x).__name__}")
-
-
-def _in_memory(ds: xr.Dataset) -> xr.Dataset:
-    lazy = any(v.chunks is not None for v in ds.data_vars.values())
-    return ds.compute() if lazy else ds
 
 
 def normalize_runs(run_or_runs: Any, baseline: Any = None) -> Runs:
