@@ -182,6 +182,7 @@ _TITLES_WITHOUT_DIAGNOSIS = {"none": "Nothing found"}
 BUILTIN_MODULES: tuple[str, ...] = ("precnb.analysis.diagnoses", "precnb.analysis.spike.diagnosis")
 """Modules whose import registers the built-in diagnoses."""
 _loaded = False
+_ALL: dict[str, Diagnosis] | None = None
 
 
 def register(diagnosis: Diagnosis, *, replace: bool = False) -> Diagnosis:
@@ -192,15 +193,20 @@ def register(diagnosis: Diagnosis, *, replace: bool = False) -> Diagnosis:
     ValueError
         When the kind is already registered and *replace* is false.
     """
+    global _ALL
     try:
-        return _REGISTRY.register(diagnosis.kind, diagnosis, replace=replace)
+        out = _REGISTRY.register(diagnosis.kind, diagnosis, replace=replace)
     except ValueError:
         raise ValueError(f"a diagnosis of kind {diagnosis.kind!r} is already registered") from None
+    _ALL = None
+    return out
 
 
 def unregister(kind: str) -> None:
     """Remove the diagnosis of *kind* (one added at run time, e.g. in a test)."""
+    global _ALL
     _REGISTRY.unregister(kind)
+    _ALL = None
 
 
 def _load() -> None:
@@ -216,14 +222,19 @@ def _load() -> None:
 
 def refresh() -> None:
     """Forget the plug-ins found so far; the next use lists the entry points again."""
-    global _loaded
+    global _loaded, _ALL
     _REGISTRY.refresh()
     _loaded = False
+    _ALL = None
 
 
 def _all() -> dict[str, Diagnosis]:
+    """Every diagnosis by kind (kept until the registry changes: titles and priorities are asked for often)."""
+    global _ALL
     _load()
-    return dict(_REGISTRY.items())
+    if _ALL is None:
+        _ALL = dict(_REGISTRY.items())
+    return _ALL
 
 
 def diagnoses(kinds: Sequence[str] | None = None) -> list[Diagnosis]:
