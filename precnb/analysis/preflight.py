@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb._args import baseline_keyword
 from precnb.analysis._pf_common import (
     Param,
     check,
@@ -309,7 +310,8 @@ def check_frozen(base: xr.Dataset | None, target: xr.Dataset, pb: dict[str, Para
 
 
 # ------------------------------------------------------------------------------------------ entry
-def preflight(target: xr.Dataset, baseline: xr.Dataset | None = None, *, target_layout: Any = None,
+@baseline_keyword()
+def preflight(target: xr.Dataset, *, baseline: xr.Dataset | None = None, target_layout: Any = None,
               baseline_layout: Any = None, step_offset: int | None = 0, names: tuple[str, str] = ("baseline", "target"),
               raw_target: xr.Dataset | None = None, raw_baseline: xr.Dataset | None = None) -> list[dict[str, Any]]:
     """Run every pre-flight check that applies; see the module docstring for the JSON shape.
@@ -319,7 +321,8 @@ def preflight(target: xr.Dataset, baseline: xr.Dataset | None = None, *, target_
     target : xarray.Dataset
         The run checked (with a baseline: the run compared; shards merged when it has a layout).
     baseline : xarray.Dataset, optional
-        The run it is compared with.
+        The run it is compared with: keyword-only (a second positional run is a ``TypeError``;
+        :func:`precnb.preflight` is the public one, ``preflight(base, target)``).
     target_layout, baseline_layout : Layout, optional
         Which ranks share a batch by design (TP, CP, PP groups): only distinct DP replicas must read
         distinct data. Without one, ranks whose parameters are identical count as DP replicas.

@@ -114,7 +114,7 @@ def run_triage(args: argparse.Namespace, target: Any, baseline: Any = None, **ex
 
     opts = triage_options(args, **extra)
     try:
-        triage = diagnose(target, baseline, options=opts)
+        triage = diagnose(target, baseline=baseline, options=opts)
     except (LayoutError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     failures = getattr(args, "load_failures", None)
