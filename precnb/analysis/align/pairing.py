@@ -104,10 +104,9 @@ class _Aligner:
         self.wrappers: dict[str, set[str]] = {"baseline": set(), "target": set()}
         self.kids_b = self._children_nodes(tb)
         self.kids_t = self._children_nodes(tt)
-        # two codebases (module paths mostly differ): their own glue is set aside by the rules of
-        # :mod:`precnb.analysis.align.aside`; within one codebase an unpaired call stays a difference
-        shared = len(set(tb.modules) & set(tt.modules) - {ROOT})
-        self.same_names = shared >= 0.5 * max(1, min(len(tb.modules), len(tt.modules)) - 1)
+        # two codebases (module paths and classes mostly differ): their own glue is set aside by the rules
+        # of :mod:`precnb.analysis.align.aside`; within one codebase an unpaired call stays a difference
+        self.same_names = _one_codebase(tb, tt)
         self._aside_args: _AsideArgs | None = None
 
     # ------------------------------------------------------------------ helpers
@@ -546,6 +545,20 @@ class _Aligner:
 
 
 _FINISHING_OPS = ("div_", "mul_", "__itruediv__", "__imul__", "div", "mul", "__truediv__", "__mul__")
+
+
+def _one_codebase(tb: RunTree, tt: RunTree) -> bool:
+    """Whether two runs come from one codebase: most module paths, or most module classes, are shared.
+
+    Pipeline chunks renumber the paths of one codebase (``0.decoder`` / ``1.decoder``) but keep its classes;
+    a port to another codebase (Megatron-Core's ``ColumnParallelLinear`` / Hugging Face's ``Linear``) changes both.
+    """
+    paths_b, paths_t = set(tb.modules) - {ROOT}, set(tt.modules) - {ROOT}
+    if len(paths_b & paths_t) >= 0.5 * max(1, min(len(paths_b), len(paths_t))):
+        return True
+    cls_b = {m.cls for m in tb.modules.values() if m.cls}
+    cls_t = {m.cls for m in tt.modules.values() if m.cls}
+    return bool(cls_b | cls_t) and len(cls_b & cls_t) >= 0.5 * len(cls_b | cls_t)
 
 
 class _AsideArgs:
