@@ -428,13 +428,34 @@ class _Aligner:
                         return -100.0
                     return tensor_score(a, c, same_framework=self.same_fw, position=pos_b[a.label] == pos_t[c.label])
 
-                for i, j, s in pair_greedy(gb, gt, score, threshold=TENSOR_THRESHOLD):
-                    a, c = gb[i], gt[j]
+                for a, c, s in self._tensor_pairs(gb, gt, score):
                     t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else
                                                               ("structure" if a.slot == c.slot else "shape"))
                     self.out.tensors[c.label] = (a.label, how if how == "user" else t_how,
                                                  _confidence(s, TENSOR_THRESHOLD))
                     used_b.add(a.label)
+
+    def _tensor_pairs(self, gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]]:
+        """:func:`pair_greedy` of one group's tensors; in one codebase, a list argument's elements per argument.
+
+        An optimizer call holds its parameters, gradients and states as list arguments of a few hundred
+        elements: within one codebase argument ``input.K`` pairs with ``input.K`` (slots mean the same), so
+        their elements are paired list by list instead of all against all.
+        """
+        if not (self.same_fw and self.same_names) or len(gb) * len(gt) <= 256:
+            return [(gb[i], gt[j], s) for i, j, s in pair_greedy(gb, gt, score, threshold=TENSOR_THRESHOLD)]
+        parts_b: dict[str, list[Any]] = defaultdict(list)
+        parts_t: dict[str, list[Any]] = defaultdict(list)
+        for t in gb:
+            parts_b[_list_argument(t.slot)].append(t)
+        for t in gt:
+            parts_t[_list_argument(t.slot)].append(t)
+        out: list[tuple[Any, Any, float]] = []
+        for key, xs in parts_b.items():
+            ys = parts_t.get(key, [])
+            if ys:
+                out += [(xs[i], ys[j], s) for i, j, s in pair_greedy(xs, ys, score, threshold=TENSOR_THRESHOLD)]
+        return out
 
     def _self_copies(self, info: NodeInfo) -> set[str]:
         """Backward outputs of an API node that only repeat its own input.
@@ -545,6 +566,12 @@ class _Aligner:
 
 
 _FINISHING_OPS = ("div_", "mul_", "__itruediv__", "__imul__", "div", "mul", "__truediv__", "__mul__")
+
+
+def _list_argument(slot: str) -> str:
+    """``input.0`` for an element ``input.0.5`` of a list argument; ``""`` for a plain tensor."""
+    parts = slot.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 3 and parts[0] in ("input", "kwargs") else ""
 
 
 def _one_codebase(tb: RunTree, tt: RunTree) -> bool:
