@@ -213,17 +213,26 @@ def _motion(ds: xr.Dataset, params: dict[str, Param]) -> dict[str, str]:
     return out
 
 
-def _frozen_signals(ds: xr.Dataset, params: dict[str, Param]) -> dict[str, list[str]]:
-    """Per parameter, the signs that it is frozen in *ds* (``no gradient record``, ...)."""
-    has_grads = any(p.grad for p in params.values())
-    motion = _motion(ds, params)
-    trains = any(v == "changed" for v in motion.values())
+def _returned(ds: xr.Dataset) -> set[str]:
+    """Labels of the parameters a module of *ds* returns as an output (Megatron's skip_bias_add bias)."""
     from precnb.analysis.undefined import returned_parameters
 
     if ds.attrs.get("returned_parameters"):  # a baseline renamed into the target's names said them first
-        returned = set(json.loads(ds.attrs["returned_parameters"]))
-    else:
-        returned = {f"{node}.parameters.{n}" for node, names in returned_parameters(ds).items() for n in names}
+        return set(json.loads(ds.attrs["returned_parameters"]))
+    return {f"{node}.parameters.{n}" for node, names in returned_parameters(ds).items() for n in names}
+
+
+def _frozen_signals(ds: xr.Dataset, params: dict[str, Param], *, also_returned: set[str] = frozenset()
+                    ) -> dict[str, list[str]]:
+    """Per parameter, the signs that it is frozen in *ds* (``no gradient record``, ...).
+
+    *also_returned*: parameters the other run returns (in the same names): a baseline renamed into the
+    target's names has no gradient record where the target records none to pair it with.
+    """
+    has_grads = any(p.grad for p in params.values())
+    motion = _motion(ds, params)
+    trains = any(v == "changed" for v in motion.values())
+    returned = _returned(ds) | set(also_returned)
     out: dict[str, list[str]] = {}
     for name, p in params.items():
         signs = []
@@ -271,7 +280,7 @@ def check_frozen(base: xr.Dataset | None, target: xr.Dataset, pb: dict[str, Para
         text = (f"frozen in {tn}: " + names_list([f"{n} ({', '.join(s)})" for n, s in frozen.items()])
                 if frozen else f"no frozen parameter among {len(pt)} in {tn}")
         return check("frozen", title, "pass", text, basis="read", frozen=frozen)
-    sb = _frozen_signals(base, pb)
+    sb = _frozen_signals(base, pb, also_returned=_returned(target))
     ob, ot = optimizer_tensors(base), optimizer_tensors(target)
     from precnb.analysis.align.fused import fused_parts
 
