@@ -82,7 +82,8 @@ def _zip_reason(p: Path) -> str | None:
         with zipfile.ZipFile(p) as zf:
             zf.infolist()
     except zipfile.BadZipFile:
-        return "a truncated or damaged zip file (its zip directory cannot be read); a config_check pack must be a complete zip"
+        return ("a truncated or damaged zip file (its zip directory cannot be read); "
+                "a config_check pack must be a complete zip")
     except (OSError, ValueError, RuntimeError, NotImplementedError, EOFError) as exc:
         return f"a damaged zip file, not readable ({type(exc).__name__}: {exc})"
     return None
