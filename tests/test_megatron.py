@@ -312,7 +312,7 @@ def test_nan_reached_by_another_stage_later_is_no_independent_origin():
 
 # ----------------------------------------------- Megatron vs Hugging Face: diff (issue 24, item 6)
 def _first_divergence(baseline, target):
-    return precnb.diagnose(str(target), str(baseline)).finding  # the pipeline every front end uses
+    return precnb.diagnose(str(target), baseline=str(baseline)).finding  # the pipeline every front end uses
 
 
 @pytest.mark.parametrize("baseline, target", [("tp1pp1", "hf_llama"), ("hf_llama", "tp1pp1")])
