@@ -222,7 +222,7 @@ def _returned(ds: xr.Dataset) -> set[str]:
     return {f"{node}.parameters.{n}" for node, names in returned_parameters(ds).items() for n in names}
 
 
-def _frozen_signals(ds: xr.Dataset, params: dict[str, Param], *, also_returned: set[str] = frozenset()
+def _frozen_signals(ds: xr.Dataset, params: dict[str, Param], *, also_returned: frozenset[str] | set[str] = frozenset()
                     ) -> dict[str, list[str]]:
     """Per parameter, the signs that it is frozen in *ds* (``no gradient record``, ...).
 

@@ -455,7 +455,7 @@ def diagnose(
     if bsrc is not None and wants_tensor_metrics(opts, tsrc.value, bsrc.value):
         stepwise = False  # tensor metrics cover the whole pair: read it whole
     plan = _stepwise_steps(tsrc, bsrc, opts) if stepwise and bsrc is not None else None
-    if plan is not None:
+    if plan is not None and bsrc is not None:
         from precnb.errors import NotADumpError
         from precnb.pipeline._preflight_join import with_preflight
 

@@ -233,7 +233,9 @@ def _order(tree: RunTree) -> dict[str, dict]:
     if cached is not None:
         return cached
     names = sorted(tree.nodes, key=lambda n: (tree.nodes[n].seq, n))
-    pos, marks, last = {}, {}, None
+    pos: dict[str, int] = {}
+    marks: dict[int, str | None] = {}
+    last: str | None = None
     for k, n in enumerate(names):
         info = tree.nodes[n]
         pos[n] = k
