@@ -65,7 +65,7 @@ def _where(hits: Sequence[tuple[str, Mapping[str, Any], int]]) -> str:
                      f"{'/'.join(map(str, sorted(ranks[run])))}" for run, st in by_run.items())
 
 
-def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],
+def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],  # noqa: C901
                     tables: Mapping[str, Mapping[int, Mapping[str, str]]]) -> list[dict[str, Any]]:
     """Per device: the rank it served in each job, its departures, and a verdict with why (most suspect first).
 

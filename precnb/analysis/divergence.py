@@ -112,7 +112,7 @@ def pair_comparison(baseline: xr.Dataset, target: xr.Dataset, *, alignment: Any 
     return cmp
 
 
-def first_divergence(
+def first_divergence(  # noqa: C901
     baseline: xr.Dataset,
     target: xr.Dataset | None = None,
     *,

@@ -159,7 +159,7 @@ class Finding:
         """Strict JSON text."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
-    def summary(self) -> str:
+    def summary(self) -> str:  # noqa: C901
         """A readable multi-line summary (what the CLI prints without ``--json``)."""
         title, _, reason = self.headline.partition(": ")
         lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]

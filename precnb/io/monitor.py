@@ -288,7 +288,7 @@ def _mtime(p: Path) -> float:
         return 0.0
 
 
-def discover(path: str | Path, report: LoadReport | None = None) -> _Found:
+def discover(path: str | Path, report: LoadReport | None = None) -> _Found:  # noqa: C901
     """Find the monitor CSV files below *path*.
 
     Parameters
@@ -441,7 +441,7 @@ def _describe(family: str, name: str) -> tuple[str, str, str]:
     return "", direction, ""
 
 
-def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:
+def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:  # noqa: C901
     """Parse one monitor CSV file into one partial record per step.
 
     The records carry provisional labels; :func:`open_monitor` relabels them once the

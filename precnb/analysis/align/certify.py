@@ -123,7 +123,7 @@ class ApiBound:
         return out
 
 
-def certified_pairs(xs: Sequence[NodeInfo], ys: Sequence[NodeInfo], score: Callable[[Any, Any], float], *,
+def certified_pairs(xs: Sequence[NodeInfo], ys: Sequence[NodeInfo], score: Callable[[Any, Any], float], *,  # noqa: C901
                     threshold: float) -> list[tuple[int, int, float]] | None:
     """The pairs the order-preserving programme makes, when equal names provably are them; else None.
 
