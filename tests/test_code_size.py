@@ -23,7 +23,7 @@ LONG_MODULES = {
     "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight.py",
     "precnb/analysis/spike/_causes.py", "precnb/cli/analysis_cmds.py", "precnb/combine.py",
     "precnb/io/_assemble.py", "precnb/io/_runfacts.py", "precnb/io/compare_csv.py", "precnb/io/config_check.py",
-    "precnb/io/kernel.py", "precnb/io/losslog.py", "precnb/io/monitor.py", "precnb/io/ms_kernel_tensors.py",
+    "precnb/io/kernel.py", "precnb/io/losslog.py", "precnb/io/ms_kernel_tensors.py",
     "precnb/io/msprobe/walk.py", "precnb/pipeline/triage.py", "precnb/report/_tables.py", "precnb/schema.py",
     "precnb/tensor_compare.py",
 }
@@ -33,8 +33,8 @@ LONG_FUNCTIONS = {
     "precnb/analysis/merge.py::classify_shards", "precnb/analysis/merge.py::merge_group_dim",
     "precnb/analysis/nan_origin.py::_finding", "precnb/analysis/pp.py::_assemble_groups",
     "precnb/analysis/rank_args.py::rank_dependent", "precnb/cli/analysis_cmds.py::register",
-    "precnb/io/compare_csv.py::open_compare_csv", "precnb/io/monitor.py::discover",
-    "precnb/io/monitor.py::read_monitor_csv", "precnb/pipeline/triage.py::diagnose",
+    "precnb/io/compare_csv.py::open_compare_csv", "precnb/io/monitor/discover.py::discover",
+    "precnb/io/monitor/parse.py::read_monitor_csv", "precnb/pipeline/triage.py::diagnose",
 }
 
 
