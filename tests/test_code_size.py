@@ -20,7 +20,7 @@ FUNCTION_LINES = 80
 LONG_MODULES = {
     "precnb/_write.py", "precnb/analysis/align/pairing.py", "precnb/analysis/anomalies.py",
     "precnb/analysis/compare.py", "precnb/analysis/departures.py", "precnb/analysis/divergence.py",
-    "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight.py",
+    "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight/__init__.py",
     "precnb/analysis/spike/_causes.py", "precnb/cli/analysis_cmds.py", "precnb/combine.py",
     "precnb/io/_assemble.py", "precnb/io/_runfacts.py", "precnb/io/compare_csv.py", "precnb/io/config_check.py",
     "precnb/io/kernel.py", "precnb/io/losslog.py", "precnb/io/ms_kernel_tensors.py",

@@ -296,7 +296,7 @@ def test_same_batch_is_not_claimed_from_nan_outputs_and_integer_extremes():
     """A NaN step (the embedding output NaN) whose token ids share max and min (mean and norm null) says nothing."""
     import warnings
 
-    from precnb.analysis._pf_data import check_dp_data, model_input
+    from precnb.analysis.preflight._data import check_dp_data, model_input
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

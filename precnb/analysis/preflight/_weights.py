@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis._pf_common import Param, check, fmt, names_list, param_stats
+from precnb.analysis.preflight._common import Param, check, fmt, names_list, param_stats
 
 __all__ = ["check_initial_weights"]
 

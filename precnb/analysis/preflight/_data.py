@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis._pf_common import check, fmt, names_list, worst
+from precnb.analysis.preflight._common import check, fmt, names_list, worst
 
 __all__ = ["check_coverage", "check_data", "check_dp_data", "model_input"]
 

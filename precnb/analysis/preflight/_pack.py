@@ -12,7 +12,7 @@ from typing import Any
 
 import xarray as xr
 
-from precnb.analysis._pf_common import check, names_list
+from precnb.analysis.preflight._common import check, names_list
 from precnb.schema import side_table
 
 __all__ = ["pack_checks"]

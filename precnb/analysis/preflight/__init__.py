@@ -33,7 +33,8 @@ import numpy as np
 import xarray as xr
 
 from precnb._args import baseline_keyword
-from precnb.analysis._pf_common import (
+from precnb.analysis.findings import Finding
+from precnb.analysis.preflight._common import (
     Param,
     check,
     fmt,
@@ -44,7 +45,6 @@ from precnb.analysis._pf_common import (
     same_stats,
     worst,
 )
-from precnb.analysis.findings import Finding
 from precnb.dtypes import same_values
 
 __all__ = ["CHECKS", "preflight", "preflight_finding"]
@@ -346,7 +346,7 @@ def preflight(target: xr.Dataset, *, baseline: xr.Dataset | None = None, target_
     -------
     list of dict
     """
-    from precnb.analysis._pf_common import clear_cache
+    from precnb.analysis.preflight._common import clear_cache
 
     try:
         return _preflight(target, baseline, target_layout=target_layout, baseline_layout=baseline_layout,
@@ -358,10 +358,10 @@ def preflight(target: xr.Dataset, *, baseline: xr.Dataset | None = None, target_
 def _preflight(target: xr.Dataset, baseline: xr.Dataset | None, *, target_layout: Any, baseline_layout: Any,
                step_offset: int | None, names: tuple[str, str], raw_target: xr.Dataset | None,
                raw_baseline: xr.Dataset | None) -> list[dict[str, Any]]:
-    from precnb.analysis._pf_data import check_coverage, check_data, check_dp_data
-    from precnb.analysis._pf_optim import check_hyperparameters
-    from precnb.analysis._pf_pack import pack_checks
-    from precnb.analysis._pf_weights import check_initial_weights
+    from precnb.analysis.preflight._data import check_coverage, check_data, check_dp_data
+    from precnb.analysis.preflight._optim import check_hyperparameters
+    from precnb.analysis.preflight._pack import pack_checks
+    from precnb.analysis.preflight._weights import check_initial_weights
 
     off = int(step_offset or 0)
     names = (str(names[0] or "baseline"), str(names[1] or "target"))

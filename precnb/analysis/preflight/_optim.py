@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis._pf_common import Param, check, fmt, names_list, param_stats, worst
+from precnb.analysis.preflight._common import Param, check, fmt, names_list, param_stats, worst
 from precnb.schema import side_table
 
 __all__ = ["check_hyperparameters", "update_ratio"]
