@@ -335,6 +335,32 @@ def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
         raise DumpFormatError(p, f"zarr store is not a precnb dataset: {exc}") from None
 
 
+def store_outline(path: str | Path) -> tuple[dict[str, int], dict[str, Any]]:
+    """The dimension sizes and attributes of a store, read from its metadata alone.
+
+    ``precnb convert`` reports what it wrote without loading the store's coordinates again
+    (they would add their strings to the peak memory of the conversion).
+
+    Parameters
+    ----------
+    path : str or Path
+
+    Returns
+    -------
+    sizes : dict of str to int
+        ``step``, ``rank`` and ``tensor`` lengths.
+    attrs : dict
+        The dataset attributes (without precnb's output marker).
+    """
+    import zarr
+
+    group = zarr.open_group(Path(path), mode="r", zarr_format=3)
+    sizes = {dim: int(group[dim].shape[0]) for dim in DIMS}
+    attrs = dict(group.attrs)
+    attrs.pop(_MARKER_KEY, None)
+    return sizes, attrs
+
+
 def is_store(path: str | Path) -> bool:
     """Whether *path* is a zarr store folder (format 3 or 2).
 
