@@ -4,12 +4,13 @@
 False for a FIFO, a device and a folder: these helpers tell them apart with ``lstat``/``stat``
 only (a FIFO is never opened), and find where a text file stops being UTF-8.
 
+The path helpers live in :mod:`precnb._files` (re-exported here for the readers); this module adds
+:func:`utf8_reason`.
+
 Examples
 --------
->>> missing_reason("/nonexistent")
-'no such file or directory'
->>> kind_of("/dev/null")
-'a character device'
+>>> utf8_reason("/dev/null") is None  # not a regular file: nothing to decode
+True
 """
 
 from __future__ import annotations
