@@ -55,6 +55,8 @@ class SharedTable:
     def get(self) -> dict[str, Any]:
         """The parsed table."""
         if self.value is None:
+            if self.raw is None:  # its bytes are freed only once it is parsed
+                raise RuntimeError(f"the table {self.key!r} holds neither its bytes nor its value")
             self.value = self.parse(self.raw)
         return self.value
 

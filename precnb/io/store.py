@@ -355,7 +355,12 @@ def store_outline(path: str | Path) -> tuple[dict[str, int], dict[str, Any]]:
     import zarr
 
     group = zarr.open_group(Path(path), mode="r", zarr_format=3)
-    sizes = {dim: int(group[dim].shape[0]) for dim in DIMS}
+    sizes = {}
+    for dim in DIMS:
+        coord = group[dim]
+        if not isinstance(coord, zarr.Array):
+            raise NotADumpError(f"{path}: {dim!r} in the store is a group, not a coordinate array")
+        sizes[dim] = int(coord.shape[0])
     attrs = dict(group.attrs)
     attrs.pop(_MARKER_KEY, None)
     return sizes, attrs
