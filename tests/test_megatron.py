@@ -258,6 +258,18 @@ def test_replicas_and_merge_read_the_layout_from_the_dumps():
     assert merged["merged_ranks"] == [0] and "pp2" in merged["layout"] and "vpp2" in merged["layout"]
 
 
+@pytest.mark.parametrize("layout", [None, "tp=2,pp=2"])
+def test_replicas_of_healthy_tp2pp2_with_and_without_a_layout(layout):
+    """The healthy run has no departure whether the layout is given or read from the dumps."""
+    out = _cli("replicas", str(MG / "tp2pp2"), *(("--layout", layout) if layout else ()), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["kind"] == "none"
+    f = fault("tp2pp1_dropout_unsync")  # and the same command still finds the real departure
+    got = json.loads(_cli("replicas", str(MG / "tp2pp1_dropout_unsync"),
+                          *(("--layout", "tp=2,pp=1") if layout else ()), "--json").stdout)
+    assert _key(got) == ("replica_mismatch", f["step"], f["rank"], f["node"])
+
+
 def test_align_across_layouts_pairs_everything():
     out = _cli("align", str(MG / "tp1pp1"), str(MG / "tp2pp2"), "--json")
     assert out.returncode == 0, out.stderr
