@@ -293,7 +293,7 @@ def _warns(f: Any) -> bool:
     return not f.found and isinstance(f.stats, dict) and f.stats.get("status") == "warn"
 
 
-def order_findings(results: Iterable[Any]) -> list[Any]:
+def order_findings(results: Iterable[Any], *, warn_first: bool = True) -> list[Any]:
     """The one order of findings (the pipeline's, the pre-flight join's, the report's).
 
     Found first; then a "nothing found" that warns (a pre-flight warning may be the cause: a weight
@@ -303,12 +303,16 @@ def order_findings(results: Iterable[Any]) -> list[Any]:
     Parameters
     ----------
     results : iterable of Finding or of (kind, Finding)
+    warn_first : bool
+        Put a warning "nothing found" before the other ones. The pre-flight join of a step-wise search
+        passes False: there the search's own "nothing found" says what was compared (its ``stats``),
+        and the pre-flight warning stays in ``checks``.
 
     Returns
     -------
     list of Finding
     """
     pairs = [r if isinstance(r, tuple) else (r.kind, r) for r in results]
-    ranked = sorted(enumerate(pairs), key=lambda x: (not x[1][1].found, not _warns(x[1][1]),
+    ranked = sorted(enumerate(pairs), key=lambda x: (not x[1][1].found, warn_first and not _warns(x[1][1]),
                                                      priority(x[1][0], found=x[1][1].found), x[0]))
     return [f for _, (_, f) in ranked]

@@ -17,7 +17,7 @@ def with_preflight(pre: Any, div: Any) -> Any:
 
     f = pre.result("preflight")
     results = [("preflight", f), *((k, v) for k, v in div.results.items())]
-    div.findings = registry.order_findings(results)
+    div.findings = registry.order_findings(results, warn_first=False)  # the search says what it compared
     note_later(div.findings)
     div.checks = [*pre.checks, *div.checks]
     div.results = {"preflight": f, **div.results}
