@@ -21,7 +21,7 @@ LONG_MODULES = {
     "precnb/_write.py", "precnb/analysis/align/pairing.py", "precnb/analysis/anomalies.py",
     "precnb/analysis/compare.py", "precnb/analysis/departures.py", "precnb/analysis/divergence.py",
     "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight/__init__.py",
-    "precnb/analysis/spike/_causes.py", "precnb/cli/analysis_cmds.py", "precnb/combine.py",
+    "precnb/cli/analysis_cmds.py", "precnb/combine.py",
     "precnb/io/_assemble.py", "precnb/io/_runfacts.py", "precnb/io/compare_csv.py", "precnb/io/config_check.py",
     "precnb/io/losslog.py",
     "precnb/io/msprobe/walk.py", "precnb/pipeline/triage.py", "precnb/report/_tables.py", "precnb/schema.py",
