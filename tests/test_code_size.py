@@ -33,8 +33,8 @@ LONG_FUNCTIONS = {
     "precnb/analysis/merge.py::classify_shards", "precnb/analysis/merge.py::merge_group_dim",
     "precnb/analysis/nan_origin.py::_finding", "precnb/analysis/pp.py::_assemble_groups",
     "precnb/analysis/rank_args.py::rank_dependent", "precnb/cli/analysis_cmds.py::register",
-    "precnb/io/compare_csv.py::open_compare_csv", "precnb/io/monitor/discover.py::discover",
-    "precnb/io/monitor/parse.py::read_monitor_csv", "precnb/pipeline/triage.py::diagnose",
+    "precnb/io/compare_csv.py::open_compare_csv",
+    "precnb/pipeline/triage.py::diagnose",
 }
 
 
@@ -87,4 +87,4 @@ def test_complexity_exceptions_are_the_listed_ones():
             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if "# noqa: C901" in line and line.lstrip().startswith(("def ", "async def ")):
                     marked.append(f"{path.relative_to(ROOT).as_posix()}:{i}")
-    assert len(marked) <= 16, marked  # 16 when the rule was set (2026-12): split one, lower this
+    assert len(marked) <= 14, marked  # 16 when the rule was set (2026-12), 14 since: split one, lower this

@@ -67,7 +67,7 @@ def _mtime(p: Path) -> float:
         return 0.0
 
 
-def discover(path: str | Path, report: LoadReport | None = None) -> _Found:  # noqa: C901
+def discover(path: str | Path, report: LoadReport | None = None) -> _Found:
     """Find the monitor CSV files below *path*.
 
     Parameters
@@ -95,36 +95,7 @@ def discover(path: str | Path, report: LoadReport | None = None) -> _Found:  # n
         from precnb.io._why import missing_reason
 
         raise NotADumpError(f"{p}: {'not a monitor output folder' if os.path.exists(p) else missing_reason(p)}")
-    folders: list[tuple[Path, int]] = []
-    if _holds_monitor_csv(p):
-        rank = _rank_of_folder(p.name)
-        if rank is None or rank == _OUT_OF_RANGE:
-            report.warnings.append(f"{p}: rank not in the folder name (or out of range); using rank 0")
-            rank = 0
-        folders.append((p, rank))
-    else:
-        try:
-            children = _list_dir(p)
-        except OSError as exc:
-            raise NotADumpError(f"{p}: cannot list folder: {exc.strerror or exc}") from None
-        for child in children:
-            if child.name in _IGNORED_DIRS or not _is_dir(child):
-                continue
-            rank = _rank_of_folder(child.name)
-            if rank is None:
-                continue
-            if rank == _OUT_OF_RANGE:
-                report.skipped.append((str(child), f"rank number out of range (0..{_MAX_INDEX})"))
-                continue
-            try:
-                next(child.iterdir(), None)
-            except OSError as exc:
-                report.skipped.append((str(child), f"cannot list folder: {exc.strerror or exc}"))
-                continue
-            if _holds_monitor_csv(child):
-                folders.append((child, rank))
-            else:
-                report.skipped.append((str(child), "rank folder holds no monitor CSV file"))
+    folders = _rank_folders(p, report)
     if not folders:
         failures = [f"{q}: {r}" for q, r in report.skipped if not r.startswith("ignored")]
         reasons = f" ({'; '.join(failures[:3])})" if failures else ""
@@ -141,33 +112,77 @@ def discover(path: str | Path, report: LoadReport | None = None) -> _Found:  # n
                 f"rank {rank}: {len(dirs)} monitor folders ({', '.join(d.name for d in dirs)}); "
                 "the newest wins where they overlap")
         for prio, folder in enumerate(dirs):
-            try:
-                entries = _list_dir(folder)
-            except OSError as exc:
-                report.skipped.append((str(folder), f"cannot list folder: {exc.strerror or exc}"))
-                continue
-            for f in entries:
-                kind = _file_kind(f.name)
-                if kind is None:
-                    m = _V1_FILE.match(f.name)
-                    if m:
-                        why = f"ignored: unknown monitor family {m['family']!r}"
-                        report.skipped.append((str(f), why))
-                    continue
-                if not _is_file(f):
-                    continue
-                version, family, a, b = kind
-                files.append(MonitorFile(f, rank, version, family, (a, b), prio))
-    anomaly: dict[int, str] = {}
+            files += _folder_files(folder, rank, prio, report)
     root = p if not _holds_monitor_csv(p) else p.parent
+    return _Found(files, dict(by_rank), _anomaly_files(root, report))
+
+
+def _rank_folders(p: Path, report: LoadReport) -> list[tuple[Path, int]]:
+    """``(folder, rank)`` of *p* itself (a rank folder) or of its rank folders (a monitor root)."""
+    if _holds_monitor_csv(p):
+        rank = _rank_of_folder(p.name)
+        if rank is None or rank == _OUT_OF_RANGE:
+            report.warnings.append(f"{p}: rank not in the folder name (or out of range); using rank 0")
+            rank = 0
+        return [(p, rank)]
+    try:
+        children = _list_dir(p)
+    except OSError as exc:
+        raise NotADumpError(f"{p}: cannot list folder: {exc.strerror or exc}") from None
+    folders: list[tuple[Path, int]] = []
+    for child in children:
+        if child.name in _IGNORED_DIRS or not _is_dir(child):
+            continue
+        rank = _rank_of_folder(child.name)
+        if rank is None:
+            continue
+        if rank == _OUT_OF_RANGE:
+            report.skipped.append((str(child), f"rank number out of range (0..{_MAX_INDEX})"))
+            continue
+        try:
+            next(child.iterdir(), None)
+        except OSError as exc:
+            report.skipped.append((str(child), f"cannot list folder: {exc.strerror or exc}"))
+            continue
+        if _holds_monitor_csv(child):
+            folders.append((child, rank))
+        else:
+            report.skipped.append((str(child), "rank folder holds no monitor CSV file"))
+    return folders
+
+
+def _folder_files(folder: Path, rank: int, prio: int, report: LoadReport) -> list[MonitorFile]:
+    """The monitor CSV files of one rank folder (unknown families named in the report)."""
+    try:
+        entries = _list_dir(folder)
+    except OSError as exc:
+        report.skipped.append((str(folder), f"cannot list folder: {exc.strerror or exc}"))
+        return []
+    files: list[MonitorFile] = []
+    for f in entries:
+        kind = _file_kind(f.name)
+        if kind is None:
+            m = _V1_FILE.match(f.name)
+            if m:
+                report.skipped.append((str(f), f"ignored: unknown monitor family {m['family']!r}"))
+            continue
+        if _is_file(f):
+            version, family, a, b = kind
+            files.append(MonitorFile(f, rank, version, family, (a, b), prio))
+    return files
+
+
+def _anomaly_files(root: Path, report: LoadReport) -> dict[int, str]:
+    """The ``anomaly_detected/rank_<R>/anomaly.json`` files below the monitor root, by rank."""
     adir = root / "anomaly_detected"
     try:
         anomaly_dirs = _list_dir(adir) if _is_dir(adir) else []
     except OSError as exc:
         report.warnings.append(f"{adir}: cannot list folder: {exc.strerror or exc}")
         anomaly_dirs = []
+    anomaly: dict[int, str] = {}
     for child in anomaly_dirs:
         m = re.match(r"^rank_?([0-9]{1,9})$", child.name)
         if m and _is_file(child / "anomaly.json"):
             anomaly[int(m.group(1))] = str(child / "anomaly.json")
-    return _Found(files, dict(by_rank), anomaly)
+    return anomaly

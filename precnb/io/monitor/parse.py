@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +78,28 @@ def _describe(family: str, name: str) -> tuple[str, str, str]:
     return "", direction, ""
 
 
-def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:  # noqa: C901
+@dataclass
+class _Header:
+    """What the header line of one monitor CSV says: column positions and the statistic columns."""
+
+    n: int
+    col: dict[str, int]
+    name_col: str
+    stat_cols: list[tuple[str, int, str]]  # (header, position, statistic name)
+    want: set[int] | None  # the steps to keep (None: all)
+
+
+@dataclass
+class _Parsed:
+    """The rows of one monitor CSV, with what reading them found out."""
+
+    rows: list[_Row] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    bad: set[str] = field(default_factory=set)  # statistic columns that are not numeric
+    micros: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+
+
+def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:
     """Parse one monitor CSV file into one partial record per step.
 
     The records carry provisional labels; :func:`open_monitor` relabels them once the
@@ -99,12 +121,22 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:  # noqa: C901
         On a missing column, a row with the wrong number of fields, or a non-numeric value in
         a numeric column, naming the line.
     """
-    path = item.path
-    rows = iter_rows(path)
+    rows = iter_rows(item.path)
     first = next(rows, None)
     if first is None:
-        raise DumpFormatError(path, "empty file (no header)")
-    header = [h.strip() for h in first[1]]
+        raise DumpFormatError(item.path, "empty file (no header)")
+    head = _read_header(item, first[1])
+    parsed = _Parsed()
+    for line, row in rows:
+        _read_row(item, head, parsed, line, row)
+    for stat in sorted(parsed.bad):
+        parsed.warnings.append(f"{item.path}: column {stat!r} is not numeric; not loaded")
+    return _records(item, head, parsed)
+
+
+def _read_header(item: MonitorFile, cells: list[str]) -> _Header:
+    path = item.path
+    header = [h.strip() for h in cells]
     while header and not header[-1]:
         header.pop()
     col = {h: i for i, h in enumerate(header)}
@@ -123,66 +155,71 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:  # noqa: C901
     names = [s for _, _, s in stat_cols]
     if len(set(names)) != len(names):
         raise DumpFormatError(path, f"line 1: op columns {[h for h, _, _ in stat_cols]} clash")
-    want = set(item.steps) if item.steps is not None else None
-    n = len(header)
-    warnings: list[str] = []
-    bad: set[str] = set()
-    parsed: list[_Row] = []
-    micros: dict[str, set[int]] = defaultdict(set)
-    for line, row in rows:
-        if len(row) != n:
-            if len(row) > n and not any(c.strip() for c in row[n:]):
-                row = row[:n]
-            else:
-                raise DumpFormatError(path, f"line {line}: expected {n} fields as in the header, "
-                                            f"got {len(row)}")
-        step = _int_cell(row[col["step"]], "step", path, line)
-        if want is not None and step not in want:
-            continue
-        vpp = (_int_cell(row[col["vpp_stage"]], "vpp_stage", path, line, 0)
-               if "vpp_stage" in col else 0)
-        micro = (_int_cell(row[col["micro_step"]], "micro_step", path, line, -1, lo=-1, hi=_MAX_MICRO)
-                 if "micro_step" in col else -1)
-        name = row[col[name_col]].strip()
-        if not name:
-            raise DumpFormatError(path, f"line {line}: empty {name_col!r}")
-        if item.version == "v1":
-            family = item.family
-        elif item.family == "cc":
-            family = "cc"
+    return _Header(len(header), col, name_col, stat_cols, set(item.steps) if item.steps is not None else None)
+
+
+def _row_family(item: MonitorFile, head: _Header, row: list[str], warnings: list[str]) -> str:
+    """The statistic family of a row: the file's (v1, cc) or its ``scope`` column's (v2)."""
+    if item.version == "v1":
+        return item.family
+    if item.family == "cc":
+        return "cc"
+    scope = row[head.col["scope"]].strip()
+    family = _V2_SCOPES.get((item.family, scope), "")
+    if not family:
+        family = scope if scope in FAMILY_RANK else f"{item.family}_{scope}"
+        msg = f"{item.path}: unknown scope {scope!r} for {item.family}; family {family!r}"
+        if msg not in warnings:
+            warnings.append(msg)
+    return family
+
+
+def _read_row(item: MonitorFile, head: _Header, parsed: _Parsed, line: int, row: list[str]) -> None:
+    path, col, n = item.path, head.col, head.n
+    if len(row) != n:
+        if len(row) > n and not any(c.strip() for c in row[n:]):
+            row = row[:n]
         else:
-            scope = row[col["scope"]].strip()
-            family = _V2_SCOPES.get((item.family, scope), "")
-            if not family:
-                family = scope if scope in FAMILY_RANK else f"{item.family}_{scope}"
-                msg = f"{path}: unknown scope {scope!r} for {item.family}; family {family!r}"
-                if msg not in warnings:
-                    warnings.append(msg)
-        stats: dict[str, float | None] = {}
-        for header_name, i, stat in stat_cols:
-            if stat in bad:
-                continue
-            try:
-                stats[stat] = parse_float(row[i])
-            except ValueError:
-                if header_name in _KNOWN_OPS:
-                    raise DumpFormatError(path, f"line {line}: column {header_name!r}: {short_repr(row[i])} "
-                                                "is not a number") from None
-                bad.add(stat)
-        shape = parse_shape(row[col["shape"]]) if "shape" in col else None
-        dtype = row[col["dtype"]].strip() if "dtype" in col else ""
-        if dtype.lower() in ("nan", "n/a", "none", "null"):
-            dtype = ""
-        if micro >= 0:
-            micros[family].add(micro)
-        parsed.append((step, family, vpp, name, micro, stats, shape, dtype, line))
-    for stat in sorted(bad):
-        warnings.append(f"{path}: column {stat!r} is not numeric; not loaded")
-    extra = [s for s in names if s not in bad and s not in STATS]
+            raise DumpFormatError(path, f"line {line}: expected {n} fields as in the header, "
+                                        f"got {len(row)}")
+    step = _int_cell(row[col["step"]], "step", path, line)
+    if head.want is not None and step not in head.want:
+        return
+    vpp = _int_cell(row[col["vpp_stage"]], "vpp_stage", path, line, 0) if "vpp_stage" in col else 0
+    micro = (_int_cell(row[col["micro_step"]], "micro_step", path, line, -1, lo=-1, hi=_MAX_MICRO)
+             if "micro_step" in col else -1)
+    name = row[col[head.name_col]].strip()
+    if not name:
+        raise DumpFormatError(path, f"line {line}: empty {head.name_col!r}")
+    family = _row_family(item, head, row, parsed.warnings)
+    stats: dict[str, float | None] = {}
+    for header_name, i, stat in head.stat_cols:
+        if stat in parsed.bad:
+            continue
+        try:
+            stats[stat] = parse_float(row[i])
+        except ValueError:
+            if header_name in _KNOWN_OPS:
+                raise DumpFormatError(path, f"line {line}: column {header_name!r}: {short_repr(row[i])} "
+                                            "is not a number") from None
+            parsed.bad.add(stat)
+    shape = parse_shape(row[col["shape"]]) if "shape" in col else None
+    dtype = row[col["dtype"]].strip() if "dtype" in col else ""
+    if dtype.lower() in ("nan", "n/a", "none", "null"):
+        dtype = ""
+    if micro >= 0:
+        parsed.micros[family].add(micro)
+    parsed.rows.append((step, family, vpp, name, micro, stats, shape, dtype, line))
+
+
+def _records(item: MonitorFile, head: _Header, parsed: _Parsed) -> list[FileRecords]:
+    """One partial record per step of the parsed rows (in row order within a step)."""
+    bad, warnings = parsed.bad, parsed.warnings
+    extra = [s for _, _, s in head.stat_cols if s not in bad and s not in STATS]
     by_step: dict[int, list[int]] = defaultdict(list)
-    for k, entry in enumerate(parsed):
+    for k, entry in enumerate(parsed.rows):
         by_step[entry[0]].append(k)
-    multi = sorted(f for f, ms in micros.items() if len(ms) > 1)
+    multi = sorted(f for f, ms in parsed.micros.items() if len(ms) > 1)
     out: list[FileRecords] = []
     for step in sorted(by_step):
         b = RecordBuilder(step, item.rank, extra_stats=extra)
@@ -190,7 +227,7 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:  # noqa: C901
         parts: list[tuple[str, int, str, int, int]] = []
         counters: dict[tuple[str, int], int] = defaultdict(int)
         for k in by_step[step]:
-            _, family, vpp, name, micro, stats, shape, dtype, line = parsed[k]
+            _, family, vpp, name, micro, stats, shape, dtype, line = parsed.rows[k]
             for stat in bad:
                 stats.pop(stat, None)
             module, direction, role = _describe(family, name)
@@ -202,7 +239,7 @@ def read_monitor_csv(item: MonitorFile) -> list[FileRecords]:  # noqa: C901
                   module=module, api=family, kind="monitor", direction=direction, role=role,
                   dtype=dtype, micro_step=micro)
         rec = b.build(meta={
-            "path": str(path),
+            "path": str(item.path),
             "parts": parts,
             "vpp_nonzero": any(p[1] != 0 for p in parts),
             "multi_micro": multi,
