@@ -32,6 +32,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
 
 
+def apply_ms_shims(names: list[str]) -> None:
+    """MindSpore 2.10 shims a release needs (``generate.py`` MS_SHIMS says which and why); after msprobe's import.
+
+    ``ms_backward_hook_view``: 8.2.0-8.3.3 and 26.0.0-26.1.0.post1 decide whether MindSpore's
+    ``CellBackwardHook.__call__`` takes one tuple by comparing version strings (``'2.10.0' < '2.7.0'``
+    is true), and cache the answer in ``msprobe.mindspore.common.utils.is_output_of_backward_hook_a_view``.
+    The cache is set to what the same function computes with the version compared as numbers.
+    """
+    for name in names:
+        if name != "ms_backward_hook_view":
+            raise ValueError(f"unknown shim {name!r}")
+        import inspect
+
+        import mindspore as ms
+        import msprobe.mindspore.common.utils as msu
+        from mindspore.ops.operations import _inner_ops as inner
+
+        assert msu.is_output_of_backward_hook_a_view is None, "msprobe decided before the shim"
+        numbers = tuple(int(p) for p in ms.__version__.split(".")[:2])
+        params = inspect.signature(inner.CellBackwardHook.__call__).parameters
+        msu.is_output_of_backward_hook_a_view = numbers >= (2, 7) and "args" in params and (
+            params["args"].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
 def _build(ms, graph: str):  # type: ignore[no-untyped-def]
     import numpy as np
     from mindspore import Parameter, Tensor, nn, ops
@@ -92,6 +116,8 @@ def main(spec_path: str) -> int:
 
     _patch_norm()
     from msprobe.mindspore import PrecisionDebugger
+
+    apply_ms_shims(list(spec.get("shims", [])))
     from precnb_samples._ms_model import adamw_numpy
 
     net, batches, mask = _build(ms, graph)
@@ -102,17 +128,21 @@ def main(spec_path: str) -> int:
 
     grad_fn = ms.value_and_grad(forward, None, params)
     debugger = PrecisionDebugger(config_path=spec["config"])
+    import inspect
+
+    # 1.0.1-1.0.4 take the network as start(target=...), later releases as start(model=...)
+    attach = "model" if "model" in inspect.signature(PrecisionDebugger.start).parameters else "target"
     state: dict[str, object] = {}
     losses = []
     for step in range(int(spec["steps"])):
         x, y = batches[step]
-        debugger.start(model=net)  # GRAPH_MODE too: without the model msprobe 26.2.0 refuses ("The model is empty")
+        debugger.start(**{attach: net})  # GRAPH_MODE too: without it 26.2.0 refuses ("The model is empty")
         loss, grads = grad_fn(x, y)
         debugger.stop()
         adamw_numpy(params, list(grads), state, step + 1, lr=0.05, weight_decay=0.01)
         debugger.step()
         losses.append(float(loss.asnumpy()))
-    result = {"ranks": {"0": {"losses": losses, "attach": "start(model=net)", "pid": os.getpid()}},
+    result = {"ranks": {"0": {"losses": losses, "attach": f"start({attach}=net)", "pid": os.getpid()}},
               "versions": {"mindspore": ms.__version__, "numpy": np.__version__,
                            "mindstudio-probe": metadata.version("mindstudio-probe"),
                            "python": sys.version.split()[0]}}

@@ -491,6 +491,9 @@ def _notes(rec: dict[str, Any]) -> str:
     shims = rec.get("shims", {}).get("names")
     if shims:
         notes.append("shim " + ", ".join(f"`{s}`" for s in shims))
+    ms_shims = rec.get("shims_ms", {}).get("names")
+    if ms_shims:
+        notes.append("MindSpore shim " + ", ".join(f"`{s}`" for s in ms_shims))
     ms = rec.get("install_ms")
     if ms is not None:
         notes.append(f"MindSpore {ms['versions']['mindspore']} installed" if ms.get("ok") else
@@ -523,7 +526,7 @@ def readme_table(root: Path = FIXTURES) -> str:
                 good.append(mode)
             else:
                 bad.append(f"{mode}: " + ", ".join(f"{k} {len(x)}" for k, x in sorted(r.problems.items())))
-            if v != REFERENCE and not mode.startswith("ms_") and (root / REFERENCE / fixture_name(mode)).is_dir():
+            if v != REFERENCE and (root / REFERENCE / fixture_name(mode)).is_dir():
                 d = check_diff(v, mode, root)
                 if d.ok:
                     diff_good.append(mode)

@@ -64,9 +64,15 @@ MS_MODES: dict[str, tuple[str, str, str]] = {
     "ms_graph": ("L0", "statistics", "graph"),
 }
 MINDSPORE = ("numpy<2", "mindspore==2.10.0")
+#: a venv holding MindSpore 2.10 (numpy<2) and 8.3.3's requirements, which each release's ``-ms`` venv sees through a
+#: ``.pth`` file (one 800 MB MindSpore install instead of one per release); pip still installs what a release needs
+#: beyond it (its own pins: pip sees the base's packages as installed). Made when missing: ``python3 -m venv`` +
+#: ``pip install 'numpy<2' mindspore==2.10.0``.
+MS_BASE = Path(os.environ.get("MSPROBE_MATRIX_MS_BASE", str(VENVS / "ms-base")))
 #: the releases the MindSpore modes are tried with by default, and which modes (see README.md: which ran, which could
 #: not). 8.3.3's PyNative cell hooks fail with MindSpore 2.10; its jit/graph modes were not tried (CPU: see README)
-MS_RELEASES: dict[str, tuple[str, ...]] = {"8.3.3": ("ms_L0", "ms_L1", "ms_mix", "ms_md5"), "26.2.0": tuple(MS_MODES)}
+_MS_PYNATIVE = ("ms_L0", "ms_L1", "ms_mix", "ms_md5")
+MS_RELEASES: dict[str, tuple[str, ...]] = {"8.3.3": _MS_PYNATIVE, "26.2.0": tuple(MS_MODES)}
 STEPS = 2
 #: extra requirements a release needs beside torch 2.13.0, and why (what the unpinned install did)
 _NUMPY = ("its metadata does not bound numpy (1.0.4 on pin numpy<2) and pip takes numpy 2; then `from msprobe.pytorch "
@@ -93,6 +99,22 @@ SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
               "npu/improve_precision.py line 35 annotates `-> torch.Any`, which older torch re-exported from typing); "
               "the worker sets torch.Any = typing.Any before importing msprobe"),
 }
+
+_MS_VIEW = ("msprobe/mindspore/common/utils.py is_backward_hook_output_a_view() tests "
+            "`getattr(ms, '__version__', '2.4.0') < '2.7.0'` as strings, true for '2.10.0', so with MindSpore 2.10 "
+            "it never inspects CellBackwardHook.__call__ (which takes one tuple from MindSpore 2.7 on) and the cell "
+            "hooks call bw_hook(*args): TypeError: CellBackwardHook.__call__() takes 2 positional arguments but 3 "
+            "were given. The worker sets the module's cached answer (is_output_of_backward_hook_a_view) to what the "
+            "same function computes with the version compared as numbers, before PrecisionDebugger is made")
+#: compatibility shims a release needs with MindSpore 2.10 (``_ms_worker.apply_ms_shims``), and why
+MS_SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
+    v: (("ms_backward_hook_view",), _MS_VIEW)
+    for v in ("8.2.0", "8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3", "26.0.0", "26.1.0", "26.1.0.post1")}
+
+
+def shims_for(version: str, framework: str) -> list[str]:
+    """The shims of *version* under *framework* (``SHIMS`` for PyTorch, ``MS_SHIMS`` for MindSpore)."""
+    return list((SHIMS if framework == "pytorch" else MS_SHIMS).get(version, ((), ""))[0])
 
 
 def venv_dir(version: str, framework: str = "pytorch") -> Path:
@@ -131,6 +153,12 @@ def install(version: str, log: Path, framework: str = "pytorch") -> dict[str, An
                               text=True, check=False)
         if made.returncode != 0:
             return {**info, "ok": False, "error": _tail(made.stderr)}
+    if framework == "mindspore":
+        base = _ms_base()
+        if isinstance(base, str):
+            return {**info, "ok": False, "error": base}
+        info["base"] = f"{MS_BASE} (a .pth file: its site-packages after the venv's own)"
+        _link_ms_base(venv)
     proc = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, check=False)
     out = _pip_lines(proc.stdout + proc.stderr)
     log.write_text(out, encoding="utf-8")
@@ -143,6 +171,25 @@ def install(version: str, log: Path, framework: str = "pytorch") -> dict[str, An
     if ver.returncode != 0:
         return {**info, "ok": False, "error": _tail(ver.stderr)}
     return {**info, "ok": True, "versions": json.loads(ver.stdout.strip().splitlines()[-1])}
+
+
+def _site(venv: Path) -> Path:
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def _ms_base() -> Path | str:
+    """Make :data:`MS_BASE` when missing (the MindSpore every ``-ms`` venv sees); its site-packages or an error."""
+    py = MS_BASE / "bin" / "python"
+    if not py.exists():
+        for cmd in ([BASE_PYTHON, "-m", "venv", str(MS_BASE)], [str(py), "-m", "pip", "install", *MINDSPORE]):
+            done = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                return _tail(_pip_lines(done.stdout + done.stderr), 12)
+    return _site(MS_BASE)
+
+
+def _link_ms_base(venv: Path) -> None:
+    (_site(venv) / "zz_ms_base.pth").write_text(f"{_site(MS_BASE)}\n", encoding="utf-8")
 
 
 def msprobe_config(dump_path: Path, level: str, summary: str) -> dict[str, Any]:
@@ -174,7 +221,7 @@ def run_mode(version: str, mode: str, dest: Path, scratch: Path, isolate: bool) 
     dump = work / "dump"
     config = msprobe_config(dump, level, summary)
     (work / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    shims = list(SHIMS.get(version, ((), ""))[0])
+    shims = shims_for(version, framework)
     spec = {"config": str(work / "config.json"), "world_size": world, "steps": STEPS, "shims": shims,
             "graph": graph, "result": str(work / "result.json")}
     (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
@@ -203,7 +250,7 @@ def run_truth(version: str, dump: Path, out: Path, scratch: Path, framework: str
     py = venv_dir(version, framework) / "bin" / "python"
     work = scratch / f"truth_{dump.name}"
     shutil.rmtree(work, ignore_errors=True)
-    shims = ",".join(SHIMS.get(version, ((), ""))[0])
+    shims = ",".join(shims_for(version, framework))
     cmd = ["nice", "-n", "10", str(py), str(HERE / "_truth.py"), str(dump), str(out), str(work), shims]
     proc = subprocess.run(cmd,
                           capture_output=True, text=True, timeout=3600, check=False)
@@ -235,6 +282,8 @@ def generate(version: str, out: Path, modes: list[str]) -> dict[str, Any]:
         record["runs"].pop(mode, None)
     if version in SHIMS:
         record["shims"] = {"names": list(SHIMS[version][0]), "why": SHIMS[version][1]}
+    if version in MS_SHIMS and any(m in MS_MODES for m in modes):
+        record["shims_ms"] = {"names": list(MS_SHIMS[version][0]), "why": MS_SHIMS[version][1]}
     # no '.' in the scratch path: MindSpore's graph dump accepts only letters, digits, '-', '_' and '/' in a dump path
     scratch = Path(tempfile.mkdtemp(prefix=f"msprobe-matrix-{version.replace('.', '_')}-"))
     isolate = _unshare_ok()
@@ -257,8 +306,8 @@ def generate(version: str, out: Path, modes: list[str]) -> dict[str, Any]:
                 run["truth"] = run_truth(version, dest, rel_dir / f"{fixture_name(mode)}.truth.json", scratch,
                                          framework)
             record["runs"][mode] = run
-    record = {"release": record.pop("release"), **{k: record.pop(k) for k in ("install", "install_ms", "shims")
-                                                   if k in record}, **record}
+    first = ("install", "install_ms", "shims", "shims_ms")
+    record = {"release": record.pop("release"), **{k: record.pop(k) for k in first if k in record}, **record}
     previous.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     shutil.rmtree(scratch, ignore_errors=True)
     return record
