@@ -49,19 +49,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "msprobe_releases"
 #: (release, mode) -> why ``test_read_exactly`` cannot pass there (an ``xfail(strict=True)`` naming the release and
 #: the reason; mode ``install`` for a release that did not install). Every PyTorch mode of every release installed,
 #: ran, was read by its own compare and is read exactly by precnb; the gaps are MindSpore dumps that need GPU/Ascend.
-_MS_GRAPH_CPU = ("no dump on CPU: msprobe dumps jit cells and GRAPH_MODE networks through MindSpore's graph dump, "
-                 "and MindSpore 2.10 refuses statistics there on CPU ('storing statistic dump is only supported on "
-                 "GPU and Ascend, please set saved_data to tensor'); the PyNative modes ms_L0/ms_L1/ms_mix/ms_md5 ran")
-_MS_CELL_KBK = ("no dump on CPU: in PyNative mode at level L0 or mix this release dumps cells through MindSpore's own "
-                "statistics dump (msprobe/mindspore/common/utils.py is_graph_mode_cell_dump_allowed: true for L0/mix "
-                "in PyNative when ops.DumpGradient exists; debugger.step() -> GraphModeCellDump.step -> "
-                "cell_dump_process.process_statistics_step), which MindSpore 2.10 does not write on CPU: '[ERROR] The "
-                "file path <dump>/step0/rank0/statistic.csv does not exist.', then FileCheckException in "
-                "generate_construct; its API-level ms_L1 ran and is read exactly")
-READ_GAPS: dict[tuple[str, str], str] = {
-    ("26.2.0", "ms_jit"): _MS_GRAPH_CPU, ("26.2.0", "ms_graph"): _MS_GRAPH_CPU,
-    **{("8.3.3", m): _MS_CELL_KBK for m in ("ms_L0", "ms_mix", "ms_md5")},
-}
+#: the MindSpore runs that cannot dump on CPU, and why: ``conformance.MS_GAPS`` (the README table says the same)
+READ_GAPS: dict[tuple[str, str], str] = dict(cf.MS_GAPS)
 #: (release, mode) -> why ``test_diff_against_reference_is_clean`` cannot pass there
 DIFF_GAPS: dict[tuple[str, str], str] = {}
 
@@ -126,6 +115,13 @@ def test_every_release_is_accounted_for() -> None:
 def test_every_gap_is_a_case() -> None:
     """No stale gap: each strict xfail names a (release, mode) the fixtures hold."""
     assert set(READ_GAPS) <= set(_CASES) and set(DIFF_GAPS) <= set(_DIFF_CASES)
+
+
+def test_every_mindspore_gap_is_the_recorded_failure() -> None:
+    """Each MindSpore strict xfail names the failure the run recorded (its error holds the gap's evidence)."""
+    for (v, m), why in cf.MS_GAPS.items():
+        run = cf.release_record(v, FIXTURES)["runs"][m]
+        assert not run["ok"] and cf.MS_GAP_EVIDENCE[why] in run["error"], (v, m)
 
 
 def test_the_reference_and_all_modes_are_there() -> None:

@@ -111,6 +111,17 @@ MS_SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
     v: (("ms_backward_hook_view",), _MS_VIEW)
     for v in ("8.2.0", "8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3", "26.0.0", "26.1.0", "26.1.0.post1")}
 
+#: releases whose requirements conflict with MindSpore 2.10's: installed with ``--no-deps``, then their requirements
+#: except the conflicting ones (``EXCLUDED``) -> (excluded requirement names, why)
+MS_NO_DEPS: dict[str, tuple[tuple[str, ...], str]] = {
+    "26.0.0": (("protobuf",), "26.0.0 requires protobuf<=3.20.2 and mindspore 2.10.0 protobuf>=7.34.1 (pip: "
+               "ResolutionImpossible); 26.0.0 imports protobuf only in msprobe/msaccucmp (Ascend dump parsing), "
+               "so it is installed with --no-deps and its other requirements, MindSpore's protobuf kept"),
+}
+_REQS = ("import sys; from importlib import metadata as m; import re; ex = set(sys.argv[1:]); "
+         "print('\\n'.join(r for r in (m.requires('mindstudio-probe') or []) if 'extra ==' not in r "
+         "and re.split(r'[<>=!~; \\[]', r)[0].strip().lower() not in ex))")
+
 
 def shims_for(version: str, framework: str) -> list[str]:
     """The shims of *version* under *framework* (``SHIMS`` for PyTorch, ``MS_SHIMS`` for MindSpore)."""
@@ -159,8 +170,21 @@ def install(version: str, log: Path, framework: str = "pytorch") -> dict[str, An
             return {**info, "ok": False, "error": base}
         info["base"] = f"{MS_BASE} (a .pth file: its site-packages after the venv's own)"
         _link_ms_base(venv)
+    if framework == "mindspore" and version in MS_NO_DEPS:
+        excluded, why_nd = MS_NO_DEPS[version]
+        cmd = [*cmd, "--no-deps"]
+        info["command"] += " --no-deps && pip install 'numpy<2' mindspore==2.10.0 <its requirements but " + ", ".join(excluded) + ">"
+        info["no_deps"] = {"excluded": list(excluded), "why": why_nd}
     proc = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, check=False)
     out = _pip_lines(proc.stdout + proc.stderr)
+    if proc.returncode == 0 and "no_deps" in info:
+        reqs_out = subprocess.run([str(py), "-c", _REQS, *info["no_deps"]["excluded"]], capture_output=True,
+                                  text=True, check=False)
+        wanted = [r for r in reqs_out.stdout.splitlines() if r.strip()]
+        info["no_deps"]["installed"] = wanted
+        proc = subprocess.run(["nice", "-n", "10", str(py), "-m", "pip", "install", *MINDSPORE, *wanted],
+                              capture_output=True, text=True, check=False)  # MindSpore's numpy<2 kept too
+        out += _pip_lines(proc.stdout + proc.stderr)
     log.write_text(out, encoding="utf-8")
     if proc.returncode != 0:
         return {**info, "ok": False, "error": _tail(out, 12)}
