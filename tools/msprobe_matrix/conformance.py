@@ -52,19 +52,27 @@ _CELL_KBK = ("no dump on CPU: in PyNative mode at level L0 or mix this release d
              "cell_dump_process.process_statistics_step), which MindSpore 2.10 does not write on CPU: '[ERROR] The "
              "file path <dump>/step0/rank0/statistic.csv does not exist.', then FileCheckException in "
              "generate_construct; its API-level ms_L1 ran")
+_HOOK_OLD = ("cannot run under MindSpore >= 2.7: this release's cell hooks (msprobe/mindspore/cell_processor.py "
+             "forward_pre_hook) call MindSpore's CellBackwardHook as bw_hook(*args), the API of MindSpore <= 2.6; from "
+             "2.7 it takes one tuple (8.2.0 on check the signature): TypeError: CellBackwardHook.__call__() takes 2 "
+             "positional arguments but 3 were given. No older MindSpore installs here (the registry has 2.7.0-2.10.0 "
+             "for cp311); its API-level ms_L1 ran")
 #: short text (README table) -> long text (the strict xfail's reason)
 MS_GAP_TEXTS: dict[str, str] = {
     "graph/jit statistics need GPU/Ascend": _GRAPH_CPU,
     "L0/mix cell statistics through MindSpore's dump: none on CPU (statistic.csv missing)": _CELL_KBK,
+    "cell hooks need MindSpore <= 2.6 (CellBackwardHook API), none installs on cp311": _HOOK_OLD,
 }
 _SHORT = {long: short for short, long in MS_GAP_TEXTS.items()}
 #: long text -> what the failed run's recorded error must contain (the reason is checked, not only the failure)
 MS_GAP_EVIDENCE: dict[str, str] = {_GRAPH_CPU: "only supported on GPU and Ascend",
-                                   _CELL_KBK: "in process_statistics_step"}
+                                   _CELL_KBK: "in process_statistics_step",
+                                   _HOOK_OLD: "takes 2 positional arguments but 3 were given"}
 #: (release, mode) -> why the MindSpore run cannot dump here (long text of MS_GAP_TEXTS)
 MS_GAPS: dict[tuple[str, str], str] = {
     ("26.2.0", "ms_jit"): _GRAPH_CPU, ("26.2.0", "ms_graph"): _GRAPH_CPU,
     **{(v, m): _CELL_KBK for v in ("8.3.2", "8.3.3") for m in ("ms_L0", "ms_mix", "ms_md5")},
+    **{(v, m): _HOOK_OLD for v in ("8.1.0", "8.1.2") for m in ("ms_L0", "ms_mix", "ms_md5")},
 }
 STATS = ("max", "min", "mean", "norm")
 _NULL = "null"
