@@ -130,7 +130,8 @@ def parse_stat(cell: Any) -> float | str:
 
     Conventions of the compare outputs: csv text is Python ``repr`` of the float (exact); ``" inf"``/
     ``" -inf"`` (26.x, leading space) and ``"inf\t"`` (1.x xlsx, trailing tab) are infinities; ``Nan``/
-    ``nan`` is NaN; ``None`` is a ``null`` statistic; ``True``/``False`` (bool tensors' Max/Min) are 1/0.
+    ``nan`` is NaN; ``None`` (``N/A`` in 1.x's MindSpore compare) is a ``null`` statistic; ``True``/``False``
+    (bool tensors' Max/Min) are 1/0.
     """
     if isinstance(cell, bool):
         return float(cell)
@@ -140,7 +141,7 @@ def parse_stat(cell: Any) -> float | str:
         return _NULL
     text = str(cell).strip()
     low = text.lower()
-    if low in ("none", "null"):
+    if low in ("none", "null", "n/a"):  # "N/A": 1.x's MindSpore compare of a null statistic (a Bool's Mean)
         return _NULL
     if low == "true":
         return 1.0

@@ -173,7 +173,8 @@ def install(version: str, log: Path, framework: str = "pytorch") -> dict[str, An
     if framework == "mindspore" and version in MS_NO_DEPS:
         excluded, why_nd = MS_NO_DEPS[version]
         cmd = [*cmd, "--no-deps"]
-        info["command"] += " --no-deps && pip install 'numpy<2' mindspore==2.10.0 <its requirements but " + ", ".join(excluded) + ">"
+        info["command"] += (" --no-deps && pip install 'numpy<2' mindspore==2.10.0 <its requirements but "
+                            + ", ".join(excluded) + ">")
         info["no_deps"] = {"excluded": list(excluded), "why": why_nd}
     proc = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, check=False)
     out = _pip_lines(proc.stdout + proc.stderr)
