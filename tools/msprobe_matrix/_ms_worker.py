@@ -39,8 +39,22 @@ def apply_ms_shims(names: list[str]) -> None:
     ``CellBackwardHook.__call__`` takes one tuple by comparing version strings (``'2.10.0' < '2.7.0'``
     is true), and cache the answer in ``msprobe.mindspore.common.utils.is_output_of_backward_hook_a_view``.
     The cache is set to what the same function computes with the version compared as numbers.
+
+    ``ms_no_dump_gradient``: 8.2.1-8.3.3 dump cells at level L0/mix in PyNative mode through MindSpore's own
+    statistics dump when ``mindspore.ops.DumpGradient`` exists (``is_graph_mode_cell_dump_allowed``), which
+    MindSpore 2.10 does not write on CPU. Hiding ``ops.DumpGradient`` makes the release take its hook-based
+    cell dump (its path on a MindSpore without that operator, and 8.2.0's in PyNative mode), which writes
+    ``dump.json`` as its API-level dumps do.
     """
     for name in names:
+        if not name.startswith("ms_"):
+            continue  # applied before msprobe's import (``_pt_worker.apply_shims``)
+        if name == "ms_no_dump_gradient":
+            from mindspore import ops
+
+            if hasattr(ops, "DumpGradient"):
+                delattr(ops, "DumpGradient")
+            continue
         if name != "ms_backward_hook_view":
             raise ValueError(f"unknown shim {name!r}")
         import inspect
@@ -115,6 +129,10 @@ def main(spec_path: str) -> int:
     from precnb_samples._ms_port_worker import _patch_norm
 
     _patch_norm()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _pt_worker import apply_shims  # the shims needed before msprobe's import (no torch imported)
+
+    apply_shims([s for s in spec.get("shims", []) if not s.startswith("ms_")])
     from msprobe.mindspore import PrecisionDebugger
 
     apply_ms_shims(list(spec.get("shims", [])))

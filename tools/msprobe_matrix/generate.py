@@ -106,10 +106,19 @@ _MS_VIEW = ("msprobe/mindspore/common/utils.py is_backward_hook_output_a_view() 
             "hooks call bw_hook(*args): TypeError: CellBackwardHook.__call__() takes 2 positional arguments but 3 "
             "were given. The worker sets the module's cached answer (is_output_of_backward_hook_a_view) to what the "
             "same function computes with the version compared as numbers, before PrecisionDebugger is made")
-#: compatibility shims a release needs with MindSpore 2.10 (``_ms_worker.apply_ms_shims``), and why
+_MS_EXECUTOR = ("msprobe/mindspore/dump/jit_dump.py imports `from mindspore.common.api import "
+                "_MindsporeFunctionExecutor`, a private class MindSpore 2.10 calls _JitExecutor, so `from "
+                "msprobe.mindspore import PrecisionDebugger` (and the MindSpore compare) fail: ImportError: cannot "
+                "import name '_MindsporeFunctionExecutor' from 'mindspore.common.api'. The worker sets the old name "
+                "to _JitExecutor before msprobe is imported, the fallback 1.2.2's jit_dump.py has itself")
+#: compatibility shims a release needs with MindSpore 2.10 (``ms_*``: ``_ms_worker.apply_ms_shims``, after msprobe's
+#: import; others: ``_pt_worker.apply_shims``, before it, in the dump and the compare), and why
 MS_SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
-    v: (("ms_backward_hook_view",), _MS_VIEW)
-    for v in ("8.2.0", "8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3", "26.0.0", "26.1.0", "26.1.0.post1")}
+    **{v: (("mindspore._MindsporeFunctionExecutor",), _MS_EXECUTOR)
+       for v in ("1.0.3", "1.0.4", "1.1.0", "1.1.1", "1.2.0", "1.2.1")},
+    **{v: (("ms_backward_hook_view",), _MS_VIEW)
+       for v in ("8.2.0", "8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3", "26.0.0", "26.1.0", "26.1.0.post1")},
+}
 
 #: releases whose requirements conflict with MindSpore 2.10's: installed with ``--no-deps``, then their requirements
 #: except the conflicting ones (``EXCLUDED``) -> (excluded requirement names, why)
