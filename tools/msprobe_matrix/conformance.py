@@ -57,8 +57,22 @@ _HOOK_OLD = ("cannot run under MindSpore >= 2.7: this release's cell hooks (mspr
              "2.7 it takes one tuple (8.2.0 on check the signature): TypeError: CellBackwardHook.__call__() takes 2 "
              "positional arguments but 3 were given. No older MindSpore installs here (the registry has 2.7.0-2.10.0 "
              "for cp311); its API-level ms_L1 ran")
+_V101_CELL = ("1.0.1's MindSpore debugger has no cell (L0) dump: msprobe/mindspore/debugger/debugger_config.py maps "
+              "L0 to 'cell' and msprobe/mindspore/dump/dump_tool_factory.py DumpToolFactory.create raises "
+              "'Exception: Cell dump in not supported now.' (line 35) at debugger.start()")
+_V101_KBK = ("1.0.1 dumps MindSpore APIs (L1) only through MindSpore's kernel-by-kernel dump "
+             "(msprobe/mindspore/dump/api_kbk_dump.py ApiKbkDump: api_kbk_dump.json with saved_data 'statistic', "
+             "MINDSPORE_DUMP_CONFIG set), which MindSpore 2.10 refuses on CPU at the first op: 'RuntimeError: Dump "
+             "Json parse failed, storing statistic dump is only supported on GPU and Ascend, please set saved_data "
+             "to tensor' (dump_json_parser.cc ParseSavedData)")
+_V101_MIX = ("1.0.1 has no level mix for MindSpore (ms_md5 is md5 at mix): msprobe/mindspore/debugger/"
+             "debugger_config.py DebuggerConfig.convert_map knows L0/L1/L2 only (line 18): KeyError: 'mix' in "
+             "PrecisionDebugger(config_path=...); md5 at L1 would be the kernel dump above, refused on CPU")
 #: short text (README table) -> long text (the strict xfail's reason)
 MS_GAP_TEXTS: dict[str, str] = {
+    "1.0.1: no MindSpore cell dump ('Cell dump in not supported now.')": _V101_CELL,
+    "1.0.1: L1 only through MindSpore's kernel dump, statistics need GPU/Ascend": _V101_KBK,
+    "1.0.1: no level mix for MindSpore (KeyError: 'mix')": _V101_MIX,
     "graph/jit statistics need GPU/Ascend": _GRAPH_CPU,
     "L0/mix cell statistics through MindSpore's dump: none on CPU (statistic.csv missing)": _CELL_KBK,
     "cell hooks need MindSpore <= 2.6 (CellBackwardHook API), none installs on cp311": _HOOK_OLD,
@@ -67,12 +81,17 @@ _SHORT = {long: short for short, long in MS_GAP_TEXTS.items()}
 #: long text -> what the failed run's recorded error must contain (the reason is checked, not only the failure)
 MS_GAP_EVIDENCE: dict[str, str] = {_GRAPH_CPU: "only supported on GPU and Ascend",
                                    _CELL_KBK: "in process_statistics_step",
-                                   _HOOK_OLD: "takes 2 positional arguments but 3 were given"}
+                                   _HOOK_OLD: "takes 2 positional arguments but 3 were given",
+                                   _V101_CELL: "Exception: Cell dump in not supported now.",
+                                   _V101_KBK: "only supported on GPU and Ascend",
+                                   _V101_MIX: "KeyError: 'mix'"}
 #: (release, mode) -> why the MindSpore run cannot dump here (long text of MS_GAP_TEXTS)
 MS_GAPS: dict[tuple[str, str], str] = {
     ("26.2.0", "ms_jit"): _GRAPH_CPU, ("26.2.0", "ms_graph"): _GRAPH_CPU,
-    **{(v, m): _CELL_KBK for v in ("8.3.2", "8.3.3") for m in ("ms_L0", "ms_mix", "ms_md5")},
-    **{(v, m): _HOOK_OLD for v in ("8.1.0", "8.1.2") for m in ("ms_L0", "ms_mix", "ms_md5")},
+    ("1.0.1", "ms_L0"): _V101_CELL, ("1.0.1", "ms_L1"): _V101_KBK, ("1.0.1", "ms_mix"): _V101_MIX,
+    ("1.0.1", "ms_md5"): _V101_MIX,
+    **{(v, m): _CELL_KBK for v in ("8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3") for m in ("ms_L0", "ms_mix", "ms_md5")},
+    **{(v, m): _HOOK_OLD for v in ("8.1.0", "8.1.1", "8.1.2") for m in ("ms_L0", "ms_mix", "ms_md5")},
 }
 STATS = ("max", "min", "mean", "norm")
 _NULL = "null"
