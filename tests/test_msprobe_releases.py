@@ -48,11 +48,13 @@ FIXTURES = ROOT / "tests" / "fixtures" / "msprobe_releases"
 
 #: (release, mode) -> why ``test_read_exactly`` cannot pass there (an ``xfail(strict=True)`` naming the release and
 #: the reason; mode ``install`` for a release that did not install). Every PyTorch mode of every release installed,
-#: ran, was read by its own compare and is read exactly by precnb; the gaps are MindSpore dumps that need GPU/Ascend.
-#: the MindSpore runs that cannot dump on CPU, and why: ``conformance.MS_GAPS`` (the README table says the same)
+#: ran, was read by its own compare and is read exactly by precnb; the gaps are MindSpore runs that cannot dump (or
+#: whose dump the release's own compare cannot read) here, and why: ``conformance.MS_GAPS`` (the README table's text)
 READ_GAPS: dict[tuple[str, str], str] = dict(cf.MS_GAPS)
 #: (release, mode) -> why ``test_diff_against_reference_is_clean`` cannot pass there
-DIFF_GAPS: dict[tuple[str, str], str] = {}
+DIFF_GAPS: dict[tuple[str, str], str] = {
+    (v, m): "the release's dump is empty (nothing to compare: precnb diff says NOTHING COMPARED, exit 1): "
+            + cf.MS_GAPS[(v, m)] for v in ("1.0.3", "1.0.4") for m in ("ms_mix", "ms_md5")}
 
 
 def _params(gaps: dict[tuple[str, str], str], cases: list[tuple[str, str]]) -> list[object]:
@@ -121,7 +123,27 @@ def test_every_mindspore_gap_is_the_recorded_failure() -> None:
     """Each MindSpore strict xfail names the failure the run recorded (its error holds the gap's evidence)."""
     for (v, m), why in cf.MS_GAPS.items():
         run = cf.release_record(v, FIXTURES)["runs"][m]
-        assert not run["ok"] and cf.MS_GAP_EVIDENCE[why] in run["error"], (v, m)
+        assert not (run["ok"] and run["truth"]["ok"]), (v, m)
+        assert cf.MS_GAP_EVIDENCE[why] in cf.recorded_failure(v, m, FIXTURES), (v, m)
+
+
+@pytest.mark.parametrize("release", ["1.0.3", "1.0.4"])
+@pytest.mark.parametrize("mode", ["ms_mix", "ms_md5", "ms_jit"])
+def test_1_0_x_mindspore_mix_dumps_are_empty(release: str, mode: str) -> None:
+    """1.0.3/1.0.4 hook nothing at MindSpore level mix (ms_jit is at mix too): the dump has no record, and precnb
+    says so, per file; against 26.2.0's dump of the mode (none for ms_jit: its diff is not tried) nothing compares."""
+    import precnb
+
+    files = sorted((FIXTURES / release / mode).glob("step*/*/dump.json"))
+    assert len(files) == 2 and all(_json(f)["data"] == {} and _json(f)["level"] == "mix" for f in files)
+    ds = precnb.open_run(FIXTURES / release / mode, workers=1, progress=False)
+    report = precnb.load_report(ds)
+    assert ds.sizes["tensor"] == 0 and ds.sizes["step"] == 2 and not report.unread and not report.skipped
+    assert sorted(w.split(": ")[0] for w in report.warnings if "'data' is empty" in w) == [str(f) for f in files]
+    if not (FIXTURES / cf.REFERENCE / mode).is_dir():
+        return
+    res = cf.check_diff(release, mode, FIXTURES)  # nothing in common with 26.2.0's dump: nothing compared
+    assert res.exit_code == 1 and res.finding["kind"] == "none" and res.finding["stats"]["compared_records"] == 0
 
 
 def test_the_reference_and_all_modes_are_there() -> None:

@@ -40,6 +40,9 @@ def apply_ms_shims(names: list[str]) -> None:
     is true), and cache the answer in ``msprobe.mindspore.common.utils.is_output_of_backward_hook_a_view``.
     The cache is set to what the same function computes with the version compared as numbers.
 
+    ``ms_cell_backward_hook_varargs``: 8.1.0-8.1.2's cell hooks call ``bw_hook(*args)``, MindSpore <= 2.6's
+    ``CellBackwardHook`` API; from 2.7 it takes one tuple (:func:`_varargs_cell_backward_hook`).
+
     ``ms_no_dump_gradient``: 8.2.1-8.3.3 dump cells at level L0/mix in PyNative mode through MindSpore's own
     statistics dump when ``mindspore.ops.DumpGradient`` exists (``is_graph_mode_cell_dump_allowed``), which
     MindSpore 2.10 does not write on CPU. Hiding ``ops.DumpGradient`` makes the release take its hook-based
@@ -49,6 +52,9 @@ def apply_ms_shims(names: list[str]) -> None:
     for name in names:
         if not name.startswith("ms_"):
             continue  # applied before msprobe's import (``_pt_worker.apply_shims``)
+        if name == "ms_cell_backward_hook_varargs":
+            _varargs_cell_backward_hook()
+            continue
         if name == "ms_no_dump_gradient":
             from mindspore import ops
 
@@ -68,6 +74,26 @@ def apply_ms_shims(names: list[str]) -> None:
         params = inspect.signature(inner.CellBackwardHook.__call__).parameters
         msu.is_output_of_backward_hook_a_view = numbers >= (2, 7) and "args" in params and (
             params["args"].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _varargs_cell_backward_hook() -> None:
+    """Let ``CellBackwardHook`` be called as ``bw_hook(*args)`` again (MindSpore <= 2.6), as 8.1.x's hooks do.
+
+    From MindSpore 2.7 ``CellBackwardHook.__call__(self, args)`` takes one tuple (or one tensor, returned as a
+    tensor); before, it took the tensors as separate arguments (one tensor returned as a tensor, several as a
+    tuple). ``bw_hook(x)`` means the same in both; ``bw_hook(a, b)`` becomes ``bw_hook((a, b))``.
+    """
+    from mindspore.ops.operations import _inner_ops as inner
+
+    new_call = inner.CellBackwardHook.__call__
+    if getattr(new_call, "_matrix_varargs", False):
+        return
+
+    def call(self, *args):  # type: ignore[no-untyped-def]
+        return new_call(self, args[0] if len(args) == 1 else args)
+
+    call._matrix_varargs = True  # type: ignore[attr-defined]
+    inner.CellBackwardHook.__call__ = call
 
 
 def _build(ms, graph: str):  # type: ignore[no-untyped-def]
@@ -135,7 +161,8 @@ def main(spec_path: str) -> int:
     apply_shims([s for s in spec.get("shims", []) if not s.startswith("ms_")])
     from msprobe.mindspore import PrecisionDebugger
 
-    apply_ms_shims(list(spec.get("shims", [])))
+    # hiding DumpGradient is for the PyNative cell dump: jit cells and GRAPH_MODE keep the release's own choice
+    apply_ms_shims([s for s in spec.get("shims", []) if graph == "pynative" or s != "ms_no_dump_gradient"])
     from precnb_samples._ms_model import adamw_numpy
 
     net, batches, mask = _build(ms, graph)

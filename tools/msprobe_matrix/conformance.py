@@ -46,17 +46,6 @@ REFERENCE = "26.2.0"
 _GRAPH_CPU = ("no dump on CPU: msprobe dumps jit cells and GRAPH_MODE networks through MindSpore's graph dump, and "
               "MindSpore 2.10 refuses statistics there on CPU ('storing statistic dump is only supported on GPU and "
               "Ascend, please set saved_data to tensor'); the PyNative modes ms_L0/ms_L1/ms_mix/ms_md5 ran")
-_CELL_KBK = ("no dump on CPU: in PyNative mode at level L0 or mix this release dumps cells through MindSpore's own "
-             "statistics dump (msprobe/mindspore/common/utils.py is_graph_mode_cell_dump_allowed: true for L0/mix in "
-             "PyNative when ops.DumpGradient exists; debugger.step() -> GraphModeCellDump.step -> "
-             "cell_dump_process.process_statistics_step), which MindSpore 2.10 does not write on CPU: '[ERROR] The "
-             "file path <dump>/step0/rank0/statistic.csv does not exist.', then FileCheckException in "
-             "generate_construct; its API-level ms_L1 ran")
-_HOOK_OLD = ("cannot run under MindSpore >= 2.7: this release's cell hooks (msprobe/mindspore/cell_processor.py "
-             "forward_pre_hook) call MindSpore's CellBackwardHook as bw_hook(*args), the API of MindSpore <= 2.6; from "
-             "2.7 it takes one tuple (8.2.0 on check the signature): TypeError: CellBackwardHook.__call__() takes 2 "
-             "positional arguments but 3 were given. No older MindSpore installs here (the registry has 2.7.0-2.10.0 "
-             "for cp311); its API-level ms_L1 ran")
 _V101_CELL = ("1.0.1's MindSpore debugger has no cell (L0) dump: msprobe/mindspore/debugger/debugger_config.py maps "
               "L0 to 'cell' and msprobe/mindspore/dump/dump_tool_factory.py DumpToolFactory.create raises "
               "'Exception: Cell dump in not supported now.' (line 35) at debugger.start()")
@@ -65,39 +54,78 @@ _V101_KBK = ("1.0.1 dumps MindSpore APIs (L1) only through MindSpore's kernel-by
              "MINDSPORE_DUMP_CONFIG set), which MindSpore 2.10 refuses on CPU at the first op: 'RuntimeError: Dump "
              "Json parse failed, storing statistic dump is only supported on GPU and Ascend, please set saved_data "
              "to tensor' (dump_json_parser.cc ParseSavedData)")
-_V101_MIX = ("1.0.1 has no level mix for MindSpore (ms_md5 is md5 at mix): msprobe/mindspore/debugger/"
-             "debugger_config.py DebuggerConfig.convert_map knows L0/L1/L2 only (line 18): KeyError: 'mix' in "
+_V101_MIX = ("1.0.1 has no level mix for MindSpore (ms_md5 is md5 at mix, ms_jit is at mix): "
+             "msprobe/mindspore/debugger/debugger_config.py DebuggerConfig.convert_map knows L0/L1/L2 only "
+             "(line 18): KeyError: 'mix' in "
              "PrecisionDebugger(config_path=...); md5 at L1 would be the kernel dump above, refused on CPU")
+_V10X_MIX = ("1.0.3 and 1.0.4 accept level mix for MindSpore but hook nothing there (msprobe/mindspore/service.py "
+             "Service.register_hook_new: API hooks for level 'L1', cell hooks for 'L0' only), so they write dump.json "
+             "with 'data': {} (precnb reads it as empty and says so: test_1_0_x_mindspore_mix_dumps_are_empty), and "
+             "their own compare of it fails with no row to compare (msprobe/core/compare/highlight.py "
+             "find_compare_result_error_rows, 'if state:': UnboundLocalError: cannot access local variable 'state')")
+_GRAPH_CELL = ("GRAPH_MODE at level L0 is refused: msprobe/mindspore/dump/dump_tool_factory.py DumpToolFactory.create "
+               "(1.0.3-1.3.0) has no cell tool for execution mode graph_kbyk: 'Data dump is not supported in "
+               "graph_kbyk mode when dump level is cell.' (an Exception; 1.3.0 logs it and raises ValueError)")
+_JIT_HOOKS = ("the cells inside the jit cell get this release's PyNative cell hooks, which MindSpore 2.10 compiles "
+              "into the jit graph: msprobe/mindspore/cell_processor.py set_cell_count ('return "
+              "CellProcessor.cell_count[cell_name]') reads a dict the graph holds as a constant, without the key the "
+              "hook adds at run time: 'ValueError: The key Cell.head.fc2.Dense.forward does not exist in the dict' "
+              "(MindSpore's graph compile, at the first step)")
+_V810_RANK = ("8.1.0 hands jit cells and GRAPH_MODE networks to MindSpore's graph dump and fails writing its config "
+              "when RANK_ID is unset: msprobe/mindspore/dump/cell_dump_process.py create_kbyk_json sets rank_id = 0 "
+              "(an int) and joins rank_id + 'kernel_kbyk_dump.json': 'TypeError: unsupported operand type(s) for +: "
+              "'int' and 'str''; 8.1.1 fixed it, and then meets MindSpore's refusal of statistics on CPU (as 8.1.1 on)")
 #: short text (README table) -> long text (the strict xfail's reason)
 MS_GAP_TEXTS: dict[str, str] = {
     "1.0.1: no MindSpore cell dump ('Cell dump in not supported now.')": _V101_CELL,
     "1.0.1: L1 only through MindSpore's kernel dump, statistics need GPU/Ascend": _V101_KBK,
     "1.0.1: no level mix for MindSpore (KeyError: 'mix')": _V101_MIX,
+    "level mix hooks nothing: empty dump.json, its compare fails (UnboundLocalError)": _V10X_MIX,
+    "GRAPH_MODE L0: 'Data dump is not supported in graph_kbyk mode when dump level is cell.'": _GRAPH_CELL,
+    "jit: cell hooks compiled into the jit graph fail ('The key ... does not exist in the dict')": _JIT_HOOKS,
+    "jit/graph: create_kbyk_json int + str (RANK_ID unset), fixed in 8.1.1": _V810_RANK,
     "graph/jit statistics need GPU/Ascend": _GRAPH_CPU,
-    "L0/mix cell statistics through MindSpore's dump: none on CPU (statistic.csv missing)": _CELL_KBK,
-    "cell hooks need MindSpore <= 2.6 (CellBackwardHook API), none installs on cp311": _HOOK_OLD,
 }
 _SHORT = {long: short for short, long in MS_GAP_TEXTS.items()}
 #: long text -> what the failed run's recorded error must contain (the reason is checked, not only the failure)
 MS_GAP_EVIDENCE: dict[str, str] = {_GRAPH_CPU: "only supported on GPU and Ascend",
-                                   _CELL_KBK: "in process_statistics_step",
-                                   _HOOK_OLD: "takes 2 positional arguments but 3 were given",
                                    _V101_CELL: "Exception: Cell dump in not supported now.",
                                    _V101_KBK: "only supported on GPU and Ascend",
-                                   _V101_MIX: "KeyError: 'mix'"}
+                                   _V101_MIX: "KeyError: 'mix'",
+                                   _V10X_MIX: "UnboundLocalError: cannot access local variable 'state'",
+                                   _GRAPH_CELL: "not supported in graph_kbyk mode when dump level is cell.",
+                                   _JIT_HOOKS: "ValueError: The key Cell.head.fc2.Dense.forward does not exist",
+                                   _V810_RANK: "rank_id + \"kernel_kbyk_dump.json\""}
 #: (release, mode) -> why the MindSpore run cannot dump here (long text of MS_GAP_TEXTS)
+_OLD_1X = ("1.1.0", "1.1.1", "1.2.0", "1.2.1", "1.2.2", "1.3.0")
+_GRAPH_DUMP = ("8.1.1", "8.1.2", "8.2.0", "8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3", "26.0.0", "26.1.0",
+               "26.1.0.post1", "26.2.0")
 MS_GAPS: dict[tuple[str, str], str] = {
-    ("26.2.0", "ms_jit"): _GRAPH_CPU, ("26.2.0", "ms_graph"): _GRAPH_CPU,
-    ("1.0.1", "ms_L0"): _V101_CELL, ("1.0.1", "ms_L1"): _V101_KBK, ("1.0.1", "ms_mix"): _V101_MIX,
-    ("1.0.1", "ms_md5"): _V101_MIX,
-    **{(v, m): _CELL_KBK for v in ("8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3") for m in ("ms_L0", "ms_mix", "ms_md5")},
-    **{(v, m): _HOOK_OLD for v in ("8.1.0", "8.1.1", "8.1.2") for m in ("ms_L0", "ms_mix", "ms_md5")},
+    ("1.0.1", "ms_L0"): _V101_CELL, ("1.0.1", "ms_L1"): _V101_KBK, ("1.0.1", "ms_graph"): _V101_CELL,
+    **{("1.0.1", m): _V101_MIX for m in ("ms_mix", "ms_md5", "ms_jit")},
+    **{(v, m): _V10X_MIX for v in ("1.0.3", "1.0.4") for m in ("ms_mix", "ms_md5", "ms_jit")},
+    **{(v, "ms_graph"): _GRAPH_CELL for v in ("1.0.3", "1.0.4", *_OLD_1X)},
+    **{(v, "ms_jit"): _JIT_HOOKS for v in _OLD_1X},
+    ("8.1.0", "ms_jit"): _V810_RANK, ("8.1.0", "ms_graph"): _V810_RANK,
+    **{(v, m): _GRAPH_CPU for v in _GRAPH_DUMP for m in ("ms_jit", "ms_graph")},
 }
 STATS = ("max", "min", "mean", "norm")
 _NULL = "null"
 _TORCH_DTYPE = re.compile(r"^torch\.\w+$")
 _MS_DTYPE = re.compile(r"^(Float|BFloat|Int|UInt)\d+$|^Bool$|^Complex\d+$")
 _RANK_NUM = re.compile(r"^(?:rank(\d*)|proc\d+)$")
+
+
+def recorded_failure(version: str, mode: str, root: Path = FIXTURES) -> str:
+    """What a run recorded of its failure: the run's error, else the logs of its release's failed compare."""
+    run = release_record(version, root)["runs"][mode]
+    if not run["ok"]:
+        return str(run.get("error") or "")
+    truth = root / version / f"{fixture_name(mode)}.truth.json"
+    if run.get("truth", {}).get("ok") or not truth.is_file():
+        return ""
+    files = json.loads(truth.read_text(encoding="utf-8"))["files"].values()
+    return "\n".join(str(f.get("log", "")) for f in files if "rows" not in f)
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -573,7 +601,8 @@ def readme_table(root: Path = FIXTURES) -> str:
                 failed.setdefault(why, []).append(mode)
                 continue
             if not run.get("truth", {}).get("ok"):
-                bad.append(f"{mode}: its compare failed")
+                why = _SHORT.get(MS_GAPS.get((v, mode), ""), "") or "its compare failed"
+                failed.setdefault(why, []).append(mode)
                 continue
             r = check_read(v, mode, root)
             if r.ok:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,10 +70,9 @@ MINDSPORE = ("numpy<2", "mindspore==2.10.0")
 #: beyond it (its own pins: pip sees the base's packages as installed). Made when missing: ``python3 -m venv`` +
 #: ``pip install 'numpy<2' mindspore==2.10.0``.
 MS_BASE = Path(os.environ.get("MSPROBE_MATRIX_MS_BASE", str(VENVS / "ms-base")))
-#: the releases the MindSpore modes are tried with by default, and which modes (see README.md: which ran, which could
-#: not). 8.3.3's PyNative cell hooks fail with MindSpore 2.10; its jit/graph modes were not tried (CPU: see README)
-_MS_PYNATIVE = ("ms_L0", "ms_L1", "ms_mix", "ms_md5")
-MS_RELEASES: dict[str, tuple[str, ...]] = {"8.3.3": _MS_PYNATIVE, "26.2.0": tuple(MS_MODES)}
+#: the releases the MindSpore modes are tried with by default, and which modes: every release, every mode (which ran
+#: and which could not, and why: README.md's table, ``conformance.MS_GAPS``)
+MS_RELEASES: dict[str, tuple[str, ...]] = {v: tuple(MS_MODES) for v in RELEASES}
 STEPS = 2
 #: extra requirements a release needs beside torch 2.13.0, and why (what the unpinned install did)
 _NUMPY = ("its metadata does not bound numpy (1.0.4 on pin numpy<2) and pip takes numpy 2; then `from msprobe.pytorch "
@@ -111,13 +111,27 @@ _MS_EXECUTOR = ("msprobe/mindspore/dump/jit_dump.py imports `from mindspore.comm
                 "msprobe.mindspore import PrecisionDebugger` (and the MindSpore compare) fail: ImportError: cannot "
                 "import name '_MindsporeFunctionExecutor' from 'mindspore.common.api'. The worker sets the old name "
                 "to _JitExecutor before msprobe is imported, the fallback 1.2.2's jit_dump.py has itself")
+_MS_NO_DG = ("at level L0/mix in PyNative mode msprobe/mindspore/common/utils.py is_graph_mode_cell_dump_allowed() "
+             "is true when mindspore.ops has DumpGradient, and the release dumps cells through MindSpore's own "
+             "statistics dump (debugger.step() -> GraphModeCellDump.step -> cell_dump_process.process_statistics_step),"
+             " which MindSpore 2.10 does not write on CPU: FileCheckException for <dump>/step0/rank0/statistic.csv. "
+             "The worker hides ops.DumpGradient after msprobe's import, so the release takes its own hook-based "
+             "cell dump (its path on a MindSpore without DumpGradient, and 8.2.0's), which writes dump.json. PyNative "
+             "modes only: ms_jit and ms_graph keep the release's own choice")
+_MS_VARARGS = ("msprobe/mindspore/cell_processor.py forward_pre_hook/forward_hook call MindSpore's CellBackwardHook "
+               "as bw_hook(*args), the API of MindSpore <= 2.6 (from 2.7 __call__(self, args) takes one tuple): "
+               "TypeError: CellBackwardHook.__call__() takes 2 positional arguments but 3 were given. No MindSpore "
+               "<= 2.6 installs here (the registry has 2.7.0-2.10.0 for cp311); the worker wraps __call__ so that "
+               "bw_hook(a, b) is bw_hook((a, b)) (bw_hook(x) means the same in both APIs)")
 #: compatibility shims a release needs with MindSpore 2.10 (``ms_*``: ``_ms_worker.apply_ms_shims``, after msprobe's
 #: import; others: ``_pt_worker.apply_shims``, before it, in the dump and the compare), and why
 MS_SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
     **{v: (("mindspore._MindsporeFunctionExecutor",), _MS_EXECUTOR)
        for v in ("1.0.3", "1.0.4", "1.1.0", "1.1.1", "1.2.0", "1.2.1")},
-    **{v: (("ms_backward_hook_view",), _MS_VIEW)
-       for v in ("8.2.0", "8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3", "26.0.0", "26.1.0", "26.1.0.post1")},
+    **{v: (("ms_cell_backward_hook_varargs",), _MS_VARARGS) for v in ("8.1.0", "8.1.1", "8.1.2")},
+    **{v: (("ms_backward_hook_view",), _MS_VIEW) for v in ("8.2.0", "26.0.0", "26.1.0", "26.1.0.post1")},
+    **{v: (("ms_backward_hook_view", "ms_no_dump_gradient"), f"{_MS_VIEW}. {_MS_NO_DG}")
+       for v in ("8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3")},
 }
 
 #: releases whose requirements conflict with MindSpore 2.10's: installed with ``--no-deps``, then their requirements
@@ -148,7 +162,15 @@ def fixture_name(mode: str) -> str:
 
 
 def _tail(text: str, n: int = 25) -> str:
-    return "\n".join(text.strip().splitlines()[-n:])
+    """The last *n* lines of *text*, after the traceback's last exception line when those lines do not hold it.
+
+    MindSpore's compile errors end in a long source listing, which would push ``RuntimeError: ...`` out.
+    """
+    lines = text.strip().splitlines()
+    raised = [ln for ln in lines if re.match(r"^[\w.]*(?:Error|Exception)\b", ln)]
+    if raised and raised[-1] not in lines[-n:]:
+        return "\n".join([raised[-1], "...", *lines[-n:]])
+    return "\n".join(lines[-n:])
 
 
 def _pip_lines(text: str) -> str:
