@@ -307,3 +307,13 @@ def test_put_table_replaces_only_what_is_between_the_markers(tmp_path: Path) -> 
     readme.write_text("no markers\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="markers are missing"):
         gen.put_table(readme, "| a |")
+
+
+def test_error_tail_keeps_the_exception_line() -> None:
+    """A run's recorded error keeps the exception line when a long listing follows it (MindSpore compile errors)."""
+    text = "Traceback (most recent call last):\nValueError: The key x does not exist\n" + "\n".join(
+        f"# {i} In file cell_processor.py" for i in range(30))
+    tail = gen._tail(text, 20)
+    assert tail.splitlines()[0] == "ValueError: The key x does not exist"
+    assert tail.endswith("# 29 In file cell_processor.py") and len(tail.splitlines()) == 22
+    assert gen._tail("a\nRuntimeError: b\nc", 20) == "a\nRuntimeError: b\nc"
