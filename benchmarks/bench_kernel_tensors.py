@@ -40,8 +40,8 @@ def floor(path: Path) -> int:
 
 def precnb_load(path: Path) -> int:
     """precnb's reader in this process (no worker pool); the number of (step, rank, tensor) entries."""
-    from precnb.io._ms_names import _cached_table
-    from precnb.io.ms_kernel_tensors import open_ms_kernel_tensors
+    from precnb.io.mindspore._names import _cached_table
+    from precnb.io.mindspore.tensors import open_ms_kernel_tensors
 
     _cached_table.cache_clear()  # parse the IR every time, as a fresh process would
     ds = open_ms_kernel_tensors(path, progress=False, workers=1)

@@ -23,7 +23,7 @@ LONG_MODULES = {
     "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight/__init__.py",
     "precnb/analysis/spike/_causes.py", "precnb/cli/analysis_cmds.py", "precnb/combine.py",
     "precnb/io/_assemble.py", "precnb/io/_runfacts.py", "precnb/io/compare_csv.py", "precnb/io/config_check.py",
-    "precnb/io/kernel.py", "precnb/io/losslog.py", "precnb/io/ms_kernel_tensors.py",
+    "precnb/io/losslog.py",
     "precnb/io/msprobe/walk.py", "precnb/pipeline/triage.py", "precnb/report/_tables.py", "precnb/schema.py",
     "precnb/tensor_compare.py",
 }

@@ -13,7 +13,7 @@ import pytest
 
 import precnb
 from precnb.errors import DumpFormatError, NotADumpError
-from precnb.io.kernel import (
+from precnb.io.mindspore.statistic import (
     KernelItem,
     discover,
     is_kernel_dump,

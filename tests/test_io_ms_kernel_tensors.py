@@ -17,7 +17,7 @@ import pytest
 
 import precnb
 from precnb.errors import NotADumpError
-from precnb.io.ms_kernel_tensors import is_ms_kernel_tensors, open_ms_kernel_tensors, tensor_stats
+from precnb.io.mindspore.tensors import is_ms_kernel_tensors, open_ms_kernel_tensors, tensor_stats
 from precnb.schema import validate
 from tests.conftest import open_quiet, sample_path, shared_path
 
@@ -270,7 +270,7 @@ def test_not_a_kernel_tensor_dump(tmp_path):
 
 
 def test_tensor_stats_chunked_agrees(monkeypatch):
-    from precnb.io import _ms_files as mod
+    from precnb.io.mindspore import _files as mod
 
     a = np.random.default_rng(0).normal(size=1000).astype(np.float32)
     a[3], a[9] = 0.0, np.inf

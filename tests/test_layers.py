@@ -62,7 +62,8 @@ INJECTIONS = [
     ("viz/frames.py", "import precnb.io.tensors", "viz-pure", "precnb.viz is not allowed to import precnb.io"),
     ("pipeline/inputs.py", "import altair", "core-without-notebook", "precnb.pipeline is not allowed to import altair"),
     ("analysis/summary.py", "import torch", "generator-deps", "precnb.analysis.summary -> torch"),
-    ("io/kernel.py", "import mindspore", "no-msprobe-mindspore", "precnb.io.kernel -> mindspore"),
+    ("io/mindspore/statistic.py", "import mindspore", "no-msprobe-mindspore",
+     "precnb.io.mindspore.statistic -> mindspore"),
 ]
 
 

@@ -43,8 +43,8 @@ ENTRY_POINT_GROUP = "precnb.readers"
 BUILTIN: dict[str, str] = {
     "msprobe": "precnb.io.msprobe:READER",
     "monitor": "precnb.io.monitor:READER",
-    "kernel": "precnb.io.kernel:READER",
-    "kernel_tensors": "precnb.io.ms_kernel_tensors:READER",
+    "kernel": "precnb.io.mindspore.statistic:READER",
+    "kernel_tensors": "precnb.io.mindspore.tensors:READER",
     "compare": "precnb.io.compare_csv:READER",
     "config_check": "precnb.io.config_check:READER",
     "zarr": "precnb.io.store:READER",

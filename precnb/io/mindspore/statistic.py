@@ -42,9 +42,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,19 +52,21 @@ import xarray as xr
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble, select_items
 from precnb.io._csvutil import iter_rows, parse_float, parse_shape, read_header, short_repr
-from precnb.io._dupes import keep_one_per_number
-from precnb.io._fs import is_dir as _is_dir
-from precnb.io._fs import is_file as _is_file
 from precnb.io.executor import parse_files
+from precnb.io.mindspore._stat_discover import (
+    REQUIRED_COLUMNS,
+    KernelItem,
+    discover,
+    find_csvs,
+    is_statistic_header,
+)
 from precnb.io.readers import Reader
 
 __all__ = ["KernelItem", "discover", "is_kernel_dump", "kernel_label_parts", "open_kernel_dump",
            "read_kernel_item", "read_statistic_csv"]
 
-STAT_FILE = "statistic.csv"
 FIXED_COLUMNS = ("Op Type", "Op Name", "Task ID", "Stream ID", "Timestamp", "IO", "Slot",
                  "Data Size", "Data Type", "Shape")
-REQUIRED_COLUMNS = ("Op Type", "Op Name", "IO", "Slot")
 STAT_COLUMNS: dict[str, str] = {
     "Max Value": "max",
     "Min Value": "min",
@@ -81,8 +81,6 @@ STAT_COLUMNS: dict[str, str] = {
     "Zero Count": "zero_count",
 }
 HASH_COLUMNS = ("MD5", "SHA1")
-_RANK = re.compile(r"^rank_?([0-9]+)$")
-_MAX_INDEX = 2**31 - 1
 
 
 def kernel_label_parts(op_name: str) -> tuple[str, str]:
@@ -106,10 +104,6 @@ def kernel_label_parts(op_name: str) -> tuple[str, str]:
     return scope, short
 
 
-def _is_statistic_header(header: list[str] | None) -> bool:
-    return bool(header) and all(c in header for c in REQUIRED_COLUMNS)  # type: ignore[operator]
-
-
 def is_kernel_dump(path: str | Path) -> bool:
     """Whether *path* is a MindSpore kernel dump (root, rank folder or statistic.csv).
 
@@ -129,179 +123,12 @@ def is_kernel_dump(path: str | Path) -> bool:
     p = Path(path)
     try:
         if p.is_file():
-            return p.suffix.lower() == ".csv" and _is_statistic_header(read_header(p))
+            return p.suffix.lower() == ".csv" and is_statistic_header(read_header(p))
         if not p.is_dir():
             return False
-        return next(iter(_find_csvs(p)), None) is not None
+        return next(iter(find_csvs(p)), None) is not None
     except OSError:
         return False
-
-
-def _find_csvs(p: Path, unreadable: list[tuple[str, str]] | None = None) -> list[Path]:
-    """statistic.csv files below a root / rank folder / iteration folder (fixed depths).
-
-    The depths are fixed, so a symlink loop cannot make the search run away. Folders that
-    cannot be listed are appended to *unreadable* as ``(path, reason)`` (for the search that
-    found the files, else for the first one).
-    """
-    if _is_file(p / STAT_FILE):
-        return [p / STAT_FILE]
-    # (depth, name filter of the first level): root, rank folder, net folder, graph folder
-    searches: list[tuple[int, re.Pattern[str] | None]] = [(3, None)] if _RANK.match(p.name) else [(4, _RANK)]
-    searches += [(2, None), (1, None)]
-    first_problems: list[tuple[str, str]] | None = None
-    for depth, first_level in searches:
-        problems: list[tuple[str, str]] = []
-        found = _walk_fixed(p, depth, first_level, problems)
-        if first_problems is None:
-            first_problems = problems
-        if found:
-            if unreadable is not None:
-                unreadable.extend(problems)
-            return found
-    if unreadable is not None and first_problems:
-        unreadable.extend(first_problems)
-    return []
-
-
-def _walk_fixed(root: Path, depth: int, first_level: re.Pattern[str] | None,
-                problems: list[tuple[str, str]]) -> list[Path]:
-    """``statistic.csv`` files exactly *depth* folders below *root*, in path order."""
-    level = [root]
-    for i in range(depth):
-        below: list[Path] = []
-        for d in level:
-            try:
-                children = sorted(d.iterdir(), key=lambda c: c.name)
-            except OSError as exc:
-                if d is not root:
-                    problems.append((str(d), f"cannot list folder: {exc.strerror or exc}"))
-                continue
-            below += [c for c in children
-                      if (i or first_level is None or first_level.match(c.name)) and _is_dir(c)]
-        level = below
-    return [d / STAT_FILE for d in level if _is_file(d / STAT_FILE)]
-
-
-def _int_or_none(text: str) -> int | None:
-    """A folder name made of ASCII digits, as an int in 0..2**31-1 (else None)."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 10:
-        return None
-    v = int(text)
-    return v if v <= _MAX_INDEX else None
-
-
-def _step_rank_of(csv_path: Path) -> tuple[int, int] | None:
-    """(step, rank) from the path (0 when absent); None when a number there is out of range."""
-    name = csv_path.parent.name
-    step = _int_or_none(name)
-    if step is None and name.isascii() and name.isdigit():
-        return None
-    for parent in csv_path.parents:
-        m = _RANK.match(parent.name)
-        if m:
-            rank = _int_or_none(m.group(1))
-            return None if rank is None else (step or 0, rank)
-    return step or 0, 0
-
-
-def _graph_key(csv_path: Path) -> tuple[int, str]:
-    graph = _int_or_none(csv_path.parent.parent.name)
-    return (1 << 31 if graph is None else graph), str(csv_path)
-
-
-@dataclass(frozen=True)
-class KernelItem:
-    """The statistic.csv files of one (step, rank): one parse task.
-
-    Attributes
-    ----------
-    step, rank : int
-    files : tuple of Path
-        Ordered by graph id.
-    """
-
-    step: int
-    rank: int
-    files: tuple[Path, ...]
-
-    @property
-    def path(self) -> str:
-        """Printable name (the file, or the files joined by ``;``)."""
-        return ";".join(str(f) for f in self.files)
-
-
-def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelItem]:
-    """Find the statistic.csv files below *path*, grouped per (step, rank).
-
-    Parameters
-    ----------
-    path : str or Path
-    report : LoadReport, optional
-        Receives folders that cannot be listed and files skipped because of their path (step
-        or rank out of range).
-
-    Returns
-    -------
-    list of KernelItem
-        Sorted by (step, rank).
-
-    Raises
-    ------
-    NotADumpError
-        When no statistic.csv is found.
-    """
-    p = Path(path)
-    try:
-        exists = p.exists()
-    except OSError as exc:
-        raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
-    if not exists:
-        from precnb.io._why import missing_reason
-
-        raise NotADumpError(f"{p}: {missing_reason(p)}")
-    if _is_file(p):
-        if not _is_statistic_header(read_header(p)):
-            raise NotADumpError(f"{p}: not a MindSpore statistic.csv (header lacks "
-                                f"{', '.join(REQUIRED_COLUMNS)})")
-        files = [p]
-    else:
-        unreadable: list[tuple[str, str]] = []
-        files = _find_csvs(p, unreadable)
-        if report is not None:
-            report.skipped.extend(unreadable)
-        if not files and unreadable:
-            reasons = "; ".join(f"{q}: {r}" for q, r in unreadable[:3])
-            raise NotADumpError(f"{p}: no statistic.csv could be found ({reasons})")
-    if not files:
-        raise NotADumpError(f"{p}: no MindSpore kernel dump found (expected "
-                            "rank_*/<net>/<graph>/<iteration>/statistic.csv)")
-    groups: dict[tuple[int, int], list[Path]] = defaultdict(list)
-    for f in files:
-        key = _step_rank_of(f)
-        if key is None:
-            if report is not None:
-                report.skipped.append((str(f), f"step or rank number out of range (0..{_MAX_INDEX})"))
-            continue
-        groups[key].append(f)
-    if not groups:
-        raise NotADumpError(f"{p}: no statistic.csv with a usable step and rank")
-    if report is not None:  # rank_1 beside rank_01, iteration 0 beside 00: one file per (net, graph)
-        for key, fs in groups.items():
-            numbered = [(f"{f.parent.parent.parent.name}/{f.parent.parent.name}", f) for f in fs]
-            if len({k for k, _ in numbered}) < len(numbered):
-                kept = keep_one_per_number(numbered, f"step {key[0]} rank {key[1]} graph", lambda n: "",
-                                           report, name=_spelling)
-                groups[key] = [f for _, f in kept]
-    return [KernelItem(s, r, tuple(sorted(fs, key=_graph_key)))
-            for (s, r), fs in sorted(groups.items())]
-
-
-def _spelling(f: Path) -> str:
-    """"" for a canonically spelled path (no leading zeros in rank, graph and iteration), else the path."""
-    m = next((m for q in f.parents if (m := _RANK.match(q.name))), None)
-    numbers = [f.parent.name, f.parent.parent.name, m.group(1) if m else "0"]
-    return "" if all(n == str(int(n)) for n in numbers if n.isdigit()) else str(f)
 
 
 def _cell_float(cell: str, column: str, path: Path, line: int) -> float | None:

@@ -29,7 +29,7 @@ and the load report warns where the CSV and the files disagree.
 Names: tensor labels are ``"<kernel>.<input|output>.<slot>"`` (``.1``, ``.2``, ... for repeats in
 timestamp order) and ``node`` is ``<kernel>``, the full ``/``-separated scope name where the
 rank's graph IR or execution-order CSV lists it, else the file's ``_``-name; ``module`` is the
-path of cells below the network cell (:mod:`precnb.io._ms_names`); ``api`` the op type;
+path of cells below the network cell (:mod:`precnb.io.mindspore._names`); ``api`` the op type;
 ``direction`` forward / backward / optimizer from the scope. ``Parameter.<name>`` files are
 ``role="parameter"`` (their value after the iteration's optimizer step), optimizer states
 ``"state"``; a kernel input that reads a parameter (per the IR, same shape) has
@@ -49,7 +49,6 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,170 +56,18 @@ import xarray as xr
 
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import FileRecords, LoadReport, RecordBuilder, assemble, select_items
-from precnb.io._ms_files import CHUNK, EXTRA_STATS, NAME, load_npy, mapping, parse_file_name, tensor_stats
-from precnb.io._ms_names import NameTable, direction_of, module_path, name_table
 from precnb.io.executor import parse_files
+from precnb.io.mindspore._files import CHUNK, EXTRA_STATS, load_npy, mapping, parse_file_name, tensor_stats
+from precnb.io.mindspore._names import NameTable, direction_of, module_path, name_table
+from precnb.io.mindspore._tensor_discover import KernelTensorItem, discover, is_ms_kernel_tensors
 from precnb.io.readers import Reader
 
 __all__ = ["CHUNK", "KernelTensorItem", "discover", "is_ms_kernel_tensors", "open_ms_kernel_tensors",
            "parse_file_name", "read_item", "tensor_stats"]
 
-_RANK = re.compile(r"^rank_?([0-9]+)$")
-_MAX_INDEX = 2**31 - 1
 _KNOWN_OTHER = {"mapping.csv", "statistic.csv"}
 ORDER_NOTE = ("seq is the order of the dump files' timestamps; MindSpore's execution-order CSV does not "
               "match the files on CPU (names without files, files it does not list)")
-
-
-def _digits(text: str) -> int | None:
-    if not (text.isascii() and text.isdigit()) or len(text) > 10:
-        return None
-    v = int(text)
-    return v if v <= _MAX_INDEX else None
-
-
-def _is_iteration_dir(p: Path) -> bool:
-    """An iteration folder: numeric name and a tensor file (or a mapping.csv and .npy files); stops at the first."""
-    if _digits(p.name) is None:
-        return False
-    npy = mapped = False
-    try:
-        with os.scandir(p) as it:
-            for e in it:
-                if e.name.endswith(".npy"):
-                    if NAME.match(e.name):
-                        return True
-                    npy = True
-                elif e.name == "mapping.csv":
-                    mapped = True
-                if npy and mapped:  # hashed long names only
-                    return True
-    except OSError:
-        return False
-    return False
-
-
-def _children(d: Path, problems: list[tuple[str, str]] | None) -> list[Path]:
-    try:
-        return sorted((c for c in d.iterdir() if c.is_dir()), key=lambda c: c.name)
-    except OSError as exc:
-        if problems is not None:
-            problems.append((str(d), f"cannot list folder: {exc.strerror or exc}"))
-        return []
-
-
-def _iteration_dirs(p: Path, problems: list[tuple[str, str]] | None = None, first_only: bool = False) -> list[Path]:
-    """Iteration folders at the fixed depths below *p* (iteration, graph, net, rank folder or root)."""
-    if _is_iteration_dir(p):
-        return [p]
-    found: list[Path] = []
-    for depth in (1, 2, 3, 4):
-        level = [p]
-        for i in range(depth - 1):
-            level = [c for d in level for c in _children(d, problems)
-                     if not (depth == 4 and i == 0) or _RANK.match(c.name)]
-        for d in level:
-            for c in _children(d, problems):
-                if _is_iteration_dir(c):
-                    found.append(c)
-                    if first_only:
-                        return found
-        if found:
-            return found
-    return found
-
-
-def is_ms_kernel_tensors(path: str | Path) -> bool:
-    """Whether *path* holds a MindSpore tensor-layout kernel dump (and no statistic.csv there).
-
-    Parameters
-    ----------
-    path : str or Path
-
-    Returns
-    -------
-    bool
-
-    Examples
-    --------
-    >>> is_ms_kernel_tensors("/nonexistent")
-    False
-    """
-    p = Path(path)
-    try:
-        if not p.is_dir():
-            return False
-        found = _iteration_dirs(p, first_only=True)
-        return bool(found) and not (found[0] / "statistic.csv").is_file()
-    except OSError:
-        return False
-
-
-@dataclass(frozen=True)
-class KernelTensorItem:
-    """The iteration folders of one (step, rank): one parse task.
-
-    Attributes
-    ----------
-    step, rank : int
-    folders : tuple of Path
-        One per graph, by graph id.
-    rank_dir : Path or None
-        The ``rank_<id>`` folder holding ``graphs/`` and ``execution_order/``.
-    net_name : str
-    """
-
-    step: int
-    rank: int
-    folders: tuple[Path, ...]
-    rank_dir: Path | None
-    net_name: str
-
-    @property
-    def path(self) -> str:
-        """Printable name (the folders joined by ``;``)."""
-        return ";".join(str(f) for f in self.folders)
-
-
-def discover(path: str | Path, report: LoadReport | None = None) -> list[KernelTensorItem]:
-    """Find the iteration folders below *path*, grouped per (step, rank), sorted.
-
-    Raises
-    ------
-    NotADumpError
-        When there is no tensor-layout kernel dump below *path*.
-    """
-    p = Path(path)
-    try:
-        if not p.exists():
-            raise NotADumpError(f"{p}: no such file or directory")
-    except OSError as exc:
-        raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
-    problems: list[tuple[str, str]] = []
-    dirs = _iteration_dirs(p, problems) if p.is_dir() else []
-    if report is not None:
-        report.skipped.extend(problems)
-    if not dirs:
-        raise NotADumpError(f"{p}: no MindSpore tensor kernel dump found (expected "
-                            "rank_*/<net>/<graph>/<iteration>/<op_type>.<op_name>....npy)")
-    groups: dict[tuple[int, int], list[Path]] = {}
-    meta: dict[tuple[int, int], tuple[Path | None, str]] = {}
-    for d in dirs:
-        step, graph = _digits(d.name), _digits(d.parent.name)
-        rank_dir = next((a for a in d.parents if _RANK.match(a.name)), None)
-        rank = _digits(_RANK.match(rank_dir.name)[1]) if rank_dir is not None else 0  # type: ignore[index]
-        if step is None or rank is None:
-            if report is not None:
-                report.skipped.append((str(d), f"iteration or rank number out of range (0..{_MAX_INDEX})"))
-            continue
-        groups.setdefault((step, rank), []).append(d)
-        net = d.parent.parent.name if graph is not None else ""
-        meta[(step, rank)] = (rank_dir if rank_dir is not None and rank_dir == d.parent.parent.parent else None, net)
-        del graph
-    if not groups:
-        raise NotADumpError(f"{p}: no iteration folder with a usable step and rank")
-    return [KernelTensorItem(s, r, tuple(sorted(fs, key=lambda f: (_digits(f.parent.name) or 0, str(f)))),
-                             *meta[(s, r)]) for (s, r), fs in sorted(groups.items())]
 
 
 _STATE = re.compile(r"^(adam_m|adam_v|moment1|moment2|moments|accum|exp_avg|exp_avg_sq|mean_square|"
