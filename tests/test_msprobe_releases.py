@@ -48,22 +48,13 @@ FIXTURES = ROOT / "tests" / "fixtures" / "msprobe_releases"
 
 #: (release, mode) -> why ``test_read_exactly`` cannot pass there (an ``xfail(strict=True)`` naming the release and
 #: the reason; mode ``install`` for a release that did not install). Every PyTorch mode of every release installed,
-#: ran, was read by its own compare and is read exactly by precnb; the gaps are MindSpore's graph dumps on CPU and
-#: 8.3.3 with MindSpore 2.10.
-_MS_GRAPH_CPU = ("no dump on CPU: msprobe dumps jit cells and GRAPH_MODE networks through MindSpore's graph dump, "
-                 "and MindSpore 2.10 refuses statistics there on CPU ('storing statistic dump is only supported on "
-                 "GPU and Ascend, please set saved_data to tensor'); the PyNative modes ms_L0/ms_L1/ms_mix/ms_md5 ran")
-_MS_HOOK_833 = ("8.3.3 cannot dump MindSpore 2.10 in PyNative mode: its cell hooks (msprobe/mindspore/"
-                "cell_processor.py forward_pre_hook; dump/hook_cell/ms_hook_manager.py _register_backward_hook) call "
-                "MindSpore's CellBackwardHook as bw_hook(*args), which MindSpore 2.10 takes as one tuple: TypeError: "
-                "CellBackwardHook.__call__() takes 2 positional arguments but 3 were given (26.2.0 runs the same "
-                "network)")
-READ_GAPS: dict[tuple[str, str], str] = {
-    ("26.2.0", "ms_jit"): _MS_GRAPH_CPU, ("26.2.0", "ms_graph"): _MS_GRAPH_CPU,
-    **{("8.3.3", m): _MS_HOOK_833 for m in ("ms_L0", "ms_L1", "ms_mix", "ms_md5")},
-}
+#: ran, was read by its own compare and is read exactly by precnb; the gaps are MindSpore runs that cannot dump (or
+#: whose dump the release's own compare cannot read) here, and why: ``conformance.MS_GAPS`` (the README table's text)
+READ_GAPS: dict[tuple[str, str], str] = dict(cf.MS_GAPS)
 #: (release, mode) -> why ``test_diff_against_reference_is_clean`` cannot pass there
-DIFF_GAPS: dict[tuple[str, str], str] = {}
+DIFF_GAPS: dict[tuple[str, str], str] = {
+    (v, m): "the release's dump is empty (nothing to compare: precnb diff says NOTHING COMPARED, exit 1): "
+            + cf.MS_GAPS[(v, m)] for v in ("1.0.3", "1.0.4") for m in ("ms_mix", "ms_md5")}
 
 
 def _params(gaps: dict[tuple[str, str], str], cases: list[tuple[str, str]]) -> list[object]:
@@ -88,8 +79,11 @@ def _cases() -> list[tuple[str, str]]:
 
 _CASES = _cases()
 _FIXTURES = cf.fixtures(FIXTURES)
-_DIFF_CASES = [(v, m) for v, m in _CASES
-               if v != cf.REFERENCE and not m.startswith("ms_") and m in gen.MODES]
+#: PyTorch modes: every release; MindSpore modes: the runs that wrote a dump (a failed run is a READ_GAPS case) and
+#: whose mode the reference dumped
+_DIFF_CASES = [(v, m) for v, m in _CASES if v != cf.REFERENCE and (
+    m in gen.MODES or (m in gen.MS_MODES and cf.release_record(v, FIXTURES)["runs"][m]["ok"]
+                       and (FIXTURES / cf.REFERENCE / gen.fixture_name(m)).is_dir()))]
 
 
 def _ran(release: str, mode: str) -> None:
@@ -123,6 +117,33 @@ def test_every_release_is_accounted_for() -> None:
 def test_every_gap_is_a_case() -> None:
     """No stale gap: each strict xfail names a (release, mode) the fixtures hold."""
     assert set(READ_GAPS) <= set(_CASES) and set(DIFF_GAPS) <= set(_DIFF_CASES)
+
+
+def test_every_mindspore_gap_is_the_recorded_failure() -> None:
+    """Each MindSpore strict xfail names the failure the run recorded (its error holds the gap's evidence)."""
+    for (v, m), why in cf.MS_GAPS.items():
+        run = cf.release_record(v, FIXTURES)["runs"][m]
+        assert not (run["ok"] and run["truth"]["ok"]), (v, m)
+        assert cf.MS_GAP_EVIDENCE[why] in cf.recorded_failure(v, m, FIXTURES), (v, m)
+
+
+@pytest.mark.parametrize("release", ["1.0.3", "1.0.4"])
+@pytest.mark.parametrize("mode", ["ms_mix", "ms_md5", "ms_jit"])
+def test_1_0_x_mindspore_mix_dumps_are_empty(release: str, mode: str) -> None:
+    """1.0.3/1.0.4 hook nothing at MindSpore level mix (ms_jit is at mix too): the dump has no record, and precnb
+    says so, per file; against 26.2.0's dump of the mode (none for ms_jit: its diff is not tried) nothing compares."""
+    import precnb
+
+    files = sorted((FIXTURES / release / mode).glob("step*/*/dump.json"))
+    assert len(files) == 2 and all(_json(f)["data"] == {} and _json(f)["level"] == "mix" for f in files)
+    ds = precnb.open_run(FIXTURES / release / mode, workers=1, progress=False)
+    report = precnb.load_report(ds)
+    assert ds.sizes["tensor"] == 0 and ds.sizes["step"] == 2 and not report.unread and not report.skipped
+    assert sorted(w.split(": ")[0] for w in report.warnings if "'data' is empty" in w) == [str(f) for f in files]
+    if not (FIXTURES / cf.REFERENCE / mode).is_dir():
+        return
+    res = cf.check_diff(release, mode, FIXTURES)  # nothing in common with 26.2.0's dump: nothing compared
+    assert res.exit_code == 1 and res.finding["kind"] == "none" and res.finding["stats"]["compared_records"] == 0
 
 
 def test_the_reference_and_all_modes_are_there() -> None:
@@ -215,6 +236,7 @@ def test_parse_stat_conventions() -> None:
     assert cf.parse_stat(" inf") == math.inf and cf.parse_stat(" -inf") == -math.inf
     assert cf.parse_stat("inf\t") == math.inf and cf.parse_stat("-inf\t") == -math.inf
     assert math.isnan(cf.parse_stat("Nan")) and math.isnan(cf.parse_stat("nan\t"))  # type: ignore[arg-type]
+    assert cf.parse_stat("N/A") == "null"  # 1.3.0's MindSpore compare of a Bool's Mean (None in the dump)
     assert cf.parse_stat("None") == "null" and cf.parse_stat(True) == 1.0 and cf.parse_stat("False") == 0.0
     assert cf.parse_stat("0.913090705871582") == 0.913090705871582
 
@@ -285,3 +307,13 @@ def test_put_table_replaces_only_what_is_between_the_markers(tmp_path: Path) -> 
     readme.write_text("no markers\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="markers are missing"):
         gen.put_table(readme, "| a |")
+
+
+def test_error_tail_keeps_the_exception_line() -> None:
+    """A run's recorded error keeps the exception line when a long listing follows it (MindSpore compile errors)."""
+    text = "Traceback (most recent call last):\nValueError: The key x does not exist\n" + "\n".join(
+        f"# {i} In file cell_processor.py" for i in range(30))
+    tail = gen._tail(text, 20)
+    assert tail.splitlines()[0] == "ValueError: The key x does not exist"
+    assert tail.endswith("# 29 In file cell_processor.py") and len(tail.splitlines()) == 22
+    assert gen._tail("a\nRuntimeError: b\nc", 20) == "a\nRuntimeError: b\nc"

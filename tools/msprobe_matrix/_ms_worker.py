@@ -32,6 +32,70 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
 
 
+def apply_ms_shims(names: list[str]) -> None:
+    """MindSpore 2.10 shims a release needs (``generate.py`` MS_SHIMS says which and why); after msprobe's import.
+
+    ``ms_backward_hook_view``: 8.2.0-8.3.3 and 26.0.0-26.1.0.post1 decide whether MindSpore's
+    ``CellBackwardHook.__call__`` takes one tuple by comparing version strings (``'2.10.0' < '2.7.0'``
+    is true), and cache the answer in ``msprobe.mindspore.common.utils.is_output_of_backward_hook_a_view``.
+    The cache is set to what the same function computes with the version compared as numbers.
+
+    ``ms_cell_backward_hook_varargs``: 8.1.0-8.1.2's cell hooks call ``bw_hook(*args)``, MindSpore <= 2.6's
+    ``CellBackwardHook`` API; from 2.7 it takes one tuple (:func:`_varargs_cell_backward_hook`).
+
+    ``ms_no_dump_gradient``: 8.2.1-8.3.3 dump cells at level L0/mix in PyNative mode through MindSpore's own
+    statistics dump when ``mindspore.ops.DumpGradient`` exists (``is_graph_mode_cell_dump_allowed``), which
+    MindSpore 2.10 does not write on CPU. Hiding ``ops.DumpGradient`` makes the release take its hook-based
+    cell dump (its path on a MindSpore without that operator, and 8.2.0's in PyNative mode), which writes
+    ``dump.json`` as its API-level dumps do.
+    """
+    for name in names:
+        if not name.startswith("ms_"):
+            continue  # applied before msprobe's import (``_pt_worker.apply_shims``)
+        if name == "ms_cell_backward_hook_varargs":
+            _varargs_cell_backward_hook()
+            continue
+        if name == "ms_no_dump_gradient":
+            from mindspore import ops
+
+            if hasattr(ops, "DumpGradient"):
+                delattr(ops, "DumpGradient")
+            continue
+        if name != "ms_backward_hook_view":
+            raise ValueError(f"unknown shim {name!r}")
+        import inspect
+
+        import mindspore as ms
+        import msprobe.mindspore.common.utils as msu
+        from mindspore.ops.operations import _inner_ops as inner
+
+        assert msu.is_output_of_backward_hook_a_view is None, "msprobe decided before the shim"
+        numbers = tuple(int(p) for p in ms.__version__.split(".")[:2])
+        params = inspect.signature(inner.CellBackwardHook.__call__).parameters
+        msu.is_output_of_backward_hook_a_view = numbers >= (2, 7) and "args" in params and (
+            params["args"].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _varargs_cell_backward_hook() -> None:
+    """Let ``CellBackwardHook`` be called as ``bw_hook(*args)`` again (MindSpore <= 2.6), as 8.1.x's hooks do.
+
+    From MindSpore 2.7 ``CellBackwardHook.__call__(self, args)`` takes one tuple (or one tensor, returned as a
+    tensor); before, it took the tensors as separate arguments (one tensor returned as a tensor, several as a
+    tuple). ``bw_hook(x)`` means the same in both; ``bw_hook(a, b)`` becomes ``bw_hook((a, b))``.
+    """
+    from mindspore.ops.operations import _inner_ops as inner
+
+    new_call = inner.CellBackwardHook.__call__
+    if getattr(new_call, "_matrix_varargs", False):
+        return
+
+    def call(self, *args):  # type: ignore[no-untyped-def]
+        return new_call(self, args[0] if len(args) == 1 else args)
+
+    call._matrix_varargs = True  # type: ignore[attr-defined]
+    inner.CellBackwardHook.__call__ = call
+
+
 def _build(ms, graph: str):  # type: ignore[no-untyped-def]
     import numpy as np
     from mindspore import Parameter, Tensor, nn, ops
@@ -91,7 +155,14 @@ def main(spec_path: str) -> int:
     from precnb_samples._ms_port_worker import _patch_norm
 
     _patch_norm()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _pt_worker import apply_shims  # the shims needed before msprobe's import (no torch imported)
+
+    apply_shims([s for s in spec.get("shims", []) if not s.startswith("ms_")])
     from msprobe.mindspore import PrecisionDebugger
+
+    # hiding DumpGradient is for the PyNative cell dump: jit cells and GRAPH_MODE keep the release's own choice
+    apply_ms_shims([s for s in spec.get("shims", []) if graph == "pynative" or s != "ms_no_dump_gradient"])
     from precnb_samples._ms_model import adamw_numpy
 
     net, batches, mask = _build(ms, graph)
@@ -102,17 +173,21 @@ def main(spec_path: str) -> int:
 
     grad_fn = ms.value_and_grad(forward, None, params)
     debugger = PrecisionDebugger(config_path=spec["config"])
+    import inspect
+
+    # 1.0.1-1.0.4 take the network as start(target=...), later releases as start(model=...)
+    attach = "model" if "model" in inspect.signature(PrecisionDebugger.start).parameters else "target"
     state: dict[str, object] = {}
     losses = []
     for step in range(int(spec["steps"])):
         x, y = batches[step]
-        debugger.start(model=net)  # GRAPH_MODE too: without the model msprobe 26.2.0 refuses ("The model is empty")
+        debugger.start(**{attach: net})  # GRAPH_MODE too: without it 26.2.0 refuses ("The model is empty")
         loss, grads = grad_fn(x, y)
         debugger.stop()
         adamw_numpy(params, list(grads), state, step + 1, lr=0.05, weight_decay=0.01)
         debugger.step()
         losses.append(float(loss.asnumpy()))
-    result = {"ranks": {"0": {"losses": losses, "attach": "start(model=net)", "pid": os.getpid()}},
+    result = {"ranks": {"0": {"losses": losses, "attach": f"start({attach}=net)", "pid": os.getpid()}},
               "versions": {"mindspore": ms.__version__, "numpy": np.__version__,
                            "mindstudio-probe": metadata.version("mindstudio-probe"),
                            "python": sys.version.split()[0]}}

@@ -34,6 +34,11 @@ def apply_shims(names: list[str]) -> None:
 
     ``torch.Any``: 1.0.1 annotates return values with ``torch.Any`` (the ``typing.Any`` that torch's
     ``__init__`` once re-exported, gone in torch 2.13); only an annotation, so ``typing.Any`` is it.
+    ``mindspore._MindsporeFunctionExecutor`` (MindSpore dumps and their compare, 1.0.3-1.2.1): their
+    ``msprobe/mindspore/dump/jit_dump.py`` imports ``_MindsporeFunctionExecutor`` from
+    ``mindspore.common.api``, which MindSpore renamed ``_JitExecutor``; the old name is made the new class,
+    as 1.2.2's ``jit_dump.py`` does itself (``except ImportError: from mindspore.common.api import
+    _JitExecutor as _MindsporeFunctionExecutor``). Set before msprobe is imported.
     """
     for name in names:
         if name == "torch.Any":
@@ -43,6 +48,13 @@ def apply_shims(names: list[str]) -> None:
 
             if not hasattr(torch, "Any"):
                 torch.Any = typing.Any  # type: ignore[attr-defined]
+        elif name == "mindspore._MindsporeFunctionExecutor":
+            import mindspore.common.api as ms_api
+
+            if not hasattr(ms_api, "_MindsporeFunctionExecutor"):  # what 1.2.2's jit_dump.py falls back to
+                ms_api._MindsporeFunctionExecutor = ms_api._JitExecutor  # type: ignore[attr-defined]
+        elif name.startswith("ms_"):
+            continue  # a MindSpore dump-side shim (``_ms_worker.apply_ms_shims``); a compare does not need it
         else:
             raise ValueError(f"unknown shim {name!r}")
 

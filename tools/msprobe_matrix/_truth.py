@@ -44,6 +44,12 @@ def _version() -> tuple[int, ...]:
 
 
 def _framework(dump_json: Path) -> str:
+    """``mindspore`` for a dump under a matrix ``ms_*`` folder or one that says so in its head, else ``pytorch``.
+
+    (Before 1.2.1 a dump has no ``framework`` key, and a mix dump's head can be cells only.)
+    """
+    if any(p.name.startswith("ms_") for p in dump_json.parents):
+        return "mindspore"
     head = dump_json.read_text(encoding="utf-8")[:4000]
     return "mindspore" if '"mindspore' in head or '"framework": "mindspore"' in head else "pytorch"
 
@@ -68,6 +74,9 @@ if mode == "cli":
     sys.argv = ["msprobe", *args]
     from msprobe.msprobe import main
     sys.exit(main())
+if mode == "ms_function":
+    from msprobe.mindspore.compare.ms_compare import ms_compare
+    sys.exit(ms_compare(args[0], args[1], stack_mode=True))
 from msprobe.pytorch import compare
 compare(args[0], args[1], stack_mode=True)
 """
@@ -82,6 +91,14 @@ def _run_compare(dump_json: Path, out_dir: Path, shims: list[str]) -> tuple[str,
     if version >= (26, 0, 0):
         mode, args = "cli", ["compare", "-tp", str(dump_json), "-gp", str(dump_json), "-o", str(out_dir)]
         how = "msprobe compare -tp dump.json -gp dump.json -o OUT"
+    elif version == (1, 0, 3) and fw == "mindspore":  # its command line imports torch for MindSpore's run_ut
+        param = {"npu_json_path": str(dump_json), "bench_json_path": str(dump_json), "stack_json_path": str(stack),
+                 "is_print_compare_log": True}
+        mode, args = "ms_function", [param, str(out_dir)]
+        how = ("python: msprobe.mindspore.compare.ms_compare.ms_compare(input_param, OUT, stack_mode=True), what "
+               "`msprobe -f mindspore compare -i` calls (msprobe/core/compare/compare_cli.py); 1.0.3's command line "
+               "imports torch (msprobe/mindspore/api_accuracy_checker/compute_element.py): ModuleNotFoundError "
+               "without PyTorch")
     elif version >= (1, 0, 3):
         spec = out_dir / "input.json"
         spec.write_text(json.dumps({"npu_path": str(dump_json), "bench_path": str(dump_json),

@@ -41,11 +41,91 @@ from typing import Any
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "msprobe_releases"
 REFERENCE = "26.2.0"
+
+# --- the MindSpore runs that cannot dump on this CPU machine, and why (the test's strict xfails, the table's text) ---
+_GRAPH_CPU = ("no dump on CPU: msprobe dumps jit cells and GRAPH_MODE networks through MindSpore's graph dump, and "
+              "MindSpore 2.10 refuses statistics there on CPU ('storing statistic dump is only supported on GPU and "
+              "Ascend, please set saved_data to tensor'); the PyNative modes ms_L0/ms_L1/ms_mix/ms_md5 ran")
+_V101_CELL = ("1.0.1's MindSpore debugger has no cell (L0) dump: msprobe/mindspore/debugger/debugger_config.py maps "
+              "L0 to 'cell' and msprobe/mindspore/dump/dump_tool_factory.py DumpToolFactory.create raises "
+              "'Exception: Cell dump in not supported now.' (line 35) at debugger.start()")
+_V101_KBK = ("1.0.1 dumps MindSpore APIs (L1) only through MindSpore's kernel-by-kernel dump "
+             "(msprobe/mindspore/dump/api_kbk_dump.py ApiKbkDump: api_kbk_dump.json with saved_data 'statistic', "
+             "MINDSPORE_DUMP_CONFIG set), which MindSpore 2.10 refuses on CPU at the first op: 'RuntimeError: Dump "
+             "Json parse failed, storing statistic dump is only supported on GPU and Ascend, please set saved_data "
+             "to tensor' (dump_json_parser.cc ParseSavedData)")
+_V101_MIX = ("1.0.1 has no level mix for MindSpore (ms_md5 is md5 at mix, ms_jit is at mix): "
+             "msprobe/mindspore/debugger/debugger_config.py DebuggerConfig.convert_map knows L0/L1/L2 only "
+             "(line 18): KeyError: 'mix' in "
+             "PrecisionDebugger(config_path=...); md5 at L1 would be the kernel dump above, refused on CPU")
+_V10X_MIX = ("1.0.3 and 1.0.4 accept level mix for MindSpore but hook nothing there (msprobe/mindspore/service.py "
+             "Service.register_hook_new: API hooks for level 'L1', cell hooks for 'L0' only), so they write dump.json "
+             "with 'data': {} (precnb reads it as empty and says so: test_1_0_x_mindspore_mix_dumps_are_empty), and "
+             "their own compare of it fails with no row to compare (msprobe/core/compare/highlight.py "
+             "find_compare_result_error_rows, 'if state:': UnboundLocalError: cannot access local variable 'state')")
+_GRAPH_CELL = ("GRAPH_MODE at level L0 is refused: msprobe/mindspore/dump/dump_tool_factory.py DumpToolFactory.create "
+               "(1.0.3-1.3.0) has no cell tool for execution mode graph_kbyk: 'Data dump is not supported in "
+               "graph_kbyk mode when dump level is cell.' (an Exception; 1.3.0 logs it and raises ValueError)")
+_JIT_HOOKS = ("the cells inside the jit cell get this release's PyNative cell hooks, which MindSpore 2.10 compiles "
+              "into the jit graph: msprobe/mindspore/cell_processor.py set_cell_count ('return "
+              "CellProcessor.cell_count[cell_name]') reads a dict the graph holds as a constant, without the key the "
+              "hook adds at run time: 'ValueError: The key Cell.head.fc2.Dense.forward does not exist in the dict' "
+              "(MindSpore's graph compile, at the first step)")
+_V810_RANK = ("8.1.0 hands jit cells and GRAPH_MODE networks to MindSpore's graph dump and fails writing its config "
+              "when RANK_ID is unset: msprobe/mindspore/dump/cell_dump_process.py create_kbyk_json sets rank_id = 0 "
+              "(an int) and joins rank_id + 'kernel_kbyk_dump.json': 'TypeError: unsupported operand type(s) for +: "
+              "'int' and 'str''; 8.1.1 fixed it, and then meets MindSpore's refusal of statistics on CPU (as 8.1.1 on)")
+#: short text (README table) -> long text (the strict xfail's reason)
+MS_GAP_TEXTS: dict[str, str] = {
+    "1.0.1: no MindSpore cell dump ('Cell dump in not supported now.')": _V101_CELL,
+    "1.0.1: L1 only through MindSpore's kernel dump, statistics need GPU/Ascend": _V101_KBK,
+    "1.0.1: no level mix for MindSpore (KeyError: 'mix')": _V101_MIX,
+    "level mix hooks nothing: empty dump.json, its compare fails (UnboundLocalError)": _V10X_MIX,
+    "GRAPH_MODE L0: 'Data dump is not supported in graph_kbyk mode when dump level is cell.'": _GRAPH_CELL,
+    "jit: cell hooks compiled into the jit graph fail ('The key ... does not exist in the dict')": _JIT_HOOKS,
+    "jit/graph: create_kbyk_json int + str (RANK_ID unset), fixed in 8.1.1": _V810_RANK,
+    "graph/jit statistics need GPU/Ascend": _GRAPH_CPU,
+}
+_SHORT = {long: short for short, long in MS_GAP_TEXTS.items()}
+#: long text -> what the failed run's recorded error must contain (the reason is checked, not only the failure)
+MS_GAP_EVIDENCE: dict[str, str] = {_GRAPH_CPU: "only supported on GPU and Ascend",
+                                   _V101_CELL: "Exception: Cell dump in not supported now.",
+                                   _V101_KBK: "only supported on GPU and Ascend",
+                                   _V101_MIX: "KeyError: 'mix'",
+                                   _V10X_MIX: "UnboundLocalError: cannot access local variable 'state'",
+                                   _GRAPH_CELL: "not supported in graph_kbyk mode when dump level is cell.",
+                                   _JIT_HOOKS: "ValueError: The key Cell.head.fc2.Dense.forward does not exist",
+                                   _V810_RANK: "rank_id + \"kernel_kbyk_dump.json\""}
+#: (release, mode) -> why the MindSpore run cannot dump here (long text of MS_GAP_TEXTS)
+_OLD_1X = ("1.1.0", "1.1.1", "1.2.0", "1.2.1", "1.2.2", "1.3.0")
+_GRAPH_DUMP = ("8.1.1", "8.1.2", "8.2.0", "8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3", "26.0.0", "26.1.0",
+               "26.1.0.post1", "26.2.0")
+MS_GAPS: dict[tuple[str, str], str] = {
+    ("1.0.1", "ms_L0"): _V101_CELL, ("1.0.1", "ms_L1"): _V101_KBK, ("1.0.1", "ms_graph"): _V101_CELL,
+    **{("1.0.1", m): _V101_MIX for m in ("ms_mix", "ms_md5", "ms_jit")},
+    **{(v, m): _V10X_MIX for v in ("1.0.3", "1.0.4") for m in ("ms_mix", "ms_md5", "ms_jit")},
+    **{(v, "ms_graph"): _GRAPH_CELL for v in ("1.0.3", "1.0.4", *_OLD_1X)},
+    **{(v, "ms_jit"): _JIT_HOOKS for v in _OLD_1X},
+    ("8.1.0", "ms_jit"): _V810_RANK, ("8.1.0", "ms_graph"): _V810_RANK,
+    **{(v, m): _GRAPH_CPU for v in _GRAPH_DUMP for m in ("ms_jit", "ms_graph")},
+}
 STATS = ("max", "min", "mean", "norm")
 _NULL = "null"
 _TORCH_DTYPE = re.compile(r"^torch\.\w+$")
 _MS_DTYPE = re.compile(r"^(Float|BFloat|Int|UInt)\d+$|^Bool$|^Complex\d+$")
 _RANK_NUM = re.compile(r"^(?:rank(\d*)|proc\d+)$")
+
+
+def recorded_failure(version: str, mode: str, root: Path = FIXTURES) -> str:
+    """What a run recorded of its failure: the run's error, else the logs of its release's failed compare."""
+    run = release_record(version, root)["runs"][mode]
+    if not run["ok"]:
+        return str(run.get("error") or "")
+    truth = root / version / f"{fixture_name(mode)}.truth.json"
+    if run.get("truth", {}).get("ok") or not truth.is_file():
+        return ""
+    files = json.loads(truth.read_text(encoding="utf-8"))["files"].values()
+    return "\n".join(str(f.get("log", "")) for f in files if "rows" not in f)
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -97,7 +177,8 @@ def parse_stat(cell: Any) -> float | str:
 
     Conventions of the compare outputs: csv text is Python ``repr`` of the float (exact); ``" inf"``/
     ``" -inf"`` (26.x, leading space) and ``"inf\t"`` (1.x xlsx, trailing tab) are infinities; ``Nan``/
-    ``nan`` is NaN; ``None`` is a ``null`` statistic; ``True``/``False`` (bool tensors' Max/Min) are 1/0.
+    ``nan`` is NaN; ``None`` (``N/A`` in 1.x's MindSpore compare) is a ``null`` statistic; ``True``/``False``
+    (bool tensors' Max/Min) are 1/0.
     """
     if isinstance(cell, bool):
         return float(cell)
@@ -107,7 +188,7 @@ def parse_stat(cell: Any) -> float | str:
         return _NULL
     text = str(cell).strip()
     low = text.lower()
-    if low in ("none", "null"):
+    if low in ("none", "null", "n/a"):  # "N/A": 1.x's MindSpore compare of a null statistic (a Bool's Mean)
         return _NULL
     if low == "true":
         return 1.0
@@ -491,6 +572,9 @@ def _notes(rec: dict[str, Any]) -> str:
     shims = rec.get("shims", {}).get("names")
     if shims:
         notes.append("shim " + ", ".join(f"`{s}`" for s in shims))
+    ms_shims = rec.get("shims_ms", {}).get("names")
+    if ms_shims:
+        notes.append("MindSpore shim " + ", ".join(f"`{s}`" for s in ms_shims))
     ms = rec.get("install_ms")
     if ms is not None:
         notes.append(f"MindSpore {ms['versions']['mindspore']} installed" if ms.get("ok") else
@@ -513,17 +597,19 @@ def readme_table(root: Path = FIXTURES) -> str:
         failed: dict[str, list[str]] = {}  # the last line of a failed run's error -> its modes
         for mode, run in rec["runs"].items():
             if not run.get("ok"):
-                failed.setdefault(_error_line(run.get("error") or "?")[:110], []).append(mode)
+                why = _SHORT.get(MS_GAPS.get((v, mode), ""), "") or _error_line(run.get("error") or "?")[:110]
+                failed.setdefault(why, []).append(mode)
                 continue
             if not run.get("truth", {}).get("ok"):
-                bad.append(f"{mode}: its compare failed")
+                why = _SHORT.get(MS_GAPS.get((v, mode), ""), "") or "its compare failed"
+                failed.setdefault(why, []).append(mode)
                 continue
             r = check_read(v, mode, root)
             if r.ok:
                 good.append(mode)
             else:
                 bad.append(f"{mode}: " + ", ".join(f"{k} {len(x)}" for k, x in sorted(r.problems.items())))
-            if v != REFERENCE and not mode.startswith("ms_") and (root / REFERENCE / fixture_name(mode)).is_dir():
+            if v != REFERENCE and (root / REFERENCE / fixture_name(mode)).is_dir():
                 d = check_diff(v, mode, root)
                 if d.ok:
                     diff_good.append(mode)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,9 +65,14 @@ MS_MODES: dict[str, tuple[str, str, str]] = {
     "ms_graph": ("L0", "statistics", "graph"),
 }
 MINDSPORE = ("numpy<2", "mindspore==2.10.0")
-#: the releases the MindSpore modes are tried with by default, and which modes (see README.md: which ran, which could
-#: not). 8.3.3's PyNative cell hooks fail with MindSpore 2.10; its jit/graph modes were not tried (CPU: see README)
-MS_RELEASES: dict[str, tuple[str, ...]] = {"8.3.3": ("ms_L0", "ms_L1", "ms_mix", "ms_md5"), "26.2.0": tuple(MS_MODES)}
+#: a venv holding MindSpore 2.10 (numpy<2) and 8.3.3's requirements, which each release's ``-ms`` venv sees through a
+#: ``.pth`` file (one 800 MB MindSpore install instead of one per release); pip still installs what a release needs
+#: beyond it (its own pins: pip sees the base's packages as installed). Made when missing: ``python3 -m venv`` +
+#: ``pip install 'numpy<2' mindspore==2.10.0``.
+MS_BASE = Path(os.environ.get("MSPROBE_MATRIX_MS_BASE", str(VENVS / "ms-base")))
+#: the releases the MindSpore modes are tried with by default, and which modes: every release, every mode (which ran
+#: and which could not, and why: README.md's table, ``conformance.MS_GAPS``)
+MS_RELEASES: dict[str, tuple[str, ...]] = {v: tuple(MS_MODES) for v in RELEASES}
 STEPS = 2
 #: extra requirements a release needs beside torch 2.13.0, and why (what the unpinned install did)
 _NUMPY = ("its metadata does not bound numpy (1.0.4 on pin numpy<2) and pip takes numpy 2; then `from msprobe.pytorch "
@@ -94,6 +100,56 @@ SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
               "the worker sets torch.Any = typing.Any before importing msprobe"),
 }
 
+_MS_VIEW = ("msprobe/mindspore/common/utils.py is_backward_hook_output_a_view() tests "
+            "`getattr(ms, '__version__', '2.4.0') < '2.7.0'` as strings, true for '2.10.0', so with MindSpore 2.10 "
+            "it never inspects CellBackwardHook.__call__ (which takes one tuple from MindSpore 2.7 on) and the cell "
+            "hooks call bw_hook(*args): TypeError: CellBackwardHook.__call__() takes 2 positional arguments but 3 "
+            "were given. The worker sets the module's cached answer (is_output_of_backward_hook_a_view) to what the "
+            "same function computes with the version compared as numbers, before PrecisionDebugger is made")
+_MS_EXECUTOR = ("msprobe/mindspore/dump/jit_dump.py imports `from mindspore.common.api import "
+                "_MindsporeFunctionExecutor`, a private class MindSpore 2.10 calls _JitExecutor, so `from "
+                "msprobe.mindspore import PrecisionDebugger` (and the MindSpore compare) fail: ImportError: cannot "
+                "import name '_MindsporeFunctionExecutor' from 'mindspore.common.api'. The worker sets the old name "
+                "to _JitExecutor before msprobe is imported, the fallback 1.2.2's jit_dump.py has itself")
+_MS_NO_DG = ("at level L0/mix in PyNative mode msprobe/mindspore/common/utils.py is_graph_mode_cell_dump_allowed() "
+             "is true when mindspore.ops has DumpGradient, and the release dumps cells through MindSpore's own "
+             "statistics dump (debugger.step() -> GraphModeCellDump.step -> cell_dump_process.process_statistics_step),"
+             " which MindSpore 2.10 does not write on CPU: FileCheckException for <dump>/step0/rank0/statistic.csv. "
+             "The worker hides ops.DumpGradient after msprobe's import, so the release takes its own hook-based "
+             "cell dump (its path on a MindSpore without DumpGradient, and 8.2.0's), which writes dump.json. PyNative "
+             "modes only: ms_jit and ms_graph keep the release's own choice")
+_MS_VARARGS = ("msprobe/mindspore/cell_processor.py forward_pre_hook/forward_hook call MindSpore's CellBackwardHook "
+               "as bw_hook(*args), the API of MindSpore <= 2.6 (from 2.7 __call__(self, args) takes one tuple): "
+               "TypeError: CellBackwardHook.__call__() takes 2 positional arguments but 3 were given. No MindSpore "
+               "<= 2.6 installs here (the registry has 2.7.0-2.10.0 for cp311); the worker wraps __call__ so that "
+               "bw_hook(a, b) is bw_hook((a, b)) (bw_hook(x) means the same in both APIs)")
+#: compatibility shims a release needs with MindSpore 2.10 (``ms_*``: ``_ms_worker.apply_ms_shims``, after msprobe's
+#: import; others: ``_pt_worker.apply_shims``, before it, in the dump and the compare), and why
+MS_SHIMS: dict[str, tuple[tuple[str, ...], str]] = {
+    **{v: (("mindspore._MindsporeFunctionExecutor",), _MS_EXECUTOR)
+       for v in ("1.0.3", "1.0.4", "1.1.0", "1.1.1", "1.2.0", "1.2.1")},
+    **{v: (("ms_cell_backward_hook_varargs",), _MS_VARARGS) for v in ("8.1.0", "8.1.1", "8.1.2")},
+    **{v: (("ms_backward_hook_view",), _MS_VIEW) for v in ("8.2.0", "26.0.0", "26.1.0", "26.1.0.post1")},
+    **{v: (("ms_backward_hook_view", "ms_no_dump_gradient"), f"{_MS_VIEW}. {_MS_NO_DG}")
+       for v in ("8.2.1", "8.3.0", "8.3.1", "8.3.2", "8.3.3")},
+}
+
+#: releases whose requirements conflict with MindSpore 2.10's: installed with ``--no-deps``, then their requirements
+#: except the conflicting ones (``EXCLUDED``) -> (excluded requirement names, why)
+MS_NO_DEPS: dict[str, tuple[tuple[str, ...], str]] = {
+    "26.0.0": (("protobuf",), "26.0.0 requires protobuf<=3.20.2 and mindspore 2.10.0 protobuf>=7.34.1 (pip: "
+               "ResolutionImpossible); 26.0.0 imports protobuf only in msprobe/msaccucmp (Ascend dump parsing), "
+               "so it is installed with --no-deps and its other requirements, MindSpore's protobuf kept"),
+}
+_REQS = ("import sys; from importlib import metadata as m; import re; ex = set(sys.argv[1:]); "
+         "print('\\n'.join(r for r in (m.requires('mindstudio-probe') or []) if 'extra ==' not in r "
+         "and re.split(r'[<>=!~; \\[]', r)[0].strip().lower() not in ex))")
+
+
+def shims_for(version: str, framework: str) -> list[str]:
+    """The shims of *version* under *framework* (``SHIMS`` for PyTorch, ``MS_SHIMS`` for MindSpore)."""
+    return list((SHIMS if framework == "pytorch" else MS_SHIMS).get(version, ((), ""))[0])
+
 
 def venv_dir(version: str, framework: str = "pytorch") -> Path:
     """The venv of one release (``-ms``: its MindSpore venv, MindSpore 2.10 needs numpy<2)."""
@@ -106,7 +162,15 @@ def fixture_name(mode: str) -> str:
 
 
 def _tail(text: str, n: int = 25) -> str:
-    return "\n".join(text.strip().splitlines()[-n:])
+    """The last *n* lines of *text*, after the traceback's last exception line when those lines do not hold it.
+
+    MindSpore's compile errors end in a long source listing, which would push ``RuntimeError: ...`` out.
+    """
+    lines = text.strip().splitlines()
+    raised = [ln for ln in lines if re.match(r"^[\w.]*(?:Error|Exception)\b", ln)]
+    if raised and raised[-1] not in lines[-n:]:
+        return "\n".join([raised[-1], "...", *lines[-n:]])
+    return "\n".join(lines[-n:])
 
 
 def _pip_lines(text: str) -> str:
@@ -131,8 +195,28 @@ def install(version: str, log: Path, framework: str = "pytorch") -> dict[str, An
                               text=True, check=False)
         if made.returncode != 0:
             return {**info, "ok": False, "error": _tail(made.stderr)}
+    if framework == "mindspore":
+        base = _ms_base()
+        if isinstance(base, str):
+            return {**info, "ok": False, "error": base}
+        info["base"] = f"{MS_BASE} (a .pth file: its site-packages after the venv's own)"
+        _link_ms_base(venv)
+    if framework == "mindspore" and version in MS_NO_DEPS:
+        excluded, why_nd = MS_NO_DEPS[version]
+        cmd = [*cmd, "--no-deps"]
+        info["command"] += (" --no-deps && pip install 'numpy<2' mindspore==2.10.0 <its requirements but "
+                            + ", ".join(excluded) + ">")
+        info["no_deps"] = {"excluded": list(excluded), "why": why_nd}
     proc = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, check=False)
     out = _pip_lines(proc.stdout + proc.stderr)
+    if proc.returncode == 0 and "no_deps" in info:
+        reqs_out = subprocess.run([str(py), "-c", _REQS, *info["no_deps"]["excluded"]], capture_output=True,
+                                  text=True, check=False)
+        wanted = [r for r in reqs_out.stdout.splitlines() if r.strip()]
+        info["no_deps"]["installed"] = wanted
+        proc = subprocess.run(["nice", "-n", "10", str(py), "-m", "pip", "install", *MINDSPORE, *wanted],
+                              capture_output=True, text=True, check=False)  # MindSpore's numpy<2 kept too
+        out += _pip_lines(proc.stdout + proc.stderr)
     log.write_text(out, encoding="utf-8")
     if proc.returncode != 0:
         return {**info, "ok": False, "error": _tail(out, 12)}
@@ -143,6 +227,25 @@ def install(version: str, log: Path, framework: str = "pytorch") -> dict[str, An
     if ver.returncode != 0:
         return {**info, "ok": False, "error": _tail(ver.stderr)}
     return {**info, "ok": True, "versions": json.loads(ver.stdout.strip().splitlines()[-1])}
+
+
+def _site(venv: Path) -> Path:
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def _ms_base() -> Path | str:
+    """Make :data:`MS_BASE` when missing (the MindSpore every ``-ms`` venv sees); its site-packages or an error."""
+    py = MS_BASE / "bin" / "python"
+    if not py.exists():
+        for cmd in ([BASE_PYTHON, "-m", "venv", str(MS_BASE)], [str(py), "-m", "pip", "install", *MINDSPORE]):
+            done = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                return _tail(_pip_lines(done.stdout + done.stderr), 12)
+    return _site(MS_BASE)
+
+
+def _link_ms_base(venv: Path) -> None:
+    (_site(venv) / "zz_ms_base.pth").write_text(f"{_site(MS_BASE)}\n", encoding="utf-8")
 
 
 def msprobe_config(dump_path: Path, level: str, summary: str) -> dict[str, Any]:
@@ -174,7 +277,7 @@ def run_mode(version: str, mode: str, dest: Path, scratch: Path, isolate: bool) 
     dump = work / "dump"
     config = msprobe_config(dump, level, summary)
     (work / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    shims = list(SHIMS.get(version, ((), ""))[0])
+    shims = shims_for(version, framework)
     spec = {"config": str(work / "config.json"), "world_size": world, "steps": STEPS, "shims": shims,
             "graph": graph, "result": str(work / "result.json")}
     (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
@@ -203,7 +306,7 @@ def run_truth(version: str, dump: Path, out: Path, scratch: Path, framework: str
     py = venv_dir(version, framework) / "bin" / "python"
     work = scratch / f"truth_{dump.name}"
     shutil.rmtree(work, ignore_errors=True)
-    shims = ",".join(SHIMS.get(version, ((), ""))[0])
+    shims = ",".join(shims_for(version, framework))
     cmd = ["nice", "-n", "10", str(py), str(HERE / "_truth.py"), str(dump), str(out), str(work), shims]
     proc = subprocess.run(cmd,
                           capture_output=True, text=True, timeout=3600, check=False)
@@ -235,6 +338,8 @@ def generate(version: str, out: Path, modes: list[str]) -> dict[str, Any]:
         record["runs"].pop(mode, None)
     if version in SHIMS:
         record["shims"] = {"names": list(SHIMS[version][0]), "why": SHIMS[version][1]}
+    if version in MS_SHIMS and any(m in MS_MODES for m in modes):
+        record["shims_ms"] = {"names": list(MS_SHIMS[version][0]), "why": MS_SHIMS[version][1]}
     # no '.' in the scratch path: MindSpore's graph dump accepts only letters, digits, '-', '_' and '/' in a dump path
     scratch = Path(tempfile.mkdtemp(prefix=f"msprobe-matrix-{version.replace('.', '_')}-"))
     isolate = _unshare_ok()
@@ -257,8 +362,8 @@ def generate(version: str, out: Path, modes: list[str]) -> dict[str, Any]:
                 run["truth"] = run_truth(version, dest, rel_dir / f"{fixture_name(mode)}.truth.json", scratch,
                                          framework)
             record["runs"][mode] = run
-    record = {"release": record.pop("release"), **{k: record.pop(k) for k in ("install", "install_ms", "shims")
-                                                   if k in record}, **record}
+    first = ("install", "install_ms", "shims", "shims_ms")
+    record = {"release": record.pop("release"), **{k: record.pop(k) for k in first if k in record}, **record}
     previous.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     shutil.rmtree(scratch, ignore_errors=True)
     return record
