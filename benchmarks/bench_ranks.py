@@ -84,14 +84,30 @@ print(json.dumps(res, default=str))
 """
 
 
-def long_run(src: Path, dst: Path, ranks: int) -> Path:
+_OPENS = r"""
+import collections, json, re, sys
+seen = collections.Counter()
+def hook(ev, args):
+    if ev == "open" and isinstance(args[0], str) and args[0].endswith("dump.json"):
+        m = re.search(r"step(\d+)", args[0]); seen[int(m.group(1)) if m else -1] += 1
+sys.addaudithook(hook)
+from precnb.cli import main
+try:
+    main(sys.argv[1:])
+finally:
+    print(json.dumps({"dump_json_opened_per_step": dict(sorted(seen.items()))}), file=sys.stderr)
+"""
+
+
+def long_run(src: Path, dst: Path, ranks: int, offset: int = 0) -> Path:
     """A 100-step copy of *src*'s baseline / diverge trees by hard links, its divergence at step 0.
 
     Step ``s`` links the files of the generated step ``(s + 1) % 4``: the generated divergence (at
     step 1) becomes step 0, and repeats every fourth step, as a diverged run goes on diverging.
+    Rank ``r`` links the files of rank ``r + offset`` (a smaller run around the divergence's rank).
     """
     stamp = dst / "manifest.json"
-    want = {"src": str(src), "ranks": ranks, "steps": LONG_STEPS}
+    want = {"src": str(src), "ranks": ranks, "steps": LONG_STEPS, "offset": offset}
     if stamp.exists() and json.loads(stamp.read_text()) == want:
         return dst
     import shutil
@@ -104,7 +120,8 @@ def long_run(src: Path, dst: Path, ranks: int) -> Path:
                 rd = dst / tree / f"step{s}" / f"rank{r}"
                 rd.mkdir(parents=True)
                 for name in ("dump.json", "construct.json", "stack.json"):
-                    _link(src / tree / f"step{(s + 1) % run.STEPS}" / f"rank{r}" / name, rd / name, copies, dst)
+                    _link(src / tree / f"step{(s + 1) % run.STEPS}" / f"rank{r + offset}" / name, rd / name,
+                          copies, dst)
     stamp.write_text(json.dumps(want))
     return dst
 
@@ -143,9 +160,11 @@ def diff_cmd(base: Path, target: Path, workers: int) -> list[str]:
     return [*run.precnb_cmd(), "diff", str(base), str(target), "--json", "--workers", str(workers)]
 
 
-def measure(root: Path, long_root: Any, workers: int) -> dict[str, Any]:
+def measure(root: Path, long_root: Any, workers: int, *, long_only: bool = False) -> dict[str, Any]:
     """Every measurement, alternating nothing (each one is long): floor, api, diff, first answer."""
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {} if not long_only else _long(long_root(), workers)
+    if long_only:
+        return res
     run.log("floor: json.loads of the baseline tree on all cores ...")
     fl = measured([sys.executable, "-c", _FLOOR, str(root / "baseline" / "step*" / "rank*" / "*.json")])
     res["floor"] = {**json.loads(fl["stdout"].strip().splitlines()[-1]).popitem()[1], "wall_s": fl["wall_s"],
@@ -162,17 +181,26 @@ def measure(root: Path, long_root: Any, workers: int) -> dict[str, Any]:
                    "finding": _finding(d["stdout"])}
     run.log(f"  {json.dumps(res['diff'])}")
     if long_root is not None:
-        run.log("building the 100-step run (hard links) ...")
-        long_root = long_root()
-        step = [str(long_root / t / "step0" / "rank*" / "*.json") for t in ("baseline", "diverge")]
-        one = measured([sys.executable, "-c", _FLOOR, *step])
-        res["floor_step0"] = {"seconds": sum(v["seconds"] for v in json.loads(one["stdout"].strip().splitlines()[-1])
-                                             .values()), "cpu_s": one["cpu_s"]}
-        run.log("precnb diff, 100 steps, fault at step 0 ...")
-        d = measured(diff_cmd(long_root / "baseline", long_root / "diverge", workers))
-        res["first_answer"] = {"wall_s": d["wall_s"], "cpu_s": d["cpu_s"], "peak_mb": d["peak_mb"],
-                               "finding": _finding(d["stdout"])}
-        run.log(f"  {json.dumps(res['first_answer'])}")
+        res.update(_long(long_root(), workers))
+    return res
+
+
+def _long(long_root: Path, workers: int) -> dict[str, Any]:
+    """The 100-step run: step 0's floor, ``precnb diff`` on it, and which steps' dump.json it opened."""
+    res: dict[str, Any] = {}
+    step = [str(long_root / t / "step0" / "rank*" / "*.json") for t in ("baseline", "diverge")]
+    one = measured([sys.executable, "-c", _FLOOR, *step])
+    res["floor_step0"] = {"seconds": sum(v["seconds"] for v in json.loads(one["stdout"].strip().splitlines()[-1])
+                                         .values()), "cpu_s": one["cpu_s"]}
+    run.log("precnb diff, 100 steps, fault at step 0 ...")
+    d = measured(diff_cmd(long_root / "baseline", long_root / "diverge", workers))
+    res["first_answer"] = {"wall_s": d["wall_s"], "cpu_s": d["cpu_s"], "peak_mb": d["peak_mb"],
+                           "finding": _finding(d["stdout"])}
+    run.log(f"  {json.dumps(res['first_answer'])}")
+    r = run.run_measured([sys.executable, "-c", _OPENS, "diff", str(long_root / "baseline"),
+                          str(long_root / "diverge"), "--json", "--workers", "1"], cwd=HERE.parent, timeout=7200)
+    res["first_answer"]["opened"] = json.loads(r["stderr"].strip().splitlines()[-1])["dump_json_opened_per_step"]
+    run.log(f"  dump.json opened per step (one process): {res['first_answer']['opened']}")
     return res
 
 
@@ -191,12 +219,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/precnb-ranks"))
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parse processes (default: all cores)")
     ap.add_argument("--no-long", action="store_true", help="skip the 100-step time-to-first-answer run")
+    ap.add_argument("--long-ranks", type=int, help="ranks of the 100-step run (default --ranks; fewer: the ones "
+                    "from the divergence's rank rounded down to a multiple of this)")
+    ap.add_argument("--long-only", action="store_true", help="only the 100-step run (results in RESULTS_ranks_long)")
     ap.add_argument("--results", type=Path, default=HERE / "RESULTS_ranks.md")
     args = ap.parse_args(argv)
     t0 = time.time()
     mach = run.machine()
     root, manifest = run.trees(args.out, args.ranks)
-    long_root = None if args.no_long else lambda: long_run(root, args.out / f"long{args.ranks}", args.ranks)
+    n_long = args.long_ranks or args.ranks
+    offset = min(manifest["divergence"]["rank"] // n_long * n_long, args.ranks - n_long)
+    long_root = None if args.no_long else lambda: long_run(root, args.out / f"long{n_long}", n_long, offset)
+    if args.long_only:
+        res = {"ranks": n_long, "offset": offset, "workers": args.workers, "machine": mach,
+               **measure(root, long_root, args.workers, long_only=True)}
+        res["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        args.results.with_name("RESULTS_ranks_long.json").write_text(json.dumps(res, indent=1, default=str))
+        print(json.dumps(res, indent=1, default=str))
+        return 0
     res = {"ranks": args.ranks, "steps": run.STEPS, "workers": args.workers, "manifest": manifest,
            "machine": mach, **measure(root, long_root, args.workers)}
     res["minutes"] = (time.time() - t0) / 60
