@@ -41,6 +41,20 @@ T = TypeVar("T")
 #: the entry-point groups precnb reads, one per registry
 GROUPS = ("precnb.readers", "precnb.diagnoses", "precnb.panels", "precnb.exporters")
 
+_LISTED: list[Any] = []  # every installed entry point, listed once for all the groups (a scan of the metadata)
+
+
+def _group(group: str) -> Any:
+    """The entry points of *group*: the installed distributions' metadata is read once per process, not per group.
+
+    :meth:`PluginRegistry.refresh` forgets the listing (a plug-in installed in a running kernel).
+    """
+    if not _LISTED:
+        from importlib.metadata import entry_points
+
+        _LISTED.append(entry_points())
+    return _LISTED[0].select(group=group)
+
 
 def load_object(target: str) -> Any:
     """Import ``"module:attribute"`` (or ``"module"``) and return the object."""
@@ -99,9 +113,7 @@ class PluginRegistry(Generic[T]):
             found: dict[str, Any] = {}
             if not os.environ.get("PRECNB_NO_PLUGINS"):
                 try:
-                    from importlib.metadata import entry_points
-
-                    for ep in entry_points(group=self.group):
+                    for ep in _group(self.group):
                         if ep.name in self.builtins:
                             warnings.warn(f"precnb {self.kind} plug-in {ep.name!r} ({ep.value}) reuses a built-in "
                                           f"{self._word} name; ignored", RuntimeWarning, stacklevel=3)
@@ -206,5 +218,6 @@ class PluginRegistry(Generic[T]):
     def refresh(self) -> None:
         """Forget the entry points found so far (after installing a plug-in in a running kernel, say)."""
         self._plugins = None
+        _LISTED.clear()
         for name in [n for n in self._loaded if n not in self.builtins]:
             del self._loaded[name]

@@ -143,3 +143,17 @@ def test_bench_spike_smoke(tmp_path):
     assert {r["ranks"] for r in rows} == {2, 4} and all(r["spike"] > 0 and r["anomalies"] > 0 for r in rows)
     assert rows[0]["answer"] == [6, 1, "Module.lm_head.Linear.parameters_grad.0", "hardware"]
     assert "Worst ratio" in out.read_text()
+
+
+def test_bench_ranks_smoke(tmp_path):
+    results = tmp_path / "RESULTS_ranks.md"
+    _run(str(BENCH / "bench_ranks.py"), "--ranks", "4", "--long-ranks", "2", "--out", str(tmp_path / "w"),
+         "--results", str(results))
+    res = json.loads(results.with_suffix(".json").read_text())
+    injected = res["manifest"]
+    assert res["api"]["divergence"] == injected["divergence"] and res["api"]["nan"] == injected["nan"]
+    assert {k: res["diff"]["finding"][k] for k in ("step", "rank", "node")} == injected["divergence"]
+    first = res["first_answer"]  # the 100-step run: its divergence at step 0, only the first steps read
+    assert (first["finding"]["step"], first["finding"]["node"]) == (0, injected["divergence"]["node"])
+    assert set(first["opened"]) <= {"0", "1"}
+    assert "ranks × 4 steps: precnb against json.loads on all cores" in results.read_text()

@@ -355,6 +355,23 @@ def _pair_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int] | 
     return None, None
 
 
+def _read_second_step(kept: list[tuple[xr.Dataset, xr.Dataset]], plan: tuple[list[int], int], bsrc: Source,
+                      tsrc: Source, loaded: Loaded, common: dict[str, Any]) -> None:
+    """Add the pre-flight's second step to *kept* when the search stopped after one (a fault at the first step).
+
+    The step the search read is not read again: the pre-flight then joins it with the one step it lacks.
+    """
+    first_two, off = plan[0][:2], plan[1]
+    have = {int(s) for b, _ in kept for s in b["step"].values}
+    more = [s for s in first_two if s not in have]
+    if kept and more and len(first_two) == 2:
+        from precnb.errors import NotADumpError
+
+        with contextlib.suppress(NotADumpError):  # unreadable: the pre-flight reads both steps itself, as before
+            kept.append((open_source(bsrc, loaded=loaded, steps=more, **common),
+                         open_source(tsrc, loaded=loaded, steps=[s + off for s in more], **common)))
+
+
 def _stepwise_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int], int] | None:
     """(baseline steps to search, offset) when the divergence search can read step by step."""
     from precnb.analysis.compare import default_step_offset
@@ -470,6 +487,7 @@ def diagnose(
             # the pre-flight checks need the first two steps only (inventory, first update, data): the
             # ones the search read when it read two, else read again
             pre_opts = opts.with_(kinds=["preflight"], steps=plan[0][:2], step_offset=plan[1])
+            _read_second_step(kept, plan, bsrc, tsrc, loaded, common)
             if sum(int(b.sizes["step"]) for b, _ in kept) >= 2:
                 from precnb.combine import concat_steps
 
