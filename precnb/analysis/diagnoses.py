@@ -49,6 +49,38 @@ def _anomalies(ctx: Context) -> Any:
     return found
 
 
+def _anomaly_flags(ds: Any, finding: Any, *, triage: Any) -> Any:
+    """Every anomaly of the run (the explorer's rule: the triage's spike options)."""
+    from precnb.analysis.anomalies import SpikeRule, anomaly_table
+
+    o = triage.options
+    return anomaly_table(ds, rule=SpikeRule(z=float(o.spike_z), ratio=float(o.spike_ratio), stats=tuple(o.spike_stats)))
+
+
+def _replica_flags(ds: Any, finding: Any, *, triage: Any) -> list[dict[str, Any]]:
+    """The records whose replicas disagree (none when the triage has no layout or it does not fit *ds*)."""
+    from precnb.analysis.replicas import replica_mismatches
+
+    if triage.target_layout is None:
+        return []
+    key = f"replica_rows:{id(ds)}"
+    if key not in triage.cache:
+        try:
+            rows, _ = replica_mismatches(ds, triage.target_layout, rtol=float(triage.options.replica_rtol))
+        except ValueError:  # the layout does not describe these ranks
+            rows = []
+        triage.cache[key] = rows
+    return list(triage.cache[key])
+
+
+def _keep_anomalies(f: Any, results: dict[str, Any]) -> bool:
+    """Next to the NaN origin, an anomaly list adds something only when it holds a spike or a drift."""
+    nan = results.get("nan_origin")
+    if nan is None:
+        return True
+    return f.found and not (nan.found and "first_spike" not in f.values and "first_drift" not in f.values)
+
+
 def _has_layout(ctx: Context) -> bool:
     return ctx.target_layout is not None
 
@@ -96,19 +128,21 @@ def _preflight(ctx: Context) -> Any:
 register(Diagnosis(
     kind="preflight", title="Pre-flight checks", priority=0, mode="any", run=_preflight,
     description="pre-flight checks (parameters, frozen set, optimizer hyper-parameters, initial weights, same data, "
-    "distinct data per DP replica)", command="preflight", color="first_bad", clean_last=True))
+    "distinct data per DP replica)", command="preflight", clean_last=True))
 register(Diagnosis(
     kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
     description="first divergence (values with dtype tolerances, structural differences)",
-    command="diff", color="first_bad"))
+    command="diff"))
 register(Diagnosis(
     kind="replica_mismatch", title="Replica mismatch", priority=20, mode="any", run=_replicas,
     applies=_has_layout, description="replica check (tensors that must be identical across the "
-    "layout's replicas)", command="replicas", color="first_bad", plan=_replica_plan))
+    "layout's replicas)", command="replicas", plan=_replica_plan,
+    not_applicable="the replica check needs the run's layout (e.g. tp=2 or dp=4)", flags=_replica_flags,
+    flag_text="replica mismatches", unmerged=True))
 register(Diagnosis(
     kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
-    description="NaN/Inf origin (mask infinities ignored)", command="nan", color="first_bad"))
+    description="NaN/Inf origin (mask infinities ignored)", command="nan", color="events"))
 register(Diagnosis(
     kind="anomaly", title="First anomaly", priority=40, mode="single", run=_anomalies,
     description="anomalies (NaN/Inf transitions, spikes and drifts against history)", command="anomalies",
-    color="first_bad"))
+    keep=_keep_anomalies, flags=_anomaly_flags, flag_text="anomalies"))
