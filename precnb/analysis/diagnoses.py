@@ -102,7 +102,30 @@ def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = N
 
     if task is None and (finding.evidence or {}).get("departure"):
         return departure_plan(finding, ds, dump_path=dump_path)
-    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor")
+    ranks = {int(s["rank"]) for s in finding.suspects if s.get("rank") is not None}  # every replica that departs
+    ranks |= {int(finding.rank)} if finding.rank is not None else set()
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor", ranks=sorted(ranks))
+
+
+def _divergence_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
+    """The generic plan, to run on both jobs."""
+    from precnb.analysis.plan import generic_plan
+
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor",
+                        node_notes=["run the same config on the baseline job too, then compare the two tensor dumps"])
+
+
+def _anomaly_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
+    """The step before a spike or drift too (what it departs from); a drift's module rather than its node."""
+    from precnb.analysis.plan import generic_plan
+
+    first = finding.values.get("first_drift") or finding.values.get("first_spike")
+    steps = None
+    if first and first.get("step") is not None and int(first["step"]) > 0:
+        steps = sorted({int(finding.step) - 1, int(finding.step)} - {-1})
+    module = (finding.values.get("first_drift") or {}).get("module")
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor", steps=steps,
+                        module=str(module) if module else None)
 
 
 def _preflight(ctx: Context) -> Any:
@@ -132,7 +155,7 @@ register(Diagnosis(
 register(Diagnosis(
     kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
     description="first divergence (values with dtype tolerances, structural differences)",
-    command="diff"))
+    command="diff", plan=_divergence_plan))
 register(Diagnosis(
     kind="replica_mismatch", title="Replica mismatch", priority=20, mode="any", run=_replicas,
     applies=_has_layout, description="replica check (tensors that must be identical across the "
@@ -145,4 +168,4 @@ register(Diagnosis(
 register(Diagnosis(
     kind="anomaly", title="First anomaly", priority=40, mode="single", run=_anomalies,
     description="anomalies (NaN/Inf transitions, spikes and drifts against history)", command="anomalies",
-    keep=_keep_anomalies, flags=_anomaly_flags, flag_text="anomalies"))
+    keep=_keep_anomalies, flags=_anomaly_flags, flag_text="anomalies", plan=_anomaly_plan))
