@@ -459,6 +459,27 @@ def anomaly_table(finding: Any, *, rows: int = 50) -> dict[str, Any] | None:
             "rows": out, "total": (d.get("stats") or {}).get("anomalies", len(ordered))}
 
 
+def diagnosis_sections(findings: Sequence[Any], *, rows: int = 50) -> list[dict[str, Any]]:
+    """The report tables the findings' diagnoses give themselves (:attr:`Diagnosis.section`), as cells.
+
+    A section is ``{"title", "caption", "columns", "rows"}`` of plain values; names (``node``, ``tensor``,
+    ``module`` columns) wrap, numbers are formatted as everywhere else, everything is escaped.
+    """
+    from precnb.analysis.registry import lookup
+
+    out = []
+    for f in findings:
+        d = lookup(f.kind)
+        if d is None or d.section is None or not (sec := d.section(f, rows=rows)):
+            continue
+        cols = [str(c) for c in sec.get("columns") or []]
+        cells = [[Cell(str(v), "name") if c in ("node", "tensor", "module") and v is not None else fmt(v)
+                  for c, v in zip(cols, r, strict=False)] for r in list(sec.get("rows") or [])[:rows]]
+        out.append({"title": str(sec.get("title") or d.title), "caption": str(sec.get("caption") or ""),
+                    "columns": cols, "rows": cells})
+    return out
+
+
 def preflight_view(finding: Any) -> dict[str, Any]:
     """The pre-flight checklist of the pipeline's ``preflight`` result (found or not), as text rows.
 

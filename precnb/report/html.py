@@ -194,6 +194,7 @@ def render(
         "detail": tables.detail_table(data, combined, focus, rows=lim.detail_rows),
         "hotspots": tables.hotspot_table(linked.frame if linked is not None else None),
         "anomalies": tables.anomaly_table(anomaly, rows=lim.table_rows),
+        "sections": tables.diagnosis_sections(findings, rows=lim.table_rows),
         "findings_json": [f.to_dict() for f in findings],
         "findings_pretty": json.dumps([f.to_dict() for f in findings], indent=2, ensure_ascii=False),
         "css": package_text("report.css"),
