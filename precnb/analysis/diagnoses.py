@@ -81,6 +81,39 @@ def _keep_anomalies(f: Any, results: dict[str, Any]) -> bool:
     return f.found and not (nan.found and "first_spike" not in f.values and "first_drift" not in f.values)
 
 
+def _anomaly_section(finding: Any, *, rows: int = 50) -> dict[str, Any]:
+    """The report's table of the anomalies in training order (its first one first).
+
+    The first non-finite anomaly is always listed, also when it comes after *rows* spikes.
+    """
+    d = finding.to_dict()  # strict-JSON values: non-finite floats are "nan"/"inf" strings
+    vals = d.get("values") or {}
+    firsts = [x for x in (vals.get(f"first_{t}") for t in ("spike", "nonfinite")) if isinstance(x, dict)]
+    head = [x for x in firsts if x.get("tensor") == d.get("tensor") and x.get("step") == d.get("step")]
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r.get("type"), r.get("step"), r.get("rank"), r.get("tensor"), r.get("stat"))
+
+    seen: set[tuple[Any, ...]] = set()
+    ordered = []
+    for r in head[:1] + list(d.get("suspects") or []):
+        if key(r) not in seen:
+            seen.add(key(r))
+            ordered.append(r)
+    shown = ordered[:rows]
+    keys = {key(r) for r in shown}
+    shown += [x for x in firsts if x.get("type") == "nonfinite" and key(x) not in keys]
+    total = (d.get("stats") or {}).get("anomalies", len(ordered))
+    listed = f", {len(shown)} listed" if len(shown) < total else ""
+    return {"title": f"Anomalies in training order ({total} in all{listed})", "cls": "anomalies",
+            "caption": "Spikes are judged against each tensor's own history (robust z-score and jump ratio); the "
+            "first non-finite value is always listed.",
+            "columns": ["type", "step", "rank", "tensor", "stat", "value", "typical", "score"],
+            "rows": [[{"value": r.get("type", ""), "bad": r.get("type") == "nonfinite"}, r.get("step"), r.get("rank"),
+                      r.get("tensor", ""), {"value": r.get("stat", "")}, r.get("value"), r.get("reference"),
+                      r.get("score")] for r in shown]}
+
+
 def _has_layout(ctx: Context) -> bool:
     return ctx.target_layout is not None
 
@@ -151,7 +184,7 @@ def _preflight(ctx: Context) -> Any:
 register(Diagnosis(
     kind="preflight", title="Pre-flight checks", priority=0, mode="any", run=_preflight,
     description="pre-flight checks (parameters, frozen set, optimizer hyper-parameters, initial weights, same data, "
-    "distinct data per DP replica)", command="preflight", clean_last=True))
+    "distinct data per DP replica)", command="preflight", clean_last=True, checklist=True))
 register(Diagnosis(
     kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
     description="first divergence (values with dtype tolerances, structural differences)",
@@ -168,4 +201,5 @@ register(Diagnosis(
 register(Diagnosis(
     kind="anomaly", title="First anomaly", priority=40, mode="single", run=_anomalies,
     description="anomalies (NaN/Inf transitions, spikes and drifts against history)", command="anomalies",
-    keep=_keep_anomalies, flags=_anomaly_flags, flag_text="anomalies", plan=_anomaly_plan))
+    keep=_keep_anomalies, flags=_anomaly_flags, flag_text="anomalies", plan=_anomaly_plan,
+    section=_anomaly_section))

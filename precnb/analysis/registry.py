@@ -37,6 +37,7 @@ __all__ = [
     "REGISTRY",
     "Context",
     "Diagnosis",
+    "checklist",
     "diagnoses",
     "get",
     "kinds",
@@ -145,6 +146,9 @@ class Diagnosis:
     unmerged : bool
         Its finding names ranks as dumped, before the target's shards were merged (the replica check): the
         explorer shows it, and its ``flags``, on the target as dumped when there is one.
+    checklist : bool
+        Its result (found or not) carries a checklist, ``evidence["checks"]`` (the pre-flight checks): the
+        CLI summary, the report and the explorer show it as one (:func:`checklist`).
     section : callable, optional
         ``section(finding, *, rows) -> {"title", "columns", "rows"} | None``: its own table in the HTML
         report (plain values, escaped by the report), at most *rows* rows.
@@ -171,6 +175,7 @@ class Diagnosis:
     keep: Callable[[Any, dict[str, Any]], bool] | None = None
     section: Callable[..., dict[str, Any] | None] | None = None
     unmerged: bool = False
+    checklist: bool = False
 
     def applicable(self, ctx: Context) -> bool:
         """Whether it runs on *ctx*."""
@@ -298,6 +303,17 @@ def get(kind: str) -> Diagnosis:
 def lookup(kind: str) -> Diagnosis | None:
     """The diagnosis of *kind*, or None (``"none"``, a kind no diagnosis registers)."""
     return _all().get(kind)
+
+
+def checklist(finding: Any) -> list[dict[str, Any]] | None:
+    """The checks of a result whose diagnosis keeps a checklist (:attr:`Diagnosis.checklist`), else None.
+
+    ``evidence["diagnosis"]`` names the diagnosis (a clean result's kind is ``"none"``).
+    """
+    ev = getattr(finding, "evidence", None) or {}
+    d = lookup(str(ev.get("diagnosis") or getattr(finding, "kind", "")))
+    checks = ev.get("checks")
+    return list(checks) if d is not None and d.checklist and isinstance(checks, list) else None
 
 
 def kinds() -> list[str]:
