@@ -15,7 +15,7 @@ from precnb.analysis import registry
 from tests.conftest import ROOT
 
 #: comparisons with a registered kind's string left outside the diagnoses (see the module docstring)
-CAP = 7
+CAP = 5
 
 
 def _exempt() -> set[str]:

@@ -140,6 +140,12 @@ def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = N
     return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor", ranks=sorted(ranks))
 
 
+def _divergence_evidence(finding: Any, target: Any, baseline: Any) -> None:
+    from precnb.analysis.enrich import divergence_evidence
+
+    divergence_evidence(finding, target, baseline)
+
+
 def _divergence_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
     """The generic plan, to run on both jobs."""
     from precnb.analysis.plan import generic_plan
@@ -188,7 +194,7 @@ register(Diagnosis(
 register(Diagnosis(
     kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
     description="first divergence (values with dtype tolerances, structural differences)",
-    command="diff", plan=_divergence_plan))
+    command="diff", plan=_divergence_plan, enrich=_divergence_evidence))
 register(Diagnosis(
     kind="replica_mismatch", title="Replica mismatch", priority=20, mode="any", run=_replicas,
     applies=_has_layout, description="replica check (tensors that must be identical across the "

@@ -149,6 +149,9 @@ class Diagnosis:
     checklist : bool
         Its result (found or not) carries a checklist, ``evidence["checks"]`` (the pre-flight checks): the
         CLI summary, the report and the explorer show it as one (:func:`checklist`).
+    enrich : callable, optional
+        ``enrich(finding, target, baseline)``: evidence its found finding gets from both runs (in place; the
+        pipeline calls it for a pair, e.g. the first divergence's coverage gap and ratio hint).
     section : callable, optional
         ``section(finding, *, rows) -> {"title", "columns", "rows"} | None``: its own table in the HTML
         report (plain values, escaped by the report), at most *rows* rows.
@@ -176,6 +179,7 @@ class Diagnosis:
     section: Callable[..., dict[str, Any] | None] | None = None
     unmerged: bool = False
     checklist: bool = False
+    enrich: Callable[[Any, xr.Dataset, xr.Dataset], None] | None = None
 
     def applicable(self, ctx: Context) -> bool:
         """Whether it runs on *ctx*."""
