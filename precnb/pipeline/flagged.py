@@ -150,7 +150,9 @@ def flagged_ranks(t: Any) -> Flagged:
     out = flagged(t)
     raw = t.raw_target
     if t.paired and raw is not None and t.target_layout is not None and raw.sizes["rank"] > out.ds.sizes["rank"]:
-        for d in (d for d in registry.diagnoses() if d.unmerged and d.flags is not None):  # the replica check
+        for d in registry.diagnoses():
+            if not d.unmerged or d.flags is None:  # only the replica check flags ranks as dumped
+                continue
             pin = next((f for f in t.found if f.kind == d.kind), None)
             rows = d.flags(raw, pin, triage=t)
             if len(rows):
