@@ -143,3 +143,17 @@ def test_explorer_shows_and_flags_it(toy):
     assert np.isfinite(fl.positions[0, 1, ti]).all()  # flagged only by the toy diagnosis: finite at step 0
     ex.show_finding(f)
     assert (ex.step, ex.rank) == (1, 1)
+
+
+def test_flags_of_the_first_form_still_work():
+    """A ``flags(ds, finding)`` hook (before ``triage=`` was passed) is called without it."""
+    from precnb.pipeline.flagged import _call_flags
+
+    old = Diagnosis(kind="x", title="X", priority=1, mode="any", run=_run, description="x",
+                    flags=lambda ds, f: [{"step": 0, "rank": 0, "tensor": "t"}])
+    assert _call_flags(old, None, None, object()) == [{"step": 0, "rank": 0, "tensor": "t"}]
+    seen = []
+    new = Diagnosis(kind="y", title="Y", priority=1, mode="any", run=_run, description="y",
+                    flags=lambda ds, f, *, triage: seen.append(triage) or [])
+    marker = object()
+    assert _call_flags(new, None, None, marker) == [] and seen == [marker]

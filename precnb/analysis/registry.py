@@ -134,7 +134,8 @@ class Diagnosis:
     flags : callable, optional
         ``flags(ds, finding, *, triage) -> [{"step", "rank", "tensor"}, ...]`` (or a DataFrame with those
         columns): the records of one run the explorer colours as flagged for its finding (besides NaN /
-        ±inf); *triage* is the :class:`precnb.pipeline.Triage` (its options, layout and cache).
+        ±inf); *triage* is the :class:`precnb.pipeline.Triage` (its options, layout and cache). A hook
+        ``flags(ds, finding)`` without *triage* still works.
     flag_text : str
         What those records are, in words (``"anomalies"``; default: the title in lower case).
     not_applicable : str

@@ -93,6 +93,18 @@ def _pin(t: Any, ds: xr.Dataset | None = None) -> Any:
     return next((rec for f in t.findings if (rec := shown_record(f, ranks)) is not None), None)
 
 
+def _call_flags(d: Any, ds: xr.Dataset, finding: Any, t: Any) -> Any:
+    """``d.flags(ds, finding, triage=t)``; a hook of the first form, ``flags(ds, finding)``, without *triage*."""
+    import inspect
+
+    try:
+        params = inspect.signature(d.flags).parameters.values()
+    except (TypeError, ValueError):
+        params = []
+    takes = any(p.name == "triage" or p.kind is p.VAR_KEYWORD for p in params)
+    return d.flags(ds, finding, triage=t) if takes else d.flags(ds, finding)
+
+
 def _own_flags(t: Any, grid: xr.Dataset) -> tuple[np.ndarray, list[str]]:
     """Records the found findings' diagnoses flag themselves (:attr:`Diagnosis.flags`), and what they are."""
     from precnb.analysis import registry
@@ -102,7 +114,7 @@ def _own_flags(t: Any, grid: xr.Dataset) -> tuple[np.ndarray, list[str]]:
     for f in t.found:
         d = registry.lookup(f.kind)
         if d is not None and d.flags is not None:
-            bad |= _rows_mask(grid, d.flags(grid, f, triage=t))
+            bad |= _rows_mask(grid, _call_flags(d, grid, f, t))
             titles.append(d.flag_text or d.title.lower())
     return bad, list(dict.fromkeys(titles))
 
@@ -154,7 +166,7 @@ def flagged_ranks(t: Any) -> Flagged:
             if not d.unmerged or d.flags is None:  # only the replica check flags ranks as dumped
                 continue
             pin = next((f for f in t.found if f.kind == d.kind), None)
-            rows = d.flags(raw, pin, triage=t)
+            rows = _call_flags(d, raw, pin, t)
             if len(rows):
                 pos = causal_positions_of(raw, _rows_mask(raw, rows), first=pin)
                 what = f"{d.flag_text or d.title.lower()} across the target's shards (ranks as dumped)"
