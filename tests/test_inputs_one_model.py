@@ -49,3 +49,32 @@ def test_one_public_open_runs():
     xr.testing.assert_identical(public, low)  # same names: nothing to align, the same combination
     with pytest.raises(ValueError, match="mapping aligns two runs"):
         precnb.open_runs({"x": path}, mapping={})
+
+
+def test_report_renders_tensor_metrics_from_the_triage(monkeypatch, tmp_path):
+    """The report's metric columns come from the Triage's tensor metrics: no tensor file read at render time,
+    the same values as comparing the files again."""
+    import dataclasses
+
+    import precnb.tensor_compare as tc
+    from precnb.report import write_html
+    from precnb.report._inputs import from_triage
+    from precnb.report._tensor_cols import metric_columns
+
+    s = sample_path("tensor_bug")
+    tri = precnb.diagnose(s / "target", baseline=s / "baseline")
+    f = tri.finding
+    assert f.found and tri.tensor_metrics is not None
+    data = from_triage(tri)
+    labels = [str(t) for t in data.target["tensor"].values[:12]]
+    read_again = metric_columns(dataclasses.replace(data, tensor_metrics=None), step=f.step, rank=f.rank,
+                                tensors=labels)
+    assert read_again  # tensor-mode pair: the files hold the tensors
+
+    def no_reading(*_a, **_k):
+        raise AssertionError("tensor files read at render time")
+
+    monkeypatch.setattr(tc, "tensor_metrics", no_reading)
+    assert metric_columns(data, step=f.step, rank=f.rank, tensors=labels) == read_again
+    html = write_html(tri, tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "1‰ err ratio" in html and "cosine" in html
