@@ -98,7 +98,7 @@ def _call_flags(d: Any, ds: xr.Dataset, finding: Any, t: Any) -> Any:
     import inspect
 
     try:
-        params = inspect.signature(d.flags).parameters.values()
+        params = list(inspect.signature(d.flags).parameters.values())
     except (TypeError, ValueError):
         params = []
     takes = any(p.name == "triage" or p.kind is p.VAR_KEYWORD for p in params)
