@@ -49,6 +49,71 @@ def _anomalies(ctx: Context) -> Any:
     return found
 
 
+def _anomaly_flags(ds: Any, finding: Any, *, triage: Any) -> Any:
+    """Every anomaly of the run (the explorer's rule: the triage's spike options)."""
+    from precnb.analysis.anomalies import SpikeRule, anomaly_table
+
+    o = triage.options
+    return anomaly_table(ds, rule=SpikeRule(z=float(o.spike_z), ratio=float(o.spike_ratio), stats=tuple(o.spike_stats)))
+
+
+def _replica_flags(ds: Any, finding: Any, *, triage: Any) -> list[dict[str, Any]]:
+    """The records whose replicas disagree (none when the triage has no layout or it does not fit *ds*)."""
+    from precnb.analysis.replicas import replica_mismatches
+
+    if triage.target_layout is None:
+        return []
+    key = f"replica_rows:{id(ds)}"
+    if key not in triage.cache:
+        try:
+            rows, _ = replica_mismatches(ds, triage.target_layout, rtol=float(triage.options.replica_rtol))
+        except ValueError:  # the layout does not describe these ranks
+            rows = []
+        triage.cache[key] = rows
+    return list(triage.cache[key])
+
+
+def _keep_anomalies(f: Any, results: dict[str, Any]) -> bool:
+    """Next to the NaN origin, an anomaly list adds something only when it holds a spike or a drift."""
+    nan = results.get("nan_origin")
+    if nan is None:
+        return True
+    return f.found and not (nan.found and "first_spike" not in f.values and "first_drift" not in f.values)
+
+
+def _anomaly_section(finding: Any, *, rows: int = 50) -> dict[str, Any]:
+    """The report's table of the anomalies in training order (its first one first).
+
+    The first non-finite anomaly is always listed, also when it comes after *rows* spikes.
+    """
+    d = finding.to_dict()  # strict-JSON values: non-finite floats are "nan"/"inf" strings
+    vals = d.get("values") or {}
+    firsts = [x for x in (vals.get(f"first_{t}") for t in ("spike", "nonfinite")) if isinstance(x, dict)]
+    head = [x for x in firsts if x.get("tensor") == d.get("tensor") and x.get("step") == d.get("step")]
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r.get("type"), r.get("step"), r.get("rank"), r.get("tensor"), r.get("stat"))
+
+    seen: set[tuple[Any, ...]] = set()
+    ordered = []
+    for r in head[:1] + list(d.get("suspects") or []):
+        if key(r) not in seen:
+            seen.add(key(r))
+            ordered.append(r)
+    shown = ordered[:rows]
+    keys = {key(r) for r in shown}
+    shown += [x for x in firsts if x.get("type") == "nonfinite" and key(x) not in keys]
+    total = (d.get("stats") or {}).get("anomalies", len(ordered))
+    listed = f", {len(shown)} listed" if len(shown) < total else ""
+    return {"title": f"Anomalies in training order ({total} in all{listed})", "cls": "anomalies",
+            "caption": "Spikes are judged against each tensor's own history (robust z-score and jump ratio); the "
+            "first non-finite value is always listed.",
+            "columns": ["type", "step", "rank", "tensor", "stat", "value", "typical", "score"],
+            "rows": [[{"value": r.get("type", ""), "bad": r.get("type") == "nonfinite"}, r.get("step"), r.get("rank"),
+                      r.get("tensor", ""), {"value": r.get("stat", "")}, r.get("value"), r.get("reference"),
+                      r.get("score")] for r in shown]}
+
+
 def _has_layout(ctx: Context) -> bool:
     return ctx.target_layout is not None
 
@@ -70,7 +135,36 @@ def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = N
 
     if task is None and (finding.evidence or {}).get("departure"):
         return departure_plan(finding, ds, dump_path=dump_path)
-    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor")
+    ranks = {int(s["rank"]) for s in finding.suspects if s.get("rank") is not None}  # every replica that departs
+    ranks |= {int(finding.rank)} if finding.rank is not None else set()
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor", ranks=sorted(ranks))
+
+
+def _divergence_evidence(finding: Any, target: Any, baseline: Any) -> None:
+    from precnb.analysis.enrich import divergence_evidence
+
+    divergence_evidence(finding, target, baseline)
+
+
+def _divergence_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
+    """The generic plan, to run on both jobs."""
+    from precnb.analysis.plan import generic_plan
+
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor",
+                        node_notes=["run the same config on the baseline job too, then compare the two tensor dumps"])
+
+
+def _anomaly_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
+    """The step before a spike or drift too (what it departs from); a drift's module rather than its node."""
+    from precnb.analysis.plan import generic_plan
+
+    first = finding.values.get("first_drift") or finding.values.get("first_spike")
+    steps = None
+    if first and first.get("step") is not None and int(first["step"]) > 0:
+        steps = sorted({int(finding.step) - 1, int(finding.step)} - {-1})
+    module = (finding.values.get("first_drift") or {}).get("module")
+    return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor", steps=steps,
+                        module=str(module) if module else None)
 
 
 def _preflight(ctx: Context) -> Any:
@@ -96,19 +190,22 @@ def _preflight(ctx: Context) -> Any:
 register(Diagnosis(
     kind="preflight", title="Pre-flight checks", priority=0, mode="any", run=_preflight,
     description="pre-flight checks (parameters, frozen set, optimizer hyper-parameters, initial weights, same data, "
-    "distinct data per DP replica)", command="preflight", color="first_bad", clean_last=True))
+    "distinct data per DP replica)", command="preflight", clean_last=True, checklist=True))
 register(Diagnosis(
     kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
     description="first divergence (values with dtype tolerances, structural differences)",
-    command="diff", color="first_bad"))
+    command="diff", plan=_divergence_plan, enrich=_divergence_evidence))
 register(Diagnosis(
     kind="replica_mismatch", title="Replica mismatch", priority=20, mode="any", run=_replicas,
     applies=_has_layout, description="replica check (tensors that must be identical across the "
-    "layout's replicas)", command="replicas", color="first_bad", plan=_replica_plan))
+    "layout's replicas)", command="replicas", plan=_replica_plan,
+    not_applicable="the replica check needs the run's layout (e.g. tp=2 or dp=4)", flags=_replica_flags,
+    flag_text="replica mismatches", unmerged=True))
 register(Diagnosis(
     kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
-    description="NaN/Inf origin (mask infinities ignored)", command="nan", color="first_bad"))
+    description="NaN/Inf origin (mask infinities ignored)", command="nan", color="events"))
 register(Diagnosis(
     kind="anomaly", title="First anomaly", priority=40, mode="single", run=_anomalies,
     description="anomalies (NaN/Inf transitions, spikes and drifts against history)", command="anomalies",
-    color="first_bad"))
+    keep=_keep_anomalies, flags=_anomaly_flags, flag_text="anomalies", plan=_anomaly_plan,
+    section=_anomaly_section))

@@ -114,31 +114,40 @@ def _note_label_elsewhere(f: Any, target: xr.Dataset) -> None:
         f.hints.append(label_elsewhere_hint(str(f.tensor), other, rank=int(f.rank)))
 
 
-def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Dataset | None = None) -> None:
-    """Add gap, ratio hint, per-rank label notes and dump plan to *findings* (in place)."""
+def divergence_evidence(f: Any, target: xr.Dataset, baseline: xr.Dataset) -> None:
+    """The first divergence's evidence from both runs (its ``Diagnosis.enrich``): the coverage gap, the ratio hint."""
     from precnb.analysis.coverage import gap_hint
+
+    try:
+        if f.gap is None:
+            f.gap = _divergence_gap(f, baseline, target)
+            if f.gap is not None:
+                f.hints.insert(0, gap_hint(f.gap))
+        if not any(("×" in h and "larger in" in h) or "× those in" in h for h in f.hints):
+            tensor, step, _rank = _value_difference(f)
+            node = str(target["node"].values[list(target["tensor"].values).index(tensor)]) \
+                if tensor in target.indexes["tensor"] else None
+            fvd = f.values.get("first_value_difference") or f.values
+            tstep = int(fvd.get("target_step", step)) if step is not None else None
+            if node and step is not None and tstep is not None:
+                h = origin_ratio_hint(baseline, target, node=node, step=int(step), target_step=tstep)
+                if h:
+                    f.hints.insert(0, h)
+    except (KeyError, ValueError, IndexError):  # evidence is best effort; the finding stands
+        pass
+
+
+def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Dataset | None = None) -> None:
+    """Add per-rank label notes, each diagnosis's own evidence from both runs and the dump plan (in place)."""
+    from precnb.analysis.registry import lookup
 
     for f in findings:
         if not getattr(f, "found", False):
             continue
         if target is not None:
             _note_label_elsewhere(f, target)
-        if f.kind == "first_divergence" and target is not None and baseline is not None and "run" not in target.dims:
-            try:
-                if f.gap is None:
-                    f.gap = _divergence_gap(f, baseline, target)
-                    if f.gap is not None:
-                        f.hints.insert(0, gap_hint(f.gap))
-                if not any(("×" in h and "larger in" in h) or "× those in" in h for h in f.hints):
-                    tensor, step, _rank = _value_difference(f)
-                    node = str(target["node"].values[list(target["tensor"].values).index(tensor)]) \
-                        if tensor in target.indexes["tensor"] else None
-                    fvd = f.values.get("first_value_difference") or f.values
-                    tstep = int(fvd.get("target_step", step)) if step is not None else None
-                    if node and step is not None and tstep is not None:
-                        h = origin_ratio_hint(baseline, target, node=node, step=int(step), target_step=tstep)
-                        if h:
-                            f.hints.insert(0, h)
-            except (KeyError, ValueError, IndexError):  # evidence is best effort; the finding stands
-                pass
+        d = lookup(f.kind)
+        if d is not None and d.enrich is not None and target is not None and baseline is not None \
+                and "run" not in target.dims:
+            d.enrich(f, target, baseline)
     attach_plans(findings, target)

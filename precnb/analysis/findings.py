@@ -163,7 +163,9 @@ class Finding:
         """A readable multi-line summary (what the CLI prints without ``--json``)."""
         title, _, reason = self.headline.partition(": ")
         lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]
-        checks = self.evidence.get("checks") if self.evidence.get("diagnosis") == "preflight" else None
+        from precnb.analysis.registry import checklist
+
+        checks = checklist(self)  # the pre-flight checks
         if checks:
             failed = sum(1 for c in checks if c.get("status") == "fail")
             n = {s: sum(1 for c in checks if c.get("status") == s) for s in ("pass", "warn", "skip")}

@@ -103,18 +103,6 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
-def _where(f: Any) -> tuple[list[int], list[int]]:
-    steps = [int(f.step)] if f.step is not None else []
-    ranks = [int(f.rank)] if f.rank is not None else []
-    if f.kind == "anomaly":
-        first = f.values.get("first_drift") or f.values.get("first_spike")
-        if first and first.get("step") is not None and f.step is not None and int(first["step"]) > 0:
-            steps = sorted({int(f.step) - 1, int(f.step)} - {-1})
-    if f.kind == "replica_mismatch":
-        ranks = sorted({int(s["rank"]) for s in f.suspects if s.get("rank") is not None} | set(ranks))
-    return steps, ranks
-
-
 def plan_dump(
     finding: Any,
     ds: xr.Dataset,
@@ -148,18 +136,25 @@ def plan_dump(
         return None
     from precnb.analysis import registry
 
-    own = registry.get(finding.kind).plan if finding.kind in registry.kinds() else None
+    own = getattr(registry.lookup(finding.kind), "plan", None)
     if own is not None:  # a diagnosis that plans its own confirmation (e.g. a loss spike's cause)
         return own(finding, ds, dump_path=dump_path, **({"task": task} if task is not None else {}))
     return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor")
 
 
-def generic_plan(finding: Any, ds: xr.Dataset, *, dump_path: str = DEFAULT_DUMP_PATH, task: str = "tensor"
-                 ) -> dict[str, Any] | None:
-    """The plan :func:`plan_dump` makes for a finding whose diagnosis has no plan of its own."""
+def generic_plan(finding: Any, ds: xr.Dataset, *, dump_path: str = DEFAULT_DUMP_PATH, task: str = "tensor",
+                 steps: Sequence[int] | None = None, ranks: Sequence[int] | None = None, module: str | None = None,
+                 node_notes: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The plan :func:`plan_dump` makes for a finding whose diagnosis has no plan of its own.
+
+    A diagnosis's own ``plan`` may call it with what it knows better: the *steps* and *ranks* to dump
+    (default: the finding's), a *module* to select instead of its node (a coverage gap's module comes
+    first), and *node_notes* added when the plan selects the finding's node.
+    """
     if not getattr(finding, "found", False) or finding.step is None:
         return None
-    steps, ranks = _where(finding)
+    steps = list(steps) if steps is not None else [int(finding.step)]
+    ranks = list(ranks) if ranks is not None else ([int(finding.rank)] if finding.rank is not None else [])
     entries: list[str] = []
     modules: list[str] = []
     notes: list[str] = []
@@ -173,8 +168,8 @@ def generic_plan(finding: Any, ds: xr.Dataset, *, dump_path: str = DEFAULT_DUMP_
             notes.append("the op is not one msprobe hooks: add the register_custom_api line to the training "
                          "script (it cannot be set in config.json); the module entry in list also records the "
                          "low-risk APIs (view, transpose, ...) that risk_level filters out otherwise")
-    elif finding.kind == "anomaly" and (finding.values.get("first_drift") or {}).get("module"):
-        modules.append(str(finding.values["first_drift"]["module"]))
+    elif module:
+        modules.append(str(module))
         entries.append(_module_selector(modules[-1], ds))
     elif finding.node:
         kind = str(ds["kind"].values[list(ds["tensor"].values).index(finding.tensor)]) \
@@ -186,8 +181,7 @@ def generic_plan(finding: Any, ds: xr.Dataset, *, dump_path: str = DEFAULT_DUMP_
                          "are dumped with it)")
         else:
             entries.append(node_selector(finding.node))
-            if finding.kind == "first_divergence":
-                notes.append("run the same config on the baseline job too, then compare the two tensor dumps")
+            notes.extend(node_notes)
     if not entries:
         return None
     mask = _selected(ds, entries, modules)

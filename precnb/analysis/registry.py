@@ -37,9 +37,11 @@ __all__ = [
     "REGISTRY",
     "Context",
     "Diagnosis",
+    "checklist",
     "diagnoses",
     "get",
     "kinds",
+    "lookup",
     "order_findings",
     "refresh",
     "register",
@@ -119,16 +121,41 @@ class Diagnosis:
     applies : callable, optional
         ``applies(ctx) -> bool`` beyond *mode* (e.g. "a layout was given").
     command : str, optional
-        The CLI subcommand that runs it alone.
+        The CLI subcommand that runs it alone. Built-in diagnoses have a hand-written one (with their
+        own options); for any other, ``precnb <command> RUN [--baseline BASE] [--json]`` is generated
+        from the registry (:mod:`precnb.cli.generated`).
     color : str
-        The explorer's heat-map colour when showing its finding.
+        The report's heat-map colour for one run whose first finding is its (``"stat"``; the NaN
+        origin: ``"events"``). Two runs are always coloured by their relative difference.
     clean_last : bool
         A precondition check (the pre-flight checks): when it finds nothing, its "nothing found"
         result is listed after the other diagnoses' (when it finds something, its priority
         applies as usual).
     flags : callable, optional
-        ``flags(ds, finding) -> [{"step", "rank", "tensor"}, ...]``: the records of one run the
-        explorer colours as flagged for its finding (besides NaN / ±inf).
+        ``flags(ds, finding, *, triage) -> [{"step", "rank", "tensor"}, ...]`` (or a DataFrame with those
+        columns): the records of one run the explorer colours as flagged for its finding (besides NaN /
+        ±inf); *triage* is the :class:`precnb.pipeline.Triage` (its options, layout and cache). A hook
+        ``flags(ds, finding)`` without *triage* still works.
+    flag_text : str
+        What those records are, in words (``"anomalies"``; default: the title in lower case).
+    not_applicable : str
+        Why it did not run when *applies* said no (default: "<title> does not apply to these inputs").
+    keep : callable, optional
+        ``keep(finding, results) -> bool``: whether its finding is listed among the triage's findings,
+        given every diagnosis's result by kind (*results*); its check is listed either way. E.g. the
+        anomaly list next to a NaN origin is kept only when it holds a spike or a drift.
+    unmerged : bool
+        Its finding names ranks as dumped, before the target's shards were merged (the replica check): the
+        explorer shows it, and its ``flags``, on the target as dumped when there is one.
+    checklist : bool
+        Its result (found or not) carries a checklist, ``evidence["checks"]`` (the pre-flight checks): the
+        CLI summary, the report and the explorer show it as one (:func:`checklist`).
+    enrich : callable, optional
+        ``enrich(finding, target, baseline)``: evidence its found finding gets from both runs (in place; the
+        pipeline calls it for a pair, e.g. the first divergence's coverage gap and ratio hint).
+    section : callable, optional
+        ``section(finding, *, rows) -> {"title", "columns", "rows"} | None``: its own table in the HTML
+        report (plain values, escaped by the report), at most *rows* rows.
     plan : callable, optional
         ``plan(finding, ds, dump_path=..., task=...) -> dict | None``: its own dump plan (the
         shape :func:`precnb.analysis.plan.plan_dump` returns), instead of the generic one
@@ -143,10 +170,17 @@ class Diagnosis:
     description: str
     applies: Callable[[Context], bool] | None = None
     command: str | None = None
-    color: str = "first_bad"
+    color: str = "stat"
     clean_last: bool = False
-    flags: Callable[[xr.Dataset, Any], list[dict[str, Any]]] | None = None
+    flags: Callable[..., Any] | None = None
     plan: Callable[..., dict[str, Any] | None] | None = None
+    flag_text: str = ""
+    not_applicable: str = ""
+    keep: Callable[[Any, dict[str, Any]], bool] | None = None
+    section: Callable[..., dict[str, Any] | None] | None = None
+    unmerged: bool = False
+    checklist: bool = False
+    enrich: Callable[[Any, xr.Dataset, xr.Dataset], None] | None = None
 
     def applicable(self, ctx: Context) -> bool:
         """Whether it runs on *ctx*."""
@@ -155,6 +189,14 @@ class Diagnosis:
         if self.mode == "pair" and not ctx.paired:
             return False
         return True if self.applies is None else bool(self.applies(ctx))
+
+    def why_not(self, ctx: Context) -> str:
+        """Why it does not run on *ctx* (its ``not_applicable`` text when *applies* said no)."""
+        if self.mode == "pair" and not ctx.paired:
+            return f"{self.title.lower()} needs a baseline run"
+        if self.mode == "single" and ctx.paired:
+            return f"{self.title.lower()} looks at one run (diagnose the target alone)"
+        return self.not_applicable or f"{self.title.lower()} does not apply to these inputs"
 
 
 def _as_diagnosis(obj: Any, kind: str) -> Diagnosis:
@@ -261,6 +303,22 @@ def get(kind: str) -> Diagnosis:
     """The diagnosis of *kind* (KeyError when unknown)."""
     _load()
     return _REGISTRY.get(kind)
+
+
+def lookup(kind: str) -> Diagnosis | None:
+    """The diagnosis of *kind*, or None (``"none"``, a kind no diagnosis registers)."""
+    return _all().get(kind)
+
+
+def checklist(finding: Any) -> list[dict[str, Any]] | None:
+    """The checks of a result whose diagnosis keeps a checklist (:attr:`Diagnosis.checklist`), else None.
+
+    ``evidence["diagnosis"]`` names the diagnosis (a clean result's kind is ``"none"``).
+    """
+    ev = getattr(finding, "evidence", None) or {}
+    d = lookup(str(ev.get("diagnosis") or getattr(finding, "kind", "")))
+    checks = ev.get("checks")
+    return list(checks) if d is not None and d.checklist and isinstance(checks, list) else None
 
 
 def kinds() -> list[str]:

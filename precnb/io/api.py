@@ -206,7 +206,10 @@ def node_records(path: str | os.PathLike[str], step: int, rank: int, nodes: Sequ
 
 
 def open_runs(paths: Mapping[str, Any], **kwargs: Any) -> xr.Dataset:
-    """Open several runs into one dataset with a leading ``run`` dimension.
+    """Open several runs into one dataset with a leading ``run`` dimension, names as they are.
+
+    The readers' layer: use :func:`precnb.open_runs` (the public one), which aligns two runs whose
+    names differ first and calls this for the rest.
 
     Parameters
     ----------

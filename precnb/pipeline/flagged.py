@@ -85,20 +85,6 @@ def _rows_mask(ds: xr.Dataset, rows: Any) -> np.ndarray:
     return out
 
 
-def _replica_rows(t: Any, ds: xr.Dataset) -> list[dict[str, Any]]:
-    from precnb.analysis.replicas import replica_mismatches
-
-    key = f"replica_rows:{id(ds)}"
-    if key not in t.cache:
-        layout = t.target_layout
-        try:
-            rows, _ = replica_mismatches(ds, layout, rtol=float(t.options.replica_rtol))
-        except ValueError:  # the layout does not describe these ranks
-            rows = []
-        t.cache[key] = rows
-    return list(t.cache[key])
-
-
 def _pin(t: Any, ds: xr.Dataset | None = None) -> Any:
     """The record of the triage's first finding that names one (put first): its origin when it has one."""
     from precnb.analysis.findings import shown_record
@@ -107,22 +93,35 @@ def _pin(t: Any, ds: xr.Dataset | None = None) -> Any:
     return next((rec for f in t.findings if (rec := shown_record(f, ranks)) is not None), None)
 
 
+def _call_flags(d: Any, ds: xr.Dataset, finding: Any, t: Any) -> Any:
+    """``d.flags(ds, finding, triage=t)``; a hook of the first form, ``flags(ds, finding)``, without *triage*."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(d.flags).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    takes = any(p.name == "triage" or p.kind is p.VAR_KEYWORD for p in params)
+    return d.flags(ds, finding, triage=t) if takes else d.flags(ds, finding)
+
+
 def _own_flags(t: Any, grid: xr.Dataset) -> tuple[np.ndarray, list[str]]:
-    """Records the found findings' diagnoses flag themselves (:attr:`Diagnosis.flags`), and their titles."""
+    """Records the found findings' diagnoses flag themselves (:attr:`Diagnosis.flags`), and what they are."""
     from precnb.analysis import registry
 
     bad = np.zeros(tuple(grid.sizes[d] for d in ("step", "rank", "tensor")), bool)
     titles: list[str] = []
     for f in t.found:
-        d = registry.get(f.kind) if f.kind in registry.kinds() else None
+        d = registry.lookup(f.kind)
         if d is not None and d.flags is not None:
-            bad |= _rows_mask(grid, d.flags(grid, f))
-            titles.append(d.title.lower())
-    return bad, titles
+            bad |= _rows_mask(grid, _call_flags(d, grid, f, t))
+            titles.append(d.flag_text or d.title.lower())
+    return bad, list(dict.fromkeys(titles))
 
 
 def flagged(t: Any) -> Flagged:
     """Flagged records of the triage's target (see the module docstring); computed once per triage."""
+    from precnb.analysis import registry
     from precnb.analysis.earliness import bad_records, causal_positions_of
 
     if "flagged" in t.cache:
@@ -132,7 +131,7 @@ def flagged(t: Any) -> Flagged:
 
         cmp = t.comparison()
         grid = cmp.ds.isel(run=1).assign_coords(run=str(t.names[1]))
-        diverged = any(f.kind == "first_divergence" for f in t.found)
+        diverged = any(getattr(registry.lookup(f.kind), "mode", None) == "pair" for f in t.found)  # the runs differ
         differs = searched_differences(cmp, alignment=t.alignment, crc=t.options.crc).values
         bad, seq = bad_records(grid, cmp, crc=t.options.crc, differs=differs, structural=diverged)
         what = "differences beyond tolerance" + (", and records in one run only" if diverged else "")
@@ -140,17 +139,6 @@ def flagged(t: Any) -> Flagged:
         grid = t.target
         bad, seq = bad_records(grid)
         what = "NaN and unexpected ±inf"
-        kinds = {f.kind for f in t.found}
-        if "replica_mismatch" in kinds and t.target_layout is not None:
-            bad = bad | _rows_mask(grid, _replica_rows(t, grid))
-            what += ", replica mismatches"
-        if "anomaly" in kinds:
-            from precnb.analysis.anomalies import SpikeRule, anomaly_table
-
-            rule = SpikeRule(z=float(t.options.spike_z), ratio=float(t.options.spike_ratio),
-                             stats=tuple(t.options.spike_stats))
-            bad = bad | _rows_mask(grid, anomaly_table(grid, rule=rule))
-            what += ", anomalies"
         own, titles = _own_flags(t, grid)
         bad = bad | own
         what += "".join(f", {x}" for x in titles)
@@ -166,6 +154,7 @@ def flagged_ranks(t: Any) -> Flagged:
     disagree, the view shows the target as dumped, flagged by the replica check (the merged grid
     has lost the rank that departs); otherwise it is :func:`flagged`.
     """
+    from precnb.analysis import registry
     from precnb.analysis.earliness import causal_positions_of
 
     if "flagged_ranks" in t.cache:
@@ -173,10 +162,15 @@ def flagged_ranks(t: Any) -> Flagged:
     out = flagged(t)
     raw = t.raw_target
     if t.paired and raw is not None and t.target_layout is not None and raw.sizes["rank"] > out.ds.sizes["rank"]:
-        rows = _replica_rows(t, raw)
-        if rows:
-            pin = next((f for f in t.findings if f.kind == "replica_mismatch" and f.found), None)
-            pos = causal_positions_of(raw, _rows_mask(raw, rows), first=pin)
-            out = Flagged(raw, pos, "replica mismatches across the target's shards (ranks as dumped)", unmerged=True)
+        for d in registry.diagnoses():
+            if not d.unmerged or d.flags is None:  # only the replica check flags ranks as dumped
+                continue
+            pin = next((f for f in t.found if f.kind == d.kind), None)
+            rows = _call_flags(d, raw, pin, t)
+            if len(rows):
+                pos = causal_positions_of(raw, _rows_mask(raw, rows), first=pin)
+                what = f"{d.flag_text or d.title.lower()} across the target's shards (ranks as dumped)"
+                out = Flagged(raw, pos, what, unmerged=True)
+                break
     t.cache["flagged_ranks"] = out
     return out

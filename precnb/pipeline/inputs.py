@@ -83,6 +83,29 @@ def _select(ds: xr.Dataset, name: str) -> xr.Dataset:
     return select_run(ds, name)
 
 
+#: the one message for a baseline given as a run when the target already holds the runs
+NOT_A_RUN_NAME = "pass baseline as a run name when the runs are already combined"
+
+
+def pick_roles(names: Sequence[str], baseline: Any = None) -> tuple[str, str]:
+    """(target, baseline) names among combined runs: *baseline* if named, else the first; the target the last other.
+
+    The one rule for a dataset with a ``run`` dim, used by :func:`split_inputs` (every front end) and by the
+    explorer for more than two runs.
+
+    Raises
+    ------
+    ValueError
+        When *baseline* is not a run name, or not one of *names*.
+    """
+    if baseline is not None and not isinstance(baseline, str):
+        raise ValueError(NOT_A_RUN_NAME)
+    if baseline is not None and baseline not in names:
+        raise ValueError(f"baseline {baseline!r} is not one of the runs {list(names)}")
+    base = baseline or names[0]
+    return next(n for n in reversed(names) if n != base), base
+
+
 def split_inputs(target: Any, baseline: Any = None) -> tuple[Source, Source | None]:
     """The (target, baseline) sources of ``diagnose(target, baseline=...)``.
 
@@ -108,13 +131,10 @@ def split_inputs(target: Any, baseline: Any = None) -> tuple[Source, Source | No
     if isinstance(target, xr.Dataset) and "run" in target.dims:
         names = [str(r) for r in target["run"].values]
         if baseline is not None and not isinstance(baseline, str):
-            raise ValueError("pass baseline as a run name when the runs are already combined")
+            raise ValueError(NOT_A_RUN_NAME)
         if len(names) == 1:
             return Source(_select(target, names[0]), names[0]), None
-        if baseline is not None and baseline not in names:
-            raise ValueError(f"baseline {baseline!r} is not one of the runs {names}")
-        base = baseline or names[0]
-        tname = next(n for n in reversed(names) if n != base)
+        tname, base = pick_roles(names, baseline)
         return Source(_select(target, tname), tname), Source(_select(target, base), base)
     tsrc = Source(target, _name_of(target, "target"))
     if baseline is None:

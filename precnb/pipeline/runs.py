@@ -1,5 +1,9 @@
 """``precnb.open_runs``: several runs in one dataset, two runs whose names differ aligned first.
 
+This is THE public ``open_runs`` (``precnb.open_runs``). :func:`precnb.io.open_runs` is the readers'
+layer underneath it (open and combine, names as they are, no alignment: ``io`` sits below ``analysis``);
+this one calls it for what needs no alignment.
+
 ``precnb.align`` is here too: :func:`precnb.analysis.align.align` on opened runs or on paths,
 as :func:`precnb.diagnose` and :func:`precnb.tensor_metrics` accept them.
 """
@@ -44,12 +48,14 @@ def open_runs(paths: Mapping[str, Any], *, mapping: Any = None, **kwargs: Any) -
     >>> both = precnb.open_runs({"pt": "pt_dump/", "ms": "ms_dump/"})  # doctest: +SKIP
     >>> precnb.first_divergence(both).baseline["node"]  # doctest: +SKIP
     """
-    from precnb.combine import combine_runs
-    from precnb.io.api import open_run
+    from precnb.io import api
 
-    opened = {name: (p if isinstance(p, xr.Dataset) else open_run(p, **kwargs)) for name, p in paths.items()}
+    if len(paths) != 2 and mapping is not None:
+        raise ValueError("mapping aligns two runs; give exactly two")
+    opened = {name: (p if isinstance(p, xr.Dataset) else api.open_run(p, **kwargs)) for name, p in paths.items()}
     if len(opened) == 2:
         from precnb.analysis.align import Alignment, align
+        from precnb.combine import combine_runs
 
         (bn, b), (tn, t) = opened.items()
         a = align(b, t, mapping=mapping)
@@ -57,9 +63,7 @@ def open_runs(paths: Mapping[str, Any], *, mapping: Any = None, **kwargs: Any) -
             both = combine_runs({bn: a.apply(b), tn: a.target_view(t)})
             both.attrs[Alignment.ATTR] = json.dumps(a.to_dict())
             return both
-    elif mapping is not None:
-        raise ValueError("mapping aligns two runs; give exactly two")
-    return combine_runs(opened)
+    return api.open_runs(opened)  # the readers' combination, names as they are
 
 
 def align(baseline: Any, target: Any, *, mapping: Any = None, **kwargs: Any) -> Any:

@@ -49,11 +49,12 @@ def attach_scalar_arguments(findings: list[Any], tsrc: Source, bsrc: Source | No
     """
     if bsrc is None or tsrc.records_path is None or bsrc.records_path is None:
         return
+    from precnb.analysis.registry import lookup
     from precnb.analysis.scalars import argument_cause, differing_arguments, format_argument
 
     for f in findings:
-        if f.kind != "first_divergence" or not f.node or f.step is None or f.rank is None:
-            continue
+        if getattr(lookup(f.kind), "mode", None) != "pair" or not f.node or f.step is None or f.rank is None:
+            continue  # a finding of a pair diagnosis (the first divergence) naming one record
         if f.evidence.get("only_in"):
             continue  # a node one run does not have has nothing to compare
         b_node = (f.baseline or {}).get("node") or f.node

@@ -643,12 +643,8 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
             checks.append({"kind": d.kind, "title": d.title, "description": d.description,
                            "status": "found" if f.found else "none", "message": f.reason})
     by_kind = {k: f for k, f in results}
-    nan = by_kind.get("nan_origin")
-    if nan is not None:  # next to the NaN origin, an anomaly list adds something only when it holds a spike
-        results = [(k, f) for k, f in results if not (k == "anomaly" and (not f.found or (
-            nan.found and "first_spike" not in f.values and "first_drift" not in f.values)))]
-        # a clean loss-spike search says no more than the NaN search's "nothing found" (its check is listed)
-        results = [(k, f) for k, f in results if not (k == "loss_spike" and not f.found)]
+    keep = {d.kind: d.keep for d in wanted if d.keep is not None}  # a diagnosis decides whether its result is listed
+    results = [(k, f) for k, f in results if k not in keep or keep[k](f, by_kind)]
     # a "nothing found" that warns (a pre-flight warning may be the cause: a weight left at zero) comes
     # before the other "nothing found" results, so that it is what a clean triage shows first
     findings = registry.order_findings(results)
@@ -659,13 +655,7 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:
-    if d.mode == "pair" and not ctx.paired:
-        return f"{d.title.lower()} needs a baseline run"
-    if d.mode == "single" and ctx.paired:
-        return f"{d.title.lower()} looks at one run (diagnose the target alone)"
-    if d.kind == "replica_mismatch":
-        return "the replica check needs the run's layout (e.g. tp=2 or dp=4)"
-    return f"{d.title.lower()} does not apply to these inputs"
+    return str(d.why_not(ctx))
 
 
 def _diagnose_stepwise(tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[int], int], tolerance: Any,

@@ -78,9 +78,10 @@ def color_mode(data: ReportData, finding: Any) -> str:
     """What the heat maps colour: relative difference, NaN events or the statistic."""
     if data.compared:
         return "reldiff"
-    if finding is not None and finding.kind == "nan_origin":
-        return "events"
-    return "stat"
+    from precnb.analysis.registry import lookup
+
+    d = lookup(finding.kind) if finding is not None else None
+    return d.color if d is not None else "stat"  # the diagnosis's own colour (the NaN origin: "events")
 
 
 _CAPTIONS = {

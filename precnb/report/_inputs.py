@@ -37,6 +37,9 @@ class ReportData:
         How the baseline's names map onto the target's.
     step_offset_asked : int, "auto" or None
         The step-offset option as given (the header says when it was found automatically).
+    tensor_metrics : xarray.Dataset or None
+        The pair's tensor metrics the pipeline computed (:attr:`precnb.Triage.tensor_metrics`): the
+        report's metric columns come from it, without reading tensor files again.
     """
 
     target: xr.Dataset
@@ -50,6 +53,7 @@ class ReportData:
     notes: list[str] = field(default_factory=list)
     alignment: Any = None
     step_offset_asked: Any = None
+    tensor_metrics: xr.Dataset | None = None
 
     @property
     def compared(self) -> bool:
@@ -69,4 +73,5 @@ def from_triage(triage: Any) -> ReportData:
                       raw_baseline=raw_b, layout=triage.target_layout, baseline_layout=triage.baseline_layout,
                       step_offset=triage.step_offset if triage.step_offset is not None else 0,
                       notes=list(triage.notes), alignment=triage.alignment,
-                      step_offset_asked=triage.options.step_offset)
+                      step_offset_asked=triage.options.step_offset,
+                      tensor_metrics=getattr(triage, "tensor_metrics", None))

@@ -18,8 +18,8 @@ from precnb.analysis.evidence import parse_frame
 
 __all__ = [
     "Cell",
-    "anomaly_table",
     "detail_table",
+    "diagnosis_sections",
     "finding_view",
     "fmt",
     "hotspot_table",
@@ -179,7 +179,9 @@ def finding_view(finding: Any, *, limit: int = 50) -> dict[str, Any]:
     ev = dict(d.get("evidence") or {})
     for key in ("checks", "diagnosis", "later_findings", "later_findings_text"):  # the pre-flight section shows them
         ev.pop(key, None)
-    if kind == "preflight":
+    from precnb.analysis.registry import checklist
+
+    if found and checklist(finding) is not None:  # the pre-flight checks: the checklist shows them
         d["values"] = {}
     stack = [parse_frame(f) for f in ev.pop("stack", []) or []]
     trend = ev.pop("trend", None)
@@ -426,37 +428,33 @@ def hotspot_table(frame: pd.DataFrame | None, *, rows: int = 15) -> dict[str, An
     return {"columns": ["module", what, "worst tensor", "step", "rank", "non-finite records"], "rows": out}
 
 
-def anomaly_table(finding: Any, *, rows: int = 50) -> dict[str, Any] | None:
-    """The anomalies of a Finding of kind ``anomaly`` in training order (its first one first).
+def diagnosis_sections(findings: Sequence[Any], *, rows: int = 50) -> list[dict[str, Any]]:
+    """The report tables the findings' diagnoses give themselves (:attr:`Diagnosis.section`), as cells.
 
-    The first non-finite anomaly is always listed, also when it comes after *rows* spikes.
+    A section is ``{"title", "caption", "columns", "rows"}`` of plain values; names (``node``, ``tensor``,
+    ``module`` columns) wrap, numbers are formatted as everywhere else, everything is escaped.
     """
-    if finding is None or finding.kind != "anomaly":
-        return None
-    d = finding.to_dict()
-    vals = d.get("values") or {}
-    firsts = [vals.get(f"first_{t}") for t in ("spike", "nonfinite")]
-    firsts = [x for x in firsts if isinstance(x, dict)]
-    head = [x for x in firsts if x.get("tensor") == d.get("tensor") and x.get("step") == d.get("step")]
-    items = head[:1] + list(d.get("suspects") or [])
+    from precnb.analysis.registry import lookup
 
-    def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (r.get("type"), r.get("step"), r.get("rank"), r.get("tensor"), r.get("stat"))
+    out = []
+    for f in findings:
+        d = lookup(f.kind)
+        if d is None or d.section is None or not (sec := d.section(f, rows=rows)):
+            continue
+        cols = [str(c) for c in sec.get("columns") or []]
+        cells = [[_section_cell(c, v) for c, v in zip(cols, r, strict=False)] for r in sec.get("rows") or []]
+        out.append({"title": str(sec.get("title") or d.title), "caption": str(sec.get("caption") or ""),
+                    "cls": str(sec.get("cls") or "section"), "columns": cols, "rows": cells})
+    return out
 
-    seen: set[tuple[Any, ...]] = set()
-    ordered = []
-    for r in items:
-        if key(r) not in seen:
-            seen.add(key(r))
-            ordered.append(r)
-    shown = ordered[:rows]
-    keys = {key(r) for r in shown}
-    shown += [x for x in firsts if x.get("type") == "nonfinite" and key(x) not in keys]
-    out = [[Cell(r.get("type", ""), "nf" if r.get("type") == "nonfinite" else ""), fmt(r.get("step")),
-            fmt(r.get("rank")), Cell(r.get("tensor", ""), "name"), Cell(r.get("stat", "")),
-            fmt(r.get("value")), fmt(r.get("reference")), fmt(r.get("score"))] for r in shown]
-    return {"columns": ["type", "step", "rank", "tensor", "stat", "value", "typical", "score"],
-            "rows": out, "total": (d.get("stats") or {}).get("anomalies", len(ordered))}
+
+def _section_cell(column: str, v: Any) -> Cell:
+    """A section's value as a cell: ``{"value", "bad"}`` marks a problem (red); names wrap."""
+    if isinstance(v, dict) and "value" in v:
+        return Cell(v["value"], "nf" if v.get("bad") else "")
+    if column in ("node", "tensor", "module") and v is not None:
+        return Cell(str(v), "name")
+    return fmt(v)
 
 
 def preflight_view(finding: Any) -> dict[str, Any]:

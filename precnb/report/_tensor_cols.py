@@ -1,7 +1,9 @@
 """Tensor-metric columns for the report's tables (issue #17), when both runs saved their tensors.
 
-Only the records a table shows are compared (:func:`precnb.tensor_metrics` on those labels at one
-step and rank), so a report of a large tensor-mode pair reads a few dozen tensor files, not all.
+The metrics come from the pipeline's (:attr:`precnb.Triage.tensor_metrics`, computed once, issue #27 item 3:
+the report reads no tensor file at render time). Only without them (``tensor_metrics=False``) are the
+records a table shows compared here (:func:`precnb.tensor_metrics` on those labels at one step and rank),
+so a report of a large tensor-mode pair reads a few dozen tensor files, not all.
 """
 
 from __future__ import annotations
@@ -34,18 +36,30 @@ def metric_columns(data: Any, *, step: int, rank: int, tensors: list[str]) -> di
         return None
     if not (has_tensor_files(base) and has_tensor_files(targ)):
         return None
-    from precnb.tensor_compare import tensor_metrics
-
-    offset = data.step_offset if isinstance(data.step_offset, int) else 0
     labels = [t for t in tensors if t in targ.indexes["tensor"]]
-    try:
-        m = tensor_metrics(base, targ, tensors=labels, steps=[step], ranks=[rank], step_offset=offset,
-                           alignment=pairing(getattr(data, "alignment", None)))
-    except (ValueError, KeyError):
-        return None
+    m = _computed(getattr(data, "tensor_metrics", None), step=step, rank=rank, labels=labels)
+    if m is None:  # not computed by the pipeline (tensor_metrics=False, or a report built from datasets)
+        from precnb.tensor_compare import tensor_metrics
+
+        offset = data.step_offset if isinstance(data.step_offset, int) else 0
+        try:
+            m = tensor_metrics(base, targ, tensors=labels, steps=[step], ranks=[rank], step_offset=offset,
+                               alignment=pairing(getattr(data, "alignment", None)))
+        except (ValueError, KeyError):
+            return None
     out: dict[str, dict[str, Any]] = {}
     for j, t in enumerate(m["tensor"].values):
         if str(m["status"].values[0, 0, j]) == "no_data":
             continue
         out[str(t)] = {v: float(m[v].values[0, 0, j]) for v in METRIC_HEADERS}
     return out or None
+
+
+def _computed(metrics: Any, *, step: int, rank: int, labels: list[str]) -> Any:
+    """The (step, rank, labels) part of the pipeline's tensor metrics, or None when it does not hold them all."""
+    if metrics is None or not labels:
+        return None
+    idx = metrics.indexes
+    if step not in idx["step"] or rank not in idx["rank"] or any(t not in idx["tensor"] for t in labels):
+        return None
+    return metrics.sel(step=[step], rank=[rank], tensor=labels).transpose("step", "rank", "tensor")

@@ -166,7 +166,9 @@ def render(
     if data.compared and data.step_offset not in (0, "0"):
         layout_lines.append(f"target step = baseline step + {data.step_offset}"
                             + ("" if isinstance(data.step_offset_asked, int) else " (found automatically)"))
-    pre = next((f for f in findings if f.evidence.get("diagnosis") == "preflight"), None)
+    from precnb.analysis.registry import checklist
+
+    pre = next((f for f in findings if checklist(f) is not None), None)  # the pre-flight checks
     # the checklist has its own section; a clean pre-flight result needs no finding card
     views = [tables.finding_view(f, limit=lim.table_rows) for f in findings if f.found or f is not pre]
     verdict = ("problem" if any(v["found"] for v in views) else "clean") if views else "none"
@@ -174,7 +176,6 @@ def render(
         verdict = "nothing"
     elif verdict == "clean" and pre is not None and pre.stats.get("status") == "warn":
         verdict = "warn"  # nothing found, but a pre-flight warning may be the cause (a weight left at zero)
-    anomaly = next((f for f in findings if f.kind == "anomaly"), None)
     ctx = {
         "title": title or (f"{data.names[1]} vs {data.names[0]}" if data.compared else name),
         "compared": data.compared,
@@ -193,7 +194,7 @@ def render(
                    for c in charts],
         "detail": tables.detail_table(data, combined, focus, rows=lim.detail_rows),
         "hotspots": tables.hotspot_table(linked.frame if linked is not None else None),
-        "anomalies": tables.anomaly_table(anomaly, rows=lim.table_rows),
+        "sections": tables.diagnosis_sections(findings, rows=lim.table_rows),
         "findings_json": [f.to_dict() for f in findings],
         "findings_pretty": json.dumps([f.to_dict() for f in findings], indent=2, ensure_ascii=False),
         "css": package_text("report.css"),

@@ -9,6 +9,7 @@ from typing import Any
 
 import xarray as xr
 
+from precnb.pipeline.inputs import NOT_A_RUN_NAME, pick_roles
 from precnb.pipeline.inputs import in_memory as _in_memory  # one function (issue #27)
 
 
@@ -83,7 +84,7 @@ def normalize_runs(run_or_runs: Any, baseline: Any = None) -> Runs:
         ds = _open(run_or_runs)
     if baseline is not None and not (isinstance(baseline, str) and "run" in ds.dims):
         if "run" in ds.dims:
-            raise ValueError("pass baseline as a run name when the runs are already combined")
+            raise ValueError(NOT_A_RUN_NAME)
         ds = combine_runs({"baseline": _open(baseline), "target": ds})
         baseline = "baseline"
     ds = _in_memory(ds)
@@ -92,10 +93,7 @@ def normalize_runs(run_or_runs: Any, baseline: Any = None) -> Runs:
     names = [str(r) for r in ds["run"].values]
     if len(names) == 1:
         return Runs(ds.isel(run=0).drop_vars("run"), None, None)
-    if baseline is not None and baseline not in names:
-        raise ValueError(f"baseline {baseline!r} is not one of the runs {names}")
-    base = baseline or names[0]
-    target = next(n for n in reversed(names) if n != base)
+    target, base = pick_roles(names, baseline)  # the pipeline's rule and messages (precnb.pipeline.inputs)
     return Runs(ds, target, base)
 
 

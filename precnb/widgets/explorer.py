@@ -304,8 +304,9 @@ class Explorer(ExplorerViews, ipw.VBox):
     def show_finding(self, f: Any, **_legacy: Any) -> None:
         """Move the heat maps, line chart and detail table to a Finding (its origin record when it has one)."""
         from precnb.analysis.findings import shown_record
+        from precnb.analysis.registry import lookup
 
-        unmerged = f.kind == "replica_mismatch" and self.data.raw() is not None
+        unmerged = getattr(lookup(f.kind), "unmerged", False) and self.data.raw() is not None
         ds = self._ds(unmerged)
         rec = shown_record(f, [int(r) for r in ds["rank"].values])
         if rec is None:

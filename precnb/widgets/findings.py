@@ -176,7 +176,10 @@ class FindingBar(ipw.VBox):
     def go(self, suspect: dict[str, Any]) -> None:
         """Select a suspect's record."""
         cur = self.api.current_finding
-        unmerged = bool(cur is not None and cur.kind == "replica_mismatch" and self.api.data.raw() is not None)
+        from precnb.analysis.registry import lookup
+
+        unmerged = bool(cur is not None and getattr(lookup(cur.kind), "unmerged", False)
+                        and self.api.data.raw() is not None)
         ds = self.api.data.raw() if unmerged else self.api.data.target()
         if ds is None:
             return

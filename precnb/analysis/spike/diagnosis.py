@@ -31,7 +31,7 @@ def _run(ctx: Context) -> Any:
                       rule=ctx.params.get("loss_spike_rule"), limit=int(ctx.params.get("limit", 50)))
 
 
-def _flags(ds: xr.Dataset, finding: Any) -> list[dict[str, Any]]:
+def _flags(ds: xr.Dataset, finding: Any, **_: Any) -> list[dict[str, Any]]:
     """The records the explorer colours: each cause's origin (on every rank when the cause names none)."""
     have = ds.indexes["tensor"]
     rows = []
@@ -43,6 +43,11 @@ def _flags(ds: xr.Dataset, finding: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _keep(f: Any, results: dict[str, Any]) -> bool:
+    """A clean loss-spike search says no more than the NaN search's "nothing found" (its check is listed)."""
+    return f.found or "nan_origin" not in results
+
+
 def _plan(finding: Any, ds: xr.Dataset, **kw: Any) -> Any:
     from precnb.analysis.spike._plan import spike_plan
 
@@ -52,5 +57,5 @@ def _plan(finding: Any, ds: xr.Dataset, **kw: Any) -> Any:
 register(Diagnosis(
     kind="loss_spike", title="Loss spike", priority=25, mode="single", run=_run,
     description="loss spike (the first step whose loss departs from its own recent history; its origin rank, batch "
-    "input, parameter or op; cause data, optimizer, hardware or numerics)", command="spike", color="first_bad",
-    flags=_flags, plan=_plan))
+    "input, parameter or op; cause data, optimizer, hardware or numerics)", command="spike",
+    flags=_flags, plan=_plan, keep=_keep))
