@@ -51,6 +51,7 @@ import xarray as xr
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.pp import relabel_pipeline
 from precnb.analysis.rank_args import RANK_DEPENDENT, mark_rank_args, rank_dependent
+from precnb.analysis.shard_shapes import reference_shapes
 from precnb.analysis.undefined import mark_undefined
 from precnb.naming import is_communication
 from precnb.schema import (
@@ -616,6 +617,7 @@ def merge_shards(
         out, lay = relabel_pipeline(out, lay)
     for dim in ("tp", "cp", *(("dp",) if merge_dp else ())):
         if (lay.dp if dim == "dp" else getattr(lay, dim)) > 1:
-            out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=reference, like=like)
+            ref = reference_shapes(out, lay.groups("tp"), reference) if dim == "tp" else reference
+            out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=ref, like=like)
     out.attrs["merged_layout"] = layout.describe()
     return validate(out)

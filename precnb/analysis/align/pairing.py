@@ -275,6 +275,10 @@ class _Aligner:
         s += node_values(x, y)
         if sim == 0.0 and (is_glue_op(x.api) or is_glue_op(y.api)):
             s -= 1.0
+        elif not self.same_names and is_communication(x.name) != is_communication(y.name):
+            # two codebases: a collective one run adds (a TP all-reduce completing a row-parallel matmul's
+            # partial sum) is glue, never the counterpart of the other's computation, whatever its output holds
+            s -= 2.0
         elif sim < 1.0 and not self.same_names and same_result(x, y):
             # two codebases: one value computed by other ops (baddbmm(alpha) against matmul, then * scale; a
             # loss from cross_entropy against one from max, exp, sum, log, mean)
@@ -434,6 +438,42 @@ class _Aligner:
                     self.out.tensors[c.label] = (a.label, how if how == "user" else t_how,
                                                  _confidence(s, TENSOR_THRESHOLD))
                     used_b.add(a.label)
+
+    def pair_grad_snapshots(self) -> None:
+        """Two codebases: a parameter gradient pairs the same parameter's gradient record that holds its value.
+
+        With several micro-batches a gradient is recorded as it accumulates, and when msprobe's hook fires
+        depends on the codebase and the schedule (on Megatron's last pipeline stage a row-parallel bias's
+        first record already holds both micro-batches' sum): a gradient whose positional counterpart
+        (the same call of the paired module) disagrees pairs the same parameter's record of another call of
+        that module whose statistics are close, if one is not paired yet.
+        """
+        if self.same_names:
+            return
+        stats = {t.label: t.stats for tree in (self.tb, self.tt) for n in tree.nodes.values() for t in n.tensors}
+        for b, (t, _how, _conf) in self.out.modules.items():
+            mb, mt = self.tb.modules[b], self.tt.modules[t]
+            if len(mb.param_grads) < 2 and len(mt.param_grads) < 2:
+                continue
+            ours = [c for n in mt.param_grads for c in self.tt.nodes[n].tensors]
+            good = {c.label for c in ours if c.label in self.out.tensors
+                    and close(stats[self.out.tensors[c.label][0]], c.stats)}
+            taken = {self.out.tensors[x][0] for x in good}
+            free = [a for n in mb.param_grads for a in self.tb.nodes[n].tensors if a.label not in taken]
+            moved: set[str] = set()
+            for c in ours:
+                now = self.out.tensors.get(c.label)
+                if c.label in good or (now is not None and now[1] == "user"):
+                    continue
+                hit = next((a for a in free if a.slot == c.slot and close(a.stats, c.stats)), None)
+                if hit is not None:
+                    free.remove(hit)
+                    moved.add(hit.label)
+                    self.out.tensors[c.label] = (hit.label, "value", 0.9)
+            for c in ours:  # a record whose counterpart moved to the record that holds its value: unpaired
+                now = self.out.tensors.get(c.label)
+                if now is not None and now[0] in moved and not close(stats[now[0]], c.stats):
+                    del self.out.tensors[c.label]
 
     def _tensor_pairs(self, gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]]:
         """:func:`pair_greedy` of one group's tensors; in one codebase, a list argument's elements per argument.
@@ -641,5 +681,6 @@ def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None, *, fast: boo
     a.pair_moved_modules()
     a.pair_nodes()
     a.pair_tensors()
+    a.pair_grad_snapshots()
     a.classify()
     return a.out
