@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-__all__ = ["reference_shapes", "split_shapes"]
+__all__ = ["reference_shapes", "shape_table", "split_shapes"]
 
 _STATS = ("max", "min", "mean", "norm")
 
@@ -56,6 +56,8 @@ class _Run:
         ranks = [int(r) for r in ds["rank"].values]
         self.groups = [[ranks.index(r) for r in g] for g in groups if all(r in ranks for r in g)]
         self.k = len(groups[0]) if groups else 1
+        self.present = ds["present"].values
+        self.stats = [ds[s].values for s in _STATS]
 
     def shape(self, label: str) -> list[int] | None:
         j = self.idx.get(label)
@@ -70,13 +72,13 @@ class _Run:
         j = self.idx.get(label)
         if j is None or not self.groups:
             return False
-        pres = self.ds["present"].values[:, :, j]
+        pres = self.present[:, :, j]
         for g in self.groups:
             allp = pres[:, g].all(axis=1)
             if not allp.any():
                 continue
-            for s in _STATS:
-                v = np.nan_to_num(self.ds[s].values[:, g, j][allp], nan=np.inf)
+            for arr in self.stats:
+                v = np.nan_to_num(arr[:, g, j][allp], nan=np.inf)
                 if (v != v[:, :1]).any():
                     return True
         return False
@@ -115,10 +117,16 @@ def _call_rules(run: _Run, node: str, out: dict[str, list[int]]) -> None:
         out[lbl] = whole_in
 
 
-def split_shapes(ds: xr.Dataset, groups: list[list[int]]) -> dict[str, str]:
+def shape_table(ds: xr.Dataset) -> dict[Any, Any]:
+    """Tensor label → its ``shape`` coordinate (``ds["shape"].to_series().to_dict()``, without pandas)."""
+    return dict(zip(ds["tensor"].values.tolist(), ds["shape"].values.tolist(), strict=True))
+
+
+def split_shapes(ds: xr.Dataset, groups: list[list[int]], *, known: Any = ()) -> dict[str, str]:
     """Label → whole-model shape (JSON text) of the tensors the TP *groups* split, read from the linear layers.
 
-    Only labels whose local shape has the whole shape's rank and 1/k of its elements are kept.
+    Only labels whose local shape has the whole shape's rank and 1/k of its elements are kept; calls
+    whose weight is in *known* (a reference run names them) are not read.
     """
     if not ds.sizes.get("tensor") or not groups or len(groups[0]) < 2:
         return {}
@@ -126,7 +134,7 @@ def split_shapes(ds: xr.Dataset, groups: list[list[int]]) -> dict[str, str]:
     found: dict[str, list[int]] = {}
     suffix = ".parameters.weight"
     for lbl in run.idx:
-        if lbl.endswith(suffix) and ".forward." in lbl:
+        if lbl.endswith(suffix) and ".forward." in lbl and lbl not in known:
             _call_rules(run, lbl[: -len(suffix)], found)
     out: dict[str, str] = {}
     for lbl, whole in found.items():
@@ -142,9 +150,8 @@ def reference_shapes(ds: xr.Dataset, groups: list[list[int]], reference: xr.Data
     A reference run that names every split tensor comes back as it is; one in other names (another codebase)
     or none at all is completed by what the run's linear layers show.
     """
-    ref = reference["shape"].to_series().to_dict() if reference is not None else {}
-    have = {str(t) for t in ref}
-    extra = {lbl: s for lbl, s in split_shapes(ds, groups).items() if lbl not in have}
+    ref = shape_table(reference) if reference is not None else {}
+    extra = {lbl: s for lbl, s in split_shapes(ds, groups, known=ref).items() if lbl not in ref}
     if not extra:
         return reference
     labels = [*ref, *extra]

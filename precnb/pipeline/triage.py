@@ -509,14 +509,8 @@ def diagnose(
     alignment = None
     step_offset: int | None = None
     if base is not None:
-        from precnb.analysis.compare import NothingToCompareError, align_steps
-
         alignment = _alignment(base, targ, opts, notes)
-        b_for_steps = alignment.apply(base) if alignment is not None else base
-        try:
-            step_offset = align_steps(b_for_steps, targ, opts.step_offset)
-        except NothingToCompareError:  # no step in common: the divergence search answers "nothing compared"
-            step_offset = opts.step_offset if isinstance(opts.step_offset, int) else 0
+        step_offset = _step_offset(base, targ, alignment, opts.step_offset)
         if opts.steps is not None:
             keep = [s for s in base["step"].values.tolist() if s in set(opts.steps)]
             base = base.sel(step=keep)
@@ -593,6 +587,19 @@ def _enrich(findings: list[Any], ctx: Any) -> None:
     from precnb.analysis.enrich import enrich
 
     enrich(findings, ctx.target, ctx.baseline)
+
+
+def _step_offset(base: xr.Dataset, targ: xr.Dataset, alignment: Any, given: Any) -> int:
+    """The pair's step offset; the baseline is put in the target's names only when it is detected ("auto")."""
+    from precnb.analysis.compare import NothingToCompareError, align_steps, default_step_offset
+
+    off = default_step_offset(base["step"].values, targ["step"].values, given)
+    if off != "auto":
+        return int(off)
+    try:
+        return align_steps(alignment.apply(base) if alignment is not None else base, targ, given)
+    except NothingToCompareError:  # no step in common: the divergence search answers "nothing compared"
+        return given if isinstance(given, int) else 0
 
 
 def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[str]) -> Any:

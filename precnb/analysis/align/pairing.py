@@ -82,6 +82,39 @@ def _confidence(score: float, threshold: float) -> float:
     return round(1.0 / (1.0 + math.exp(-2.2 * (score - threshold) / max(threshold, 1e-9))), 3)
 
 
+#: the most :func:`~precnb.analysis.align.evidence.tensor_score` gives two tensors of one node (one framework)
+#: whose labels differ: same size 1.0, dtype kind 0.3, close values 2.2, position 0.2, keyword 0.3
+_OTHER_LABEL_MAX = 4.0
+
+
+def _same_label_pairs(gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]] | None:
+    """One group's tensors paired label to label, when that is provably what :func:`pair_greedy` pairs.
+
+    Both sides hold the same labels (one node of one codebase) and every same-label pair reaches the
+    threshold and beats every other pair of its row and column: best-first, nothing can take its place.
+    Above the most a pair of different labels can score (:data:`_OTHER_LABEL_MAX`) that holds without
+    scoring them; below it (values that differ: a bug, a later consequence), its row and column are
+    scored. None when it is not proven (a label on one side only, a competitor as good).
+    """
+    if len(gb) != len(gt):
+        return None
+    by_label = {t.label: k for k, t in enumerate(gt)}
+    if len(by_label) != len(gt) or any(a.label not in by_label for a in gb):
+        return None
+    out = [(a, gt[by_label[a.label]], float(score(a, gt[by_label[a.label]]))) for a in gb]
+    if any(sc < TENSOR_THRESHOLD for _, _, sc in out):
+        return None
+    low = [i for i, (_, _, sc) in enumerate(out) if sc <= _OTHER_LABEL_MAX + 1e-9]
+    if len(low) * 2 * (len(gb) - 1) > len(gb) * len(gb) // 4:
+        return None  # checking them costs about what the programme costs: let it decide
+    for i in low:
+        a, c, sc = out[i]
+        if (any(float(score(a, y)) >= sc for y in gt if y is not c)
+                or any(float(score(x, c)) >= sc for x in gb if x is not a)):
+            return None
+    return out
+
+
 def _dice(a: tuple[int, ...], b: tuple[int, ...]) -> float:
     if not a and not b:
         return 0.0
@@ -482,7 +515,11 @@ class _Aligner:
         elements: within one codebase argument ``input.K`` pairs with ``input.K`` (slots mean the same), so
         their elements are paired list by list instead of all against all.
         """
+        proof = self.fast and self.same_fw and self.same_names  # one codebase: same labels pair, when proven
         if not (self.same_fw and self.same_names) or len(gb) * len(gt) <= 256:
+            same = _same_label_pairs(gb, gt, score) if proof else None
+            if same is not None:
+                return same
             return [(gb[i], gt[j], s) for i, j, s in pair_greedy(gb, gt, score, threshold=TENSOR_THRESHOLD)]
         parts_b: dict[str, list[Any]] = defaultdict(list)
         parts_t: dict[str, list[Any]] = defaultdict(list)
@@ -493,7 +530,10 @@ class _Aligner:
         out: list[tuple[Any, Any, float]] = []
         for key, xs in parts_b.items():
             ys = parts_t.get(key, [])
-            if ys:
+            same = _same_label_pairs(xs, ys, score) if ys and proof else None
+            if same is not None:
+                out += same
+            elif ys:
                 out += [(xs[i], ys[j], s) for i, j, s in pair_greedy(xs, ys, score, threshold=TENSOR_THRESHOLD)]
         return out
 
