@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from precnb._args import baseline_keyword
@@ -597,7 +598,15 @@ def _step_offset(base: xr.Dataset, targ: xr.Dataset, alignment: Any, given: Any)
     if off != "auto":
         return int(off)
     try:
-        return align_steps(alignment.apply(base) if alignment is not None else base, targ, given)
+        if alignment is None:
+            return align_steps(base, targ, given)
+        # the offset is read from the parameters: only they are put in the target's names, when the target
+        # holds them (else every tensor in common decides, as align_steps does)
+        params = np.flatnonzero(base["role"].values == "parameter")
+        named = alignment.apply(base.isel(tensor=params)) if len(params) else None
+        if named is None or not named.indexes["tensor"].isin(targ.indexes["tensor"]).any():
+            named = alignment.apply(base)
+        return align_steps(named, targ, given)
     except NothingToCompareError:  # no step in common: the divergence search answers "nothing compared"
         return given if isinstance(given, int) else 0
 
