@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Hashable
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ import xarray as xr
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.pp import relabel_pipeline
 from precnb.analysis.rank_args import RANK_DEPENDENT, mark_rank_args, rank_dependent
+from precnb.analysis.shard_shapes import reference_shapes, shape_table
 from precnb.analysis.undefined import mark_undefined
 from precnb.naming import is_communication
 from precnb.schema import (
@@ -181,7 +183,7 @@ def classify_shards(
     n_t = ds.sizes["tensor"]
     by_copies, odd = _majority(stats, numel, scale, first, rtol) if idx and len(idx[0]) >= 3 else \
         (np.zeros(n_t, bool), None)
-    ref_shapes = reference["shape"].to_series().to_dict() if reference is not None else None
+    ref_shapes = shape_table(reference) if reference is not None else None
     by_inputs = _should_be_replicated(ds, replicated, ref_shapes)
     # tensor-parallel glue: computed with the rank's own constants (or from such a value): no replicas
     glue, glue_why = rank_dependent(ds, groups)
@@ -193,7 +195,7 @@ def classify_shards(
     if reference is not None:
         from precnb.analysis.dataflow import scalar_only_nodes
 
-        ref_shape = reference["shape"].to_series().to_dict()
+        ref_shape = ref_shapes or {}
         scalar_only = scalar_only_nodes(ds)
         local = ds["shape"].values
         k = len(groups[0]) if groups else 1
@@ -363,11 +365,17 @@ def _majority(stats: dict[str, np.ndarray], numel: np.ndarray, scale: np.ndarray
 
 
 def _shape(text: Any) -> list[int] | None:
+    got = _parsed_shape(str(text))
+    return list(got) if got is not None else None
+
+
+@lru_cache(maxsize=4096)
+def _parsed_shape(text: str) -> tuple[int, ...] | None:
     try:
         import json
 
-        v = json.loads(str(text))
-        return [int(x) for x in v] if isinstance(v, list) else None
+        v = json.loads(text)
+        return tuple(int(x) for x in v) if isinstance(v, list) else None
     except (ValueError, TypeError):
         return None
 
@@ -531,13 +539,14 @@ def merge_group_dim(
                              f"shard_reason_{dim}": ("tensor", reasons.astype(object)),
                              f"shard_dim_{dim}": ("tensor", shard_dim)})
     if reference is not None:
-        ref_shape = reference["shape"].to_series().to_dict()
+        ref_shape = shape_table(reference)
         shapes = out["shape"].values.copy()
         for j, lbl in enumerate(out["tensor"].values):
             if kinds[j] == "sharded" and shard_dim[j] and lbl in ref_shape:
                 shapes[j] = ref_shape[lbl]
         out = out.assign_coords(shape=("tensor", shapes))
-    out = out.sortby("rank")
+    if new_ranks != sorted(new_ranks):  # (sorting copies every coordinate: only when needed)
+        out = out.sortby("rank")
     return out, new_layout
 
 
@@ -616,6 +625,7 @@ def merge_shards(
         out, lay = relabel_pipeline(out, lay)
     for dim in ("tp", "cp", *(("dp",) if merge_dp else ())):
         if (lay.dp if dim == "dp" else getattr(lay, dim)) > 1:
-            out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=reference, like=like)
+            ref = reference_shapes(out, lay.groups("tp"), reference) if dim == "tp" else reference
+            out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=ref, like=like)
     out.attrs["merged_layout"] = layout.describe()
     return validate(out)

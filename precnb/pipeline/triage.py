@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from precnb._args import baseline_keyword
@@ -527,14 +528,8 @@ def diagnose(
     alignment = None
     step_offset: int | None = None
     if base is not None:
-        from precnb.analysis.compare import NothingToCompareError, align_steps
-
         alignment = _alignment(base, targ, opts, notes)
-        b_for_steps = alignment.apply(base) if alignment is not None else base
-        try:
-            step_offset = align_steps(b_for_steps, targ, opts.step_offset)
-        except NothingToCompareError:  # no step in common: the divergence search answers "nothing compared"
-            step_offset = opts.step_offset if isinstance(opts.step_offset, int) else 0
+        step_offset = _step_offset(base, targ, alignment, opts.step_offset)
         if opts.steps is not None:
             keep = [s for s in base["step"].values.tolist() if s in set(opts.steps)]
             base = base.sel(step=keep)
@@ -611,6 +606,27 @@ def _enrich(findings: list[Any], ctx: Any) -> None:
     from precnb.analysis.enrich import enrich
 
     enrich(findings, ctx.target, ctx.baseline)
+
+
+def _step_offset(base: xr.Dataset, targ: xr.Dataset, alignment: Any, given: Any) -> int:
+    """The pair's step offset; the baseline is put in the target's names only when it is detected ("auto")."""
+    from precnb.analysis.compare import NothingToCompareError, align_steps, default_step_offset
+
+    off = default_step_offset(base["step"].values, targ["step"].values, given)
+    if off != "auto":
+        return int(off)
+    try:
+        if alignment is None:
+            return align_steps(base, targ, given)
+        # the offset is read from the parameters: only they are put in the target's names, when the target
+        # holds them (else every tensor in common decides, as align_steps does)
+        params = np.flatnonzero(base["role"].values == "parameter")
+        named = alignment.apply(base.isel(tensor=params)) if len(params) else None
+        if named is None or not named.indexes["tensor"].isin(targ.indexes["tensor"]).any():
+            named = alignment.apply(base)
+        return align_steps(named, targ, given)
+    except NothingToCompareError:  # no step in common: the divergence search answers "nothing compared"
+        return given if isinstance(given, int) else 0
 
 
 def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[str]) -> Any:

@@ -31,9 +31,10 @@ False
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 
-from precnb.analysis.align.evidence import close, information
+from precnb.analysis.align.evidence import VALUE_RTOL, close, information
 from precnb.analysis.align.tree import NodeInfo, RunTree, TensorInfo
 from precnb.analysis.align.vocab import op_similarity
 
@@ -66,7 +67,12 @@ def is_mask_stats(dtype: str, stats: tuple[float, float, float, float]) -> bool:
 
 
 class ValueIndex:
-    """The float tensors of one run, by element count, to ask whether a value is recorded there."""
+    """The float tensors of one run, by element count and norm, to ask whether a value is recorded there.
+
+    Each element count's tensors are sorted by norm: a query looks at those whose norm is within the
+    comparison's tolerance of its own (every tensor of a common size, not the first few hundred), and
+    answers the first recorded one that is close, as a scan in record order would.
+    """
 
     def __init__(self, tree: RunTree) -> None:
         self.by_numel: dict[int, list[tuple[TensorInfo, str]]] = defaultdict(list)
@@ -74,13 +80,28 @@ class ValueIndex:
             for t in info.tensors:
                 if t.is_float and information(t) >= 1.0:
                     self.by_numel[t.numel].append((t, name))
+        self._sorted: dict[int, tuple[list[float], list[int]]] = {}
+        self._odd: dict[int, list[int]] = {}  # positions of tensors without a finite norm (partial sums)
+        for numel, entries in self.by_numel.items():
+            finite = sorted((e[0].stats[3], k) for k, e in enumerate(entries) if math.isfinite(e[0].stats[3]))
+            self._sorted[numel] = ([n for n, _ in finite], [k for _, k in finite])
+            self._odd[numel] = [k for k, e in enumerate(entries) if not math.isfinite(e[0].stats[3])]
 
     def find(self, t: TensorInfo, *, limit: int = 400) -> str | None:
         """A node of the indexed run that records *t*'s values (same element count, close statistics)."""
-        for other, name in self.by_numel.get(t.numel, [])[:limit]:
-            if close(t.stats, other.stats):
-                return name
-        return None
+        entries = self.by_numel.get(t.numel)
+        if not entries:
+            return None
+        norm = t.stats[3]
+        if math.isfinite(norm):
+            norms, order = self._sorted[t.numel]
+            tol = VALUE_RTOL * abs(norm) / (1.0 - VALUE_RTOL) + 1e-300
+            lo, hi = bisect_left(norms, norm - tol), bisect_right(norms, norm + tol)
+            cands = order[lo:hi] + self._odd[t.numel][:limit]
+        else:
+            cands = list(range(min(len(entries), limit)))
+        hits = [k for k in cands if close(t.stats, entries[k][0].stats)]
+        return entries[min(hits)][1] if hits else None
 
 
 def same_result(x: NodeInfo, y: NodeInfo) -> bool:

@@ -82,6 +82,39 @@ def _confidence(score: float, threshold: float) -> float:
     return round(1.0 / (1.0 + math.exp(-2.2 * (score - threshold) / max(threshold, 1e-9))), 3)
 
 
+#: the most :func:`~precnb.analysis.align.evidence.tensor_score` gives two tensors of one node (one framework)
+#: whose labels differ: same size 1.0, dtype kind 0.3, close values 2.2, position 0.2, keyword 0.3
+_OTHER_LABEL_MAX = 4.0
+
+
+def _same_label_pairs(gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]] | None:
+    """One group's tensors paired label to label, when that is provably what :func:`pair_greedy` pairs.
+
+    Both sides hold the same labels (one node of one codebase) and every same-label pair reaches the
+    threshold and beats every other pair of its row and column: best-first, nothing can take its place.
+    Above the most a pair of different labels can score (:data:`_OTHER_LABEL_MAX`) that holds without
+    scoring them; below it (values that differ: a bug, a later consequence), its row and column are
+    scored. None when it is not proven (a label on one side only, a competitor as good).
+    """
+    if len(gb) != len(gt):
+        return None
+    by_label = {t.label: k for k, t in enumerate(gt)}
+    if len(by_label) != len(gt) or any(a.label not in by_label for a in gb):
+        return None
+    out = [(a, gt[by_label[a.label]], float(score(a, gt[by_label[a.label]]))) for a in gb]
+    if any(sc < TENSOR_THRESHOLD for _, _, sc in out):
+        return None
+    low = [i for i, (_, _, sc) in enumerate(out) if sc <= _OTHER_LABEL_MAX + 1e-9]
+    if len(low) * 2 * (len(gb) - 1) > len(gb) * len(gb) // 4:
+        return None  # checking them costs about what the programme costs: let it decide
+    for i in low:
+        a, c, sc = out[i]
+        if (any(float(score(a, y)) >= sc for y in gt if y is not c)
+                or any(float(score(x, c)) >= sc for x in gb if x is not a)):
+            return None
+    return out
+
+
 def _dice(a: tuple[int, ...], b: tuple[int, ...]) -> float:
     if not a and not b:
         return 0.0
@@ -275,6 +308,10 @@ class _Aligner:
         s += node_values(x, y)
         if sim == 0.0 and (is_glue_op(x.api) or is_glue_op(y.api)):
             s -= 1.0
+        elif not self.same_names and is_communication(x.name) != is_communication(y.name):
+            # two codebases: a collective one run adds (a TP all-reduce completing a row-parallel matmul's
+            # partial sum) is glue, never the counterpart of the other's computation, whatever its output holds
+            s -= 2.0
         elif sim < 1.0 and not self.same_names and same_result(x, y):
             # two codebases: one value computed by other ops (baddbmm(alpha) against matmul, then * scale; a
             # loss from cross_entropy against one from max, exp, sum, log, mean)
@@ -435,6 +472,42 @@ class _Aligner:
                                                  _confidence(s, TENSOR_THRESHOLD))
                     used_b.add(a.label)
 
+    def pair_grad_snapshots(self) -> None:
+        """Two codebases: a parameter gradient pairs the same parameter's gradient record that holds its value.
+
+        With several micro-batches a gradient is recorded as it accumulates, and when msprobe's hook fires
+        depends on the codebase and the schedule (on Megatron's last pipeline stage a row-parallel bias's
+        first record already holds both micro-batches' sum): a gradient whose positional counterpart
+        (the same call of the paired module) disagrees pairs the same parameter's record of another call of
+        that module whose statistics are close, if one is not paired yet.
+        """
+        if self.same_names:
+            return
+        stats = {t.label: t.stats for tree in (self.tb, self.tt) for n in tree.nodes.values() for t in n.tensors}
+        for b, (t, _how, _conf) in self.out.modules.items():
+            mb, mt = self.tb.modules[b], self.tt.modules[t]
+            if len(mb.param_grads) < 2 and len(mt.param_grads) < 2:
+                continue
+            ours = [c for n in mt.param_grads for c in self.tt.nodes[n].tensors]
+            good = {c.label for c in ours if c.label in self.out.tensors
+                    and close(stats[self.out.tensors[c.label][0]], c.stats)}
+            taken = {self.out.tensors[x][0] for x in good}
+            free = [a for n in mb.param_grads for a in self.tb.nodes[n].tensors if a.label not in taken]
+            moved: set[str] = set()
+            for c in ours:
+                now = self.out.tensors.get(c.label)
+                if c.label in good or (now is not None and now[1] == "user"):
+                    continue
+                hit = next((a for a in free if a.slot == c.slot and close(a.stats, c.stats)), None)
+                if hit is not None:
+                    free.remove(hit)
+                    moved.add(hit.label)
+                    self.out.tensors[c.label] = (hit.label, "value", 0.9)
+            for c in ours:  # a record whose counterpart moved to the record that holds its value: unpaired
+                now = self.out.tensors.get(c.label)
+                if now is not None and now[0] in moved and not close(stats[now[0]], c.stats):
+                    del self.out.tensors[c.label]
+
     def _tensor_pairs(self, gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]]:
         """:func:`pair_greedy` of one group's tensors; in one codebase, a list argument's elements per argument.
 
@@ -442,7 +515,11 @@ class _Aligner:
         elements: within one codebase argument ``input.K`` pairs with ``input.K`` (slots mean the same), so
         their elements are paired list by list instead of all against all.
         """
+        proof = self.fast and self.same_fw and self.same_names  # one codebase: same labels pair, when proven
         if not (self.same_fw and self.same_names) or len(gb) * len(gt) <= 256:
+            same = _same_label_pairs(gb, gt, score) if proof else None
+            if same is not None:
+                return same
             return [(gb[i], gt[j], s) for i, j, s in pair_greedy(gb, gt, score, threshold=TENSOR_THRESHOLD)]
         parts_b: dict[str, list[Any]] = defaultdict(list)
         parts_t: dict[str, list[Any]] = defaultdict(list)
@@ -453,7 +530,10 @@ class _Aligner:
         out: list[tuple[Any, Any, float]] = []
         for key, xs in parts_b.items():
             ys = parts_t.get(key, [])
-            if ys:
+            same = _same_label_pairs(xs, ys, score) if ys and proof else None
+            if same is not None:
+                out += same
+            elif ys:
                 out += [(xs[i], ys[j], s) for i, j, s in pair_greedy(xs, ys, score, threshold=TENSOR_THRESHOLD)]
         return out
 
@@ -641,5 +721,6 @@ def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None, *, fast: boo
     a.pair_moved_modules()
     a.pair_nodes()
     a.pair_tensors()
+    a.pair_grad_snapshots()
     a.classify()
     return a.out

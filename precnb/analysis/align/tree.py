@@ -9,6 +9,7 @@ ranks: runs are aligned once per module tree, not per rank.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ class TensorInfo:
     stats: tuple[float, float, float, float]  # max, min, mean, norm at the reference entry (NaN where null)
     seq: int
 
-    @property
+    @cached_property
     def group(self) -> str:
         """``input`` / ``output`` / ``parameters`` / ``kwargs`` / ``grad`` (parameter gradients)."""
         head = self.slot.split(".", 1)[0]
