@@ -97,9 +97,14 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
     return out
 
 
-def _no_tensor_input(ds: xr.Dataset, j: int) -> bool:
-    """Tensor *j*'s node reads no tensor (:func:`precnb.analysis.dataflow.scalar_only_nodes`)."""
-    return str(ds["node"].values[j]) in scalar_only_nodes(ds)
+def _no_tensor_input(ds: xr.Dataset, j: int, scalar_only: set[str] | None = None) -> bool:
+    """Tensor *j*'s node reads no tensor (:func:`precnb.analysis.dataflow.scalar_only_nodes`).
+
+    *scalar_only*: that set when the caller already has it (it walks every record: once per run,
+    not once per mismatch).
+    """
+    nodes = scalar_only if scalar_only is not None else scalar_only_nodes(ds)
+    return str(ds["node"].values[j]) in nodes
 
 
 def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float,
@@ -155,6 +160,7 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
     ranks = [int(r) for r in ds["rank"].values]
     rows: list[dict[str, Any]] = []
     checked = 0
+    scalar_only: set[str] | None = None
     undefined = undefined_mask(ds)
     present = ds["present"].values & ~undefined
     if aside is not None:
@@ -199,7 +205,9 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
                 if n == 2 and k == 0 and bad[si, 1, tj]:
                     continue  # a pair: report the later rank only
                 others = [r for r in g if r != g[k]]
-                if by_cause[si, tj] and _no_tensor_input(ds, cols[tj]):
+                if by_cause[si, tj] and scalar_only is None:
+                    scalar_only = scalar_only_nodes(ds)  # once, and only when a row needs it
+                if by_cause[si, tj] and _no_tensor_input(ds, cols[tj], scalar_only):
                     why = (f"differs from its {dim} replicas {others} although the op has no tensor input (it reads "
                            f"only its scalar arguments and the random state): the op computed differently on rank "
                            f"{g[k]}")
