@@ -25,7 +25,7 @@ help:
 	@echo "make fuzz    the reader fuzzing with a long budget (FUZZ_SCALE=$(FUZZ_SCALE), random seeds)"
 	@echo "make lab     install, then start JupyterLab on the notebook templates"
 	@echo "make lint    ruff, and the import contracts of pyproject.toml [tool.importlinter] (lint-imports)"
-	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io, analysis)"
+	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io, analysis, pipeline, widgets)"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (tools/samples)"
 	@echo "make msprobe-matrix  regenerate tests/fixtures/msprobe_releases/ (one venv per msprobe release in"
 	@echo "             $(MATRIX_VENVS); ONLY='26.2.0 1.0.1' for some releases) and print the README table"

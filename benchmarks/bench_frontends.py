@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, float, float]] = []
     for case, target, baseline in (("NaN run", trees / "nan", None),
                                    ("pair", trees / "diverge", trees / "baseline")):
-        sides = {"diagnose": lambda t=target, b=baseline: precnb.diagnose(t, b, progress=False),
-                 "explore": lambda t=target, b=baseline: precnb.explore(t, b, progress=False),
+        sides = {"diagnose": lambda t=target, b=baseline: precnb.diagnose(t, baseline=b, progress=False),
+                 "explore": lambda t=target, b=baseline: precnb.explore(t, baseline=b, progress=False),
                  "report": lambda t=target, b=baseline: to_html(t, baseline=b, progress=False)}
         times = compare_sides(sides, args.repeat)
         base = statistics.median(w for _c, w in times["diagnose"])
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {case} | {side} | {ts[0][1]:.2f} | {wall:.2f} | {ratio:.2f} | {cpu:.2f} | "
                          f"{cpu / base_cpu:.2f} | "
                          + (f"≤ {goal} ({'met' if ratio <= goal else '**not met**'})" if goal else "") + " |")
-        ex = precnb.explore(target, baseline, progress=False)
+        ex = precnb.explore(target, baseline=baseline, progress=False)
         rows += [(f"{case}: {what}", c, w) for what, c, w in interactions(ex, baseline is not None, args.repeat)]
     worst = max(c for _w, c, _t in rows)
     lines += ["", "| explorer interaction | kernel CPU time | wall time |", "|---|---:|---:|"]

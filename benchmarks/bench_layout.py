@@ -47,7 +47,7 @@ def inproc_seconds(baseline: str, target: str) -> tuple[float, dict]:
     import precnb
 
     t0 = time.perf_counter()
-    f = precnb.diagnose(str(MG / target), str(MG / baseline), steps=[0], progress=False).finding
+    f = precnb.diagnose(str(MG / target), baseline=str(MG / baseline), steps=[0], progress=False).finding
     return time.perf_counter() - t0, {"kind": f.kind, "step": f.step, "rank": f.rank, "node": f.node}
 
 

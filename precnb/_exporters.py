@@ -19,16 +19,35 @@ KeyError: "no exporter 'pdf'; known: html"
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EXPORTERS", "exporter"]
+from precnb._plugins import PluginRegistry
+
+__all__ = ["ENTRY_POINT_GROUP", "EXPORTERS", "REGISTRY", "exporter", "exporter_names"]
+
+ENTRY_POINT_GROUP = "precnb.exporters"
 
 #: exporter name -> ``"module:attribute"`` of the callable ``(source, path, **options) -> path``
 EXPORTERS: dict[str, str] = {
     "html": "precnb.report:write_html",
 }
+
+
+def _as_exporter(obj: Any, name: str) -> Callable[..., Any]:
+    if not callable(obj):
+        raise TypeError(f"exporter {name!r} is not callable but {type(obj).__name__}")
+    return obj
+
+
+#: the exporters: built-ins (:data:`EXPORTERS`), run-time ones and the ``precnb.exporters`` entry points
+REGISTRY: PluginRegistry[Callable[..., Any]] = PluginRegistry(ENTRY_POINT_GROUP, kind="exporter", builtins=EXPORTERS,
+                                                              convert=_as_exporter, cache_builtins=False)
+
+
+def exporter_names() -> tuple[str, ...]:
+    """Every exporter's name: built-ins, registered, then plug-ins (none imported to list them)."""
+    return REGISTRY.names()
 
 
 def exporter(name: str) -> Callable[..., Any]:
@@ -37,7 +56,8 @@ def exporter(name: str) -> Callable[..., Any]:
     Parameters
     ----------
     name : str
-        A key of :data:`EXPORTERS` (``"html"``).
+        A key of :data:`EXPORTERS` (``"html"``), or of a plug-in of the ``precnb.exporters``
+        entry-point group (``name = "module:callable"``).
 
     Returns
     -------
@@ -46,18 +66,10 @@ def exporter(name: str) -> Callable[..., Any]:
     Raises
     ------
     KeyError
-        For an unknown name (the message lists the known ones).
+        For an unknown name (the message lists the known ones), or a plug-in that failed to
+        load (with a warning).
     ImportError
-        When the exporter's module cannot be imported (e.g. the ``notebook`` extra is not
+        When a built-in exporter's module cannot be imported (e.g. the ``notebook`` extra is not
         installed: :class:`precnb._extras.MissingExtraError`) or does not define it.
     """
-    try:
-        target = EXPORTERS[name]
-    except KeyError:
-        raise KeyError(f"no exporter {name!r}; known: {', '.join(sorted(EXPORTERS))}") from None
-    module_name, _, attribute = target.partition(":")
-    module = importlib.import_module(module_name)
-    try:
-        return getattr(module, attribute)
-    except AttributeError:
-        raise ImportError(f"exporter {name!r}: {module_name} has no attribute {attribute!r}") from None
+    return REGISTRY.get(name)

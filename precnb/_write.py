@@ -173,7 +173,7 @@ def _ident(p: Path) -> tuple[int, int] | None:
 
 
 # ----------------------------------------------------------------------------- checks
-def check_output(path: PathLike, *, inputs: Iterable[PathLike | None] = (), overwrite: bool = False,
+def check_output(path: PathLike, *, inputs: Iterable[PathLike | None] = (), overwrite: bool = False,  # noqa: C901
                  folder: bool = False, content: str | None = None) -> Path:
     """Validate an output path before writing; return it absolute (symlinks of parents kept).
 

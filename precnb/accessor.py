@@ -112,17 +112,17 @@ class PrecAccessor:
         return load_report(self._ds)
 
     # -- diagnosis (through the one pipeline, :func:`precnb.diagnose`) ---------------------------
-    def diagnose(self, baseline: Any = None, **options: Any) -> Any:
-        """Diagnose this run (against *baseline*); see :func:`precnb.diagnose`."""
+    def diagnose(self, *, baseline: Any = None, **options: Any) -> Any:
+        """Diagnose this run (against ``baseline=``, keyword-only); see :func:`precnb.diagnose`."""
         from precnb.pipeline import diagnose
 
-        return diagnose(self._ds, baseline, **options)
+        return diagnose(self._ds, baseline=baseline, **options)
 
     def first_divergence(self, target: Any, **options: Any) -> Any:
         """Compare *target* with this run (the baseline): the pipeline's first-divergence finding."""
         from precnb.pipeline import diagnose
 
-        return diagnose(target, self._ds, kinds=["first_divergence"], **_options(options)).finding
+        return diagnose(target, baseline=self._ds, kinds=["first_divergence"], **_options(options)).finding
 
     def nan_origin(self, **options: Any) -> Any:
         """The pipeline's NaN/Inf-origin finding for this run; see :func:`precnb.diagnose`."""
@@ -142,11 +142,11 @@ class PrecAccessor:
 
         return diagnose(self._one(options), kinds=["loss_spike"], **_options(options)).finding
 
-    def explore(self, baseline: Any = None, **options: Any) -> Any:
-        """Open the notebook explorer on this run; see :func:`precnb.explore`."""
+    def explore(self, *, baseline: Any = None, **options: Any) -> Any:
+        """Open the notebook explorer on this run (``baseline=`` keyword-only); see :func:`precnb.explore`."""
         from precnb.widgets import explore
 
-        return explore(self._ds, baseline, **options)
+        return explore(self._ds, baseline=baseline, **options)
 
     def _one(self, options: dict[str, Any]) -> xr.Dataset:
         run = options.pop("run", None)

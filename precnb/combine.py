@@ -417,7 +417,7 @@ def rebase_dtype_changes(ds: xr.Dataset, coord: dict[str, Any]) -> dict[str, dic
     return _rebase(ds, dtype_changes(ds), "dtype", coord)
 
 
-def _merged_layout_facts(parts: list[xr.Dataset], labels: list[str], shapes: np.ndarray,
+def _merged_layout_facts(parts: list[xr.Dataset], labels: list[str], shapes: np.ndarray,  # noqa: C901
                          construct: dict[str, Any]) -> dict[str, str]:
     """The attributes parallel runs are read with, joined as a whole load writes them.
 

@@ -194,7 +194,7 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
     if ds.attrs.get("precnb_schema") != SCHEMA_VERSION:
         errors.append(f"attrs['precnb_schema'] must be {SCHEMA_VERSION!r}")
     if "kind" in ds.coords and ds.sizes.get("tensor", 0):
-        bad = {str(k) for k in set(ds.coords["kind"].values.tolist())} - set(KINDS)
+        bad = {str(k) for k in set(ds.coords["kind"].values)} - set(KINDS)  # no list of every tensor
         if bad:
             errors.append(f"unknown tensor kinds {sorted(bad)}")
     if errors:

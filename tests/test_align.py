@@ -249,7 +249,7 @@ def test_layer_stacks_are_found_from_the_module_tree():
 def test_pp_stages_with_local_blocks_names_stitch_and_match_the_unsplit_run():
     root = sample_path("pp_local")
     gt = json.loads((root / "ground_truth.json").read_text())
-    t = precnb.diagnose(root / "pp2", root / "pp1", target_layout="pp=2", kinds=["first_divergence"],
+    t = precnb.diagnose(root / "pp2", baseline=root / "pp1", target_layout="pp=2", kinds=["first_divergence"],
                         progress=False)
     assert t.finding.kind == "none", t.finding.reason
     assert not t.finding.structural

@@ -126,9 +126,9 @@ def test_names_that_differ_do_not_take_the_fast_path(monkeypatch):
     for b, t in ((("xfw", "pt"), ("xfw", "ms_same")), (("xfw", "pt"), ("xfw", "ms_bug"))):
         fast, slow, (scores, _proven, refused), slow_scores = _both(spy, _run(*b), _run(*t))
         assert fast.to_dict() == slow.to_dict()
-        # PyTorch vs MindSpore call names (Functional.linear vs Primitive.matmul.MatMul) do not agree: the
-        # proof is refused (mostly before any score) and the programme scores every pair, as without it
-        assert refused > 0 and scores == slow_scores
+        # PyTorch vs MindSpore: two codebases, whose global call counters say nothing (issue 24): no proof by
+        # name is tried and the programme scores every pair, as without it
+        assert _proven == 0 and refused == 0 and scores == slow_scores
         assert fast.counts()["nodes"]["by_how"].get("name", 0) < len(fast.nodes) // 2
 
 
@@ -148,7 +148,7 @@ def test_score_bound_holds_on_real_calls(pair):
     aligner = pairing._Aligner(tb, tt, None)
     xs = [n for n in tb.nodes.values() if n.kind == "api"][:120]
     ys = [n for n in tt.nodes.values() if n.kind == "api"][:120]
-    bound = certify.ApiBound(ys)
+    bound = certify.ApiBound(ys, cross_codebase=not aligner.same_names)
     checked = 0
     for x in xs:
         row = bound.row(x)

@@ -214,3 +214,15 @@ def test_non_numeric_features_are_not_nan_and_the_data_check_counts_right(tmp_pa
     data = checks["data"]
     assert data["status"] == "warn" and "at 3 of 4 common (step, rank) entries" in data["message"]
     assert "1 could not be compared" in data["message"] and "step 2 rank 0" in data["message"]
+
+
+@pytest.mark.parametrize("cut", [200, 0.5])
+def test_a_truncated_pack_given_as_the_input_says_so(tmp_path, cut):
+    """Issue 23 item 11: a truncated zip passed to info/preflight is named as a truncated zip."""
+    data = pack("healthy/baseline.zip").read_bytes()
+    truncated = tmp_path / "t.zip"
+    truncated.write_bytes(data[:cut if isinstance(cut, int) else int(len(data) * cut)])
+    with pytest.raises(precnb.errors.NotADumpError) as err:
+        precnb.open_run(truncated)
+    msg = str(err.value)
+    assert "t.zip" in msg and "truncated or damaged zip" in msg and "not a recognised input" not in msg

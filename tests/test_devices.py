@@ -107,3 +107,43 @@ def test_majority_decided_events_make_a_device_suspect_in_one_job():
     dev2 = next(d for d in out if d["device"] == "2")
     assert dev2["departures"] == [{"run": "a", "step": 1, "rank": 2, "node": "Torch.rsqrt.0.forward",
                                    "inputs_identical": False}]
+
+
+def test_one_job_undecided_pair_names_both_candidates_and_what_decides(capsys):
+    """One job, no clean run, two replicas: both devices are candidates, each why names the other and what decides."""
+    got = devices(capsys, "sdc", ("job1",))
+    pair = {d["device"]: d for d in got if d["host"] == "10.0.0.1"}
+    assert [d["verdict"] for d in got] == ["inconclusive", "inconclusive", "clean", "clean"]
+    for me, other in (("0", "1"), ("1", "0")):
+        why = pair[me]["why"]
+        assert why.startswith(f"candidate: departed with identical inputs (job1 steps 1, 3 as rank {me}) each time "
+                              f"together with 10.0.0.1:{other} (job1 rank {other}): a pair cannot say which side is "
+                              "wrong, so both are candidates"), why
+        assert "with one job the verdict is at most 'suspect (one event)'" in why and "--baseline" in why
+    # job2 alone: one departure (step 2, ranks 2 and 3), the same verdict for its two devices
+    got = devices(capsys, "sdc", ("job2",))
+    cand = [d for d in got if d["verdict"] == "inconclusive"]
+    assert sorted(f"{d['host']}:{d['device']}" for d in cand) == ["10.0.0.1:1", "10.0.0.2:0"]
+    assert all(" together with " in d["why"] and "each time" not in d["why"] for d in cand)
+    assert all(d["verdict"] == "clean" for d in got if d not in cand)
+
+
+def test_one_job_undecided_pairs_with_different_partners_make_the_common_device_suspect():
+    """Rank 1 departs with its TP replica (rank 0) at step 1 and its DP replica (rank 3) at step 2, undecided."""
+    tables = {"a": {r: {"host": "h", "device": str(r)} for r in range(4)}}
+
+    def ev(step: int, group: list[int]) -> dict:
+        return {"step": step, "rank": 1, "node": "Torch.rsqrt.0.forward", "inputs_identical": True,
+                "cause": "compute_fault", "group": group, "candidates": group, "wrong_side": [], "decided_by": None}
+
+    out = device_verdicts({"a": [ev(1, [0, 1]), ev(2, [1, 3])]}, tables)
+    assert [(d["device"], d["verdict"]) for d in out] == [("1", "suspect"), ("0", "clean"), ("3", "clean"),
+                                                          ("2", "clean")]
+    assert out[0]["why"].startswith("suspect (one event): departed with identical inputs (a steps 1, 2 as rank 1) "
+                                    "at 2 steps, with other replicas (h:0 (a rank 0), h:3 (a rank 3)): the one "
+                                    "device common to those departures"), out[0]["why"]
+    assert "explained by the other side, h:1" in out[1]["why"]
+    # one undecided departure alone: its two devices stay candidates
+    out = device_verdicts({"a": [ev(1, [0, 1])]}, tables)
+    assert [(d["device"], d["verdict"]) for d in out][:2] == [("0", "inconclusive"), ("1", "inconclusive")]
+    assert "together with h:1 (a rank 1)" in out[0]["why"] and "together with h:0 (a rank 0)" in out[1]["why"]

@@ -22,7 +22,7 @@ def gt(name: str) -> dict:
 
 
 def triage(path, baseline=None, **kw):
-    return precnb.diagnose(str(path), str(baseline) if baseline is not None else None, progress=False, **kw)
+    return precnb.diagnose(str(path), baseline=str(baseline) if baseline is not None else None, progress=False, **kw)
 
 
 # ------------------------------------------------------------------------------ coverage gap

@@ -68,7 +68,7 @@ MASK = "Functional.scaled_dot_product_attention.0.forward.input.attn_mask"
 def test_a_bool_mask_stored_as_uint8_is_a_note_never_a_divergence(tmp_path):
     pt = _run(tmp_path / "pt", "pytorch", _leaf("pytorch", "torch.bool", [1, 1, 4, 4], True, False))
     ms = _run(tmp_path / "ms", "mindspore", _leaf("mindspore", "UInt8", [1, 1, 4, 4], 1.0, 0.0, 0.625, 3.16))
-    t = precnb.diagnose(ms, pt, progress=False)
+    t = precnb.diagnose(ms, baseline=pt, progress=False)
     f = t.result("first_divergence")
     assert f.kind == "none", f.summary()
     assert f.stats["dtype_notes"][MASK] == {"baseline": "torch.bool", "target": "UInt8",
@@ -82,7 +82,7 @@ def test_a_bool_mask_stored_as_uint8_is_a_note_never_a_divergence(tmp_path):
 def test_a_mask_whose_values_differ_is_found_on_its_values_with_the_dtype_as_a_note(tmp_path):
     pt = _run(tmp_path / "pt", "pytorch", _leaf("pytorch", "torch.bool", [1, 1, 4, 4], True, False))
     ms = _run(tmp_path / "ms", "mindspore", _leaf("mindspore", "UInt8", [1, 1, 4, 4], 1.0, 1.0, 1.0, 4.0))
-    f = precnb.diagnose(ms, pt, progress=False).result("first_divergence")
+    f = precnb.diagnose(ms, baseline=pt, progress=False).result("first_divergence")
     assert f.kind == "first_divergence" and f.tensor == MASK  # Min 0 vs 1: a real value difference
     assert f.values["dtype_note"].startswith("torch.bool vs UInt8: a bool mask")
     assert not any("dtype differs at this tensor" in h for h in f.hints)
@@ -96,6 +96,6 @@ def test_a_dtype_change_that_changes_values_stays_a_difference(tmp_path, dtypes)
                    else 0.0)
     pt = _run(tmp_path / "pt", "pytorch", mask_b)
     ms = _run(tmp_path / "ms", "mindspore", _leaf("mindspore", t_dtype, [1, 1, 4, 4], 1.0, 0.0))
-    f = precnb.diagnose(ms, pt, progress=False).result("first_divergence")
+    f = precnb.diagnose(ms, baseline=pt, progress=False).result("first_divergence")
     assert f.kind == "first_divergence" and f.tensor == MASK
     assert MASK not in f.stats.get("dtype_notes", {})

@@ -31,7 +31,7 @@ def test_suspects_say_their_whole_reason_and_epochs_in_words():
     f = precnb.diagnose(sample_path("dp_nan")).finding
     s = next(x for x in f.suspects[1:] if "inherited" in x["why"])
     assert suspect_label(s).endswith("(inherited via communication)")  # no "inherited via co…"
-    t = precnb.diagnose(sample_path("dp_sum", "target"), sample_path("dp_sum", "baseline")).finding
+    t = precnb.diagnose(sample_path("dp_sum", "target"), baseline=sample_path("dp_sum", "baseline")).finding
     whys = [x["why"] for x in t.suspects if x["why"].startswith("first difference")]
     assert whys and all("epoch" not in w and "collectives at that step" in w for w in whys), whys
 

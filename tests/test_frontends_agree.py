@@ -58,7 +58,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def pipeline_first(target, baseline, kw):
-    t = precnb.diagnose(SAMPLES / target, SAMPLES / baseline if baseline else None, progress=False, **kw)
+    t = precnb.diagnose(SAMPLES / target, baseline=SAMPLES / baseline if baseline else None, progress=False, **kw)
     first = t.finding
     # the diagnosis that produced the first finding (its own kind is "none" when it found nothing)
     producer = next(c["kind"] for c in t.checks if c["status"] != "not applicable"
@@ -97,7 +97,7 @@ def test_every_front_end_gives_the_same_first_finding(case, tmp_path):
 
     # the explorer opens on it
     pytest.importorskip("ipywidgets")
-    ex = precnb.explore(SAMPLES / target, SAMPLES / baseline if baseline else None, **kw)
+    ex = precnb.explore(SAMPLES / target, baseline=SAMPLES / baseline if baseline else None, **kw)
     assert ex.finding is not None and key(ex.finding.to_dict()) == want
     if ex.finding.found:  # on its record: the origin, for a finding that has one (a loss spike's)
         from precnb.analysis.findings import shown_record
@@ -126,7 +126,7 @@ def test_unsynced_random_op_is_the_first_finding_everywhere():
     f = t.finding
     assert (f.kind, f.step, f.node) == ("replica_mismatch", fault["step"], fault["node"])
     assert f.tensor == f"{fault['node']}.{fault['tensor']}" and f.evidence["ranks"] == fault["ranks"]
-    pair = precnb.diagnose(SAMPLES / "tp_unsync/tp2", SAMPLES / "tp_unsync/tp1", target_layout="tp=2",
+    pair = precnb.diagnose(SAMPLES / "tp_unsync/tp2", baseline=SAMPLES / "tp_unsync/tp1", target_layout="tp=2",
                            progress=False)
     kinds = [x.kind for x in pair.findings]
     assert kinds[:2] == ["first_divergence", "replica_mismatch"]
@@ -134,7 +134,7 @@ def test_unsynced_random_op_is_the_first_finding_everywhere():
 
 
 def test_explorer_takes_a_layout_and_compares_merged_shards():
-    ex = precnb.explore(SAMPLES / "tp/tp2", SAMPLES / "tp/tp1", target_layout="tp=2")
+    ex = precnb.explore(SAMPLES / "tp/tp2", baseline=SAMPLES / "tp/tp1", target_layout="tp=2")
     assert ex.triage.target_layout.tp == 2 and "target shards merged" in " ".join(ex.triage.notes)
     assert ex.finding.kind == "none"  # the merged TP=2 run matches TP=1: no confident false divergence
     assert int(ex.runs.ds.sizes["rank"]) == 1

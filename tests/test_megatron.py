@@ -39,7 +39,7 @@ def fault(root: str) -> dict:
 @cache
 def diagnose(target: str, baseline: str | None = None, **kw) -> precnb.Triage:
     kw = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}  # cached: tuples in, lists to precnb
-    return precnb.diagnose(str(MG / target), str(MG / baseline) if baseline else None, **kw)
+    return precnb.diagnose(str(MG / target), baseline=str(MG / baseline) if baseline else None, **kw)
 
 
 def aside_reasons(f) -> str:
@@ -70,7 +70,7 @@ def test_a_given_layout_that_contradicts_the_dumps_is_a_clear_error():
     vpp = check_layout(precnb.open_run(MG / "tp1pp2vpp2", steps=[0]), Layout(2, pp=2))
     assert vpp and "2 model chunk(s) per rank" in vpp[0]
     with pytest.raises(ValueError, match="contradicts the dumps"):
-        diagnose("tp2pp2", "tp1pp1", target_layout="tp=2")
+        diagnose("tp2pp2", baseline="tp1pp1", target_layout="tp=2")
 
 
 # ----------------------------------------------------------------------------- healthy
@@ -80,7 +80,7 @@ HEALTHY = [("tp1pp1", "tp2pp1"), ("tp1pp1", "tp1pp2"), ("tp1pp1", "tp2pp2"), ("t
 
 @pytest.mark.parametrize(("baseline", "target"), HEALTHY)
 def test_healthy_layouts_compared_find_nothing(baseline, target):
-    t = diagnose(target, baseline)
+    t = diagnose(target, baseline=baseline)
     assert not t.found, t.finding.summary()
     assert any("layout read from the dumps" in n for n in t.notes), t.notes
     first = t.result("first_divergence")
@@ -88,7 +88,7 @@ def test_healthy_layouts_compared_find_nothing(baseline, target):
 
 
 def test_tp_glue_is_organisation_and_listed_as_set_aside():
-    t = diagnose("tp2pp1", "tp1pp1")
+    t = diagnose("tp2pp1", baseline="tp1pp1")
     first = t.result("first_divergence")
     why = aside_reasons(first)
     assert "tensor-parallel glue" in why
@@ -103,10 +103,10 @@ def test_tp_glue_is_organisation_and_listed_as_set_aside():
 
 
 def test_pipeline_hand_overs_and_stage_optimizers_are_set_aside():
-    first = diagnose("tp1pp2vpp2", "tp1pp1").result("first_divergence")
+    first = diagnose("tp1pp2vpp2", baseline="tp1pp1").result("first_divergence")
     why = aside_reasons(first)
     assert "each stage's optimizer call" in why
-    first = diagnose("tp1pp2vpp2", "tp1pp2").result("first_divergence")
+    first = diagnose("tp1pp2vpp2", baseline="tp1pp2").result("first_divergence")
     assert "handed to the next or previous stage" in aside_reasons(first)
     assert "skip_bias_add" in aside_reasons(first)  # a returned bias's gradient is recorded at another time
 
@@ -114,7 +114,7 @@ def test_pipeline_hand_overs_and_stage_optimizers_are_set_aside():
 # --------------------------------------------------------------------------------- bugs
 def test_scaled_op_same_layout():
     f = fault("tp2pp2_scaled")
-    t = diagnose("tp2pp2_scaled", "tp2pp2")
+    t = diagnose("tp2pp2_scaled", baseline="tp2pp2")
     first = t.finding
     assert (first.kind, first.step, first.rank, first.node) == ("first_divergence", f["step"], f["rank"], f["node"])
     assert "input_kwargs.alpha" in first.reason and "0.707107" in first.reason
@@ -124,7 +124,7 @@ def test_scaled_op_same_layout():
 
 def test_scaled_op_across_layouts_names_the_dump_rank():
     f = fault("tp2pp2_scaled")
-    first = diagnose("tp2pp2_scaled", "tp1pp1").finding
+    first = diagnose("tp2pp2_scaled", baseline="tp1pp1").finding
     assert first.kind == "first_divergence" and first.step == f["step"]
     assert first.node == "Torch.baddbmm.2.forward"  # the whole model's call of global layer 2
     assert first.module.endswith(f["global_module"])
@@ -134,10 +134,10 @@ def test_scaled_op_across_layouts_names_the_dump_rank():
 
 def test_wrong_shard():
     f = fault("tp2pp1_wrong_shard")
-    first = diagnose("tp2pp1_wrong_shard", "tp2pp1").finding
+    first = diagnose("tp2pp1_wrong_shard", baseline="tp2pp1").finding
     assert (first.step, first.rank, first.node) == (f["step"], f["rank"], f["node"])
     assert first.module.endswith(f["global_module"])
-    cross = diagnose("tp2pp1_wrong_shard", "tp1pp1").finding
+    cross = diagnose("tp2pp1_wrong_shard", baseline="tp1pp1").finding
     assert (cross.step, cross.node) == (f["step"], f["node"]) and cross.module.endswith(f["global_module"])
     assert any("hold the same shard" in h for h in cross.hints)
     assert cross.evidence["dump"]["ranks"] == [0, 1]
@@ -148,7 +148,7 @@ def test_unsynchronised_dropout_seed():
     rep = diagnose("tp2pp1_dropout_unsync", target_layout="tp=2", kinds=("replica_mismatch",)).finding
     assert (rep.kind, rep.step, rep.rank, rep.node) == ("replica_mismatch", f["step"], f["rank"], f["node"])
     assert rep.values  # both ranks' copies
-    first = diagnose("tp2pp1_dropout_unsync", "tp1pp1_dropout").finding
+    first = diagnose("tp2pp1_dropout_unsync", baseline="tp1pp1_dropout").finding
     assert (first.step, first.node) == (f["step"], f["node"]) and "must be replicated" in first.reason
 
 
@@ -157,9 +157,9 @@ def test_nan_from_one_layer():
     nan = diagnose("tp1pp2_nan", kinds=("nan_origin",)).finding
     assert (nan.kind, nan.step, nan.rank, nan.node) == ("nan_origin", f["step"], f["rank"], f["node"])
     assert nan.evidence["global_module"] == f["global_module"] and f["global_module"] in nan.reason
-    same = diagnose("tp1pp2_nan", "tp1pp2").finding  # step 0 is clean although its buffers differ
+    same = diagnose("tp1pp2_nan", baseline="tp1pp2").finding  # step 0 is clean although its buffers differ
     assert (same.step, same.rank, same.node) == (f["step"], f["rank"], f["node"])
-    cross = diagnose("tp1pp2_nan", "tp1pp1").finding
+    cross = diagnose("tp1pp2_nan", baseline="tp1pp1").finding
     assert cross.step == f["step"] and cross.module.endswith(f["global_module"])
     assert cross.evidence["dump"]["rank"] == f["rank"]
 
@@ -195,11 +195,11 @@ def test_preflight_merges_shards_and_stages():
     def checks(t):
         return {c["name"]: c for c in t.finding.evidence["checks"]}
 
-    got = checks(diagnose("tp2pp2", "tp1pp1", kinds=("preflight",)))
+    got = checks(diagnose("tp2pp2", baseline="tp1pp1", kinds=("preflight",)))
     assert got["parameters"]["status"] == "pass" and "same 43 parameters" in got["parameters"]["message"]
     for name in ("frozen", "hyperparameters", "initial_weights", "data"):
         assert got[name]["status"] == "pass", got[name]
-    vpp = checks(diagnose("tp1pp2vpp2", "tp1pp1", kinds=("preflight",)))
+    vpp = checks(diagnose("tp1pp2vpp2", baseline="tp1pp1", kinds=("preflight",)))
     assert all(c["status"] in ("pass", "skip") for c in vpp.values()), vpp
     one = checks(diagnose("tp2pp2", target_layout="tp=2,pp=2", kinds=("preflight",)))
     assert one["parameters"]["status"] == "pass" and one["frozen"]["status"] == "pass"
@@ -227,7 +227,7 @@ def _key(f: dict) -> tuple:
                                                            ("tp1pp2_nan", None, "nan")])
 def test_cli_report_and_explorer_give_the_bug(target, baseline, verb, tmp_path):
     f = fault(target)
-    want = diagnose(target, baseline).finding
+    want = diagnose(target, baseline=baseline).finding
     assert want.step == f["step"]
     args = ["diff", str(MG / baseline), str(MG / target)] if verb == "diff" else [verb, str(MG / target)]
     out = _cli(*args, "--json")
@@ -241,7 +241,7 @@ def test_cli_report_and_explorer_give_the_bug(target, baseline, verb, tmp_path):
     m = re.search(r'<script type="application/json" id="precnb-findings">(.*?)</script>', html.read_text(), re.S)
     assert m and _key(json.loads(m.group(1))[0]) == _key(want.to_dict())
     pytest.importorskip("ipywidgets")
-    ex = precnb.explore(MG / target, MG / baseline if baseline else None)
+    ex = precnb.explore(MG / target, baseline=MG / baseline if baseline else None)
     assert _key(ex.finding.to_dict()) == _key(want.to_dict()) and (ex.step, ex.rank) == (f["step"], want.rank)
 
 
@@ -256,6 +256,18 @@ def test_replicas_and_merge_read_the_layout_from_the_dumps():
     assert bad.returncode == 2 and "contradicts the dumps" in bad.stderr and "[[0, 2], [1, 3]]" in bad.stderr
     merged = json.loads(_cli("merge", str(MG / "tp1pp2vpp2"), "--json").stdout)
     assert merged["merged_ranks"] == [0] and "pp2" in merged["layout"] and "vpp2" in merged["layout"]
+
+
+@pytest.mark.parametrize("layout", [None, "tp=2,pp=2"])
+def test_replicas_of_healthy_tp2pp2_with_and_without_a_layout(layout):
+    """The healthy run has no departure whether the layout is given or read from the dumps."""
+    out = _cli("replicas", str(MG / "tp2pp2"), *(("--layout", layout) if layout else ()), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["kind"] == "none"
+    f = fault("tp2pp1_dropout_unsync")  # and the same command still finds the real departure
+    got = json.loads(_cli("replicas", str(MG / "tp2pp1_dropout_unsync"),
+                          *(("--layout", "tp=2,pp=1") if layout else ()), "--json").stdout)
+    assert _key(got) == ("replica_mismatch", f["step"], f["rank"], f["node"])
 
 
 def test_align_across_layouts_pairs_everything():
@@ -296,7 +308,8 @@ def test_megatron_and_hugging_face_align_fused_projections_combined():
 
 
 def test_megatron_and_hugging_face_preflight_passes():
-    checks = {c["name"]: c for c in diagnose("hf_llama", "tp1pp1", kinds=("preflight",)).finding.evidence["checks"]}
+    found = diagnose("hf_llama", baseline="tp1pp1", kinds=("preflight",)).finding
+    checks = {c["name"]: c for c in found.evidence["checks"]}
     assert checks["parameters"]["status"] == "pass" and "same 43 parameters" in checks["parameters"]["message"]
     assert checks["frozen"]["status"] == "pass", checks["frozen"]["message"]
     assert checks["initial_weights"]["status"] == "pass"
@@ -307,3 +320,65 @@ def test_nan_reached_by_another_stage_later_is_no_independent_origin():
     assert not any("independently" in h for h in nan.hints), nan.hints
     later = [s for s in nan.suspects if s["rank"] == 0]
     assert later and later[0]["epoch"] > nan.suspects[0]["epoch"]  # stage 0 gets the NaN gradient afterwards
+
+
+# ----------------------------------------------- Megatron vs Hugging Face: diff (issue 24, item 6)
+def _first_divergence(baseline, target):
+    return precnb.diagnose(str(target), baseline=str(baseline)).finding  # the pipeline every front end uses
+
+
+@pytest.mark.parametrize("baseline, target", [("tp1pp1", "hf_llama"), ("hf_llama", "tp1pp1")])
+def test_megatron_against_its_hugging_face_twin_finds_nothing(baseline, target):
+    f = _first_divergence(MG / baseline, MG / target)
+    assert f.kind == "none", f.reason
+    why = aside_reasons(f)
+    # each codebase's glue is set aside and said so: HF's integer mask construction, Megatron's p=0 dropouts,
+    # the masks (each codebase's own fill value), the unscaled scores HF multiplies by the scale afterwards
+    for rule in ("integer / boolean bookkeeping", "attention-mask construction", "an identity call",
+                 "an intermediate step of an op the other run makes in one call"):
+        assert rule in why, (rule, why)
+    examples = {e["node"] for a in f.evidence["set_aside"] if a.get("source") == "alignment" for e in a["examples"]}
+    assert examples, f.evidence["set_aside"]
+
+
+def test_megatron_and_hugging_face_pair_calls_by_module_and_order_not_by_counter():
+    mg = precnb.open_run(MG / "tp1pp1", steps=[0])
+    hf = precnb.open_run(MG / "hf_llama", steps=[0])
+    nodes = precnb.align(mg, hf).node_map()  # target -> baseline
+    # HF's attention: matmul(q, k^T) then * scaling; Megatron's: one baddbmm(alpha=scaling) -> the scaled scores
+    assert nodes["Tensor.__mul__.9.forward"] == "Torch.baddbmm.0.forward"
+    assert nodes["Tensor.__mul__.19.forward"] == "Torch.baddbmm.1.forward"
+    # the same global counter in both codebases is no pair: HF's Torch.matmul.0 (q k^T) is not Megatron's
+    # Torch.matmul.0 (the fused qkv projection)
+    assert nodes.get("Torch.matmul.0.forward") != "Torch.matmul.0.forward"
+    assert nodes["Functional.softmax.0.forward"] == "Functional.softmax.0.forward"
+
+
+def _scaled_copy(tmp_path: Path, node: str, factor: float) -> Path:
+    import shutil
+
+    out = tmp_path / "hf_llama_scaled"
+    shutil.copytree(MG / "hf_llama", out)
+    dump = next(out.rglob("dump.json"))
+    doc = json.loads(dump.read_text(encoding="utf-8"))
+    for rec in doc["data"][node]["output"]:
+        for k in ("Max", "Min", "Mean", "Norm"):
+            rec[k] *= factor
+    dump.write_text(json.dumps(doc), encoding="utf-8")
+    return out
+
+
+@pytest.mark.parametrize("direction", ["megatron_first", "hf_first"])
+def test_a_scaled_hugging_face_op_is_found_at_its_module(tmp_path, direction):
+    # layer 1's o_proj output scaled by 1.5 in a copy of the HF run: its inputs agree, its output differs
+    bug = _scaled_copy(tmp_path, "Functional.linear.10.forward", 1.5)
+    if direction == "megatron_first":
+        f = _first_divergence(MG / "tp1pp1", bug)
+        node, module, other = f.node, f.module, (f.baseline or {}).get("module")
+    else:
+        f = _first_divergence(bug, MG / "tp1pp1")
+        node, module, other = (f.baseline or {}).get("node"), (f.baseline or {}).get("module"), f.module
+    assert f.kind == "first_divergence" and f.step == 0 and f.rank == 0, f.reason
+    assert node == "Functional.linear.10.forward", f.reason
+    assert module == "model.layers.1.self_attn.o_proj", f.reason
+    assert other == "0.decoder.layers.1.self_attention.linear_proj", f.reason

@@ -89,7 +89,7 @@ def test_what_cannot_be_read_is_listed_and_counted():
 
 
 def test_diff_finds_the_difference_in_a_forward_records_input_section():
-    t = precnb.diagnose(FIX / "ms", FIX / "pt", progress=False)
+    t = precnb.diagnose(FIX / "ms", baseline=FIX / "pt", progress=False)
     f = t.finding
     assert (f.kind, f.step, f.rank) == ("first_divergence", 0, 0)
     assert f.tensor == "Cell.model.layers.0.Block.forward.0.input.0"
@@ -110,7 +110,7 @@ def test_msprobes_compare_pair_finds_its_one_numeric_difference():
     """msprobe's own MindSpore/PyTorch compare fixture: the difference its compare finds (Max diff -2.56) is in
     the "input" section of a Cell forward record; the bool mask stored as UInt8 is a note, not an origin."""
     root = shared_path(*MS_COMPARE)
-    t = precnb.diagnose(root / "mindspore_data", root / "pytorch_data", progress=False)
+    t = precnb.diagnose(root / "mindspore_data", baseline=root / "pytorch_data", progress=False)
     f = t.result("first_divergence")
     layer = "Cell.network_with_loss.module.language_model.encoder.layers.0.ParallelTransformerLayer.forward.0.input.0"
     first_value = f.values.get("first_value_difference", f.values)
@@ -162,7 +162,7 @@ def test_runs_with_no_step_in_common_answer_nothing_compared(tmp_path):
     assert cli("report", str(b), "--baseline", str(a), "-o", str(html)).returncode == 0
     text = html.read_text()
     assert 'class="verdict nothing">nothing compared' in text and "Nothing compared" in text
-    t = precnb.diagnose(b, a, progress=False)
+    t = precnb.diagnose(b, baseline=a, progress=False)
     assert t.nothing_compared and t.finding.title == "Nothing compared"
     from precnb.widgets.findings import finding_title
 
@@ -184,7 +184,8 @@ def test_runs_with_no_tensor_record_answer_nothing_compared_and_name_what_was_sk
 def test_part_of_the_runs_compared_says_how_much(tmp_path):
     part = tmp_path / "part"
     shutil.copytree(SAMPLES / "healthy" / "step0", part / "step0")
-    f = precnb.diagnose(part, SAMPLES / "healthy", step_offset=0, kinds=["first_divergence"], progress=False).finding
+    f = precnb.diagnose(part, baseline=SAMPLES / "healthy", step_offset=0, kinds=["first_divergence"],
+                        progress=False).finding
     assert f.kind == "none" and "(compared 525 of 1575 baseline records)" in f.reason, f.reason
     assert f.stats["records_baseline"] == 1575 and f.stats["records_target"] == 525
 

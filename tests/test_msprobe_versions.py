@@ -70,7 +70,7 @@ def test_each_release_fits_the_range_read_from_its_own_dump(release, run):
 
 # ------------------------------------------------------------------------------------------ in-place inputs
 def test_an_inplace_input_recorded_after_the_op_is_a_version_difference():
-    t = precnb.diagnose(FIX / "inplace" / "old", FIX / "inplace" / "new", progress=False)
+    t = precnb.diagnose(FIX / "inplace" / "old", baseline=FIX / "inplace" / "new", progress=False)
     f = t.result("first_divergence")
     assert f.kind == "none", f.summary()
     assert f.stats["version_differences"] == 1
@@ -91,21 +91,21 @@ def test_the_same_values_from_a_release_that_records_before_the_op_are_a_diverge
     leaf.update({"Max": 1.0, "Min": 1.0, "Mean": 1.0, "Norm": 1.0})
     dump.write_text(json.dumps(doc, indent=1))
     assert releases_of(_open(bad)) == ["26.1.0", "26.1.0.post1", "26.2.0"]
-    f = precnb.diagnose(bad, FIX / "inplace" / "new", progress=False).result("first_divergence")
+    f = precnb.diagnose(bad, baseline=FIX / "inplace" / "new", progress=False).result("first_divergence")
     assert (f.kind, f.tensor) == ("first_divergence", "Tensor.__iadd__.0.forward.input.0")
     assert "version_differences" not in f.stats
 
 
 # ------------------------------------------------------------------------------------------ parameters
 def test_a_target_without_parameter_records_is_a_skip_that_says_why():
-    checks = {c["name"]: c for c in preflight(_open(FIX / "params" / "old"), _open(FIX / "params" / "new"))}
+    checks = {c["name"]: c for c in preflight(_open(FIX / "params" / "old"), baseline=_open(FIX / "params" / "new"))}
     c = checks["parameters"]
     assert c["status"] == "skip", c
     assert c["message"].startswith("the target has no parameter records to compare (a level L0 dump without "
                                    "parameter records: msprobe releases up to 1.1.1 record none, 1.2.0 and later "
                                    "do; this one was written by msprobe 1.0.3–1.1.1); the baseline has 1 parameters")
     assert "parameter counts" not in c["message"]
-    t = precnb.diagnose(FIX / "params" / "old", FIX / "params" / "new", progress=False)
+    t = precnb.diagnose(FIX / "params" / "old", baseline=FIX / "params" / "new", progress=False)
     assert not t.found, [f.summary() for f in t.found]
     f = t.result("first_divergence")
     assert any("parameter-gradient record(s) only in baseline" in h and "1.0.3–1.1.1" in h for h in f.hints)
@@ -143,7 +143,7 @@ def test_call_counters_that_go_on_across_steps_are_explained(tmp_path):
     assert counters_continue(going) == {"api": "Functional.linear", "kind": "api", "step": 1, "first_call": 2,
                                         "previous_last": 1}
     assert counters_continue(_open(_two_step_run(tmp_path / "reset", (0, 0)))) is None
-    f = precnb.diagnose(tmp_path / "going", tmp_path / "reset", progress=False).result("first_divergence")
+    f = precnb.diagnose(tmp_path / "going", baseline=tmp_path / "reset", progress=False).result("first_divergence")
     assert f.kind == "none"
     # where the names of its later steps are left unpaired, the records in one run only are explained
     assert not f.structural or any(h.startswith("target's API call counters do not restart at each step")

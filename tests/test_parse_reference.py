@@ -95,7 +95,7 @@ def ref_leaves(node: str, record: dict, unread: list | None = None) -> list:
     return out
 
 
-def ref_facts(data: dict, parents: dict) -> dict:
+def ref_facts(data: dict, parents: dict) -> dict:  # noqa: C901
     """The run facts as the two-pass implementation computed them (one more walk of every record)."""
     grads: dict = {}
     scalars: dict = {}

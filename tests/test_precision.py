@@ -52,7 +52,7 @@ def test_healthy_bf16_autocast_is_no_divergence_and_says_why(samples):
         if metrics is not None:
             assert f.stats["tensor_judged_records"] == f.stats["compared_records"]
     # the pipeline (what every front end calls) computes the tensor metrics itself
-    t = precnb.diagnose(samples("tensor_bf16", "target"), samples("tensor_bf16", "baseline"))
+    t = precnb.diagnose(samples("tensor_bf16", "target"), baseline=samples("tensor_bf16", "baseline"))
     assert t.finding.kind == "none" and "compared with bf16 tolerance" in t.finding.reason
     assert any("tensor metrics" in n for n in t.notes)
 
@@ -79,7 +79,7 @@ def test_real_bug_is_found_at_its_module_by_the_tensor_metrics(samples):
     # statistics alone agree on the place; the pipeline (with tensor metrics) too
     s = precnb.first_divergence(base, targ)
     assert (s.node, s.module) == (fault["node"], fault["module"])
-    t = precnb.diagnose(samples("tensor_bug", "target"), samples("tensor_bug", "baseline"))
+    t = precnb.diagnose(samples("tensor_bug", "target"), baseline=samples("tensor_bug", "baseline"))
     assert (t.finding.node, t.finding.module) == (fault["node"], fault["module"])
     assert "tensor_metrics" in t.finding.values
 
@@ -189,7 +189,7 @@ def test_bug_under_bf16_autocast_is_found_with_bf16_tolerance(tmp_path):
     sample = tmp_path / "bf16_bug"
     S._run(ctx, sample, "baseline", "b", residual_scale=((S.BUG_BLOCK, 1.0),))
     S._run(ctx, sample, "target", "t", residual_scale=((S.BUG_BLOCK, S.BUG_SCALE),), autocast="bfloat16")
-    t = precnb.diagnose(sample / "target", sample / "baseline")
+    t = precnb.diagnose(sample / "target", baseline=sample / "baseline")
     f = t.finding
     assert f.kind == "first_divergence" and f.module == f"blocks.{S.BUG_BLOCK}", f.summary()
     assert f.node.startswith("Tensor.__mul__.") and f.stats["precision"]["systematic"]

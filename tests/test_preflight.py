@@ -178,13 +178,13 @@ def test_config_check_same_data_pair_passes_rank_by_rank_but_fails_across_ranks(
 
 # ------------------------------------------------------------------------------ front ends
 def test_diagnose_orders_a_failing_preflight_first_and_a_clean_one_last():
-    t = precnb.diagnose(PF / "frozen" / "target", PF / "frozen" / "baseline", progress=False)
+    t = precnb.diagnose(PF / "frozen" / "target", baseline=PF / "frozen" / "baseline", progress=False)
     assert t.finding.kind == "preflight" and t.finding.values["checks"]["frozen"] == "fail"
     assert t.finding.evidence["checks"][0]["name"] == "parameters"
     assert any("consequences" in h for h in t.finding.hints)
     later = t.finding.evidence["later_findings"]
     assert later and later[0]["kind"] == "first_divergence"
-    t = precnb.diagnose(PF / "healthy" / "target", PF / "healthy" / "baseline", progress=False)
+    t = precnb.diagnose(PF / "healthy" / "target", baseline=PF / "healthy" / "baseline", progress=False)
     assert t.finding is not t.result("preflight") and t.result("preflight").kind == "none"
 
 
@@ -221,7 +221,7 @@ def test_report_shows_the_checklist_escaped():
     pytest.importorskip("jinja2")
     from precnb.report import to_html
 
-    t = precnb.diagnose(PF / "frozen" / "target", PF / "frozen" / "baseline", progress=False)
+    t = precnb.diagnose(PF / "frozen" / "target", baseline=PF / "frozen" / "baseline", progress=False)
     t.result("preflight").evidence["checks"][0]["message"] = "<script>alert(1)</script>"
     page = to_html(t)
     assert 'id="preflight"' in page and 'data-check="frozen" data-status="fail"' in page
@@ -232,7 +232,7 @@ def test_report_shows_the_checklist_escaped():
 
 def test_explorer_shows_the_checklist_and_opens_on_the_divergence():
     pytest.importorskip("ipywidgets")
-    ex = precnb.explore(PF / "frozen" / "target", PF / "frozen" / "baseline")
+    ex = precnb.explore(PF / "frozen" / "target", baseline=PF / "frozen" / "baseline")
     assert ex.finding.kind == "preflight" and ex.preflight is not None
     assert "data-check='frozen'" in ex.preflight.value and "blocks.0.attn.q_proj.weight" in ex.preflight.value
     div = ex.triage.result("first_divergence")
@@ -260,14 +260,14 @@ def test_without_parameter_records_the_optimizer_lists_stand_in():
     n = g["checks"]["baseline"]["parameter_count"]
     base = no_params(precnb.open_run(PF / "lr10" / "baseline", progress=False))
     target = no_params(precnb.open_run(PF / "lr10" / "target", progress=False))
-    c = {x["name"]: x for x in preflight(target, base)}["parameters"]
+    c = {x["name"]: x for x in preflight(target, baseline=base)}["parameters"]
     assert c["status"] == "pass" and f"updates {n} tensors in the baseline and {n} in the target" in c["message"]
     # one parameter less in the target's optimizer (its Tensor.addcdiv_ call removed)
     last = sorted({str(x) for x in target["node"].values if str(x).startswith("Tensor.addcdiv_.")},
                   key=lambda s: int(s.split(".")[2]))[-1]
     shape = str(target["shape"].sel(tensor=f"{last}.input.0").values)
     fewer = target.sel(tensor=[t for t in target["tensor"].values if not str(t).startswith(f"{last}.")])
-    c = {x["name"]: x for x in preflight(fewer, base)}["parameters"]
+    c = {x["name"]: x for x in preflight(fewer, baseline=base)}["parameters"]
     assert c["status"] == "fail" and c["details"]["extra_shapes_in_baseline"] == [shape]
     assert "in the target" in c["message"] and str(n - 1) in c["message"]
 
@@ -296,7 +296,7 @@ def test_same_batch_is_not_claimed_from_nan_outputs_and_integer_extremes():
     """A NaN step (the embedding output NaN) whose token ids share max and min (mean and norm null) says nothing."""
     import warnings
 
-    from precnb.analysis._pf_data import check_dp_data, model_input
+    from precnb.analysis.preflight._data import check_dp_data, model_input
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -316,7 +316,7 @@ def test_warnings_are_no_green_passed_heading_and_a_zero_weight_is_named_first()
     from precnb.widgets.preflight import preflight_html
 
     kr = ROOT / "data_samples" / "kernel_resume"
-    t = precnb.diagnose(kr / "bad", kr / "correct", progress=False)
+    t = precnb.diagnose(kr / "bad", baseline=kr / "correct", progress=False)
     pre = t.result("preflight")
     assert pre.stats["status"] == "warn" and "passed" not in pre.reason
     assert pre.reason.startswith("no pre-flight check failed, 2 warnings")
@@ -336,9 +336,9 @@ def test_a_warning_that_is_the_root_cause_is_what_a_clean_triage_shows_first():
     from precnb.widgets import explore
 
     kr = ROOT / "data_samples" / "kernel_resume"
-    t = precnb.diagnose(kr / "bad", kr / "correct", tolerance=10.0, progress=False)  # nothing beyond rtol 10
+    t = precnb.diagnose(kr / "bad", baseline=kr / "correct", tolerance=10.0, progress=False)  # nothing beyond rtol 10
     assert not t.found and t.finding is t.result("preflight") and "all zeros in bad only" in t.finding.reason
-    ex = explore(kr / "bad", kr / "correct", tolerance=10.0)
+    ex = explore(kr / "bad", baseline=kr / "correct", tolerance=10.0)
     assert "#b76e00" in ex.bar.label.value and "all zeros in bad only" in ex.bar.label.value
     soup = bs4.BeautifulSoup(to_html(t), "html.parser")
     verdict = soup.select_one(".verdict")

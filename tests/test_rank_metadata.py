@@ -192,7 +192,7 @@ def test_pair_views_show_the_targets_own_stack_lines():
 
     from precnb.widgets import explore
 
-    ex = explore(sample_path("xfw", "ms_bug"), sample_path("xfw", "pt"))
+    ex = explore(sample_path("xfw", "ms_bug"), baseline=sample_path("xfw", "pt"))
     ev = ex.record.detail.evidence
     [path] = glob.glob(str(sample_path("xfw", "ms_bug", "step0") / "*" / "stack.json"))
     raw = json.loads(Path(path).read_text())

@@ -44,7 +44,7 @@ def test_unsynced_dropout_is_classified_as_replicas_differ_on_the_real_sample():
 
 def test_diff_against_tp1_names_the_dropout_and_the_odd_rank():
     fault = _gt()["faults"][0]
-    t = precnb.diagnose(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"), target_layout="tp=2",
+    t = precnb.diagnose(sample_path("tp_unsync", "tp2"), baseline=sample_path("tp_unsync", "tp1"), target_layout="tp=2",
                         progress=False)
     f = t.finding
     assert (f.kind, f.step, f.node) == ("first_divergence", fault["step"], fault["node"])
@@ -56,7 +56,7 @@ def test_healthy_tp_run_has_no_replicas_differ():
     merged = merge_shards(tp2, Layout(2, tp=2), reference=tp1)
     assert "replicas_differ" not in set(merged["shard_kind_tp"].values.tolist())
     assert not bool(merged["replicas_differ"].any())
-    assert precnb.diagnose(sample_path("tp", "tp2"), sample_path("tp", "tp1"), target_layout="tp=2",
+    assert precnb.diagnose(sample_path("tp", "tp2"), baseline=sample_path("tp", "tp1"), target_layout="tp=2",
                            progress=False).finding.kind == "none"
 
 
@@ -99,7 +99,8 @@ def test_real_healthy_tp2_run_has_no_replicas_differ(shared):
     merged = merge_shards(tp2, Layout(2, tp=2), reference=tp1)
     assert "replicas_differ" not in set(merged["shard_kind_tp"].values.tolist())
     assert not bool(merged["replicas_differ"].any())
-    assert precnb.diagnose(root / "tp2", root / "tp1", target_layout="tp=2", progress=False).finding.kind == "none"
+    t = precnb.diagnose(root / "tp2", baseline=root / "tp1", target_layout="tp=2", progress=False)
+    assert t.finding.kind == "none"
 
 
 # -- issue 26 item 2: a merge never invents a value ------------------------------------------------
@@ -127,7 +128,7 @@ def test_a_per_rank_seeded_random_op_is_replicas_differ_not_a_partial_sum():
 def test_tp1_comparison_names_the_random_op_and_the_odd_rank_everywhere():
     fault = _noise()[0]
     label = f"{fault['node']}.{fault['tensor']}"
-    t = precnb.diagnose(sample_path("tp_noise", "tp2"), sample_path("tp_noise", "tp1"), target_layout="tp=2")
+    t = precnb.diagnose(sample_path("tp_noise", "tp2"), baseline=sample_path("tp_noise", "tp1"), target_layout="tp=2")
     f = t.finding
     assert (f.kind, f.step, f.tensor) == ("first_divergence", 0, label)
     assert "must be replicated" in f.reason and "rank(s) [1] differ from rank(s) [0]" in f.reason
@@ -140,7 +141,7 @@ def test_tp1_comparison_names_the_random_op_and_the_odd_rank_everywhere():
 
 
 def test_unsynced_replicated_weights_do_not_mislead_the_pre_flight_checks():
-    t = precnb.diagnose(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"), target_layout="tp=2")
+    t = precnb.diagnose(sample_path("tp_unsync", "tp2"), baseline=sample_path("tp_unsync", "tp1"), target_layout="tp=2")
     checks = {c["name"]: c for c in t.result("preflight").evidence["checks"]}
     assert checks["initial_weights"]["status"] == "pass", checks["initial_weights"]
     merged = t.target
@@ -153,14 +154,14 @@ def test_detail_table_shows_each_runs_own_values_and_nulls():
     pytest.importorskip("ipywidgets")
     from precnb.widgets import explore
 
-    ex = explore(sample_path("tp_noise", "tp2"), sample_path("tp_noise", "tp1"), target_layout="tp=2")
+    ex = explore(sample_path("tp_noise", "tp2"), baseline=sample_path("tp_noise", "tp1"), target_layout="tp=2")
     fault = _noise()[0]
     assert (ex.step, ex.tensor) == (0, f"{fault['node']}.{fault['tensor']}")
     row = ex.record.detail.frame.set_index("tensor").loc[ex.tensor]
     assert row["null_stats"] == 0 and row["null_stats_tp1"] == 0 and row["max"] == fault["stats"]["rank0"]["Max"]
     # a real partial sum (the row-parallel linear before its all-reduce): only its mean, said so; the
     # TP=1 baseline's own values stay in its columns (its nulls are its own, not the merged run's)
-    healthy = explore(sample_path("tp", "tp2"), sample_path("tp", "tp1"), target_layout="tp=2")
+    healthy = explore(sample_path("tp", "tp2"), baseline=sample_path("tp", "tp1"), target_layout="tp=2")
     healthy.select_record(0, 0, "Functional.linear.3.forward.output.0")
     r = healthy.record.detail.frame.set_index("tensor").loc["Functional.linear.3.forward.output.0"]
     assert r["merged"] == "partial_sum" and r["null_stats"] & 1 and r["null_stats_tp1"] == 0

@@ -50,6 +50,7 @@ NAMES = (
     "sdc",
     "sdc_md5",
     "sdc_rank",
+    "sdc_tensor",
     "spike_healthy",
     "spike_data",
     "spike_optimizer",
@@ -60,7 +61,7 @@ NAMES = (
     "tp_noise",
     "megatron",
 )
-TENSOR_NAMES = ("tensor_bf16", "tensor_bug")
+TENSOR_NAMES = ("tensor_bf16", "tensor_bug", "sdc_tensor")
 STATS = ("Max", "Min", "Mean", "Norm")
 
 
@@ -152,7 +153,7 @@ NOT_IMPORTED_HERE = {"__main__", "_ms_model", "_ms_port_worker", "_ms_kernel_wor
 # import torch (directly or through a sibling): their examples run with make test-generator
 NEEDS_TORCH = {"_diag_model", "_diag_train", "_model", "_named_models", "_scenarios", "_scn_diagnosis", "_scn_pp",
                "_scn_preflight", "_scn_renamed", "_scn_tensor", "_scn_tp_unsync", "_train",
-               "_scn_sdc", "_scn_spike", "_sdc_train", "_spike_train", "_scn_rank_meta"}
+               "_scn_sdc", "_scn_sdc_tensor", "_scn_spike", "_sdc_train", "_spike_train", "_scn_rank_meta"}
 
 
 def _generator_params():
@@ -263,7 +264,8 @@ def test_dumps_parse_and_have_msprobe_layout(name):
             else:
                 assert top["dump_data_dir"] is None
             full = level == "mix" and g.get("data_mode", ["all"]) == ["all"]  # forward-only dumps are shorter
-            assert isinstance(top["data"], dict) and len(top["data"]) > (50 if full else 20)
+            least = 50 if full else 5 if g.get("list") else 20  # msprobe's list: only those ops (sdc_tensor)
+            assert isinstance(top["data"], dict) and len(top["data"]) > least
             assert re.fullmatch(r"rank\d+|proc\d+", path.parent.name)
             for other in ("construct.json", "stack.json"):
                 assert isinstance(load(path.parent / other), dict)

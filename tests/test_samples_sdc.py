@@ -254,3 +254,38 @@ def test_sdc_rank_departure_follows_the_rank(replicated):
     assert len(faults) == 2 * len(STEPS) * len(TP_GROUPS)
     assert all(f["random_op"] and f["cause"] == "unsynchronised_seed" and f["rank"] in (1, 3) for f in faults)
     assert g["checks"]["wrong_side_ranks"] == [1, 3]
+
+
+# ----------------------------------------------------------------------------------- sdc_tensor
+def test_sdc_tensor_ground_truth_holds_in_the_tensor_files(replicated):
+    """One bit of one rsqrt output element differs on rank 1; its inputs are the same bytes on both TP replicas."""
+    import numpy as np
+
+    from precnb.io._torchzip import read_torch_zip  # torch-free .pt reader (no unpickling)
+
+    g = gt("sdc_tensor")
+    f = g["faults"][0]
+    root = DATA / "sdc_tensor"
+    assert (f["step"], f["rank"], f["ranks"], f["node"], f["tensor"]) == (1, 1, [0, 1], "Torch.rsqrt.0.forward",
+                                                                          "output.0")
+    assert _rank_table("sdc_tensor", "job1")[1] == (f["device"]["host"], f["device"]["device"])
+    assert g["task"] == "tensor" and g["level"] == "L1" and g["steps"] == [1, 2]
+    # statistics: the first TP-replicated tensor that departs at step 1 is rsqrt's output; nothing at step 2
+    tp = [k for k in replicated["tp"] if k[0] in _data(root, 1, 0)]
+    assert _departing(root, 1, [0, 1], tp)[0] == (f["node"], f["tensor"])
+    assert not _departing(root, 1, [2, 3], tp) and not _departing(root, 2, [0, 1], tp)
+    assert not _departing(root, 2, [2, 3], tp)
+
+    def pt(rank: int, leaf: str) -> np.ndarray:
+        name = f["tensor_files"][f"rank{rank}"][leaf]
+        return read_torch_zip(root / "step1" / f"rank{rank}" / "dump_tensor_data" / name)[0]
+
+    assert pt(0, "input_args.0").tobytes() == pt(1, "input_args.0").tobytes()
+    a, b = pt(0, "output.0").view(np.int32), pt(1, "output.0").view(np.int32)
+    where = np.argwhere(a != b).tolist()
+    flip = f["bit_flip"]
+    assert where == [flip["position"]] == [f["recomputed"]["outputs_differ_at"]["position"]]
+    assert int(a[tuple(flip["position"])] ^ b[tuple(flip["position"])]) == 1 << flip["bit"]
+    assert float(pt(1, "output.0")[tuple(flip["position"])]) == flip["computed"]
+    assert float(pt(0, "output.0")[tuple(flip["position"])]) == flip["correct"]
+    assert f["recomputed"]["equals_dumped_output_of"] == [0] and f["recomputed"]["inputs_bit_identical"]

@@ -43,7 +43,7 @@ def test_port_with_another_eps_is_explained_by_the_argument():
     g = _gt("xfw")
     f0 = g["faults"][0]
     root = sample_path("xfw")
-    t = precnb.diagnose(root / "ms_bug", root / "pt")
+    t = precnb.diagnose(root / "ms_bug", baseline=root / "pt")
     f = t.finding
     assert (f.kind, f.step, f.rank, f.node) == ("first_divergence", 0, 0, f0["first_differing_api"])
     inputs = f0["first_differing_api_inputs"]["input_args.1"]
@@ -56,7 +56,7 @@ def test_port_with_another_eps_is_explained_by_the_argument():
 
 def test_same_eps_gives_no_argument_cause():
     root = sample_path("xfw")
-    assert precnb.diagnose(root / "ms_same", root / "pt").finding.kind == "none"
+    assert precnb.diagnose(root / "ms_same", baseline=root / "pt").finding.kind == "none"
     rt = node_records(root / "ms_same", 0, 0, ["Tensor.__add__.6.forward"])
     rb = node_records(root / "pt", 0, 0, ["Tensor.__add__.6.forward"])
     assert differing_arguments(rt["Tensor.__add__.6.forward"], rb["Tensor.__add__.6.forward"]) == []
@@ -80,7 +80,7 @@ def test_datasets_as_inputs_keep_the_finding_without_the_cause():
     root = sample_path("tensor_bug")
     from tests.conftest import open_quiet
 
-    f = precnb.diagnose(open_quiet(root / "target"), open_quiet(root / "baseline")).finding
+    f = precnb.diagnose(open_quiet(root / "target"), baseline=open_quiet(root / "baseline")).finding
     assert f.node == _gt("tensor_bug")["faults"][0]["node"]
     assert not [c for c in f.causes if c.get("cause") == "scalar_argument"]
 
@@ -89,7 +89,7 @@ def test_datasets_as_inputs_keep_the_finding_without_the_cause():
 def test_real_healthy_port_reads_its_records_and_finds_no_argument_cause(shared):
     """S13 (real PyTorch model and its MindSpore port, healthy): records read, nothing differs, nothing found."""
     root = shared("data_samples", "msprobe", "S13_ms_vs_pt")
-    t = precnb.diagnose(root / "ms_same", root / "pt", progress=False)
+    t = precnb.diagnose(root / "ms_same", baseline=root / "pt", progress=False)
     assert t.finding.kind == "none"
     node = "Functional.embedding.0.forward"
     rec = node_records(root / "pt", 0, 0, [node])
@@ -103,7 +103,7 @@ def test_explorer_rerun_match_unmatch_and_export_keep_every_cause(tmp_path):
     from precnb.widgets import explore
 
     target, base = sample_path("xfw", "ms_bug"), sample_path("xfw", "pt")
-    want = precnb.diagnose(target, base).finding
+    want = precnb.diagnose(target, baseline=base).finding
     assert "computed with a different scalar argument" in want.reason
 
     def same(f):  # (an unpaired call adds "n node(s) at this step exist in one run only" to the reason)

@@ -25,6 +25,11 @@ from precnb.widgets.panel import Panel
 from precnb.widgets.tabs import default_panels
 
 
+def _explore_paths(paths, **kw):
+    """explore(target, baseline=...) from [target] or [target, baseline]."""
+    return explore(paths[0], **({"baseline": paths[1]} if len(paths) > 1 else {}), **kw)
+
+
 def vega_point(jc, name, points):
     """Simulate the Vega signal of a point selection reaching Python (as altair's tests do)."""
     jc._vl_selections = {name: {"value": {"vlPoint": {"or": points}}, "store": points}}
@@ -384,7 +389,7 @@ def test_origin_is_the_most_salient_cell(name, args, kw):
     gt = origin(name)
     merged = "target_layout" in kw  # TP=2 merged into TP=1's layout: one merged rank, the dump's rank in "where"
     paths = [sample_path(*a.split("/")) for a in args]
-    ex = explore(*paths, **kw)
+    ex = _explore_paths(paths, **kw)
     hf = ex.heatmap_frame()
     assert hf.attrs["x"] == "step" and hf.attrs["color"] == "first_bad"
     top = top_cell(ex)
@@ -411,7 +416,7 @@ def test_origin_is_the_most_salient_cell(name, args, kw):
 def test_cross_framework_origin_is_the_most_salient_cell():
     """MindSpore port vs PyTorch (xfw): the first differing op of the module whose eps differs, at step 0."""
     gt = origin("xfw")
-    ex = explore(sample_path("xfw", "ms_bug"), sample_path("xfw", "pt"))
+    ex = explore(sample_path("xfw", "ms_bug"), baseline=sample_path("xfw", "pt"))
     hf = ex.heatmap_frame()
     top = top_cell(ex)
     assert (hf["value"] == top["value"]).sum() == 1
@@ -426,7 +431,7 @@ def test_cross_framework_origin_is_the_most_salient_cell():
 def test_a_healthy_pair_opens_with_nothing_salient(args, kw):
     """Nothing found, nothing coloured: the search's calibrated tolerance and the recording differences it sets
     aside hold in the heat map too, and records in one run only are no fault without a divergence."""
-    ex = explore(*[sample_path(*a.split("/")) for a in args], **kw)
+    ex = _explore_paths([sample_path(*a.split("/")) for a in args], **kw)
     assert ex.finding.kind == "none" and ex.tensor is None
     assert ex.heatmap_frame()["value"].isna().all() and (ex.heat.where_frame_["first_bad"] == 0).all()
     assert ex.triage.flagged().count == 0
@@ -438,7 +443,7 @@ def test_a_healthy_pair_opens_with_nothing_salient(args, kw):
     ((("S5_tp_shards", "tp2"), ("S5_tp_shards", "tp1")), {"target_layout": "tp=2"}),
 ])
 def test_healthy_real_pairs_open_with_nothing_salient(shared, parts, kw):
-    ex = explore(*[shared("data_samples", "msprobe", *p) for p in parts], **kw)
+    ex = _explore_paths([shared("data_samples", "msprobe", *p) for p in parts], **kw)
     assert ex.finding.kind == "none"
     assert ex.heatmap_frame()["value"].isna().all() and (ex.heat.where_frame_["first_bad"] == 0).all()
 
@@ -465,7 +470,7 @@ def test_monitor_nan_origin_is_the_most_salient_cell(shared):
 
 def test_tp_origin_rank_shows_in_the_where_view():
     gt = origin("tp_unsync")
-    ex = explore(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"), target_layout="tp=2")
+    ex = explore(sample_path("tp_unsync", "tp2"), baseline=sample_path("tp_unsync", "tp1"), target_layout="tp=2")
     top = top_cell(ex)  # the merged comparison: its earliest cell is the op, at the step
     assert int(top["x"]) == gt["step"] and node_of(ex.data.target(), top["tensor"]) == gt["node"]
     assert top["row"] == "blocks.0"
@@ -491,7 +496,7 @@ def test_no_warnings_reach_the_notebook(args, kw, capfd):
     using the explorer — whatever a cell prints stays in the notebook."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ex = explore(*[sample_path(*a.split("/")) for a in args], **kw)
+        ex = _explore_paths([sample_path(*a.split("/")) for a in args], **kw)
         for color in [v for _, v in ex.filters.color.options]:
             ex.filters.color.value = color
         ex.filters.by.value = "rank"
@@ -506,7 +511,7 @@ def test_no_warnings_reach_the_notebook(args, kw, capfd):
 
 # -- findings, suspects, next / previous --------------------------------------------------------
 def test_suspects_are_links_and_findings_cycle():
-    ex = explore(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"), target_layout="tp=2")
+    ex = explore(sample_path("tp_unsync", "tp2"), baseline=sample_path("tp_unsync", "tp1"), target_layout="tp=2")
     kinds = [f.kind for f in ex.bar.found()]
     assert kinds == ["first_divergence", "replica_mismatch"] and ex.current_finding.kind == "first_divergence"
     ex.bar.next.click()
@@ -525,7 +530,7 @@ def test_suspects_are_links_and_findings_cycle():
 
 
 def test_attribution_explains_module_versus_row():
-    ex = explore(sample_path("divergence", "target"), sample_path("divergence", "baseline"))
+    ex = explore(sample_path("divergence", "target"), baseline=sample_path("divergence", "baseline"))
     f = ex.current_finding
     assert f.module == "blocks.0.mlp" and "the finding names the same module" in ex.record.attribution.value
     ex.select_cell("blocks.0.mlp.down_proj", 1, "forward")
@@ -547,7 +552,7 @@ def test_full_stack_with_source_lines():
 
 # -- every triage option reruns the pipeline ------------------------------------------------------
 def test_triage_options_rerun_the_pipeline():
-    ex = explore(sample_path("tp_unsync", "tp2"), sample_path("tp_unsync", "tp1"))
+    ex = explore(sample_path("tp_unsync", "tp2"), baseline=sample_path("tp_unsync", "tp1"))
     panel = ex.panel("Triage options")
     # no layout given: the field stays empty, the pipeline reads tp=2 from the dumps (#24)
     assert panel.target_layout.value == "" and ex.triage.options.target_layout is None
@@ -573,7 +578,7 @@ def test_triage_options_rerun_the_pipeline():
 
 
 def test_mapping_option_and_alignment_panel_match_unmatch_save(tmp_path):
-    ex = explore(sample_path("renamed", "target"), sample_path("renamed", "baseline"))
+    ex = explore(sample_path("renamed", "target"), baseline=sample_path("renamed", "baseline"))
     panel = ex.panel("Alignment")
     panel.on_show()
     assert panel.chart is not None and set(panel.rows["side"]) == {"baseline", "target"}
@@ -600,11 +605,12 @@ def test_mapping_option_and_alignment_panel_match_unmatch_save(tmp_path):
                                                      "confidence": 1.0} in doc["nodes"]
     assert panel.do_save() is None and "exists" in panel.output.value.lower()  # never replaced silently
     # the file round-trips: the pipeline with it gives the same first finding
-    again = precnb.diagnose(sample_path("renamed", "target"), sample_path("renamed", "baseline"), mapping=str(out))
+    again = precnb.diagnose(sample_path("renamed", "target"), baseline=sample_path("renamed", "baseline"),
+                           mapping=str(out))
     assert (again.finding.step, again.finding.rank, again.finding.node) == (t.finding.step, t.finding.rank,
                                                                             t.finding.node)
     # and through the Triage options tab: a fresh explorer given the file reruns with it
-    fresh = explore(sample_path("renamed", "target"), sample_path("renamed", "baseline"))
+    fresh = explore(sample_path("renamed", "target"), baseline=sample_path("renamed", "baseline"))
     opts = fresh.panel("Triage options")
     opts.mapping.value = str(tmp_path / "missing.json")
     before = fresh.triage
@@ -622,7 +628,7 @@ def test_save_mapping_and_export_follow_the_write_rules(tmp_path):
 
     runs = tmp_path / "runs"
     shutil.copytree(sample_path("renamed"), runs)  # a copy: a broken refusal must not write into data_samples
-    ex = explore(runs / "target", runs / "baseline")
+    ex = explore(runs / "target", baseline=runs / "baseline")
     before = sorted(p.relative_to(runs) for p in runs.rglob("*"))
     assert str(runs / "target") in ex.input_paths() and str(runs / "baseline") in ex.input_paths()
     panel = ex.panel("Alignment")
@@ -665,7 +671,7 @@ def test_save_mapping_and_export_follow_the_write_rules(tmp_path):
 # -- tensor-mode pairs: a tensor-metric colour, the value histogram of both runs ---------------------
 def test_tensor_metric_colour_and_value_histogram():
     gt = origin("tensor_bug")
-    ex = explore(sample_path("tensor_bug", "target"), sample_path("tensor_bug", "baseline"))
+    ex = explore(sample_path("tensor_bug", "target"), baseline=sample_path("tensor_bug", "baseline"))
     assert "tensor" in [v for _, v in ex.filters.color.options] and ex.triage.tensor_metrics is not None
     top = top_cell(ex)  # first bad still points at the origin
     assert node_of(ex.data.target(), top["tensor"]) == gt["node"] and top["row"] == "blocks.1"
@@ -786,7 +792,7 @@ def test_thousand_ranks_bounded_and_responsive():
 
 def test_unmatch_needs_a_paired_call_not_a_module_picked_before(tmp_path):
     """Issue 26 item 4: a module picked at the modules level is not a call: Unmatch says so and changes nothing."""
-    ex = explore(sample_path("renamed", "target"), sample_path("renamed", "baseline"))
+    ex = explore(sample_path("renamed", "target"), baseline=sample_path("renamed", "baseline"))
     panel = ex.panel("Alignment")
     panel.on_show()
     panel.pick(left="model.layers.1.self_attn", right="decoder.layers.1.self_attention")
@@ -803,7 +809,7 @@ def test_unmatch_needs_a_paired_call_not_a_module_picked_before(tmp_path):
 
 def test_a_reloaded_mapping_keeps_how_each_pair_was_found(tmp_path):
     """Issue 26 item 4: pairs read back from precnb's mapping file keep their "how"; only hand pairs are "user"."""
-    ex = explore(sample_path("renamed", "target"), sample_path("renamed", "baseline"))
+    ex = explore(sample_path("renamed", "target"), baseline=sample_path("renamed", "baseline"))
     first = ex.triage.alignment
     panel = ex.panel("Alignment")
     panel.on_show()
@@ -812,7 +818,8 @@ def test_a_reloaded_mapping_keeps_how_each_pair_was_found(tmp_path):
     t = panel.do_match()
     panel.path.value = str(tmp_path / "map.json")
     out = panel.do_save()
-    again = precnb.diagnose(sample_path("renamed", "target"), sample_path("renamed", "baseline"), mapping=str(out))
+    again = precnb.diagnose(sample_path("renamed", "target"), baseline=sample_path("renamed", "baseline"),
+                           mapping=str(out))
     how = {(p.baseline, p.target): p.how for p in again.alignment.nodes}
     was = {(p.baseline, p.target): p.how for p in t.alignment.nodes}
     assert how == was  # every pair as it was found, the hand pair "user"

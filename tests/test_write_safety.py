@@ -491,7 +491,7 @@ def test_the_explorer_on_stores_never_saves_inside_them(world):
 
     for side in ("baseline", "target"):
         precnb.to_zarr(sample_path("renamed", side), world / f"{side}.zarr")
-    ex = precnb.explore(open_quiet(world / "target.zarr"), open_quiet(world / "baseline.zarr"))
+    ex = precnb.explore(open_quiet(world / "target.zarr"), baseline=open_quiet(world / "baseline.zarr"))
     assert {str(world / "target.zarr"), str(world / "baseline.zarr")} <= set(ex.input_paths())
     before = snapshot(world)
     panel = ex.panel("Alignment")

@@ -5,7 +5,9 @@ with ``summary_mode: md5`` records each tensor's CRC-32 and no tensor. :func:`de
 the replicated tensors the departure touched (its origin op, whose record holds the inputs, and the
 replicated tensors that departed after it), on every rank of that TP/DP group, at the next steps of the
 job. Where the run saved tensors (``task: tensor``), the plan's notes give the ``precnb repro`` command
-that re-runs the departing op on its dumped inputs, to run on another device.
+that re-runs the departing op on its dumped inputs, to run on another device: with ``--replicas`` (the
+group's other ranks) the script says whether the recomputation agrees with the departing rank's dumped
+output or with its replicas', which confirms a device fault.
 
 Examples
 --------
@@ -87,8 +89,11 @@ def departure_plan(finding: Any, ds: xr.Dataset, *, dump_path: str, source: str 
     tensor_run = str(ds.attrs.get("task", "")) == "tensor"
     source = source or (str(ds.attrs["source"]) if ds.attrs.get("source") else None)
     rank = int(finding.rank) if finding.rank is not None else group[-1]
-    repro = (f"precnb repro {source or 'RUN'} {ev['node']} --step {step} --rank {rank} -o repro.py; "
-             "then on another device: python repro.py --device npu:0 (or cuda:0)")
+    others = ",".join(str(r) for r in group if r != rank)
+    repro = (f"precnb repro {source or 'RUN'} {ev['node']} --step {step} --rank {rank} --replicas {others} "
+             "-o repro.py; then on another device: python repro.py --device npu:0 (or cuda:0, cpu): it re-runs the op "
+             f"on rank {rank}'s dumped inputs, checks rank(s) {others} had the same inputs, and says whose dumped "
+             "output it agrees with (the other side computed it wrongly)")
     if tensor_run:
         notes.append("the run saved tensors: re-run the departing op on its dumped inputs on another device: "
                      + repro)

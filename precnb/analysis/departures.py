@@ -217,6 +217,40 @@ def _decide(run: _Run, base: _Run | None, ev: dict[str, Any], rtol: float) -> No
         ev["wrong_side"], ev["decided_by"] = differ, "baseline"
 
 
+def _signature_check(ds: xr.Dataset, run: _Run) -> Callable[[int, list[int], str], bool | None]:
+    """``check(step, group, tensor)``: whether the op's scalar arguments agree on *group*, from the reader's checksums.
+
+    The msprobe reader notes a checksum of every API call's scalar arguments and keeps those that vary
+    across ranks (``attrs["scalar_signatures"]``, :mod:`precnb.analysis.rank_args`); a call it does not list
+    has the same scalar arguments on every rank. None where the run does not say (another reader, a
+    tensor not in it). Looked up per call: no (step, rank, tensor) array is built.
+    """
+    import json
+
+    var = ds["scalar_sig"] if "scalar_sig" in ds.data_vars else None  # carried by pipeline stitching
+    try:
+        table = json.loads(ds.attrs.get("scalar_signatures") or "{}")
+    except (TypeError, ValueError):
+        table = None
+    complete = str(ds.attrs.get("source_format", "")) == "msprobe" and isinstance(table, dict)
+
+    def check(step: int, group: list[int], tensor: str) -> bool | None:
+        j, si = run.col.get(tensor), run.step.get(step)
+        if j is None or si is None or any(r not in run.rank for r in group):
+            return None
+        if var is not None:
+            return len({int(var[si, run.rank[r], j].item()) for r in group}) == 1
+        if not complete:
+            return None
+        entry = (table.get(str(ds["node"].values[j])) or {}).get(str(step))
+        if not isinstance(entry, dict):
+            return True  # not listed: the same scalar arguments on every rank
+        at = entry.get("at") or {}
+        return len({at.get(str(r), entry.get("default")) for r in group}) == 1
+
+    return check
+
+
 def departure_events(
     ds: xr.Dataset,
     rows: Sequence[Mapping[str, Any]],
@@ -237,7 +271,9 @@ def departure_events(
     rtol : float
         Relative tolerance on statistics (CRCs compare exactly).
     records : callable, optional
-        ``records(step, rank, node)`` → the node's dump record: its scalar arguments are compared.
+        ``records(step, rank, node)`` → the node's dump record: its scalar arguments are compared. Without
+        it (or where it cannot say), the checksums of the scalar arguments the msprobe reader keeps
+        (``attrs["scalar_signatures"]``) are compared.
     baseline : xarray.Dataset, optional
         A clean run of the same training (same ranks and steps): decides two-replica departures.
     rng_regions : sequence of str
@@ -256,6 +292,7 @@ def departure_events(
     events: list[dict[str, Any]] = []
     aside: list[dict[str, Any]] = []
     reads = 0
+    sig_args = _signature_check(ds, run)
     for (step, group, dim), rs in sorted(by_event.items(), key=lambda kv: (kv[0][0], kv[1][0]["seq"], kv[0][1])):
         first = rs[0]
         node, tensor = str(first["node"]), str(first["tensor"])
@@ -273,6 +310,8 @@ def departure_events(
             if got and all(g is not None for g in got):
                 sa = [scalar_args(g) for g in got]
                 sargs = all(x == sa[0] for x in sa[1:])
+        if sargs is None and role == "output":  # the reader's checksums of the scalar arguments
+            sargs = sig_args(step, list(group), tensor)
         random = is_random_op(api)
         in_region = random and bool(module) and any(module.startswith(p) for p in rng_regions)
         if sargs is False or in_region:

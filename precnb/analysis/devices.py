@@ -16,9 +16,13 @@ The rules:
 * a rank blamed in every job while the device serving it changes: the departure **follows the rank**,
   it points at code or data, and the devices are not blamed for it;
 * devices are taken most-blamed first (jobs, then decided events, then events); a device is ``suspect``
-  when the events left to it span more than one job or, decided, several steps; with one job the verdict is
-  at most "suspect (one event)"; events an earlier suspect explains are not counted again for its pair
-  partner (``clean``); an undecided pair partner otherwise stays ``inconclusive``.
+  when the events left to it span more than one job, or several steps where they were decided or where it
+  is the one candidate common to all of them (undecided pairs with different partners); with one job the
+  verdict is at most "suspect (one event)"; events an earlier suspect explains are not counted again for
+  its pair partner (``clean``);
+* an undecided pair otherwise stays ``inconclusive``, both devices named as candidates, each ``why``
+  naming the other (device and rank) and what decides: a clean run, a third replica, or (with one job,
+  where the verdict is at most "suspect (one event)") the job rescheduled onto another placement.
 
 Examples
 --------
@@ -61,7 +65,7 @@ def _where(hits: Sequence[tuple[str, Mapping[str, Any], int]]) -> str:
                      f"{'/'.join(map(str, sorted(ranks[run])))}" for run, st in by_run.items())
 
 
-def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],
+def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],  # noqa: C901
                     tables: Mapping[str, Mapping[int, Mapping[str, str]]]) -> list[dict[str, Any]]:
     """Per device: the rank it served in each job, its departures, and a verdict with why (most suspect first).
 
@@ -123,41 +127,68 @@ def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],
         h = hits[dev]
         return (len({run for run, _, _ in h}), sum(1 for _, ev, r in h if r in (ev.get("wrong_side") or [])), len(h))
 
+    def key(run: str, ev: Mapping[str, Any]) -> tuple[str, int, tuple[int, ...]]:
+        return (run, int(ev["step"]), tuple(ev["group"]))
+
+    blamed_by: dict[tuple[str, int, tuple[int, ...]], dict[tuple[str, str], int]] = {}  # event -> device -> rank
+    for one, hs in hits.items():
+        for run, ev, r in hs:
+            blamed_by.setdefault(key(run, ev), {})[one] = r
+
+    def partners(dev: tuple[str, str], mine: Sequence[tuple[str, Mapping[str, Any], int]]) -> str:
+        """The other candidates of *dev*'s events: ``10.0.0.1:0 (job1 rank 0)``."""
+        seen: dict[str, None] = {}
+        for run, ev, _ in mine:
+            for o, r in blamed_by.get(key(run, ev), {}).items():
+                if o != dev:
+                    seen[f"{_name(o)} ({run} rank {r})"] = None
+        return ", ".join(seen) or "no other device of the rank tables"
+
+    one_job = len(runs) == 1
+    at_most = ("; with one job the verdict is at most 'suspect (one event)': a clean run of the same training "
+               "(--baseline), a third replica or the job rescheduled onto another rank placement decides") if one_job \
+        else "; a clean run (--baseline), a third replica or another placement decides"
     explained: dict[tuple[str, int, tuple[int, ...]], tuple[str, str]] = {}
     out: list[dict[str, Any]] = []
     for dev in sorted(where, key=lambda d: (tuple(-x for x in weight(d)), d)):
         h = hits[dev]
-        mine = [(run, ev, r) for run, ev, r in h if (run, int(ev["step"]), tuple(ev["group"])) not in explained]
+        mine = [(run, ev, r) for run, ev, r in h if key(run, ev) not in explained]
         decided = [(run, ev, r) for run, ev, r in mine if r in (ev.get("wrong_side") or [])]
         jobs = {run for run, _, _ in mine}
         steps = {(run, int(ev["step"])) for run, ev, _ in mine}
-        keys = {(run, int(ev["step"]), tuple(ev["group"])) for run, ev, _ in mine}
+        keys = {key(run, ev) for run, ev, _ in mine}
         twins = [_name(o) for o in where if o != dev and keys and {
-            (run, int(ev["step"]), tuple(ev["group"])) for run, ev, _ in hits[o]} == keys and not any(
+            key(run, ev) for run, ev, _ in hits[o]} == keys and not any(
             r in (ev.get("wrong_side") or []) for _, ev, r in mine)]
+        # undecided pairs at several steps whose only common candidate is this device
+        common = set.intersection(*(set(blamed_by[k]) for k in keys)) if keys else set()
         if twins:
             verdict = "inconclusive"
-            why = (f"departed with identical inputs ({_where(mine)}) always together with {', '.join(twins)}: "
-                   "nothing tells them apart; a clean run (--baseline), a third replica or another placement decides")
-        elif mine and (len(jobs) > 1 or decided):
+            times = "each time together with" if len(keys) > 1 else "together with"
+            why = (f"candidate: departed with identical inputs ({_where(mine)}) {times} {partners(dev, mine)}: "
+                   "a pair cannot say which side is wrong, so both are candidates and nothing tells them apart"
+                   + at_most)
+        elif mine and (len(jobs) > 1 or decided or (len(steps) > 1 and common == {dev})):
             verdict = "suspect"
             judges = sorted({_JUDGE.get(str(ev.get("decided_by")), "a decision") for _, ev, _ in decided})
             at = ", ".join(dict.fromkeys(f"{run} step {ev['step']}" for run, ev, _ in decided))
             how = ("in more than one job, on different ranks: it follows the device" if len(jobs) > 1 else
-                   f"at {len(steps)} step(s); {' and '.join(judges)} names it the wrong side at {at}")
+                   f"at {len(steps)} step(s); {' and '.join(judges)} names it the wrong side at {at}" if decided else
+                   f"at {len(steps)} steps, with other replicas ({partners(dev, mine)}): the one device common to "
+                   "those departures")
             why = f"departed with identical inputs ({_where(mine)}) {how}"
             if len(runs) == 1:
                 why = ("suspect (one event): " + why + "; one job only: rerun with another rank placement (or on a "
                        "clean device) to confirm")
             for run, ev, _ in mine:
-                explained[(run, int(ev["step"]), tuple(ev["group"]))] = dev
+                explained[key(run, ev)] = dev
         elif mine:
             verdict = "inconclusive"
-            why = (f"one of the two replicas that departed with identical inputs ({_where(mine)}); a pair cannot say "
-                   "which side is wrong: a clean run (--baseline), a third replica or another job decides")
+            why = (f"candidate: one of the two replicas that departed with identical inputs ({_where(mine)}), with "
+                   f"{partners(dev, mine)}: a pair cannot say which side is wrong" + at_most)
         elif h:
             verdict = "clean"
-            by = sorted({_name(explained[(run, int(ev["step"]), tuple(ev["group"]))]) for run, ev, _ in h})
+            by = sorted({_name(explained[key(run, ev)]) for run, ev, _ in h})
             why = (f"its departures ({_where(h)}) are explained by the other side, {', '.join(by)}, which is "
                    "suspect")
         elif rank_follow[dev]:

@@ -87,7 +87,7 @@ def _preflight(ctx: Context) -> Any:
         from precnb.analysis.merge import merge_shards  # one run: its inventory is the whole model's
 
         target = merge_shards(ctx.raw_target if ctx.raw_target is not None else ctx.target, lay)
-    checks = preflight(target, base, target_layout=ctx.target_layout,
+    checks = preflight(target, baseline=base, target_layout=ctx.target_layout,
                        baseline_layout=ctx.baseline_layout, step_offset=off, names=names,
                        raw_target=ctx.raw_target, raw_baseline=ctx.raw_baseline)
     return preflight_finding(checks)

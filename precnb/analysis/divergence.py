@@ -112,7 +112,7 @@ def pair_comparison(baseline: xr.Dataset, target: xr.Dataset, *, alignment: Any 
     return cmp
 
 
-def first_divergence(
+def first_divergence(  # noqa: C901
     baseline: xr.Dataset,
     target: xr.Dataset | None = None,
     *,
@@ -240,6 +240,8 @@ def first_divergence(
     aside = cmp.set_aside()
     if aside:
         stats["set_aside_entries"] = sum(a["entries"] for a in aside)
+    # two codebases: the calls the alignment set aside as their organisation (masks, identity dropout, ...)
+    codebase_aside = alignment.set_aside() if aligned else []
     if noise is not None:
         stats["cross_framework_noise"] = noise
     b, t = ds.isel(run=0), ds.isel(run=1)
@@ -264,6 +266,11 @@ def first_divergence(
         hints.append("set aside, not compared (by construction): " + "; ".join(
             f"{a['entries']} differing entr{'y' if a['entries'] == 1 else 'ies'} {a['why']} (e.g. "
             f"{a['examples'][0]['tensor']})" for a in aside))
+    if codebase_aside:
+        hints.append("set aside, not compared (each codebase's own organisation): " + "; ".join(
+            f"{sum(a['nodes'].values())} node(s) {a['why'].removeprefix('organisation: ')} (e.g. "
+            f"{a['examples'][0]['node']})" for a in codebase_aside[:4]))
+    aside = aside + codebase_aside
     struct_out = [{"node": s["node"], "only_in": s["only_in"], "step": s["step"], "rank": s["rank"],
                    "count": s["count"]} for s in structural[:MAX_LISTED]]
     seq = b["seq"].where(b["seq"] >= 0, t["seq"])

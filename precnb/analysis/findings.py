@@ -159,7 +159,7 @@ class Finding:
         """Strict JSON text."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
-    def summary(self) -> str:
+    def summary(self) -> str:  # noqa: C901
         """A readable multi-line summary (what the CLI prints without ``--json``)."""
         title, _, reason = self.headline.partition(": ")
         lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]
@@ -242,6 +242,8 @@ class Finding:
         if self.dump_plan:
             p = self.dump_plan
             lines.append(f"  plan: {p['summary']} (`precnb plan` writes the msprobe config.json)")
+            if p.get("repro"):  # a tensor dump: the departing op re-run on its dumped inputs
+                lines.append(f"  repro: {p['repro']}")
         stack = self.evidence.get("stack") or []
         if stack:
             lines.append("  stack (innermost first):")

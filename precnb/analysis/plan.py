@@ -74,15 +74,25 @@ def _selected(ds: xr.Dataset, entries: list[str], modules: list[str]) -> np.ndar
 
 
 def _estimate(ds: xr.Dataset, mask: np.ndarray, steps: Sequence[int], ranks: Sequence[int]) -> int:
-    if not mask.any():
+    if not mask.any() or "numel" not in ds:
         return 0
-    sub = ds.isel(tensor=np.flatnonzero(mask))
-    sub = sub.sel(step=[s for s in steps if s in set(ds["step"].values.tolist())],
-                  rank=[r for r in ranks if r in set(ds["rank"].values.tolist())])
-    if "numel" not in sub or sub.sizes["step"] == 0 or sub.sizes["rank"] == 0:
+    have_s = {int(s): i for i, s in enumerate(ds["step"].values.tolist())}
+    have_r = {int(r): i for i, r in enumerate(ds["rank"].values.tolist())}
+    si = [have_s[int(s)] for s in steps if int(s) in have_s]
+    ri = [have_r[int(r)] for r in ranks if int(r) in have_r]
+    if not si or not ri:
         return 0
-    sizes = np.asarray([dtype_size(str(d)) for d in sub["dtype"].values])
-    numel = np.where(sub["present"].values, np.maximum(sub["numel"].values, 0), 0)
+    ti = np.flatnonzero(mask)
+    sizes = np.asarray([dtype_size(str(d)) for d in ds["dtype"].values[ti]])
+    dims = ("step", "rank", "tensor")
+    numel_v, present_v = ds["numel"].variable, ds["present"].variable
+    if numel_v.dims == dims and present_v.dims == dims and isinstance(numel_v.data, np.ndarray) and isinstance(
+            present_v.data, np.ndarray):  # in memory: index the arrays, not the dataset
+        at = np.ix_(np.asarray(si, dtype=np.int64), np.asarray(ri, dtype=np.int64), ti)
+        numel = np.where(present_v.data[at], np.maximum(numel_v.data[at], 0), 0)
+    else:  # a lazily opened store: read only the cells selected
+        sub = ds[["present", "numel"]].isel(step=si, rank=ri, tensor=ti)
+        numel = np.where(sub["present"].values, np.maximum(sub["numel"].values, 0), 0)
     return int((numel * sizes).sum())
 
 

@@ -528,7 +528,7 @@ def _pick(role: str, direction: str, cands: list[int]) -> int:
     return cands[-1] if late else cands[0]
 
 
-def _assemble_groups(ds: xr.Dataset, layout: Layout, reduced: Layout, groups: dict[int, list[int]],
+def _assemble_groups(ds: xr.Dataset, layout: Layout, reduced: Layout, groups: dict[int, list[int]],  # noqa: C901
                      label_maps: dict[int, np.ndarray],
                      orders: dict[tuple[int, int], dict[str, tuple[Any, ...]]] | None = None) -> xr.Dataset:
     """The stitched dataset; ``label_maps[r]`` is (step, tensor): each entry's stitched label ("" dropped).

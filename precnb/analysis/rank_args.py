@@ -164,7 +164,7 @@ def _in_place(api: str) -> bool:
     return short.endswith("_")
 
 
-def rank_dependent(ds: xr.Dataset, groups: list[list[int]], present: np.ndarray | None = None
+def rank_dependent(ds: xr.Dataset, groups: list[list[int]], present: np.ndarray | None = None  # noqa: C901
                    ) -> tuple[np.ndarray, dict[str, str]]:
     """Per tensor: computed by (or from) a call whose scalar arguments differ between the ranks of a group.
 

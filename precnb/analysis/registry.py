@@ -22,21 +22,29 @@ Examples
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Literal
 
 import xarray as xr
 
+from precnb._plugins import PluginRegistry
+
 __all__ = [
     "BUILTIN_MODULES",
+    "ENTRY_POINT_GROUP",
+    "REGISTRY",
     "Context",
     "Diagnosis",
     "diagnoses",
     "get",
     "kinds",
+    "order_findings",
+    "refresh",
     "register",
     "title",
+    "unregister",
 ]
 
 Mode = Literal["single", "pair", "any"]
@@ -149,11 +157,32 @@ class Diagnosis:
         return True if self.applies is None else bool(self.applies(ctx))
 
 
-_REGISTRY: dict[str, Diagnosis] = {}
+def _as_diagnosis(obj: Any, kind: str) -> Diagnosis:
+    """A loaded plug-in as a Diagnosis: the object itself, what a factory returns, or what its module registered."""
+    if isinstance(obj, ModuleType):  # ``kind = "mypkg.diag"``: importing the module registered it
+        found = _REGISTRY.registered().get(kind)
+        if found is None:
+            raise TypeError(f"importing {obj.__name__} registered no diagnosis of kind {kind!r}")
+        return found
+    if not isinstance(obj, Diagnosis) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Diagnosis):
+        raise TypeError(f"not a precnb.analysis.registry.Diagnosis but {type(obj).__name__}")
+    if obj.kind != kind:
+        raise TypeError(f"declares the kind {obj.kind!r}")
+    return obj
+
+
+ENTRY_POINT_GROUP = "precnb.diagnoses"
+#: the diagnoses, by kind: an instance of the generic plug-in registry (:mod:`precnb._plugins`). The
+#: built-in ones register themselves when :data:`BUILTIN_MODULES` are imported (on first use).
+_REGISTRY: PluginRegistry[Diagnosis] = PluginRegistry(ENTRY_POINT_GROUP, kind="diagnosis", convert=_as_diagnosis)
+REGISTRY = _REGISTRY
 _TITLES_WITHOUT_DIAGNOSIS = {"none": "Nothing found"}
 BUILTIN_MODULES: tuple[str, ...] = ("precnb.analysis.diagnoses", "precnb.analysis.spike.diagnosis")
 """Modules whose import registers the built-in diagnoses."""
 _loaded = False
+_ALL: dict[str, Diagnosis] | None = None
 
 
 def register(diagnosis: Diagnosis, *, replace: bool = False) -> Diagnosis:
@@ -164,28 +193,48 @@ def register(diagnosis: Diagnosis, *, replace: bool = False) -> Diagnosis:
     ValueError
         When the kind is already registered and *replace* is false.
     """
-    if diagnosis.kind in _REGISTRY and not replace and _REGISTRY[diagnosis.kind] is not diagnosis:
-        raise ValueError(f"a diagnosis of kind {diagnosis.kind!r} is already registered")
-    _REGISTRY[diagnosis.kind] = diagnosis
-    return diagnosis
+    global _ALL
+    try:
+        out = _REGISTRY.register(diagnosis.kind, diagnosis, replace=replace)
+    except ValueError:
+        raise ValueError(f"a diagnosis of kind {diagnosis.kind!r} is already registered") from None
+    _ALL = None
+    return out
+
+
+def unregister(kind: str) -> None:
+    """Remove the diagnosis of *kind* (one added at run time, e.g. in a test)."""
+    global _ALL
+    _REGISTRY.unregister(kind)
+    _ALL = None
 
 
 def _load() -> None:
+    """Import the built-in diagnoses, then load every ``precnb.diagnoses`` plug-in (a broken one warns)."""
     global _loaded
     if _loaded:
         return
     _loaded = True
     for mod in BUILTIN_MODULES:
         importlib.import_module(mod)
-    from importlib.metadata import entry_points
+    _REGISTRY.items()  # loads the entry points; failures are RuntimeWarnings naming the plug-in
 
-    for ep in entry_points(group="precnb.diagnoses"):
-        try:
-            ep.load()
-        except Exception as exc:  # a broken plug-in must not break precnb
-            import warnings
 
-            warnings.warn(f"precnb: diagnosis plug-in {ep.name!r} failed to load: {exc}", stacklevel=2)
+def refresh() -> None:
+    """Forget the plug-ins found so far; the next use lists the entry points again."""
+    global _loaded, _ALL
+    _REGISTRY.refresh()
+    _loaded = False
+    _ALL = None
+
+
+def _all() -> dict[str, Diagnosis]:
+    """Every diagnosis by kind (kept until the registry changes: titles and priorities are asked for often)."""
+    global _ALL
+    _load()
+    if _ALL is None:
+        _ALL = dict(_REGISTRY.items())
+    return _ALL
 
 
 def diagnoses(kinds: Sequence[str] | None = None) -> list[Diagnosis]:
@@ -198,19 +247,20 @@ def diagnoses(kinds: Sequence[str] | None = None) -> list[Diagnosis]:
     """
     _load()
     if kinds is not None:
-        unknown = [k for k in kinds if k not in _REGISTRY]
+        known = _all()
+        unknown = [k for k in kinds if k not in known]
         if unknown:
-            raise ValueError(f"unknown diagnosis kind(s) {unknown}; known: {sorted(_REGISTRY)}")
-        chosen = [_REGISTRY[k] for k in dict.fromkeys(kinds)]
+            raise ValueError(f"unknown diagnosis kind(s) {unknown}; known: {sorted(known)}")
+        chosen = [known[k] for k in dict.fromkeys(kinds)]
     else:
-        chosen = list(_REGISTRY.values())
+        chosen = list(_all().values())
     return sorted(chosen, key=lambda d: (d.priority, d.kind))
 
 
 def get(kind: str) -> Diagnosis:
     """The diagnosis of *kind* (KeyError when unknown)."""
     _load()
-    return _REGISTRY[kind]
+    return _REGISTRY.get(kind)
 
 
 def kinds() -> list[str]:
@@ -220,8 +270,7 @@ def kinds() -> list[str]:
 
 def title(kind: str) -> str:
     """Display title of a finding kind (the kind itself when unknown)."""
-    _load()
-    d = _REGISTRY.get(kind)
+    d = _all().get(kind)
     if d is not None:
         return d.title
     return _TITLES_WITHOUT_DIAGNOSIS.get(kind, kind.replace("_", " "))
@@ -233,8 +282,37 @@ def priority(kind: str, *, found: bool = True) -> int:
     With ``found=False``, the key of the diagnosis's "nothing found" result (``clean_last``
     diagnoses after the others).
     """
-    _load()
-    d = _REGISTRY.get(kind)
+    d = _all().get(kind)
     if d is None:
         return 1000
     return d.priority + (500 if d.clean_last and not found else 0)
+
+
+def _warns(f: Any) -> bool:
+    """A clean result whose checks warn (``stats["status"] == "warn"``)."""
+    return not f.found and isinstance(f.stats, dict) and f.stats.get("status") == "warn"
+
+
+def order_findings(results: Iterable[Any], *, warn_first: bool = True) -> list[Any]:
+    """The one order of findings (the pipeline's, the pre-flight join's, the report's).
+
+    Found first; then a "nothing found" that warns (a pre-flight warning may be the cause: a weight
+    left at zero) before the other "nothing found" results; then by :func:`priority` of the kind
+    (found or not); stable otherwise.
+
+    Parameters
+    ----------
+    results : iterable of Finding or of (kind, Finding)
+    warn_first : bool
+        Put a warning "nothing found" before the other ones. The pre-flight join of a step-wise search
+        passes False: there the search's own "nothing found" says what was compared (its ``stats``),
+        and the pre-flight warning stays in ``checks``.
+
+    Returns
+    -------
+    list of Finding
+    """
+    pairs = [r if isinstance(r, tuple) else (r.kind, r) for r in results]
+    ranked = sorted(enumerate(pairs), key=lambda x: (not x[1][1].found, warn_first and not _warns(x[1][1]),
+                                                     priority(x[1][0], found=x[1][1].found), x[0]))
+    return [f for _, (_, f) in ranked]

@@ -114,7 +114,7 @@ def run_triage(args: argparse.Namespace, target: Any, baseline: Any = None, **ex
 
     opts = triage_options(args, **extra)
     try:
-        triage = diagnose(target, baseline, options=opts)
+        triage = diagnose(target, baseline=baseline, options=opts)
     except (LayoutError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     failures = getattr(args, "load_failures", None)
@@ -352,7 +352,11 @@ def _cmd_replicas(args: argparse.Namespace) -> int:
             layout = _layout_from_args(args, ds)
         except LayoutError as exc:
             raise UsageError(str(exc)) from None
-        return _emit_finding(run_triage(args, ds, kinds=["replica_mismatch"], target_layout=layout,
+        from precnb.pipeline import ReadRun
+
+        # the dataset as read and its path: the origin's dump records (scalar arguments) are read as with --layout
+        run = ReadRun(ds, str(args.run)) if isinstance(args.run, str) else ds
+        return _emit_finding(run_triage(args, run, kinds=["replica_mismatch"], target_layout=layout,
                                         **_given(replica_rtol=args.rtol)).finding, args)
     return _emit_finding(run_triage(args, args.run, kinds=["replica_mismatch"], target_layout=layout,
                                     **_given(replica_rtol=args.rtol)).finding, args)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from precnb.cli import _term as term
-from precnb.cli._args import MAX_INDEX, integer
+from precnb.cli._args import MAX_INDEX, int_set, integer
 
 __all__ = ["register", "write_output"]
 
@@ -141,13 +141,19 @@ def _cmd_repro(args: argparse.Namespace) -> int:
         from precnb.cli._common import command_inputs
 
         check_output(args.output, inputs=command_inputs(args), overwrite=bool(args.overwrite), content="text")
+    if args.replicas and args.rank is None:
+        from precnb.cli._common import UsageError
+
+        raise UsageError("--replicas needs --rank (the departing rank whose inputs the op is re-run on)")
     run = open_checked(args.run, args, steps=None if args.step is None else [args.step], use_steps_option=False)
-    text = repro_script(run, args.node, step=args.step, rank=args.rank)
+    text = repro_script(run, args.node, step=args.step, rank=args.rank, replicas=args.replicas or ())
     if not args.output:
         term.out(text)
         return 0
     out = write_output(args, text, "repro-script")
-    term.out(f"wrote {out}: python {out} [--device cuda] reruns {args.node}\n")
+    also = (f" and says whether it agrees with rank {args.rank}'s dumped output or with rank(s) "
+            f"{', '.join(map(str, args.replicas))}'s" if args.replicas else "")
+    term.out(f"wrote {out}: python {out} [--device cuda] reruns {args.node}{also}\n")
     return 0
 
 
@@ -174,6 +180,10 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("node", help="API node, e.g. Functional.linear.0.forward (or one of its tensor labels)")
     p.add_argument("--step", type=integer(0, MAX_INDEX), help="step of the record (default: the first)")
     p.add_argument("--rank", type=integer(0, MAX_INDEX), help="rank of the record (default: the first)")
+    p.add_argument("--replicas", type=int_set("rank"), metavar="R[,R...]",
+                   help="ranks holding replicas of the same call (a replica departure's other ranks): the script "
+                        "also checks their inputs are bit-identical and says whose dumped output the recomputation "
+                        "agrees with (the other side computed it wrongly)")
     p.add_argument("-o", "--output", help="script to write (default: print it)")
     p.add_argument("--overwrite", action="store_true", help="replace a repro script precnb wrote")
     add_load_options(p)

@@ -429,6 +429,15 @@ class Assembler:
     def _place(self, recs: list[_Rec]) -> None:
         """Give columns to labels first seen in *recs* (sorted), and register their variables."""
         n = len(self._labels)
+        if not len(self._order) and len(recs) == 1 and len(recs[0].gids) == n and self._deferred is not None \
+                and self._deferred[1] is recs[0].gids:  # one record holding every label in order (add's check)
+            # the identity, column j is label j, as one array for both (read-only: later records that bring
+            # labels of their own concatenate new arrays before they write)
+            self._pos = self._order = np.arange(n, dtype=np.int64)
+            self._pos.flags.writeable = False
+            self.stat_names += [k for k in recs[0].values if k not in self.stat_names]
+            self.string_names.update(recs[0].strings)
+            return
         if len(self._pos) < n:
             self._pos = np.concatenate([self._pos, np.full(n - len(self._pos), -1, np.int64)])
         for r in recs:

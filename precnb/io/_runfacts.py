@@ -40,6 +40,7 @@ _MAX_VALUES = 64  # distinct values kept per (api, argument, step)
 _MAX_DEPTH = 8
 _NONFINITE = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}
 _POSITIONS = tuple(str(i) for i in range(64))
+_ABSENT = object()
 _MAX_SIG_EXCEPTIONS = 100_000  # (step, rank) entries kept per node whose scalar arguments vary
 #: ops whose record may hold a tensor the op never reads (see :func:`undefined_leaves`): a quick pre-filter
 _BETA_APIS = ("baddbmm", "addbmm", "addmm", "addmv", "addr")
@@ -453,8 +454,11 @@ class FactsAccumulator:
         self.requires_grad: dict[str, bool] = {}
         self.scalar_args: dict[str, dict[str, dict[int, list[Any]]]] = {}
         self.undefined: dict[str, tuple[str, set[tuple[int, int]]]] = {}
-        # node -> step -> [the first signature seen at that step, {rank: another one}]: rank-dependent calls
-        self._sigs: dict[str, dict[int, list[Any]]] = {}
+        # step -> node -> the first signature seen at that step (one table per step, not per node: a large
+        # dump.json holds hundreds of thousands of API calls), and (node, step) -> {rank: another one} for the
+        # calls whose signature differs between ranks (rank-dependent calls)
+        self._first_sig: dict[int, dict[str, Any]] = {}
+        self._sig_at: dict[tuple[str, int], dict[int, Any]] = {}
         self.reduce_ops: dict[str, dict[str, set[int]]] = {}  # collective -> its non-sum reduce op -> ranks
         self.peers: dict[int, set[int]] = {}  # rank -> the ranks its point-to-point calls exchange with
 
@@ -470,13 +474,20 @@ class FactsAccumulator:
             self.reduce_ops.setdefault(node, {}).setdefault(str(op), set()).add(int(rank))
         sigs = facts.get("scalar_sigs")
         if sigs:
-            table, st, rk = self._sigs, int(step), int(rank)
-            for node, sig in sigs.items():
-                slot = table.setdefault(node, {}).get(st)
-                if slot is None:
-                    table[node][st] = [sig, {}]
-                elif slot[0] != sig and len(slot[1]) < _MAX_SIG_EXCEPTIONS:
-                    slot[1][rk] = sig
+            st, rk = int(step), int(rank)
+            first = self._first_sig.get(st)
+            if first is None:
+                self._first_sig[st] = dict(sigs)
+            else:
+                at, get = self._sig_at, first.get
+                for node, sig in sigs.items():
+                    seen = get(node, _ABSENT)
+                    if seen is _ABSENT:
+                        first[node] = sig
+                    elif seen != sig:
+                        ranks = at.setdefault((node, st), {})
+                        if len(ranks) < _MAX_SIG_EXCEPTIONS:
+                            ranks[rk] = sig
         for label, rg in (facts.get("requires_grad") or {}).items():
             self.requires_grad[label] = self.requires_grad.get(label, True) and bool(rg)
         for api, args in (facts.get("scalar_args") or {}).items():
@@ -504,10 +515,11 @@ class FactsAccumulator:
         if self.reduce_ops:
             out["reduce_ops"] = json.dumps({n: {op: sorted(r) for op, r in sorted(ops.items())}
                                             for n, ops in sorted(self.reduce_ops.items())})
-        varying = {node: {str(st): {"default": d, "at": {str(r): v for r, v in sorted(at.items())}}
-                          for st, (d, at) in sorted(by_step.items()) if at}
-                   for node, by_step in sorted(self._sigs.items())}
-        varying = {node: v for node, v in varying.items() if v}
+        varying: dict[str, dict[str, Any]] = {}
+        for node, st in sorted(self._sig_at):
+            at = self._sig_at[(node, st)]
+            varying.setdefault(node, {})[str(st)] = {"default": self._first_sig[st][node],
+                                                     "at": {str(r): v for r, v in sorted(at.items())}}
         if varying:  # node -> step -> the signature of most ranks and the ranks that differ
             out["scalar_signatures"] = json.dumps(varying)
         return out

@@ -265,7 +265,7 @@ def _mode(names: set[str]) -> str:
     return "summary"
 
 
-def open_compare_csv(path: str | Path) -> xr.Dataset:
+def open_compare_csv(path: str | Path) -> xr.Dataset:  # noqa: C901
     """Open an msprobe compare result CSV as a two-run (target, baseline) dataset.
 
     Parameters

@@ -50,11 +50,43 @@ def detect_format(path: str | Path) -> str:
     for reader in readers():
         if reader.detects(p):
             return reader.name
+    if kind is None:
+        bad_zip = _zip_reason(p)
+        if bad_zip:  # e.g. a config_check pack cut short by a copy: say so rather than "not recognised"
+            raise NotADumpError(f"{p}: {bad_zip}")
     if kind is None and p.suffix.lower() in (".csv", ".json"):
         bad = _why.utf8_reason(p)
         if bad:  # e.g. a GBK-encoded compare result: say so rather than "not recognised"
             raise NotADumpError(f"{p}: {bad}")
     raise NotADumpError(f"{p}: not a recognised input (expected {describe()})")
+
+
+def _zip_reason(p: Path) -> str | None:
+    """Why *p*, a zip file by its name or its first bytes, cannot be read as one (``None`` if it can, or is none).
+
+    Examples
+    --------
+    >>> _zip_reason(Path("/nonexistent.zip")) is None
+    True
+    """
+    import zipfile
+
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return None
+    if not (p.suffix.lower() == ".zip" or head in (b"PK\x03\x04", b"PK\x05\x06")):
+        return None
+    try:
+        with zipfile.ZipFile(p) as zf:
+            zf.infolist()
+    except zipfile.BadZipFile:
+        return ("a truncated or damaged zip file (its zip directory cannot be read); "
+                "a config_check pack must be a complete zip")
+    except (OSError, ValueError, RuntimeError, NotImplementedError, EOFError) as exc:
+        return f"a damaged zip file, not readable ({type(exc).__name__}: {exc})"
+    return None
 
 
 _IGNORE = {"configs", "run_logs", "logs", "__pycache__", ".ipynb_checkpoints"}

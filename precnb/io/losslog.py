@@ -133,7 +133,7 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, Any]]:
 _DT_FLOAT, _DT_DOUBLE, _DT_HALF, _DT_BFLOAT16 = 1, 2, 19, 14
 
 
-def _tensor_scalar(buf: bytes, lo: int, hi: int) -> float | None:
+def _tensor_scalar(buf: bytes, lo: int, hi: int) -> float | None:  # noqa: C901
     """The value of a scalar (one element) TensorProto of a float dtype, else None."""
     dtype, dims, content = 0, 0, None
     floats: list[float] = []

@@ -14,6 +14,7 @@ group: a package declares, in its ``pyproject.toml``::
 where ``READER`` is a :class:`Reader` (or a function returning one). A plug-in that cannot be
 imported, is not a reader, reuses a built-in name or whose test fails is skipped with a warning;
 it never stops precnb from reading anything else. :func:`register` adds a reader at run time.
+:data:`REGISTRY` is one instance of the generic :class:`precnb._plugins.PluginRegistry`.
 
 Examples
 --------
@@ -25,16 +26,16 @@ False
 
 from __future__ import annotations
 
-import importlib
-import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "Reader", "get_reader", "reader_names", "readers", "refresh", "register",
-           "unregister"]
+from precnb._plugins import PluginRegistry
+
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "REGISTRY", "Reader", "get_reader", "reader_names", "readers", "refresh",
+           "register", "unregister"]
 
 ENTRY_POINT_GROUP = "precnb.readers"
 
@@ -106,32 +107,6 @@ class Reader:
             return False
 
 
-_LOADED: dict[str, Reader] = {}
-_EXTRA: dict[str, Reader] = {}  # registered at run time
-_PLUGINS: dict[str, Any] | None = None  # name -> entry point, or the loaded Reader
-
-
-def _entry_points() -> dict[str, Any]:
-    global _PLUGINS
-    if _PLUGINS is None:
-        found: dict[str, Any] = {}
-        if not os.environ.get("PRECNB_NO_PLUGINS"):
-            try:
-                from importlib.metadata import entry_points
-
-                for ep in entry_points(group=ENTRY_POINT_GROUP):
-                    if ep.name in BUILTIN:
-                        warnings.warn(f"precnb reader plug-in {ep.name!r} ({ep.value}) reuses a built-in format "
-                                      "name; ignored", RuntimeWarning, stacklevel=3)
-                        continue
-                    found.setdefault(ep.name, ep)
-            except Exception as exc:  # broken metadata of some installed package
-                warnings.warn(f"precnb: cannot list reader plug-ins: {type(exc).__name__}: {exc}",
-                              RuntimeWarning, stacklevel=3)
-        _PLUGINS = found
-    return _PLUGINS
-
-
 def _as_reader(obj: Any, name: str) -> Reader:
     if not isinstance(obj, Reader) and callable(obj) and not hasattr(obj, "can_open"):
         obj = obj()
@@ -142,26 +117,14 @@ def _as_reader(obj: Any, name: str) -> Reader:
     return obj
 
 
-def _load_plugin(name: str) -> Reader | None:
-    plugins = _entry_points()
-    ep = plugins.get(name)
-    if ep is None or isinstance(ep, Reader):
-        return ep
-    try:
-        reader = _as_reader(ep.load(), name)
-    except Exception as exc:  # ImportError, a bug at import, a wrong object: warn, never break precnb
-        warnings.warn(f"precnb reader plug-in {name!r} ({ep.value}) could not be loaded: "
-                      f"{type(exc).__name__}: {exc}; ignored", RuntimeWarning, stacklevel=3)
-        del plugins[name]
-        return None
-    plugins[name] = reader
-    return reader
+#: the readers: an instance of the generic registry (:mod:`precnb._plugins`)
+REGISTRY: PluginRegistry[Reader] = PluginRegistry(ENTRY_POINT_GROUP, kind="reader", builtins=BUILTIN,
+                                                  convert=_as_reader, builtin_word="format")
 
 
 def reader_names() -> tuple[str, ...]:
     """Names of every reader: built-ins, then registered, then plug-ins (not imported to list them)."""
-    return (*BUILTIN, *[n for n in _EXTRA if n not in BUILTIN],
-            *sorted(n for n in _entry_points() if n not in BUILTIN and n not in _EXTRA))
+    return REGISTRY.names()
 
 
 def get_reader(name: str) -> Reader:
@@ -172,31 +135,15 @@ def get_reader(name: str) -> Reader:
     ValueError
         When no reader has that name (the message lists them).
     """
-    if name in _LOADED:
-        return _LOADED[name]
-    if name in BUILTIN:
-        module, _, attr = BUILTIN[name].partition(":")
-        reader = _as_reader(getattr(importlib.import_module(module), attr), name)
-    elif name in _EXTRA:
-        reader = _EXTRA[name]
-    else:
-        found = _load_plugin(name)
-        if found is None:
-            raise ValueError(f"unknown format {name!r}; expected one of {', '.join(reader_names())}")
-        reader = found
-    _LOADED[name] = reader
-    return reader
+    try:
+        return REGISTRY.get(name)
+    except KeyError:
+        raise ValueError(f"unknown format {name!r}; expected one of {', '.join(reader_names())}") from None
 
 
 def readers() -> list[Reader]:
     """Every reader that loads, in detection order (broken plug-ins left out, with a warning)."""
-    out: list[Reader] = []
-    for name in reader_names():
-        try:
-            out.append(get_reader(name))
-        except ValueError:
-            continue
-    return sorted(out, key=lambda r: r.detect_priority)
+    return sorted((r for _, r in REGISTRY.items()), key=lambda r: r.detect_priority)
 
 
 def register(reader: Reader) -> Reader:
@@ -207,25 +154,17 @@ def register(reader: Reader) -> Reader:
     ValueError
         When the name is a built-in one.
     """
-    if reader.name in BUILTIN:
-        raise ValueError(f"{reader.name!r} is a built-in format")
-    _EXTRA[reader.name] = reader
-    _LOADED.pop(reader.name, None)
-    return reader
+    return REGISTRY.register(reader.name, reader, replace=True)
 
 
 def unregister(name: str) -> None:
     """Remove a reader added with :func:`register`."""
-    _EXTRA.pop(name, None)
-    _LOADED.pop(name, None)
+    REGISTRY.unregister(name)
 
 
 def refresh() -> None:
     """Forget the plug-ins found so far (after installing one in a running kernel, say)."""
-    global _PLUGINS
-    _PLUGINS = None
-    for name in [n for n in _LOADED if n not in BUILTIN]:
-        del _LOADED[name]
+    REGISTRY.refresh()
 
 
 def describe(names: Sequence[str] | None = None) -> str:

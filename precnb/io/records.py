@@ -31,7 +31,9 @@ class SharedTable:
     ----------
     key : hashable
         Identifies the content (e.g. ``("stack", digest)``): equal keys are parsed once.
-    raw : bytes
+    raw : bytes or None
+        None when *value* is given and the bytes need not be kept (pickling then sends *value*'s
+        JSON text, which *parse* must read as the same table).
     parse : callable
         A module-level function ``bytes -> dict`` (it is pickled to worker processes).
     value : dict, optional
@@ -46,18 +48,24 @@ class SharedTable:
 
     __slots__ = ("key", "parse", "raw", "value")
 
-    def __init__(self, key: Hashable, raw: bytes, parse: Callable[[bytes], dict[str, Any]],
+    def __init__(self, key: Hashable, raw: bytes | None, parse: Callable[[bytes], dict[str, Any]],
                  value: dict[str, Any] | None = None) -> None:
         self.key, self.raw, self.parse, self.value = key, raw, parse, value
 
     def get(self) -> dict[str, Any]:
         """The parsed table."""
         if self.value is None:
+            if self.raw is None:  # its bytes are freed only once it is parsed
+                raise RuntimeError(f"the table {self.key!r} holds neither its bytes nor its value")
             self.value = self.parse(self.raw)
         return self.value
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (SharedTable, (self.key, self.raw, self.parse))
+        raw = self.raw
+        if raw is None:  # kept parsed only (its bytes let go): the table's own JSON text, which parses the same
+            from precnb.schema import side_text
+            raw = side_text(self.get()).encode("utf-8", "surrogatepass")
+        return (SharedTable, (self.key, raw, self.parse))
 
 
 def distinct(labels: Sequence[str], hashes: np.ndarray | None = None) -> bool:

@@ -17,9 +17,7 @@ def with_preflight(pre: Any, div: Any) -> Any:
 
     f = pre.result("preflight")
     results = [("preflight", f), *((k, v) for k, v in div.results.items())]
-    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found,
-                                                       registry.priority(x[1][0], found=x[1][1].found), x[0]))
-    div.findings = [v for _, (_, v) in ranked]
+    div.findings = registry.order_findings(results, warn_first=False)  # the search says what it compared
     note_later(div.findings)
     div.checks = [*pre.checks, *div.checks]
     div.results = {"preflight": f, **div.results}

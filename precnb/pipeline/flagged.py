@@ -126,7 +126,7 @@ def flagged(t: Any) -> Flagged:
     from precnb.analysis.earliness import bad_records, causal_positions_of
 
     if "flagged" in t.cache:
-        return t.cache["flagged"]  # type: ignore[no-any-return]
+        return t.cache["flagged"]
     if t.paired:
         from precnb.analysis.divergence import searched_differences
 
@@ -169,7 +169,7 @@ def flagged_ranks(t: Any) -> Flagged:
     from precnb.analysis.earliness import causal_positions_of
 
     if "flagged_ranks" in t.cache:
-        return t.cache["flagged_ranks"]  # type: ignore[no-any-return]
+        return t.cache["flagged_ranks"]
     out = flagged(t)
     raw = t.raw_target
     if t.paired and raw is not None and t.target_layout is not None and raw.sizes["rank"] > out.ds.sizes["rank"]:

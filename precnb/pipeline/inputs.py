@@ -1,6 +1,6 @@
 """What the user hands the pipeline: paths, datasets, mappings of run names → runs.
 
-:func:`split_inputs` turns ``diagnose(target, baseline)``'s arguments into at most two run
+:func:`split_inputs` turns ``diagnose(target, baseline=...)``'s arguments into at most two run
 sources with display names; :func:`open_source` opens one (a path through the readers, a
 dataset as is) and records what could not be read.
 """
@@ -84,7 +84,7 @@ def _select(ds: xr.Dataset, name: str) -> xr.Dataset:
 
 
 def split_inputs(target: Any, baseline: Any = None) -> tuple[Source, Source | None]:
-    """The (target, baseline) sources of ``diagnose(target, baseline)``.
+    """The (target, baseline) sources of ``diagnose(target, baseline=...)``.
 
     *target* may be a path, a single-run dataset, a dataset with a ``run`` dim (two runs:
     the first is the baseline unless *baseline* names one), or a mapping ``{name: run}`` of

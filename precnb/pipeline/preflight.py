@@ -55,7 +55,7 @@ def preflight(base: Any, target: Any = None, **options: Any) -> dict[str, Any]:
 
     kw = {k: v for k, v in options.items() if k != "kinds"}
     triage = diagnose(base, kinds=["preflight"], **kw) if target is None else diagnose(
-        target, base, kinds=["preflight"], **kw)
+        target, baseline=base, kinds=["preflight"], **kw)
     return checklist(triage)
 
 

@@ -28,10 +28,11 @@ def _loss_table(value: Any) -> tuple[Any, str]:
         missing = {"step", "loss"} - set(value.columns)
         if missing:
             raise ValueError(f"the loss table needs columns step and loss (missing {sorted(missing)})")
-        df = value.copy()
-        if "rank" not in df:
-            df["rank"] = float("nan")
-        return df[["step", "rank", "loss"]], "loss table"
+        if list(value.columns) == ["step", "rank", "loss"]:
+            return value, "loss table"  # already in shape (the analysis only reads it: the caller's is not touched)
+        if "rank" in value:
+            return value[["step", "rank", "loss"]], "loss table"
+        return value[["step", "loss"]].assign(rank=float("nan"))[["step", "rank", "loss"]], "loss table"
     raise TypeError(f"loss: expected a path or a pandas.DataFrame, got {type(value).__name__}")
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import xarray as xr
 
+from precnb._args import baseline_keyword
 from precnb.pipeline.inputs import Loaded, ReadRun, Source, open_source, split_inputs
 from precnb.pipeline.options import Options
 from precnb.pipeline.scalars import attach_scalar_arguments
@@ -377,10 +378,11 @@ def _stepwise_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int
     return (search, int(off)) if len(search) >= 2 else None
 
 
+@baseline_keyword()
 def diagnose(
     target: Any,
-    baseline: Any = None,
     *,
+    baseline: Any = None,
     options: Options | None = None,
     **kw: Any,
 ) -> Triage:
@@ -394,6 +396,8 @@ def diagnose(
         the baseline); or ``{"gpu": a, "npu": b}`` (first = baseline, last = target).
     baseline : path, xarray.Dataset or str, optional
         The run it is compared with (or, with a combined dataset, the name of one of its runs).
+        Keyword-only (``diagnose(target, baseline=...)``; ``precnb diff BASE TARGET`` puts it
+        first): a second positional run is a ``TypeError``, never a silent swap.
     options : Options, optional
         All options at once; or give them as keyword arguments (see :class:`Options`):
         ``target_layout`` (alias ``layout``), ``baseline_layout``, ``step_offset``, ``tolerance``,
@@ -451,7 +455,7 @@ def diagnose(
     if bsrc is not None and wants_tensor_metrics(opts, tsrc.value, bsrc.value):
         stepwise = False  # tensor metrics cover the whole pair: read it whole
     plan = _stepwise_steps(tsrc, bsrc, opts) if stepwise and bsrc is not None else None
-    if plan is not None:
+    if plan is not None and bsrc is not None:
         from precnb.errors import NotADumpError
         from precnb.pipeline._preflight_join import with_preflight
 
@@ -469,11 +473,11 @@ def diagnose(
             if sum(int(b.sizes["step"]) for b, _ in kept) >= 2:
                 from precnb.combine import concat_steps
 
-                pre = diagnose(concat_steps([t for _, t in kept]), concat_steps([b for b, _ in kept]),
+                pre = diagnose(concat_steps([t for _, t in kept]), baseline=concat_steps([b for b, _ in kept]),
                                options=pre_opts.with_(steps=None))
                 pre.names = (bsrc.name, tsrc.name)
             else:
-                pre = diagnose(target, baseline, options=pre_opts)
+                pre = diagnose(target, baseline=baseline, options=pre_opts)
             joined = with_preflight(pre, div)
             nothing_compared_first(joined.findings, joined.load_failures)
             return _with_devices(joined, opts)
@@ -629,18 +633,11 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
         results = [(k, f) for k, f in results if not (k == "loss_spike" and not f.found)]
     # a "nothing found" that warns (a pre-flight warning may be the cause: a weight left at zero) comes
     # before the other "nothing found" results, so that it is what a clean triage shows first
-    ranked = sorted(enumerate(results), key=lambda x: (not x[1][1].found, not _warns(x[1][1]),
-                                                       registry.priority(x[1][0], found=x[1][1].found), x[0]))
-    findings = [f for _, (_, f) in ranked]
+    findings = registry.order_findings(results)
     from precnb.pipeline._preflight_join import note_later
 
     note_later(findings)
     return findings, checks, by_kind
-
-
-def _warns(f: Any) -> bool:
-    """A clean result whose checks warn (``stats["status"] == "warn"``)."""
-    return not f.found and isinstance(f.stats, dict) and f.stats.get("status") == "warn"
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:

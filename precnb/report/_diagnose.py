@@ -13,11 +13,10 @@ __all__ = ["normalize_findings", "primary", "sort_findings"]
 
 
 def sort_findings(findings: Iterable[Any]) -> list[Any]:
-    """Found before not found, then by the diagnosis registry's priority; stable otherwise."""
-    from precnb.analysis.registry import priority
+    """The pipeline's order (:func:`precnb.analysis.registry.order_findings`, the one place findings are ordered)."""
+    from precnb.analysis.registry import order_findings
 
-    items = list(findings)
-    return sorted(items, key=lambda f: (not f.found, priority(f.kind) if f.found else 0))
+    return order_findings(findings)
 
 
 def normalize_findings(findings: Any) -> list[Any]:

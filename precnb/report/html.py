@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from precnb._args import baseline_keyword
 from precnb.report._charts import ChartSpec, Limits, build_charts, comparison_dataset
 from precnb.report._diagnose import normalize_findings, primary, sort_findings
 from precnb.report._inputs import ReportData, from_triage
@@ -261,7 +262,7 @@ def to_html(
             raise ValueError("a Triage already holds its runs and options; pass neither baseline nor options")
         triage = ds_or_runs
     else:
-        triage = diagnose(ds_or_runs, baseline, **options)
+        triage = diagnose(ds_or_runs, baseline=baseline, **options)
     data = from_triage(triage)
     if names is not None:
         data.names = (str(names[0]), str(names[1]))
@@ -273,7 +274,8 @@ def to_html(
     return render(data, found, title=title, stat=stat, limits=limits, checks=checks)
 
 
-def write_html(ds_or_runs: Any, path: str | os.PathLike[str], *, overwrite: bool = False,
+@baseline_keyword(2, call="target, path")
+def write_html(ds_or_runs: Any, path: str | os.PathLike[str], *, baseline: Any = None, overwrite: bool = False,
                inputs: Sequence[str | os.PathLike[str]] = (), **kw: Any) -> Path:
     """Write :func:`to_html` to *path* (UTF-8, atomically) and return the path.
 
@@ -286,12 +288,15 @@ def write_html(ds_or_runs: Any, path: str | os.PathLike[str], *, overwrite: bool
     ds_or_runs : xarray.Dataset, path, mapping or dataset with a ``run`` dim
     path : path-like
         The ``.html`` file to write.
+    baseline : xarray.Dataset, path or str, optional
+        The run compared with (as for :func:`precnb.diagnose`): keyword-only; a third
+        positional argument is a ``TypeError`` naming ``baseline=``.
     overwrite : bool
         Replace an existing precnb report (never any other file).
     inputs : sequence of path-like
         Further paths the report must stay out of.
     **kw
-        Passed to :func:`to_html` (``baseline``, ``findings``, ``layout``, ...).
+        Passed to :func:`to_html` (``findings``, ``title``, ``target_layout``, ...).
 
     Returns
     -------
@@ -304,10 +309,10 @@ def write_html(ds_or_runs: Any, path: str | os.PathLike[str], *, overwrite: bool
     """
     from precnb._write import check_output, dataset_inputs, write_text
 
-    protect = [*_input_paths(ds_or_runs), *_input_paths(kw.get("baseline")), *inputs]
+    protect = [*_input_paths(ds_or_runs), *_input_paths(baseline), *inputs]
     check_output(path, inputs=protect, overwrite=overwrite, content="html")  # before the (long) diagnosis
-    page = to_html(ds_or_runs, **kw)
-    protect += dataset_inputs(ds_or_runs) + dataset_inputs(kw.get("baseline"))
+    page = to_html(ds_or_runs, baseline=baseline, **kw)
+    protect += dataset_inputs(ds_or_runs) + dataset_inputs(baseline)
     return write_text(Path(path).expanduser(), page, inputs=protect, overwrite=overwrite)
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,29 @@ def _record(ds: Any, step: int | None, rank: int | None) -> tuple[int, int, Path
     return s, r, folder, doc
 
 
-def repro_script(run: Any, node: str, *, step: int | None = None, rank: int | None = None) -> str:
+_TENSOR_ARG = re.compile(r"T\('(?:[^'\\]|\\.)*'\)")
+
+
+def _replica(ds: Any, step: int, rank: int, node: str, call: str, outs: list[tuple[str, str, str]]
+             ) -> dict[str, Any]:
+    """The same call on replica *rank*: its data folder, input and output files (checked to be the same call)."""
+    _, _, folder, doc = _record(ds, step, rank)
+    record = doc["data"].get(node)
+    if not isinstance(record, dict):
+        raise ReproError(f"replica rank {rank} has no record {node} at step {step}")
+    args, kwargs, files = render_args(record)
+    mine = call_source(args, kwargs)
+    if _TENSOR_ARG.sub("T()", mine) != _TENSOR_ARG.sub("T()", call):
+        raise ReproError(f"{node}: rank {rank}'s call differs from this rank's in its scalar arguments or structure "
+                         f"({mine[:160]} vs {call[:160]}): it differs by design, not a replica to compare with")
+    theirs = outputs(record.get("output"))
+    if [(i, d) for i, _, d in theirs] != [(i, d) for i, _, d in outs]:
+        raise ReproError(f"{node}: rank {rank} saved other outputs ({theirs[:4]}) than this rank ({outs[:4]})")
+    return {"data": str(folder / "dump_tensor_data"), "inputs": files, "outputs": theirs}
+
+
+def repro_script(run: Any, node: str, *, step: int | None = None, rank: int | None = None,
+                 replicas: Sequence[int] = ()) -> str:
     """The text of a standalone Python script that reruns one dumped op and checks its outputs.
 
     Parameters
@@ -146,6 +169,11 @@ def repro_script(run: Any, node: str, *, step: int | None = None, rank: int | No
         The API node (``Functional.linear.0.forward``), or one of its tensor labels.
     step, rank : int, optional
         Which record (default: the first step and rank of the run).
+    replicas : sequence of int, optional
+        Ranks holding a replica of the same call (a replica departure: the other ranks of its TP/DP
+        group). The script then also checks that their dumped inputs are bit-identical to this rank's
+        and says whose dumped output the recomputation agrees with: the side it disagrees with
+        computed the op wrongly (a device fault there), see the script's ``--help``.
 
     Returns
     -------
@@ -165,8 +193,8 @@ def repro_script(run: Any, node: str, *, step: int | None = None, rank: int | No
     if ds is None:
         from precnb.io.api import open_run
 
-        ds = open_run(run, steps=None if step is None else [step], ranks=None if rank is None else [rank],
-                      progress=None)
+        wanted = None if rank is None else sorted({int(rank), *(int(q) for q in replicas)})
+        ds = open_run(run, steps=None if step is None else [step], ranks=wanted, progress=None)
     s, r, folder, doc = _record(ds, step, rank)
     data = doc["data"]
     node = _find_node(data, node)
@@ -183,10 +211,13 @@ def repro_script(run: Any, node: str, *, step: int | None = None, rank: int | No
     if how == "method" and not (args and args[0].startswith("T(")):
         raise ReproError(f"{node}: a Tensor method needs its tensor as input_args.0")
     op = node.rsplit(".", 2)[0]
+    call = call_source(args, kwargs)
+    others = [int(q) for q in dict.fromkeys(replicas) if int(q) != r]
+    reps = {q: _replica(ds, s, q, node, call, outs) for q in others}
     return _render(node=node, op=op, target=target if how == "function" else f"torch.Tensor.{target}",
                    step=s, rank=r, version=__version__, dump_json=str(folder / "dump.json"),
-                   data_dir=str(folder / "dump_tensor_data"), call=call_source(args, kwargs), outputs=outs,
-                   inputs=files, autocast=autocast_dtype(record, outs))
+                   data_dir=str(folder / "dump_tensor_data"), call=call, outputs=outs,
+                   inputs=files, autocast=autocast_dtype(record, outs), replicas=reps)
 
 
 _HEADER = '''#!/usr/bin/env python3
@@ -197,7 +228,14 @@ its outputs with the dumped ones (msprobe compare's cosine, max abs / relative e
 relative L2 error). Exit status: 0 every output reproduces, 1 one does not, 2 the script could
 not run (the op is refused or fails, a file cannot be read, torch is missing).
 
-    python this_script.py [--data DIR] [--device cpu|cuda|npu:0] [--rtol R]
+    python this_script.py [--data DIR] [--device cpu|cuda|npu:0] [--rtol R] [--json]
+
+With replicas (REPLICAS below: the other ranks of a replica departure) it also checks that their
+dumped inputs are bit-identical to this rank's and compares the recomputation with every replica's
+dumped output: the ranks it disagrees with computed the op wrongly (on identical inputs: a device
+fault there, or a non-deterministic kernel). Exit status then: 0 the recomputation agrees with some
+replicas and not the others (the wrong side is named), 1 undecided (it agrees with all or none, or
+the inputs differ), 2 the script could not run. --replica-data RANK=DIR moves a replica's files.
 
 The op is called only through call(OP, ...), which refuses an OP that is not on the allow-list
 below (the torch operators msprobe hooks) or does not resolve to a genuine torch operator.
@@ -222,7 +260,8 @@ def _allowed_source(op: str) -> str:
 
 
 def _render(*, node: str, op: str, target: str, step: int, rank: int, version: str, dump_json: str, data_dir: str,
-            call: str, outputs: list[tuple[str, str, str]], inputs: list[str], autocast: str | None) -> str:
+            call: str, outputs: list[tuple[str, str, str]], inputs: list[str], autocast: str | None,
+            replicas: dict[int, dict[str, Any]]) -> str:
     body = (Path(__file__).with_name("_script.py")).read_text(encoding="utf-8")
     _, _, rest = body.partition("# <body>\n")
     code, _, tail = rest.partition("# <record>\n")
@@ -239,6 +278,9 @@ def _render(*, node: str, op: str, target: str, step: int, rank: int, version: s
         f"OUTPUTS = {outputs!r}  # (index in the result, dumped file, dumped dtype)",
         f"AUTOCAST = {autocast!r}  # the op ran under torch.autocast with this dtype (fp32 inputs, low-precision "
         "output)",
+        f"RANK = {int(rank)!r}",
+        "# replicas of the same call (rank -> its data folder, input files in INPUTS' order, outputs as OUTPUTS)",
+        f"REPLICAS = {replicas!r}",
         _allowed_source(op),
         "",
         "",

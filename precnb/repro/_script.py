@@ -21,6 +21,7 @@ Examples
 import argparse
 import builtins
 import contextlib
+import json
 import sys
 import types
 from pathlib import Path
@@ -105,11 +106,11 @@ def call(op, /, *args, **kwargs):
     return resolve(op)(*args, **kwargs)
 
 
-def load(name):
-    """One dumped tensor file of the data folder, read safely (no pickle code runs)."""
+def load(name, folder=None):
+    """One dumped tensor file of the data folder (or *folder*), read safely (no pickle code runs)."""
     if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
         raise CannotRun(f"{name!r} is not a file name inside the data folder: refused")
-    path = ARGS.data / name
+    path = (ARGS.data if folder is None else Path(folder)) / name
     if not path.is_file():
         raise CannotRun(f"{path}: no such tensor file")
     if path.suffix == ".npy":
@@ -164,6 +165,90 @@ def metrics(out, ref):
     return res
 
 
+def same_bits(a, b):
+    """Whether two tensors are bit for bit the same (dtype, shape and bytes)."""
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(torch.equal(a.view(torch.uint8) if a.numel() else a, b.view(torch.uint8) if b.numel() else b))
+
+
+def replica_folders(pairs):
+    """``{rank: data folder}`` of the replicas, ``--replica-data RANK=DIR`` applied."""
+    out = {int(q): Path(rep["data"]) for q, rep in REPLICAS.items()}
+    for item in pairs or ():
+        rank, sep, folder = item.partition("=")
+        if not sep or not rank.strip().isdigit() or int(rank) not in out:
+            raise CannotRun(f"--replica-data {item!r}: give RANK=DIR for a rank of REPLICAS {sorted(out)}")
+        out[int(rank)] = Path(folder)
+    return out
+
+
+def _agreeing(scores, key):
+    return [r for r, per_output in scores.items() if all(m.get(key) for m in per_output)]
+
+
+def compare_replicas(result, rtol_of):
+    """Whose dumped output the recomputation agrees with, and the verdict (a dict; printed by :func:`_main`)."""
+    folders = replica_folders(ARGS.replica_data)
+    inputs_same = {}
+    for q, rep in REPLICAS.items():
+        if len(rep["inputs"]) != len(INPUTS):
+            inputs_same[q] = False
+            continue
+        inputs_same[q] = all(same_bits(load(a), load(b, folders[int(q)]))
+                             for a, b in zip(INPUTS, rep["inputs"], strict=True))
+    sides = {RANK: (ARGS.data, OUTPUTS), **{int(q): (folders[int(q)], rep["outputs"]) for q, rep in REPLICAS.items()}}
+    scores = {}
+    for r, (folder, outs) in sides.items():
+        scores[r] = []
+        for index, name, dtype in outs:
+            got, ref = pick(result, index), load(name, folder)
+            m = metrics(got, ref)
+            m["within_rtol"] = m["status"] == "ok" and m["rel_l2_err"] <= rtol_of(dtype)
+            m["bitwise_equal"] = bool(m.get("bitwise_equal")) and same_bits(got, ref)
+            scores[r].append(m)
+    bitwise, close = _agreeing(scores, "bitwise_equal"), _agreeing(scores, "within_rtol")
+    agree, how = (bitwise, "bit for bit") if bitwise else (close, "within rtol")
+    wrong = [r for r in sides if r not in agree]
+    ranks = ", ".join(map(str, agree))
+    where = f"{NODE} recomputed on {DEVICE} from rank {RANK}'s dumped inputs"
+    if not all(inputs_same.values()):
+        differ = [q for q, v in inputs_same.items() if not v]
+        decided, wrong = False, []
+        text = (f"the dumped inputs of rank(s) {', '.join(map(str, differ))} differ from rank {RANK}'s: the op was "
+                "not given the same inputs there (not a replica of this call, or a departure inherited from an earlier "
+                "op); this recomputation cannot decide")
+    elif agree and wrong:
+        decided = True
+        text = (f"{where} agrees {how} with the dumped output of rank(s) {ranks}, not with rank(s) "
+                f"{', '.join(map(str, wrong))}: on identical inputs, rank(s) {', '.join(map(str, wrong))} computed it "
+                "wrongly (a device fault there, or a non-deterministic kernel)")
+    elif agree and bitwise:
+        decided = False
+        text = (f"{where} agrees bit for bit with every replica's dumped output: the replicas agree, no departure "
+                "here")
+    elif agree:
+        decided = False
+        text = (f"{where} agrees within rtol with every replica's dumped output: their difference is below what "
+                "this recomputation resolves (rerun on the replicas' own device type, or lower --rtol)")
+    else:
+        decided = False
+        text = (f"{where} agrees with no replica's dumped output: this device computes the op differently from "
+                "all of them (another kernel, or a non-deterministic one): run it on the replicas' device type")
+    return {"node": NODE, "device": str(DEVICE), "torch": torch.__version__, "rank": RANK,
+            "replicas": sorted(int(q) for q in REPLICAS),
+            "inputs_identical": {str(q): v for q, v in inputs_same.items()},
+            "sides": {str(r): ms for r, ms in scores.items()},
+            "agrees_with": agree, "wrong_ranks": wrong, "decided": decided,
+            "this_rank_is_wrong": decided and RANK in wrong,
+            "verdict": text}
+
+
+def _rtol_of(dtype):
+    return ARGS.rtol if ARGS.rtol is not None else RTOL.get(dtype.replace("torch.", ""), 0.0)
+
+
 def _main(argv):
     global ARGS, DEVICE
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0] if __doc__ else None)
@@ -171,6 +256,9 @@ def _main(argv):
     p.add_argument("--device", default="cpu", help="device to run the op on (default: cpu)")
     p.add_argument("--rtol", type=float, help="relative L2 error allowed (default: by dtype, fp32 2^-14)")
     p.add_argument("--autocast", default=AUTOCAST, help="autocast dtype, or 'none' (default: %(default)s)")
+    p.add_argument("--replica-data", action="append", metavar="RANK=DIR",
+                   help="the folder of a replica's dumped tensor files (default: where REPLICAS says)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     ARGS = p.parse_args(argv)
     if not allowed(OP):  # before torch: an edited OP is refused wherever the script runs
         resolve(OP)
@@ -188,8 +276,28 @@ def _main(argv):
         raise
     except Exception as exc:
         raise CannotRun(f"the op failed: {type(exc).__name__}: {exc}") from None
+    if REPLICAS:
+        try:
+            found = compare_replicas(result, _rtol_of)
+        except CannotRun:
+            raise
+        except Exception as exc:
+            raise CannotRun(f"cannot compare with the replicas: {type(exc).__name__}: {exc}") from None
+        if ARGS.json:
+            print(json.dumps(found, indent=1, default=str))
+        else:
+            print(f"{NODE} on {DEVICE}, torch {torch.__version__}" + (f", under autocast {auto}" if auto else ""))
+            for q, same in found["inputs_identical"].items():
+                print(f"  inputs of rank {q} vs rank {RANK}: {'bit-identical' if same else 'DIFFER'}")
+            for r, ms in found["sides"].items():
+                for (index, _, _), m in zip(OUTPUTS, ms, strict=True):
+                    shown = "  ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items())
+                    print(f"  output {index} vs rank {r}'s dump: {shown}")
+            print("VERDICT: " + found["verdict"])
+        return EXIT_REPRODUCED if found["decided"] else EXIT_NOT_REPRODUCED
     ok = True
-    print(f"{NODE} on {DEVICE}, torch {torch.__version__}" + (f", under autocast {auto}" if auto else ""))
+    report = []
+    lines = [f"{NODE} on {DEVICE}, torch {torch.__version__}" + (f", under autocast {auto}" if auto else "")]
     for index, name, dtype in OUTPUTS:
         try:
             ref = load(name)
@@ -199,13 +307,19 @@ def _main(argv):
             raise
         except Exception as exc:
             raise CannotRun(f"output {index} ({name}): cannot compare: {type(exc).__name__}: {exc}") from None
-        rtol = ARGS.rtol if ARGS.rtol is not None else RTOL.get(dtype.replace("torch.", ""), 0.0)
+        rtol = _rtol_of(dtype)
         good = m["status"] == "ok" and m["rel_l2_err"] <= rtol
+        report.append({"index": index, "file": name, **m, "reproduced": good})
         ok = ok and good
         shown = "  ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items())
-        print(f"  output {index} ({name}): {shown}  -> {'reproduced' if good else 'NOT reproduced'}"
-              f" (rel_l2_err <= {rtol:.3g})")
-    print("REPRODUCED" if ok else "NOT REPRODUCED")
+        lines.append(f"  output {index} ({name}): {shown}  -> {'reproduced' if good else 'NOT reproduced'}"
+                     f" (rel_l2_err <= {rtol:.3g})")
+    lines.append("REPRODUCED" if ok else "NOT REPRODUCED")
+    if ARGS.json:
+        print(json.dumps({"node": NODE, "device": str(DEVICE), "torch": torch.__version__, "rank": RANK,
+                          "outputs": report, "reproduced": ok}, indent=1, default=str))
+    else:
+        print("\n".join(lines))
     return EXIT_REPRODUCED if ok else EXIT_NOT_REPRODUCED
 
 
@@ -225,8 +339,11 @@ NODE = "Functional.gelu.0.forward"
 OP = "Functional.gelu"
 SOURCE = "dump.json"
 DATA = Path("dump_tensor_data")
+INPUTS = ["Functional.gelu.0.forward.input.0.pt"]
 OUTPUTS = [("0", "Functional.gelu.0.forward.output.0.pt", "torch.float32")]
 AUTOCAST = None
+RANK = 0
+REPLICAS = {}
 ALLOWED = frozenset({"Functional.gelu"})
 
 

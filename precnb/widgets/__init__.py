@@ -15,6 +15,8 @@ from __future__ import annotations
 from importlib.util import find_spec
 from typing import Any
 
+from precnb._args import baseline_keyword
+
 __all__ = ["explore"]
 
 _NEEDED = ("ipywidgets", "altair", "anywidget", "vl_convert")
@@ -24,7 +26,8 @@ def _missing() -> list[str]:
     return [m for m in _NEEDED if find_spec(m) is None]
 
 
-def explore(run_or_runs: Any, baseline: Any = None, *, auto: bool = True, max_lines: int = 12,
+@baseline_keyword(call="run_or_runs")
+def explore(run_or_runs: Any, *, baseline: Any = None, auto: bool = True, max_lines: int = 12,
             panels: Any = None, **options: Any) -> Any:
     """Open the linked explorer on one run or several, through the triage pipeline.
 
@@ -34,6 +37,7 @@ def explore(run_or_runs: Any, baseline: Any = None, *, auto: bool = True, max_li
         One run; a dataset with a ``run`` dim; ``{"gpu": a, "npu": b}``; or paths.
     baseline : xarray.Dataset, path or str, optional
         The run to compare against (a dataset / path, or the name of one of the runs).
+        Keyword-only: ``explore(target, baseline=...)`` (a second positional run is a ``TypeError``).
     auto : bool
         Open on the pipeline's first finding (``Explorer.finding``): the first divergence of two
         runs, the NaN origin of one, ... (False: run no diagnosis, just show the runs).

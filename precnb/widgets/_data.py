@@ -52,7 +52,7 @@ class ExplorerData:
             return None
         if t.raw_target.sizes["rank"] == self.target().sizes["rank"]:
             return None
-        return t.raw_target  # type: ignore[no-any-return]
+        return t.raw_target
 
     def device_labels(self) -> dict[int, str]:
         """``{rank: "host:device"}`` from the triage's rank table, suspect devices marked (``{}`` without one)."""
@@ -84,13 +84,13 @@ class ExplorerData:
             if self._is_triage_target():
                 f = self.triage.flagged()
                 if _same_grid(f.ds, ds):
-                    return f.positions  # type: ignore[no-any-return]
+                    return f.positions
             base = self.runs.baseline
             if base and base != self.filters.run.value:
                 return first_bad_positions(ds, self.runs.run(base))
             return first_bad_positions(ds)
 
-        return self.cached(("positions", self.filters.run.value), make)  # type: ignore[no-any-return]
+        return self.cached(("positions", self.filters.run.value), make)
 
     def what_flagged(self) -> str:
         """What "first bad" colours, in words."""
@@ -114,7 +114,7 @@ class ExplorerData:
                                                 tensor=ds["tensor"].values)
             return metric_salience(name, np.asarray(m.transpose("step", "rank", "tensor").values))
 
-        return self.cached(("metric", name, self.filters.run.value), make)  # type: ignore[no-any-return]
+        return self.cached(("metric", name, self.filters.run.value), make)
 
     def values(self, color: str, stat: str) -> tuple[np.ndarray, np.ndarray]:
         """:func:`precnb.viz.cell_values` of the whole target run (``reldiff`` vs the baseline)."""
@@ -125,7 +125,7 @@ class ExplorerData:
             name = self.filters.metric.value
             metric = self.tensor_metric(name)
             if metric is not None:
-                return self.cached(("values", run, "tensor", name), lambda: cell_values(  # type: ignore[no-any-return]
+                return self.cached(("values", run, "tensor", name), lambda: cell_values(
                     self.target(), color="tensor", metric=metric))
             color = "stat"
         key = ("values", run, color, stat if color == "stat" else "", base if color == "reldiff" else "")
@@ -152,19 +152,19 @@ class ExplorerData:
         """Tensors kept by the filter bar (of *ds*, default the shown run)."""
         ds = self.target() if ds is None else ds
         nf = self.cached(("nf", id(ds)), lambda: self._nonfinite(ds))
-        return self.filters.tensor_mask(ds, nf)  # type: ignore[no-any-return]
+        return self.filters.tensor_mask(ds, nf)
 
     @staticmethod
     def _nonfinite(ds: xr.Dataset) -> np.ndarray:
         from precnb.analysis.masks import nonfinite
 
-        return np.asarray(nonfinite(ds).values).any(axis=(0, 1))
+        return np.asarray(np.asarray(nonfinite(ds).values).any(axis=(0, 1)))
 
     def labels(self, ds: xr.Dataset | None = None) -> np.ndarray:
         """Row label of every tensor for the current ``rows`` choice."""
         ds = self.target() if ds is None else ds
         rows = self.filters.rows.value
-        return self.cached(("rows", id(ds), rows), lambda: row_labels(ds, rows))  # type: ignore[no-any-return]
+        return self.cached(("rows", id(ds), rows), lambda: row_labels(ds, rows))
 
     def labels_at(self, ds: xr.Dataset | None, step: int | None, rank: int | None) -> np.ndarray:
         """Row label of every tensor as (*step*, *rank*) recorded it (module rows: that rank's own module)."""
@@ -183,12 +183,12 @@ class ExplorerData:
                     out[ds.indexes["tensor"].get_loc(t)] = m or "(none)"
             return out
 
-        return self.cached(("rows_at", id(ds), "module", int(step), int(rank)), make)  # type: ignore[no-any-return]
+        return self.cached(("rows_at", id(ds), "module", int(step), int(rank)), make)
 
     def groups(self, ds: xr.Dataset | None = None) -> np.ndarray:
         """Row group (forward / backward / optimizer) of every tensor."""
         ds = self.target() if ds is None else ds
-        return self.cached(("groups", id(ds)), lambda: row_groups(ds))  # type: ignore[no-any-return]
+        return self.cached(("groups", id(ds)), lambda: row_groups(ds))
 
     def row_of(self, tensor: str, ds: xr.Dataset | None = None, step: int | None = None,
                rank: int | None = None) -> tuple[str, str] | None:
@@ -249,12 +249,12 @@ class ExplorerData:
         from precnb.viz.series import shard_kinds
 
         t = self.triage
-        return self.cached(("shard_kinds",), lambda: shard_kinds(t.target) if t is not None and  # type: ignore[no-any-return]
+        return self.cached(("shard_kinds",), lambda: shard_kinds(t.target) if t is not None and
                            t.target is not None else {})
 
     def evidence(self, tensor: str, ds: xr.Dataset | None = None, step: int | None = None,
                  rank: int | None = None) -> dict[str, Any]:
         """:func:`precnb.viz.tensor_evidence` at (*step*, *rank*) (that rank's own), memoised."""
         ds = self.target() if ds is None else ds
-        return self.cached(("evidence", id(ds), tensor, step, rank),  # type: ignore[no-any-return]
+        return self.cached(("evidence", id(ds), tensor, step, rank),
                            lambda: tensor_evidence(ds, tensor, step, rank))

@@ -9,6 +9,16 @@ from typing import Any
 
 import xarray as xr
 
+from precnb.pipeline.inputs import in_memory as _in_memory  # one function (issue #27)
+
+
+def _diagnosed(triage: Any) -> xr.Dataset:
+    """The run a one-run *triage* diagnosed (a Triage built without its dataset is an error, not ``None``)."""
+    if triage.target is None:
+        raise ValueError("this Triage holds no dataset (built from findings only): diagnose the run again")
+    return triage.target
+
+
 __all__ = ["Runs", "normalize_runs", "parse_ranks", "runs_for"]
 
 
@@ -46,11 +56,6 @@ def _open(x: Any) -> xr.Dataset:
 
         return open_run(x)
     raise TypeError(f"expected an xarray.Dataset or a path, got {type(x).__name__}")
-
-
-def _in_memory(ds: xr.Dataset) -> xr.Dataset:
-    lazy = any(v.chunks is not None for v in ds.data_vars.values())
-    return ds.compute() if lazy else ds
 
 
 def normalize_runs(run_or_runs: Any, baseline: Any = None) -> Runs:
@@ -110,7 +115,7 @@ def runs_for(run_or_runs: Any, baseline: Any = None, *, auto: bool = True,
             raise ValueError("a Triage already holds its runs and options; pass neither baseline nor options")
         triage = run_or_runs
         if triage.baseline is None:
-            return Runs(_in_memory(triage.target)), triage
+            return Runs(_in_memory(_diagnosed(triage))), triage
         return Runs(_in_memory(triage.combined()), triage.names[1], triage.names[0]), triage
     kw = dict(options or {})
     if not auto:
@@ -121,11 +126,11 @@ def runs_for(run_or_runs: Any, baseline: Any = None, *, auto: bool = True,
         (isinstance(run_or_runs, Mapping) and not isinstance(run_or_runs, xr.Dataset) and len(run_or_runs) > 2)
     if many:
         runs = normalize_runs(run_or_runs, baseline)
-        triage = diagnose(runs.run(runs.target), runs.run(runs.baseline), **kw)
+        triage = diagnose(runs.run(runs.target), baseline=runs.run(runs.baseline), **kw)
         return runs, triage
-    triage = diagnose(run_or_runs, baseline, **kw)
+    triage = diagnose(run_or_runs, baseline=baseline, **kw)
     if triage.baseline is None:
-        return Runs(_in_memory(triage.target)), triage
+        return Runs(_in_memory(_diagnosed(triage))), triage
     names = list(triage.names)
     return Runs(_in_memory(triage.combined()), names[1], names[0]), triage
 

@@ -113,7 +113,7 @@ class AlignmentPanel(Panel):
             self.chart_box.children = [ipw.HTML("<i>no alignment (one run)</i>")]
             return
         level = self.level.value
-        within = (None, None)
+        within: tuple[str | None, str | None] = (None, None)
         if level == "calls":
             within = self._module_pair()
         try:

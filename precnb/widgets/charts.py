@@ -7,7 +7,7 @@ observers are re-attached after every :meth:`set_chart`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import altair as alt
 import ipywidgets as ipw
@@ -97,7 +97,8 @@ def offline_chart(chart: alt.TopLevelMixin | None = None) -> alt.JupyterChart:
         enable_offline()  # altair's offline bundle, built once per process (in a child: precnb._jsbundle)
         OfflineChart._esm = _shared_esm(str(alt.JupyterChart._esm))
         OfflineChart._precnb_ready = True
-    return OfflineChart(unvalidated(chart) if chart is not None else None, embed_options=EMBED)
+    spec: Any = unvalidated(chart) if chart is not None else None  # JupyterChart takes None: empty
+    return OfflineChart(spec, embed_options=EMBED)
 
 
 class _ChartPanel(ipw.VBox):
@@ -123,7 +124,7 @@ class _ChartPanel(ipw.VBox):
         ``jsonschema`` per chart on a large run): the builders are validated by the tests.
         """
         with self.chart.hold_sync():
-            self.chart.chart = unvalidated(chart)
+            self.chart.chart = cast(Any, unvalidated(chart))
         self.set_caption(caption)
         for name, handler in self._handlers.items():
             if name in self.chart.selections.trait_names():

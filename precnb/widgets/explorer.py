@@ -82,7 +82,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         self.css = ipw.HTML(_CSS, layout=ipw.Layout(height="0px", margin="0"))
         factories = default_panels() if panels is None else list(panels)
         self.panels: list[PanelProtocol] = [p for p in (make(self) for make in factories) if p is not None]
-        self.tabs = ipw.Tab(list(self.panels))  # type: ignore[arg-type]
+        self.tabs = ipw.Tab(list(self.panels))
         for i, p in enumerate(self.panels):
             self.tabs.set_title(i, p.title)
         self.tabs.observe(self._on_tab, names="selected_index")

@@ -27,7 +27,7 @@ def _dd(description: str, options: Any, value: Any, width: str = "150px") -> ipw
 
 def _stats(ds: xr.Dataset) -> list[str]:
     return [s for s in ("norm", "max", "min", "mean") if s in ds] + sorted(
-        n for n, v in ds.data_vars.items() if v.dtype.kind == "f" and n not in ("norm", "max", "min", "mean"))
+        str(n) for n, v in ds.data_vars.items() if v.dtype.kind == "f" and n not in ("norm", "max", "min", "mean"))
 
 
 class FilterPanel(ipw.VBox):

@@ -178,6 +178,8 @@ class FindingBar(ipw.VBox):
         cur = self.api.current_finding
         unmerged = bool(cur is not None and cur.kind == "replica_mismatch" and self.api.data.raw() is not None)
         ds = self.api.data.raw() if unmerged else self.api.data.target()
+        if ds is None:
+            return
         tensor = suspect.get("tensor")
         if not tensor or tensor not in ds.indexes["tensor"]:
             node = suspect.get("node")

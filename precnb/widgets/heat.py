@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import copy
 import html
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,7 @@ import pandas as pd
 from precnb.viz import heatmap_chart, heatmap_frame
 from precnb.viz.charts import heatmap_width, mark_selected
 from precnb.viz.selections import read_point
+from precnb.viz.values import Color
 from precnb.viz.where import where_frame
 from precnb.widgets.charts import HeatmapPanel, WherePanel, records
 
@@ -185,7 +186,8 @@ class HeatView:
         # rows, x and sort do not change it: rebuilt only when what it aggregates changes
         key = ("where_frame", id(ds), color, f.stat.value, mask.tobytes(), tuple(steps),
                tuple(ranks) if ranks is not None else None, tuple(sorted((focus or {}).items())))
-        frame = self.data.cached(key, lambda: where_frame(ds, color=color, stat=f.stat.value, values=values,
+        mode = cast(Color, color)
+        frame = self.data.cached(key, lambda: where_frame(ds, color=mode, stat=f.stat.value, values=values,
                                                           tensors=mask, steps=steps, ranks=ranks, focus=focus))
         frame.attrs["what"] = what
         labels = self.data.device_labels()
@@ -223,10 +225,9 @@ class HeatView:
             lead = "colour: " + html.escape(dict((v, k) for k, v in f.color.options).get(color, color))
         caption = (f"{n_rows} of {n_total} {html.escape(f.rows.value)} rows{hidden}; {lead}. Click a cell "
                    "(shift-click adds); arrow keys move")
+        width = self.cells_width(frame)  # the template holds the width
         shape = ("main", color, f.by.value, f.stat.value, f.metric.value if color == "tensor" else "",
-                 tuple(sorted(set(frame["group"]))) if len(frame) else ())
-        width = self.cells_width(frame)
-        shape = (*shape, width)  # the template holds the width
+                 tuple(sorted(set(frame["group"]))) if len(frame) else (), width)
         self._main.draw(frame, shape, lambda: heatmap_chart(frame, stat=f.stat.value, selected=selected, width=width,
                                                             label_limit=LABEL_LIMIT), selected, caption)
         # the panel as wide as its chart (cells + row labels + the facet's margin): the record beside it
@@ -248,9 +249,8 @@ class HeatView:
                                                            if self.where_unmerged else "")
                    + (f"; devices: {html.escape(', '.join(marked))}" if marked else "")
                    + (f"; first bad = {html.escape(what)}" if color == "first_bad" and what else ""))
-        shape = ("where", color, f.stat.value, self.where_unmerged)
         width = self.cells_width(wf)
-        shape = (*shape, width)
+        shape = ("where", color, f.stat.value, self.where_unmerged, width)
         self._where.draw(wf, shape, lambda: heatmap_chart(wf, stat=f.stat.value, selected=selected, width=width,
                                                           y_title="rank", row_height=16, label_limit=LABEL_LIMIT),
                          selected, caption)
@@ -276,7 +276,7 @@ class HeatView:
             m = m[m["group"] == str(c["group"])]
         return m
 
-    def pick_cells(self, cells: list[Mapping[str, Any]]) -> Pick | None:
+    def pick_cells(self, cells: Sequence[Mapping[str, Any]]) -> Pick | None:
         """The record of main-map cells (``{"row", "col"[, "group"]}``): the last one decides."""
         tensors: list[str] = []
         hit = None

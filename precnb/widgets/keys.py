@@ -63,7 +63,7 @@ export default { render };
 """ % ("[" + ", ".join(f'"{k}"' for k in KEYS) + "]")
 
 
-class KeyNav(anywidget.AnyWidget):  # type: ignore[misc]
+class KeyNav(anywidget.AnyWidget):
     """Forwards key presses inside the explorer to ``handler(key)``."""
 
     _esm = _ESM

@@ -123,4 +123,4 @@ class Panel(ipw.VBox):
         """Whether the panel's tab is the one shown now (a costly redraw can wait for :meth:`on_show`)."""
         tabs, panels = getattr(self.api, "tabs", None), getattr(self.api, "panels", None)
         i = getattr(tabs, "selected_index", None)
-        return bool(panels) and i is not None and 0 <= i < len(panels) and panels[i] is self
+        return panels is not None and i is not None and 0 <= i < len(panels) and panels[i] is self

@@ -167,9 +167,9 @@ class RecordView:
         other = self.data.evidence(state.tensor, ds, state.step, None if state.unmerged else state.rank).get(
             "elsewhere") or []
         if other:
-            ranks = sorted({r for g in other for r in g["ranks"]})
-            note += (f"; on rank(s) {', '.join(map(str, ranks[:8]))} this label is another op (their call counters "
-                     "differ): their lines are not this tensor")
+            other_ranks = sorted({r for g in other for r in g["ranks"]})
+            note += (f"; on rank(s) {', '.join(map(str, other_ranks[:8]))} this label is another op (their call "
+                     "counters differ): their lines are not this tensor")
         title = state.tensor
         self.lines.show(frame, key=key, title=title,
                         build=lambda: line_chart(frame, stat=stat, title=title, width=420, height=180),

@@ -57,9 +57,9 @@ def _cells() -> list[str]:
     return [
         "import precnb\n" + state,
         f"nan = precnb.explore({p['nan']!r})\nnan",
-        f"res = precnb.explore({p['bad']!r}, {p['good']!r})\nres",
-        f"tp = precnb.explore({p['tp2']!r}, {p['tp1']!r}, target_layout='tp=2')\ntp",
-        f"ren = precnb.explore({p['rt']!r}, {p['rb']!r})\nren",
+        f"res = precnb.explore({p['bad']!r}, baseline={p['good']!r})\nres",
+        f"tp = precnb.explore({p['tp2']!r}, baseline={p['tp1']!r}, target_layout='tp=2')\ntp",
+        f"ren = precnb.explore({p['rt']!r}, baseline={p['rb']!r})\nren",
     ]
 
 

@@ -54,7 +54,7 @@ def _cells() -> list[str]:
     for i, (_name, target, base, opts) in enumerate(INCIDENTS):
         args = [repr(str(sample_path(target)))]
         if base:
-            args.append(repr(str(sample_path(base))))
+            args.append("baseline=" + repr(str(sample_path(base))))
         args += [f"{k}={v!r}" for k, v in opts.items()]
         cells.append(f"ex{i} = precnb.explore({', '.join(args)})\nex{i}")
     return cells

@@ -126,6 +126,34 @@ class Alignment:
         """Nodes of *side* that have no counterpart but are no difference (glue, organisation, not captured)."""
         return {g["node"] for g in self.unpaired.get("glue", []) if g["side"] == side}
 
+    def set_aside(self, limit: int = 3) -> list[dict[str, Any]]:
+        """What the alignment set aside as two codebases' own organisation, one entry per rule (``why``).
+
+        The rules of :mod:`precnb.analysis.align.aside` (masks, identity calls, decompositions, ...). Each
+        entry: ``why`` (the rule, without the node-specific detail), ``nodes`` (how many, per side),
+        ``examples`` (a few ``{"side", "node", "why"}``), ``source`` = ``"alignment"``.
+        """
+        from precnb.analysis.align.aside import is_codebase_aside
+
+        groups: dict[str, dict[str, Any]] = {}
+        for g in self.unpaired.get("glue", []):
+            why = str(g.get("why", ""))
+            if not is_codebase_aside(why):
+                continue
+            key = why.split(" (", 1)[0]
+            if key.startswith("organisation: inside ") or key.startswith("organisation: the backward of "):
+                key = " ".join(key.split(" ")[:3])  # per rule, not per module
+            elif key.startswith("organisation: its value is recorded"):
+                key = "organisation: its value is recorded in the other run too"
+            elif key.startswith("organisation: an intermediate step of "):
+                key = "organisation: an intermediate step of an op the other run makes in one call"
+            e = groups.setdefault(key, {"why": key, "source": "alignment", "nodes": {"baseline": 0, "target": 0},
+                                        "examples": []})
+            e["nodes"][str(g.get("side", "target"))] = e["nodes"].get(str(g.get("side", "target")), 0) + 1
+            if len(e["examples"]) < limit:
+                e["examples"].append({"side": g.get("side"), "node": g.get("node"), "why": why})
+        return sorted(groups.values(), key=lambda e: -(e["nodes"]["baseline"] + e["nodes"]["target"]))
+
     def counts(self) -> dict[str, Any]:
         """Counts of pairs per kind and per ``how``, and of what is left."""
         out: dict[str, Any] = {}

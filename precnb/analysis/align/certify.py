@@ -74,12 +74,14 @@ class ApiBound:
     ``api_score(x, y) = 1.4 sim + numel term (+0.5 / -0.6 when both have outputs) +
     node_values(x, y) (outputs: at most 1.6 × the smaller best information of their first three
     outputs; inputs: at most 0.5 × min(1, information of x's first four inputs)) - 1 (sim = 0 and
-    a glue op) + 1 (same name, one framework)``. The bound keeps every positive term at its
-    largest and drops the same-name term (it is used for cells whose names differ); columns
-    are grouped by API, so a row's bound against every column costs one term per API.
+    a glue op) + 1 (same name, one framework)``, and across two codebases (*cross_codebase*) up to
+    0.8 more where ``sim < 1`` (one value computed by other ops). The bound keeps every positive
+    term at its largest and drops the same-name term (it is used for cells whose names differ);
+    columns are grouped by API, so a row's bound against every column costs one term per API.
     """
 
-    def __init__(self, ys: Sequence[NodeInfo]) -> None:
+    def __init__(self, ys: Sequence[NodeInfo], *, cross_codebase: bool = False) -> None:
+        self.cross_codebase = cross_codebase
         self.groups: dict[str, list[int]] = {}
         self._col: dict[str, tuple[bool, float, bool]] = {}  # api -> (any outputs, best output info, any inputs)
         for j, y in enumerate(ys):
@@ -115,11 +117,13 @@ class ApiBound:
                 s += 0.5 * in_hits
             if sim == 0.0 and (glue_x or self._glue[api]):
                 s -= 1.0
+            elif sim < 1.0 and self.cross_codebase:
+                s += 0.8
             out[api] = s + _SLACK
         return out
 
 
-def certified_pairs(xs: Sequence[NodeInfo], ys: Sequence[NodeInfo], score: Callable[[Any, Any], float], *,
+def certified_pairs(xs: Sequence[NodeInfo], ys: Sequence[NodeInfo], score: Callable[[Any, Any], float], *,  # noqa: C901
                     threshold: float) -> list[tuple[int, int, float]] | None:
     """The pairs the order-preserving programme makes, when equal names provably are them; else None.
 

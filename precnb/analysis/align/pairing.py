@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from precnb.analysis.align.aside import ValueIndex, aside_reason, call_modules, same_result, tensors_disagree
 from precnb.analysis.align.certify import certified_pairs
 from precnb.analysis.align.evidence import close, module_values, node_values, tensor_score
 from precnb.analysis.align.match import MAX_CELLS, pair_greedy, pair_in_order
@@ -103,6 +104,10 @@ class _Aligner:
         self.wrappers: dict[str, set[str]] = {"baseline": set(), "target": set()}
         self.kids_b = self._children_nodes(tb)
         self.kids_t = self._children_nodes(tt)
+        # two codebases (module paths and classes mostly differ): their own glue is set aside by the rules
+        # of :mod:`precnb.analysis.align.aside`; within one codebase an unpaired call stays a difference
+        self.same_names = _one_codebase(tb, tt)
+        self._aside_args: _AsideArgs | None = None
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -270,8 +275,14 @@ class _Aligner:
         s += node_values(x, y)
         if sim == 0.0 and (is_glue_op(x.api) or is_glue_op(y.api)):
             s -= 1.0
-        if self.same_fw and x.name == y.name:
-            s += 1.0  # one framework: the same name is strong evidence (values decide a shifted counter)
+        elif sim < 1.0 and not self.same_names and same_result(x, y):
+            # two codebases: one value computed by other ops (baddbmm(alpha) against matmul, then * scale; a
+            # loss from cross_entropy against one from max, exp, sum, log, mean)
+            s += 0.5 if ox[0].numel > 1 else 0.8
+        if self.same_fw and self.same_names and x.name == y.name:
+            # one codebase: the same name is strong evidence (values decide a shifted counter); across two
+            # codebases a call's global counter says nothing: calls pair by module and order within it
+            s += 1.0
         return s
 
     def _calls_in_order(self, xs: list[NodeInfo], ys: list[NodeInfo], threshold: float
@@ -291,7 +302,7 @@ class _Aligner:
                 v = seen[k] = self.api_score(x, y)
             return v
 
-        if self.fast and not self.hints and len(xs) * len(ys) <= MAX_CELLS:
+        if self.fast and self.same_names and not self.hints and len(xs) * len(ys) <= MAX_CELLS:
             proven = certified_pairs(xs, ys, score, threshold=threshold)
             if proven is not None:
                 return proven
@@ -358,7 +369,10 @@ class _Aligner:
             xb, _xt = self.tb.nodes[nb], self.tt.nodes[nt]
             if xb.kind == "api" and xb.direction == "forward" and nb.endswith(".forward") and nt.endswith(".forward"):
                 bb, bt = nb[: -len("forward")] + "backward", nt[: -len("forward")] + "backward"
-                if bb in self.tb.nodes and bt in self.tt.nodes:
+                # a fused op paired by value with the last op of a decomposition (baddbmm against matmul, * scale):
+                # their backward calls return the gradients of other inputs, so they do not pair
+                fused = not self.same_names and op_similarity(xb.api, _xt.api) == 0.0
+                if bb in self.tb.nodes and bt in self.tt.nodes and not fused:
                     self._pair_node(bb, bt, how, conf)
         for b, t in self.hints.nodes.items():  # user pairs the structure did not reach
             if b in self.tb.nodes and t in self.tt.nodes:
@@ -392,6 +406,9 @@ class _Aligner:
         for t_lbl, b_lbl in self.hints.many_tensors.items():  # msprobe data mappings: several onto one
             self.out.tensors.setdefault(t_lbl, (b_lbl, "user", 1.0))
         used_b = {v[0] for v in self.out.tensors.values()}
+        # two codebases: a tensor is not paired with another value where its own value is recorded elsewhere
+        # in the other run, nor masked scores with masked scores (each codebase's fill value)
+        values = None if self.same_names else (ValueIndex(self.tb), ValueIndex(self.tt))
         for nb, (nt, how, _conf) in self.out.nodes.items():
             xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
             copies_b = self._self_copies(xb)
@@ -407,15 +424,38 @@ class _Aligner:
                 pos_t = {t.label: k for k, t in enumerate(gt)}
 
                 def score(a: Any, c: Any, pos_b: dict[str, int] = pos_b, pos_t: dict[str, int] = pos_t) -> float:
+                    if values is not None and tensors_disagree(a, c, *values):
+                        return -100.0
                     return tensor_score(a, c, same_framework=self.same_fw, position=pos_b[a.label] == pos_t[c.label])
 
-                for i, j, s in pair_greedy(gb, gt, score, threshold=TENSOR_THRESHOLD):
-                    a, c = gb[i], gt[j]
+                for a, c, s in self._tensor_pairs(gb, gt, score):
                     t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else
                                                               ("structure" if a.slot == c.slot else "shape"))
                     self.out.tensors[c.label] = (a.label, how if how == "user" else t_how,
                                                  _confidence(s, TENSOR_THRESHOLD))
                     used_b.add(a.label)
+
+    def _tensor_pairs(self, gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]]:
+        """:func:`pair_greedy` of one group's tensors; in one codebase, a list argument's elements per argument.
+
+        An optimizer call holds its parameters, gradients and states as list arguments of a few hundred
+        elements: within one codebase argument ``input.K`` pairs with ``input.K`` (slots mean the same), so
+        their elements are paired list by list instead of all against all.
+        """
+        if not (self.same_fw and self.same_names) or len(gb) * len(gt) <= 256:
+            return [(gb[i], gt[j], s) for i, j, s in pair_greedy(gb, gt, score, threshold=TENSOR_THRESHOLD)]
+        parts_b: dict[str, list[Any]] = defaultdict(list)
+        parts_t: dict[str, list[Any]] = defaultdict(list)
+        for t in gb:
+            parts_b[_list_argument(t.slot)].append(t)
+        for t in gt:
+            parts_t[_list_argument(t.slot)].append(t)
+        out: list[tuple[Any, Any, float]] = []
+        for key, xs in parts_b.items():
+            ys = parts_t.get(key, [])
+            if ys:
+                out += [(xs[i], ys[j], s) for i, j, s in pair_greedy(xs, ys, score, threshold=TENSOR_THRESHOLD)]
+        return out
 
     def _self_copies(self, info: NodeInfo) -> set[str]:
         """Backward outputs of an API node that only repeat its own input.
@@ -424,7 +464,7 @@ class _Aligner:
         across frameworks these are not the gradients the other framework records there, so they
         are not paired.
         """
-        if self.same_fw or info.kind != "api" or info.direction != "backward":
+        if (self.same_fw and self.same_names) or info.kind != "api" or info.direction != "backward":
             return set()
         ins = info.group("input")
         out = set()
@@ -434,20 +474,50 @@ class _Aligner:
         return out
 
     # ------------------------------------------------------------------ the rest
+    def _aside(self, info: NodeInfo) -> str | None:
+        a = self._aside_args
+        if a is None:
+            return None
+        return aside_reason(info, a.tree, a.other, partner=a.partner, modules=a.modules, other_values=a.values,
+                            other_call_modules=a.call_modules)
+
+    def _backward_aside(self, info: NodeInfo, side: str, paired: dict[str, Any]) -> str | None:
+        """Two codebases: why the backward of an API call is organisation (its forward's pair or reason)."""
+        if self.same_names or info.kind != "api" or not info.name.endswith(".backward"):
+            return None
+        fwd = info.name[: -len("backward")] + "forward"
+        why = self.out.left[side].get(fwd, "")
+        if why.startswith(("organisation", "glue")):
+            return f"organisation: the backward of {fwd}, set aside ({why.split(': ', 1)[-1]})"
+        partner = paired.get(fwd)
+        if partner is not None:
+            other_name = partner[0] if isinstance(partner, tuple) else partner
+            other = (self.tt if side == "baseline" else self.tb).nodes.get(other_name)
+            if other is not None and op_similarity(info.api, other.api) == 0.0:
+                return (f"organisation: the backward of {fwd}, paired by value with {other_name}, another op of the "
+                        "other run's decomposition (their gradients are of other inputs)")
+        return None
+
     def classify(self) -> None:
         for side, tree, paired, other in (("baseline", self.tb, self.out.nodes, self.tt),
                                           ("target", self.tt, self.node_rev, self.tb)):
+            if not self.same_names:
+                self._aside_args = _AsideArgs(tree, other, paired, self.out.modules if side == "baseline"
+                                              else self.mod_rev)
             other_scopes = {i.parent for i in other.nodes.values()}
             other_backward = any(i.direction == "backward" for i in other.nodes.values())
             wrappers = self.wrappers[side]
             mods = self.out.modules if side == "baseline" else self.mod_rev
-            for n, info in tree.nodes.items():
+            # forward calls first: the backward of a call set aside is set aside with it
+            for n, info in sorted(tree.nodes.items(), key=lambda kv: kv[1].direction == "backward"):
                 if n in paired:
                     continue
                 if not info.tensors:
                     continue  # known from construct.json only: nothing to compare
-                why = self._why(info, tree, mods, wrappers, other_scopes, other_backward, paired, other.parallel)
+                why = self._backward_aside(info, side, paired) or self._why(
+                    info, tree, mods, wrappers, other_scopes, other_backward, paired, other.parallel)
                 self.out.left[side][n] = why
+        self._aside_args = None
 
     def _why(self, info: NodeInfo, tree: RunTree, mods: dict[str, Any], wrappers: set[str],
              other_scopes: set[str], other_backward: bool, paired: dict[str, Any], other_parallel: str) -> str:
@@ -465,7 +535,7 @@ class _Aligner:
                 inside = [m for m in mods if m.startswith(info.module + ".")]
                 if inside:
                     return "organisation: a module level the other run does not have (its contents paired)"
-            return "unpaired: a module call with no counterpart"
+            return self._aside(info) or "unpaired: a module call with no counterpart"
         if info.kind == "param_grad":
             return "unpaired: a parameter gradient with no counterpart"
         if is_glue_op(info.api):
@@ -487,12 +557,46 @@ class _Aligner:
         ins, outs = info.inputs, info.outputs
         if ins and outs and ins[0].numel == outs[0].numel and close(ins[0].stats, outs[0].stats, 1e-6):
             return "glue: its output equals its input (a copy or a layout change)"
+        aside = self._aside(info)
+        if aside:
+            return aside
         if info.direction == "backward":
             return "unpaired: the backward of an unpaired call"
         return "unpaired: an op with no counterpart"
 
 
 _FINISHING_OPS = ("div_", "mul_", "__itruediv__", "__imul__", "div", "mul", "__truediv__", "__mul__")
+
+
+def _list_argument(slot: str) -> str:
+    """``input.0`` for an element ``input.0.5`` of a list argument; ``""`` for a plain tensor."""
+    parts = slot.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 3 and parts[0] in ("input", "kwargs") else ""
+
+
+def _one_codebase(tb: RunTree, tt: RunTree) -> bool:
+    """Whether two runs come from one codebase: most module paths, or most module classes, are shared.
+
+    Pipeline chunks renumber the paths of one codebase (``0.decoder`` / ``1.decoder``) but keep its classes;
+    a port to another codebase (Megatron-Core's ``ColumnParallelLinear`` / Hugging Face's ``Linear``) changes both.
+    """
+    paths_b, paths_t = set(tb.modules) - {ROOT}, set(tt.modules) - {ROOT}
+    if len(paths_b & paths_t) >= 0.5 * max(1, min(len(paths_b), len(paths_t))):
+        return True
+    cls_b = {m.cls for m in tb.modules.values() if m.cls}
+    cls_t = {m.cls for m in tt.modules.values() if m.cls}
+    return bool(cls_b | cls_t) and len(cls_b & cls_t) >= 0.5 * len(cls_b | cls_t)
+
+
+class _AsideArgs:
+    """What :func:`precnb.analysis.align.aside.aside_reason` needs about one side, built once."""
+
+    def __init__(self, tree: RunTree, other: RunTree, paired: dict[str, Any], modules: dict[str, Any]) -> None:
+        self.tree, self.other = tree, other
+        self.partner = {k: (v[0] if isinstance(v, tuple) else v) for k, v in paired.items()}
+        self.modules = {k: (v[0] if isinstance(v, tuple) else v) for k, v in modules.items()}
+        self.values = ValueIndex(other)
+        self.call_modules = call_modules(other)
 
 
 def _after_collective(info: NodeInfo, tree: RunTree) -> bool:

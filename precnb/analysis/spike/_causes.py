@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from precnb.analysis.spike._records import Param, View
+from precnb.analysis.spike._vec import masked_median, median_without_each, ratios, row_medians
 
 __all__ = ["DEPART", "data_causes", "hardware_causes", "numerics_causes", "optimizer_causes"]
 
@@ -53,14 +54,32 @@ def _median(x: np.ndarray) -> float:
     return float(np.median(x)) if len(x) else math.nan
 
 
-def _history(v: View, j: int, ri: int, step: int, stat: str = "norm") -> float:
-    """Median of tensor *j* on rank index *ri* over the steps before *step* (all other steps when < 2)."""
-    x = v.series(j, ri, stat)
-    before = x[(v.steps < step) & np.isfinite(x)]
-    if len(before) >= 2:
-        return float(np.median(before))
-    other = x[(v.steps != step) & np.isfinite(x)]
-    return float(np.median(other)) if len(other) else math.nan
+def _histories(v: View, j: int, step: int, stat: str = "norm") -> np.ndarray:
+    """Per rank index: the median of tensor *j* over the steps before *step* (all other steps when < 2).
+
+    NaN for a rank with no other finite step. Memoised on the view (the tests ask for the same
+    histories at the same steps).
+    """
+    key = ("history", j, int(step), stat)
+    got = v.memo.get(key)
+    if got is None:
+        x = v.stats[stat][:, :, j]
+        fin = np.isfinite(x)
+        before = (v.steps < step)[:, None] & fin
+        other = (v.steps != step)[:, None] & fin
+        got = np.where(before.sum(axis=0) >= 2, masked_median(x, before), masked_median(x, other))
+        v.memo[key] = got
+    return got
+
+
+def _others(v: View, j: int, step: int, stat: str = "norm") -> np.ndarray:
+    """Per rank index: the median of the other ranks' *stat* of tensor *j* at *step* (memoised)."""
+    key = ("others", j, int(step), stat)
+    got = v.memo.get(key)
+    if got is None:
+        got = median_without_each(v.at(j, step, stat))
+        v.memo[key] = got
+    return got
 
 
 def _cand(cause: str, certain: bool, text: str, step: int, rank: int | None, rec: dict[str, Any],
@@ -71,29 +90,41 @@ def _cand(cause: str, certain: bool, text: str, step: int, rank: int | None, rec
 
 
 # -- data ---------------------------------------------------------------------------------------
-def _outlier(v: View, j: int, step: int, ri: int, z: float) -> tuple[float, str, float, float] | None:
-    """(score, stat, value, reference) of the most outstanding statistic of *j* at (step, rank), or None."""
+def _outliers(v: View, j: int, step: int, z: float) -> list[tuple[float, str, float, float] | None]:
+    """Per rank index: (score, stat, value, reference) of the most outstanding statistic of *j* at (step, rank).
+
+    None for a rank where no statistic stands out (score above *z*). The reference of (step,
+    rank) is the median of every other (step, rank) of the tensor, its scale the MAD of those
+    (at least 5 % of the larger of the median and the tensor's typical spread).
+    """
+    n_ranks = len(v.ranks)
     si = v.step_index(step)
     if si is None:
-        return None
-    best: tuple[float, str, float, float] | None = None
-    spread = v.stats["max"][..., j] - v.stats["min"][..., j] if "max" in v.stats and "min" in v.stats else None
+        return [None] * n_ranks
+    best_score = np.full(n_ranks, -np.inf)
+    best: list[tuple[float, str, float, float] | None] = [None] * n_ranks
+    typical = math.nan
+    if "max" in v.stats and "min" in v.stats:
+        typical = _median((v.stats["max"][..., j] - v.stats["min"][..., j]).reshape(-1))
     for stat, arr in v.stats.items():
-        x = arr[..., j]
-        val = x[si, ri]
-        if not np.isfinite(val):
+        flat = arr[..., j].reshape(-1)
+        vals = arr[si, :, j]
+        fin = np.isfinite(flat)
+        rows = np.flatnonzero(np.isfinite(vals))
+        if fin.sum() - 1 < 2 or not len(rows):
             continue
-        others = np.delete(x.reshape(-1), si * x.shape[1] + ri)
-        others = others[np.isfinite(others)]
-        if len(others) < 2:
-            continue
-        med = float(np.median(others))
-        mad = float(np.median(np.abs(others - med)))
-        typical = _median(spread.reshape(-1)) if spread is not None else math.nan
-        scale = max(1.4826 * mad, 0.05 * max(abs(med), typical if np.isfinite(typical) else 0.0), 1e-12)
-        score = abs(float(val) - med) / scale
-        if score > z and (best is None or score > best[0]):
-            best = (score, stat, float(val), med)
+        keep = np.broadcast_to(fin, (len(rows), len(flat))).copy()
+        keep[np.arange(len(rows)), si * n_ranks + rows] = False  # (step, rank) itself is not its reference
+        others = np.broadcast_to(flat, keep.shape)[keep].reshape(len(rows), -1)
+        med = row_medians(others)
+        mad = row_medians(np.abs(others - med[:, None]))
+        floor = 0.05 * np.maximum(np.abs(med), typical if np.isfinite(typical) else 0.0)
+        scale = np.maximum(np.maximum(1.4826 * mad, floor), 1e-12)
+        score = np.abs(vals[rows] - med) / scale
+        for k in np.flatnonzero((score > z) & (score > best_score[rows])):
+            ri = int(rows[k])
+            best_score[ri] = score[k]
+            best[ri] = (float(score[k]), stat, float(vals[ri]), float(med[k]))
     return best
 
 
@@ -107,8 +138,9 @@ def data_causes(views: list[View], spike: dict[str, Any], *, z: float) -> list[d
     found_ranks: set[int] = set()
     for v in views:
         for j in v.batch_inputs():
+            hits = _outliers(v, j, sp, z)
             for ri, r in enumerate(v.ranks):
-                hit = _outlier(v, j, sp, ri, z)
+                hit = hits[ri]
                 if hit is None:
                     continue
                 score, stat, val, ref = hit
@@ -158,36 +190,61 @@ def _first_per_rank(cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # -- hardware and the loss-scale pattern --------------------------------------------------------
 def _grad_departures(v: View, step: int) -> list[tuple[Param, int, float, float]]:
-    """(param, rank index, ratio to the other ranks' median, ratio to its own history) of pre-reduce gradients."""
+    """(param, rank index, ratio to the other ranks' median, ratio to its own history) of pre-reduce gradients.
+
+    Only the finite ratios to the other ranks, in parameter then rank order; memoised on the view
+    (the hardware test and the loss-scale test both ask).
+    """
+    key = ("grad_departures", int(step))
+    got = v.memo.get(key)
+    if got is not None:
+        return got
     out: list[tuple[Param, int, float, float]] = []
-    if len(v.ranks) < 2:
-        return out
-    for p in v.params():
-        g = v.at(p.pre, step)
-        for ri in range(len(v.ranks)):
-            others = np.delete(g, ri)
-            rho = _ratio(float(g[ri]), _median(others))
-            if not np.isfinite(rho):
+    if len(v.ranks) >= 2:
+        for p in v.params():
+            g = v.at(p.pre, step)
+            rho = ratios(g, _others(v, p.pre, step))
+            keep = np.flatnonzero(np.isfinite(rho))
+            if not len(keep):
                 continue
-            own = _ratio(float(g[ri]), _history(v, p.pre, ri, step))
-            out.append((p, ri, rho, own))
+            own = ratios(g, _histories(v, p.pre, step))
+            out += [(p, int(ri), float(rho[ri]), float(own[ri])) for ri in keep]
+    v.memo[key] = out
     return out
 
 
-def _uniform_scale(deps: list[tuple[Param, int, float, float]], ri: int, n_params: int) -> float | None:
-    """The common factor when (nearly) every gradient of rank index *ri* departs by one factor."""
-    def departs(d: tuple[Param, int, float, float]) -> bool:  # against the other ranks and its own history
-        up = d[2] >= DEPART and not (np.isfinite(d[3]) and d[3] < DEPART)
-        down = d[2] <= 1 / DEPART and not (np.isfinite(d[3]) and d[3] > 1 / DEPART)
-        return up or down
+def _departs_alike(d: tuple[Param, int, float, float]) -> bool:
+    """A gradient departs against the other ranks and against its own history (either way)."""
+    up = d[2] >= DEPART and not (np.isfinite(d[3]) and d[3] < DEPART)
+    down = d[2] <= 1 / DEPART and not (np.isfinite(d[3]) and d[3] > 1 / DEPART)
+    return up or down
 
-    rho = np.asarray([d[2] for d in deps if d[1] == ri and departs(d)])
-    if n_params < 2 or len(rho) < max(2, math.ceil(0.8 * n_params)):
-        return None
-    logs = np.log(rho)
-    if float(np.max(logs) - np.min(logs)) > math.log(ORDINARY * 2):
-        return None
-    return float(np.exp(np.median(logs)))
+
+def _uniform_scales(v: View, step: int) -> dict[int, float]:
+    """Rank index → the common factor, for the ranks where (nearly) every gradient departs by one factor.
+
+    Memoised on the view. A rank is listed when at least 80 % of the parameters (and at least
+    two) depart against the other ranks and their own history, within 4x of each other.
+    """
+    key = ("uniform_scales", int(step))
+    got = v.memo.get(key)
+    if got is not None:
+        return got
+    n_params = len(v.params())
+    by_rank: dict[int, list[float]] = {}
+    for d in _grad_departures(v, step):
+        if _departs_alike(d):
+            by_rank.setdefault(d[1], []).append(d[2])
+    got = {}
+    for ri, rho in by_rank.items():
+        if n_params < 2 or len(rho) < max(2, math.ceil(0.8 * n_params)):
+            continue
+        logs = np.log(np.asarray(rho))
+        if float(np.max(logs) - np.min(logs)) > math.log(ORDINARY * 2):
+            continue
+        got[ri] = float(np.exp(np.median(logs)))
+    v.memo[key] = got
+    return got
 
 
 def hardware_causes(views: list[View], steps: list[int]) -> list[dict[str, Any]]:
@@ -196,17 +253,17 @@ def hardware_causes(views: list[View], steps: list[int]) -> list[dict[str, Any]]
     for v in views:
         for t in steps:
             deps = _grad_departures(v, t)
-            n = len(v.params())
+            scaled = _uniform_scales(v, t)
             for p, ri, rho, own in deps:
                 if rho < DEPART or (np.isfinite(own) and own < DEPART):
                     continue
-                if _uniform_scale(deps, ri, n) is not None:
+                if ri in scaled:
                     continue  # every gradient of the rank: the loss-scale pattern (numerics), not one device
                 r = v.ranks[ri]
                 ins = []
                 for k in p.inputs:
                     x = v.at(k, t)
-                    ins.append((v.labels[k], _ratio(float(x[ri]), _median(np.delete(x, ri)))))
+                    ins.append((v.labels[k], _ratio(float(x[ri]), float(_others(v, k, t)[ri]))))
                 known = [q for _, q in ins if np.isfinite(q)]
                 if any(q > ORDINARY or q < 1 / ORDINARY for q in known):
                     continue  # its inputs depart too: upstream (data, loss), not this gradient
@@ -236,25 +293,44 @@ def hardware_causes(views: list[View], steps: list[int]) -> list[dict[str, Any]]
 
 
 # -- optimizer ----------------------------------------------------------------------------------
-def _update_size(v: View, p: Param, step: int) -> np.ndarray:
-    """Weight change of the step per rank: the largest change of max / min / norm between before and after."""
+def _update_sizes(v: View, p: Param) -> np.ndarray:
+    """Weight change of each step (step, rank): the largest change of max / min / norm between before and after.
+
+    NaN where the parameter before or after the update is not recorded (memoised on the view).
+    """
+    key = ("update_sizes", p.pre)
+    got = v.memo.get(key)
+    if got is not None:
+        return got
+    shape = (len(v.steps), len(v.ranks))
     if p.before is None or p.after is None:
-        return np.full(len(v.ranks), np.nan)
-    out = np.zeros(len(v.ranks))
-    for s in ("max", "min", "norm"):
-        d = np.abs(v.at(p.after, step, s) - v.at(p.before, step, s))
-        out = np.fmax(out, d)
-    ok = np.isfinite(v.at(p.after, step)) & np.isfinite(v.at(p.before, step))
-    return np.where(ok, out, np.nan)
+        got = np.full(shape, np.nan)
+    else:
+        got = np.zeros(shape)
+        for s in ("max", "min", "norm"):
+            if s in v.stats:
+                got = np.fmax(got, np.abs(v.stats[s][:, :, p.after] - v.stats[s][:, :, p.before]))
+        if "norm" in v.stats:
+            ok = np.isfinite(v.stats["norm"][:, :, p.after]) & np.isfinite(v.stats["norm"][:, :, p.before])
+        else:
+            ok = np.zeros(shape, bool)
+        got = np.where(ok, got, np.nan)
+    v.memo[key] = got
+    return got
+
+
+def _update_size(v: View, p: Param, step: int) -> np.ndarray:
+    """Weight change of the step per rank (NaN where not recorded; see :func:`_update_sizes`)."""
+    si = v.step_index(step)
+    return _update_sizes(v, p)[si] if si is not None else np.full(len(v.ranks), np.nan)
 
 
 def _update_history(v: View, p: Param, step: int) -> np.ndarray:
     """Median update size per rank over the steps before *step* (all other steps when fewer than 2)."""
-    sizes = np.stack([_update_size(v, p, int(t)) for t in v.steps])
+    sizes = _update_sizes(v, p)
     before = v.steps < step
     use = before if int(np.isfinite(sizes[before]).all(axis=1).sum()) >= 2 else v.steps != step
-    with np.errstate(all="ignore"):
-        return np.asarray([_median(sizes[use, ri]) for ri in range(len(v.ranks))])
+    return masked_median(sizes, use[:, None] & np.isfinite(sizes))
 
 
 def _argument_jumps(v: View, step: int) -> list[dict[str, Any]]:
@@ -301,15 +377,13 @@ def optimizer_causes(views: list[View], steps: list[int], spike_step: int) -> li
         for t in steps:
             jumped: list[dict[str, Any]] = []
             for p in v.params():
-                u = _update_size(v, p, t)
-                h = _update_history(v, p, t)
+                ru = ratios(_update_size(v, p, t), _update_history(v, p, t))
+                if not (np.isfinite(ru) & (ru >= DEPART)).any():
+                    continue
                 grad = p.post if p.post is not None else p.pre
-                g = v.at(grad, t)
-                for ri in range(len(v.ranks)):
-                    ru = _ratio(float(u[ri]), float(h[ri]))
-                    rg = _ratio(float(g[ri]), _history(v, grad, ri, t))
-                    if np.isfinite(ru) and ru >= DEPART and not (np.isfinite(rg) and rg > ORDINARY):
-                        jumped.append({"param": p, "ri": ri, "update": ru, "grad": rg})
+                rg = ratios(v.at(grad, t), _histories(v, grad, t))
+                for ri in np.flatnonzero(np.isfinite(ru) & (ru >= DEPART) & ~(np.isfinite(rg) & (rg > ORDINARY))):
+                    jumped.append({"param": p, "ri": int(ri), "update": float(ru[ri]), "grad": float(rg[ri])})
             args = _argument_jumps(v, t)
             if not jumped and not args:
                 continue
@@ -362,6 +436,41 @@ def _low_max(dtype: str) -> float | None:
     return _LOW.get(d)
 
 
+def _numerics_masks(v: View, si: int, t: int, spike_step: int, loss_j: int | None, inf_el: np.ndarray,
+                    tops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, tensor) masks at step position *si*: a new overflow, a saturating value, an underflow to zero.
+
+    Only records that precede the loss at the spike step are judged (a monitor's forward
+    activations there); an overflow is new when no earlier step holds one in that record.
+    """
+    mx, mn, nm = v.stats["max"], v.stats["min"], v.stats.get("norm")
+    n_ranks = len(v.ranks)
+    earlier = inf_el[:si].any(axis=0) if si else np.zeros(inf_el.shape[1:], bool)
+    limit = np.full(n_ranks, math.inf)
+    if spike_step == t:
+        if loss_j is not None:
+            ls = v.seq[si, :, loss_j]
+            limit = np.where(ls >= 0, ls.astype(float), -math.inf if v.monitor else math.inf)
+        elif v.monitor:
+            limit = np.full(n_ranks, -math.inf)  # a monitor's step: only its forward activations precede the loss
+    fwd_only = v.monitor and spike_step == t
+    ok = v.present[si] & ((v.seq[si] < limit[:, None]) | (fwd_only & (v.api == "actv"))[None, :])
+    new = inf_el[si] & ~earlier & ok
+    with np.errstate(invalid="ignore"):
+        peaks = np.fmax(np.abs(mx[si]), np.abs(mn[si]))
+        near = ok & ~inf_el[si] & np.isfinite(peaks) & (peaks >= tops / 2)
+    zero = np.zeros_like(ok)
+    if nm is not None:
+        hist = np.delete(nm, si, axis=0)
+        histmin = np.delete(mn, si, axis=0)
+        fin = np.isfinite(hist)
+        nonzero_hist = (fin.sum(axis=0) >= 2) & np.all(np.where(fin, hist > 0, True), axis=0)
+        fin_min = np.isfinite(histmin)
+        pos_hist = (fin_min.sum(axis=0) >= 2) & np.all(np.where(fin_min, histmin > 0, True), axis=0)
+        zero = ok & (((nm[si] == 0) & nonzero_hist) | ((mn[si] == 0) & pos_hist)) & ~inf_el[si]
+    return new, near, zero
+
+
 def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_label: str | None
                     ) -> list[dict[str, Any]]:
     """Numerics: a new overflow, a saturating float16/bfloat16 value, an underflow to zero, a loss-scale change."""
@@ -377,18 +486,10 @@ def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_l
             si = v.step_index(t)
             if si is None:
                 continue
-            earlier = np.asarray(inf_el[:si].any(axis=0) if si else np.zeros(inf_el.shape[1:], bool))
-            for ri, r in enumerate(v.ranks):
-                limit = math.inf
-                if spike_step == t:
-                    if loss_j is not None and v.seq[si, ri, loss_j] >= 0:
-                        limit = float(v.seq[si, ri, loss_j])
-                    elif v.monitor:
-                        limit = -math.inf  # a monitor's step: only its forward activations precede the loss
-                fwd_only = v.monitor and spike_step == t
-                ok = v.present[si, ri] & ((v.seq[si, ri] < limit) | (fwd_only & (v.api == "actv")))
-                new = np.flatnonzero(inf_el[si, ri] & ~earlier[ri] & ok)
-                for j in new:
+            new_m, near_m, zero_m = _numerics_masks(v, si, t, spike_step, loss_j, inf_el, tops)
+            for ri in np.flatnonzero(new_m.any(axis=1) | near_m.any(axis=1) | zero_m.any(axis=1)):
+                r = v.ranks[ri]
+                for j in np.flatnonzero(new_m[ri]):
                     rec = v.record(int(j))
                     val = mx[si, ri, j] if np.isinf(mx[si, ri, j]) else mn[si, ri, j]
                     dt = v.dtype[j].replace("torch.", "")
@@ -397,40 +498,31 @@ def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_l
                             + ") where earlier steps are finite")
                     out.append(_cand("numerics", True, text, t, r, rec, 3.0, [f"{v.name} {rec['tensor']} Max/Min"],
                                      [(v, t, r, rec["tensor"])], seq=float(v.seq[si, ri, j]), kind="overflow"))
-                with np.errstate(invalid="ignore"):
-                    peaks = np.fmax(np.abs(mx[si, ri]), np.abs(mn[si, ri]))
-                    near = ok & ~inf_el[si, ri] & np.isfinite(peaks) & (peaks >= tops / 2)
-                for j in np.flatnonzero(near):
+                peaks = np.fmax(np.abs(mx[si, ri]), np.abs(mn[si, ri]))
+                for j in np.flatnonzero(near_m[ri]):
                     top, peak = float(tops[j]), float(peaks[j])
                     rec = v.record(int(j))
                     out.append(_cand("numerics", False, f"{rec['tensor']} reaches {peak:.6g} at step {t}, within "
                                      f"2x of {v.dtype[j].replace('torch.', '')}'s largest value {top:.6g} "
                                      "(saturating)", t, r, rec, 1.0, [f"{v.name} {rec['tensor']} Max/Min"],
                                      [(v, t, r, rec["tensor"])], seq=float(v.seq[si, ri, j]), kind="saturation"))
-                if nm is not None:
-                    hist = np.delete(nm[:, ri], si, axis=0)
-                    histmin = np.delete(mn[:, ri], si, axis=0)
-                    fin = np.isfinite(hist)
-                    nonzero_hist = (fin.sum(axis=0) >= 2) & np.all(np.where(fin, hist > 0, True), axis=0)
-                    pos_hist = (np.isfinite(histmin).sum(axis=0) >= 2) & np.all(
-                        np.where(np.isfinite(histmin), histmin > 0, True), axis=0)
-                    zero = ok & (((nm[si, ri] == 0) & nonzero_hist) | ((mn[si, ri] == 0) & pos_hist))
-                    for j in np.flatnonzero(zero & ~inf_el[si, ri]):
-                        rec = v.record(int(j))
-                        out.append(_cand("numerics", False, f"underflow to zero at step {t}: {rec['tensor']} "
-                                         f"{'is all zero' if nm[si, ri, j] == 0 else 'reaches 0'} where every other "
-                                         "step is non-zero", t, r, rec, 0.8, [f"{v.name} {rec['tensor']} Min/Norm"],
-                                         [(v, t, r, rec["tensor"])], seq=float(v.seq[si, ri, j]), kind="underflow"))
+                for j in np.flatnonzero(zero_m[ri]):
+                    rec = v.record(int(j))
+                    out.append(_cand("numerics", False, f"underflow to zero at step {t}: {rec['tensor']} "
+                                     f"{'is all zero' if nm is not None and nm[si, ri, j] == 0 else 'reaches 0'} "
+                                     "where every other step is non-zero", t, int(r), rec, 0.8,
+                                     [f"{v.name} {rec['tensor']} Min/Norm"], [(v, t, r, rec["tensor"])],
+                                     seq=float(v.seq[si, ri, j]), kind="underflow"))
             out += _loss_scale(v, t)
     return _earliest_numerics(out)
 
 
 def _loss_scale(v: View, t: int) -> list[dict[str, Any]]:
     deps = _grad_departures(v, t)
-    n = len(v.params())
+    scaled = _uniform_scales(v, t)
     out = []
     for ri, r in enumerate(v.ranks):
-        k = _uniform_scale(deps, ri, n)
+        k = scaled.get(ri)
         if k is None:
             continue
         first = min((d for d in deps if d[1] == ri), key=lambda d: _seq(v, d[0].pre, t, ri))
@@ -460,8 +552,7 @@ def _first_backward(v: View, step: int, ri: int, scale: float) -> int | None:
     if not cols:
         return None
     j = min(cols, key=lambda c: v.seq[si, ri, c])
-    x = v.at(int(j), step)
-    q = _ratio(float(x[ri]), _median(np.delete(x, ri)))
+    q = _ratio(float(v.at(int(j), step)[ri]), float(_others(v, int(j), step)[ri]))
     return int(j) if np.isfinite(q) and abs(math.log(q) - math.log(scale)) <= math.log(ORDINARY) else None
 
 

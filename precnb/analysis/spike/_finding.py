@@ -12,7 +12,7 @@ import xarray as xr
 from precnb.analysis.findings import Finding
 from precnb.analysis.spike._causes import data_causes, hardware_causes, numerics_causes, optimizer_causes
 from precnb.analysis.spike._records import View
-from precnb.analysis.spike._rule import LossSpikeRule, first_departure
+from precnb.analysis.spike._rule import LossSpikeRule, first_departures
 from precnb.analysis.spike._series import LossSeries, gather_series
 
 __all__ = ["detect", "loss_spike"]
@@ -32,13 +32,14 @@ def detect(series: LossSeries, rule: LossSpikeRule | None = None) -> dict[str, A
     """
     rule = rule or LossSpikeRule()
     found: dict[str, dict[str, Any]] = {}
-    for j, r in enumerate(series.ranks):
-        d = first_departure(series.values[:, j], series.steps, rule, proxy=series.proxy)
+    cols = np.column_stack([np.asarray(series.values, dtype=float)[:, :len(series.ranks)],
+                            np.asarray(series.total, dtype=float)])
+    deps = first_departures(cols, series.steps, rule, proxy=series.proxy)  # every rank's, then the run's
+    for r, d in zip(series.ranks, deps[:-1], strict=True):
         if d is not None:
             found[f"rank{r}"] = d
-    d = first_departure(series.total, series.steps, rule, proxy=series.proxy)
-    if d is not None:
-        found["all"] = d
+    if deps[-1] is not None:
+        found["all"] = deps[-1]
     if not found:
         return None
     step = min(d["step"] for d in found.values())

@@ -9,6 +9,7 @@ their module (forward input, and the gradient of its output in backward).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -35,33 +36,104 @@ class Param:
 
 
 class View:
-    """Arrays and coordinates of one run, for the cause tests."""
+    """Arrays and coordinates of one run, for the cause tests.
+
+    Each array is taken from the dataset the first time a test asks for it (a plan that needs
+    the names only converts no statistics); the tests' shared results live in :attr:`memo`.
+    """
 
     def __init__(self, ds: xr.Dataset, name: str) -> None:
         self.ds = ds
         self.name = name
         self.steps = np.asarray(ds["step"].values, dtype=np.int64)
         self.ranks = [int(r) for r in ds["rank"].values]
-        present = np.asarray(ds["present"].values, bool)
-        self.present = present
-        self.stats = {s: np.where(present, np.asarray(ds[s].values, dtype=float), np.nan) for s in _STATS if s in ds}
-        self.seq = np.asarray(ds["seq"].values)
-        self.labels = [str(t) for t in ds["tensor"].values]
-        self.index = {t: j for j, t in enumerate(self.labels)}
-        col = {c: np.asarray([str(v) for v in ds[c].values]) for c in
-               ("node", "module", "api", "kind", "role", "direction", "dtype")}
-        self.node, self.module, self.api, self.kind = col["node"], col["module"], col["api"], col["kind"]
-        self.role, self.direction, self.dtype = col["role"], col["direction"], col["dtype"]
-        self.micro = np.asarray(ds["micro_step"].values) if "micro_step" in ds else np.full(len(self.labels), -1)
-        self.monitor = bool(len(self.kind)) and bool(np.all(self.kind == "monitor"))
         self._params: list[Param] | None = None
         self._outputs: dict[str, int] | None = None
+        self._step_pos: dict[int, int] = {}
+        for i, t in enumerate(self.steps.tolist()):
+            self._step_pos.setdefault(int(t), i)
+        self.memo: dict[Any, Any] = {}
+        """Results the cause tests share within one diagnosis (e.g. the pre-reduce gradient departures of a step)."""
+
+    # -- arrays, taken on first use -----------------------------------------------------------
+    @cached_property
+    def present(self) -> np.ndarray:
+        """(step, rank, tensor): recorded."""
+        return np.asarray(self.ds["present"].values, bool)
+
+    @cached_property
+    def stats(self) -> dict[str, np.ndarray]:
+        """Max / Min / Mean / Norm as (step, rank, tensor) floats, NaN where not recorded."""
+        return {s: np.where(self.present, np.asarray(self.ds[s].values, dtype=float), np.nan) for s in _STATS
+                if s in self.ds}
+
+    @cached_property
+    def seq(self) -> np.ndarray:
+        """(step, rank, tensor): execution order (negative: not recorded)."""
+        return np.asarray(self.ds["seq"].values)
+
+    @cached_property
+    def labels(self) -> list[str]:
+        """Tensor labels."""
+        return [str(t) for t in self.ds["tensor"].values]
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Tensor label → position."""
+        return {t: j for j, t in enumerate(self.labels)}
+
+    def _column(self, c: str) -> np.ndarray:
+        return np.asarray([str(v) for v in self.ds[c].values])
+
+    @cached_property
+    def node(self) -> np.ndarray:
+        """Node of each tensor."""
+        return self._column("node")
+
+    @cached_property
+    def module(self) -> np.ndarray:
+        """Module of each tensor ("" when none)."""
+        return self._column("module")
+
+    @cached_property
+    def api(self) -> np.ndarray:
+        """API of each tensor."""
+        return self._column("api")
+
+    @cached_property
+    def kind(self) -> np.ndarray:
+        """Record kind of each tensor (``module``, ``param_grad``, ``monitor``, ...)."""
+        return self._column("kind")
+
+    @cached_property
+    def role(self) -> np.ndarray:
+        """Role of each tensor (``input``, ``output``, ``parameter``)."""
+        return self._column("role")
+
+    @cached_property
+    def direction(self) -> np.ndarray:
+        """Direction of each tensor (``forward`` / ``backward``)."""
+        return self._column("direction")
+
+    @cached_property
+    def dtype(self) -> np.ndarray:
+        """Data type of each tensor."""
+        return self._column("dtype")
+
+    @cached_property
+    def micro(self) -> np.ndarray:
+        """Micro step of each tensor (-1 when not recorded)."""
+        return np.asarray(self.ds["micro_step"].values) if "micro_step" in self.ds else np.full(len(self.labels), -1)
+
+    @cached_property
+    def monitor(self) -> bool:
+        """True for a monitor output (every record of kind ``monitor``)."""
+        return bool(len(self.kind)) and bool(np.all(self.kind == "monitor"))
 
     # -- values -------------------------------------------------------------------------------
     def step_index(self, step: int) -> int | None:
         """Position of *step* (None when not recorded)."""
-        hit = np.flatnonzero(self.steps == step)
-        return int(hit[0]) if len(hit) else None
+        return self._step_pos.get(int(step))
 
     def at(self, j: int, step: int, stat: str = "norm") -> np.ndarray:
         """*stat* of tensor *j* at *step* over ranks (NaN when absent)."""

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LossSpikeRule", "first_departure"]
+__all__ = ["LossSpikeRule", "first_departure", "first_departures"]
 
 
 @dataclass(frozen=True)
@@ -149,3 +149,63 @@ def first_departure(x: np.ndarray, steps: np.ndarray, rule: LossSpikeRule | None
             return {"step": int(steps[i]), "value": now, "previous": prev_v, "ratio": ratio, "z": z, "test": test,
                     "history": len(hist)}
     return None
+
+
+def first_departures(xs: np.ndarray, steps: np.ndarray, rule: LossSpikeRule | None = None, *,
+                     proxy: bool = False) -> list[dict[str, Any] | None]:
+    """:func:`first_departure` of every column of *xs* (step, series), the same answers, many columns at once.
+
+    Columns whose values are all positive (judged on ln(loss)) and recorded at the same steps are
+    judged together, one step at a time over all of them (a loss log of 128 ranks: 10 NumPy
+    steps instead of 1,290); any other column goes through :func:`first_departure` alone.
+    """
+    rule = rule or LossSpikeRule()
+    xs = np.asarray(xs, dtype=float)
+    out: list[dict[str, Any] | None] = [None] * xs.shape[1]
+    groups: dict[bytes, list[int]] = {}
+    for c in range(xs.shape[1]):
+        x = xs[:, c]
+        fin = np.isfinite(x)
+        if fin.any() and bool(np.all(x[fin] > 0)):
+            groups.setdefault(fin.tobytes(), []).append(c)
+        else:
+            out[c] = first_departure(x, steps, rule, proxy=proxy)
+    for cols in groups.values():
+        for c, d in zip(cols, _logged_departures(xs[:, cols], steps, rule, proxy), strict=True):
+            out[c] = d
+    return out
+
+
+def _logged_departures(x: np.ndarray, steps: np.ndarray, rule: LossSpikeRule, proxy: bool
+                       ) -> list[dict[str, Any] | None]:
+    """:func:`first_departure` of columns of positive values, all recorded at the same steps."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.log(np.where(np.isfinite(x), x, np.nan))
+    idx = np.flatnonzero(np.isfinite(y[:, 0]))
+    out: list[dict[str, Any] | None] = [None] * x.shape[1]
+    todo = np.ones(x.shape[1], bool)
+    grow = math.log1p(rule.min_rise)
+    for k in range(1, len(idx)):
+        i = idx[k]
+        if int(steps[i]) < int(steps[idx[0]]) + rule.warmup:
+            continue
+        hist = idx[max(0, k - rule.window):k]
+        rise = y[i] - y[hist[-1]]
+        z: np.ndarray | None = None
+        if len(hist) >= rule.min_history + 1 and not proxy:
+            d = np.diff(y[hist], axis=0)
+            med = np.median(d, axis=0)
+            sigma = np.maximum(1.4826 * np.median(np.abs(d - med), axis=0), rule.floor)
+            z = (y[i] - (y[hist[-1]] + med)) / sigma
+            hit = (z > rule.z) & (rise > grow)
+        else:
+            hit = rise > math.log(rule.jump)
+        for c in np.flatnonzero(hit & todo):
+            now, prev_v = float(x[i, c]), float(x[hist[-1], c])
+            out[c] = {"step": int(steps[i]), "value": now, "previous": prev_v, "ratio": now / prev_v,
+                      "z": float(z[c]) if z is not None else None, "test": "trend" if z is not None else "jump",
+                      "history": len(hist)}
+            todo[c] = False
+        if not todo.any():
+            break
+    return out

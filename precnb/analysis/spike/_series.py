@@ -76,10 +76,9 @@ def _mean_over_ranks(values: np.ndarray) -> np.ndarray:
 def dump_loss_label(ds: xr.Dataset) -> str | None:
     """The tensor label of the dumped loss (the output of the first forward loss API), or None."""
     apis = ds["api"].values
-    roles = ds["role"].values
-    dirs = ds["direction"].values
-    for j, a in enumerate(apis):
-        if str(a).rsplit(".", 1)[-1] in LOSS_APIS and roles[j] == "output" and dirs[j] == "forward":
+    cand = np.flatnonzero((ds["role"].values == "output") & (ds["direction"].values == "forward"))
+    for j in cand:  # in tensor order: the first forward output of a loss API
+        if str(apis[j]).rsplit(".", 1)[-1] in LOSS_APIS:
             return str(ds["tensor"].values[j])
     return None
 
@@ -95,23 +94,31 @@ def _from_dump(ds: xr.Dataset) -> LossSeries | None:
 
 
 def _from_log(log: pd.DataFrame, source: str) -> LossSeries:
-    df = log.copy()
-    steps = np.asarray(sorted({int(s) for s in df["step"]}), dtype=np.int64)
-    has_rank = "rank" in df and df["rank"].notna().any()
-    ranks = sorted({int(r) for r in df["rank"].dropna()}) if has_rank else []
-    pos = {int(s): i for i, s in enumerate(steps)}
+    step_col = [int(s) for s in log["step"]]
+    steps = np.asarray(sorted(set(step_col)), dtype=np.int64)
+    has_rank = "rank" in log and log["rank"].notna().any()
+    rank_col = log["rank"].to_numpy(dtype=float, na_value=np.nan) if has_rank else np.full(len(log), np.nan)
+    ranks = sorted({int(r) for r in rank_col[~np.isnan(rank_col)]}) if has_rank else []
+    si = np.searchsorted(steps, np.asarray(step_col, dtype=np.int64))
+    loss = log["loss"].to_numpy(dtype=float)
     values = np.full((len(steps), len(ranks)), np.nan)
     total = np.full(len(steps), np.nan)
-    rpos = {r: j for j, r in enumerate(ranks)}
-    for s, r, v in zip(df["step"], df["rank"] if has_rank else [None] * len(df), df["loss"], strict=True):
-        if r is None or (isinstance(r, float) and np.isnan(r)):
-            total[pos[int(s)]] = float(v)
-        else:
-            values[pos[int(s)], rpos[int(r)]] = float(v)
+    glob = np.isnan(rank_col)
+    _put_last(total, (si[glob],), loss[glob])
     if ranks:
+        rj = np.searchsorted(np.asarray(ranks, dtype=np.int64), rank_col[~glob].astype(np.int64))
+        _put_last(values, (si[~glob], rj), loss[~glob])
         mean = _mean_over_ranks(values)
         total = np.where(np.isnan(total), mean, total)
     return LossSeries(steps, ranks, values, total, "loss", source)
+
+
+def _put_last(out: np.ndarray, where: tuple[np.ndarray, ...], vals: np.ndarray) -> None:
+    """``out[where] = vals`` where the last of repeated cells wins (a log that writes a step twice)."""
+    flat = np.ravel_multi_index(where, out.shape) if len(where[0]) else np.zeros(0, np.int64)
+    rev = flat[::-1]
+    _, first = np.unique(rev, return_index=True)  # the first in reverse is the last written
+    out.reshape(-1)[rev[first]] = vals[::-1][first]
 
 
 def _grad_norm(ds: xr.Dataset) -> LossSeries | None:

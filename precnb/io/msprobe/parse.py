@@ -92,6 +92,9 @@ class _File:
 
     def __init__(self, rd: RankDir, parents: Mapping[str, str], micro: Mapping[str, int]) -> None:
         self.rd, self.parents, self.micro = rd, parents, micro
+        # construct.json's own node-name objects: the names kept (nodes, their parts, signatures) are then
+        # the ones the construct table holds anyway, and the batches' copies go with their batch
+        self.names: dict[str, str] = dict(zip(parents, parents, strict=True)) if parents else {}
         self.walk = Walk()
         self.cols = Columns()
         self.issues = Issues()
@@ -119,8 +122,10 @@ class _File:
         n_had = len(nodes)
         probe = self.probe
         # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
+        name = self.names.get
         for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
                                           strict=True):
+            node = name(node, node)
             if record.__class__ is not dict:
                 if record is not None:  # null records carry nothing
                     self.issues.add((self.cols.n + len(leaves), -1), "record", f"{short(node)}: {json_type(record)}")

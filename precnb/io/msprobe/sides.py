@@ -53,6 +53,10 @@ def parse_construct(raw: Any) -> tuple[dict[str, str], dict[str, int]]:
     if set(map(type, raw.values())) <= _PLAIN_PARENTS and "megatron_micro_step_number" not in raw:
         for node in list(itertools.compress(raw, map(operator.is_, raw.values(), itertools.repeat(None)))):
             raw[node] = ""  # the roots (no parent); the values of existing keys: the order is kept
+        # a few thousand parents for hundreds of thousands of nodes: one string object per distinct parent
+        # (the parser makes a new one for every value); the values of existing keys: the order is kept
+        one: dict[str, str] = {}
+        raw.update(zip(raw, map(one.setdefault, raw.values(), raw.values()), strict=True))
         return raw, micro
     for node, val in raw.items():
         if node == "megatron_micro_step_number":
@@ -147,7 +151,9 @@ def read_sides(folder: Path, notes: list[str]) -> tuple[dict[str, str], dict[str
                     _CONSTRUCT[key] = hit
         if hit is not None:
             parents, micro = hit
-            construct = SharedTable(("construct", key), raw, construct_table, parents)
+            # the bytes are let go (parsed already; a worker process sends the table's own text): a large
+            # construct.json would stay in memory twice, as text and as the table, until the dataset is built
+            construct = SharedTable(("construct", key), None, construct_table, parents)
     got = _read(folder / "stack.json", notes)
     if got is not None:
         key, raw = got

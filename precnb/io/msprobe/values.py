@@ -264,7 +264,7 @@ class Columns:
                 numel[i] = info[1]
         self._numel.append(numel)
 
-    def _strings(self, leaves: Sequence[dict[str, Any]], dtype_col: Sequence[Any], labels: Sequence[str],
+    def _strings(self, leaves: Sequence[dict[str, Any]], dtype_col: Sequence[Any], labels: Sequence[str],  # noqa: C901
                  issues: Issues) -> None:
         get = dict.get
         base = self.n

@@ -155,7 +155,7 @@ class Walk:
         self.unknown: dict[str, int] = {}
         self._rec = ""
 
-    def node(self, node: str, record: dict[str, Any], kind: str | None = None) -> None:
+    def node(self, node: str, record: dict[str, Any], kind: str | None = None) -> None:  # noqa: C901
         """Add the leaves of one record (*kind* as :func:`node_kind` gives it; found when None)."""
         self._rec = node
         if "parameters_grad" in node and (kind or node_kind(node)) == "param_grad":

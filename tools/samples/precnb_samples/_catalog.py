@@ -40,6 +40,7 @@ CATALOG: dict[str, str] = {
     "sdc": "_scn_sdc",
     "sdc_md5": "_scn_sdc",
     "sdc_rank": "_scn_sdc",
+    "sdc_tensor": "_scn_sdc_tensor",
     "spike_healthy": "_scn_spike",
     "spike_data": "_scn_spike",
     "spike_optimizer": "_scn_spike",

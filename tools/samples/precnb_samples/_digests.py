@@ -149,6 +149,24 @@ def _sdc_clean(gt: dict[str, Any]) -> list[str]:
             f"`{gt['rank_tables']['job1']['csv']}`"]
 
 
+def _sdc_tensor(gt: dict[str, Any]) -> list[str]:
+    f = gt["faults"][0]
+    rc = f["recomputed"]
+    at = rc["outputs_differ_at"]
+    return [f"- task tensor, level {gt['level']}, list {gt['list']}, data_mode {gt['data_mode']}, steps {gt['steps']}; "
+            "placement job1: " + ", ".join(
+                f"rank {r} {_dev(d)}" for r, d in gt["placement"]["job1"].items()),
+            f"- {f['run']} step {f['step']}: ranks {f['ranks']} depart at `{f['node']}` {f['tensor']} ("
+            + (f"in `{f['module']}`" if f["module"] else "level L1: no module tree")
+            + f"), inputs identical: {f['inputs_identical']} (the tensor files bit for bit); the outputs "
+            f"differ at element {at['position']} only (bit {at['xor_bits']}); origin rank {f['rank']} on "
+            f"{_dev(f['device'])}; {f['consequences']['tensors']} later replicated tensors of that step depart too",
+            f"- recomputed on {rc['device']} (torch {rc['torch']}) from rank {rc['rank']}'s dumped input: equals the "
+            f"dumped output of rank(s) {rc['equals_dumped_output_of']}: {f['repro_verdict']}",
+            f"- step 2: {gt['checks']['step2']}; rank table `{gt['rank_tables']['job1']['json']}`, "
+            f"`{gt['rank_tables']['job1']['csv']}`"]
+
+
 def _spike(gt: dict[str, Any]) -> list[str]:
     sp = gt["spike"]
     around = sp["loss_around"]
@@ -191,6 +209,7 @@ DIGESTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "sdc": _sdc,
     "sdc_md5": _sdc,
     "sdc_rank": _sdc,
+    "sdc_tensor": _sdc_tensor,
     **{f"spike_{c}": _spike for c in ("healthy", "data", "optimizer", "hardware", "numerics")},
     "megatron": _mindspore("megatron"),  # its scenario module is torch-free too (issue 24)
 }

@@ -13,14 +13,11 @@ True
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._ms_run import run_worker
+from ._ms_run import interpreter, probe_versions, run_worker
 
 __all__ = ["ENV", "MEGATRON_VERSION", "RECIPE", "megatron_python", "megatron_versions", "require_megatron",
            "run_mg"]
@@ -33,39 +30,24 @@ RECIPE = ("python3.11 -m venv /work/venvs/megatron && /work/venvs/megatron/bin/p
           "--ignore-requires-python /tmp/mg/megatron_core-0.19.2-cp311-*.whl && "
           "export PRECNB_MEGATRON_PYTHON=/work/venvs/megatron/bin/python  "
           "(megatron-core 0.19.2 declares Requires-Python >=3.12, so plain pip on 3.11 picks 0.16)")
-_checked: dict[str, dict[str, str]] = {}
 
 
 def megatron_python() -> str:
     """The interpreter named by ``PRECNB_MEGATRON_PYTHON``; ImportError naming the recipe if unusable."""
-    exe = os.environ.get(ENV, "").strip()
-    if not exe:
-        raise ImportError(f"the Megatron-Core sample needs a megatron-core {MEGATRON_VERSION} interpreter in "
-                          f"${ENV}: {RECIPE}")
-    if not (Path(exe).is_file() and os.access(exe, os.X_OK)):
-        raise ImportError(f"${ENV}={exe!r} is not an executable file; create it with: {RECIPE}")
-    return exe
+    return interpreter(ENV, RECIPE, f"the Megatron-Core sample needs a megatron-core {MEGATRON_VERSION} interpreter")
 
 
 def megatron_versions(exe: str | None = None) -> dict[str, str]:
     """Versions of torch, megatron-core, msprobe, transformers and triton in that interpreter (checked once)."""
-    exe = exe or megatron_python()
-    if exe in _checked:
-        return _checked[exe]
     code = ("import json, platform; from importlib import metadata; import megatron.core, transformers; "
             "print(json.dumps({k: metadata.version(k) for k in ('torch', 'megatron-core', 'mindstudio-probe', "
             "'transformers', 'triton')} | {'python': platform.python_version()}))")
-    out = subprocess.run([exe, "-c", code], capture_output=True, text=True, timeout=300, check=False)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise ImportError(f"${ENV}={exe!r} cannot import megatron.core and transformers "
-                          f"({out.stderr.strip().splitlines()[-1:] or out.returncode}); create it with: {RECIPE}")
-    found: dict[str, str] = json.loads(lines[-1])
+    found = probe_versions(exe or megatron_python(), code, env=ENV, recipe=RECIPE,
+                           imports="megatron.core and transformers")
     if found["megatron-core"] != MEGATRON_VERSION or not found["torch"].startswith("2.13.0") \
             or found["mindstudio-probe"] != "26.2.0":
         raise ImportError(f"${ENV} has {found}; the sample is made with megatron-core {MEGATRON_VERSION}, "
                           f"torch 2.13.0 and mindstudio-probe 26.2.0: {RECIPE}")
-    _checked[exe] = found
     return found
 
 

@@ -32,37 +32,53 @@ def worker_path(name: str) -> Path:
     return _HERE / name
 
 
+def interpreter(env: str, recipe: str, needs: str) -> str:
+    """The interpreter named by the environment variable *env*; ImportError naming *recipe* if unusable.
+
+    *needs* says what it is for, in the message (``"the MindSpore samples need a MindSpore 2.10 interpreter"``).
+    """
+    exe = os.environ.get(env, "").strip()
+    if not exe:
+        raise ImportError(f"{needs} in ${env}: {recipe}")
+    if not (Path(exe).is_file() and os.access(exe, os.X_OK)):
+        raise ImportError(f"${env}={exe!r} is not an executable file; create it with: {recipe}")
+    return exe
+
+
+def probe_versions(exe: str, code: str, *, env: str, recipe: str, imports: str) -> dict[str, str]:
+    """Run *code* (which prints one JSON object of versions) in *exe*, once per interpreter; the object.
+
+    ImportError naming *recipe* when it fails (*imports*: what it could not import, for the message).
+    """
+    if exe in _checked:
+        return _checked[exe]
+    out = subprocess.run([exe, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise ImportError(f"${env}={exe!r} cannot import {imports} "
+                          f"({out.stderr.strip().splitlines()[-1:] or out.returncode}); create it with: {recipe}")
+    found: dict[str, str] = json.loads(lines[-1])
+    _checked[exe] = found
+    return found
+
+
 def mindspore_python() -> str:
     """The interpreter named by ``PRECNB_MINDSPORE_PYTHON``; ImportError naming the recipe if unusable."""
-    exe = os.environ.get(ENV, "").strip()
-    if not exe:
-        raise ImportError(f"the MindSpore samples need a MindSpore {MINDSPORE_VERSION} interpreter in "
-                          f"${ENV} (MindSpore needs numpy<2, so it lives in a venv of its own): {RECIPE}")
-    if not (Path(exe).is_file() and os.access(exe, os.X_OK)):
-        raise ImportError(f"${ENV}={exe!r} is not an executable file; create it with: {RECIPE}")
-    return exe
+    return interpreter(ENV, RECIPE, f"the MindSpore samples need a MindSpore {MINDSPORE_VERSION} interpreter "
+                                    "(MindSpore needs numpy<2, so it lives in a venv of its own)")
 
 
 def mindspore_versions(exe: str | None = None) -> dict[str, str]:
     """Versions of mindspore, numpy and msprobe in the MindSpore interpreter (checked once)."""
-    exe = exe or mindspore_python()
-    if exe in _checked:
-        return _checked[exe]
     code = ("import json, platform, numpy, mindspore; from importlib import metadata; "
             "print(json.dumps({'mindspore': mindspore.__version__, 'numpy': numpy.__version__, "
             "'mindstudio-probe (msprobe)': metadata.version('mindstudio-probe'), "
             "'python': platform.python_version()}))")
-    out = subprocess.run([exe, "-c", code], capture_output=True, text=True, timeout=300, check=False)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise ImportError(f"${ENV}={exe!r} cannot import mindspore, numpy and msprobe "
-                          f"({out.stderr.strip().splitlines()[-1:] or out.returncode}); create it with: "
-                          f"{RECIPE}")
-    found: dict[str, str] = json.loads(lines[-1])
+    found = probe_versions(exe or mindspore_python(), code, env=ENV, recipe=RECIPE,
+                           imports="mindspore, numpy and msprobe")
     if found["mindspore"] != MINDSPORE_VERSION:
         raise ImportError(f"${ENV} has mindspore {found['mindspore']}; the samples are made with "
                           f"{MINDSPORE_VERSION}: {RECIPE}")
-    _checked[exe] = found
     return found
 
 

@@ -84,7 +84,7 @@ def _fault_line(f: dict[str, Any]) -> str:
     )
 
 
-def _digest(gt: dict[str, Any]) -> list[str]:
+def _digest(gt: dict[str, Any]) -> list[str]:  # noqa: C901
     name = gt["scenario"]
     if name in DIGESTS:
         return DIGESTS[name](gt)
@@ -371,7 +371,8 @@ def write_readme(out: str | Path) -> Path:
         "all samples under 20 MB; `xfw` uses 2 blocks and `kernel_resume` a smaller 1-layer MindSpore "
         "configuration; the tensor-mode samples (`tensor_*`: every tensor saved as a file, 1 step) use "
         "2 blocks with vocab 32 and batch 1 to stay under 3 MB each; the faulty-device samples (`sdc*`, "
-        "issue 28) run 1 MLP-only block as tp2 x dp2 on 4 ranks and dump forward records of 3 of 4 steps, and "
+        "issue 28) run 1 MLP-only block as tp2 x dp2 on 4 ranks and dump forward records of 3 of 4 steps "
+        "(`sdc_tensor`: task tensor, 3 ops at L1, 2 of 3 steps), and "
         "the loss-spike samples (`spike_*`, issue 29) run 1 MLP-only block with plain SGD and batch 16 on 2 ranks "
         "for 10 steps (TrainerMon every step, the dump on the 3 steps around the spike, every loss in "
         "`loss_log.csv`). Each `ground_truth.json` states its model.",
