@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
 from precnb.analysis.dataflow import scalar_only_nodes
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
@@ -33,6 +34,9 @@ __all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas", "replica_mismatches"
 
 REPLICATED_MONITOR_FAMILIES = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq")
 STATS = ("max", "min", "mean", "norm")
+
+
+_MEMO = DatasetMemo()
 
 
 def _same_across(ds: xr.Dataset, idx: list[int], rtol: float, present: np.ndarray
@@ -154,7 +158,26 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
     rank-dependent op (its tensor inputs agree across the group, its scalar arguments do not: a TP rank's
     vocabulary offset, :mod:`precnb.analysis.rank_args`) and what it computes before a collective. What was
     set aside, and why, is appended to *aside*.
+
+    The result is reused while the same *ds* object (unchanged) is checked again with the same
+    layout, dims and tolerance (:class:`precnb.analysis._memo.DatasetMemo`: an explorer's rerun
+    after another tolerance or a Match / Unmatch, which change neither the target nor its layout).
     """
+    def compute() -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
+        got: list[dict[str, Any]] = []
+        rows, checked = _replica_mismatches(ds, layout, dims=dims, rtol=rtol, aside=got)
+        return rows, checked, got
+
+    rows, checked, got = _MEMO.get([ds], ("replica_mismatches", repr(layout), tuple(dims), float(rtol)), compute)
+    if aside is not None:
+        aside += got
+    return rows, checked
+
+
+def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("dp", "tp"),
+                        rtol: float = 1e-6, aside: list[dict[str, Any]] | None = None
+                        ) -> tuple[list[dict[str, Any]], int]:
+    """:func:`replica_mismatches`, computed."""
     from precnb.analysis.undefined import set_aside, undefined_mask
 
     ranks = [int(r) for r in ds["rank"].values]
