@@ -62,8 +62,13 @@ class DatasetMemo:
         _ALL.append(self)
 
     def get(self, datasets: Sequence[xr.Dataset], key: Hashable, compute: Callable[[], T], *,
-            copy: bool = True) -> T:
-        """*compute()*'s result, reused while *datasets* are the same objects, unchanged (see the module)."""
+            copy: bool | Callable[[T], T] = True) -> T:
+        """*compute()*'s result, reused while *datasets* are the same objects, unchanged (see the module).
+
+        *copy*: True, a deep copy is kept and given; False, the result itself; a function, the copy it makes
+        (cheaper than a deep copy when the caller knows what may change).
+        """
+        dup: Callable[[T], T] = (copy if callable(copy) else _copy.deepcopy) if copy else (lambda v: v)
         k = (tuple(id(d) for d in datasets), key)
         got = self._items.get(k)
         if got is not None:
@@ -72,14 +77,14 @@ class DatasetMemo:
                     _fingerprint(d) for d in datasets]:
                 self._items.move_to_end(k)
                 self.hits += 1
-                return _copy.deepcopy(value) if copy else value
+                return dup(value)
             del self._items[k]
         value = compute()
         try:
             refs = [weakref.ref(d, lambda _r, k=k: self._items.pop(k, None)) for d in datasets]
         except TypeError:  # not weakly referable: not kept
             return value
-        self._items[k] = (refs, [_fingerprint(d) for d in datasets], _copy.deepcopy(value) if copy else value)
+        self._items[k] = (refs, [_fingerprint(d) for d in datasets], dup(value))
         while len(self._items) > self.size:
             self._items.popitem(last=False)
         return value

@@ -168,10 +168,30 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
         rows, checked = _replica_mismatches(ds, layout, dims=dims, rtol=rtol, aside=got)
         return rows, checked, got
 
-    rows, checked, got = _MEMO.get([ds], ("replica_mismatches", repr(layout), tuple(dims), float(rtol)), compute)
+    rows, checked, got = _MEMO.get([ds], ("replica_mismatches", repr(layout), tuple(dims), float(rtol)), compute,
+                                   copy=_copied)
     if aside is not None:
         aside += got
     return rows, checked
+
+
+def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """New row dicts (their list and dict values new too; numbers and strings are shared: immutable)."""
+    def one(v: Any) -> Any:
+        if isinstance(v, list):
+            return [one(x) for x in v]
+        if isinstance(v, dict):
+            return {k: one(x) for k, x in v.items()}
+        return v
+
+    return [one(r) for r in rows]
+
+
+def _copied(value: tuple[list[dict[str, Any]], int, list[dict[str, Any]]]
+            ) -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
+    """A copy of a memoised result a caller may change (rows are extended, sorted, annotated)."""
+    rows, checked, aside = value
+    return _rows(rows), checked, _rows(aside)
 
 
 def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("dp", "tp"),
