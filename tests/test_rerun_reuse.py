@@ -83,3 +83,19 @@ def test_rerun_keeps_the_scalar_argument_cause():
         f = t.finding
         assert (f.kind, f.node, f.step, f.rank, f.reason, f.causes) == (
             want.kind, want.node, want.step, want.rank, want.reason, want.causes)
+
+
+def test_hidden_hierarchy_redraws_when_shown_not_on_every_selection():
+    """A rerun or a selection does not redraw the Hierarchy tab while another tab is shown; opening it does."""
+    from precnb.widgets import explore
+
+    ex = explore(sample_path("divergence", "target"), baseline=sample_path("divergence", "baseline"))
+    h = ex.panel("Hierarchy")
+    ex.tabs.selected_index = ex.panels.index(h)
+    drawn = h.chart
+    assert drawn is not None
+    ex.tabs.selected_index = 0
+    ex.rerun(tolerance=1e-3)
+    assert h.chart is drawn and h._stale  # hidden: not redrawn
+    ex.tabs.selected_index = ex.panels.index(h)
+    assert h.chart is not drawn and not h._stale  # shown: drawn for the new triage and selection
