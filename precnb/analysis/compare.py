@@ -8,6 +8,7 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._arrays import on_grid
 from precnb.analysis.tolerance import Tolerance, relative_difference
 from precnb.combine import combine_runs, select_run
 from precnb.dtypes import canonical_dtype, equivalence, same_values
@@ -420,7 +421,7 @@ def compare_runs(
         cb, ct = bb["crc"], tt["crc"]
         crc_differs = both & (cb != "") & (ct != "") & (cb != ct)
     else:
-        crc_differs = xr.zeros_like(both)
+        crc_differs = on_grid(both, np.zeros(both.shape, bool))
     if replicas_differ is not None:  # a merged replicated tensor whose copies differ across its group
         differs = differs | replicas_differ
     undefined = None
@@ -433,7 +434,7 @@ def compare_runs(
             cols = np.fromiter((str(x) in glue for x in both_ds["tensor"].values), bool, both_ds.sizes["tensor"])
             und |= cols[None, None, :] & np.asarray((pb | pt).values, bool)
             why.update(glue)
-        undefined = xr.DataArray(und, dims=("step", "rank", "tensor"), coords=both.coords)
+        undefined = on_grid(both, und)
         differs = differs & ~undefined
         crc_differs = crc_differs & ~undefined
     crc_only = crc_differs & ~differs

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.layout import Layout
@@ -171,6 +172,14 @@ class _Run:
         return (*(float(self.vals[s][si, ri, col]) for s in STATS), crc if isinstance(crc, str) and crc else None)
 
 
+_RUNS = DatasetMemo(size=2)
+
+
+def _run_of(ds: xr.Dataset) -> _Run:
+    """The lookups of *ds*, made once while it is the same, unchanged dataset (a rerun; read, never changed)."""
+    return _RUNS.get([ds], "departure_run", lambda: _Run(ds), copy=False)
+
+
 def _same(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None, rtol: float) -> bool:
     if a is None or b is None:
         return False
@@ -284,8 +293,8 @@ def departure_events(
     (events, set_aside)
         Events in (step, execution position) order, and what was set aside as differing by design.
     """
-    run = _Run(ds)
-    base = _Run(baseline) if baseline is not None else None
+    run = _run_of(ds)
+    base = _run_of(baseline) if baseline is not None else None
     by_event: dict[tuple[int, tuple[int, ...], str], list[Mapping[str, Any]]] = {}
     for r in sorted(rows, key=lambda r: (r["step"], r["seq"], r["rank"])):
         by_event.setdefault((int(r["step"]), tuple(r["group"]), str(r["dim"])), []).append(r)

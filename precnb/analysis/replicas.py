@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
 from precnb.analysis.dataflow import scalar_only_nodes
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
@@ -33,6 +34,9 @@ __all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas", "replica_mismatches"
 
 REPLICATED_MONITOR_FAMILIES = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq")
 STATS = ("max", "min", "mean", "norm")
+
+
+_MEMO = DatasetMemo()
 
 
 def _same_across(ds: xr.Dataset, idx: list[int], rtol: float, present: np.ndarray
@@ -97,9 +101,14 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
     return out
 
 
-def _no_tensor_input(ds: xr.Dataset, j: int) -> bool:
-    """Tensor *j*'s node reads no tensor (:func:`precnb.analysis.dataflow.scalar_only_nodes`)."""
-    return str(ds["node"].values[j]) in scalar_only_nodes(ds)
+def _no_tensor_input(ds: xr.Dataset, j: int, scalar_only: set[str] | None = None) -> bool:
+    """Tensor *j*'s node reads no tensor (:func:`precnb.analysis.dataflow.scalar_only_nodes`).
+
+    *scalar_only*: that set when the caller already has it (it walks every record: once per run,
+    not once per mismatch).
+    """
+    nodes = scalar_only if scalar_only is not None else scalar_only_nodes(ds)
+    return str(ds["node"].values[j]) in nodes
 
 
 def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float,
@@ -149,12 +158,52 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
     rank-dependent op (its tensor inputs agree across the group, its scalar arguments do not: a TP rank's
     vocabulary offset, :mod:`precnb.analysis.rank_args`) and what it computes before a collective. What was
     set aside, and why, is appended to *aside*.
+
+    The result is reused while the same *ds* object (unchanged) is checked again with the same
+    layout, dims and tolerance (:class:`precnb.analysis._memo.DatasetMemo`: an explorer's rerun
+    after another tolerance or a Match / Unmatch, which change neither the target nor its layout).
     """
+    def compute() -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
+        got: list[dict[str, Any]] = []
+        rows, checked = _replica_mismatches(ds, layout, dims=dims, rtol=rtol, aside=got)
+        return rows, checked, got
+
+    rows, checked, got = _MEMO.get([ds], ("replica_mismatches", repr(layout), tuple(dims), float(rtol)), compute,
+                                   copy=_copied)
+    if aside is not None:
+        aside += got
+    return rows, checked
+
+
+def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """New row dicts (their list and dict values new too; numbers and strings are shared: immutable)."""
+    def one(v: Any) -> Any:
+        if isinstance(v, list):
+            return [one(x) for x in v]
+        if isinstance(v, dict):
+            return {k: one(x) for k, x in v.items()}
+        return v
+
+    return [one(r) for r in rows]
+
+
+def _copied(value: tuple[list[dict[str, Any]], int, list[dict[str, Any]]]
+            ) -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
+    """A copy of a memoised result a caller may change (rows are extended, sorted, annotated)."""
+    rows, checked, aside = value
+    return _rows(rows), checked, _rows(aside)
+
+
+def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("dp", "tp"),
+                        rtol: float = 1e-6, aside: list[dict[str, Any]] | None = None
+                        ) -> tuple[list[dict[str, Any]], int]:
+    """:func:`replica_mismatches`, computed."""
     from precnb.analysis.undefined import set_aside, undefined_mask
 
     ranks = [int(r) for r in ds["rank"].values]
     rows: list[dict[str, Any]] = []
     checked = 0
+    scalar_only: set[str] | None = None
     undefined = undefined_mask(ds)
     present = ds["present"].values & ~undefined
     if aside is not None:
@@ -199,7 +248,9 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
                 if n == 2 and k == 0 and bad[si, 1, tj]:
                     continue  # a pair: report the later rank only
                 others = [r for r in g if r != g[k]]
-                if by_cause[si, tj] and _no_tensor_input(ds, cols[tj]):
+                if by_cause[si, tj] and scalar_only is None:
+                    scalar_only = scalar_only_nodes(ds)  # once, and only when a row needs it
+                if by_cause[si, tj] and _no_tensor_input(ds, cols[tj], scalar_only):
                     why = (f"differs from its {dim} replicas {others} although the op has no tensor input (it reads "
                            f"only its scalar arguments and the random state): the op computed differently on rank "
                            f"{g[k]}")

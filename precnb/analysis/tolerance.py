@@ -170,7 +170,6 @@ def relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...] = (
             rel = np.where(same_nf, 0.0, rel)
             rel = np.where(~np.isfinite(rel) & ~same_nf, np.inf, rel)
             out[k] = np.where(both_rec, rel, 0.0)
-    like = a["max"]
-    coords = {k: v for k, v in like.coords.items()}
-    coords["stat"] = list(stats)
-    return xr.DataArray(out, dims=("stat", *like.dims), coords=coords)
+    from precnb.analysis._arrays import on_grid
+
+    return on_grid(a["max"], out, stack=("stat", stats))  # (the coordinates shared, not deep-copied)

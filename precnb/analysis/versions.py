@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._arrays import on_grid
 from precnb.naming import parse_node
 
 __all__ = ["LATE_INPLACE_RELEASES", "NO_PARAMETER_RELEASES", "counters_continue", "late_inplace_inputs",
@@ -96,7 +97,7 @@ def late_inplace_inputs(cmp: Any, diff: xr.DataArray, *, releases: tuple[list[st
     late_sides = [side for side in (0, 1)
                   if releases[side] is None or set(releases[side] or ()) & LATE_INPLACE_RELEASES]
     if not late_sides or not bool(diff.any()):
-        return xr.DataArray(mask, dims=diff.dims, coords=diff.coords), examples
+        return on_grid(diff, mask), examples
     labels = ds["tensor"].values.tolist()
     index = {lbl: j for j, lbl in enumerate(labels)}
     d = np.asarray(diff.values, bool)
@@ -122,7 +123,7 @@ def late_inplace_inputs(cmp: Any, diff: xr.DataArray, *, releases: tuple[list[st
                                  "step": int(ds["step"].values[si]), "rank": int(ds["rank"].values[ri]),
                                  "count": int(hit.sum())})
                 break
-    return xr.DataArray(mask, dims=diff.dims, coords=diff.coords), examples
+    return on_grid(diff, mask), examples
 
 
 def late_inplace_text(examples: list[dict[str, Any]]) -> str:

@@ -519,10 +519,9 @@ def diagnose(
     if opts.baseline_layout is not None and raw_b is None:
         raise ValueError("baseline_layout needs a baseline")
     if raw_b is not None:  # shards are merged to compare; one run is diagnosed rank by rank
-        merged_b, targ = merge_layouts(raw_b, raw_t, b_lay, t_lay, notes)
-        from precnb.analysis.align.fused import fuse_pair
+        from precnb.pipeline.reuse import merged_pair
 
-        base, targ = fuse_pair(merged_b if merged_b is not None else raw_b, targ)  # fused vs separate projections
+        base, targ = merged_pair(raw_b, raw_t, b_lay, t_lay, notes)  # fused vs separate projections combined too
     else:
         base, targ = None, raw_t
     alignment = None
@@ -631,9 +630,9 @@ def _step_offset(base: xr.Dataset, targ: xr.Dataset, alignment: Any, given: Any)
 
 def _alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[str]) -> Any:
     """The name alignment of the pair, computed once (identity, at no cost, when the names are the same)."""
-    from precnb.analysis.align import align
+    from precnb.pipeline.reuse import alignment
 
-    a = align(base, targ, mapping=opts.mapping)
+    a = alignment(base, targ, opts.mapping)  # a rerun on the same runs and mapping: the same alignment
     if not a.identical:
         notes.append("aligned: " + a.describe())
     notes.extend(f"mapping: {p}" for p in a.mapping_problems)  # pairs not kept (unknown names, swapped, ...)

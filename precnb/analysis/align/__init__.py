@@ -20,6 +20,7 @@ from typing import Any
 
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
 from precnb.analysis.align.alignment import ALIGNMENT_SCHEMA, Alignment, Pair
 from precnb.analysis.align.fused import fuse_pair
 from precnb.analysis.align.hints import hints_from
@@ -119,14 +120,25 @@ def align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None) -> A
     return _align(baseline, target, mapping=mapping)
 
 
+_TREES = DatasetMemo(size=4)
+
+
+def _tree(ds: xr.Dataset) -> RunTree:
+    """:func:`run_tree` of *ds*, reused while *ds* is the same, unchanged dataset (a rerun on the same runs).
+
+    A tree is read, never changed, by the pairing: it is shared, not copied.
+    """
+    return _TREES.get([ds], "run_tree", lambda: run_tree(ds), copy=False)
+
+
 def _align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None, fast: bool = True) -> Alignment:
     """:func:`align`; ``fast=False`` scores every pair (no identity shortcut, no proof by name), for tests."""
     specs = mapping_specs(mapping)
     if fast and not specs and baseline.indexes["tensor"].equals(target.indexes["tensor"]):
-        tb, tt = run_tree(baseline), run_tree(target)
+        tb, tt = _tree(baseline), _tree(target)
         return _identity(tb, tt)
     baseline, target = fuse_pair(baseline, target)  # fused projections against separate ones: combined
-    tb, tt = run_tree(baseline), run_tree(target)
+    tb, tt = _tree(baseline), _tree(target)
     if fast and not specs and _identical(tb, tt):
         return _identity(tb, tt)
     hints = hints_from(specs, tb, tt) if specs else Hints()

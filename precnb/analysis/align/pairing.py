@@ -29,6 +29,7 @@ from precnb.analysis.align.aside import ValueIndex, aside_reason, call_modules, 
 from precnb.analysis.align.certify import certified_pairs
 from precnb.analysis.align.evidence import close, module_values, node_values, tensor_score
 from precnb.analysis.align.match import MAX_CELLS, pair_greedy, pair_in_order
+from precnb.analysis.align.scores import score_memo
 from precnb.analysis.align.tree import ROOT, SCOPES, NodeInfo, RunTree
 from precnb.analysis.align.vocab import class_similarity, is_glue_op, name_similarity, op_similarity
 from precnb.naming import is_communication, op_key
@@ -141,6 +142,8 @@ class _Aligner:
         # of :mod:`precnb.analysis.align.aside`; within one codebase an unpaired call stays a difference
         self.same_names = _one_codebase(tb, tt)
         self._aside_args: _AsideArgs | None = None
+        api_names = sorted((k, sorted(v)) for k, v in self.hints.api_names.items())
+        self._api_kept, self._tensor_kept = score_memo(tb, tt, (self.same_names, repr(api_names)))
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -297,6 +300,14 @@ class _Aligner:
             return 100.0
         if x.name in self.hints.nodes or y.name in self.hints.unpair_nodes:
             return -100.0
+        k = (x.name, y.name)
+        v = self._api_kept.get(k)
+        if v is None:  # kept for a rerun on the same trees (:mod:`precnb.analysis.align.scores`)
+            v = self._api_kept[k] = self.api_value(x, y)
+        return v
+
+    def api_value(self, x: NodeInfo, y: NodeInfo) -> float:
+        """What a call pair scores on the runs' evidence (the mapping's own pairs aside)."""
         sim = op_similarity(x.api, y.api)
         want = self.hints.api_names.get(op_key(x.api))
         if want and op_key(y.api) in want:
@@ -446,6 +457,7 @@ class _Aligner:
         # two codebases: a tensor is not paired with another value where its own value is recorded elsewhere
         # in the other run, nor masked scores with masked scores (each codebase's fill value)
         values = None if self.same_names else (ValueIndex(self.tb), ValueIndex(self.tt))
+        kept = self._tensor_kept  # kept for a rerun on the same trees (:mod:`precnb.analysis.align.scores`)
         for nb, (nt, how, _conf) in self.out.nodes.items():
             xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
             copies_b = self._self_copies(xb)
@@ -461,9 +473,12 @@ class _Aligner:
                 pos_t = {t.label: k for k, t in enumerate(gt)}
 
                 def score(a: Any, c: Any, pos_b: dict[str, int] = pos_b, pos_t: dict[str, int] = pos_t) -> float:
-                    if values is not None and tensors_disagree(a, c, *values):
-                        return -100.0
-                    return tensor_score(a, c, same_framework=self.same_fw, position=pos_b[a.label] == pos_t[c.label])
+                    k = (a.label, c.label, pos_b[a.label] == pos_t[c.label])
+                    v = kept.get(k)
+                    if v is None:
+                        v = kept[k] = -100.0 if values is not None and tensors_disagree(a, c, *values) else \
+                            tensor_score(a, c, same_framework=self.same_fw, position=k[2])
+                    return v
 
                 for a, c, s in self._tensor_pairs(gb, gt, score):
                     t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else

@@ -1,0 +1,101 @@
+"""Issue 26 item 9: the explorer's reruns reuse what did not change, and answer as a full diagnose does.
+
+A rerun (another tolerance, a Match, an Unmatch at the calls level) goes through the datasets the
+first run read: what depends on them alone is reused (:mod:`precnb.analysis._memo`). Each rerun's
+triage is compared, whole (every finding's kind, step, rank, node, reason, causes and evidence, the
+checks, the notes, the alignment summary), with :func:`precnb.diagnose` run afresh from the dumps
+with the same options (new dataset objects: nothing reused).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import sample_path
+
+import precnb
+from precnb.analysis._memo import memos
+
+pytest.importorskip("ipywidgets")
+
+CASES = {
+    "renamed": ("renamed/target", "renamed/baseline"),
+    "divergence": ("divergence/target", "divergence/baseline"),
+    "xfw": ("xfw/ms_bug", "xfw/pt"),
+    "megatron_unsync": ("megatron/tp2pp1_dropout_unsync", "megatron/tp1pp1_dropout"),
+    "megatron_shard": ("megatron/tp2pp1_wrong_shard", "megatron/tp1pp1"),
+}
+
+
+def _hits() -> int:
+    return sum(m.hits for m in memos())
+
+
+def _same_as_fresh(t, target, base) -> None:
+    """*t* (a rerun's triage) is what a fresh diagnose with its options answers."""
+    before = _hits()
+    fresh = precnb.diagnose(target, baseline=base, options=t.options)
+    assert _hits() == before  # read afresh: nothing reused
+    got, want = t.to_dict(), fresh.to_dict()
+    assert [f["kind"] for f in got["findings"]] == [f["kind"] for f in want["findings"]]
+    for a, b in zip(got["findings"], want["findings"], strict=True):
+        assert (a["step"], a["rank"], a["node"], a["reason"], a["causes"]) == (
+            b["step"], b["rank"], b["node"], b["reason"], b["causes"])
+    assert got == want
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rerun_match_unmatch_reuse_and_answer_as_a_full_diagnose(case):
+    from precnb.widgets import explore
+
+    target, base = (sample_path(*p.split("/")) for p in CASES[case])
+    ex = explore(target, baseline=base)
+    before = _hits()
+    _same_as_fresh(ex.rerun(tolerance=1e-3), target, base)
+    assert _hits() > before  # something was reused
+    panel = ex.panel("Alignment")
+    panel.on_show()
+    mod = next(p for p in ex.triage.alignment.modules if p.baseline and p.target)
+    panel.level.value = "modules"
+    panel.pick(left=mod.baseline, right=mod.target)
+    before = _hits()
+    t = panel.do_match()
+    assert t is not None and (mod.baseline, mod.target) in {(p.baseline, p.target) for p in t.alignment.modules}
+    assert _hits() > before
+    _same_as_fresh(t, target, base)
+    panel.level.value = "calls"
+    call = [p for p in ex.triage.alignment.nodes if p.target.endswith(".backward")][-1]
+    panel.pick(left=call.baseline, right=call.target)
+    t = panel.do_unmatch()  # item 4: at the calls level, on the picked call
+    assert t is not None and call.target not in {p.target for p in t.alignment.nodes}
+    _same_as_fresh(t, target, base)
+    _same_as_fresh(ex.rerun(tolerance=1e-5), target, base)
+
+
+def test_rerun_keeps_the_scalar_argument_cause():
+    """Item 3 through the reused path: the cause diagnose gives (a different scalar argument) stays."""
+    from precnb.widgets import explore
+
+    target, base = sample_path("xfw", "ms_bug"), sample_path("xfw", "pt")
+    want = precnb.diagnose(target, baseline=base).finding
+    assert "different scalar argument (input_args.1 = 0.01 here, 1e-06 in pt)" in want.reason
+    ex = explore(target, baseline=base)
+    for t in (ex.rerun(tolerance=1e-6), ex.rerun()):
+        f = t.finding
+        assert (f.kind, f.node, f.step, f.rank, f.reason, f.causes) == (
+            want.kind, want.node, want.step, want.rank, want.reason, want.causes)
+
+
+def test_hidden_hierarchy_redraws_when_shown_not_on_every_selection():
+    """A rerun or a selection does not redraw the Hierarchy tab while another tab is shown; opening it does."""
+    from precnb.widgets import explore
+
+    ex = explore(sample_path("divergence", "target"), baseline=sample_path("divergence", "baseline"))
+    h = ex.panel("Hierarchy")
+    ex.tabs.selected_index = ex.panels.index(h)
+    drawn = h.chart
+    assert drawn is not None
+    ex.tabs.selected_index = 0
+    ex.rerun(tolerance=1e-3)
+    assert h.chart is drawn and h._stale  # hidden: not redrawn
+    ex.tabs.selected_index = ex.panels.index(h)
+    assert h.chart is not drawn and not h._stale  # shown: drawn for the new triage and selection
