@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from precnb.io.store import _coord_vars
+from precnb.io._zarr_steps import coord_vars as _coord_vars
 
 
 def test_string_coordinates_keep_the_readers_strings():
