@@ -179,12 +179,11 @@ class StepWriter:
         writes) instead of writing them again.
         """
         shape = (len(self.steps), len(self.ranks), next(iter(arrays.values())).shape[2])
-        data = {name: (DIMS, np.full(shape, fill_for(name, arr), dtype=arr.dtype)) for name, arr in arrays.items()}
+        named = {"coordinates": self.coord_names} if self.coord_names else {}
+        data = {name: xr.Variable(DIMS, np.full(shape, fill_for(name, arr), dtype=arr.dtype), attrs=named)
+                for name, arr in arrays.items()}
         ds = xr.Dataset(data, coords={"step": np.asarray(self.steps, np.int64), "rank": self.ranks})
-        enc = self._encoding(list(arrays))
-        for name in arrays:
-            enc[name]["coordinates"] = self.coord_names
-        self._to_zarr(ds, mode="a", encoding=enc)
+        self._to_zarr(ds, mode="a", encoding=self._encoding(list(arrays)))
 
     def finish(self, attrs: Mapping[str, Any]) -> None:
         """Set the dataset attributes (side tables and load report are complete only now)."""
