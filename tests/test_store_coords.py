@@ -88,7 +88,7 @@ def test_streamed_string_coordinates_are_written_a_chunk_at_a_time(tmp_path, mon
 
     def spy(ds, *a, **k):
         written.append({n: set(v.values.tolist()) for n, v in ds.variables.items()
-                        if v.dtype == object and v.ndim == 1})
+                        if v.dtype.kind in "OT" and v.ndim == 1})
         return to_zarr(ds, *a, **k)
 
     monkeypatch.setattr(xr.Dataset, "to_zarr", spy)

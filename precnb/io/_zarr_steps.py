@@ -25,6 +25,7 @@ __all__ = ["STRING_CHUNK", "StepWriter", "coord_vars"]
 
 _FILLS: dict[str, Any] = {"present": False, "null_stats": 0, "seq": -1, "numel": -1}
 
+_STR = getattr(np.dtypes, "StringDType", None)
 STRING_CHUNK = 1 << 16
 """Tensors per chunk of a string coordinate: each chunk is encoded (and held twice over) alone."""
 
@@ -59,7 +60,8 @@ def _placeholders(cvars: Mapping[str, xr.Variable]) -> tuple[dict[str, xr.Variab
     if not strings:
         return dict(cvars), strings
     n = len(next(iter(strings.values())))
-    empty = np.full(n, "", dtype=object)
+    # numpy >= 2: a string array xarray writes as it is (an object array it first copies, every column at once)
+    empty = np.full(n, "", dtype=_STR() if _STR is not None else object)
     out = {name: (xr.Variable(v.dims, empty, fastpath=True) if name in strings else v) for name, v in cvars.items()}
     return out, strings
 

@@ -186,6 +186,7 @@ def _stream(parts: Any, p: Path) -> Path:
         elif part[0] == "attrs":
             assert writer is not None
             writer.finish(part[1])
+        part = None  # the step's arrays are written: let them go before the next part is built
     return p
 
 
