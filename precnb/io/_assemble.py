@@ -630,10 +630,14 @@ class Assembler:
         coords["step"] = np.asarray(step_vals, np.int64)
         coords["rank"] = np.asarray(rank_vals, np.int64)
         meta = self.attrs(source_format, attrs)
-        self._finished = True  # the coordinates are the dataset's now: free what only adding needs
-        self._gid, self._labels, self._owner = {}, [], np.zeros((0, 3), np.int64)
-        self._deferred = None
+        self.release()
         return validate(dataset(arrays, coords, meta))
+
+    def release(self) -> None:
+        """Free what only adding needs (the columns are the dataset's or the store's now); :meth:`attrs` still works."""
+        self._finished = True
+        self._gid, self._labels, self._owner, self._deferred, self._holes = {}, [], self._owner[:0].copy(), None, {}
+        self._cv = {k: np.zeros(0, v.dtype) for k, v in self._cv.items()}
 
 
 def _variable(dims: tuple[str, ...], data: np.ndarray) -> xr.Variable:

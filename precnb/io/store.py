@@ -9,14 +9,15 @@ cluster), aligned, and appended along ``step`` before the next step is read. Ten
 seen at a later step are appended to the ``tensor`` dimension (the store is resized and the
 earlier steps marked absent there), so the store reopens identical to
 ``precnb.open_run(path)``. Each variable is chunked one step at a time, which is also how
-``open_run(store, lazy=True)`` hands it to dask.
+``open_run(store, lazy=True)`` hands it to dask (string coordinates: :data:`precnb.io._zarr_steps.STRING_CHUNK`
+tensors a chunk, written a chunk at a time).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,11 +27,10 @@ import xarray as xr
 from precnb._write import STORE_ATTR
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io.readers import Reader
-from precnb.schema import DIMS, TENSOR_COORDS, SchemaError, validate
+from precnb.schema import DIMS, SchemaError, validate
 
 __all__ = ["READER", "is_store", "open_store", "to_zarr"]
 
-_FILLS: dict[str, Any] = {"present": False, "null_stats": 0, "seq": -1, "numel": -1}
 _MARKER_KEY = "precnb_output"  # precnb._marks.MARKER_KEY: the store attribute marking precnb's own stores
 
 
@@ -174,122 +174,20 @@ def _stream(parts: Any, p: Path) -> Path:
 
     *p* is the empty locked folder of :func:`precnb._write.writing_folder` (removed by it on failure).
     """
-    writer: _StepWriter | None = None
+    from precnb.io._zarr_steps import StepWriter
+
+    writer: StepWriter | None = None
     for part in parts:
         if part[0] == "ranks":
-            writer = _StepWriter(p, part[1])
+            writer = StepWriter(p, part[1], _chunks)
         elif part[0] == "step":
             assert writer is not None
             writer.append(part[1], part[2], part[3])
         elif part[0] == "attrs":
             assert writer is not None
             writer.finish(part[1])
+        part = None  # the step's arrays are written: let them go before the next part is built
     return p
-
-
-def _fill_for(name: str, arr: np.ndarray) -> Any:
-    if name in _FILLS:
-        return _FILLS[name]
-    if arr.dtype == object:
-        return ""
-    return np.nan
-
-
-def _coord_vars(coords: Mapping[str, Any]) -> dict[str, xr.Variable]:
-    """The tensor coordinates as variables that share the reader's arrays.
-
-    ``xr.Dataset(coords=...)`` passes an object array through pandas, which (pandas >= 3) infers
-    its str dtype and converts back, allocating a new Python string for every element of every
-    coordinate (about 0.3 GB for 157k tensors); the reader's arrays are already numpy arrays.
-    """
-    out: dict[str, xr.Variable] = {}
-    for name, col in coords.items():
-        dims, values = (col[0], col[1]) if isinstance(col, tuple) else (("tensor",), col)
-        values = np.asarray(values)
-        out[name] = xr.Variable(dims, values, fastpath=values.ndim == len(np.atleast_1d(dims)))
-    return out
-
-
-class _StepWriter:
-    """Append one step at a time to a zarr store; grow the ``tensor`` dimension when needed."""
-
-    def __init__(self, path: Path, ranks: Sequence[int]) -> None:
-        self.path = path
-        self.ranks = np.asarray(ranks, np.int64)
-        self.steps: list[int] = []
-        self.n_tensor = 0
-        self.chunk = 1
-        self.vars: dict[str, np.dtype[Any]] = {}
-
-    def _to_zarr(self, ds: xr.Dataset, **kw: Any) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=UserWarning)
-            warnings.simplefilter("ignore", category=FutureWarning)
-            ds.to_zarr(self.path, zarr_format=3, consolidated=False, **kw)
-
-    def _encoding(self, names: Sequence[str]) -> dict[str, Any]:
-        return {n: {"chunks": _chunks(len(self.ranks), self.chunk)} for n in names}
-
-    def append(self, step: int, arrays: Mapping[str, np.ndarray], coords: Mapping[str, Any]) -> None:
-        """Write the arrays (1, rank, tensor) of *step*; *coords* are the tensor coordinates so far."""
-        n = next(iter(arrays.values())).shape[2]
-        data = {name: (DIMS, arr) for name, arr in arrays.items()}
-        if not self.steps:
-            self.chunk = max(n, 1)
-            ds = xr.Dataset(data, coords={"step": np.asarray([step], np.int64), "rank": self.ranks,
-                                              **_coord_vars(coords)})
-            enc = self._encoding(list(arrays))
-            enc.update({c: {"chunks": (self.chunk,)} for c in ("tensor", *TENSOR_COORDS)})
-            self._to_zarr(ds, mode="a", encoding=enc)  # into the empty locked folder
-        else:
-            if n > self.n_tensor:
-                self._grow(n, coords)
-            new = [name for name in arrays if name not in self.vars]
-            if new:
-                self._add_vars({name: arrays[name] for name in new}, coords)
-            ds = xr.Dataset(data, coords={"step": np.asarray([step], np.int64), "rank": self.ranks})
-            self._to_zarr(ds, append_dim="step")
-        self.steps.append(int(step))
-        self.n_tensor = n
-        for name, arr in arrays.items():
-            self.vars.setdefault(name, arr.dtype)
-
-    def _grow(self, n: int, coords: Mapping[str, Any]) -> None:
-        """Resize every ``tensor`` array to *n*; earlier steps get the absent fill values there."""
-        import zarr
-
-        old = self.n_tensor
-        group = zarr.open_group(self.path, mode="r+", zarr_format=3)
-        for name, arr in group.arrays():
-            dims = tuple(getattr(arr.metadata, "dimension_names", None) or ())
-            if "tensor" not in dims:
-                continue
-            shape = list(arr.shape)
-            shape[dims.index("tensor")] = n
-            arr.resize(tuple(shape))
-            if dims == ("tensor",):
-                col = coords[name]
-                values = col[1] if isinstance(col, tuple) else col
-                arr[old:n] = np.asarray(values[old:n])
-            else:
-                fill = _fill_for(name, np.empty(0, dtype=self.vars[name]))
-                block = np.full((arr.shape[0], arr.shape[1], n - old), fill, dtype=self.vars[name])
-                arr[:, :, old:n] = block
-
-    def _add_vars(self, arrays: Mapping[str, np.ndarray], coords: Mapping[str, Any]) -> None:
-        """A variable first seen at this step: write it as absent for the earlier steps."""
-        shape = (len(self.steps), len(self.ranks), next(iter(arrays.values())).shape[2])
-        data = {name: (DIMS, np.full(shape, _fill_for(name, arr), dtype=arr.dtype)) for name, arr in arrays.items()}
-        ds = xr.Dataset(data, coords={"step": np.asarray(self.steps, np.int64), "rank": self.ranks,
-                                     **_coord_vars(coords)})
-        self._to_zarr(ds, mode="a", encoding=self._encoding(list(arrays)))
-
-    def finish(self, attrs: Mapping[str, Any]) -> None:
-        """Set the dataset attributes (side tables and load report are complete only now)."""
-        import zarr
-
-        group = zarr.open_group(self.path, mode="r+", zarr_format=3)
-        group.attrs.update(dict(attrs))
 
 
 def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:

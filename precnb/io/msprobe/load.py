@@ -143,6 +143,8 @@ def stream_msprobe(path: Path, *, errors: Any = "report", client: Any = None, pr
     for step in sorted(by_step):
         first = next(i for i, d in enumerate(dirs) if d.step == step)
         load.read(by_step[step], offset=first, errors=errors, client=client, progress=progress, workers=workers)
-        yield "step", step, load.acc.take_steps([step], rank_vals), load.acc.tensor_coords()
+        # views of the assembler's columns (a one-record step: the record's own), written before the next step
+        yield "step", step, load.acc.take_steps([step], rank_vals), load.acc.tensor_coords(copy=False)
+    load.acc.release()  # the columns are in the store: only the side tables are left to write
     load.check_any()
     yield "attrs", load.acc.attrs("msprobe", load.attrs())
