@@ -81,7 +81,12 @@ class DatasetMemo:
             del self._items[k]
         value = compute()
         try:
-            refs = [weakref.ref(d, lambda _r, k=k: self._items.pop(k, None)) for d in datasets]
+            items = self._items
+
+            def forget(_ref: object, key: Any = k) -> None:  # the dataset is gone: so is its entry
+                items.pop(key, None)
+
+            refs = [weakref.ref(d, forget) for d in datasets]
         except TypeError:  # not weakly referable: not kept
             return value
         self._items[k] = (refs, [_fingerprint(d) for d in datasets], dup(value))
