@@ -10,7 +10,7 @@ with the same options (new dataset objects: nothing reused).
 from __future__ import annotations
 
 import pytest
-from conftest import sample_path
+from tests.conftest import sample_path
 
 import precnb
 from precnb.analysis._memo import memos
