@@ -21,7 +21,7 @@ LONG_MODULES = {
     "precnb/_write.py", "precnb/analysis/align/pairing.py", "precnb/analysis/anomalies.py",
     "precnb/analysis/compare.py", "precnb/analysis/departures.py", "precnb/analysis/divergence.py",
     "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight/__init__.py",
-    "precnb/cli/analysis_cmds.py", "precnb/combine.py",
+    "precnb/combine.py",
     "precnb/io/_assemble.py", "precnb/io/_runfacts.py", "precnb/io/config_check.py",
     "precnb/io/losslog.py",
     "precnb/io/msprobe/walk.py", "precnb/pipeline/triage.py", "precnb/report/_tables.py", "precnb/schema.py",
@@ -32,7 +32,7 @@ LONG_FUNCTIONS = {
     "precnb/analysis/divergence.py::first_divergence", "precnb/analysis/findings.py::summary",
     "precnb/analysis/merge.py::classify_shards", "precnb/analysis/merge.py::merge_group_dim",
     "precnb/analysis/nan_origin.py::_finding", "precnb/analysis/pp.py::_assemble_groups",
-    "precnb/analysis/rank_args.py::rank_dependent", "precnb/cli/analysis_cmds.py::register",
+    "precnb/analysis/rank_args.py::rank_dependent",
     "precnb/pipeline/triage.py::diagnose",
 }
 

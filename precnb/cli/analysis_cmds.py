@@ -12,16 +12,17 @@ from collections.abc import Callable
 from typing import Any
 
 from precnb.cli import _term
-from precnb.cli._args import MAX_INDEX, integer, layout_text, number, order_text
-from precnb.cli._common import int_or_auto
+from precnb.cli.analysis_parsers import (
+    add_align_parser,
+    add_anomalies_parser,
+    add_diff_parser,
+    add_merge_parser,
+    add_nan_parser,
+    add_preflight_parser,
+    add_replicas_parser,
+)
 
 __all__ = ["register"]
-
-_positive = number(0)
-_step = integer(0, MAX_INDEX)
-_size = integer(1, 2**20)
-#: statistics a spike test can use: the schema's four and msprobe monitor's zeros / nans counts
-SPIKE_STATS = ("norm", "max", "min", "mean", "zeros", "nans")
 
 
 def _emit_finding(finding: Any, args: argparse.Namespace) -> int:
@@ -168,28 +169,6 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_rank_table_option(p: argparse.ArgumentParser) -> None:
-    """``--rank-table FILE``: which host and device served each rank (issue #28)."""
-    p.add_argument("--rank-table", metavar="FILE",
-                   help="HCCL rank_table_file JSON or a rank,host,device CSV: every finding naming a rank "
-                        "names its host and device too")
-
-
-def add_rng_region_option(p: argparse.ArgumentParser) -> None:
-    """``--rng-region MODULE`` (repeatable): module paths inside a model-parallel RNG region (issue #28)."""
-    p.add_argument("--rng-region", action="append", metavar="MODULE",
-                   help="module path (prefix) inside a model-parallel RNG region, e.g. blocks.0.attn: a random "
-                        "op there differs across TP ranks by design (repeatable)")
-
-
-def add_mapping_option(p: argparse.ArgumentParser) -> None:
-    """``--mapping FILE`` (repeatable): msprobe layer/cell/API/data mapping YAML or precnb's own mapping file."""
-    p.add_argument("--mapping", action="append", metavar="FILE",
-                   help="name-mapping file (repeatable; msprobe layer / cell / API / data mapping YAML or "
-                        "precnb's own from `precnb align -o`; its kind is detected); names that differ are "
-                        "aligned automatically without one")
-
-
 def _cmd_align(args: argparse.Namespace) -> int:
     from precnb._write import check_output
     from precnb.analysis.findings import to_json
@@ -293,15 +272,6 @@ def _layout_from_args(args: argparse.Namespace, ds: Any) -> Any:
         raise LayoutError(str(exc)) from None
 
 
-def _add_layout_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layout", type=layout_text, help="layout as text, e.g. tp=2,pp=2 (instead of the flags below)")
-    for dim in ("tp", "pp", "vpp", "cp", "ep"):
-        p.add_argument(f"--{dim}", type=_size, default=None,
-                       help=f"{dim.upper()} size (default: read from the dumps, else 1)")
-    p.add_argument("--order", type=order_text, default="tp-cp-ep-dp-pp", help="Megatron order string")
-    p.add_argument("--num-layers", type=_size, help="total layers, for PP/VPP renumbering")
-
-
 def _cmd_merge(args: argparse.Namespace) -> int:
     from precnb.analysis import LayoutError, merge_shards
     from precnb.cli._common import UsageError, command_inputs
@@ -364,114 +334,10 @@ def _cmd_replicas(args: argparse.Namespace) -> int:
 
 def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the analysis sub-commands to *sub* (defaults come from :data:`precnb.pipeline.DEFAULTS`)."""
-    from precnb.pipeline.options import DEFAULTS
-
-    p = sub.add_parser("diff", help="first divergence between a baseline and a target run")
-    p.add_argument("baseline")
-    p.add_argument("target", nargs="?", help="omit when BASELINE holds two runs (a compare result CSV)")
-    p.add_argument("--json", action="store_true", help="print one JSON finding")
-    p.add_argument("--step", type=_step, help="only this step")
-    p.add_argument("--step-offset", type=int_or_auto(), default=None,
-                   help="target step = baseline step + OFFSET, or 'auto' (resumed runs); default: 0 when "
-                        "both runs hold the same steps, else auto")
-    p.add_argument("--rtol", type=_positive, help="one relative tolerance for all tensors "
-                   "(default: by dtype, bf16 2^-8, fp16 2^-11, fp32 2^-14)")
-    p.add_argument("--reference", nargs=2, metavar=("RUN_A", "RUN_B"),
-                   help="calibrate tolerances from two healthy runs of the same job")
-    p.add_argument("--crc-strict", action="store_true",
-                   help="count CRC differences with identical statistics as divergence")
-    p.add_argument("--no-tensor-metrics", action="store_true",
-                   help="judge on statistics only, even where both runs saved the tensors (task=tensor)")
-    p.add_argument("--baseline-layout", type=layout_text, help="merge baseline shards first, e.g. tp=2,pp=2")
-    p.add_argument("--target-layout", type=layout_text, help="merge target shards first, e.g. tp=2")
-    p.add_argument("--layout", type=layout_text, help="same as --target-layout (the target's layout)")
-    add_mapping_option(p)
-    add_rank_table_option(p)
-    add_load_options(p)
-    p.set_defaults(func=_cmd_diff)
-
-    p = sub.add_parser("align", help="pair the modules, nodes and tensors of two runs whose names differ",
-                       description="Align BASELINE and TARGET (a framework port, renamed modules, pipeline stages): "
-                                   "module pairs, then API calls inside them, then tensors, without a mapping file "
-                                   "in the common cases. Prints the counts, the module pairs and the least "
-                                   "confident pairs; -o writes precnb's own mapping file (edit it, reuse it with "
-                                   "--mapping).")
-    p.add_argument("baseline")
-    p.add_argument("target")
-    p.add_argument("-o", "--output", help="write precnb's mapping file (JSON) here")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing precnb mapping file")
-    p.add_argument("--json", action="store_true", help="print the alignment as one JSON object")
-    p.add_argument("--baseline-layout", type=layout_text, help="merge baseline shards first, e.g. tp=2,pp=2")
-    p.add_argument("--target-layout", type=layout_text, help="merge target shards first, e.g. pp=2")
-    p.add_argument("--layout", type=layout_text, help="same as --target-layout")
-    add_mapping_option(p)
-    add_load_options(p)
-    p.set_defaults(func=_cmd_align)
-
-    p = sub.add_parser("preflight", help="pre-flight checks before any layer-by-layer compare: parameters, frozen "
-                       "set, optimizer hyper-parameters, initial weights, same data, distinct data per DP replica")
-    p.add_argument("base", metavar="BASE", help="the baseline run, or the one run checked (dump or config_check zip)")
-    p.add_argument("target", metavar="TARGET", nargs="?", help="the run compared with BASE")
-    p.add_argument("--json", action="store_true", help='print one JSON object {"checks": [...]}')
-    p.add_argument("--layout", help="layout of the checked (target) run, e.g. tp=2,dp=2: which ranks share a batch "
-                   "by design (TP, CP, PP groups); with two runs its shards are merged before comparing")
-    p.add_argument("--baseline-layout", help="layout of BASE when TARGET is given (merge its shards first)")
-    p.add_argument("--step-offset", type=int_or_auto(), default=None,
-                   help="target step = baseline step + OFFSET, or 'auto' (default: 0 when both runs hold the same "
-                        "steps, else auto)")
-    add_mapping_option(p)
-    add_load_options(p)
-    p.set_defaults(func=_cmd_preflight)
-
-    p = sub.add_parser("nan", help="where NaN (or a new ±inf) first appeared, across ranks")
-    p.add_argument("run")
-    p.add_argument("--json", action="store_true", help="print one JSON finding")
-    p.add_argument("--step", type=_step, help="only this step")
-    add_rank_table_option(p)
-    add_load_options(p)
-    p.set_defaults(func=_cmd_nan)
-
-    p = sub.add_parser("anomalies", help="NaN/Inf transitions and spikes over steps, ranked")
-    p.add_argument("run")
-    p.add_argument("--json", action="store_true", help="print one JSON finding")
-    p.add_argument("--step", type=_step, help="only this step")
-    p.add_argument("--z", type=_positive, default=None,
-                   help=f"robust z-score threshold (default {DEFAULTS.spike_z:g})")
-    p.add_argument("--ratio", type=_positive, default=None,
-                   help=f"minimum jump ratio (default {DEFAULTS.spike_ratio:g})")
-    p.add_argument("--stat", action="append", default=None, choices=SPIKE_STATS,
-                   help=f"statistic(s) to test for spikes (default {', '.join(DEFAULTS.spike_stats)})")
-    p.add_argument("--limit", type=integer(0, 10**9), default=None,
-                   help=f"how many further anomalies to list (default {DEFAULTS.limit})")
-    from precnb.cli._side import add_side_options
-
-    add_side_options(p)
-    add_load_options(p)
-    p.set_defaults(func=_cmd_anomalies)
-
-    p = sub.add_parser("merge", help="merge TP/CP shards (and PP/VPP/EP stages) into whole-layer statistics")
-    p.add_argument("run")
-    p.add_argument("-o", "--output", help="zarr store to write (e.g. merged.zarr)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store precnb wrote (never "
-                                                            "anything else)")
-    p.add_argument("--reference", help="an unsharded run: names split dims, spots partial sums by shape")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--step", type=_step, help="only this step")
-    _add_layout_options(p)
-    add_load_options(p)
-    p.set_defaults(func=_cmd_merge)
-
-    p = sub.add_parser("replicas", help="ranks whose replicated tensors differ from their replicas")
-    p.add_argument("run")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--step", type=_step, help="only this step")
-    p.add_argument("--rtol", type=_positive, default=None,
-                   help=f"relative tolerance (default {DEFAULTS.replica_rtol:g})")
-    p.add_argument("--baseline", dest="replica_baseline", metavar="RUN",
-                   help="a clean run of the same training: decides which side of a two-replica departure "
-                        "is wrong")
-    add_rng_region_option(p)
-    _add_layout_options(p)
-    add_rank_table_option(p)
-    add_load_options(p)
-    p.set_defaults(func=_cmd_replicas)
+    add_diff_parser(sub, add_load_options).set_defaults(func=_cmd_diff)
+    add_align_parser(sub, add_load_options).set_defaults(func=_cmd_align)
+    add_preflight_parser(sub, add_load_options).set_defaults(func=_cmd_preflight)
+    add_nan_parser(sub, add_load_options).set_defaults(func=_cmd_nan)
+    add_anomalies_parser(sub, add_load_options).set_defaults(func=_cmd_anomalies)
+    add_merge_parser(sub, add_load_options).set_defaults(func=_cmd_merge)
+    add_replicas_parser(sub, add_load_options).set_defaults(func=_cmd_replicas)

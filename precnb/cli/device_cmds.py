@@ -86,7 +86,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the ``devices`` sub-command to *sub*."""
-    from precnb.cli.analysis_cmds import _add_layout_options, _positive, add_rng_region_option
+    from precnb.cli.analysis_parsers import add_layout_options as _add_layout_options
+    from precnb.cli.analysis_parsers import add_rng_region_option
+    from precnb.cli.analysis_parsers import positive as _positive
 
     p = sub.add_parser("devices", help="follow replica departures to hosts and devices across jobs: the faulty "
                        "device", description="Check each RUN's replicas (its layout: --layout or --tp ...), classify "

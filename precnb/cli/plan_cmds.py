@@ -131,7 +131,7 @@ def register(sub: Any, add_load_options: Any) -> None:
     p.add_argument("--layout", type=layout_text, help="parallel layout of RUN, e.g. tp=2,dp=2: plans a replica "
                    "departure (replica_mismatch) too")
     from precnb.cli._side import add_side_options
-    from precnb.cli.analysis_cmds import add_rank_table_option
+    from precnb.cli.analysis_parsers import add_rank_table_option
 
     add_side_options(p)
     add_rank_table_option(p)

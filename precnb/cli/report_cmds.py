@@ -14,7 +14,7 @@ from typing import Any
 from precnb.cli import _term
 from precnb.cli._args import existing_folder, layout_text
 from precnb.cli._common import int_or_auto
-from precnb.cli.analysis_cmds import _positive
+from precnb.cli.analysis_parsers import positive as _positive
 
 __all__ = ["register"]
 
@@ -145,7 +145,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     p.add_argument("--rtol", type=_positive, help="one relative tolerance for all tensors (default: by dtype)")
     p.add_argument("--reference", nargs=2, metavar=("RUN_A", "RUN_B"),
                    help="calibrate tolerances from two healthy runs of the same job")
-    from precnb.cli.analysis_cmds import add_mapping_option, add_rank_table_option
+    from precnb.cli.analysis_parsers import add_mapping_option, add_rank_table_option
 
     add_mapping_option(p)
     add_rank_table_option(p)
