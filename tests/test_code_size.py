@@ -22,7 +22,7 @@ LONG_MODULES = {
     "precnb/analysis/compare.py", "precnb/analysis/departures.py", "precnb/analysis/divergence.py",
     "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight/__init__.py",
     "precnb/combine.py",
-    "precnb/io/_assemble.py", "precnb/io/_runfacts.py", "precnb/io/config_check.py",
+    "precnb/io/_assemble.py", "precnb/io/config_check.py",
     "precnb/io/losslog.py",
     "precnb/io/msprobe/walk.py", "precnb/pipeline/triage.py", "precnb/report/_tables.py", "precnb/schema.py",
     "precnb/tensor_compare.py",
