@@ -174,7 +174,7 @@ def _plain_values(values: np.ndarray) -> list[Any]:
     """Each value of a coordinate as :func:`_plain` gives it (a numeric column converted at once)."""
     if values.dtype != object:
         return values.tolist()
-    return [_plain(v) for v in values.tolist()]
+    return [v.item() if isinstance(v, np.generic | np.ndarray) else v for v in values.tolist()]
 
 
 def _plain(v: Any) -> Any:
