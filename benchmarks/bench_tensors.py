@@ -120,7 +120,7 @@ def run_precnb_cli(pair: Path, out: Path) -> float:
 def in_process(pair: Path) -> dict[str, float]:
     """Load floor, compute-only and the whole tensor_metrics, for the pair's every tensor file."""
     import precnb
-    from precnb.analysis.tensor_metrics import pair_metrics
+    from precnb.analysis.tensor.metrics import pair_metrics
     from precnb.io.tensors import load_array
 
     b, t = precnb.open_run(pair / "baseline"), precnb.open_run(pair / "target")
@@ -147,7 +147,7 @@ def in_process(pair: Path) -> dict[str, float]:
 
 def agreement(pair: Path, csv_dir: Path) -> dict[str, Any]:
     import precnb
-    from precnb.analysis.tensor_metrics import MSPROBE_COLUMNS
+    from precnb.analysis.tensor.metrics import MSPROBE_COLUMNS
 
     (path,) = sorted(csv_dir.glob("compare_result_*.csv"))
     with open(path, newline="", encoding="utf-8") as fh:

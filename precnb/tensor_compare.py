@@ -3,7 +3,7 @@
 The one place where tensor files are read for comparison. It pairs the target's tensors with the
 baseline's (same label, or through an alignment), loads each pair only when its block is computed
 (:func:`precnb.io.tensors.load_array`: ``.pt`` without torch, never unpickling), and computes
-msprobe compare's metrics with :func:`precnb.analysis.tensor_metrics.pair_metrics`. Work is split
+msprobe compare's metrics with :func:`precnb.analysis.tensor.metrics.pair_metrics`. Work is split
 into blocks of tensors per (step, rank), run on dask (threads by default, or any scheduler /
 distributed client), so memory holds one pair per worker; ``lazy=True`` returns the dask-backed
 dataset unevaluated, and a selection of it computes only the blocks it touches.
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.tensor_metrics import FLOAT_METRICS, pair_metrics
+from precnb.analysis.tensor.metrics import FLOAT_METRICS, pair_metrics
 from precnb.errors import PrecnbError
 from precnb.io._expect import Expected
 from precnb.io.tensors import TensorFolder, load_array, rank_folders
@@ -249,7 +249,7 @@ def tensor_metrics(
         ``max_abs_err``, ``max_rel_err``, ``one_thousandth_err_ratio``,
         ``five_thousandths_err_ratio``, ``ulp_err`` (float64, NaN where msprobe writes
         unsupported / N/A / Nan), ``bitwise_equal`` (bool), ``status`` (see
-        :data:`precnb.analysis.tensor_metrics.STATUSES`), ``message``, ``target_dtype`` and
+        :data:`precnb.analysis.tensor.metrics.STATUSES`), ``message``, ``target_dtype`` and
         ``baseline_dtype`` (as saved).
 
     Raises
@@ -311,7 +311,7 @@ def tensor_metrics(
     for c in _COPIED_COORDS:
         if c in t.coords:
             coords[c] = ("tensor", t[c].sel(tensor=labels).values if labels else np.asarray([], object))
-    attrs = {"precnb_tensor_metrics": "msprobe compare 26.2.0 tensor-mode metrics (precnb.analysis.tensor_metrics)",
+    attrs = {"precnb_tensor_metrics": "msprobe compare 26.2.0 tensor-mode metrics (precnb.analysis.tensor.metrics)",
              "baseline_source": str(b.attrs.get("source", "")), "target_source": str(t.attrs.get("source", ""))}
     if lazy or (scheduler not in (None, "auto", "threads", "sync")):
         out = xr.Dataset(_dask_vars(specs, args, shape), coords=coords, attrs=attrs)

@@ -22,7 +22,7 @@ LONG_MODULES = {
     "precnb/analysis/compare.py", "precnb/analysis/departures.py", "precnb/analysis/divergence.py",
     "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight/__init__.py",
     "precnb/cli/analysis_cmds.py", "precnb/combine.py",
-    "precnb/io/_assemble.py", "precnb/io/_runfacts.py", "precnb/io/compare_csv.py", "precnb/io/config_check.py",
+    "precnb/io/_assemble.py", "precnb/io/_runfacts.py", "precnb/io/config_check.py",
     "precnb/io/losslog.py",
     "precnb/io/msprobe/walk.py", "precnb/pipeline/triage.py", "precnb/report/_tables.py", "precnb/schema.py",
     "precnb/tensor_compare.py",
@@ -33,7 +33,6 @@ LONG_FUNCTIONS = {
     "precnb/analysis/merge.py::classify_shards", "precnb/analysis/merge.py::merge_group_dim",
     "precnb/analysis/nan_origin.py::_finding", "precnb/analysis/pp.py::_assemble_groups",
     "precnb/analysis/rank_args.py::rank_dependent", "precnb/cli/analysis_cmds.py::register",
-    "precnb/io/compare_csv.py::open_compare_csv",
     "precnb/pipeline/triage.py::diagnose",
 }
 
@@ -87,4 +86,4 @@ def test_complexity_exceptions_are_the_listed_ones():
             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if "# noqa: C901" in line and line.lstrip().startswith(("def ", "async def ")):
                     marked.append(f"{path.relative_to(ROOT).as_posix()}:{i}")
-    assert len(marked) <= 14, marked  # 16 when the rule was set (2026-12), 14 since: split one, lower this
+    assert len(marked) <= 13, marked  # 16 when the rule was set (2026-12), 13 since: split one, lower this

@@ -7,13 +7,12 @@ then the fused ``linear_qkv`` / ``linear_fc1`` pair the separate q/k/v and gate/
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 import precnb
+from tests.test_megatron import _scaled_copy  # the same scaled copy of the HF run
 
 ROOT = Path(__file__).resolve().parents[1]
 MG = ROOT / "data_samples" / "megatron"
@@ -32,18 +31,6 @@ def test_sharded_megatron_against_its_hugging_face_twin_finds_nothing(baseline, 
     pre = t.result("preflight")
     assert pre is not None and pre.kind == "none", pre.reason if pre is not None else t.checks
     assert any("shards merged" in n for n in t.notes), t.notes
-
-
-def _scaled_copy(tmp_path: Path, node: str, factor: float) -> Path:
-    out = tmp_path / "hf_llama_scaled"
-    shutil.copytree(MG / "hf_llama", out)
-    dump = next(out.rglob("dump.json"))
-    doc = json.loads(dump.read_text(encoding="utf-8"))
-    for rec in doc["data"][node]["output"]:
-        for k in ("Max", "Min", "Mean", "Norm"):
-            rec[k] *= factor
-    dump.write_text(json.dumps(doc), encoding="utf-8")
-    return out
 
 
 @pytest.mark.parametrize("direction", ["megatron_first", "hf_first"])

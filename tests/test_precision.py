@@ -19,7 +19,7 @@ import xarray as xr
 import precnb
 from precnb.analysis import Tolerance
 from precnb.analysis.precision import detect_precision, mixed_precision_tolerance, normalise_dtype
-from precnb.analysis.tensor_verdicts import TensorThresholds, tensor_differs, verdict_reason
+from precnb.analysis.tensor.verdicts import TensorThresholds, tensor_differs, verdict_reason
 
 
 def _have(mod: str) -> bool:

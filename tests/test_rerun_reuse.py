@@ -10,10 +10,10 @@ with the same options (new dataset objects: nothing reused).
 from __future__ import annotations
 
 import pytest
-from conftest import sample_path
 
 import precnb
 from precnb.analysis._memo import memos
+from tests.conftest import sample_path
 
 pytest.importorskip("ipywidgets")
 

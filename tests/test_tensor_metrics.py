@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import precnb
-from precnb.analysis.tensor_metrics import MSPROBE_COLUMNS, pair_metrics, ulp_error
+from precnb.analysis.tensor.metrics import MSPROBE_COLUMNS, pair_metrics, ulp_error
 from precnb.errors import PrecnbError
 from precnb.io._torchzip import UnsupportedArchiveError, read_torch_zip
 from precnb.io.tensors import TensorFolder, load_array

@@ -16,7 +16,7 @@ from precnb.analysis.merge import classify_shards, merge_shards
 from precnb.analysis.nan_origin import nan_origin
 from precnb.analysis.replicas import check_replicas
 from precnb.analysis.summary import summarize
-from precnb.analysis.tensor_verdicts import TensorThresholds
+from precnb.analysis.tensor.verdicts import TensorThresholds
 from precnb.analysis.tolerance import Tolerance, relative_difference
 
 __all__ = [

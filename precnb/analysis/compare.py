@@ -232,7 +232,7 @@ class Comparison:
     #: dtype, target dtype, why); a note on the pair, never a difference
     dtype_notes: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     # issue #17 hooks: the precision verdict (precnb.analysis.precision) and the entries judged on
-    # whole tensors (precnb.analysis.tensor_verdicts); None when not applicable
+    # whole tensors (precnb.analysis.tensor.verdicts); None when not applicable
     precision: Any = None
     tensor_judged: xr.DataArray | None = None
     # two frameworks compared with the tolerance calibrated on their noise floor: that calibration
@@ -326,7 +326,7 @@ def compare_runs(
         renamed into the target's names first and framework glue is left out. None: names as they are.
     tensor_metrics : xarray.Dataset, optional
         :func:`precnb.tensor_metrics` of the pair: where whole tensors were compared, their
-        verdict replaces the statistics' (:mod:`precnb.analysis.tensor_verdicts`).
+        verdict replaces the statistics' (:mod:`precnb.analysis.tensor.verdicts`).
     tensor_thresholds : TensorThresholds, optional
         Bounds of that verdict (default: msprobe's).
     precision_aware : bool
@@ -376,7 +376,7 @@ def compare_runs(
     # -- issue #17 hook: where whole tensors were compared, their metrics decide
     tensor_judged = None
     if tensor_metrics is not None:
-        from precnb.analysis.tensor_verdicts import apply_tensor_verdicts
+        from precnb.analysis.tensor.verdicts import apply_tensor_verdicts
 
         differs, tensor_judged = apply_tensor_verdicts(
             tensor_metrics, differs, dtype_differs, both, rtol, bb, tensor_thresholds,

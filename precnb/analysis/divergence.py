@@ -162,7 +162,7 @@ def first_divergence(  # noqa: C901
         its ``baseline`` field holds the baseline's names.
     tensor_metrics : xarray.Dataset, optional
         :func:`precnb.tensor_metrics` of the pair: entries whose tensors were compared are
-        judged on them first (msprobe's thresholds, see :mod:`precnb.analysis.tensor_verdicts`),
+        judged on them first (msprobe's thresholds, see :mod:`precnb.analysis.tensor.verdicts`),
         the others on statistics.
     tensor_thresholds : TensorThresholds, optional
         Bounds of the tensor verdict (e.g. :meth:`TensorThresholds.calibrate` on a healthy pair).
@@ -251,8 +251,8 @@ def first_divergence(  # noqa: C901
         stats["cross_framework_noise"] = noise
     b, t = ds.isel(run=0), ds.isel(run=1)
     hints: list[str] = []
-    # -- issue #17 hook: say how precision and tensor data were used (precnb.analysis.tensor_findings)
-    from precnb.analysis.tensor_findings import comparison_notes
+    # -- issue #17 hook: say how precision and tensor data were used (precnb.analysis.tensor.findings)
+    from precnb.analysis.tensor.findings import comparison_notes
 
     notes = comparison_notes(cmp, stats)
     hints += notes
@@ -334,7 +334,7 @@ def first_divergence(  # noqa: C901
     values: dict[str, Any] = {names[0]: vb, names[1]: vt, "rel_diff": float(cmp.rel.values[si, ri, j]),
                               "rtol": float(cmp.rtol.values[j])}
     # -- issue #17 hook: the origin's tensor metrics and the rule that fired
-    from precnb.analysis.tensor_findings import origin_tensor_values
+    from precnb.analysis.tensor.findings import origin_tensor_values
 
     values.update(origin_tensor_values(cmp, step=step, rank=r, tensor=tensor))
     if tensor in cmp.dtype_notes:

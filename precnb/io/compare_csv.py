@@ -42,11 +42,9 @@ False
 
 from __future__ import annotations
 
-import ast
 import json
-import math
 import re
-import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +54,15 @@ import xarray as xr
 from precnb.combine import combine_runs
 from precnb.errors import DumpFormatError, NotADumpError
 from precnb.io._assemble import LoadReport, RecordBuilder, assemble
-from precnb.io._csvutil import iter_rows, parse_float, parse_shape, read_header
+from precnb.io._compare_cells import NA as _NA
+from precnb.io._compare_cells import data_names as _data_names
+from precnb.io._compare_cells import dotted as _dotted
+from precnb.io._compare_cells import err_text as _err_text
+from precnb.io._compare_cells import frames as _frames
+from precnb.io._compare_cells import metric as _metric
+from precnb.io._compare_cells import split_compare_name
+from precnb.io._compare_cells import stat as _stat
+from precnb.io._csvutil import iter_rows, parse_shape, read_header
 from precnb.io.readers import Reader
 from precnb.naming import parse_node
 from precnb.schema import side_text, validate
@@ -83,19 +89,9 @@ METRIC_COLUMNS: dict[str, str] = {
 }
 _STAT_KEYS = {"max": ("max",), "min": ("min",), "mean": ("mean",), "norm": ("l2norm", "norm")}
 _RESULT_COLUMNS = ("result", "accuracy reached or not")
-_NA = {"", "n/a", "none", "null", "nan"}
 
-_FULL = re.compile(
-    r"^(?P<node>.+\.(?:forward|backward)(?:\.\d+)?)\.(?P<sec>input|output|parameters|input_args|"
-    r"input_kwargs)(?:\.(?P<rest>.+))?$")
-_PGRAD = re.compile(r"^(?P<node>.+\.parameters_grad(?:\.\d+)?)\.(?P<rest>[^.]+)$")
-_OLD = re.compile(r"^(?P<node>.+_(?:forward|backward))_(?P<sec>input|output)(?:\.(?P<rest>.+))?$")
-_OLD_NODE = re.compile(r"^(?P<pre>[A-Za-z]+)_(?P<api>.+)_(?P<call>\d+)_(?P<dir>forward|backward)$")
-_ROLES = {"input": "input", "input_args": "input", "input_kwargs": "input", "output": "output",
-          "parameters": "parameter"}
 _FILE_RANK = re.compile(r"^compare_result_rank([0-9]{1,9})_")
 _FILE_RANK_STEP = re.compile(r"^compare_result_([0-9]{1,9})_([0-9]{1,9})_[0-9]{8,}")
-_LITERAL_ERRORS = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
 
 
 def _norm(h: str) -> str:
@@ -131,114 +127,6 @@ def is_compare_csv(path: str | Path) -> bool:
     return "npu name" in names and "bench name" in names
 
 
-def split_compare_name(name: str) -> tuple[str, str]:
-    """Split a compare row name into ``(node, role)``.
-
-    Strips ``.input.N`` / ``.output.N`` / ``.parameters.x`` / ``.parameters_grad[.n].x``
-    suffixes (and the ptdbg ``_input.N`` / ``_output`` ones).
-
-    Parameters
-    ----------
-    name : str
-
-    Returns
-    -------
-    (str, str)
-        The node name and the role (``input``, ``output``, ``parameter``, ``grad`` or ``""``).
-
-    Examples
-    --------
-    >>> split_compare_name("Module.fc.Linear.parameters_grad.1.bias")
-    ('Module.fc.Linear.parameters_grad.1', 'grad')
-    >>> split_compare_name("Functional.conv2d.0.forward.input.3.0")
-    ('Functional.conv2d.0.forward', 'input')
-    """
-    m = _PGRAD.match(name)
-    if m:
-        return m["node"], "grad"
-    m = _FULL.match(name)
-    if m:
-        return m["node"], _ROLES[m["sec"]]
-    m = _OLD.match(name)
-    if m:
-        return m["node"], _ROLES[m["sec"]]
-    return name, ""
-
-
-def _dotted(node: str) -> str:
-    m = _OLD_NODE.match(node)
-    return f"{m['pre']}.{m['api']}.{m['call']}.{m['dir']}" if m else node
-
-
-def _metric(text: str) -> float:
-    s = text.strip()
-    if s.lower() in _NA:
-        return math.nan
-    pct = s.endswith("%")
-    if pct:
-        s = s[:-1].strip()
-    try:
-        v = float(s)
-    except ValueError:
-        return math.nan  # "unsupported", "Diff", ... : not a number
-    return v / 100.0 if pct else v
-
-
-def _stat(text: str) -> float | None:
-    try:
-        return parse_float(text)
-    except ValueError:
-        return None  # device strings and other non-numbers: recorded as null
-
-
-def _literal(s: str) -> Any:
-    """``ast.literal_eval`` of a cell holding a Python list or tuple (never executes code).
-
-    Raises one of ``_LITERAL_ERRORS`` when the cell is not such a literal (or is too deep).
-    """
-    if s[:1] not in ("[", "("):
-        raise ValueError(s)
-    with warnings.catch_warnings():  # invalid escapes in frames: SyntaxWarning, not an error
-        warnings.simplefilter("ignore")
-        return ast.literal_eval(s)
-
-
-def _err_text(text: str) -> str:
-    s = text.strip()
-    if s.startswith("["):
-        try:
-            val = json.loads(s)
-        except (ValueError, RecursionError):
-            return s
-        if isinstance(val, list):
-            return "; ".join(str(v) for v in val)
-    return s
-
-
-def _frames(text: str) -> list[str] | None:
-    s = text.strip()
-    if not s or s.upper() == "N/A":
-        return None
-    try:
-        val = _literal(s)
-    except _LITERAL_ERRORS:
-        return [s]
-    if isinstance(val, (list, tuple)):
-        return [str(v) for v in val]
-    return [str(val)]
-
-
-def _data_names(text: str) -> tuple[str, str]:
-    s = text.strip()
-    try:
-        val = _literal(s)
-    except _LITERAL_ERRORS:
-        return "", ""
-    if isinstance(val, (list, tuple)) and len(val) == 2:
-        return tuple("" if str(v) in ("-1", "N/A") else str(v) for v in val)  # type: ignore[return-value]
-    return "", ""
-
-
 def _step_rank(path: Path) -> tuple[int, int]:
     m = _FILE_RANK.match(path.name)
     if m:
@@ -265,7 +153,7 @@ def _mode(names: set[str]) -> str:
     return "summary"
 
 
-def open_compare_csv(path: str | Path) -> xr.Dataset:  # noqa: C901
+def open_compare_csv(path: str | Path) -> xr.Dataset:
     """Open an msprobe compare result CSV as a two-run (target, baseline) dataset.
 
     Parameters
@@ -311,142 +199,181 @@ def open_compare_csv(path: str | Path) -> xr.Dataset:  # noqa: C901
     if "npu name" not in col or "bench name" not in col:
         raise NotADumpError(f"{p}: not an msprobe compare CSV "
                             "(header lacks 'NPU Name' and 'Bench Name')")
-    names = set(col)
     step, rank = _step_rank(p)
-    report = LoadReport()
-
-    def column(*cands: str) -> int | None:
-        for c in cands:
-            if c in col:
-                return col[c]
-        return None
-
-    side_cols: dict[str, dict[str, int | None]] = {}
-    for run, side in _SIDES.items():
-        side_cols[run] = {
-            "name": col[f"{side} name"],
-            "dtype": column(f"{side} dtype", f"{side} tensor dtype"),
-            "shape": column(f"{side} tensor shape", f"{side} shape"),
-            "md5": column(f"{side} md5"),
-            **{stat: column(*(f"{side} {k}" for k in keys)) for stat, keys in _STAT_KEYS.items()},
-        }
-    metric_cols = {var: col[h] for h, var in METRIC_COLUMNS.items() if h in col}
-    result_col = column(*_RESULT_COLUMNS)
-    err_col = column("err_message")
-    stack_col = column("npu_stack_info")
-    data_name_col = column("data_name")
-    md5_mode = side_cols["target"]["md5"] is not None or side_cols["baseline"]["md5"] is not None
-
-    n = len(header)
-    builders = {run: RecordBuilder(step, rank) for run in RUNS}
-    seqs: dict[str, list[int]] = {run: [] for run in RUNS}
-    data_names: dict[str, list[str]] = {run: [] for run in RUNS}
-    labels: list[str] = []
-    per_tensor: dict[str, list[Any]] = {v: [] for v in metric_cols}
-    results: list[str] = []
-    errs: list[str] = []
-    md5s: dict[str, list[str]] = {run: [] for run in RUNS}
-    stacks: dict[str, list[str]] = {}
-    seen: dict[str, int] = {}
-
-    def cell(row: list[str], i: int | None) -> str:
-        return row[i].strip() if i is not None else ""
-
+    got = _Rows(p, _Columns.of(col, len(header)), step, rank)
     for line, row in rows:
-        if len(row) != n:
-            if len(row) > n and not any(c.strip() for c in row[n:]):
-                row = row[:n]
-            else:
-                raise DumpFormatError(
-                    p, f"line {line}: expected {n} fields as in the header, got {len(row)}")
+        got.add(line, row)
+    if not got.labels:
+        got.report.warnings.append(f"{p}: no comparison rows")
+    got.report.read.append(str(p))
+    return _dataset(got, set(col))
+
+
+def _column(col: dict[str, int], *cands: str) -> int | None:
+    return next((col[c] for c in cands if c in col), None)
+
+
+@dataclass
+class _Columns:
+    """Where each value of a compare CSV is (header positions; None when the column is absent)."""
+
+    n: int
+    sides: dict[str, dict[str, int | None]]  # run -> name, dtype, shape, md5, max, min, mean, norm
+    metrics: dict[str, int]
+    result: int | None
+    err: int | None
+    stack: int | None
+    data_name: int | None
+
+    @classmethod
+    def of(cls, col: dict[str, int], n: int) -> _Columns:
+        sides: dict[str, dict[str, int | None]] = {}
+        for run, side in _SIDES.items():
+            sides[run] = {
+                "name": col[f"{side} name"],
+                "dtype": _column(col, f"{side} dtype", f"{side} tensor dtype"),
+                "shape": _column(col, f"{side} tensor shape", f"{side} shape"),
+                "md5": _column(col, f"{side} md5"),
+                **{stat: _column(col, *(f"{side} {k}" for k in keys)) for stat, keys in _STAT_KEYS.items()},
+            }
+        return cls(n, sides, {var: col[h] for h, var in METRIC_COLUMNS.items() if h in col},
+                   _column(col, *_RESULT_COLUMNS), _column(col, "err_message"), _column(col, "npu_stack_info"),
+                   _column(col, "data_name"))
+
+    @property
+    def md5_mode(self) -> bool:
+        return self.sides["target"]["md5"] is not None or self.sides["baseline"]["md5"] is not None
+
+
+def _cell(row: list[str], i: int | None) -> str:
+    return row[i].strip() if i is not None else ""
+
+
+class _Rows:
+    """The rows of one compare CSV, collected per side (target = NPU, baseline = Bench) and per tensor."""
+
+    def __init__(self, path: Path, cols: _Columns, step: int, rank: int) -> None:
+        self.path, self.cols = path, cols
+        self.step, self.rank = step, rank
+        self.report = LoadReport()
+        self.builders = {run: RecordBuilder(step, rank) for run in RUNS}
+        self.seqs: dict[str, list[int]] = {run: [] for run in RUNS}
+        self.data_names: dict[str, list[str]] = {run: [] for run in RUNS}
+        self.labels: list[str] = []
+        self.per_tensor: dict[str, list[Any]] = {v: [] for v in cols.metrics}
+        self.results: list[str] = []
+        self.errs: list[str] = []
+        self.md5s: dict[str, list[str]] = {run: [] for run in RUNS}
+        self.stacks: dict[str, list[str]] = {}
+        self.seen: dict[str, int] = {}
+
+    def _present(self, row: list[str]) -> dict[str, bool]:
         present: dict[str, bool] = {}
         for run in RUNS:
-            sc = side_cols[run]
-            name = cell(row, sc["name"])
+            sc = self.cols.sides[run]
+            name = _cell(row, sc["name"])
             if name.upper() == "N/A":
                 present[run] = False
             elif name:
                 present[run] = True
             else:  # an empty name: present only if the side carries values
-                vals = [cell(row, sc[k]) for k in ("max", "min", "mean", "norm", "dtype", "md5")]
+                vals = [_cell(row, sc[k]) for k in ("max", "min", "mean", "norm", "dtype", "md5")]
                 present[run] = any(v and v.lower() not in _NA for v in vals)
-        npu = cell(row, side_cols["target"]["name"])
-        bench = cell(row, side_cols["baseline"]["name"])
+        return present
+
+    def _label(self, row: list[str], line: int) -> str | None:
+        npu = _cell(row, self.cols.sides["target"]["name"])
+        bench = _cell(row, self.cols.sides["baseline"]["name"])
         label = npu if npu and npu.upper() != "N/A" else bench
         if not label or label.upper() == "N/A":
-            report.warnings.append(f"{p}: line {line}: neither NPU nor Bench name; row skipped")
-            continue
-        if label in seen:
-            seen[label] += 1
-            label = f"{label}#dup{seen[label]}"
-        else:
-            seen[label] = 0
-        index = len(labels)
-        labels.append(label)
+            self.report.warnings.append(f"{self.path}: line {line}: neither NPU nor Bench name; row skipped")
+            return None
+        if label in self.seen:
+            self.seen[label] += 1
+            return f"{label}#dup{self.seen[label]}"
+        self.seen[label] = 0
+        return label
+
+    def add(self, line: int, row: list[str]) -> None:
+        """Take one CSV row (a row with the wrong number of fields is an error naming the line)."""
+        cols, n = self.cols, self.cols.n
+        if len(row) != n:
+            if len(row) > n and not any(c.strip() for c in row[n:]):
+                row = row[:n]
+            else:
+                raise DumpFormatError(
+                    self.path, f"line {line}: expected {n} fields as in the header, got {len(row)}")
+        present = self._present(row)
+        label = self._label(row, line)
+        if label is None:
+            return
+        index = len(self.labels)
+        self.labels.append(label)
         node, role = split_compare_name(label.split("#dup")[0])
         nn = parse_node(_dotted(node))
+        md5_mode = cols.md5_mode
         for run in RUNS:
             if not present[run]:
                 continue
-            sc = side_cols[run]
-            stats = {k: _stat(cell(row, sc[k])) for k in ("max", "min", "mean", "norm")}
-            dtype = cell(row, sc["dtype"])
-            md5 = cell(row, sc["md5"])
-            builders[run].add(
+            sc = cols.sides[run]
+            stats = {k: _stat(_cell(row, sc[k])) for k in ("max", "min", "mean", "norm")}
+            dtype = _cell(row, sc["dtype"])
+            md5 = _cell(row, sc["md5"])
+            self.builders[run].add(
                 label, stats,
-                shape=parse_shape(cell(row, sc["shape"])),
+                shape=parse_shape(_cell(row, sc["shape"])),
                 crc=(md5 if md5.upper() != "N/A" else "") if md5_mode else None,
                 node=node, module=nn.module, api=nn.api, kind=nn.kind, direction=nn.direction,
                 role=role, dtype="" if dtype.upper() == "N/A" else dtype, call=nn.call)
-            seqs[run].append(index)
-        for var, i in metric_cols.items():
-            per_tensor[var].append(_metric(row[i]))
-        results.append(cell(row, result_col))
-        errs.append(_err_text(cell(row, err_col)))
+            self.seqs[run].append(index)
+        for var, i in cols.metrics.items():
+            self.per_tensor[var].append(_metric(row[i]))
+        self.results.append(_cell(row, cols.result))
+        self.errs.append(_err_text(_cell(row, cols.err)))
         for run in RUNS:
-            md5 = cell(row, side_cols[run]["md5"])
-            md5s[run].append("" if md5.upper() == "N/A" else md5)
-        if data_name_col is not None:
-            dn = _data_names(row[data_name_col])
-            for run, name in zip(RUNS, dn, strict=True):
+            md5 = _cell(row, cols.sides[run]["md5"])
+            self.md5s[run].append("" if md5.upper() == "N/A" else md5)
+        if cols.data_name is not None:
+            for run, name in zip(RUNS, _data_names(row[cols.data_name]), strict=True):
                 if present[run]:
-                    data_names[run].append(name)
-        frames = _frames(cell(row, stack_col))
+                    self.data_names[run].append(name)
+        frames = _frames(_cell(row, cols.stack))
         if frames is not None:
-            stacks.setdefault(node, frames)
-    if not labels:
-        report.warnings.append(f"{p}: no comparison rows")
-    report.read.append(str(p))
+            self.stacks.setdefault(node, frames)
+
+
+def _dataset(got: _Rows, names: set[str]) -> xr.Dataset:
+    """The two-run dataset of the collected rows, in row order, with the per-tensor comparison variables."""
+    cols, p = got.cols, got.path
     sides = {}
     for run in RUNS:
-        rec = builders[run].build(stacks=stacks if run == "target" else {},
-                                  meta={"path": str(p)})
-        rec.seq = np.asarray(seqs[run], dtype=np.int32)
-        if data_name_col is not None:
-            rec.strings["data_name"] = data_names[run]
-        sides[run] = assemble([rec], source_format="compare", steps=[step], ranks=[rank])
+        rec = got.builders[run].build(stacks=got.stacks if run == "target" else {}, meta={"path": str(p)})
+        rec.seq = np.asarray(got.seqs[run], dtype=np.int32)
+        if cols.data_name is not None:
+            rec.strings["data_name"] = got.data_names[run]
+        sides[run] = assemble([rec], source_format="compare", steps=[got.step], ranks=[got.rank])
     ds = combine_runs(sides)
-    order = {lbl: i for i, lbl in enumerate(labels)}
+    order = {lbl: i for i, lbl in enumerate(got.labels)}
     perm = np.argsort([order[str(t)] for t in ds["tensor"].values], kind="stable")
     ds = ds.isel(tensor=perm)
     extra: dict[str, Any] = {}
-    for var, vals in per_tensor.items():
+    for var, vals in got.per_tensor.items():
         extra[var] = ("tensor", np.asarray(vals, dtype=np.float64))
-    if result_col is not None:
-        extra["compare_result"] = ("tensor", np.asarray(results, dtype=object))
-    if err_col is not None:
-        extra["compare_err"] = ("tensor", np.asarray(errs, dtype=object))
-    if md5_mode:
-        extra["md5_target"] = ("tensor", np.asarray(md5s["target"], dtype=object))
-        extra["md5_baseline"] = ("tensor", np.asarray(md5s["baseline"], dtype=object))
+    if cols.result is not None:
+        extra["compare_result"] = ("tensor", np.asarray(got.results, dtype=object))
+    if cols.err is not None:
+        extra["compare_err"] = ("tensor", np.asarray(got.errs, dtype=object))
+    if cols.md5_mode:
+        extra["md5_target"] = ("tensor", np.asarray(got.md5s["target"], dtype=object))
+        extra["md5_baseline"] = ("tensor", np.asarray(got.md5s["baseline"], dtype=object))
     ds = ds.assign(extra)
     ds.attrs.update({
         "source_format": "compare",
         "source": str(p),
         "compare_mode": _mode(names),
         "compare_header": _header_generation(names),
-        "stacks": side_text(stacks),
-        "load_report": json.dumps(report.to_dict()),
+        "stacks": side_text(got.stacks),
+        "load_report": json.dumps(got.report.to_dict()),
     })
     ds.attrs.pop("run_attrs", None)
     return validate(ds)

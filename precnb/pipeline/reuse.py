@@ -50,7 +50,7 @@ def merged_pair(raw_b: xr.Dataset, raw_t: xr.Dataset, b_lay: Any, t_lay: Any, no
                 ) -> tuple[xr.Dataset, xr.Dataset]:
     """(baseline, target) compared: shards merged by layout, fused projections combined; what was done in *notes*."""
     from precnb.analysis.align.fused import fuse_pair
-    from precnb.pipeline.triage import merge_layouts
+    from precnb.pipeline.layout_merge import merge_layouts
 
     def compute() -> tuple[xr.Dataset, xr.Dataset, list[str]]:
         said: list[str] = []

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from precnb.analysis.tensor_metrics import FLOAT_METRICS
-from precnb.analysis.tensor_verdicts import TensorThresholds, magnitude, verdict_reason
+from precnb.analysis.tensor.metrics import FLOAT_METRICS
+from precnb.analysis.tensor.verdicts import TensorThresholds, magnitude, verdict_reason
 
 __all__ = ["comparison_notes", "origin_tensor_values"]
 
