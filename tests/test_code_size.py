@@ -28,7 +28,7 @@ LONG_MODULES = {
     "precnb/tensor_compare.py",
 }
 LONG_FUNCTIONS = {
-    "precnb/analysis/compare.py::compare_runs", "precnb/analysis/devices.py::device_verdicts",
+    "precnb/analysis/devices.py::device_verdicts",
     "precnb/analysis/divergence.py::first_divergence", "precnb/analysis/findings.py::summary",
     "precnb/analysis/merge.py::classify_shards", "precnb/analysis/merge.py::merge_group_dim",
     "precnb/analysis/nan_origin.py::_finding", "precnb/analysis/pp.py::_assemble_groups",

@@ -27,7 +27,11 @@ CASES = {
 
 
 def _hits() -> int:
-    return sum(m.hits for m in memos())
+    """Hits of the memos that carry results from one run to the next (not the baseline's renaming, which the
+    comparison and the pre-flight checks of one run share: a fresh run hits it too)."""
+    from precnb.analysis.align.alignment import _APPLIED
+
+    return sum(m.hits for m in memos() if m is not _APPLIED)
 
 
 def _same_as_fresh(t, target, base) -> None:
@@ -99,3 +103,33 @@ def test_hidden_hierarchy_redraws_when_shown_not_on_every_selection():
     assert h.chart is drawn and h._stale  # hidden: not redrawn
     ex.tabs.selected_index = ex.panels.index(h)
     assert h.chart is not drawn and not h._stale  # shown: drawn for the new triage and selection
+
+
+@pytest.mark.parametrize("case", ["divergence", "xfw"])
+def test_another_tolerance_rethresholds_the_stored_relative_differences(case):
+    """A rerun with another tolerance reuses the pair's renaming and relative differences, thresholds them again.
+
+    Its comparison (every mask, the relative differences, the tolerances) is the one a fresh diagnose makes;
+    the two tolerances give different masks, so a stale reuse of the previous thresholds would fail.
+    """
+    import numpy as np
+    import xarray as xr
+
+    from precnb.analysis.compare_prep import _PREPARED
+    from precnb.widgets import explore
+
+    target, base = (sample_path(*p.split("/")) for p in CASES[case])
+    ex = explore(target, baseline=base)
+    loose = ex.triage.comparison()
+    hits = _PREPARED.hits
+    t = ex.rerun(tolerance=1e-9)
+    assert _PREPARED.hits > hits  # the tolerance-free part was reused
+    got = t.comparison()
+    fresh = precnb.diagnose(target, baseline=base, options=t.options).comparison()
+    assert int(got.differs.sum()) != int(loose.differs.sum())  # the tolerance matters on this pair
+    for name in ("differs", "rel", "rtol", "both", "only_baseline", "only_target", "crc_differs", "dtype_differs"):
+        xr.testing.assert_identical(getattr(got, name), getattr(fresh, name))
+    assert (got.shape_changed, got.dtype_changed, got.step_offset) == (
+        fresh.shape_changed, fresh.dtype_changed, fresh.step_offset)
+    assert np.array_equal(got.ds["tensor"].values, fresh.ds["tensor"].values)
+    _same_as_fresh(t, target, base)

@@ -9,7 +9,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis._arrays import on_grid
-from precnb.analysis.tolerance import Tolerance, relative_difference
+from precnb.analysis.tolerance import Tolerance
 from precnb.combine import combine_runs, select_run
 from precnb.dtypes import canonical_dtype, equivalence, same_values
 from precnb.schema import dtype_changes, shift_entry_changes
@@ -341,56 +341,20 @@ def compare_runs(
     -------
     Comparison
     """
-    from precnb.analysis.rank_args import glue_labels
-    from precnb.analysis.undefined import mark_undefined, returned_parameter_grads, undefined_reasons
+    from precnb.analysis.compare_prep import prepared_pair
+    from precnb.analysis.undefined import undefined_reasons
 
     tol = tolerance or Tolerance()
-    b, t, names = split_runs(baseline, target, runs=runs)
-    b, t = mark_undefined(b), mark_undefined(t)  # before any renaming: the reader's table names the run as read
-    aligned = alignment is not None and not getattr(alignment, "identical", True)
-    if aligned:
-        b = alignment.apply(b)
-        t = alignment.target_view(t)
-    try:
-        off = align_steps(b, t, step_offset)
-    except NothingToCompareError:
-        if disjoint != "union":
-            raise
-        off = int(step_offset) if isinstance(step_offset, int) and not isinstance(step_offset, bool) else 0
-    if off:
-        t = t.assign_coords(step=t["step"] - off)
-        t.attrs = shift_entry_changes(t.attrs, off)  # per-entry dtypes and metadata follow their steps
-    common_steps = sorted(set(b["step"].values.tolist()) & set(t["step"].values.tolist()))
-    common_ranks = sorted(set(b["rank"].values.tolist()) & set(t["rank"].values.tolist()))
-    if steps is not None:
-        common_steps = [s for s in common_steps if s in set(steps)]
-    if ranks is not None:
-        common_ranks = [r for r in common_ranks if r in set(ranks)]
-    if (not common_steps or not common_ranks) and disjoint == "union":
+    # the tolerance-free part (renaming, common grid, shapes, dtypes), reused by a rerun with another tolerance
+    args: dict[str, Any] = {"runs": runs, "steps": steps, "ranks": ranks, "step_offset": step_offset,
+                            "alignment": alignment, "disjoint": disjoint}
+    prep = prepared_pair(baseline, target, **args, compute=lambda: prepare_pair(baseline, target, **args))
+    b, t, names, off = prep.b, prep.t, prep.names, prep.off
+    if prep.disjoint:
         return _disjoint(b, t, names, off, tol)
-    if not common_steps or not common_ranks:
-        raise NothingToCompareError(
-            f"the runs share no step/rank to compare (baseline steps {b['step'].values.tolist()}, "
-            f"target steps {t['step'].values.tolist()} after offset {off}; baseline ranks "
-            f"{b['rank'].values.tolist()}, target ranks {t['rank'].values.tolist()})")
-    b = b.sel(step=common_steps, rank=common_ranks)
-    t = t.sel(step=common_steps, rank=common_ranks)
-    shape_changed: dict[str, tuple[str, str]] = {}
-    shared = b.indexes["tensor"].intersection(t.indexes["tensor"])
-    glue = {**glue_labels(b), **glue_labels(t),  # tensor-parallel glue of a merged side: no counterpart
-            **returned_parameter_grads(b), **returned_parameter_grads(t)}
-    if glue:
-        shared = shared.difference(list(glue))  # a rank's own part has no whole-model shape to compare
-    if len(shared):
-        sb = b["shape"].sel(tensor=shared).values
-        st = t["shape"].sel(tensor=shared).values
-        for lbl, x, y in zip(shared, sb, st, strict=True):
-            if x != y and x and y and not (aligned and _numel(str(x)) == _numel(str(y))):
-                shape_changed[str(lbl)] = (str(x), str(y))  # (an aligned pair may differ by a reshape only)
-    both_ds = combine_runs({names[0]: b, names[1]: t})
-    cross = aligned and len(set(getattr(alignment, "frameworks", ()))) > 1
-    dtype_notes: dict[str, tuple[str, str, str]] = {}
-    dtype_differs, dtype_changed = entry_dtype_differences(b, t, both_ds, cross=cross, notes=dtype_notes)
+    both_ds, glue, cross = prep.both_ds, prep.glue, prep.cross
+    shape_changed, dtype_notes = dict(prep.shape_changed), dict(prep.dtype_notes)
+    dtype_differs, dtype_changed = prep.dtype_differs, dict(prep.dtype_changed)
     bb, tt = both_ds.isel(run=0), both_ds.isel(run=1)
     # -- issue #17 hook: systematic lower precision (autocast) → that precision's tolerance, and its
     #    dtype differences are not findings; an isolated dtype change stays one
@@ -400,7 +364,7 @@ def compare_runs(
 
         precision, tol, dtype_differs, dtype_changed = apply_precision(
             tol, dtype_differs, dtype_changed, bb["present"] & tt["present"], names)
-    rel = relative_difference(bb, tt, stats, atol=tol.atol).max("stat")
+    rel = prep.rel(stats, tol.atol)
     rtol = xr.DataArray(tol.rtol_array(both_ds["dtype"].values, both_ds["tensor"].values),
                         dims="tensor", coords={"tensor": both_ds["tensor"]})
     pb, pt = bb["present"], tt["present"]
@@ -448,3 +412,64 @@ def compare_runs(
         tensor_thresholds=tensor_thresholds,
         undefined=undefined, undefined_why=why if undefined is not None else None,
     )
+
+
+def prepare_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, steps: Any, ranks: Any,
+                 step_offset: Any, alignment: Any, disjoint: str) -> Any:
+    """The :class:`~precnb.analysis.compare_prep.Prepared` part of :func:`compare_runs`.
+
+    The runs renamed, on their common steps and ranks, combined; shapes and dtypes compared.
+    """
+    from precnb.analysis.compare_prep import Prepared
+    from precnb.analysis.rank_args import glue_labels
+    from precnb.analysis.undefined import mark_undefined, returned_parameter_grads
+
+    b, t, names = split_runs(baseline, target, runs=runs)
+    b, t = mark_undefined(b), mark_undefined(t)  # before any renaming: the reader's table names the run as read
+    aligned = alignment is not None and not getattr(alignment, "identical", True)
+    if aligned:
+        b = alignment.apply(b)
+        t = alignment.target_view(t)
+    try:
+        off = align_steps(b, t, step_offset)
+    except NothingToCompareError:
+        if disjoint != "union":
+            raise
+        off = int(step_offset) if isinstance(step_offset, int) and not isinstance(step_offset, bool) else 0
+    if off:
+        t = t.assign_coords(step=t["step"] - off)
+        t.attrs = shift_entry_changes(t.attrs, off)  # per-entry dtypes and metadata follow their steps
+    common_steps = sorted(set(b["step"].values.tolist()) & set(t["step"].values.tolist()))
+    common_ranks = sorted(set(b["rank"].values.tolist()) & set(t["rank"].values.tolist()))
+    if steps is not None:
+        common_steps = [s for s in common_steps if s in set(steps)]
+    if ranks is not None:
+        common_ranks = [r for r in common_ranks if r in set(ranks)]
+    if (not common_steps or not common_ranks) and disjoint == "union":
+        return Prepared(b=b, t=t, names=names, off=off, aligned=aligned, disjoint=True)
+    if not common_steps or not common_ranks:
+        raise NothingToCompareError(
+            f"the runs share no step/rank to compare (baseline steps {b['step'].values.tolist()}, "
+            f"target steps {t['step'].values.tolist()} after offset {off}; baseline ranks "
+            f"{b['rank'].values.tolist()}, target ranks {t['rank'].values.tolist()})")
+    b = b.sel(step=common_steps, rank=common_ranks)
+    t = t.sel(step=common_steps, rank=common_ranks)
+    shape_changed: dict[str, tuple[str, str]] = {}
+    shared = b.indexes["tensor"].intersection(t.indexes["tensor"])
+    glue = {**glue_labels(b), **glue_labels(t),  # tensor-parallel glue of a merged side: no counterpart
+            **returned_parameter_grads(b), **returned_parameter_grads(t)}
+    if glue:
+        shared = shared.difference(list(glue))  # a rank's own part has no whole-model shape to compare
+    if len(shared):
+        sb = b["shape"].sel(tensor=shared).values
+        st = t["shape"].sel(tensor=shared).values
+        for lbl, x, y in zip(shared, sb, st, strict=True):
+            if x != y and x and y and not (aligned and _numel(str(x)) == _numel(str(y))):
+                shape_changed[str(lbl)] = (str(x), str(y))  # (an aligned pair may differ by a reshape only)
+    both_ds = combine_runs({names[0]: b, names[1]: t})
+    cross = aligned and len(set(getattr(alignment, "frameworks", ()))) > 1
+    dtype_notes: dict[str, tuple[str, str, str]] = {}
+    dtype_differs, dtype_changed = entry_dtype_differences(b, t, both_ds, cross=cross, notes=dtype_notes)
+    return Prepared(b=b, t=t, names=names, off=off, aligned=aligned, both_ds=both_ds, shape_changed=shape_changed,
+                    glue=glue, cross=cross, dtype_differs=dtype_differs, dtype_changed=dtype_changed,
+                    dtype_notes=dtype_notes)

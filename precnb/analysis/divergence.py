@@ -33,6 +33,15 @@ __all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "pair
 MAX_LISTED = 200
 
 
+def _any_per_node(pres: np.ndarray, inv: np.ndarray, n_nodes: int) -> np.ndarray:
+    """(step, rank, node): whether any tensor of the node (``inv``: each tensor's node index) is set in *pres*."""
+    if not n_nodes:
+        return np.zeros((*pres.shape[:2], 0), bool)
+    order = np.argsort(inv, kind="stable")  # every node has a tensor: one run of columns per node, in node order
+    starts = np.flatnonzero(np.r_[True, np.diff(inv[order]) != 0])
+    return np.logical_or.reduceat(pres[:, :, order], starts, axis=2)
+
+
 def structural_differences(cmp: Comparison) -> list[dict[str, Any]]:
     """Nodes recorded in one run only, at a (step, rank) both runs recorded.
 
@@ -51,11 +60,7 @@ def structural_differences(cmp: Comparison) -> list[dict[str, Any]]:
         m = mine.values  # (step, rank, tensor)
         o = other.values
         n_nodes = len(uniq)
-        node_m = np.zeros((*m.shape[:2], n_nodes), bool)
-        node_o = np.zeros_like(node_m)
-        for j in range(m.shape[2]):  # small loop over tensors; vectorised over (step, rank)
-            node_m[:, :, inv[j]] |= m[:, :, j]
-            node_o[:, :, inv[j]] |= o[:, :, j]
+        node_m, node_o = _any_per_node(m, inv, n_nodes), _any_per_node(o, inv, n_nodes)
         rank_has_other: np.ndarray = np.any(o, axis=2)  # the other run recorded this (step, rank) at all
         only = node_m & ~node_o & rank_has_other[:, :, None]
         seq = ds["seq"].isel(run=side).values

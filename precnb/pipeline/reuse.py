@@ -10,7 +10,8 @@ what depends on them and on options the rerun did not change is taken from the p
   after a Match / Unmatch the mapping changed and it is computed again, on each run's tree read
   once (:func:`precnb.analysis.align._tree`);
 * the replica comparison of the target (:func:`precnb.analysis.replicas.replica_mismatches`);
-* the pair's per-record relative differences (:func:`precnb.analysis.compare.compare_runs`):
+* the pair's renaming, common grid and per-record relative differences
+  (:mod:`precnb.analysis.compare_prep`, for :func:`precnb.analysis.compare.compare_runs`):
   another tolerance only thresholds them again.
 
 Every diagnosis then runs as in a full triage, and the findings are ordered by

@@ -163,10 +163,12 @@ def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str
     tip = [alt.Tooltip("name:N"), alt.Tooltip("partner:N"), alt.Tooltip("how:N", title="paired by"),
            alt.Tooltip("confidence:Q", format=".2f"), alt.Tooltip("status:N"), alt.Tooltip("rank:Q", title="first bad")]
     layers: list[Any] = []
+    # channels given as objects: altair's guessing of a channel's class from a string or a dict (validating
+    # each guess) was a third of a redraw's time
     base_links = alt.Chart(links).mark_rule(strokeWidth=1.2).encode(
         x=alt.XDatum(0.425, scale=x_scale, axis=None), x2=alt.X2Datum(0.575),
         y=alt.Y("y_b:Q", scale=y_scale, axis=None),
-        y2="y_t:Q", color=alt.Color("how:N", scale=alt.Scale(domain=list(_HOW_COLORS), range=list(
+        y2=alt.Y2("y_t:Q"), color=alt.Color("how:N", scale=alt.Scale(domain=list(_HOW_COLORS), range=list(
             _HOW_COLORS.values())), title="paired by", legend=alt.Legend(orient="top")),
         opacity=alt.Opacity("confidence:Q", scale=alt.Scale(domain=[0, 1], range=[0.25, 0.9]), legend=None),
         tooltip=[alt.Tooltip("baseline:N"), alt.Tooltip("target:N"), alt.Tooltip("how:N"),
@@ -183,7 +185,7 @@ def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str
             x=alt.XDatum(x0 if side == "target" else 0.0, scale=x_scale, axis=None),
             x2=alt.X2Datum(0.4 if side == "baseline" else 1.0),
             y=alt.Y("y:Q", scale=y_scale, axis=None), y2=alt.Y2("y2:Q"),
-            color=alt.when(sel, empty=False).then(alt.value("#ffe39a")).otherwise(alt.value("#ffffff")),
+            color=alt.ColorValue(value="#ffffff", condition=[{"param": param, "empty": False, "value": "#ffe39a"}]),
             tooltip=tip).transform_calculate(y2="datum.y + 0.5").transform_calculate(y="datum.y - 0.5") \
             .add_params(sel)
         fill_side = fill if side == "baseline" else alt.Color(
@@ -193,8 +195,8 @@ def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str
                                                           color=fill_side,
                                                           stroke=alt.value("#888"), tooltip=tip)
         text = alt.Chart(part).mark_text(align=align, baseline="middle", fontSize=11, limit=int(width * 0.38)).encode(
-            x=alt.X("tx:Q", scale=x_scale, axis=None), y=y, text="label:N", tooltip=tip,
-            color=alt.condition("datum.status == 'unpaired'", alt.value("#a05a00"), alt.value("#222222")),
+            x=alt.X("tx:Q", scale=x_scale, axis=None), y=y, text=alt.Text("label:N"), tooltip=tip,
+            color=alt.ColorValue(value="#222222", condition={"test": "datum.status == 'unpaired'", "value": "#a05a00"}),
         ).transform_calculate(tx=f"{x0 + 0.005} + datum.depth * 0.014")
         layers += [hit, box, text]
     title = alt.TitleParams(f"{names[0]} (left)  ↔  {names[1]} (right)", anchor="start", fontSize=12)

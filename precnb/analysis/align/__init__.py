@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from precnb.analysis._memo import DatasetMemo
@@ -143,9 +144,9 @@ def _align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None, fas
         return _identity(tb, tt)
     hints = hints_from(specs, tb, tt) if specs else Hints()
     p = pair_runs(tb, tt, hints, fast=fast)
-    col = {name: tt.coords[name] for name in _COORDS if name in tt.coords}
+    col = {name: _plain_values(tt.coords[name]) for name in _COORDS if name in tt.coords}
     index = {lbl: j for j, lbl in enumerate(tt.labels)}
-    target_coords = {t: tuple(_plain(col[name][index[t]]) if name in col else None for name in _COORDS)
+    target_coords = {t: tuple(col[name][index[t]] if name in col else None for name in _COORDS)
                      for t in p.tensors if t in index}
     modules = [Pair(b, t, how, conf) for b, (t, how, conf) in p.modules.items()]
     modules.sort(key=lambda q: (tt.modules[q.target].seq if q.target in tt.modules else 1 << 41, q.target))
@@ -167,6 +168,13 @@ def _align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None, fas
                      frameworks=(tb.framework, tt.framework), identical=identical, target_coords=target_coords,
                      sources=[s.source or s.kind for s in specs], user_unpaired=user_unpaired,
                      mapping_problems=list(hints.problems))
+
+
+def _plain_values(values: np.ndarray) -> list[Any]:
+    """Each value of a coordinate as :func:`_plain` gives it (a numeric column converted at once)."""
+    if values.dtype != object:
+        return values.tolist()
+    return [v.item() if isinstance(v, np.generic | np.ndarray) else v for v in values.tolist()]
 
 
 def _plain(v: Any) -> Any:

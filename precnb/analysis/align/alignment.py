@@ -25,7 +25,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
+
 __all__ = ["ALIGNMENT_SCHEMA", "Alignment", "Pair"]
+
+_APPLIED = DatasetMemo(size=2)  # Alignment.apply of a baseline (the comparison and the pre-flight checks)
 
 ALIGNMENT_SCHEMA = "precnb.alignment/1"
 _COORDS = ("node", "module", "api", "kind", "direction", "role", "parent", "call", "micro_step")
@@ -290,6 +294,13 @@ class Alignment:
         """
         if self.identical or self.applied:
             return baseline
+        from precnb.analysis.compare_prep import alignment_key
+
+        # the comparison and the pre-flight checks both rename the same baseline: once (a shallow copy each)
+        return _APPLIED.get([baseline], ("apply", alignment_key(self)), lambda: self._apply(baseline),
+                            copy=lambda ds: ds.copy(deep=False))
+
+    def _apply(self, baseline: xr.Dataset) -> xr.Dataset:
         tmap = {p.baseline: p.target for p in self.tensors}
         # not compared: glue / organisation / not captured, and the tensors of a paired node that have
         # no counterpart in its partner (an extra output of one framework's op is no structural difference)

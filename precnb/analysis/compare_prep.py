@@ -1,0 +1,78 @@
+"""What :func:`precnb.analysis.compare.compare_runs` computes before any tolerance is applied, reused.
+
+Renaming the baseline into the target's names (:meth:`~precnb.analysis.align.Alignment.apply`), the
+common steps and ranks, the shape and dtype differences, the combined grid and each record's relative
+difference depend on the two runs, the alignment's pairs and the step / rank selection: not on the
+tolerance. An explorer's rerun with another tolerance (or a Match that leaves every tensor pair as it
+was) passes the same dataset objects again: this part is taken from the previous comparison
+(:class:`precnb.analysis._memo.DatasetMemo`) and only thresholded again. The answer is the one computed
+afresh (``tests/test_rerun_reuse.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import xarray as xr
+
+from precnb.analysis._memo import DatasetMemo
+from precnb.analysis.tolerance import relative_difference
+
+__all__ = ["Prepared", "alignment_key", "prepared_pair"]
+
+_PREPARED = DatasetMemo(size=2)
+
+
+@dataclass
+class Prepared:
+    """The tolerance-free part of a comparison (read, never changed, by its callers)."""
+
+    b: xr.Dataset
+    t: xr.Dataset
+    names: tuple[str, str]
+    off: int
+    aligned: bool
+    disjoint: bool = False
+    both_ds: Any = None
+    shape_changed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    glue: dict[str, str] = field(default_factory=dict)
+    cross: bool = False
+    dtype_differs: Any = None
+    dtype_changed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    dtype_notes: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    _rel: dict[Any, xr.DataArray] = field(default_factory=dict)
+
+    def rel(self, stats: tuple[str, ...], atol: float) -> xr.DataArray:
+        """Each record's relative difference (the largest over *stats*), computed once per *atol*."""
+        key = (tuple(stats), float(atol))
+        if key not in self._rel:
+            bb, tt = self.both_ds.isel(run=0), self.both_ds.isel(run=1)
+            self._rel[key] = relative_difference(bb, tt, stats, atol=atol).max("stat")
+        return self._rel[key]
+
+
+def alignment_key(alignment: Any) -> Any:
+    """What of *alignment* the renaming reads (its pairs, glue, target coordinates): equal keys, same renaming.
+
+    None: no renaming (no alignment, or an identical one).
+    """
+    if alignment is None or getattr(alignment, "identical", True):
+        return None
+    return (tuple((p.baseline, p.target) for p in alignment.tensors),
+            tuple((p.baseline, p.target) for p in alignment.nodes),
+            repr(alignment.unpaired), tuple(alignment.frameworks), bool(getattr(alignment, "applied", False)),
+            repr(sorted(alignment.target_coords.items())))
+
+
+def prepared_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, steps: Any, ranks: Any,
+                  step_offset: Any, alignment: Any, disjoint: str, compute: Callable[[], Prepared]) -> Prepared:
+    """*compute()*, reused while the same datasets come with an equal alignment and selection.
+
+    *compute* is :func:`precnb.analysis.compare.prepare_pair` of these arguments.
+    """
+    datasets = [baseline] if target is None else [baseline, target]
+    key = ("prepared", repr(runs), repr(None if steps is None else list(steps)),
+           repr(None if ranks is None else list(ranks)), repr(step_offset), disjoint, alignment_key(alignment))
+    return _PREPARED.get(datasets, key, compute, copy=False)
