@@ -157,3 +157,12 @@ def test_bench_ranks_smoke(tmp_path):
     assert (first["finding"]["step"], first["finding"]["node"]) == (0, injected["divergence"]["node"])
     assert set(first["opened"]) <= {"0", "1"}
     assert "ranks × 4 steps: precnb against json.loads on all cores" in results.read_text()
+
+
+def test_bench_compare_memory_smoke(tmp_path):
+    results = tmp_path / "compare_memory.json"
+    _run(str(BENCH / "bench_compare_memory.py"), "--ranks", "4", "--out", str(tmp_path / "w"),
+         "--results", str(results))
+    rows = json.loads(results.read_text())["rows"]
+    manifest = json.loads(next((tmp_path / "w").rglob("manifest.json")).read_text())
+    assert rows and all(r["finding"] == manifest["divergence"] for r in rows), rows

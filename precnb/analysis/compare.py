@@ -290,6 +290,13 @@ def _disjoint(b: xr.Dataset, t: xr.Dataset, names: tuple[str, str], off: int, to
                       dtype_differs=none)
 
 
+def _restrict(ds: xr.Dataset, steps: list[Any], ranks: list[Any]) -> xr.Dataset:
+    """*ds* on these steps and ranks: *ds* itself when they are all of its own, in its order (no copy)."""
+    if ds["step"].values.tolist() == list(steps) and ds["rank"].values.tolist() == list(ranks):
+        return ds
+    return ds.sel(step=steps, rank=ranks)
+
+
 def compare_runs(
     baseline: xr.Dataset,
     target: xr.Dataset | None = None,
@@ -452,8 +459,7 @@ def prepare_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, 
             f"the runs share no step/rank to compare (baseline steps {b['step'].values.tolist()}, "
             f"target steps {t['step'].values.tolist()} after offset {off}; baseline ranks "
             f"{b['rank'].values.tolist()}, target ranks {t['rank'].values.tolist()})")
-    b = b.sel(step=common_steps, rank=common_ranks)
-    t = t.sel(step=common_steps, rank=common_ranks)
+    b, t = _restrict(b, common_steps, common_ranks), _restrict(t, common_steps, common_ranks)
     shape_changed: dict[str, tuple[str, str]] = {}
     shared = b.indexes["tensor"].intersection(t.indexes["tensor"])
     glue = {**glue_labels(b), **glue_labels(t),  # tensor-parallel glue of a merged side: no counterpart
