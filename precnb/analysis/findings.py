@@ -159,100 +159,138 @@ class Finding:
         """Strict JSON text."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
-    def summary(self) -> str:  # noqa: C901
+    def summary(self) -> str:
         """A readable multi-line summary (what the CLI prints without ``--json``)."""
-        title, _, reason = self.headline.partition(": ")
-        lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]
         from precnb.analysis.registry import checklist
 
         checks = checklist(self)  # the pre-flight checks
         if checks:
-            failed = sum(1 for c in checks if c.get("status") == "fail")
-            n = {s: sum(1 for c in checks if c.get("status") == s) for s in ("pass", "warn", "skip")}
-            head = (f"PRE-FLIGHT CHECK FAILED: {failed} of {len(checks)} checks" if self.found else
-                    f"PRE-FLIGHT: NO CHECK FAILED, {n['warn']} WARNING{'S' if n['warn'] > 1 else ''}: "
-                    f"{n['pass']} pass, {n['warn']} warn, {n['skip']} skip" if n["warn"] else
-                    f"PRE-FLIGHT CHECKS PASSED: {n['pass']} pass, {n['skip']} skip")
-            tail = [f"  hint: {h}" for h in self.hints if h.startswith("later differences")]
-            tail += [f"  then: {h}" for h in self.evidence.get("later_findings_text", [])]
-            return "\n".join([head, *checklist_lines(checks), *tail])
-        if self.kind != "none":
-            lines.append(f"  step {self.step}, rank {self.rank}{device_text(self.device)}")
-            if self.node:
-                lines.append(f"  node   {self.node}")
-            if self.tensor:
-                lines.append(f"  tensor {self.tensor}")
-            if self.module:
-                lines.append(f"  module {self.module}")
-            b = self.baseline or {}
-            differ = [k for k in ("node", "tensor", "module") if b.get(k) and b.get(k) != getattr(self, k)]
-            for k in differ:
-                lines.append(f"  baseline {k:<6} {b[k]}")
-        aligned = self.evidence.get("alignment") if isinstance(self.evidence, dict) else None
-        if aligned:
-            lines.append(f"  aligned: {aligned}")
-        skipped = self.stats.get("steps_not_searched") if isinstance(self.stats, dict) else None
-        if skipped:
-            from precnb.analysis.summary import format_ranges
-
-            lines.append(f"  steps  {format_ranges(skipped)} not read: a later step cannot come first")
-        for k, v in self.values.items():
-            if isinstance(v, dict):
-                flat = {a: b for a, b in v.items() if not isinstance(b, dict)}
-                vs = "  ".join(f"{a}={_fmt(b)}" for a, b in flat.items())
-                lines.append(f"  {k:<9} {vs}")
-                for a, b in v.items():
-                    if isinstance(b, dict):
-                        lines.append(f"    {a:<9} " + "  ".join(f"{c}={_fmt(d)}" for c, d in b.items()))
-        for c in self.causes:
-            lines.append(f"  cause{'' if c.get('certain') else '?'}: {c['text']}")
-        if self.gap:
-            g = self.gap
-            lines.append(f"  gap    in {g.get('module') or 'the model'}: {g['missing']}")
-            for t in g.get("last_clean") or []:
-                lines.append(f"    last clean  {t['tensor']}  {t['shape']}")
-            lines.append(f"    first bad   {g['first_bad']['tensor']}  {g['first_bad']['shape']}")
-            if g["capture"].get("register_custom_api"):
-                lines.append(f"    capture     {g['capture']['register_custom_api']}")
-            lines.append(f"    capture     level {g['capture']['level']}, list {g['capture']['list']}")
-        for h in self.hints:
-            lines.append(f"  hint: {h}")
-        if self.structural:
-            lines.append(f"  structural differences: {len(self.structural)} node(s) in one run only, e.g.")
-            for s in self.structural[:5]:
-                lines.append(f"    {s['node']} (only in {s['only_in']})")
-        if self.crc_only:
-            lines.append(f"  CRC-only differences (statistics identical): {len(self.crc_only)}, e.g.")
-            for c in self.crc_only[:3]:
-                lines.append(f"    step {c['step']} rank {c['rank']} {c['tensor']}")
-        if self.suspects:
-            lines.append("  suspects:")
-            for s in self.suspects[:5]:
-                lines.append(f"    step {s.get('step')} rank {s.get('rank')}{device_text(s.get('device'))} "
-                             f"{s.get('tensor') or s.get('node')}"
-                             f"  ({s.get('why', '')})")
-        trend = self.evidence.get("trend") if isinstance(self.evidence, dict) else None
-        if trend:
-            ch = trend.get("first_reference_change")
-            lines.append("  trend  modules by lead time"
-                         + (f" before the loss / grad-norm change at step {ch}:" if ch is not None else
-                            " (no loss / grad-norm change recorded):"))
-            for m in trend.get("modules", [])[:6]:
-                lead = f", lead {m['lead_steps']} step(s)" if m.get("lead_steps") is not None else ""
-                lines.append(f"    {m.get('module') or m['node']}: {m['stat']} {m['direction']} from step "
-                             f"{m['onset_step']} (rank {m['rank']}{lead})")
-        if self.dump_plan:
-            p = self.dump_plan
-            lines.append(f"  plan: {p['summary']} (`precnb plan` writes the msprobe config.json)")
-            if p.get("repro"):  # a tensor dump: the departing op re-run on its dumped inputs
-                lines.append(f"  repro: {p['repro']}")
-        stack = self.evidence.get("stack") or []
-        if stack:
-            lines.append("  stack (innermost first):")
-            for fr in stack[:4]:
-                lines.append("    " + fr.replace("\n", " ").strip())
+            return _checklist_summary(self, checks)
+        title, _, reason = self.headline.partition(": ")
+        lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]
+        for part in (_where_lines, _value_lines, _gap_lines, _difference_lines, _trend_lines, _plan_lines):
+            lines += part(self)
         return "\n".join(lines)
 
+
+
+def _checklist_summary(f: Finding, checks: list[dict[str, Any]]) -> str:
+    failed = sum(1 for c in checks if c.get("status") == "fail")
+    n = {s: sum(1 for c in checks if c.get("status") == s) for s in ("pass", "warn", "skip")}
+    head = (f"PRE-FLIGHT CHECK FAILED: {failed} of {len(checks)} checks" if f.found else
+            f"PRE-FLIGHT: NO CHECK FAILED, {n['warn']} WARNING{'S' if n['warn'] > 1 else ''}: "
+            f"{n['pass']} pass, {n['warn']} warn, {n['skip']} skip" if n["warn"] else
+            f"PRE-FLIGHT CHECKS PASSED: {n['pass']} pass, {n['skip']} skip")
+    tail = [f"  hint: {h}" for h in f.hints if h.startswith("later differences")]
+    tail += [f"  then: {h}" for h in f.evidence.get("later_findings_text", [])]
+    return "\n".join([head, *checklist_lines(checks), *tail])
+
+
+def _where_lines(f: Finding) -> list[str]:
+    """Step, rank, device, node, tensor, module (and the baseline's where they differ); alignment; steps not read."""
+    lines: list[str] = []
+    if f.kind != "none":
+        lines.append(f"  step {f.step}, rank {f.rank}{device_text(f.device)}")
+        if f.node:
+            lines.append(f"  node   {f.node}")
+        if f.tensor:
+            lines.append(f"  tensor {f.tensor}")
+        if f.module:
+            lines.append(f"  module {f.module}")
+        b = f.baseline or {}
+        differ = [k for k in ("node", "tensor", "module") if b.get(k) and b.get(k) != getattr(f, k)]
+        for k in differ:
+            lines.append(f"  baseline {k:<6} {b[k]}")
+    aligned = f.evidence.get("alignment") if isinstance(f.evidence, dict) else None
+    if aligned:
+        lines.append(f"  aligned: {aligned}")
+    skipped = f.stats.get("steps_not_searched") if isinstance(f.stats, dict) else None
+    if skipped:
+        from precnb.analysis.summary import format_ranges
+
+        lines.append(f"  steps  {format_ranges(skipped)} not read: a later step cannot come first")
+    return lines
+
+
+def _value_lines(f: Finding) -> list[str]:
+    """The finding's values (one line per group, nested groups indented) and its causes."""
+    lines: list[str] = []
+    for k, v in f.values.items():
+        if isinstance(v, dict):
+            flat = {a: b for a, b in v.items() if not isinstance(b, dict)}
+            vs = "  ".join(f"{a}={_fmt(b)}" for a, b in flat.items())
+            lines.append(f"  {k:<9} {vs}")
+            for a, b in v.items():
+                if isinstance(b, dict):
+                    lines.append(f"    {a:<9} " + "  ".join(f"{c}={_fmt(d)}" for c, d in b.items()))
+    for c in f.causes:
+        lines.append(f"  cause{'' if c.get('certain') else '?'}: {c['text']}")
+    return lines
+
+
+def _gap_lines(f: Finding) -> list[str]:
+    """The coverage gap (what the dump missed, how to capture it) and the hints."""
+    lines: list[str] = []
+    if f.gap:
+        g = f.gap
+        lines.append(f"  gap    in {g.get('module') or 'the model'}: {g['missing']}")
+        for t in g.get("last_clean") or []:
+            lines.append(f"    last clean  {t['tensor']}  {t['shape']}")
+        lines.append(f"    first bad   {g['first_bad']['tensor']}  {g['first_bad']['shape']}")
+        if g["capture"].get("register_custom_api"):
+            lines.append(f"    capture     {g['capture']['register_custom_api']}")
+        lines.append(f"    capture     level {g['capture']['level']}, list {g['capture']['list']}")
+    lines += [f"  hint: {h}" for h in f.hints]
+    return lines
+
+
+def _difference_lines(f: Finding) -> list[str]:
+    """Structural and CRC-only differences, and the suspects (a few of each)."""
+    lines: list[str] = []
+    if f.structural:
+        lines.append(f"  structural differences: {len(f.structural)} node(s) in one run only, e.g.")
+        lines += [f"    {s['node']} (only in {s['only_in']})" for s in f.structural[:5]]
+    if f.crc_only:
+        lines.append(f"  CRC-only differences (statistics identical): {len(f.crc_only)}, e.g.")
+        lines += [f"    step {c['step']} rank {c['rank']} {c['tensor']}" for c in f.crc_only[:3]]
+    if f.suspects:
+        lines.append("  suspects:")
+        for s in f.suspects[:5]:
+            lines.append(f"    step {s.get('step')} rank {s.get('rank')}{device_text(s.get('device'))} "
+                         f"{s.get('tensor') or s.get('node')}"
+                         f"  ({s.get('why', '')})")
+    return lines
+
+
+def _trend_lines(f: Finding) -> list[str]:
+    """Modules by how many steps they led the loss / grad-norm change."""
+    trend = f.evidence.get("trend") if isinstance(f.evidence, dict) else None
+    if not trend:
+        return []
+    ch = trend.get("first_reference_change")
+    lines = ["  trend  modules by lead time"
+             + (f" before the loss / grad-norm change at step {ch}:" if ch is not None else
+                " (no loss / grad-norm change recorded):")]
+    for m in trend.get("modules", [])[:6]:
+        lead = f", lead {m['lead_steps']} step(s)" if m.get("lead_steps") is not None else ""
+        lines.append(f"    {m.get('module') or m['node']}: {m['stat']} {m['direction']} from step "
+                     f"{m['onset_step']} (rank {m['rank']}{lead})")
+    return lines
+
+
+def _plan_lines(f: Finding) -> list[str]:
+    """The dump plan (and its repro) and the innermost frames of the stack."""
+    lines: list[str] = []
+    if f.dump_plan:
+        p = f.dump_plan
+        lines.append(f"  plan: {p['summary']} (`precnb plan` writes the msprobe config.json)")
+        if p.get("repro"):  # a tensor dump: the departing op re-run on its dumped inputs
+            lines.append(f"  repro: {p['repro']}")
+    stack = f.evidence.get("stack") or []
+    if stack:
+        lines.append("  stack (innermost first):")
+        lines += ["    " + fr.replace("\n", " ").strip() for fr in stack[:4]]
+    return lines
 
 def device_text(device: Any) -> str:
     """`` (host 10.0.0.1, device 3)`` for a device dict, ``""`` for None.
