@@ -68,6 +68,15 @@ def add_layout_options(p: argparse.ArgumentParser) -> None:
 
 
 
+def _one_run_parser(sub: Any, name: str, text: str, *, json_help: str | None = "print one JSON finding") -> Any:
+    """A sub-command on one RUN with ``--json`` and ``--step``."""
+    p = sub.add_parser(name, help=text)
+    p.add_argument("run")
+    p.add_argument("--json", action="store_true", help=json_help)
+    p.add_argument("--step", type=step, help="only this step")
+    return p
+
+
 def add_diff_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
     """The ``diff`` sub-command's parser."""
     p = sub.add_parser("diff", help="first divergence between a baseline and a target run")
@@ -136,10 +145,7 @@ def add_preflight_parser(sub: Any, add_load_options: Callable[[argparse.Argument
 
 def add_nan_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
     """The ``nan`` sub-command's parser."""
-    p = sub.add_parser("nan", help="where NaN (or a new ±inf) first appeared, across ranks")
-    p.add_argument("run")
-    p.add_argument("--json", action="store_true", help="print one JSON finding")
-    p.add_argument("--step", type=step, help="only this step")
+    p = _one_run_parser(sub, "nan", "where NaN (or a new ±inf) first appeared, across ranks")
     add_rank_table_option(p)
     add_load_options(p)
     return p
@@ -149,10 +155,7 @@ def add_anomalies_parser(sub: Any, add_load_options: Callable[[argparse.Argument
     """The ``anomalies`` sub-command's parser."""
     from precnb.pipeline.options import DEFAULTS
 
-    p = sub.add_parser("anomalies", help="NaN/Inf transitions and spikes over steps, ranked")
-    p.add_argument("run")
-    p.add_argument("--json", action="store_true", help="print one JSON finding")
-    p.add_argument("--step", type=step, help="only this step")
+    p = _one_run_parser(sub, "anomalies", "NaN/Inf transitions and spikes over steps, ranked")
     p.add_argument("--z", type=positive, default=None,
                    help=f"robust z-score threshold (default {DEFAULTS.spike_z:g})")
     p.add_argument("--ratio", type=positive, default=None,
@@ -187,10 +190,7 @@ def add_replicas_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentP
     """The ``replicas`` sub-command's parser."""
     from precnb.pipeline.options import DEFAULTS
 
-    p = sub.add_parser("replicas", help="ranks whose replicated tensors differ from their replicas")
-    p.add_argument("run")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--step", type=step, help="only this step")
+    p = _one_run_parser(sub, "replicas", "ranks whose replicated tensors differ from their replicas", json_help=None)
     p.add_argument("--rtol", type=positive, default=None,
                    help=f"relative tolerance (default {DEFAULTS.replica_rtol:g})")
     p.add_argument("--baseline", dest="replica_baseline", metavar="RUN",
