@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from precnb.io._fs import is_dir
+from precnb.io._fs import is_dir, list_dir
 
 __all__ = ["MAX_INDEX", "RANK_DIR", "dirs_at_depth", "folder_number", "rank_folder"]
 
@@ -69,7 +69,7 @@ def dirs_at_depth(root: Path, depth: int, *, ranks_first: bool, problems: list[t
         last = i == depth - 1
         for d in level:
             try:
-                children = sorted(d.iterdir(), key=lambda c: c.name)
+                children = list_dir(d)
             except OSError as exc:
                 if report_root or d is not root:
                     problems.append((str(d), f"cannot list folder: {exc.strerror or exc}"))
