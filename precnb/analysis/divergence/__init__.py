@@ -1,0 +1,22 @@
+"""First divergence between a baseline and a target run: the search and what it needs.
+
+* :mod:`~precnb.analysis.divergence.search` — :func:`first_divergence` (in memory, or step by step
+  for lazily opened runs) and :func:`pair_comparison`, the comparison it judges;
+* :mod:`~precnb.analysis.divergence.crossfw` — two frameworks: their noise floor and the differences
+  they only record differently;
+* :mod:`~precnb.analysis.divergence.versions` — differences that are how two msprobe releases record;
+* :mod:`~precnb.analysis.divergence.hints` — hints that turn the numbers into likely causes.
+"""
+
+from __future__ import annotations
+
+from precnb.analysis.divergence.crossfw import noise_floor, searched_differences, two_frameworks
+from precnb.analysis.divergence.search import (
+    first_divergence,
+    first_divergence_stepwise,
+    pair_comparison,
+    structural_differences,
+)
+
+__all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "pair_comparison", "searched_differences",
+           "structural_differences", "two_frameworks"]
