@@ -296,7 +296,7 @@ def test_grad_ratio_hint_with_zero_target_norms_warns_nothing():
     """A vanished gradient (norm 0 in the target) must not print a divide-by-zero warning into a notebook."""
     import warnings
 
-    from precnb.analysis.hints import grad_ratio_hint
+    from precnb.analysis.divergence.hints import grad_ratio_hint
 
     ds = precnb.open_run(sample_path("divergence", "baseline"), progress=False)
     grads = ds["kind"].values == "param_grad"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import precnb
+from precnb.analysis.divergence.versions import counters_continue, releases_of
 from precnb.analysis.preflight import preflight
-from precnb.analysis.versions import counters_continue, releases_of
 from precnb.io.msprobe.release import RELEASES, release_range
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +151,7 @@ def test_call_counters_that_go_on_across_steps_are_explained(tmp_path):
 
 
 def test_the_counter_hint_names_the_run_and_the_step(tmp_path):
-    from precnb.analysis.versions import version_structural_hints
+    from precnb.analysis.divergence.versions import version_structural_hints
 
     going = _open(_two_step_run(tmp_path / "going", (0, 2)))
     reset = _open(_two_step_run(tmp_path / "reset", (0, 0)))

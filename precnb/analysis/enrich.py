@@ -50,7 +50,7 @@ def origin_ratio_hint(base: xr.Dataset, targ: xr.Dataset, *, node: str, step: in
         ok &= np.abs(nt - nb) > 1e-6 * np.abs(nb)  # the tensors that differ
     if not ok.any():
         return None
-    from precnb.analysis.hints import integer_ratio_hint
+    from precnb.analysis.divergence.hints import integer_ratio_hint
 
     msg = integer_ratio_hint(nb[ok], nt[ok], int(targ.sizes["rank"]), names, what="differing tensor norms are")
     return f"at the first value difference ({node}, step {step}) {msg}" if msg else None

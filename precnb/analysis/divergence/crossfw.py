@@ -15,8 +15,8 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.compare import Comparison
+from precnb.analysis.divergence.versions import late_inplace_inputs, releases_of
 from precnb.analysis.tolerance import Tolerance
-from precnb.analysis.versions import late_inplace_inputs, releases_of
 
 __all__ = ["ISOLATION_WINDOW", "MAX_ISOLATED", "NOISE_FACTOR", "noise_floor", "searched_differences",
            "two_frameworks"]

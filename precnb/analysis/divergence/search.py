@@ -11,20 +11,25 @@ import xarray as xr
 
 from precnb.analysis.compare import Comparison, NothingToCompareError, compare_runs, split_runs
 from precnb.analysis.compared import compared_part, nothing_compared
-from precnb.analysis.crossfw import _drop_isolated, noise_floor, searched_differences, two_frameworks
-from precnb.analysis.evidence import entry_values, first_by_seq, node_evidence
-from precnb.analysis.findings import Finding
-from precnb.analysis.hints import (
+from precnb.analysis.divergence.crossfw import _drop_isolated, noise_floor, searched_differences, two_frameworks
+from precnb.analysis.divergence.hints import (
     divergence_hints,
     grad_ratio_hint,
     ratio_hint,
     structural_hints,
     zero_parameter_hints,
 )
+from precnb.analysis.divergence.versions import (
+    late_inplace_inputs,
+    late_inplace_text,
+    releases_of,
+    version_structural_hints,
+)
+from precnb.analysis.evidence import entry_values, first_by_seq, node_evidence
+from precnb.analysis.findings import Finding
 from precnb.analysis.order import after_collectives, first_event_per_rank, pick_origin
 from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.tolerance import Tolerance
-from precnb.analysis.versions import late_inplace_inputs, late_inplace_text, releases_of, version_structural_hints
 from precnb.schema import entry_dtype, entry_meta
 
 __all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "pair_comparison", "searched_differences",
