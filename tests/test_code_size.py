@@ -19,7 +19,7 @@ FUNCTION_LINES = 80
 # over the limits when the limits were set (2026-12): to split, never to extend
 LONG_MODULES = {
     "precnb/_write.py", "precnb/analysis/align/pairing.py", "precnb/analysis/anomalies.py",
-    "precnb/analysis/compare.py", "precnb/analysis/departures.py", "precnb/analysis/divergence/search.py",
+    "precnb/analysis/compare.py", "precnb/analysis/departures.py",
     "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight/__init__.py",
     "precnb/combine.py",
     "precnb/io/_assemble.py", "precnb/io/config_check.py",
@@ -29,7 +29,6 @@ LONG_MODULES = {
 }
 LONG_FUNCTIONS = {
     "precnb/analysis/devices.py::device_verdicts",
-    "precnb/analysis/divergence/search.py::first_divergence",
     "precnb/analysis/merge.py::classify_shards", "precnb/analysis/merge.py::merge_group_dim",
     "precnb/analysis/nan_origin.py::_finding", "precnb/analysis/pp.py::_assemble_groups",
     "precnb/analysis/rank_args.py::rank_dependent",
@@ -86,4 +85,4 @@ def test_complexity_exceptions_are_the_listed_ones():
             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if "# noqa: C901" in line and line.lstrip().startswith(("def ", "async def ")):
                     marked.append(f"{path.relative_to(ROOT).as_posix()}:{i}")
-    assert len(marked) <= 12, marked  # 16 when the rule was set (2026-12), 12 since: split one, lower this
+    assert len(marked) <= 11, marked  # 16 when the rule was set (2026-12), 11 since: split one, lower this

@@ -2,6 +2,10 @@
 
 * :mod:`~precnb.analysis.divergence.search` — :func:`first_divergence` (in memory, or step by step
   for lazily opened runs) and :func:`pair_comparison`, the comparison it judges;
+* :mod:`~precnb.analysis.divergence.judged` — the pair as the search judges it (differences, stats,
+  hints, what was set aside); :mod:`~precnb.analysis.divergence.origin` — the finding at the origin
+  (with :mod:`~precnb.analysis.divergence.culprit`, the culprit module), and
+  :mod:`~precnb.analysis.divergence.structural` — nodes recorded in one run only;
 * :mod:`~precnb.analysis.divergence.crossfw` — two frameworks: their noise floor and the differences
   they only record differently;
 * :mod:`~precnb.analysis.divergence.versions` — differences that are how two msprobe releases record;
@@ -11,12 +15,8 @@
 from __future__ import annotations
 
 from precnb.analysis.divergence.crossfw import noise_floor, searched_differences, two_frameworks
-from precnb.analysis.divergence.search import (
-    first_divergence,
-    first_divergence_stepwise,
-    pair_comparison,
-    structural_differences,
-)
+from precnb.analysis.divergence.search import first_divergence, first_divergence_stepwise, pair_comparison
+from precnb.analysis.divergence.structural import structural_differences
 
 __all__ = ["first_divergence", "first_divergence_stepwise", "noise_floor", "pair_comparison", "searched_differences",
            "structural_differences", "two_frameworks"]
