@@ -105,7 +105,7 @@ def test_sqrt_of_negative_on_dp_nan():
 
 
 def test_division_and_overflow_rules():
-    from precnb.analysis.causes import _op_causes, division_cause
+    from precnb.analysis.nan.causes import _op_causes, division_cause
 
     assert division_cause({"min": 0.0, "max": 3.0}, {"min": 0.0, "max": 9.0}, nan=True)["text"].startswith(
         "0/0: division by a zero count")

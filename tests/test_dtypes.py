@@ -27,7 +27,7 @@ def test_one_spelling_and_the_relations():
 
 
 def test_the_old_spellings_all_go_through_the_table():
-    from precnb.analysis.causes import _dtype_key as causes_key
+    from precnb.analysis.nan.causes import _dtype_key as causes_key
     from precnb.analysis.plan import dtype_size as plan_size
     from precnb.analysis.precision import normalise_dtype
     from precnb.analysis.tolerance import Tolerance, _dtype_key

@@ -13,7 +13,7 @@ from precnb.analysis.findings import FINDING_SCHEMA, Finding, to_json
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.masks import nonfinite, recorded, stat_vars
 from precnb.analysis.merge import classify_shards, merge_shards
-from precnb.analysis.nan_origin import nan_origin
+from precnb.analysis.nan import nan_origin
 from precnb.analysis.replicas import check_replicas
 from precnb.analysis.summary import summarize
 from precnb.analysis.tensor.verdicts import TensorThresholds

@@ -34,7 +34,7 @@ import xarray as xr
 
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
-from precnb.analysis.nan_origin import event_mask, lazy_persistence
+from precnb.analysis.nan import event_mask, lazy_persistence
 from precnb.schema import entry_meta
 
 __all__ = ["SpikeRule", "anomalies", "anomaly_table", "same_calls"]

@@ -37,7 +37,7 @@ def _first_divergence(ctx: Context) -> Any:
 
 
 def _nan_origin(ctx: Context) -> Any:
-    from precnb.analysis.nan_origin import nan_origin
+    from precnb.analysis.nan import nan_origin
 
     return nan_origin(ctx.target)
 

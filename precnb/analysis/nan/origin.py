@@ -321,8 +321,8 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     if len([p for p in per_rank if not p.inherited and p.epoch == origin.epoch]) > 1:
         hints.append("several ranks create NaN independently at this step: suspect shared data "
                      "or shared parameters rather than one rank")
-    from precnb.analysis.causes import nan_causes
     from precnb.analysis.coverage import find_gap, gap_hint
+    from precnb.analysis.nan.causes import nan_causes
 
     causes = nan_causes(ds, step=step, rank=origin.rank, tensor=origin.tensor) if created else []
     gap = None if created or origin.inherited else find_gap(ds, step=step, rank=origin.rank, tensor=origin.tensor,
