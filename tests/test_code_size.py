@@ -30,7 +30,7 @@ LONG_MODULES = {
 LONG_FUNCTIONS = {
     "precnb/analysis/devices.py::device_verdicts",
     "precnb/analysis/merge.py::classify_shards", "precnb/analysis/merge.py::merge_group_dim",
-    "precnb/analysis/nan/origin.py::_finding", "precnb/analysis/pp.py::_assemble_groups",
+    "precnb/analysis/pp.py::_assemble_groups",
     "precnb/analysis/rank_args.py::rank_dependent",
     "precnb/pipeline/triage.py::diagnose",
 }

@@ -26,7 +26,7 @@ import xarray as xr
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.masks import nonfinite
-from precnb.analysis.order import after_collectives, first_event_per_rank, pick_origin
+from precnb.analysis.order import RankEvent, after_collectives, first_event_per_rank, pick_origin
 from precnb.analysis.undefined import set_aside, undefined_mask
 from precnb.combine import select_run
 from precnb.schema import entry_meta
@@ -240,15 +240,9 @@ def _nan_origin_lazy(ds: xr.Dataset) -> Finding:
     return _finding(ds.isel(step=[]).load(), None, None, stats, benign_any=benign_parts, aside=aside)
 
 
-def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray | None,
-             stats: dict[str, Any], *, benign_any: list[xr.DataArray] | None = None,
-             aside: list[dict[str, Any]] | None = None) -> Finding:
-    """The finding, from the event and benign masks of *ds* (the steps searched).
-
-    *aside*: the non-finite entries set aside as undefined (:func:`precnb.analysis.undefined.set_aside`),
-    listed in the finding's ``evidence["set_aside"]`` and a hint.
-    """
-    aside = _merge_aside(aside or [])
+def _benign_hints(ds: xr.Dataset, benign: xr.DataArray | None, benign_any: list[xr.DataArray] | None,
+                  aside: list[dict[str, Any]], stats: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The nodes whose non-finite values are benign, and the hints on them and on what was set aside."""
     if benign_any is not None:
         mask = np.zeros(ds.sizes["tensor"], bool)
         for b in benign_any:
@@ -265,27 +259,27 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     if aside:
         hints.append(_aside_hint(aside))
         stats["set_aside_entries"] = sum(a["entries"] for a in aside)
-    if events is None or not bool(events.any()):
-        return Finding(kind="none", reason="no NaN and no unexpected ±inf in the recorded statistics",
-                       hints=hints, stats=stats, evidence={"benign_nodes": benign_nodes[:50], "set_aside": aside})
-    any_step = events.any(["rank", "tensor"])
-    step = int(ds["step"].values[int(np.argmax(any_step.values))])
-    per_rank = first_event_per_rank(events, ds["seq"], ds, step)
-    origin, others = pick_origin(per_rank)
-    assert origin is not None
+    return benign_nodes, hints
+
+
+def _inputs_with_inf(ds: xr.Dataset, e: xr.Dataset, step: int, origin: RankEvent) -> list[str]:
+    """The origin node's inputs (and parameters) recorded with a non-finite statistic (undefined ones left out)."""
+    node_cols = np.flatnonzero(ds["node"].values == origin.node)
+    inputs = [c for c in node_cols if ds["role"].values[c] in ("input", "parameter")]
+    und = undefined_mask(ds)[list(ds["step"].values).index(step), list(ds["rank"].values).index(origin.rank)]
+    return [str(ds["tensor"].values[c]) for c in inputs
+            if bool(e["present"].values[c]) and not und[c] and not np.isfinite(
+                [e[s].values[c] for s in ("max", "min", "mean", "norm")]).all()]
+
+
+def _how(ds: xr.Dataset, step: int, origin: RankEvent) -> tuple[bool, bool, str, list[str]]:
+    """``(is_nan, created, how, inputs_with_inf)``: what the origin holds and whether its node created it."""
     j = list(ds["tensor"].values).index(origin.tensor)
     role = str(ds["role"].values[j])
     kind = str(ds["kind"].values[j])
     e = ds.sel(step=step, rank=origin.rank)
     is_nan = bool(nonfinite(e.sel(tensor=[origin.tensor]), kind="nan").any())
-    what = "NaN" if is_nan else "±inf"
-    node = origin.node
-    node_cols = np.flatnonzero(ds["node"].values == node)
-    inputs = [c for c in node_cols if ds["role"].values[c] in ("input", "parameter")]
-    und = undefined_mask(ds)[list(ds["step"].values).index(step), list(ds["rank"].values).index(origin.rank)]
-    input_inf = [str(ds["tensor"].values[c]) for c in inputs
-                 if bool(e["present"].values[c]) and not und[c] and not np.isfinite(
-                     [e[s].values[c] for s in ("max", "min", "mean", "norm")]).all()]
+    input_inf = _inputs_with_inf(ds, e, step, origin)
     if kind == "monitor":
         how = "first recorded in this monitored tensor"
         created = True
@@ -302,17 +296,23 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
         created = False
         how = "came in through this node's inputs (not produced by any recorded op: data, " \
               "parameters or an unhooked op)"
-    reason = f"first {what} at step {step}, rank {origin.rank}: {node} — {how}"
-    values = {"entry": entry_values(ds, step=step, rank=origin.rank, tensor=origin.tensor),
-              "created_by_node": created}
-    if input_inf:
-        values["inputs_with_inf"] = input_inf
-    suspects = [{"step": step, "rank": origin.rank, "node": node, "tensor": origin.tensor,
+    return is_nan, created, how, input_inf
+
+
+def _suspects(step: int, origin: RankEvent, others: list[RankEvent]) -> list[dict[str, Any]]:
+    """The origin, then each other rank's first event (inherited, or after how many collectives)."""
+    suspects = [{"step": step, "rank": origin.rank, "node": origin.node, "tensor": origin.tensor,
                  "why": "origin", "epoch": origin.epoch}]
     for ev in others:
         suspects.append({"step": ev.step, "rank": ev.rank, "node": ev.node, "tensor": ev.tensor,
                          "why": "inherited via communication" if ev.inherited else
                          f"first event on rank {ev.rank}, {after_collectives(ev.epoch)}", "epoch": ev.epoch})
+    return suspects
+
+
+def _rank_hints(origin: RankEvent, per_rank: list[RankEvent]) -> list[str]:
+    """What the ranks' first events say: no local origin anywhere, or several ranks creating NaN at once."""
+    hints = []
     if origin.inherited:
         hints.append("no rank shows a local origin: the collective itself produced the NaN "
                      "(check its dtype / reduce op), or the source rank was not dumped")
@@ -321,6 +321,36 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     if len([p for p in per_rank if not p.inherited and p.epoch == origin.epoch]) > 1:
         hints.append("several ranks create NaN independently at this step: suspect shared data "
                      "or shared parameters rather than one rank")
+    return hints
+
+
+def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray | None,
+             stats: dict[str, Any], *, benign_any: list[xr.DataArray] | None = None,
+             aside: list[dict[str, Any]] | None = None) -> Finding:
+    """The finding, from the event and benign masks of *ds* (the steps searched).
+
+    *aside*: the non-finite entries set aside as undefined (:func:`precnb.analysis.undefined.set_aside`),
+    listed in the finding's ``evidence["set_aside"]`` and a hint.
+    """
+    aside = _merge_aside(aside or [])
+    benign_nodes, hints = _benign_hints(ds, benign, benign_any, aside, stats)
+    if events is None or not bool(events.any()):
+        return Finding(kind="none", reason="no NaN and no unexpected ±inf in the recorded statistics",
+                       hints=hints, stats=stats, evidence={"benign_nodes": benign_nodes[:50], "set_aside": aside})
+    any_step = events.any(["rank", "tensor"])
+    step = int(ds["step"].values[int(np.argmax(any_step.values))])
+    per_rank = first_event_per_rank(events, ds["seq"], ds, step)
+    origin, others = pick_origin(per_rank)
+    assert origin is not None
+    is_nan, created, how, input_inf = _how(ds, step, origin)
+    what = "NaN" if is_nan else "±inf"
+    node = origin.node
+    reason = f"first {what} at step {step}, rank {origin.rank}: {node} — {how}"
+    values: dict[str, Any] = {"entry": entry_values(ds, step=step, rank=origin.rank, tensor=origin.tensor),
+                              "created_by_node": created}
+    if input_inf:
+        values["inputs_with_inf"] = input_inf
+    hints += _rank_hints(origin, per_rank)
     from precnb.analysis.coverage import find_gap, gap_hint
     from precnb.analysis.nan.causes import nan_causes
 
@@ -341,5 +371,5 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     if gap is not None:
         evidence["node_module"] = own_module
     return Finding(kind="nan_origin", reason=reason, step=step, rank=origin.rank, node=node,
-                   tensor=origin.tensor, module=module, values=values,
-                   hints=hints, suspects=suspects, evidence=evidence, stats=stats, causes=causes, gap=gap)
+                   tensor=origin.tensor, module=module, values=values, hints=hints,
+                   suspects=_suspects(step, origin, others), evidence=evidence, stats=stats, causes=causes, gap=gap)
