@@ -1,7 +1,7 @@
 """What aligning two runs costs ``precnb diff``: with the alignment vs with it disabled, and vs msprobe.
 
 Three pairs, each diffed end to end (``precnb diff A B --json``, interpreter start included) with the
-alignment on and with it disabled (``precnb.pipeline.triage._alignment`` returning None: exact-name
+alignment on and with it disabled (``precnb.pipeline.prepare.pair_alignment`` returning None: exact-name
 comparison, what the diff costs without any alignment), alternating, niced by the caller:
 
 ``same names``
@@ -42,14 +42,14 @@ import run  # noqa: E402
 
 # `precnb diff` through the CLI's main, the pipeline's alignment step timed (ALIGNED) or disabled (NO_ALIGN:
 # returning None, the exact-name comparison); both sides start the same way
-_HEAD = "import importlib, sys, time; t = importlib.import_module('precnb.pipeline.triage'); f = t._alignment; "
+_HEAD = "import importlib, sys, time; t = importlib.import_module('precnb.pipeline.prepare'); f = t.pair_alignment; "
 _TAIL = "from precnb.cli import main; sys.exit(main(sys.argv[1:]))"
 ALIGNED = (_HEAD + "s = [0.0]\n"
            "def timed(*a, **k):\n    t0 = time.perf_counter(); r = f(*a, **k); s[0] += time.perf_counter() - t0; "
            "return r\n"
-           "t._alignment = timed; import atexit; atexit.register(lambda: print(f'ALIGN_SECONDS {s[0]:.6f}', "
+           "t.pair_alignment = timed; import atexit; atexit.register(lambda: print(f'ALIGN_SECONDS {s[0]:.6f}', "
            "file=sys.stderr)); " + _TAIL)
-NO_ALIGN = _HEAD + "t._alignment = lambda *a, **k: None; " + _TAIL
+NO_ALIGN = _HEAD + "t.pair_alignment = lambda *a, **k: None; " + _TAIL
 
 
 def diff_cmd(a: Path, b: Path, *, aligned: bool) -> list[str]:

@@ -24,7 +24,7 @@ LONG_MODULES = {
     "precnb/combine.py",
     "precnb/io/_assemble.py", "precnb/io/config_check.py",
     "precnb/io/losslog.py",
-    "precnb/io/msprobe/walk.py", "precnb/pipeline/triage.py", "precnb/report/_tables.py", "precnb/schema.py",
+    "precnb/io/msprobe/walk.py", "precnb/report/_tables.py", "precnb/schema.py",
     "precnb/tensor_compare.py",
 }
 LONG_FUNCTIONS = {
@@ -32,7 +32,6 @@ LONG_FUNCTIONS = {
     "precnb/analysis/merge.py::classify_shards", "precnb/analysis/merge.py::merge_group_dim",
     "precnb/analysis/pp.py::_assemble_groups",
     "precnb/analysis/rank_args.py::rank_dependent",
-    "precnb/pipeline/triage.py::diagnose",
 }
 
 

@@ -21,6 +21,12 @@ from precnb.analysis.registry import Context, Diagnosis, register
 __all__: list[str] = []
 
 
+def _divergence_stepwise(load: Any, steps: Any, **kw: Any) -> Any:
+    from precnb.analysis.divergence import first_divergence_stepwise
+
+    return first_divergence_stepwise(load, steps, **kw)
+
+
 def _first_divergence(ctx: Context) -> Any:
     from precnb.analysis.divergence import first_divergence
 
@@ -190,17 +196,17 @@ def _preflight(ctx: Context) -> Any:
 register(Diagnosis(
     kind="preflight", title="Pre-flight checks", priority=0, mode="any", run=_preflight,
     description="pre-flight checks (parameters, frozen set, optimizer hyper-parameters, initial weights, same data, "
-    "distinct data per DP replica)", command="preflight", clean_last=True, checklist=True))
+    "distinct data per DP replica)", command="preflight", clean_last=True, checklist=True, first_steps=2))
 register(Diagnosis(
     kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
     description="first divergence (values with dtype tolerances, structural differences)",
-    command="diff", plan=_divergence_plan, enrich=_divergence_evidence))
+    command="diff", plan=_divergence_plan, enrich=_divergence_evidence, stepwise=_divergence_stepwise))
 register(Diagnosis(
     kind="replica_mismatch", title="Replica mismatch", priority=20, mode="any", run=_replicas,
     applies=_has_layout, description="replica check (tensors that must be identical across the "
     "layout's replicas)", command="replicas", plan=_replica_plan,
     not_applicable="the replica check needs the run's layout (e.g. tp=2 or dp=4)", flags=_replica_flags,
-    flag_text="replica mismatches", unmerged=True))
+    flag_text="replica mismatches", unmerged=True, inputs="precnb.pipeline.devices:replica_inputs"))
 register(Diagnosis(
     kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
     description="NaN/Inf origin (mask infinities ignored)", command="nan", color="events"))

@@ -160,6 +160,19 @@ class Diagnosis:
         ``plan(finding, ds, dump_path=..., task=...) -> dict | None``: its own dump plan (the
         shape :func:`precnb.analysis.plan.plan_dump` returns), instead of the generic one
         (:func:`precnb.analysis.plan.generic_plan`); ``task`` is passed only when the caller asked for one.
+    stepwise : callable, optional
+        ``stepwise(load, steps, *, tolerance, step_offset, crc, alignment) -> Finding``: the same answer read
+        step batch by step batch (``load(batch) -> (baseline, target)``, shards merged), so that a fault at an
+        early step reads no later one. The pipeline takes it for a pair of dump folders when the diagnoses
+        asked for are this one and ones that need the first steps only (*first_steps*).
+    first_steps : int
+        On a pair it reads the first *first_steps* common steps only (the pre-flight checks: 2), so it can run
+        beside a step-wise search; 0 (default): it needs every step.
+    inputs : callable or str, optional
+        What it reads beside the run: ``inputs(source, options, raw_target, *, loaded, common) -> params``
+        merged into :attr:`Context.params` before the diagnoses run. A callable, or ``"module:function"``
+        resolved by the pipeline (a diagnosis of this layer may name a reader of the pipeline's without
+        importing it).
     """
 
     kind: str
@@ -181,6 +194,9 @@ class Diagnosis:
     unmerged: bool = False
     checklist: bool = False
     enrich: Callable[[Any, xr.Dataset, xr.Dataset], None] | None = None
+    stepwise: Callable[..., Any] | None = None
+    first_steps: int = 0
+    inputs: str | Callable[..., dict[str, Any]] | None = None
 
     def applicable(self, ctx: Context) -> bool:
         """Whether it runs on *ctx*."""

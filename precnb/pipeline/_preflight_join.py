@@ -8,23 +8,31 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["note_later", "with_preflight"]
+__all__ = ["note_later", "with_first_steps", "with_preflight"]
 
 
-def with_preflight(pre: Any, div: Any) -> Any:
-    """*div* (a step-by-step divergence triage) with the pre-flight result of *pre* ordered in."""
+def with_first_steps(pre: Any, div: Any) -> Any:
+    """*div* (a step-wise search's triage) with the results of *pre* (diagnoses of its first steps) ordered in.
+
+    *pre* ran the diagnoses that need the first steps only (:attr:`Diagnosis.first_steps`; the pre-flight
+    checks) on the steps the search read.
+    """
     from precnb.analysis import registry
 
-    f = pre.result("preflight")
-    results = [("preflight", f), *((k, v) for k, v in div.results.items())]
+    extra = list(pre.results.items())
+    results = [*extra, *((k, v) for k, v in div.results.items())]
     div.findings = registry.order_findings(results, warn_first=False)  # the search says what it compared
     note_later(div.findings)
     div.checks = [*pre.checks, *div.checks]
-    div.results = {"preflight": f, **div.results}
+    div.results = {**dict(extra), **div.results}
     steps = sorted({int(s) for s in pre.baseline["step"].values}) if pre.baseline is not None else []
-    div.notes.append(f"pre-flight checks on baseline steps {', '.join(map(str, steps))}")
+    titles = ", ".join(registry.title(k).lower() for k, _ in extra)
+    div.notes.append(f"{titles} on baseline steps {', '.join(map(str, steps))}")
     div.load_failures.extend(x for x in pre.load_failures if x not in div.load_failures)
     return div
+
+
+with_preflight = with_first_steps  # the name it had when the pre-flight checks were the only such diagnosis
 
 
 def note_later(findings: list[Any]) -> None:
@@ -34,7 +42,10 @@ def note_later(findings: list[Any]) -> None:
     JSON object ``precnb diff --json`` prints (the pre-flight finding) still says where the runs
     first diverge.
     """
-    if not findings or findings[0].kind != "preflight":
+    from precnb.analysis import registry
+
+    head_d = registry.lookup(findings[0].kind) if findings else None
+    if head_d is None or not head_d.clean_last:  # a precondition check (the pre-flight checks) heads the list
         return
     later = [f for f in findings[1:] if f.found]
     if not later:

@@ -1,0 +1,193 @@
+"""The pipeline's step-wise path: a pair searched step batch by step batch, so an early fault reads no later step.
+
+A diagnosis with a ``stepwise`` search (:class:`precnb.analysis.registry.Diagnosis`; the first divergence)
+runs this way on a pair of dump folders when every other diagnosis asked for needs the first steps only
+(``first_steps``; the pre-flight checks): those run on the steps the search read (plus the one they lack),
+and their results are ordered in with the search's (:func:`precnb.pipeline._preflight_join.with_first_steps`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import xarray as xr
+
+from precnb.pipeline import prepare
+from precnb.pipeline.inputs import Loaded, Source, open_source
+from precnb.pipeline.layout_merge import merge_layouts
+from precnb.pipeline.options import Options
+from precnb.pipeline.result import Triage, build_triage
+from precnb.pipeline.scalars import attach_scalar_arguments
+
+__all__ = ["stepwise_plan", "try_stepwise"]
+
+Pair = tuple[xr.Dataset, xr.Dataset]
+
+
+def stepwise_plan(wanted: Sequence[Any], tsrc: Source, bsrc: Source | None, opts: Options, *,
+                  whole: bool = False) -> tuple[Any, list[Any], tuple[list[int], int]] | None:
+    """(the searching diagnosis, the first-steps ones, (baseline steps, offset)) when the pair reads step-wise.
+
+    None when it must be read whole: one run, *whole* (e.g. tensor metrics over the pair), not exactly one
+    diagnosis with a ``stepwise`` search, another that needs every step, or inputs that are not dump folders
+    with at least two common steps.
+    """
+    searchers = [d for d in wanted if d.stepwise is not None]
+    rest = [d for d in wanted if d.stepwise is None]
+    if bsrc is None or whole or len(searchers) != 1 or any(d.first_steps <= 0 for d in rest):
+        return None
+    plan = _steps(tsrc, bsrc, opts)
+    return None if plan is None else (searchers[0], rest, plan)
+
+
+def _steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int], int] | None:
+    """(baseline steps to search, offset) when the search can read step by step."""
+    from precnb.analysis.compare import default_step_offset
+    from precnb.io.api import available_steps
+
+    if not (tsrc.is_path and bsrc.is_path):
+        return None
+    try:
+        bsteps = available_steps(bsrc.value, format=opts.format, ranks=opts.ranks)
+        tsteps = available_steps(tsrc.value, format=opts.format, ranks=opts.ranks)
+    except Exception:  # undetectable input: the whole read reports it properly
+        return None
+    if bsteps is None or tsteps is None:
+        return None
+    off = default_step_offset(bsteps, tsteps, opts.step_offset)
+    if off == "auto":
+        return None
+    search = [s for s in bsteps if s + int(off) in set(tsteps)]
+    if opts.steps is not None:
+        search = [s for s in search if s in set(opts.steps)]
+    return (search, int(off)) if len(search) >= 2 else None
+
+
+def try_stepwise(chosen: tuple[Any, list[Any], tuple[list[int], int]], target: Any, baseline: Any,
+                 tsrc: Source, bsrc: Source, opts: Options, tolerance: Any, loaded: Loaded,
+                 common: dict[str, Any], notes: list[str], rerun: Callable[..., Triage]) -> Triage | None:
+    """The step-wise triage, or None when a step has no readable file (the caller reads the runs whole).
+
+    *rerun* is :func:`precnb.pipeline.triage.diagnose`: the first-steps diagnoses run through it on the
+    steps the search read.
+    """
+    from precnb.errors import NotADumpError
+    from precnb.pipeline._preflight_join import with_first_steps
+
+    searcher, rest, plan = chosen
+    kept: list[Pair] = []
+    try:
+        div = _search(searcher, tsrc, bsrc, opts, plan, tolerance, loaded, common, notes, keep=kept)
+    except NotADumpError:  # a step with no readable file: read the runs whole instead
+        loaded.failures.clear()
+        return None
+    if not rest:
+        return prepare.with_devices(div, opts)
+    n = max(d.first_steps for d in rest)
+    pre_opts = opts.with_(kinds=[d.kind for d in rest], steps=plan[0][:n], step_offset=plan[1])
+    _read_first_steps(kept, plan, n, bsrc, tsrc, loaded, common)
+    if sum(int(b.sizes["step"]) for b, _ in kept) >= min(n, len(plan[0])):
+        from precnb.combine import concat_steps
+
+        pre = rerun(concat_steps([t for _, t in kept]), baseline=concat_steps([b for b, _ in kept]),
+                    options=pre_opts.with_(steps=None))
+        pre.names = (bsrc.name, tsrc.name)
+    else:
+        pre = rerun(target, baseline=baseline, options=pre_opts)
+    joined = with_first_steps(pre, div)
+    prepare.nothing_compared_first(joined.findings, joined.load_failures)
+    return prepare.with_devices(joined, opts)
+
+
+def _read_first_steps(kept: list[Pair], plan: tuple[list[int], int], n: int, bsrc: Source, tsrc: Source,
+                      loaded: Loaded, common: dict[str, Any]) -> None:
+    """Add to *kept* the first *n* steps the search did not read (it stopped early: a fault at the first step).
+
+    The steps the search read are not read again: the first-steps diagnoses join them with the ones they lack.
+    """
+    first, off = plan[0][:n], plan[1]
+    have = {int(s) for b, _ in kept for s in b["step"].values}
+    more = [s for s in first if s not in have]
+    if kept and more and len(first) == n:
+        from precnb.errors import NotADumpError
+
+        with contextlib.suppress(NotADumpError):  # unreadable: the diagnoses read their steps themselves, as before
+            kept.append((open_source(bsrc, loaded=loaded, steps=more, **common),
+                         open_source(tsrc, loaded=loaded, steps=[s + off for s in more], **common)))
+
+
+class _Reader:
+    """Reads one step batch of both runs and merges their shards (the layouts decided on the first batch)."""
+
+    def __init__(self, tsrc: Source, bsrc: Source, opts: Options, off: int, loaded: Loaded,
+                 common: dict[str, Any], keep: list[Pair] | None) -> None:
+        self.tsrc, self.bsrc, self.opts, self.off = tsrc, bsrc, opts, off
+        self.loaded, self.common, self.keep = loaded, common, keep
+        self.layouts: tuple[Any, Any] | None = None
+        self.layout_notes: list[str] = []
+        self.merge_notes: list[str] | None = None
+        self.first_merged: Pair | None = None
+        self.last: tuple[xr.Dataset, xr.Dataset, xr.Dataset, xr.Dataset] | None = None
+
+    def __call__(self, batch: list[int]) -> Pair:
+        b = open_source(self.bsrc, loaded=self.loaded, steps=batch, **self.common)
+        t = open_source(self.tsrc, loaded=self.loaded, steps=[s + self.off for s in batch], **self.common)
+        if self.layouts is None:
+            self.layouts = (prepare.resolve_layout(self.opts.baseline_layout, b, "baseline", self.layout_notes),
+                            prepare.resolve_layout(self.opts.target_layout, t, "target", self.layout_notes))
+        mnotes: list[str] = []
+        mb, mt = merge_layouts(b, t, *self.layouts, mnotes, like=self.first_merged)
+        assert mb is not None
+        if self.merge_notes is None:
+            self.merge_notes = mnotes
+        if self.first_merged is None:
+            self.first_merged = (mb, mt)  # later batches keep the first batch's shard classes
+        self.last = (b, t, mb, mt)
+        if self.keep is not None and len(self.keep) < 2:
+            self.keep.append((b, t))
+        return mb, mt
+
+
+def _search(d: Any, tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[int], int], tolerance: Any,
+            loaded: Loaded, common: dict[str, Any], notes: list[str], keep: list[Pair] | None = None) -> Triage:
+    """The search of diagnosis *d* reading step batches until one answers (the whole-run answer).
+
+    *keep* receives the (baseline, target) runs of the first two step batches as read (before merging).
+    """
+    from precnb.analysis.registry import Context
+    from precnb.analysis.stepwise import step_batches
+
+    search, off = plan
+    read = _Reader(tsrc, bsrc, opts, off, loaded, common, keep)
+    # the first batch is read here: the alignment is computed once, on it, and reused for every batch
+    first = step_batches(sorted(search))[0]
+    ready = {tuple(first): read(first)}
+    assert read.merge_notes is not None
+    alignment = prepare.pair_alignment(*ready[tuple(first)], opts, read.merge_notes)
+
+    def load(batch: list[int]) -> Pair:
+        got = ready.pop(tuple(batch), None)
+        return got if got is not None else read(batch)
+
+    finding = d.stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc, alignment=alignment)
+    notes.extend(read.layout_notes)
+    prepare.nothing_compared_first([finding], loaded.failures)
+    notes.extend(read.merge_notes or [])
+    skipped = finding.stats.get("steps_not_searched") or []
+    if skipped:
+        notes.append(f"read step by step: {len(search) - len(skipped)} of {len(search)} step(s) read")
+    assert read.last is not None and read.layouts is not None
+    raw_b, raw_t, mb, mt = read.last
+    checks = [{"kind": d.kind, "title": d.title, "description": d.description,
+               "status": "found" if finding.found else "none", "message": finding.reason}]
+    b_lay, t_lay = read.layouts
+    ctx = Context(target=mt, baseline=mb, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
+                  baseline_layout=b_lay, alignment=alignment, tolerance=tolerance, step_offset=off, crc=opts.crc,
+                  names=(bsrc.name, tsrc.name))
+    prepare.enrich_all([finding], ctx)
+    prepare.name_in_layout([finding], raw_t, mt, t_lay, paired=True)
+    attach_scalar_arguments([finding], tsrc, bsrc, names=ctx.names, format=opts.format)
+    return build_triage(ctx, findings=[finding], checks=checks, results={d.kind: finding}, options=opts,
+                        notes=notes, failures=loaded.failures, sources=(bsrc.records_path, tsrc.records_path))
