@@ -20,25 +20,25 @@ Examples
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.tensor.metrics import FLOAT_METRICS, pair_metrics
 from precnb.errors import PrecnbError
-from precnb.io._expect import Expected
-from precnb.io.tensors import TensorFolder, load_array, rank_folders
+from precnb.io.tensors import rank_folders
+from precnb.tensor_compare.blocks import (
+    _COPIED_COORDS,
+    ENTRY_VARS,
+    _compute_block,
+    _dask_vars,
+    _empty_vars,
+    _workers,
+)
+from precnb.tensor_compare.select import _entries, _pairing, select_tensors
 
 __all__ = ["ENTRY_VARS", "select_tensors", "tensor_metrics", "to_frame"]
-
-ENTRY_VARS = (*FLOAT_METRICS, "bitwise_equal", "status", "message", "target_dtype", "baseline_dtype")
-_COPIED_COORDS = ("node", "module", "api", "kind", "direction", "role", "dtype", "shape")
-_OBJECT_VARS = ("status", "message", "target_dtype", "baseline_dtype")
-
 
 def _open(run: Any, which: str, steps: list[int] | None = None, ranks: list[int] | None = None) -> xr.Dataset:
     if isinstance(run, xr.Dataset):
@@ -55,145 +55,6 @@ def _open(run: Any, which: str, steps: list[int] | None = None, ranks: list[int]
         src = ds.attrs.get("source", "the dataset")
         raise PrecnbError(f"{which} ({src}) holds no tensor files: dump it with task=tensor")
     return ds
-
-
-def select_tensors(ds: xr.Dataset, tensors: Any = None) -> list[str]:
-    r"""Tensor labels of *ds* picked by *tensors*, in dataset order.
-
-    Parameters
-    ----------
-    ds : xarray.Dataset
-    tensors : None, str or iterable of str
-        None: every tensor. A list: exactly these labels. A string: the tensors of that module
-        (``blocks.1.attn`` and below) or node (``Functional.linear.0.forward``), else a regular
-        expression searched in the labels.
-
-    Returns
-    -------
-    list of str
-
-    Raises
-    ------
-    KeyError
-        Naming listed labels that are not in *ds*.
-    ValueError
-        When a string matches nothing.
-
-    Examples
-    --------
-    >>> ds = xr.Dataset(coords={"tensor": ["a.0.forward.output.0", "b.0.forward.output.0"],
-    ...                          "module": ("tensor", ["blocks.1", "blocks.10"]),
-    ...                          "node": ("tensor", ["a.0.forward", "b.0.forward"])})
-    >>> select_tensors(ds, "blocks.1")
-    ['a.0.forward.output.0']
-    >>> select_tensors(ds, r"^b\.")
-    ['b.0.forward.output.0']
-    """
-    labels = [str(x) for x in ds["tensor"].values]
-    if tensors is None:
-        return labels
-    if isinstance(tensors, str):
-        modules = [str(x) for x in ds["module"].values] if "module" in ds.coords else [""] * len(labels)
-        nodes = [str(x) for x in ds["node"].values] if "node" in ds.coords else [""] * len(labels)
-        picked = [lbl for lbl, mod, node in zip(labels, modules, nodes, strict=True)
-                  if tensors in (lbl, node, mod) or mod.startswith(tensors + ".")]
-        if picked:
-            return picked
-        try:
-            rx = re.compile(tensors)
-        except re.error as exc:
-            raise ValueError(f"tensors={tensors!r} is neither a module, a node nor a valid regular "
-                             f"expression ({exc})") from None
-        picked = [lbl for lbl in labels if rx.search(lbl)]
-        if not picked:
-            raise ValueError(f"tensors={tensors!r} matches no module, node or tensor label")
-        return picked
-    wanted = [str(x) for x in tensors]
-    known = set(labels)
-    missing = [x for x in wanted if x not in known]
-    if missing:
-        raise KeyError(f"not in the target run: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    return wanted
-
-
-def _pairing(alignment: Any) -> Callable[[str], str]:
-    """Map target label → baseline label: any mapping (missing labels pair by name) or an Alignment."""
-    if alignment is None:
-        return lambda label: label
-    tensor_map = getattr(alignment, "tensor_map", None)  # a precnb.Alignment
-    if callable(tensor_map):
-        alignment = tensor_map()
-    for name in ("baseline_tensor", "baseline_label"):
-        fn = getattr(alignment, name, None)
-        if callable(fn):
-            return lambda label: str(fn(label) or label)
-    if isinstance(alignment, Mapping):
-        return lambda label: str(alignment.get(label, label))
-    raise TypeError(f"alignment: expected a mapping target label -> baseline label, got {type(alignment).__name__}")
-
-
-def _entries(ds: xr.Dataset, labels: list[str], steps: list[int], ranks: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """``(data_name, expected)`` over (step, rank, label); "" / None where the label is absent or not saved.
-
-    *expected* is what each file's dump record says (:class:`precnb.io._expect.Expected`: its
-    element count and dtype), checked before the file is materialised.
-    """
-    out = np.full((len(steps), len(ranks), len(labels)), "", dtype=object)
-    exp = np.full(out.shape, None, dtype=object)
-    known = ds.indexes["tensor"]
-    have = [i for i, lbl in enumerate(labels) if lbl in known]
-    if have:
-        names = [labels[i] for i in have]
-        sub = ds["data_name"].sel(step=steps, rank=ranks, tensor=names).values
-        pres = ds["present"].sel(step=steps, rank=ranks, tensor=names).values
-        out[:, :, have] = np.where(pres, sub, "")
-        numel = ds["numel"].sel(step=steps, rank=ranks, tensor=names).values if "numel" in ds else None
-        dtypes = ds["dtype"].sel(tensor=names).values if "dtype" in ds.coords else [None] * len(names)
-        for s, r, k in zip(*np.nonzero(pres), strict=True):
-            exp[s, r, have[k]] = Expected.of(None if numel is None else numel[s, r, k], dtypes[k])
-    return out, exp
-
-
-def _load(folder: TensorFolder | None, name: str, expected: Expected | None) -> tuple[np.ndarray, str]:
-    if folder is None:
-        raise PrecnbError("no dump folder known for this step and rank")
-    path = folder.path(name)
-    try:
-        return load_array(path, expected)
-    except MemoryError:  # one tensor too large for this machine: that tensor is unreadable, not the command
-        raise PrecnbError(f"{path}: not enough memory to load it") from None
-
-
-def _compute_block(tnames: list[str], bnames: list[str], tdir: Path | None, bdir: Path | None,
-                   texp: list[Any] | None = None, bexp: list[Any] | None = None) -> dict[str, np.ndarray]:
-    """Metrics of one block of pairs (one pair in memory at a time)."""
-    tfolder = TensorFolder(tdir / "dump_tensor_data") if tdir is not None else None
-    bfolder = TensorFolder(bdir / "dump_tensor_data") if bdir is not None else None
-    k = len(tnames)
-    out: dict[str, np.ndarray] = {m: np.full(k, np.nan) for m in FLOAT_METRICS}
-    out["bitwise_equal"] = np.zeros(k, bool)
-    for name in _OBJECT_VARS:
-        out[name] = np.full(k, "", dtype=object)
-    for j, (tn, bn) in enumerate(zip(tnames, bnames, strict=True)):
-        if not tn or not bn:
-            out["status"][j] = "no_data"
-            out["message"][j] = "no tensor file in the " + ("target" if not tn else "baseline")
-            continue
-        try:
-            tarr, tdt = _load(tfolder, tn, texp[j] if texp else None)
-            barr, bdt = _load(bfolder, bn, bexp[j] if bexp else None)
-        except PrecnbError as exc:  # one unreadable file does not stop the others
-            out["status"][j] = "unreadable"
-            out["message"][j] = " ".join(str(exc).split())[:300]
-            continue
-        res = pair_metrics(tarr, barr, target_dtype=tdt, baseline_dtype=bdt)
-        del tarr, barr
-        for m in FLOAT_METRICS:
-            out[m][j] = res.values[m]
-        out["bitwise_equal"][j] = res.bitwise_equal
-        out["status"][j], out["message"][j] = res.status, res.message
-        out["target_dtype"][j], out["baseline_dtype"][j] = tdt, bdt
-    return out
 
 
 def tensor_metrics(
@@ -334,48 +195,6 @@ def tensor_metrics(
         for v in ENTRY_VARS:
             arrays[v][s, r, k0:k1] = res[v]
     return xr.Dataset({v: (("step", "rank", "tensor"), a) for v, a in arrays.items()}, coords=coords, attrs=attrs)
-
-
-def _var_dtype(v: str) -> Any:
-    return object if v in _OBJECT_VARS else (bool if v == "bitwise_equal" else np.float64)
-
-
-def _empty_vars(shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for v in ENTRY_VARS:
-        dt = _var_dtype(v)
-        out[v] = (np.full(shape, "", dtype=object) if dt is object else
-                  np.zeros(shape, bool) if dt is bool else np.full(shape, np.nan))
-    return out
-
-
-def _workers(workers: int | None) -> int:
-    if workers:
-        return max(1, int(workers))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(8, cpus)
-
-
-def _dask_vars(specs: list[tuple[int, int, int, int]], args: Callable[[Any], tuple[Any, ...]],
-               shape: tuple[int, int, int]) -> dict[str, Any]:
-    """Dask-backed variables: one delayed task per block (a selection computes only its blocks)."""
-    import dask
-    import dask.array as da
-
-    nested: dict[str, list[list[list[Any]]]] = {
-        v: [[[] for _ in range(shape[1])] for _ in range(shape[0])] for v in ENTRY_VARS}
-    for spec in specs:
-        s, r, k0, k1 = spec
-        res = dask.delayed(_compute_block, pure=True)(*args(spec))
-        for v in ENTRY_VARS:
-            nested[v][s][r].append(da.from_delayed(res[v], shape=(k1 - k0,), dtype=_var_dtype(v))[None, None, :])
-    out = {}
-    for v in ENTRY_VARS:
-        if shape[2] == 0:
-            out[v] = (("step", "rank", "tensor"), da.zeros(shape, dtype=_var_dtype(v)))
-        else:
-            out[v] = (("step", "rank", "tensor"), da.block(nested[v]))
-    return out
 
 
 def to_frame(metrics: xr.Dataset, *, with_data_only: bool = True) -> Any:

@@ -1,0 +1,233 @@
+"""TensorBoard event files read without TensorFlow: the TFRecord framing and the few protobuf fields of a scalar.
+
+A record is its length (u64), the masked CRC-32C of the length, the record, the masked CRC-32C of the
+record. An ``Event`` holds ``step`` and a ``Summary`` of ``Value`` s (``tag``; ``simple_value`` as
+``SummaryWriter.add_scalar`` writes it, or a scalar ``tensor`` as ``tf.summary.scalar`` writes it). Decoded
+by bounds-checked code that never evaluates anything; used by :func:`precnb.io.losslog.read_loss_log`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from precnb.errors import DumpFormatError
+
+__all__ = ["is_event_file", "read_event_scalars"]
+
+_EVENTS = "tfevents"
+_MAX_RECORD = 1 << 30
+
+
+def is_event_file(path: str | os.PathLike[str]) -> bool:
+    """Whether *path* is named like a TensorBoard event file (``events.out.tfevents.*``)."""
+    return _EVENTS in Path(path).name and Path(path).name.startswith("events")
+
+
+# -- CRC-32C (Castagnoli), for TFRecord checksums -----------------------------------------------
+def _crc_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_TABLE = _crc_table()
+
+
+def _crc32c(data: bytes) -> int:
+    c = 0xFFFFFFFF
+    t = _TABLE
+    for b in data:
+        c = t[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def _masked(data: bytes) -> int:
+    c = _crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+# -- protobuf wire format (only what Event / Summary / Value / TensorProto need) ----------------
+def _varint(buf: bytes, i: int, end: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if i >= end or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, i
+        shift += 7
+
+
+def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, Any]]:
+    """Yield (field number, wire type, value) of a message in ``buf[start:end]``.
+
+    Value: an int (varint), ``(lo, hi)`` bounds of a length-delimited field, or the raw bytes of
+    a fixed 32/64-bit field.
+    """
+    i = start
+    while i < end:
+        key, i = _varint(buf, i, end)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _varint(buf, i, end)
+            yield num, wire, v
+        elif wire == 1:
+            if i + 8 > end:
+                raise ValueError("truncated 64-bit field")
+            yield num, wire, buf[i:i + 8]
+            i += 8
+        elif wire == 2:
+            n, i = _varint(buf, i, end)
+            if n > end - i:
+                raise ValueError("length-delimited field runs past its message")
+            yield num, wire, (i, i + n)
+            i += n
+        elif wire == 5:
+            if i + 4 > end:
+                raise ValueError("truncated 32-bit field")
+            yield num, wire, buf[i:i + 4]
+            i += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+
+
+_DT_FLOAT, _DT_DOUBLE, _DT_HALF, _DT_BFLOAT16 = 1, 2, 19, 14
+
+
+def _tensor_scalar(buf: bytes, lo: int, hi: int) -> float | None:  # noqa: C901
+    """The value of a scalar (one element) TensorProto of a float dtype, else None."""
+    dtype, dims, content = 0, 0, None
+    floats: list[float] = []
+    halves: list[int] = []
+    for num, wire, v in _fields(buf, lo, hi):
+        if num == 1 and wire == 0:
+            dtype = int(v)
+        elif num == 2 and wire == 2:  # TensorShapeProto: field 2 = dim {size = 1}
+            a, b = v
+            for dn, dw, dv in _fields(buf, a, b):
+                if dn == 2 and dw == 2:
+                    for sn, sw, sv in _fields(buf, dv[0], dv[1]):
+                        if sn == 1 and sw == 0 and sv != 1:
+                            dims += 1
+        elif num == 4 and wire == 2:
+            content = buf[v[0]:v[1]]
+        elif num == 5:  # float_val: packed or not
+            if wire == 5:
+                floats.append(struct.unpack("<f", v)[0])
+            elif wire == 2:
+                raw = buf[v[0]:v[1]]
+                floats += list(struct.unpack(f"<{len(raw) // 4}f", raw[: len(raw) // 4 * 4]))
+        elif num == 6:  # double_val
+            if wire == 1:
+                floats.append(struct.unpack("<d", v)[0])
+            elif wire == 2:
+                raw = buf[v[0]:v[1]]
+                floats += list(struct.unpack(f"<{len(raw) // 8}d", raw[: len(raw) // 8 * 8]))
+        elif num == 13 and wire == 2:  # half_val: packed int32 holding the 16 bits
+            a, b = v
+            while a < b:
+                x, a = _varint(buf, a, b)
+                halves.append(x)
+    if dims:
+        return None
+    if dtype == _DT_FLOAT:
+        if content is not None and len(content) == 4:
+            return float(struct.unpack("<f", content)[0])
+        return float(floats[0]) if len(floats) == 1 else None
+    if dtype == _DT_DOUBLE:
+        if content is not None and len(content) == 8:
+            return float(struct.unpack("<d", content)[0])
+        return float(floats[0]) if len(floats) == 1 else None
+    if dtype in (_DT_HALF, _DT_BFLOAT16):
+        bits = struct.unpack("<H", content)[0] if content is not None and len(content) == 2 else (
+            halves[0] if len(halves) == 1 else None)
+        if bits is None:
+            return None
+        if dtype == _DT_HALF:
+            return float(np.frombuffer(struct.pack("<H", bits & 0xFFFF), dtype=np.float16)[0])
+        return float(np.frombuffer(struct.pack("<I", (bits & 0xFFFF) << 16), dtype=np.float32)[0])
+    return None
+
+
+def _event_scalars(buf: bytes, lo: int, hi: int) -> tuple[int | None, list[tuple[str, float]]]:
+    """(step, [(tag, value)]) of one Event record."""
+    step: int | None = None
+    out: list[tuple[str, float]] = []
+    for num, wire, v in _fields(buf, lo, hi):
+        if num == 2 and wire == 0:
+            step = int(v)
+            if step >= 1 << 63:
+                step -= 1 << 64
+        elif num == 5 and wire == 2:  # Summary
+            lo2, hi2 = v
+            for sn, sw, sv in _fields(buf, lo2, hi2):
+                if sn != 1 or sw != 2:
+                    continue
+                tag, value = None, None
+                for vn, vw, vv in _fields(buf, sv[0], sv[1]):
+                    if vn == 1 and vw == 2:
+                        tag = buf[vv[0]:vv[1]].decode("utf-8", "replace")
+                    elif vn == 2 and vw == 5:
+                        value = float(struct.unpack("<f", vv)[0])
+                    elif vn == 8 and vw == 2:
+                        value = _tensor_scalar(buf, vv[0], vv[1])
+                if tag is not None and value is not None:
+                    out.append((tag, value))
+    return step, out
+
+
+def read_event_scalars(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Every scalar of one TensorBoard event file: columns ``step``, ``tag``, ``value``, ``record``.
+
+    Raises
+    ------
+    DumpFormatError
+        When the file cannot be read, a record's length checksum fails, or a used record's
+        checksum fails / does not decode. A last record cut short (a log being written) is
+        ignored.
+    """
+    try:
+        buf = Path(path).read_bytes()
+    except OSError as exc:
+        raise DumpFormatError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+    rows: list[tuple[int, str, float, int]] = []
+    i, n, k = 0, len(buf), 0
+    while i < n:
+        if i + 12 > n:
+            break  # a truncated header: the writer was interrupted
+        head = buf[i:i + 8]
+        (length,) = struct.unpack("<Q", head)
+        (crc,) = struct.unpack("<I", buf[i + 8:i + 12])
+        if _masked(head) != crc:
+            raise DumpFormatError(str(path), f"record {k} at byte {i}: length checksum mismatch (not a TensorBoard "
+                                             "event file, or corrupted)")
+        if length > _MAX_RECORD:
+            raise DumpFormatError(str(path), f"record {k} at byte {i}: implausible length {length}")
+        lo, hi = i + 12, i + 12 + length
+        if hi + 4 > n:
+            break  # the last record is incomplete
+        try:
+            step, scalars = _event_scalars(buf, lo, hi)
+        except (ValueError, struct.error) as exc:
+            raise DumpFormatError(str(path), f"record {k} at byte {i}: not a readable Event ({exc})") from None
+        if scalars:
+            (dcrc,) = struct.unpack("<I", buf[hi:hi + 4])
+            if _masked(buf[lo:hi]) != dcrc:
+                raise DumpFormatError(str(path), f"record {k} at byte {i}: data checksum mismatch (corrupted)")
+            rows += [(int(step or 0), t, v, k) for t, v in scalars]
+        i = hi + 4
+        k += 1
+    return pd.DataFrame(rows, columns=["step", "tag", "value", "record"])
