@@ -19,11 +19,11 @@ FUNCTION_LINES = 80
 # over the limits when the limits were set (2026-12): to split, never to extend
 LONG_MODULES = {
     "precnb/_write.py", "precnb/analysis/align/pairing.py",
-    "precnb/analysis/compare.py", "precnb/analysis/departures.py",
-    "precnb/analysis/merge.py", "precnb/analysis/pp.py", "precnb/analysis/preflight/__init__.py",
+    "precnb/analysis/compare.py",
+    "precnb/analysis/merge.py", "precnb/analysis/pp.py",
     "precnb/combine.py",
-    "precnb/io/_assemble.py", "precnb/io/config_check.py",
-    "precnb/io/msprobe/walk.py", "precnb/report/_tables.py", "precnb/schema.py",
+    "precnb/io/_assemble.py",
+    "precnb/io/msprobe/walk.py", "precnb/schema.py",
 }
 LONG_FUNCTIONS = {
     "precnb/analysis/devices.py::device_verdicts",

@@ -146,6 +146,7 @@ def render(
 
     from precnb._marks import html_marker
     from precnb._version import __version__
+    from precnb.report import _detail
     from precnb.report import _tables as tables
     from precnb.report._assets import package_text, script_safe, vega_bundle
 
@@ -192,8 +193,8 @@ def render(
         "checks": checks or [],
         "charts": [{"id": c.id, "title": c.title, "caption": c.caption, "spec": c.spec, "kind": c.kind}
                    for c in charts],
-        "detail": tables.detail_table(data, combined, focus, rows=lim.detail_rows),
-        "hotspots": tables.hotspot_table(linked.frame if linked is not None else None),
+        "detail": _detail.detail_table(data, combined, focus, rows=lim.detail_rows),
+        "hotspots": _detail.hotspot_table(linked.frame if linked is not None else None),
         "sections": tables.diagnosis_sections(findings, rows=lim.table_rows),
         "findings_json": [f.to_dict() for f in findings],
         "findings_pretty": json.dumps([f.to_dict() for f in findings], indent=2, ensure_ascii=False),
