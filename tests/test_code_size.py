@@ -18,7 +18,7 @@ FUNCTION_LINES = 80
 
 # over the limits when the limits were set (2026-12): to split, never to extend
 LONG_MODULES = {
-    "precnb/_write.py", "precnb/analysis/align/pairing.py",
+    "precnb/analysis/align/pairing.py",
     "precnb/analysis/compare.py",
     "precnb/analysis/merge.py", "precnb/analysis/pp.py",
     "precnb/combine.py",
