@@ -21,7 +21,6 @@ LONG_MODULES = {
     "precnb/analysis/align/pairing.py",
     "precnb/analysis/compare.py",
     "precnb/analysis/merge.py", "precnb/analysis/pp.py",
-    "precnb/combine.py",
     "precnb/io/_assemble.py",
     "precnb/io/msprobe/walk.py", "precnb/schema.py",
 }

@@ -57,7 +57,7 @@ INJECTIONS = [
     ("analysis/masks.py", "import precnb.io.api", "layers", "precnb.analysis is not allowed to import precnb.io"),
     ("report/_tables.py", "import precnb.widgets.findings", "layers",
      "precnb.report is not allowed to import precnb.widgets"),
-    ("combine.py", "from precnb import open_run", "layers", "precnb.combine is not allowed to import precnb.accessor"),
+    ("combine/__init__.py", "from precnb import open_run", "layers", "precnb.combine is not allowed to import precnb.accessor"),
     ("schema.py", "import precnb.naming", "layers", "precnb.schema is not allowed to import precnb.naming"),
     ("viz/frames.py", "import precnb.io.tensors", "viz-pure", "precnb.viz is not allowed to import precnb.io"),
     ("pipeline/inputs.py", "import altair", "core-without-notebook", "precnb.pipeline is not allowed to import altair"),
