@@ -20,14 +20,11 @@ FUNCTION_LINES = 80
 LONG_MODULES = {
     "precnb/analysis/align/pairing.py",
     "precnb/analysis/compare.py",
-    "precnb/analysis/merge.py", "precnb/analysis/pp.py",
     "precnb/io/_assemble.py",
     "precnb/io/msprobe/walk.py", "precnb/schema.py",
 }
 LONG_FUNCTIONS = {
     "precnb/analysis/devices.py::device_verdicts",
-    "precnb/analysis/merge.py::classify_shards", "precnb/analysis/merge.py::merge_group_dim",
-    "precnb/analysis/pp.py::_assemble_groups",
     "precnb/analysis/rank_args.py::rank_dependent",
 }
 
@@ -81,4 +78,4 @@ def test_complexity_exceptions_are_the_listed_ones():
             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if "# noqa: C901" in line and line.lstrip().startswith(("def ", "async def ")):
                     marked.append(f"{path.relative_to(ROOT).as_posix()}:{i}")
-    assert len(marked) <= 11, marked  # 16 when the rule was set (2026-12), 11 since: split one, lower this
+    assert len(marked) <= 10, marked  # 16 when the rule was set (2026-12), 10 since: split one, lower this

@@ -22,22 +22,22 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
 from precnb.analysis.layout import Layout
+from precnb.analysis.pp_stitch import CHUNK as _CHUNK
+from precnb.analysis.pp_stitch import assemble_groups
+from precnb.analysis.pp_tree import _construct_ranks, _rename_requires_grad, _rename_tree, _stage_local_optimizer
 from precnb.naming import parse_node
-from precnb.schema import ENTRY_CHANGE_ATTRS
 
 __all__ = ["layer_containers", "relabel_pipeline", "rename_node"]
 
 _LAYER = re.compile(r"(?<![A-Za-z0-9_])(layers?)\.(\d+)(?=\.|$)")  # the fallback when no tree says more
 _NOT_LAYERS = ("experts", "local_experts")
 _EXPERT = re.compile(r"(?<![A-Za-z0-9_])(experts\.local_experts|experts)\.(\d+)(?=\.|$)")
-_CHUNK = re.compile(r"^(Module|Cell)\.(\d+)\.")
 
 
 def _max_index(paths: list[str], rx: re.Pattern[str]) -> int:
@@ -318,7 +318,7 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
             if layout.pp > 1 and c["ep"] == 0:
                 for api, k in _api_calls(ds.isel(rank=i), pres_any).items():
                     offsets[api] += k
-    out = _assemble_groups(ds, layout, reduced, groups, label_maps, orders)
+    out = assemble_groups(ds, layout, reduced, groups, label_maps, orders)
     out = _rename_requires_grad(out, ds, label_maps)
     sources: dict[str, dict[str, str]] = defaultdict(dict)  # stitched node -> dump rank -> its own name there
     for r, nm in node_maps.items():
@@ -327,151 +327,6 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
     out.attrs["stitch_sources"] = json.dumps(sources)
     out = _stage_local_optimizer(out) if layout.pp > 1 else out
     return _rename_tree(out, ds, groups, label_maps, node_maps), reduced
-
-
-STAGE_LOCAL = "stage_local"  # ``shard_kind_pp`` of a tensor with no whole-model counterpart
-_P2P_APIS = ("batch_isend_irecv", "isend", "irecv", "send", "recv")
-
-
-def _stage_local_optimizer(out: xr.Dataset) -> xr.Dataset:
-    """Mark the stage-local calls' tensors: optimizer calls and point-to-point hand-overs between stages.
-
-    Each stage's optimizer call updates its own parameters in its own list order.
-    """
-    from precnb.analysis.rank_args import is_optimizer_api
-
-    kinds = np.full(out.sizes["tensor"], "", dtype=object)
-    reasons = np.full(out.sizes["tensor"], "", dtype=object)
-    mods, apis = out["module"].values, out["api"].values
-    for j in range(out.sizes["tensor"]):
-        if mods[j] == "optimizer" or is_optimizer_api(str(apis[j])):
-            kinds[j] = STAGE_LOCAL
-            reasons[j] = ("pipeline organisation: each stage's optimizer call updates that stage's parameters, "
-                          "listed in its own order (the parameters and their gradients are compared in their "
-                          "module records)")
-        elif str(apis[j]).rsplit(".", 1)[-1] in _P2P_APIS:
-            kinds[j] = STAGE_LOCAL
-            reasons[j] = ("pipeline organisation: an activation or its gradient handed to the next or previous "
-                          "stage (the same tensor is compared in the layers' records)")
-    if not (kinds != "").any():
-        return out
-    return out.assign_coords(shard_kind_pp=("tensor", kinds), shard_reason_pp=("tensor", reasons))
-
-
-def _rename_requires_grad(out: xr.Dataset, ds: xr.Dataset, label_maps: dict[int, np.ndarray]) -> xr.Dataset:
-    """The reader's ``requires_grad`` table (parameter label → bool) in the stitched labels."""
-    text = ds.attrs.get("requires_grad")
-    if not text:
-        return out
-    import json
-
-    try:
-        table = json.loads(text)
-    except (TypeError, ValueError):
-        return out
-    labels = [str(t) for t in ds["tensor"].values]
-    renamed: dict[str, bool] = {}
-    for mapped in label_maps.values():
-        for row in mapped:
-            for old, new in zip(labels, row, strict=True):
-                if new and old in table:
-                    renamed[str(new)] = renamed.get(str(new), True) and bool(table[old])
-    out.attrs = {**out.attrs, "requires_grad": json.dumps(renamed)}
-    return out
-
-
-def _rename_tree(out: xr.Dataset, ds: xr.Dataset, groups: dict[int, list[int]], label_maps: dict[int, np.ndarray],
-                 node_maps: dict[int, dict[str, str]]) -> xr.Dataset:
-    """The ``parent`` coordinate and the construct.json side table in the stitched names.
-
-    Each stage's module tree is renamed with its own node map (its local layer ``blocks.0`` is
-    the global ``blocks.2``); the parents of a tensor are those of the stage it was taken from.
-    """
-    from precnb.schema import side_table, side_text
-
-    construct = side_table(ds, "construct")
-    by_rank = _construct_ranks(ds)  # parents a (step, rank) gives its own node names (a stage's local names)
-    steps = [int(x) for x in ds["step"].values]
-    first_step = {r: next((steps[si] for si in range(len(steps)) if (label_maps[r][si] != "").any()), steps[0]
-                          if steps else 0) for rs in groups.values() for r in rs}
-    merged: dict[str, Any] = {}
-    for members in groups.values():
-        for r in members:
-            nm = node_maps.get(r, {})
-            at = f"{first_step[r]},{r}"
-            for child, parent in construct.items():
-                if child not in nm and parse_node(child).kind == "api":
-                    continue  # a call this member did not make (another stage's local name)
-                parent = by_rank.get(child, {}).get(at, parent)
-                nc = nm.get(child) or _rename_like(child, nm)
-                np_ = (nm.get(parent) or _rename_like(parent, nm)) if isinstance(parent, str) and parent else parent
-                merged.setdefault(nc, np_)
-    # the parent coordinate: each stitched label's parent, renamed with the map of the rank it came from
-    src_rank: dict[str, int] = {}
-    src_step: dict[str, int] = {}
-    for members in groups.values():
-        for r in members:
-            for si, row in enumerate(label_maps[r]):
-                for lbl in row[row != ""].tolist():
-                    if str(lbl) not in src_rank:
-                        src_rank[str(lbl)], src_step[str(lbl)] = r, steps[si]
-    parents = np.asarray(out["parent"].values, dtype=object).copy()
-    old_node = {r: {v: k for k, v in nm.items()} for r, nm in node_maps.items()}
-    nodes_out = out["node"].values
-    for k, lbl in enumerate(out["tensor"].values.tolist()):
-        src = src_rank.get(str(lbl))
-        if src is None:
-            continue
-        own = by_rank.get(old_node.get(src, {}).get(str(nodes_out[k]), ""), {}).get(f"{src_step[str(lbl)]},{src}")
-        if own is not None:  # this stage's own parent, not the one another stage gave the same name
-            parents[k] = own
-        if not parents[k]:
-            continue
-        nm = node_maps.get(src, {})
-        parents[k] = nm.get(str(parents[k])) or _rename_like(str(parents[k]), nm)
-    # an API call's module is its (renamed) parent module's: stage 1's layers.0 call is in the global layers.2
-    modules = np.asarray(out["module"].values, dtype=object).copy()
-    kinds = out["kind"].values
-    for k in np.flatnonzero(kinds == "api").tolist():
-        if parents[k]:
-            p = parse_node(str(parents[k]))
-            if p.kind == "module" and p.module:
-                modules[k] = p.module
-    out = out.assign_coords(parent=("tensor", parents), module=("tensor", modules))
-    out.attrs = {**out.attrs, "construct": side_text(merged)}
-    return out
-
-
-def _construct_ranks(ds: xr.Dataset) -> dict[str, dict[str, str]]:
-    """The reader's ``construct_ranks``: node → rank → parent where ranks give one node name other parents."""
-    import json
-
-    try:
-        table = json.loads(ds.attrs.get("construct_ranks") or "{}")
-    except (TypeError, ValueError):
-        return {}
-    return table if isinstance(table, dict) else {}
-
-
-def _rename_like(node: str, node_map: dict[str, str]) -> str:
-    """*node* renamed the way *node_map* renamed the other nodes of its module (for construct-only nodes)."""
-    p = parse_node(node)
-    if p.kind == "api" or not node_map:
-        return node
-    for old, new in node_map.items():
-        po = parse_node(old)
-        if po.kind == "module" and po.module == p.module and old != new:
-            pn = parse_node(new)
-            return node.replace(f".{p.module}.", f".{pn.module}.", 1)
-    # a module that recorded nothing itself: rename its path prefix like a recorded descendant's
-    for old, new in node_map.items():
-        po = parse_node(old)
-        if po.kind == "module" and po.module.startswith(p.module + ".") and old != new:
-            pn = parse_node(new)
-            tail = po.module[len(p.module):]
-            if pn.module.endswith(tail):
-                return node.replace(f".{p.module}.", f".{pn.module[: len(pn.module) - len(tail)]}.", 1)
-    return node
 
 
 def _stage_offsets(ds: xr.Dataset, members: list[int], layout: Layout, layers_rx: re.Pattern[str] | None,
@@ -497,152 +352,3 @@ def _stage_offsets(ds: xr.Dataset, members: list[int], layout: Layout, layers_rx
         if idx:
             before = max(before, offsets[stage] + max(idx) + 1)
     return {r: offsets.get(layout.coords(r)["pp"], 0) for r in members}
-
-
-def _entry_table(ds: xr.Dataset, attr: str) -> dict[tuple[str, int, int], str]:
-    """``(label, step, rank) -> value`` of a reader's per-entry exception table (``shape_changes``, ...)."""
-    import json
-
-    try:
-        table = json.loads(ds.attrs.get(attr) or "{}")
-    except (TypeError, ValueError):
-        return {}
-    out: dict[tuple[str, int, int], str] = {}
-    for label, by_value in (table.items() if isinstance(table, dict) else ()):
-        for value, where in (by_value.items() if isinstance(by_value, dict) else ()):
-            for st, r in where:
-                out[(str(label), int(st), int(r))] = str(value)
-    return out
-
-
-def _position(node: str, stage: int, layout: Layout) -> int:
-    """The pipeline position of a record: its virtual stage (``chunk * pp + stage``), or its stage."""
-    m = _CHUNK.match(node) if layout.vpp > 1 else None
-    return int(m.group(2)) * layout.pp + stage if m else stage
-
-
-def _pick(role: str, direction: str, cands: list[int]) -> int:
-    if len(cands) == 1:
-        return cands[0]
-    late = (direction == "forward" and role == "output") or (direction == "backward" and role == "input")
-    return cands[-1] if late else cands[0]
-
-
-def _assemble_groups(ds: xr.Dataset, layout: Layout, reduced: Layout, groups: dict[int, list[int]],  # noqa: C901
-                     label_maps: dict[int, np.ndarray],
-                     orders: dict[tuple[int, int], dict[str, tuple[Any, ...]]] | None = None) -> xr.Dataset:
-    """The stitched dataset; ``label_maps[r]`` is (step, tensor): each entry's stitched label ("" dropped).
-
-    *orders*: (member, step index) -> node -> its place in the one-rank execution order; without it the
-    stages' records follow each other (stage 0's, then stage 1's).
-    """
-    ranks = [int(r) for r in ds["rank"].values]
-    roles = ds["role"].values
-    dirs = ds["direction"].values
-    nodes = ds["node"].values
-    n_s = ds.sizes["step"]
-    order: dict[str, int] = {}
-    per_group: dict[int, list[dict[str, tuple[int, int]]]] = {}
-    for new in sorted(groups):
-        steps_chosen = []
-        for si in range(n_s):
-            chosen: dict[str, list[tuple[int, int]]] = defaultdict(list)
-            for r in groups[new]:
-                row = label_maps[r][si]
-                for j in np.flatnonzero(row != "").tolist():
-                    lbl = row[j]
-                    chosen[lbl].append((r, j))
-                    order.setdefault(lbl, len(order))
-            for c in chosen.values():  # pipeline order: (virtual) stage of each copy
-                if len(c) > 1:
-                    c.sort(key=lambda x: _position(str(nodes[x[1]]), layout.coords(x[0])["pp"], layout))
-            steps_chosen.append({lbl: (c[_pick(str(roles[c[0][1]]), str(dirs[c[0][1]]), list(range(len(c))))])
-                                 for lbl, c in chosen.items()})
-        per_group[new] = steps_chosen
-    labels = list(order)
-    n_r, n_t = len(groups), len(labels)
-    pos = {lbl: k for k, lbl in enumerate(labels)}
-    new_ranks = sorted(groups)
-    data: dict[Hashable, Any] = {}
-    coords_src = np.full(n_t, -1, np.int64)  # original tensor index for coordinates
-    src_at: dict[int, tuple[int, int]] = {}  # stitched column -> the (step, rank) its coordinates come from
-    steps = [int(x) for x in ds["step"].values]
-    for new in new_ranks:
-        for si, picked in enumerate(per_group[new]):
-            for lbl, (r, j) in picked.items():
-                if coords_src[pos[lbl]] < 0:
-                    coords_src[pos[lbl]] = j
-                    src_at[pos[lbl]] = (steps[si], r)
-    picks: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # (gi, si) -> columns
-    for gi, new in enumerate(new_ranks):
-        for si, picked in enumerate(per_group[new]):
-            if picked:
-                items = list(picked.items())
-                picks[(gi, si)] = (np.fromiter((pos[lbl] for lbl, _ in items), np.int64, len(items)),
-                                   np.fromiter((ranks.index(r) for _, (r, _j) in items), np.int64, len(items)),
-                                   np.fromiter((j for _, (_r, j) in items), np.int64, len(items)))
-    for name, var in ds.data_vars.items():
-        if var.dims != ("step", "rank", "tensor"):
-            continue
-        fill: Any = {"b": False, "i": -1, "u": 0, "f": np.nan}.get(var.dtype.kind, "")
-        arr = np.full((n_s, n_r, n_t), fill, dtype=var.dtype)
-        vals = var.values
-        for (gi, si), (dst, src_r, src_j) in picks.items():
-            arr[si, gi, dst] = vals[si, src_r, src_j]
-        data[name] = (("step", "rank", "tensor"), arr)
-    source = np.full((n_s, n_r, n_t), -1, np.int64)  # the dump rank each stitched entry was taken from
-    for (gi, si), (dst, src_r, _src_j) in picks.items():
-        source[si, gi, dst] = np.asarray(ranks, np.int64)[src_r]
-    data["source_rank"] = (("step", "rank", "tensor"), source)
-    # seq: the one-rank execution order (micro-batch, forward then backward, stage), else stage after stage
-    seq = data["seq"][1]
-    for gi, new in enumerate(new_ranks):
-        for si, picked in enumerate(per_group[new]):
-            if orders:
-                placed = sorted((orders.get((r, si), {}).get(str(nodes[j]), (1 << 31, 0, 0, 0)), r, pos[lbl])
-                                for lbl, (r, j) in picked.items())
-                for place, (_, _, col) in enumerate(placed):
-                    if seq[si, gi, col] >= 0:
-                        seq[si, gi, col] = place
-                continue
-            base = 0
-            for r in groups[new]:
-                cols = [pos[lbl] for lbl, (rr, _j) in picked.items() if rr == r]
-                if not cols:
-                    continue
-                block = seq[si, gi, cols]
-                seq[si, gi, cols] = np.where(block >= 0, block + base, -1)
-                base = int(seq[si, gi, cols].max()) + 1
-    coords: dict[Hashable, Any] = {"step": ds["step"].values, "rank": np.asarray(new_ranks, np.int64),
-                                   "tensor": np.asarray(labels, dtype=object)}
-    for name, c in ds.coords.items():
-        if c.dims == ("tensor",) and name != "tensor":
-            coords[name] = ("tensor", c.values[coords_src])
-    # a stage's own shape and dtype where another stage records the same (local) label otherwise
-    old_labels = ds["tensor"].values
-    for name, attr in (("shape", "shape_changes"), ("dtype", "dtype_changes")):
-        own = _entry_table(ds, attr)
-        if own and name in coords:
-            fixed = np.asarray(coords[name][1], dtype=object).copy()
-            for col_k, (st, r) in src_at.items():
-                v = own.get((str(old_labels[coords_src[col_k]]), st, r))
-                if v is not None:
-                    fixed[col_k] = v
-            coords[name] = ("tensor", fixed)
-    # node/module/parent follow the renamed labels
-    new_node = []
-    for lbl, j in zip(labels, coords_src.tolist(), strict=True):
-        old_node, old_label = str(ds["node"].values[j]), str(ds["tensor"].values[j])
-        suffix = old_label[len(old_node):]
-        new_node.append(lbl[: len(lbl) - len(suffix)] if suffix and lbl.endswith(suffix) else lbl)
-    coords["node"] = ("tensor", np.asarray(new_node, dtype=object))
-    modules = []
-    for n, m in zip(new_node, coords["module"][1], strict=True):
-        p = parse_node(n)
-        modules.append(p.module if p.kind != "api" else str(m))
-    coords["module"] = ("tensor", np.asarray(modules, dtype=object))
-    # per-entry dtype exceptions are keyed by the old labels and ranks: not carried over (the
-    # dtype coordinate, first seen, stays)
-    out = xr.Dataset(data, coords=coords, attrs={k: v for k, v in ds.attrs.items() if k not in ENTRY_CHANGE_ATTRS})
-    out.attrs["pipeline_stitched"] = f"pp={layout.pp} vpp={layout.vpp} ep={layout.ep} -> {reduced.describe()}"
-    return out
