@@ -23,10 +23,7 @@ LONG_MODULES = {
     "precnb/io/_assemble.py",
     "precnb/io/msprobe/walk.py", "precnb/schema.py",
 }
-LONG_FUNCTIONS = {
-    "precnb/analysis/devices.py::device_verdicts",
-    "precnb/analysis/rank_args.py::rank_dependent",
-}
+LONG_FUNCTIONS: set[str] = set()  # every function is within the limit since 2026-12-03
 
 
 def code_lines(func: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -78,4 +75,4 @@ def test_complexity_exceptions_are_the_listed_ones():
             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if "# noqa: C901" in line and line.lstrip().startswith(("def ", "async def ")):
                     marked.append(f"{path.relative_to(ROOT).as_posix()}:{i}")
-    assert len(marked) <= 10, marked  # 16 when the rule was set (2026-12), 10 since: split one, lower this
+    assert len(marked) <= 8, marked  # 16 when the rule was set (2026-12), 8 since: split one, lower this

@@ -65,7 +65,7 @@ def _where(hits: Sequence[tuple[str, Mapping[str, Any], int]]) -> str:
                      f"{'/'.join(map(str, sorted(ranks[run])))}" for run, st in by_run.items())
 
 
-def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],  # noqa: C901
+def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],
                     tables: Mapping[str, Mapping[int, Mapping[str, str]]]) -> list[dict[str, Any]]:
     """Per device: the rank it served in each job, its departures, and a verdict with why (most suspect first).
 
@@ -81,131 +81,158 @@ def device_verdicts(events: Mapping[str, Sequence[Mapping[str, Any]]],  # noqa: 
     -------
     list of dict
     """
-    runs = list(tables)
-    where: dict[tuple[str, str], dict[str, int]] = {}
-    for run in runs:
-        for rank, d in tables[run].items():
-            where.setdefault((str(d["host"]), str(d["device"])), {})[run] = int(rank)
+    jobs = _Jobs(events, tables)
+    explained: dict[_Key, tuple[str, str]] = {}
+    out: list[dict[str, Any]] = []
+    for dev in sorted(jobs.where, key=lambda d: (tuple(-x for x in jobs.weight(d)), d)):
+        verdict, why = jobs.verdict(dev, explained)
+        out.append({"host": dev[0], "device": dev[1], "ranks": dict(jobs.where[dev]),
+                    "departures": jobs.departures[dev], "verdict": verdict, "why": why})
+    out.sort(key=lambda d: _ORDER[d["verdict"]])  # stable: most blamed first within each verdict
+    return out
 
-    def dev_of(run: str, rank: int) -> tuple[str, str] | None:
-        d = tables[run].get(rank)
+
+_Dev = tuple[str, str]
+_Key = tuple[str, int, tuple[int, ...]]
+_Hit = tuple[str, Mapping[str, Any], int]
+
+
+def _key(run: str, ev: Mapping[str, Any]) -> _Key:
+    return (run, int(ev["step"]), tuple(ev["group"]))
+
+
+class _Jobs:
+    """The departures of every job, by the device that served the blamed rank."""
+
+    def __init__(self, events: Mapping[str, Sequence[Mapping[str, Any]]],
+                 tables: Mapping[str, Mapping[int, Mapping[str, str]]]) -> None:
+        self.tables = tables
+        self.runs = runs = list(tables)
+        self.where: dict[_Dev, dict[str, int]] = {}
+        for run in runs:
+            for rank, d in tables[run].items():
+                self.where.setdefault((str(d["host"]), str(d["device"])), {})[run] = int(rank)
+        follows = self._rank_follows(events)
+        self.departures: dict[_Dev, list[dict[str, Any]]] = {d: [] for d in self.where}
+        self.hits: dict[_Dev, list[_Hit]] = {d: [] for d in self.where}
+        self.seed: dict[_Dev, list[str]] = {d: [] for d in self.where}
+        self.rank_follow: dict[_Dev, set[int]] = {d: set() for d in self.where}
+        for run in runs:
+            for ev in events.get(run, ()):
+                for r in _blamed(ev):
+                    self._add(run, ev, r, follows)
+        self.blamed_by: dict[_Key, dict[_Dev, int]] = {}  # event -> device -> rank
+        for one, hs in self.hits.items():
+            for run, ev, r in hs:
+                self.blamed_by.setdefault(_key(run, ev), {})[one] = r
+        self.at_most = ("; with one job the verdict is at most 'suspect (one event)': a clean run of the same "
+                        "training (--baseline), a third replica or the job rescheduled onto another rank placement "
+                        "decides") if len(runs) == 1 else \
+            "; a clean run (--baseline), a third replica or another placement decides"
+
+    def dev_of(self, run: str, rank: int) -> _Dev | None:
+        d = self.tables[run].get(rank)
         return (str(d["host"]), str(d["device"])) if d else None
 
-    # ranks blamed in every job while the device serving them changes: the departure follows the rank
-    blamed = {run: {r for ev in events.get(run, ()) if ev.get("inputs_identical") for r in _blamed(ev)}
-              for run in runs}
-    blamed_devs = {run: {dev_of(run, r) for r in blamed[run]} for run in runs}
-    follows: set[int] = set()
-    if len(runs) > 1:
-        for r in set.intersection(*blamed.values()) if blamed else set():
-            # a device that served r in one job and did not depart in another: r departs, not the device
-            if any(dev_of(a, r) not in blamed_devs[b] for a in runs for b in runs if a != b):
-                follows.add(r)
-    departures: dict[tuple[str, str], list[dict[str, Any]]] = {d: [] for d in where}
-    hits: dict[tuple[str, str], list[tuple[str, Mapping[str, Any], int]]] = {d: [] for d in where}
-    seed: dict[tuple[str, str], list[str]] = {d: [] for d in where}
-    rank_follow: dict[tuple[str, str], set[int]] = {d: set() for d in where}
-    for run in runs:
-        for ev in events.get(run, ()):
-            for r in _blamed(ev):
-                dev = dev_of(run, r)
-                if dev is None:
-                    continue
-                departures[dev].append({"run": run, "step": int(ev["step"]), "rank": r, "node": ev["node"],
-                                        "inputs_identical": bool(ev.get("inputs_identical"))})
-                if not ev.get("inputs_identical"):
-                    continue  # inherited: a consequence, not an origin
-                is_seed = ev.get("cause") == "unsynchronised_seed"
-                if is_seed:
-                    seed[dev].append(str(ev["node"]))
-                if r in follows:
-                    rank_follow[dev].add(r)
-                if not is_seed and r not in follows:
-                    hits[dev].append((run, ev, r))
+    def _rank_follows(self, events: Mapping[str, Sequence[Mapping[str, Any]]]) -> set[int]:
+        """Ranks blamed in every job while the device serving them changes: the departure follows the rank."""
+        runs = self.runs
+        blamed = {run: {r for ev in events.get(run, ()) if ev.get("inputs_identical") for r in _blamed(ev)}
+                  for run in runs}
+        blamed_devs = {run: {self.dev_of(run, r) for r in blamed[run]} for run in runs}
+        follows: set[int] = set()
+        if len(runs) > 1:
+            for r in set.intersection(*blamed.values()) if blamed else set():
+                # a device that served r in one job and did not depart in another: r departs, not the device
+                if any(self.dev_of(a, r) not in blamed_devs[b] for a in runs for b in runs if a != b):
+                    follows.add(r)
+        return follows
 
-    def weight(dev: tuple[str, str]) -> tuple[int, int, int]:
-        h = hits[dev]
+    def _add(self, run: str, ev: Mapping[str, Any], r: int, follows: set[int]) -> None:
+        dev = self.dev_of(run, r)
+        if dev is None:
+            return
+        self.departures[dev].append({"run": run, "step": int(ev["step"]), "rank": r, "node": ev["node"],
+                                     "inputs_identical": bool(ev.get("inputs_identical"))})
+        if not ev.get("inputs_identical"):
+            return  # inherited: a consequence, not an origin
+        is_seed = ev.get("cause") == "unsynchronised_seed"
+        if is_seed:
+            self.seed[dev].append(str(ev["node"]))
+        if r in follows:
+            self.rank_follow[dev].add(r)
+        if not is_seed and r not in follows:
+            self.hits[dev].append((run, ev, r))
+
+    def weight(self, dev: _Dev) -> tuple[int, int, int]:
+        h = self.hits[dev]
         return (len({run for run, _, _ in h}), sum(1 for _, ev, r in h if r in (ev.get("wrong_side") or [])), len(h))
 
-    def key(run: str, ev: Mapping[str, Any]) -> tuple[str, int, tuple[int, ...]]:
-        return (run, int(ev["step"]), tuple(ev["group"]))
-
-    blamed_by: dict[tuple[str, int, tuple[int, ...]], dict[tuple[str, str], int]] = {}  # event -> device -> rank
-    for one, hs in hits.items():
-        for run, ev, r in hs:
-            blamed_by.setdefault(key(run, ev), {})[one] = r
-
-    def partners(dev: tuple[str, str], mine: Sequence[tuple[str, Mapping[str, Any], int]]) -> str:
+    def partners(self, dev: _Dev, mine: Sequence[_Hit]) -> str:
         """The other candidates of *dev*'s events: ``10.0.0.1:0 (job1 rank 0)``."""
         seen: dict[str, None] = {}
         for run, ev, _ in mine:
-            for o, r in blamed_by.get(key(run, ev), {}).items():
+            for o, r in self.blamed_by.get(_key(run, ev), {}).items():
                 if o != dev:
                     seen[f"{_name(o)} ({run} rank {r})"] = None
         return ", ".join(seen) or "no other device of the rank tables"
 
-    one_job = len(runs) == 1
-    at_most = ("; with one job the verdict is at most 'suspect (one event)': a clean run of the same training "
-               "(--baseline), a third replica or the job rescheduled onto another rank placement decides") if one_job \
-        else "; a clean run (--baseline), a third replica or another placement decides"
-    explained: dict[tuple[str, int, tuple[int, ...]], tuple[str, str]] = {}
-    out: list[dict[str, Any]] = []
-    for dev in sorted(where, key=lambda d: (tuple(-x for x in weight(d)), d)):
-        h = hits[dev]
-        mine = [(run, ev, r) for run, ev, r in h if key(run, ev) not in explained]
+    def verdict(self, dev: _Dev, explained: dict[_Key, _Dev]) -> tuple[str, str]:
+        """(verdict, why) of *dev*, the devices judged before it having *explained* their events."""
+        h = self.hits[dev]
+        mine = [(run, ev, r) for run, ev, r in h if _key(run, ev) not in explained]
+        if mine:
+            return self._blamed_verdict(dev, mine, explained)
+        if h:
+            by = sorted({_name(explained[_key(run, ev)]) for run, ev, _ in h})
+            return "clean", self._seed_too(dev, f"its departures ({_where(h)}) are explained by the other side, "
+                                                f"{', '.join(by)}, which is suspect")
+        if self.rank_follow[dev]:
+            rs = sorted(self.rank_follow[dev])
+            return "clean", self._seed_too(dev, (
+                f"the departure follows rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} across devices "
+                "in every job, not this device: it points at code or data (the same rank departs wherever it runs)"))
+        if self.seed[dev]:
+            return "clean", (f"its departures are a random op ({', '.join(sorted(set(self.seed[dev])))}) drawing other "
+                             "numbers: an unsynchronised seed is code, not this device")
+        return "clean", "no replica departure with identical inputs on this device"
+
+    def _seed_too(self, dev: _Dev, why: str) -> str:
+        if self.seed[dev]:  # the random op's part of the story
+            ops = ", ".join(sorted(set(self.seed[dev])))
+            why += f"; the random op {ops} departs too: an unsynchronised seed (code)"
+        return why
+
+    def _blamed_verdict(self, dev: _Dev, mine: list[_Hit], explained: dict[_Key, _Dev]) -> tuple[str, str]:
+        """The verdict of a device blamed for events no device judged before it explains."""
         decided = [(run, ev, r) for run, ev, r in mine if r in (ev.get("wrong_side") or [])]
         jobs = {run for run, _, _ in mine}
         steps = {(run, int(ev["step"])) for run, ev, _ in mine}
-        keys = {key(run, ev) for run, ev, _ in mine}
-        twins = [_name(o) for o in where if o != dev and keys and {
-            key(run, ev) for run, ev, _ in hits[o]} == keys and not any(
+        keys = {_key(run, ev) for run, ev, _ in mine}
+        twins = [_name(o) for o in self.where if o != dev and keys and {
+            _key(run, ev) for run, ev, _ in self.hits[o]} == keys and not any(
             r in (ev.get("wrong_side") or []) for _, ev, r in mine)]
         # undecided pairs at several steps whose only common candidate is this device
-        common = set.intersection(*(set(blamed_by[k]) for k in keys)) if keys else set()
+        common = set.intersection(*(set(self.blamed_by[k]) for k in keys)) if keys else set()
         if twins:
-            verdict = "inconclusive"
             times = "each time together with" if len(keys) > 1 else "together with"
-            why = (f"candidate: departed with identical inputs ({_where(mine)}) {times} {partners(dev, mine)}: "
-                   "a pair cannot say which side is wrong, so both are candidates and nothing tells them apart"
-                   + at_most)
-        elif mine and (len(jobs) > 1 or decided or (len(steps) > 1 and common == {dev})):
-            verdict = "suspect"
-            judges = sorted({_JUDGE.get(str(ev.get("decided_by")), "a decision") for _, ev, _ in decided})
-            at = ", ".join(dict.fromkeys(f"{run} step {ev['step']}" for run, ev, _ in decided))
-            how = ("in more than one job, on different ranks: it follows the device" if len(jobs) > 1 else
-                   f"at {len(steps)} step(s); {' and '.join(judges)} names it the wrong side at {at}" if decided else
-                   f"at {len(steps)} steps, with other replicas ({partners(dev, mine)}): the one device common to "
-                   "those departures")
-            why = f"departed with identical inputs ({_where(mine)}) {how}"
-            if len(runs) == 1:
-                why = ("suspect (one event): " + why + "; one job only: rerun with another rank placement (or on a "
-                       "clean device) to confirm")
-            for run, ev, _ in mine:
-                explained[key(run, ev)] = dev
-        elif mine:
-            verdict = "inconclusive"
-            why = (f"candidate: one of the two replicas that departed with identical inputs ({_where(mine)}), with "
-                   f"{partners(dev, mine)}: a pair cannot say which side is wrong" + at_most)
-        elif h:
-            verdict = "clean"
-            by = sorted({_name(explained[key(run, ev)]) for run, ev, _ in h})
-            why = (f"its departures ({_where(h)}) are explained by the other side, {', '.join(by)}, which is "
-                   "suspect")
-        elif rank_follow[dev]:
-            verdict = "clean"
-            rs = sorted(rank_follow[dev])
-            why = (f"the departure follows rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} across devices "
-                   "in every job, not this device: it points at code or data (the same rank departs wherever it runs)")
-        elif seed[dev]:
-            verdict = "clean"
-            why = (f"its departures are a random op ({', '.join(sorted(set(seed[dev])))}) drawing other numbers: an "
-                   "unsynchronised seed is code, not this device")
-        else:
-            verdict = "clean"
-            why = "no replica departure with identical inputs on this device"
-        if verdict == "clean" and seed[dev] and (h or rank_follow[dev]):  # the random op's part of the story
-            why += f"; the random op {', '.join(sorted(set(seed[dev])))} departs too: an unsynchronised seed (code)"
-        out.append({"host": dev[0], "device": dev[1], "ranks": dict(where[dev]), "departures": departures[dev],
-                    "verdict": verdict, "why": why})
-    out.sort(key=lambda d: _ORDER[d["verdict"]])  # stable: most blamed first within each verdict
-    return out
+            return "inconclusive", (f"candidate: departed with identical inputs ({_where(mine)}) {times} "
+                                    f"{self.partners(dev, mine)}: a pair cannot say which side is wrong, so both are "
+                                    "candidates and nothing tells them apart" + self.at_most)
+        if not (len(jobs) > 1 or decided or (len(steps) > 1 and common == {dev})):
+            return "inconclusive", (f"candidate: one of the two replicas that departed with identical inputs "
+                                    f"({_where(mine)}), with {self.partners(dev, mine)}: a pair cannot say which side "
+                                    "is wrong" + self.at_most)
+        judges = sorted({_JUDGE.get(str(ev.get("decided_by")), "a decision") for _, ev, _ in decided})
+        at = ", ".join(dict.fromkeys(f"{run} step {ev['step']}" for run, ev, _ in decided))
+        how = ("in more than one job, on different ranks: it follows the device" if len(jobs) > 1 else
+               f"at {len(steps)} step(s); {' and '.join(judges)} names it the wrong side at {at}" if decided else
+               f"at {len(steps)} steps, with other replicas ({self.partners(dev, mine)}): the one device common to "
+               "those departures")
+        why = f"departed with identical inputs ({_where(mine)}) {how}"
+        if len(self.runs) == 1:
+            why = ("suspect (one event): " + why + "; one job only: rerun with another rank placement (or on a "
+                   "clean device) to confirm")
+        for run, ev, _ in mine:
+            explained[_key(run, ev)] = dev
+        return "suspect", why

@@ -164,7 +164,7 @@ def _in_place(api: str) -> bool:
     return short.endswith("_")
 
 
-def rank_dependent(ds: xr.Dataset, groups: list[list[int]], present: np.ndarray | None = None  # noqa: C901
+def rank_dependent(ds: xr.Dataset, groups: list[list[int]], present: np.ndarray | None = None
                    ) -> tuple[np.ndarray, dict[str, str]]:
     """Per tensor: computed by (or from) a call whose scalar arguments differ between the ranks of a group.
 
@@ -196,14 +196,34 @@ def rank_dependent(ds: xr.Dataset, groups: list[list[int]], present: np.ndarray 
     if sigs is None or not groups:
         return out, why
     pres = np.asarray(ds["present"].values, bool) if present is None else present
-    ranks = [int(r) for r in ds["rank"].values]
-    nodes = ds["node"].values
-    roles, kinds, labels = ds["role"].values, ds["kind"].values, ds["tensor"].values
-    apis, dtypes = ds["api"].values, ds["dtype"].values
-    by_node: dict[str, list[int]] = {}
-    for j, n in enumerate(nodes.tolist()):
-        by_node.setdefault(n, []).append(j)
     pres = pres & ~undefined_mask(ds)  # a buffer the op ignores is no input
+    by_node: dict[str, list[int]] = {}
+    for j, n in enumerate(ds["node"].values.tolist()):
+        by_node.setdefault(n, []).append(j)
+    seeds = _seeds(ds, groups, sigs, pres, by_node)
+    if not seeds:
+        return out, why
+    derived: dict[str, str] = {n: f"{n} is rank-dependent by design: its tensor inputs agree across the group, "
+                                  "its scalar arguments do not" for n in seeds}
+    collective_inputs = _propagate(ds, groups, pres, by_node, derived)
+    roles, labels = ds["role"].values, ds["tensor"].values
+    for j in collective_inputs:  # the rank's part handed to the collective (its output is the whole)
+        out[j] = True
+        why[str(labels[j])] = "tensor-parallel glue: the rank's part of a tensor a collective combines"
+    for n, reason in derived.items():  # a seed's inputs agree across the group: only its outputs are its own
+        for node in (n, n[: -len(".forward")] + ".backward"):
+            for j in by_node.get(node, []):
+                if node != n or n not in seeds or roles[j] != "input":
+                    out[j] = True
+                    why[str(labels[j])] = f"tensor-parallel glue: {reason}"
+    return out, why
+
+
+def _seeds(ds: xr.Dataset, groups: list[list[int]], sigs: np.ndarray, pres: np.ndarray,
+           by_node: dict[str, list[int]]) -> set[str]:
+    """The forward API calls whose tensor inputs agree across a group and whose scalar arguments do not."""
+    ranks = [int(r) for r in ds["rank"].values]
+    nodes, roles, kinds = ds["node"].values, ds["role"].values, ds["kind"].values
     seeds: set[str] = set()
     stats = np.stack([ds[s].values for s in ("max", "min", "mean", "norm")], axis=-1)
     for g in groups:
@@ -222,68 +242,87 @@ def rank_dependent(ds: xr.Dataset, groups: list[list[int]], present: np.ndarray 
             ins = [k for k in by_node[node] if roles[k] == "input" and pres[si, idx[0], k]]
             if ins and all(same[si, k] for k in ins):  # the same tensors in, other constants: rank-dependent
                 seeds.add(node)
-    if not seeds:
-        return out, why
-    derived: dict[str, str] = {n: f"{n} is rank-dependent by design: its tensor inputs agree across the group, "
-                                  "its scalar arguments do not" for n in seeds}
-    seq = ds["seq"].values
-    parents = ds["parent"].values
-    arr = {s: ds[s].values for s in _ENTRY}  # read once: the loops below index single entries
+    return seeds
+
+
+def _propagate(ds: xr.Dataset, groups: list[list[int]], pres: np.ndarray, by_node: dict[str, list[int]],
+               derived: dict[str, str]) -> set[int]:
+    """The calls computed from a rank-dependent value (added to *derived*), in each rank's execution order.
+
+    Returns the inputs of the collectives that combine such values (the glue ends there).
+    """
+    ranks = [int(r) for r in ds["rank"].values]
+    kinds = ds["kind"].values
+    walk = _Walk(ds, pres, by_node, derived)
     fwd = [n for n, js in by_node.items() if kinds[js[0]] == "api" and n.endswith(".forward")]
     members = sorted({ranks.index(r) for g in groups for r in g if r in ranks})
-    collective_inputs: set[int] = set()
+    seq = ds["seq"].values
     for si in range(ds.sizes["step"]):
         for ri in members:
             order = sorted((int(seq[si, ri, by_node[n][0]]), n) for n in fwd if pres[si, ri, by_node[n]].any())
-            made: dict[bytes, str] = {}
-            # scope -> ((numel, dtype), writer): a tensor a rank-dependent in-place call changed, whose new
-            # statistics no record holds; the next call in that scope reading such a tensor reads it
-            mutated: dict[str, tuple[tuple[int, str], str]] = {}
-            for _, n in order:
-                js = by_node[n]
-                scope = str(parents[js[0]])
-                ins = [j for j in js if roles[j] == "input" and pres[si, ri, j]]
-                if is_communication(n):  # a collective combines the ranks' parts: the glue ends here
-                    hit = [j for j in ins if _signature(arr, si, ri, j, dtypes) in made or (
-                        scope in mutated and _shape_key(arr, si, ri, j, dtypes) == mutated[scope][0])]
-                    collective_inputs.update(hit)
-                    if hit:
-                        mutated.pop(scope, None)
-                    continue
-                if n not in derived:
-                    for j in ins:
-                        sig = _signature(arr, si, ri, j, dtypes)
-                        cast = _mask_key(arr, si, ri, j, dtypes)  # a rank's mask read again as 0/1 numbers
-                        src = made.get(sig) if sig is not None else None
-                        src = src or (made.get(cast) if cast is not None else None)
-                        if src is not None:
-                            derived[n] = f"{n} computes on the rank-dependent output of {src}"
-                            break
-                        if scope in mutated and _shape_key(arr, si, ri, j, dtypes) == mutated[scope][0]:
-                            derived[n] = f"{n} reads the tensor {mutated[scope][1]} changed in place"
-                            break
-                if n not in derived:
-                    continue
-                for j in js:
-                    if roles[j] == "output" and pres[si, ri, j]:
-                        sig = _signature(arr, si, ri, j, dtypes)
-                        if sig is not None:
-                            made[sig] = n
-                        cast = _mask_key(arr, si, ri, j, dtypes)
-                        if cast is not None and "bool" in str(dtypes[j]):
-                            made[cast] = n
-                if _in_place(str(apis[js[0]])) and ins:
-                    mutated[scope] = (_shape_key(arr, si, ri, ins[0], dtypes), n)
-    for j in collective_inputs:  # the rank's part handed to the collective (its output is the whole)
-        out[j] = True
-        why[str(labels[j])] = "tensor-parallel glue: the rank's part of a tensor a collective combines"
-    for n, reason in derived.items():  # a seed's inputs agree across the group: only its outputs are its own
-        for node in (n, n[: -len(".forward")] + ".backward"):
-            for j in by_node.get(node, []):
-                if node != n or n not in seeds or roles[j] != "input":
-                    out[j] = True
-                    why[str(labels[j])] = f"tensor-parallel glue: {reason}"
-    return out, why
+            walk.rank_step(si, ri, [n for _, n in order])
+    return walk.collective_inputs
+
+
+class _Walk:
+    """One rank's calls in execution order at one step: which compute on a rank-dependent value."""
+
+    def __init__(self, ds: xr.Dataset, pres: np.ndarray, by_node: dict[str, list[int]],
+                 derived: dict[str, str]) -> None:
+        self.pres, self.by_node, self.derived = pres, by_node, derived
+        self.roles, self.apis, self.dtypes = ds["role"].values, ds["api"].values, ds["dtype"].values
+        self.parents = ds["parent"].values
+        self.arr = {s: ds[s].values for s in _ENTRY}  # read once: the loops below index single entries
+        self.collective_inputs: set[int] = set()
+
+    def rank_step(self, si: int, ri: int, order: list[str]) -> None:
+        """Walk the forward calls *order* of rank index *ri* at step index *si*."""
+        arr, dtypes, roles = self.arr, self.dtypes, self.roles
+        made: dict[bytes, str] = {}
+        # scope -> ((numel, dtype), writer): a tensor a rank-dependent in-place call changed, whose new
+        # statistics no record holds; the next call in that scope reading such a tensor reads it
+        mutated: dict[str, tuple[tuple[int, str], str]] = {}
+        for n in order:
+            js = self.by_node[n]
+            scope = str(self.parents[js[0]])
+            ins = [j for j in js if roles[j] == "input" and self.pres[si, ri, j]]
+            if is_communication(n):  # a collective combines the ranks' parts: the glue ends here
+                hit = [j for j in ins if _signature(arr, si, ri, j, dtypes) in made or (
+                    scope in mutated and _shape_key(arr, si, ri, j, dtypes) == mutated[scope][0])]
+                self.collective_inputs.update(hit)
+                if hit:
+                    mutated.pop(scope, None)
+                continue
+            if n not in self.derived:
+                self._derive(n, si, ri, ins, scope, made, mutated)
+            if n not in self.derived:
+                continue
+            for j in js:
+                if roles[j] == "output" and self.pres[si, ri, j]:
+                    sig = _signature(arr, si, ri, j, dtypes)
+                    if sig is not None:
+                        made[sig] = n
+                    cast = _mask_key(arr, si, ri, j, dtypes)
+                    if cast is not None and "bool" in str(dtypes[j]):
+                        made[cast] = n
+            if _in_place(str(self.apis[js[0]])) and ins:
+                mutated[scope] = (_shape_key(arr, si, ri, ins[0], dtypes), n)
+
+    def _derive(self, n: str, si: int, ri: int, ins: list[int], scope: str, made: dict[bytes, str],
+                mutated: dict[str, tuple[tuple[int, str], str]]) -> None:
+        """Mark *n* derived when one of its inputs is a rank-dependent output (or a tensor changed in place)."""
+        arr, dtypes = self.arr, self.dtypes
+        for j in ins:
+            sig = _signature(arr, si, ri, j, dtypes)
+            cast = _mask_key(arr, si, ri, j, dtypes)  # a rank's mask read again as 0/1 numbers
+            src = made.get(sig) if sig is not None else None
+            src = src or (made.get(cast) if cast is not None else None)
+            if src is not None:
+                self.derived[n] = f"{n} computes on the rank-dependent output of {src}"
+                return
+            if scope in mutated and _shape_key(arr, si, ri, j, dtypes) == mutated[scope][0]:
+                self.derived[n] = f"{n} reads the tensor {mutated[scope][1]} changed in place"
+                return
 
 
 _OPTIMIZER_APIS = ("_fused_adam", "_fused_sgd", "_fused_adagrad", "_foreach_")
