@@ -140,9 +140,10 @@ class FileFacts:
      'scalar_args': {'Tensor.addcdiv_': {'value': [-0.1]}}}
     """
 
-    __slots__ = ("_seen", "grads", "peers", "reduce_ops", "scalars", "sigs", "undefined")
+    __slots__ = ("_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs", "undefined")
 
-    def __init__(self) -> None:
+    def __init__(self, *, signatures: bool = True) -> None:
+        self.signatures = signatures  # False: no scalar_signature (a step read from one file: nothing to compare)
         self.grads: dict[str, bool] = {}
         self.scalars: dict[str, dict[str, list[Any]]] = {}
         self.undefined: dict[str, str] = {}
@@ -169,7 +170,7 @@ class FileFacts:
 
     def api(self, node: str, record: Mapping[str, Any]) -> None:
         """Note an API forward record's :func:`scalar_signature` (the parser calls it for those records)."""
-        sig = scalar_signature(record)
+        sig = scalar_signature(record) if self.signatures else 0
         if sig:
             self.sigs[node] = sig
         if node.startswith(("Distributed.", "MintDistributed.")):
