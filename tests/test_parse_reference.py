@@ -95,6 +95,38 @@ def ref_leaves(node: str, record: dict, unread: list | None = None) -> list:
     return out
 
 
+def ref_signature(record: dict) -> int:
+    """:func:`precnb.io._runfacts.scalar_signature` as first written: one recursive walk of every argument."""
+    import zlib
+
+    def walk(value: Any, path: str, out: list, depth: int) -> None:
+        if depth > 4:
+            return
+        if isinstance(value, dict):
+            kind = value.get("type")
+            if isinstance(kind, str):
+                if "value" in value and "shape" not in value:
+                    v = value["value"]
+                    if v is None or type(v) in (bool, int, float, str):
+                        out.append(f"{path}={_plain(kind, v)!r}")
+                return
+            for k, x in value.items():
+                if k != "tensor":
+                    walk(x, f"{path}.{k}", out, depth + 1)
+        elif isinstance(value, list):
+            for i, x in enumerate(value):
+                walk(x, f"{path}.{i}", out, depth + 1)
+
+    out: list = []
+    if isinstance(record.get("input_args"), list):
+        for i, x in enumerate(record["input_args"]):
+            walk(x, str(i), out, 1)
+    if isinstance(record.get("input_kwargs"), dict):
+        for k, x in record["input_kwargs"].items():
+            walk(x, str(k), out, 1)
+    return (zlib.crc32(";".join(out).encode("utf-8", "replace")) or 1) if out else 0
+
+
 def ref_facts(data: dict, parents: dict) -> dict:  # noqa: C901
     """The run facts as the two-pass implementation computed them (one more walk of every record)."""
     grads: dict = {}
@@ -150,7 +182,7 @@ def ref_facts(data: dict, parents: dict) -> dict:  # noqa: C901
     # the facts read for the analyses of parallel runs: checked per record with the public rules, so what is
     # tested here is which records the parser hands them (every API forward record; Distributed ones for the
     # reduce op and P2P peers)
-    from precnb.io._runfacts import p2p_peers, reduce_op, scalar_signature, undefined_leaves
+    from precnb.io._runfacts import p2p_peers, reduce_op, undefined_leaves
 
     undefined: dict = {}
     sigs: dict = {}
@@ -161,8 +193,8 @@ def ref_facts(data: dict, parents: dict) -> dict:  # noqa: C901
             continue
         undefined.update(undefined_leaves(node, record))
         if node.endswith(".forward") and not node.startswith(("Module.", "Cell.")):
-            if scalar_signature(record):
-                sigs[node] = scalar_signature(record)
+            if ref_signature(record):
+                sigs[node] = ref_signature(record)
             if node.startswith(("Distributed.", "MintDistributed.")):
                 op = reduce_op(record)
                 if op and not op.upper().endswith("SUM"):
@@ -352,6 +384,28 @@ def test_optimizer_prefilter_covers_every_marker():
 
     for marker in _OPTIMIZER_MARKERS:
         assert "_fused_" in marker or "addcdiv_" in marker or "_foreach_lerp_" in marker, marker
+
+
+def test_scalar_signature_is_the_reference_walk_for_every_kind_of_argument():
+    """The in-line reading of the usual arguments gives the checksum of the reference walk, argument by argument."""
+    from precnb.io._runfacts import scalar_signature
+
+    t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": 1.0}
+    values = [0, -3, 2**70, 1.5, -0.0, float("nan"), float("inf"), -float("inf"), True, False, None, "NaN",
+              "-Infinity", "Infinity", "x", "y" * 70, [1], {"a": 1}]
+    args: list[Any] = [t, 7, "s", None, [t, {"type": "int", "value": 3}], [[[[[{"type": "int", "value": 1}]]]]],
+                       {"type": 5, "value": 1},
+                       {"class_type": "P2POp", "tensor": t, "peer": {"type": "int", "value": 2}},
+                       {"type": "float", "value": 1.0, "shape": []}, {"type": "float"}, {"value": 2}]
+    for kind in ("int", "float", "str", "bool"):
+        args += [{"type": kind, "value": v} for v in values]
+    records = [{"input_args": args}, {"input_args": args[::-1], "input_kwargs": {"a": args[-1], "b": t, "c": args}},
+               {"input_args": [t] * 70 + [{"type": "int", "value": 1}] * 3}, {"input_args": "x", "input_kwargs": []},
+               {"input_args": [t], "input_kwargs": {}}, {}]
+    records += [{"input_args": [a]} for a in args] + [{"input_kwargs": {"k": a}} for a in args]
+    sigs = [scalar_signature(r) for r in records]
+    assert sigs == [ref_signature(r) for r in records]
+    assert len(set(sigs)) > 30 and 0 in sigs  # a checksum that tells arguments apart
 
 
 def test_statistic_columns_follow_stat_value_for_every_kind_of_value():

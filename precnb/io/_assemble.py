@@ -151,6 +151,7 @@ class Assembler:
         # the first record's coordinates, not yet copied into _cv: a run of one record (one large
         # dump.json) keeps its own columns; a second record copies them first (_materialize)
         self._deferred: tuple[FileRecords, np.ndarray, int] | None = None
+        self._unencoded: tuple[_Rec, dict[str, Any]] | None = None  # that record's metadata columns (add)
         self._pending: list[_Rec] = []
         self._n = 0
         self._meta: dict[str, set[str]] = {"task": set(), "level": set(), "framework": set()}
@@ -264,11 +265,15 @@ class Assembler:
         construct, stacks = self._side(rec.construct), self._side(rec.stacks)
         dt, sh = rec.coords.get("dtype"), rec.coords.get("shape")
         n = len(rec.labels)
-        codes = {f: self._codes(col) for f in META_FIELDS
-                 if (col := rec.coords.get(f)) is not None and len(col) == n} if not skipped else None
-        self._pending.append(_Rec(rec, gids, order, skipped, construct, stacks,
-                                  dt if dt is not None and len(dt) == n else None,
-                                  sh if sh is not None and len(sh) == n else None, codes))
+        meta = {f: col for f in META_FIELDS if (col := rec.coords.get(f)) is not None and len(col) == n} \
+            if not skipped else {}
+        r = _Rec(rec, gids, order, skipped, construct, stacks, dt if dt is not None and len(dt) == n else None,
+                 sh if sh is not None and len(sh) == n else None)
+        if first:  # compared only with a second record's: encoded when one comes (a run of one file never does)
+            self._unencoded = (r, meta)
+        else:
+            r.codes = {f: self._codes(col) for f, col in meta.items()}
+        self._pending.append(r)
 
     def _materialize(self) -> None:
         """Copy the deferred first record's coordinates into the assembler's columns (before a second)."""
@@ -276,8 +281,16 @@ class Assembler:
             return
         rec, gids, order = self._deferred
         self._deferred = None
+        self._encode_first()
         self._grow(len(self._labels))
         self._set_coords(rec, gids, order)
+
+    def _encode_first(self) -> None:
+        """The value codes of the first record's metadata columns, left unencoded by :meth:`add` until needed."""
+        if self._unencoded is not None:
+            r, meta = self._unencoded
+            self._unencoded = None
+            r.codes = {f: self._codes(col) for f, col in meta.items()}
 
     def _codes(self, names: Sequence[Any] | np.ndarray) -> np.ndarray:
         small = len(names) <= 200_000
@@ -300,6 +313,7 @@ class Assembler:
     def _note_meta_changes(self, recs: list[_Rec]) -> None:
         """Record entries of *recs* whose module / parent / shape is not their tensor's coordinate (both known)."""
         coords: dict[str, np.ndarray] = {}
+        self._encode_first()
         for r in recs:
             if r.skipped:
                 continue
@@ -637,6 +651,7 @@ class Assembler:
         """Free what only adding needs (the columns are the dataset's or the store's now); :meth:`attrs` still works."""
         self._finished = True
         self._gid, self._labels, self._owner, self._deferred, self._holes = {}, [], self._owner[:0].copy(), None, {}
+        self._unencoded = None
         self._cv = {k: np.zeros(0, v.dtype) for k, v in self._cv.items()}
 
 

@@ -16,12 +16,14 @@ Examples
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["BEFORE_WAIT", "BETA_ZERO", "RECV_BUFFER", "UNDEFINED_PREFIXES", "p2p_peers", "plain", "reduce_op",
            "scalar_signature", "undefined_leaves"]
 
+_POSITIONS = tuple(str(i) for i in range(64))
 _NONFINITE = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}
 
 #: ops whose record may hold a tensor the op never reads (see :func:`undefined_leaves`): a quick pre-filter
@@ -87,6 +89,15 @@ def undefined_leaves(node: str, record: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _sig_scalar(kind: str, v: Any, path: str, out: list[str]) -> None:
+    """Append ``path=value`` of one ``{type, value}`` scalar (bare NaN/Infinity read either way) to *out*."""
+    cls = v.__class__
+    if cls is int or (cls is float and v - v == 0):  # an int or a finite float: plain() gives it back
+        out.append(f"{path}={v!r}")
+    elif v is None or cls is bool or cls is float or cls is str:
+        out.append(f"{path}={plain(kind, v)!r}")
+
+
 def _sig_walk(value: Any, path: str, out: list[str], depth: int) -> None:
     if depth > 4:
         return
@@ -94,9 +105,7 @@ def _sig_walk(value: Any, path: str, out: list[str], depth: int) -> None:
         kind = value.get("type")
         if kind.__class__ is str:
             if "value" in value and "shape" not in value:
-                v = value["value"]
-                if v is None or v.__class__ in (bool, int, float, str):  # bare NaN/Infinity read either way
-                    out.append(f"{path}={plain(kind, v)!r}")
+                _sig_scalar(kind, value["value"], path, out)
             return
         for k, x in value.items():
             if k != "tensor":  # a P2POp's tensor; its op / peer / tag are plain strings and ints, not leaves
@@ -122,14 +131,20 @@ def scalar_signature(record: Mapping[str, Any]) -> int:
     >>> scalar_signature({"input_args": [{"type": "torch.Tensor", "shape": [2]}]})
     0
     """
-    import zlib
-
     out: list[str] = []
     args, kwargs = record.get("input_args"), record.get("input_kwargs")
     if args.__class__ is list:
         for i, x in enumerate(args):
+            if x.__class__ is dict:  # the usual argument, a tensor or a {type, value} scalar, read in line
+                kind = x.get("type")
+                if kind.__class__ is str:
+                    if "value" in x and "shape" not in x:
+                        _sig_scalar(kind, x["value"], _POSITIONS[i] if i < 64 else str(i), out)
+                    continue
+            elif x.__class__ is not list:
+                continue  # a bare scalar: no {type, value} below it
             _sig_walk(x, str(i), out, 1)
-    if kwargs.__class__ is dict:
+    if kwargs.__class__ is dict and kwargs:
         for k, x in kwargs.items():
             _sig_walk(x, str(k), out, 1)
     return (zlib.crc32(";".join(out).encode("utf-8", "replace")) or 1) if out else 0

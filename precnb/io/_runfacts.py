@@ -140,9 +140,10 @@ class FileFacts:
      'scalar_args': {'Tensor.addcdiv_': {'value': [-0.1]}}}
     """
 
-    __slots__ = ("_seen", "grads", "peers", "reduce_ops", "scalars", "sigs", "undefined")
+    __slots__ = ("_known", "_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs", "undefined")
 
-    def __init__(self) -> None:
+    def __init__(self, *, signatures: bool = True) -> None:
+        self.signatures = signatures  # False: no scalar_signature (a step read from one file: nothing to compare)
         self.grads: dict[str, bool] = {}
         self.scalars: dict[str, dict[str, list[Any]]] = {}
         self.undefined: dict[str, str] = {}
@@ -150,6 +151,7 @@ class FileFacts:
         self.reduce_ops: dict[str, str] = {}  # collective -> its reduce op, when not a sum (``RedOpType.MAX``)
         self.peers: set[int] = set()  # the ranks this file's point-to-point calls send to / receive from
         self._seen: dict[tuple[str, str], set[tuple[type, Any]]] = {}
+        self._known: set[tuple[str, str, type, Any]] = set()  # (api, path, type, value) of every value kept
 
     def node(self, node: str, record: Mapping[str, Any], parent: str) -> None:
         """Fold in one node record (*parent*: its parent in construct.json, ``""`` when unknown)."""
@@ -169,7 +171,7 @@ class FileFacts:
 
     def api(self, node: str, record: Mapping[str, Any]) -> None:
         """Note an API forward record's :func:`scalar_signature` (the parser calls it for those records)."""
-        sig = scalar_signature(record)
+        sig = scalar_signature(record) if self.signatures else 0
         if sig:
             self.sigs[node] = sig
         if node.startswith(("Distributed.", "MintDistributed.")):
@@ -188,7 +190,9 @@ class FileFacts:
                     kind = x.get("type")
                     if kind.__class__ is str:  # a scalar, or a tensor (nothing for a positional argument)
                         if "value" in x and "shape" not in x:
-                            v = _plain(kind, x["value"])
+                            v = x["value"]
+                            if not ((v.__class__ is float and v - v == 0) or v.__class__ is int):
+                                v = _plain(kind, v)  # a finite float or an int is its own plain value
                             if v is not None:
                                 found.setdefault(_POSITIONS[i] if i < 64 else str(i), []).append(v)
                         continue
@@ -201,6 +205,9 @@ class FileFacts:
 
     def _merge(self, api: str, found: Mapping[str, list[Any]]) -> None:
         """Keep the first :data:`_MAX_VALUES` distinct values per argument, in file order (what :func:`_add` keeps)."""
+        known = self._known
+        if all((api, path, v.__class__, v) in known for path, vals in found.items() for v in vals):
+            return  # every value kept already (the usual optimizer call: the same lr, betas, eps)
         into = self.scalars.setdefault(api, {})
         for path, vals in found.items():
             have = into.get(path)
@@ -216,6 +223,7 @@ class FileFacts:
                 if key not in seen:
                     seen.add(key)
                     have.append(v)
+                    known.add((api, path, *key))
 
     def result(self) -> dict[str, Any]:
         """``{"requires_grad": ..., "scalar_args": ...}`` with only the keys that hold something."""

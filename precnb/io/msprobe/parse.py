@@ -50,6 +50,8 @@ from precnb.naming import COMM_PREFIXES
 __all__ = ["MAX_DEPTH", "leaves_of", "read_rank_dir"]
 
 _MAX_INDEX = 2**31 - 1
+#: without signatures, the API records the run facts still read: the collectives (reduce op, p2p peers)
+_NO_SIGNATURE = ("Distributed.", "MintDistributed.")
 #: unreadable sections and leaves listed per file (all are counted)
 MAX_UNREAD = 1000
 
@@ -90,7 +92,8 @@ def _find_groups(value: Any, depth: int = 0) -> Iterable[list[int]]:
 class _File:
     """The state of one file's parse: the walk, the columns, the nodes that had tensors, what was met."""
 
-    def __init__(self, rd: RankDir, parents: Mapping[str, str], micro: Mapping[str, int]) -> None:
+    def __init__(self, rd: RankDir, parents: Mapping[str, str], micro: Mapping[str, int],
+                 signatures: bool = True) -> None:
         self.rd, self.parents, self.micro = rd, parents, micro
         # construct.json's own node-name objects: the names kept (nodes, their parts, signatures) are then
         # the ones the construct table holds anyway, and the batches' copies go with their batch
@@ -101,7 +104,8 @@ class _File:
         self.labels: list[str] = []
         self.roles: list[str] = []
         self.groups: dict[str, str] = {}
-        self.facts = FileFacts()
+        self.facts = FileFacts(signatures=signatures)
+        self.signatures = signatures
         self.nodes: list[str] = []  # the node records that had tensors, in file order
         self.counts: list[int] = []  # tensors per entry of nodes
         self.hashes: list[np.ndarray] = []  # of the labels, batch by batch
@@ -121,6 +125,7 @@ class _File:
         self.n_nodes += len(data)
         n_had = len(nodes)
         probe = self.probe
+        sigs = self.signatures
         # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
         name = self.names.get
         for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
@@ -152,7 +157,8 @@ class _File:
             if "parameters" in record or parent.startswith("optimizer") or (  # OPTIMIZER_NAME's markers hold
                     "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node) or node.startswith(undef):
                 node_facts(node, record, parent)  # parameters' requires_grad, optimizer arguments, unread buffers
-            if node.endswith(".forward") and not node.startswith(("Module.", "Cell.")):
+            if node.endswith(".forward") and (not node.startswith(("Module.", "Cell.")) if sigs
+                                              else node.startswith(_NO_SIGNATURE)):
                 api_facts(node, record)  # its scalar arguments' checksum (rank-dependent ops)
         self.parts.add(nodes[n_had:], node_parents)
         self.cols.add_batch(leaves, w.labels, self.issues)
@@ -265,7 +271,7 @@ def _whole(rd: RankDir, notes: list[str]) -> dict[str, Any]:
     return doc
 
 
-def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None) -> FileRecords:
+def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None, signatures: bool = True) -> FileRecords:
     """Parse one (step, rank) folder into columnar records (the task run once per file).
 
     Parameters
@@ -273,6 +279,10 @@ def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None) -> FileRecor
     rd : RankDir
     report : LoadReport, optional
         Also receives the warnings (they are always in ``meta["warnings"]``).
+    signatures : bool
+        Whether to note the API calls' scalar-argument checksums (``meta["facts"]["scalar_sigs"]``).
+        They are compared between the files of one step only (rank-dependent calls): a step read
+        from one file needs none.
 
     Returns
     -------
@@ -286,17 +296,17 @@ def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None) -> FileRecor
         When dump.json is unreadable or not an msprobe dump, naming the position or node.
     """
     with paused_gc():  # millions of fresh containers, no cycles: the collector would only rescan them
-        rec = _read(rd)
+        rec = _read(rd, signatures)
     if report is not None:
         report.warnings.extend(rec.meta["warnings"])
     return rec
 
 
-def _read(rd: RankDir) -> FileRecords:
+def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
     side_notes: list[str] = []
     parents, micro, construct, stack = read_sides(rd.path, side_notes)
     notes: list[str] = []
-    f = _File(rd, parents, micro)
+    f = _File(rd, parents, micro, signatures)
     top: Mapping[str, Any] = {}
     try:
         for is_top, part in _json.parts(rd.dump_file):
@@ -307,7 +317,7 @@ def _read(rd: RankDir) -> FileRecords:
                 part = {}  # freed now, while its objects are still in the caches (not after the next parse)
     except (_json.NotBatchableError, DumpFormatError, OSError):  # the whole-file parse decides (and words the error)
         doc = _whole(rd, notes)
-        f = _File(rd, parents, micro)
+        f = _File(rd, parents, micro, signatures)
         f.batch(doc["data"])
         top = doc
     return f.build(top, notes + side_notes, (construct, stack))
