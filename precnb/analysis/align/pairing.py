@@ -350,12 +350,26 @@ class _Aligner:
                 v = seen[k] = self.api_score(x, y)
             return v
 
-        if self.fast and self.same_names and not self.hints and len(xs) * len(ys) <= MAX_CELLS:
+        if self.fast and self.same_names and self._bounded(xs) and len(xs) * len(ys) <= MAX_CELLS:
             proven = certified_pairs(xs, ys, score, threshold=threshold)
             if proven is not None:
                 return proven
         return pair_in_order(xs, ys, score, threshold=threshold,
                              key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+
+    def _bounded(self, xs: list[NodeInfo]) -> bool:
+        """Whether :class:`~precnb.analysis.align.certify.ApiBound` bounds every score of *xs*'s rows.
+
+        The mapping's hints only lower a score (-100: a call paired elsewhere, a target left unpaired),
+        which a bound still bounds, except a forced pair of two names (100) and op names said to be
+        equal (a higher similarity): rows without those are proven as without hints.
+        """
+        if not self.hints:
+            return True
+        if self.hints.api_names:
+            return False
+        forced = self.hints.nodes
+        return not any(forced.get(x.name, x.name) != x.name for x in xs)
 
     def _scope(self, tree: RunTree, kids: dict[str, list[str]], node: str, side: str) -> list[str]:
         """API calls made inside *node* (a module call, the root, or a scope), unpaired sub-modules folded in."""
