@@ -121,6 +121,36 @@ def test_names_that_agree_take_the_fast_path(monkeypatch):
     assert {u["node"] for u in fast.unpaired["baseline"]} >= {"Tensor.div_.0.forward"}
 
 
+def test_hints_that_only_lower_scores_keep_the_proof(monkeypatch):
+    """A forced module pair, a target call left unpaired (the explorer's Match / Unmatch): proven, same pairs.
+
+    Those hints only lower call scores (-100), which the bound still bounds; a forced pair of two calls of
+    different names (a score of 100, above any bound) keeps its rows off the proof.
+    """
+    spy = _Spy(monkeypatch)
+    base, targ = _lr10_one_op_fewer()
+    plain = align_mod._align(base, targ)
+    mod = next(p for p in plain.modules if p.baseline and p.target)
+    calls = [p for p in plain.nodes if p.target.endswith(".forward") and ".backward" not in p.target]
+    left_out = calls[len(calls) // 2].target
+    forced = (calls[1].baseline, calls[2].target)  # a pair the aligner would not make
+    for doc in (plain.with_pairs(set_modules={mod.baseline: mod.target}),
+                plain.with_pairs(unpair_targets={left_out}),
+                plain.with_pairs(set_nodes={forced[0]: forced[1]})):
+        spy.reset()
+        fast = align_mod._align(base, targ, mapping=doc)
+        proven = spy.proven
+        slow = align_mod._align(base, targ, mapping=doc, fast=False)
+        assert fast.to_dict() == slow.to_dict() and fast.target_coords == slow.target_coords
+        assert fast.describe() == slow.describe()
+        assert proven > 0  # most scopes are still proven under the hints
+    assert left_out in fast.user_unpaired or forced in {(p.baseline, p.target) for p in fast.nodes}
+    assert forced in {(p.baseline, p.target) for p in fast.nodes}
+    aligner = pairing._Aligner(tree.run_tree(base), tree.run_tree(targ), pairing.Hints(nodes={forced[0]: forced[1]}))
+    rows = [aligner.tb.nodes[forced[0]], aligner.tb.nodes[calls[3].baseline]]
+    assert not aligner._bounded(rows) and aligner._bounded(rows[1:])
+
+
 def test_names_that_differ_do_not_take_the_fast_path(monkeypatch):
     spy = _Spy(monkeypatch)
     for b, t in ((("xfw", "pt"), ("xfw", "ms_same")), (("xfw", "pt"), ("xfw", "ms_bug"))):
