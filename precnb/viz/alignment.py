@@ -144,8 +144,7 @@ _PARAMS = {"baseline": "left", "target": "right"}
 
 
 def chart_data(rows: pd.DataFrame, links: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """The chart's data by name: ``links``, and each side's rows with its selection field (``left_name``, ``right_name``).
-    """
+    """The chart's data by name: ``links``, and each side's rows with its own selection field (``left_name`` ...)."""
     out = {"links": links}
     for side, param in _PARAMS.items():
         mine = rows["side"] == side
