@@ -29,7 +29,7 @@ from precnb.analysis.align.aside import ValueIndex, aside_reason, call_modules, 
 from precnb.analysis.align.certify import certified_pairs
 from precnb.analysis.align.evidence import close, module_values, node_values, tensor_score
 from precnb.analysis.align.match import MAX_CELLS, pair_greedy, pair_in_order
-from precnb.analysis.align.scores import score_memo
+from precnb.analysis.align.scores import decided, score_memo
 from precnb.analysis.align.tree import ROOT, SCOPES, NodeInfo, RunTree
 from precnb.analysis.align.vocab import class_similarity, is_glue_op, name_similarity, op_similarity
 from precnb.naming import is_communication, op_key
@@ -143,7 +143,7 @@ class _Aligner:
         self.same_names = _one_codebase(tb, tt)
         self._aside_args: _AsideArgs | None = None
         api_names = sorted((k, sorted(v)) for k, v in self.hints.api_names.items())
-        self._api_kept, self._tensor_kept = score_memo(tb, tt, (self.same_names, repr(api_names)))
+        self._api_kept, self._tensor_kept, self._decided = score_memo(tb, tt, (self.same_names, repr(api_names)))
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -350,12 +350,18 @@ class _Aligner:
                 v = seen[k] = self.api_score(x, y)
             return v
 
-        if self.fast and self.same_names and self._bounded(xs) and len(xs) * len(ys) <= MAX_CELLS:
-            proven = certified_pairs(xs, ys, score, threshold=threshold)
-            if proven is not None:
-                return proven
-        return pair_in_order(xs, ys, score, threshold=threshold,
-                             key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+        def decide() -> list[tuple[int, int, float]]:
+            if self.fast and self.same_names and self._bounded(xs) and len(xs) * len(ys) <= MAX_CELLS:
+                proven = certified_pairs(xs, ys, score, threshold=threshold)
+                if proven is not None:
+                    return proven
+            return pair_in_order(xs, ys, score, threshold=threshold,
+                                 key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+
+        hints = self.hints  # a scope no hint reaches scores as without the mapping: its pairs are kept
+        touched = any(x.name in hints.nodes for x in xs) or any(y.name in hints.unpair_nodes for y in ys)
+        return decided(self._decided, None if touched else (
+            "calls", self.fast, threshold, tuple(x.name for x in xs), tuple(y.name for y in ys)), decide)
 
     def _bounded(self, xs: list[NodeInfo]) -> bool:
         """Whether :class:`~precnb.analysis.align.certify.ApiBound` bounds every score of *xs*'s rows.
@@ -494,7 +500,7 @@ class _Aligner:
                             tensor_score(a, c, same_framework=self.same_fw, position=k[2])
                     return v
 
-                for a, c, s in self._tensor_pairs(gb, gt, score):
+                for a, c, s in self._group_pairs(gb, gt, score):
                     t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else
                                                               ("structure" if a.slot == c.slot else "shape"))
                     self.out.tensors[c.label] = (a.label, how if how == "user" else t_how,
@@ -536,6 +542,16 @@ class _Aligner:
                 now = self.out.tensors.get(c.label)
                 if now is not None and now[0] in moved and not close(stats[now[0]], c.stats):
                     del self.out.tensors[c.label]
+
+    def _group_pairs(self, gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]]:
+        """:meth:`_tensor_pairs`, kept for the same tensors on each side (they decide the same pairs)."""
+        def decide() -> list[tuple[int, int, float]]:
+            at_b = {id(t): k for k, t in enumerate(gb)}
+            at_t = {id(t): k for k, t in enumerate(gt)}
+            return [(at_b[id(a)], at_t[id(c)], s) for a, c, s in self._tensor_pairs(gb, gt, score)]
+
+        key = ("tensors", self.fast, tuple(t.label for t in gb), tuple(t.label for t in gt))
+        return [(gb[i], gt[j], s) for i, j, s in decided(self._decided, key, decide)]
 
     def _tensor_pairs(self, gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]]:
         """:func:`pair_greedy` of one group's tensors; in one codebase, a list argument's elements per argument.
