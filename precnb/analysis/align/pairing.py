@@ -477,35 +477,47 @@ class _Aligner:
         # two codebases: a tensor is not paired with another value where its own value is recorded elsewhere
         # in the other run, nor masked scores with masked scores (each codebase's fill value)
         values = None if self.same_names else (ValueIndex(self.tb), ValueIndex(self.tt))
-        kept = self._tensor_kept  # kept for a rerun on the same trees (:mod:`precnb.analysis.align.scores`)
+        # no tensor pair given by the mapping: each node pair's tensors are paired as on the last alignment
+        clean = not self.hints.tensors and not self.hints.many_tensors
         for nb, (nt, how, _conf) in self.out.nodes.items():
-            xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
-            copies_b = self._self_copies(xb)
-            copies_t = self._self_copies(xt)
-            for groups in (("input", "kwargs"), ("output",), ("parameters",), ("grad",)):
-                gb = [t for t in xb.tensors if t.group in groups and t.label not in used_b
-                      and t.label not in copies_b]
-                gt = [t for t in xt.tensors if t.group in groups and t.label not in self.out.tensors
-                      and t.label not in copies_t]
-                if not gb or not gt:
-                    continue
-                pos_b = {t.label: k for k, t in enumerate(gb)}
-                pos_t = {t.label: k for k, t in enumerate(gt)}
+            made = decided(self._decided, ("node tensors", self.fast, nb, nt) if clean else None,
+                           lambda nb=nb, nt=nt: self._node_tensor_pairs(nb, nt, used_b, values))
+            for c_lbl, a_lbl, t_how, conf in made:
+                self.out.tensors[c_lbl] = (a_lbl, how if how == "user" else t_how, conf)
+                used_b.add(a_lbl)
 
-                def score(a: Any, c: Any, pos_b: dict[str, int] = pos_b, pos_t: dict[str, int] = pos_t) -> float:
-                    k = (a.label, c.label, pos_b[a.label] == pos_t[c.label])
-                    v = kept.get(k)
-                    if v is None:
-                        v = kept[k] = -100.0 if values is not None and tensors_disagree(a, c, *values) else \
-                            tensor_score(a, c, same_framework=self.same_fw, position=k[2])
-                    return v
+    def _node_tensor_pairs(self, nb: str, nt: str, used_b: set[str], values: Any) -> list[tuple[str, str, str, float]]:
+        """(target label, baseline label, how, confidence) of one node pair's tensors, group by group.
 
-                for a, c, s in self._group_pairs(gb, gt, score):
-                    t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else
-                                                              ("structure" if a.slot == c.slot else "shape"))
-                    self.out.tensors[c.label] = (a.label, how if how == "user" else t_how,
-                                                 _confidence(s, TENSOR_THRESHOLD))
-                    used_b.add(a.label)
+        The groups hold other tensors: each is paired on what was paired before this node pair.
+        """
+        kept = self._tensor_kept  # kept for a rerun on the same trees (:mod:`precnb.analysis.align.scores`)
+        xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
+        copies_b = self._self_copies(xb)
+        copies_t = self._self_copies(xt)
+        out: list[tuple[str, str, str, float]] = []
+        for groups in (("input", "kwargs"), ("output",), ("parameters",), ("grad",)):
+            gb = [t for t in xb.tensors if t.group in groups and t.label not in used_b and t.label not in copies_b]
+            gt = [t for t in xt.tensors if t.group in groups and t.label not in self.out.tensors
+                  and t.label not in copies_t]
+            if not gb or not gt:
+                continue
+            pos_b = {t.label: k for k, t in enumerate(gb)}
+            pos_t = {t.label: k for k, t in enumerate(gt)}
+
+            def score(a: Any, c: Any, pos_b: dict[str, int] = pos_b, pos_t: dict[str, int] = pos_t) -> float:
+                k = (a.label, c.label, pos_b[a.label] == pos_t[c.label])
+                v = kept.get(k)
+                if v is None:
+                    v = kept[k] = -100.0 if values is not None and tensors_disagree(a, c, *values) else \
+                        tensor_score(a, c, same_framework=self.same_fw, position=k[2])
+                return v
+
+            for a, c, s in self._tensor_pairs(gb, gt, score):
+                t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else
+                                                          ("structure" if a.slot == c.slot else "shape"))
+                out.append((c.label, a.label, t_how, _confidence(s, TENSOR_THRESHOLD)))
+        return out
 
     def pair_grad_snapshots(self) -> None:
         """Two codebases: a parameter gradient pairs the same parameter's gradient record that holds its value.
@@ -542,16 +554,6 @@ class _Aligner:
                 now = self.out.tensors.get(c.label)
                 if now is not None and now[0] in moved and not close(stats[now[0]], c.stats):
                     del self.out.tensors[c.label]
-
-    def _group_pairs(self, gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]]:
-        """:meth:`_tensor_pairs`, kept for the same tensors on each side (they decide the same pairs)."""
-        def decide() -> list[tuple[int, int, float]]:
-            at_b = {id(t): k for k, t in enumerate(gb)}
-            at_t = {id(t): k for k, t in enumerate(gt)}
-            return [(at_b[id(a)], at_t[id(c)], s) for a, c, s in self._tensor_pairs(gb, gt, score)]
-
-        key = ("tensors", self.fast, tuple(t.label for t in gb), tuple(t.label for t in gt))
-        return [(gb[i], gt[j], s) for i, j, s in decided(self._decided, key, decide)]
 
     def _tensor_pairs(self, gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]]:
         """:func:`pair_greedy` of one group's tensors; in one codebase, a list argument's elements per argument.
