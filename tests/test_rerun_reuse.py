@@ -185,3 +185,20 @@ def test_match_then_unmatch_answers_and_draws_as_a_fresh_explorer_with_that_mapp
     again.level.value = "calls"  # drawn with the same picks
     assert again.chart is not chart and again.rows.equals(panel.rows)
     assert _chart_content(again.chart) == _chart_content(panel.chart)
+
+
+def test_combined_side_tables_follow_the_texts_they_are_merged_from():
+    """The merge of the runs' ``construct`` / ``stacks`` texts, kept per set of texts, is the merge of those texts."""
+    import xarray as xr
+
+    from precnb import combine
+
+    a = xr.Dataset(attrs={"construct": '{"x":"m","y":""}', "stacks": '{"x":["s"]}'})
+    b = xr.Dataset(attrs={"construct": '{"y":"n","z":""}'})
+    want = combine._merge_side_tables([a, b])
+    assert want == {"construct": '{"x":"m","y":"","z":""}', "stacks": '{"x":["s"]}'}
+    assert combine._merged_side_tables([a, b]) == want == combine._merged_side_tables([a, b])
+    b.attrs["construct"] = '{"q":""}'
+    assert combine._merged_side_tables([a, b])["construct"] == '{"x":"m","y":"","q":""}'
+    c = xr.Dataset(attrs={"construct": {"w": ""}})  # a table held as a dict: merged as it is
+    assert combine._merged_side_tables([c, a])["construct"] == '{"w":"","x":"m","y":""}'
