@@ -76,15 +76,15 @@ def _union_coords(datasets: list[xr.Dataset]) -> tuple[list[str], dict[str, np.n
         for lbl in ds["tensor"].values.tolist():
             order.setdefault(str(lbl), len(order))
     labels = list(order)
+    at = [np.fromiter((order[str(t)] for t in ds["tensor"].values), np.int64, ds.sizes["tensor"]) for ds in datasets]
     coords: dict[str, np.ndarray] = {}
     for name, kind in TENSOR_COORDS.items():
         is_str = kind is str
         arr = np.full(len(labels), "" if is_str else -1, dtype=object if is_str else np.int64)
         filled = np.zeros(len(labels), bool)
-        for ds in datasets:
+        for ds, idx in zip(datasets, at, strict=True):
             if name not in ds.coords:
                 continue
-            idx = np.fromiter((order[str(t)] for t in ds["tensor"].values), np.int64, ds.sizes["tensor"])
             vals = ds.coords[name].values
             take = ~filled[idx]
             arr[idx[take]] = vals[take]

@@ -202,7 +202,11 @@ class _Aligner:
         return "structure"
 
     def _align_children(self, cb: list[str], ct: list[str]) -> list[tuple[int, int, float]]:
-        return pair_in_order(cb, ct, self.module_score, threshold=MODULE_THRESHOLD)
+        """Children paired in order; kept for the same children when no module pair of the mapping is among them."""
+        forced = self.hints.modules
+        touched = any(b in forced for b in cb) or not set(forced.values()).isdisjoint(ct)
+        return decided(self._decided, None if touched else ("modules", tuple(cb), tuple(ct)),
+                       lambda: pair_in_order(cb, ct, self.module_score, threshold=MODULE_THRESHOLD))
 
     @staticmethod
     def _total(pairs: list[tuple[int, int, float]]) -> float:
