@@ -27,11 +27,12 @@ CASES = {
 
 
 def _hits() -> int:
-    """Hits of the memos that carry results from one run to the next (not the baseline's renaming, which the
-    comparison and the pre-flight checks of one run share: a fresh run hits it too)."""
+    """Hits of the memos that carry results from one run to the next (not the baseline's renaming nor the returned
+    parameters, which the comparison and the pre-flight checks of one run share: a fresh run hits them too)."""
     from precnb.analysis.align.alignment import _APPLIED
+    from precnb.analysis.undefined import _RETURNED
 
-    return sum(m.hits for m in memos() if m is not _APPLIED)
+    return sum(m.hits for m in memos() if m is not _APPLIED and m is not _RETURNED)
 
 
 def _same_as_fresh(t, target, base) -> None:
