@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -485,7 +486,7 @@ class _Aligner:
         clean = not self.hints.tensors and not self.hints.many_tensors
         for nb, (nt, how, _conf) in self.out.nodes.items():
             made = decided(self._decided, ("node tensors", self.fast, nb, nt) if clean else None,
-                           lambda nb=nb, nt=nt: self._node_tensor_pairs(nb, nt, used_b, values))
+                           functools.partial(self._node_tensor_pairs, nb, nt, used_b, values))
             for c_lbl, a_lbl, t_how, conf in made:
                 self.out.tensors[c_lbl] = (a_lbl, how if how == "user" else t_how, conf)
                 used_b.add(a_lbl)
