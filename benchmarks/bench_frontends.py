@@ -2,6 +2,7 @@
 
     python benchmarks/bench_frontends.py [--tensors 5000] [--ranks 8] [--steps 4] [--repeat 5]
                                          [--workdir /tmp/precnb-bench-frontends] [--markdown FILE]
+                                         [--only edits [--profile PREFIX]]
 
 A 5,000-tensor, 8-rank, 4-step run is built from real msprobe structure (``benchmarks/generate.py``:
 the shared S1 statistics dump, else ``data_samples/healthy``, made deeper by copying its records
@@ -19,7 +20,9 @@ process's one-time costs: importing altair, building the offline JavaScript bund
   Both the CPU time the kernel process spent (``time.process_time``: what the interaction costs,
   whatever else the machine runs) and the wall time are given; the target is read on the CPU time.
 
-Run it with ``PYTHONPATH`` pointing at another checkout to measure that code on the same trees.
+``--only edits``: the pair's Match and Unmatch alone, on ``--repeat`` fresh explorers (medians and each
+value; ``--profile PREFIX`` writes a cProfile of the last ones). Run it with ``PYTHONPATH`` pointing at
+another checkout to measure that code on the same trees.
 """
 
 from __future__ import annotations
