@@ -2,6 +2,7 @@
 
     python benchmarks/bench_frontends.py [--tensors 5000] [--ranks 8] [--steps 4] [--repeat 5]
                                          [--workdir /tmp/precnb-bench-frontends] [--markdown FILE]
+                                         [--only edits [--profile PREFIX]]
 
 A 5,000-tensor, 8-rank, 4-step run is built from real msprobe structure (``benchmarks/generate.py``:
 the shared S1 statistics dump, else ``data_samples/healthy``, made deeper by copying its records
@@ -19,7 +20,9 @@ process's one-time costs: importing altair, building the offline JavaScript bund
   Both the CPU time the kernel process spent (``time.process_time``: what the interaction costs,
   whatever else the machine runs) and the wall time are given; the target is read on the CPU time.
 
-Run it with ``PYTHONPATH`` pointing at another checkout to measure that code on the same trees.
+``--only edits``: the pair's Match and Unmatch alone, on ``--repeat`` fresh explorers (medians and each
+value; ``--profile PREFIX`` writes a cProfile of the last ones). Run it with ``PYTHONPATH`` pointing at
+another checkout to measure that code on the same trees.
 """
 
 from __future__ import annotations
@@ -113,20 +116,56 @@ def interactions(ex, paired: bool, repeat: int) -> list[tuple[str, float, float]
     if links:
         med("suspect link", [lambda b=b: b.click() for b in (links * (repeat + 1))[: repeat + 1]])
     if paired:
-        panel = ex.panel("Alignment")
-        ex.tabs.selected_index = ex.panels.index(panel)  # as a person does it: on the tab, which redraws
-        mod = next(p for p in ex.triage.alignment.modules if p.baseline and p.target)
-        panel.level.value = "modules"
-        panel.pick(left=mod.baseline, right=mod.target)
-        once("Match (a module pair; reruns the triage, redraws the tab)", panel.do_match)
-        panel.level.value = "calls"
-        call = [p for p in ex.triage.alignment.nodes if p.target.endswith(".backward")][-1]
-        panel.pick(left=call.baseline, right=call.target)
-        once("Unmatch (a call; reruns the triage, redraws the tab)", panel.do_unmatch)
-        assert "first finding now" in panel.output.value, panel.output.value
-        ex.tabs.selected_index = 0
+        out += edits(ex)
     once("Rerun (another tolerance)", lambda: ex.rerun(tolerance=1e-3))
     return out
+
+
+def edits(ex, profile: Path | None = None) -> list[tuple[str, float, float]]:
+    """(what, CPU seconds, wall seconds) of one Match (a module pair) then one Unmatch (a call) on *ex*.
+
+    *profile*: also write a cProfile of each (``PROFILE.match``, ``PROFILE.unmatch``; the times then
+    include the profiler's cost).
+    """
+    import cProfile
+
+    def timed(fn: Callable[[], object], name: str) -> tuple[float, float]:
+        if profile is None:
+            return _cpu(fn)
+        prof = cProfile.Profile()
+        got = _cpu(lambda: prof.runcall(fn))
+        prof.dump_stats(f"{profile}.{name}")
+        return got
+
+    panel = ex.panel("Alignment")
+    ex.tabs.selected_index = ex.panels.index(panel)  # as a person does it: on the tab, which redraws
+    mod = next(p for p in ex.triage.alignment.modules if p.baseline and p.target)
+    panel.level.value = "modules"
+    panel.pick(left=mod.baseline, right=mod.target)
+    out = [("Match (a module pair; reruns the triage, redraws the tab)", *timed(panel.do_match, "match"))]
+    panel.level.value = "calls"
+    call = [p for p in ex.triage.alignment.nodes if p.target.endswith(".backward")][-1]
+    panel.pick(left=call.baseline, right=call.target)
+    out.append(("Unmatch (a call; reruns the triage, redraws the tab)", *timed(panel.do_unmatch, "unmatch")))
+    assert "first finding now" in panel.output.value, panel.output.value
+    ex.tabs.selected_index = 0
+    return out
+
+
+def edits_only(trees: Path, repeat: int, profile: Path | None) -> list[str]:
+    """Match / Unmatch on *repeat* fresh explorers of the pair (medians): ``--only edits``."""
+    import precnb
+
+    runs = []
+    for i in range(repeat):
+        ex = precnb.explore(trees / "diverge", baseline=trees / "baseline", progress=False)
+        runs.append(edits(ex, profile if i == repeat - 1 else None))
+    lines = ["| explorer interaction (pair) | median kernel CPU | CPU of each | median wall |", "|---|---:|---|---:|"]
+    for j, (what, _c, _w) in enumerate(runs[0]):
+        cs, ws = [r[j][1] for r in runs], [r[j][2] for r in runs]
+        lines.append(f"| {what} | {statistics.median(cs) * 1000:.0f} ms | "
+                     f"{', '.join(f'{c * 1000:.0f}' for c in cs)} | {statistics.median(ws) * 1000:.0f} ms |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,10 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/precnb-bench-frontends"))
     ap.add_argument("--markdown", type=Path, default=None)
+    ap.add_argument("--only", choices=["all", "edits"], default="all",
+                    help="edits: only the pair's Match and Unmatch, on --repeat fresh explorers")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="with --only edits: cProfile the last Match / Unmatch into PROFILE.match / .unmatch")
     args = ap.parse_args(argv)
     os.environ.setdefault("PRECNB_NO_DASK_CLIENT", "1")
     warnings.simplefilter("ignore")
     trees, n_tensors = build_trees(args.workdir, args.tensors, args.ranks, args.steps)
+    if args.only == "edits":
+        print("\n".join(edits_only(trees, args.repeat, args.profile)))
+        return 0
     import precnb
     from precnb.report import to_html
 

@@ -121,6 +121,65 @@ def test_names_that_agree_take_the_fast_path(monkeypatch):
     assert {u["node"] for u in fast.unpaired["baseline"]} >= {"Tensor.div_.0.forward"}
 
 
+def test_hints_that_only_lower_scores_keep_the_proof(monkeypatch):
+    """A forced module pair, a target call left unpaired (the explorer's Match / Unmatch): proven, same pairs.
+
+    Those hints only lower call scores (-100), which the bound still bounds; a forced pair of two calls of
+    different names (a score of 100, above any bound) keeps its rows off the proof.
+    """
+    spy = _Spy(monkeypatch)
+    base, targ = _lr10_one_op_fewer()
+    plain = align_mod._align(base, targ)
+    mod = next(p for p in plain.modules if p.baseline and p.target)
+    calls = [p for p in plain.nodes if p.target.endswith(".forward") and ".backward" not in p.target]
+    left_out = calls[len(calls) // 2].target
+    forced = (calls[1].baseline, calls[2].target)  # a pair the aligner would not make
+    for doc in (plain.with_pairs(set_modules={mod.baseline: mod.target}),
+                plain.with_pairs(unpair_targets={left_out}),
+                plain.with_pairs(set_nodes={forced[0]: forced[1]})):
+        align_mod._TREES.clear()  # new trees: nothing kept from another alignment (scores, decisions)
+        spy.reset()
+        fast = align_mod._align(base, targ, mapping=doc)
+        proven = spy.proven
+        slow = align_mod._align(base, targ, mapping=doc, fast=False)
+        assert fast.to_dict() == slow.to_dict() and fast.target_coords == slow.target_coords
+        assert fast.describe() == slow.describe()
+        assert proven > 0  # most scopes are still proven under the hints
+    assert left_out in fast.user_unpaired or forced in {(p.baseline, p.target) for p in fast.nodes}
+    assert forced in {(p.baseline, p.target) for p in fast.nodes}
+    aligner = pairing._Aligner(tree.run_tree(base), tree.run_tree(targ), pairing.Hints(nodes={forced[0]: forced[1]}))
+    rows = [aligner.tb.nodes[forced[0]], aligner.tb.nodes[calls[3].baseline]]
+    assert not aligner._bounded(rows) and aligner._bounded(rows[1:])
+
+
+@pytest.mark.parametrize("case", ["renamed (HF vs Megatron names)", "xfw pt vs ms_bug (framework port)",
+                                  "dp_sum (one op fewer)"])
+def test_a_new_mapping_on_the_same_trees_reuses_the_decisions_and_answers_as_afresh(case, monkeypatch):
+    """Match, Unmatch, Match again on the same trees: scopes and tensor groups no hint reaches are decided once,
+    and each alignment is the one computed on trees read afresh (nothing kept)."""
+    spy = _Spy(monkeypatch)
+    b, t = PAIRS[case]
+    base, targ = _run(*b), _run(*t)
+    align_mod._TREES.clear()
+    plain = align_mod._align(base, targ)
+    mod = next(p for p in plain.modules if p.baseline and p.target)
+    call = [p for p in plain.nodes if p.target.endswith(".forward")][-1]
+    docs = [plain.with_pairs(set_modules={mod.baseline: mod.target}), plain.with_pairs(unpair_targets={call.target}),
+            plain.with_pairs(set_modules={mod.baseline: mod.target}, unpair_targets={call.target})]
+    again = []
+    for doc in docs:
+        spy.reset()
+        again.append((align_mod._align(base, targ, mapping=doc), spy.scores + spy.proven + spy.refused))
+    for doc, (kept, work) in zip(docs, again, strict=True):
+        align_mod._TREES.clear()
+        spy.reset()
+        fresh = align_mod._align(base, targ, mapping=doc)
+        assert kept.to_dict() == fresh.to_dict() and kept.target_coords == fresh.target_coords
+        assert kept.describe() == fresh.describe()
+        assert work < spy.scores + spy.proven + spy.refused  # less decided again than afresh
+    assert call.target in again[1][0].user_unpaired
+
+
 def test_names_that_differ_do_not_take_the_fast_path(monkeypatch):
     spy = _Spy(monkeypatch)
     for b, t in ((("xfw", "pt"), ("xfw", "ms_same")), (("xfw", "pt"), ("xfw", "ms_bug"))):

@@ -27,11 +27,12 @@ CASES = {
 
 
 def _hits() -> int:
-    """Hits of the memos that carry results from one run to the next (not the baseline's renaming, which the
-    comparison and the pre-flight checks of one run share: a fresh run hits it too)."""
+    """Hits of the memos that carry results from one run to the next (not the baseline's renaming nor the returned
+    parameters, which the comparison and the pre-flight checks of one run share: a fresh run hits them too)."""
     from precnb.analysis.align.alignment import _APPLIED
+    from precnb.analysis.undefined import _RETURNED
 
-    return sum(m.hits for m in memos() if m is not _APPLIED)
+    return sum(m.hits for m in memos() if m is not _APPLIED and m is not _RETURNED)
 
 
 def _same_as_fresh(t, target, base) -> None:
@@ -133,3 +134,72 @@ def test_another_tolerance_rethresholds_the_stored_relative_differences(case):
         fresh.shape_changed, fresh.dtype_changed, fresh.step_offset)
     assert np.array_equal(got.ds["tensor"].values, fresh.ds["tensor"].values)
     _same_as_fresh(t, target, base)
+
+
+def _chart_content(chart):
+    """What the Alignment tab's chart shows: each layer's data (by value) and encoding, the selections' values."""
+    spec = chart.spec
+    data = spec.get("datasets", {})
+    layers = [(data[layer["data"]["name"]], layer.get("encoding"), layer.get("mark"), layer.get("transform"))
+              for layer in spec["layer"]]
+    params = [(p["name"], p.get("value")) for p in spec.get("params", [])]
+    return layers, params, spec["height"], spec["title"]
+
+
+@pytest.mark.parametrize("case", ["renamed", "xfw"])
+def test_match_then_unmatch_answers_and_draws_as_a_fresh_explorer_with_that_mapping(case, monkeypatch):
+    """Match a module pair, then Unmatch a call: the triage, the whole alignment and the Alignment tab (redrawn
+    on the same chart widget, its spec reused) are those of an explorer opened afresh with the resulting mapping."""
+    from precnb.viz import alignment as viz
+    from precnb.widgets import explore
+
+    built = []
+    chart_of = viz.alignment_chart
+    monkeypatch.setattr(viz, "alignment_chart", lambda *a, **k: built.append(1) or chart_of(*a, **k))
+
+    target, base = (sample_path(*p.split("/")) for p in CASES[case])
+    ex = explore(target, baseline=base)
+    panel = ex.panel("Alignment")
+    ex.tabs.selected_index = ex.panels.index(panel)  # on the tab: every rerun redraws it
+    chart = panel.chart
+    mod = next(p for p in ex.triage.alignment.modules if p.baseline and p.target and p.how != "user")
+    panel.level.value = "modules"
+    panel.pick(left=mod.baseline, right=mod.target)
+    built.clear()
+    assert panel.do_match() is not None
+    assert not built  # the same shape: the spec is reused, only the data and selections change
+    panel.level.value = "calls"
+    call = [p for p in ex.triage.alignment.nodes if p.target.endswith(".forward")][-1]
+    panel.pick(left=call.baseline, right=call.target)
+    t = panel.do_unmatch()
+    assert t is not None and panel.chart is chart  # one widget, redrawn in place
+    assert {p.how for p in t.alignment.modules if (p.baseline, p.target) == (mod.baseline, mod.target)} == {"user"}
+    assert call.target in t.alignment.user_unpaired
+    _same_as_fresh(t, target, base)
+    fresh = explore(target, baseline=base, mapping=t.options.mapping)
+    assert fresh.triage.alignment.to_dict() == t.alignment.to_dict()
+    assert fresh.triage.alignment.target_coords == t.alignment.target_coords
+    assert fresh.triage.finding.to_dict() == t.finding.to_dict()
+    again = fresh.panel("Alignment")
+    fresh.tabs.selected_index = fresh.panels.index(again)
+    again.pick(left=call.baseline, right=call.target)
+    again.level.value = "calls"  # drawn with the same picks
+    assert again.chart is not chart and again.rows.equals(panel.rows)
+    assert _chart_content(again.chart) == _chart_content(panel.chart)
+
+
+def test_combined_side_tables_follow_the_texts_they_are_merged_from():
+    """The merge of the runs' ``construct`` / ``stacks`` texts, kept per set of texts, is the merge of those texts."""
+    import xarray as xr
+
+    from precnb import combine
+
+    a = xr.Dataset(attrs={"construct": '{"x":"m","y":""}', "stacks": '{"x":["s"]}'})
+    b = xr.Dataset(attrs={"construct": '{"y":"n","z":""}'})
+    want = combine._merge_side_tables([a, b])
+    assert want == {"construct": '{"x":"m","y":"","z":""}', "stacks": '{"x":["s"]}'}
+    assert combine._merged_side_tables([a, b]) == want == combine._merged_side_tables([a, b])
+    b.attrs["construct"] = '{"q":""}'
+    assert combine._merged_side_tables([a, b])["construct"] == '{"x":"m","y":"","q":""}'
+    c = xr.Dataset(attrs={"construct": {"w": ""}})  # a table held as a dict: merged as it is
+    assert combine._merged_side_tables([c, a])["construct"] == '{"w":"","x":"m","y":""}'

@@ -80,10 +80,19 @@ def alignment_key(alignment: Any) -> Any:
     """
     if alignment is None or getattr(alignment, "identical", True):
         return None
-    return (tuple((p.baseline, p.target) for p in alignment.tensors),
-            tuple((p.baseline, p.target) for p in alignment.nodes),
-            repr(alignment.unpaired), tuple(alignment.frameworks), bool(getattr(alignment, "applied", False)),
-            repr(sorted(alignment.target_coords.items())))
+    # computed once per alignment (a run renames with it up to three times), again if one of its parts is replaced
+    guard = (tuple((id(v), len(v)) for v in (alignment.tensors, alignment.nodes, alignment.unpaired,
+                                             alignment.target_coords)),
+             tuple(alignment.frameworks), bool(getattr(alignment, "applied", False)))
+    kept = vars(alignment).get("_rename_key")
+    if kept is not None and kept[0] == guard:
+        return kept[1]
+    key = (tuple((p.baseline, p.target) for p in alignment.tensors),
+           tuple((p.baseline, p.target) for p in alignment.nodes),
+           repr(alignment.unpaired), tuple(alignment.frameworks), bool(getattr(alignment, "applied", False)),
+           repr(sorted(alignment.target_coords.items())))
+    vars(alignment)["_rename_key"] = (guard, key)
+    return key
 
 
 def prepared_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, steps: Any, ranks: Any,

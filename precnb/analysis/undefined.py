@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
+
 __all__ = ["mark_undefined", "returned_parameter_grads", "set_aside", "summarise", "undefined_mask",
            "undefined_reasons"]
 
@@ -154,7 +156,15 @@ def returned_parameters(ds: xr.Dataset) -> dict[str, list[str]]:
 
     ``RowParallelLinear(skip_bias_add=True)`` returns ``(output, bias)``; the bias is added in the caller's
     bias-dropout-add, so its gradient is recorded at another time, or not by the module's hook at all.
+    Read once per dataset (a rerun, the comparison and the pre-flight checks ask of the same runs).
     """
+    return _RETURNED.get([ds], "returned_parameters", lambda: _returned_parameters(ds))
+
+
+_RETURNED = DatasetMemo(size=6)
+
+
+def _returned_parameters(ds: xr.Dataset) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     if ds.sizes.get("step", 0) == 0 or ds.sizes.get("rank", 0) == 0 or ds.sizes.get("tensor", 0) == 0:
         return out

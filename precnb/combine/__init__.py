@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -72,15 +73,15 @@ def _union_coords(datasets: list[xr.Dataset]) -> tuple[list[str], dict[str, np.n
         for lbl in ds["tensor"].values.tolist():
             order.setdefault(str(lbl), len(order))
     labels = list(order)
+    at = [np.fromiter((order[str(t)] for t in ds["tensor"].values), np.int64, ds.sizes["tensor"]) for ds in datasets]
     coords: dict[str, np.ndarray] = {}
     for name, kind in TENSOR_COORDS.items():
         is_str = kind is str
         arr = np.full(len(labels), "" if is_str else -1, dtype=object if is_str else np.int64)
         filled = np.zeros(len(labels), bool)
-        for ds in datasets:
+        for ds, idx in zip(datasets, at, strict=True):
             if name not in ds.coords:
                 continue
-            idx = np.fromiter((order[str(t)] for t in ds["tensor"].values), np.int64, ds.sizes["tensor"])
             vals = ds.coords[name].values
             take = ~filled[idx]
             arr[idx[take]] = vals[take]
@@ -117,6 +118,21 @@ def _align(dsets: list[xr.Dataset], labels: list[str], coords: dict[str, np.ndar
 
 
 def _merged_side_tables(dsets: list[xr.Dataset]) -> dict[str, str]:
+    raws = tuple((ds.attrs.get("construct"), ds.attrs.get("stacks")) for ds in dsets)
+    if all(isinstance(v, str | None) for pair in raws for v in pair):  # texts: merged once per set of texts
+        return dict(_merged_texts(raws))
+    return dict(_merge_side_tables(dsets))
+
+
+@functools.lru_cache(maxsize=8)
+def _merged_texts(raws: tuple[tuple[str | None, str | None], ...]) -> tuple[tuple[str, str], ...]:
+    """:func:`_merge_side_tables` of datasets whose side tables are these texts (a rerun combines the same ones)."""
+    return tuple(_merge_side_tables([xr.Dataset(attrs={k: v for k, v in zip(("construct", "stacks"), pair,
+                                                                               strict=True) if v is not None})
+                                     for pair in raws]).items())
+
+
+def _merge_side_tables(dsets: list[xr.Dataset]) -> dict[str, str]:
     construct: dict[str, Any] = {}
     stacks: dict[str, Any] = {}
     for ds in dsets:

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-__all__ = ["alignment_chart", "alignment_frame", "first_seen"]
+__all__ = ["alignment_chart", "alignment_frame", "chart_data", "first_seen", "with_selected"]
 
 ROW_COLUMNS = ["side", "name", "label", "depth", "y", "rank", "partner", "how", "confidence", "status"]
 LINK_COLUMNS = ["baseline", "target", "y_b", "y_t", "how", "confidence"]
@@ -140,14 +140,48 @@ def alignment_frame(
     return frame, pd.DataFrame(links, columns=LINK_COLUMNS)
 
 
+_PARAMS = {"baseline": "left", "target": "right"}
+
+
+def chart_data(rows: pd.DataFrame, links: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The chart's data by name: ``links``, and each side's rows with its own selection field (``left_name`` ...)."""
+    out = {"links": links}
+    for side, param in _PARAMS.items():
+        mine = rows["side"] == side
+        out[side] = rows[mine].assign(**{f"{param}_name": rows.loc[mine, "name"]})
+    return out
+
+
+def with_selected(spec: dict[str, Any], selected: tuple[str | None, str | None]) -> dict[str, Any]:
+    """A copy of an :func:`alignment_chart` spec whose ``left`` / ``right`` selections hold *selected*.
+
+    What ``alignment_chart(..., selected=selected)`` would declare, without building the chart again.
+    """
+    out = dict(spec)
+    params = []
+    for p in spec.get("params", []):
+        side = next((s for s, n in _PARAMS.items() if n == p.get("name")), None)
+        if side is not None:
+            p = {k: v for k, v in p.items() if k != "value"}
+            value = selected[0] if side == "baseline" else selected[1]
+            if value:
+                p["value"] = [{f"{_PARAMS[side]}_name": value}]
+        params.append(p)
+    out["params"] = params
+    return out
+
+
 def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str, str] = ("baseline", "target"),
                     selected: tuple[str | None, str | None] = (None, None), width: int = 900,
-                    row_height: int = 16) -> alt.LayerChart:
+                    row_height: int = 16, named: bool = False) -> alt.LayerChart:
     """Both trees and the pair links, with ``left`` / ``right`` point selections.
 
     The selections' fields are ``left_name`` / ``right_name`` (each side's rows carry only their own),
-    so a click on a target row never selects a baseline node.
+    so a click on a target row never selects a baseline node. *named*: the layers name their data
+    (``links``, ``baseline``, ``target``: :func:`chart_data`) instead of holding it, for a caller that
+    sends other data on the same spec (the same number of rows and top rank).
     """
+    data = {k: (alt.NamedData(k) if named else v) for k, v in chart_data(rows, links).items()}
     n = int(rows["y"].max()) + 1 if len(rows) else 1
     height = max(80, row_height * n)
     y_scale = alt.Scale(domain=[-0.5, n - 0.5], reverse=True, nice=False)
@@ -165,7 +199,7 @@ def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str
     layers: list[Any] = []
     # channels given as objects: altair's guessing of a channel's class from a string or a dict (validating
     # each guess) was a third of a redraw's time
-    base_links = alt.Chart(links).mark_rule(strokeWidth=1.2).encode(
+    base_links = alt.Chart(data["links"]).mark_rule(strokeWidth=1.2).encode(
         x=alt.XDatum(0.425, scale=x_scale, axis=None), x2=alt.X2Datum(0.575),
         y=alt.Y("y_b:Q", scale=y_scale, axis=None),
         y2=alt.Y2("y_t:Q"), color=alt.Color("how:N", scale=alt.Scale(domain=list(_HOW_COLORS), range=list(
@@ -177,7 +211,7 @@ def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str
     for side, x0, x_box, align, param in (("baseline", 0.0, 0.41, "left", "left"),
                                          ("target", 0.6, 0.59, "left", "right")):
         key = f"{param}_name"  # a side's own field: a click on the other side's rows cannot fill it
-        part = rows[rows["side"] == side].assign(**{key: rows.loc[rows["side"] == side, "name"]})
+        part = data[side]
         value = selected[0] if side == "baseline" else selected[1]
         sel = alt.selection_point(name=param, fields=[key], on="click", clear="dblclick",
                                   **({"value": [{key: value}]} if value else {}))

@@ -87,6 +87,7 @@ class AlignmentPanel(Panel):
         self.add_class("precnb-alignment")
         self._drawn_for: Any = None
         self._drawn_level: str | None = None
+        self._template: tuple[Any, dict[str, Any]] | None = None  # (shape, the chart's spec without data)
 
     # -- hooks --------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -106,7 +107,7 @@ class AlignmentPanel(Panel):
     # -- drawing ------------------------------------------------------------------------------
     def draw(self) -> None:
         """(Re)build both trees for the current level and selection."""
-        from precnb.viz.alignment import alignment_chart, alignment_frame
+        from precnb.viz.alignment import alignment_frame
 
         t = self.api.triage
         if t is None or t.alignment is None or t.baseline is None:
@@ -120,18 +121,40 @@ class AlignmentPanel(Panel):
             ranks = divergence_ranks(t.flagged(), "module" if level == "modules" else "node")
             self.rows, links = alignment_frame(t.alignment, t.baseline, t.target, level=level, within=within,
                                                ranks=ranks)
-            chart = alignment_chart(self.rows, links, names=(str(t.names[0]), str(t.names[1])),
-                                    selected=(self.left, self.right))
+            self._show_chart(links, (str(t.names[0]), str(t.names[1])))
         except Exception as err:
             self.chart_box.children = [ipw.HTML(_error(err))]
             return
-        self.chart = offline_chart(chart)
-        self.chart.selections.observe(self._on_left, names=["left"])
-        self.chart.selections.observe(self._on_right, names=["right"])
-        self.chart_box.children = [self.chart]
+        if list(self.chart_box.children) != [self.chart]:
+            self.chart_box.children = [self.chart]
         self._drawn_for = t
         self._drawn_level = level
         self._say()
+
+    def _show_chart(self, links: Any, names: tuple[str, str]) -> None:
+        """Show the trees of :attr:`rows` and *links* on the one chart widget.
+
+        The spec is built once per shape (rows, top rank, run names: :func:`~precnb.viz.alignment.alignment_chart`
+        with named data); a redraw (a Match, an Unmatch, another pick) swaps the data and the selections into it.
+        """
+        from precnb.viz.alignment import alignment_chart, chart_data, with_selected
+        from precnb.widgets.charts import records, unvalidated
+
+        rows = self.rows
+        key = (int(rows["y"].max()) if len(rows) else -1, float(rows["rank"].max()) if len(rows) else 0.0, names)
+        if self.chart is None or self._template is None or self._template[0] != key:
+            chart = alignment_chart(rows, links, names=names, named=True)
+            if self.chart is None:
+                self.chart = offline_chart(chart)
+            else:  # another shape: a new spec (and new selections, observed again)
+                with self.chart.hold_sync():
+                    self.chart.chart = unvalidated(chart)
+            self.chart.selections.observe(self._on_left, names=["left"])
+            self.chart.selections.observe(self._on_right, names=["right"])
+            self._template = (key, self.chart.spec)
+        spec = with_selected(self._template[1], (self.left, self.right))
+        spec["datasets"] = {k: records(v) for k, v in chart_data(rows, links).items()}
+        self.chart.spec = spec
 
     def _module_pair(self) -> tuple[str | None, str | None]:
         """The modules whose calls to list: the selected ones (a partner completes a single pick)."""

@@ -144,10 +144,8 @@ def _align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None, fas
         return _identity(tb, tt)
     hints = hints_from(specs, tb, tt) if specs else Hints()
     p = pair_runs(tb, tt, hints, fast=fast)
-    col = {name: _plain_values(tt.coords[name]) for name in _COORDS if name in tt.coords}
-    index = {lbl: j for j, lbl in enumerate(tt.labels)}
-    target_coords = {t: tuple(col[name][index[t]] if name in col else None for name in _COORDS)
-                     for t in p.tensors if t in index}
+    index, every = _target_coords(tt)
+    target_coords = {t: every[t] for t in p.tensors if t in every}
     modules = [Pair(b, t, how, conf) for b, (t, how, conf) in p.modules.items()]
     modules.sort(key=lambda q: (tt.modules[q.target].seq if q.target in tt.modules else 1 << 41, q.target))
     nodes = [Pair(b, t, how, conf) for b, (t, how, conf) in p.nodes.items()]
@@ -168,6 +166,20 @@ def _align(baseline: xr.Dataset, target: xr.Dataset, *, mapping: Any = None, fas
                      frameworks=(tb.framework, tt.framework), identical=identical, target_coords=target_coords,
                      sources=[s.source or s.kind for s in specs], user_unpaired=user_unpaired,
                      mapping_problems=list(hints.problems))
+
+
+def _target_coords(tt: RunTree) -> tuple[dict[str, int], dict[str, tuple[Any, ...]]]:
+    """(position of each target label, its tensor coordinates as :attr:`Alignment.target_coords` holds them).
+
+    Read once per target tree (a tree is never changed: every alignment against it reads the same).
+    """
+    kept = getattr(tt, "_target_coords", None)
+    if kept is None:
+        col = {name: _plain_values(tt.coords[name]) for name in _COORDS if name in tt.coords}
+        index = {lbl: j for j, lbl in enumerate(tt.labels)}
+        every = {t: tuple(col[name][j] if name in col else None for name in _COORDS) for t, j in index.items()}
+        kept = tt._target_coords = (index, every)  # type: ignore[attr-defined]
+    return kept
 
 
 def _plain_values(values: np.ndarray) -> list[Any]:

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from precnb.analysis.align.aside import ValueIndex, aside_reason, call_modules, 
 from precnb.analysis.align.certify import certified_pairs
 from precnb.analysis.align.evidence import close, module_values, node_values, tensor_score
 from precnb.analysis.align.match import MAX_CELLS, pair_greedy, pair_in_order
-from precnb.analysis.align.scores import score_memo
+from precnb.analysis.align.scores import decided, score_memo
 from precnb.analysis.align.tree import ROOT, SCOPES, NodeInfo, RunTree
 from precnb.analysis.align.vocab import class_similarity, is_glue_op, name_similarity, op_similarity
 from precnb.naming import is_communication, op_key
@@ -143,7 +144,7 @@ class _Aligner:
         self.same_names = _one_codebase(tb, tt)
         self._aside_args: _AsideArgs | None = None
         api_names = sorted((k, sorted(v)) for k, v in self.hints.api_names.items())
-        self._api_kept, self._tensor_kept = score_memo(tb, tt, (self.same_names, repr(api_names)))
+        self._api_kept, self._tensor_kept, self._decided = score_memo(tb, tt, (self.same_names, repr(api_names)))
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -202,7 +203,11 @@ class _Aligner:
         return "structure"
 
     def _align_children(self, cb: list[str], ct: list[str]) -> list[tuple[int, int, float]]:
-        return pair_in_order(cb, ct, self.module_score, threshold=MODULE_THRESHOLD)
+        """Children paired in order; kept for the same children when no module pair of the mapping is among them."""
+        forced = self.hints.modules
+        touched = any(b in forced for b in cb) or not set(forced.values()).isdisjoint(ct)
+        return decided(self._decided, None if touched else ("modules", tuple(cb), tuple(ct)),
+                       lambda: pair_in_order(cb, ct, self.module_score, threshold=MODULE_THRESHOLD))
 
     @staticmethod
     def _total(pairs: list[tuple[int, int, float]]) -> float:
@@ -350,12 +355,32 @@ class _Aligner:
                 v = seen[k] = self.api_score(x, y)
             return v
 
-        if self.fast and self.same_names and not self.hints and len(xs) * len(ys) <= MAX_CELLS:
-            proven = certified_pairs(xs, ys, score, threshold=threshold)
-            if proven is not None:
-                return proven
-        return pair_in_order(xs, ys, score, threshold=threshold,
-                             key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+        def decide() -> list[tuple[int, int, float]]:
+            if self.fast and self.same_names and self._bounded(xs) and len(xs) * len(ys) <= MAX_CELLS:
+                proven = certified_pairs(xs, ys, score, threshold=threshold)
+                if proven is not None:
+                    return proven
+            return pair_in_order(xs, ys, score, threshold=threshold,
+                                 key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+
+        hints = self.hints  # a scope no hint reaches scores as without the mapping: its pairs are kept
+        touched = any(x.name in hints.nodes for x in xs) or any(y.name in hints.unpair_nodes for y in ys)
+        return decided(self._decided, None if touched else (
+            "calls", self.fast, threshold, tuple(x.name for x in xs), tuple(y.name for y in ys)), decide)
+
+    def _bounded(self, xs: list[NodeInfo]) -> bool:
+        """Whether :class:`~precnb.analysis.align.certify.ApiBound` bounds every score of *xs*'s rows.
+
+        The mapping's hints only lower a score (-100: a call paired elsewhere, a target left unpaired),
+        which a bound still bounds, except a forced pair of two names (100) and op names said to be
+        equal (a higher similarity): rows without those are proven as without hints.
+        """
+        if not self.hints:
+            return True
+        if self.hints.api_names:
+            return False
+        forced = self.hints.nodes
+        return not any(forced.get(x.name, x.name) != x.name for x in xs)
 
     def _scope(self, tree: RunTree, kids: dict[str, list[str]], node: str, side: str) -> list[str]:
         """API calls made inside *node* (a module call, the root, or a scope), unpaired sub-modules folded in."""
@@ -457,35 +482,47 @@ class _Aligner:
         # two codebases: a tensor is not paired with another value where its own value is recorded elsewhere
         # in the other run, nor masked scores with masked scores (each codebase's fill value)
         values = None if self.same_names else (ValueIndex(self.tb), ValueIndex(self.tt))
-        kept = self._tensor_kept  # kept for a rerun on the same trees (:mod:`precnb.analysis.align.scores`)
+        # no tensor pair given by the mapping: each node pair's tensors are paired as on the last alignment
+        clean = not self.hints.tensors and not self.hints.many_tensors
         for nb, (nt, how, _conf) in self.out.nodes.items():
-            xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
-            copies_b = self._self_copies(xb)
-            copies_t = self._self_copies(xt)
-            for groups in (("input", "kwargs"), ("output",), ("parameters",), ("grad",)):
-                gb = [t for t in xb.tensors if t.group in groups and t.label not in used_b
-                      and t.label not in copies_b]
-                gt = [t for t in xt.tensors if t.group in groups and t.label not in self.out.tensors
-                      and t.label not in copies_t]
-                if not gb or not gt:
-                    continue
-                pos_b = {t.label: k for k, t in enumerate(gb)}
-                pos_t = {t.label: k for k, t in enumerate(gt)}
+            made = decided(self._decided, ("node tensors", self.fast, nb, nt) if clean else None,
+                           functools.partial(self._node_tensor_pairs, nb, nt, used_b, values))
+            for c_lbl, a_lbl, t_how, conf in made:
+                self.out.tensors[c_lbl] = (a_lbl, how if how == "user" else t_how, conf)
+                used_b.add(a_lbl)
 
-                def score(a: Any, c: Any, pos_b: dict[str, int] = pos_b, pos_t: dict[str, int] = pos_t) -> float:
-                    k = (a.label, c.label, pos_b[a.label] == pos_t[c.label])
-                    v = kept.get(k)
-                    if v is None:
-                        v = kept[k] = -100.0 if values is not None and tensors_disagree(a, c, *values) else \
-                            tensor_score(a, c, same_framework=self.same_fw, position=k[2])
-                    return v
+    def _node_tensor_pairs(self, nb: str, nt: str, used_b: set[str], values: Any) -> list[tuple[str, str, str, float]]:
+        """(target label, baseline label, how, confidence) of one node pair's tensors, group by group.
 
-                for a, c, s in self._tensor_pairs(gb, gt, score):
-                    t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else
-                                                              ("structure" if a.slot == c.slot else "shape"))
-                    self.out.tensors[c.label] = (a.label, how if how == "user" else t_how,
-                                                 _confidence(s, TENSOR_THRESHOLD))
-                    used_b.add(a.label)
+        The groups hold other tensors: each is paired on what was paired before this node pair.
+        """
+        kept = self._tensor_kept  # kept for a rerun on the same trees (:mod:`precnb.analysis.align.scores`)
+        xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
+        copies_b = self._self_copies(xb)
+        copies_t = self._self_copies(xt)
+        out: list[tuple[str, str, str, float]] = []
+        for groups in (("input", "kwargs"), ("output",), ("parameters",), ("grad",)):
+            gb = [t for t in xb.tensors if t.group in groups and t.label not in used_b and t.label not in copies_b]
+            gt = [t for t in xt.tensors if t.group in groups and t.label not in self.out.tensors
+                  and t.label not in copies_t]
+            if not gb or not gt:
+                continue
+            pos_b = {t.label: k for k, t in enumerate(gb)}
+            pos_t = {t.label: k for k, t in enumerate(gt)}
+
+            def score(a: Any, c: Any, pos_b: dict[str, int] = pos_b, pos_t: dict[str, int] = pos_t) -> float:
+                k = (a.label, c.label, pos_b[a.label] == pos_t[c.label])
+                v = kept.get(k)
+                if v is None:
+                    v = kept[k] = -100.0 if values is not None and tensors_disagree(a, c, *values) else \
+                        tensor_score(a, c, same_framework=self.same_fw, position=k[2])
+                return v
+
+            for a, c, s in self._tensor_pairs(gb, gt, score):
+                t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else
+                                                          ("structure" if a.slot == c.slot else "shape"))
+                out.append((c.label, a.label, t_how, _confidence(s, TENSOR_THRESHOLD)))
+        return out
 
     def pair_grad_snapshots(self) -> None:
         """Two codebases: a parameter gradient pairs the same parameter's gradient record that holds its value.
