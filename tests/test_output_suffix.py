@@ -91,7 +91,7 @@ def test_metrics_csv_is_a_plain_table_pandas_reads(tmp_path, capsys):
 
 
 def test_a_full_disk_names_the_output(tmp_path, monkeypatch, capsys):
-    import precnb._write as w
+    import precnb._write._files as w  # where a file is written and flushed
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
