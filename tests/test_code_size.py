@@ -18,7 +18,6 @@ FUNCTION_LINES = 80
 
 # over the limits when the limits were set (2026-12): to split, never to extend
 LONG_MODULES = {
-    "precnb/analysis/compare.py",
     "precnb/io/_assemble.py",
     "precnb/io/msprobe/walk.py",
 }
