@@ -18,10 +18,8 @@ FUNCTION_LINES = 80
 
 # over the limits when the limits were set (2026-12): to split, never to extend
 LONG_MODULES = {
-    "precnb/analysis/align/pairing.py",
-    "precnb/analysis/compare.py",
     "precnb/io/_assemble.py",
-    "precnb/io/msprobe/walk.py", "precnb/schema.py",
+    "precnb/io/msprobe/walk.py",
 }
 LONG_FUNCTIONS: set[str] = set()  # every function is within the limit since 2026-12-03
 

@@ -9,21 +9,14 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis._arrays import on_grid
+from precnb.analysis.entry_dtypes import _numel, entry_dtype_differences
+from precnb.analysis.steps import NothingToCompareError, align_steps, default_step_offset
 from precnb.analysis.tolerance import Tolerance
 from precnb.combine import combine_runs, select_run
-from precnb.dtypes import canonical_dtype, equivalence, same_values
-from precnb.schema import dtype_changes, shift_entry_changes
+from precnb.schema import shift_entry_changes
 
 __all__ = ["Comparison", "NothingToCompareError", "align_steps", "compare_runs", "default_step_offset",
            "entry_dtype_differences", "split_runs"]
-
-
-class NothingToCompareError(ValueError):
-    """Two runs share no step or rank to compare (a ValueError: callers that caught that still do).
-
-    :func:`precnb.analysis.divergence.first_divergence` answers it with a "nothing compared"
-    finding (:func:`precnb.analysis.compared.nothing_compared`).
-    """
 
 
 def split_runs(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: tuple[str, str] | None = None
@@ -41,153 +34,6 @@ def split_runs(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: tuple[s
         t = select_run(baseline, runs[1])
         return b, t, runs
     return baseline, target, runs or ("baseline", "target")
-
-
-def default_step_offset(baseline_steps: Any, target_steps: Any, step_offset: int | str | None) -> int | str:
-    """The one rule for the step-offset default, shared by every front end.
-
-    ``None`` (the default everywhere) means: 0 when both runs hold the same step numbers,
-    else ``"auto"`` (detected from parameter statistics: a resumed run whose step counter
-    restarted, or started later). An int or ``"auto"`` is returned unchanged.
-
-    Examples
-    --------
-    >>> default_step_offset([0, 1, 2], [0, 1, 2], None)
-    0
-    >>> default_step_offset([0, 1, 2, 3], [0, 1], None)
-    'auto'
-    >>> default_step_offset([0, 1], [5, 6], 5)
-    5
-    """
-    if step_offset is None:
-        same = sorted(int(s) for s in baseline_steps) == sorted(int(s) for s in target_steps)
-        return 0 if same else "auto"
-    if step_offset == "auto":
-        return "auto"
-    return int(step_offset)
-
-
-def align_steps(baseline: xr.Dataset, target: xr.Dataset, step_offset: int | str | None = None) -> int:
-    """Return the step offset (target step = baseline step + offset).
-
-    ``"auto"`` picks the offset under which the most parameter statistics agree exactly
-    (a resumed run whose step counter restarted, or started later); ``None`` applies
-    :func:`default_step_offset`. When no offset makes any parameter statistic agree, the
-    answer is 0 if the runs share step numbers (nothing better is known), else a ValueError:
-    comparing arbitrary steps would be a confident wrong answer.
-    """
-    step_offset = default_step_offset(baseline["step"].values, target["step"].values, step_offset)
-    if step_offset != "auto":
-        return int(step_offset)
-    bsteps = [int(s) for s in baseline["step"].values]
-    tsteps = [int(s) for s in target["step"].values]
-    params_b = baseline["role"].values == "parameter"
-    labels = [t for t, p in zip(baseline["tensor"].values, params_b, strict=True) if p]
-    labels = [t for t in labels if t in target.indexes["tensor"]] or list(
-        set(baseline["tensor"].values) & set(target["tensor"].values))
-    shared = bool(set(bsteps) & set(tsteps))
-    if not labels:
-        if shared:
-            return 0
-        raise NothingToCompareError(f"the runs share no step/rank to compare (baseline steps {bsteps}, target steps "
-                         f"{tsteps}) and share no tensor to detect a step offset from")
-    bmax = baseline["norm"].sel(tensor=labels)
-    tmax = target["norm"].sel(tensor=labels)
-    best, best_score = 0, -1
-    for off in sorted({t - b for b in bsteps for t in tsteps}, key=abs):
-        score = 0
-        for b in bsteps:
-            if b + off in tsteps:
-                x = bmax.sel(step=b).values
-                y = tmax.sel(step=b + off).values
-                score += int(np.sum(x == y))
-        if score > best_score:
-            best, best_score = off, score
-    if best_score <= 0:
-        if shared:
-            return 0
-        raise NothingToCompareError(f"the runs share no step/rank to compare (baseline steps {bsteps}, target steps "
-                         f"{tsteps}) and no step offset makes any parameter statistic agree")
-    return best
-
-
-def _numel(shape: str) -> int:
-    """Element count of a shape text (``"[4, 16, 32]"``), -1 when unreadable."""
-    try:
-        dims = [int(x) for x in shape.strip("[]() ").replace(" ", "").split(",") if x]
-    except ValueError:
-        return -1
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
-def _same_dtype(a: str, b: str, *, cross: bool = False) -> bool:
-    """One dtype in both runs, or two that hold the same values (:data:`precnb.dtypes.EQUIVALENT`).
-
-    A bool mask stored as uint8, an index tensor in another integer width: the statistics decide.
-    (*cross*, the two runs' frameworks differ, is kept for callers; the table holds everywhere.)
-    """
-    return same_values(a, b)
-
-
-def entry_dtype_differences(b: xr.Dataset, t: xr.Dataset, both_ds: xr.Dataset, *, cross: bool = False,
-                            notes: dict[str, tuple[str, str, str]] | None = None
-                            ) -> tuple[xr.DataArray, dict[str, tuple[str, str]]]:
-    """Entries whose dtype differs between two aligned runs (per entry, not first seen).
-
-    Parameters
-    ----------
-    b, t : xarray.Dataset
-        The runs, steps already aligned (their ``dtype_changes`` attributes use these steps).
-    both_ds : xarray.Dataset
-        Their combination (:func:`precnb.combine.combine_runs`): gives the output grid.
-
-    Returns
-    -------
-    mask : xarray.DataArray
-        (step, rank, tensor) bool; True where both dtypes are known and differ.
-    examples : dict
-        tensor → (baseline dtype, target dtype) at its first differing entry.
-
-    *notes*, when given, receives the tensors whose dtypes differ but hold the same values
-    (:func:`precnb.dtypes.equivalence`): tensor → (baseline dtype, target dtype, why). They are
-    not in the mask.
-    """
-    steps = [int(x) for x in both_ds["step"].values]
-    ranks = [int(x) for x in both_ds["rank"].values]
-    labels = both_ds["tensor"].values
-    mask = np.zeros((len(steps), len(ranks), len(labels)), bool)
-    examples: dict[str, tuple[str, str]] = {}
-    cb, ct = dtype_changes(b), dtype_changes(t)
-    coord_b = dict(zip(b["tensor"].values.tolist(), b["dtype"].values.tolist(), strict=True))
-    coord_t = dict(zip(t["tensor"].values.tolist(), t["dtype"].values.tolist(), strict=True))
-    si = {s: i for i, s in enumerate(steps)}
-    ri = {r: i for i, r in enumerate(ranks)}
-    for j, lbl in enumerate(labels.tolist()):
-        xb, xt = coord_b.get(lbl), coord_t.get(lbl)
-        if not xb or not xt or (_same_dtype(xb, xt, cross=cross) and lbl not in cb and lbl not in ct):
-            if notes is not None and xb and xt and canonical_dtype(xb) != canonical_dtype(xt):
-                why = equivalence(xb, xt)
-                if why is not None:
-                    notes[str(lbl)] = (str(xb), str(xt), why)
-            continue
-        grid_b = np.full((len(steps), len(ranks)), xb, dtype=object)
-        grid_t = np.full((len(steps), len(ranks)), xt, dtype=object)
-        for grid, table in ((grid_b, cb), (grid_t, ct)):
-            for (st, r), d in table.get(lbl, {}).items():
-                if st in si and r in ri:
-                    grid[si[st], ri[r]] = d
-        same = np.vectorize(lambda x, y: _same_dtype(x, y, cross=cross), otypes=[bool])
-        diff = ~same(grid_b, grid_t) & (grid_b != "") & (grid_t != "")
-        if diff.any():
-            mask[:, :, j] = diff
-            a, c = np.argwhere(diff)[0]
-            examples[str(lbl)] = (str(grid_b[a, c]), str(grid_t[a, c]))
-    da = xr.DataArray(mask, dims=("step", "rank", "tensor"),
-                      coords={"step": both_ds["step"], "rank": both_ds["rank"], "tensor": both_ds["tensor"]})
-    return da, examples
 
 
 @dataclass

@@ -1,0 +1,153 @@
+"""Tensor pairing: within each pair of calls, which input/output tensors (and gradient snapshots) correspond."""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from typing import Any
+
+from precnb.analysis.align._state import TENSOR_THRESHOLD, AlignerState, _confidence, _list_argument, _same_label_pairs
+from precnb.analysis.align.aside import ValueIndex, tensors_disagree
+from precnb.analysis.align.evidence import close, tensor_score
+from precnb.analysis.align.match import pair_greedy
+from precnb.analysis.align.scores import decided
+from precnb.analysis.align.tree import NodeInfo
+
+__all__ = ["TensorPairing"]
+
+
+class TensorPairing(AlignerState):
+    """The tensor steps of the pairing."""
+
+    def pair_tensors(self) -> None:
+        """Pair the tensors of every paired call (the mapping's tensor pairs first)."""
+        for b_lbl, t_lbl in self.hints.tensors.items():
+            self.out.tensors.setdefault(t_lbl, (b_lbl, *self.hints.how("tensors", b_lbl)))
+        for t_lbl, b_lbl in self.hints.many_tensors.items():  # msprobe data mappings: several onto one
+            self.out.tensors.setdefault(t_lbl, (b_lbl, "user", 1.0))
+        used_b = {v[0] for v in self.out.tensors.values()}
+        # two codebases: a tensor is not paired with another value where its own value is recorded elsewhere
+        # in the other run, nor masked scores with masked scores (each codebase's fill value)
+        values = None if self.same_names else (ValueIndex(self.tb), ValueIndex(self.tt))
+        # no tensor pair given by the mapping: each node pair's tensors are paired as on the last alignment
+        clean = not self.hints.tensors and not self.hints.many_tensors
+        for nb, (nt, how, _conf) in self.out.nodes.items():
+            made = decided(self._decided, ("node tensors", self.fast, nb, nt) if clean else None,
+                           functools.partial(self._node_tensor_pairs, nb, nt, used_b, values))
+            for c_lbl, a_lbl, t_how, conf in made:
+                self.out.tensors[c_lbl] = (a_lbl, how if how == "user" else t_how, conf)
+                used_b.add(a_lbl)
+
+    def _node_tensor_pairs(self, nb: str, nt: str, used_b: set[str], values: Any) -> list[tuple[str, str, str, float]]:
+        """(target label, baseline label, how, confidence) of one node pair's tensors, group by group.
+
+        The groups hold other tensors: each is paired on what was paired before this node pair.
+        """
+        kept = self._tensor_kept  # kept for a rerun on the same trees (:mod:`precnb.analysis.align.scores`)
+        xb, xt = self.tb.nodes[nb], self.tt.nodes[nt]
+        copies_b = self._self_copies(xb)
+        copies_t = self._self_copies(xt)
+        out: list[tuple[str, str, str, float]] = []
+        for groups in (("input", "kwargs"), ("output",), ("parameters",), ("grad",)):
+            gb = [t for t in xb.tensors if t.group in groups and t.label not in used_b and t.label not in copies_b]
+            gt = [t for t in xt.tensors if t.group in groups and t.label not in self.out.tensors
+                  and t.label not in copies_t]
+            if not gb or not gt:
+                continue
+            pos_b = {t.label: k for k, t in enumerate(gb)}
+            pos_t = {t.label: k for k, t in enumerate(gt)}
+
+            def score(a: Any, c: Any, pos_b: dict[str, int] = pos_b, pos_t: dict[str, int] = pos_t) -> float:
+                k = (a.label, c.label, pos_b[a.label] == pos_t[c.label])
+                v = kept.get(k)
+                if v is None:
+                    v = kept[k] = -100.0 if values is not None and tensors_disagree(a, c, *values) else \
+                        tensor_score(a, c, same_framework=self.same_fw, position=k[2])
+                return v
+
+            for a, c, s in self._tensor_pairs(gb, gt, score):
+                t_how = "name" if a.label == c.label else ("value" if close(a.stats, c.stats) else
+                                                          ("structure" if a.slot == c.slot else "shape"))
+                out.append((c.label, a.label, t_how, _confidence(s, TENSOR_THRESHOLD)))
+        return out
+
+    def pair_grad_snapshots(self) -> None:
+        """Two codebases: a parameter gradient pairs the same parameter's gradient record that holds its value.
+
+        With several micro-batches a gradient is recorded as it accumulates, and when msprobe's hook fires
+        depends on the codebase and the schedule (on Megatron's last pipeline stage a row-parallel bias's
+        first record already holds both micro-batches' sum): a gradient whose positional counterpart
+        (the same call of the paired module) disagrees pairs the same parameter's record of another call of
+        that module whose statistics are close, if one is not paired yet.
+        """
+        if self.same_names:
+            return
+        stats = {t.label: t.stats for tree in (self.tb, self.tt) for n in tree.nodes.values() for t in n.tensors}
+        for b, (t, _how, _conf) in self.out.modules.items():
+            mb, mt = self.tb.modules[b], self.tt.modules[t]
+            if len(mb.param_grads) < 2 and len(mt.param_grads) < 2:
+                continue
+            ours = [c for n in mt.param_grads for c in self.tt.nodes[n].tensors]
+            good = {c.label for c in ours if c.label in self.out.tensors
+                    and close(stats[self.out.tensors[c.label][0]], c.stats)}
+            taken = {self.out.tensors[x][0] for x in good}
+            free = [a for n in mb.param_grads for a in self.tb.nodes[n].tensors if a.label not in taken]
+            moved: set[str] = set()
+            for c in ours:
+                now = self.out.tensors.get(c.label)
+                if c.label in good or (now is not None and now[1] == "user"):
+                    continue
+                hit = next((a for a in free if a.slot == c.slot and close(a.stats, c.stats)), None)
+                if hit is not None:
+                    free.remove(hit)
+                    moved.add(hit.label)
+                    self.out.tensors[c.label] = (hit.label, "value", 0.9)
+            for c in ours:  # a record whose counterpart moved to the record that holds its value: unpaired
+                now = self.out.tensors.get(c.label)
+                if now is not None and now[0] in moved and not close(stats[now[0]], c.stats):
+                    del self.out.tensors[c.label]
+
+    def _tensor_pairs(self, gb: list[Any], gt: list[Any], score: Any) -> list[tuple[Any, Any, float]]:
+        """:func:`pair_greedy` of one group's tensors; in one codebase, a list argument's elements per argument.
+
+        An optimizer call holds its parameters, gradients and states as list arguments of a few hundred
+        elements: within one codebase argument ``input.K`` pairs with ``input.K`` (slots mean the same), so
+        their elements are paired list by list instead of all against all.
+        """
+        proof = self.fast and self.same_fw and self.same_names  # one codebase: same labels pair, when proven
+        if not (self.same_fw and self.same_names) or len(gb) * len(gt) <= 256:
+            same = _same_label_pairs(gb, gt, score) if proof else None
+            if same is not None:
+                return same
+            return [(gb[i], gt[j], s) for i, j, s in pair_greedy(gb, gt, score, threshold=TENSOR_THRESHOLD)]
+        parts_b: dict[str, list[Any]] = defaultdict(list)
+        parts_t: dict[str, list[Any]] = defaultdict(list)
+        for t in gb:
+            parts_b[_list_argument(t.slot)].append(t)
+        for t in gt:
+            parts_t[_list_argument(t.slot)].append(t)
+        out: list[tuple[Any, Any, float]] = []
+        for key, xs in parts_b.items():
+            ys = parts_t.get(key, [])
+            same = _same_label_pairs(xs, ys, score) if ys and proof else None
+            if same is not None:
+                out += same
+            elif ys:
+                out += [(xs[i], ys[j], s) for i, j, s in pair_greedy(xs, ys, score, threshold=TENSOR_THRESHOLD)]
+        return out
+
+    def _self_copies(self, info: NodeInfo) -> set[str]:
+        """Backward outputs of an API node that only repeat its own input.
+
+        msprobe's PyTorch hooks record the output gradient, viewed, as a backward API's output:
+        across frameworks these are not the gradients the other framework records there, so they
+        are not paired.
+        """
+        if (self.same_fw and self.same_names) or info.kind != "api" or info.direction != "backward":
+            return set()
+        ins = info.group("input")
+        out = set()
+        for o in info.group("output"):
+            if any(o.numel == i.numel and close(o.stats, i.stats, 1e-6) for i in ins):
+                out.add(o.label)
+        return out
