@@ -140,6 +140,7 @@ def test_every_input_form_gives_the_same_roles_to_the_pipeline_and_the_explorer(
 
 
 def test_every_bad_input_fails_alike_in_the_pipeline_and_the_explorer(three):
+    from precnb.report import to_html
     from precnb.widgets._inputs import normalize_runs
 
     run = make_run()
@@ -158,6 +159,10 @@ def test_every_bad_input_fails_alike_in_the_pipeline_and_the_explorer(three):
             split_inputs(given, baseline)
         with pytest.raises(exc, match=msg):
             normalize_runs(given, baseline)
+        with pytest.raises(exc, match=msg):  # the report, through the same model
+            to_html(given, baseline=baseline)
+    with pytest.raises(ValueError, match="pass one run, or a mapping of two runs"):
+        to_html({"a": run, "b": run, "c": run})
 
 
 def test_a_triage_is_an_input_of_the_explorer_with_its_own_names():
