@@ -78,3 +78,122 @@ def test_report_renders_tensor_metrics_from_the_triage(monkeypatch, tmp_path):
     assert metric_columns(data, step=f.step, rank=f.rank, tensors=labels) == read_again
     html = write_html(tri, tmp_path / "r.html").read_text(encoding="utf-8")
     assert "1‰ err ratio" in html and "cosine" in html
+
+
+def _src(name: str, seed: int) -> xr.Dataset:
+    ds = make_run(seed=seed)
+    ds.attrs["source"] = f"/dumps/{name}"
+    return ds
+
+
+def _cases() -> list[tuple[str, object, object, tuple[str | None, str | None], bool]]:
+    """(label, run_or_runs, baseline, (target, baseline) names, the pipeline takes it): every accepted form."""
+    from precnb.pipeline.inputs import ReadRun
+
+    gpu, npu, c = _src("gpu", 1), _src("npu", 2), _src("c", 3)
+    div = sample_path("divergence")
+    return [
+        ("one dataset", npu, None, ("npu", None), True),
+        ("one dataset, no source", make_run(seed=4), None, ("target", None), True),
+        ("one path", div / "target", None, ("target", None), True),
+        ("a dataset and its baseline", npu, gpu, ("npu", "gpu"), True),
+        ("two paths", div / "target", div / "baseline", ("target", "baseline"), True),
+        ("two paths, one name", sample_path("divergence", "target"), str(div / "target"),
+         ("target (target)", "target (baseline)"), True),
+        ("read runs", ReadRun(npu, str(div / "target")), ReadRun(gpu, str(div / "baseline")),
+         ("target", "baseline"), True),
+        ("a mapping of one", {"only": npu}, None, ("only", None), True),
+        ("a mapping of two", {"gpu": gpu, "npu": npu}, None, ("npu", "gpu"), True),
+        ("a mapping of paths", {"b": div / "baseline", "t": str(div / "target")}, None, ("t", "b"), True),
+        ("a sequence", [gpu, npu], None, ("run1", "run0"), True),
+        ("combined, one run", combine_runs({"solo": npu}), None, ("solo", None), True),
+        ("combined, two", combine_runs({"x": gpu, "y": npu}), None, ("y", "x"), True),
+        ("combined, two, baseline named", combine_runs({"x": gpu, "y": npu}), "y", ("x", "y"), True),
+        ("combined, three", combine_runs({"a": gpu, "b": npu, "c": c}), None, ("c", "a"), True),
+        ("combined, three, baseline named", combine_runs({"a": gpu, "b": npu, "c": c}), "c", ("b", "c"), True),
+        ("a mapping of three", {"a": gpu, "b": npu, "c": c}, None, ("c", "a"), False),
+        ("a mapping of three, baseline named", {"a": gpu, "b": npu, "c": c}, "b", ("c", "b"), False),
+        ("a sequence of three", [gpu, npu, c], None, ("run2", "run0"), False),
+    ]
+
+
+def test_every_input_form_gives_the_same_roles_to_the_pipeline_and_the_explorer():
+    """One table: what ``diagnose`` compares (split_inputs) is what the explorer shows (normalize_runs)."""
+    from precnb.pipeline.inputs import normalize
+    from precnb.widgets._inputs import normalize_runs
+
+    for label, given, baseline, (target, base), pipeline in _cases():
+        inp = normalize(given, baseline)
+        assert (inp.target, inp.baseline) == (target, base), label
+        runs = normalize_runs(given, baseline)
+        if base is None:  # one run: the explorer shows it without a run dim
+            assert (runs.target, runs.baseline, runs.names) == (None, None, []), label
+        else:
+            assert (runs.target, runs.baseline) == (target, base), label
+            assert set(runs.names) == set(inp.names) and base in runs.names and target in runs.names, label
+        if pipeline:
+            t, b = split_inputs(given, baseline)
+            assert (t.name, b.name if b is not None else None) == (target, base), label
+        else:  # more than two runs in a mapping: the explorer shows them all, a triage compares two
+            with pytest.raises(ValueError, match="pass one run, or a mapping of two runs"):
+                split_inputs(given, baseline)
+
+
+def test_every_bad_input_fails_alike_in_the_pipeline_and_the_explorer(three):
+    from precnb.report import to_html
+    from precnb.widgets._inputs import normalize_runs
+
+    run = make_run()
+    bad = [
+        (three, "x", ValueError, r"baseline 'x' is not one of the runs \['a', 'b', 'c'\]"),
+        (three, run, ValueError, NOT_A_RUN_NAME),
+        ({"a": run, "b": run}, "a", ValueError, "a mapping of runs already says which is the baseline"),
+        ({}, None, ValueError, "pass one run, or a mapping of two runs"),
+        (run, "no_such_run", ValueError, r"baseline 'no_such_run': no such path"),
+        (5, None, TypeError, "expected a path or an xarray.Dataset, got int"),
+        ({"a": run, "b": 5}, None, TypeError, "expected a path or an xarray.Dataset, got int"),
+        (run, 5.0, TypeError, "expected a path or an xarray.Dataset, got float"),
+    ]
+    for given, baseline, exc, msg in bad:
+        with pytest.raises(exc, match=msg):
+            split_inputs(given, baseline)
+        with pytest.raises(exc, match=msg):
+            normalize_runs(given, baseline)
+        with pytest.raises(exc, match=msg):  # the report, through the same model
+            to_html(given, baseline=baseline)
+    with pytest.raises(ValueError, match="pass one run, or a mapping of two runs"):
+        to_html({"a": run, "b": run, "c": run})
+
+
+def test_a_triage_is_an_input_of_the_explorer_with_its_own_names():
+    from precnb.pipeline.inputs import normalize
+    from precnb.widgets._inputs import normalize_runs, runs_for
+
+    tri = precnb.diagnose({"gpu": _src("gpu", 1), "npu": _src("npu", 2)}, kinds=[])
+    assert tri.names == ("gpu", "npu")
+    inp = normalize(tri)
+    assert (inp.target, inp.baseline) == ("npu", "gpu")
+    runs = normalize_runs(tri)
+    assert (runs.target, runs.baseline) == ("npu", "gpu") and runs.names == ["gpu", "npu"]
+    shown, same = runs_for(tri)
+    assert same is tri and (shown.target, shown.baseline) == ("npu", "gpu")
+    with pytest.raises(ValueError, match="a Triage already holds its runs and options"):
+        normalize(tri, "gpu")
+    with pytest.raises(ValueError, match="a Triage already holds its runs and options"):
+        runs_for(tri, options={"steps": [0]})
+    with pytest.raises(TypeError, match="got Triage"):  # already diagnosed: not a run to read again
+        split_inputs(tri)
+
+
+def test_the_explorer_diagnoses_what_it_shows():
+    """runs_for (precnb.explore) hands the pipeline the inputs it normalised: the triage's names are the shown ones."""
+    from precnb.widgets._inputs import runs_for
+
+    gpu, npu = _src("gpu", 1), _src("npu", 2)
+    for given, baseline, want in [({"gpu": gpu, "npu": npu}, None, ("npu", "gpu")),
+                                  (npu, gpu, ("npu", "gpu")),
+                                  ([gpu, npu], None, ("run1", "run0")),
+                                  (combine_runs({"x": gpu, "y": npu}), "y", ("x", "y"))]:
+        runs, tri = runs_for(given, baseline, auto=False)
+        assert (runs.target, runs.baseline) == want
+        assert (tri.names[1], tri.names[0]) == want

@@ -257,14 +257,16 @@ def to_html(
     >>> "NaN/Inf origin" in page  # doctest: +SKIP
     True
     """
-    from precnb.pipeline import Triage, diagnose
+    from precnb.pipeline import diagnose
+    from precnb.pipeline.inputs import normalize
 
-    if isinstance(ds_or_runs, Triage):
-        if baseline is not None or options:
+    inp = normalize(ds_or_runs, baseline)  # the one input model (issue #27), as the pipeline and the explorer
+    if inp.triage is not None:
+        if options:
             raise ValueError("a Triage already holds its runs and options; pass neither baseline nor options")
-        triage = ds_or_runs
+        triage = inp.triage
     else:
-        triage = diagnose(ds_or_runs, baseline=baseline, **options)
+        triage = diagnose(inp, **options)
     data = from_triage(triage)
     if names is not None:
         data.names = (str(names[0]), str(names[1]))
@@ -319,7 +321,7 @@ def write_html(ds_or_runs: Any, path: str | os.PathLike[str], *, baseline: Any =
 
 
 def _input_paths(obj: Any) -> list[str]:
-    """Paths among the inputs of :func:`to_html` (a path, a mapping of paths, or datasets' sources)."""
+    """Paths among the inputs of :func:`to_html` (a path, a mapping or sequence of paths, or datasets' sources)."""
     from precnb._write import dataset_inputs
 
     if obj is None:
@@ -328,4 +330,6 @@ def _input_paths(obj: Any) -> list[str]:
         return [os.fspath(obj)]
     if isinstance(obj, dict):
         return [p for v in obj.values() for p in _input_paths(v)]
+    if isinstance(obj, (list, tuple)):  # a sequence of runs (precnb.pipeline.inputs.normalize)
+        return [p for v in obj for p in _input_paths(v)]
     return dataset_inputs(obj)

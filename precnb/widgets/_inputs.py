@@ -1,26 +1,21 @@
-"""Turn what the user passes to :func:`precnb.widgets.explore` into one dataset and run names."""
+"""What the user passes to :func:`precnb.widgets.explore` as one dataset and run names.
+
+The input model is the pipeline's (:func:`precnb.pipeline.inputs.normalize`): the explorer takes its
+dataset, the pipeline its sources, both the same roles.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import xarray as xr
 
-from precnb.pipeline.inputs import NOT_A_RUN_NAME, pick_roles
 from precnb.pipeline.inputs import in_memory as _in_memory  # one function (issue #27)
+from precnb.pipeline.inputs import normalize  # one input model (issue #27)
 
-
-def _diagnosed(triage: Any) -> xr.Dataset:
-    """The run a one-run *triage* diagnosed (a Triage built without its dataset is an error, not ``None``)."""
-    if triage.target is None:
-        raise ValueError("this Triage holds no dataset (built from findings only): diagnose the run again")
-    return triage.target
-
-
-__all__ = ["Runs", "normalize_runs", "parse_ranks", "runs_for"]
+__all__ = ["Runs", "normalize_runs", "parse_ranks", "runs_for", "runs_of"]
 
 
 @dataclass
@@ -49,22 +44,18 @@ class Runs:
         return self._views[name]
 
 
-def _open(x: Any) -> xr.Dataset:
-    if isinstance(x, xr.Dataset):
-        return x
-    if isinstance(x, (str, os.PathLike)):
-        from precnb.io.api import open_run
-
-        return open_run(x)
-    raise TypeError(f"expected an xarray.Dataset or a path, got {type(x).__name__}")
+def runs_of(triage: Any) -> Runs:
+    """The explorer's runs of a diagnosed *triage*: its runs as diagnosed, named as it names them."""
+    return normalize_runs(triage)
 
 
 def normalize_runs(run_or_runs: Any, baseline: Any = None) -> Runs:
-    """Accept a dataset, a path, a mapping/sequence of them, or a dataset with a ``run`` dim.
+    """The explorer's :class:`Runs` of any accepted input: :func:`precnb.pipeline.inputs.normalize`'s dataset and roles.
 
     Parameters
     ----------
-    run_or_runs : xarray.Dataset, path, mapping or sequence
+    run_or_runs : xarray.Dataset, path, mapping, sequence, Triage or RunInputs
+        See :func:`precnb.pipeline.inputs.normalize` (a mapping may hold more than two runs).
     baseline : xarray.Dataset, path or str, optional
         A baseline run (dataset / path), or the name of one of the runs.
 
@@ -72,29 +63,11 @@ def normalize_runs(run_or_runs: Any, baseline: Any = None) -> Runs:
     -------
     Runs
     """
-    from precnb.combine import combine_runs
-
-    if isinstance(run_or_runs, xr.Dataset):
-        ds = run_or_runs
-    elif isinstance(run_or_runs, Mapping):
-        ds = combine_runs({str(k): _open(v) for k, v in run_or_runs.items()})
-    elif isinstance(run_or_runs, Sequence) and not isinstance(run_or_runs, (str, bytes)):
-        ds = combine_runs({f"run{i}": _open(v) for i, v in enumerate(run_or_runs)})
-    else:
-        ds = _open(run_or_runs)
-    if baseline is not None and not (isinstance(baseline, str) and "run" in ds.dims):
-        if "run" in ds.dims:
-            raise ValueError(NOT_A_RUN_NAME)
-        ds = combine_runs({"baseline": _open(baseline), "target": ds})
-        baseline = "baseline"
-    ds = _in_memory(ds)
-    if "run" not in ds.dims:
+    inp = normalize(run_or_runs, baseline)
+    ds = _in_memory(inp.dataset())
+    if inp.baseline is None or "run" not in ds.dims:
         return Runs(ds)
-    names = [str(r) for r in ds["run"].values]
-    if len(names) == 1:
-        return Runs(ds.isel(run=0).drop_vars("run"), None, None)
-    target, base = pick_roles(names, baseline)  # the pipeline's rule and messages (precnb.pipeline.inputs)
-    return Runs(ds, target, base)
+    return Runs(ds, inp.target, inp.baseline)
 
 
 def runs_for(run_or_runs: Any, baseline: Any = None, *, auto: bool = True,
@@ -104,33 +77,24 @@ def runs_for(run_or_runs: Any, baseline: Any = None, *, auto: bool = True,
     Two runs (or one) go through :func:`precnb.diagnose` with *options*: the explorer shows
     the runs it prepared (shards merged, the baseline in the target's names) and opens on its
     first finding. With more than two runs the explorer shows all of them and the triage
-    compares the baseline with the last other run.
+    compares the baseline with the last other run. A Triage is shown as it is.
     """
-    from precnb.pipeline import Triage, diagnose
+    from precnb.pipeline import diagnose
 
-    if isinstance(run_or_runs, Triage):  # already diagnosed: show it as it is
-        if baseline is not None or options:
+    inp = normalize(run_or_runs, baseline)  # the one input model: the pipeline reads the same roles
+    if inp.triage is not None:  # already diagnosed: show it as it is
+        if options:
             raise ValueError("a Triage already holds its runs and options; pass neither baseline nor options")
-        triage = run_or_runs
-        if triage.baseline is None:
-            return Runs(_in_memory(_diagnosed(triage))), triage
-        return Runs(_in_memory(triage.combined()), triage.names[1], triage.names[0]), triage
+        return runs_of(inp.triage), inp.triage
     kw = dict(options or {})
     if not auto:
         kw["kinds"] = []
-    if isinstance(run_or_runs, Sequence) and not isinstance(run_or_runs, (str, bytes, os.PathLike)):
-        run_or_runs = {f"run{i}": v for i, v in enumerate(run_or_runs)}
-    many = (isinstance(run_or_runs, xr.Dataset) and "run" in run_or_runs.dims and run_or_runs.sizes["run"] > 2) or \
-        (isinstance(run_or_runs, Mapping) and not isinstance(run_or_runs, xr.Dataset) and len(run_or_runs) > 2)
-    if many:
-        runs = normalize_runs(run_or_runs, baseline)
+    if len(inp.names) > 2:
+        runs = normalize_runs(inp)
         triage = diagnose(runs.run(runs.target), baseline=runs.run(runs.baseline), **kw)
         return runs, triage
-    triage = diagnose(run_or_runs, baseline=baseline, **kw)
-    if triage.baseline is None:
-        return Runs(_in_memory(_diagnosed(triage))), triage
-    names = list(triage.names)
-    return Runs(_in_memory(triage.combined()), names[1], names[0]), triage
+    triage = diagnose(inp, **kw)
+    return runs_of(triage), triage
 
 
 def parse_ranks(text: str, available: Sequence[int]) -> list[int] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precnb.widgets._inputs import Runs, _diagnosed, _in_memory
+from precnb.widgets._inputs import Runs, runs_of
 
 __all__ = ["input_paths", "rerun_triage", "sources_of"]
 
@@ -84,6 +84,4 @@ def rerun_triage(sources: dict[str, Any], triage: Any, *, target: str | None = N
         opts = opts.with_(baseline_layout=None)
     t = diagnose({baseline: src[baseline], target: src[target]} if baseline is not None else src[target],
                  options=opts)
-    if t.baseline is None:
-        return Runs(_in_memory(_diagnosed(t))), t
-    return Runs(_in_memory(t.combined()), str(t.names[1]), str(t.names[0])), t
+    return runs_of(t), t
