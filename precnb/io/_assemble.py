@@ -19,6 +19,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.io._lazy_dask import defer_dask_array_import
+from precnb.io._memory import return_free_memory
 from precnb.io._runfacts import FactsAccumulator
 from precnb.io.records import FileRecords, LoadReport, RecordBuilder, SharedTable, dedup_labels, stat_value
 from precnb.schema import (
@@ -643,6 +644,7 @@ class Assembler:
         coords = self.tensor_coords(copy=False)
         coords["step"] = np.asarray(step_vals, np.int64)
         coords["rank"] = np.asarray(rank_vals, np.int64)
+        return_free_memory()  # the parse's lists and tables, before the side tables' text is written
         meta = self.attrs(source_format, attrs)
         self.release()
         return validate(dataset(arrays, coords, meta))

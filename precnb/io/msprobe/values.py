@@ -328,11 +328,22 @@ class Columns:
         self.data_name += names
 
     def finish(self) -> dict[str, Any]:
-        """The columns: ``max``/``min``/``mean``/``norm`` (float64), ``null``, ``numel``, ``shape``, ``dtype``, ..."""
+        """The columns: ``max``/``min``/``mean``/``norm`` (float64), ``null``, ``numel``, ``shape``, ``dtype``, ...
+
+        Each batch's arrays are let go as their column is joined (one column's parts at a time are
+        held twice, not the file's). Called once.
+        """
         out: dict[str, Any] = {}
         for name, parts in self._stats.items():
-            out[name] = np.concatenate(parts) if parts else np.zeros(0, np.float64)
-        out["null"] = np.concatenate(self._null) if self._null else np.zeros(0, np.uint8)
-        out["numel"] = np.concatenate(self._numel) if self._numel else np.zeros(0, np.int64)
+            out[name] = _join(parts, np.float64)
+        out["null"] = _join(self._null, np.uint8)
+        out["numel"] = _join(self._numel, np.int64)
         out["shape"], out["dtype"] = self.shape, self.dtype
         return out
+
+
+def _join(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """*parts* concatenated into one array; *parts* is emptied."""
+    out = np.concatenate(parts) if parts else np.zeros(0, dtype)
+    parts.clear()
+    return out
