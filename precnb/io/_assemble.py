@@ -644,9 +644,9 @@ class Assembler:
         coords = self.tensor_coords(copy=False)
         coords["step"] = np.asarray(step_vals, np.int64)
         coords["rank"] = np.asarray(rank_vals, np.int64)
+        self.release()  # the label list and the record: the columns are in arrays and coords now
         return_free_memory()  # the parse's lists and tables, before the side tables' text is written
         meta = self.attrs(source_format, attrs)
-        self.release()
         return validate(dataset(arrays, coords, meta))
 
     def release(self) -> None:

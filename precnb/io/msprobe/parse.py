@@ -199,7 +199,8 @@ class _File:
         self.names = {}
         parts, nodes, counts = self.parts, self.nodes, self.counts
         self.parts, self.nodes, self.counts = NodeParts(), [], []
-        coords: dict[str, np.ndarray] = node_columns(nodes, parts.parents, counts, self.micro, n, parts)
+        coords: dict[str, np.ndarray] = node_columns(nodes, parts.parents, counts, self.micro, n, parts,
+                                                     consume=True)
         del parts, nodes, counts
         for name, col in (("role", self.roles), ("dtype", c.pop("dtype")), ("shape", c.pop("shape"))):
             arr = coords[name] = np.empty(n, object)

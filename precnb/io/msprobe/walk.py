@@ -23,6 +23,7 @@ Examples
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -417,13 +418,14 @@ class NodeParts:
 
 
 def node_columns(nodes: Sequence[str], parents: Sequence[str], counts: Sequence[int], micro: Mapping[str, int],
-                 n: int, parts: NodeParts | None = None) -> dict[str, np.ndarray]:
+                 n: int, parts: NodeParts | None = None, *, consume: bool = False) -> dict[str, np.ndarray]:
     """The per-tensor coordinates of :data:`NODE_COLUMNS` (one array each, *n* tensors).
 
     *nodes* are the node records that had tensors (in file order), *parents* their parents in
     construct.json (``""`` when unknown), *counts* their numbers of tensors; *micro* maps nodes to
     their Megatron micro step (checked values; -1 when absent). An API's module is its parent's.
-    *parts*: the :class:`NodeParts` of *nodes* when the caller split them already.
+    *parts*: the :class:`NodeParts` of *nodes* when the caller split them already; ``consume=True``
+    empties its lists as they are read (the caller has no more use for them).
 
     Examples
     --------
@@ -434,19 +436,23 @@ def node_columns(nodes: Sequence[str], parents: Sequence[str], counts: Sequence[
     if parts is None:
         parts = NodeParts()
         parts.add(nodes, parents)
-    kinds, apis, modules, dirs, calls = parts.kinds, parts.apis, parts.modules, parts.dirs, parts.calls
-    parents = parts.parents
-    mget = micro.get
-    micro_steps = [mget(nd, -1) for nd in nodes] if micro else None
-    reps = np.asarray(counts, np.int64)
-    per_node: dict[str, np.ndarray] = {}
-    for name, texts in zip(NODE_COLUMNS[:6], (nodes, modules, apis, kinds, dirs, parents), strict=True):
-        per_node[name] = np.empty(len(nodes), object)
-        per_node[name][:] = texts
-    per_node["call"] = np.asarray(calls, np.int64)
-    per_node["micro_step"] = np.full(len(nodes), -1, np.int64) if micro_steps is None else \
-        np.asarray(micro_steps, np.int64)
-    if not n:
-        return {name: col[:0] for name, col in per_node.items()}
-    at = np.repeat(np.arange(len(nodes)), reps)  # tensor -> its node: a take is several times faster than
-    return {name: per_node[name][at] for name in NODE_COLUMNS}  # np.repeat on object arrays
+    n_nodes = len(nodes)
+    at = np.repeat(np.arange(n_nodes), np.asarray(counts, np.int64)) if n else np.zeros(0, np.intp)
+    # tensor -> its node: a take is several times faster than np.repeat on object arrays. One column at a
+    # time, each list let go once read when the caller gave up *parts* (consume): a large file's peak
+    out: dict[str, np.ndarray] = {}
+    for name, texts in zip(NODE_COLUMNS, (nodes, parts.modules, parts.apis, parts.kinds, parts.dirs,
+                                          parts.parents, parts.calls, None), strict=True):
+        if name == "micro_step":
+            per = np.full(n_nodes, -1, np.int64) if not micro else \
+                np.fromiter(map(micro.get, nodes, itertools.repeat(-1)), np.int64, n_nodes)
+        elif name == "call":
+            per = np.asarray(texts, np.int64)
+        else:
+            per = np.empty(n_nodes, object)
+            per[:] = texts
+        if consume and texts is not None and texts is not nodes:
+            texts.clear()
+        out[name] = per[at]
+        del per
+    return out
