@@ -23,8 +23,8 @@ import pytest
 
 from precnb.io._runfacts import _API, _plain, api_of, is_optimizer_node
 from precnb.io.msprobe.discover import discover
+from precnb.io.msprobe.nodes import NodeParts, _module_of, name_parts
 from precnb.io.msprobe.parse import read_rank_dir
-from precnb.io.msprobe.walk import NodeParts, _module_of, name_parts
 from precnb.io.records import _shape_text, stat_value
 from precnb.naming import module_path_of, parse_node
 from tests.conftest import SAMPLES, shared_path

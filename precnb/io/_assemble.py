@@ -87,6 +87,17 @@ def _increasing(a: np.ndarray) -> bool:
     return bool(len(a) < 2 or (a[1:] > a[:-1]).all())
 
 
+def _is_range(a: np.ndarray, n: int) -> bool:
+    """Whether *a* is ``0, 1, ..., n - 1`` (integers), without building that range.
+
+    Examples
+    --------
+    >>> _is_range(np.arange(4), 4), _is_range(np.array([0, 2, 3]), 3), _is_range(np.zeros(0, int), 0)
+    (True, False, True)
+    """
+    return len(a) == n and (not n or (a[0] == 0 and a[-1] == n - 1 and _increasing(a)))
+
+
 class _Rec:
     """The part of a :class:`FileRecords` kept until its step is materialised (no Python lists of labels)."""
 
@@ -519,7 +530,8 @@ class Assembler:
         r = recs[0]
         n = len(self._order)
         if r.skipped or (r.step, r.rank) != (step_vals[0], rank_vals[0]) or len(r.gids) != n \
-                or not np.array_equal(self._pos[r.gids], np.arange(n)):
+                or not (_is_range(self._pos[:n], n) if _is_range(r.gids, n)
+                        else np.array_equal(self._pos[r.gids], np.arange(n))):
             return None
         shape = (1, 1, n)
         arrays = {name: np.asarray(r.values[name], np.float64).reshape(shape) if name in r.values

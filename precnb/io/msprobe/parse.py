@@ -10,7 +10,7 @@ Each record is read once: :class:`~precnb.io.msprobe.walk.Walk` collects its ten
 their labels, :class:`~precnb.io._runfacts.FileFacts` its run facts (``requires_grad``, optimizer
 arguments); the leaves' values are read a batch at a time by
 :class:`~precnb.io.msprobe.values.Columns` and the per-node coordinates once per file by
-:func:`~precnb.io.msprobe.walk.node_columns`.
+:func:`~precnb.io.msprobe.nodes.node_columns`.
 
 Broken and hostile input
 ------------------------
@@ -41,10 +41,11 @@ from precnb.io._memory import return_free_memory
 from precnb.io._runfacts import UNDEFINED_PREFIXES, FileFacts
 from precnb.io.msprobe import _json
 from precnb.io.msprobe.discover import RankDir
+from precnb.io.msprobe.nodes import NodeParts, name_parts, node_columns
 from precnb.io.msprobe.release import file_facts, stack_format
 from precnb.io.msprobe.sides import json_type, read_sides
-from precnb.io.msprobe.values import Columns, Issues, short
-from precnb.io.msprobe.walk import MAX_DEPTH, NodeParts, TooDeepError, Walk, leaves_of, name_parts, node_columns
+from precnb.io.msprobe.values import Columns, Issues, TextColumn, short
+from precnb.io.msprobe.walk import MAX_DEPTH, TooDeepError, Walk, leaves_of
 from precnb.io.records import distinct
 from precnb.naming import COMM_PREFIXES
 
@@ -106,7 +107,7 @@ class _File:
         self.cols = Columns()
         self.issues = Issues()
         self.labels: list[str] = []
-        self.roles: list[str] = []
+        self.roles = TextColumn()
         self.groups: dict[str, str] = {}
         self.facts = FileFacts(signatures=signatures)
         self.signatures = signatures
@@ -169,7 +170,7 @@ class _File:
         self.cols.add_batch(leaves, w.labels, self.issues)
         self.hashes.append(np.fromiter(map(hash, w.labels), np.int64, len(w.labels)))  # for distinct() at build
         self.labels += w.labels
-        self.roles += w.roles
+        self.roles.extend(w.roles)
         w.leaves, w.labels, w.roles = [], [], []
 
     def look(self, node: str, record: dict[str, Any]) -> None:
@@ -202,11 +203,8 @@ class _File:
         coords: dict[str, np.ndarray] = node_columns(nodes, parts.parents, counts, self.micro, n, parts,
                                                      consume=True)
         del parts, nodes, counts
-        for name, col in (("role", self.roles), ("dtype", c.pop("dtype")), ("shape", c.pop("shape"))):
-            arr = coords[name] = np.empty(n, object)
-            arr[:] = col
-            col.clear()  # the parse's own list (the Columns' for dtype and shape)
-        self.roles = []
+        coords["role"], coords["dtype"], coords["shape"] = self.roles.array(), c.pop("dtype"), c.pop("shape")
+        self.roles = TextColumn()
         return coords
 
     def build(self, top: Mapping[str, Any], notes: list[str], sides: tuple[Any, Any]) -> FileRecords:
@@ -252,7 +250,7 @@ class _File:
         # read (a large file's peak memory is this step's)
         if self.large:
             return_free_memory()  # the batches' value arrays, joined above
-        coords = self.coords(c, n)
+        coords: dict[str, Any] = self.coords(c, n)  # (FileRecords takes lists or final arrays)
         labels = self.labels
         self.labels = []
         unique = distinct(labels, np.concatenate(self.hashes) if self.hashes else None)
