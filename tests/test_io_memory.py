@@ -73,3 +73,16 @@ def test_without_orjson_the_records_are_the_same(monkeypatch, sample):
         for k in a.values:
             assert np.array_equal(a.values[k].view(np.uint64), b.values[k].view(np.uint64))
         assert np.array_equal(a.null_stats, b.null_stats) and a.meta == b.meta
+
+
+def test_side_text_without_orjson_is_the_standard_librarys_text(monkeypatch):
+    import json
+    import sys
+
+    from precnb.schema import side_text
+
+    monkeypatch.setitem(sys.modules, "orjson", None)  # the standard-library path, written in parts
+    table = {f"Functional.op.{i}.forward": ("Module.é" if i % 7 else "") + str(i % 5) for i in range(70_001)}
+    assert side_text(table) == json.dumps(table, ensure_ascii=False, separators=(",", ":"))
+    table["Functional.bad.0.forward"] = "\ud800"  # a lone surrogate: ASCII escapes throughout
+    assert side_text(table) == json.dumps(table, separators=(",", ":"))
