@@ -34,6 +34,18 @@ def test_a_load_that_cannot_fit_is_refused_before_parsing(monkeypatch):
     assert precnb.open_run(DUMP, workers=1).sizes["step"] == 3
 
 
+def test_the_refusal_names_the_largest_file(monkeypatch):
+    monkeypatch.setattr(_memory, "available_memory", lambda: 1000)
+    files = sorted(DUMP.rglob("dump.json"), key=lambda p: (p.stat().st_size, str(p)))
+    sizes = [p.stat().st_size for p in files]
+    with pytest.raises(InsufficientMemoryError) as err:
+        precnb.open_run(DUMP, workers=1)
+    text = str(err.value)
+    largest = [p for p, b in zip(files, sizes, strict=True) if b == sizes[-1]]
+    assert any(f"largest file: {p}," in text for p in largest), text
+    assert f"{len(files)} dump.json file(s)" in text
+
+
 def test_the_cli_says_so_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(_memory, "available_memory", lambda: 1000)
     assert main(["info", str(DUMP)]) == 1
@@ -61,3 +73,16 @@ def test_without_orjson_the_records_are_the_same(monkeypatch, sample):
         for k in a.values:
             assert np.array_equal(a.values[k].view(np.uint64), b.values[k].view(np.uint64))
         assert np.array_equal(a.null_stats, b.null_stats) and a.meta == b.meta
+
+
+def test_side_text_without_orjson_is_the_standard_librarys_text(monkeypatch):
+    import json
+    import sys
+
+    from precnb.schema import side_text
+
+    monkeypatch.setitem(sys.modules, "orjson", None)  # the standard-library path, written in parts
+    table = {f"Functional.op.{i}.forward": ("Module.é" if i % 7 else "") + str(i % 5) for i in range(70_001)}
+    assert side_text(table) == json.dumps(table, ensure_ascii=False, separators=(",", ":"))
+    table["Functional.bad.0.forward"] = "\ud800"  # a lone surrogate: ASCII escapes throughout
+    assert side_text(table) == json.dumps(table, separators=(",", ":"))

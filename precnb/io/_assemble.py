@@ -19,6 +19,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.io._lazy_dask import defer_dask_array_import
+from precnb.io._memory import return_free_memory
 from precnb.io._runfacts import FactsAccumulator
 from precnb.io.records import FileRecords, LoadReport, RecordBuilder, SharedTable, dedup_labels, stat_value
 from precnb.schema import (
@@ -84,6 +85,17 @@ def select_items(items: Sequence[Any], steps: Sequence[int] | None, ranks: Seque
 def _increasing(a: np.ndarray) -> bool:
     """Whether *a* is strictly increasing (so holds no repeats), without sorting it."""
     return bool(len(a) < 2 or (a[1:] > a[:-1]).all())
+
+
+def _is_range(a: np.ndarray, n: int) -> bool:
+    """Whether *a* is ``0, 1, ..., n - 1`` (integers), without building that range.
+
+    Examples
+    --------
+    >>> _is_range(np.arange(4), 4), _is_range(np.array([0, 2, 3]), 3), _is_range(np.zeros(0, int), 0)
+    (True, False, True)
+    """
+    return len(a) == n and (not n or (a[0] == 0 and a[-1] == n - 1 and _increasing(a)))
 
 
 class _Rec:
@@ -518,7 +530,8 @@ class Assembler:
         r = recs[0]
         n = len(self._order)
         if r.skipped or (r.step, r.rank) != (step_vals[0], rank_vals[0]) or len(r.gids) != n \
-                or not np.array_equal(self._pos[r.gids], np.arange(n)):
+                or not (_is_range(self._pos[:n], n) if _is_range(r.gids, n)
+                        else np.array_equal(self._pos[r.gids], np.arange(n))):
             return None
         shape = (1, 1, n)
         arrays = {name: np.asarray(r.values[name], np.float64).reshape(shape) if name in r.values
@@ -643,8 +656,9 @@ class Assembler:
         coords = self.tensor_coords(copy=False)
         coords["step"] = np.asarray(step_vals, np.int64)
         coords["rank"] = np.asarray(rank_vals, np.int64)
+        self.release()  # the label list and the record: the columns are in arrays and coords now
+        return_free_memory()  # the parse's lists and tables, before the side tables' text is written
         meta = self.attrs(source_format, attrs)
-        self.release()
         return validate(dataset(arrays, coords, meta))
 
     def release(self) -> None:

@@ -95,11 +95,10 @@ from precnb.schema._entries import (
     meta_changes,
     read_side_table,
     shift_entry_changes,
-    side_table,
-    side_text,
     stack_changes,
     undefined_table,
 )
+from precnb.schema._side import side_table, side_text
 
 __all__ = [
     "DIMS",

@@ -1,4 +1,4 @@
-"""Side tables and per-entry exceptions: what differs on some (step, rank) entries (:mod:`precnb.schema`)."""
+"""Per-entry exceptions: what differs on some (step, rank) entries of a tensor (:mod:`precnb.schema`)."""
 
 from __future__ import annotations
 
@@ -13,56 +13,6 @@ from precnb.schema._core import (
     META_FIELDS,
     empty_dataset,  # noqa: F401  (the docstring examples use it)
 )
-
-
-def side_text(table: dict[str, Any]) -> str:
-    """The attribute text of a side table (``construct`` / ``stacks``): what :func:`side_table` reads back.
-
-    Compact JSON with non-ASCII characters kept (orjson's text when it is installed, the same
-    text from the standard library otherwise); a table whose strings cannot be written as UTF-8
-    (lone surrogates) is written with ASCII escapes instead.
-
-    Examples
-    --------
-    >>> side_text({"Functional.relu.0.forward": "Module.act.ReLU.forward.0", "Module.act.ReLU.forward.0": ""})
-    '{"Functional.relu.0.forward":"Module.act.ReLU.forward.0","Module.act.ReLU.forward.0":""}'
-    """
-    try:
-        import orjson
-    except ImportError:
-        text = json.dumps(table, ensure_ascii=False, separators=(",", ":"))
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return json.dumps(table, separators=(",", ":"))
-        return text
-    try:
-        return orjson.dumps(table).decode()
-    except TypeError:  # a lone surrogate, a key that is not a string
-        return json.dumps(table, separators=(",", ":"))
-
-
-def side_table(ds: xr.Dataset, name: str) -> dict[str, Any]:
-    """Decode a JSON side table (``construct`` or ``stacks``) from the attributes.
-
-    Parameters
-    ----------
-    ds : xarray.Dataset
-    name : {"construct", "stacks"}
-
-    Returns
-    -------
-    dict
-
-    Examples
-    --------
-    >>> side_table(empty_dataset(), "stacks")
-    {}
-    """
-    raw = ds.attrs.get(name, "{}")
-    if isinstance(raw, dict):
-        return raw
-    return json.loads(raw or "{}")
 
 
 def entry_changes(ds: xr.Dataset, attr: str) -> dict[str, dict[tuple[int, int], str]]:

@@ -10,7 +10,7 @@ Each record is read once: :class:`~precnb.io.msprobe.walk.Walk` collects its ten
 their labels, :class:`~precnb.io._runfacts.FileFacts` its run facts (``requires_grad``, optimizer
 arguments); the leaves' values are read a batch at a time by
 :class:`~precnb.io.msprobe.values.Columns` and the per-node coordinates once per file by
-:func:`~precnb.io.msprobe.walk.node_columns`.
+:func:`~precnb.io.msprobe.nodes.node_columns`.
 
 Broken and hostile input
 ------------------------
@@ -37,13 +37,15 @@ from precnb.errors import DumpFormatError
 from precnb.io._assemble import FileRecords, LoadReport, dedup_labels
 from precnb.io._gc import paused_gc
 from precnb.io._jsonio import load_json
+from precnb.io._memory import return_free_memory
 from precnb.io._runfacts import UNDEFINED_PREFIXES, FileFacts
 from precnb.io.msprobe import _json
 from precnb.io.msprobe.discover import RankDir
+from precnb.io.msprobe.nodes import NodeParts, name_parts, node_columns
 from precnb.io.msprobe.release import file_facts, stack_format
 from precnb.io.msprobe.sides import json_type, read_sides
-from precnb.io.msprobe.values import Columns, Issues, short
-from precnb.io.msprobe.walk import MAX_DEPTH, NodeParts, TooDeepError, Walk, leaves_of, name_parts, node_columns
+from precnb.io.msprobe.values import Columns, Issues, TextColumn, short
+from precnb.io.msprobe.walk import MAX_DEPTH, TooDeepError, Walk, leaves_of
 from precnb.io.records import distinct
 from precnb.naming import COMM_PREFIXES
 
@@ -54,6 +56,9 @@ _MAX_INDEX = 2**31 - 1
 _NO_SIGNATURE = ("Distributed.", "MintDistributed.")
 #: unreadable sections and leaves listed per file (all are counted)
 MAX_UNREAD = 1000
+#: a dump.json this large hands the C heap's free memory back between the steps of its parse (the
+#: peak RSS of a one-file load is set there; a small file's steps do not need the few milliseconds)
+_LARGE = 32 << 20
 
 
 def framework_of_leaf(leaf_type: str) -> str:
@@ -102,7 +107,7 @@ class _File:
         self.cols = Columns()
         self.issues = Issues()
         self.labels: list[str] = []
-        self.roles: list[str] = []
+        self.roles = TextColumn()
         self.groups: dict[str, str] = {}
         self.facts = FileFacts(signatures=signatures)
         self.signatures = signatures
@@ -114,6 +119,7 @@ class _File:
         self.backward: str | None = None  # the sections of the first backward record: "grad" (1.0.1) / "io"
         self.is_recompute: bool | None = None  # whether the first forward record carries is_recompute
         self.probe = True  # until both are known
+        self.large = False  # a large file: free memory is handed back between the steps of build()
 
     def batch(self, data: Mapping[str, Any]) -> None:
         """Read one batch of node records (all of ``data`` for a whole-file parse)."""
@@ -164,7 +170,7 @@ class _File:
         self.cols.add_batch(leaves, w.labels, self.issues)
         self.hashes.append(np.fromiter(map(hash, w.labels), np.int64, len(w.labels)))  # for distinct() at build
         self.labels += w.labels
-        self.roles += w.roles
+        self.roles.extend(w.roles)
         w.leaves, w.labels, w.roles = [], [], []
 
     def look(self, node: str, record: dict[str, Any]) -> None:
@@ -188,6 +194,18 @@ class _File:
             if d in ints and shapes[i] not in ("[]", ""):
                 return "null" if null[i] & 4 else "filled"
         return None
+
+    def coords(self, c: dict[str, Any], n: int) -> dict[str, np.ndarray]:
+        """The per-tensor coordinates (final values: the assembler takes them as they are); the lists go."""
+        self.names = {}
+        parts, nodes, counts = self.parts, self.nodes, self.counts
+        self.parts, self.nodes, self.counts = NodeParts(), [], []
+        coords: dict[str, np.ndarray] = node_columns(nodes, parts.parents, counts, self.micro, n, parts,
+                                                     consume=True)
+        del parts, nodes, counts
+        coords["role"], coords["dtype"], coords["shape"] = self.roles.array(), c.pop("dtype"), c.pop("shape")
+        self.roles = TextColumn()
+        return coords
 
     def build(self, top: Mapping[str, Any], notes: list[str], sides: tuple[Any, Any]) -> FileRecords:
         out: dict[str, str] = {}
@@ -223,20 +241,22 @@ class _File:
             meta["facts"] = facts
         n = cols.n
         c = cols.finish()
-        labels = self.labels
-        unique = distinct(labels, np.concatenate(self.hashes) if self.hashes else None)
-        if not unique:
-            labels = dedup_labels(labels)
-        coords: dict[str, Any] = node_columns(self.nodes, self.parts.parents, self.counts, self.micro, n,
-                                               self.parts)
         meta["release_facts"] = file_facts(
             top=top, framework=framework, folder=self.rd.path.name, backward=self.backward,
             is_recompute=self.is_recompute, kinds=self.parts.kinds, calls=self.parts.calls,
             has_parameters="parameter" in self.roles, int_stats=self.int_stats(c),
             stack=stack_format(sides[1].raw) if sides[1] is not None else None)
-        for name, col in (("role", self.roles), ("dtype", c["dtype"]), ("shape", c["shape"])):
-            arr = coords[name] = np.empty(n, object)  # final values (str): the assembler takes them as they are
-            arr[:] = col
+        # what is built from here on is what the dataset keeps: each list it is built from is let go once
+        # read (a large file's peak memory is this step's)
+        if self.large:
+            return_free_memory()  # the batches' value arrays, joined above
+        coords: dict[str, Any] = self.coords(c, n)  # (FileRecords takes lists or final arrays)
+        labels = self.labels
+        self.labels = []
+        unique = distinct(labels, np.concatenate(self.hashes) if self.hashes else None)
+        self.hashes = []
+        if not unique:
+            labels = dedup_labels(labels)
         strings: dict[str, list[str]] = {}
         if cols.any_crc:
             strings["crc"] = [v or "" for v in cols.crc]
@@ -305,8 +325,15 @@ def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None, signatures: 
 def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
     side_notes: list[str] = []
     parents, micro, construct, stack = read_sides(rd.path, side_notes)
+    try:
+        large = rd.dump_file.stat().st_size >= _LARGE
+    except OSError:
+        large = False
+    if large:
+        return_free_memory()  # construct.json's text and parse (see precnb.io._memory)
     notes: list[str] = []
     f = _File(rd, parents, micro, signatures)
+    f.large = large
     top: Mapping[str, Any] = {}
     try:
         for is_top, part in _json.parts(rd.dump_file):
@@ -320,4 +347,7 @@ def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
         f = _File(rd, parents, micro, signatures)
         f.batch(doc["data"])
         top = doc
+    f.large = large  # (f is a new one after a whole-file parse)
+    if large:
+        return_free_memory()  # the last batches' objects
     return f.build(top, notes + side_notes, (construct, stack))

@@ -25,7 +25,7 @@ Examples
 ...         "Max": 1.0, "Min": "-Infinity", "Mean": None, "Norm": 2.0}
 >>> cols.add_batch([leaf], ["x.output.0"], Issues())
 >>> out = cols.finish()
->>> out["min"].tolist(), out["null"].tolist(), out["shape"], out["numel"].tolist()
+>>> out["min"].tolist(), out["null"].tolist(), out["shape"].tolist(), out["numel"].tolist()
 ([-inf], [4], ['[2, 3]'], [6])
 """
 
@@ -41,7 +41,7 @@ import numpy as np
 
 from precnb.io.records import _shape_text, stat_value
 
-__all__ = ["MAX_COUNTER", "Columns", "Issues", "short", "unsafe_data_name", "valid_shape"]
+__all__ = ["MAX_COUNTER", "Columns", "Issues", "TextColumn", "short", "unsafe_data_name", "valid_shape"]
 
 MAX_COUNTER = 2**62  # call counters, micro steps, numel
 _STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm"))
@@ -149,6 +149,50 @@ def _shape_info(key: tuple[int, ...]) -> tuple[str, int] | None:
     return hit
 
 
+class TextColumn:
+    """A string column of few distinct texts, kept as small integer codes batch by batch (not a list of millions).
+
+    Examples
+    --------
+    >>> col = TextColumn()
+    >>> col.extend(["input", "output", "input"])
+    >>> col.extend(["grad"])
+    >>> col.array().tolist(), "grad" in col, "parameter" in col, len(col)
+    (['input', 'output', 'input', 'grad'], True, False, 4)
+    """
+
+    __slots__ = ("_code", "_n", "_parts", "_texts")
+
+    def __init__(self) -> None:
+        self._code: dict[str, int] = {}
+        self._texts: list[str] = []
+        self._parts: list[np.ndarray] = []
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, text: object) -> bool:
+        return text in self._code  # a text gets a code when it is first added
+
+    def extend(self, texts: Sequence[str]) -> None:
+        """Append *texts* (strings)."""
+        code = self._code
+        for t in set(texts) - code.keys():
+            code[t] = len(self._texts)
+            self._texts.append(t)
+        kind = np.uint16 if len(self._texts) <= 1 << 16 else np.int32
+        self._parts.append(np.fromiter(map(code.__getitem__, texts), kind, len(texts)))
+        self._n += len(texts)
+
+    def array(self) -> np.ndarray:
+        """The column as an object array of str (the codes are let go)."""
+        table = np.empty(len(self._texts), object)
+        table[:] = self._texts
+        codes = _join(self._parts, np.int32)
+        return table[codes]
+
+
 class Columns:
     """Accumulate the columns of a file's tensor leaves, batch by batch."""
 
@@ -157,8 +201,8 @@ class Columns:
         self._stats: dict[str, list[np.ndarray]] = {k: [] for k, _ in _STAT_KEYS}
         self._null: list[np.ndarray] = []
         self._numel: list[np.ndarray] = []
-        self.shape: list[str] = []
-        self.dtype: list[str] = []
+        self.shape = TextColumn()
+        self.dtype = TextColumn()
         self.crc: list[str | None] = []
         self.data_name: list[str] = []
         self.any_crc = False  # crc holds one entry per leaf only then
@@ -240,11 +284,11 @@ class Columns:
             except KeyError:
                 infos = list(map(_shape_info, keys))
             else:
-                self.shape += map(_TEXT, infos)
+                self.shape.extend(list(map(_TEXT, infos)))
                 self._numel.append(np.fromiter(map(_NUMEL, infos), np.int64, n))
                 return
             if None not in infos:
-                self.shape += map(_TEXT, infos)
+                self.shape.extend(list(map(_TEXT, infos)))
                 self._numel.append(np.fromiter(map(_NUMEL, infos), np.int64, n))
                 return
         else:
@@ -254,14 +298,16 @@ class Columns:
                 infos.append(None if valid is None else _shape_info(tuple(valid)))
         numel = np.empty(n, np.int64)
         base = self.n
+        texts: list[str] = []
         for i, info in enumerate(infos):
             if info is None:
                 issues.add((base + i, 4), "shape", f"{labels[i]} shape={short(col[i])}")
-                self.shape.append("")
+                texts.append("")
                 numel[i] = -1
             else:
-                self.shape.append(info[0])
+                texts.append(info[0])
                 numel[i] = info[1]
+        self.shape.extend(texts)
         self._numel.append(numel)
 
     def _strings(self, leaves: Sequence[dict[str, Any]], dtype_col: Sequence[Any], labels: Sequence[str],  # noqa: C901
@@ -287,7 +333,7 @@ class Columns:
                         issues.add((base + i, 5), "field", f"{labels[i]} dtype={short(d)}")
                     dtypes[i] = ""
             got = list(map(intern.setdefault, dtypes, dtypes))
-        self.dtype += got
+        self.dtype.extend(got)
         n = len(leaves)
         # md5 and data_name: kept only once a leaf has one (earlier leaves then padded), none otherwise
         crcs = list(map(get, leaves, itertools.repeat("md5")))
@@ -328,11 +374,23 @@ class Columns:
         self.data_name += names
 
     def finish(self) -> dict[str, Any]:
-        """The columns: ``max``/``min``/``mean``/``norm`` (float64), ``null``, ``numel``, ``shape``, ``dtype``, ..."""
+        """The columns: ``max``/``min``/``mean``/``norm`` (float64), ``null``, ``numel``, ``shape`` and ``dtype`` (str).
+
+        Each batch's arrays are let go as their column is joined (one column's parts at a time are
+        held twice, not the file's). Called once.
+        """
         out: dict[str, Any] = {}
         for name, parts in self._stats.items():
-            out[name] = np.concatenate(parts) if parts else np.zeros(0, np.float64)
-        out["null"] = np.concatenate(self._null) if self._null else np.zeros(0, np.uint8)
-        out["numel"] = np.concatenate(self._numel) if self._numel else np.zeros(0, np.int64)
-        out["shape"], out["dtype"] = self.shape, self.dtype
+            out[name] = _join(parts, np.float64)
+        out["null"] = _join(self._null, np.uint8)
+        out["numel"] = _join(self._numel, np.int64)
+        out["shape"], out["dtype"] = self.shape.array(), self.dtype.array()
+        self.shape, self.dtype = TextColumn(), TextColumn()
         return out
+
+
+def _join(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """*parts* concatenated into one array; *parts* is emptied."""
+    out = np.concatenate(parts) if parts else np.zeros(0, dtype)
+    parts.clear()
+    return out
