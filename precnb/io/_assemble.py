@@ -95,7 +95,7 @@ def _is_range(a: np.ndarray, n: int) -> bool:
     >>> _is_range(np.arange(4), 4), _is_range(np.array([0, 2, 3]), 3), _is_range(np.zeros(0, int), 0)
     (True, False, True)
     """
-    return len(a) == n and (not n or (a[0] == 0 and a[-1] == n - 1 and _increasing(a)))
+    return bool(len(a) == n and (not n or (a[0] == 0 and a[-1] == n - 1 and _increasing(a))))
 
 
 class _Rec:
