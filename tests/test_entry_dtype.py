@@ -115,9 +115,9 @@ def test_tp_merge_keeps_the_representative_ranks_dtypes(tmp_path):
 
 
 def test_truncated_table_is_bounded(monkeypatch, tmp_path):
-    from precnb.io import _assemble
+    from precnb.io._assemble import _changes  # the layer that reads the bound
 
-    monkeypatch.setattr(_assemble, "MAX_DTYPE_CHANGES", 3)
+    monkeypatch.setattr(_changes, "MAX_DTYPE_CHANGES", 3)
     ds = _open(sample_path("divergence", "target"))
     assert sum(len(w) for w in dtype_changes(ds).values()) == 3
 
