@@ -197,3 +197,51 @@ def test_the_explorer_diagnoses_what_it_shows():
         runs, tri = runs_for(given, baseline, auto=False)
         assert (runs.target, runs.baseline) == want
         assert (tri.names[1], tri.names[0]) == want
+
+
+def test_layouts_by_run_name_are_part_of_the_inputs():
+    """``layouts={name: layout}`` (issue #27 item 3): the input model gives each run its layout, by name or by role."""
+    from precnb.pipeline.inputs import normalize
+
+    tp1, tp2 = sample_path("tp", "tp1"), sample_path("tp", "tp2")
+    by_name = precnb.diagnose({"tp1": tp1, "tp2": tp2}, layouts={"tp2": "tp=2"}, progress=False)
+    by_role = precnb.diagnose(tp2, baseline=tp1, target_layout="tp=2", progress=False)
+    assert by_name.target_layout is not None and by_name.target_layout.tp == 2
+    assert by_name.target_layout.describe() == by_role.target_layout.describe()
+    assert by_name.baseline_layout is None or by_name.baseline_layout.tp == 1
+    f1, f2 = by_name.finding, by_role.finding
+    assert (f1.kind, f1.found, f1.step, f1.rank, f1.tensor) == (f2.kind, f2.found, f2.step, f2.rank, f2.tensor)
+    # the triage's options name the layout by role, as resolved: a rerun on its runs reads the same
+    assert by_name.options.layouts is None and by_name.options.target_layout == "tp=2"
+    assert int(by_name.target.sizes["rank"]) == 1  # the two TP shards merged into one whole layer
+    from precnb.analysis.layout import LayoutError
+
+    with pytest.raises(LayoutError, match="world size 2 is not divisible by tp"):  # the layout given is the one used
+        precnb.diagnose({"tp1": tp1, "tp2": tp2}, layouts={"tp2": "tp=4"}, progress=False)
+
+    inp = normalize({"a": tp1, "b": tp2}, layouts={"a": "tp=1"}, target_layout="tp=2")
+    assert (inp.baseline_layout, inp.target_layout) == ("tp=1", "tp=2")
+    assert normalize(inp).layouts == {"a": "tp=1", "b": "tp=2"}  # RunInputs as it is
+    with pytest.raises(ValueError, match=r"layouts: 'c' is not one of the runs \['a', 'b'\]"):
+        normalize({"a": tp1, "b": tp2}, layouts={"c": "tp=2"})
+    with pytest.raises(ValueError, match=r"the layout of run 'b' is given twice"):
+        normalize({"a": tp1, "b": tp2}, layouts={"b": "tp=2"}, target_layout="tp=4")
+    with pytest.raises(ValueError, match="baseline_layout needs a baseline"):
+        normalize(tp2, baseline_layout="tp=1")
+    with pytest.raises(ValueError, match=r"layouts: 'c' is not one of the runs"):  # before anything is read
+        precnb.diagnose({"a": tp1, "b": tp2}, layouts={"c": "tp=2"})
+
+
+def test_layouts_by_name_reach_the_report_and_the_explorer_alike():
+    pytest.importorskip("ipywidgets")
+    from precnb.report import to_html
+    from precnb.widgets._inputs import runs_for
+
+    tp1, tp2 = sample_path("tp", "tp1"), sample_path("tp", "tp2")
+    runs = {"tp1": tp1, "tp2": tp2}
+    _, tri = runs_for(runs, options={"layouts": {"tp2": "tp=2"}, "progress": False}, auto=False)
+    assert tri.target_layout is not None and tri.target_layout.tp == 2
+    page = to_html(runs, layouts={"tp2": "tp=2"}, progress=False)
+    assert "layout target: world 2 = tp2 × cp1 × pp1" in page  # the report's settings line
+    assert "target layout read from the dumps" not in page  # given, not inferred
+    assert "target layout read from the dumps" in to_html(runs, progress=False)

@@ -101,7 +101,7 @@ def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, comm
 
         out["node_records"] = records
     if opts.replica_baseline is not None:
-        from precnb.pipeline.inputs import Source, open_source
+        from precnb.pipeline.sources import Source, open_source
 
         steps = [int(s) for s in raw_t["step"].values]
         out["replica_baseline"] = open_source(Source(opts.replica_baseline, "baseline"), loaded=loaded, steps=steps,

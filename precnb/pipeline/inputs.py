@@ -1,71 +1,29 @@
 """What the user hands the pipeline: paths, datasets, mappings of run names → runs, combined runs, a Triage.
 
 :func:`normalize` is the one input model (issue #27): it turns every accepted form of
-``(run_or_runs, baseline=...)`` into :class:`RunInputs` (the runs by name, which is the target and
-which the baseline, by one rule, :func:`pick_roles`). The pipeline takes its two :class:`Source`
+``(run_or_runs, baseline=..., layouts=..., mapping=...)`` into :class:`RunInputs` (the runs by name,
+which is the target and which the baseline, by one rule, :func:`pick_roles`; the parallel layout of
+each run, by name; the name mapping files). The pipeline takes its two :class:`Source`
 (:func:`split_inputs`), the explorer its one dataset (``precnb.widgets._inputs.normalize_runs``);
-:func:`open_source` opens a source (a path through the readers, a dataset as is) and records
-what could not be read.
+:func:`~precnb.pipeline.sources.open_source` opens a source (a path through the readers, a dataset
+as is) and records what could not be read (:mod:`precnb.pipeline.sources`, re-exported here).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import xarray as xr
 
+from precnb.pipeline.sources import Loaded, ReadRun, Source, in_memory, open_source
+
 __all__ = ["NOT_A_RUN_NAME", "Loaded", "ReadRun", "RunInputs", "Source", "in_memory", "normalize", "open_source",
            "pick_roles", "split_inputs"]
 
-
-@dataclass(frozen=True)
-class ReadRun:
-    """A run already read into *ds* from *path*: diagnosed from the dataset, its node records read from the path.
-
-    What a rerun hands :func:`precnb.diagnose` (the explorer's Match, Unmatch and Rerun): the
-    dataset saves reading the dumps again, the path keeps what only the files hold (the scalar
-    arguments of a node's record, :mod:`precnb.pipeline.scalars`), so a rerun gives the first
-    run's answer.
-    """
-
-    ds: xr.Dataset
-    path: str
-
-
-@dataclass
-class Source:
-    """One run to open: a path or a dataset, and its display name (*path*: where a dataset was read from)."""
-
-    value: Any
-    name: str
-    path: str | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.value, ReadRun):
-            self.value, self.path = self.value.ds, self.value.path
-
-    @property
-    def is_path(self) -> bool:
-        """True for a path (not yet opened)."""
-        return isinstance(self.value, (str, os.PathLike))
-
-    @property
-    def records_path(self) -> str | None:
-        """The path to read node records from: the path given, or the one the dataset was read from."""
-        return os.fspath(self.value) if self.is_path else self.path
-
-
-@dataclass
-class Loaded:
-    """Files that could not be read while opening the runs (path, reason)."""
-
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
 
 
 def _name_of(x: Any, default: str) -> str:
@@ -142,6 +100,11 @@ class RunInputs:
         The dataset with a ``run`` dim that was passed.
     triage : precnb.Triage, optional
         The triage that was passed (already diagnosed: its runs, names and options).
+    layouts : dict of str to layout
+        The parallel layout given for a run, by run name (``"tp=2,pp=2"``, a mapping or a
+        :class:`precnb.Layout`); a run without one has its layout read from the dumps.
+    mapping : path, mapping, Alignment or a sequence of them, optional
+        Name mapping files or a ready alignment, for the pair's name alignment.
     """
 
     runs: dict[str, Any]
@@ -150,6 +113,18 @@ class RunInputs:
     names: tuple[str, ...] = ()
     combined: xr.Dataset | None = None
     triage: Any = None
+    layouts: Mapping[str, Any] = field(default_factory=dict)
+    mapping: Any = None
+
+    @property
+    def target_layout(self) -> Any:
+        """The layout given for the target (None: none given)."""
+        return self.layouts.get(self.target)
+
+    @property
+    def baseline_layout(self) -> Any:
+        """The layout given for the baseline (None: none given, or one run)."""
+        return self.layouts.get(self.baseline) if self.baseline is not None else None
 
     def sources(self) -> tuple[Source, Source | None]:
         """The pipeline's (target, baseline) sources.
@@ -168,7 +143,7 @@ class RunInputs:
 
         def source(name: str) -> Source:
             value = _select(self.combined, name) if self.combined is not None else self.runs[name]
-            return Source(value, name)
+            return Source(value, name, layout=self.layouts.get(name))
 
         return source(self.target), (source(self.baseline) if self.baseline is not None else None)
 
@@ -208,8 +183,9 @@ def _opened(x: Any) -> xr.Dataset:
     return open_run(x)
 
 
-def normalize(run_or_runs: Any, baseline: Any = None) -> RunInputs:
-    """The one input model: every accepted form of ``(run_or_runs, baseline=...)`` as :class:`RunInputs`.
+def normalize(run_or_runs: Any, baseline: Any = None, *, layouts: Mapping[str, Any] | None = None,
+              target_layout: Any = None, baseline_layout: Any = None, mapping: Any = None) -> RunInputs:
+    """The one input model: every accepted form of ``(run_or_runs, baseline=..., layouts=...)`` as :class:`RunInputs`.
 
     Parameters
     ----------
@@ -221,6 +197,13 @@ def normalize(run_or_runs: Any, baseline: Any = None) -> RunInputs:
         (its runs as diagnosed); or :class:`RunInputs` (returned as is).
     baseline : path, xarray.Dataset, ReadRun or str, optional
         The run compared with, or (combined runs) the name of one of them.
+    layouts : mapping of run name to layout, optional
+        The parallel layout of runs, by their names (``{"tp8": "tp=8"}``).
+    target_layout, baseline_layout : layout, optional
+        The same, by role (the options ``target_layout`` / ``baseline_layout``, the command line's
+        ``--target-layout`` / ``--baseline-layout``).
+    mapping : path, mapping, Alignment or a sequence of them, optional
+        Name mapping files (kept as given: the alignment reads them).
 
     Returns
     -------
@@ -229,7 +212,8 @@ def normalize(run_or_runs: Any, baseline: Any = None) -> RunInputs:
     Raises
     ------
     ValueError
-        For inputs that do not say which run is which.
+        For inputs that do not say which run is which; a layout for a run that is not one of them,
+        or given twice (by name and by role) with two values; a baseline layout without a baseline.
     TypeError
         For a run that is neither a path nor a dataset.
 
@@ -239,23 +223,69 @@ def normalize(run_or_runs: Any, baseline: Any = None) -> RunInputs:
     >>> inp = normalize({"gpu": empty_dataset(), "npu": empty_dataset()})
     >>> inp.target, inp.baseline, inp.names
     ('npu', 'gpu', ('gpu', 'npu'))
+    >>> inp = normalize({"tp1": empty_dataset(), "tp2": empty_dataset()}, layouts={"tp2": "tp=2"})
+    >>> inp.target_layout, inp.baseline_layout
+    ('tp=2', None)
     """
     from precnb.pipeline.result import Triage
 
     x = run_or_runs
+    extra = layouts or target_layout is not None or baseline_layout is not None or mapping is not None
     if isinstance(x, RunInputs):
         if baseline is not None:
             raise ValueError("these inputs already say which run is the baseline; do not pass baseline")
-        return x
+        if not extra:
+            return x
+        if mapping is not None and x.mapping is not None and mapping is not x.mapping:
+            raise ValueError("these inputs already hold a mapping; do not pass mapping")
+        return replace(x, layouts=_layouts_by_name(x, {**x.layouts, **(layouts or {})}, target_layout,
+                                                   baseline_layout),
+                       mapping=mapping if mapping is not None else x.mapping)
     if isinstance(x, Triage):
+        if extra:
+            raise ValueError("a Triage already holds its runs and options; pass neither baseline nor options")
         return _of_triage(x, baseline)
     if isinstance(x, xr.Dataset) and "run" in x.dims:
-        return _of_combined(x, baseline)
-    if isinstance(x, Mapping) and not isinstance(x, xr.Dataset):
-        return _of_mapping({str(k): _checked(v) for k, v in x.items()}, baseline)
-    if isinstance(x, Sequence) and not isinstance(x, (str, bytes, xr.Dataset)):
-        return _of_mapping({f"run{i}": _checked(v) for i, v in enumerate(x)}, baseline)
-    return _of_pair(_checked(x), baseline)
+        inp = _of_combined(x, baseline)
+    elif isinstance(x, Mapping) and not isinstance(x, xr.Dataset):
+        inp = _of_mapping({str(k): _checked(v) for k, v in x.items()}, baseline)
+    elif isinstance(x, Sequence) and not isinstance(x, (str, bytes, xr.Dataset)):
+        inp = _of_mapping({f"run{i}": _checked(v) for i, v in enumerate(x)}, baseline)
+    else:
+        inp = _of_pair(_checked(x), baseline)
+    if not extra:
+        return inp
+    return replace(inp, layouts=_layouts_by_name(inp, layouts, target_layout, baseline_layout), mapping=mapping)
+
+
+def _layouts_by_name(inp: RunInputs, layouts: Mapping[str, Any] | None, target_layout: Any,
+                     baseline_layout: Any) -> dict[str, Any]:
+    """The layouts given, by run name: those given by name, and those given by role (the same value if both).
+
+    Examples
+    --------
+    >>> inp = RunInputs({}, "t", "b", ("b", "t"))
+    >>> _layouts_by_name(inp, {"b": "tp=1"}, "tp=2", None)
+    {'b': 'tp=1', 't': 'tp=2'}
+    """
+    out: dict[str, Any] = {}
+    for key, given in (layouts or {}).items():
+        if str(key) not in inp.names:
+            raise ValueError(f"layouts: {str(key)!r} is not one of the runs {list(inp.names)}")
+        if given is not None:
+            out[str(key)] = given
+    if baseline_layout is not None and inp.baseline is None:
+        raise ValueError("baseline_layout needs a baseline")
+    by_role: tuple[tuple[str, str | None, Any], ...] = (("target_layout", inp.target, target_layout),
+                                                        ("baseline_layout", inp.baseline, baseline_layout))
+    for role, name, spec in by_role:
+        if spec is None or name is None:
+            continue
+        if name in out and out[name] != spec:
+            raise ValueError(f"the layout of run {name!r} is given twice: layouts[{name!r}]={out[name]!r} and "
+                             f"{role}={spec!r}; give one")
+        out[name] = spec
+    return out
 
 
 def _of_triage(triage: Any, baseline: Any) -> RunInputs:
@@ -317,37 +347,4 @@ def split_inputs(target: Any, baseline: Any = None) -> tuple[Source, Source | No
     return normalize(target, baseline).sources()
 
 
-def open_source(src: Source, *, loaded: Loaded, steps: Sequence[int] | None = None,
-                ranks: Sequence[int] | None = None, format: str | None = None,
-                workers: int | str | None = None, client: Any = None,
-                progress: bool | None = None) -> xr.Dataset:
-    """Open *src* (a dataset is taken as is, restricted to *steps*/*ranks*).
 
-    Files that could not be read are appended to ``loaded.failures``.
-    """
-    if isinstance(src.value, xr.Dataset):
-        ds = src.value
-        if steps is not None:
-            ds = ds.sel(step=[s for s in ds["step"].values if int(s) in set(steps)])
-        if ranks is not None:
-            ds = ds.sel(rank=[r for r in ds["rank"].values if int(r) in set(ranks)])
-    elif src.is_path:
-        from precnb.io.api import open_run
-
-        with warnings.catch_warnings():  # skipped files are reported through `loaded`
-            warnings.simplefilter("ignore")
-            ds = open_run(src.value, format=format, steps=steps, ranks=ranks, workers=workers,
-                          client=client, progress=progress)
-    else:
-        raise TypeError(f"expected a path or an xarray.Dataset, got {type(src.value).__name__}")
-    from precnb.io.api import load_report
-
-    rep = load_report(ds)
-    loaded.failures.extend(f for f in rep.failures if f not in loaded.failures)
-    return ds
-
-
-def in_memory(ds: xr.Dataset) -> xr.Dataset:
-    """*ds* loaded when it is dask-backed and small enough to be worth it (the report, the explorer)."""
-    lazy = any(v.chunks is not None for v in ds.data_vars.values())
-    return ds.compute() if lazy else ds

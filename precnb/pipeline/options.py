@@ -31,6 +31,10 @@ class Options:
     target_layout, baseline_layout : str, mapping or precnb.Layout, optional
         Parallel layout of each run (``"tp=2,pp=2"``): its shards are merged into whole-layer
         statistics before comparing, and the target's replicas are checked.
+    layouts : mapping of run name to layout, optional
+        The same by run name (``{"tp8": "tp=8"}``, for runs given as ``{name: run}`` or combined);
+        the input model (:func:`precnb.pipeline.inputs.normalize`) gives each run its layout, and the
+        triage's options then name them by role.
     step_offset : int, "auto" or None
         Target step = baseline step + offset. None: 0 when both runs hold the same step numbers,
         else "auto" (detected from parameter statistics).
@@ -89,6 +93,7 @@ class Options:
 
     target_layout: Any = None
     baseline_layout: Any = None
+    layouts: Mapping[str, Any] | None = None
     step_offset: int | Literal["auto"] | None = None
     tolerance: Any = None
     reference: Any = None

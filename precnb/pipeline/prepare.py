@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.pipeline.inputs import Source
 from precnb.pipeline.layout_merge import is_sharded as _sharded
 from precnb.pipeline.options import Options
+from precnb.pipeline.sources import Source
 
 __all__ = ["enrich_all", "name_in_layout", "nothing_compared_first", "pair_alignment", "pair_steps",
            "resolve_layout", "spike_rule", "step_offset_of", "tolerance_of", "with_devices"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precnb.pipeline.inputs import Source
+from precnb.pipeline.sources import Source
 
 __all__ = ["attach_scalar_arguments"]
 

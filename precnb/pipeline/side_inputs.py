@@ -46,7 +46,7 @@ def side_inputs(opts: Any, loaded: Any, common: dict[str, Any]) -> dict[str, Any
     precnb.errors.PrecnbError
         When the loss log cannot be read (one line naming the file).
     """
-    from precnb.pipeline.inputs import Source, open_source
+    from precnb.pipeline.sources import Source, open_source
 
     out: dict[str, Any] = {}
     if opts.monitor is not None:

@@ -15,11 +15,11 @@ from typing import Any
 import xarray as xr
 
 from precnb.pipeline import prepare
-from precnb.pipeline.inputs import Loaded, Source, open_source
 from precnb.pipeline.layout_merge import merge_layouts
 from precnb.pipeline.options import Options
 from precnb.pipeline.result import Triage, build_triage
 from precnb.pipeline.scalars import attach_scalar_arguments
+from precnb.pipeline.sources import Loaded, Source, open_source
 
 __all__ = ["stepwise_plan", "try_stepwise"]
 
@@ -135,8 +135,8 @@ class _Reader:
         b = open_source(self.bsrc, loaded=self.loaded, steps=batch, **self.common)
         t = open_source(self.tsrc, loaded=self.loaded, steps=[s + self.off for s in batch], **self.common)
         if self.layouts is None:
-            self.layouts = (prepare.resolve_layout(self.opts.baseline_layout, b, "baseline", self.layout_notes),
-                            prepare.resolve_layout(self.opts.target_layout, t, "target", self.layout_notes))
+            self.layouts = (prepare.resolve_layout(self.bsrc.layout, b, "baseline", self.layout_notes),
+                            prepare.resolve_layout(self.tsrc.layout, t, "target", self.layout_notes))
         mnotes: list[str] = []
         mb, mt = merge_layouts(b, t, *self.layouts, mnotes, like=self.first_merged)
         assert mb is not None

@@ -15,12 +15,13 @@ import xarray as xr
 
 from precnb._args import baseline_keyword
 from precnb.pipeline import prepare
-from precnb.pipeline.inputs import Loaded, ReadRun, Source, open_source, split_inputs
+from precnb.pipeline.inputs import normalize
 from precnb.pipeline.layout_merge import merge_layouts
 from precnb.pipeline.options import Options
 from precnb.pipeline.prepare import nothing_compared_first, resolve_layout
 from precnb.pipeline.result import TRIAGE_SCHEMA, Triage, build_triage, shared_comparison
 from precnb.pipeline.scalars import attach_scalar_arguments
+from precnb.pipeline.sources import Loaded, ReadRun, Source, open_source
 
 __all__ = ["TRIAGE_SCHEMA", "ReadRun", "Triage", "diagnose", "merge_layouts", "nothing_compared_first",
            "resolve_layout", "shared_comparison"]
@@ -47,8 +48,8 @@ def diagnose(
         first): a second positional run is a ``TypeError``, never a silent swap.
     options : Options, optional
         All options at once; or give them as keyword arguments (see :class:`Options`):
-        ``target_layout`` (alias ``layout``), ``baseline_layout``, ``step_offset``, ``tolerance``,
-        ``reference``, ``mapping``, ``steps``, ``ranks``, ``kinds``, ``crc``, ``format``,
+        ``target_layout`` (alias ``layout``), ``baseline_layout``, ``layouts`` (by run name), ``step_offset``,
+        ``tolerance``, ``reference``, ``mapping``, ``steps``, ``ranks``, ``kinds``, ``crc``, ``format``,
         ``workers``, ``client``, ``progress``, ``spike_z``, ``spike_ratio``, ``spike_stats``,
         ``limit``, ``replica_rtol``, ``monitor``, ``loss``.
 
@@ -80,7 +81,12 @@ def diagnose(
     loaded = Loaded()
     common = {"format": opts.format, "workers": opts.workers, "client": opts.client, "progress": opts.progress,
               "ranks": opts.ranks}
-    tsrc, bsrc = split_inputs(target, baseline)
+    inputs = normalize(target, baseline, layouts=opts.layouts, target_layout=opts.target_layout,
+                       baseline_layout=opts.baseline_layout, mapping=opts.mapping)  # the one input model
+    # the triage's options name the layouts by role, as the inputs resolved them (a rerun reads the same)
+    opts = opts.with_(layouts=None, target_layout=inputs.target_layout, baseline_layout=inputs.baseline_layout,
+                      mapping=inputs.mapping)
+    tsrc, bsrc = inputs.sources()
     wanted = registry.diagnoses(opts.kinds)
     notes: list[str] = []
     tolerance = prepare.tolerance_of(opts, lambda x: open_source(Source(x, "reference"), loaded=loaded, **common))
@@ -152,10 +158,8 @@ def _context(raw_t: xr.Dataset, raw_b: xr.Dataset | None, tsrc: Source, bsrc: So
     from precnb.pipeline.tensors import pair_tensor_metrics  # issue #17
 
     # a pair is compared whole-model against whole-model: a layout the user did not give is read from the dumps
-    t_lay = resolve_layout(opts.target_layout, raw_t, "target", notes, infer=raw_b is not None)
-    b_lay = resolve_layout(opts.baseline_layout, raw_b, "baseline", notes) if raw_b is not None else None
-    if opts.baseline_layout is not None and raw_b is None:
-        raise ValueError("baseline_layout needs a baseline")
+    t_lay = resolve_layout(tsrc.layout, raw_t, "target", notes, infer=raw_b is not None)
+    b_lay = resolve_layout(bsrc.layout, raw_b, "baseline", notes) if bsrc is not None and raw_b is not None else None
     cache: dict[str, Any] = {}
     names = (bsrc.name if bsrc is not None else "", tsrc.name)
     if raw_b is None:  # one run is diagnosed rank by rank

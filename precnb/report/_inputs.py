@@ -63,7 +63,7 @@ class ReportData:
 
 def from_triage(triage: Any) -> ReportData:
     """The report's view of a :class:`precnb.Triage` (the pipeline's prepared runs)."""
-    from precnb.pipeline.inputs import in_memory
+    from precnb.pipeline.sources import in_memory
 
     target = in_memory(triage.target)
     base = in_memory(triage.baseline) if triage.baseline is not None else None

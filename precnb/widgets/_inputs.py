@@ -12,8 +12,8 @@ from typing import Any
 
 import xarray as xr
 
-from precnb.pipeline.inputs import in_memory as _in_memory  # one function (issue #27)
 from precnb.pipeline.inputs import normalize  # one input model (issue #27)
+from precnb.pipeline.sources import in_memory as _in_memory  # one function (issue #27)
 
 __all__ = ["Runs", "normalize_runs", "parse_ranks", "runs_for", "runs_of"]
 
