@@ -125,7 +125,7 @@ def _has_layout(ctx: Context) -> bool:
 
 
 def _replicas(ctx: Context) -> Any:
-    from precnb.analysis.departures import check_departures  # issue #28: the first departure, classified
+    from precnb.analysis.replicas.departures import check_departures  # issue #28: the first departure, classified
 
     raw = ctx.raw_target if ctx.raw_target is not None else ctx.target
     return check_departures(raw, ctx.target_layout, rtol=float(ctx.params.get("replica_rtol", 1e-6)),
@@ -136,8 +136,8 @@ def _replicas(ctx: Context) -> Any:
 
 def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
     """A classified departure's own plan (md5 on its group, issue #28), unless a task is asked for."""
-    from precnb.analysis.departure_plan import departure_plan
     from precnb.analysis.plan import generic_plan
+    from precnb.analysis.replicas.departure_plan import departure_plan
 
     if task is None and (finding.evidence or {}).get("departure"):
         return departure_plan(finding, ds, dump_path=dump_path)

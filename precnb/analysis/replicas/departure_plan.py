@@ -44,7 +44,7 @@ def departure_plan(finding: Any, ds: xr.Dataset, *, dump_path: str, source: str 
     ----------
     finding : Finding
         A ``replica_mismatch`` finding carrying ``evidence["departure"]``
-        (:func:`precnb.analysis.departures.check_departures`).
+        (:func:`precnb.analysis.replicas.departures.check_departures`).
     ds : xarray.Dataset
         The run (ranks as dumped).
     dump_path : str
