@@ -11,8 +11,8 @@ from precnb.analysis.compare import Comparison, compare_runs
 from precnb.analysis.divergence import first_divergence, first_divergence_stepwise, structural_differences
 from precnb.analysis.findings import FINDING_SCHEMA, Finding, to_json
 from precnb.analysis.layout import Layout, LayoutError
+from precnb.analysis.layout.merge import classify_shards, merge_shards
 from precnb.analysis.masks import nonfinite, recorded, stat_vars
-from precnb.analysis.merge import classify_shards, merge_shards
 from precnb.analysis.nan import nan_origin
 from precnb.analysis.replicas import check_replicas
 from precnb.analysis.summary import summarize

@@ -84,7 +84,7 @@ class Comparison:
     # two frameworks compared with the tolerance calibrated on their noise floor: that calibration
     calibration: Any = None
     #: entries of a merged target whose replicated copies differ across their TP/CP group
-    #: (:func:`precnb.analysis.merge.merge_shards`); counted in ``differs``
+    #: (:func:`precnb.analysis.layout.merge.merge_shards`); counted in ``differs``
     replicas_differ: xr.DataArray | None = None
     tensor_metrics: xr.Dataset | None = None
     tensor_thresholds: Any = None

@@ -184,7 +184,7 @@ def _preflight(ctx: Context) -> Any:
     target = ctx.target
     lay = ctx.target_layout
     if base is None and lay is not None and any(getattr(lay, d) > 1 for d in ("tp", "pp", "vpp", "cp", "ep")):
-        from precnb.analysis.merge import merge_shards  # one run: its inventory is the whole model's
+        from precnb.analysis.layout.merge import merge_shards  # one run: its inventory is the whole model's
 
         target = merge_shards(ctx.raw_target if ctx.raw_target is not None else ctx.target, lay)
     checks = preflight(target, baseline=base, target_layout=ctx.target_layout,

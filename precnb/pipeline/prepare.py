@@ -40,13 +40,13 @@ def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str]
     """The layout of one run: the one given (checked against the dumps), else the one they show (*infer*).
 
     A given layout that contradicts the dumps (pipelines, model chunks, TP groups:
-    :func:`precnb.analysis.layout_infer.check_layout`) is a ValueError naming what disagrees; an inferred
+    :func:`precnb.analysis.layout.infer.check_layout`) is a ValueError naming what disagrees; an inferred
     one is used only when it shards something (tp, pp, vpp > 1) or has data-parallel replicas, and is said
     in *notes*.
     """
     if ds is None:
         return None
-    from precnb.analysis.layout_infer import check_layout, infer_layout
+    from precnb.analysis.layout.infer import check_layout, infer_layout
 
     lay = _layout(spec, ds)
     if lay is not None:

@@ -1,7 +1,7 @@
 """Shard classes: which of a tensor's TP/CP/EP copies are replicas, shards along a dimension, or partial sums.
 
 :func:`classify_shards` reads it from the shards' shapes, the statistics of the copies, the communication ops
-that reduce them and the model's own linear layers; :func:`precnb.analysis.merge.merge_shards` merges by it.
+that reduce them and the model's own linear layers; :func:`precnb.analysis.layout.merge.merge_shards` merges by it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.merge._reference import _Reference
+from precnb.analysis.layout.merge._reference import _Reference
+from precnb.analysis.layout.shard_shapes import shape_table
 from precnb.analysis.replicas.rank_args import RANK_DEPENDENT, rank_dependent
-from precnb.analysis.shard_shapes import shape_table
 from precnb.naming import is_communication
 
 __all__ = ["DP_LOCAL", "classify_shards"]

@@ -48,10 +48,10 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.layout import Layout, LayoutError
-from precnb.analysis.merge.classify import _copies, _data_parallel_kinds, classify_shards
-from precnb.analysis.pp import relabel_pipeline
+from precnb.analysis.layout.merge.classify import _copies, _data_parallel_kinds, classify_shards
+from precnb.analysis.layout.pp import relabel_pipeline
+from precnb.analysis.layout.shard_shapes import reference_shapes, shape_table
 from precnb.analysis.replicas.rank_args import mark_rank_args
-from precnb.analysis.shard_shapes import reference_shapes, shape_table
 from precnb.analysis.undefined import mark_undefined
 from precnb.schema import (
     NULL_BITS,

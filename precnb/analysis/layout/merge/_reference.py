@@ -1,6 +1,6 @@
 """What a reference run's shapes (the same names, unsharded) say of a shard: its split dimension, a partial sum.
 
-Used by :func:`precnb.analysis.merge.classify.classify_shards`.
+Used by :func:`precnb.analysis.layout.merge.classify.classify_shards`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What follows a stitched pipeline run's new labels: its module tree, ``requires_grad``, stage-local optimizer state.
 
-Used by :func:`precnb.analysis.pp.relabel_pipeline`.
+Used by :func:`precnb.analysis.layout.pp.relabel_pipeline`.
 """
 
 from __future__ import annotations
