@@ -8,6 +8,7 @@ from __future__ import annotations
 from precnb.analysis.align import Alignment, align
 from precnb.analysis.anomalies import SpikeRule, anomalies, anomaly_table
 from precnb.analysis.compare import Comparison, compare_runs
+from precnb.analysis.compare.tolerance import Tolerance, relative_difference
 from precnb.analysis.divergence import first_divergence, first_divergence_stepwise, structural_differences
 from precnb.analysis.findings import FINDING_SCHEMA, Finding, to_json
 from precnb.analysis.layout import Layout, LayoutError
@@ -17,7 +18,6 @@ from precnb.analysis.nan import nan_origin
 from precnb.analysis.replicas import check_replicas
 from precnb.analysis.summary import summarize
 from precnb.analysis.tensor.verdicts import TensorThresholds
-from precnb.analysis.tolerance import Tolerance, relative_difference
 
 __all__ = [
     "FINDING_SCHEMA",

@@ -114,7 +114,7 @@ class Finding:
 
     @property
     def nothing_compared(self) -> bool:
-        """True for the answer of a pair that had no record in common (:mod:`precnb.analysis.compared`)."""
+        """True for the answer of a pair that had no record in common (:mod:`precnb.analysis.compare.compared`)."""
         return self.kind == "none" and bool(isinstance(self.stats, dict) and self.stats.get("nothing_compared"))
 
     @property

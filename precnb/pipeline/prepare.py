@@ -117,7 +117,7 @@ def pair_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int] | N
 def nothing_compared_first(findings: list[Any], failures: Sequence[tuple[str, str]]) -> None:
     """A pair that had no record in common answers that first, and says which files were skipped.
 
-    (:mod:`precnb.analysis.compared`; the CLI exits 1 on it, the report and the explorer head with it.)
+    (:mod:`precnb.analysis.compare.compared`; the CLI exits 1 on it, the report and the explorer head with it.)
     """
     at = next((i for i, f in enumerate(findings) if f.nothing_compared), None)
     if at is None:
