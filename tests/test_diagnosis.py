@@ -160,7 +160,7 @@ def test_drift_onset_on_the_dump_with_monitor_bookkeeping():
                                                                               "min", "falls")
     assert (f.step, f.module, f.tensor) == (truth["step"], truth["module"], truth["tensor"])
     from precnb.analysis.anomalies import anomaly_table
-    from precnb.analysis.trends import bookkeeping_nodes
+    from precnb.analysis.anomalies.trends import bookkeeping_nodes
 
     ds = t.target
     book = bookkeeping_nodes(ds)
@@ -186,7 +186,7 @@ def test_drift_onset_on_monitor_output_with_lead_time():
 
 
 def test_scalar_near_zero_and_centred_mean_are_not_judged():
-    from precnb.analysis.trends import drift_onset, noise_dominated
+    from precnb.analysis.anomalies.trends import drift_onset, noise_dominated
 
     steps = 6
     sc = {"max": np.array([0.01, -0.02, 0.015, -0.01, 0.2, 0.02]), "min": None, "mean": None, "norm": None}
@@ -365,7 +365,7 @@ if __name__ == "__main__":
 
 def test_modules_ranked_by_lead_time_before_a_grad_norm_change():
     """The drift's monitor run with its step-4 gradients x10 (a later grad-norm jump): lead = 4 - onset."""
-    from precnb.analysis.trends import drift_table, reference_series, trend_summary
+    from precnb.analysis.anomalies.trends import drift_table, reference_series, trend_summary
 
     truth = gt("drift")["faults"][0]
     ds = open_quiet(sample_path("drift", "monitor_output")).load()
@@ -400,7 +400,7 @@ def test_plan_for_a_structural_first_divergence_dumps_the_first_value_difference
 
 def test_monitor_scalar_means_that_change_sign_are_noise():
     """The dump's TrainerMon ``Torch.mean`` outputs (0-d, near zero): sign-changing ones are never judged."""
-    from precnb.analysis.trends import bookkeeping_nodes, noise_mask
+    from precnb.analysis.anomalies.trends import bookkeeping_nodes, noise_mask
 
     ds = open_quiet(sample_path("drift", "dump")).load()
     book = bookkeeping_nodes(ds)
