@@ -382,8 +382,8 @@ def test_modules_ranked_by_lead_time_before_a_grad_norm_change():
 
 def test_gap_module_from_the_module_backward_records():
     """Without a forward re-entry point the module is the innermost one whose backward turns clean into NaN."""
-    from precnb.analysis.coverage import _module_making_it
-    from precnb.analysis.dataflow import StepFlow, to_forward
+    from precnb.analysis.causal.coverage import _module_making_it
+    from precnb.analysis.causal.dataflow import StepFlow, to_forward
 
     truth = gt("custom_op_gap")["faults"][0]
     flow = StepFlow(open_quiet(sample_path("custom_op_gap")), truth["step"], truth["rank"])

@@ -119,7 +119,7 @@ def _frames(stack: dict, node: str) -> list[str]:
 
 
 def _module_of(node: str, construct: dict) -> str:
-    from precnb.analysis.dataflow import module_of_node
+    from precnb.analysis.causal.dataflow import module_of_node
 
     own = module_of_node(node)
     if own:

@@ -73,7 +73,7 @@ def first_divergence(
     """Find where *target* first departs from *baseline*.
 
     Order: step, then execution order (``seq``); across ranks, communication-aware (see
-    :mod:`precnb.analysis.order`). Value differences are judged on statistics with
+    :mod:`precnb.analysis.causal.order`). Value differences are judged on statistics with
     *tolerance*; nodes recorded in one run only are reported as ``structural``; CRC
     differences with identical statistics are reported as ``crc_only`` (``crc="strict"``
     counts them as divergence).

@@ -34,7 +34,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis._memo import DatasetMemo
-from precnb.analysis.dataflow import scalar_only_nodes
+from precnb.analysis.causal.dataflow import scalar_only_nodes
 from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
 from precnb.analysis.layout import Layout
@@ -112,7 +112,7 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
 
 
 def _no_tensor_input(ds: xr.Dataset, j: int, scalar_only: set[str] | None = None) -> bool:
-    """Tensor *j*'s node reads no tensor (:func:`precnb.analysis.dataflow.scalar_only_nodes`).
+    """Tensor *j*'s node reads no tensor (:func:`precnb.analysis.causal.dataflow.scalar_only_nodes`).
 
     *scalar_only*: that set when the caller already has it (it walks every record: once per run,
     not once per mismatch).
