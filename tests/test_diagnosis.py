@@ -126,7 +126,7 @@ def test_division_and_overflow_rules():
 
 # ---------------------------------------------------------------------------------- DP ratio
 def test_dp_ratio_hint_behind_the_structural_difference():
-    from precnb.analysis.enrich import origin_ratio_hint
+    from precnb.analysis.findings.enrich import origin_ratio_hint
 
     base = open_quiet(sample_path("dp_sum", "baseline"))
     targ = open_quiet(sample_path("dp_sum", "target"))
@@ -140,7 +140,7 @@ def test_dp_ratio_hint_behind_the_structural_difference():
     # still adds the hint from the first value difference
     import copy
 
-    from precnb.analysis.enrich import enrich
+    from precnb.analysis.findings.enrich import enrich
 
     bare = copy.deepcopy(f)
     bare.hints = [x for x in bare.hints if "×" not in x]
@@ -340,7 +340,7 @@ run = T.DiagRun(tag="plan", log_dir=sys.argv[2], world_size=2, steps=2, dump_con
 if __name__ == "__main__":
     T.launch(run)
 """
-    from precnb.analysis.plan import plan_dump
+    from precnb.analysis.findings.plan import plan_dump
 
     f = triage(sample_path(name)).found[0]
     dump = tmp_path / "dump"

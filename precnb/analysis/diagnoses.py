@@ -136,7 +136,7 @@ def _replicas(ctx: Context) -> Any:
 
 def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
     """A classified departure's own plan (md5 on its group, issue #28), unless a task is asked for."""
-    from precnb.analysis.plan import generic_plan
+    from precnb.analysis.findings.plan import generic_plan
     from precnb.analysis.replicas.departure_plan import departure_plan
 
     if task is None and (finding.evidence or {}).get("departure"):
@@ -147,14 +147,14 @@ def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = N
 
 
 def _divergence_evidence(finding: Any, target: Any, baseline: Any) -> None:
-    from precnb.analysis.enrich import divergence_evidence
+    from precnb.analysis.findings.enrich import divergence_evidence
 
     divergence_evidence(finding, target, baseline)
 
 
 def _divergence_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
     """The generic plan, to run on both jobs."""
-    from precnb.analysis.plan import generic_plan
+    from precnb.analysis.findings.plan import generic_plan
 
     return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor",
                         node_notes=["run the same config on the baseline job too, then compare the two tensor dumps"])
@@ -162,7 +162,7 @@ def _divergence_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None 
 
 def _anomaly_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
     """The step before a spike or drift too (what it departs from); a drift's module rather than its node."""
-    from precnb.analysis.plan import generic_plan
+    from precnb.analysis.findings.plan import generic_plan
 
     first = finding.values.get("first_drift") or finding.values.get("first_spike")
     steps = None

@@ -155,7 +155,7 @@ def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_l
 
 def enrich_all(findings: list[Any], ctx: Any) -> None:
     """What every finding gets after its diagnosis: ratio / gap evidence, then its dump plan."""
-    from precnb.analysis.enrich import enrich
+    from precnb.analysis.findings.enrich import enrich
 
     enrich(findings, ctx.target, ctx.baseline)
 

@@ -37,8 +37,8 @@ import pandas as pd
 import xarray as xr
 
 from precnb.analysis.anomalies.call_counters import same_calls
-from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
+from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.nan import event_mask, lazy_persistence
 from precnb.schema import entry_meta
 

@@ -19,8 +19,8 @@ from precnb.analysis.compare import Comparison
 from precnb.analysis.divergence.culprit import culprit_module
 from precnb.analysis.divergence.hints import divergence_hints
 from precnb.analysis.divergence.judged import Judged
-from precnb.analysis.evidence import entry_values, first_by_seq, node_evidence
 from precnb.analysis.findings import Finding
+from precnb.analysis.findings.evidence import entry_values, first_by_seq, node_evidence
 from precnb.schema import entry_dtype, entry_meta
 
 __all__ = ["origin_finding"]

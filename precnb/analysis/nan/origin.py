@@ -24,8 +24,8 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.causal.order import RankEvent, after_collectives, first_event_per_rank, pick_origin
-from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
+from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.masks import nonfinite
 from precnb.analysis.undefined import set_aside, undefined_mask
 from precnb.combine import select_run

@@ -35,8 +35,8 @@ import xarray as xr
 
 from precnb.analysis._memo import DatasetMemo
 from precnb.analysis.causal.dataflow import scalar_only_nodes
-from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
+from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
 from precnb.schema import entry_meta
 

@@ -33,8 +33,8 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis._memo import DatasetMemo
-from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
+from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
 from precnb.analysis.replicas.departure_inputs import RANDOM_OPS, _equal, crc_rows, is_random_op, scalar_args
 

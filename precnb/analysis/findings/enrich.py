@@ -8,7 +8,7 @@
 * a finding whose tensor label names another op on other ranks (their call counters are shifted
   by an op one rank runs and the others do not) says so (:func:`label_elsewhere`), so that no one
   reads the other ranks' module, shape or stack as the finding's;
-* every found finding gets its msprobe dump plan (:func:`precnb.analysis.plan.plan_dump`).
+* every found finding gets its msprobe dump plan (:func:`precnb.analysis.findings.plan.plan_dump`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.evidence import label_elsewhere
-from precnb.analysis.plan import attach_plans
+from precnb.analysis.findings.evidence import label_elsewhere
+from precnb.analysis.findings.plan import attach_plans
 
 __all__ = ["enrich", "label_elsewhere_hint", "origin_ratio_hint"]
 
