@@ -20,8 +20,8 @@ from precnb.analysis.compare.tolerance import Tolerance
 from precnb.analysis.divergence.crossfw import noise_floor, two_frameworks
 from precnb.analysis.divergence.judged import judge, no_divergence
 from precnb.analysis.divergence.origin import origin_finding
+from precnb.analysis.divergence.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.findings import Finding
-from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
 
 __all__ = ["first_divergence", "first_divergence_stepwise", "pair_comparison"]
 

@@ -189,7 +189,7 @@ def nan_origin(
         ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
     if ranks is not None:
         ds = ds.sel(rank=[r for r in ds["rank"].values if r in set(ranks)])
-    from precnb.analysis.stepwise import is_lazy
+    from precnb.analysis.divergence.stepwise import is_lazy
 
     if is_lazy(ds):
         return _nan_origin_lazy(ds)
