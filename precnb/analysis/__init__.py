@@ -1,6 +1,13 @@
 """Pure analysis functions on canonical datasets: Dataset(s) in, Finding / Dataset out.
 
 Nothing here reads files, prints or plots.
+
+One subpackage per family: ``align`` (pairing runs whose names differ), ``compare`` (two runs tensor by
+tensor, tolerances), ``divergence`` (first divergence), ``nan`` (NaN/Inf origin), ``causal`` (execution order
+and data flow), ``replicas`` (replica consistency, departures, devices), ``layout`` (parallel layouts, PP
+stitching, shard merging), ``anomalies`` (series over steps), ``spike`` (loss spikes), ``preflight``,
+``tensor`` (whole-tensor metrics) and ``findings`` (the finding, its evidence and dump plan). At the root, the
+core they share: ``registry`` and ``diagnoses``, ``masks``, ``undefined``, ``summary``.
 """
 
 from __future__ import annotations
