@@ -7,7 +7,7 @@ holds bit-identical replicas, and every DP group its DP-replicated tensors), exc
 changes after). Timed in one run, medians of ``--repeat``:
 
 * load: ``precnb.open_run`` of the whole tree;
-* check: :func:`precnb.analysis.departures.check_departures` (the replica diagnosis ``precnb replicas`` runs:
+* check: :func:`precnb.analysis.replicas.departures.check_departures` (the replica diagnosis ``precnb replicas`` runs:
   mismatches, input-free ops, events classified) on the loaded run;
 * the previous check, :func:`precnb.analysis.replicas.check_replicas`, for reference.
 
@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import precnb
-    from precnb.analysis.departures import check_departures
     from precnb.analysis.layout import Layout
     from precnb.analysis.replicas import check_replicas
+    from precnb.analysis.replicas.departures import check_departures
 
     root = build(args.out / f"r{args.ranks}", args.ranks)
     layout = Layout.parse("tp=2", world_size=args.ranks)

@@ -45,7 +45,7 @@ _LAZY = {
     "Layout": "precnb.analysis",
     "merge_shards": "precnb.analysis",
     "check_replicas": "precnb.analysis",
-    "check_departures": "precnb.analysis.departures",  # issue #28
+    "check_departures": "precnb.analysis.replicas.departures",  # issue #28
     "follow_devices": "precnb.pipeline.follow",
     "read_rank_table": "precnb.io.rank_table",
     "explore": "precnb.widgets",

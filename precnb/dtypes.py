@@ -6,7 +6,7 @@ PyTorch is ``UInt8`` in MindSpore, an index tensor ``int64`` in one and ``int32`
 :data:`EQUIVALENT` is the table of those: a dtype difference inside one of its classes keeps the
 values (the statistics are compared as usual and decide), so it is a *note* on the pair, never a
 divergence by itself. Between float widths (fp32 vs bf16) the values change: :func:`dtype_relation`
-says ``"precision"`` and the precision-aware rules (:mod:`precnb.analysis.precision`) apply. Every
+says ``"precision"`` and the precision-aware rules (:mod:`precnb.analysis.compare.precision`) apply. Every
 dtype comparison of the readers and the analyses goes through this module.
 
 Examples

@@ -23,7 +23,7 @@ import pytest
 
 import precnb
 from precnb.analysis.align import align
-from precnb.analysis.pp import layer_containers
+from precnb.analysis.layout.pp import layer_containers
 from precnb.mapping import load_mapping, parse_mapping
 from tests.conftest import ROOT, open_quiet, sample_path, shared_path
 

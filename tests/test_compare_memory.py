@@ -8,8 +8,8 @@ import xarray as xr
 
 import precnb
 from precnb.analysis import compare_runs, first_divergence
-from precnb.analysis.compare_prep import largest_difference as _largest_difference
-from precnb.analysis.tolerance import relative_difference
+from precnb.analysis.compare.prep import largest_difference as _largest_difference
+from precnb.analysis.compare.tolerance import relative_difference
 from tests.conftest import sample_path, shared_path
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import precnb
-from precnb.analysis.plan import plan_dump
+from precnb.analysis.findings.plan import plan_dump
 from precnb.cli import main
 
 

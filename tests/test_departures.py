@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import precnb
-from precnb.analysis.departures import check_departures, departure_events, scalar_args
 from precnb.analysis.layout import Layout
+from precnb.analysis.replicas.departures import check_departures, departure_events, scalar_args
 from precnb.cli import main
 
 LAYOUT = "tp=2,dp=2"
@@ -154,8 +154,8 @@ def test_cli_replicas_baseline(capsys):
 
 def test_md5_dumps_compare_bitwise_a_crc_only_departure():
     """Statistics equal on both replicas (as a flip below their precision would leave them), CRC-32 not."""
-    from precnb.analysis.departures import crc_rows
     from precnb.analysis.replicas import replica_mismatches
+    from precnb.analysis.replicas.departures import crc_rows
 
     ds = _open("sdc_md5")
     lay = Layout.parse(LAYOUT, world_size=4)

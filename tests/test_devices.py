@@ -11,7 +11,7 @@ import json
 import pytest
 
 import precnb
-from precnb.analysis.devices import device_verdicts
+from precnb.analysis.replicas.devices import device_verdicts
 from precnb.cli import main
 
 KEYS = ["host", "device", "ranks", "departures", "verdict", "why"]

@@ -126,7 +126,7 @@ def test_division_and_overflow_rules():
 
 # ---------------------------------------------------------------------------------- DP ratio
 def test_dp_ratio_hint_behind_the_structural_difference():
-    from precnb.analysis.enrich import origin_ratio_hint
+    from precnb.analysis.findings.enrich import origin_ratio_hint
 
     base = open_quiet(sample_path("dp_sum", "baseline"))
     targ = open_quiet(sample_path("dp_sum", "target"))
@@ -140,7 +140,7 @@ def test_dp_ratio_hint_behind_the_structural_difference():
     # still adds the hint from the first value difference
     import copy
 
-    from precnb.analysis.enrich import enrich
+    from precnb.analysis.findings.enrich import enrich
 
     bare = copy.deepcopy(f)
     bare.hints = [x for x in bare.hints if "×" not in x]
@@ -160,7 +160,7 @@ def test_drift_onset_on_the_dump_with_monitor_bookkeeping():
                                                                               "min", "falls")
     assert (f.step, f.module, f.tensor) == (truth["step"], truth["module"], truth["tensor"])
     from precnb.analysis.anomalies import anomaly_table
-    from precnb.analysis.trends import bookkeeping_nodes
+    from precnb.analysis.anomalies.trends import bookkeeping_nodes
 
     ds = t.target
     book = bookkeeping_nodes(ds)
@@ -186,7 +186,7 @@ def test_drift_onset_on_monitor_output_with_lead_time():
 
 
 def test_scalar_near_zero_and_centred_mean_are_not_judged():
-    from precnb.analysis.trends import drift_onset, noise_dominated
+    from precnb.analysis.anomalies.trends import drift_onset, noise_dominated
 
     steps = 6
     sc = {"max": np.array([0.01, -0.02, 0.015, -0.01, 0.2, 0.02]), "min": None, "mean": None, "norm": None}
@@ -340,7 +340,7 @@ run = T.DiagRun(tag="plan", log_dir=sys.argv[2], world_size=2, steps=2, dump_con
 if __name__ == "__main__":
     T.launch(run)
 """
-    from precnb.analysis.plan import plan_dump
+    from precnb.analysis.findings.plan import plan_dump
 
     f = triage(sample_path(name)).found[0]
     dump = tmp_path / "dump"
@@ -365,7 +365,7 @@ if __name__ == "__main__":
 
 def test_modules_ranked_by_lead_time_before_a_grad_norm_change():
     """The drift's monitor run with its step-4 gradients x10 (a later grad-norm jump): lead = 4 - onset."""
-    from precnb.analysis.trends import drift_table, reference_series, trend_summary
+    from precnb.analysis.anomalies.trends import drift_table, reference_series, trend_summary
 
     truth = gt("drift")["faults"][0]
     ds = open_quiet(sample_path("drift", "monitor_output")).load()
@@ -382,8 +382,8 @@ def test_modules_ranked_by_lead_time_before_a_grad_norm_change():
 
 def test_gap_module_from_the_module_backward_records():
     """Without a forward re-entry point the module is the innermost one whose backward turns clean into NaN."""
-    from precnb.analysis.coverage import _module_making_it
-    from precnb.analysis.dataflow import StepFlow, to_forward
+    from precnb.analysis.causal.coverage import _module_making_it
+    from precnb.analysis.causal.dataflow import StepFlow, to_forward
 
     truth = gt("custom_op_gap")["faults"][0]
     flow = StepFlow(open_quiet(sample_path("custom_op_gap")), truth["step"], truth["rank"])
@@ -400,7 +400,7 @@ def test_plan_for_a_structural_first_divergence_dumps_the_first_value_difference
 
 def test_monitor_scalar_means_that_change_sign_are_noise():
     """The dump's TrainerMon ``Torch.mean`` outputs (0-d, near zero): sign-changing ones are never judged."""
-    from precnb.analysis.trends import bookkeeping_nodes, noise_mask
+    from precnb.analysis.anomalies.trends import bookkeeping_nodes, noise_mask
 
     ds = open_quiet(sample_path("drift", "dump")).load()
     book = bookkeeping_nodes(ds)

@@ -61,7 +61,7 @@ def _section(finding: Any, *, rows: int) -> dict[str, Any]:
 
 
 def _plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
-    from precnb.analysis.plan import generic_plan
+    from precnb.analysis.findings.plan import generic_plan
 
     plan = generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor", module="blocks.1")
     assert plan is not None
@@ -91,7 +91,7 @@ def test_diagnose_runs_it(toy):
     one = precnb.diagnose(sample_path("dp_nan"), options=precnb.Options(ranks=[0]))
     check = next(c for c in one.checks if c["kind"] == KIND)
     assert check["status"] == "not applicable" and check["message"] == "toy: needs two ranks or more"
-    from precnb.analysis.plan import plan_dump
+    from precnb.analysis.findings.plan import plan_dump
 
     plan = plan_dump(f, t.target)
     assert NOTE in plan["notes"] and (plan["steps"], plan["ranks"]) == ([1], [1])

@@ -27,10 +27,10 @@ def test_one_spelling_and_the_relations():
 
 
 def test_the_old_spellings_all_go_through_the_table():
+    from precnb.analysis.compare.precision import normalise_dtype
+    from precnb.analysis.compare.tolerance import Tolerance, _dtype_key
+    from precnb.analysis.findings.plan import dtype_size as plan_size
     from precnb.analysis.nan.causes import _dtype_key as causes_key
-    from precnb.analysis.plan import dtype_size as plan_size
-    from precnb.analysis.precision import normalise_dtype
-    from precnb.analysis.tolerance import Tolerance, _dtype_key
     from precnb.naming import canonical_dtype as naming_canonical
 
     for d in ("BFloat16", "torch.half", "Float32", "torch.float", "UInt8", "Bool", "numpy.float64", "mindspore.Int64"):

@@ -1,4 +1,4 @@
-"""precnb.analysis.earliness: the causal order the explorer's "first bad" colour is drawn in.
+"""precnb.analysis.causal.earliness: the causal order the explorer's "first bad" colour is drawn in.
 
 Synthetic grids pin each rule (step first; a rank whose first flagged record is its own before
 one that inherited it through a collective; the earlier communication epoch; execution order);
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import precnb
+from precnb.analysis.causal.earliness import bad_records, causal_positions, causal_positions_of
 from precnb.analysis.compare import compare_runs
-from precnb.analysis.earliness import bad_records, causal_positions, causal_positions_of
 from tests.conftest import sample_path
 
 AR = 0  # tensor 0: the output of a collective (Distributed.all_reduce.0.forward.output.0)

@@ -19,7 +19,7 @@ import pytest
 
 import precnb
 from precnb.analysis import Layout
-from precnb.analysis.layout_infer import check_layout, infer_layout
+from precnb.analysis.layout.infer import check_layout, infer_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 MG = ROOT / "data_samples" / "megatron"

@@ -18,7 +18,7 @@ import xarray as xr
 
 import precnb
 from precnb.analysis import Tolerance
-from precnb.analysis.precision import detect_precision, mixed_precision_tolerance, normalise_dtype
+from precnb.analysis.compare.precision import detect_precision, mixed_precision_tolerance, normalise_dtype
 from precnb.analysis.tensor.verdicts import TensorThresholds, tensor_differs, verdict_reason
 
 

@@ -14,8 +14,8 @@ import json
 import pytest
 
 import precnb
-from precnb.analysis.departures import check_departures, departure_events
 from precnb.analysis.replicas import replica_mismatches
+from precnb.analysis.replicas.departures import check_departures, departure_events
 from precnb.cli import main
 
 BOTH = ("tensors and scalar arguments", "its scalar arguments are identical")

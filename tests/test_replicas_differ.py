@@ -16,7 +16,7 @@ import xarray as xr
 
 import precnb
 from precnb.analysis.layout import Layout
-from precnb.analysis.merge import classify_shards, merge_shards
+from precnb.analysis.layout.merge import classify_shards, merge_shards
 from tests.conftest import open_quiet, sample_path
 
 

@@ -116,7 +116,7 @@ def test_another_tolerance_rethresholds_the_stored_relative_differences(case):
     import numpy as np
     import xarray as xr
 
-    from precnb.analysis.compare_prep import _PREPARED
+    from precnb.analysis.compare.prep import _PREPARED
     from precnb.widgets import explore
 
     target, base = (sample_path(*p.split("/")) for p in CASES[case])

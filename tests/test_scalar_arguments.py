@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import precnb
-from precnb.analysis.scalars import differing_arguments, scalar_arguments
+from precnb.analysis.divergence.scalars import differing_arguments, scalar_arguments
 from precnb.io.api import node_records
 from tests.conftest import sample_path
 

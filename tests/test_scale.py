@@ -510,7 +510,7 @@ def test_analysis_on_lazy_zarr_matches_eager(faults):
     lz, eg = d_lazy.to_dict(), d_eager.to_dict()
     ls, es = lz.pop("stats"), eg.pop("stats")
     assert lz == eg
-    from precnb.analysis.stepwise import step_batches
+    from precnb.analysis.divergence.stepwise import step_batches
 
     loaded: list[int] = []
     for batch in step_batches(es["steps"]):  # batches are read until one holds the fault

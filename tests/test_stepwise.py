@@ -14,7 +14,7 @@ import xarray as xr
 
 import precnb
 from precnb.analysis import first_divergence, first_divergence_stepwise
-from precnb.analysis.stepwise import step_batches
+from precnb.analysis.divergence.stepwise import step_batches
 from precnb.cli import main
 from precnb.combine import concat_steps
 from tests.conftest import open_quiet as _open

@@ -1,6 +1,13 @@
 """Pure analysis functions on canonical datasets: Dataset(s) in, Finding / Dataset out.
 
 Nothing here reads files, prints or plots.
+
+One subpackage per family: ``align`` (pairing runs whose names differ), ``compare`` (two runs tensor by
+tensor, tolerances), ``divergence`` (first divergence), ``nan`` (NaN/Inf origin), ``causal`` (execution order
+and data flow), ``replicas`` (replica consistency, departures, devices), ``layout`` (parallel layouts, PP
+stitching, shard merging), ``anomalies`` (series over steps), ``spike`` (loss spikes), ``preflight``,
+``tensor`` (whole-tensor metrics) and ``findings`` (the finding, its evidence and dump plan). At the root, the
+core they share: ``registry`` and ``diagnoses``, ``masks``, ``undefined``, ``summary``.
 """
 
 from __future__ import annotations
@@ -8,16 +15,16 @@ from __future__ import annotations
 from precnb.analysis.align import Alignment, align
 from precnb.analysis.anomalies import SpikeRule, anomalies, anomaly_table
 from precnb.analysis.compare import Comparison, compare_runs
+from precnb.analysis.compare.tolerance import Tolerance, relative_difference
 from precnb.analysis.divergence import first_divergence, first_divergence_stepwise, structural_differences
 from precnb.analysis.findings import FINDING_SCHEMA, Finding, to_json
 from precnb.analysis.layout import Layout, LayoutError
+from precnb.analysis.layout.merge import classify_shards, merge_shards
 from precnb.analysis.masks import nonfinite, recorded, stat_vars
-from precnb.analysis.merge import classify_shards, merge_shards
 from precnb.analysis.nan import nan_origin
 from precnb.analysis.replicas import check_replicas
 from precnb.analysis.summary import summarize
 from precnb.analysis.tensor.verdicts import TensorThresholds
-from precnb.analysis.tolerance import Tolerance, relative_difference
 
 __all__ = [
     "FINDING_SCHEMA",

@@ -125,7 +125,7 @@ def _has_layout(ctx: Context) -> bool:
 
 
 def _replicas(ctx: Context) -> Any:
-    from precnb.analysis.departures import check_departures  # issue #28: the first departure, classified
+    from precnb.analysis.replicas.departures import check_departures  # issue #28: the first departure, classified
 
     raw = ctx.raw_target if ctx.raw_target is not None else ctx.target
     return check_departures(raw, ctx.target_layout, rtol=float(ctx.params.get("replica_rtol", 1e-6)),
@@ -136,8 +136,8 @@ def _replicas(ctx: Context) -> Any:
 
 def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
     """A classified departure's own plan (md5 on its group, issue #28), unless a task is asked for."""
-    from precnb.analysis.departure_plan import departure_plan
-    from precnb.analysis.plan import generic_plan
+    from precnb.analysis.findings.plan import generic_plan
+    from precnb.analysis.replicas.departure_plan import departure_plan
 
     if task is None and (finding.evidence or {}).get("departure"):
         return departure_plan(finding, ds, dump_path=dump_path)
@@ -147,14 +147,14 @@ def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = N
 
 
 def _divergence_evidence(finding: Any, target: Any, baseline: Any) -> None:
-    from precnb.analysis.enrich import divergence_evidence
+    from precnb.analysis.findings.enrich import divergence_evidence
 
     divergence_evidence(finding, target, baseline)
 
 
 def _divergence_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
     """The generic plan, to run on both jobs."""
-    from precnb.analysis.plan import generic_plan
+    from precnb.analysis.findings.plan import generic_plan
 
     return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor",
                         node_notes=["run the same config on the baseline job too, then compare the two tensor dumps"])
@@ -162,7 +162,7 @@ def _divergence_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None 
 
 def _anomaly_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
     """The step before a spike or drift too (what it departs from); a drift's module rather than its node."""
-    from precnb.analysis.plan import generic_plan
+    from precnb.analysis.findings.plan import generic_plan
 
     first = finding.values.get("first_drift") or finding.values.get("first_spike")
     steps = None
@@ -184,7 +184,7 @@ def _preflight(ctx: Context) -> Any:
     target = ctx.target
     lay = ctx.target_layout
     if base is None and lay is not None and any(getattr(lay, d) > 1 for d in ("tp", "pp", "vpp", "cp", "ep")):
-        from precnb.analysis.merge import merge_shards  # one run: its inventory is the whole model's
+        from precnb.analysis.layout.merge import merge_shards  # one run: its inventory is the whole model's
 
         target = merge_shards(ctx.raw_target if ctx.raw_target is not None else ctx.target, lay)
     checks = preflight(target, baseline=base, target_layout=ctx.target_layout,

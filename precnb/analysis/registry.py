@@ -158,8 +158,8 @@ class Diagnosis:
         report (plain values, escaped by the report), at most *rows* rows.
     plan : callable, optional
         ``plan(finding, ds, dump_path=..., task=...) -> dict | None``: its own dump plan (the
-        shape :func:`precnb.analysis.plan.plan_dump` returns), instead of the generic one
-        (:func:`precnb.analysis.plan.generic_plan`); ``task`` is passed only when the caller asked for one.
+        shape :func:`precnb.analysis.findings.plan.plan_dump` returns), instead of the generic one
+        (:func:`precnb.analysis.findings.plan.generic_plan`); ``task`` is passed only when the caller asked for one.
     stepwise : callable, optional
         ``stepwise(load, steps, *, tolerance, step_offset, crc, alignment) -> Finding``: the same answer read
         step batch by step batch (``load(batch) -> (baseline, target)``, shards merged), so that a fault at an

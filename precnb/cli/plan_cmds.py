@@ -63,7 +63,7 @@ def _summary_lines(f: Any, plan: dict[str, Any]) -> list[str]:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from precnb.analysis.plan import plan_dump
+    from precnb.analysis.findings.plan import plan_dump
     from precnb.cli.analysis_cmds import run_triage
 
     kinds = [args.kind] if args.kind else None
@@ -114,7 +114,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def register(sub: Any, add_load_options: Any) -> None:
     """Add ``plan`` to the sub-commands."""
-    from precnb.analysis.plan import DEFAULT_DUMP_PATH
+    from precnb.analysis.findings.plan import DEFAULT_DUMP_PATH
 
     p = sub.add_parser("plan", help="the msprobe config.json that confirms the first finding (or closes its gap)")
     p.add_argument("run", help="the run that shows the finding")

@@ -11,7 +11,7 @@ order. This module composes the analysis for a :class:`~precnb.pipeline.Triage`:
   record differently (the finding lists them), not a fault;
 * one run: NaN and unexpected ±inf, plus the records of the other findings the triage made
   (replica mismatches when a layout was given, anomalies);
-* the order is :func:`precnb.analysis.earliness.causal_positions`, with the triage's first
+* the order is :func:`precnb.analysis.causal.earliness.causal_positions`, with the triage's first
   finding put first when the grid holds it (the diagnosis decides what comes first).
 
 Examples
@@ -122,7 +122,7 @@ def _own_flags(t: Any, grid: xr.Dataset) -> tuple[np.ndarray, list[str]]:
 def flagged(t: Any) -> Flagged:
     """Flagged records of the triage's target (see the module docstring); computed once per triage."""
     from precnb.analysis import registry
-    from precnb.analysis.earliness import bad_records, causal_positions_of
+    from precnb.analysis.causal.earliness import bad_records, causal_positions_of
 
     if "flagged" in t.cache:
         return t.cache["flagged"]
@@ -155,7 +155,7 @@ def flagged_ranks(t: Any) -> Flagged:
     has lost the rank that departs); otherwise it is :func:`flagged`.
     """
     from precnb.analysis import registry
-    from precnb.analysis.earliness import causal_positions_of
+    from precnb.analysis.causal.earliness import causal_positions_of
 
     if "flagged_ranks" in t.cache:
         return t.cache["flagged_ranks"]

@@ -1,7 +1,7 @@
 """``precnb devices``: each job's replica departures, followed to hosts and devices (issue 28).
 
 The per-job diagnosis is :func:`precnb.diagnose` (the replica check with the job's rank table); the
-verdicts are :func:`precnb.analysis.devices.device_verdicts`.
+verdicts are :func:`precnb.analysis.replicas.devices.device_verdicts`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout
     Returns
     -------
     dict
-        ``{"devices": [...]}`` (:func:`precnb.analysis.devices.device_verdicts`), and the per-job findings
+        ``{"devices": [...]}`` (:func:`precnb.analysis.replicas.devices.device_verdicts`), and the per-job findings
         under ``"findings"`` (not part of the printed shape).
 
     Examples
@@ -47,7 +47,7 @@ def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout
     >>> out["devices"][0]["host"], out["devices"][0]["device"], out["devices"][0]["verdict"]
     ('10.0.0.1', '1', 'suspect')
     """
-    from precnb.analysis.devices import device_verdicts
+    from precnb.analysis.replicas.devices import device_verdicts
 
     events: dict[str, list[dict[str, Any]]] = {}
     placed: dict[str, dict[int, dict[str, str]]] = {}

@@ -46,7 +46,7 @@ def dump_location(merged: xr.Dataset, layout: Any, step: int, rank: int, tensor:
 
 def _parent_at(raw: xr.Dataset, node: str, step: int, rank: int) -> str:
     """The parent module of *node* in the (step, rank) file (another stage may give the same name another one)."""
-    from precnb.analysis.pp_tree import _construct_ranks
+    from precnb.analysis.layout.pp_tree import _construct_ranks
 
     own = _construct_ranks(raw).get(node, {}).get(f"{step},{rank}")
     if own is not None:
@@ -56,7 +56,7 @@ def _parent_at(raw: xr.Dataset, node: str, step: int, rank: int) -> str:
 
 
 def _global_names(raw: xr.Dataset, layout: Any) -> dict[tuple[int, str], str]:
-    from precnb.analysis.pp import relabel_pipeline
+    from precnb.analysis.layout.pp import relabel_pipeline
 
     stitched, _ = relabel_pipeline(raw, layout)
     try:

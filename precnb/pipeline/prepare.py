@@ -40,13 +40,13 @@ def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str]
     """The layout of one run: the one given (checked against the dumps), else the one they show (*infer*).
 
     A given layout that contradicts the dumps (pipelines, model chunks, TP groups:
-    :func:`precnb.analysis.layout_infer.check_layout`) is a ValueError naming what disagrees; an inferred
+    :func:`precnb.analysis.layout.infer.check_layout`) is a ValueError naming what disagrees; an inferred
     one is used only when it shards something (tp, pp, vpp > 1) or has data-parallel replicas, and is said
     in *notes*.
     """
     if ds is None:
         return None
-    from precnb.analysis.layout_infer import check_layout, infer_layout
+    from precnb.analysis.layout.infer import check_layout, infer_layout
 
     lay = _layout(spec, ds)
     if lay is not None:
@@ -117,7 +117,7 @@ def pair_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int] | N
 def nothing_compared_first(findings: list[Any], failures: Sequence[tuple[str, str]]) -> None:
     """A pair that had no record in common answers that first, and says which files were skipped.
 
-    (:mod:`precnb.analysis.compared`; the CLI exits 1 on it, the report and the explorer head with it.)
+    (:mod:`precnb.analysis.compare.compared`; the CLI exits 1 on it, the report and the explorer head with it.)
     """
     at = next((i for i, f in enumerate(findings) if f.nothing_compared), None)
     if at is None:
@@ -155,7 +155,7 @@ def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_l
 
 def enrich_all(findings: list[Any], ctx: Any) -> None:
     """What every finding gets after its diagnosis: ratio / gap evidence, then its dump plan."""
-    from precnb.analysis.enrich import enrich
+    from precnb.analysis.findings.enrich import enrich
 
     enrich(findings, ctx.target, ctx.baseline)
 

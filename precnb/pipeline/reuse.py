@@ -11,7 +11,7 @@ what depends on them and on options the rerun did not change is taken from the p
   once (:func:`precnb.analysis.align._tree`);
 * the replica comparison of the target (:func:`precnb.analysis.replicas.replica_mismatches`);
 * the pair's renaming, common grid and per-record relative differences
-  (:mod:`precnb.analysis.compare_prep`, for :func:`precnb.analysis.compare.compare_runs`):
+  (:mod:`precnb.analysis.compare.prep`, for :func:`precnb.analysis.compare.compare_runs`):
   another tolerance only thresholds them again.
 
 Every diagnosis then runs as in a full triage, and the findings are ordered by

@@ -4,7 +4,7 @@ The statistics cannot show that an op ran with another ``eps`` or scale; its rec
 ``dump.json`` can. For a first divergence whose node is in both runs, the pipeline reads that
 node's record at the finding's (step, rank) from each dump (:func:`precnb.io.node_records`,
 only those records are decoded) and, when scalar arguments differ
-(:func:`precnb.analysis.scalars.differing_arguments`), adds a certain cause and says so in
+(:func:`precnb.analysis.divergence.scalars.differing_arguments`), adds a certain cause and says so in
 the reason. Inputs given as datasets read from nowhere known (no files) are left as they are.
 """
 
@@ -49,8 +49,8 @@ def attach_scalar_arguments(findings: list[Any], tsrc: Source, bsrc: Source | No
     """
     if bsrc is None or tsrc.records_path is None or bsrc.records_path is None:
         return
+    from precnb.analysis.divergence.scalars import argument_cause, differing_arguments, format_argument
     from precnb.analysis.registry import lookup
-    from precnb.analysis.scalars import argument_cause, differing_arguments, format_argument
 
     for f in findings:
         if getattr(lookup(f.kind), "mode", None) != "pair" or not f.node or f.step is None or f.rank is None:

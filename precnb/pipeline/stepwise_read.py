@@ -156,8 +156,8 @@ def _search(d: Any, tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[
 
     *keep* receives the (baseline, target) runs of the first two step batches as read (before merging).
     """
+    from precnb.analysis.divergence.stepwise import step_batches
     from precnb.analysis.registry import Context
-    from precnb.analysis.stepwise import step_batches
 
     search, off = plan
     read = _Reader(tsrc, bsrc, opts, off, loaded, common, keep)

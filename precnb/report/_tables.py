@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from precnb.analysis.evidence import parse_frame
+from precnb.analysis.findings.evidence import parse_frame
 
 __all__ = [
     "Cell",

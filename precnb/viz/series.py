@@ -269,9 +269,9 @@ def tensor_evidence(ds: xr.Dataset, tensor: str, step: int | None = None, rank: 
 
     With *step* and *rank*, as that rank recorded them (its own construct.json and stack.json:
     a label may name another op on another rank); ``elsewhere`` lists the ranks where it does
-    (:func:`precnb.analysis.evidence.label_elsewhere`).
+    (:func:`precnb.analysis.findings.evidence.label_elsewhere`).
     """
-    from precnb.analysis.evidence import label_elsewhere, node_evidence
+    from precnb.analysis.findings.evidence import label_elsewhere, node_evidence
     from precnb.schema import entry_meta
 
     if tensor not in ds.indexes["tensor"]:

@@ -59,9 +59,9 @@ def first_bad_positions(ds: xr.Dataset, baseline: xr.Dataset | None = None) -> n
     """Causal position of every flagged record of *ds* (0 = first; NaN: not flagged).
 
     One run: NaN and unexpected ±inf; with *baseline* (same grid): differences beyond the dtype
-    tolerance and records present in one run only (:mod:`precnb.analysis.earliness`).
+    tolerance and records present in one run only (:mod:`precnb.analysis.causal.earliness`).
     """
-    from precnb.analysis.earliness import bad_records, causal_positions_of
+    from precnb.analysis.causal.earliness import bad_records, causal_positions_of
 
     if baseline is None:
         bad, seq = bad_records(ds)

@@ -58,7 +58,7 @@ def _num(v: Any, null: bool = False, merged: bool = False) -> str:
 
 def evidence_html(evidence: dict[str, Any]) -> str:
     """Module path and the whole stack (innermost first), each frame with its source line."""
-    from precnb.analysis.evidence import parse_frame
+    from precnb.analysis.findings.evidence import parse_frame
 
     e = html.escape
     path = list(reversed(evidence.get("module_path") or []))

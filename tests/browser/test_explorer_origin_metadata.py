@@ -119,7 +119,7 @@ def _frames(stack: dict, node: str) -> list[str]:
 
 
 def _module_of(node: str, construct: dict) -> str:
-    from precnb.analysis.dataflow import module_of_node
+    from precnb.analysis.causal.dataflow import module_of_node
 
     own = module_of_node(node)
     if own:
@@ -158,7 +158,7 @@ def _shown(ex) -> dict[str, str]:
 def test_origin_module_shape_and_stack_are_that_ranks_own(page, i):
     from playwright.sync_api import expect
 
-    from precnb.analysis.evidence import parse_frame
+    from precnb.analysis.findings.evidence import parse_frame
 
     name, target, base, _opts = INCIDENTS[i]
     ex = page.locator(".precnb-explorer").nth(i)

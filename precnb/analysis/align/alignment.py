@@ -294,7 +294,7 @@ class Alignment:
         """
         if self.identical or self.applied:
             return baseline
-        from precnb.analysis.compare_prep import alignment_key
+        from precnb.analysis.compare.prep import alignment_key
 
         # the comparison and the pre-flight checks both rename the same baseline: once (a shallow copy each)
         return _APPLIED.get([baseline], ("apply", alignment_key(self)), lambda: self._apply(baseline),

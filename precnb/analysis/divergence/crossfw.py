@@ -15,8 +15,8 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.compare import Comparison
+from precnb.analysis.compare.tolerance import Tolerance
 from precnb.analysis.divergence.versions import late_inplace_inputs, releases_of
-from precnb.analysis.tolerance import Tolerance
 
 __all__ = ["ISOLATION_WINDOW", "MAX_ISOLATED", "NOISE_FACTOR", "noise_floor", "searched_differences",
            "two_frameworks"]
@@ -99,7 +99,7 @@ def noise_floor(cmp: Comparison) -> tuple[float | None, Tolerance | None]:
     the two runs still compute the same thing). When ``NOISE_FACTOR`` × floor exceeds a dtype's
     default, that dtype's tolerance is raised to it; otherwise None (the defaults hold).
     """
-    from precnb.analysis.tolerance import DTYPE_RTOL, _dtype_key
+    from precnb.analysis.compare.tolerance import DTYPE_RTOL, _dtype_key
 
     rel = cmp.rel.values[0]  # (rank, tensor) at the first compared step
     both = cmp.both.values[0]

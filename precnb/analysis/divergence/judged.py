@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.compare import Comparison
-from precnb.analysis.compared import compared_part
+from precnb.analysis.compare.compared import compared_part
 from precnb.analysis.divergence.crossfw import _drop_isolated, two_frameworks
 from precnb.analysis.divergence.hints import grad_ratio_hint, ratio_hint, structural_hints, zero_parameter_hints
 from precnb.analysis.divergence.structural import structural_differences

@@ -2,7 +2,7 @@
 
 :func:`origin_finding` takes a :class:`~precnb.analysis.divergence.judged.Judged` pair that has a
 difference left: the first differing step, its origin rank and tensor in the communication-aware order
-of :mod:`precnb.analysis.order`, the reason, the suspects after it, the evidence (first differing API
+of :mod:`precnb.analysis.causal.order`, the reason, the suspects after it, the evidence (first differing API
 and module, the culprit module), and — when an op recorded in one run only runs before the first value
 difference — that op as the finding.
 """
@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from precnb.analysis.causal.order import RankEvent, after_collectives, first_event_per_rank, pick_origin
 from precnb.analysis.compare import Comparison
 from precnb.analysis.divergence.culprit import culprit_module
 from precnb.analysis.divergence.hints import divergence_hints
 from precnb.analysis.divergence.judged import Judged
-from precnb.analysis.evidence import entry_values, first_by_seq, node_evidence
 from precnb.analysis.findings import Finding
-from precnb.analysis.order import RankEvent, after_collectives, first_event_per_rank, pick_origin
+from precnb.analysis.findings.evidence import entry_values, first_by_seq, node_evidence
 from precnb.schema import entry_dtype, entry_meta
 
 __all__ = ["origin_finding"]

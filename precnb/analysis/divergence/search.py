@@ -15,13 +15,13 @@ from typing import Any, Literal
 import xarray as xr
 
 from precnb.analysis.compare import Comparison, NothingToCompareError, compare_runs, split_runs
-from precnb.analysis.compared import compared_part, nothing_compared
+from precnb.analysis.compare.compared import compared_part, nothing_compared
+from precnb.analysis.compare.tolerance import Tolerance
 from precnb.analysis.divergence.crossfw import noise_floor, two_frameworks
 from precnb.analysis.divergence.judged import judge, no_divergence
 from precnb.analysis.divergence.origin import origin_finding
+from precnb.analysis.divergence.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.findings import Finding
-from precnb.analysis.stepwise import StepLoader, is_lazy, search_stepwise
-from precnb.analysis.tolerance import Tolerance
 
 __all__ = ["first_divergence", "first_divergence_stepwise", "pair_comparison"]
 
@@ -73,7 +73,7 @@ def first_divergence(
     """Find where *target* first departs from *baseline*.
 
     Order: step, then execution order (``seq``); across ranks, communication-aware (see
-    :mod:`precnb.analysis.order`). Value differences are judged on statistics with
+    :mod:`precnb.analysis.causal.order`). Value differences are judged on statistics with
     *tolerance*; nodes recorded in one run only are reported as ``structural``; CRC
     differences with identical statistics are reported as ``crc_only`` (``crc="strict"``
     counts them as divergence).
@@ -105,7 +105,7 @@ def first_divergence(
         Bounds of the tensor verdict (e.g. :meth:`TensorThresholds.calibrate` on a healthy pair).
     precision_aware : bool
         A run in systematic lower precision (autocast) is compared with that precision's
-        tolerance and says so (:mod:`precnb.analysis.precision`); an isolated dtype change stays
+        tolerance and says so (:mod:`precnb.analysis.compare.precision`); an isolated dtype change stays
         a finding.
     comparison : Comparison, optional
         The pair as already compared with these options (the pipeline builds it once for the

@@ -11,7 +11,7 @@ The readers put the releases a dump can come from into ``attrs["msprobe_release_
   written (and does not in the other run). They are a version difference, never a divergence.
 
 Integer statistics null from 26.1.0 (a float before) need nothing here: a statistic null on either side is
-not compared (:func:`precnb.analysis.tolerance.relative_difference`).
+not compared (:func:`precnb.analysis.compare.tolerance.relative_difference`).
 """
 
 from __future__ import annotations

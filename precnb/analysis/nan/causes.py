@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.dataflow import StepFlow, to_forward
+from precnb.analysis.causal.dataflow import StepFlow, to_forward
 from precnb.dtypes import canonical_dtype
 
 __all__ = ["DTYPE_MAX", "division_cause", "nan_causes"]

@@ -12,7 +12,7 @@ the softmax that reads it. Those are *benign* and never reported as the origin:
 Everything else that is NaN, or infinite, is an *event*. Per (step, rank) the first event
 in execution order is that rank's first event; across ranks, a first event at the output of
 a collective whose inputs were clean is inherited from another rank, and the origin is the
-rank with the earliest non-inherited event (see :mod:`precnb.analysis.order`).
+rank with the earliest non-inherited event (see :mod:`precnb.analysis.causal.order`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.evidence import entry_values, node_evidence
+from precnb.analysis.causal.order import RankEvent, after_collectives, first_event_per_rank, pick_origin
 from precnb.analysis.findings import Finding
+from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.masks import nonfinite
-from precnb.analysis.order import RankEvent, after_collectives, first_event_per_rank, pick_origin
 from precnb.analysis.undefined import set_aside, undefined_mask
 from precnb.combine import select_run
 from precnb.schema import entry_meta
@@ -189,7 +189,7 @@ def nan_origin(
         ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
     if ranks is not None:
         ds = ds.sel(rank=[r for r in ds["rank"].values if r in set(ranks)])
-    from precnb.analysis.stepwise import is_lazy
+    from precnb.analysis.divergence.stepwise import is_lazy
 
     if is_lazy(ds):
         return _nan_origin_lazy(ds)
@@ -351,7 +351,7 @@ def _finding(ds: xr.Dataset, events: xr.DataArray | None, benign: xr.DataArray |
     if input_inf:
         values["inputs_with_inf"] = input_inf
     hints += _rank_hints(origin, per_rank)
-    from precnb.analysis.coverage import find_gap, gap_hint
+    from precnb.analysis.causal.coverage import find_gap, gap_hint
     from precnb.analysis.nan.causes import nan_causes
 
     causes = nan_causes(ds, step=step, rank=origin.rank, tensor=origin.tensor) if created else []

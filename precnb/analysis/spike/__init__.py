@@ -13,7 +13,7 @@ The causes are told apart from what the dump and the monitor hold
 a step later), **hardware** (one rank's gradient before the reduce departs from the other DP
 ranks' by orders of magnitude while its inputs are ordinary) and **numerics** (an overflow, a
 saturating float16/bfloat16 value, an underflow to zero or a loss-scale change precedes it).
-Lead indicators are the trend breaks (:mod:`precnb.analysis.trends`) before the spike, and the
+Lead indicators are the trend breaks (:mod:`precnb.analysis.anomalies.trends`) before the spike, and the
 finding's plan is the msprobe dump that confirms the cause (:mod:`precnb.analysis.spike._plan`).
 
 Examples

@@ -67,7 +67,7 @@ def _order(cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _lead_indicators(views: list[View], spike_step: int, ranks: list[int] | None) -> dict[str, Any] | None:
     """Modules ranked by how many steps before the spike their statistics left their history (trend breaks)."""
-    from precnb.analysis.trends import bookkeeping_nodes, drift_table
+    from precnb.analysis.anomalies.trends import bookkeeping_nodes, drift_table
 
     rows: list[dict[str, Any]] = []
     for v in views:

@@ -13,7 +13,7 @@ from typing import Any
 
 import xarray as xr
 
-from precnb.analysis.plan import DEFAULT_DUMP_PATH, node_selector
+from precnb.analysis.findings.plan import DEFAULT_DUMP_PATH, node_selector
 from precnb.analysis.spike._records import View
 
 __all__ = ["spike_plan"]
@@ -65,12 +65,12 @@ def _entries(cause: dict[str, Any], dump: View | None) -> tuple[list[str], list[
 
 def spike_plan(finding: Any, ds: xr.Dataset | None, *, dump_path: str = DEFAULT_DUMP_PATH, task: str = "tensor"
                ) -> dict[str, Any] | None:
-    """The plan (the shape :func:`precnb.analysis.plan.plan_dump` returns) for a loss-spike finding.
+    """The plan (the shape :func:`precnb.analysis.findings.plan.plan_dump` returns) for a loss-spike finding.
 
     *ds* is the run diagnosed (its statistics give the size estimate and the collective that
     reduces the parameter's gradient); the cause is the finding's first.
     """
-    from precnb.analysis.plan import _estimate, _human, _selected
+    from precnb.analysis.findings.plan import _estimate, _human, _selected
 
     if not getattr(finding, "found", False) or finding.step is None:
         return None

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from precnb.analysis.trends import LOSS_APIS
+from precnb.analysis.anomalies.trends import LOSS_APIS
 
 __all__ = ["LossSeries", "dump_loss_label", "gather_series"]
 

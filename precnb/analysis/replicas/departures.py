@@ -33,10 +33,10 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis._memo import DatasetMemo
-from precnb.analysis.departure_inputs import RANDOM_OPS, _equal, crc_rows, is_random_op, scalar_args
-from precnb.analysis.evidence import entry_values, node_evidence
 from precnb.analysis.findings import Finding
+from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
+from precnb.analysis.replicas.departure_inputs import RANDOM_OPS, _equal, crc_rows, is_random_op, scalar_args
 
 __all__ = ["RANDOM_OPS", "check_departures", "crc_rows", "departure_events", "is_random_op", "scalar_args"]
 
@@ -133,7 +133,7 @@ def _signature_check(ds: xr.Dataset, run: _Run) -> Callable[[int, list[int], str
     """``check(step, group, tensor)``: whether the op's scalar arguments agree on *group*, from the reader's checksums.
 
     The msprobe reader notes a checksum of every API call's scalar arguments and keeps those that vary
-    across ranks (``attrs["scalar_signatures"]``, :mod:`precnb.analysis.rank_args`); a call it does not list
+    across ranks (``attrs["scalar_signatures"]``, :mod:`precnb.analysis.replicas.rank_args`); a call it does not list
     has the same scalar arguments on every rank. None where the run does not say (another reader, a
     tensor not in it). Looked up per call: no (step, rank, tensor) array is built.
     """

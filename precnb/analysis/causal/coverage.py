@@ -4,7 +4,7 @@ When a NaN (or a difference) first shows in an *input* — the gradient entering
 or a forward input — nothing recorded created it: the op that did is missing from the dump (a
 custom op / kernel msprobe does not hook, a low-risk API filtered out by ``risk_level``, code
 outside the dumped region, or a level that records modules only). :func:`find_gap` names that
-uncaptured region from the data flow (:mod:`precnb.analysis.dataflow`):
+uncaptured region from the data flow (:mod:`precnb.analysis.causal.dataflow`):
 
 * **backward** — the bad tensor is ``X.backward.input.i``, the gradient of ``X.forward``'s
   ``output.i``. In the forward, that output went into an op no captured input matches; the
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.dataflow import StepFlow, module_of_node, to_backward, to_forward
+from precnb.analysis.causal.dataflow import StepFlow, module_of_node, to_backward, to_forward
 
 __all__ = ["find_gap", "gap_hint"]
 

@@ -12,6 +12,16 @@ Across a tensor-parallel group two rules say what must be replicated:
 
 The check walks steps, then execution order, and reports the first tensor that departs from its
 group, with the ranks; a rank that departs from the majority is a *silent divergence* there.
+
+The replica family:
+
+* this module — :func:`check_replicas` and :func:`replica_mismatches` (every record that departs);
+* :mod:`~precnb.analysis.replicas.departures` — those departures as classified events (issue #28), with
+  :mod:`~precnb.analysis.replicas.departure_inputs` (random ops, scalar arguments, CRC-only departures)
+  and :mod:`~precnb.analysis.replicas.departure_plan` (the md5 dump that confirms one);
+* :mod:`~precnb.analysis.replicas.devices` — departures followed to hosts and devices across jobs;
+* :mod:`~precnb.analysis.replicas.rank_args` — tensor-parallel glue: ops whose rank-dependent constants make
+  their outputs differ by design (set aside by the replica check, the merge, the comparison and the aligner).
 """
 
 from __future__ import annotations
@@ -24,9 +34,9 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis._memo import DatasetMemo
-from precnb.analysis.dataflow import scalar_only_nodes
-from precnb.analysis.evidence import entry_values, node_evidence
+from precnb.analysis.causal.dataflow import scalar_only_nodes
 from precnb.analysis.findings import Finding
+from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
 from precnb.schema import entry_meta
 
@@ -102,7 +112,7 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
 
 
 def _no_tensor_input(ds: xr.Dataset, j: int, scalar_only: set[str] | None = None) -> bool:
-    """Tensor *j*'s node reads no tensor (:func:`precnb.analysis.dataflow.scalar_only_nodes`).
+    """Tensor *j*'s node reads no tensor (:func:`precnb.analysis.causal.dataflow.scalar_only_nodes`).
 
     *scalar_only*: that set when the caller already has it (it walks every record: once per run,
     not once per mismatch).
@@ -156,7 +166,7 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
 
     Entries with no defined value (:mod:`precnb.analysis.undefined`) are not checked, nor the tensors of a
     rank-dependent op (its tensor inputs agree across the group, its scalar arguments do not: a TP rank's
-    vocabulary offset, :mod:`precnb.analysis.rank_args`) and what it computes before a collective. What was
+    vocabulary offset, :mod:`precnb.analysis.replicas.rank_args`) and what it computes before a collective. What was
     set aside, and why, is appended to *aside*.
 
     The result is reused while the same *ds* object (unchanged) is checked again with the same
@@ -214,7 +224,7 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
         groups = layout.groups(dim)
         families = [layout.coords(g[0])["pp"] for g in groups]  # one pipeline stage: the same ops under one label
         if dim != "dp":  # rank-dependent by design: not replicas
-            from precnb.analysis.rank_args import rank_dependent
+            from precnb.analysis.replicas.rank_args import rank_dependent
 
             glue, glue_why = rank_dependent(ds, groups, present)
             if glue.any():

@@ -28,9 +28,9 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.layout import Layout
-from precnb.analysis.pp_stitch import CHUNK as _CHUNK
-from precnb.analysis.pp_stitch import assemble_groups
-from precnb.analysis.pp_tree import _construct_ranks, _rename_requires_grad, _rename_tree, _stage_local_optimizer
+from precnb.analysis.layout.pp_stitch import CHUNK as _CHUNK
+from precnb.analysis.layout.pp_stitch import assemble_groups
+from precnb.analysis.layout.pp_tree import _construct_ranks, _rename_requires_grad, _rename_tree, _stage_local_optimizer
 from precnb.naming import parse_node
 
 __all__ = ["layer_containers", "relabel_pipeline", "rename_node"]

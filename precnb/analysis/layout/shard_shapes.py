@@ -2,7 +2,7 @@
 
 A TP merge needs each split tensor's whole shape: it names the merged record, and it tells a shard that
 happens to equal the other ranks' (a bias still zero, an optimizer state at its first step) from a
-replicated tensor. A reference run in the same names gives them (:func:`precnb.analysis.merge.merge_shards`);
+replicated tensor. A reference run in the same names gives them (:func:`precnb.analysis.layout.merge.merge_shards`);
 against another codebase (a Hugging Face model) or another layout there is none. The linear layers' own
 calls say it, from what each rank records (*k* = the TP group's size):
 

@@ -1,6 +1,6 @@
 """What a reference run's shapes (the same names, unsharded) say of a shard: its split dimension, a partial sum.
 
-Used by :func:`precnb.analysis.merge.classify.classify_shards`.
+Used by :func:`precnb.analysis.layout.merge.classify.classify_shards`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class _Reference:
     def read(self, ds: xr.Dataset, groups: list[list[int]], ref_shape: dict[Any, Any], *, skip: np.ndarray,
              replicated: np.ndarray, partial: np.ndarray) -> None:
         """Compare each tensor's shape with the reference's (*replicated* and *partial* updated in place)."""
-        from precnb.analysis.dataflow import scalar_only_nodes
+        from precnb.analysis.causal.dataflow import scalar_only_nodes
 
         scalar_only = scalar_only_nodes(ds)
         local = ds["shape"].values

@@ -1,4 +1,12 @@
-"""Pairing two runs tensor by tensor: what is shared, what differs, what exists in one only."""
+"""Pairing two runs tensor by tensor: what is shared, what differs, what exists in one only.
+
+The comparison family: this module (:func:`compare_runs`, :class:`Comparison`) and what it is made of —
+:mod:`~precnb.analysis.compare.tolerance` (the relative difference and its thresholds),
+:mod:`~precnb.analysis.compare.steps` (which steps correspond), :mod:`~precnb.analysis.compare.prep`
+(the tolerance-free part, reused on reruns), :mod:`~precnb.analysis.compare.entry_dtypes` (entries recorded
+in other dtypes), :mod:`~precnb.analysis.compare.precision` (autocast judged with the lower precision's
+tolerance) and :mod:`~precnb.analysis.compare.compared` (how much of the runs a comparison covered).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +17,9 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis._arrays import on_grid
-from precnb.analysis.entry_dtypes import _numel, entry_dtype_differences
-from precnb.analysis.steps import NothingToCompareError, align_steps, default_step_offset
-from precnb.analysis.tolerance import Tolerance
+from precnb.analysis.compare.entry_dtypes import _numel, entry_dtype_differences
+from precnb.analysis.compare.steps import NothingToCompareError, align_steps, default_step_offset
+from precnb.analysis.compare.tolerance import Tolerance
 from precnb.combine import combine_runs, select_run
 from precnb.schema import shift_entry_changes
 
@@ -77,14 +85,14 @@ class Comparison:
     #: tensors whose dtypes differ but hold the same values (precnb.dtypes.EQUIVALENT): tensor -> (baseline
     #: dtype, target dtype, why); a note on the pair, never a difference
     dtype_notes: dict[str, tuple[str, str, str]] = field(default_factory=dict)
-    # issue #17 hooks: the precision verdict (precnb.analysis.precision) and the entries judged on
+    # issue #17 hooks: the precision verdict (precnb.analysis.compare.precision) and the entries judged on
     # whole tensors (precnb.analysis.tensor.verdicts); None when not applicable
     precision: Any = None
     tensor_judged: xr.DataArray | None = None
     # two frameworks compared with the tolerance calibrated on their noise floor: that calibration
     calibration: Any = None
     #: entries of a merged target whose replicated copies differ across their TP/CP group
-    #: (:func:`precnb.analysis.merge.merge_shards`); counted in ``differs``
+    #: (:func:`precnb.analysis.layout.merge.merge_shards`); counted in ``differs``
     replicas_differ: xr.DataArray | None = None
     tensor_metrics: xr.Dataset | None = None
     tensor_thresholds: Any = None
@@ -184,7 +192,7 @@ def compare_runs(
         Bounds of that verdict (default: msprobe's).
     precision_aware : bool
         Compare a run in systematic lower precision with that precision's tolerance
-        (:mod:`precnb.analysis.precision`); False counts every dtype change as a difference.
+        (:mod:`precnb.analysis.compare.precision`); False counts every dtype change as a difference.
     disjoint : {"raise", "union"}
         Runs that share no step or rank: raise :class:`NothingToCompareError`, or return the
         comparison of nothing (both runs on the union of their grids, every mask False: what the
@@ -194,7 +202,7 @@ def compare_runs(
     -------
     Comparison
     """
-    from precnb.analysis.compare_prep import prepared_pair
+    from precnb.analysis.compare.prep import prepared_pair
     from precnb.analysis.undefined import undefined_reasons
 
     tol = tolerance or Tolerance()
@@ -213,7 +221,7 @@ def compare_runs(
     #    dtype differences are not findings; an isolated dtype change stays one
     precision = None
     if precision_aware:
-        from precnb.analysis.precision import apply_precision
+        from precnb.analysis.compare.precision import apply_precision
 
         precision, tol, dtype_differs, dtype_changed = apply_precision(
             tol, dtype_differs, dtype_changed, bb["present"] & tt["present"], names)
@@ -269,12 +277,12 @@ def compare_runs(
 
 def prepare_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, steps: Any, ranks: Any,
                  step_offset: Any, alignment: Any, disjoint: str) -> Any:
-    """The :class:`~precnb.analysis.compare_prep.Prepared` part of :func:`compare_runs`.
+    """The :class:`~precnb.analysis.compare.prep.Prepared` part of :func:`compare_runs`.
 
     The runs renamed, on their common steps and ranks, combined; shapes and dtypes compared.
     """
-    from precnb.analysis.compare_prep import Prepared
-    from precnb.analysis.rank_args import glue_labels
+    from precnb.analysis.compare.prep import Prepared
+    from precnb.analysis.replicas.rank_args import glue_labels
     from precnb.analysis.undefined import mark_undefined, returned_parameter_grads
 
     b, t, names = split_runs(baseline, target, runs=runs)

@@ -1,7 +1,7 @@
 """Replica departures followed to hosts and devices, across steps and jobs: which device is suspect.
 
 Input: for each job (run), its classified replica departures (the events of
-:func:`precnb.analysis.departures.departure_events`, as ``Finding.evidence["departures"]`` lists them)
+:func:`precnb.analysis.replicas.departures.departure_events`, as ``Finding.evidence["departures"]`` lists them)
 and its rank table. Output: one entry per device, most suspect first, in the shape ``precnb devices``
 prints::
 

@@ -1,6 +1,6 @@
 """Stitching pipeline stages into one rank: each stitched label taken from the stage that makes it, in order.
 
-Used by :func:`precnb.analysis.pp.relabel_pipeline` once every stage's labels are renamed to the whole model's.
+Used by :func:`precnb.analysis.layout.pp.relabel_pipeline` once every stage's labels are renamed to the whole model's.
 """
 
 from __future__ import annotations

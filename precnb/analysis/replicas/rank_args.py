@@ -12,7 +12,7 @@ arguments per (step, rank) where it varies (``attrs["scalar_signatures"]``,
 :func:`precnb.io._runfacts.scalar_signature`); :func:`mark_rank_args` makes it a data variable
 (``scalar_sig``) that pipeline stitching carries along; :func:`rank_dependent` finds, in each group of
 ranks, the calls whose tensor inputs agree but whose scalar arguments differ (*seeds*) and follows their
-outputs (the same statistics read again by a later call on that rank: :mod:`precnb.analysis.dataflow`'s
+outputs (the same statistics read again by a later call on that rank: :mod:`precnb.analysis.causal.dataflow`'s
 rule) through the non-collective calls after them.
 
 Examples

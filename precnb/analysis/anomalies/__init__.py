@@ -9,7 +9,7 @@ For every (rank, tensor) series over steps:
   and ``|x| / |median| > ratio`` (or its inverse for drops), with at least ``min_history``
   earlier finite values of the same series;
 * **drift** — a statistic that leaves its own history gradually, reported at its *onset* (see
-  :mod:`precnb.analysis.trends`), with modules ranked by lead time before a loss or grad-norm
+  :mod:`precnb.analysis.anomalies.trends`), with modules ranked by lead time before a loss or grad-norm
   change.
 
 Not judged (spikes and drifts): near-zero scalars that change sign, the mean of a centred
@@ -19,6 +19,10 @@ computes inside module hooks when it runs in the same process as the dump.
 Anomalies are ranked in training order: step, then execution order ``seq`` (which encodes the
 micro step)
 (forward before backward before optimizer), then rank.
+
+The family of series over steps: this module, :mod:`~precnb.analysis.anomalies.trends` (drifts and what is
+too noisy to judge; also the loss spike's lead indicators, :mod:`precnb.analysis.spike`) and
+:mod:`~precnb.analysis.anomalies.call_counters` (which API call counters name the same call across steps).
 """
 
 from __future__ import annotations
@@ -32,9 +36,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from precnb.analysis.call_counters import same_calls
-from precnb.analysis.evidence import entry_values, node_evidence
+from precnb.analysis.anomalies.call_counters import same_calls
 from precnb.analysis.findings import Finding
+from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.nan import event_mask, lazy_persistence
 from precnb.schema import entry_meta
 
@@ -170,7 +174,7 @@ def _lazy_table(ds: xr.Dataset, rule: SpikeRule) -> pd.DataFrame:
 
 
 def _table(ds: xr.Dataset, rule: SpikeRule, *, persistent: np.ndarray | None = None) -> pd.DataFrame:
-    from precnb.analysis.trends import bookkeeping_nodes, drift_table, noise_mask
+    from precnb.analysis.anomalies.trends import bookkeeping_nodes, drift_table, noise_mask
 
     comparable = same_calls(ds)
     if not comparable.all():  # not one series where the counters name other calls
@@ -284,7 +288,7 @@ def anomalies(
     d0: dict[str, Any] | None = None
     trend_ev: dict[str, Any] | None = None
     if (df["type"] == "drift").any():
-        from precnb.analysis.trends import drift_table, trend_summary
+        from precnb.analysis.anomalies.trends import drift_table, trend_summary
 
         full = drift_table(ds) if not ds.chunks else df[df["type"] == "drift"]
         if len(full) and "direction" in full:

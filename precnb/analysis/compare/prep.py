@@ -20,7 +20,7 @@ import xarray as xr
 
 from precnb.analysis._arrays import on_grid
 from precnb.analysis._memo import DatasetMemo
-from precnb.analysis.tolerance import relative_difference
+from precnb.analysis.compare.tolerance import relative_difference
 
 __all__ = ["Prepared", "alignment_key", "prepared_pair"]
 

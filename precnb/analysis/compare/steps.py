@@ -17,7 +17,7 @@ class NothingToCompareError(ValueError):
     """Two runs share no step or rank to compare (a ValueError: callers that caught that still do).
 
     :func:`precnb.analysis.divergence.first_divergence` answers it with a "nothing compared"
-    finding (:func:`precnb.analysis.compared.nothing_compared`).
+    finding (:func:`precnb.analysis.compare.compared.nothing_compared`).
     """
 
 

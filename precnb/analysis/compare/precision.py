@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.tolerance import DTYPE_RTOL, Tolerance
+from precnb.analysis.compare.tolerance import DTYPE_RTOL, Tolerance
 from precnb.dtypes import canonical_dtype
 
 __all__ = [

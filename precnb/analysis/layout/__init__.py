@@ -6,6 +6,13 @@ pipeline stage changes slowest. Expert parallelism splits the data-parallel dime
 (``ep`` varies faster than the remaining expert-data-parallel part), as in Megatron's
 ``RankGenerator``.
 
+The layout family: this module (:class:`Layout`), :mod:`~precnb.analysis.layout.infer` (a run's layout
+read from its dumps, a given one checked against them), and turning sharded ranks into whole-model ranks:
+:mod:`~precnb.analysis.layout.merge` (TP / CP / DP shards merged into whole-layer statistics),
+:mod:`~precnb.analysis.layout.shard_shapes` (the whole shapes of split tensors read from the run),
+:mod:`~precnb.analysis.layout.pp` (PP / VPP / EP relabelling, with
+:mod:`~precnb.analysis.layout.pp_stitch` and :mod:`~precnb.analysis.layout.pp_tree`).
+
 Examples
 --------
 >>> lay = Layout(8, tp=2, pp=2)

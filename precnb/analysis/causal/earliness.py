@@ -1,7 +1,7 @@
 """How early each anomalous record comes, in the causal order the searches use.
 
 The first-divergence and NaN-origin searches order records by step, then — within a step —
-rank by rank as :func:`precnb.analysis.order.pick_origin` ranks each rank's first event
+rank by rank as :func:`precnb.analysis.causal.order.pick_origin` ranks each rank's first event
 (a rank whose first event is its own comes before one that inherited it through a
 collective; then the earlier communication epoch, the earlier execution position, the lower
 rank), then by execution order (``seq``) on the rank. :func:`causal_positions` gives every
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from precnb.analysis.order import comm_mask
+from precnb.analysis.causal.order import comm_mask
 
 __all__ = ["bad_records", "causal_positions", "causal_positions_of", "pair_bad_records"]
 
@@ -71,7 +71,7 @@ def causal_positions(
     seq : ndarray of int, (step, rank, tensor)
         Execution position (-1 where absent).
     comm : ndarray of bool, (tensor,)
-        Tensors of communication nodes (:func:`precnb.analysis.order.comm_mask`).
+        Tensors of communication nodes (:func:`precnb.analysis.causal.order.comm_mask`).
     role : ndarray of str, (tensor,)
         ``input`` / ``output`` / ...: a flagged output of a collective is *inherited*.
     nodes : ndarray of str, (tensor,), optional

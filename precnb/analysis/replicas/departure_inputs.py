@@ -1,6 +1,6 @@
 """What a replica departure's inputs were: random ops, scalar arguments, and the departures only a CRC shows.
 
-Used by :mod:`precnb.analysis.departures` to classify a departure (identical inputs and a random op outside
+Used by :mod:`precnb.analysis.replicas.departures` to classify a departure (identical inputs and a random op outside
 an RNG region: an unsynchronised seed; identical inputs otherwise: a compute fault).
 
 Examples

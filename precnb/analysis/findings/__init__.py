@@ -23,12 +23,18 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
       "causes": [{"cause": "0/0", "text": str, "certain": bool}, ...],   # NaN/Inf causes, likeliest first
                                    # (a loss spike's: "data" | "optimizer" | "hardware" | "numerics", each
                                    # with the step, rank, node, tensor, module of its origin)
-      "gap": {...} | null,         # uncaptured region that produced the bad input (coverage.find_gap)
-      "dump_plan": {...} | null    # msprobe config.json to confirm / close the gap (plan.plan_dump)
+      "gap": {...} | null,         # uncaptured region that produced the bad input (causal.coverage.find_gap)
+      "dump_plan": {...} | null    # msprobe config.json to confirm / close the gap (findings.plan.plan_dump)
     }
 
 Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so the
 output is strict JSON.
+
+What a finding carries beside its diagnosis's answer lives with it:
+:mod:`~precnb.analysis.findings.evidence` (an entry's statistics, stack frames, module path),
+:mod:`~precnb.analysis.findings.enrich` (what the pipeline adds to every finding: gap, ratio hint, plan) and
+:mod:`~precnb.analysis.findings.plan` (the smallest msprobe dump that confirms it). Nothing of them is
+imported here.
 
 Examples
 --------
@@ -114,7 +120,7 @@ class Finding:
 
     @property
     def nothing_compared(self) -> bool:
-        """True for the answer of a pair that had no record in common (:mod:`precnb.analysis.compared`)."""
+        """True for the answer of a pair that had no record in common (:mod:`precnb.analysis.compare.compared`)."""
         return self.kind == "none" and bool(isinstance(self.stats, dict) and self.stats.get("nothing_compared"))
 
     @property
@@ -133,7 +139,7 @@ class Finding:
     def plan(self) -> dict[str, Any]:
         """The msprobe ``config.json`` (a dict) that confirms this finding, or closes its gap, on the next run.
 
-        Set by the pipeline (:func:`precnb.diagnose`); see :func:`precnb.analysis.plan.plan_dump`.
+        Set by the pipeline (:func:`precnb.diagnose`); see :func:`precnb.analysis.findings.plan.plan_dump`.
 
         Raises
         ------

@@ -44,7 +44,7 @@ def departure_plan(finding: Any, ds: xr.Dataset, *, dump_path: str, source: str 
     ----------
     finding : Finding
         A ``replica_mismatch`` finding carrying ``evidence["departure"]``
-        (:func:`precnb.analysis.departures.check_departures`).
+        (:func:`precnb.analysis.replicas.departures.check_departures`).
     ds : xarray.Dataset
         The run (ranks as dumped).
     dump_path : str
@@ -55,9 +55,9 @@ def departure_plan(finding: Any, ds: xr.Dataset, *, dump_path: str, source: str 
     Returns
     -------
     dict or None
-        The shape of :func:`precnb.analysis.plan.plan_dump`'s result.
+        The shape of :func:`precnb.analysis.findings.plan.plan_dump`'s result.
     """
-    from precnb.analysis.plan import _human, _selected, node_selector
+    from precnb.analysis.findings.plan import _human, _selected, node_selector
     from precnb.naming import is_communication
 
     ev = finding.evidence.get("departure") if isinstance(finding.evidence, dict) else None

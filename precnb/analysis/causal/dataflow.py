@@ -9,7 +9,7 @@ msprobe did not capture; an output no later input matches went into an op that w
 
 Examples
 --------
->>> from precnb.analysis.dataflow import module_of_node
+>>> from precnb.analysis.causal.dataflow import module_of_node
 >>> module_of_node("Module.blocks.1.attn.Attention.forward.0")
 'blocks.1.attn'
 """

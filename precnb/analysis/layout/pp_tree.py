@@ -1,6 +1,6 @@
 """What follows a stitched pipeline run's new labels: its module tree, ``requires_grad``, stage-local optimizer state.
 
-Used by :func:`precnb.analysis.pp.relabel_pipeline`.
+Used by :func:`precnb.analysis.layout.pp.relabel_pipeline`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _stage_local_optimizer(out: xr.Dataset) -> xr.Dataset:
 
     Each stage's optimizer call updates its own parameters in its own list order.
     """
-    from precnb.analysis.rank_args import is_optimizer_api
+    from precnb.analysis.replicas.rank_args import is_optimizer_api
 
     kinds = np.full(out.sizes["tensor"], "", dtype=object)
     reasons = np.full(out.sizes["tensor"], "", dtype=object)

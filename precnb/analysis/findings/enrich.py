@@ -1,14 +1,14 @@
 """What the pipeline adds to every finding after its diagnosis: gap, ratio evidence, dump plan.
 
 * a **first divergence** whose first differing tensor is an input no captured op produced gets
-  its coverage gap (:func:`precnb.analysis.coverage.find_gap`, "bad" = differs from the baseline);
+  its coverage gap (:func:`precnb.analysis.causal.coverage.find_gap`, "bad" = differs from the baseline);
 * a first divergence whose first *value* difference has norms in an integer ratio gets the ratio
   hint even when a structural difference is reported first (e.g. the missing ``Tensor.div_``
   of gradients summed, not averaged);
 * a finding whose tensor label names another op on other ranks (their call counters are shifted
   by an op one rank runs and the others do not) says so (:func:`label_elsewhere`), so that no one
   reads the other ranks' module, shape or stack as the finding's;
-* every found finding gets its msprobe dump plan (:func:`precnb.analysis.plan.plan_dump`).
+* every found finding gets its msprobe dump plan (:func:`precnb.analysis.findings.plan.plan_dump`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.analysis.evidence import label_elsewhere
-from precnb.analysis.plan import attach_plans
+from precnb.analysis.findings.evidence import label_elsewhere
+from precnb.analysis.findings.plan import attach_plans
 
 __all__ = ["enrich", "label_elsewhere_hint", "origin_ratio_hint"]
 
@@ -57,8 +57,8 @@ def origin_ratio_hint(base: xr.Dataset, targ: xr.Dataset, *, node: str, step: in
 
 
 def _divergence_gap(f: Any, base: xr.Dataset, targ: xr.Dataset) -> dict[str, Any] | None:
-    from precnb.analysis.coverage import find_gap
-    from precnb.analysis.dataflow import StepFlow
+    from precnb.analysis.causal.coverage import find_gap
+    from precnb.analysis.causal.dataflow import StepFlow
 
     tensor, step, rank = _value_difference(f)
     if tensor is None or step is None or rank is None or tensor not in targ.indexes["tensor"]:
@@ -116,7 +116,7 @@ def _note_label_elsewhere(f: Any, target: xr.Dataset) -> None:
 
 def divergence_evidence(f: Any, target: xr.Dataset, baseline: xr.Dataset) -> None:
     """The first divergence's evidence from both runs (its ``Diagnosis.enrich``): the coverage gap, the ratio hint."""
-    from precnb.analysis.coverage import gap_hint
+    from precnb.analysis.causal.coverage import gap_hint
 
     try:
         if f.gap is None:

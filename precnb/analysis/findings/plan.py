@@ -122,7 +122,7 @@ def plan_dump(
     task : {"tensor", "statistics"}, optional
         ``tensor`` saves the selected tensors (to confirm and replay); ``statistics`` re-dumps them
         only. Default: ``tensor``, except for a classified replica departure, whose cheapest confirmation
-        is an md5-mode statistics dump of its group (:mod:`precnb.analysis.departure_plan`).
+        is an md5-mode statistics dump of its group (:mod:`precnb.analysis.replicas.departure_plan`).
 
     Returns
     -------
