@@ -16,6 +16,7 @@ new ones (``assign``, ``copy``), which a fingerprint tells apart.
 from __future__ import annotations
 
 import copy as _copy
+import dataclasses
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -77,7 +78,7 @@ class DatasetMemo:
                     _fingerprint(d) for d in datasets]:
                 self._items.move_to_end(k)
                 self.hits += 1
-                return dup(value)
+                return dup(_attach(value, datasets))
             del self._items[k]
         value = compute()
         try:
@@ -89,7 +90,9 @@ class DatasetMemo:
             refs = [weakref.ref(d, forget) for d in datasets]
         except TypeError:  # not weakly referable: not kept
             return value
-        self._items[k] = (refs, [_fingerprint(d) for d in datasets], dup(value))
+        # kept without the datasets themselves: an entry that held them would keep them alive, and with them
+        # everything computed from them, after the caller let them go (its weak references would never die)
+        self._items[k] = (refs, [_fingerprint(d) for d in datasets], _detach(dup(value), datasets))
         while len(self._items) > self.size:
             self._items.popitem(last=False)
         return value
@@ -97,6 +100,77 @@ class DatasetMemo:
     def clear(self) -> None:
         """Forget every entry."""
         self._items.clear()
+
+
+class _Slot:
+    """Where an entry's value held the *i*-th dataset of its key (put back by :func:`_attach`)."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+_DEPTH = 3  # containers below the value searched for the key's datasets (a dataclass holding a tuple of runs)
+
+
+def _detach(value: Any, datasets: Sequence[xr.Dataset], depth: int = 0) -> Any:
+    """*value* with every reference to one of *datasets* (up to :data:`_DEPTH` containers down) made a slot.
+
+    Tuples, lists, dicts and dataclass instances are searched; one that holds a dataset is copied
+    shallowly (its other members are shared, as the value was); anything else is kept as it is.
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> a, b = xr.Dataset(), xr.Dataset()
+    >>> kept = _detach((a, {"x": b, "n": 1}), [a, b])
+    >>> any(v is a or v is b for v in (kept[0], kept[1]["x"])), kept[1]["n"]
+    (False, 1)
+    >>> back = _attach(kept, [a, b])
+    >>> back[0] is a and back[1]["x"] is b
+    True
+    """
+    for i, d in enumerate(datasets):
+        if value is d:
+            return _Slot(i)
+    if depth >= _DEPTH:
+        return value
+    return _rebuild(value, lambda v: _detach(v, datasets, depth + 1))
+
+
+def _attach(value: Any, datasets: Sequence[xr.Dataset]) -> Any:
+    """*value* with its slots filled by *datasets* again (see :func:`_detach`)."""
+    if isinstance(value, _Slot):
+        return datasets[value.i]
+    return _rebuild(value, lambda v: _attach(v, datasets))
+
+
+def _rebuild(value: Any, each: Callable[[Any], Any]) -> Any:
+    """A shallow copy of a container with *each* applied to its members; *value* itself if none changed."""
+    if isinstance(value, (tuple, list)):
+        members = [each(v) for v in value]
+        if all(m is v for m, v in zip(members, value, strict=True)):
+            return value
+        return type(value)(members) if not hasattr(value, "_fields") else type(value)(*members)
+    if isinstance(value, dict):
+        changed = {k: each(v) for k, v in value.items()}
+        if all(changed[k] is v for k, v in value.items()):
+            return value
+        out = _copy.copy(value)
+        out.update(changed)
+        return out
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = [f.name for f in dataclasses.fields(value)]
+        fields = {n: each(getattr(value, n)) for n in names}
+        diff = {n: v for n, v in fields.items() if v is not getattr(value, n)}
+        if not diff:
+            return value
+        obj: Any = _copy.copy(value)
+        for n, v in diff.items():
+            object.__setattr__(obj, n, v)  # (a frozen dataclass too)
+        return obj
+    return value
 
 
 def memos() -> list[DatasetMemo]:
