@@ -90,7 +90,7 @@ class SidesLayer(CoordsLayer):
             meta["dtype_changes"] = json.dumps(self.dtype_changes)
         if self.shape_changes:
             meta["shape_changes"] = encode_entry_changes(self.shape_changes)
-        if self.construct_ranks:  # read with precnb.analysis.pp (stage-local names of pipeline stages)
+        if self.construct_ranks:  # read with precnb.analysis.layout.pp (stage-local names of pipeline stages)
             meta["construct_ranks"] = json.dumps({
                 n: dict(sorted(by.items(), key=lambda kv: tuple(int(x) for x in kv[0].split(","))))
                 for n, by in sorted(self.construct_ranks.items())})
