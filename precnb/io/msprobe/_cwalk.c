@@ -1,0 +1,782 @@
+/* precnb.io.msprobe._cwalk: the common node records of a parsed dump.json batch, walked in C.
+ *
+ * An optional speed-up of precnb.io.msprobe.parse._File.batch (the pure Python loop and
+ * precnb.io.msprobe.walk.Walk.node stay the reference and the fallback; PRECNB_PURE_PARSER=1
+ * selects them). walk_batch() reads the records of one batch dict in file order and, for every
+ * record it fully understands (an object whose keys are known sections holding lists or objects of
+ * tensor leaves, scalar arguments, nulls, numbers or strings), appends exactly what the Python walk
+ * appends: the leaf objects, their labels and roles, the node, its parent and its tensor count, and
+ * (flags, node, record, parent) for the run facts the Python code reads afterwards. At the first
+ * record it does not fully understand (not an object, a nested container, a tensor-like object
+ * that is not a leaf, an unknown section, a parameters_grad node, a collective, a record the
+ * release probe still needs) it undoes nothing it has not done (it appends only once a record is
+ * known to be plain) and hands that record back: the Python code reads it with the reference walk
+ * and calls walk_batch again from the position returned.
+ *
+ * Written for precnb (no third-party code): CPython C API only.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* configured once from Python (precnb.io.msprobe.walk / parse): the single source of the rules */
+static PyObject *g_non_tensor = NULL;  /* frozenset of non-tensor leaf types */
+static PyObject *g_order = NULL;       /* tuple of (key, section, role) in reading order */
+static PyObject *g_index = NULL;       /* tuple of ".0", ".1", ... */
+static PyObject *g_undefined = NULL;   /* tuple: node prefixes whose records go to the run facts */
+static PyObject *g_comm = NULL;        /* tuple: collective prefixes (group_ranks read in Python) */
+static PyObject *g_no_sig = NULL;      /* tuple: API prefixes whose facts are read without signatures */
+static PyObject *g_module_cell = NULL; /* ("Module.", "Cell.") */
+static PyObject *g_node_kind = NULL;   /* precnb.io.msprobe.nodes.node_kind */
+static PyObject *s_type, *s_dtype, *s_shape, *s_value, *s_parameters, *s_dot, *s_forward_end,
+    *s_backward_end, *s_backward_mid, *s_forward_mid, *s_param_grad, *s_optimizer, *s_fused, *s_addcdiv,
+    *s_lerp, *s_empty, *s_grad, *s_param_grad_kind, *s_kind_api, *s_kind_module, *s_forward, *s_backward;
+
+#define MAX_SECTIONS 16
+
+static int
+configure_strings(void)
+{
+#define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
+    INTERN(s_type, "type");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_shape, "shape");
+    INTERN(s_value, "value");
+    INTERN(s_parameters, "parameters");
+    INTERN(s_dot, ".");
+    INTERN(s_forward_end, ".forward");
+    INTERN(s_backward_end, ".backward");
+    INTERN(s_backward_mid, ".backward.");
+    INTERN(s_forward_mid, ".forward.");
+    INTERN(s_param_grad, "parameters_grad");
+    INTERN(s_optimizer, "optimizer");
+    INTERN(s_fused, "_fused_");
+    INTERN(s_addcdiv, "addcdiv_");
+    INTERN(s_lerp, "_foreach_lerp_");
+    INTERN(s_empty, "");
+    INTERN(s_grad, "grad");
+    INTERN(s_param_grad_kind, "param_grad");
+    INTERN(s_kind_api, "api");
+    INTERN(s_kind_module, "module");
+    INTERN(s_forward, "forward");
+    INTERN(s_backward, "backward");
+#undef INTERN
+    return 0;
+}
+
+static PyObject *
+configure(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *non_tensor, *order, *index, *undefined, *comm, *no_sig, *module_cell, *node_kind;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O", &PyFrozenSet_Type, &non_tensor, &PyTuple_Type, &order,
+                          &PyTuple_Type, &index, &PyTuple_Type, &undefined, &PyTuple_Type, &comm, &PyTuple_Type,
+                          &no_sig, &PyTuple_Type, &module_cell, &node_kind))
+        return NULL;
+    if (!PyCallable_Check(node_kind)) {
+        PyErr_SetString(PyExc_TypeError, "node_kind: a callable");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(order) > MAX_SECTIONS) {
+        PyErr_SetString(PyExc_ValueError, "too many sections");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(order); i++) {
+        PyObject *o = PyTuple_GET_ITEM(order, i);
+        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 3 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(o, 0)) ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(o, 1)) || !PyUnicode_CheckExact(PyTuple_GET_ITEM(o, 2))) {
+            PyErr_SetString(PyExc_TypeError, "order: (key, section, role) strings");
+            return NULL;
+        }
+    }
+    if (!s_type && configure_strings() < 0)
+        return NULL;
+    Py_XSETREF(g_non_tensor, Py_NewRef(non_tensor));
+    Py_XSETREF(g_order, Py_NewRef(order));
+    Py_XSETREF(g_index, Py_NewRef(index));
+    Py_XSETREF(g_undefined, Py_NewRef(undefined));
+    Py_XSETREF(g_comm, Py_NewRef(comm));
+    Py_XSETREF(g_no_sig, Py_NewRef(no_sig));
+    Py_XSETREF(g_module_cell, Py_NewRef(module_cell));
+    Py_XSETREF(g_node_kind, Py_NewRef(node_kind));
+    Py_RETURN_NONE;
+}
+
+/* 1: a tensor leaf; 2: a scalar argument (nothing below it); 0: anything else (the reference walk decides);
+ * -1: error. x is an exact dict. */
+static int
+item_kind(PyObject *x)
+{
+    PyObject *t = PyDict_GetItemWithError(x, s_type);
+    if (t == NULL && PyErr_Occurred())
+        return -1;
+    if (t != NULL && PyUnicode_CheckExact(t)) {
+        int has = PyDict_Contains(x, s_dtype);
+        if (has < 0)
+            return -1;
+        if (has) {
+            has = PyDict_Contains(x, s_shape);
+            if (has < 0)
+                return -1;
+            if (has) {
+                int non = PySet_Contains(g_non_tensor, t);
+                if (non < 0)
+                    return -1;
+                if (!non)
+                    return 1;
+            }
+        }
+    }
+    if (PyDict_GET_SIZE(x) == 2) {
+        PyObject *v = PyDict_GetItemWithError(x, s_value);
+        if (v == NULL) {
+            return PyErr_Occurred() ? -1 : 0;
+        }
+        if (!PyDict_CheckExact(v) && !PyList_CheckExact(v) &&
+            !(t != NULL && (PyDict_CheckExact(t) || PyList_CheckExact(t))))
+            return 2;
+    }
+    return 0;
+}
+
+static int
+starts_with_any(PyObject *s, PyObject *prefixes)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes); i++) {
+        Py_ssize_t r = PyUnicode_Tailmatch(s, PyTuple_GET_ITEM(prefixes, i), 0, PY_SSIZE_T_MAX, -1);
+        if (r != 0)
+            return (int)r;
+    }
+    return 0;
+}
+
+static int
+ends_with(PyObject *s, PyObject *suffix)
+{
+    return (int)PyUnicode_Tailmatch(s, suffix, 0, PY_SSIZE_T_MAX, 1);
+}
+
+static int
+contains(PyObject *s, PyObject *sub)
+{
+    return PyUnicode_Contains(s, sub);
+}
+
+/* The items of a list nested in a section (depth 2 below the record): 1 plain, 0 not, -1 error. */
+static int
+check_inner(PyObject *v, Py_ssize_t *n)
+{
+    Py_ssize_t len = PyList_GET_SIZE(v);
+    for (Py_ssize_t j = 0; j < len; j++) {
+        PyObject *x = PyList_GET_ITEM(v, j);
+        if (PyDict_CheckExact(x)) {
+            int kind = item_kind(x);
+            if (kind <= 0)
+                return kind;
+            if (kind == 1)
+                (*n)++;
+        }
+        else if (PyList_CheckExact(x))
+            return 0;  /* deeper still: the reference walk */
+    }
+    return 1;
+}
+
+/* One item of a section (a list element or an object member): 1 plain, 0 not, -1 error. */
+static int
+check_item(PyObject *x, Py_ssize_t *n)
+{
+    if (PyDict_CheckExact(x)) {
+        int kind = item_kind(x);
+        if (kind == 1)
+            (*n)++;
+        return kind < 0 ? -1 : kind > 0;
+    }
+    if (PyList_CheckExact(x))
+        return check_inner(x, n);
+    return 1;  /* null, a number, a string, a boolean: nothing below it */
+}
+
+/* Check one section value: 1 plain (every item a leaf, a scalar argument, a list of those, or a
+ * null/number/string), 2 the section is itself a leaf, 0 not plain, -1 error. Counts its leaves in *n. */
+static int
+check_section(PyObject *v, Py_ssize_t *n)
+{
+    if (PyList_CheckExact(v)) {
+        Py_ssize_t len = PyList_GET_SIZE(v);
+        for (Py_ssize_t k = 0; k < len; k++) {
+            int r = check_item(PyList_GET_ITEM(v, k), n);
+            if (r <= 0)
+                return r;
+        }
+        return 1;
+    }
+    if (PyDict_CheckExact(v)) {
+        if (PyDict_GET_SIZE(v) == 0)
+            return 1;
+        PyObject *t = PyDict_GetItemWithError(v, s_type);
+        if (t == NULL && PyErr_Occurred())
+            return -1;
+        if (t != NULL && PyUnicode_CheckExact(t)) {
+            int kind = item_kind(v);
+            if (kind < 0)
+                return -1;
+            if (kind == 1) {
+                (*n)++;
+                return 2;  /* the section is itself a tensor */
+            }
+        }
+        if (t != NULL && t != Py_None)
+            return 0;  /* a typed object that is not a leaf: the reference walk decides */
+        int has = PyDict_Contains(v, s_shape);
+        if (has != 0)
+            return has < 0 ? -1 : 0;
+        Py_ssize_t pos = 0;
+        PyObject *key, *x;
+        while (PyDict_Next(v, &pos, &key, &x)) {
+            if (!PyUnicode_CheckExact(key))
+                return 0;
+            int r = check_item(x, n);
+            if (r <= 0)
+                return r;
+        }
+        return 1;
+    }
+    return v == Py_None ? 1 : 0;  /* a number or string section: unread, for the reference walk */
+}
+
+static int
+append_new(PyObject *list, PyObject *item)
+{
+    if (item == NULL)
+        return -1;
+    int r = PyList_Append(list, item);
+    Py_DECREF(item);
+    return r;
+}
+
+static PyObject *
+index_label(PyObject *prefix, Py_ssize_t k)
+{
+    if (k < PyTuple_GET_SIZE(g_index))
+        return PyUnicode_Concat(prefix, PyTuple_GET_ITEM(g_index, k));
+    return PyUnicode_FromFormat("%U.%zd", prefix, k);
+}
+
+static int
+emit_leaf(PyObject *x, PyObject *label, PyObject *role, PyObject *leaves, PyObject *labels, PyObject *roles)
+{
+    if (label == NULL)
+        return -1;
+    if (PyList_Append(leaves, x) < 0 || PyList_Append(labels, label) < 0 || PyList_Append(roles, role) < 0) {
+        Py_DECREF(label);
+        return -1;
+    }
+    Py_DECREF(label);
+    return 0;
+}
+
+/* Emit the leaves of one checked item named *name* (a new reference, stolen). */
+static int
+emit_item(PyObject *x, PyObject *name, PyObject *role, PyObject *leaves, PyObject *labels, PyObject *roles)
+{
+    if (name == NULL)
+        return -1;
+    int rc = 0;
+    if (PyDict_CheckExact(x)) {
+        int kind = item_kind(x);
+        if (kind == 1)
+            return emit_leaf(x, name, role, leaves, labels, roles);
+        rc = kind < 0 ? -1 : 0;
+    }
+    else if (PyList_CheckExact(x)) {
+        Py_ssize_t len = PyList_GET_SIZE(x);
+        for (Py_ssize_t j = 0; j < len && rc == 0; j++) {
+            PyObject *y = PyList_GET_ITEM(x, j);
+            if (!PyDict_CheckExact(y))
+                continue;
+            int kind = item_kind(y);
+            if (kind < 0)
+                rc = -1;
+            else if (kind == 1)
+                rc = emit_leaf(y, index_label(name, j), role, leaves, labels, roles);
+        }
+    }
+    Py_DECREF(name);
+    return rc;
+}
+
+/* Emit the leaves of one checked section. */
+static int
+emit_section(PyObject *node, PyObject *v, int plain, PyObject *section, PyObject *role, PyObject *leaves,
+             PyObject *labels, PyObject *roles)
+{
+    if (plain == 2)
+        return emit_leaf(v, PyUnicode_Concat(node, section), role, leaves, labels, roles);
+    if (v == Py_None || (PyDict_CheckExact(v) && PyDict_GET_SIZE(v) == 0) ||
+        (PyList_CheckExact(v) && PyList_GET_SIZE(v) == 0))
+        return 0;
+    PyObject *prefix = PyUnicode_Concat(node, section);
+    if (prefix == NULL)
+        return -1;
+    int rc = 0;
+    if (PyList_CheckExact(v)) {
+        Py_ssize_t len = PyList_GET_SIZE(v);
+        for (Py_ssize_t k = 0; k < len && rc == 0; k++) {
+            PyObject *x = PyList_GET_ITEM(v, k);
+            if (PyDict_CheckExact(x) || PyList_CheckExact(x))
+                rc = emit_item(x, index_label(prefix, k), role, leaves, labels, roles);
+        }
+    }
+    else {
+        PyObject *dot = PyUnicode_Concat(prefix, s_dot);
+        if (dot == NULL) {
+            Py_DECREF(prefix);
+            return -1;
+        }
+        Py_ssize_t pos = 0;
+        PyObject *key, *x;
+        while (rc == 0 && PyDict_Next(v, &pos, &key, &x))
+            if (PyDict_CheckExact(x) || PyList_CheckExact(x))
+                rc = emit_item(x, PyUnicode_Concat(dot, key), role, leaves, labels, roles);
+        Py_DECREF(dot);
+    }
+    Py_DECREF(prefix);
+    return rc;
+}
+
+/* A parameters_grad record ({param: [leaf]} or {param: leaf}): 1 plain (leaves emitted), 0 not, -1 error. */
+static int
+param_grad_record(PyObject *node, PyObject *record, PyObject *leaves, PyObject *labels, PyObject *roles,
+                  Py_ssize_t *n)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *val;
+    while (PyDict_Next(record, &pos, &key, &val)) {  /* check first: nothing is emitted for a record handed back */
+        PyObject *leaf = (PyList_CheckExact(val) && PyList_GET_SIZE(val) == 1) ? PyList_GET_ITEM(val, 0) : val;
+        if (!PyUnicode_CheckExact(key))
+            return 0;
+        if (leaf == Py_None)
+            continue;
+        if (!PyDict_CheckExact(leaf))
+            return 0;
+        int kind = item_kind(leaf);
+        if (kind != 1)
+            return kind < 0 ? -1 : 0;
+        (*n)++;
+    }
+    if (*n == 0)
+        return 1;
+    PyObject *dot = PyUnicode_Concat(node, s_dot);
+    if (dot == NULL)
+        return -1;
+    pos = 0;
+    while (PyDict_Next(record, &pos, &key, &val)) {
+        PyObject *leaf = (PyList_CheckExact(val) && PyList_GET_SIZE(val) == 1) ? PyList_GET_ITEM(val, 0) : val;
+        if (leaf != Py_None && emit_leaf(leaf, PyUnicode_Concat(dot, key), s_grad, leaves, labels, roles) < 0) {
+            Py_DECREF(dot);
+            return -1;
+        }
+    }
+    Py_DECREF(dot);
+    return 1;
+}
+
+/* 1: the record is plain (its sections checked, plain[] and vals[] filled), 0: not plain, -1: error */
+static int
+check_record(PyObject *record, PyObject **vals, int *plain, Py_ssize_t *n_leaves)
+{
+    Py_ssize_t n_keys = PyDict_GET_SIZE(record), found = 0, n_order = PyTuple_GET_SIZE(g_order);
+    for (Py_ssize_t i = 0; i < n_order; i++) {
+        vals[i] = NULL;
+        if (found == n_keys)
+            continue;
+        PyObject *v = PyDict_GetItemWithError(record, PyTuple_GET_ITEM(PyTuple_GET_ITEM(g_order, i), 0));
+        if (v == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            continue;
+        }
+        found++;
+        int p = check_section(v, n_leaves);
+        if (p <= 0)
+            return p;
+        vals[i] = v;
+        plain[i] = p;
+    }
+    if (found != n_keys) {
+        if (found == 0)
+            return 0;  /* maybe the record is itself a tensor (debug.json): the reference walk */
+        Py_ssize_t pos = 0;
+        PyObject *key, *v;
+        while (PyDict_Next(record, &pos, &key, &v)) {
+            if ((PyDict_CheckExact(v) && PyDict_GET_SIZE(v)) || (PyList_CheckExact(v) && PyList_GET_SIZE(v)))
+            {
+                /* a known section was read above; any other key holding a container is a section of its own */
+                int known = 0;
+                for (Py_ssize_t i = 0; i < n_order && !known; i++) {
+                    known = PyObject_RichCompareBool(key, PyTuple_GET_ITEM(PyTuple_GET_ITEM(g_order, i), 0), Py_EQ);
+                    if (known < 0)
+                        return -1;
+                }
+                if (!known)
+                    return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* flags for the Python run facts: 1 FileFacts.node, 2 FileFacts.api */
+static int
+fact_flags(PyObject *node, PyObject *record, PyObject *parent, int sigs)
+{
+    int flags = 0, r;
+    r = PyDict_Contains(record, s_parameters);
+    if (r < 0)
+        return -1;
+    if (!r) {
+        r = PyUnicode_Check(parent) ? (int)PyUnicode_Tailmatch(parent, s_optimizer, 0, PY_SSIZE_T_MAX, -1) : 0;
+        if (!r && (r = contains(node, s_fused)) == 0 && (r = contains(node, s_addcdiv)) == 0 &&
+            (r = contains(node, s_lerp)) == 0)
+            r = starts_with_any(node, g_undefined);
+        if (r < 0)
+            return -1;
+    }
+    if (r)
+        flags |= 1;
+    r = ends_with(node, s_forward_end);
+    if (r < 0)
+        return -1;
+    if (r) {
+        r = sigs ? starts_with_any(node, g_module_cell) : starts_with_any(node, g_no_sig);
+        if (r < 0)
+            return -1;
+        if (sigs ? !r : r)
+            flags |= 2;
+    }
+    return flags;
+}
+
+static PyObject *
+walk_batch(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *data, *names, *parents, *leaves, *labels, *roles, *nodes, *node_parents, *counts, *todo;
+    Py_ssize_t pos;
+    int sigs, need_backward, need_forward;
+    if (!PyArg_ParseTuple(args, "O!nO!O!O!O!O!O!O!O!O!ppp", &PyDict_Type, &data, &pos, &PyDict_Type, &names,
+                          &PyDict_Type, &parents, &PyList_Type, &leaves, &PyList_Type, &labels, &PyList_Type,
+                          &roles, &PyList_Type, &nodes, &PyList_Type, &node_parents, &PyList_Type, &counts,
+                          &PyList_Type, &todo, &sigs, &need_backward, &need_forward))
+        return NULL;
+    if (g_order == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_cwalk.configure() was not called");
+        return NULL;
+    }
+    PyObject *vals[MAX_SECTIONS];
+    int plain[MAX_SECTIONS];
+    Py_ssize_t n_order = PyTuple_GET_SIZE(g_order);
+    PyObject *key, *record;
+    while (PyDict_Next(data, &pos, &key, &record)) {
+        PyObject *node = PyDict_GetItemWithError(names, key);
+        if (node == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            node = key;
+        }
+        PyObject *parent = PyDict_GetItemWithError(parents, key);
+        if (parent == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            parent = s_empty;
+        }
+        int hand_back = !PyDict_CheckExact(record) || !PyUnicode_CheckExact(node);
+        if (!hand_back && (need_backward || need_forward)) {
+            /* the release probe (_File.look) reads these records */
+            int r = 0;
+            if (need_backward && ((r = ends_with(node, s_backward_end)) != 0 ||
+                                  (r = contains(node, s_backward_mid)) != 0))
+                hand_back = r;
+            else if (need_forward && ((r = ends_with(node, s_forward_end)) != 0 ||
+                                      (r = contains(node, s_forward_mid)) != 0))
+                hand_back = r;
+            if (r < 0)
+                return NULL;
+        }
+        if (!hand_back) {
+            int r = starts_with_any(node, g_comm);
+            if (r < 0)
+                return NULL;
+            hand_back = r;
+        }
+        Py_ssize_t n_leaves = 0;
+        int param_grad = 0;
+        if (!hand_back) {
+            int r = contains(node, s_param_grad);
+            if (r > 0) {  /* Walk.node's test: the text, then node_kind */
+                PyObject *kind = PyObject_CallOneArg(g_node_kind, node);
+                if (kind == NULL)
+                    return NULL;
+                r = PyObject_RichCompareBool(kind, s_param_grad_kind, Py_EQ);
+                Py_DECREF(kind);
+            }
+            if (r < 0)
+                return NULL;
+            if (r) {
+                param_grad = 1;
+                r = param_grad_record(node, record, leaves, labels, roles, &n_leaves);
+            }
+            else
+                r = check_record(record, vals, plain, &n_leaves);
+            if (r < 0)
+                return NULL;
+            hand_back = !r;
+        }
+        if (hand_back)
+            return Py_BuildValue("nOOO", pos, node, record, parent);
+        if (n_leaves) {
+            for (Py_ssize_t i = 0; i < n_order && !param_grad; i++) {
+                if (vals[i] == NULL)
+                    continue;
+                PyObject *o = PyTuple_GET_ITEM(g_order, i);
+                if (emit_section(node, vals[i], plain[i], PyTuple_GET_ITEM(o, 1), PyTuple_GET_ITEM(o, 2), leaves,
+                                 labels, roles) < 0)
+                    return NULL;
+            }
+            if (PyList_Append(nodes, node) < 0 || PyList_Append(node_parents, parent) < 0 ||
+                append_new(counts, PyLong_FromSsize_t(n_leaves)) < 0)
+                return NULL;
+        }
+        int flags = fact_flags(node, record, parent, sigs);
+        if (flags < 0)
+            return NULL;
+        if (flags && append_new(todo, Py_BuildValue("iOOO", flags, node, record, parent)) < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------------- node names */
+
+static int
+all_digits(const char *s, Py_ssize_t n)
+{
+    if (n <= 0)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+    return 1;
+}
+
+/* the int of n ASCII digits (n < 19: it fits in 64 bits) */
+static PyObject *
+digits_value(const char *s, Py_ssize_t n)
+{
+    long long v = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        v = v * 10 + (s[i] - '0');
+    return PyLong_FromLongLong(v);
+}
+
+static Py_ssize_t
+rfind_dot(const char *s, Py_ssize_t end)
+{
+    for (Py_ssize_t i = end - 1; i >= 0; i--)
+        if (s[i] == '.')
+            return i;
+    return -1;
+}
+
+/* one(text): names.setdefault(text, text) of s[a:b] (a new reference) */
+static PyObject *
+one_text(PyObject *names, const char *s, Py_ssize_t a, Py_ssize_t b)
+{
+    PyObject *text = PyUnicode_FromStringAndSize(s + a, b - a);
+    if (text == NULL)
+        return NULL;
+    PyObject *kept = PyDict_SetDefault(names, text, text);
+    Py_XINCREF(kept);
+    Py_DECREF(text);
+    return kept;
+}
+
+static int
+append_parts(PyObject *const *lists, PyObject *kind, PyObject *api, PyObject *module, PyObject *direction,
+             PyObject *call)
+{
+    /* lists: kinds, apis, modules, dirs, calls; api and call are new references (stolen) */
+    int rc = -1;
+    if (api != NULL && call != NULL && PyList_Append(lists[0], kind) == 0 && PyList_Append(lists[1], api) == 0 &&
+        PyList_Append(lists[2], module) == 0 && PyList_Append(lists[3], direction) == 0 &&
+        PyList_Append(lists[4], call) == 0)
+        rc = 0;
+    Py_XDECREF(api);
+    Py_XDECREF(call);
+    return rc;
+}
+
+/* The common spellings of NodeParts.add, split in line: 1 done, 0 not one of them, -1 error. */
+static int
+split_common(PyObject *node, PyObject *of, PyObject *names, PyObject *const *lists)
+{
+    if (!PyUnicode_IS_ASCII(node))
+        return 0;
+    const char *s = (const char *)PyUnicode_DATA(node);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(node);
+    if (memchr(s, '\n', (size_t)n) != NULL)
+        return 0;
+    Py_ssize_t d = rfind_dot(s, n);  /* head = s[:d], last = s[d+1:] (d == -1: head "", last the whole) */
+    const char *last = s + d + 1;
+    Py_ssize_t n_last = n - d - 1;
+    int fwd = n_last == 7 && memcmp(last, "forward", 7) == 0;
+    int bwd = n_last == 8 && memcmp(last, "backward", 8) == 0;
+    if (fwd || bwd) {  /* {api}.{call}.{direction} */
+        if (d < 0)
+            return 0;
+        Py_ssize_t e = rfind_dot(s, d);  /* api = s[:e], call = s[e+1:d] */
+        if (e <= 0)
+            return 0;  /* no separator, or an empty api */
+        Py_ssize_t n_call = d - e - 1;
+        if (!all_digits(s + e + 1, n_call) || n_call >= 19)
+            return 0;
+        return append_parts(lists, s_kind_api, one_text(names, s, 0, e), of, fwd ? s_forward : s_backward,
+                            digits_value(s + e + 1, n_call)) < 0 ? -1 : 1;
+    }
+    if (d < 0 || !all_digits(last, n_last) || n_last >= 19)
+        return 0;
+    Py_ssize_t e = rfind_dot(s, d);  /* body = s[:e], direction = s[e+1:d] */
+    if (e < 0)
+        return 0;
+    Py_ssize_t n_dir = d - e - 1;
+    fwd = n_dir == 7 && memcmp(s + e + 1, "forward", 7) == 0;
+    bwd = n_dir == 8 && memcmp(s + e + 1, "backward", 8) == 0;
+    if (!fwd && !bwd)
+        return 0;
+    const char *dot = memchr(s, '.', (size_t)e);  /* pre = s[:p], body = s[p+1:e] */
+    if (dot == NULL)
+        return 0;
+    Py_ssize_t p = dot - s;
+    if (p + 1 >= e)
+        return 0;  /* an empty body */
+    if (!((p == 6 && memcmp(s, "Module", 6) == 0) || (p == 4 && memcmp(s, "Cell", 4) == 0)))
+        return 0;
+    Py_ssize_t c = rfind_dot(s, e);  /* within body: path = s[p+1:c], cls = s[c+1:e] (no dot: path "") */
+    PyObject *path, *cls;
+    if (c <= p) {
+        cls = one_text(names, s, p + 1, e);
+        path = one_text(names, s, 0, 0);
+    }
+    else {
+        cls = one_text(names, s, c + 1, e);
+        path = one_text(names, s, p + 1, c);
+    }
+    if (path == NULL) {
+        Py_XDECREF(cls);
+        return -1;
+    }
+    int rc = append_parts(lists, s_kind_module, cls, path, fwd ? s_forward : s_backward,
+                          digits_value(last, n_last));
+    Py_DECREF(path);
+    return rc < 0 ? -1 : 1;
+}
+
+static PyObject *
+parts_add(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *nodes, *parents, *kinds, *apis, *modules, *dirs, *calls, *out, *of_parent, *names, *module_of,
+        *name_parts;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!O!O!OO", &PyList_Type, &nodes, &PyList_Type, &parents,
+                          &PyList_Type, &kinds, &PyList_Type, &apis, &PyList_Type, &modules, &PyList_Type, &dirs,
+                          &PyList_Type, &calls, &PyList_Type, &out, &PyDict_Type, &of_parent, &PyDict_Type, &names,
+                          &module_of, &name_parts))
+        return NULL;
+    if (s_kind_api == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_cwalk.configure() was not called");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(nodes) != PyList_GET_SIZE(parents)) {
+        PyErr_SetString(PyExc_ValueError, "nodes and parents differ in length");
+        return NULL;
+    }
+    PyObject *lists[5] = {kinds, apis, modules, dirs, calls};
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *node = PyList_GET_ITEM(nodes, i), *parent = PyList_GET_ITEM(parents, i);
+        PyObject *hit = PyDict_GetItemWithError(of_parent, parent);
+        if (hit == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            PyObject *module = PyObject_CallOneArg(module_of, parent);
+            if (module == NULL)
+                return NULL;
+            hit = PyTuple_Pack(2, parent, module);
+            Py_DECREF(module);
+            if (hit == NULL || PyDict_SetItem(of_parent, parent, hit) < 0) {
+                Py_XDECREF(hit);
+                return NULL;
+            }
+            Py_DECREF(hit);  /* of_parent holds it */
+        }
+        if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2) {
+            PyErr_SetString(PyExc_TypeError, "of_parent: (parent, module) pairs");
+            return NULL;
+        }
+        PyObject *of = PyTuple_GET_ITEM(hit, 1);
+        if (PyList_Append(out, PyTuple_GET_ITEM(hit, 0)) < 0)
+            return NULL;
+        int r = PyUnicode_CheckExact(node) ? PyUnicode_Contains(node, s_param_grad) : 1;
+        if (r < 0)
+            return NULL;
+        if (!r) {
+            r = split_common(node, of, names, lists);
+            if (r < 0)
+                return NULL;
+            if (r)
+                continue;
+        }
+        PyObject *got = PyObject_CallOneArg(name_parts, node);
+        if (got == NULL)
+            return NULL;
+        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 5) {
+            Py_DECREF(got);
+            PyErr_SetString(PyExc_TypeError, "name_parts: 5-tuples");
+            return NULL;
+        }
+        PyObject *kind = PyTuple_GET_ITEM(got, 0), *api = PyTuple_GET_ITEM(got, 1);
+        PyObject *module = PyTuple_GET_ITEM(got, 2);
+        int is_api = PyObject_RichCompareBool(kind, s_kind_api, Py_EQ);
+        PyObject *kept_api = is_api < 0 ? NULL : PyDict_SetDefault(names, api, api);
+        PyObject *kept_module = (is_api < 0 || kept_api == NULL) ? NULL : is_api ? of :
+                                PyDict_SetDefault(names, module, module);
+        int rc = -1;
+        if (kept_module != NULL)
+            rc = append_parts(lists, kind, Py_NewRef(kept_api), kept_module, PyTuple_GET_ITEM(got, 3),
+                              Py_NewRef(PyTuple_GET_ITEM(got, 4)));
+        Py_DECREF(got);
+        if (rc < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(non_tensor_types, order, index, undefined_prefixes, comm_prefixes, no_signature, module_cell, "
+     "node_kind)"},
+    {"walk_batch", walk_batch, METH_VARARGS,
+     "walk_batch(data, pos, names, parents, leaves, labels, roles, nodes, node_parents, counts, todo, sigs, "
+     "need_backward, need_forward) -> None, or (pos, node, record, parent) of a record to read in Python"},
+    {"parts_add", parts_add, METH_VARARGS,
+     "parts_add(nodes, parents, kinds, apis, modules, dirs, calls, out_parents, of_parent, names, module_of, "
+     "name_parts): NodeParts.add"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_cwalk", "The common msprobe node records of a batch, walked in C (optional).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC
+PyInit__cwalk(void)
+{
+    return PyModule_Create(&module);
+}
