@@ -22,6 +22,7 @@ Examples
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -120,6 +121,32 @@ def _scalars(value: Any, path: str, out: dict[str, list[Any]], depth: int, *, kw
             _scalars(x, path, out, depth + 1, kwarg=kwarg)
 
 
+def _arg_scalars(value: Any, path: str, out: dict[str, list[Any]]) -> None:
+    _scalars(value, path, out, 1, kwarg=False)
+
+
+def _kwarg_scalars(value: Any, path: str, out: dict[str, list[Any]]) -> None:
+    _scalars(value, path, out, 1, kwarg=True)
+
+
+_C_SCAN: Any = _ABSENT
+
+
+def _c_scan() -> Any:
+    """:meth:`FileFacts.optimizer`'s argument scan in C (``precnb/io/msprobe/_cwalk.c``), or None.
+
+    None when the extension is not built or ``PRECNB_PURE_PARSER`` is set (the Python scan is the reference).
+    """
+    global _C_SCAN
+    if _C_SCAN is _ABSENT:
+        try:  # imported on first use: precnb.io.msprobe imports this module
+            from precnb.io.msprobe._cwalk import optimizer_args
+        except ImportError:  # pragma: no cover - exercised on an install without the extension
+            optimizer_args = None
+        _C_SCAN = optimizer_args
+    return None if os.environ.get("PRECNB_PURE_PARSER") else _C_SCAN
+
+
 def _add(values: list[Any], v: Any) -> None:
     if len(values) < _MAX_VALUES and not any(type(v) is type(x) and v == x for x in values):
         values.append(v)
@@ -140,7 +167,7 @@ class FileFacts:
      'scalar_args': {'Tensor.addcdiv_': {'value': [-0.1]}}}
     """
 
-    __slots__ = ("_known", "_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs", "undefined")
+    __slots__ = ("_known", "_scan", "_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs", "undefined")
 
     def __init__(self, *, signatures: bool = True) -> None:
         self.signatures = signatures  # False: no scalar_signature (a step read from one file: nothing to compare)
@@ -152,6 +179,7 @@ class FileFacts:
         self.peers: set[int] = set()  # the ranks this file's point-to-point calls send to / receive from
         self._seen: dict[tuple[str, str], set[tuple[type, Any]]] = {}
         self._known: set[tuple[str, str, type, Any]] = set()  # (api, path, type, value) of every value kept
+        self._scan = _c_scan()  # optimizer()'s argument scan in C, when built
 
     def node(self, node: str, record: Mapping[str, Any], parent: str) -> None:
         """Fold in one node record (*parent*: its parent in construct.json, ``""`` when unknown)."""
@@ -183,6 +211,12 @@ class FileFacts:
     def optimizer(self, node: str, record: Mapping[str, Any]) -> None:
         """The scalar arguments of an optimizer op's record (the common ``{type, value}`` ones read in line)."""
         found: dict[str, list[Any]] = {}
+        if self._scan is not None and record.__class__ is dict:  # the same scan, in C (tests/test_cwalk.py)
+            api = self._scan(node, record, found, _POSITIONS, _plain, _arg_scalars, _kwarg_scalars, api_of,
+                             self._known)
+            if api is not None:  # (None: nothing found, or every value kept already: what _merge would see)
+                self._merge(api, found)
+            return
         args, kwargs = record.get("input_args"), record.get("input_kwargs")
         if isinstance(args, list):
             for i, x in enumerate(args):

@@ -17,6 +17,9 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 /* configured once from Python (precnb.io.msprobe.walk / parse): the single source of the rules */
 static PyObject *g_non_tensor = NULL;  /* frozenset of non-tensor leaf types */
@@ -757,6 +760,387 @@ parts_add(PyObject *Py_UNUSED(self), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------------------------------- run facts */
+
+static PyObject *s_input_args, *s_input_kwargs, *s_Max;
+
+/* found.setdefault(path, []).append(v) (v a new reference, stolen) */
+static int
+found_add(PyObject *found, PyObject *path, PyObject *v)
+{
+    if (v == NULL)
+        return -1;
+    PyObject *have = PyDict_GetItemWithError(found, path);
+    if (have == NULL) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(v);
+            return -1;
+        }
+        PyObject *fresh = PyList_New(0);
+        if (fresh == NULL || PyDict_SetItem(found, path, fresh) < 0) {
+            Py_XDECREF(fresh);
+            Py_DECREF(v);
+            return -1;
+        }
+        have = fresh;
+        Py_DECREF(fresh);  /* found holds it */
+    }
+    int r = PyList_Append(have, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* A {type, value} argument's plain value appended under *path* (FileFacts.optimizer's in-line case). */
+static int
+plain_value(PyObject *found, PyObject *path, PyObject *kind, PyObject *v, PyObject *plain)
+{
+    PyObject *got;
+    if ((PyFloat_CheckExact(v) && isfinite(PyFloat_AS_DOUBLE(v))) || PyLong_CheckExact(v))
+        got = Py_NewRef(v);  /* a finite float or an int is its own plain value */
+    else {
+        got = PyObject_CallFunctionObjArgs(plain, kind, v, NULL);
+        if (got == NULL)
+            return -1;
+    }
+    if (got == Py_None) {
+        Py_DECREF(got);
+        return 0;
+    }
+    return found_add(found, path, got);
+}
+
+static int
+call_scalars(PyObject *scalars, PyObject *x, PyObject *path, PyObject *found)
+{
+    PyObject *r = PyObject_CallFunctionObjArgs(scalars, x, path, found, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* api_of(node) for the common spellings ({api}.{call}.{direction}, {api}.{direction}), else the Python one */
+static PyObject *
+api_of(PyObject *node, PyObject *api_of_py)
+{
+    if (PyUnicode_CheckExact(node) && PyUnicode_IS_ASCII(node)) {
+        const char *s = (const char *)PyUnicode_DATA(node);
+        Py_ssize_t n = PyUnicode_GET_LENGTH(node), h = -1;
+        if (memchr(s, '\n', (size_t)n) == NULL) {
+            if (n >= 8 && memcmp(s + n - 8, ".forward", 8) == 0)
+                h = n - 8;
+            else if (n >= 9 && memcmp(s + n - 9, ".backward", 9) == 0)
+                h = n - 9;
+        }
+        if (h >= 0) {  /* head = s[:h] */
+            Py_ssize_t e = rfind_dot(s, h);
+            if (e > 0 && all_digits(s + e + 1, h - e - 1))
+                return PyUnicode_FromStringAndSize(s, e);  /* the shortest api wins */
+            if (h > 0)
+                return PyUnicode_FromStringAndSize(s, h);
+        }
+    }
+    return PyObject_CallOneArg(api_of_py, node);
+}
+
+/* 1: every value of *found* is known already for *api* ((api, path, type, value) in *known*), 0 not, -1 error */
+static int
+all_known(PyObject *api, PyObject *found, PyObject *known)
+{
+    Py_ssize_t pos = 0;
+    PyObject *path, *vals;
+    while (PyDict_Next(found, &pos, &path, &vals)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(vals); i++) {
+            PyObject *v = PyList_GET_ITEM(vals, i);
+            PyObject *key = PyTuple_Pack(4, api, path, (PyObject *)Py_TYPE(v), v);
+            if (key == NULL)
+                return -1;
+            int r = PySet_Contains(known, key);
+            Py_DECREF(key);
+            if (r <= 0)
+                return r;
+        }
+    }
+    return 1;
+}
+
+static int scan_arguments(PyObject *record, PyObject *found, PyObject *positions, PyObject *plain,
+                          PyObject *scalars_arg, PyObject *scalars_kwarg);
+
+/* FileFacts.optimizer: the arguments scanned into *found*; None when there is nothing to merge (nothing found, or
+ * every value known already), else the api to merge them under */
+static PyObject *
+optimizer_args(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *node, *record, *found, *positions, *plain, *scalars_arg, *scalars_kwarg, *api_of_py, *known;
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOOOO!", &node, &PyDict_Type, &record, &PyDict_Type, &found, &PyTuple_Type,
+                          &positions, &plain, &scalars_arg, &scalars_kwarg, &api_of_py, &PySet_Type, &known))
+        return NULL;
+    if (scan_arguments(record, found, positions, plain, scalars_arg, scalars_kwarg) < 0)
+        return NULL;
+    if (PyDict_GET_SIZE(found) == 0)
+        Py_RETURN_NONE;
+    PyObject *api = api_of(node, api_of_py);
+    if (api == NULL)
+        return NULL;
+    int r = all_known(api, found, known);
+    if (r != 0) {
+        Py_DECREF(api);
+        if (r < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return api;
+}
+
+static int
+scan_arguments(PyObject *record, PyObject *found, PyObject *positions, PyObject *plain, PyObject *scalars_arg,
+               PyObject *scalars_kwarg)
+{
+    if (s_input_args == NULL && (!(s_input_args = PyUnicode_InternFromString("input_args")) ||
+                                 !(s_input_kwargs = PyUnicode_InternFromString("input_kwargs")) ||
+                                 !(s_Max = PyUnicode_InternFromString("Max"))))
+        return -1;
+    if (s_type == NULL && configure_strings() < 0)
+        return -1;
+    PyObject *a = PyDict_GetItemWithError(record, s_input_args);
+    if (a == NULL && PyErr_Occurred())
+        return -1;
+    if (a != NULL && PyList_Check(a)) {
+        Py_INCREF(a);  /* a callback may not change it, but hold it anyway */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(a); i++) {
+            PyObject *x = PyList_GET_ITEM(a, i);
+            int rc = 0;
+            PyObject *path = i < PyTuple_GET_SIZE(positions) ? Py_NewRef(PyTuple_GET_ITEM(positions, i))
+                                                             : PyUnicode_FromFormat("%zd", i);
+            if (path == NULL) {
+                Py_DECREF(a);
+                return -1;
+            }
+            Py_INCREF(x);
+            PyObject *kind = PyDict_Check(x) ? PyDict_GetItemWithError(x, s_type) : NULL;
+            if (PyErr_Occurred())
+                rc = -1;
+            else if (kind != NULL && PyUnicode_CheckExact(kind)) {
+                /* a scalar, or a tensor (nothing for a positional argument) */
+                int has_value = PyDict_Contains(x, s_value), has_shape = PyDict_Contains(x, s_shape);
+                if (has_value < 0 || has_shape < 0)
+                    rc = -1;
+                else if (has_value && !has_shape) {
+                    PyObject *v = PyDict_GetItemWithError(x, s_value);
+                    rc = v == NULL ? -1 : plain_value(found, path, kind, v, plain);
+                }
+            }
+            else if (PyDict_Check(x) || PyList_Check(x))
+                rc = call_scalars(scalars_arg, x, path, found);
+            Py_DECREF(x);
+            Py_DECREF(path);
+            if (rc < 0) {
+                Py_DECREF(a);
+                return -1;
+            }
+        }
+        Py_DECREF(a);
+    }
+    PyObject *kw = PyDict_GetItemWithError(record, s_input_kwargs);
+    if (kw == NULL && PyErr_Occurred())
+        return -1;
+    if (kw != NULL && PyDict_Check(kw) && PyDict_GET_SIZE(kw)) {
+        /* the keyword arguments through FileFacts' own _scalars (an object's items may be anything) */
+        PyObject *items = PyDict_Items(kw);
+        if (items == NULL)
+            return -1;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+            PyObject *pair = PyList_GET_ITEM(items, i);
+            PyObject *key = PyObject_Str(PyTuple_GET_ITEM(pair, 0));
+            PyObject *x = PyTuple_GET_ITEM(pair, 1);
+            int rc = key == NULL ? -1 : 0;
+            if (rc == 0 && (PyDict_Check(x) || PyList_Check(x)))
+                rc = call_scalars(scalars_kwarg, x, key, found);
+            Py_XDECREF(key);
+            if (rc < 0) {
+                Py_DECREF(items);
+                return -1;
+            }
+        }
+        Py_DECREF(items);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- value columns */
+
+static PyObject *s_stat_keys[4], *s_nan_text, *s_inf_text, *s_minus_inf_text;
+
+/* one statistic as Columns._stat_column's numpy conversion reads it: 1 done, 0 not one this reads, -1 error */
+static int
+stat_double(PyObject *v, double *out, unsigned char *null, unsigned char bit)
+{
+    static const uint64_t nan_bits = 0x7ff8000000000000ULL;  /* numpy's NaN for None (and float("nan")) */
+    if (v == NULL || v == Py_None) {
+        memcpy(out, &nan_bits, sizeof nan_bits);
+        *null |= bit;
+        return 1;
+    }
+    if (PyFloat_CheckExact(v)) {
+        *out = PyFloat_AS_DOUBLE(v);
+        return 1;
+    }
+    if (PyBool_Check(v)) {
+        *out = v == Py_True ? 1.0 : 0.0;
+        return 1;
+    }
+    if (PyLong_CheckExact(v)) {
+        double d = PyLong_AsDouble(v);
+        if (d == -1.0 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();
+            return 0;  /* beyond the float range: the exact rules (±inf) */
+        }
+        *out = d;
+        return 1;
+    }
+    if (PyUnicode_CheckExact(v)) {  /* the quoted bare tokens (precnb.io.msprobe._json.quote_tokens) */
+        int r;
+        if ((r = PyUnicode_Compare(v, s_nan_text)) == 0) {
+            memcpy(out, &nan_bits, sizeof nan_bits);
+            return 1;
+        }
+        if (r == -1 && PyErr_Occurred())
+            return -1;
+        if ((r = PyUnicode_Compare(v, s_inf_text)) == 0) {
+            *out = INFINITY;
+            return 1;
+        }
+        if (r == -1 && PyErr_Occurred())
+            return -1;
+        if ((r = PyUnicode_Compare(v, s_minus_inf_text)) == 0) {
+            *out = -INFINITY;
+            return 1;
+        }
+        if (r == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+/* leaf_columns(leaves, shapes) -> None (a statistic the exact rules must read: the whole batch goes to
+ * Columns.add_batch's Python path), or (stats, null, shape column, dtype column, shape texts, numel): stats a
+ * bytearray of 4 x n float64 (Max, Min, Mean, Norm), null a bytearray of n null bits, the shape and dtype values
+ * as the leaves hold them (None when absent), and when every shape is a list of ints found in *shapes* (the
+ * per-process table of valid shapes: tuple -> (text, numel)) their texts and a bytearray of n int64 numel, else
+ * None, None. */
+static PyObject *
+leaf_columns(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *leaves, *shapes;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &leaves, &PyDict_Type, &shapes))
+        return NULL;
+    if (s_type == NULL && configure_strings() < 0)
+        return NULL;
+    if (s_nan_text == NULL) {
+        const char *keys[4] = {"Max", "Min", "Mean", "Norm"};
+        for (int k = 0; k < 4; k++)
+            if (!(s_stat_keys[k] = PyUnicode_InternFromString(keys[k])))
+                return NULL;
+        if (!(s_nan_text = PyUnicode_InternFromString("NaN")) ||
+            !(s_inf_text = PyUnicode_InternFromString("Infinity")) ||
+            !(s_minus_inf_text = PyUnicode_InternFromString("-Infinity")))
+            return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(leaves);
+    PyObject *stats = PyByteArray_FromStringAndSize(NULL, 4 * n * (Py_ssize_t)sizeof(double));
+    PyObject *null = PyByteArray_FromStringAndSize(NULL, n);
+    PyObject *shape_col = PyList_New(n), *dtype_col = PyList_New(n), *texts = PyList_New(n);
+    PyObject *numel = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(long long));
+    PyObject *result = NULL;
+    if (!stats || !null || !shape_col || !dtype_col || !texts || !numel)
+        goto done;
+    double *st = (double *)PyByteArray_AS_STRING(stats);
+    unsigned char *nl = (unsigned char *)PyByteArray_AS_STRING(null);
+    long long *ne = (long long *)PyByteArray_AS_STRING(numel);
+    int all_shapes = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *leaf = PyList_GET_ITEM(leaves, i);
+        if (!PyDict_CheckExact(leaf)) {
+            PyErr_SetString(PyExc_TypeError, "leaves: dicts");
+            goto done;
+        }
+        nl[i] = 0;
+        for (int k = 0; k < 4; k++) {
+            PyObject *v = PyDict_GetItemWithError(leaf, s_stat_keys[k]);
+            if (v == NULL && PyErr_Occurred())
+                goto done;
+            int r = stat_double(v, st + k * n + i, nl + i, (unsigned char)(1 << k));
+            if (r < 0)
+                goto done;
+            if (r == 0) {
+                result = Py_NewRef(Py_None);
+                goto done;
+            }
+        }
+        PyObject *shape = PyDict_GetItemWithError(leaf, s_shape);
+        PyObject *dtype = PyDict_GetItemWithError(leaf, s_dtype);
+        if ((shape == NULL || dtype == NULL) && PyErr_Occurred())
+            goto done;
+        shape = shape ? shape : Py_None;
+        dtype = dtype ? dtype : Py_None;
+        PyList_SET_ITEM(shape_col, i, Py_NewRef(shape));
+        PyList_SET_ITEM(dtype_col, i, Py_NewRef(dtype));
+        if (!all_shapes)
+            continue;
+        if (!PyList_CheckExact(shape)) {
+            all_shapes = 0;
+            continue;
+        }
+        Py_ssize_t nd = PyList_GET_SIZE(shape);
+        PyObject *key = PyTuple_New(nd);
+        if (key == NULL)
+            goto done;
+        for (Py_ssize_t d = 0; d < nd; d++) {
+            PyObject *x = PyList_GET_ITEM(shape, d);
+            if (!PyLong_CheckExact(x)) {
+                all_shapes = 0;
+                break;
+            }
+            PyTuple_SET_ITEM(key, d, Py_NewRef(x));
+        }
+        PyObject *info = NULL;
+        if (all_shapes) {
+            info = PyDict_GetItemWithError(shapes, key);
+            if (info == NULL && PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto done;
+            }
+        }
+        Py_DECREF(key);  /* (a tuple left part-filled holds NULLs, which its dealloc skips) */
+        if (info == NULL || !PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 2 ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(info, 1))) {
+            all_shapes = 0;
+            continue;
+        }
+        long long count = PyLong_AsLongLong(PyTuple_GET_ITEM(info, 1));
+        if (count == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            all_shapes = 0;
+            continue;
+        }
+        ne[i] = count;
+        PyList_SET_ITEM(texts, i, Py_NewRef(PyTuple_GET_ITEM(info, 0)));
+    }
+    if (all_shapes)
+        result = PyTuple_Pack(6, stats, null, shape_col, dtype_col, texts, numel);
+    else
+        result = PyTuple_Pack(6, stats, null, shape_col, dtype_col, Py_None, Py_None);
+done:
+    Py_XDECREF(stats);
+    Py_XDECREF(null);
+    Py_XDECREF(shape_col);
+    Py_XDECREF(dtype_col);
+    Py_XDECREF(texts);
+    Py_XDECREF(numel);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(non_tensor_types, order, index, undefined_prefixes, comm_prefixes, no_signature, module_cell, "
@@ -767,6 +1151,11 @@ static PyMethodDef methods[] = {
     {"parts_add", parts_add, METH_VARARGS,
      "parts_add(nodes, parents, kinds, apis, modules, dirs, calls, out_parents, of_parent, names, module_of, "
      "name_parts): NodeParts.add"},
+    {"optimizer_args", optimizer_args, METH_VARARGS,
+     "optimizer_args(node, record, found, positions, plain, scalars_arg, scalars_kwarg, api_of, known) -> api "
+     "or None: FileFacts.optimizer's scan"},
+    {"leaf_columns", leaf_columns, METH_VARARGS,
+     "leaf_columns(leaves, shapes) -> None or (stats, null, shapes, dtypes, shape texts, numel): Columns.add_batch"},
     {NULL, NULL, 0, NULL},
 };
 

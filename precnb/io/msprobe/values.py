@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import os
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -42,6 +43,11 @@ import numpy as np
 from precnb.io.records import _shape_text, stat_value
 
 __all__ = ["MAX_COUNTER", "Columns", "Issues", "TextColumn", "short", "unsafe_data_name", "valid_shape"]
+
+try:  # the columns of a batch of leaves in C (built from _cwalk.c when a compiler was there at install)
+    from precnb.io.msprobe._cwalk import leaf_columns as C_COLUMNS
+except ImportError:  # pragma: no cover - exercised on an install without the extension
+    C_COLUMNS = None
 
 MAX_COUNTER = 2**62  # call counters, micro steps, numel
 _STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm"))
@@ -216,6 +222,11 @@ class Columns:
         n = len(leaves)
         if not n:
             return
+        got = C_COLUMNS(leaves, _SHAPES) if C_COLUMNS is not None and leaves.__class__ is list and not \
+            os.environ.get("PRECNB_PURE_PARSER") else None  # the same columns, in C (tests/test_cwalk.py)
+        if got is not None:
+            self._add_columns(leaves, labels, issues, got)
+            return
         try:  # one pass over the leaves for the six fields every leaf has
             cols: list[Sequence[Any]] = list(zip(*map(_FIELDS, leaves), strict=True))
         except KeyError:
@@ -228,13 +239,34 @@ class Columns:
         self._null.append(null)
         self._shapes(cols[4], labels, issues)
         self._strings(leaves, cols[5], labels, issues)
+        self._leaf_type(leaves)
+        self.n += n
+
+    def _add_columns(self, leaves: Sequence[dict[str, Any]], labels: Sequence[str], issues: Issues,
+                     got: tuple[Any, ...]) -> None:
+        """:meth:`add_batch` from the columns :mod:`precnb.io.msprobe._cwalk` read (statistics, shapes, dtypes)."""
+        stats, null, shapes, dtypes, texts, numel = got
+        n = len(leaves)
+        table = np.frombuffer(stats, np.float64).reshape(4, n)
+        for bit, (name, _) in enumerate(_STAT_KEYS):
+            self._stats[name].append(table[bit])
+        self._null.append(np.frombuffer(null, np.uint8))
+        if texts is not None:  # every shape one seen before
+            self.shape.extend(texts)
+            self._numel.append(np.frombuffer(numel, np.int64))
+        else:
+            self._shapes(shapes, labels, issues)
+        self._strings(leaves, dtypes, labels, issues)
+        self._leaf_type(leaves)
+        self.n += n
+
+    def _leaf_type(self, leaves: Sequence[dict[str, Any]]) -> None:
         if not self.leaf_type:
             for v in leaves:
                 t = v["type"]
                 if t.startswith(("torch", "mindspore", "mindtorch")):
                     self.leaf_type = t
                     break
-        self.n += n
 
     def _stat_column(self, col: Sequence[Any], bit: int, key: str, null: np.ndarray, labels: Sequence[str],
                      issues: Issues) -> np.ndarray:
