@@ -55,9 +55,9 @@ class BuildPyWithData(build_py):
             shutil.copyfile(nb, dst / nb.name)
 
 
-# the C walk of the common msprobe records (precnb/io/msprobe/_cwalk.c, CPython C API only): optional, an install
+# the C walk of the common msprobe records (precnb/io/_cwalk.c, CPython C API only): optional, an install
 # without a compiler gets the pure Python walk, which gives the same records (PRECNB_PURE_PARSER=1 selects it)
-CWALK = Extension("precnb.io.msprobe._cwalk", ["precnb/io/msprobe/_cwalk.c"], optional=True,
+CWALK = Extension("precnb.io._cwalk", ["precnb/io/_cwalk.c"], optional=True,
                   extra_compile_args=["-O2"])
 
 setup(cmdclass={"build_py": BuildPyWithData}, ext_modules=[CWALK])

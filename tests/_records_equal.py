@@ -13,7 +13,8 @@ def _array_same(a: Any, b: Any, what: str) -> None:
     assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
     assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
     if a.dtype.kind == "f":  # bit for bit: NaN payloads, -0.0 and ±inf included
-        assert a.tobytes() == b.tobytes(), f"{what}: first difference at {np.flatnonzero(a.view(np.uint64) != b.view(np.uint64))[:3]}"
+        at = np.flatnonzero(a.view(np.uint64) != b.view(np.uint64))[:3]
+        assert a.tobytes() == b.tobytes(), f"{what}: first differences at {at}"
     else:
         assert a.tolist() == b.tolist(), f"{what}: differs"
 

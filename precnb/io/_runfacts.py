@@ -22,11 +22,11 @@ Examples
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from precnb.io._cext import cwalk
 from precnb.io._record_facts import (
     UNDEFINED_PREFIXES,
     p2p_peers,
@@ -129,22 +129,13 @@ def _kwarg_scalars(value: Any, path: str, out: dict[str, list[Any]]) -> None:
     _scalars(value, path, out, 1, kwarg=True)
 
 
-_C_SCAN: Any = _ABSENT
-
-
 def _c_scan() -> Any:
-    """:meth:`FileFacts.optimizer`'s argument scan in C (``precnb/io/msprobe/_cwalk.c``), or None.
+    """:meth:`FileFacts.optimizer`'s argument scan in C (``precnb/io/_cwalk.c``), or None.
 
     None when the extension is not built or ``PRECNB_PURE_PARSER`` is set (the Python scan is the reference).
     """
-    global _C_SCAN
-    if _C_SCAN is _ABSENT:
-        try:  # imported on first use: precnb.io.msprobe imports this module
-            from precnb.io.msprobe._cwalk import optimizer_args
-        except ImportError:  # pragma: no cover - exercised on an install without the extension
-            optimizer_args = None
-        _C_SCAN = optimizer_args
-    return None if os.environ.get("PRECNB_PURE_PARSER") else _C_SCAN
+    c = cwalk()
+    return None if c is None else c.optimizer_args
 
 
 def _add(values: list[Any], v: Any) -> None:
@@ -167,7 +158,8 @@ class FileFacts:
      'scalar_args': {'Tensor.addcdiv_': {'value': [-0.1]}}}
     """
 
-    __slots__ = ("_known", "_scan", "_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs", "undefined")
+    __slots__ = ("_known", "_scan", "_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs",
+                 "undefined")
 
     def __init__(self, *, signatures: bool = True) -> None:
         self.signatures = signatures  # False: no scalar_signature (a step read from one file: nothing to compare)

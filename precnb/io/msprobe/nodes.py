@@ -15,21 +15,17 @@ Examples
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from precnb.io._cext import cwalk
 from precnb.io.msprobe.values import MAX_COUNTER
 from precnb.naming import parse_node
 
 __all__ = ["NODE_COLUMNS", "NodeParts", "name_parts", "node_columns", "node_kind"]
 
-try:  # NodeParts.add in C (built from _cwalk.c when a compiler was there at install)
-    from precnb.io.msprobe._cwalk import parts_add as C_PARTS
-except ImportError:  # pragma: no cover - exercised on an install without the extension
-    C_PARTS = None
 
 
 NODE_COLUMNS = ("node", "module", "api", "kind", "direction", "parent", "call", "micro_step")
@@ -138,10 +134,10 @@ class NodeParts:
         """
         kinds, apis, modules, dirs, calls = self.kinds, self.apis, self.modules, self.dirs, self.calls
         out = self.parents
-        if C_PARTS is not None and nodes.__class__ is list and parents.__class__ is list and not os.environ.get(
-                "PRECNB_PURE_PARSER"):  # the same, in C (precnb/io/msprobe/_cwalk.c; tests/test_cwalk.py)
-            C_PARTS(nodes, parents, kinds, apis, modules, dirs, calls, out, self._of_parent, self._names, _module_of,
-                    name_parts)
+        c = cwalk()
+        if c is not None and nodes.__class__ is list and parents.__class__ is list:  # the same, in C (test_cwalk.py)
+            c.parts_add(nodes, parents, kinds, apis, modules, dirs, calls, out, self._of_parent, self._names,
+                        _module_of, name_parts)
             return
         of_parent, one = self._of_parent, self._names.setdefault
         for node, parent in zip(nodes, parents, strict=True):

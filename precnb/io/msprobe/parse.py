@@ -126,7 +126,7 @@ class _File:
     def batch(self, data: Mapping[str, Any]) -> None:
         """Read one batch of node records (all of ``data`` for a whole-file parse).
 
-        The common records are walked in C when :mod:`precnb.io.msprobe._cwalk` is built (and
+        The common records are walked in C when :mod:`precnb.io._cwalk` is built (and
         ``PRECNB_PURE_PARSER`` is not set); every other record, and every record without it, is read
         by :meth:`record`. Both give the same lists (``tests/test_cwalk.py``).
         """

@@ -33,21 +33,18 @@ from __future__ import annotations
 
 import itertools
 import operator
-import os
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import numpy as np
 
+from precnb.io._cext import cwalk
+from precnb.io.msprobe._textcol import TextColumn, _join
 from precnb.io.records import _shape_text, stat_value
 
 __all__ = ["MAX_COUNTER", "Columns", "Issues", "TextColumn", "short", "unsafe_data_name", "valid_shape"]
 
-try:  # the columns of a batch of leaves in C (built from _cwalk.c when a compiler was there at install)
-    from precnb.io.msprobe._cwalk import leaf_columns as C_COLUMNS
-except ImportError:  # pragma: no cover - exercised on an install without the extension
-    C_COLUMNS = None
 
 MAX_COUNTER = 2**62  # call counters, micro steps, numel
 _STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm"))
@@ -155,50 +152,6 @@ def _shape_info(key: tuple[int, ...]) -> tuple[str, int] | None:
     return hit
 
 
-class TextColumn:
-    """A string column of few distinct texts, kept as small integer codes batch by batch (not a list of millions).
-
-    Examples
-    --------
-    >>> col = TextColumn()
-    >>> col.extend(["input", "output", "input"])
-    >>> col.extend(["grad"])
-    >>> col.array().tolist(), "grad" in col, "parameter" in col, len(col)
-    (['input', 'output', 'input', 'grad'], True, False, 4)
-    """
-
-    __slots__ = ("_code", "_n", "_parts", "_texts")
-
-    def __init__(self) -> None:
-        self._code: dict[str, int] = {}
-        self._texts: list[str] = []
-        self._parts: list[np.ndarray] = []
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __contains__(self, text: object) -> bool:
-        return text in self._code  # a text gets a code when it is first added
-
-    def extend(self, texts: Sequence[str]) -> None:
-        """Append *texts* (strings)."""
-        code = self._code
-        for t in set(texts) - code.keys():
-            code[t] = len(self._texts)
-            self._texts.append(t)
-        kind = np.uint16 if len(self._texts) <= 1 << 16 else np.int32
-        self._parts.append(np.fromiter(map(code.__getitem__, texts), kind, len(texts)))
-        self._n += len(texts)
-
-    def array(self) -> np.ndarray:
-        """The column as an object array of str (the codes are let go)."""
-        table = np.empty(len(self._texts), object)
-        table[:] = self._texts
-        codes = _join(self._parts, np.int32)
-        return table[codes]
-
-
 class Columns:
     """Accumulate the columns of a file's tensor leaves, batch by batch."""
 
@@ -222,8 +175,8 @@ class Columns:
         n = len(leaves)
         if not n:
             return
-        got = C_COLUMNS(leaves, _SHAPES) if C_COLUMNS is not None and leaves.__class__ is list and not \
-            os.environ.get("PRECNB_PURE_PARSER") else None  # the same columns, in C (tests/test_cwalk.py)
+        c = cwalk()
+        got = c.leaf_columns(leaves, _SHAPES) if c is not None and leaves.__class__ is list else None  # test_cwalk
         if got is not None:
             self._add_columns(leaves, labels, issues, got)
             return
@@ -244,7 +197,7 @@ class Columns:
 
     def _add_columns(self, leaves: Sequence[dict[str, Any]], labels: Sequence[str], issues: Issues,
                      got: tuple[Any, ...]) -> None:
-        """:meth:`add_batch` from the columns :mod:`precnb.io.msprobe._cwalk` read (statistics, shapes, dtypes)."""
+        """:meth:`add_batch` from the columns :mod:`precnb.io._cwalk` read (statistics, shapes, dtypes)."""
         stats, null, shapes, dtypes, texts, numel = got
         n = len(leaves)
         table = np.frombuffer(stats, np.float64).reshape(4, n)
@@ -419,10 +372,3 @@ class Columns:
         out["shape"], out["dtype"] = self.shape.array(), self.dtype.array()
         self.shape, self.dtype = TextColumn(), TextColumn()
         return out
-
-
-def _join(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
-    """*parts* concatenated into one array; *parts* is emptied."""
-    out = np.concatenate(parts) if parts else np.zeros(0, dtype)
-    parts.clear()
-    return out

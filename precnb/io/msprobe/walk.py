@@ -20,11 +20,11 @@ Examples
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
+from precnb.io._cext import CWALK, cwalk
 from precnb.io._record_facts import UNDEFINED_PREFIXES
 from precnb.io.msprobe.nodes import node_kind
 from precnb.naming import COMM_PREFIXES
@@ -273,17 +273,14 @@ def leaves_of(node: str, record: Any, kind: str | None = None) -> list[tuple[str
 
 
 
-try:  # the C walk of the common records (built from _cwalk.c when a compiler was there at install)
-    from precnb.io.msprobe import _cwalk as _C
-except ImportError:  # pragma: no cover - exercised on an install without the extension
-    _C = None
-else:
+_C = CWALK  # the C walk of the common records (precnb/io/_cwalk.c), when built
+if _C is not None:
     _C.configure(_NON_TENSOR_TYPES, _ORDER, _INDEX, UNDEFINED_PREFIXES, COMM_PREFIXES, NO_SIGNATURE,
                  ("Module.", "Cell."), node_kind)
 
 
 def fast_walk() -> ModuleType | None:
-    """The C walk (:mod:`precnb.io.msprobe._cwalk`), or None: not built, or ``PRECNB_PURE_PARSER`` set.
+    """The C walk (:mod:`precnb.io._cwalk`), or None: not built, or ``PRECNB_PURE_PARSER`` set.
 
     The pure Python walk (:class:`Walk`, read record by record) is the reference: the C one reads
     the common records only and hands every other back to it, with the same results.
@@ -296,4 +293,4 @@ def fast_walk() -> ModuleType | None:
     True
     >>> del os.environ["PRECNB_PURE_PARSER"]
     """
-    return None if _C is None or os.environ.get("PRECNB_PURE_PARSER") else _C
+    return cwalk()

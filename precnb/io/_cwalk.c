@@ -1,4 +1,4 @@
-/* precnb.io.msprobe._cwalk: the common node records of a parsed dump.json batch, walked in C.
+/* precnb.io._cwalk: the common node records of a parsed dump.json batch, walked in C.
  *
  * An optional speed-up of precnb.io.msprobe.parse._File.batch (the pure Python loop and
  * precnb.io.msprobe.walk.Walk.node stay the reference and the fallback; PRECNB_PURE_PARSER=1
