@@ -162,6 +162,13 @@ EDGE_RECORDS: dict[str, Any] = {
 }
 
 
+#: construct.json parents of every spelling (their module paths are read in C or, for the others, in Python)
+PARENTS = ["Module.a.b.Linear.forward.0", "Cell.x.Dense.backward.3", "Module.Linear.forward.1",
+           "Functional.relu.0.forward", "Module.a.b.Linear.parameters_grad", "Module.ü.Linear.forward.0", "optimizer",
+           "clip_grad", "",
+           "Module..forward.1", "Module.a.Linear.forward.x", "Tensor.add.99999999999999999999.forward", "Module"]
+
+
 def _write(root: Path, data: dict[str, Any], indent: int | None, construct: dict[str, Any] | None) -> Path:
     d = root / "step0" / "rank0"
     d.mkdir(parents=True)
@@ -175,7 +182,7 @@ def _write(root: Path, data: dict[str, Any], indent: int | None, construct: dict
 @pytest.mark.parametrize("indent", [None, 1])
 @pytest.mark.parametrize("construct", [False, True])
 def test_edge_records_same_records(tmp_path, indent, construct):
-    parents = {n: ("optimizer" if "adamw" in n else "Module.a.b.Linear.forward.0") for n in EDGE_RECORDS}
+    parents = {n: ("optimizer" if "adamw" in n else PARENTS[i % len(PARENTS)]) for i, n in enumerate(EDGE_RECORDS)}
     root = _write(tmp_path, EDGE_RECORDS, indent, parents if construct else None)
     assert assert_same(root) > 300
 

@@ -617,14 +617,18 @@ append_parts(PyObject *const *lists, PyObject *kind, PyObject *api, PyObject *mo
     return rc;
 }
 
-/* The common spellings of NodeParts.add, split in line: 1 done, 0 not one of them, -1 error. */
+/* The common spellings name_parts splits with string methods (ASCII, no line break; the caller checks that the
+ * name does not hold "parameters_grad"): 1 {api}.{call}.{direction} (api s[a0:a1]), 2
+ * Module|Cell.{path}.{Class}.{direction}.{call} (class s[a0:a1], path s[m0:m1]); the call's digits s[c0:c1].
+ * 0: not one of them. */
+typedef struct {
+    int fwd;
+    Py_ssize_t a0, a1, m0, m1, c0, c1;
+} name_split;
+
 static int
-split_common(PyObject *node, PyObject *of, PyObject *names, PyObject *const *lists)
+parse_common(const char *s, Py_ssize_t n, name_split *out)
 {
-    if (!PyUnicode_IS_ASCII(node))
-        return 0;
-    const char *s = (const char *)PyUnicode_DATA(node);
-    Py_ssize_t n = PyUnicode_GET_LENGTH(node);
     if (memchr(s, '\n', (size_t)n) != NULL)
         return 0;
     Py_ssize_t d = rfind_dot(s, n);  /* head = s[:d], last = s[d+1:] (d == -1: head "", last the whole) */
@@ -641,8 +645,8 @@ split_common(PyObject *node, PyObject *of, PyObject *names, PyObject *const *lis
         Py_ssize_t n_call = d - e - 1;
         if (!all_digits(s + e + 1, n_call) || n_call >= 19)
             return 0;
-        return append_parts(lists, s_kind_api, one_text(names, s, 0, e), of, fwd ? s_forward : s_backward,
-                            digits_value(s + e + 1, n_call)) < 0 ? -1 : 1;
+        *out = (name_split){fwd, 0, e, 0, 0, e + 1, d};
+        return 1;
     }
     if (d < 0 || !all_digits(last, n_last) || n_last >= 19)
         return 0;
@@ -663,23 +667,58 @@ split_common(PyObject *node, PyObject *of, PyObject *names, PyObject *const *lis
     if (!((p == 6 && memcmp(s, "Module", 6) == 0) || (p == 4 && memcmp(s, "Cell", 4) == 0)))
         return 0;
     Py_ssize_t c = rfind_dot(s, e);  /* within body: path = s[p+1:c], cls = s[c+1:e] (no dot: path "") */
-    PyObject *path, *cls;
-    if (c <= p) {
-        cls = one_text(names, s, p + 1, e);
-        path = one_text(names, s, 0, 0);
-    }
-    else {
-        cls = one_text(names, s, c + 1, e);
-        path = one_text(names, s, p + 1, c);
-    }
+    if (c <= p)
+        *out = (name_split){fwd, p + 1, e, 0, 0, d + 1, n};
+    else
+        *out = (name_split){fwd, c + 1, e, p + 1, c, d + 1, n};
+    return 2;
+}
+
+/* The common spellings of NodeParts.add, split in line: 1 done, 0 not one of them, -1 error. */
+static int
+split_common(PyObject *node, PyObject *of, PyObject *names, PyObject *const *lists)
+{
+    if (!PyUnicode_IS_ASCII(node))
+        return 0;
+    const char *s = (const char *)PyUnicode_DATA(node);
+    name_split sp;
+    int kind = parse_common(s, PyUnicode_GET_LENGTH(node), &sp);
+    if (kind == 0)
+        return 0;
+    PyObject *direction = sp.fwd ? s_forward : s_backward;
+    PyObject *call = digits_value(s + sp.c0, sp.c1 - sp.c0);
+    if (kind == 1)
+        return append_parts(lists, s_kind_api, one_text(names, s, sp.a0, sp.a1), of, direction, call) < 0 ? -1 : 1;
+    PyObject *path = one_text(names, s, sp.m0, sp.m1);
     if (path == NULL) {
-        Py_XDECREF(cls);
+        Py_XDECREF(call);
         return -1;
     }
-    int rc = append_parts(lists, s_kind_module, cls, path, fwd ? s_forward : s_backward,
-                          digits_value(last, n_last));
+    int rc = append_parts(lists, s_kind_module, one_text(names, s, sp.a0, sp.a1), path, direction, call);
     Py_DECREF(path);
     return rc < 0 ? -1 : 1;
+}
+
+/* _module_of(parent) for the common spellings (a new reference), NULL with no error set when it is not one */
+static PyObject *
+module_of_common(PyObject *parent)
+{
+    if (!PyUnicode_CheckExact(parent) || !PyUnicode_IS_ASCII(parent) || PyUnicode_GET_LENGTH(parent) == 0)
+        return NULL;
+    int r = PyUnicode_Contains(parent, s_param_grad);
+    if (r != 0) {
+        if (r < 0)
+            PyErr_Clear();
+        return NULL;
+    }
+    const char *s = (const char *)PyUnicode_DATA(parent);
+    name_split sp;
+    int kind = parse_common(s, PyUnicode_GET_LENGTH(parent), &sp);
+    if (kind == 1)
+        return Py_NewRef(s_empty);  /* an API parent: no module path */
+    if (kind == 2)
+        return PyUnicode_FromStringAndSize(s + sp.m0, sp.m1 - sp.m0);
+    return NULL;
 }
 
 static PyObject *
@@ -707,7 +746,9 @@ parts_add(PyObject *Py_UNUSED(self), PyObject *args)
         if (hit == NULL) {
             if (PyErr_Occurred())
                 return NULL;
-            PyObject *module = PyObject_CallOneArg(module_of, parent);
+            PyObject *module = module_of_common(parent);
+            if (module == NULL && !PyErr_Occurred())
+                module = PyObject_CallOneArg(module_of, parent);
             if (module == NULL)
                 return NULL;
             hit = PyTuple_Pack(2, parent, module);
