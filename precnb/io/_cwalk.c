@@ -1,17 +1,26 @@
-/* precnb.io._cwalk: the common node records of a parsed dump.json batch, walked in C.
+/* precnb.io._cwalk: the per-record work of the msprobe dump.json parser, in C, for the records it fully understands.
  *
- * An optional speed-up of precnb.io.msprobe.parse._File.batch (the pure Python loop and
- * precnb.io.msprobe.walk.Walk.node stay the reference and the fallback; PRECNB_PURE_PARSER=1
- * selects them). walk_batch() reads the records of one batch dict in file order and, for every
- * record it fully understands (an object whose keys are known sections holding lists or objects of
- * tensor leaves, scalar arguments, nulls, numbers or strings), appends exactly what the Python walk
- * appends: the leaf objects, their labels and roles, the node, its parent and its tensor count, and
- * (flags, node, record, parent) for the run facts the Python code reads afterwards. At the first
- * record it does not fully understand (not an object, a nested container, a tensor-like object
- * that is not a leaf, an unknown section, a parameters_grad node, a collective, a record the
- * release probe still needs) it undoes nothing it has not done (it appends only once a record is
- * known to be plain) and hands that record back: the Python code reads it with the reference walk
- * and calls walk_batch again from the position returned.
+ * An optional extension (setup.py builds it with optional=True: an install without a compiler has the pure
+ * Python parser, which gives the same records). The Python code stays the reference and the fallback;
+ * PRECNB_PURE_PARSER=1 selects it, and tests/test_cwalk.py checks that both give identical FileRecords. Four
+ * functions, each replacing one hot loop of precnb.io.msprobe and handing anything unusual back to Python:
+ *
+ * - walk_batch(): precnb.io.msprobe.parse._File.batch's loop and Walk.node. It reads the records of one batch
+ *   dict in file order and, for every record it fully understands (an object whose keys are known sections
+ *   holding lists or objects of tensor leaves, scalar arguments, lists of those, nulls, numbers or strings;
+ *   a parameters_grad record of leaves), appends exactly what the Python walk appends: the leaf objects,
+ *   their labels and roles, the node, its parent and its tensor count, and (flags, node, record, parent)
+ *   for the run facts the Python code reads afterwards. At the first record it does not fully understand
+ *   (not an object, deeper nesting, a tensor-like object that is not a leaf, an unknown section, a
+ *   collective, a record the release probe still needs) it hands that record back, having appended nothing
+ *   for it (a record is checked before anything is appended); the Python code reads it with the reference
+ *   walk and calls walk_batch again from the position returned.
+ * - parts_add(): NodeParts.add, the common node-name spellings split in line (the others by name_parts).
+ * - leaf_columns(): Columns.add_batch's statistics (numbers, booleans, nulls and the quoted bare NaN /
+ *   Infinity / -Infinity tokens, as numpy converts them: anything else sends the batch to the exact rules)
+ *   and the shapes seen before.
+ * - optimizer_args(): FileFacts.optimizer's scan of {type, value} arguments (the others through _scalars);
+ *   facts_batch(): the batch's run facts in file order, the optimizer-scope records read here.
  *
  * Written for precnb (no third-party code): CPython C API only.
  */
@@ -1007,6 +1016,98 @@ scan_arguments(PyObject *record, PyObject *found, PyObject *positions, PyObject 
     return 0;
 }
 
+/* facts_batch(todo, node_facts, api_facts, known, merge, positions, plain, scalars_arg, scalars_kwarg, api_of):
+ * parse._File.batch's run-facts loop, in file order. A FileFacts.node entry whose only fact is an optimizer op
+ * under the optimizer scope (no parameters, no undefined-prefix node) is read here (the scan of optimizer_args,
+ * merge(api, found) unless every value is known); every other entry calls node_facts / api_facts. */
+static PyObject *
+facts_batch(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *todo, *node_facts, *api_facts, *known, *merge, *positions, *plain, *sa, *ska, *api_of_py;
+    if (!PyArg_ParseTuple(args, "O!OOO!OO!OOOO", &PyList_Type, &todo, &node_facts, &api_facts, &PySet_Type, &known,
+                          &merge, &PyTuple_Type, &positions, &plain, &sa, &ska, &api_of_py))
+        return NULL;
+    if (g_undefined == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_cwalk.configure() was not called");
+        return NULL;
+    }
+    static PyObject *s_opt_dot = NULL;
+    if (s_opt_dot == NULL && !(s_opt_dot = PyUnicode_InternFromString("optimizer.")))
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(todo); i++) {
+        PyObject *entry = PyList_GET_ITEM(todo, i);
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4) {
+            PyErr_SetString(PyExc_TypeError, "todo: (flags, node, record, parent)");
+            return NULL;
+        }
+        long flags = PyLong_AsLong(PyTuple_GET_ITEM(entry, 0));
+        if (flags == -1 && PyErr_Occurred())
+            return NULL;
+        PyObject *node = PyTuple_GET_ITEM(entry, 1), *record = PyTuple_GET_ITEM(entry, 2);
+        PyObject *parent = PyTuple_GET_ITEM(entry, 3);
+        if (flags & 1) {
+            int simple = PyUnicode_CheckExact(node) && PyUnicode_CheckExact(parent) && PyDict_CheckExact(record);
+            int r = 0;
+            if (simple) {
+                r = PyDict_Contains(record, s_parameters);
+                if (r == 0)
+                    r = starts_with_any(node, g_undefined);
+                if (r == 0) {  /* the optimizer scope: "optimizer" or "optimizer.*" */
+                    int scope = PyUnicode_Compare(parent, s_optimizer) == 0;
+                    if (!scope && PyErr_Occurred())
+                        return NULL;
+                    if (!scope)
+                        scope = (int)PyUnicode_Tailmatch(parent, s_opt_dot, 0, PY_SSIZE_T_MAX, -1);
+                    r = scope < 0 ? -1 : !scope;
+                }
+                if (r < 0)
+                    return NULL;
+                simple = !r;
+            }
+            if (simple) {
+                int fwd = ends_with(node, s_forward_end);
+                if (fwd == 0)
+                    fwd = contains(node, s_forward_mid);
+                if (fwd < 0)
+                    return NULL;
+                if (fwd) {  /* is_optimizer_node: a forward record under the optimizer scope */
+                    PyObject *found = PyDict_New();
+                    if (found == NULL)
+                        return NULL;
+                    PyObject *api = NULL;
+                    int rc = scan_arguments(record, found, positions, plain, sa, ska);
+                    if (rc == 0 && PyDict_GET_SIZE(found)) {
+                        api = api_of(node, api_of_py);
+                        rc = api == NULL ? -1 : all_known(api, found, known);
+                        if (rc == 0) {
+                            PyObject *got = PyObject_CallFunctionObjArgs(merge, api, found, NULL);
+                            rc = got == NULL ? -1 : 0;
+                            Py_XDECREF(got);
+                        }
+                    }
+                    Py_XDECREF(api);
+                    Py_DECREF(found);
+                    if (rc < 0)
+                        return NULL;
+                }
+            }
+            else {
+                PyObject *got = PyObject_CallFunctionObjArgs(node_facts, node, record, parent, NULL);
+                if (got == NULL)
+                    return NULL;
+                Py_DECREF(got);
+            }
+        }
+        if (flags & 2) {
+            PyObject *got = PyObject_CallFunctionObjArgs(api_facts, node, record, NULL);
+            if (got == NULL)
+                return NULL;
+            Py_DECREF(got);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------------------------------------- value columns */
 
 static PyObject *s_stat_keys[4], *s_nan_text, *s_inf_text, *s_minus_inf_text;
@@ -1197,6 +1298,9 @@ static PyMethodDef methods[] = {
      "or None: FileFacts.optimizer's scan"},
     {"leaf_columns", leaf_columns, METH_VARARGS,
      "leaf_columns(leaves, shapes) -> None or (stats, null, shapes, dtypes, shape texts, numel): Columns.add_batch"},
+    {"facts_batch", facts_batch, METH_VARARGS,
+     "facts_batch(todo, node_facts, api_facts, known, merge, positions, plain, scalars_arg, scalars_kwarg, api_of): "
+     "the run facts of one batch, in file order"},
     {NULL, NULL, 0, NULL},
 };
 

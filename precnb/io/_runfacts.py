@@ -189,6 +189,19 @@ class FileFacts:
         if node.startswith(UNDEFINED_PREFIXES):
             self.undefined.update(undefined_leaves(node, record))
 
+    def batch(self, todo: list[tuple[int, str, dict[str, Any], str]]) -> None:
+        """:meth:`node` (flag 1) and :meth:`api` (flag 2) of ``(flags, node, record, parent)`` entries, in order."""
+        c = cwalk()
+        if c is not None and self._scan is not None:  # the same, the optimizer-scope records read in C
+            c.facts_batch(todo, self.node, self.api, self._known, self._merge, _POSITIONS, _plain, _arg_scalars,
+                          _kwarg_scalars, api_of)
+            return
+        for flags, node, record, parent in todo:
+            if flags & 1:
+                self.node(node, record, parent)  # parameters' requires_grad, optimizer arguments, unread buffers
+            if flags & 2:
+                self.api(node, record)  # its scalar arguments' checksum (rank-dependent ops)
+
     def api(self, node: str, record: Mapping[str, Any]) -> None:
         """Note an API forward record's :func:`scalar_signature` (the parser calls it for those records)."""
         sig = scalar_signature(record) if self.signatures else 0

@@ -6,6 +6,15 @@ standard library's rules (:func:`precnb.io._jsonio.load_json`: bare ``NaN``/``In
 byte-order mark, invalid UTF-8 inside strings, lone surrogates); either way the same walk reads
 the node records, so both give the same records, warnings and errors.
 
+The per-record work is done in C for the common records when the optional extension
+:mod:`precnb.io._cwalk` is built (``precnb/io/_cwalk.c``; ``PRECNB_PURE_PARSER=1`` selects the pure
+Python code, which is the reference: ``tests/test_cwalk.py`` checks that both give identical
+records). The JSON itself is still parsed into Python objects by orjson or the standard library:
+the extension reads those objects, it is not a JSON parser. It was chosen over a C parser of the
+bytes (which could also skip building the leaf objects) as the smaller, checkable step: the
+semantics of every unusual record stay in one place, the Python walk, and the C code only reads
+what it can prove plain (``benchmarks/RESULTS_large.md``, 2026-12-03 issue30j, has the figures).
+
 Each record is read once: :class:`~precnb.io.msprobe.walk.Walk` collects its tensor leaves and
 their labels, :class:`~precnb.io._runfacts.FileFacts` its run facts (``requires_grad``, optimizer
 arguments); the leaves' values are read a batch at a time by
@@ -153,12 +162,7 @@ class _File:
             for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
                                               strict=True):
                 self.record(name(node, node), record, parent)
-        node_facts, api_facts = self.facts.node, self.facts.api
-        for flags, node, record, parent in self._todo:  # the run facts, in file order
-            if flags & 1:
-                node_facts(node, record, parent)  # parameters' requires_grad, optimizer arguments, unread buffers
-            if flags & 2:
-                api_facts(node, record)  # its scalar arguments' checksum (rank-dependent ops)
+        self.facts.batch(self._todo)  # the run facts, in file order
         self._todo = []
         self.parts.add(nodes[n_had:], self._parents)
         self.cols.add_batch(w.leaves, w.labels, self.issues)
