@@ -148,6 +148,10 @@ EDGE_RECORDS: dict[str, Any] = {
     "Module.a.b.Linear.parameters_grad": {"weight": [LEAF], "bias": LEAF, "none": None},
     "Module.a.b.Linear.parameters_grad.2": {"weight": [LEAF, LEAF]},
     "Module.c.Linear.parameters_grad.3": {"weight": 3},
+    "Cell.Dense.parameters_grad.007": {"weight": [LEAF]},
+    "Module.parameters_grad": {"weight": [LEAF]},
+    "Module.a.parameters_grad.x.parameters_grad.3": {"weight": [LEAF]},
+    "Module.b.Linear.parameters_grad.12345678901234567890": {"weight": [LEAF]},
     "Functional.parameters_grad.0.forward": {"input_args": [LEAF]},
     "Distributed.all_reduce.0.forward": {"input_args": [LEAF, {"type": "torch.ProcessGroup", "group_ranks": [0, 1]}]},
     "Torch._fused_adamw_.0.forward": {"input_args": [[LEAF]], "input_kwargs": {"lr": {"type": "float", "value": 0.1}}},
@@ -165,7 +169,7 @@ EDGE_RECORDS: dict[str, Any] = {
 #: construct.json parents of every spelling (their module paths are read in C or, for the others, in Python)
 PARENTS = ["Module.a.b.Linear.forward.0", "Cell.x.Dense.backward.3", "Module.Linear.forward.1",
            "Functional.relu.0.forward", "Module.a.b.Linear.parameters_grad", "Module.ü.Linear.forward.0", "optimizer",
-           "clip_grad", "",
+           "clip_grad", "", "Cell.Dense.parameters_grad.007", "Module.parameters_grad", "Module.a.parameters_grad.x",
            "Module..forward.1", "Module.a.Linear.forward.x", "Tensor.add.99999999999999999999.forward", "Module"]
 
 

@@ -683,6 +683,61 @@ parse_common(const char *s, Py_ssize_t n, name_split *out)
     return 2;
 }
 
+/* name_parts' Module|Cell.{path}.{Class}.parameters_grad[.{call}] (ASCII, no line break, holding "parameters_grad"):
+ * 1 (class s[a0:a1], path s[m0:m1], the call's digits s[c0:c1], none when c0 == c1: call -1), 0 not that. */
+static int
+parse_param_grad(const char *s, Py_ssize_t n, name_split *out)
+{
+    if (memchr(s, '\n', (size_t)n) != NULL)
+        return 0;
+    Py_ssize_t d = rfind_dot(s, n);  /* head = s[:h], last = s[d+1:] */
+    const char *last = s + d + 1;
+    Py_ssize_t n_last = n - d - 1, h = d < 0 ? 0 : d, c0 = 0, c1 = 0;
+    if (!(n_last == 15 && memcmp(last, "parameters_grad", 15) == 0)) {
+        /* {head}.parameters_grad.{call}, else not this spelling (head "") */
+        if (!(all_digits(last, n_last) && n_last < 19 && h >= 16 && memcmp(s + h - 16, ".parameters_grad", 16) == 0))
+            return 0;
+        c0 = d + 1;
+        c1 = n;
+        h -= 16;
+    }
+    const char *dot = memchr(s, '.', (size_t)h);  /* pre = s[:p], body = s[p+1:h] */
+    if (dot == NULL)
+        return 0;
+    Py_ssize_t p = dot - s;
+    if (p + 1 >= h)
+        return 0;
+    if (!((p == 6 && memcmp(s, "Module", 6) == 0) || (p == 4 && memcmp(s, "Cell", 4) == 0)))
+        return 0;
+    Py_ssize_t c = rfind_dot(s, h);
+    if (c <= p)
+        *out = (name_split){0, p + 1, h, 0, 0, c0, c1};
+    else
+        *out = (name_split){0, c + 1, h, p + 1, c, c0, c1};
+    return 1;
+}
+
+/* split_param_grad: NodeParts.add of a parameters_grad node of that spelling: 1 done, 0 not it, -1 error */
+static int
+split_param_grad(PyObject *node, PyObject *names, PyObject *const *lists)
+{
+    if (!PyUnicode_CheckExact(node) || !PyUnicode_IS_ASCII(node))
+        return 0;
+    const char *s = (const char *)PyUnicode_DATA(node);
+    name_split sp;
+    if (!parse_param_grad(s, PyUnicode_GET_LENGTH(node), &sp))
+        return 0;
+    PyObject *call = sp.c1 > sp.c0 ? digits_value(s + sp.c0, sp.c1 - sp.c0) : PyLong_FromLong(-1);
+    PyObject *path = one_text(names, s, sp.m0, sp.m1);
+    if (path == NULL) {
+        Py_XDECREF(call);
+        return -1;
+    }
+    int rc = append_parts(lists, s_param_grad_kind, one_text(names, s, sp.a0, sp.a1), path, s_backward, call);
+    Py_DECREF(path);
+    return rc < 0 ? -1 : 1;
+}
+
 /* The common spellings of NodeParts.add, split in line: 1 done, 0 not one of them, -1 error. */
 static int
 split_common(PyObject *node, PyObject *of, PyObject *names, PyObject *const *lists)
@@ -715,13 +770,17 @@ module_of_common(PyObject *parent)
     if (!PyUnicode_CheckExact(parent) || !PyUnicode_IS_ASCII(parent) || PyUnicode_GET_LENGTH(parent) == 0)
         return NULL;
     int r = PyUnicode_Contains(parent, s_param_grad);
-    if (r != 0) {
-        if (r < 0)
-            PyErr_Clear();
-        return NULL;
-    }
     const char *s = (const char *)PyUnicode_DATA(parent);
     name_split sp;
+    if (r != 0) {
+        if (r < 0) {
+            PyErr_Clear();
+            return NULL;
+        }
+        if (parse_param_grad(s, PyUnicode_GET_LENGTH(parent), &sp))  /* a param_grad parent: its module path */
+            return PyUnicode_FromStringAndSize(s + sp.m0, sp.m1 - sp.m0);
+        return NULL;
+    }
     int kind = parse_common(s, PyUnicode_GET_LENGTH(parent), &sp);
     if (kind == 1)
         return Py_NewRef(s_empty);  /* an API parent: no module path */
@@ -778,13 +837,11 @@ parts_add(PyObject *Py_UNUSED(self), PyObject *args)
         int r = PyUnicode_CheckExact(node) ? PyUnicode_Contains(node, s_param_grad) : 1;
         if (r < 0)
             return NULL;
-        if (!r) {
-            r = split_common(node, of, names, lists);
-            if (r < 0)
-                return NULL;
-            if (r)
-                continue;
-        }
+        r = r ? split_param_grad(node, names, lists) : split_common(node, of, names, lists);
+        if (r < 0)
+            return NULL;
+        if (r)
+            continue;
         PyObject *got = PyObject_CallOneArg(name_parts, node);
         if (got == NULL)
             return NULL;
