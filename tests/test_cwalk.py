@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from precnb.errors import DumpFormatError
 from precnb.io import _cext
-from precnb.io.msprobe import walk
+from precnb.io.msprobe import _json, walk
 from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
 from tests._records_equal import records_differences
@@ -197,6 +197,29 @@ def test_each_edge_record_alone(tmp_path, name):
     data = {"Functional.plain.0.forward": {"input_args": [LEAF], "output": [LEAF]}, name: EDGE_RECORDS[name],
             "Functional.plain.1.forward": {"output": [LEAF]}}
     assert assert_same(_write(tmp_path, data, 1, None)) >= 4  # the plain records' tensors at least
+
+
+_FRAGMENTS = [b'"Max"', b'"Min"', b'"Mean"', b'"Norm"', b'"value"', b'"NaNGuard"', b'"x"', b":", b" ", b"\t", b"\n",
+              b"NaN", b"Infinity", b"-", b",", b"}", b"]", b"[", b"{", b"\\", b'"', b"1", b"a", b" " * 41]
+
+
+_WS = st.sampled_from([b"", b" ", b"\t\n", b" " * 20, b" " * 30, b" " * 34, b" " * 38])
+#: a statistic written as msprobe writes it, around the edges of the pattern (window of 40 bytes, escapes, signs)
+_STAT = st.builds(lambda pre, key, w1, w2, tok, post: pre + key + w1 + b":" + w2 + tok + post,
+                  st.sampled_from([b"", b"\\", b"\\\\", b"{", b"a", b'"']),
+                  st.sampled_from([b'"Max"', b'"Min"', b'"Mean"', b'"Norm"', b'"value"', b'"Maxx"', b'"NaNGuard"',
+                                   b"Max", b'"max"']), _WS, _WS,
+                  st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"-NaN", b"NaNx", b"--Infinity", b"Infinit"]),
+                  st.sampled_from([b"", b",", b"}", b"]", b" ", b"\n", b"x", b"1"]))
+
+
+@fuzz_settings(400)
+@given(parts=st.lists(st.one_of(_STAT, _STAT, st.sampled_from(_FRAGMENTS)), max_size=12), nan=st.booleans())
+def test_quote_tokens_same_bytes(parts, nan):
+    raw = b"".join(parts)
+    with env(PRECNB_PURE_PARSER="1"):
+        want = _json.quote_tokens(raw, nan=nan)
+    assert _cext.CWALK.quote_tokens(raw, nan) == want
 
 
 @fuzz_settings(40)

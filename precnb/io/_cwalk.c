@@ -21,6 +21,7 @@
  *   and the shapes seen before.
  * - optimizer_args(): FileFacts.optimizer's scan of {type, value} arguments (the others through _scalars);
  *   facts_batch(): the batch's run facts in file order, the optimizer-scope records read here.
+ * - quote_tokens(): precnb.io.msprobe._json.quote_tokens in one pass over the bytes (orjson's input).
  *
  * Written for precnb (no third-party code): CPython C API only.
  */
@@ -1340,6 +1341,112 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------------------------------------- bare tokens */
+
+static int
+is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+/* _BEFORE (rb'"(?:Max|Min|Mean|Norm|value)"[ \t\r\n]*:[ \t\r\n]*\Z' searched in raw[max(0, start - 40):start])
+ * and no backslash before its quote */
+static int
+key_before(const char *s, Py_ssize_t start)
+{
+    Py_ssize_t lo = start > 40 ? start - 40 : 0, k = start - 1;
+    while (k >= lo && is_space(s[k]))
+        k--;
+    if (k < lo || s[k] != ':')
+        return 0;
+    k--;
+    while (k >= lo && is_space(s[k]))
+        k--;
+    if (k < lo || s[k] != '"')
+        return 0;
+    static const char *keys[] = {"Max", "Min", "Mean", "Norm", "value"};
+    for (int j = 0; j < 5; j++) {
+        Py_ssize_t n = (Py_ssize_t)strlen(keys[j]), q = k - n - 1;  /* the opening quote */
+        if (q >= lo && s[q] == '"' && memcmp(s + q + 1, keys[j], (size_t)n) == 0)
+            return q == 0 || s[q - 1] != '\\';
+    }
+    return 0;
+}
+
+static int
+after_ok(const char *s, Py_ssize_t n, Py_ssize_t end)
+{
+    return end == n || is_space(s[end]) || s[end] == ',' || s[end] == '}' || s[end] == ']';
+}
+
+/* quote_tokens(raw, nan) -> bytes: precnb.io.msprobe._json.quote_tokens (raw itself when nothing is quoted) */
+static PyObject *
+quote_tokens(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *raw;
+    int nan;
+    if (!PyArg_ParseTuple(args, "O!p", &PyBytes_Type, &raw, &nan))
+        return NULL;
+    const char *s = PyBytes_AS_STRING(raw);
+    Py_ssize_t n = PyBytes_GET_SIZE(raw), cap = 64, count = 0;
+    Py_ssize_t *spans = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)cap);
+    if (spans == NULL)
+        return PyErr_NoMemory();
+    /* one pass: the occurrences of NaN and Infinity are disjoint, so their spans come out in order */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t start, end;
+        if (s[i] == 'N' && nan && i + 3 <= n && memcmp(s + i, "NaN", 3) == 0) {
+            start = i;
+            end = i + 3;
+        }
+        else if (s[i] == 'I' && i + 8 <= n && memcmp(s + i, "Infinity", 8) == 0) {
+            start = i && s[i - 1] == '-' ? i - 1 : i;
+            end = i + 8;
+        }
+        else
+            continue;
+        if (after_ok(s, n, end) && key_before(s, start)) {
+            if (count == cap) {
+                cap *= 2;
+                Py_ssize_t *more = PyMem_Realloc(spans, sizeof(Py_ssize_t) * 2 * (size_t)cap);
+                if (more == NULL) {
+                    PyMem_Free(spans);
+                    return PyErr_NoMemory();
+                }
+                spans = more;
+            }
+            spans[2 * count] = start;
+            spans[2 * count + 1] = end;
+            count++;
+        }
+        i = end - 1;  /* the search goes on after the token (str.find from its end) */
+    }
+    if (count == 0) {
+        PyMem_Free(spans);
+        return Py_NewRef(raw);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n + 2 * count);
+    if (out == NULL) {
+        PyMem_Free(spans);
+        return NULL;
+    }
+    char *o = PyBytes_AS_STRING(out);
+    Py_ssize_t last = 0;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        Py_ssize_t a = spans[2 * j], b = spans[2 * j + 1];
+        memcpy(o, s + last, (size_t)(a - last));
+        o += a - last;
+        *o++ = '"';
+        memcpy(o, s + a, (size_t)(b - a));
+        o += b - a;
+        *o++ = '"';
+        last = b;
+    }
+    memcpy(o, s + last, (size_t)(n - last));
+    PyMem_Free(spans);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(non_tensor_types, order, index, undefined_prefixes, comm_prefixes, no_signature, module_cell, "
@@ -1358,6 +1465,8 @@ static PyMethodDef methods[] = {
     {"facts_batch", facts_batch, METH_VARARGS,
      "facts_batch(todo, node_facts, api_facts, known, merge, positions, plain, scalars_arg, scalars_kwarg, api_of): "
      "the run facts of one batch, in file order"},
+    {"quote_tokens", quote_tokens, METH_VARARGS,
+     "quote_tokens(raw, nan) -> bytes: precnb.io.msprobe._json.quote_tokens"},
     {NULL, NULL, 0, NULL},
 };
 
