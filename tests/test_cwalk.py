@@ -161,6 +161,8 @@ EDGE_RECORDS: dict[str, Any] = {
     "Functional.list.0.forward": [LEAF],
     "debug_tensor": LEAF,
     "Functional.md5.0.forward": {"input_args": [dict(LEAF, md5="abc", data_name="x.pt")]},
+    "Functional.null_md5.0.forward": {"input_args": [dict(LEAF, md5=None, data_name="y.pt"), dict(LEAF, md5=None)]},
+    "Functional.bad_md5.0.forward": {"input_args": [dict(LEAF, md5=3), dict(LEAF, data_name="../x")]},
     "Functional.odd_stats.0.forward": {"output": [dict(LEAF, Max="-Infinity", Min="null", Mean=[1], Norm=10**400)]},
     "Functional.odd_shape.0.forward": {"output": [dict(LEAF, shape=[True, -1]), dict(LEAF, dtype=3)]},
 }

@@ -1168,7 +1168,7 @@ facts_batch(PyObject *Py_UNUSED(self), PyObject *args)
 
 /* ---------------------------------------------------------------------------------------------- value columns */
 
-static PyObject *s_stat_keys[4], *s_nan_text, *s_inf_text, *s_minus_inf_text;
+static PyObject *s_stat_keys[4], *s_nan_text, *s_inf_text, *s_minus_inf_text, *s_md5, *s_data_name;
 
 /* one statistic as Columns._stat_column's numpy conversion reads it: 1 done, 0 not one this reads, -1 error */
 static int
@@ -1228,12 +1228,13 @@ stat_double(PyObject *v, double *out, unsigned char *null, unsigned char bit)
  * bytearray of 4 x n float64 (Max, Min, Mean, Norm), null a bytearray of n null bits, the shape and dtype values
  * as the leaves hold them (None when absent), and when every shape is a list of ints found in *shapes* (the
  * per-process table of valid shapes: tuple -> (text, numel)) their texts and a bytearray of n int64 numel, else
- * None, None. */
+ * None, None; then the dtypes through intern.setdefault when every one is a string (else None), and whether a
+ * leaf has an md5 or a data_name that is not null. */
 static PyObject *
 leaf_columns(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    PyObject *leaves, *shapes;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &leaves, &PyDict_Type, &shapes))
+    PyObject *leaves, *shapes, *intern;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &leaves, &PyDict_Type, &shapes, &PyDict_Type, &intern))
         return NULL;
     if (s_type == NULL && configure_strings() < 0)
         return NULL;
@@ -1242,7 +1243,8 @@ leaf_columns(PyObject *Py_UNUSED(self), PyObject *args)
         for (int k = 0; k < 4; k++)
             if (!(s_stat_keys[k] = PyUnicode_InternFromString(keys[k])))
                 return NULL;
-        if (!(s_nan_text = PyUnicode_InternFromString("NaN")) ||
+        if (!(s_md5 = PyUnicode_InternFromString("md5")) || !(s_data_name = PyUnicode_InternFromString("data_name")) ||
+            !(s_nan_text = PyUnicode_InternFromString("NaN")) ||
             !(s_inf_text = PyUnicode_InternFromString("Infinity")) ||
             !(s_minus_inf_text = PyUnicode_InternFromString("-Infinity")))
             return NULL;
@@ -1258,7 +1260,7 @@ leaf_columns(PyObject *Py_UNUSED(self), PyObject *args)
     double *st = (double *)PyByteArray_AS_STRING(stats);
     unsigned char *nl = (unsigned char *)PyByteArray_AS_STRING(null);
     long long *ne = (long long *)PyByteArray_AS_STRING(numel);
-    int all_shapes = 1;
+    int all_shapes = 1, all_dtypes = 1, extra = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *leaf = PyList_GET_ITEM(leaves, i);
         if (!PyDict_CheckExact(leaf)) {
@@ -1286,6 +1288,15 @@ leaf_columns(PyObject *Py_UNUSED(self), PyObject *args)
         dtype = dtype ? dtype : Py_None;
         PyList_SET_ITEM(shape_col, i, Py_NewRef(shape));
         PyList_SET_ITEM(dtype_col, i, Py_NewRef(dtype));
+        all_dtypes = all_dtypes && PyUnicode_CheckExact(dtype);
+        if (!extra) {  /* an md5 or a data_name that is not null: Columns._strings reads them */
+            PyObject *m = PyDict_GetItemWithError(leaf, s_md5);
+            PyObject *d = (m == NULL || m == Py_None) && !PyErr_Occurred() ? PyDict_GetItemWithError(leaf, s_data_name)
+                                                                            : NULL;
+            if (PyErr_Occurred())
+                goto done;
+            extra = (m != NULL && m != Py_None) || (d != NULL && d != Py_None);
+        }
         if (!all_shapes)
             continue;
         if (!PyList_CheckExact(shape)) {
@@ -1327,10 +1338,25 @@ leaf_columns(PyObject *Py_UNUSED(self), PyObject *args)
         ne[i] = count;
         PyList_SET_ITEM(texts, i, Py_NewRef(PyTuple_GET_ITEM(info, 0)));
     }
-    if (all_shapes)
-        result = PyTuple_Pack(6, stats, null, shape_col, dtype_col, texts, numel);
+    PyObject *interned = Py_None;  /* the dtypes through intern.setdefault, when every one is a string */
+    if (all_dtypes) {
+        interned = PyList_New(n);
+        if (interned == NULL)
+            goto done;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *d = PyList_GET_ITEM(dtype_col, i), *kept = PyDict_SetDefault(intern, d, d);
+            if (kept == NULL) {
+                Py_DECREF(interned);
+                goto done;
+            }
+            PyList_SET_ITEM(interned, i, Py_NewRef(kept));
+        }
+    }
     else
-        result = PyTuple_Pack(6, stats, null, shape_col, dtype_col, Py_None, Py_None);
+        Py_INCREF(interned);
+    result = Py_BuildValue("OOOOOOOO", stats, null, shape_col, dtype_col, all_shapes ? texts : Py_None,
+                           all_shapes ? numel : Py_None, interned, extra ? Py_True : Py_False);
+    Py_DECREF(interned);
 done:
     Py_XDECREF(stats);
     Py_XDECREF(null);
@@ -1461,7 +1487,8 @@ static PyMethodDef methods[] = {
      "optimizer_args(node, record, found, positions, plain, scalars_arg, scalars_kwarg, api_of, known) -> api "
      "or None: FileFacts.optimizer's scan"},
     {"leaf_columns", leaf_columns, METH_VARARGS,
-     "leaf_columns(leaves, shapes) -> None or (stats, null, shapes, dtypes, shape texts, numel): Columns.add_batch"},
+     "leaf_columns(leaves, shapes, intern) -> None or (stats, null, shapes, dtypes, shape texts, numel, interned "
+     "dtypes, md5/data_name present): Columns.add_batch"},
     {"facts_batch", facts_batch, METH_VARARGS,
      "facts_batch(todo, node_facts, api_facts, known, merge, positions, plain, scalars_arg, scalars_kwarg, api_of): "
      "the run facts of one batch, in file order"},

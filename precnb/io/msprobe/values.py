@@ -176,7 +176,7 @@ class Columns:
         if not n:
             return
         c = cwalk()
-        got = c.leaf_columns(leaves, _SHAPES) if c is not None and leaves.__class__ is list else None  # test_cwalk
+        got = c.leaf_columns(leaves, _SHAPES, self._interned) if c is not None and leaves.__class__ is list else None  # test_cwalk
         if got is not None:
             self._add_columns(leaves, labels, issues, got)
             return
@@ -198,7 +198,7 @@ class Columns:
     def _add_columns(self, leaves: Sequence[dict[str, Any]], labels: Sequence[str], issues: Issues,
                      got: tuple[Any, ...]) -> None:
         """:meth:`add_batch` from the columns :mod:`precnb.io._cwalk` read (statistics, shapes, dtypes)."""
-        stats, null, shapes, dtypes, texts, numel = got
+        stats, null, shapes, dtypes, texts, numel, interned, extra = got
         n = len(leaves)
         table = np.frombuffer(stats, np.float64).reshape(4, n)
         for bit, (name, _) in enumerate(_STAT_KEYS):
@@ -209,7 +209,10 @@ class Columns:
             self._numel.append(np.frombuffer(numel, np.int64))
         else:
             self._shapes(shapes, labels, issues)
-        self._strings(leaves, dtypes, labels, issues)
+        if interned is not None and not extra and not self.any_crc and self._names_from is None:
+            self.dtype.extend(interned)  # string dtypes, no md5 or data_name yet: all that _strings would do
+        else:
+            self._strings(leaves, dtypes, labels, issues)
         self._leaf_type(leaves)
         self.n += n
 
