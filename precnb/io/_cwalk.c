@@ -25,6 +25,7 @@
  *
  * Written for precnb (no third-party code): CPython C API only.
  */
+#define _GNU_SOURCE  /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -1405,6 +1406,35 @@ after_ok(const char *s, Py_ssize_t n, Py_ssize_t end)
     return end == n || is_space(s[end]) || s[end] == ',' || s[end] == '}' || s[end] == ']';
 }
 
+/* The quotable spans of one token (NaN, or Infinity with its sign) in s, appended to *spans (pairs start, end). */
+static int
+token_spans(const char *s, Py_ssize_t n, const char *token, Py_ssize_t len, Py_ssize_t **spans, Py_ssize_t *count,
+            Py_ssize_t *cap)
+{
+    const char *p = s, *stop = s + n;
+    while (p + len <= stop) {
+        const char *hit = memmem(p, (size_t)(stop - p), token, (size_t)len);
+        if (hit == NULL)
+            break;
+        Py_ssize_t i = hit - s, end = i + len;
+        Py_ssize_t start = (token[0] == 'I' && i && s[i - 1] == '-') ? i - 1 : i;
+        if (after_ok(s, n, end) && key_before(s, start)) {
+            if (*count == *cap) {
+                *cap *= 2;
+                Py_ssize_t *more = PyMem_Realloc(*spans, sizeof(Py_ssize_t) * 2 * (size_t)*cap);
+                if (more == NULL)
+                    return -1;
+                *spans = more;
+            }
+            (*spans)[2 * *count] = start;
+            (*spans)[2 * *count + 1] = end;
+            (*count)++;
+        }
+        p = hit + len;  /* bytes.find from the token's end */
+    }
+    return 0;
+}
+
 /* quote_tokens(raw, nan) -> bytes: precnb.io.msprobe._json.quote_tokens (raw itself when nothing is quoted) */
 static PyObject *
 quote_tokens(PyObject *Py_UNUSED(self), PyObject *args)
@@ -1414,62 +1444,42 @@ quote_tokens(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "O!p", &PyBytes_Type, &raw, &nan))
         return NULL;
     const char *s = PyBytes_AS_STRING(raw);
-    Py_ssize_t n = PyBytes_GET_SIZE(raw), cap = 64, count = 0;
-    Py_ssize_t *spans = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)cap);
-    if (spans == NULL)
-        return PyErr_NoMemory();
-    /* one pass: the occurrences of NaN and Infinity are disjoint, so their spans come out in order */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t start, end;
-        if (s[i] == 'N' && nan && i + 3 <= n && memcmp(s + i, "NaN", 3) == 0) {
-            start = i;
-            end = i + 3;
-        }
-        else if (s[i] == 'I' && i + 8 <= n && memcmp(s + i, "Infinity", 8) == 0) {
-            start = i && s[i - 1] == '-' ? i - 1 : i;
-            end = i + 8;
-        }
-        else
-            continue;
-        if (after_ok(s, n, end) && key_before(s, start)) {
-            if (count == cap) {
-                cap *= 2;
-                Py_ssize_t *more = PyMem_Realloc(spans, sizeof(Py_ssize_t) * 2 * (size_t)cap);
-                if (more == NULL) {
-                    PyMem_Free(spans);
-                    return PyErr_NoMemory();
-                }
-                spans = more;
-            }
-            spans[2 * count] = start;
-            spans[2 * count + 1] = end;
-            count++;
-        }
-        i = end - 1;  /* the search goes on after the token (str.find from its end) */
+    Py_ssize_t n = PyBytes_GET_SIZE(raw), cap_a = 64, cap_b = 64, n_a = 0, n_b = 0;
+    Py_ssize_t *a = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)cap_a);
+    Py_ssize_t *b = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)cap_b);
+    PyObject *out = NULL;
+    if (a == NULL || b == NULL) {
+        PyErr_NoMemory();
+        goto done;
     }
-    if (count == 0) {
-        PyMem_Free(spans);
-        return Py_NewRef(raw);
+    if ((nan && token_spans(s, n, "NaN", 3, &a, &n_a, &cap_a) < 0) ||
+        token_spans(s, n, "Infinity", 8, &b, &n_b, &cap_b) < 0) {
+        PyErr_NoMemory();
+        goto done;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n + 2 * count);
-    if (out == NULL) {
-        PyMem_Free(spans);
-        return NULL;
+    if (n_a + n_b == 0) {
+        out = Py_NewRef(raw);
+        goto done;
     }
+    out = PyBytes_FromStringAndSize(NULL, n + 2 * (n_a + n_b));
+    if (out == NULL)
+        goto done;
     char *o = PyBytes_AS_STRING(out);
-    Py_ssize_t last = 0;
-    for (Py_ssize_t j = 0; j < count; j++) {
-        Py_ssize_t a = spans[2 * j], b = spans[2 * j + 1];
-        memcpy(o, s + last, (size_t)(a - last));
-        o += a - last;
+    Py_ssize_t last = 0, i = 0, j = 0;
+    while (i < n_a || j < n_b) {  /* the two tokens' spans are disjoint: merged in order */
+        Py_ssize_t *sp = (j >= n_b || (i < n_a && a[2 * i] < b[2 * j])) ? a + 2 * i++ : b + 2 * j++;
+        memcpy(o, s + last, (size_t)(sp[0] - last));
+        o += sp[0] - last;
         *o++ = '"';
-        memcpy(o, s + a, (size_t)(b - a));
-        o += b - a;
+        memcpy(o, s + sp[0], (size_t)(sp[1] - sp[0]));
+        o += sp[1] - sp[0];
         *o++ = '"';
-        last = b;
+        last = sp[1];
     }
     memcpy(o, s + last, (size_t)(n - last));
-    PyMem_Free(spans);
+done:
+    PyMem_Free(a);
+    PyMem_Free(b);
     return out;
 }
 
