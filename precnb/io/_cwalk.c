@@ -174,89 +174,6 @@ contains(PyObject *s, PyObject *sub)
     return PyUnicode_Contains(s, sub);
 }
 
-/* The items of a list nested in a section (depth 2 below the record): 1 plain, 0 not, -1 error. */
-static int
-check_inner(PyObject *v, Py_ssize_t *n)
-{
-    Py_ssize_t len = PyList_GET_SIZE(v);
-    for (Py_ssize_t j = 0; j < len; j++) {
-        PyObject *x = PyList_GET_ITEM(v, j);
-        if (PyDict_CheckExact(x)) {
-            int kind = item_kind(x);
-            if (kind <= 0)
-                return kind;
-            if (kind == 1)
-                (*n)++;
-        }
-        else if (PyList_CheckExact(x))
-            return 0;  /* deeper still: the reference walk */
-    }
-    return 1;
-}
-
-/* One item of a section (a list element or an object member): 1 plain, 0 not, -1 error. */
-static int
-check_item(PyObject *x, Py_ssize_t *n)
-{
-    if (PyDict_CheckExact(x)) {
-        int kind = item_kind(x);
-        if (kind == 1)
-            (*n)++;
-        return kind < 0 ? -1 : kind > 0;
-    }
-    if (PyList_CheckExact(x))
-        return check_inner(x, n);
-    return 1;  /* null, a number, a string, a boolean: nothing below it */
-}
-
-/* Check one section value: 1 plain (every item a leaf, a scalar argument, a list of those, or a
- * null/number/string), 2 the section is itself a leaf, 0 not plain, -1 error. Counts its leaves in *n. */
-static int
-check_section(PyObject *v, Py_ssize_t *n)
-{
-    if (PyList_CheckExact(v)) {
-        Py_ssize_t len = PyList_GET_SIZE(v);
-        for (Py_ssize_t k = 0; k < len; k++) {
-            int r = check_item(PyList_GET_ITEM(v, k), n);
-            if (r <= 0)
-                return r;
-        }
-        return 1;
-    }
-    if (PyDict_CheckExact(v)) {
-        if (PyDict_GET_SIZE(v) == 0)
-            return 1;
-        PyObject *t = PyDict_GetItemWithError(v, s_type);
-        if (t == NULL && PyErr_Occurred())
-            return -1;
-        if (t != NULL && PyUnicode_CheckExact(t)) {
-            int kind = item_kind(v);
-            if (kind < 0)
-                return -1;
-            if (kind == 1) {
-                (*n)++;
-                return 2;  /* the section is itself a tensor */
-            }
-        }
-        if (t != NULL && t != Py_None)
-            return 0;  /* a typed object that is not a leaf: the reference walk decides */
-        int has = PyDict_Contains(v, s_shape);
-        if (has != 0)
-            return has < 0 ? -1 : 0;
-        Py_ssize_t pos = 0;
-        PyObject *key, *x;
-        while (PyDict_Next(v, &pos, &key, &x)) {
-            if (!PyUnicode_CheckExact(key))
-                return 0;
-            int r = check_item(x, n);
-            if (r <= 0)
-                return r;
-        }
-        return 1;
-    }
-    return v == Py_None ? 1 : 0;  /* a number or string section: unread, for the reference walk */
-}
-
 static int
 append_new(PyObject *list, PyObject *item)
 {
@@ -288,73 +205,201 @@ emit_leaf(PyObject *x, PyObject *label, PyObject *role, PyObject *leaves, PyObje
     return 0;
 }
 
-/* Emit the leaves of one checked item named *name* (a new reference, stolen). */
+/* The leaves of one section item named by *prefix* + its index or key (made on the first leaf only): the item is
+ * a leaf, a scalar argument, a list of those, or a null/number/string. 1 plain (its leaves appended), 0 not plain,
+ * -1 error. *name_of(k)* is built by the caller's callback style below: list items pass k >= 0, object members
+ * their key. */
+typedef struct {
+    PyObject *leaves, *labels, *roles, *role;
+    Py_ssize_t n;  /* leaves appended */
+} sink;
+
 static int
-emit_item(PyObject *x, PyObject *name, PyObject *role, PyObject *leaves, PyObject *labels, PyObject *roles)
+sink_leaf(sink *out, PyObject *x, PyObject *label)
 {
-    if (name == NULL)
+    if (label == NULL)
         return -1;
-    int rc = 0;
-    if (PyDict_CheckExact(x)) {
-        int kind = item_kind(x);
-        if (kind == 1)
-            return emit_leaf(x, name, role, leaves, labels, roles);
-        rc = kind < 0 ? -1 : 0;
-    }
-    else if (PyList_CheckExact(x)) {
-        Py_ssize_t len = PyList_GET_SIZE(x);
-        for (Py_ssize_t j = 0; j < len && rc == 0; j++) {
-            PyObject *y = PyList_GET_ITEM(x, j);
-            if (!PyDict_CheckExact(y))
-                continue;
-            int kind = item_kind(y);
-            if (kind < 0)
-                rc = -1;
-            else if (kind == 1)
-                rc = emit_leaf(y, index_label(name, j), role, leaves, labels, roles);
-        }
-    }
-    Py_DECREF(name);
+    int rc = PyList_Append(out->leaves, x) < 0 || PyList_Append(out->labels, label) < 0 ||
+             PyList_Append(out->roles, out->role) < 0 ? -1 : 0;
+    Py_DECREF(label);
+    out->n++;
     return rc;
 }
 
-/* Emit the leaves of one checked section. */
+/* *name* (a borrowed label) holds the item x: emit what x holds (depth 1 or, for depth == 1 lists, 2) */
 static int
-emit_section(PyObject *node, PyObject *v, int plain, PyObject *section, PyObject *role, PyObject *leaves,
-             PyObject *labels, PyObject *roles)
+walk_item(sink *out, PyObject *x, PyObject *name, int depth)
 {
-    if (plain == 2)
-        return emit_leaf(v, PyUnicode_Concat(node, section), role, leaves, labels, roles);
-    if (v == Py_None || (PyDict_CheckExact(v) && PyDict_GET_SIZE(v) == 0) ||
-        (PyList_CheckExact(v) && PyList_GET_SIZE(v) == 0))
-        return 0;
-    PyObject *prefix = PyUnicode_Concat(node, section);
-    if (prefix == NULL)
-        return -1;
-    int rc = 0;
+    if (PyDict_CheckExact(x)) {
+        int kind = item_kind(x);
+        if (kind == 1)
+            return sink_leaf(out, x, Py_NewRef(name)) < 0 ? -1 : 1;
+        return kind < 0 ? -1 : kind == 2;
+    }
+    if (PyList_CheckExact(x)) {
+        if (depth > 1)
+            return 0;  /* deeper still: the reference walk */
+        Py_ssize_t len = PyList_GET_SIZE(x);
+        for (Py_ssize_t j = 0; j < len; j++) {
+            PyObject *y = PyList_GET_ITEM(x, j);
+            if (PyDict_CheckExact(y)) {
+                int kind = item_kind(y);
+                if (kind == 1) {
+                    if (sink_leaf(out, y, index_label(name, j)) < 0)
+                        return -1;
+                }
+                else if (kind <= 0)
+                    return kind;
+            }
+            else if (PyList_CheckExact(y))
+                return 0;
+        }
+        return 1;
+    }
+    return 1;  /* null, a number, a string, a boolean: nothing below it */
+}
+
+/* Whether an item needs a name (it may hold a leaf): dicts and lists */
+static int
+may_hold(PyObject *x)
+{
+    return PyDict_CheckExact(x) || PyList_CheckExact(x);
+}
+
+/* One section value, its leaves appended as the reference walk names them: 1 plain, 0 not plain, -1 error. */
+static int
+walk_section(sink *out, PyObject *node, PyObject *v, PyObject *section)
+{
+    if (v == Py_None)
+        return 1;
+    int rc = 1;
     if (PyList_CheckExact(v)) {
         Py_ssize_t len = PyList_GET_SIZE(v);
-        for (Py_ssize_t k = 0; k < len && rc == 0; k++) {
+        PyObject *prefix = NULL;
+        for (Py_ssize_t k = 0; k < len && rc == 1; k++) {
             PyObject *x = PyList_GET_ITEM(v, k);
-            if (PyDict_CheckExact(x) || PyList_CheckExact(x))
-                rc = emit_item(x, index_label(prefix, k), role, leaves, labels, roles);
+            if (!may_hold(x))
+                continue;
+            if (PyDict_CheckExact(x)) {  /* the usual item: a leaf or a scalar, named only when a leaf */
+                int kind = item_kind(x);
+                if (kind == 2)
+                    continue;
+                if (kind <= 0) {
+                    rc = kind;
+                    break;
+                }
+            }
+            if (prefix == NULL && (prefix = PyUnicode_Concat(node, section)) == NULL) {
+                rc = -1;
+                break;
+            }
+            PyObject *name = index_label(prefix, k);
+            rc = name == NULL ? -1 : walk_item(out, x, name, 1);
+            Py_XDECREF(name);
         }
+        Py_XDECREF(prefix);
+        return rc;
     }
-    else {
-        PyObject *dot = PyUnicode_Concat(prefix, s_dot);
-        if (dot == NULL) {
-            Py_DECREF(prefix);
+    if (!PyDict_CheckExact(v))
+        return 0;  /* a number or string section: unread, for the reference walk */
+    if (PyDict_GET_SIZE(v) == 0)
+        return 1;
+    PyObject *t = PyDict_GetItemWithError(v, s_type);
+    if (t == NULL && PyErr_Occurred())
+        return -1;
+    if (t != NULL && PyUnicode_CheckExact(t)) {
+        int kind = item_kind(v);
+        if (kind < 0)
             return -1;
-        }
-        Py_ssize_t pos = 0;
-        PyObject *key, *x;
-        while (rc == 0 && PyDict_Next(v, &pos, &key, &x))
-            if (PyDict_CheckExact(x) || PyList_CheckExact(x))
-                rc = emit_item(x, PyUnicode_Concat(dot, key), role, leaves, labels, roles);
-        Py_DECREF(dot);
+        if (kind == 1)  /* the section is itself a tensor */
+            return sink_leaf(out, v, PyUnicode_Concat(node, section)) < 0 ? -1 : 1;
     }
-    Py_DECREF(prefix);
+    if (t != NULL && t != Py_None)
+        return 0;  /* a typed object that is not a leaf: the reference walk decides */
+    int has = PyDict_Contains(v, s_shape);
+    if (has != 0)
+        return has < 0 ? -1 : 0;
+    PyObject *dot = NULL, *key, *x;
+    Py_ssize_t pos = 0;
+    while (rc == 1 && PyDict_Next(v, &pos, &key, &x)) {
+        if (!PyUnicode_CheckExact(key)) {
+            rc = 0;
+            break;
+        }
+        if (!may_hold(x))
+            continue;
+        if (PyDict_CheckExact(x)) {
+            int kind = item_kind(x);
+            if (kind == 2)
+                continue;
+            if (kind <= 0) {
+                rc = kind;
+                break;
+            }
+        }
+        if (dot == NULL) {
+            PyObject *prefix = PyUnicode_Concat(node, section);
+            dot = prefix == NULL ? NULL : PyUnicode_Concat(prefix, s_dot);
+            Py_XDECREF(prefix);
+            if (dot == NULL) {
+                rc = -1;
+                break;
+            }
+        }
+        PyObject *name = PyUnicode_Concat(dot, key);
+        rc = name == NULL ? -1 : walk_item(out, x, name, 1);
+        Py_XDECREF(name);
+    }
+    Py_XDECREF(dot);
     return rc;
+}
+
+/* One record's known sections in reading order, their leaves appended: 1 plain, 0 not plain (the caller takes
+ * back what was appended), -1 error. */
+static int
+walk_record(sink *out, PyObject *node, PyObject *record)
+{
+    Py_ssize_t n_keys = PyDict_GET_SIZE(record), found = 0, n_order = PyTuple_GET_SIZE(g_order);
+    for (Py_ssize_t i = 0; i < n_order && found < n_keys; i++) {
+        PyObject *o = PyTuple_GET_ITEM(g_order, i);
+        PyObject *v = PyDict_GetItemWithError(record, PyTuple_GET_ITEM(o, 0));
+        if (v == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            continue;
+        }
+        found++;
+        out->role = PyTuple_GET_ITEM(o, 2);
+        int r = walk_section(out, node, v, PyTuple_GET_ITEM(o, 1));
+        if (r <= 0)
+            return r;
+    }
+    if (found != n_keys) {
+        if (found == 0)
+            return 0;  /* maybe the record is itself a tensor (debug.json): the reference walk */
+        Py_ssize_t pos = 0;
+        PyObject *key, *v;
+        while (PyDict_Next(record, &pos, &key, &v)) {
+            if ((PyDict_CheckExact(v) && PyDict_GET_SIZE(v)) || (PyList_CheckExact(v) && PyList_GET_SIZE(v))) {
+                /* a known section was read above; any other key holding a container is a section of its own */
+                int known = 0;
+                for (Py_ssize_t i = 0; i < n_order && !known; i++) {
+                    known = PyObject_RichCompareBool(key, PyTuple_GET_ITEM(PyTuple_GET_ITEM(g_order, i), 0), Py_EQ);
+                    if (known < 0)
+                        return -1;
+                }
+                if (!known)
+                    return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+static int
+take_back(PyObject *list, Py_ssize_t n0)
+{
+    return PyList_GET_SIZE(list) > n0 ? PyList_SetSlice(list, n0, PyList_GET_SIZE(list), NULL) : 0;
 }
 
 /* A parameters_grad record ({param: [leaf]} or {param: leaf}): 1 plain (leaves emitted), 0 not, -1 error. */
@@ -391,51 +436,6 @@ param_grad_record(PyObject *node, PyObject *record, PyObject *leaves, PyObject *
         }
     }
     Py_DECREF(dot);
-    return 1;
-}
-
-/* 1: the record is plain (its sections checked, plain[] and vals[] filled), 0: not plain, -1: error */
-static int
-check_record(PyObject *record, PyObject **vals, int *plain, Py_ssize_t *n_leaves)
-{
-    Py_ssize_t n_keys = PyDict_GET_SIZE(record), found = 0, n_order = PyTuple_GET_SIZE(g_order);
-    for (Py_ssize_t i = 0; i < n_order; i++) {
-        vals[i] = NULL;
-        if (found == n_keys)
-            continue;
-        PyObject *v = PyDict_GetItemWithError(record, PyTuple_GET_ITEM(PyTuple_GET_ITEM(g_order, i), 0));
-        if (v == NULL) {
-            if (PyErr_Occurred())
-                return -1;
-            continue;
-        }
-        found++;
-        int p = check_section(v, n_leaves);
-        if (p <= 0)
-            return p;
-        vals[i] = v;
-        plain[i] = p;
-    }
-    if (found != n_keys) {
-        if (found == 0)
-            return 0;  /* maybe the record is itself a tensor (debug.json): the reference walk */
-        Py_ssize_t pos = 0;
-        PyObject *key, *v;
-        while (PyDict_Next(record, &pos, &key, &v)) {
-            if ((PyDict_CheckExact(v) && PyDict_GET_SIZE(v)) || (PyList_CheckExact(v) && PyList_GET_SIZE(v)))
-            {
-                /* a known section was read above; any other key holding a container is a section of its own */
-                int known = 0;
-                for (Py_ssize_t i = 0; i < n_order && !known; i++) {
-                    known = PyObject_RichCompareBool(key, PyTuple_GET_ITEM(PyTuple_GET_ITEM(g_order, i), 0), Py_EQ);
-                    if (known < 0)
-                        return -1;
-                }
-                if (!known)
-                    return 0;
-            }
-        }
-    }
     return 1;
 }
 
@@ -485,9 +485,6 @@ walk_batch(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "_cwalk.configure() was not called");
         return NULL;
     }
-    PyObject *vals[MAX_SECTIONS];
-    int plain[MAX_SECTIONS];
-    Py_ssize_t n_order = PyTuple_GET_SIZE(g_order);
     PyObject *key, *record;
     while (PyDict_Next(data, &pos, &key, &record)) {
         PyObject *node = PyDict_GetItemWithError(names, key);
@@ -522,7 +519,6 @@ walk_batch(PyObject *Py_UNUSED(self), PyObject *args)
             hand_back = r;
         }
         Py_ssize_t n_leaves = 0;
-        int param_grad = 0;
         if (!hand_back) {
             int r = contains(node, s_param_grad);
             if (r > 0) {  /* Walk.node's test: the text, then node_kind */
@@ -534,31 +530,25 @@ walk_batch(PyObject *Py_UNUSED(self), PyObject *args)
             }
             if (r < 0)
                 return NULL;
-            if (r) {
-                param_grad = 1;
+            if (r)
                 r = param_grad_record(node, record, leaves, labels, roles, &n_leaves);
+            else {
+                sink out = {leaves, labels, roles, NULL, 0};
+                Py_ssize_t n0 = PyList_GET_SIZE(leaves);
+                r = walk_record(&out, node, record);
+                n_leaves = out.n;
+                if (r == 0 && (take_back(leaves, n0) < 0 || take_back(labels, n0) < 0 || take_back(roles, n0) < 0))
+                    return NULL;
             }
-            else
-                r = check_record(record, vals, plain, &n_leaves);
             if (r < 0)
                 return NULL;
             hand_back = !r;
         }
         if (hand_back)
             return Py_BuildValue("nOOO", pos, node, record, parent);
-        if (n_leaves) {
-            for (Py_ssize_t i = 0; i < n_order && !param_grad; i++) {
-                if (vals[i] == NULL)
-                    continue;
-                PyObject *o = PyTuple_GET_ITEM(g_order, i);
-                if (emit_section(node, vals[i], plain[i], PyTuple_GET_ITEM(o, 1), PyTuple_GET_ITEM(o, 2), leaves,
-                                 labels, roles) < 0)
-                    return NULL;
-            }
-            if (PyList_Append(nodes, node) < 0 || PyList_Append(node_parents, parent) < 0 ||
-                append_new(counts, PyLong_FromSsize_t(n_leaves)) < 0)
-                return NULL;
-        }
+        if (n_leaves && (PyList_Append(nodes, node) < 0 || PyList_Append(node_parents, parent) < 0 ||
+                         append_new(counts, PyLong_FromSsize_t(n_leaves)) < 0))
+            return NULL;
         int flags = fact_flags(node, record, parent, sigs);
         if (flags < 0)
             return NULL;
