@@ -98,8 +98,8 @@ def quote_tokens(raw: bytes, *, nan: bool = True) -> bytes:
     """
     c = cwalk()
     if c is not None and raw.__class__ is bytes:  # the same, in one C pass (tests/test_cwalk.py)
-        out: bytes = c.quote_tokens(raw, nan)
-        return out
+        quoted: bytes = c.quote_tokens(raw, nan)
+        return quoted
     spans = []
     for token in (b"NaN", b"Infinity") if nan else (b"Infinity",):
         i = raw.find(token)

@@ -176,7 +176,8 @@ class Columns:
         if not n:
             return
         c = cwalk()
-        got = c.leaf_columns(leaves, _SHAPES, self._interned) if c is not None and leaves.__class__ is list else None  # test_cwalk
+        # the same columns in C (tests/test_cwalk.py); None: a value the exact rules below must read
+        got = c.leaf_columns(leaves, _SHAPES, self._interned) if c is not None and leaves.__class__ is list else None
         if got is not None:
             self._add_columns(leaves, labels, issues, got)
             return
