@@ -9,10 +9,11 @@ only this one (the extension imports nothing from precnb).
 Examples
 --------
 >>> import os
+>>> old = os.environ.get("PRECNB_PURE_PARSER")
 >>> os.environ["PRECNB_PURE_PARSER"] = "1"
 >>> cwalk() is None  # the pure Python parser, whether or not the extension is built
 True
->>> del os.environ["PRECNB_PURE_PARSER"]
+>>> _ = os.environ.pop("PRECNB_PURE_PARSER") if old is None else os.environ.update(PRECNB_PURE_PARSER=old)
 """
 
 from __future__ import annotations

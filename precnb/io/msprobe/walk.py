@@ -288,9 +288,10 @@ def fast_walk() -> ModuleType | None:
     Examples
     --------
     >>> import os
+    >>> old = os.environ.get("PRECNB_PURE_PARSER")
     >>> os.environ["PRECNB_PURE_PARSER"] = "1"
     >>> fast_walk() is None
     True
-    >>> del os.environ["PRECNB_PURE_PARSER"]
+    >>> _ = os.environ.pop("PRECNB_PURE_PARSER") if old is None else os.environ.update(PRECNB_PURE_PARSER=old)
     """
     return cwalk()
