@@ -28,7 +28,7 @@ from precnb.io.msprobe import _json, walk
 from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
 from tests._records_equal import records_differences
-from tests.conftest import SAMPLES, shared_path
+from tests.conftest import SAMPLES, SHARED
 from tests.test_fuzz_readers import fuzz_settings, msprobe_dump, mutate_obj, write_msprobe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,8 +83,8 @@ def assert_same(folder: Path) -> int:
 
 def _bundled() -> list[Path]:
     roots = [SAMPLES, ROOT / "tests" / "fixtures" / "msprobe_releases"]
-    shared = shared_path("data_samples", "msprobe")
-    if shared is not None and shared.is_dir():
+    shared = SHARED / "data_samples" / "msprobe"  # (../shared: absent on some machines, then left out)
+    if shared.is_dir():
         roots += [p for p in sorted(shared.iterdir()) if p.name.split("_")[0] in ("S1", "S5", "S6", "S13")]
     return sorted({p.parent for r in roots for p in r.rglob("dump.json")})
 
