@@ -5,7 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# the install is redone when the dependencies, the build hook or the C extension's source change (pip install -e
+# compiles precnb/io/_cwalk.c; without a compiler the pure Python parser is used, with the same results)
+CEXT := precnb/io/_cwalk.c
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(CEXT) | sha1sum | cut -c1-12)
 CHROMIUM ?= /usr/bin/chromium
 OUT ?= out
 NBTEMPLATES ?= build/nbtemplates
@@ -33,7 +36,7 @@ help:
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
 	@echo "make notebooks         strip notebooks/*.ipynb (the templates' one copy; the build puts them in the wheel)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(CEXT)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip
 	$(PIP) install -q -e '.[test]'

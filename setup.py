@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -55,4 +55,9 @@ class BuildPyWithData(build_py):
             shutil.copyfile(nb, dst / nb.name)
 
 
-setup(cmdclass={"build_py": BuildPyWithData})
+# the C walk of the common msprobe records (precnb/io/_cwalk.c, CPython C API only): optional, an install
+# without a compiler gets the pure Python walk, which gives the same records (PRECNB_PURE_PARSER=1 selects it)
+CWALK = Extension("precnb.io._cwalk", ["precnb/io/_cwalk.c"], optional=True,
+                  extra_compile_args=["-O2"])
+
+setup(cmdclass={"build_py": BuildPyWithData}, ext_modules=[CWALK])

@@ -93,8 +93,8 @@ def built_wheel(tmp_path_factory):
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(ROOT / name, src / name)
     for folder in ("precnb", "data_samples", "notebooks"):  # what setup.py and MANIFEST.in put in the package
-        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc",
-                                                                                   ".ipynb_checkpoints"))
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns(
+            "__pycache__", "*.pyc", ".ipynb_checkpoints", "*.so"))  # (a fresh clone has no extension built in place)
     out = tmp_path_factory.mktemp("wheels")
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                            "-w", str(out), str(src)], capture_output=True, text=True, timeout=600)

@@ -56,6 +56,8 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(precnb.__path__, "precnb.
 def test_every_module_is_discovered():
     files = {".".join(("precnb", *p.relative_to(PKG).with_suffix("").parts)).removesuffix(".__init__")
              for p in PKG.rglob("*.py") if "data_samples" not in p.parts}
+    # the optional C extension (precnb/io/_cwalk.c), when built in place or installed
+    files |= {"precnb.io._cwalk"} & set(MODULES)
     assert {"precnb", *MODULES} == files
     assert set(NOT_IMPORTED) <= set(MODULES)
 
@@ -116,6 +118,9 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     mod, sample = where.stdout.split()
     assert pathlib.Path(mod).is_relative_to(site)
     assert pathlib.Path(sample) == site / "precnb" / "data_samples" / "dp_nan"
+    # the optional C extension was compiled into the wheel (gcc and the Python headers are here) and loads
+    ext = _run(core_venv, py, "-c", "from precnb.io import _cext; print(_cext.CWALK.__file__)", cwd=tmp_path)
+    assert ext.returncode == 0 and pathlib.Path(ext.stdout.strip()).is_relative_to(site / "precnb" / "io"), ext.stderr
     assert _run(core_venv, cli, "--version", cwd=tmp_path).stdout.startswith("precnb ")
     nan = _run(core_venv, cli, "nan", "--json", sample, cwd=tmp_path)
     assert nan.returncode == 0, nan.stderr
@@ -157,6 +162,7 @@ def test_the_wheel_ships_the_notebook_templates_and_the_samples(built_wheel):
     templates = {p.name: p.read_bytes() for p in (PKG.parent / "notebooks").glob("*.ipynb")}
     assert len(templates) == 5 and shipped == templates  # the same bytes, nothing more
     assert {"precnb/templates/report/report.html.j2", "precnb/py.typed"} <= names
+    assert [n for n in names if n.startswith("precnb/io/_cwalk.") and n.endswith(".so")]  # the C extension
     assert "precnb/data_samples/dp_nan/ground_truth.json" in names
     assert not [n for n in names if n.startswith("notebooks/") or "/.ipynb_checkpoints/" in n]
     # the sample generator (tools/samples) is a development program: no code of it in the wheel, and only the
@@ -179,7 +185,7 @@ def test_a_wheel_built_from_the_sdist_ships_them_too(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(PKG.parent / name, src / name)
-    shutil.copytree(PKG, src / "precnb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(PKG, src / "precnb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
     shutil.copytree(PKG.parent / "notebooks", src / "notebooks")
     (src / "data_samples" / "dp_nan").mkdir(parents=True)  # one small file stands for the samples here
     shutil.copy(PKG.parent / "data_samples" / "dp_nan" / "ground_truth.json", src / "data_samples" / "dp_nan")

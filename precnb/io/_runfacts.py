@@ -26,6 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from precnb.io._cext import cwalk
 from precnb.io._record_facts import (
     UNDEFINED_PREFIXES,
     p2p_peers,
@@ -120,6 +121,23 @@ def _scalars(value: Any, path: str, out: dict[str, list[Any]], depth: int, *, kw
             _scalars(x, path, out, depth + 1, kwarg=kwarg)
 
 
+def _arg_scalars(value: Any, path: str, out: dict[str, list[Any]]) -> None:
+    _scalars(value, path, out, 1, kwarg=False)
+
+
+def _kwarg_scalars(value: Any, path: str, out: dict[str, list[Any]]) -> None:
+    _scalars(value, path, out, 1, kwarg=True)
+
+
+def _c_scan() -> Any:
+    """:meth:`FileFacts.optimizer`'s argument scan in C (``precnb/io/_cwalk.c``), or None.
+
+    None when the extension is not built or ``PRECNB_PURE_PARSER`` is set (the Python scan is the reference).
+    """
+    c = cwalk()
+    return None if c is None else c.optimizer_args
+
+
 def _add(values: list[Any], v: Any) -> None:
     if len(values) < _MAX_VALUES and not any(type(v) is type(x) and v == x for x in values):
         values.append(v)
@@ -140,7 +158,8 @@ class FileFacts:
      'scalar_args': {'Tensor.addcdiv_': {'value': [-0.1]}}}
     """
 
-    __slots__ = ("_known", "_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs", "undefined")
+    __slots__ = ("_known", "_scan", "_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs",
+                 "undefined")
 
     def __init__(self, *, signatures: bool = True) -> None:
         self.signatures = signatures  # False: no scalar_signature (a step read from one file: nothing to compare)
@@ -152,6 +171,7 @@ class FileFacts:
         self.peers: set[int] = set()  # the ranks this file's point-to-point calls send to / receive from
         self._seen: dict[tuple[str, str], set[tuple[type, Any]]] = {}
         self._known: set[tuple[str, str, type, Any]] = set()  # (api, path, type, value) of every value kept
+        self._scan = _c_scan()  # optimizer()'s argument scan in C, when built
 
     def node(self, node: str, record: Mapping[str, Any], parent: str) -> None:
         """Fold in one node record (*parent*: its parent in construct.json, ``""`` when unknown)."""
@@ -169,6 +189,19 @@ class FileFacts:
         if node.startswith(UNDEFINED_PREFIXES):
             self.undefined.update(undefined_leaves(node, record))
 
+    def batch(self, todo: list[tuple[int, str, dict[str, Any], str]]) -> None:
+        """:meth:`node` (flag 1) and :meth:`api` (flag 2) of ``(flags, node, record, parent)`` entries, in order."""
+        c = cwalk()
+        if c is not None and self._scan is not None:  # the same, the optimizer-scope records read in C
+            c.facts_batch(todo, self.node, self.api, self._known, self._merge, _POSITIONS, _plain, _arg_scalars,
+                          _kwarg_scalars, api_of)
+            return
+        for flags, node, record, parent in todo:
+            if flags & 1:
+                self.node(node, record, parent)  # parameters' requires_grad, optimizer arguments, unread buffers
+            if flags & 2:
+                self.api(node, record)  # its scalar arguments' checksum (rank-dependent ops)
+
     def api(self, node: str, record: Mapping[str, Any]) -> None:
         """Note an API forward record's :func:`scalar_signature` (the parser calls it for those records)."""
         sig = scalar_signature(record) if self.signatures else 0
@@ -183,6 +216,12 @@ class FileFacts:
     def optimizer(self, node: str, record: Mapping[str, Any]) -> None:
         """The scalar arguments of an optimizer op's record (the common ``{type, value}`` ones read in line)."""
         found: dict[str, list[Any]] = {}
+        if self._scan is not None and record.__class__ is dict:  # the same scan, in C (tests/test_cwalk.py)
+            api = self._scan(node, record, found, _POSITIONS, _plain, _arg_scalars, _kwarg_scalars, api_of,
+                             self._known)
+            if api is not None:  # (None: nothing found, or every value kept already: what _merge would see)
+                self._merge(api, found)
+            return
         args, kwargs = record.get("input_args"), record.get("input_kwargs")
         if isinstance(args, list):
             for i, x in enumerate(args):

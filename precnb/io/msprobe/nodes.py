@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from precnb.io._cext import cwalk
 from precnb.io.msprobe.values import MAX_COUNTER
 from precnb.naming import parse_node
 
 __all__ = ["NODE_COLUMNS", "NodeParts", "name_parts", "node_columns", "node_kind"]
+
 
 
 NODE_COLUMNS = ("node", "module", "api", "kind", "direction", "parent", "call", "micro_step")
@@ -132,6 +134,11 @@ class NodeParts:
         """
         kinds, apis, modules, dirs, calls = self.kinds, self.apis, self.modules, self.dirs, self.calls
         out = self.parents
+        c = cwalk()
+        if c is not None and nodes.__class__ is list and parents.__class__ is list:  # the same, in C (test_cwalk.py)
+            c.parts_add(nodes, parents, kinds, apis, modules, dirs, calls, out, self._of_parent, self._names,
+                        _module_of, name_parts)
+            return
         of_parent, one = self._of_parent, self._names.setdefault
         for node, parent in zip(nodes, parents, strict=True):
             hit = of_parent.get(parent)

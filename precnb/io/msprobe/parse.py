@@ -6,6 +6,15 @@ standard library's rules (:func:`precnb.io._jsonio.load_json`: bare ``NaN``/``In
 byte-order mark, invalid UTF-8 inside strings, lone surrogates); either way the same walk reads
 the node records, so both give the same records, warnings and errors.
 
+The per-record work is done in C for the common records when the optional extension
+:mod:`precnb.io._cwalk` is built (``precnb/io/_cwalk.c``; ``PRECNB_PURE_PARSER=1`` selects the pure
+Python code, which is the reference: ``tests/test_cwalk.py`` checks that both give identical
+records). The JSON itself is still parsed into Python objects by orjson or the standard library:
+the extension reads those objects, it is not a JSON parser. It was chosen over a C parser of the
+bytes (which could also skip building the leaf objects) as the smaller, checkable step: the
+semantics of every unusual record stay in one place, the Python walk, and the C code only reads
+what it can prove plain (``benchmarks/RESULTS_large.md``, 2026-12-03 issue30j, has the figures).
+
 Each record is read once: :class:`~precnb.io.msprobe.walk.Walk` collects its tensor leaves and
 their labels, :class:`~precnb.io._runfacts.FileFacts` its run facts (``requires_grad``, optimizer
 arguments); the leaves' values are read a batch at a time by
@@ -45,7 +54,7 @@ from precnb.io.msprobe.nodes import NodeParts, name_parts, node_columns
 from precnb.io.msprobe.release import file_facts, stack_format
 from precnb.io.msprobe.sides import json_type, read_sides
 from precnb.io.msprobe.values import Columns, Issues, TextColumn, short
-from precnb.io.msprobe.walk import MAX_DEPTH, TooDeepError, Walk, leaves_of
+from precnb.io.msprobe.walk import MAX_DEPTH, NO_SIGNATURE, TooDeepError, Walk, fast_walk, leaves_of
 from precnb.io.records import distinct
 from precnb.naming import COMM_PREFIXES
 
@@ -53,7 +62,7 @@ __all__ = ["MAX_DEPTH", "leaves_of", "read_rank_dir"]
 
 _MAX_INDEX = 2**31 - 1
 #: without signatures, the API records the run facts still read: the collectives (reduce op, p2p peers)
-_NO_SIGNATURE = ("Distributed.", "MintDistributed.")
+_NO_SIGNATURE = NO_SIGNATURE
 #: unreadable sections and leaves listed per file (all are counted)
 MAX_UNREAD = 1000
 #: a dump.json this large hands the C heap's free memory back between the steps of its parse (the
@@ -120,58 +129,84 @@ class _File:
         self.is_recompute: bool | None = None  # whether the first forward record carries is_recompute
         self.probe = True  # until both are known
         self.large = False  # a large file: free memory is handed back between the steps of build()
+        self._parents: list[str] = []  # of the current batch's nodes that had tensors
+        self._todo: list[tuple[int, str, dict[str, Any], str]] = []  # the current batch's run facts to read
 
     def batch(self, data: Mapping[str, Any]) -> None:
-        """Read one batch of node records (all of ``data`` for a whole-file parse)."""
+        """Read one batch of node records (all of ``data`` for a whole-file parse).
+
+        The common records are walked in C when :mod:`precnb.io._cwalk` is built (and
+        ``PRECNB_PURE_PARSER`` is not set); every other record, and every record without it, is read
+        by :meth:`record`. Both give the same lists (``tests/test_cwalk.py``).
+        """
         w = self.walk
-        leaves, walk_node, node_facts = w.leaves, w.node, self.facts.node
-        undef, api_facts = UNDEFINED_PREFIXES, self.facts.api
-        nodes, counts = self.nodes, self.counts
-        node_parents: list[str] = []  # of this batch's nodes that had tensors (NodeParts keeps them)
+        nodes = self.nodes
+        self._parents = []  # of this batch's nodes that had tensors (NodeParts keeps them)
+        self._todo = []  # (flags, node, record, parent) for the run facts
         self.n_nodes += len(data)
         n_had = len(nodes)
-        probe = self.probe
-        sigs = self.signatures
-        # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
-        name = self.names.get
-        for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
-                                          strict=True):
-            node = name(node, node)
-            if record.__class__ is not dict:
-                if record is not None:  # null records carry nothing
-                    self.issues.add((self.cols.n + len(leaves), -1), "record", f"{short(node)}: {json_type(record)}")
-                    w.unread.append((node, "", f"a JSON {json_type(record)}, not an object of sections"))
-                continue
-            if probe:
-                self.look(node, record)
-                probe = self.probe
-            if node.startswith(COMM_PREFIXES):
-                for g in _find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
-                    self.groups.setdefault(json.dumps(g), node)
+        cwalk = fast_walk()
+        if cwalk is not None and data.__class__ is dict and self.parents.__class__ is dict:
+            pos: int | None = 0
+            while pos is not None:
+                back = cwalk.walk_batch(data, pos, self.names, self.parents, w.leaves, w.labels, w.roles, nodes,
+                                        self._parents, self.counts, self._todo, self.signatures,
+                                        self.backward is None, self.is_recompute is None)
+                if back is None:
                     break
-            n0 = len(leaves)
-            try:
-                walk_node(node, record)
-            except TooDeepError as exc:
-                where = short(exc.where, 120)
-                raise DumpFormatError(self.rd.dump_file, f"node {short(node, 80)}: values nested more than "
-                                                         f"{MAX_DEPTH} levels deep (at {where})") from None
-            if len(leaves) > n0:
-                nodes.append(node)
-                node_parents.append(parent)
-                counts.append(len(leaves) - n0)
-            if "parameters" in record or parent.startswith("optimizer") or (  # OPTIMIZER_NAME's markers hold
-                    "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node) or node.startswith(undef):
-                node_facts(node, record, parent)  # parameters' requires_grad, optimizer arguments, unread buffers
-            if node.endswith(".forward") and (not node.startswith(("Module.", "Cell.")) if sigs
-                                              else node.startswith(_NO_SIGNATURE)):
-                api_facts(node, record)  # its scalar arguments' checksum (rank-dependent ops)
-        self.parts.add(nodes[n_had:], node_parents)
-        self.cols.add_batch(leaves, w.labels, self.issues)
+                pos, node, record, parent = back
+                self.record(node, record, parent)
+        else:
+            # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
+            name = self.names.get
+            for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
+                                              strict=True):
+                self.record(name(node, node), record, parent)
+        self.facts.batch(self._todo)  # the run facts, in file order
+        self._todo = []
+        self.parts.add(nodes[n_had:], self._parents)
+        self.cols.add_batch(w.leaves, w.labels, self.issues)
         self.hashes.append(np.fromiter(map(hash, w.labels), np.int64, len(w.labels)))  # for distinct() at build
         self.labels += w.labels
         self.roles.extend(w.roles)
         w.leaves, w.labels, w.roles = [], [], []
+
+    def record(self, node: str, record: Any, parent: str) -> None:
+        """Read one node record with the reference walk (its run facts noted for :meth:`batch`)."""
+        w = self.walk
+        leaves = w.leaves
+        if record.__class__ is not dict:
+            if record is not None:  # null records carry nothing
+                self.issues.add((self.cols.n + len(leaves), -1), "record", f"{short(node)}: {json_type(record)}")
+                w.unread.append((node, "", f"a JSON {json_type(record)}, not an object of sections"))
+            return
+        if self.probe:
+            self.look(node, record)
+        if node.startswith(COMM_PREFIXES):
+            for g in _find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
+                self.groups.setdefault(json.dumps(g), node)
+                break
+        n0 = len(leaves)
+        try:
+            w.node(node, record)
+        except TooDeepError as exc:
+            where = short(exc.where, 120)
+            raise DumpFormatError(self.rd.dump_file, f"node {short(node, 80)}: values nested more than "
+                                                     f"{MAX_DEPTH} levels deep (at {where})") from None
+        if len(leaves) > n0:
+            self.nodes.append(node)
+            self._parents.append(parent)
+            self.counts.append(len(leaves) - n0)
+        flags = 0
+        if "parameters" in record or parent.startswith("optimizer") or (  # OPTIMIZER_NAME's markers hold
+                "_fused_" in node or "addcdiv_" in node or "_foreach_lerp_" in node) or node.startswith(
+                UNDEFINED_PREFIXES):
+            flags = 1
+        if node.endswith(".forward") and (not node.startswith(("Module.", "Cell.")) if self.signatures
+                                          else node.startswith(_NO_SIGNATURE)):
+            flags |= 2
+        if flags:
+            self._todo.append((flags, node, record, parent))
 
     def look(self, node: str, record: dict[str, Any]) -> None:
         """Release facts from the first backward and the first forward record (:mod:`.release`)."""

@@ -39,9 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from precnb.io._cext import cwalk
+from precnb.io.msprobe._textcol import TextColumn, _join
 from precnb.io.records import _shape_text, stat_value
 
 __all__ = ["MAX_COUNTER", "Columns", "Issues", "TextColumn", "short", "unsafe_data_name", "valid_shape"]
+
 
 MAX_COUNTER = 2**62  # call counters, micro steps, numel
 _STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm"))
@@ -149,50 +152,6 @@ def _shape_info(key: tuple[int, ...]) -> tuple[str, int] | None:
     return hit
 
 
-class TextColumn:
-    """A string column of few distinct texts, kept as small integer codes batch by batch (not a list of millions).
-
-    Examples
-    --------
-    >>> col = TextColumn()
-    >>> col.extend(["input", "output", "input"])
-    >>> col.extend(["grad"])
-    >>> col.array().tolist(), "grad" in col, "parameter" in col, len(col)
-    (['input', 'output', 'input', 'grad'], True, False, 4)
-    """
-
-    __slots__ = ("_code", "_n", "_parts", "_texts")
-
-    def __init__(self) -> None:
-        self._code: dict[str, int] = {}
-        self._texts: list[str] = []
-        self._parts: list[np.ndarray] = []
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __contains__(self, text: object) -> bool:
-        return text in self._code  # a text gets a code when it is first added
-
-    def extend(self, texts: Sequence[str]) -> None:
-        """Append *texts* (strings)."""
-        code = self._code
-        for t in set(texts) - code.keys():
-            code[t] = len(self._texts)
-            self._texts.append(t)
-        kind = np.uint16 if len(self._texts) <= 1 << 16 else np.int32
-        self._parts.append(np.fromiter(map(code.__getitem__, texts), kind, len(texts)))
-        self._n += len(texts)
-
-    def array(self) -> np.ndarray:
-        """The column as an object array of str (the codes are let go)."""
-        table = np.empty(len(self._texts), object)
-        table[:] = self._texts
-        codes = _join(self._parts, np.int32)
-        return table[codes]
-
-
 class Columns:
     """Accumulate the columns of a file's tensor leaves, batch by batch."""
 
@@ -216,6 +175,12 @@ class Columns:
         n = len(leaves)
         if not n:
             return
+        c = cwalk()
+        # the same columns in C (tests/test_cwalk.py); None: a value the exact rules below must read
+        got = c.leaf_columns(leaves, _SHAPES, self._interned) if c is not None and leaves.__class__ is list else None
+        if got is not None:
+            self._add_columns(leaves, labels, issues, got)
+            return
         try:  # one pass over the leaves for the six fields every leaf has
             cols: list[Sequence[Any]] = list(zip(*map(_FIELDS, leaves), strict=True))
         except KeyError:
@@ -228,13 +193,37 @@ class Columns:
         self._null.append(null)
         self._shapes(cols[4], labels, issues)
         self._strings(leaves, cols[5], labels, issues)
+        self._leaf_type(leaves)
+        self.n += n
+
+    def _add_columns(self, leaves: Sequence[dict[str, Any]], labels: Sequence[str], issues: Issues,
+                     got: tuple[Any, ...]) -> None:
+        """:meth:`add_batch` from the columns :mod:`precnb.io._cwalk` read (statistics, shapes, dtypes)."""
+        stats, null, shapes, dtypes, texts, numel, interned, extra = got
+        n = len(leaves)
+        table = np.frombuffer(stats, np.float64).reshape(4, n)
+        for bit, (name, _) in enumerate(_STAT_KEYS):
+            self._stats[name].append(table[bit])
+        self._null.append(np.frombuffer(null, np.uint8))
+        if texts is not None:  # every shape one seen before
+            self.shape.extend(texts)
+            self._numel.append(np.frombuffer(numel, np.int64))
+        else:
+            self._shapes(shapes, labels, issues)
+        if interned is not None and not extra and not self.any_crc and self._names_from is None:
+            self.dtype.extend(interned)  # string dtypes, no md5 or data_name yet: all that _strings would do
+        else:
+            self._strings(leaves, dtypes, labels, issues)
+        self._leaf_type(leaves)
+        self.n += n
+
+    def _leaf_type(self, leaves: Sequence[dict[str, Any]]) -> None:
         if not self.leaf_type:
             for v in leaves:
                 t = v["type"]
                 if t.startswith(("torch", "mindspore", "mindtorch")):
                     self.leaf_type = t
                     break
-        self.n += n
 
     def _stat_column(self, col: Sequence[Any], bit: int, key: str, null: np.ndarray, labels: Sequence[str],
                      issues: Issues) -> np.ndarray:
@@ -387,10 +376,3 @@ class Columns:
         out["shape"], out["dtype"] = self.shape.array(), self.dtype.array()
         self.shape, self.dtype = TextColumn(), TextColumn()
         return out
-
-
-def _join(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
-    """*parts* concatenated into one array; *parts* is emptied."""
-    out = np.concatenate(parts) if parts else np.zeros(0, dtype)
-    parts.clear()
-    return out

@@ -21,11 +21,15 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import ModuleType
 from typing import Any
 
+from precnb.io._cext import CWALK, cwalk
+from precnb.io._record_facts import UNDEFINED_PREFIXES
 from precnb.io.msprobe.nodes import node_kind
+from precnb.naming import COMM_PREFIXES
 
-__all__ = ["MAX_DEPTH", "TooDeepError", "Walk", "leaves_of"]
+__all__ = ["MAX_DEPTH", "NO_SIGNATURE", "TooDeepError", "Walk", "fast_walk", "leaves_of"]
 
 #: values nested deeper than this below a node record make the file unreadable
 MAX_DEPTH = 64
@@ -47,7 +51,8 @@ _ORDER = tuple((key, section, role) for key, (section, role, _) in sorted(SECTIO
 _TENSOR_KEYS = ("dtype", "shape", "Max", "Min", "Mean", "Norm", "md5", "data_name")
 _ABSENT = object()
 _INDEX = tuple(f".{i}" for i in range(256))  # ".0", ".1", ...: list positions in labels
-#: the per-tensor coordinates :func:`node_columns` returns, in this order
+#: without signatures, the API records the run facts still read: the collectives (reduce op, p2p peers)
+NO_SIGNATURE = COMM_PREFIXES
 
 
 class TooDeepError(Exception):
@@ -266,3 +271,27 @@ def leaves_of(node: str, record: Any, kind: str | None = None) -> list[tuple[str
     w.node(node, record, kind)
     return list(zip(w.labels, w.roles, w.leaves, strict=True))
 
+
+
+_C = CWALK  # the C walk of the common records (precnb/io/_cwalk.c), when built
+if _C is not None:
+    _C.configure(_NON_TENSOR_TYPES, _ORDER, _INDEX, UNDEFINED_PREFIXES, COMM_PREFIXES, NO_SIGNATURE,
+                 ("Module.", "Cell."), node_kind)
+
+
+def fast_walk() -> ModuleType | None:
+    """The C walk (:mod:`precnb.io._cwalk`), or None: not built, or ``PRECNB_PURE_PARSER`` set.
+
+    The pure Python walk (:class:`Walk`, read record by record) is the reference: the C one reads
+    the common records only and hands every other back to it, with the same results.
+
+    Examples
+    --------
+    >>> import os
+    >>> old = os.environ.get("PRECNB_PURE_PARSER")
+    >>> os.environ["PRECNB_PURE_PARSER"] = "1"
+    >>> fast_walk() is None
+    True
+    >>> _ = os.environ.pop("PRECNB_PURE_PARSER") if old is None else os.environ.update(PRECNB_PURE_PARSER=old)
+    """
+    return cwalk()
