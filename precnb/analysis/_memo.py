@@ -59,7 +59,8 @@ class DatasetMemo:
     def __init__(self, size: int = 4) -> None:
         self.size = size
         self.hits = 0
-        self._items: OrderedDict[Any, tuple[list[weakref.ref[xr.Dataset]], list[Any], Any]] = OrderedDict()
+        # key -> (weak references, fingerprints, the value as kept, whether it holds slots to fill)
+        self._items: OrderedDict[Any, tuple[list[weakref.ref[xr.Dataset]], list[Any], Any, bool]] = OrderedDict()
         _ALL.append(self)
 
     def get(self, datasets: Sequence[xr.Dataset], key: Hashable, compute: Callable[[], T], *,
@@ -73,12 +74,12 @@ class DatasetMemo:
         k = (tuple(id(d) for d in datasets), key)
         got = self._items.get(k)
         if got is not None:
-            refs, prints, value = got
+            refs, prints, value, slots = got
             if all(r() is d for r, d in zip(refs, datasets, strict=True)) and prints == [
                     _fingerprint(d) for d in datasets]:
                 self._items.move_to_end(k)
                 self.hits += 1
-                return dup(_attach(value, datasets))
+                return dup(_attach(value, datasets) if slots else value)
             del self._items[k]
         value = compute()
         try:
@@ -92,7 +93,9 @@ class DatasetMemo:
             return value
         # kept without the datasets themselves: an entry that held them would keep them alive, and with them
         # everything computed from them, after the caller let them go (its weak references would never die)
-        self._items[k] = (refs, [_fingerprint(d) for d in datasets], _detach(dup(value), datasets))
+        kept = dup(value)
+        stored = _detach(kept, datasets)  # the value itself when it holds none of them
+        self._items[k] = (refs, [_fingerprint(d) for d in datasets], stored, stored is not kept)
         while len(self._items) > self.size:
             self._items.popitem(last=False)
         return value
