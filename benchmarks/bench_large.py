@@ -43,9 +43,12 @@ _CHILD = r"""
 import json, os, resource, sys, time
 mode, folder, dump = sys.argv[1], sys.argv[2], sys.argv[3]
 os.environ["PRECNB_NO_DASK_CLIENT"] = "1"
-if mode.endswith("_pure"):  # the pure Python parser (without the C extension precnb/io/_cwalk.c)
+if mode.endswith("_pure"):  # the pure Python parser (without the C extensions precnb/io/_cwalk.c, _craw.c)
     os.environ["PRECNB_PURE_PARSER"] = "1"
     mode = mode[:-5]
+if mode.endswith("_no_craw"):  # batches parsed into objects (orjson / json) and walked by _cwalk, not read as bytes
+    os.environ["PRECNB_NO_CRAW"] = "1"
+    mode = mode[:-8]
 if mode == "precnb_no_orjson":
     sys.modules["orjson"] = None  # ImportError on import: the standard-library path
 if mode.startswith(("precnb", "orjson")):
@@ -148,7 +151,9 @@ def write(path: Path, res: dict) -> None:
              "precnb": "precnb.open_run (orjson)", "precnb_no_orjson": "precnb.open_run without orjson",
              "orjson_batches": "orjson alone: the batched parse, nothing read (gc off)",
              "precnb_pure": "precnb.open_run (orjson), pure Python parser",
-             "precnb_no_orjson_pure": "precnb.open_run without orjson, pure Python parser"}
+             "precnb_no_orjson_pure": "precnb.open_run without orjson, pure Python parser",
+             "precnb_no_craw": "precnb.open_run (orjson), batches parsed into objects (PRECNB_NO_CRAW=1)",
+             "precnb_no_orjson_no_craw": "precnb.open_run without orjson, batches parsed into objects"}
     cpu_floor = med["floor"].get("cpu")
     for m, r in med.items():
         cpu = f" ({cpu_floor / r['cpu']:.2f}× in CPU seconds)" if cpu_floor and r.get("cpu") else ""

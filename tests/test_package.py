@@ -56,8 +56,8 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(precnb.__path__, "precnb.
 def test_every_module_is_discovered():
     files = {".".join(("precnb", *p.relative_to(PKG).with_suffix("").parts)).removesuffix(".__init__")
              for p in PKG.rglob("*.py") if "data_samples" not in p.parts}
-    # the optional C extension (precnb/io/_cwalk.c), when built in place or installed
-    files |= {"precnb.io._cwalk"} & set(MODULES)
+    # the optional C extensions (precnb/io/_cwalk.c, _craw.c), when built in place or installed
+    files |= {"precnb.io._cwalk", "precnb.io._craw"} & set(MODULES)
     assert {"precnb", *MODULES} == files
     assert set(NOT_IMPORTED) <= set(MODULES)
 
@@ -162,7 +162,8 @@ def test_the_wheel_ships_the_notebook_templates_and_the_samples(built_wheel):
     templates = {p.name: p.read_bytes() for p in (PKG.parent / "notebooks").glob("*.ipynb")}
     assert len(templates) == 5 and shipped == templates  # the same bytes, nothing more
     assert {"precnb/templates/report/report.html.j2", "precnb/py.typed"} <= names
-    assert [n for n in names if n.startswith("precnb/io/_cwalk.") and n.endswith(".so")]  # the C extension
+    for ext in ("_cwalk", "_craw"):  # the C extensions
+        assert [n for n in names if n.startswith(f"precnb/io/{ext}.") and n.endswith(".so")], ext
     assert "precnb/data_samples/dp_nan/ground_truth.json" in names
     assert not [n for n in names if n.startswith("notebooks/") or "/.ipynb_checkpoints/" in n]
     # the sample generator (tools/samples) is a development program: no code of it in the wheel, and only the

@@ -47,7 +47,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from precnb.io._cext import cwalk
+from precnb.io._cext import CRAW, cwalk
 from precnb.io.msprobe._scan import Scanner, find_data
 from precnb.io.records import hashes_repeat
 
@@ -56,7 +56,7 @@ try:  # optional speed-up (the ``fast`` extra)
 except ImportError:  # pragma: no cover - exercised when the extra is missing
     _orjson = None  # type: ignore[assignment]
 
-__all__ = ["BLOCK", "NotBatchableError", "batches", "has_orjson", "parts", "quote_tokens"]
+__all__ = ["BLOCK", "NotBatchableError", "batches", "has_orjson", "member", "parts", "quote_tokens", "raw_parts"]
 
 BLOCK = (128 if _orjson is not None else 256) << 10
 """Bytes read at a time; a batch holds the whole records of about one block.
@@ -75,6 +75,9 @@ _BEFORE = re.compile(rb'"(?:Max|Min|Mean|Norm|value)"[ \t\r\n]*:[ \t\r\n]*\Z')
 _AFTER = frozenset(b" \t\r\n,}]")
 _MINUS, _BACKSLASH = 45, 92
 _BOM = b"\xef\xbb\xbf"
+#: an integer orjson reads as a float (it keeps ints of 64 bits only): 20 digits, or "-" and 19 (conservatively:
+#: digits of a fraction or a string count too)
+_LONG_INT = re.compile(rb"\d{20}|-\d{19}")
 
 
 class NotBatchableError(Exception):
@@ -135,6 +138,11 @@ def _loads(raw: bytes, nan: bool = False) -> tuple[Any, bool]:
         try:
             return json.loads(raw), False
         except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, too many digits
+            raise NotBatchableError from None
+    if (CRAW.long_ints(raw) if CRAW is not None and cwalk() is not None else _LONG_INT.search(raw) is not None):
+        try:  # orjson would read 30000000000000000000 as 3e+19: the standard library keeps the int
+            return json.loads(raw), False
+        except (ValueError, RecursionError):
             raise NotBatchableError from None
     try:
         return _orjson.loads(quote_tokens(raw, nan=nan)), nan
@@ -275,6 +283,69 @@ def parts(path: str | Path) -> Iterator[tuple[bool, dict[str, Any]]]:
                 del top["data"]
                 yield True, top
                 return
+
+
+def raw_parts(path: str | Path, name_hashes: list[np.ndarray]) -> Iterator[tuple[bool, Any]]:
+    r""":func:`parts` with each batch's text (``bytes``: the members between data's records) instead of its parse.
+
+    The caller reads each text (:mod:`precnb.io._craw`, the members it hands back with :func:`member`)
+    and appends the hashes of the node names it met to *name_hashes* before asking for the next one:
+    two equal names anywhere in ``data`` (in one batch too, which a parse into a dict would have
+    merged) raise :class:`NotBatchableError` at the end, as in :func:`parts`.
+
+    Examples
+    --------
+    >>> import json, tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "dump.json")
+    >>> _ = open(p, "w").write(json.dumps({"task": "statistics", "data": {"a.0.forward": {}}}, indent=1))
+    >>> [(is_top, part) for is_top, part in raw_parts(p, [])]
+    [(False, b'\n  "a.0.forward": {}\n '), (True, {'task': 'statistics'})]
+    """
+    if os.environ.get("PRECNB_JSON_WHOLE"):  # parse whole files only (to check one path against the other)
+        raise NotBatchableError
+    with Path(path).open("rb") as fh:
+        head, indent, buf = _head(fh)
+        first = True
+        for piece, tail in _pieces(fh, buf, indent):
+            buf = b""
+            if piece and not piece.isspace():
+                yield False, piece
+            elif not (first and tail is not None):  # "{ , ..." or a trailing comma: not JSON
+                raise NotBatchableError
+            piece = b""
+            first = False
+            if tail is not None:
+                if name_hashes and hashes_repeat(np.concatenate(name_hashes)):
+                    raise NotBatchableError  # a node name twice: the whole parse keeps its last record
+                top = _loads(head + b"{}" + tail, True)[0]
+                if not isinstance(top, dict) or top.get("data") != {}:
+                    raise NotBatchableError
+                del top["data"]
+                yield True, top
+                return
+
+
+def member(text: bytes) -> tuple[str, Any]:
+    """The one ``"name": value`` member of *text*, parsed by the standard library (NaN and ±Infinity included).
+
+    Raises :class:`NotBatchableError` where the whole-file parse must decide: not one valid member,
+    invalid UTF-8, escaped lone surrogates (which the whole-file parse replaces, with a note), nesting
+    too deep for the standard library.
+
+    Examples
+    --------
+    >>> member(b'"a.0.forward": {"output": [NaN]}')
+    ('a.0.forward', {'output': [nan]})
+    """
+    if text.find(b"\\") >= 0 and _SURROGATE_ESCAPE.search(text):
+        raise NotBatchableError
+    try:
+        doc = json.loads(b"{" + text + b"}")
+    except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8
+        raise NotBatchableError from None
+    if len(doc) != 1:
+        raise NotBatchableError
+    return next(iter(doc.items()))
 
 
 def _repeats(hashes: list[Any]) -> bool:

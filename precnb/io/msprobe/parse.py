@@ -9,11 +9,15 @@ the node records, so both give the same records, warnings and errors.
 The per-record work is done in C for the common records when the optional extension
 :mod:`precnb.io._cwalk` is built (``precnb/io/_cwalk.c``; ``PRECNB_PURE_PARSER=1`` selects the pure
 Python code, which is the reference: ``tests/test_cwalk.py`` checks that both give identical
-records). The JSON itself is still parsed into Python objects by orjson or the standard library:
-the extension reads those objects, it is not a JSON parser. It was chosen over a C parser of the
-bytes (which could also skip building the leaf objects) as the smaller, checkable step: the
-semantics of every unusual record stay in one place, the Python walk, and the C code only reads
-what it can prove plain (``benchmarks/RESULTS_large.md``, 2026-12-03 issue30j, has the figures).
+records). That extension reads the Python objects orjson or the standard library built. A load
+without scalar signatures (one file per step: the usual large single-rank file) goes one step further
+when :mod:`precnb.io._craw` is built (``precnb/io/_craw.c``): the batch's text is read in C and no
+Python object is built per leaf, only the labels, node names and the shared dtype / shape texts the
+records keep. It reads only the records it can prove plain and hands every other member back as its
+text, which the standard library parses and the reference walk reads (a C parser of the bytes was
+chosen over a faster object parser because the objects themselves were most of the cost: with them,
+the work after orjson's parse still cost more than the parse; ``benchmarks/RESULTS_large.md``,
+2026-12-03 #30 C reader, has the figures). ``PRECNB_NO_CRAW=1`` keeps the object path.
 
 Each record is read once: :class:`~precnb.io.msprobe.walk.Walk` collects its tensor leaves and
 their labels, :class:`~precnb.io._runfacts.FileFacts` its run facts (``requires_grad``, optimizer
@@ -37,6 +41,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Mapping
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -44,6 +49,7 @@ import numpy as np
 from precnb.dtypes import dtype_kind
 from precnb.errors import DumpFormatError
 from precnb.io._assemble import FileRecords, LoadReport, dedup_labels
+from precnb.io._cext import craw
 from precnb.io._gc import paused_gc
 from precnb.io._jsonio import load_json
 from precnb.io._memory import return_free_memory
@@ -170,6 +176,56 @@ class _File:
         self.labels += w.labels
         self.roles.extend(w.roles)
         w.leaves, w.labels, w.roles = [], [], []
+
+    def batch_raw(self, raw: bytes, reader: ModuleType, name_hashes: list[np.ndarray]) -> None:
+        """Read one batch from its text: the plain records in C (:mod:`precnb.io._craw`), the others by :meth:`record`.
+
+        The C reader appends what :meth:`batch` would for every record it can prove plain and hands
+        back the span of any other member, which the standard library parses
+        (:func:`~precnb.io.msprobe._json.member`) and :meth:`record` reads, in file order; text that
+        is not JSON members raises :class:`~precnb.io.msprobe._json.NotBatchableError` (the whole-file
+        parse then decides, and words the error). Only for loads without scalar signatures (their
+        records are read as objects).
+        """
+        w = self.walk
+        nodes, labels, cols = self.nodes, self.labels, self.cols
+        self._parents = []  # of this batch's nodes that had tensors (NodeParts keeps them)
+        self._todo = []  # (flags, node, record, parent) for the run facts, in file order
+        n_had = len(nodes)
+        pos = 0
+        while True:
+            roles: list[str] = []
+            shapes: list[str] = []
+            dtypes: list[str] = []
+            try:
+                got = reader.read_records(raw, pos, self.names, self.parents, labels, roles, shapes, dtypes, nodes,
+                                          self._parents, self.counts, self._todo, self.backward is None,
+                                          self.is_recompute is None)
+            except ValueError:  # not a sequence of JSON members
+                raise _json.NotBatchableError from None
+            self.n_nodes += got[1]
+            name_hashes.append(np.frombuffer(got[6], np.int64))
+            if shapes:
+                cols.add_raw(got, shapes, dtypes)
+                self.roles.extend(roles)
+                self.hashes.append(np.frombuffer(got[5], np.int64))
+            back = got[8]
+            if back is None:
+                break
+            start, pos = back
+            node, record = _json.member(raw[start:pos])
+            self.n_nodes += 1
+            name_hashes.append(np.array([hash(node)], np.int64))
+            self.record(self.names.get(node, node), record, self.parents.get(node, ""))
+            if w.leaves:  # its columns now: the leaves stay in file order
+                cols.add_batch(w.leaves, w.labels, self.issues)
+                self.hashes.append(np.fromiter(map(hash, w.labels), np.int64, len(w.labels)))
+                labels += w.labels
+                self.roles.extend(w.roles)
+                w.leaves, w.labels, w.roles = [], [], []
+        self.facts.batch(self._todo)
+        self._todo = []
+        self.parts.add(nodes[n_had:], self._parents)
 
     def record(self, node: str, record: Any, parent: str) -> None:
         """Read one node record with the reference walk (its run facts noted for :meth:`batch`)."""
@@ -370,13 +426,24 @@ def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
     f = _File(rd, parents, micro, signatures)
     f.large = large
     top: Mapping[str, Any] = {}
+    # a load without signatures reads the batches' text itself when the C reader is built (no parse into objects)
+    reader = craw() if not signatures and parents.__class__ is dict else None
     try:
-        for is_top, part in _json.parts(rd.dump_file):
-            if is_top:
-                top = part
-            else:
-                f.batch(part)
-                part = {}  # freed now, while its objects are still in the caches (not after the next parse)
+        if reader is not None:
+            name_hashes: list[np.ndarray] = []
+            for is_top, raw in _json.raw_parts(rd.dump_file, name_hashes):
+                if is_top:
+                    top = raw
+                else:
+                    f.batch_raw(raw, reader, name_hashes)
+                    raw = b""
+        else:
+            for is_top, part in _json.parts(rd.dump_file):
+                if is_top:
+                    top = part
+                else:
+                    f.batch(part)
+                    part = {}  # freed now, while its objects are still in the caches (not after the next parse)
     except (_json.NotBatchableError, DumpFormatError, OSError):  # the whole-file parse decides (and words the error)
         doc = _whole(rd, notes)
         f = _File(rd, parents, micro, signatures)

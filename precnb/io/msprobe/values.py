@@ -217,6 +217,30 @@ class Columns:
         self._leaf_type(leaves)
         self.n += n
 
+    def add_raw(self, got: tuple[Any, ...], shapes: list[str], dtypes: list[str]) -> None:
+        """The columns of leaves :mod:`precnb.io._craw` read from the text (no md5 or data_name among them).
+
+        *got* is its ``(pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back)``;
+        *shapes* and *dtypes* the texts it appended, one per leaf.
+        """
+        n = len(shapes)
+        if not n:
+            return
+        table = np.frombuffer(got[2], np.float64).reshape(4, n)
+        for bit, (name, _) in enumerate(_STAT_KEYS):
+            self._stats[name].append(table[bit])
+        self._null.append(np.frombuffer(got[3], np.uint8))
+        self._numel.append(np.frombuffer(got[4], np.int64))
+        self.shape.extend(shapes)
+        self.dtype.extend(dtypes)
+        if self.any_crc:  # what _strings pads for leaves without these keys
+            self.crc += itertools.repeat(None, n)
+        if self._names_from is not None:
+            self.data_name += itertools.repeat("", n)
+        if not self.leaf_type and got[7] is not None:
+            self.leaf_type = got[7]
+        self.n += n
+
     def _leaf_type(self, leaves: Sequence[dict[str, Any]]) -> None:
         if not self.leaf_type:
             for v in leaves:

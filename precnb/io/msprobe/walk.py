@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
-from precnb.io._cext import CWALK, cwalk
+from precnb.io._cext import CRAW, CWALK, cwalk
 from precnb.io._record_facts import UNDEFINED_PREFIXES
 from precnb.io.msprobe.nodes import node_kind
 from precnb.naming import COMM_PREFIXES
@@ -277,6 +277,10 @@ _C = CWALK  # the C walk of the common records (precnb/io/_cwalk.c), when built
 if _C is not None:
     _C.configure(_NON_TENSOR_TYPES, _ORDER, _INDEX, UNDEFINED_PREFIXES, COMM_PREFIXES, NO_SIGNATURE,
                  ("Module.", "Cell."), node_kind)
+if CRAW is not None:  # the same rules for the reader of a batch's bytes (precnb/io/_craw.c)
+    from precnb.io.msprobe.values import _shape_info
+
+    CRAW.configure(_NON_TENSOR_TYPES, _ORDER, UNDEFINED_PREFIXES, COMM_PREFIXES, node_kind, _shape_info)
 
 
 def fast_walk() -> ModuleType | None:

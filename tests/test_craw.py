@@ -1,0 +1,214 @@
+"""The reader of a batch's bytes (``precnb/io/_craw.c``) against the pure Python reference.
+
+``tests/test_cwalk.py`` reads every bundled, edge and generated dump with and without the C
+extensions (the loads without signatures go through this reader); here: that the reader is taken
+and hands back only what it must, that its numbers are Python's, and the texts only it sees
+(members of one batch, the text between them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import struct
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from precnb.errors import DumpFormatError
+from precnb.io import _cext
+from precnb.io.msprobe.discover import discover
+from precnb.io.msprobe.parse import read_rank_dir
+from tests._records_equal import records_differences
+from tests.conftest import SHARED
+from tests.test_cwalk import LEAF, env
+from tests.test_fuzz_readers import fuzz_settings
+
+pytestmark = pytest.mark.skipif(_cext.CRAW is None, reason="precnb.io._craw is not built (no compiler at install)")
+S1 = SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics"
+
+
+def _both(folder: Path) -> tuple[Any, Any]:
+    """(C, pure) FileRecords of every rank folder below *folder*, without signatures (an error: its text)."""
+    out = []
+    for pure in (False, True):
+        with env(PRECNB_PURE_PARSER="1" if pure else None):
+            got = []
+            for rd in discover(folder):
+                try:
+                    got.append(read_rank_dir(rd, signatures=False))
+                except DumpFormatError as exc:
+                    got.append(str(exc))
+            out.append(got)
+    return out[0], out[1]
+
+
+def _same(folder: Path) -> None:
+    fast, pure = _both(folder)
+    assert len(fast) == len(pure)
+    for a, b in zip(fast, pure, strict=True):
+        if isinstance(a, str) or isinstance(b, str):
+            assert a == b
+        else:
+            records_differences(a, b)
+
+
+class _Spy:
+    def __init__(self, real: Any) -> None:
+        self.real, self.calls, self.back = real, 0, []
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any) -> Any:
+            got = getattr(self.real, name)(*args)
+            if name == "read_records":
+                self.calls += 1
+                if got[8] is not None:
+                    start, end = got[8]
+                    self.back.append(json.loads(b"{" + args[0][start:end] + b"}").popitem()[0])
+            return got
+        return call
+
+
+@pytest.mark.skipif(not S1.is_dir(), reason="../shared S1 sample not on this machine")
+def test_the_reader_is_taken_and_hands_back_only_the_probe_records(monkeypatch):
+    """On a real msprobe dump (S1: a model step with its optimizer ops) only the two records the release
+    probe reads go back to Python; with signatures, or PRECNB_NO_CRAW, the reader is not used."""
+    spy = _Spy(_cext.CRAW)
+    monkeypatch.setattr(_cext, "CRAW", spy)
+    rd = discover(S1)[0]
+    with env(PRECNB_PURE_PARSER=None, PRECNB_NO_CRAW=None):
+        fast = read_rank_dir(rd, signatures=False)
+    assert spy.calls > 0
+    assert spy.back == ["Functional.embedding.0.forward", "Functional.cross_entropy.0.backward"]
+    with env(PRECNB_PURE_PARSER="1"):
+        records_differences(fast, read_rank_dir(rd, signatures=False))
+    spy.calls = 0
+    with env(PRECNB_PURE_PARSER=None):
+        read_rank_dir(rd, signatures=True)
+    with env(PRECNB_NO_CRAW="1"):
+        read_rank_dir(rd, signatures=False)
+    assert spy.calls == 0
+
+
+def _number(text: str) -> Any:
+    return _cext.CRAW.number_value(text.encode())
+
+
+def _check_number(text: str) -> None:
+    got = _number(text)
+    if got is None:  # not read here (an int beyond 18 digits): the Python code reads the record
+        assert "." not in text and "e" not in text.lower() and len(text.lstrip("-")) > 18
+        return
+    ref = json.loads(text)
+    assert type(got) is type(ref), text
+    if isinstance(ref, float):
+        assert struct.pack("<d", got) == struct.pack("<d", ref) or (math.isnan(got) and math.isnan(ref)), text
+    else:
+        assert got == ref, text
+
+
+@pytest.mark.parametrize("text", ["0", "-0", "0.0", "-0.0", "1", "-1", "123456789012345678", "1e5", "1E-5", "1e+5",
+                                  "NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e-400", "4.9e-324",
+                                  "2.2250738585072014e-308", "9007199254740993.0", "0.1", "0.30000000000000004",
+                                  "1.7976931348623157e308", "1234567890123456789", "0.00000000000000000000001",
+                                  "1.0000000000000000000000001", "3.6555705070495605", "-1.0958521670545451e-05"])
+def test_numbers_are_read_as_the_standard_library_reads_them(text):
+    _check_number(text)
+
+
+@pytest.mark.parametrize("text", ["01", "1.", ".1", "-", "+1", "1e", "--1", "nan", "inf", "-NaN", "0x1", "1.e5",
+                                  "1e+", "- 1", "Infinit", "NaNa"])
+def test_what_is_not_a_json_number_is_not_read(text):
+    assert _number(text) is None
+
+
+@fuzz_settings(2000)
+@given(x=st.floats(allow_nan=False, allow_infinity=False), digits=st.integers(1, 25))
+def test_any_double_in_any_spelling(x, digits):
+    for text in (repr(x), f"{x:.{digits}g}", f"{x:.{digits}e}"):
+        _check_number(text.replace("inf", "1e999"))
+
+
+def test_random_and_halfway_numbers():
+    """The extended-precision fast path against float(), on shortest reprs and on exact midpoints between doubles."""
+    rng = random.Random(30)
+    for _ in range(20000):
+        x = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+        if math.isfinite(x):
+            _check_number(repr(x))
+            _check_number(f"{x:.17g}")
+        f = struct.unpack("<f", struct.pack("<I", rng.getrandbits(32)))[0]
+        if math.isfinite(f):
+            _check_number(repr(f))
+        a = abs(rng.uniform(1e-20, 1e20))
+        mid = (Decimal(a) + Decimal(math.nextafter(a, math.inf))) / 2
+        for places in (17, 18, 19, 25):
+            _check_number(format(mid, f".{places}g").replace("E", "e"))
+        m, e = rng.randint(0, 10**19 - 1), rng.randint(-30, 30)
+        _check_number(f"{m}e{e}")
+
+
+def _dump(root: Path, text: str) -> Path:
+    d = root / "step0" / "rank0"
+    d.mkdir(parents=True)
+    (d / "dump.json").write_text(text)
+    return root
+
+
+LEAF_TEXT = json.dumps(LEAF)
+
+
+@pytest.mark.parametrize("data", [
+    f'"a.0.forward": {{"output": [{LEAF_TEXT}]}}, "a.0.forward": {{"input_args": [{LEAF_TEXT}]}}',  # a name twice
+    f'"a.0.forward": {{"output": [{LEAF_TEXT}]}} "b.0.forward": {{}}',  # no comma
+    f'"a.0.forward": {{"output": [{LEAF_TEXT}]}},, "b.0.forward": {{}}',
+    f'"a.0.forward": {{"output": [{LEAF_TEXT},]}}',  # a trailing comma in a section
+    f'"a.0.forward": {{"output": [{LEAF_TEXT}]}},',  # ... after the last record
+    f'"a\\u00e9.0.forward": {{"output": [{LEAF_TEXT}]}}, "b.0.forward": {{"output": [{LEAF_TEXT}]}}',  # an escape
+    f'"a.0.forward": {{"output": [{LEAF_TEXT.replace("torch.float32", "torch.float32 ü")}]}}',  # non-ASCII
+    f'"a.0.forward": {{"output": [{LEAF_TEXT.replace("1.5", "01.5")}]}}',  # not a JSON number
+    f'"a.0.forward": {{"output": [{LEAF_TEXT.replace("1.5", "1.5e99999")}]}}',
+    f'"a.0.forward": {{"output": [{LEAF_TEXT.replace("[2, 3]", "[2, 30000000000000000000]")}]}}',
+    f'"a.0.forward": {{"output": [{LEAF_TEXT.replace("NaN", "nan")}]}}',
+    f'"a.0.forward": {{"output": [{LEAF_TEXT}], "output": []}}',  # a section twice
+    f'"a.0.forward": {{"output": {{"x": {LEAF_TEXT}, "x": {LEAF_TEXT}}}}}',  # an item twice
+    f'"a.0.forward": {{"output": [{LEAF_TEXT.replace("Max", "Min")}]}}',  # a statistic twice
+    f'"a.0.forward": {{"output": [{LEAF_TEXT}]}}, "b": [1, 2',  # unterminated
+    '"a.0.forward": {"output": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [], "Max": "\t"}]}',
+])
+@pytest.mark.parametrize("indent", [False, True])
+def test_texts_only_the_reader_sees(tmp_path, data, indent):
+    # (data9, an int beyond 64 bits in a shape, also checks the orjson path: orjson reads it as a float, 3e+19,
+    # so _json._loads gives such a batch to the standard library)
+    """Member texts as written (not through json.dumps): each reads as the pure reference reads it, or fails
+    with the same error."""
+    sep = "\n" if indent else ""
+    text = '{"task": "statistics", "level": "L1", "data": {' + sep + data.replace(", \"", "," + sep + " \"") \
+        + sep + "}}"
+    _same(_dump(tmp_path, text))
+
+
+def test_parameters_and_optimizer_facts(tmp_path):
+    """requires_grad of parameters and an optimizer op's arguments, read without parsing the records into objects."""
+    data = {"Module.fc.Linear.forward.0": {"input_args": [LEAF], "parameters": {
+                "weight": dict(LEAF, requires_grad=True), "bias": dict(LEAF, requires_grad=False),
+                "odd": {"requires_grad": True, "value": 1}}, "output": [LEAF]},
+            "Tensor.mul_.0.forward": {"input_args": [LEAF, {"type": "float", "value": 0.9}],
+                                      "input_kwargs": {"alpha": {"type": "int", "value": 2}}, "output": [LEAF]},
+            "Tensor.lerp_.0.forward": {"input_args": [[LEAF, LEAF], {"type": "float", "value": 0.1}]}}
+    root = _dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1))
+    (root / "step0" / "rank0" / "construct.json").write_text(json.dumps(
+        {"Module.fc.Linear.forward.0": None, "Tensor.mul_.0.forward": "optimizer",
+         "Tensor.lerp_.0.forward": "optimizer.step"}))
+    fast, pure = _both(root)
+    records_differences(fast[0], pure[0])
+    facts = fast[0].meta["facts"]
+    assert facts["requires_grad"] == {"Module.fc.Linear.forward.0.parameters.weight": True,
+                                      "Module.fc.Linear.forward.0.parameters.bias": False,
+                                      "Module.fc.Linear.forward.0.parameters.odd": True}
+    assert facts["scalar_args"] == {"Tensor.mul_": {"1": [0.9], "alpha": [2]}, "Tensor.lerp_": {"1": [0.1]}}
