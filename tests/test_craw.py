@@ -212,3 +212,25 @@ def test_parameters_and_optimizer_facts(tmp_path):
                                       "Module.fc.Linear.forward.0.parameters.bias": False,
                                       "Module.fc.Linear.forward.0.parameters.odd": True}
     assert facts["scalar_args"] == {"Tensor.mul_": {"1": [0.9], "alpha": [2]}, "Tensor.lerp_": {"1": [0.1]}}
+
+
+@pytest.mark.parametrize("block", [64, 1000])
+def test_many_small_batches(tmp_path, monkeypatch, block):
+    """Batches cut every few records (a large file's case): a record handed back at a batch's start or end, a node
+    name in two batches (the whole parse then decides), the same records as the reference."""
+    from precnb.io.msprobe import _json
+    from tests.test_cwalk import EDGE_RECORDS
+
+    monkeypatch.setattr(_json, "RAW_BLOCK", block)
+    data = {f"Functional.plain.{i}.forward": {"input_args": [LEAF], "output": [LEAF]} for i in range(40)}
+    data.update(EDGE_RECORDS)
+    root = _dump(tmp_path / "a", json.dumps({"task": "statistics", "data": data}, indent=1))
+    spy = _Spy(_cext.CRAW)
+    monkeypatch.setattr(_cext, "CRAW", spy)
+    _same(root)
+    assert spy.calls > 20 and len(spy.back) > 10  # many batches, and records handed back among them
+    text = json.dumps({"task": "statistics", "data": data}, indent=1)
+    twice = text.replace('"Functional.plain.39.forward"', '"Functional.plain.0.forward"')
+    _same(_dump(tmp_path / "b", twice))
+    if S1.is_dir():
+        _same(S1)

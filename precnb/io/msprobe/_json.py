@@ -67,6 +67,10 @@ facts and the value columns read them one after the other (``benchmarks/bench_la
 (about a MiB of objects, one core's L2 cache here) load a 200 MB file 5-8 % faster than 256 KiB
 ones (medians of 4, 2026-12-03; 64 KiB as fast, 32 KiB slower); the standard library's parse,
 with more fixed cost per call, keeps 256 KiB."""
+RAW_BLOCK = 1 << 20
+"""Bytes read at a time by :func:`raw_parts`: the C reader builds no objects per leaf, so its batches need not
+fit a cache, and larger ones cut the fixed cost per batch (300 MB file, 2026-12-03: 128 KiB 4.7-5.8 s,
+256 KiB 4.4-5.4 s, 1 MiB 4.3-5.1 s per load, one noisy run each)."""
 _HEAD_MAX = 1 << 20
 _LONG = 4 * BLOCK  # a buffer this long without a line of msprobe's layout is cut by structure
 _DATA_KEY = re.compile(rb'\n[ \t]*"data"[ \t]*:[ \t]*(\{)[ \t]*\r?\n([ \t]*)["}]')
@@ -176,7 +180,8 @@ def _head(fh: IO[bytes]) -> tuple[bytes, bytes | None, bytes]:
     return buf[:brace], None, buf[brace + 1:]
 
 
-def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None) -> Iterator[tuple[bytes, bytes | None]]:
+def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None,
+            size: int = BLOCK) -> Iterator[tuple[bytes, bytes | None]]:
     """``(records, None)`` pieces of ``data``'s text between records, then ``(last records, text after data)``.
 
     In msprobe's layout a piece ends where a line holds a record's closing brace at the records'
@@ -187,7 +192,7 @@ def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None) -> Iterator[tuple[b
     scan = Scanner() if sep is None else None
     scanned = 0  # bytes of buf the scanner has seen
     while True:
-        block = fh.read(BLOCK)
+        block = fh.read(size)
         if block:
             buf += block
             if scan is None and sep is not None:
@@ -197,7 +202,7 @@ def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None) -> Iterator[tuple[b
                     piece, buf = buf[:end], buf[end + 1:]
                     yield piece, None
                     continue
-                if len(buf) < _LONG:
+                if len(buf) < max(_LONG, 4 * size):
                     continue  # records longer than a block: read on
                 scan = Scanner()  # no line of msprobe's layout for a while: follow the structure
         if scan is None:  # end of file in msprobe's layout: data's end by structure (other members may follow)
@@ -306,7 +311,7 @@ def raw_parts(path: str | Path, name_hashes: list[np.ndarray]) -> Iterator[tuple
     with Path(path).open("rb") as fh:
         head, indent, buf = _head(fh)
         first = True
-        for piece, tail in _pieces(fh, buf, indent):
+        for piece, tail in _pieces(fh, buf, indent, RAW_BLOCK):
             buf = b""
             if piece and not piece.isspace():
                 yield False, piece
