@@ -62,16 +62,20 @@ LAYOUTS = {
 def small_blocks(monkeypatch):
     """Blocks of 8 KiB, so that a committed dump (about 100 kB) is cut into many batches."""
     monkeypatch.setattr(_json, "BLOCK", 8 << 10)
+    monkeypatch.setattr(_json, "RAW_BLOCK", 8 << 10)  # the C reader's batches (loads without signatures)
     monkeypatch.setattr(_json, "_HEAD_MAX", 8 << 10)
     monkeypatch.setattr(_json, "_LONG", 32 << 10, raising=False)
-    sizes: list[int] = []
-    real = _json._loads
+    sizes: list[int] = []  # of the pieces of data cut (batches of records), then 1 for the top-level members
+    real = _json._pieces
 
-    def counting(raw, nan=False):
-        sizes.append(len(raw))
-        return real(raw, nan)
+    def counting(*args):
+        for piece, tail in real(*args):
+            sizes.append(len(piece))
+            if tail is not None:
+                sizes.append(1)
+            yield piece, tail
 
-    monkeypatch.setattr(_json, "_loads", counting)
+    monkeypatch.setattr(_json, "_pieces", counting)
     return sizes
 
 
@@ -130,6 +134,7 @@ def test_the_original_layout_keeps_its_line_cuts(tmp_path, monkeypatch, small_bl
 ])
 def test_structure_cuts_on_tricky_text_read_like_the_whole_parse(tmp_path, monkeypatch, raw):
     monkeypatch.setattr(_json, "BLOCK", 16)
+    monkeypatch.setattr(_json, "RAW_BLOCK", 16)
     monkeypatch.setattr(_json, "_HEAD_MAX", 16)
     monkeypatch.setattr(_json, "_LONG", 16)
     folder = tmp_path / "step0" / "rank0"

@@ -181,13 +181,15 @@ def _head(fh: IO[bytes]) -> tuple[bytes, bytes | None, bytes]:
 
 
 def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None,
-            size: int = BLOCK) -> Iterator[tuple[bytes, bytes | None]]:
+            size: int | None = None) -> Iterator[tuple[bytes, bytes | None]]:
     """``(records, None)`` pieces of ``data``'s text between records, then ``(last records, text after data)``.
 
     In msprobe's layout a piece ends where a line holds a record's closing brace at the records'
     indentation; otherwise (or when no such line comes within :data:`_LONG` bytes) where the
     structure says a record ended. *buf* starts right after ``data``'s ``{``.
     """
+    long = _LONG if size is None else max(_LONG, 4 * size)
+    size = BLOCK if size is None else size
     sep = b"\n" + indent + b"}," if indent is not None else None
     scan = Scanner() if sep is None else None
     scanned = 0  # bytes of buf the scanner has seen
@@ -202,7 +204,7 @@ def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None,
                     piece, buf = buf[:end], buf[end + 1:]
                     yield piece, None
                     continue
-                if len(buf) < max(_LONG, 4 * size):
+                if len(buf) < long:
                     continue  # records longer than a block: read on
                 scan = Scanner()  # no line of msprobe's layout for a while: follow the structure
         if scan is None:  # end of file in msprobe's layout: data's end by structure (other members may follow)

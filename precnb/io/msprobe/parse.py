@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -51,12 +51,12 @@ from precnb.errors import DumpFormatError
 from precnb.io._assemble import FileRecords, LoadReport, dedup_labels
 from precnb.io._cext import craw
 from precnb.io._gc import paused_gc
-from precnb.io._jsonio import load_json
 from precnb.io._memory import return_free_memory
 from precnb.io._runfacts import UNDEFINED_PREFIXES, FileFacts
 from precnb.io.msprobe import _json
+from precnb.io.msprobe._whole import find_groups, framework_of_leaf, whole_doc
 from precnb.io.msprobe.discover import RankDir
-from precnb.io.msprobe.nodes import NodeParts, name_parts, node_columns
+from precnb.io.msprobe.nodes import NodeParts, node_columns
 from precnb.io.msprobe.release import file_facts, stack_format
 from precnb.io.msprobe.sides import json_type, read_sides
 from precnb.io.msprobe.values import Columns, Issues, TextColumn, short
@@ -66,7 +66,6 @@ from precnb.naming import COMM_PREFIXES
 
 __all__ = ["MAX_DEPTH", "leaves_of", "read_rank_dir"]
 
-_MAX_INDEX = 2**31 - 1
 #: without signatures, the API records the run facts still read: the collectives (reduce op, p2p peers)
 _NO_SIGNATURE = NO_SIGNATURE
 #: unreadable sections and leaves listed per file (all are counted)
@@ -74,39 +73,6 @@ MAX_UNREAD = 1000
 #: a dump.json this large hands the C heap's free memory back between the steps of its parse (the
 #: peak RSS of a one-file load is set there; a small file's steps do not need the few milliseconds)
 _LARGE = 32 << 20
-
-
-def framework_of_leaf(leaf_type: str) -> str:
-    """The framework a tensor leaf's ``type`` names (``"unknown"`` when it names none).
-
-    Examples
-    --------
-    >>> framework_of_leaf("mindspore.Tensor"), framework_of_leaf("torch.Tensor"), framework_of_leaf("")
-    ('mindspore', 'pytorch', 'unknown')
-    """
-    if leaf_type.startswith("mindspore"):
-        return "mindspore"
-    if leaf_type.startswith("mindtorch"):
-        return "mindtorch"
-    return "pytorch" if leaf_type.startswith("torch") else "unknown"
-
-
-def _find_groups(value: Any, depth: int = 0) -> Iterable[list[int]]:
-    """``group_ranks`` of ProcessGroup leaves (communication records); ranks in 0..2**31."""
-    if depth > 6:
-        return
-    if isinstance(value, dict):
-        g = value.get("group_ranks")
-        if isinstance(g, list) and g and all(x.__class__ is int and 0 <= x <= _MAX_INDEX for x in g):
-            yield [int(x) for x in g]
-            return
-        for v in value.values():
-            if isinstance(v, (dict, list)):
-                yield from _find_groups(v, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            if isinstance(v, (dict, list)):
-                yield from _find_groups(v, depth + 1)
 
 
 class _File:
@@ -239,7 +205,7 @@ class _File:
         if self.probe:
             self.look(node, record)
         if node.startswith(COMM_PREFIXES):
-            for g in _find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
+            for g in find_groups({k: record.get(k) for k in ("input_args", "input_kwargs")}):
                 self.groups.setdefault(json.dumps(g), node)
                 break
         n0 = len(leaves)
@@ -361,27 +327,6 @@ class _File:
             meta=meta, unique_labels=unique)
 
 
-def _wrap_bare_data(doc: Any) -> Any:
-    if isinstance(doc, dict) and "data" not in doc and doc and all(
-            isinstance(v, dict) and name_parts(k)[3] for k, v in doc.items()):
-        return {"data": doc}  # a bare data object (e.g. an api_accuracy_checker forward.json)
-    return doc
-
-
-def _whole(rd: RankDir, notes: list[str]) -> dict[str, Any]:
-    """The whole-file parse (standard library rules); checks that it is an msprobe dump."""
-    doc = _wrap_bare_data(load_json(rd.dump_file, notes))
-    if not isinstance(doc, dict):
-        raise DumpFormatError(rd.dump_file, f"not an msprobe dump.json: holds a JSON {json_type(doc)}, "
-                                            "expected an object with a 'data' object")
-    if "data" not in doc:
-        raise DumpFormatError(rd.dump_file, "not an msprobe dump.json (no 'data' object)")
-    if not isinstance(doc["data"], dict):
-        raise DumpFormatError(rd.dump_file, f"not an msprobe dump.json: 'data' is a JSON "
-                                            f"{json_type(doc['data'])}, expected an object of node records")
-    return doc
-
-
 def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None, signatures: bool = True) -> FileRecords:
     """Parse one (step, rank) folder into columnar records (the task run once per file).
 
@@ -445,7 +390,7 @@ def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
                     f.batch(part)
                     part = {}  # freed now, while its objects are still in the caches (not after the next parse)
     except (_json.NotBatchableError, DumpFormatError, OSError):  # the whole-file parse decides (and words the error)
-        doc = _whole(rd, notes)
+        doc = whole_doc(rd, notes)
         f = _File(rd, parents, micro, signatures)
         f.batch(doc["data"])
         top = doc

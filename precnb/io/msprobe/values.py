@@ -218,11 +218,7 @@ class Columns:
         self.n += n
 
     def add_raw(self, got: tuple[Any, ...], shapes: list[str], dtypes: list[str]) -> None:
-        """The columns of leaves :mod:`precnb.io._craw` read from the text (no md5 or data_name among them).
-
-        *got* is its ``(pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back)``;
-        *shapes* and *dtypes* the texts it appended, one per leaf.
-        """
+        """The columns of leaves :mod:`precnb.io._craw` read (*got*: its result; *shapes*, *dtypes*: one per leaf)."""
         n = len(shapes)
         if not n:
             return
