@@ -282,13 +282,7 @@ def parts(path: str | Path) -> Iterator[tuple[bool, dict[str, Any]]]:
             if tail is not None:
                 if _repeats(hashes):  # a node name in two batches: the whole parse keeps its last record
                     raise NotBatchableError
-                # data's members are the records read; whatever the order of the top-level members, data
-                # is the one found here if the text around it parses with it as its only "data"
-                top = _loads(head + b"{}" + tail, True)[0]
-                if not isinstance(top, dict) or top.get("data") != {}:
-                    raise NotBatchableError
-                del top["data"]
-                yield True, top
+                yield True, _top(head, tail)
                 return
 
 
@@ -324,11 +318,7 @@ def raw_parts(path: str | Path, name_hashes: list[np.ndarray]) -> Iterator[tuple
             if tail is not None:
                 if name_hashes and hashes_repeat(np.concatenate(name_hashes)):
                     raise NotBatchableError  # a node name twice: the whole parse keeps its last record
-                top = _loads(head + b"{}" + tail, True)[0]
-                if not isinstance(top, dict) or top.get("data") != {}:
-                    raise NotBatchableError
-                del top["data"]
-                yield True, top
+                yield True, _top(head, tail)
                 return
 
 
@@ -353,6 +343,19 @@ def member(text: bytes) -> tuple[str, Any]:
     if len(doc) != 1:
         raise NotBatchableError
     return next(iter(doc.items()))
+
+
+def _top(head: bytes, tail: bytes) -> dict[str, Any]:
+    """The top-level members other than ``data``: the text around data, parsed with ``"data": {}`` in its place.
+
+    data's members are the records read; whatever the order of the top-level members, data is the one
+    found if the text around it parses with it as its only ``data`` (else :class:`NotBatchableError`).
+    """
+    top = _loads(head + b"{}" + tail, True)[0]
+    if not isinstance(top, dict) or top.get("data") != {}:
+        raise NotBatchableError
+    del top["data"]
+    return top
 
 
 def _repeats(hashes: list[Any]) -> bool:
