@@ -421,10 +421,18 @@ def test_unreadable_folders_simulated(tmp_path, monkeypatch, parser):
             raise PermissionError(13, "Permission denied", str(path))
         return real_os_open(path, flags, *a, **k)
 
+    real_stat = os.stat
+
+    def os_stat(path, *a, **k):  # discovery checks each rank folder's dump.json with one os.stat
+        if not isinstance(path, int) and Path(os.fsdecode(path)).parent in denied:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *a, **k)
+
     monkeypatch.setattr(Path, "iterdir", iterdir)
     monkeypatch.setattr(Path, "is_file", is_file)
     monkeypatch.setattr(Path, "open", open_)
     monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(os, "stat", os_stat)
     ds = open_quiet(root)
     rep = load_report(ds)
     f2 = root / "step0" / "rank2" / "dump.json"

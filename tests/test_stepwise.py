@@ -6,6 +6,8 @@ The stepwise answer must be the whole-run answer, while reading only the steps u
 from __future__ import annotations
 
 import json
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -266,3 +268,63 @@ def test_store_chunks_ranks_in_blocks(tmp_path, monkeypatch):
     ds = _open(sample_path("dp_nan"))
     precnb.to_zarr(ds, tmp_path / "d.zarr")
     assert precnb.open_run(tmp_path / "d.zarr", lazy=True)["norm"].chunks[1] == (1, 1)
+
+
+def _shifted(src, dst):
+    """*src* with its step 0 dropped: the divergence sample's fault (step 1, forward) at step 0."""
+    import shutil
+
+    for s in (1, 2):
+        shutil.copytree(src / f"step{s}", dst / f"step{s - 1}")
+    return dst
+
+
+_OPENED: list[list[str]] = []  # the audit hook's log while a test listens (hooks cannot be removed)
+
+
+def _hook(event, args):
+    if event == "open" and _OPENED and isinstance(args[0], str) and args[0].endswith("dump.json"):
+        _OPENED[-1].append(os.path.basename(os.path.dirname(os.path.dirname(args[0]))))
+
+
+def test_cli_diff_forward_fault_at_step_0_reads_step_0_only(capsys, tmp_path):
+    base = _shifted(sample_path("divergence", "baseline"), tmp_path / "b")
+    target = _shifted(sample_path("divergence", "target"), tmp_path / "t")
+    if not getattr(sys, "_precnb_test_open_hook", False):
+        sys.addaudithook(_hook)
+        sys._precnb_test_open_hook = True  # type: ignore[attr-defined]
+    _OPENED.append([])
+    try:
+        d = _diff_json(capsys, str(base), str(target), "--workers", "1")
+    finally:
+        opened = _OPENED.pop()
+    assert (d["kind"], d["step"], d["rank"], d["node"]) == ("first_divergence", 0, 0, "Functional.gelu.0.forward")
+    assert set(opened) == {"step0"}  # the pre-flight checks run on step 0 alone: step 1 is not read
+    assert d["stats"]["steps_not_searched"] == [1]
+    tr = precnb.diagnose(str(target), baseline=str(base), kinds=["preflight", "first_divergence"])
+    assert [f.kind for f in tr.findings if f.found] == ["first_divergence"]
+    assert any("on the first step only" in n and "precnb preflight" in n for n in tr.notes), tr.notes
+    assert "pre-flight checks on baseline steps 0" in tr.notes
+
+
+def test_forward_fault_first_needs_a_forward_node_of_the_one_step_read():
+    from precnb.analysis.findings import Finding
+    from precnb.pipeline.result import Triage
+    from precnb.pipeline.stepwise_read import _forward_fault_first
+
+    t = _open(sample_path("divergence", "target"), steps=[1])
+    b = _open(sample_path("divergence", "baseline"), steps=[1])
+    back = str(t["node"].values[t["direction"].values == "backward"][0])
+
+    def triage(node):
+        tr = Triage.__new__(Triage)  # the one attribute read
+        tr.results = {"first_divergence": Finding(kind="first_divergence", step=1, rank=0, node=node,
+                                                  reason="x")}
+        return tr
+
+    assert _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [(b, t)])
+    assert not _forward_fault_first(triage(back), "first_divergence", [(b, t)])
+    assert not _forward_fault_first(triage("no.such.node"), "first_divergence", [(b, t)])
+    two = (_open(sample_path("divergence", "baseline")), _open(sample_path("divergence", "target")))
+    assert not _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [two])
+    assert not _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [(b, t), (b, t)])

@@ -86,6 +86,12 @@ def try_stepwise(chosen: tuple[Any, list[Any], tuple[list[int], int]], target: A
     if not rest:
         return prepare.with_devices(div, opts)
     n = max(d.first_steps for d in rest)
+    if n > 1 and _forward_fault_first(div, searcher.kind, kept):
+        n = 1  # nothing after the first step's forward pass can explain it: the next step is not read
+        notes.append(f"{', '.join(d.title.lower() for d in rest)} on the first step only: the runs already "
+                     "differ in its forward pass (before any backward or update), so the next step was not read; "
+                     "`precnb preflight BASELINE TARGET` checks the first two steps (frozen parameters also by "
+                     "their updates)")
     pre_opts = opts.with_(kinds=[d.kind for d in rest], steps=plan[0][:n], step_offset=plan[1])
     _read_first_steps(kept, plan, n, bsrc, tsrc, loaded, common)
     if sum(int(b.sizes["step"]) for b, _ in kept) >= min(n, len(plan[0])):
@@ -99,6 +105,18 @@ def try_stepwise(chosen: tuple[Any, list[Any], tuple[list[int], int]], target: A
     joined = with_first_steps(pre, div)
     prepare.nothing_compared_first(joined.findings, joined.load_failures)
     return prepare.with_devices(joined, opts)
+
+
+def _forward_fault_first(div: Triage, kind: str, kept: list[Pair]) -> bool:
+    """Whether the search found its answer in the forward pass of the first step it read (and read no other)."""
+    f = div.results.get(kind)
+    if f is None or not getattr(f, "found", False) or len(kept) != 1 or not f.node:
+        return False
+    target = kept[0][1]
+    if int(target.sizes.get("step", 0)) != 1 or "direction" not in target.coords or "node" not in target.coords:
+        return False
+    dirs = {str(x) for x in target["direction"].values[target["node"].values == str(f.node)]}
+    return dirs == {"forward"}  # a node named in the merged layout's names (not found): read the next step
 
 
 def _read_first_steps(kept: list[Pair], plan: tuple[list[int], int], n: int, bsrc: Source, tsrc: Source,

@@ -28,7 +28,9 @@ def has_tensor_files(run: Any) -> bool:
     """Whether *run* (a path or an opened dataset) holds msprobe tensor files.
 
     A path is looked at without parsing: a ``dump_tensor_data/`` folder in it, its rank folders
-    or its step folders (a dump.json path looks at its folder).
+    or its step folders (a dump.json path looks at its folder). Below a dump root, the rank
+    folders looked at are those of the first step and the first one of every other step (the
+    steps' folders are listed, not every rank folder of a 100-step run).
     """
     if isinstance(run, xr.Dataset):
         return "data_name" in run and bool(run.attrs.get("rank_dirs"))
@@ -38,9 +40,30 @@ def has_tensor_files(run: Any) -> bool:
     if p.is_file():
         p = p.parent
     try:
-        return p.is_dir() and any(next(p.glob(pat), None) is not None for pat in _PATTERNS)
+        if not p.is_dir():
+            return False
+        if any(next(p.glob(pat), None) is not None for pat in _PATTERNS[:2]):
+            return True
+        probe = _rank_folders(p)
+        if probe is not None:
+            return any((d / "dump_tensor_data").is_dir() for d in probe)
+        return any(next(p.glob(pat), None) is not None for pat in _PATTERNS[2:])
     except OSError:
         return False
+
+
+def _rank_folders(p: Path) -> list[Path] | None:
+    """Rank folders of the msprobe dump *p* to look in: all of its first step, the first of the others."""
+    from precnb.errors import NotADumpError
+    from precnb.io.msprobe.discover import discover
+
+    try:
+        firsts = discover(p, first=True)
+        if not firsts:
+            return None
+        return [d.path for d in discover(p, steps=[firsts[0].step])] + [d.path for d in firsts[1:]]
+    except NotADumpError:
+        return None  # not an msprobe tree: the patterns decide
 
 
 def wants_tensor_metrics(opts: Any, target: Any, baseline: Any) -> bool:

@@ -13,7 +13,10 @@ False
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,13 +69,20 @@ def _no_dump_reason(folder: Path) -> str:
         special = _why.not_a_file_reason(f)
         if special:
             return special
-        if f.is_symlink() and not f.exists():
+        if _is_link(f) and not _exists(f):  # (an unreadable folder: both answer "no", the listing says why)
             return f"{name}: {_why.missing_reason(f)}"
     try:
         next(folder.iterdir(), None)
     except OSError as exc:
         return f"cannot list folder: {_why_os(exc)}"
     return "no dump.json in rank folder (job died before the first flush?)"
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:
+        return False
 
 
 def _loops_back(child: Path) -> bool:
@@ -135,44 +145,88 @@ def _sniff_dump_json(p: Path) -> bool:
         b'"input_args"' in head or b'"output"' in head or b'"input"' in head)
 
 
-def _rank_dirs_in_step(step_dir: Path, step: int, report: LoadReport) -> list[RankDir]:
-    ranks: list[RankDir] = []
+def _regular(path: str) -> bool:
+    """Whether *path* is a regular file (links followed); False when it cannot be checked."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):  # ValueError: an embedded NUL byte
+        return False
+
+
+def _dump_in(folder: str) -> str | None:
+    """The dump file of a rank folder given as text (the scan's fast form of :func:`_dump_file`)."""
+    for name in DUMP_FILES:
+        p = os.path.join(folder, name)
+        if _regular(p):
+            return p
+    return None
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    """The entries of *folder* sorted by name; raises OSError when it cannot be listed."""
+    with os.scandir(folder) as it:
+        return sorted(it, key=lambda e: e.name)
+
+
+def _entry_is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()  # the file type from the listing: no stat unless a symlink
+    except OSError:
+        return False
+
+
+def _rank_dirs_in_step(step_dir: Path, step: int, report: LoadReport, *,
+                       ranks: frozenset[int] | None = None, first: bool = False) -> list[RankDir]:
+    """The rank (or proc) folders of one step folder; with *first*, stop at the first one with a dump file.
+
+    The folder is listed once (``os.scandir``: the file types come with the names, so a plain
+    folder costs no ``stat``) and each rank folder's dump file is checked with one ``stat``: a
+    step of 4,096 ranks is scanned in milliseconds, as a 100-step run's discovery must be.
+    *ranks* keeps only those rank numbers (proc folders are numbered first, then kept likewise).
+    """
+    ranks_found: list[RankDir] = []
     procs: list[Path] = []
     try:
-        children = _list_dir(step_dir)
+        children = _entries(step_dir)
     except OSError as exc:
         report.skipped.append((str(step_dir), f"cannot list folder: {_why_os(exc)}"))
-        return ranks
-    for child in children:
-        rank_m, proc_m = _RANK.match(child.name), _PROC.match(child.name)
+        return ranks_found
+    for entry in children:
+        rank_m, proc_m = _RANK.match(entry.name), _PROC.match(entry.name)
         if not (rank_m or proc_m):
             continue
-        if _loops_back(child):
-            report.skipped.append((str(child), "ignored: symlink to one of its parent folders (a loop)"))
+        link = entry.is_symlink()
+        child = Path(entry.path) if link or proc_m else None
+        if child is not None and link and _loops_back(child):
+            report.skipped.append((entry.path, "ignored: symlink to one of its parent folders (a loop)"))
             continue
-        if not _is_dir(child):
-            if _is_link(child):
-                report.skipped.append((str(child), "broken symlink"))
+        if not _entry_is_dir(entry):
+            if link:
+                report.skipped.append((entry.path, "broken symlink"))
             continue
         if rank_m:
             rank = _number(rank_m)
             if rank is None:
-                report.skipped.append((str(child), f"rank number out of range (0..{_MAX_INDEX})"))
+                report.skipped.append((entry.path, f"rank number out of range (0..{_MAX_INDEX})"))
                 continue
-            df = _dump_file(child)
+            if ranks is not None and rank not in ranks:
+                continue
+            df = _dump_in(entry.path)
             if df is None:
-                report.skipped.append((str(child), _no_dump_reason(child)))
+                report.skipped.append((entry.path, _no_dump_reason(Path(entry.path))))
                 continue
-            ranks.append(RankDir(child, step, rank, df))
+            ranks_found.append(RankDir(child or Path(entry.path), step, rank, Path(df)))
+            if first:
+                return ranks_found
         else:
-            procs.append(child)
-    ranks = [rd for _, rd in keep_one_per_number([(rd.rank, rd) for rd in ranks], "rank",
+            procs.append(Path(entry.path))
+    found = [rd for _, rd in keep_one_per_number([(rd.rank, rd) for rd in ranks_found], "rank",
                                                  lambda n: f"rank{n}", report, name=lambda rd: rd.path.name,
                                                  where=lambda rd: str(rd.path))]
     procs = [p for _, p in keep_one_per_number([(_number(_PROC.match(p.name)), p) for p in procs],
                                                 "process", lambda n: f"proc{n}", report,
                                                 name=lambda p: p.name)]
-    if procs and ranks:
+    if procs and found:
         for p in procs:
             report.skipped.append((str(p), "ignored: proc* folder (rank* folders exist; msprobe tools do the same)"))
     elif procs:
@@ -181,15 +235,20 @@ def _rank_dirs_in_step(step_dir: Path, step: int, report: LoadReport) -> list[Ra
                 f"{step_dir}: {len(procs)} proc* folders; numbered as ranks 0..{len(procs) - 1} by name"
             )
         for i, p in enumerate(procs):
-            df = _dump_file(p)
-            if df is None:
+            if ranks is not None and i not in ranks:
+                continue
+            pdf = _dump_file(p)
+            if pdf is None:
                 report.skipped.append((str(p), _no_dump_reason(p)))
                 continue
-            ranks.append(RankDir(p, step, i, df))
-    return ranks
+            found.append(RankDir(p, step, i, pdf))
+            if first:
+                break
+    return found
 
 
-def discover(path: str | Path, report: LoadReport | None = None) -> list[RankDir]:
+def discover(path: str | Path, report: LoadReport | None = None, *, steps: Collection[int] | None = None,
+             ranks: Collection[int] | None = None, first: bool = False) -> list[RankDir]:
     """Find the (step, rank) folders below *path*.
 
     Parameters
@@ -198,6 +257,13 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[RankDir
         A dump root (holding ``step*``), a ``stepN`` folder, a rank folder, or a dump.json.
     report : LoadReport, optional
         Receives skipped folders.
+    steps, ranks : collection of int, optional
+        Only these steps / ranks: the other step folders of a dump root are not listed at all
+        (a step-wise search over a 100-step run lists the steps it reads, not all 100), and
+        what is skipped is reported for the chosen steps only.
+    first : bool
+        One rank folder per step, the first found (the steps a dump holds, without listing every
+        rank's dump file).
 
     Returns
     -------
@@ -217,6 +283,8 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[RankDir
     precnb.errors.NotADumpError: /nonexistent: no such file or directory
     """
     report = report if report is not None else LoadReport()
+    want_steps = None if steps is None else frozenset(int(x) for x in steps)
+    want_ranks = None if ranks is None else frozenset(int(x) for x in ranks)
     p = Path(path)
     try:
         exists = p.exists()
@@ -240,16 +308,16 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[RankDir
     except OSError as exc:
         raise NotADumpError(f"{p}: cannot list folder: {_why_os(exc)}") from None
     found: list[RankDir] = []
-    steps = [c for c in children if _STEP.match(c.name)]
+    step_dirs = [c for c in children if _STEP.match(c.name)]
     skipped_before = len(report.skipped)
-    if steps:
+    if step_dirs:
         # step1 beside step01: keep one, report the other (their values would overwrite each other)
-        numbered = [(n, s) for s in steps if _is_dir(s) and not _loops_back(s)
+        numbered = [(n, s) for s in step_dirs if _is_dir(s) and not _loops_back(s)
                     and (n := _number(_STEP.match(s.name))) is not None]
         kept = {id(s) for _, s in keep_one_per_number(numbered, "step", lambda n: f"step{n}", report,
                                                       name=lambda s: s.name)}
-        steps = [s for s in steps if id(s) in kept or all(s is not t for _, t in numbered)]
-        for s in steps:
+        step_dirs = [s for s in step_dirs if id(s) in kept or all(s is not t for _, t in numbered)]
+        for s in step_dirs:
             if _loops_back(s):
                 report.skipped.append((str(s), "ignored: symlink to one of its parent folders (a loop)"))
                 continue
@@ -260,9 +328,12 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[RankDir
             if step is None:
                 report.skipped.append((str(s), f"step number out of range (0..{_MAX_INDEX})"))
                 continue
-            found += _rank_dirs_in_step(s, step, report)
+            if want_steps is None or step in want_steps:
+                found += _rank_dirs_in_step(s, step, report, ranks=want_ranks, first=first)
     elif any(_RANK.match(c.name) or _PROC.match(c.name) for c in children):
-        found = _rank_dirs_in_step(p, _step_of(p), report)
+        step = _step_of(p)
+        if want_steps is None or step in want_steps:
+            found = _rank_dirs_in_step(p, step, report, ranks=want_ranks, first=first)
     else:
         wrappers = [c for c in children if c.name in ("pynative", "graph") and _is_dir(c) and not _loops_back(c)]
         if wrappers:
@@ -271,7 +342,7 @@ def discover(path: str | Path, report: LoadReport | None = None) -> list[RankDir
             for other in wrappers:
                 if other is not chosen:
                     report.warnings.append(f"{other}: second MindSpore tree; open it separately")
-            return discover(chosen, report)
+            return discover(chosen, report, steps=steps, ranks=ranks, first=first)
     if not found:
         failures = [f"{q}: {r}" for q, r in report.skipped[skipped_before:] if not r.startswith("ignored")]
         reasons = f" ({'; '.join(failures[:3])})" if failures else ""

@@ -35,15 +35,15 @@ KEPT_PER_BYTE, PARSE_PER_BYTE = 1.0, 1.5
 
 def select_rank_dirs(path: Path, report: LoadReport, steps: Sequence[int] | None,
                      ranks: Sequence[int] | None) -> list[RankDir]:
-    """The (step, rank) folders below *path*, restricted to *steps* and *ranks*."""
-    dirs = discover(path, report)
-    if steps is not None:
-        want = {int(s) for s in steps}
-        dirs = [d for d in dirs if d.step in want]
-    if ranks is not None:
-        want = {int(r) for r in ranks}
-        dirs = [d for d in dirs if d.rank in want]
+    """The (step, rank) folders below *path*, restricted to *steps* and *ranks* (the others are not listed)."""
+    if steps is None and ranks is None:
+        return discover(path, report)
+    try:
+        dirs = discover(path, report, steps=steps, ranks=ranks)
+    except NotADumpError:
+        dirs = []
     if not dirs:
+        discover(path, LoadReport())  # nothing there at all: its own message, else the selection's
         raise NotADumpError(f"{path}: no (step, rank) folder matches the selection")
     return dirs
 
@@ -126,10 +126,13 @@ def open_msprobe(path: Path, *, errors: Any = "report", client: Any = None, prog
 
 def available_steps(path: Path, ranks: Sequence[int] | None = None) -> list[int]:
     """The steps of the dump's ``step*/rank*`` folders (no file is parsed)."""
-    dirs = discover(path, LoadReport())
-    if ranks is not None:
-        want = {int(r) for r in ranks}
-        dirs = [d for d in dirs if d.rank in want]
+    try:
+        dirs = discover(path, LoadReport(), ranks=ranks, first=True)  # one rank folder per step tells
+    except NotADumpError:
+        if ranks is None:
+            raise
+        discover(path, LoadReport())  # nothing there at all: its message; else none of these ranks
+        return []
     return sorted({d.step for d in dirs})
 
 

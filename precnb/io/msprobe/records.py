@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from precnb.errors import NotADumpError
 from precnb.io.msprobe.discover import discover
 
 __all__ = ["node_records"]
@@ -66,7 +67,11 @@ def node_records(path: Path, step: int, rank: int, nodes: Sequence[str]) -> dict
     that cannot be read gives ``{}`` (the caller's finding stays as it was).
     """
     step_dir = Path(path) / f"step{step}"  # the usual layout: list that step's folders only, not the whole run
-    rds = [rd for rd in discover(step_dir if step_dir.is_dir() else path) if rd.step == step and rd.rank == rank]
+    try:
+        found = discover(step_dir if step_dir.is_dir() else path, steps=[step], ranks=[rank])
+    except NotADumpError:  # not this (step, rank)
+        return {}
+    rds = [rd for rd in found if rd.step == step and rd.rank == rank]
     out: dict[str, Any] = {}
     for rd in rds[:1]:
         try:
