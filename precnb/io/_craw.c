@@ -313,52 +313,19 @@ word(cur *c, const char *w, Py_ssize_t n)
 #define V_BOOL 3
 #define V_STR 4
 
-/* the double nearest to a decimal number, by one operation in 80-bit extended precision, when that provably
- * rounds as float() does: the digits (up to 19) and the power of ten (up to 10^27) are exact there, the
- * one multiplication or division is rounded once to 64 bits, and the conversion to 53 bits then gives the
- * correctly rounded double unless the 64-bit result lies within one unit of its last place of a point halfway
- * between two doubles; then (and for every other number) 0 is returned and PyOS_string_to_double decides.
- * s[0:end]: the digits from the first one on (with '.', 'e' as the JSON grammar has them, checked before). */
+/* the double nearest to the decimal number w * 10^e10 (w: its significant digits, at most 19), by one operation in
+ * 80-bit extended precision, when that provably rounds as float() does: w and the power of ten (up to 10^27) are
+ * exact there, the one multiplication or division is rounded once to 64 bits, and the conversion to 53 bits then
+ * gives the correctly rounded double unless the 64-bit result lies within one unit of its last place of a point
+ * halfway between two doubles; then (and for every other number) 0 is returned and PyOS_string_to_double decides. */
 #if LDBL_MANT_DIG == 64 && (defined(__x86_64__) || defined(__i386__))
 static const long double POW10[28] = {1e0L, 1e1L, 1e2L, 1e3L, 1e4L, 1e5L, 1e6L, 1e7L, 1e8L, 1e9L, 1e10L, 1e11L,
                                       1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L, 1e20L, 1e21L, 1e22L,
                                       1e23L, 1e24L, 1e25L, 1e26L, 1e27L};
 
 static int
-fast_decimal(const char *s, Py_ssize_t end, int neg, double *out)
+fast_decimal(uint64_t w, long e10, int neg, double *out)
 {
-    uint64_t w = 0;
-    int digits = 0;
-    long e10 = 0;
-    Py_ssize_t i = 0;
-    for (; i < end && s[i] >= '0' && s[i] <= '9'; i++) {
-        if (digits || s[i] != '0')
-            digits++;
-        w = w * 10 + (uint64_t)(s[i] - '0');
-    }
-    if (i < end && s[i] == '.') {
-        for (i++; i < end && s[i] >= '0' && s[i] <= '9'; i++) {
-            if (digits || s[i] != '0')
-                digits++;
-            w = w * 10 + (uint64_t)(s[i] - '0');
-            e10--;
-        }
-    }
-    if (digits > 19)
-        return 0;
-    if (i < end && (s[i] == 'e' || s[i] == 'E')) {
-        int eneg = 0;
-        long x = 0;
-        i++;
-        if (s[i] == '+' || s[i] == '-')
-            eneg = s[i++] == '-';
-        for (; i < end && s[i] >= '0' && s[i] <= '9'; i++) {
-            x = x * 10 + (s[i] - '0');
-            if (x > 100000)
-                return 0;
-        }
-        e10 += eneg ? -x : x;
-    }
     if (w == 0) {
         *out = neg ? -0.0 : 0.0;
         return 1;
@@ -389,14 +356,18 @@ fast_decimal(const char *s, Py_ssize_t end, int neg, double *out)
 }
 #else
 static int
-fast_decimal(const char *s, Py_ssize_t end, int neg, double *out)
+fast_decimal(uint64_t w, long e10, int neg, double *out)
 {
-    (void)s, (void)end, (void)neg, (void)out;
+    (void)w, (void)e10, (void)neg, (void)out;
     return 0;  /* no 64-bit extended precision here: every number goes to PyOS_string_to_double */
 }
 #endif
 
-/* a JSON number (or NaN / Infinity / -Infinity) at c->i as Python reads it: 1 with *d, *is_int, NOT_PLAIN */
+#define IS_DIGIT(ch) ((unsigned char)((ch) - '0') < 10)
+
+/* a JSON number (or NaN / Infinity / -Infinity) at c->i as Python reads it: 1 with *d, *is_int, NOT_PLAIN.
+ * One pass over the text: the grammar is checked while the significant digits (w, up to 19 of them) and the
+ * power of ten are gathered for fast_decimal. */
 static int
 number(cur *c, double *d, int *is_int, int64_t *iv)
 {
@@ -422,33 +393,56 @@ number(cur *c, double *d, int *is_int, int64_t *iv)
         *is_int = 0;
         return 1;
     }
+    uint64_t w = 0;
+    int digits = 0;  /* significant digits seen (from the first non-zero one); beyond 19: no fast path */
+    long e10 = 0;
     Py_ssize_t d0 = i;
     if (i < n && s[i] == '0')
         i++;
     else {
         if (i >= n || s[i] < '1' || s[i] > '9')
             return NOT_PLAIN;
-        while (i < n && s[i] >= '0' && s[i] <= '9')
+        while (i < n && IS_DIGIT(s[i])) {
+            if (++digits <= 19)
+                w = w * 10 + (uint64_t)(s[i] - '0');
             i++;
+        }
     }
     Py_ssize_t int_digits = i - d0;
     int frac = 0;
     if (i < n && s[i] == '.') {
         i++;
-        if (i >= n || s[i] < '0' || s[i] > '9')
+        if (i >= n || !IS_DIGIT(s[i]))
             return NOT_PLAIN;
-        while (i < n && s[i] >= '0' && s[i] <= '9')
+        while (i < n && IS_DIGIT(s[i])) {
+            if (digits || s[i] != '0')
+                digits++;
+            if (digits <= 19) {
+                w = w * 10 + (uint64_t)(s[i] - '0');
+                e10--;
+            }
             i++;
+        }
         frac = 1;
     }
+    int big_exp = 0;
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
         i++;
+        int eneg = 0;
         if (i < n && (s[i] == '+' || s[i] == '-'))
-            i++;
-        if (i >= n || s[i] < '0' || s[i] > '9')
+            eneg = s[i++] == '-';
+        if (i >= n || !IS_DIGIT(s[i]))
             return NOT_PLAIN;
-        while (i < n && s[i] >= '0' && s[i] <= '9')
+        long x = 0;
+        while (i < n && IS_DIGIT(s[i])) {
+            if (x <= 100000)
+                x = x * 10 + (s[i] - '0');
+            else
+                big_exp = 1;
             i++;
+        }
+        big_exp |= x > 100000;
+        e10 += eneg ? -x : x;
         frac = 1;
     }
     if (i >= n)
@@ -456,9 +450,7 @@ number(cur *c, double *d, int *is_int, int64_t *iv)
     if (!frac) {
         if (int_digits > 18)
             return NOT_PLAIN;  /* an int beyond int64: the Python code reads it */
-        int64_t v = 0;
-        for (Py_ssize_t k = d0; k < i; k++)
-            v = v * 10 + (s[k] - '0');
+        int64_t v = (int64_t)w;  /* every digit is significant here (no leading zero but "0" itself) */
         if (neg)
             v = -v;
         *iv = v;
@@ -467,7 +459,7 @@ number(cur *c, double *d, int *is_int, int64_t *iv)
         c->i = i;
         return 1;
     }
-    if (fast_decimal(s + d0, i, neg, d)) {
+    if (digits <= 19 && !big_exp && fast_decimal(w, e10, neg, d)) {
         *is_int = 0;
         c->i = i;
         return 1;
