@@ -315,16 +315,30 @@ def test_forward_fault_first_needs_a_forward_node_of_the_one_step_read():
     t = _open(sample_path("divergence", "target"), steps=[1])
     b = _open(sample_path("divergence", "baseline"), steps=[1])
     back = str(t["node"].values[t["direction"].values == "backward"][0])
+    # msprobe calls ops outside autograd "forward": the gradient all-reduce is dumped after the backward pass
+    late = "Distributed.all_reduce.0.forward"
+    assert late in set(t["node"].values)
 
-    def triage(node):
+    def triage(node, rank=0):
         tr = Triage.__new__(Triage)  # the one attribute read
-        tr.results = {"first_divergence": Finding(kind="first_divergence", step=1, rank=0, node=node,
+        tr.results = {"first_divergence": Finding(kind="first_divergence", step=1, rank=rank, node=node,
                                                   reason="x")}
         return tr
 
     assert _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [(b, t)])
     assert not _forward_fault_first(triage(back), "first_divergence", [(b, t)])
+    assert not _forward_fault_first(triage(late), "first_divergence", [(b, t)])
     assert not _forward_fault_first(triage("no.such.node"), "first_divergence", [(b, t)])
+    assert not _forward_fault_first(triage("Functional.gelu.0.forward", rank=7), "first_divergence", [(b, t)])
     two = (_open(sample_path("divergence", "baseline")), _open(sample_path("divergence", "target")))
     assert not _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [two])
     assert not _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [(b, t), (b, t)])
+    fwd_only = t.where(t["direction"] == "forward", drop=True)  # no backward record: nothing to order against
+    assert not _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [(b, fwd_only)])
+
+
+def test_cli_diff_optimizer_fault_at_step_0_still_reads_step_1(capsys):
+    """lr x10: the first difference is an optimizer op at step 0 ("forward" by name): the two-step checks run."""
+    d = _diff_json(capsys, str(sample_path("preflight", "lr10", "baseline")),
+                   str(sample_path("preflight", "lr10", "target")))
+    assert d["kind"] == "preflight" and "the first parameter updates are x10" in d["reason"]

@@ -89,7 +89,7 @@ def try_stepwise(chosen: tuple[Any, list[Any], tuple[list[int], int]], target: A
     if n > 1 and _forward_fault_first(div, searcher.kind, kept):
         n = 1  # nothing after the first step's forward pass can explain it: the next step is not read
         notes.append(f"{', '.join(d.title.lower() for d in rest)} on the first step only: the runs already "
-                     "differ in its forward pass (before any backward or update), so the next step was not read; "
+                     "differ in its forward pass (dumped before any backward record), so the next step was not read; "
                      "`precnb preflight BASELINE TARGET` checks the first two steps (frozen parameters also by "
                      "their updates)")
     pre_opts = opts.with_(kinds=[d.kind for d in rest], steps=plan[0][:n], step_offset=plan[1])
@@ -108,15 +108,33 @@ def try_stepwise(chosen: tuple[Any, list[Any], tuple[list[int], int]], target: A
 
 
 def _forward_fault_first(div: Triage, kind: str, kept: list[Pair]) -> bool:
-    """Whether the search found its answer in the forward pass of the first step it read (and read no other)."""
+    """Whether the search answered in the forward pass of the one step it read, before any backward record.
+
+    Judged on the finding's rank in the target as read: every tensor of the finding's node was dumped
+    (``seq``, the execution order) before the rank's first backward tensor. msprobe calls every op
+    outside autograd "forward" (the optimizer's ``Tensor.mul_``, the gradient all-reduce), so the name
+    alone does not tell; a rank with no backward record at all does not tell either (False: the next step
+    is read, as before).
+    """
+    import numpy as np
+
     f = div.results.get(kind)
-    if f is None or not getattr(f, "found", False) or len(kept) != 1 or not f.node:
+    if f is None or not getattr(f, "found", False) or len(kept) != 1 or not f.node or f.rank is None:
         return False
     target = kept[0][1]
-    if int(target.sizes.get("step", 0)) != 1 or "direction" not in target.coords or "node" not in target.coords:
+    if int(target.sizes.get("step", 0)) != 1 or not {"direction", "node", "seq", "present"} <= set(target.variables):
         return False
-    dirs = {str(x) for x in target["direction"].values[target["node"].values == str(f.node)]}
-    return dirs == {"forward"}  # a node named in the merged layout's names (not found): read the next step
+    if int(f.rank) not in {int(r) for r in target["rank"].values}:
+        return False
+    one = target.isel(step=0).sel(rank=int(f.rank))
+    present = np.asarray(one["present"].values, bool)
+    seq = np.asarray(one["seq"].values)
+    dirs = np.asarray(target["direction"].values)
+    mine = present & (np.asarray(target["node"].values) == str(f.node))
+    back = present & (dirs == "backward")
+    if not mine.any() or not back.any() or not (dirs[mine] == "forward").all():
+        return False  # a node named in the merged layout's names (not found), or no backward to order against
+    return bool(seq[mine].max() < seq[back].min())
 
 
 def _read_first_steps(kept: list[Pair], plan: tuple[list[int], int], n: int, bsrc: Source, tsrc: Source,
