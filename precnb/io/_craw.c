@@ -273,6 +273,27 @@ ws(cur *c)
     }
 }
 
+/* after a member of a container closed by *close*: 1 past a ',' (another member follows, c->i at it), 0 past
+ * the close, -1 at anything else (the caller's NOT_PLAIN); whitespace skipped on both sides */
+static inline int
+member_end(cur *c, char close)
+{
+    ws(c);
+    if (c->i < c->n) {
+        char ch = c->s[c->i];
+        if (ch == ',') {
+            c->i++;
+            ws(c);
+            return 1;
+        }
+        if (ch == close) {
+            c->i++;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* a plain string at c->i (the opening quote): *a, *len its text; 1, or NOT_PLAIN */
 static int
 plain_string(cur *c, const char **a, Py_ssize_t *len)
@@ -600,16 +621,11 @@ build_value(cur *c, int depth)
             Py_XDECREF(v);
             if (bad)
                 goto fail;
-            ws(c);
-            if (c->i < c->n && c->s[c->i] == ',') {
-                c->i++;
-                ws(c);
+            int me = member_end(c, close);
+            if (me > 0)
                 continue;
-            }
-            if (c->i < c->n && c->s[c->i] == close) {
-                c->i++;
+            if (me == 0)
                 return out;
-            }
             goto fail;
         }
     fail:
@@ -764,16 +780,11 @@ read_leaf(cur *c, leaf_t *lf)
                         !number(c, &dd, &is_int, &iv) || !is_int)
                         return NOT_PLAIN;
                     lf->dims[lf->ndim++] = iv;
-                    ws(c);
-                    if (c->i < c->n && c->s[c->i] == ',') {
-                        c->i++;
-                        ws(c);
+                    int me = member_end(c, ']');
+                    if (me > 0)
                         continue;
-                    }
-                    if (c->i < c->n && c->s[c->i] == ']') {
-                        c->i++;
+                    if (me == 0)
                         break;
-                    }
                     return NOT_PLAIN;
                 }
             }
@@ -794,16 +805,11 @@ read_leaf(cur *c, leaf_t *lf)
                 return NOT_PLAIN;
         } else if (!skip_value(c, 1))
             return NOT_PLAIN;
-        ws(c);
-        if (c->i < c->n && c->s[c->i] == ',') {
-            c->i++;
-            ws(c);
+        int me = member_end(c, '}');
+        if (me > 0)
             continue;
-        }
-        if (c->i < c->n && c->s[c->i] == '}') {
-            c->i++;
+        if (me == 0)
             break;
-        }
         return NOT_PLAIN;
     }
     for (int k = 0; k < 4; k++)
@@ -923,16 +929,11 @@ read_item(cur *c, out_t *o, Py_ssize_t base, const char *item, Py_ssize_t item_n
             int r = read_item(c, o, inner, tmp, index_text(tmp, j), role, NULL, 0, 1);
             if (r != 1)
                 return r;
-            ws(c);
-            if (c->i < c->n && c->s[c->i] == ',') {
-                c->i++;
-                ws(c);
+            int me = member_end(c, ']');
+            if (me > 0)
                 continue;
-            }
-            if (c->i < c->n && c->s[c->i] == ']') {
-                c->i++;
+            if (me == 0)
                 return 1;
-            }
             return NOT_PLAIN;
         }
     }
@@ -983,16 +984,11 @@ read_section(cur *c, out_t *o, Py_ssize_t base, PyObject *role, PyObject *grads,
             int r = read_item(c, o, base, tmp, index_text(tmp, k), role, grads, 0, 0);
             if (r != 1)
                 return r;
-            ws(c);
-            if (c->i < c->n && c->s[c->i] == ',') {
-                c->i++;
-                ws(c);
+            int me = member_end(c, ']');
+            if (me > 0)
                 continue;
-            }
-            if (c->i < c->n && c->s[c->i] == ']') {
-                c->i++;
+            if (me == 0)
                 return 1;
-            }
             return NOT_PLAIN;
         }
     }
@@ -1031,16 +1027,11 @@ read_section(cur *c, out_t *o, Py_ssize_t base, PyObject *role, PyObject *grads,
         int r = read_item(c, o, base, k, kn, role, grads, keep_grad, 0);
         if (r != 1)
             return r;
-        ws(c);
-        if (c->i < c->n && c->s[c->i] == ',') {
-            c->i++;
-            ws(c);
+        int me = member_end(c, '}');
+        if (me > 0)
             continue;
-        }
-        if (c->i < c->n && c->s[c->i] == '}') {
-            c->i++;
+        if (me == 0)
             return 1;
-        }
         return NOT_PLAIN;
     }
 }
@@ -1145,16 +1136,11 @@ param_grad(cur *c, out_t *o, Py_ssize_t base)
                 return NOT_PLAIN;
             c->i++;
         }
-        ws(c);
-        if (c->i < c->n && c->s[c->i] == ',') {
-            c->i++;
-            ws(c);
+        int me = member_end(c, '}');
+        if (me > 0)
             continue;
-        }
-        if (c->i < c->n && c->s[c->i] == '}') {
-            c->i++;
+        if (me == 0)
             return 1;
-        }
         return NOT_PLAIN;
     }
 }
@@ -1295,16 +1281,11 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
                 r = NOT_PLAIN;
                 goto done;
             }
-            ws(c);
-            if (c->i < c->n && c->s[c->i] == ',') {
-                c->i++;
-                ws(c);
+            int me = member_end(c, '}');
+            if (me > 0)
                 continue;
-            }
-            if (c->i < c->n && c->s[c->i] == '}') {
-                c->i++;
+            if (me == 0)
                 break;
-            }
             r = NOT_PLAIN;
             goto done;
         }
