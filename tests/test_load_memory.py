@@ -33,7 +33,7 @@ def test_parse_construct_keeps_one_object_per_parent_and_every_entry():
 def test_construct_table_without_its_bytes_pickles_to_the_same_table():
     folder = _rank_dir(S1).path
     notes: list[str] = []
-    parents, _, construct, _ = read_sides(folder, notes)
+    parents, _, _, construct, _ = read_sides(folder, notes)
     assert construct is not None and construct.raw is None and construct.get() is parents and len(parents) > 100
     back = pickle.loads(pickle.dumps(construct))
     assert back.key == construct.key and back.raw is not None

@@ -27,9 +27,10 @@
  * Why a reader of the bytes: with the records parsed into objects (orjson: a few times faster than the
  * standard library), the walk of those objects still cost more than the parse; here neither is paid for the
  * common records. Why the hand-back: every unusual record keeps one reader, the reference walk in Python.
- * Size: one translation unit (~1,650 lines) like _cwalk.c; the long functions (read_record, read_records,
- * read_leaf, read_section, param_grad, build_value) each read one level of the JSON grammar whole, with their
- * error paths.
+ * Size: this translation unit (~1,650 lines) and _craw_construct.c (~200 lines: construct_table, which reads
+ * a plain construct.json's parent table from its bytes in one pass, see that file); the long functions
+ * (read_record, read_records, read_leaf, read_section, param_grad, build_value) each read one level of the
+ * JSON grammar whole, with their error paths.
  *
  * Written for precnb (no third-party code): CPython C API only. tests/test_cwalk.py checks that the records
  * read here equal the pure Python reference's, bit for bit, on every bundled dump and on generated ones;
@@ -1624,11 +1625,16 @@ number_value(PyObject *Py_UNUSED(self), PyObject *arg)
     return is_int ? PyLong_FromLongLong(iv) : PyFloat_FromDouble(d);
 }
 
+/* precnb/io/_craw_construct.c */
+PyObject *craw_construct_table(PyObject *self, PyObject *arg);
+
 static PyMethodDef methods[] = {
     {"long_ints", long_ints, METH_O, "Whether the text holds an integer orjson would read as a float."},
     {"number_value", number_value, METH_O, "The value read_records reads for one number's text (tests)."},
     {"configure", configure, METH_VARARGS, "Set the walk's rules (precnb.io.msprobe.walk calls it once)."},
     {"read_records", read_records, METH_VARARGS, "Read the plain records of one batch's text (see the module)."},
+    {"construct_table", craw_construct_table, METH_O,
+     "(parents, names) of a plain construct.json's bytes, or None (see _craw_construct.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -79,11 +79,14 @@ class _File:
     """The state of one file's parse: the walk, the columns, the nodes that had tensors, what was met."""
 
     def __init__(self, rd: RankDir, parents: Mapping[str, str], micro: Mapping[str, int],
-                 signatures: bool = True) -> None:
+                 signatures: bool = True, names: dict[str, str] | None = None) -> None:
         self.rd, self.parents, self.micro = rd, parents, micro
         # construct.json's own node-name objects: the names kept (nodes, their parts, signatures) are then
-        # the ones the construct table holds anyway, and the batches' copies go with their batch
-        self.names: dict[str, str] = dict(zip(parents, parents, strict=True)) if parents else {}
+        # the ones the construct table holds anyway, and the batches' copies go with their batch (the C
+        # reader of construct.json builds this table with the parents)
+        if names is None:
+            names = dict(zip(parents, parents, strict=True)) if parents else {}
+        self.names: dict[str, str] = names
         self.walk = Walk()
         self.cols = Columns()
         self.issues = Issues()
@@ -360,7 +363,7 @@ def read_rank_dir(rd: RankDir, *, report: LoadReport | None = None, signatures: 
 
 def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
     side_notes: list[str] = []
-    parents, micro, construct, stack = read_sides(rd.path, side_notes)
+    parents, micro, names, construct, stack = read_sides(rd.path, side_notes)
     try:
         large = rd.dump_file.stat().st_size >= _LARGE
     except OSError:
@@ -368,7 +371,7 @@ def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
     if large:
         return_free_memory()  # construct.json's text and parse (see precnb.io._memory)
     notes: list[str] = []
-    f = _File(rd, parents, micro, signatures)
+    f = _File(rd, parents, micro, signatures, names)
     f.large = large
     top: Mapping[str, Any] = {}
     # a load without signatures reads the batches' text itself when the C reader is built (no parse into objects)
@@ -391,7 +394,7 @@ def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
                     part = {}  # freed now, while its objects are still in the caches (not after the next parse)
     except (_json.NotBatchableError, DumpFormatError, OSError):  # the whole-file parse decides (and words the error)
         doc = whole_doc(rd, notes)
-        f = _File(rd, parents, micro, signatures)
+        f = _File(rd, parents, micro, signatures, names)
         f.batch(doc["data"])
         top = doc
     f.large = large  # (f is a new one after a whole-file parse)

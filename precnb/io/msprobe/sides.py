@@ -22,18 +22,19 @@ import hashlib
 import itertools
 import operator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from precnb.errors import DumpFormatError
 from precnb.io import _why
 from precnb.io._assemble import SharedTable
+from precnb.io._cext import craw
 from precnb.io._fs import is_file
 from precnb.io._jsonio import loads_json
 from precnb.io.msprobe.values import MAX_COUNTER
 
-__all__ = ["parse_construct", "parse_stack", "read_sides"]
+__all__ = ["Sides", "parse_construct", "parse_stack", "read_sides"]
 
-_CONSTRUCT: dict[bytes, tuple[dict[str, str], dict[str, int]]] = {}  # digest -> parsed, per process
+_CONSTRUCT: dict[bytes, tuple[dict[str, str], dict[str, int], dict[str, str] | None]] = {}  # digest -> parsed
 _GOOD_STACKS: set[bytes] = set()
 _CACHE_MAX = 8 << 20  # a larger construct.json (one huge file) is parsed where it is used, not kept
 _PLAIN_PARENTS = frozenset({str, type(None)})
@@ -87,9 +88,30 @@ def parse_stack(raw: Any) -> dict[str, list[str]]:
     return {k: [f for f in v if isinstance(f, str)] for k, v in raw.items() if isinstance(v, list)}
 
 
+def plain_construct(raw: bytes) -> tuple[dict[str, str], dict[str, str]] | None:
+    """(node → parent, node → node) of a plain construct.json's bytes read in C, or None.
+
+    None when :mod:`precnb.io._craw` is not built (or switched off) or the text is not the plain
+    layout (see ``precnb/io/_craw_construct.c``); :func:`parse_construct` of the parsed text then
+    gives the same parents. The second table maps each node to the parents table's own key object
+    (the intern table of :mod:`precnb.io.msprobe.parse`). One pass over the bytes instead of a
+    parse into a dict, its normalisation and the intern table (a large dump's construct.json holds
+    over a million nodes).
+
+    Examples
+    --------
+    >>> got = plain_construct(b'{"f.0.forward": "Module.m.M.forward.0", "Module.m.M.forward.0": null}')
+    >>> got is None or got[0] == {"f.0.forward": "Module.m.M.forward.0", "Module.m.M.forward.0": ""}
+    True
+    """
+    reader = craw()
+    return None if reader is None else reader.construct_table(raw)
+
+
 def construct_table(raw: bytes) -> dict[str, str]:
     """Node → parent of construct.json bytes already checked by :func:`read_sides`."""
-    return parse_construct(loads_json(raw))[0]
+    got = plain_construct(raw)
+    return got[0] if got is not None else parse_construct(loads_json(raw))[0]
 
 
 def stack_table(raw: bytes) -> dict[str, list[str]]:
@@ -130,11 +152,21 @@ def _parse_checked(path: Path, raw: bytes, notes: list[str]) -> Any:
     return doc, not mine
 
 
-def read_sides(folder: Path, notes: list[str]) -> tuple[dict[str, str], dict[str, int], SharedTable | None,
-                                                         SharedTable | None]:
-    """(parents, micro steps, construct table, stack table) of a rank folder; problems go to *notes*."""
+class Sides(NamedTuple):
+    """What :func:`read_sides` read of a rank folder's side files."""
+
+    parents: dict[str, str]  #: node → parent module ("" for a root)
+    micro: dict[str, int]  #: node → Megatron micro step
+    names: dict[str, str] | None  #: node → *parents*' own key object, when the C reader built it
+    construct: SharedTable | None
+    stack: SharedTable | None
+
+
+def read_sides(folder: Path, notes: list[str]) -> Sides:
+    """(parents, micro steps, intern table, construct table, stack table) of a rank folder; problems go to *notes*."""
     parents: dict[str, str] = {}
     micro: dict[str, int] = {}
+    names: dict[str, str] | None = None
     construct: SharedTable | None = None
     stack: SharedTable | None = None
     got = _read(folder / "construct.json", notes)
@@ -142,15 +174,21 @@ def read_sides(folder: Path, notes: list[str]) -> tuple[dict[str, str], dict[str
         key, raw = got
         hit = _CONSTRUCT.get(key)
         if hit is None:
-            checked = _parse_checked(folder / "construct.json", raw, notes)
-            if checked is not None:
-                hit = parse_construct(checked[0])
-                if checked[1] and len(raw) <= _CACHE_MAX:  # clean: the same bytes elsewhere need no second look
-                    if len(_CONSTRUCT) >= 8:
-                        _CONSTRUCT.clear()
-                    _CONSTRUCT[key] = hit
+            plain = plain_construct(raw)
+            clean = plain is not None  # strict JSON without escapes: nothing for the standard library to repair
+            if plain is not None:
+                hit = (plain[0], {}, plain[1])
+            else:
+                checked = _parse_checked(folder / "construct.json", raw, notes)
+                if checked is not None:
+                    hit = (*parse_construct(checked[0]), None)
+                    clean = checked[1]
+            if hit is not None and clean and len(raw) <= _CACHE_MAX:  # the same bytes elsewhere: no second look
+                if len(_CONSTRUCT) >= 8:
+                    _CONSTRUCT.clear()
+                _CONSTRUCT[key] = hit
         if hit is not None:
-            parents, micro = hit
+            parents, micro, names = hit
             # the bytes are let go (parsed already; a worker process sends the table's own text): a large
             # construct.json would stay in memory twice, as text and as the table, until the dataset is built
             construct = SharedTable(("construct", key), None, construct_table, parents)
@@ -167,7 +205,7 @@ def read_sides(folder: Path, notes: list[str]) -> tuple[dict[str, str], dict[str
                 _GOOD_STACKS.add(key)
         if ok:
             stack = SharedTable(("stack", key), raw, stack_table)
-    return parents, micro, construct, stack
+    return Sides(parents, micro, names, construct, stack)
 
 
 def json_type(v: Any) -> str:
