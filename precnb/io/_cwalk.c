@@ -1057,8 +1057,23 @@ scan_arguments(PyObject *record, PyObject *found, PyObject *positions, PyObject 
             PyObject *pair = PyList_GET_ITEM(items, i);
             PyObject *key = PyObject_Str(PyTuple_GET_ITEM(pair, 0));
             PyObject *x = PyTuple_GET_ITEM(pair, 1);
-            int rc = key == NULL ? -1 : 0;
-            if (rc == 0 && (PyDict_Check(x) || PyList_Check(x)))
+            int rc = key == NULL ? -1 : 0, done = 0;
+            if (rc == 0 && PyDict_CheckExact(x)) {  /* the usual {type, value} keyword (lr=, value=) in line */
+                PyObject *kind = PyDict_GetItemWithError(x, s_type);
+                if (kind != NULL && PyUnicode_CheckExact(kind)) {
+                    int has_shape = PyDict_Contains(x, s_shape);
+                    PyObject *v = has_shape ? NULL : PyDict_GetItemWithError(x, s_value);
+                    if (has_shape < 0 || PyErr_Occurred())
+                        rc = -1;
+                    else if (v != NULL) {
+                        rc = plain_value(found, key, kind, v, plain);
+                        done = 1;
+                    }
+                }
+                else if (PyErr_Occurred())
+                    rc = -1;
+            }
+            if (rc == 0 && !done && (PyDict_Check(x) || PyList_Check(x)))
                 rc = call_scalars(scalars_kwarg, x, key, found);
             Py_XDECREF(key);
             if (rc < 0) {
@@ -1071,17 +1086,36 @@ scan_arguments(PyObject *record, PyObject *found, PyObject *positions, PyObject 
     return 0;
 }
 
-/* facts_batch(todo, node_facts, api_facts, known, merge, positions, plain, scalars_arg, scalars_kwarg, api_of):
- * parse._File.batch's run-facts loop, in file order. A FileFacts.node entry whose only fact is an optimizer op
- * under the optimizer scope (no parameters, no undefined-prefix node) is read here (the scan of optimizer_args,
- * merge(api, found) unless every value is known); every other entry calls node_facts / api_facts. */
+/* whether the text holds one of the markers (a tuple of str), 1 / 0 / -1 */
+static int
+holds_marker(PyObject *text, PyObject *markers)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(markers); i++) {
+        Py_ssize_t at = PyUnicode_Find(text, PyTuple_GET_ITEM(markers, i), 0, PY_SSIZE_T_MAX, 1);
+        if (at != -1)
+            return at == -2 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* facts_batch(todo, node_facts, api_facts, known, merge, positions, plain, scalars_arg, scalars_kwarg, api_of,
+ * markers): parse._File.batch's run-facts loop, in file order. A FileFacts.node entry whose only possible fact is an
+ * optimizer op (no parameters, no undefined-prefix node) is read here: is_optimizer_node (a forward record under
+ * the optimizer scope, or whose name and API name hold one of *markers*, _runfacts._OPTIMIZER_MARKERS), then the
+ * scan of optimizer_args and merge(api, found) unless every value is known; every other entry calls
+ * node_facts / api_facts. */
 static PyObject *
 facts_batch(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    PyObject *todo, *node_facts, *api_facts, *known, *merge, *positions, *plain, *sa, *ska, *api_of_py;
-    if (!PyArg_ParseTuple(args, "O!OOO!OO!OOOO", &PyList_Type, &todo, &node_facts, &api_facts, &PySet_Type, &known,
-                          &merge, &PyTuple_Type, &positions, &plain, &sa, &ska, &api_of_py))
+    PyObject *todo, *node_facts, *api_facts, *known, *merge, *positions, *plain, *sa, *ska, *api_of_py, *markers;
+    if (!PyArg_ParseTuple(args, "O!OOO!OO!OOOOO!", &PyList_Type, &todo, &node_facts, &api_facts, &PySet_Type, &known,
+                          &merge, &PyTuple_Type, &positions, &plain, &sa, &ska, &api_of_py, &PyTuple_Type, &markers))
         return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(markers); i++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(markers, i))) {
+            PyErr_SetString(PyExc_TypeError, "markers: a tuple of str");
+            return NULL;
+        }
     if (g_undefined == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_cwalk.configure() was not called");
         return NULL;
@@ -1107,14 +1141,6 @@ facts_batch(PyObject *Py_UNUSED(self), PyObject *args)
                 r = PyDict_Contains(record, s_parameters);
                 if (r == 0)
                     r = starts_with_any(node, g_undefined);
-                if (r == 0) {  /* the optimizer scope: "optimizer" or "optimizer.*" */
-                    int scope = PyUnicode_Compare(parent, s_optimizer) == 0;
-                    if (!scope && PyErr_Occurred())
-                        return NULL;
-                    if (!scope)
-                        scope = (int)PyUnicode_Tailmatch(parent, s_opt_dot, 0, PY_SSIZE_T_MAX, -1);
-                    r = scope < 0 ? -1 : !scope;
-                }
                 if (r < 0)
                     return NULL;
                 simple = !r;
@@ -1125,14 +1151,38 @@ facts_batch(PyObject *Py_UNUSED(self), PyObject *args)
                     fwd = contains(node, s_forward_mid);
                 if (fwd < 0)
                     return NULL;
-                if (fwd) {  /* is_optimizer_node: a forward record under the optimizer scope */
-                    PyObject *found = PyDict_New();
-                    if (found == NULL)
+                PyObject *api = NULL;
+                if (fwd) {  /* is_optimizer_node: under the optimizer scope ("optimizer" or "optimizer.*") */
+                    int opt = PyUnicode_Compare(parent, s_optimizer) == 0;
+                    if (!opt && PyErr_Occurred())
                         return NULL;
-                    PyObject *api = NULL;
+                    if (!opt)
+                        opt = (int)PyUnicode_Tailmatch(parent, s_opt_dot, 0, PY_SSIZE_T_MAX, -1);
+                    if (opt == 0) {  /* or a marker in the node name, and in its API name */
+                        opt = holds_marker(node, markers);
+                        if (opt == 1) {
+                            api = api_of(node, api_of_py);
+                            opt = api == NULL ? -1 : holds_marker(api, markers);
+                        }
+                    }
+                    if (opt < 0) {
+                        Py_XDECREF(api);
+                        return NULL;
+                    }
+                    fwd = opt;
+                    if (!fwd)
+                        Py_CLEAR(api);
+                }
+                if (fwd) {
+                    PyObject *found = PyDict_New();
+                    if (found == NULL) {
+                        Py_XDECREF(api);
+                        return NULL;
+                    }
                     int rc = scan_arguments(record, found, positions, plain, sa, ska);
                     if (rc == 0 && PyDict_GET_SIZE(found)) {
-                        api = api_of(node, api_of_py);
+                        if (api == NULL)
+                            api = api_of(node, api_of_py);
                         rc = api == NULL ? -1 : all_known(api, found, known);
                         if (rc == 0) {
                             PyObject *got = PyObject_CallFunctionObjArgs(merge, api, found, NULL);
@@ -1496,7 +1546,8 @@ static PyMethodDef methods[] = {
      "leaf_columns(leaves, shapes, intern) -> None or (stats, null, shapes, dtypes, shape texts, numel, interned "
      "dtypes, md5/data_name present): Columns.add_batch"},
     {"facts_batch", facts_batch, METH_VARARGS,
-     "facts_batch(todo, node_facts, api_facts, known, merge, positions, plain, scalars_arg, scalars_kwarg, api_of): "
+     "facts_batch(todo, node_facts, api_facts, known, merge, positions, plain, scalars_arg, scalars_kwarg, api_of, "
+     "markers): "
      "the run facts of one batch, in file order"},
     {"quote_tokens", quote_tokens, METH_VARARGS,
      "quote_tokens(raw, nan) -> bytes: precnb.io.msprobe._json.quote_tokens"},

@@ -192,9 +192,9 @@ class FileFacts:
     def batch(self, todo: list[tuple[int, str, dict[str, Any], str]]) -> None:
         """:meth:`node` (flag 1) and :meth:`api` (flag 2) of ``(flags, node, record, parent)`` entries, in order."""
         c = cwalk()
-        if c is not None and self._scan is not None:  # the same, the optimizer-scope records read in C
+        if c is not None and self._scan is not None:  # the same, the optimizer records read in C
             c.facts_batch(todo, self.node, self.api, self._known, self._merge, _POSITIONS, _plain, _arg_scalars,
-                          _kwarg_scalars, api_of)
+                          _kwarg_scalars, api_of, _OPTIMIZER_MARKERS)
             return
         for flags, node, record, parent in todo:
             if flags & 1:
