@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import generate  # noqa: E402
+from _bytecode import compile_precnb  # noqa: E402
 
 _CHILD = r"""
 import json, os, resource, sys, time
@@ -114,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     dump = folder / "step0" / "rank0" / "dump.json"
     size = dump.stat().st_size
     modes = args.modes.split(",")
-    # precnb's bytecode written once before the children run (an installed package has it; a child started with
-    # PYTHONDONTWRITEBYTECODE=1 would otherwise compile each submodule it imports inside the timed load)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "precnb")], check=False, cwd=ROOT)
+    compile_precnb()  # an installed package's bytecode, not compiled inside the timed children (see _bytecode)
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     t0 = time.time()
     load_start = os.getloadavg()
