@@ -63,6 +63,7 @@ CWALK = Extension("precnb.io._cwalk", ["precnb/io/_cwalk.c"], optional=True,
 # the common records read straight from a batch's bytes (precnb/io/_craw.c): optional likewise; without it the
 # records are parsed by orjson or the standard library and read by _cwalk (or the pure Python walk); its second
 # file reads a plain construct.json's tables
-CRAW = Extension("precnb.io._craw", ["precnb/io/_craw.c", "precnb/io/_craw_construct.c"], optional=True, extra_compile_args=["-O2"])
+CRAW = Extension("precnb.io._craw", ["precnb/io/_craw.c", "precnb/io/_craw_construct.c"], optional=True,
+                 extra_compile_args=["-O2"])
 
 setup(cmdclass={"build_py": BuildPyWithData}, ext_modules=[CWALK, CRAW])
