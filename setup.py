@@ -64,6 +64,6 @@ CWALK = Extension("precnb.io._cwalk", ["precnb/io/_cwalk.c"], optional=True,
 # records are parsed by orjson or the standard library and read by _cwalk (or the pure Python walk); its second
 # file reads a plain construct.json's tables
 CRAW = Extension("precnb.io._craw", ["precnb/io/_craw.c", "precnb/io/_craw_construct.c"], optional=True,
-                 extra_compile_args=["-O2"])
+                 depends=["precnb/io/_craw_text.h"], extra_compile_args=["-O2"])
 
 setup(cmdclass={"build_py": BuildPyWithData}, ext_modules=[CWALK, CRAW])

@@ -43,6 +43,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_craw_text.h"
+
 #define MAX_SECTIONS 16
 #define MAX_DIMS 32
 #define MAX_KEYS 64
@@ -255,24 +257,10 @@ typedef struct {
 
 /* ------------------------------------------------------------------------------------------- the text */
 
-typedef struct {
-    const char *s;
-    Py_ssize_t n, i;
-} cur;
+/* the cursor (cur) and the whitespace skip (ws) are in _craw_text.h, shared with _craw_construct.c */
 
 #define NOT_PLAIN 0
 #define ERR (-1)
-
-static inline void
-ws(cur *c)
-{
-    while (c->i < c->n) {
-        char ch = c->s[c->i];
-        if (ch != ' ' && ch != '\n' && ch != '\t' && ch != '\r')
-            break;
-        c->i++;
-    }
-}
 
 /* after a member of a container closed by *close*: 1 past a ',' (another member follows, c->i at it), 0 past
  * the close, -1 at anything else (the caller's NOT_PLAIN); whitespace skipped on both sides */

@@ -24,28 +24,15 @@
 #include <Python.h>
 #include <string.h>
 
+#include "_craw_text.h"
+
 PyObject *craw_construct_table(PyObject *self, PyObject *arg);
 
-typedef struct {
-    const char *s;
-    Py_ssize_t n, i;
-} ctext;
-
-static inline void
-c_ws(ctext *c)
-{
-    while (c->i < c->n) {
-        char ch = c->s[c->i];
-        if (ch != ' ' && ch != '\n' && ch != '\t' && ch != '\r')
-            break;
-        c->i++;
-    }
-}
 
 /* the text of a string at c->i (its opening quote) without escapes or control characters: 1 (c->i past the
  * closing quote, *ascii whether every byte is ASCII), 0 when it is not such a string */
 static inline int
-c_string(ctext *c, const char **a, Py_ssize_t *len, int *ascii)
+c_string(cur *c, const char **a, Py_ssize_t *len, int *ascii)
 {
     if (c->i >= c->n || c->s[c->i] != '"')
         return 0;
@@ -97,7 +84,7 @@ craw_construct_table(PyObject *Py_UNUSED(self), PyObject *arg)
         PyErr_SetString(PyExc_TypeError, "construct_table: bytes");
         return NULL;
     }
-    ctext c = {PyBytes_AS_STRING(arg), PyBytes_GET_SIZE(arg), 0};
+    cur c = {PyBytes_AS_STRING(arg), PyBytes_GET_SIZE(arg), 0};
     PyObject *parents = PyDict_New(), *names = PyDict_New(), *distinct = PyDict_New();
     PyObject *empty = PyUnicode_New(0, 127);
     PyObject *last = NULL;  /* the previous value's str (siblings follow each other: most values repeat it) */
@@ -106,11 +93,11 @@ craw_construct_table(PyObject *Py_UNUSED(self), PyObject *arg)
     int plain = 0, bad = 0;
     if (parents == NULL || names == NULL || distinct == NULL || empty == NULL)
         goto error;
-    c_ws(&c);
+    ws(&c);
     if (c.i >= c.n || c.s[c.i] != '{')
         goto done;
     c.i++;
-    c_ws(&c);
+    ws(&c);
     if (c.i < c.n && c.s[c.i] == '}') {
         c.i++;
     } else {
@@ -122,11 +109,11 @@ craw_construct_table(PyObject *Py_UNUSED(self), PyObject *arg)
                 goto done;
             if (len == (Py_ssize_t)strlen(MICRO_KEY) && memcmp(a, MICRO_KEY, (size_t)len) == 0)
                 goto done;
-            c_ws(&c);
+            ws(&c);
             if (c.i >= c.n || c.s[c.i] != ':')
                 goto done;
             c.i++;
-            c_ws(&c);
+            ws(&c);
             PyObject *value;  /* borrowed */
             if (c.i < c.n && c.s[c.i] == '"') {
                 if (!c_string(&c, &v, &vlen, &vascii))
@@ -160,10 +147,10 @@ craw_construct_table(PyObject *Py_UNUSED(self), PyObject *arg)
             Py_DECREF(fresh);
             if (r < 0)
                 goto error;
-            c_ws(&c);
+            ws(&c);
             if (c.i < c.n && c.s[c.i] == ',') {
                 c.i++;
-                c_ws(&c);
+                ws(&c);
                 continue;
             }
             if (c.i < c.n && c.s[c.i] == '}') {
@@ -173,7 +160,7 @@ craw_construct_table(PyObject *Py_UNUSED(self), PyObject *arg)
             goto done;
         }
     }
-    c_ws(&c);
+    ws(&c);
     plain = c.i == c.n;
 done:
     Py_DECREF(distinct);

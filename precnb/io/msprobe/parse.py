@@ -81,12 +81,9 @@ class _File:
     def __init__(self, rd: RankDir, parents: Mapping[str, str], micro: Mapping[str, int],
                  signatures: bool = True, names: dict[str, str] | None = None) -> None:
         self.rd, self.parents, self.micro = rd, parents, micro
-        # construct.json's own node-name objects: the names kept (nodes, their parts, signatures) are then
-        # the ones the construct table holds anyway, and the batches' copies go with their batch (the C
-        # reader of construct.json builds this table with the parents)
-        if names is None:
-            names = dict(zip(parents, parents, strict=True)) if parents else {}
-        self.names: dict[str, str] = names
+        # construct.json's own node-name objects (the C reader of construct.json builds them with the parents):
+        # the names kept (nodes, parts, signatures) are the table's anyway; the batches' copies go with their batch
+        self.names: dict[str, str] = dict(zip(parents, parents, strict=True)) if names is None else names
         self.walk = Walk()
         self.cols = Columns()
         self.issues = Issues()

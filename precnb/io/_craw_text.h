@@ -1,0 +1,25 @@
+/* precnb.io._craw: the text cursor both of its translation units read with (_craw.c, _craw_construct.c). */
+#ifndef PRECNB_CRAW_TEXT_H
+#define PRECNB_CRAW_TEXT_H
+
+#include <Python.h>
+
+/* a position *i* in the *n* bytes at *s* */
+typedef struct {
+    const char *s;
+    Py_ssize_t n, i;
+} cur;
+
+/* JSON whitespace skipped from c->i on */
+static inline void
+ws(cur *c)
+{
+    while (c->i < c->n) {
+        char ch = c->s[c->i];
+        if (ch != ' ' && ch != '\n' && ch != '\t' && ch != '\r')
+            break;
+        c->i++;
+    }
+}
+
+#endif
