@@ -116,3 +116,15 @@ def test_a_load_reads_its_construct_json_in_c_and_the_pure_parser_alike():
     keys = {id(k) for k in table}
     kept = [n for n in rec.coords["node"] if n in table]
     assert kept and all(id(n) in keys for n in kept)
+
+
+def test_a_cached_construct_json_gives_each_file_its_own_intern_table(tmp_path):
+    # the parse of a file adds api and module names to its intern table (files may be read in threads), so the
+    # cached construct.json table of several rank folders must not hand the same dict to each
+    folder = SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics"
+    rd = discover(folder)[0]
+    sides_module._CONSTRUCT.clear()
+    first = read_sides(rd.path, [])
+    second = read_sides(rd.path, [])
+    assert first.parents is second.parents  # the cache was used
+    assert second.names is None or second.names is not first.names

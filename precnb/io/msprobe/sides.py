@@ -186,7 +186,8 @@ def read_sides(folder: Path, notes: list[str]) -> Sides:
             if hit is not None and clean and len(raw) <= _CACHE_MAX:  # the same bytes elsewhere: no second look
                 if len(_CONSTRUCT) >= 8:
                     _CONSTRUCT.clear()
-                _CONSTRUCT[key] = hit
+                # without the intern table: each file's parse adds to its own (files may be read in threads)
+                _CONSTRUCT[key] = (hit[0], hit[1], None)
         if hit is not None:
             parents, micro, names = hit
             # the bytes are let go (parsed already; a worker process sends the table's own text): a large
