@@ -20,7 +20,7 @@ from precnb.io.msprobe import sides as sides_module
 from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
 from precnb.io.msprobe.sides import parse_construct, plain_construct, read_sides
-from tests.conftest import SHARED
+from tests.conftest import SHARED, shared_path
 from tests.test_cwalk import env
 from tests.test_fuzz_readers import fuzz_settings
 
@@ -100,7 +100,7 @@ def test_generated_tables(table, indent, ascii_only):
 
 
 def test_a_load_reads_its_construct_json_in_c_and_the_pure_parser_alike():
-    folder = SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics"
+    folder = shared_path("data_samples", "msprobe", "S1_baseline", "statistics")
     rd = discover(folder)[0]
     sides_module._CONSTRUCT.clear()  # no table cached by an earlier load
     notes: list[str] = []
@@ -121,7 +121,7 @@ def test_a_load_reads_its_construct_json_in_c_and_the_pure_parser_alike():
 def test_a_cached_construct_json_gives_each_file_its_own_intern_table(tmp_path):
     # the parse of a file adds api and module names to its intern table (files may be read in threads), so the
     # cached construct.json table of several rank folders must not hand the same dict to each
-    folder = SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics"
+    folder = shared_path("data_samples", "msprobe", "S1_baseline", "statistics")
     rd = discover(folder)[0]
     sides_module._CONSTRUCT.clear()
     first = read_sides(rd.path, [])

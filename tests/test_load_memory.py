@@ -12,9 +12,11 @@ from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
 from precnb.io.msprobe.sides import construct_table, parse_construct, read_sides
 from precnb.io.records import LoadReport, SharedTable
-from tests.conftest import SHARED
+from tests.conftest import shared_path
 
-S1 = SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics"
+
+def _s1() -> Path:
+    return shared_path("data_samples", "msprobe", "S1_baseline", "statistics")  # or skip without ../shared
 
 
 def _rank_dir(root: Path):
@@ -31,7 +33,7 @@ def test_parse_construct_keeps_one_object_per_parent_and_every_entry():
 
 
 def test_construct_table_without_its_bytes_pickles_to_the_same_table():
-    folder = _rank_dir(S1).path
+    folder = _rank_dir(_s1()).path
     notes: list[str] = []
     parents, _, _, construct, _ = read_sides(folder, notes)
     assert construct is not None and construct.raw is None and construct.get() is parents and len(parents) > 100
@@ -43,7 +45,7 @@ def test_construct_table_without_its_bytes_pickles_to_the_same_table():
 
 
 def test_kept_node_names_are_the_construct_tables_objects():
-    rd = _rank_dir(S1)
+    rd = _rank_dir(_s1())
     rec = read_rank_dir(rd)
     table = rec.construct.get()
     keys = {id(k) for k in table}
@@ -69,12 +71,12 @@ def test_load_identical_with_worker_processes(monkeypatch):
     """The construct table crosses from worker processes as its own text: the same dataset as one process."""
     from precnb.io import _pool
 
-    one = precnb.open_run(S1, workers=1, progress=False)
+    one = precnb.open_run(_s1(), workers=1, progress=False)
     used = []
     real = _pool.outcomes_in_processes
     monkeypatch.setattr(_pool, "MIN_PARALLEL_BYTES", 0)  # a small run in processes all the same
     monkeypatch.setattr(_pool, "outcomes_in_processes", lambda *a, **k: used.append(1) or real(*a, **k))
-    two = precnb.open_run(S1, workers=2, progress=False)
+    two = precnb.open_run(_s1(), workers=2, progress=False)
     assert used, "the files were not parsed in worker processes"
     assert json.loads(one.attrs["construct"]) and one.attrs["construct"] == two.attrs["construct"]
     assert one.identical(two)
