@@ -93,11 +93,8 @@ craw_construct_table(PyObject *Py_UNUSED(self), PyObject *arg)
     int plain = 0, bad = 0;
     if (parents == NULL || names == NULL || distinct == NULL || empty == NULL)
         goto error;
-    ws(&c);
-    if (c.i >= c.n || c.s[c.i] != '{')
+    if (!expect(&c, '{'))
         goto done;
-    c.i++;
-    ws(&c);
     if (c.i < c.n && c.s[c.i] == '}') {
         c.i++;
     } else {
@@ -109,11 +106,8 @@ craw_construct_table(PyObject *Py_UNUSED(self), PyObject *arg)
                 goto done;
             if (len == (Py_ssize_t)strlen(MICRO_KEY) && memcmp(a, MICRO_KEY, (size_t)len) == 0)
                 goto done;
-            ws(&c);
-            if (c.i >= c.n || c.s[c.i] != ':')
+            if (!expect(&c, ':'))
                 goto done;
-            c.i++;
-            ws(&c);
             PyObject *value;  /* borrowed */
             if (c.i < c.n && c.s[c.i] == '"') {
                 if (!c_string(&c, &v, &vlen, &vascii))

@@ -22,4 +22,16 @@ ws(cur *c)
     }
 }
 
+/* 1 past the punctuation *ch* at c->i (JSON whitespace skipped on both sides), 0 at anything else */
+static inline int
+expect(cur *c, char ch)
+{
+    ws(c);
+    if (c->i >= c->n || c->s[c->i] != ch)
+        return 0;
+    c->i++;
+    ws(c);
+    return 1;
+}
+
 #endif
