@@ -26,8 +26,9 @@ def stat_vars(ds: xr.Dataset) -> list[str]:
     >>> stat_vars(empty_dataset())
     ['max', 'min', 'mean', 'norm']
     """
-    extras = [str(n) for n, v in ds.data_vars.items()
-              if n not in STATS and v.dtype.kind == "f" and v.dims == ds["max"].dims]
+    extras = [str(n) for n, v in ds.data_vars.items()  # (copy_*: a merge's departing replica, not a statistic)
+              if n not in STATS and v.dtype.kind == "f" and v.dims == ds["max"].dims
+              and not str(n).startswith("copy_")]
     return [*STATS, *sorted(extras)]
 
 

@@ -77,6 +77,10 @@ def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: 
             continue
         if was_merged and merged is not None:
             where = dump_location(merged, layout, int(f.step), int(f.rank), str(f.tensor or ""), str(f.node))
+            departing = (f.values or {}).get("departing_rank")
+            if where is not None and departing is not None:  # a replica departed: its own rank, not the group's
+                where["rank"] = int(departing)
+                f.reason += f" (dump rank {int(departing)})"
             if where is not None:
                 f.evidence["dump"] = where
             continue

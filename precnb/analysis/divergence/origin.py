@@ -20,7 +20,7 @@ from precnb.analysis.divergence.culprit import culprit_module
 from precnb.analysis.divergence.hints import divergence_hints
 from precnb.analysis.divergence.judged import Judged
 from precnb.analysis.findings import Finding
-from precnb.analysis.findings.evidence import entry_values, first_by_seq, node_evidence
+from precnb.analysis.findings.evidence import departing_copy, entry_values, first_by_seq, node_evidence
 from precnb.schema import entry_dtype, entry_meta
 
 __all__ = ["origin_finding"]
@@ -78,6 +78,11 @@ def _origin_values(j: Judged, o: _Origin) -> dict[str, Any]:
     vt = entry_values(cmp.targ, step=o.step, rank=o.rank, tensor=o.tensor)
     values: dict[str, Any] = {names[0]: vb, names[1]: vt, "rel_diff": float(cmp.rel.values[o.si, o.ri, o.col]),
                               "rtol": float(cmp.rtol.values[o.col])}
+    departing = departing_copy(cmp.targ, vb, step=o.step, rank=o.rank, tensor=o.tensor)
+    if departing is not None:  # the copy that departs from the baseline is the one shown, with its dump rank
+        values[names[1]] = {**vt, **departing["values"]}
+        values["departing_rank"] = departing["rank"]
+        values["agreeing_rank"] = departing["agrees"]
     # -- issue #17 hook: the origin's tensor metrics and the rule that fired
     from precnb.analysis.tensor.findings import origin_tensor_values
 
@@ -93,13 +98,17 @@ _WHY_BY_ROLE = {"output": "inputs agree, output differs: computed differently he
                 "parameter": "a parameter differs", "grad": "a parameter gradient differs"}
 
 
-def _why(cmp: Comparison, o: _Origin) -> str:
+def _why(cmp: Comparison, o: _Origin, values: dict[str, Any]) -> str:
     """Why the origin is where the runs part: by its role, inherited through a collective, or copies differing."""
     why = _WHY_BY_ROLE.get(o.role, "an input differs before any recorded op changed it")
     if o.event.inherited:
         why = ("the output of a collective differs while this rank's own inputs agree "
                "(no rank has an earlier local difference)")
-    return _replica_reason(cmp, o.si, o.ri, o.col, o.tensor) or why
+    replica = _replica_reason(cmp, o.si, o.ri, o.col, o.tensor)
+    if replica and "departing_rank" in values:
+        return (f"{replica}: rank {values['departing_rank']}'s copy departs from the baseline, rank "
+                f"{values['agreeing_rank']}'s matches it")
+    return replica or why
 
 
 def _origin_hints(j: Judged, o: _Origin, before: list[dict[str, Any]]) -> list[str]:
@@ -246,7 +255,7 @@ def origin_finding(j: Judged, any_step: Any) -> Finding:
     assert event is not None
     o = _locate(j, step, event)
     values = _origin_values(j, o)
-    reason = f"{event.node} at step {step}, rank {o.rank}: {_why(j.cmp, o)}"
+    reason = f"{event.node} at step {step}, rank {o.rank}: {_why(j.cmp, o, values)}"
     # structural difference just before the divergence on the same (step, rank)
     before = [s for s in j.structural if s["step"] == step and s["rank"] == o.rank]
     hints = _origin_hints(j, o, before)

@@ -11,7 +11,7 @@ import xarray as xr
 from precnb.analysis.masks import stat_vars
 from precnb.schema import META_FIELDS, NULL_BITS, entry_meta, entry_stack, meta_changes, read_side_table
 
-__all__ = ["entry_values", "label_elsewhere", "node_evidence", "parse_frame"]
+__all__ = ["departing_copy", "entry_values", "label_elsewhere", "node_evidence", "parse_frame"]
 
 _FRAME = re.compile(r"^\s*File\s+(?P<file>.+?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]+),?\s*(?P<code>.*)$",
                     re.DOTALL)
@@ -37,6 +37,51 @@ def entry_values(ds: xr.Dataset, *, step: int, rank: int, tensor: str) -> dict[s
     if "crc" in ds and str(e["crc"].values):
         out["crc"] = str(e["crc"].values)
     return out
+
+
+def _stat_distance(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The largest difference of two entries' statistics, relative to *b*'s magnitude (max |x|)."""
+    scale = max((abs(float(b[s])) for s in ("max", "min") if b.get(s) is not None), default=0.0) or 1e-30
+    out = 0.0
+    for s in ("max", "min", "mean", "norm"):
+        x, y = a.get(s), b.get(s)
+        if x is None or y is None:
+            continue
+        x, y = float(x), float(y)
+        if np.isnan(x) and np.isnan(y):
+            continue
+        out = max(out, abs(x - y) / scale if np.isfinite(x - y) else np.inf)
+    return out
+
+
+def departing_copy(ds: xr.Dataset, baseline: dict[str, Any], *, step: int, rank: int, tensor: str
+                   ) -> dict[str, Any] | None:
+    """Which copy of a merged replicated entry departs from the *baseline* entry's values.
+
+    A merge keeps the group's first copy and, where the copies differ, the first differing one beside it
+    (``copy_rank``, ``copy_max`` …: :func:`precnb.analysis.layout.merge.merge_shards`). The copy farther from
+    the baseline departs: ``{"rank": its dump rank, "agrees": the other's, "values": its statistics}``; None when
+    the entry's copies agree or the baseline has no value.
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> departing_copy(empty_dataset(), {"present": True, "max": 1.0}, step=0, rank=0, tensor="x") is None
+    True
+    """
+    if "copy_rank" not in ds.data_vars or tensor not in ds.indexes["tensor"] or not baseline.get("present"):
+        return None
+    e = ds.sel(step=step, rank=rank, tensor=tensor)
+    other = int(e["copy_rank"])
+    if other < 0:
+        return None
+    first = entry_values(ds, step=step, rank=rank, tensor=tensor)
+    copy = {s: (None if np.isnan(float(e[f"copy_{s}"])) else float(e[f"copy_{s}"]))
+            for s in ("max", "min", "mean", "norm")}
+    first_rank = int(e["copy_first_rank"]) if "copy_first_rank" in ds.data_vars else None
+    if _stat_distance(copy, baseline) > _stat_distance(first, baseline):
+        return {"rank": other, "agrees": first_rank, "values": copy}
+    return {"rank": first_rank, "agrees": other, "values": {s: first.get(s) for s in copy}}
 
 
 def node_evidence(ds: xr.Dataset, node: str, *, step: int | None = None, rank: int | None = None,

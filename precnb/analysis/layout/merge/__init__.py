@@ -116,10 +116,32 @@ def _keep_like(ds: xr.Dataset, like: xr.Dataset, dim: str, kinds: np.ndarray, re
     """The classes of *like* (merged before) for the tensors it has, in place."""
     prev = {str(t): j for j, t in enumerate(like["tensor"].values)}
     pk, pr, pd = (like[f"shard_{x}_{dim}"].values for x in ("kind", "reason", "dim"))
+    same = _same_call(ds, like)
     for j, lbl in enumerate(ds["tensor"].values.tolist()):
         k = prev.get(str(lbl))
-        if k is not None:
+        if k is not None and same(j, k, str(pk[k])):
             kinds[j], reasons[j], shard_dim[j] = pk[k], pr[k], pd[k]
+
+
+def _same_call(ds: xr.Dataset, like: xr.Dataset) -> Any:
+    """``same(j, k, kind)``: label *j* of *ds* names the same call as label *k* of *like* (merged before).
+
+    msprobe numbers API calls per step, so a label can name another op at a later step (Megatron's rotary
+    embedding computes its frequencies at the first step only: every later ``Tensor.__add__`` counter shifts
+    by one). A class is kept only where the label's module, parent call, role and dtype are the same, and, for a
+    tensor that was not split, its shape too (a split tensor's merged shape is the whole tensor's).
+    """
+    keys = [c for c in ("module", "parent", "role", "dtype") if c in ds.coords and c in like.coords]
+    mine = [ds[c].values for c in keys]
+    theirs = [like[c].values for c in keys]
+    shape_a, shape_b = ds["shape"].values, like["shape"].values
+
+    def same(j: int, k: int, kind: str) -> bool:
+        if any(a[j] != b[k] for a, b in zip(mine, theirs, strict=True)):
+            return False
+        return kind == "sharded" or shape_a[j] == shape_b[k]
+
+    return same
 
 
 def _merged_stats(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray
@@ -166,11 +188,17 @@ def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol
     out_numel = np.where(allp, out_numel, -1)
     present = np.where((kinds == "local")[None, None, :], pres[:, :, 0, :], allp)
     seq = ds["seq"].values[:, [g[0] for g in idx], :]
-    differ_now = ~_copies(ds, idx, rtol)[4].all(axis=2) & allp & (kinds == "replicas_differ")[None, None, :]
+    # every copy of a replicated tensor is checked at every step before the first copy stands for the group:
+    # a replica that departs later (a fault on one TP rank) is a difference, not hidden behind rank 0's copy
+    same = _copies(ds, idx, rtol)[4]
+    checked = np.isin(kinds, ("replicated", "replicas_differ"))[None, None, :]
+    differ_now = ~same.all(axis=2) & allp & checked
     if "replicas_differ" in ds.data_vars:  # merged along another dimension before (cp after tp)
         differ_now |= ds["replicas_differ"].values[:, idx, :].any(axis=2)
     dims = ("step", "rank", "tensor")
     data: dict[Hashable, Any] = {s: (dims, np.where(present, out_vals[s], np.nan)) for s in out_vals}
+    if differ_now.any():
+        data.update(_departing_copies(ds, idx, same, differ_now))
     data["present"] = (dims, present)
     data["null_stats"] = (dims, np.where(present, out_null, 0).astype(np.uint8))
     data["seq"] = (dims, np.where(present, seq, -1).astype(np.int32))
@@ -181,6 +209,32 @@ def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol
             continue
         data[name] = (dims, ds[name].values[:, [g[0] for g in idx], :])
     return data
+
+
+def _departing_copies(ds: xr.Dataset, idx: list[list[int]], same: np.ndarray, differ: np.ndarray
+                      ) -> dict[Hashable, Any]:
+    """``copy_rank`` and ``copy_max`` … ``copy_norm``: where a replicated tensor's copies differ, the first copy
+    that differs from the group's first member (whose values the merged entry carries), and its dump rank
+    (``copy_first_rank``: the first member's).
+
+    With a baseline, the comparison decides which of the two departs (:mod:`precnb.analysis.divergence.origin`);
+    ``copy_rank`` is -1 where the copies agree.
+    """
+    ranks = np.asarray([int(r) for r in ds["rank"].values])
+    member = np.argmax(~same, axis=2)  # (step, G, tensor): the first member unlike member 0
+    dims = ("step", "rank", "tensor")
+    pos = np.asarray(idx)  # (G, n) positions of the members
+    src = np.take_along_axis(np.broadcast_to(pos[None, :, :, None], (*member.shape[:2], pos.shape[1],
+                                                                         member.shape[2])),
+                             member[:, :, None, :], axis=2)[:, :, 0, :]  # (step, G, tensor) rank positions
+    firsts = ranks[pos[:, 0]][None, :, None]  # the dump rank of each group's first member
+    out: dict[Hashable, Any] = {"copy_rank": (dims, np.where(differ, ranks[src], -1).astype(np.int64)),
+                                "copy_first_rank": (dims, np.where(differ, firsts, -1).astype(np.int64))}
+    si = np.arange(member.shape[0])[:, None, None]
+    ti = np.arange(member.shape[2])[None, None, :]
+    for s in ("max", "min", "mean", "norm"):
+        out[f"copy_{s}"] = (dims, np.where(differ, ds[s].values[si, src, ti], np.nan))
+    return out
 
 
 def _first_rank_attrs(out: xr.Dataset, ds: xr.Dataset, rep: dict[int, int], kinds: np.ndarray) -> None:
