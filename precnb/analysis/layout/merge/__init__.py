@@ -213,9 +213,10 @@ def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol
 
 def _departing_copies(ds: xr.Dataset, idx: list[list[int]], same: np.ndarray, differ: np.ndarray
                       ) -> dict[Hashable, Any]:
-    """``copy_rank`` and ``copy_max`` … ``copy_norm``: where a replicated tensor's copies differ, the first copy
-    that differs from the group's first member (whose values the merged entry carries), and its dump rank
-    (``copy_first_rank``: the first member's).
+    """Where a replicated tensor's copies differ: the first copy unlike the group's first member's.
+
+    ``copy_max`` … ``copy_norm`` hold that copy (the merged entry carries the first member's), ``copy_rank`` its
+    dump rank and ``copy_first_rank`` the first member's.
 
     With a baseline, the comparison decides which of the two departs (:mod:`precnb.analysis.divergence.origin`);
     ``copy_rank`` is -1 where the copies agree.
