@@ -272,6 +272,9 @@ def _reference_relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[st
     rms_b = np.abs(b["norm"]) / np.sqrt(numel_b)
     rms = np.fmax(rms_a.fillna(0), rms_b.fillna(0))
     rms = rms.where(np.isfinite(rms), 0)
+    for ds in (a, b):  # every statistic's scale includes the tensor's largest magnitude (a finite one)
+        amax = np.fmax(np.abs(ds["max"]), np.abs(ds["min"]))
+        rms = np.fmax(rms, amax.where(np.isfinite(amax), 0))
     out = []
     for s in stats:
         x, y = a[s], b[s]

@@ -2,10 +2,11 @@
 
 Differences are measured on statistics, relative to the tensor's own magnitude::
 
-    scale = max(|a|, |b|, rms_a, rms_b, atol)     rms = norm / sqrt(numel)
+    scale = max(|a|, |b|, rms_a, rms_b, amax_a, amax_b, atol)     rms = norm / sqrt(numel), amax = max(|Max|, |Min|)
     rel   = |a - b| / scale
 
-so a Mean near zero is judged against the tensor's RMS instead of against itself. Two
+so a Mean near zero is judged against the tensor's magnitude (its largest element, its RMS) instead of against
+itself. Two
 non-finite values agree when both are NaN or both are the same infinity. Defaults come from
 the dtype (bf16 2^-8, fp16 2^-11, fp32 2^-14, fp64 2^-40; integers and bools exact), can be
 overridden per call, or calibrated from a reference pair of healthy runs.
@@ -150,8 +151,16 @@ def relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...] = (
             r = np.abs(np.asarray(ds["norm"].values, np.float64)) / np.sqrt(np.where(n > 0, n, 1).astype(np.float64))
         return np.where(np.isnan(r), 0.0, r)
 
+    def amax(ds: xr.Dataset) -> np.ndarray:  # max |x|: what the rounding of a sum over the tensor scales with
+        with np.errstate(invalid="ignore"):
+            m = np.fmax(np.abs(np.asarray(ds["max"].values, np.float64)), np.abs(np.asarray(ds["min"].values,
+                                                                                          np.float64)))
+        return np.where(np.isfinite(m), m, 0.0)
+
+    # every statistic is judged against the tensor's own magnitude: a Mean that is ~0 by construction (the rows
+    # of a softmax backward sum to zero) is rounding noise of the order of max |x| times the dtype's epsilon
     scale_rms = np.fmax(rms(a), rms(b))
-    scale_rms = np.where(np.isfinite(scale_rms), scale_rms, 0.0)
+    scale_rms = np.fmax(np.where(np.isfinite(scale_rms), scale_rms, 0.0), np.fmax(amax(a), amax(b)))
     pa, pb = np.asarray(a["present"].values, bool), np.asarray(b["present"].values, bool)
     na, nb = np.asarray(a["null_stats"].values), np.asarray(b["null_stats"].values)
     out = np.empty((len(stats), *pa.shape), np.float64)

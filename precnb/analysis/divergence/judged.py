@@ -136,6 +136,16 @@ def _drop_recording_differences(j: Judged) -> None:
         j.hints.append(late_inplace_text(late_ex))
     if two_frameworks(j.alignment):  # two frameworks record some backward ops differently
         j.diff, j.isolated = _drop_isolated(j.diff, j.seq, j.cmp)
+    from precnb.analysis.divergence.carried import CARRY, carried_differences
+
+    carried = carried_differences(j)
+    if carried.any():  # noise that the op's own inputs explain: carried, not created
+        j.diff = j.diff & ~carried
+        j.stats["carried_differences"] = int(carried.sum())
+        j.hints.append(f"{int(carried.sum())} difference(s) beyond tolerance are carried, not created: each op's "
+                       f"output differs by at most {CARRY:g}x its inputs' difference (or its input by at most "
+                       f"{CARRY:g}x the output that produced it): carried from an earlier difference (or accumulated "
+                       "rounding noise), not an origin")
     if j.isolated:
         iso = j.isolated
         j.stats["isolated_differences"] = len(iso)

@@ -78,6 +78,11 @@ def _origin_values(j: Judged, o: _Origin) -> dict[str, Any]:
     vt = entry_values(cmp.targ, step=o.step, rank=o.rank, tensor=o.tensor)
     values: dict[str, Any] = {names[0]: vb, names[1]: vt, "rel_diff": float(cmp.rel.values[o.si, o.ri, o.col]),
                               "rtol": float(cmp.rtol.values[o.col])}
+    from precnb.analysis.divergence.carried import created_rule
+
+    rule = created_rule(j, o.si, o.ri, o.col)
+    if rule:
+        values["rule"] = rule
     departing = departing_copy(cmp.targ, vb, step=o.step, rank=o.rank, tensor=o.tensor)
     if departing is not None:  # the copy that departs from the baseline is the one shown, with its dump rank
         values[names[1]] = {**vt, **departing["values"]}
