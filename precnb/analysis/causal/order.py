@@ -61,6 +61,7 @@ class RankEvent:
     seq: int
     epoch: int
     inherited: bool
+    via: str = ""  # "p2p": an input after a pipeline receive from a peer stage that differs first
 
 
 def first_event_per_rank(event: xr.DataArray, seq: xr.DataArray, ds: xr.Dataset, step: int,
@@ -100,7 +101,48 @@ def first_event_per_rank(event: xr.DataArray, seq: xr.DataArray, ds: xr.Dataset,
         # the data-parallel all-reduce) is itself what the collective returned, whatever its role
         inherited = bool(comm[j]) and (roles[j] == "output" or kinds[j] == "monitor" or not inherited_if_comm_output)
         out.append(RankEvent(int(step), int(r), str(labels[j]), str(nodes[j]), first_seq, epoch, inherited))
+    _inherited_via_p2p(out, ds, sq, roles, nodes)
     return out
+
+
+_P2P = ("batch_isend_irecv", ".irecv.", ".recv.")
+
+
+def _p2p_peers(ds: xr.Dataset) -> dict[int, list[int]]:
+    import json
+
+    try:
+        got = json.loads(ds.attrs.get("p2p_peers") or "{}")
+        return {int(r): [int(p) for p in ps] for r, ps in got.items()}
+    except (TypeError, ValueError, AttributeError):
+        return {}
+
+
+def _inherited_via_p2p(events: list[RankEvent], ds: xr.Dataset, sq: xr.DataArray, roles: np.ndarray,
+                       nodes: np.ndarray) -> None:
+    """Mark, in place, a rank's first event that is an input read after a pipeline receive as inherited.
+
+    msprobe records an irecv buffer before the wait (no defined value: set aside), so the tensor a stage received
+    never shows as a differing collective output; the next stage's first difference is then an input that "no
+    recorded op changed". When that rank received from a peer stage (``p2p_peers``) before it, and the peer has a
+    first event of its own at this step, the difference was sent: the peer is the origin.
+    """
+    peers = _p2p_peers(ds)
+    if not peers or len(events) < 2:
+        return
+    ranks_with = {e.rank for e in events}
+    labels = list(ds["tensor"].values)
+    p2p = np.fromiter((any(k in str(n) for k in _P2P) for n in nodes), bool, len(nodes))
+    if not p2p.any():
+        return
+    for e in events:
+        if e.inherited or not any(p in ranks_with for p in peers.get(e.rank, ())):
+            continue
+        if roles[labels.index(e.tensor)] != "input":
+            continue
+        s = sq.sel(rank=e.rank).values.astype(np.int64)
+        if (p2p & (s >= 0) & (s < e.seq)).any():
+            e.inherited, e.via = True, "p2p"
 
 
 def pick_origin(events: list[RankEvent]) -> tuple[RankEvent | None, list[RankEvent]]:

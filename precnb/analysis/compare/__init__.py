@@ -275,6 +275,16 @@ def compare_runs(
     )
 
 
+def _same_schedule(b: xr.Dataset, t: xr.Dataset, aligned: bool) -> bool:
+    """Both runs as dumped, with the same names and ranks: the same layout and schedule (nothing merged).
+
+    Then a module's records are made at the same point of the same schedule in both, including the gradient of
+    a bias the module returns instead of using (Megatron's skip_bias_add), which is compared like any other.
+    """
+    return (not aligned and not b.attrs.get("merged_layout") and not t.attrs.get("merged_layout")
+            and b["rank"].values.tolist() == t["rank"].values.tolist())
+
+
 def prepare_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, steps: Any, ranks: Any,
                  step_offset: Any, alignment: Any, disjoint: str) -> Any:
     """The :class:`~precnb.analysis.compare.prep.Prepared` part of :func:`compare_runs`.
@@ -316,8 +326,9 @@ def prepare_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, 
     b, t = _restrict(b, common_steps, common_ranks), _restrict(t, common_steps, common_ranks)
     shape_changed: dict[str, tuple[str, str]] = {}
     shared = b.indexes["tensor"].intersection(t.indexes["tensor"])
-    glue = {**glue_labels(b), **glue_labels(t),  # tensor-parallel glue of a merged side: no counterpart
-            **returned_parameter_grads(b), **returned_parameter_grads(t)}
+    glue = {**glue_labels(b), **glue_labels(t)}  # tensor-parallel glue of a merged side: no counterpart
+    if not _same_schedule(b, t, aligned):  # a returned bias's gradient is recorded where the schedule puts it
+        glue.update({**returned_parameter_grads(b), **returned_parameter_grads(t)})
     if glue:
         shared = shared.difference(list(glue))  # a rank's own part has no whole-model shape to compare
     if len(shared):

@@ -106,7 +106,10 @@ _WHY_BY_ROLE = {"output": "inputs agree, output differs: computed differently he
 def _why(cmp: Comparison, o: _Origin, values: dict[str, Any]) -> str:
     """Why the origin is where the runs part: by its role, inherited through a collective, or copies differing."""
     why = _WHY_BY_ROLE.get(o.role, "an input differs before any recorded op changed it")
-    if o.event.inherited:
+    if o.event.inherited and o.event.via == "p2p":
+        why = ("an input differs after a pipeline receive from a peer stage that differs too "
+               "(no rank has an earlier local difference)")
+    elif o.event.inherited:
         why = ("the output of a collective differs while this rank's own inputs agree "
                "(no rank has an earlier local difference)")
     replica = _replica_reason(cmp, o.si, o.ri, o.col, o.tensor)
