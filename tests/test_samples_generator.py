@@ -56,6 +56,7 @@ NAMES = (
     "spike_optimizer",
     "spike_hardware",
     "spike_numerics",
+    "spike_data_mask",  # issue 47
     # issue 26
     "rank_shift",
     "tp_noise",

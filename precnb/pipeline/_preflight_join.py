@@ -29,6 +29,10 @@ def with_first_steps(pre: Any, div: Any) -> Any:
     titles = ", ".join(registry.title(k).lower() for k, _ in extra)
     div.notes.append(f"{titles} on baseline steps {', '.join(map(str, steps))}")
     div.load_failures.extend(x for x in pre.load_failures if x not in div.load_failures)
+    from precnb.pipeline.assumptions import attach
+
+    div.assumptions += [a for a in pre.assumptions if a not in div.assumptions]
+    attach(div.findings, div.assumptions)  # the first steps' findings say the search's assumptions too
     return div
 
 

@@ -36,13 +36,13 @@ def _layout(spec: Any, ds: xr.Dataset) -> Any:
 
 
 def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str] | None = None, *,
-                   infer: bool = True) -> Any:
+                   infer: bool = True, assumed: list[dict[str, Any]] | None = None) -> Any:
     """The layout of one run: the one given (checked against the dumps), else the one they show (*infer*).
 
     A given layout that contradicts the dumps (pipelines, model chunks, TP groups:
     :func:`precnb.analysis.layout.infer.check_layout`) is a ValueError naming what disagrees; an inferred
     one is used only when it shards something (tp, pp, vpp > 1) or has data-parallel replicas, and is said
-    in *notes*.
+    in *notes* and, as an ``inferred_layout`` assumption (:mod:`precnb.pipeline.assumptions`), in *assumed*.
     """
     if ds is None:
         return None
@@ -61,6 +61,10 @@ def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str]
         return None
     if notes is not None:
         notes.append(f"{side} layout read from the dumps: {got.layout.describe()} (" + "; ".join(got.evidence) + ")")
+    if assumed is not None:
+        from precnb.pipeline.assumptions import inferred_layout
+
+        assumed.append(inferred_layout(side, got.layout, got.evidence))
     return got.layout
 
 
@@ -141,14 +145,18 @@ def with_devices(triage: Any, opts: Options) -> Any:
     return triage
 
 
-def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_lay: Any, *, paired: bool) -> None:
-    """The dump's names of a merged target's finding; the whole model's names of a pipeline run's finding."""
+def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_lay: Any, *, paired: bool,
+                   assumed: list[dict[str, Any]] | None = None) -> None:
+    """The dump's names of a merged target's finding; the whole model's names of a pipeline run's finding.
+
+    A one-run layout read from the dumps to name the finding is an assumption (added to *assumed*).
+    """
     from precnb.pipeline.layout_names import attach_layout_names
 
     if not any(f.found and f.node for f in findings):
         return
     merged = paired and bool(targ.attrs.get("merged_layout"))
-    lay = t_lay if t_lay is not None or paired else resolve_layout(None, raw_t, "target", None)
+    lay = t_lay if t_lay is not None or paired else resolve_layout(None, raw_t, "target", None, assumed=assumed)
     with contextlib.suppress(Exception):  # names are evidence: the finding stands without them
         attach_layout_names(findings, raw=raw_t, merged=targ if merged else None, layout=lay, was_merged=merged)
 

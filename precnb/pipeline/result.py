@@ -7,6 +7,7 @@ read and the step-wise search, :mod:`precnb.pipeline.stepwise_read`) build a tri
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,10 @@ class Triage:
         The resolved step offset (two runs).
     notes : list of str
         What was done to the inputs (merges, alignment, stepwise reading), in words.
+    assumptions : list of dict
+        What the pipeline assumed and the user did not give (an inferred layout, a detected step
+        offset, nodes paired by structure / shape / value), each ``kind``, ``text`` and its values
+        (:mod:`precnb.pipeline.assumptions`); every finding carries the same list.
     load_failures : list of (str, str)
         Files that could not be read (path, reason).
     target_layout, baseline_layout : Layout or None
@@ -83,6 +88,7 @@ class Triage:
     #: ``{rank: {"host", "device"}}`` from the ``rank_table`` option (issue #28), else None
     rank_table: dict[int, dict[str, str]] | None = field(default=None, repr=False)
     source_paths: tuple[str | None, str | None] = (None, None)
+    assumptions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def finding(self) -> Any:
@@ -167,6 +173,7 @@ class Triage:
             "names": {"baseline": self.names[0], "target": self.names[1]},
             "step_offset": self.step_offset,
             "notes": self.notes,
+            "assumptions": self.assumptions,
             "alignment": self.alignment.summary() if self.alignment is not None else None,
             "load_failures": [{"path": p, "reason": r} for p, r in self.load_failures],
         })
@@ -203,17 +210,24 @@ def shared_comparison(cache: dict[str, Any], baseline: xr.Dataset, target: xr.Da
 def build_triage(ctx: Any, *, findings: list[Any], checks: list[dict[str, Any]], results: dict[str, Any],
                  options: Options, notes: list[str], failures: list[tuple[str, str]],
                  sources: tuple[str | None, str | None], rank_table: dict[int, dict[str, str]] | None = None,
-                 cache: dict[str, Any] | None = None) -> Triage:
+                 cache: dict[str, Any] | None = None, assumed: Sequence[dict[str, Any]] = ()) -> Triage:
     """The :class:`Triage` of a pipeline run, from the diagnoses' :class:`~precnb.analysis.registry.Context`.
 
     The one place a triage is made: the runs, layouts, alignment, tolerance, names and tensor metrics
     are the context's; *findings*, *checks* and *results* what the diagnoses gave; the step offset is
-    the context's resolved one for a pair (None for one run).
+    the context's resolved one for a pair (None for one run). The assumptions are collected here, once
+    (*assumed*: the layouts read from the dumps; :func:`precnb.pipeline.assumptions.collect`), and given to
+    every finding.
     """
+    from precnb.pipeline.assumptions import attach, collect
+
     paired = ctx.baseline is not None
+    assumptions = collect(ctx, options, assumed)
+    attach(findings, assumptions)
     return Triage(findings=findings, options=options, alignment=ctx.alignment, checks=checks, target=ctx.target,
                   baseline=ctx.baseline, raw_target=ctx.raw_target, raw_baseline=ctx.raw_baseline, names=ctx.names,
                   step_offset=ctx.step_offset if paired else None, notes=notes, load_failures=failures,
                   target_layout=ctx.target_layout, baseline_layout=ctx.baseline_layout, results=results,
                   tolerance=ctx.tolerance, tensor_metrics=ctx.params.get("tensor_metrics"),
-                  cache={} if cache is None else cache, rank_table=rank_table, source_paths=sources)
+                  cache={} if cache is None else cache, rank_table=rank_table, source_paths=sources,
+                  assumptions=assumptions)

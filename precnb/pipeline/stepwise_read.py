@@ -163,6 +163,7 @@ class _Reader:
         self.loaded, self.common, self.keep = loaded, common, keep
         self.layouts: tuple[Any, Any] | None = None
         self.layout_notes: list[str] = []
+        self.assumed: list[dict[str, Any]] = []  # the layouts read from the dumps
         self.merge_notes: list[str] | None = None
         self.first_merged: Pair | None = None
         self.last: tuple[xr.Dataset, xr.Dataset, xr.Dataset, xr.Dataset] | None = None
@@ -171,8 +172,10 @@ class _Reader:
         b = open_source(self.bsrc, loaded=self.loaded, steps=batch, **self.common)
         t = open_source(self.tsrc, loaded=self.loaded, steps=[s + self.off for s in batch], **self.common)
         if self.layouts is None:
-            self.layouts = (prepare.resolve_layout(self.bsrc.layout, b, "baseline", self.layout_notes),
-                            prepare.resolve_layout(self.tsrc.layout, t, "target", self.layout_notes))
+            self.layouts = (prepare.resolve_layout(self.bsrc.layout, b, "baseline", self.layout_notes,
+                                                   assumed=self.assumed),
+                            prepare.resolve_layout(self.tsrc.layout, t, "target", self.layout_notes,
+                                                   assumed=self.assumed))
         mnotes: list[str] = []
         mb, mt = merge_layouts(b, t, *self.layouts, mnotes, like=self.first_merged)
         assert mb is not None
@@ -226,4 +229,5 @@ def _search(d: Any, tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[
     prepare.name_in_layout([finding], raw_t, mt, t_lay, paired=True)
     attach_scalar_arguments([finding], tsrc, bsrc, names=ctx.names, format=opts.format)
     return build_triage(ctx, findings=[finding], checks=checks, results={d.kind: finding}, options=opts,
-                        notes=notes, failures=loaded.failures, sources=(bsrc.records_path, tsrc.records_path))
+                        notes=notes, failures=loaded.failures, sources=(bsrc.records_path, tsrc.records_path),
+                        assumed=read.assumed)

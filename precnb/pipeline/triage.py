@@ -89,6 +89,7 @@ def diagnose(
     tsrc, bsrc = inputs.sources()
     wanted = registry.diagnoses(opts.kinds)
     notes: list[str] = []
+    assumed: list[dict[str, Any]] = []  # inferred layouts (the rest is read off the context by build_triage)
     tolerance = prepare.tolerance_of(opts, lambda x: open_source(Source(x, "reference"), loaded=loaded, **common))
     whole = bsrc is not None and wants_tensor_metrics(opts, tsrc.value, bsrc.value)  # metrics cover the whole pair
     chosen = stepwise_plan(wanted, tsrc, bsrc, opts, whole=whole)
@@ -102,18 +103,19 @@ def diagnose(
 
     rank_table = resolve_rank_table(opts.rank_table, raw_t)  # a bad table fails before the diagnoses run
     params = _params(wanted, opts, tsrc, raw_t, loaded, common)
-    ctx, cache = _context(raw_t, raw_b, tsrc, bsrc, opts, tolerance, params, loaded, notes)
+    ctx, cache = _context(raw_t, raw_b, tsrc, bsrc, opts, tolerance, params, loaded, notes, assumed)
     findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
     nothing_compared_first(findings, loaded.failures)
     prepare.enrich_all(findings, ctx)
-    prepare.name_in_layout(findings, raw_t, ctx.target, ctx.target_layout, paired=ctx.baseline is not None)
+    prepare.name_in_layout(findings, raw_t, ctx.target, ctx.target_layout, paired=ctx.baseline is not None,
+                           assumed=assumed)
     attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
     from precnb.pipeline.devices import attach_devices
 
     attach_devices(findings, rank_table)
     return build_triage(ctx, findings=findings, checks=checks, results=results, options=opts, notes=notes,
                         failures=loaded.failures, rank_table=rank_table, cache=cache,
-                        sources=(bsrc.records_path if bsrc is not None else None, tsrc.records_path))
+                        sources=(bsrc.records_path if bsrc is not None else None, tsrc.records_path), assumed=assumed)
 
 
 def _read(tsrc: Source, bsrc: Source | None, opts: Options, loaded: Loaded, common: dict[str, Any]
@@ -152,14 +154,16 @@ def _resolve(ref: Any) -> Any:
 
 
 def _context(raw_t: xr.Dataset, raw_b: xr.Dataset | None, tsrc: Source, bsrc: Source | None, opts: Options,
-             tolerance: Any, params: dict[str, Any], loaded: Loaded, notes: list[str]) -> tuple[Any, dict[str, Any]]:
+             tolerance: Any, params: dict[str, Any], loaded: Loaded, notes: list[str],
+             assumed: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
     """The diagnoses' :class:`~precnb.analysis.registry.Context`: layouts, merged shards, alignment, offset."""
     from precnb.analysis.registry import Context
     from precnb.pipeline.tensors import pair_tensor_metrics  # issue #17
 
     # a pair is compared whole-model against whole-model: a layout the user did not give is read from the dumps
-    t_lay = resolve_layout(tsrc.layout, raw_t, "target", notes, infer=raw_b is not None)
-    b_lay = resolve_layout(bsrc.layout, raw_b, "baseline", notes) if bsrc is not None and raw_b is not None else None
+    t_lay = resolve_layout(tsrc.layout, raw_t, "target", notes, infer=raw_b is not None, assumed=assumed)
+    b_lay = (resolve_layout(bsrc.layout, raw_b, "baseline", notes, assumed=assumed)
+             if bsrc is not None and raw_b is not None else None)
     cache: dict[str, Any] = {}
     names = (bsrc.name if bsrc is not None else "", tsrc.name)
     if raw_b is None:  # one run is diagnosed rank by rank

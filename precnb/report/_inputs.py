@@ -40,6 +40,8 @@ class ReportData:
     tensor_metrics : xarray.Dataset or None
         The pair's tensor metrics the pipeline computed (:attr:`precnb.Triage.tensor_metrics`): the
         report's metric columns come from it, without reading tensor files again.
+    assumptions : list of dict
+        What the pipeline assumed (:attr:`precnb.Triage.assumptions`), for the header's "assumed" block.
     """
 
     target: xr.Dataset
@@ -54,6 +56,7 @@ class ReportData:
     alignment: Any = None
     step_offset_asked: Any = None
     tensor_metrics: xr.Dataset | None = None
+    assumptions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def compared(self) -> bool:
@@ -74,4 +77,5 @@ def from_triage(triage: Any) -> ReportData:
                       step_offset=triage.step_offset if triage.step_offset is not None else 0,
                       notes=list(triage.notes), alignment=triage.alignment,
                       step_offset_asked=triage.options.step_offset,
-                      tensor_metrics=getattr(triage, "tensor_metrics", None))
+                      tensor_metrics=getattr(triage, "tensor_metrics", None),
+                      assumptions=list(getattr(triage, "assumptions", None) or []))

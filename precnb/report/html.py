@@ -184,6 +184,8 @@ def render(
         "runs": runs,
         "layout": layout_lines,
         "notes": data.notes,
+        "assumptions": [{"kind": str(a.get("kind")), "text": str(a.get("text") or a.get("kind"))}
+                        for a in data.assumptions],
         "generated": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "version": __version__,
         "marker": Markup(html_marker("report")),  # noqa: S704 - precnb's own tag (precnb._marks)

@@ -70,6 +70,11 @@ def finding_html(f: Any, *, suspects: bool = True) -> str:
         out.append(f"<div style='font-size:12px'><b>structural</b>: {len(f.structural)} node(s) "
                    "in one run only, e.g. " + e(", ".join(
                        f"{s['node']} (only in {s['only_in']})" for s in f.structural[:3])) + "</div>")
+    assumed = getattr(f, "assumptions", None) or []  # the triage's, the same for every finding
+    if assumed:
+        out.append("<div class='precnb-finding-assumed' style='font-size:12px'><b>assumed</b>: <ul style='margin:0'>"
+                   + "".join(f"<li data-kind='{e(str(a.get('kind')))}'>{e(str(a.get('text') or a.get('kind')))}</li>"
+                             for a in assumed) + "</ul></div>")
     out.append("</div>")
     return "".join(out)
 

@@ -24,7 +24,11 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
                                    # (a loss spike's: "data" | "optimizer" | "hardware" | "numerics", each
                                    # with the step, rank, node, tensor, module of its origin)
       "gap": {...} | null,         # uncaptured region that produced the bad input (causal.coverage.find_gap)
-      "dump_plan": {...} | null    # msprobe config.json to confirm / close the gap (findings.plan.plan_dump)
+      "dump_plan": {...} | null,   # msprobe config.json to confirm / close the gap (findings.plan.plan_dump)
+      "assumptions": [{"kind": str, "text": str, ...}, ...]   # what the pipeline assumed (always present,
+                                   # [] when nothing): "inferred_layout" {role, layout, why}, "step_offset"
+                                   # {offset, baseline_steps, target_steps}, "aligned_by_structure" /
+                                   # "_shape" / "_value" {count, modules, examples} (precnb.pipeline.assumptions)
     }
 
 Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so the
@@ -54,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FINDING_SCHEMA", "Finding", "device_text", "jsonable", "shown_record", "to_json"]
+__all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "device_text", "jsonable", "shown_record", "to_json"]
 
 FINDING_SCHEMA = "precnb.finding/1"
 Kind = str
@@ -112,6 +116,8 @@ class Finding:
     dump_plan: dict[str, Any] | None = None
     #: host and device of ``rank`` (from a rank table, :mod:`precnb.io.rank_table`); left out of the JSON when None
     device: dict[str, str] | None = None
+    #: what the pipeline assumed and the user did not give (:mod:`precnb.pipeline.assumptions`); set by diagnose
+    assumptions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def found(self) -> bool:
@@ -174,7 +180,8 @@ class Finding:
             return _checklist_summary(self, checks)
         title, _, reason = self.headline.partition(": ")
         lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]
-        for part in (_where_lines, _value_lines, _gap_lines, _difference_lines, _trend_lines, _plan_lines):
+        for part in (_where_lines, _value_lines, _gap_lines, _difference_lines, _trend_lines, _plan_lines,
+                     assumed_lines):
             lines += part(self)
         return "\n".join(lines)
 
@@ -189,7 +196,7 @@ def _checklist_summary(f: Finding, checks: list[dict[str, Any]]) -> str:
             f"PRE-FLIGHT CHECKS PASSED: {n['pass']} pass, {n['skip']} skip")
     tail = [f"  hint: {h}" for h in f.hints if h.startswith("later differences")]
     tail += [f"  then: {h}" for h in f.evidence.get("later_findings_text", [])]
-    return "\n".join([head, *checklist_lines(checks), *tail])
+    return "\n".join([head, *checklist_lines(checks), *tail, *assumed_lines(f)])
 
 
 def _where_lines(f: Finding) -> list[str]:
@@ -297,6 +304,18 @@ def _plan_lines(f: Finding) -> list[str]:
         lines.append("  stack (innermost first):")
         lines += ["    " + fr.replace("\n", " ").strip() for fr in stack[:4]]
     return lines
+
+def assumed_lines(f: Any) -> list[str]:
+    """The ``assumed:`` block of a finding's text: one line per assumption of the pipeline (none: no block).
+
+    Examples
+    --------
+    >>> assumed_lines(Finding(kind="none", reason="", assumptions=[{"kind": "step_offset", "text": "offset 3"}]))
+    ['  assumed:', '    offset 3']
+    """
+    got = [str(a.get("text") or a.get("kind")) for a in getattr(f, "assumptions", None) or []]
+    return ["  assumed:", *(f"    {t}" for t in got)] if got else []
+
 
 def device_text(device: Any) -> str:
     """`` (host 10.0.0.1, device 3)`` for a device dict, ``""`` for None.

@@ -18,7 +18,8 @@ and ``records`` (``(view, step, rank, tensor)`` the explorer colours).
   while its module's inputs (forward input, gradient of its output) are within 2x of the other
   ranks'; after the reduce every rank carries it;
 * **numerics** (at ``S - 1``, and ``S`` before the loss op): a new overflow (an element at ±inf:
-  Max or Min, not a Norm alone — msprobe takes a float16 tensor's Norm in float16), a
+  Max or Min, not a Norm alone — msprobe takes a float16 tensor's Norm in float16; never one there
+  by design, such as a causal mask's ``masked_fill(-inf)``: see :mod:`precnb.analysis.spike._numerics`), a
   float16/bfloat16 value within 2x of the dtype's largest, a tensor that underflows to zero, or a
   loss-scale change (every gradient of a rank scaled by one factor ``>= 10x`` while its forward
   is ordinary).

@@ -1,4 +1,16 @@
-"""The *numerics* cause of a loss spike: an overflow, a value near its dtype's largest, an underflow, a loss scale."""
+"""The *numerics* cause of a loss spike: an overflow, a value near its dtype's largest, an underflow, a loss scale.
+
+An infinity that is there **by design** is never an overflow. The rule is the NaN-origin search's
+(:func:`precnb.analysis.nan.origin.event_mask`), with an infinite *element* (Max or Min at ±inf;
+an infinite Norm alone is not one, msprobe takes a float16 tensor's Norm in float16):
+
+* the output of a masking op (:data:`~precnb.analysis.nan.origin.MASKING_APIS`: ``masked_fill``,
+  ``where``, ``fill_``, ``triu``, ... — a causal mask written ``masked_fill(mask, -inf)``);
+* the same infinity flowing on unchanged (the next op's input with the statistics of a by-design
+  one: the softmax that reads the mask), and an output of a node whose inputs carry them;
+* a record infinite at every dumped step and rank where it is recorded (at least twice): it was
+  there before the loss departed too, so it cannot be what made it depart.
+"""
 
 from __future__ import annotations
 
@@ -59,6 +71,19 @@ def _numerics_masks(v: View, si: int, t: int, spike_step: int, loss_j: int | Non
     return new, near, zero
 
 
+def _by_design(v: View, inf_el: np.ndarray) -> np.ndarray:
+    """(step, rank, tensor): infinite elements there by design (see the module docstring); memoised on the view."""
+    got = v.memo.get("by_design_inf")
+    if got is None:
+        from precnb.analysis.nan.origin import event_mask, persistent_nonfinite
+
+        every = persistent_nonfinite(v.present.sum(axis=(0, 1)), (inf_el & v.present).sum(axis=(0, 1)))
+        _, benign = event_mask(v.ds, persistent=every)
+        got = np.asarray(benign.values, bool)
+        v.memo["by_design_inf"] = got
+    return got
+
+
 def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_label: str | None
                     ) -> list[dict[str, Any]]:
     """Numerics: a new overflow, a saturating float16/bfloat16 value, an underflow to zero, a loss-scale change."""
@@ -68,6 +93,8 @@ def numerics_causes(views: list[View], steps: list[int], spike_step: int, loss_l
         if mx is None or mn is None:
             continue
         inf_el = np.isinf(mx) | np.isinf(mn)
+        if inf_el.any():
+            inf_el &= ~_by_design(v, inf_el)  # a causal mask's -inf is not an overflow (issue 47)
         tops = np.asarray([_low_max(d) or np.nan for d in v.dtype], dtype=float)  # float16 / bfloat16 largest
         loss_j = v.index.get(loss_label) if loss_label else None
         for t in steps:

@@ -46,6 +46,7 @@ CATALOG: dict[str, str] = {
     "spike_optimizer": "_scn_spike",
     "spike_hardware": "_scn_spike",
     "spike_numerics": "_scn_spike",
+    "spike_data_mask": "_scn_spike_mask",  # issue 47: a by-design -inf (causal mask) in a data spike
     # issue 26: per-rank metadata (call counters shift on one rank), a per-rank-seeded op under a TP merge
     "rank_shift": "_scn_rank_meta",
     "tp_noise": "_scn_rank_meta",

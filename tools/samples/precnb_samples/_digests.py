@@ -183,6 +183,7 @@ def _spike(gt: dict[str, Any]) -> list[str]:
         out.append("- series: " + "; ".join(gt["evidence"]["series"]))
     if "precursor" in gt:
         out.append(f"- precursor: {gt['precursor']['note']}")
+    out += [f"- not a cause: `{n['node']}` {n['tensor']}: {n['why']}" for n in gt.get("not_causes", [])]
     return out
 
 
@@ -210,6 +211,6 @@ DIGESTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "sdc_md5": _sdc,
     "sdc_rank": _sdc,
     "sdc_tensor": _sdc_tensor,
-    **{f"spike_{c}": _spike for c in ("healthy", "data", "optimizer", "hardware", "numerics")},
+    **{f"spike_{c}": _spike for c in ("healthy", "data", "optimizer", "hardware", "numerics", "data_mask")},
     "megatron": _mindspore("megatron"),  # its scenario module is torch-free too (issue 24)
 }

@@ -375,7 +375,9 @@ def write_readme(out: str | Path) -> Path:
         "(`sdc_tensor`: task tensor, 3 ops at L1, 2 of 3 steps), and "
         "the loss-spike samples (`spike_*`, issue 29) run 1 MLP-only block with plain SGD and batch 16 on 2 ranks "
         "for 10 steps (TrainerMon every step, the dump on the 3 steps around the spike, every loss in "
-        "`loss_log.csv`). Each `ground_truth.json` states its model.",
+        "`loss_log.csv`; `spike_data_mask`, issue 47, the same with causal self-attention, whose "
+        "`masked_fill(-inf)` causal mask holds -inf at every step by design, and no absolute path in its "
+        "files). Each `ground_truth.json` states its model.",
         "",
         f"Total size: {_mb(total)}.",
         "",

@@ -16,6 +16,7 @@ import csv
 import io
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,9 @@ CASES: dict[str, dict[str, Any]] = {
     "spike_hardware": {"cause": "hardware", "cause_step": 5, "cause_rank": 1, "factor": 100.0,
                        "parameter": "lm_head.weight", "window": [4, 5, 6]},
     "spike_numerics": {"cause": "numerics", "factor": 4.0, "scale_start": 4, "window": [7, 8, 9]},
+    # issue 47: spike_data's fault in a model with causal attention (masked_fill(-inf) before softmax)
+    "spike_data_mask": {"cause": "data", "cause_step": 6, "cause_rank": 1, "window": [5, 6, 7],
+                        "model": replace(MODEL, attention=True)},
 }
 
 
@@ -132,7 +136,8 @@ def _run(ctx: Context, sample: Path, name: str) -> dict[str, Any]:
     write_json(mon, _MONITOR)
     fields = {k: case[k] for k in ("cause", "cause_step", "cause_rank", "factor", "parameter", "scale_start")
               if k in case}
-    run = SpikeRun(config_path=str(cfg), log_dir=str(ctx.log_dir), world_size=WORLD, steps=STEPS, model=MODEL,
+    run = SpikeRun(config_path=str(cfg), log_dir=str(ctx.log_dir), world_size=WORLD, steps=STEPS,
+                   model=case.get("model", MODEL),
                    tag=name, monitor_config=str(mon), monitor_dir=str(sample / "monitor_output"), **fields)
     out = launch(run)
     found = D.step_dirs(root)
