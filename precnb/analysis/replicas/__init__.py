@@ -123,7 +123,24 @@ def _no_tensor_input(ds: xr.Dataset, j: int, scalar_only: set[str] | None = None
 
 def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float,
                 present: np.ndarray, families: list[int]) -> np.ndarray:
-    """(family, tensor): tensors that must be replicated on the groups of each family (pipeline stage)."""
+    """(family, step, tensor): tensors that must be replicated on the groups of each family (pipeline stage).
+
+    The vote "replicated at most steps" pools the steps whose labels name the same calls
+    (:func:`precnb.analysis.step_groups.step_groups`): a label that names another op from step 1 on is judged
+    at step 0 by step 0 alone.
+    """
+    from precnb.analysis.step_groups import step_groups
+
+    out = np.zeros((max(families, default=0) + 1, ds.sizes["step"], ds.sizes["tensor"]), bool)
+    for idx in step_groups(ds):
+        out[:, idx, :] = _candidates_of(ds.isel(step=idx), dim, groups, ranks, rtol, present[idx],
+                                        families)[:, None, :]
+    return out
+
+
+def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float,
+                   present: np.ndarray, families: list[int]) -> np.ndarray:
+    """(family, tensor): :func:`_candidates` on steps whose labels name the same calls."""
     roles = ds["role"].values
     apis = ds["api"].values
     kinds = ds["kind"].values
@@ -136,6 +153,7 @@ def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[i
     n_t = ds.sizes["tensor"]
     rep_steps = np.zeros((n_f, n_t), np.int64)
     rec_steps = np.zeros((n_f, n_t), np.int64)
+    first_ok = np.ones((n_f, n_t), bool)  # replicated at the first step that says anything (a fault later)
     for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp = pres[:, idx, :].all(axis=1)  # (step, tensor)
@@ -151,7 +169,12 @@ def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[i
         degenerate = (mx == 0) & (mn == 0)
         rep_steps[fam] += (allp & same & ~degenerate).sum(axis=0)
         rec_steps[fam] += allp.sum(axis=0)
-    ok = (rec_steps > 0) & (2 * rep_steps >= rec_steps)
+        informative = allp & ~degenerate
+        first = np.argmax(informative, axis=0)
+        first_ok[fam] &= ~informative.any(axis=0) | np.take_along_axis(same, first[None, :], axis=0)[0]
+    # replicated at most steps, or at the first step that shows it: what is replicated by design is replicated
+    # there, and a replica that departs for good at a later step (a fault) is still a departure
+    ok = (rec_steps > 0) & ((2 * rep_steps >= rec_steps) | ((rep_steps > 0) & first_ok))
     not_opt = ds["module"].values != "optimizer"
     return ok & (not_opt & (kinds != "param_grad"))[None, :]
 
@@ -233,8 +256,8 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
                     aside += _glue_aside(ds, glue, glue_why)
         cand = _candidates(ds, dim, groups, ranks, rtol, present, families)
         caused = _caused(ds, groups, ranks, rtol, present, families) if dim != "dp" else \
-            np.zeros((cand.shape[0], ds.sizes["step"], cand.shape[1]), bool)
-        cols = np.flatnonzero(cand.any(axis=0) | caused.any(axis=(0, 1)))
+            np.zeros(cand.shape, bool)
+        cols = np.flatnonzero(cand.any(axis=(0, 1)) | caused.any(axis=(0, 1)))
         if not len(cols):
             continue
         pres = present[:, :, cols]
@@ -242,7 +265,7 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
         seq = ds["seq"].values[:, :, cols]
         for g, fam in zip(groups, families, strict=True):
             idx = [ranks.index(r) for r in g]
-            by_cause = caused[fam][:, cols] & ~cand[fam, cols][None, :]  # (step, t): replicated as its inputs are
+            by_cause = caused[fam][:, cols] & ~cand[fam][:, cols]  # (step, t): replicated as its inputs are
             v = vals[:, idx]  # (step, n, t, 4)
             p: np.ndarray = np.all(pres[:, idx], axis=1)  # (step, t)
             checked += int(p.sum()) * len(g)
@@ -252,7 +275,7 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
                 scale = np.fmax(np.abs(med), 1e-30)
                 bad = ~((np.abs(v - med) <= rtol * scale) | (np.isnan(v) & np.isnan(med)))
             bad = bad.any(axis=-1) & p[:, None, :]  # (step, n, t)
-            bad &= (cand[fam, cols][None, None, :] | caused[fam][:, cols][:, None, :])
+            bad &= (cand[fam][:, cols][:, None, :] | caused[fam][:, cols][:, None, :])
             n = len(g)
             for si, k, tj in np.argwhere(bad):
                 if n == 2 and k == 0 and bad[si, 1, tj]:
