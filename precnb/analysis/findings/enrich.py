@@ -137,6 +137,64 @@ def divergence_evidence(f: Any, target: xr.Dataset, baseline: xr.Dataset) -> Non
         pass
 
 
+NO_GRADS = ("parameter gradients were not captured (the dump holds no parameters_grad records: msprobe records "
+            "them at level mix or L0, not at L1)")
+
+
+def missing_gradients(f: Any, target: xr.Dataset) -> dict[str, Any] | None:
+    """What a first divergence at an input no recorded op produced cannot show when the dump has no gradients.
+
+    An input that differs before any recorded op changed it, at a step after the first, is often a parameter
+    that the previous step's gradient or update changed; at level L1 msprobe records no ``parameters_grad``, so
+    the gradient that departed is not in the dump. Returns ``{"why", "module", "steps", "text"}`` (None when
+    the finding is not such an input or the dump has gradients).
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> from precnb.analysis.findings import Finding
+    >>> missing_gradients(Finding(kind="none", reason=""), empty_dataset()) is None
+    True
+    """
+    if not getattr(f, "found", False) or f.step is None or not f.tensor or f.tensor not in target.indexes["tensor"]:
+        return None
+    if "an input differs before any recorded op changed it" not in str(f.reason):
+        return None
+    if (target["kind"].values == "param_grad").any():
+        return None
+    steps = [int(s) for s in target["step"].values]
+    step = int(f.step)
+    module = str(f.module or "") or None
+    where = f"dump level mix for {module}" if module else "dump level mix (the module that owns this input in list)"
+    before = [s for s in steps if s < step]
+    at = [before[-1], step] if before else [step]
+    text = (f"{NO_GRADS}: the difference in {f.tensor} may come from a parameter's gradient or its update, which "
+            f"this dump cannot show; {where} at step(s) {', '.join(map(str, at))} to see which gradient departs")
+    return {"why": NO_GRADS, "module": module, "steps": at, "text": text}
+
+
+def _plan_missing_gradients(f: Any, target: xr.Dataset, missing: dict[str, Any]) -> None:
+    """The finding's plan asks for what the dump lacks: level mix over the module, at the steps that show it."""
+    from precnb.analysis.findings.plan import DEFAULT_DUMP_PATH, generic_plan
+
+    steps, ranks = missing["steps"], ([int(f.rank)] if f.rank is not None else [])
+    plan = generic_plan(f, target, task="statistics", steps=steps, module=missing["module"]) \
+        if missing["module"] else None
+    if plan is None:  # no module names the owner (an L1 dump has no module tree): every module's gradients
+        config = {"task": "statistics", "dump_path": DEFAULT_DUMP_PATH, "rank": ranks, "step": steps, "level": "mix",
+                  "async_dump": False, "statistics": {"scope": [], "list": [], "data_mode": ["all"],
+                                                      "summary_mode": "statistics"}}
+        plan = {"config": config, "selects": {"list": [], "modules": [], "nodes": [], "node_count": 0},
+                "estimated_bytes": 0, "estimate": "unknown", "steps": steps, "ranks": ranks,
+                "register_custom_api": None,
+                "summary": (f"task statistics, level mix, step {', '.join(map(str, steps))}, rank "
+                            f"{', '.join(map(str, ranks))}, every module (no module tree names the input's owner)"),
+                "notes": []}
+    plan["notes"].insert(0, missing["text"])
+    plan["summary"] = "to capture parameter gradients: " + plan["summary"]
+    f.dump_plan = plan
+
+
 def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Dataset | None = None) -> None:
     """Add per-rank label notes, each diagnosis's own evidence from both runs and the dump plan (in place)."""
     from precnb.analysis.registry import lookup
@@ -151,3 +209,11 @@ def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Data
                 and "run" not in target.dims:
             d.enrich(f, target, baseline)
     attach_plans(findings, target)
+    if target is None or "run" in target.dims:
+        return
+    for f in findings:
+        missing = missing_gradients(f, target) if getattr(f, "found", False) else None
+        if missing is not None:  # the finding says what the dump could not show, and the plan asks for it
+            f.evidence["missing_records"] = missing
+            f.hints.insert(0, missing["text"])
+            _plan_missing_gradients(f, target, missing)
