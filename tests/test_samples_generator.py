@@ -154,7 +154,8 @@ NOT_IMPORTED_HERE = {"__main__", "_ms_model", "_ms_port_worker", "_ms_kernel_wor
 # import torch (directly or through a sibling): their examples run with make test-generator
 NEEDS_TORCH = {"_diag_model", "_diag_train", "_model", "_named_models", "_scenarios", "_scn_diagnosis", "_scn_pp",
                "_scn_preflight", "_scn_renamed", "_scn_tensor", "_scn_tp_unsync", "_train",
-               "_scn_sdc", "_scn_sdc_tensor", "_scn_spike", "_sdc_train", "_spike_train", "_scn_rank_meta", "_scn_spike_mask"}
+               "_scn_sdc", "_scn_sdc_tensor", "_scn_spike", "_sdc_train", "_spike_train", "_scn_rank_meta",
+               "_scn_spike_mask"}
 
 
 def _generator_params():

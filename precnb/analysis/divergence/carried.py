@@ -50,10 +50,12 @@ def carried_differences(j: Any, factor: float = CARRY) -> np.ndarray:
     diff = np.asarray(j.diff.values, bool)
     if j.cmp.replicas_differ is not None:  # copies that disagree: a difference whatever the first copy's values
         diff = diff & ~np.asarray(j.cmp.replicas_differ.values, bool)
+    rel = np.asarray(j.cmp.rel.values, np.float64)
+    # only value differences beyond tolerance are weighed (a dtype or checksum difference is never carried)
+    diff = diff & (rel > np.asarray(j.cmp.rtol.values, np.float64)[None, None, :])
     out = np.zeros(diff.shape, bool)
     if not diff.any():
         return out
-    rel = np.asarray(j.cmp.rel.values, np.float64)
     b, t = j.b, j.t
     roles = b["role"].values
     nodes = b["node"].values
@@ -73,8 +75,8 @@ def carried_differences(j: Any, factor: float = CARRY) -> np.ndarray:
             role = roles[c]
             if role == "output":
                 ins = [i for i in inputs_of.get(nodes[c], ()) if both[si, ri, i]]
-                if ins and (rel[si, ri, c] <= factor * rel[si, ri, ins].max()
-                            or err[c] <= factor * err[ins].sum()):
+                worst = rel[si, ri, ins].max() if ins else 0.0
+                if worst > 0 and (rel[si, ri, c] <= factor * worst or err[c] <= factor * err[ins].sum()):
                     out[si, ri, c] = True
             elif role == "input":
                 if producers is None:
@@ -85,7 +87,8 @@ def carried_differences(j: Any, factor: float = CARRY) -> np.ndarray:
                 cands = [p for q, p in producers.get(stats[si, ri, c].tobytes(), ()) if q <= own
                          and nodes[p] != nodes[c]]
                 finite = bool(np.isfinite(stats[si, ri, c]).any())
-                if cands and finite and rel[si, ri, c] <= factor * rel[si, ri, cands].max():
+                made = rel[si, ri, cands].max() if cands else 0.0
+                if finite and made > 0 and rel[si, ri, c] <= factor * made:
                     out[si, ri, c] = True
     return out
 
