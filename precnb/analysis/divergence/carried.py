@@ -9,6 +9,8 @@ when
 - an op's output differs by at most :data:`CARRY` times the largest difference of the same call's inputs, or
   its absolute difference is at most :data:`CARRY` times the sum of its inputs' (an addition of noisy addends
   that cancel has a large relative error but no new error);
+- a parameter's gradient ``G = g^T x`` differs by at most :data:`GRAD_CARRY` times what its module's forward
+  input ``x`` and output gradient ``g`` explain, magnified by the cancellation of the sum (``||x|| ||g|| / ||G||``);
 - an op's input differs by at most :data:`CARRY` times the op output that produced it (the latest earlier
   output on the same step and rank with the same target statistics: :mod:`precnb.analysis.causal.dataflow`'s
   rule), which was itself not an origin.
@@ -29,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CARRY", "carried_differences", "created_rule"]
+__all__ = ["CARRY", "GRAD_CARRY", "carried_differences", "created_rule"]
 
 CARRY = 8.0
 
@@ -41,6 +43,94 @@ def _scale(ds: Any, si: int, ri: int) -> np.ndarray:
     return np.where(np.isfinite(m), m, 0.0)
 
 
+class _Tables:
+    """What the rules read of one judged pair: roles, the calls' inputs, producers and gradient sources."""
+
+    def __init__(self, j: Any) -> None:
+        b = j.b
+        self.roles, self.nodes = b["role"].values, b["node"].values
+        self.rel = np.asarray(j.cmp.rel.values, np.float64)
+        self.both = np.asarray(j.cmp.both.values, bool)
+        self.seq = np.asarray(j.seq.values)
+        self.norm = np.abs(np.asarray(b["norm"].values, np.float64))
+        self.stats = np.stack([np.asarray(j.t[s].values) for s in ("max", "min", "mean", "norm")], axis=-1)
+        self.b, self.t = b, j.t
+        self.inputs_of: dict[Any, list[int]] = defaultdict(list)
+        self.module_inputs: dict[tuple[str, str], list[int]] = defaultdict(list)  # (module call, direction)
+        for c in np.flatnonzero(self.roles == "input").tolist():
+            n = str(self.nodes[c])
+            self.inputs_of[self.nodes[c]].append(c)
+            for d in ("forward", "backward"):
+                if n.startswith(("Module.", "Cell.")) and f".{d}." in n:
+                    head, _, call = n.rpartition(f".{d}.")
+                    self.module_inputs[(f"{head}.{call}", d)].append(c)
+        self.outputs = np.flatnonzero((self.roles == "output") | (self.roles == "grad"))  # what an input can copy
+        labels = [str(x) for x in b["tensor"].values]
+        where = {lbl: k for k, lbl in enumerate(labels)}
+        self.earlier_grad: dict[int, int] = {}  # a gradient record -> the same parameter's at the previous call
+        for g in np.flatnonzero(self.roles == "grad").tolist():
+            head, sep, rest = labels[g].rpartition(".parameters_grad.")
+            call, _, name = rest.partition(".")
+            if sep and call.isdigit() and int(call) > 0:
+                k = where.get(f"{head}.parameters_grad.{int(call) - 1}.{name}")
+                if k is not None:
+                    self.earlier_grad[g] = k
+
+    def at(self, si: int, ri: int) -> _Entry:
+        """The rules at one (step, rank)."""
+        return _Entry(self, si, ri)
+
+
+class _Entry:
+    """The carried rules at one (step, rank) of a :class:`_Tables`."""
+
+    def __init__(self, tab: _Tables, si: int, ri: int) -> None:
+        self.tab, self.si, self.ri = tab, si, ri
+        self.rel, self.both = tab.rel[si, ri], tab.both[si, ri]
+        scale = np.fmax(_scale(tab.b, si, ri), _scale(tab.t, si, ri))
+        self.err = self.rel * scale  # the absolute difference, roughly
+        self._producers: dict[bytes, list[tuple[int, int]]] | None = None
+
+    def carried(self, c: int, factor: float) -> bool:
+        """Whether the difference of tensor *c* here is explained by what its op read."""
+        role = self.tab.roles[c]
+        if role == "output":
+            return self._output(c, factor)
+        if role == "grad":
+            return self._grad(c)
+        return role == "input" and self._input(c, factor)
+
+    def _output(self, c: int, factor: float) -> bool:
+        ins = [i for i in self.tab.inputs_of.get(self.tab.nodes[c], ()) if self.both[i]]
+        worst = self.rel[ins].max() if ins else 0.0
+        return bool(worst > 0 and (self.rel[c] <= factor * worst or self.err[c] <= factor * self.err[ins].sum()))
+
+    def _grad(self, c: int) -> bool:
+        """A parameter's gradient: a product of its module's input and output gradient, accumulated over calls."""
+        tab = self.tab
+        head, _, call = str(tab.nodes[c]).rpartition(".parameters_grad.")
+        fwd, bwd = ([i for i in tab.module_inputs.get((f"{head}.{call}", d), []) if self.both[i]]
+                    for d in ("forward", "backward"))
+        made = _product_noise(self.rel, tab.norm[self.si, self.ri], fwd, bwd, c) if fwd and bwd else 0.0
+        prev = tab.earlier_grad.get(c)
+        if prev is not None and self.both[prev]:
+            made = max(made, float(self.rel[prev]) * CARRY / GRAD_CARRY)
+        return bool(made > 0 and self.rel[c] <= GRAD_CARRY * made)
+
+    def _input(self, c: int, factor: float) -> bool:
+        """An input: carried when an earlier output with its statistics (its producer) differs comparably."""
+        tab, si, ri = self.tab, self.si, self.ri
+        if self._producers is None:
+            self._producers = defaultdict(list)
+            for p in tab.outputs[self.both[tab.outputs]].tolist():
+                self._producers[tab.stats[si, ri, p].tobytes()].append((int(tab.seq[si, ri, p]), p))
+        own = int(tab.seq[si, ri, c])
+        cands = [p for q, p in self._producers.get(tab.stats[si, ri, c].tobytes(), ())
+                 if q <= own and tab.nodes[p] != tab.nodes[c]]
+        made = self.rel[cands].max() if cands else 0.0
+        return bool(np.isfinite(tab.stats[si, ri, c]).any() and made > 0 and self.rel[c] <= factor * made)
+
+
 def carried_differences(j: Any, factor: float = CARRY) -> np.ndarray:
     """(step, rank, tensor) mask of the differences of the judged pair *j* that their inputs explain.
 
@@ -50,47 +140,34 @@ def carried_differences(j: Any, factor: float = CARRY) -> np.ndarray:
     diff = np.asarray(j.diff.values, bool)
     if j.cmp.replicas_differ is not None:  # copies that disagree: a difference whatever the first copy's values
         diff = diff & ~np.asarray(j.cmp.replicas_differ.values, bool)
-    rel = np.asarray(j.cmp.rel.values, np.float64)
     # only value differences beyond tolerance are weighed (a dtype or checksum difference is never carried)
-    diff = diff & (rel > np.asarray(j.cmp.rtol.values, np.float64)[None, None, :])
+    diff = diff & (np.asarray(j.cmp.rel.values, np.float64) > np.asarray(j.cmp.rtol.values, np.float64)[None, None])
     out = np.zeros(diff.shape, bool)
     if not diff.any():
         return out
-    b, t = j.b, j.t
-    roles = b["role"].values
-    nodes = b["node"].values
-    inputs_of: dict[Any, list[int]] = defaultdict(list)
-    for c in np.flatnonzero(roles == "input").tolist():
-        inputs_of[nodes[c]].append(c)
-    outputs = np.flatnonzero(roles == "output")
-    both = np.asarray(j.cmp.both.values, bool)
-    seq = np.asarray(j.seq.values)
-    stats = np.stack([np.asarray(t[s].values) for s in ("max", "min", "mean", "norm")], axis=-1)
-    for si, ri in {(int(a), int(r)) for a, r, _ in np.argwhere(diff)}:
-        cols = np.flatnonzero(diff[si, ri])
-        scale = np.fmax(_scale(b, si, ri), _scale(t, si, ri))
-        err = rel[si, ri] * scale  # the absolute difference, roughly
-        producers: dict[bytes, list[tuple[int, int]]] | None = None
-        for c in cols.tolist():
-            role = roles[c]
-            if role == "output":
-                ins = [i for i in inputs_of.get(nodes[c], ()) if both[si, ri, i]]
-                worst = rel[si, ri, ins].max() if ins else 0.0
-                if worst > 0 and (rel[si, ri, c] <= factor * worst or err[c] <= factor * err[ins].sum()):
-                    out[si, ri, c] = True
-            elif role == "input":
-                if producers is None:
-                    producers = defaultdict(list)
-                    for p in outputs[both[si, ri, outputs]].tolist():
-                        producers[stats[si, ri, p].tobytes()].append((int(seq[si, ri, p]), p))
-                own = int(seq[si, ri, c])
-                cands = [p for q, p in producers.get(stats[si, ri, c].tobytes(), ()) if q <= own
-                         and nodes[p] != nodes[c]]
-                finite = bool(np.isfinite(stats[si, ri, c]).any())
-                made = rel[si, ri, cands].max() if cands else 0.0
-                if finite and made > 0 and rel[si, ri, c] <= factor * made:
-                    out[si, ri, c] = True
+    tab = _Tables(j)
+    for si, ri in sorted({(int(a), int(r)) for a, r, _ in np.argwhere(diff)}):
+        here = tab.at(si, ri)
+        for c in np.flatnonzero(diff[si, ri]).tolist():
+            out[si, ri, c] = here.carried(c, factor)
     return out
+
+
+GRAD_CARRY = 16.0
+
+
+def _product_noise(rel: np.ndarray, norm: np.ndarray, fwd: list[int], bwd: list[int], c: int) -> float:
+    """The relative difference a gradient ``G = g^T x`` inherits from its operands' (0 when they agree).
+
+    ``(rel x + rel g) * ||x|| ||g|| / ||G||``: a sum over tokens that cancels (``||G||`` much smaller than
+    ``||x|| ||g||``) magnifies its operands' relative noise by that ratio.
+    """
+    rx, rg = float(rel[fwd].max()), float(rel[bwd].max())
+    if rx + rg <= 0:
+        return 0.0
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        cond = float(norm[fwd].max()) * float(norm[bwd].max()) / float(norm[c])
+    return (rx + rg) * (cond if np.isfinite(cond) and cond > 1 else 1.0)
 
 
 def created_rule(j: Any, si: int, ri: int, col: int, factor: float = CARRY) -> str | None:

@@ -153,7 +153,6 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
     n_t = ds.sizes["tensor"]
     rep_steps = np.zeros((n_f, n_t), np.int64)
     rec_steps = np.zeros((n_f, n_t), np.int64)
-    first_ok = np.ones((n_f, n_t), bool)  # replicated at the first step that says anything (a fault later)
     for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp = pres[:, idx, :].all(axis=1)  # (step, tensor)
@@ -169,12 +168,7 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
         degenerate = (mx == 0) & (mn == 0)
         rep_steps[fam] += (allp & same & ~degenerate).sum(axis=0)
         rec_steps[fam] += allp.sum(axis=0)
-        informative = allp & ~degenerate
-        first = np.argmax(informative, axis=0)
-        first_ok[fam] &= ~informative.any(axis=0) | np.take_along_axis(same, first[None, :], axis=0)[0]
-    # replicated at most steps, or at the first step that shows it: what is replicated by design is replicated
-    # there, and a replica that departs for good at a later step (a fault) is still a departure
-    ok = (rec_steps > 0) & ((2 * rep_steps >= rec_steps) | ((rep_steps > 0) & first_ok))
+    ok = (rec_steps > 0) & (2 * rep_steps >= rec_steps)
     not_opt = ds["module"].values != "optimizer"
     return ok & (not_opt & (kinds != "param_grad"))[None, :]
 
