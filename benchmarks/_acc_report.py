@@ -109,7 +109,8 @@ def write_results(path: Path, manifest: dict[str, Any], rows: list[dict[str, Any
     n_f = sum(len(d["faults"]) for d in draws.values())
     lines = ["# Accuracy on a population of real Megatron-Core runs (issue 47 item 1)", "",
              f"Draw seed(s) {meta['draw_seeds']}, population `{meta['population']}`: {meta['runs']} runs, {n_h} "
-             f"healthy pairs and {n_f} faults planned; precnb commit `{meta['precnb']['commit']}` (the installed "
+             f"healthy pairs and {n_f} faults planned; precnb commit `{meta['precnb']['commit']}` (at the start "
+             f"`{meta['precnb']['commit_at_start']}`; the installed "
              f"`precnb` CLI with `--json --workers 1`, one subprocess per case); benchmark commit "
              f"`{meta['bench_commit']}`; load average {[round(x, 2) for x in meta['loadavg']]} (2 cores, shared); "
              f"scoring took {meta['seconds']} s. Regenerate: `python benchmarks/bench_accuracy.py --draw-seed "

@@ -70,10 +70,12 @@ def _git_commit(path: Path) -> str:
     return proc.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def precnb_source() -> Path:
-    """Where the installed precnb is imported from (its git checkout)."""
+def precnb_source(cwd: Path) -> Path:
+    """The checkout the ``precnb`` CLI imports precnb from when started in *cwd* (as the cases are)."""
     code = "import precnb, pathlib; print(pathlib.Path(precnb.__file__).resolve().parents[1])"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    python = Path(precnb_exe()).with_name("python")
+    proc = subprocess.run([str(python if python.exists() else sys.executable), "-c", code], cwd=cwd,
+                          capture_output=True, text=True, check=False)
     return Path(proc.stdout.strip() or ROOT)
 
 
@@ -114,16 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench_accuracy] {len(todo)} cases on {sum(v['status'] == 'ok' for v in manifest['runs'].values())} runs",
           flush=True)
     exe = precnb_exe()
+    source = precnb_source(out)
+    commit_before = _git_commit(source)
     t0 = time.time()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         rows = list(pool.map(lambda c: run_case(c, out, exe, args.timeout), todo))
     for r in rows:
         print(f"  {r['verb']:15s} {r['case']:28s} finding={r.get('finding')} step={r.get('step')} "
               f"rank={r.get('rank')} exact={r.get('exact', '-')}", flush=True)
-    source = precnb_source()
     meta = {"draw_seeds": sorted(manifest["draws"]), "population": "data_samples/megatron_pop" if args.smoke
             else out.name, "runs": len(manifest["runs"]), "loadavg": list(os.getloadavg()),
-            "precnb": {"checkout": source.name, "commit": _git_commit(source)}, "bench_commit": _git_commit(ROOT),
+            "precnb": {"checkout": source.name, "commit": _git_commit(source), "commit_at_start": commit_before},
+            "bench_commit": _git_commit(ROOT),
             "seconds": round(time.time() - t0, 1), "verbs": list(verbs), "only": args.only, "smoke": args.smoke}
     write_results(args.results, manifest, rows, meta)
     print(f"[bench_accuracy] wrote {args.results} and {args.results.with_suffix('.json')}")

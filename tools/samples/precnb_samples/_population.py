@@ -144,6 +144,8 @@ def draw(seed: int, size: str = "small", kinds: list[str] | None = None) -> dict
     for i in range(repeat):
         for kind in kinds or list(KINDS):
             lay, s = rng.choice(KINDS[kind]), rng.choice(seeds)
+            if kind == "unsynced_seed" and LAYOUTS[lay][4]:  # SP shards the dropout masks: tp1pp1 differs anyway
+                lay = "tp2pp1"
             bug, opts = _fault(rng, kind, lay)
             twin = add(run_spec(s, lay, **opts))
             faults.append({"name": f"{kind}#{i}", "kind": kind, "seed": s, "layout": lay, "injection": bug,
