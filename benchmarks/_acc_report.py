@@ -113,8 +113,10 @@ def write_results(path: Path, manifest: dict[str, Any], rows: list[dict[str, Any
              f"`{meta['precnb']['commit_at_start']}`; the installed "
              f"`precnb` CLI with `--json --workers 1`, one subprocess per case); benchmark commit "
              f"`{meta['bench_commit']}`; load average {[round(x, 2) for x in meta['loadavg']]} (2 cores, shared); "
-             f"scoring took {meta['seconds']} s. Regenerate: `python benchmarks/bench_accuracy.py --draw-seed "
-             f"{','.join(meta['draw_seeds'])} --out /work/pop` (runs are cached by content hash).", "",
+             f"scoring took {meta['seconds']} s. Regenerate: "
+             + "; ".join(f"`python benchmarks/bench_accuracy.py --draw-seed {s} --out POP`"
+                         for s in meta["draw_seeds"] if s.isdigit())
+             + " (runs are cached by content hash; draw `subset` is `python -m precnb_samples._pop_subset`).", "",
              "## Healthy pairs: false alarms", "", *_healthy(healthy), "",
              "## Faults: outcome per verb", "", *_outcome_table(faults), "",
              "Per fault (`exact`: step, rank and module right; `step ok`: right step, rank or module wrong):", "",
