@@ -14,7 +14,8 @@ Usage::
     python benchmarks/bench_accuracy.py --reuse --out /work/pop                          # score what exists
     python benchmarks/bench_accuracy.py --smoke --results /tmp/R.md    # the committed subset, no Megatron
 
-Options: ``--verbs diff_ref,replicas``, ``--only KIND`` (a fault kind or ``healthy``), ``--jobs N``.
+Options: ``--verbs diff_ref,replicas``, ``--only KIND`` (a fault kind or ``healthy``), ``--draws 1,2`` (score
+only those draws of the manifest), ``--jobs N``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("/work/pop"), help="population folder (outside the repo)")
     ap.add_argument("--verbs", default=",".join(VERBS), help=f"comma list of {', '.join(VERBS)}")
     ap.add_argument("--only", default=None, help="one fault kind, or 'healthy'")
+    ap.add_argument("--draws", default=None, help="comma list of the manifest's draws to score (default: all)")
     ap.add_argument("--jobs", type=int, default=1, help="precnb commands at a time")
     ap.add_argument("--reuse", action="store_true", help="do not generate: score the runs that exist")
     ap.add_argument("--smoke", action="store_true", help="score the committed subset data_samples/megatron_pop")
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             kinds = None if args.only in (None, "healthy") else [args.only]
             generate(draw(args.draw_seed, args.size, kinds), out, log=lambda m: print(m, flush=True))
         manifest = load(out, "manifest.json")
+    if args.draws:
+        manifest["draws"] = {k: v for k, v in manifest["draws"].items() if k in args.draws.split(",")}
     todo = cases(manifest, verbs, args.only)
     print(f"[bench_accuracy] {len(todo)} cases on {sum(v['status'] == 'ok' for v in manifest['runs'].values())} runs",
           flush=True)
