@@ -70,14 +70,14 @@ def _per_kind(rows: list[dict[str, Any]]) -> list[str]:
 def _truths(manifest: dict[str, Any]) -> list[str]:
     out = ["| fault | layout | injection | truth: step, rank, node | global module | notes |",
            "|---|---|---|---|---|---|"]
-    for draw in manifest["draws"].values():
+    for key, draw in manifest["draws"].items():
         for f in draw["faults"]:
             t = manifest.get("truth", {}).get(f["run"])
             if t is None:
-                out.append(f"| {f['name']} | {f['layout']} | {_inj(f['injection'])} | (not generated) | | |")
+                out.append(f"| {f['name']}@d{key} | {f['layout']} | {_inj(f['injection'])} | (not generated) | | |")
                 continue
             where = f"{t.get('step')}, {t.get('rank')}, `{t.get('node')}`" if t["status"] == "ok" else t["status"]
-            out.append(f"| {f['name']} | {f['layout']} | {_inj(f['injection'])} | {where} | "
+            out.append(f"| {f['name']}@d{key} | {f['layout']} | {_inj(f['injection'])} | {where} | "
                        f"`{t.get('module')}` | {'; '.join(t.get('notes', []))} |")
     return out
 

@@ -100,7 +100,7 @@ def cases(manifest: dict[str, Any], verbs: tuple[str, ...] = VERBS, only: str | 
                         "truth": truth, "args": _args(verb, f"runs/{run}/dump", other and f"runs/{other}/dump",
                                                       layout)})
 
-    for draw in manifest["draws"].values():
+    for key, draw in manifest["draws"].items():
         for h in draw["healthy"] if only in (None, "healthy") else []:
             lay = h["layout"]
             add("diff_ref", h["name"], "healthy", h["run"], h["reference"], lay, None)
@@ -115,7 +115,7 @@ def cases(manifest: dict[str, Any], verbs: tuple[str, ...] = VERBS, only: str | 
             truth = truths.get(f["run"])
             if (only not in (None, f["kind"])) or not truth or truth.get("status") != "ok":
                 continue
-            lay = f["layout"]
+            lay, f = f["layout"], dict(f, name=f"{f['name']}@d{key}")  # fault names repeat across draws
             add("diff_twin", f["name"], f["kind"], f["run"], f["twin"], lay, truth)
             if not (f["kind"] == "unsynced_seed" and lay == "tp2sp"):  # SP dropout masks differ from tp1pp1's
                 add("diff_ref", f["name"], f["kind"], f["run"], f["reference"], lay, truth)
