@@ -6,8 +6,9 @@ is that tp1pp1 run. Every expectation comes
 from its ``ground_truth.json``, read back from the dumps by the generator (``_pop_truth.py``), never from
 precnb. The answers are the installed CLI's (``python -m precnb VERB ... --json``), judged with the
 benchmark's rule (``benchmarks/_acc_score.py``: the reported rank-local module mapped to the whole model with
-the run's layer numbers, right when in the same layer submodule as the truth's and on its path). Assertions
-precnb fails today are ``xfail(strict=True)`` naming the defect: flip them when it is fixed.
+the run's layer numbers, right when in the same layer submodule as the truth's and on its path). An assertion
+precnb fails is marked ``xfail(strict=True)`` naming the defect (none today: the healthy replicas false alarm
+on this tp2pp1 run was fixed in bcf0551's replica history rule).
 """
 
 from __future__ import annotations
@@ -84,9 +85,6 @@ def test_healthy_tp2_vs_tp1_layout_inferred_no_finding():
     assert answer["kind"] == "none", answer["reason"]
 
 
-@pytest.mark.xfail(strict=True, reason="precnb replicas takes TP-sharded activations whose per-rank shapes are equal "
-                   "for replicas: self_attention's Tensor.__add__ on [s, b, heads/tp, d] (each TP rank holds its own "
-                   "heads) is reported as a replica_mismatch at step 0 on a healthy tp2 run")
 def test_healthy_replicas_no_finding():
     answer = precnb("replicas", dump(draw()["healthy"][0]["run"]))
     assert answer["kind"] == "none", answer["reason"]
