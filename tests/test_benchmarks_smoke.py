@@ -167,3 +167,24 @@ def test_bench_compare_memory_smoke(tmp_path):
     rows = json.loads(results.read_text())["rows"]
     manifest = json.loads(next((tmp_path / "w").rglob("manifest.json")).read_text())
     assert rows and all(r["finding"] == manifest["divergence"] for r in rows), rows
+
+
+@pytest.mark.skipif(not (ROOT / "data_samples" / "megatron_pop" / "ground_truth.json").exists(),
+                    reason="data_samples/megatron_pop missing")
+def test_bench_accuracy_smoke(tmp_path):
+    """The committed subset of the Megatron population scored (no Megatron needed): every case answers."""
+    results = tmp_path / "RESULTS_accuracy.md"
+    _run(str(BENCH / "bench_accuracy.py"), "--smoke", "--verbs", "diff_ref,diff_twin,nan", "--results",
+         str(results))
+    res = json.loads(results.with_suffix(".json").read_text())
+    rows = res["rows"]
+    assert {r["verb"] for r in rows} == {"diff_ref", "diff_twin", "nan"} and not any(r.get("error") for r in rows)
+    faults = [r for r in rows if r["kind"] != "healthy"]
+    assert faults and all(r["truth_step"] is not None and r["truth_node"] for r in faults)
+    assert "## Healthy pairs: false alarms" in results.read_text()
+
+
+def test_bench_accuracy_smoke_refuses_the_committed_results():
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_accuracy.py"), "--smoke"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--results" in proc.stderr

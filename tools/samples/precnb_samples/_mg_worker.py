@@ -14,8 +14,9 @@ It imports neither precnb nor the generator package. ``spec.json`` keys:
 - ``model``: sizes (``layers``, ``hidden``, ``heads``, ``ffn``, ``vocab``, ``seq``, ``micro_batch``,
   ``micro_batches``, ``lr``, ``weight_decay``, ``seed``, ``hidden_dropout``, MoE fields);
 - ``layout``: ``tp``, ``pp``, ``vpp``, ``dp``, ``sp``, ``ep`` (world size = tp*pp*dp);
-- ``bugs``: a list of injected faults (see :func:`_apply_bugs`); ``steps``; ``config`` (msprobe
-  config.json); ``weights`` and ``batches`` (written by ``init``); ``log_dir``; ``result``.
+- ``bugs``: a list of injected faults (kinds and fields in ``_mg_faults.py``); ``steps`` (trained; the
+  config's step list decides which are dumped); ``threads`` (``torch.set_num_threads``, default 1);
+  ``config`` (msprobe config.json); ``weights`` and ``batches`` (written by ``init``); ``log_dir``; ``result``.
 
 Run-time patches for CPU (``../shared/docs/megatron_cpu.md``): ``torch.cuda.current_device`` returns the
 CPU device, ``torch.cuda.synchronize`` is a no-op, the schedules' token counter is made on the CPU, the
@@ -188,8 +189,11 @@ def _shard(full: Any, param: Any, name: str, tp: int, tp_rank: int, glu: bool) -
 
 
 def _load(chunks: list[Any], weights: dict[str, Any], tp: int, tp_rank: int, bugs: list[dict[str, Any]],
-          rank: int) -> dict[str, str]:
-    """Load every chunk's parameters from the whole-model state dict; return local -> global names."""
+          rank: int, shards: dict[int, Any]) -> dict[str, str]:
+    """Load every chunk's parameters from the whole-model state dict; return local -> global names.
+
+    A ``wrong_shard`` fault from a later step leaves its shard in *shards* (``id(bug)`` -> tensor).
+    """
     import torch
 
     names = {}
@@ -201,7 +205,10 @@ def _load(chunks: list[Any], weights: dict[str, Any], tp: int, tp_rank: int, bug
             shard_rank = tp_rank
             for b in bugs:
                 if b["kind"] == "wrong_shard" and b["rank"] == rank and b["param"] == g:
-                    shard_rank = b["loads_shard_of_tp_rank"]
+                    if b.get("from_step", 0) > 0:  # copied in at that step by _mg_faults.at_step
+                        shards[id(b)] = _shard(weights[g], param, g, tp, b["loads_shard_of_tp_rank"], glu=True)
+                    else:
+                        shard_rank = b["loads_shard_of_tp_rank"]
             value = _shard(weights[g], param, g, tp, shard_rank, glu=True)
             if tuple(value.shape) != tuple(param.shape):
                 raise RuntimeError(f"{g}: shard {tuple(value.shape)} != parameter {tuple(param.shape)}")
@@ -239,31 +246,6 @@ def _micro_batches(tokens: Any, model: dict[str, Any], dp: int, dp_rank: int) ->
     return out
 
 
-# ------------------------------------------------------------------------------------------- bugs
-def _apply_bugs(chunks: list[Any], bugs: list[dict[str, Any]], rank: int, step: int,
-                names: dict[str, str]) -> list[str]:
-    """Apply this step's faults on this rank (module attributes only: no op is added or removed)."""
-    done = []
-    for b in bugs:
-        if b.get("rank") != rank or step < b.get("from_step", 0) or b["kind"] not in ("softmax_scale", "norm_eps"):
-            continue  # wrong_shard acts when loading, unsynced_seed when seeding
-        for chunk in chunks:
-            for layer in getattr(chunk.decoder, "layers", []):
-                if layer.layer_number - 1 != b["layer"]:
-                    continue
-                if b["kind"] == "softmax_scale":  # scales the attention scores' baddbmm (alpha)
-                    attn = layer.self_attention.core_attention
-                    if not hasattr(attn, "_precnb_scale"):
-                        attn._precnb_scale = attn.softmax_scale
-                    attn.softmax_scale = attn._precnb_scale * b["factor"]
-                elif b["kind"] == "norm_eps":  # pre-MLP RMSNorm eps (negative: rsqrt of a negative)
-                    layer.pre_mlp_layernorm.eps = b["eps"]
-                else:
-                    raise RuntimeError(f"unknown bug {b}")
-                done.append(f"{b['kind']} layer {b['layer']}")
-    return done
-
-
 # ------------------------------------------------------------------------------------------ train
 def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
     log_dir = Path(spec["log_dir"])
@@ -271,7 +253,7 @@ def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(spec.get("threads", 1)))  # 2 vs 1: a healthy pair that differs in bits
     torch.use_deterministic_algorithms(True)
     lay, model, steps, bugs = spec["layout"], spec["model"], spec["steps"], spec.get("bugs", [])
     world = lay["tp"] * lay["pp"] * lay["dp"]
@@ -289,7 +271,11 @@ def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
     chunks = _chunks(model, lay)
     weights = torch.load(spec["weights"], weights_only=True)
     tp_rank, dp_rank = ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()
-    names = _load(chunks, weights, lay["tp"], tp_rank, bugs, rank)
+    shards: dict[int, Any] = {}
+    names = _load(chunks, weights, lay["tp"], tp_rank, bugs, rank, shards)
+    import _mg_faults  # type: ignore[import-not-found]
+
+    installed = _mg_faults.install(chunks, bugs, rank, names)
     for c in chunks:
         c.train()
     params = [p for c in chunks for p in c.parameters()]
@@ -323,7 +309,7 @@ def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
         return out, loss_func
 
     for step in range(steps):
-        applied[str(step)] = _apply_bugs(chunks, bugs, rank, step, names)
+        applied[str(step)] = _mg_faults.at_step(chunks, bugs, rank, step, names, opt, shards)
         mbs = _micro_batches(tokens[step], model, lay["dp"], dp_rank)
         its: Any = [iter(mbs) for _ in chunks] if len(chunks) > 1 else iter(mbs)
         opt.zero_grad(set_to_none=True)
@@ -350,7 +336,7 @@ def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
         debugger.step()
         if out:
             losses.append(float(sum(float(d["loss"]) for d in out) / len(out)))
-    info = {"losses": losses, "names": names, "applied": applied,
+    info = {"losses": losses, "names": names, "applied": applied, "installed": installed,
             "coords": {"tp": tp_rank, "pp": ps.get_pipeline_model_parallel_rank(), "dp": dp_rank},
             "layer_numbers": {str(ci): [ly.layer_number for ly in getattr(c.decoder, "layers", [])]
                               for ci, c in enumerate(chunks)}}

@@ -1,0 +1,166 @@
+"""Cases and scoring of the accuracy benchmark (``bench_accuracy.py``): which precnb commands run on which
+pairs of a Megatron-Core population, and how an answer is judged against the ground truth read back from
+the dumps (``tools/samples/precnb_samples/_pop_truth.py``).
+
+**Module rule.** precnb reports a rank-local module (``0.decoder.layers.0.self_attention.core_attention``:
+the virtual-pipeline chunk, then the path inside the chunk). It is mapped to the whole-model module with the
+layer numbers the worker reported for that run and rank (``result.json``), never with precnb's own mapping
+text. The finding's module is right when it lies in the same *layer submodule* as the truth's (the first
+four components ``decoder.layers.<n>.<child>``, or the first two outside the decoder layers, e.g.
+``embedding.word_embeddings``) and one of the two paths is a prefix of the other: truth
+``decoder.layers.2.mlp.linear_fc2`` accepts ``decoder.layers.2.mlp.linear_fc2`` and ``decoder.layers.2.mlp``
+but not ``decoder.layers.2`` nor anything in another layer.
+
+>>> global_module("0.decoder.layers.0.mlp.linear_fc2", {"0": [3]})
+'decoder.layers.2.mlp.linear_fc2'
+>>> module_right("decoder.layers.2.mlp", "decoder.layers.2.mlp.linear_fc2")
+True
+>>> module_right("decoder.layers.2", "decoder.layers.2.mlp.linear_fc2")
+False
+>>> module_right("decoder.layers.3.mlp.linear_fc2", "decoder.layers.2.mlp.linear_fc2")
+False
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+LAYER = re.compile(r"^decoder\.layers\.(\d+)(\.|$)")
+SHARDED = {"tp2pp1", "tp2pp2", "tp2sp", "dp2", "tp1pp2", "tp1pp2vpp2"}
+REPLICATED = {"tp2pp1", "tp2pp2", "tp2sp", "dp2"}  # layouts with replicas (TP or DP groups)
+LAYOUT_TEXT = {"tp1pp1": None, "tp2pp1": "tp=2", "tp1pp2": "pp=2", "tp2pp2": "tp=2,pp=2",
+               "tp1pp2vpp2": "pp=2,vpp=2", "tp2sp": "tp=2", "dp2": "dp=2", "tp1pp1t2": None}
+VERBS = ("diff_ref", "diff_ref_infer", "diff_twin", "replicas", "nan", "preflight", "spike")
+
+
+def global_module(module: str | None, layer_numbers: dict[str, list[int]]) -> str | None:
+    """Whole-model path of precnb's rank-local ``<chunk>.<path>`` module (as given when it has no chunk)."""
+    if not module:
+        return None
+    head, _, path = module.partition(".")
+    if not head.isdigit():
+        return module
+    m = LAYER.match(path)
+    if m and head in layer_numbers and int(m.group(1)) < len(layer_numbers[head]):
+        return f"decoder.layers.{layer_numbers[head][int(m.group(1))] - 1}" + path[m.end(1):]
+    return path
+
+
+def _submodule(path: str) -> str:
+    parts = path.split(".")
+    return ".".join(parts[:4] if LAYER.match(path) else parts[:2])
+
+
+def module_right(found: str | None, truth: str | None) -> bool:
+    """The module rule of this module's docstring."""
+    if not found or not truth or _submodule(found) != _submodule(truth):
+        return False
+    return found == truth or found.startswith(truth + ".") or truth.startswith(found + ".")
+
+
+def breaks_replicas(fault: dict[str, Any]) -> bool:
+    """Whether a fault breaks replica agreement: any fault on one rank of a TP group (the replicated residual
+    stream, RowParallelLinear outputs and replicated parameters differ from the other TP rank's); on dp2 only
+    faults on replicated state (a parameter or its optimizer state): a forward or gradient fault on one DP rank
+    is averaged away by the gradient all-reduce and leaves the replicas equal.
+    """
+    if fault["layout"] == "dp2":
+        return fault["kind"] in ("weight_zero", "optimizer_state")
+    return fault["layout"] in REPLICATED
+
+
+def _args(verb: str, run: str, other: str | None, layout: str) -> list[str]:
+    text = LAYOUT_TEXT[layout]
+    if verb == "diff_ref":
+        return ["diff", other or "", run] + (["--target-layout", text] if text else [])
+    if verb == "diff_ref_infer":
+        return ["diff", other or "", run]
+    if verb == "diff_twin":
+        return ["diff", other or "", run]
+    if verb == "preflight":
+        return ["preflight", other or "", run] + (["--layout", text] if text else [])
+    return [verb, run]
+
+
+def cases(manifest: dict[str, Any], verbs: tuple[str, ...] = VERBS, only: str | None = None) -> list[dict[str, Any]]:
+    """Every (verb, pair) to run: healthy pairs (any finding is a false alarm) and faults (scored)."""
+    runs, truths, out = manifest["runs"], manifest.get("truth", {}), []
+    seen: set[tuple[str, str, str | None]] = set()
+
+    def ok(*ids: str) -> bool:
+        return all(runs.get(i, {}).get("status") == "ok" for i in ids)
+
+    def add(verb: str, name: str, kind: str, run: str, other: str | None, layout: str, truth: Any) -> None:
+        if verb in verbs and ok(run, *([other] if other else [])) and (verb, run, other) not in seen:
+            seen.add((verb, run, other))
+            out.append({"verb": verb, "case": name, "kind": kind, "run": run, "other": other, "layout": layout,
+                        "truth": truth, "args": _args(verb, f"runs/{run}/dump", other and f"runs/{other}/dump",
+                                                      layout)})
+
+    for key, draw in manifest["draws"].items():
+        for h in draw["healthy"] if only in (None, "healthy") else []:
+            lay = h["layout"]
+            add("diff_ref", h["name"], "healthy", h["run"], h["reference"], lay, None)
+            if lay in SHARDED:
+                add("diff_ref_infer", h["name"], "healthy", h["run"], h["reference"], lay, None)
+                add("preflight", h["name"], "healthy", h["run"], h["reference"], lay, None)
+            if lay in REPLICATED:
+                add("replicas", h["name"], "healthy", h["run"], None, lay, None)
+            add("nan", h["name"], "healthy", h["run"], None, lay, None)
+            add("spike", h["name"], "healthy", h["run"], None, lay, None)
+        for f in draw["faults"]:
+            truth = truths.get(f["run"])
+            if (only not in (None, f["kind"])) or not truth or truth.get("status") != "ok":
+                continue
+            lay, f = f["layout"], dict(f, name=f"{f['name']}@d{key}")  # fault names repeat across draws
+            add("diff_twin", f["name"], f["kind"], f["run"], f["twin"], lay, truth)
+            if not (f["kind"] == "unsynced_seed" and lay == "tp2sp"):  # SP dropout masks differ from tp1pp1's
+                add("diff_ref", f["name"], f["kind"], f["run"], f["reference"], lay, truth)
+            if breaks_replicas(f):
+                add("replicas", f["name"], f["kind"], f["run"], None, lay, truth)
+            if f["kind"] == "nan":
+                add("nan", f["name"], f["kind"], f["run"], None, lay, truth)
+            if f["kind"] == "wrong_shard" and f["injection"].get("from_step", 0) == 0:  # preflight sees step 0
+                add("preflight", f["name"], f["kind"], f["run"], f["reference"], lay, truth)
+    return out
+
+
+def finding_of(verb: str, answer: dict[str, Any]) -> bool:
+    """Whether precnb's JSON answer reports something."""
+    if verb == "preflight":
+        return answer.get("status") in ("fail", "warn")
+    return answer.get("kind") not in ("none", None)
+
+
+def score(case: dict[str, Any], answer: dict[str, Any] | None, error: str | None, out: Path) -> dict[str, Any]:
+    """Judge one answer: ``finding``; for faults ``at_step``, ``rank_ok``, ``module_ok``, ``exact``."""
+    row = {k: case[k] for k in ("verb", "case", "kind", "layout", "run", "other")}
+    row["command"] = "precnb " + " ".join(case["args"]) + " --json"
+    if answer is None:
+        return row | {"error": error, "finding": None, "exact": False, "at_step": False}
+    found = finding_of(case["verb"], answer)
+    row |= {"finding": found, "reason": answer.get("reason") or _preflight_reason(answer),
+            "step": answer.get("step"), "rank": answer.get("rank"), "node": answer.get("node"),
+            "module": answer.get("module"), "finding_kind": answer.get("kind") or answer.get("status")}
+    truth = case["truth"]
+    if truth is None:
+        return row
+    result = json.loads((out / "runs" / case["run"] / "result.json").read_text(encoding="utf-8"))
+    numbers = result["ranks"].get(str(answer.get("rank")), {}).get("layer_numbers", {})
+    gm = global_module(answer.get("module"), numbers)
+    row |= {"global_module": gm, "truth_step": truth["step"], "truth_rank": truth["rank"],
+            "truth_node": truth["node"], "truth_module": truth["module"],
+            "at_step": found and answer.get("step") == truth["step"],
+            "rank_ok": found and answer.get("rank") == truth["rank"],
+            "module_ok": found and (module_right(gm, truth["module"]) if truth["module"] else None)}
+    row["exact"] = bool(row["at_step"] and row["rank_ok"] and row["module_ok"] is not False)
+    return row
+
+
+def _preflight_reason(answer: dict[str, Any]) -> str | None:
+    bad = [c for c in answer.get("checks", []) if c.get("status") in ("fail", "warn")]
+    return "; ".join(f"{c.get('name')}: {c.get('status')}: {c.get('message') or ''}"
+                     for c in bad)[:600] or None

@@ -1,0 +1,90 @@
+"""Ground truth of the population's fault runs, read back from the dumps (torch-free, independent of precnb).
+
+A fault run and its healthy twin (same seed, layout, dropout, dump level) train bit-identically until the
+fault acts. :func:`fault_truth` compares them step by step and rank by rank with
+:func:`precnb_samples._mg_truth.first_difference` (bit-exact, undefined-by-construction leaves set aside):
+the truth is the first dumped step where any rank differs; on that step the injection rank when it differs
+there (a fault acts on its own rank first; the other ranks differ only through communication, later in
+causal order), else the lowest differing rank, flagged. Its node's **global module** is the whole-model
+module path: a module node's own path, an API node's enclosing module from construct.json, with the chunk's
+local layer numbers replaced by the worker's reported ``layer_number - 1``.
+
+>>> global_module("Module.1.decoder.layers.0.mlp.MLP.forward.1", {}, {"0": [1], "1": [3]})
+'decoder.layers.2.mlp'
+>>> c = {"Torch.matmul.0.forward": ["Module.0.decoder.layers.0.mlp.MLP.forward.0", 0]}
+>>> global_module("Torch.matmul.0.forward", c, {"0": [2]})
+'decoder.layers.1.mlp'
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import _dumps as D  # noqa: N812
+from . import _mg_truth as T  # noqa: N812
+
+__all__ = ["annotate", "fault_truth", "global_module"]
+
+
+def global_module(node: str, construct: dict[str, Any], layer_numbers: dict[str, list[int]]) -> str | None:
+    """Whole-model module path of a node (a module's own, an API's enclosing module); ``None`` if unknown."""
+    seen = 0
+    while node and seen < 64:
+        key = T.module_key(node, layer_numbers)
+        if key is not None:
+            return key[0]
+        node = D.parent_of(construct, node) or ""
+        seen += 1
+    return None
+
+
+def _rank_dir(root: Path, step: int, rank: int) -> Path:
+    return root / f"step{step}" / f"rank{rank}"
+
+
+def fault_truth(run: Path, twin: Path, injection: dict[str, Any]) -> dict[str, Any]:
+    """The first difference between a fault run's dump and its twin's (run folders of the population)."""
+    result = json.loads((run / "result.json").read_text(encoding="utf-8"))
+    steps = [s for s, _ in D.step_dirs(run / "dump")]
+    for step in steps:
+        diffs: dict[int, tuple[str, list[str]]] = {}
+        skipped = 0
+        for rank in sorted(int(r) for r in result["ranks"]):
+            a = D.dump_data(_rank_dir(twin / "dump", step, rank) / "dump.json")
+            b = D.dump_data(_rank_dir(run / "dump", step, rank) / "dump.json")
+            node, leaves, undefined = T.first_difference(a, b)
+            skipped += len(undefined)
+            if node is not None:
+                diffs[rank] = (node, leaves)
+        if not diffs:
+            continue
+        rank = injection["rank"] if injection["rank"] in diffs else min(diffs)
+        node, leaves = diffs[rank]
+        construct = D.load_json(_rank_dir(run / "dump", step, rank) / "construct.json")
+        numbers = result["ranks"][str(rank)]["layer_numbers"]
+        module = global_module(node, construct, numbers)
+        notes = []
+        if rank != injection["rank"]:
+            notes.append(f"first difference on rank {rank}, not on the injection rank {injection['rank']}")
+        if step != injection.get("from_step", 0):
+            notes.append(f"first difference at step {step}, the fault acts from step {injection.get('from_step', 0)}")
+        return {"status": "ok", "step": step, "rank": rank, "node": node, "leaves": leaves[:6], "module": module,
+                "layer_numbers": numbers, "coords": result["ranks"][str(rank)]["coords"],
+                "ranks_differing": {str(r): n for r, (n, _) in sorted(diffs.items())},
+                "undefined_set_aside": skipped, "notes": notes}
+    return {"status": "no_difference", "notes": ["the fault run's dumps equal its twin's on every dumped step "
+                                                  "(below float resolution or outside the dump window): dropped"]}
+
+
+def annotate(manifest: dict[str, Any], out: Path) -> None:
+    """Add the truth of every fault whose run and twin are finished (computed once)."""
+    runs = manifest["runs"]
+    truths = manifest.setdefault("truth", {})
+    for draw in manifest["draws"].values():
+        for f in draw["faults"]:
+            if f["run"] in truths:
+                continue
+            if runs.get(f["run"], {}).get("status") == "ok" and runs.get(f["twin"], {}).get("status") == "ok":
+                truths[f["run"]] = fault_truth(out / "runs" / f["run"], out / "runs" / f["twin"], f["injection"])
