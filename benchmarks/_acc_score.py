@@ -136,7 +136,11 @@ def finding_of(verb: str, answer: dict[str, Any]) -> bool:
 
 
 def score(case: dict[str, Any], answer: dict[str, Any] | None, error: str | None, out: Path) -> dict[str, Any]:
-    """Judge one answer: ``finding``; for faults ``at_step``, ``rank_ok``, ``module_ok``, ``exact``."""
+    """Judge one answer: ``finding``; for faults ``at_step``, ``rank_ok``, ``module_ok``, ``exact``.
+
+    A finding on a merged target (a diff across layouts) names a whole-model record: its dump rank is
+    ``evidence.dump.rank`` and its module is already the whole model's.
+    """
     row = {k: case[k] for k in ("verb", "case", "kind", "layout", "run", "other")}
     row["command"] = "precnb " + " ".join(case["args"]) + " --json"
     if answer is None:
@@ -149,12 +153,18 @@ def score(case: dict[str, Any], answer: dict[str, Any] | None, error: str | None
     if truth is None:
         return row
     result = json.loads((out / "runs" / case["run"] / "result.json").read_text(encoding="utf-8"))
-    numbers = result["ranks"].get(str(answer.get("rank")), {}).get("layer_numbers", {})
-    gm = global_module(answer.get("module"), numbers)
+    dump = (answer.get("evidence") or {}).get("dump") if isinstance(answer.get("evidence"), dict) else None
+    if isinstance(dump, dict) and dump.get("rank") is not None:
+        # a merged target's finding: its record is the whole model's, evidence.dump names the dump rank
+        row["rank"] = dump["rank"]
+        gm = global_module(answer.get("module"), {})
+    else:
+        numbers = result["ranks"].get(str(answer.get("rank")), {}).get("layer_numbers", {})
+        gm = global_module(answer.get("module"), numbers)
     row |= {"global_module": gm, "truth_step": truth["step"], "truth_rank": truth["rank"],
             "truth_node": truth["node"], "truth_module": truth["module"],
             "at_step": found and answer.get("step") == truth["step"],
-            "rank_ok": found and answer.get("rank") == truth["rank"],
+            "rank_ok": found and row["rank"] == truth["rank"],
             "module_ok": found and (module_right(gm, truth["module"]) if truth["module"] else None)}
     row["exact"] = bool(row["at_step"] and row["rank_ok"] and row["module_ok"] is not False)
     return row

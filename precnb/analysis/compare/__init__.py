@@ -255,12 +255,15 @@ def compare_runs(
         und = np.zeros(both.shape, bool)
         if "undefined" in both_ds.data_vars:
             und |= np.asarray(bb["undefined"].values, bool) | np.asarray(tt["undefined"].values, bool)
+        defined = ~und
         if glue:
             cols = np.fromiter((str(x) in glue for x in both_ds["tensor"].values), bool, both_ds.sizes["tensor"])
             und |= cols[None, None, :] & np.asarray((pb | pt).values, bool)
             why.update(glue)
         undefined = on_grid(both, und)
         differs = differs & ~undefined
+        if replicas_differ is not None:  # no counterpart in the baseline, but copies that must agree and do not
+            differs = differs | (replicas_differ & on_grid(both, defined))
         crc_differs = crc_differs & ~undefined
     crc_only = crc_differs & ~differs
     return Comparison(

@@ -228,11 +228,15 @@ def _departing_copies(ds: xr.Dataset, idx: list[list[int]], same: np.ndarray, di
     src = np.take_along_axis(np.broadcast_to(pos[None, :, :, None], (*member.shape[:2], pos.shape[1],
                                                                          member.shape[2])),
                              member[:, :, None, :], axis=2)[:, :, 0, :]  # (step, G, tensor) rank positions
-    firsts = ranks[pos[:, 0]][None, :, None]  # the dump rank of each group's first member
-    out: dict[Hashable, Any] = {"copy_rank": (dims, np.where(differ, ranks[src], -1).astype(np.int64)),
-                                "copy_first_rank": (dims, np.where(differ, firsts, -1).astype(np.int64))}
     si = np.arange(member.shape[0])[:, None, None]
     ti = np.arange(member.shape[2])[None, None, :]
+    if "source_rank" in ds.data_vars:  # pipeline stages stitched first: each entry's own dump rank
+        source = ds["source_rank"].values
+        copy_rank, firsts = source[si, src, ti], source[si, pos[:, 0][None, :, None], ti]
+    else:
+        copy_rank, firsts = ranks[src], ranks[pos[:, 0]][None, :, None]
+    out: dict[Hashable, Any] = {"copy_rank": (dims, np.where(differ, copy_rank, -1).astype(np.int64)),
+                                "copy_first_rank": (dims, np.where(differ, firsts, -1).astype(np.int64))}
     for s in ("max", "min", "mean", "norm"):
         out[f"copy_{s}"] = (dims, np.where(differ, ds[s].values[si, src, ti], np.nan))
     return out
