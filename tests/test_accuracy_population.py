@@ -59,6 +59,9 @@ def judged(kind: str, answer: dict) -> tuple[int | None, int | None, str | None]
     from _acc_score import global_module
 
     f, _ = fault(kind)
+    dumped = (answer.get("evidence") or {}).get("dump")
+    if dumped:  # a merged target's finding: a whole-model record, its dump rank in evidence.dump
+        return answer.get("step"), dumped.get("rank"), global_module(answer.get("module"), {})
     result = json.loads((POP / "runs" / f["run"] / "result.json").read_text(encoding="utf-8"))
     numbers = result["ranks"].get(str(answer.get("rank")), {}).get("layer_numbers", {})
     return answer.get("step"), answer.get("rank"), global_module(answer.get("module"), numbers)
@@ -67,7 +70,7 @@ def judged(kind: str, answer: dict) -> tuple[int | None, int | None, str | None]
 # ------------------------------------------------------------------------------------------- healthy
 def test_ground_truth_is_read_back():
     h = draw()["healthy"][0]
-    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 3
+    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 4
     for f in draw()["faults"]:
         t = gt()["truth"][f["run"]]
         assert t["status"] == "ok" and t["rank"] == f["injection"]["rank"] and t["step"] == f["injection"]["from_step"]
@@ -97,7 +100,7 @@ def test_healthy_no_nan(which):
 
 
 # -------------------------------------------------------------------------------------------- faults
-@pytest.mark.parametrize("kind", ["act_noise"])
+@pytest.mark.parametrize("kind", ["act_noise", "row_output_scale"])
 def test_fault_found_at_its_step_rank_and_module(kind):
     from _acc_score import module_right
 
@@ -109,3 +112,23 @@ def test_fault_found_at_its_step_rank_and_module(kind):
         assert answer["node"] == t["node"], answer["reason"]
     else:
         assert module_right(module, t["module"]), (module, t["module"], answer["reason"])
+
+
+def test_a_fault_on_one_tp_rank_is_found_on_that_rank_against_the_unsharded_run():
+    """Merging TP=2 against TP=1 checks the replicas: linear_proj's output scaled on TP rank 1 only is a departure
+    of rank 1's copy at the fault's step (a merge that took rank 0's copy hid it until the next sharded op)."""
+    from _acc_score import module_right
+
+    f, t = fault("row_output_scale")
+    answer = precnb("diff", dump(f["reference"]), dump(f["run"]), "--target-layout", "tp=2")
+    step, rank, module = judged("row_output_scale", answer)
+    assert (step, rank) == (t["step"], t["rank"]) == (2, 1), answer["reason"]
+    assert module_right(module, t["module"]), (module, t["module"], answer["reason"])
+    assert answer["values"]["departing_rank"] == 1 and answer["values"]["agreeing_rank"] == 0
+    assert "replica check" in answer["values"]["rule"]
+
+
+def test_the_replica_check_finds_the_departing_rank():
+    f, t = fault("row_output_scale")
+    answer = precnb("replicas", dump(f["run"]), "--tp", "2")
+    assert answer["kind"] != "none" and answer["step"] == t["step"], answer["reason"]

@@ -25,7 +25,7 @@ import xarray as xr
 
 from precnb.schema import entry_changes, meta_changes
 
-__all__ = ["label_meanings", "step_groups"]
+__all__ = ["label_meanings", "rebased", "step_groups"]
 
 
 def label_meanings(ds: xr.Dataset) -> np.ndarray:
@@ -70,3 +70,34 @@ def step_groups(ds: xr.Dataset) -> list[np.ndarray]:
     for i in range(m.shape[0]):
         groups.setdefault(m[i].tobytes(), []).append(i)
     return [np.asarray(g, np.int64) for g in groups.values()]
+
+
+def rebased(ds: xr.Dataset, steps: np.ndarray) -> xr.Dataset:
+    """*ds* at *steps* (indices), its labels' module, parent and shape coordinates those steps' own.
+
+    Where every entry of a label at those steps names one other call (the same exception on every rank that
+    holds it), the coordinate takes that call's value; exceptions for other steps stay exceptions.
+    """
+    part = ds.isel(step=steps)
+    wanted = {int(s) for s in part["step"].values}
+    meta = meta_changes(ds)
+    tables = {**meta, "shape": {**meta.get("shape", {}), **entry_changes(ds, "shape_changes")}}
+    col = {str(t): j for j, t in enumerate(part["tensor"].values.tolist())}
+    present = np.asarray(part["present"].values, bool)
+    row = {int(s): i for i, s in enumerate(part["step"].values.tolist())}
+    rank_of = {int(r): i for i, r in enumerate(part["rank"].values.tolist())}
+    new: dict[str, np.ndarray] = {}
+    for field, by_tensor in tables.items():
+        if field not in part.coords:
+            continue
+        for tensor, where in by_tensor.items():
+            j = col.get(tensor)
+            if j is None:
+                continue
+            at = {(s, r): v for (s, r), v in where.items() if s in wanted}
+            held = {(s, r) for s in wanted for r, ri in rank_of.items() if present[row[s], ri, j]}
+            values = set(at.values())
+            if len(values) == 1 and held and held <= set(at):  # every entry there is that other call
+                arr = new.setdefault(field, part[field].values.copy())
+                arr[j] = next(iter(values))
+    return part.assign_coords({f: ("tensor", a) for f, a in new.items()}) if new else part

@@ -148,7 +148,10 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
     must = (roles == "parameter") | ((kinds == "monitor") & np.isin(apis, REPLICATED_MONITOR_FAMILIES))
     if dim == "dp":
         return np.repeat(must[None, :], n_f, axis=0)
-    # tp/cp: tensors replicated (and not all-zero) at most of the steps recorded on the stage's groups
+    # tp/cp: tensors replicated (and not all-zero) at most of the steps recorded on the stage's groups; replicated
+    # means bit-identical here (copies of one computation are; different heads' softmax statistics can agree to
+    # 1e-6, the departure tolerance)
+    rtol = 0.0
     pres = present
     n_t = ds.sizes["tensor"]
     rep_steps = np.zeros((n_f, n_t), np.int64)

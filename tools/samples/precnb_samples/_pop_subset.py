@@ -1,10 +1,11 @@
 """The committed subset of the Megatron-Core population: ``data_samples/megatron_pop`` (tests and the smoke run).
 
-Three runs of one model seed, made by the population generator (:mod:`precnb_samples._population`, cached
+Four runs of one model seed, made by the population generator (:mod:`precnb_samples._population`, cached
 under the population folder) and copied without ``stack.json`` and without logs, their ``dump.json`` and
 ``construct.json`` re-serialised without indentation (the same JSON values; data_samples must stay under
-100 MB): the healthy tp1pp1 and tp2pp1 runs (6 steps trained, 5 dumped) and a tp1pp1 fault run whose healthy
-twin is that tp1pp1 run. The
+100 MB): the healthy tp1pp1 and tp2pp1 runs (6 steps trained, 5 dumped), a tp1pp1 fault run whose healthy
+twin is that tp1pp1 run, and a tp2pp1 fault on TP rank 1 only (a replica departure); of the fault runs the steps up to
+the fault's are kept. The
 ``ground_truth.json`` has the manifest's schema (``runs``, ``draws``, ``truth``), so ``bench_accuracy.py
 --smoke`` scores it like a population.
 
@@ -21,8 +22,12 @@ from typing import Any
 from . import _population as P  # noqa: N812
 
 SEED = 2033
+# (kind, layout, bug, dumped steps kept: None for every one) — the fault runs keep the steps up to their fault's
+# (from step 0: msprobe numbers calls per step and Megatron's first step makes calls later steps do not)
 FAULTS = [
-    ("act_noise", {"kind": "act_noise", "rank": 0, "layer": 1, "from_step": 2, "m": 0.01}),
+    ("act_noise", "tp1pp1", {"kind": "act_noise", "rank": 0, "layer": 1, "from_step": 2, "m": 0.01}, [0, 1, 2]),
+    ("row_output_scale", "tp2pp1", {"kind": "row_output_scale", "rank": 1, "layer": 1, "from_step": 2,
+                                    "module": "linear_proj", "m": 0.005}, [0, 1, 2]),
 ]
 
 
@@ -31,11 +36,13 @@ def plan() -> dict[str, Any]:
     ref, tp2 = P.run_spec(SEED, "tp1pp1"), P.run_spec(SEED, "tp2pp1")
     runs = {P.run_id(s): s for s in (ref, tp2)}
     faults = []
-    for kind, bug in FAULTS:
-        spec = P.run_spec(SEED, "tp1pp1", [bug])
+    twins = {"tp1pp1": ref, "tp2pp1": tp2}
+    for kind, layout, bug, keep in FAULTS:
+        spec = P.run_spec(SEED, layout, [bug])
         runs[P.run_id(spec)] = spec
-        faults.append({"name": f"{kind}#subset", "kind": kind, "seed": SEED, "layout": "tp1pp1", "injection": bug,
-                       "run": P.run_id(spec), "twin": P.run_id(ref), "reference": P.run_id(ref)})
+        faults.append({"name": f"{kind}#subset", "kind": kind, "seed": SEED, "layout": layout, "injection": bug,
+                       "run": P.run_id(spec), "twin": P.run_id(twins[layout]), "reference": P.run_id(ref),
+                       **({"steps_kept": keep} if keep else {})})
     healthy = [{"name": f"tp2pp1@{SEED}", "seed": SEED, "layout": "tp2pp1", "run": P.run_id(tp2),
                 "reference": P.run_id(ref)}]
     return {"draw_seed": "subset", "size": "subset", "seeds": [SEED], "runs": runs, "healthy": healthy,
@@ -48,10 +55,12 @@ def export(pop: Path, dest: Path) -> dict[str, Any]:
     manifest = P.load_manifest(pop)
     if dest.exists():
         shutil.rmtree(dest)
+    keep = {f["run"]: f.get("steps_kept") for f in p["faults"]}
     for rid in p["runs"]:
         src, dst = pop / "runs" / rid, dest / "runs" / rid
         for f in sorted((src / "dump").rglob("*.json")):
-            if f.name == "stack.json":
+            step = f.relative_to(src / "dump").parts[0]
+            if f.name == "stack.json" or (keep.get(rid) and step not in {f"step{s}" for s in keep[rid]}):
                 continue
             target = dst / "dump" / f.relative_to(src / "dump")
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +92,9 @@ def _readme(p: dict[str, Any], gt: dict[str, Any]) -> str:
              "each run keeps `spec.json`, `config.json` and the worker's `result.json` (losses, layer "
              "numbers per chunk, what each fault did at each step).", "", "| run | layout | fault |", "|---|---|---|"]
     for rid, spec in p["runs"].items():
-        lines.append(f"| `runs/{rid}` | {spec['layout']} | {spec['bugs'] or '-'} |")
+        kept = next((f.get("steps_kept") for f in p["faults"] if f["run"] == rid), None)
+        lines.append(f"| `runs/{rid}` | {spec['layout']} | {spec['bugs'] or '-'}"
+                     f"{f' (steps {kept} kept)' if kept else ''} |")
     lines += ["", f"Healthy pair: `{p['healthy'][0]['run']}` (tp2pp1) vs `{p['healthy'][0]['reference']}` (tp1pp1): "
               "no finding is right (`precnb diff REF RUN --target-layout tp=2`, `precnb replicas RUN`).", "",
               "Faults (ground truth read back from the dumps against the healthy twin, `ground_truth.json`):", ""]

@@ -83,14 +83,27 @@ def merge_group_dim(
     """
     groups = layout.groups(dim)
     new_layout = layout.reduced(dim)
-    kinds, reasons, shard_dim = classify_shards(ds, groups, rtol=rtol, reference=reference)
-    if like is not None and f"shard_kind_{dim}" in like.coords:
-        _keep_like(ds, like, dim, kinds, reasons, shard_dim)
-    if dim == "dp":
-        kinds, reasons = _data_parallel_kinds(ds, kinds, reasons, shard_dim, reference)
+    from precnb.analysis.step_groups import rebased, step_groups
+
+    parts = step_groups(ds) if like is None else []
+    if len(parts) < 2:  # every label names one call at every step (or an earlier batch's classes decide)
+        parts = [np.arange(ds.sizes["step"])]
+    by_step = np.empty((ds.sizes["step"], ds.sizes["tensor"]), object)
+    first: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    for steps in parts:  # classified on the steps whose labels name the same calls
+        part, ref = (ds, reference) if len(parts) == 1 else (rebased(ds, steps), _same_steps(reference, ds, steps))
+        kinds, reasons, shard_dim = classify_shards(part, groups, rtol=rtol, reference=ref)
+        if like is not None and f"shard_kind_{dim}" in like.coords:
+            _keep_like(part, like, dim, kinds, reasons, shard_dim)
+        if dim == "dp":
+            kinds, reasons = _data_parallel_kinds(part, kinds, reasons, shard_dim, reference)
+        by_step[steps] = kinds[None, :]
+        first = first or (kinds, reasons, shard_dim)
+    assert first is not None
+    kinds, reasons, shard_dim = first  # the coordinates: the first steps' classes
     ranks = [int(r) for r in ds["rank"].values]
     idx = [[ranks.index(r) for r in g] for g in groups]
-    data = _merged_values(ds, idx, kinds, rtol)
+    data = _merged_values(ds, idx, by_step, rtol)
     new_ranks = [new_layout.rank_of(**{k: c for k, c in layout.coords(g[0]).items() if k != dim})
                  for g in groups]
     coords = {k: v for k, v in ds.coords.items() if k != "rank" and "rank" not in v.dims}
@@ -109,6 +122,20 @@ def merge_group_dim(
     if new_ranks != sorted(new_ranks):  # (sorting copies every coordinate: only when needed)
         out = out.sortby("rank")
     return out, new_layout
+
+
+def _same_steps(reference: xr.Dataset | None, ds: xr.Dataset, steps: np.ndarray) -> xr.Dataset | None:
+    """*reference* at the steps of *ds* numbered *steps*, with those steps' own label coordinates.
+
+    The reference as it is when it lacks one of them.
+    """
+    if reference is None:
+        return None
+    from precnb.analysis.step_groups import rebased
+
+    have = {int(s): i for i, s in enumerate(reference["step"].values.tolist())}
+    at = [have.get(int(s)) for s in ds["step"].values[steps]]
+    return reference if any(i is None for i in at) else rebased(reference, np.asarray(at, np.int64))
 
 
 def _keep_like(ds: xr.Dataset, like: xr.Dataset, dim: str, kinds: np.ndarray, reasons: np.ndarray,
@@ -146,7 +173,10 @@ def _same_call(ds: xr.Dataset, like: xr.Dataset) -> Any:
 
 def _merged_stats(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray
                   ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """(statistics, null bits, numel) of each group's merged entry, by each tensor's class (see the module)."""
+    """(statistics, null bits, numel) of each group's merged entry, by each tensor's class (see the module).
+
+    *kinds*: each (step, tensor)'s class.
+    """
     v = {s: ds[s].values[:, idx, :] for s in ("max", "min", "mean", "norm")}
     numel = ds["numel"].values[:, idx, :].astype(np.float64)
     null = ds["null_stats"].values[:, idx, :]
@@ -159,9 +189,9 @@ def _merged_stats(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray
             "norm": np.sqrt((v["norm"] ** 2).sum(axis=2)),
         }
         ps_mean = v["mean"].sum(axis=2)
-    is_sh = (kinds == "sharded")[None, None, :]
-    is_ps = (kinds == "partial_sum")[None, None, :]
-    is_pm = (kinds == "partial_max")[None, None, :]
+    is_sh = (kinds == "sharded")[:, None, :]
+    is_ps = (kinds == "partial_sum")[:, None, :]
+    is_pm = (kinds == "partial_max")[:, None, :]
     out_vals = {}
     for s in ("max", "min", "mean", "norm"):
         val = np.where(is_sh | (is_pm & (s == "max")), sh[s], first[s])
@@ -181,17 +211,17 @@ def _merged_stats(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray
 
 
 def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol: float) -> dict[Hashable, Any]:
-    """The merged run's (step, rank, tensor) variables, one rank per group."""
+    """The merged run's (step, rank, tensor) variables, one rank per group (*kinds*: (step, tensor) classes)."""
     pres = ds["present"].values[:, idx, :]
     allp = pres.all(axis=2)
     out_vals, out_null, out_numel = _merged_stats(ds, idx, kinds)
     out_numel = np.where(allp, out_numel, -1)
-    present = np.where((kinds == "local")[None, None, :], pres[:, :, 0, :], allp)
+    present = np.where((kinds == "local")[:, None, :], pres[:, :, 0, :], allp)
     seq = ds["seq"].values[:, [g[0] for g in idx], :]
     # every copy of a replicated tensor is checked at every step before the first copy stands for the group:
     # a replica that departs later (a fault on one TP rank) is a difference, not hidden behind rank 0's copy
     same = _copies(ds, idx, rtol)[4]
-    checked = np.isin(kinds, ("replicated", "replicas_differ"))[None, None, :]
+    checked = np.isin(kinds, ("replicated", "replicas_differ"))[:, None, :]
     differ_now = ~same.all(axis=2) & allp & checked
     if "replicas_differ" in ds.data_vars:  # merged along another dimension before (cp after tp)
         differ_now |= ds["replicas_differ"].values[:, idx, :].any(axis=2)
