@@ -156,6 +156,9 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
     n_t = ds.sizes["tensor"]
     rep_steps = np.zeros((n_f, n_t), np.int64)
     rec_steps = np.zeros((n_f, n_t), np.int64)
+    first_ok = np.ones((n_f, n_t), bool)  # bit-identical at the first step that says anything
+    floats = np.fromiter((str(d).split(".")[-1].lower().startswith(("float", "bfloat", "half"))
+                          for d in ds["dtype"].values), bool, n_t)
     for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp = pres[:, idx, :].all(axis=1)  # (step, tensor)
@@ -171,7 +174,12 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
         degenerate = (mx == 0) & (mn == 0)
         rep_steps[fam] += (allp & same & ~degenerate).sum(axis=0)
         rec_steps[fam] += allp.sum(axis=0)
-    ok = (rec_steps > 0) & (2 * rep_steps >= rec_steps)
+        informative = allp & ~degenerate
+        first = np.argmax(informative, axis=0)
+        first_ok[fam] &= informative.any(axis=0) & np.take_along_axis(same, first[None, :], axis=0)[0]
+    # replicated at most steps, or (a floating-point tensor) bit-identical at the first step that shows it: a
+    # replica that departs for good at a later step is still a departure there
+    ok = (rec_steps > 0) & ((2 * rep_steps >= rec_steps) | (first_ok & floats[None, :]))
     not_opt = ds["module"].values != "optimizer"
     return ok & (not_opt & (kinds != "param_grad"))[None, :]
 
