@@ -206,9 +206,12 @@ def gen_spike_healthy(ctx: Context, sample: Path) -> dict:
     )
 
 
-def gen_spike_data(ctx: Context, sample: Path) -> dict:
-    """Rank 1's batch at step 6 holds unseen tokens: its loss jumps first."""
-    r = _run(ctx, sample, "spike_data")
+def check_data_spike(r: dict[str, Any], vocab: int) -> tuple[int, int, dict[str, Any]]:
+    """The checks of a data-caused spike run *r*; returns (step, rank, token id statistics by rank and step).
+
+    The cause rank's loss spikes first, at the cause step, and only its batch there holds the unseen tokens (ids
+    from ``vocab // 2``).
+    """
     case, data = r["case"], r["data"]
     step, rank = case["cause_step"], case["cause_rank"]
     _check(r["spikes"][:1] == [step], f"spike steps {r['spikes']}")
@@ -218,9 +221,33 @@ def gen_spike_data(ctx: Context, sample: Path) -> dict:
     ids = {f"rank{k}": {f"step{s}": _stats(_leaf(data[(s, k)], node, "input_args.0")) for s in case["window"]}
            for k in range(WORLD)}
     bad = ids[f"rank{rank}"][f"step{step}"]
-    _check(bad["Min"] >= MODEL.vocab // 2 and all(
+    _check(bad["Min"] >= vocab // 2 and all(
         v[f"step{s}"]["Max"] < LANGUAGE for k, v in ids.items() for s in case["window"]
         if (k, s) != (f"rank{rank}", step)), f"token ids {ids}")
+    return step, rank, ids
+
+
+def data_spike_facts(model: Any, step: int, rank: int, node: str, construct: dict[str, Any], bad: dict[str, Any],
+                     mon: dict[str, Any]) -> dict[str, Any]:
+    """The ``faults`` and ``causes`` of a data-caused spike's ground truth (rank *rank*'s batch at *step*)."""
+    return {
+        "faults": [{"kind": "loss_spike", "role": "origin", "step": step, "rank": rank, "node": node,
+                    "tensor": "input_args.0", "module": D.parent_of(construct, node), "origin": "batch input",
+                    "cause": "data", "samples": list(range(model.batch)),
+                    "dump_json": f"dump/step{step}/rank{rank}/dump.json",
+                    "how": f"rank {rank}'s batch at step {step}: torch.randint({model.vocab // 2}, {model.vocab}, "
+                    f"(batch, seq+1)) instead of the training language (all {model.batch} sequences)"}],
+        "causes": [{"cause": "data", "text": f"rank {rank}'s batch at step {step} is an outlier (token ids "
+                    f"{bad['Min']}..{bad['Max']} in the dump, mean {mon[f'rank{rank}'][step]:.1f} in the monitor; "
+                    f"the training tokens are 0..{LANGUAGE - 1})"}],
+    }
+
+
+def gen_spike_data(ctx: Context, sample: Path) -> dict:
+    """Rank 1's batch at step 6 holds unseen tokens: its loss jumps first."""
+    r = _run(ctx, sample, "spike_data")
+    step, rank, ids = check_data_spike(r, MODEL.vocab)
+    node, bad = "Functional.embedding.0.forward", ids[f"rank{rank}"][f"step{step}"]
     mon = _series(r["folders"], "actv", "embed.input", "mean", range(STEPS))
     _check(mon[f"rank{rank}"][step] > 2 * max(mon[f"rank{rank}"][:step]), f"monitor embed.input mean {mon}")
     construct = D.load_json(r["root"] / f"step{step}" / f"rank{rank}" / "construct.json")
@@ -230,15 +257,7 @@ def gen_spike_data(ctx: Context, sample: Path) -> dict:
         f"uniformly from {MODEL.vocab // 2}..{MODEL.vocab - 1} (never seen in training), so rank {rank}'s loss jumps "
         "while rank 0's does not",
         MODEL, **_common(sample, r), spike=_spike_block(r, step),
-        faults=[{"kind": "loss_spike", "role": "origin", "step": step, "rank": rank, "node": node,
-                 "tensor": "input_args.0", "module": D.parent_of(construct, node), "origin": "batch input",
-                 "cause": "data", "samples": list(range(MODEL.batch)),
-                 "dump_json": f"dump/step{step}/rank{rank}/dump.json",
-                 "how": f"rank {rank}'s batch at step {step}: torch.randint({MODEL.vocab // 2}, {MODEL.vocab}, "
-                 f"(batch, seq+1)) instead of the training language (all {MODEL.batch} sequences)"}],
-        causes=[{"cause": "data", "text": f"rank {rank}'s batch at step {step} is an outlier (token ids "
-                 f"{bad['Min']}..{bad['Max']} in the dump, mean {mon[f'rank{rank}'][step]:.1f} in the monitor; the "
-                 f"training tokens are 0..{LANGUAGE - 1})"}],
+        **data_spike_facts(MODEL, step, rank, node, construct, bad, mon),
         evidence={"token_ids": ids, "monitor_embed_input_mean_by_step": mon,
                   "series": [f"dump {node} input_args.0 (Min/Max of the int64 token ids; msprobe leaves their Mean "
                              "and Norm null)",

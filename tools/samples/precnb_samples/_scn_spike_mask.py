@@ -23,8 +23,17 @@ from typing import Any
 
 from . import _dumps as D  # noqa: N812
 from ._scenarios import Context, _check, _header
-from ._scn_spike import STEPS, WORLD, _common, _leaf, _run, _series, _spike_block, _stats
-from ._spike_train import LANGUAGE
+from ._scn_spike import (
+    STEPS,
+    WORLD,
+    _common,
+    _run,
+    _series,
+    _spike_block,
+    _stats,
+    check_data_spike,
+    data_spike_facts,
+)
 
 __all__ = ["GENERATORS", "relative_paths"]
 
@@ -80,17 +89,8 @@ def gen_spike_data_mask(ctx: Context, sample: Path) -> dict:
     r = _run(ctx, sample, name)
     case, data = r["case"], r["data"]
     model = case["model"]
-    step, rank = case["cause_step"], case["cause_rank"]
-    _check(r["spikes"][:1] == [step], f"spike steps {r['spikes']}")
-    _check(r["rank_spikes"][f"rank{rank}"][:1] == [step] and step not in r["rank_spikes"][f"rank{1 - rank}"],
-           f"rank spikes {r['rank_spikes']}")
-    node = "Functional.embedding.0.forward"
-    ids = {f"rank{k}": {f"step{s}": _stats(_leaf(data[(s, k)], node, "input_args.0")) for s in case["window"]}
-           for k in range(WORLD)}
-    bad = ids[f"rank{rank}"][f"step{step}"]
-    _check(bad["Min"] >= model.vocab // 2 and all(
-        v[f"step{s}"]["Max"] < LANGUAGE for k, v in ids.items() for s in case["window"]
-        if (k, s) != (f"rank{rank}", step)), f"token ids {ids}")
+    step, rank, ids = check_data_spike(r, model.vocab)
+    node, bad = "Functional.embedding.0.forward", ids[f"rank{rank}"][f"step{step}"]
     masks = {f"step{s}/rank{k}": _mask_records(data, s, k) for s in case["window"] for k in range(WORLD)}
     _check(all(len(v) == 1 for v in masks.values()) and len({v[0][:2] for v in masks.values()}) == 1,
            f"masked_fill -inf records {masks}")
@@ -106,15 +106,7 @@ def gen_spike_data_mask(ctx: Context, sample: Path) -> dict:
         f"step {step} rank {rank}'s batch holds tokens drawn uniformly from {model.vocab // 2}..{model.vocab - 1} "
         f"(never seen in training), so rank {rank}'s loss jumps while rank 0's does not",
         model, **_common(sample, r), spike=_spike_block(r, step),
-        faults=[{"kind": "loss_spike", "role": "origin", "step": step, "rank": rank, "node": node,
-                 "tensor": "input_args.0", "module": D.parent_of(construct, node), "origin": "batch input",
-                 "cause": "data", "samples": list(range(model.batch)),
-                 "dump_json": f"dump/step{step}/rank{rank}/dump.json",
-                 "how": f"rank {rank}'s batch at step {step}: torch.randint({model.vocab // 2}, {model.vocab}, "
-                 f"(batch, seq+1)) instead of the training language (all {model.batch} sequences)"}],
-        causes=[{"cause": "data", "text": f"rank {rank}'s batch at step {step} is an outlier (token ids "
-                 f"{bad['Min']}..{bad['Max']} in the dump, mean {mon[f'rank{rank}'][step]:.1f} in the monitor; the "
-                 f"training tokens are 0..{LANGUAGE - 1})"}],
+        **data_spike_facts(model, step, rank, node, construct, bad, mon),
         not_causes=[{"node": mask_node, "tensor": mask_leaf, "why": "the causal mask: masked_fill(causal_mask, -inf) "
                      "writes -inf at the same places at every step and rank, by design (not a numerics overflow)"}],
         evidence={"token_ids": ids, "monitor_embed_input_mean_by_step": mon,
