@@ -132,3 +132,21 @@ def test_the_replica_check_finds_the_departing_rank():
     f, t = fault("row_output_scale")
     answer = precnb("replicas", dump(f["run"]), "--tp", "2")
     assert answer["kind"] != "none" and answer["step"] == t["step"], answer["reason"]
+
+
+def test_cli_report_and_explorer_name_the_same_departure(tmp_path):
+    """One pipeline: the report and the explorer show the CLI's finding (both runs' folders are named ``dump``:
+    the explorer's detail table read the baseline's columns by attribute name and failed on "dump (baseline)")."""
+    import precnb as pn
+    from precnb.report import write_html
+
+    f, t = fault("row_output_scale")
+    answer = precnb("diff", dump(f["reference"]), dump(f["run"]), "--target-layout", "tp=2")
+    target, baseline = str(POP / dump(f["run"])), str(POP / dump(f["reference"]))
+    explorer = pn.explore(target, baseline=baseline, target_layout="tp=2")
+    shown = explorer.triage.findings[0]
+    assert (shown.step, shown.node, shown.evidence["dump"]["rank"]) == (answer["step"], answer["node"], t["rank"])
+    out = tmp_path / "r.html"
+    write_html(pn.open_run(target, progress=False), out, baseline=pn.open_run(baseline, progress=False),
+               target_layout="tp=2")
+    assert "rank 1&#39;s copy departs from the baseline" in out.read_text(encoding="utf-8")

@@ -108,8 +108,7 @@ def detail_html(frame: pd.DataFrame, evidence: dict[str, Any] | None = None, *,
                + "".join(f"<th>{e(h)}</th>" for h in lead) + "".join(f"<th>{labels[s]}</th>" for s in stats)
                + "</tr>")
     any_merged_null = False
-    for row in frame.itertuples(index=False):
-        r = row._asdict()
+    for r in frame.to_dict("records"):  # (not itertuples: a run named "dump (baseline)" is no identifier)
         cls = " class='focus'" if focus and r["tensor"] == focus else ""
         # role and dtype under the label: the table fits beside the maps (at 1600 px)
         cells = [f"<td class='l t'>{e(str(r['tensor']))}<span class='m'>{e(str(r['role']))} · "
