@@ -15,6 +15,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.naming import is_communication
+from precnb.schema import read_side_table
 
 __all__ = ["RankEvent", "after_collectives", "comm_mask", "first_event_per_rank", "pick_origin"]
 
@@ -109,11 +110,9 @@ _P2P = ("batch_isend_irecv", ".irecv.", ".recv.")
 
 
 def _p2p_peers(ds: xr.Dataset) -> dict[int, list[int]]:
-    import json
-
+    """Rank -> the ranks it exchanged point-to-point with (the reader's ``p2p_peers``; {} when unreadable)."""
     try:
-        got = json.loads(ds.attrs.get("p2p_peers") or "{}")
-        return {int(r): [int(p) for p in ps] for r, ps in got.items()}
+        return {int(r): [int(p) for p in ps] for r, ps in read_side_table(ds, "p2p_peers").items()}
     except (TypeError, ValueError, AttributeError):
         return {}
 
