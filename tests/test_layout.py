@@ -49,7 +49,9 @@ def test_ep_and_cp_groups():
 
 @pytest.mark.parametrize(("kw", "msg"), [
     ({"world_size": 6, "tp": 4}, "not divisible"),
-    ({"world_size": 8, "tp": 2, "ep": 3}, "must divide"),
+    ({"world_size": 8, "tp": 2, "ep": 3}, r"not divisible by expert_tensor_model_pipeline_parallel size"),
+    ({"world_size": 4, "tp": 2, "ep": 2, "etp": 2, "pp": 2}, r"etp×ep×pp = 2×2×2 = 8"),
+    ({"world_size": 8, "pp": 2, "ep": 4, "etp": 1, "tp": 2, "order": "tp-cp-ep-pp-dp"}, "pp-last"),
     ({"world_size": 8, "order": "tp-dp-pp"}, "order"),
     ({"world_size": 8, "tp": 0}, "positive"),
     ({"world_size": 8, "pp": 2, "num_layers": 3}, "num_layers"),
@@ -162,12 +164,43 @@ def test_cp2_merges_sequence_shards():
         assert math.isclose(float(got[k]), want[k], rel_tol=1e-12)
 
 
+def test_moe_parallel_folding_follows_megatron_rank_generators():
+    # tp2 ep2 etp1 on 2 ranks (MoE parallel folding): both ranks are one TP group and one EP group
+    fold = Layout.parse("tp=2,ep=2,etp=1", world_size=2)
+    assert (fold.dp, fold.edp, fold.etp) == (1, 1, 1)
+    assert fold.groups("tp") == [[0, 1]] and fold.groups("ep") == [[0, 1]] and fold.groups("edp") == [[0], [1]]
+    assert [fold.expert_coords(r)["ep"] for r in (0, 1)] == [0, 1]
+    assert not fold.check_groups([[0, 1]])
+    # ep alone: Megatron's default etp=tp cannot hold here, etp=1 is assumed and said
+    implied = Layout.parse("tp=2,ep=2", world_size=2)
+    assert implied == fold and "etp=1 assumed" in implied.etp_assumed
+    assert Layout(4, tp=2, ep=2).etp == 2 and not Layout(4, tp=2, ep=2).etp_assumed
+    # tp1 dp2 ep2: the expert groups lie over the data-parallel ranks
+    dp = Layout.parse("ep=2", world_size=2)
+    assert dp.groups("dp") == [[0, 1]] and dp.groups("ep") == [[0, 1]] and dp.edp == 1
+    # Megatron-Core 0.19 RankGenerator, world 16: tp2 pp2 dp4; experts etp1 ep4 edp2 (order tp-cp-ep-dp-pp)
+    big = Layout(16, tp=2, pp=2, ep=4, etp=1)
+    assert big.groups("ep")[:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert big.groups("edp")[0] == [0, 4] and big.groups("tp")[0] == [0, 1] and big.groups("pp")[0] == [0, 8]
+    assert big.expert_coords(13) == {"etp": 0, "ep": 1, "edp": 1, "pp": 1}
+    with pytest.raises(LayoutError, match="edp=3"):
+        Layout.parse("tp=2,ep=2,etp=1,edp=3", world_size=2)
+
+
 def test_ep2_experts_by_global_index():
     lay = Layout(2, ep=2)
     run = make_run(lay, n_layers=1, experts=4)
     local = {t for t in run.tensor.values if "local_experts" in t}
     assert {t.split("local_experts.")[1].split(".")[0] for t in local} == {"0", "1"}
-    merged = merge_shards(run, lay)
+    # EP over the data-parallel ranks: each rank keeps its own (dense) data and its experts under global indices
+    per_rank = merge_shards(run, lay)
+    assert list(per_rank["rank"].values) == [0, 1]
+    held = {r: {t.split("local_experts.")[1].split(".")[0] for t in per_rank.tensor.values
+                if "local_experts" in t and bool(per_rank["present"].sel(rank=r, tensor=t).any())} for r in (0, 1)}
+    assert held == {0: {"0", "1"}, 1: {"2", "3"}}
+    # merged over DP into the whole model: every expert taken from the rank that holds it
+    merged = merge_shards(run, lay, merge_dp=True)
+    assert list(merged["rank"].values) == [0]
     experts = {t.split("local_experts.")[1].split(".")[0] for t in merged.tensor.values if "local_experts" in t}
     assert experts == {"0", "1", "2", "3"}
     ref = {k: v for k, v in reference_stats(n_layers=1, experts=4).items() if "experts" in k}

@@ -160,7 +160,7 @@ def int_set(what: str, hi: int = MAX_INDEX) -> ArgType:
     return ArgType(f"{what} selection", parse, bad, "0")
 
 
-_LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp", "num_layers", "world_size")
+_LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "edp", "num_layers", "world_size")
 _ORDER_DIMS = {"tp", "cp", "ep", "dp", "pp"}
 
 

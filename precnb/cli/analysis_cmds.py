@@ -254,7 +254,7 @@ def _layout_from_args(args: argparse.Namespace, ds: Any) -> Any:
     from precnb.pipeline.triage import resolve_layout
 
     world_size = int(ds.sizes["rank"])
-    given = args.layout or any(getattr(args, d) is not None for d in ("tp", "pp", "vpp", "cp", "ep"))
+    given = args.layout or any(getattr(args, d, None) is not None for d in ("tp", "pp", "vpp", "cp", "ep", "etp"))
     if not given:  # nothing said: Megatron's rank order and degrees read from the dumps (DP only if they show none)
         notes: list[str] = []
         lay = resolve_layout(None, ds, "run", notes)
@@ -265,7 +265,7 @@ def _layout_from_args(args: argparse.Namespace, ds: Any) -> Any:
         lay = Layout.parse(args.layout, world_size=world_size)
     else:
         lay = Layout(world_size, tp=args.tp or 1, pp=args.pp or 1, vpp=args.vpp or 1, cp=args.cp or 1,
-                     ep=args.ep or 1, order=args.order, num_layers=args.num_layers)
+                     ep=args.ep or 1, etp=getattr(args, "etp", None), order=args.order, num_layers=args.num_layers)
     try:
         return resolve_layout(lay, ds, "run")
     except ValueError as exc:

@@ -58,11 +58,14 @@ def add_mapping_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_layout_options(p: argparse.ArgumentParser) -> None:
-    """``--layout`` or ``--tp/--pp/--vpp/--cp/--ep``, ``--order``, ``--num-layers``: a run's parallel layout."""
-    p.add_argument("--layout", type=layout_text, help="layout as text, e.g. tp=2,pp=2 (instead of the flags below)")
+    """``--layout`` or ``--tp/--pp/--vpp/--cp/--ep/--etp``, ``--order``, ``--num-layers``: a run's parallel layout."""
+    p.add_argument("--layout", type=layout_text,
+                   help="layout as text, e.g. tp=2,pp=2 or tp=2,ep=2,etp=1 (instead of the flags below)")
     for dim in ("tp", "pp", "vpp", "cp", "ep"):
         p.add_argument(f"--{dim}", type=size, default=None,
                        help=f"{dim.upper()} size (default: read from the dumps, else 1)")
+    p.add_argument("--etp", type=size, default=None,
+                   help="expert tensor-parallel size (default: tp as in Megatron; 1 when ep is folded onto tp)")
     p.add_argument("--order", type=order_text, default="tp-cp-ep-dp-pp", help="Megatron order string")
     p.add_argument("--num-layers", type=size, help="total layers, for PP/VPP renumbering")
 

@@ -26,7 +26,7 @@ def _names(runs: list[str]) -> list[str]:
 def _layout(args: argparse.Namespace) -> Any:
     if args.layout:
         return args.layout
-    parts = [f"{k}={getattr(args, k)}" for k in ("tp", "pp", "vpp", "cp", "ep", "order", "num_layers")
+    parts = [f"{k}={getattr(args, k)}" for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "order", "num_layers")
              if getattr(args, k, None) is not None]
     if not parts:
         from precnb.cli._common import UsageError

@@ -47,6 +47,8 @@ def layout_spec(layout: Any) -> str:
     ('tp=2,pp=2', 'dp=2', 'tp=2,dp=2,order=tp-dp-pp-cp-ep')
     """
     parts = [f"{d}={getattr(layout, d)}" for d in ("tp", "cp", "ep", "dp", "pp", "vpp") if getattr(layout, d) > 1]
+    if getattr(layout, "ep", 1) > 1 and getattr(layout, "etp", layout.tp) != layout.tp:
+        parts.insert(parts.index(f"ep={layout.ep}") + 1, f"etp={layout.etp}")
     if layout.order != "tp-cp-ep-dp-pp":
         parts.append(f"order={layout.order}")
     return ",".join(parts) or "dp=1"

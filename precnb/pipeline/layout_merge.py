@@ -14,7 +14,7 @@ __all__ = ["is_sharded", "merge_layouts"]
 
 def _same_layout(a: Any, b: Any, base: xr.Dataset, target: xr.Dataset) -> bool:
     """Two runs laid out alike (same sizes, order and ranks): rank r holds the same part of the model in both."""
-    keys = ("world_size", "tp", "pp", "vpp", "cp", "ep", "order")
+    keys = ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "order")
     if not all(getattr(a, k) == getattr(b, k) for k in keys) or (
             base["rank"].values.tolist() != target["rank"].values.tolist()):
         return False

@@ -2,15 +2,23 @@
 
 Megatron's order string lists the parallel dimensions from the fastest-varying to the
 slowest: with ``order="tp-cp-ep-dp-pp"``, consecutive ranks form a TP group, and the
-pipeline stage changes slowest. Expert parallelism splits the data-parallel dimension
-(``ep`` varies faster than the remaining expert-data-parallel part), as in Megatron's
-``RankGenerator``.
+pipeline stage changes slowest.
+
+A layout is two decompositions of the same world, as Megatron-Core's
+``initialize_model_parallel`` builds them (two ``RankGenerator`` s over one order):
+
+* the **dense** one, TP × CP × DP × PP (with VPP), for attention, dense MLPs, norms and routers:
+  ``dp = world / (tp·cp·pp)``;
+* the **expert** one, ETP × EP × EDP × PP, for the experts of MoE layers: ``edp = world / (etp·ep·pp)``, no CP.
+  ``etp`` defaults to ``tp`` (Megatron's default). EP is *folded* onto the dense dimensions: with
+  ``tp=2, ep=2, etp=1`` on two ranks the expert groups lie over the TP group's ranks ("MoE parallel
+  folding"); with ``tp=1, dp=2, ep=2`` over the data-parallel ranks.
 
 The layout family: this module (:class:`Layout`), :mod:`~precnb.analysis.layout.infer` (a run's layout
 read from its dumps, a given one checked against them), and turning sharded ranks into whole-model ranks:
 :mod:`~precnb.analysis.layout.merge` (TP / CP / DP shards merged into whole-layer statistics),
 :mod:`~precnb.analysis.layout.shard_shapes` (the whole shapes of split tensors read from the run),
-:mod:`~precnb.analysis.layout.pp` (PP / VPP / EP relabelling, with
+:mod:`~precnb.analysis.layout.pp` (PP / VPP stitching, local expert indices made global, with
 :mod:`~precnb.analysis.layout.pp_stitch` and :mod:`~precnb.analysis.layout.pp_tree`).
 
 Examples
@@ -26,17 +34,26 @@ Examples
 [0, 4]
 >>> Layout.parse("tp=2,pp=2", world_size=8) == lay
 True
+
+MoE parallel folding: two ranks form the TP group of the dense layers and the EP group of the experts.
+
+>>> moe = Layout.parse("tp=2,ep=2,etp=1", world_size=2)
+>>> moe.groups("tp"), moe.groups("ep"), moe.expert_coords(1)
+([[0, 1]], [[0, 1]], {'etp': 0, 'ep': 1, 'edp': 0, 'pp': 0})
+>>> Layout(2, tp=2, ep=2).etp  # etp = tp needs tp·ep·pp = 4 ranks: the only layout Megatron allows here
+1
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import product
 
-__all__ = ["DIM_NAMES", "Layout", "LayoutError"]
+__all__ = ["DIM_NAMES", "EXPERT_DIMS", "Layout", "LayoutError"]
 
 DIM_NAMES = ("tp", "cp", "ep", "dp", "pp")
+EXPERT_DIMS = ("etp", "ep", "edp", "pp")
 
 
 class LayoutError(ValueError):
@@ -45,7 +62,7 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class Layout:
-    """A Megatron-style parallel layout.
+    """A Megatron-style parallel layout (dense and expert decompositions of one world).
 
     Parameters
     ----------
@@ -57,6 +74,9 @@ class Layout:
         Megatron order string, fastest-varying first (default ``"tp-cp-ep-dp-pp"``).
     num_layers : int, optional
         Total transformer layers, for PP/VPP renumbering (inferred from the dump otherwise).
+    etp : int, optional
+        Expert tensor-parallel size. Default: ``tp`` as in Megatron; when ``tp·ep·pp`` does not divide the
+        world but ``ep·pp`` does (EP folded onto TP), 1 — and :attr:`etp_assumed` says so.
     """
 
     world_size: int
@@ -67,35 +87,56 @@ class Layout:
     ep: int = 1
     order: str = "tp-cp-ep-dp-pp"
     num_layers: int | None = None
+    etp: int | None = None
+    etp_assumed: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("world_size", "tp", "pp", "vpp", "cp", "ep"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise LayoutError(f"{name} must be a positive integer, got {v!r}")
         model = self.tp * self.cp * self.pp
         if self.world_size % model:
             raise LayoutError(
                 f"world size {self.world_size} is not divisible by tp×cp×pp = "
                 f"{self.tp}×{self.cp}×{self.pp} = {model}")
-        dp = self.world_size // model
-        if dp % self.ep:
-            raise LayoutError(f"ep={self.ep} must divide the data-parallel size dp={dp}")
         dims = self.order.split("-")
         if sorted(dims) != sorted(DIM_NAMES):
             raise LayoutError(f"order {self.order!r} must name each of {', '.join(DIM_NAMES)} once")
         if self.num_layers is not None and self.num_layers % (self.pp * self.vpp):
             raise LayoutError(f"num_layers={self.num_layers} is not divisible by pp×vpp={self.pp * self.vpp}")
+        self._resolve_etp()
+
+    def _resolve_etp(self) -> None:
+        """``etp`` as Megatron-Core's ``initialize_model_parallel`` decides and checks it."""
+        etp, note = self.etp, ""
+        if etp is None:
+            etp = self.tp
+            if self.ep > 1 and self.world_size % (etp * self.ep * self.pp) and not self.world_size % (self.ep * self.pp):
+                etp, note = 1, (f"etp=1 assumed: Megatron's default etp=tp={self.tp} needs tp×ep×pp = "
+                                f"{self.tp * self.ep * self.pp} to divide world {self.world_size}; give etp= to change it")
+        if not isinstance(etp, int) or isinstance(etp, bool) or etp < 1:
+            raise LayoutError(f"etp must be a positive integer, got {etp!r}")
+        size = etp * self.ep * self.pp
+        if self.world_size % size:  # Megatron's own rule and words
+            raise LayoutError(f"world_size ({self.world_size}) is not divisible by expert_tensor_model_pipeline_parallel "
+                              f"size etp×ep×pp = {etp}×{self.ep}×{self.pp} = {size}")
+        edp = self.world_size // size
+        if not (self.order.endswith("pp") or self.pp == 1 or edp == self.dp):
+            raise LayoutError("when not using pp-last rank ordering, the data parallel size of the attention and moe "
+                              f"layers must be the same (dp={self.dp}, edp={edp}, order {self.order})")
+        object.__setattr__(self, "etp", etp)
+        object.__setattr__(self, "etp_assumed", note)
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def parse(cls, text: str, *, world_size: int) -> Layout:
-        """Parse ``"tp=2,pp=2,order=tp-cp-ep-dp-pp"`` (keys: tp pp vpp cp ep dp order num_layers).
+        """Parse ``"tp=2,pp=2,order=tp-cp-ep-dp-pp"`` (keys: tp pp vpp cp ep etp dp edp order num_layers).
 
-        ``dp`` may be given to check the world size.
+        ``dp`` and ``edp`` may be given to check the world size.
         """
         kw: dict[str, object] = {}
-        dp = None
+        checks: dict[str, int] = {}
         for part in filter(None, (p.strip() for p in re.split(r"[,\s]+", text))):
             if "=" not in part:
                 raise LayoutError(f"layout item {part!r} is not KEY=VALUE (e.g. tp=2)")
@@ -103,103 +144,158 @@ class Layout:
             if key == "order":
                 kw["order"] = val
                 continue
-            if key not in ("tp", "pp", "vpp", "cp", "ep", "dp", "num_layers", "world_size"):
+            if key not in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "edp", "num_layers", "world_size"):
                 raise LayoutError(f"unknown layout key {key!r}")
             try:
                 num = int(val)
             except ValueError:
                 raise LayoutError(f"layout {key}={val!r} is not an integer") from None
-            if key == "dp":
-                dp = num
+            if key in ("dp", "edp"):
+                checks[key] = num
             elif key == "world_size":
                 world_size = num
             else:
                 kw[key] = num
         lay = cls(world_size, **kw)  # type: ignore[arg-type]
-        if dp is not None and dp != lay.dp:
-            raise LayoutError(f"dp={dp} but world size {world_size} with tp×cp×pp gives dp={lay.dp}")
+        if "dp" in checks and checks["dp"] != lay.dp:
+            raise LayoutError(f"dp={checks['dp']} but world size {world_size} with tp×cp×pp gives dp={lay.dp}")
+        if "edp" in checks and checks["edp"] != lay.edp:
+            raise LayoutError(f"edp={checks['edp']} but world size {world_size} with etp×ep×pp gives edp={lay.edp}")
         return lay
 
     # -- sizes -------------------------------------------------------------------------------
     @property
     def dp(self) -> int:
-        """Data-parallel size (including the expert-parallel split)."""
+        """Data-parallel size of the dense layers."""
         return self.world_size // (self.tp * self.cp * self.pp)
 
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size: the replicas of each expert."""
+        return self.world_size // (int(self.etp or 1) * self.ep * self.pp)
+
+    @property
+    def has_experts(self) -> bool:
+        """Whether the expert decomposition differs from the dense one (ep > 1 or etp ≠ tp)."""
+        return self.ep > 1 or self.etp != self.tp
+
     def size(self, dim: str) -> int:
-        """Size of a parallel dimension."""
+        """Size of a parallel dimension (dense ``tp cp dp pp vpp``, expert ``etp ep edp``)."""
         if dim == "dp":
-            return self.dp // self.ep  # the part of dp that varies slower than ep
+            return self.dp
+        if dim == "edp":
+            return self.edp
         return int(getattr(self, dim))
 
     def _dims(self) -> list[str]:
         return self.order.split("-")
 
     # -- rank mapping --------------------------------------------------------------------------
-    def _raw(self, rank: int) -> dict[str, int]:
+    def _sizes(self, expert: bool) -> dict[str, int]:
+        """Sizes along the order's names for one of the two rank generators (Megatron: ep=1 dense, cp=1 expert)."""
+        if expert:
+            return {"tp": int(self.etp or 1), "cp": 1, "ep": self.ep, "dp": self.edp, "pp": self.pp}
+        return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
+
+    def _raw(self, rank: int, expert: bool = False) -> dict[str, int]:
         if not 0 <= rank < self.world_size:
             raise LayoutError(f"rank {rank} outside world size {self.world_size}")
+        sizes = self._sizes(expert)
         out: dict[str, int] = {}
         rest = rank
         for d in self._dims():
-            n = self.size(d)
-            out[d] = rest % n
-            rest //= n
+            out[d] = rest % sizes[d]
+            rest //= sizes[d]
         return out
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Parallel coordinates of *rank* (``dp`` is the full data-parallel index)."""
+        """Parallel coordinates of *rank*: dense ``tp cp dp pp`` and its expert-parallel rank ``ep``."""
         out = self._raw(rank)
-        # full dp index: ep is the fast part of the data-parallel dimension
-        out["dp"] = out["dp"] * self.ep + out["ep"]
+        out["ep"] = self._raw(rank, expert=True)["ep"]
         return {d: out[d] for d in DIM_NAMES}
 
+    def expert_coords(self, rank: int) -> dict[str, int]:
+        """Coordinates of *rank* in the expert decomposition: ``etp ep edp pp``."""
+        raw = self._raw(rank, expert=True)
+        return {"etp": raw["tp"], "ep": raw["ep"], "edp": raw["dp"], "pp": raw["pp"]}
+
     def rank_of(self, **coords: int) -> int:
-        """Inverse of :meth:`coords` (missing coordinates are 0)."""
+        """Inverse of :meth:`coords` over the dense coordinates (missing ones are 0; ``ep`` is not needed)."""
         c = {d: int(coords.get(d, 0)) for d in DIM_NAMES}
-        c["ep"], c["dp"] = c["dp"] % self.ep, c["dp"] // self.ep
+        sizes = self._sizes(False)
         rank, mult = 0, 1
         for d in self._dims():
-            n = self.size(d)
-            if not 0 <= c[d] < n:
-                raise LayoutError(f"{d}={c[d]} outside 0..{n - 1}")
+            if d == "ep":
+                continue
+            if not 0 <= c[d] < sizes[d]:
+                raise LayoutError(f"{d}={c[d]} outside 0..{sizes[d] - 1}")
             rank += c[d] * mult
-            mult *= n
+            mult *= sizes[d]
         return rank
 
     def groups(self, dim: str) -> list[list[int]]:
-        """Rank groups along *dim* (ranks that differ only in that coordinate)."""
-        if dim not in DIM_NAMES:
+        """Rank groups along *dim* (ranks that differ only in that coordinate).
+
+        Dense dimensions ``tp cp dp pp``; expert dimensions ``ep etp edp`` (Megatron's expert groups).
+        """
+        if dim not in DIM_NAMES and dim not in EXPERT_DIMS:
             raise LayoutError(f"unknown dimension {dim!r}")
+        expert = dim in ("ep", "etp", "edp")
+        axis = {"etp": "tp", "edp": "dp"}.get(dim, dim)
         seen: dict[tuple[int, ...], list[int]] = {}
         for r in range(self.world_size):
-            c = self._raw(r)
-            key = tuple(c[k] for k in DIM_NAMES if k != dim and not (dim == "dp" and k == "ep"))
+            c = self._raw(r, expert)
+            key = tuple(c[k] for k in DIM_NAMES if k != axis)
             seen.setdefault(key, []).append(r)
         return sorted(seen.values())
 
+    def expert_owner(self, rank: int, local: int, experts_per_rank: int) -> int:
+        """Global index of local expert *local* on *rank*: ``ep_rank · experts_per_rank + local``.
+
+        >>> Layout(2, tp=2, ep=2).expert_owner(1, 0, 2)
+        2
+        """
+        return self.expert_coords(rank)["ep"] * experts_per_rank + local
+
     def reduced(self, *dims: str) -> Layout:
-        """The layout with the given dimensions merged away (size 1)."""
-        def size(d: str) -> int:  # merging pp away merges its virtual stages too (dp away: its ep split)
-            return 1 if d in dims or (d == "vpp" and "pp" in dims) or (d == "ep" and "dp" in dims) \
-                else int(getattr(self, d))
+        """The layout with the given dimensions merged away (size 1).
+
+        Merging ``ep`` away keeps the dense ranks (each rank then holds its experts under their global
+        indices); merging ``tp`` away merges the expert tensor-parallel split too when ``etp = tp``.
+        """
+        def size(d: str) -> int:  # merging pp away merges its virtual stages too
+            return 1 if d in dims or (d == "vpp" and "pp" in dims) else int(getattr(self, d))
 
         shrink = 1
         for d in dims:
-            if d in ("tp", "pp", "cp") or (d == "ep" and "dp" not in dims):
+            if d in ("tp", "pp", "cp"):
                 shrink *= getattr(self, d)
-            elif d == "dp":  # the data-parallel replicas merged into one (ep splits dp: it goes too)
+            elif d == "dp":
                 shrink *= self.dp
-        return replace(self, world_size=self.world_size // shrink, num_layers=None, tp=size("tp"), pp=size("pp"),
-                       vpp=size("vpp"), cp=size("cp"), ep=size("ep"))
+        world = self.world_size // shrink
+        ep = size("ep")
+        etp = int(self.etp or 1)
+        etp = 1 if ("tp" in dims and etp == self.tp) or "ep" in dims else etp
+        etp = etp if world % (etp * ep * size("pp")) == 0 else 1
+        ep = ep if world % (etp * ep * size("pp")) == 0 else 1
+        return replace(self, world_size=world, num_layers=None, tp=size("tp"), pp=size("pp"),
+                       vpp=size("vpp"), cp=size("cp"), ep=ep, etp=etp)
 
     def describe(self) -> str:
-        """One line, e.g. ``world 8 = tp2 × cp1 × pp2 × dp2 (ep1, vpp1)``."""
+        """One line, e.g. ``world 8 = tp2 × cp1 × pp2 × dp2 (ep1, vpp1)``; experts when they are laid out apart.
+
+        >>> Layout(2, tp=2, ep=2, etp=1).describe()
+        'world 2 = tp2 × cp1 × pp1 × dp1 (ep2, vpp1), experts etp1 × ep2 × edp1, order tp-cp-ep-dp-pp'
+        """
+        experts = f", experts etp{self.etp} × ep{self.ep} × edp{self.edp}" if self.has_experts else ""
         return (f"world {self.world_size} = tp{self.tp} × cp{self.cp} × pp{self.pp} × dp{self.dp} "
-                f"(ep{self.ep}, vpp{self.vpp}), order {self.order}")
+                f"(ep{self.ep}, vpp{self.vpp}){experts}, order {self.order}")
 
     def table(self) -> list[dict[str, int]]:
-        """One row per rank with its coordinates."""
+        """One row per rank with its coordinates (and its expert coordinates when experts are laid out apart)."""
+        if self.has_experts:
+            return [{"rank": r, **self.coords(r), **{f"expert_{k}": v for k, v in self.expert_coords(r).items()
+                                                      if k != "pp"}} for r in range(self.world_size)]
         return [{"rank": r, **self.coords(r)} for r in range(self.world_size)]
 
     def check_groups(self, recorded: list[list[int]]) -> list[str]:
@@ -209,8 +305,14 @@ class Layout:
         layout along some dimension or combination, or the whole world.
         """
         known = {tuple(range(self.world_size))}
-        for d in DIM_NAMES:
+        for d in (*DIM_NAMES, "etp", "edp"):
             known |= {tuple(g) for g in self.groups(d)}
+        if self.has_experts:  # Megatron's expert model-parallel group (etp × ep of one stage and expert replica)
+            moe: dict[tuple[int, int], list[int]] = {}
+            for r in range(self.world_size):
+                e = self.expert_coords(r)
+                moe.setdefault((e["edp"], e["pp"]), []).append(r)
+            known |= {tuple(sorted(v)) for v in moe.values()}
         # combined data-parallel groups (dp × cp, used for gradient all-reduce with CP)
         if self.cp > 1:
             seen: dict[tuple[int, ...], list[int]] = {}

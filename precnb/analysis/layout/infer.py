@@ -97,11 +97,56 @@ def _chunks(ds: xr.Dataset) -> int:
     return max(found) + 1 if len(found) > 1 else 1
 
 
+_EXPERT_IN = re.compile(r"(?<![A-Za-z0-9_])experts\.(?:local_experts\.)?(\d+)(?=\.)")
+_ROUTER = re.compile(r"(?<![A-Za-z0-9_])router\.[A-Za-z0-9_]*Router\.forward\.\d+\.parameters\.weight$")
+
+
+def _is_expert(labels: np.ndarray) -> np.ndarray:
+    """Which labels belong to an MoE expert (``experts.local_experts.N`` / ``experts.N`` in the path)."""
+    return np.fromiter((bool(_EXPERT_IN.search(str(t))) for t in labels), bool, len(labels))
+
+
+def _expert_parallel(ds: xr.Dataset, tp: int, pp: int) -> tuple[int, str]:
+    """(ep, evidence): the experts' count (rows of a router's weight) over the local experts a rank holds.
+
+    Megatron numbers experts locally on every expert-parallel rank (``local_experts.0 …``); the router scores
+    every expert, so its weight has one row per global expert.
+    """
+    labels = ds["tensor"].values
+    shapes = ds["shape"].values
+    total = 0
+    for j, t in enumerate(labels.tolist()):
+        if _ROUTER.search(str(t)):
+            try:
+                total = max(total, int(json.loads(str(shapes[j]))[0]))
+            except (ValueError, TypeError, IndexError, json.JSONDecodeError):
+                continue
+    if total < 2:
+        return 1, ""
+    pres = ds["present"].values.any(axis=0)  # (rank, tensor)
+    local = 0
+    for i in range(pres.shape[0]):
+        idx = {int(m.group(1)) for t in labels[pres[i]].tolist() if (m := _EXPERT_IN.search(str(t)))}
+        local = max(local, len(idx))
+    if not local or total % local or total == local:
+        return 1, ""
+    ep = total // local
+    world = ds.sizes["rank"]
+    if world % (ep * pp):
+        return 1, ""
+    fold = "" if world % (tp * ep * pp) == 0 else f", folded onto TP (etp=1: tp×ep×pp = {tp * ep * pp} > world {world})"
+    return ep, (f"routers score {total} experts and each rank holds {local} (local_experts.0 … {local - 1}): "
+                f"expert parallelism ep={ep}{fold}")
+
+
 def _param_groups(ds: xr.Dataset, groups: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:
-    """Split recorded groups into (shard groups, replica groups) by their members' parameter statistics."""
+    """Split recorded groups into (shard groups, replica groups) by their members' parameter statistics.
+
+    Expert parameters say nothing here: expert-parallel ranks hold different experts under the same local names.
+    """
     if ds.sizes.get("step", 0) == 0:
         return [], []
-    params = np.flatnonzero(ds["role"].values == "parameter")
+    params = np.flatnonzero((ds["role"].values == "parameter") & ~_is_expert(ds["tensor"].values))
     ranks = [int(r) for r in ds["rank"].values]
     pres = ds["present"].values
     stats = {s: ds[s].values for s in ("max", "min", "mean", "norm")}
@@ -178,8 +223,11 @@ def infer_layout(ds: xr.Dataset) -> Inferred:
     if not ev:
         return Inferred(None, ["nothing in the dumps shows how the ranks share the model"], pipes, shards, reps,
                         chunks)
+    ep, why = _expert_parallel(ds, tp, pp)
+    if ep > 1:
+        ev.append(why)
     try:
-        lay = Layout(world, tp=tp, pp=pp, vpp=chunks)
+        lay = Layout(world, tp=tp, pp=pp, vpp=chunks, ep=ep)
     except LayoutError as exc:
         ev.append(f"no Megatron layout fits: {exc}")
         return Inferred(None, ev, pipes, shards, reps, chunks)

@@ -250,7 +250,12 @@ def _api_calls(ds: xr.Dataset, present_any: np.ndarray) -> dict[str, int]:
 
 
 def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout]:
-    """Stitch PP stages (and EP ranks) into one rank per (tp, cp, dp) position.
+    """Stitch PP stages into one rank per (tp, cp, dp) position; local expert indices become global.
+
+    Expert-parallel ranks are not stitched: they hold different data (EP over data-parallel ranks) or
+    different shards of the dense layers (EP folded onto TP). Each keeps its own experts under their global
+    index (``ep_rank · experts_per_rank + local``), and the TP / DP merges take each expert from the rank that
+    holds it.
 
     Returns the stitched dataset and the layout with pp = vpp = ep = 1.
     """
@@ -268,9 +273,9 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
         lpc = max(_layer_indices(stripped, layers_rx), default=-1) + 1
     reduced = layout.reduced("pp", "ep")
     groups: dict[int, list[int]] = defaultdict(list)
-    for r in ranks:
+    for r in ranks:  # the stages of one dense (tp, cp, dp) position; EP ranks keep their own dense data
         c = layout.coords(r)
-        new = reduced.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"] // layout.ep)
+        new = reduced.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"])
         groups[new].append(r)
     # per-rank label maps
     label_maps: dict[int, np.ndarray] = {}

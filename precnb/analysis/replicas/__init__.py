@@ -247,7 +247,7 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
     if aside is not None:
         aside += set_aside(ds, undefined)
     for dim in dims:
-        if layout.size(dim) * (layout.ep if dim == "dp" else 1) <= 1:
+        if layout.size(dim) <= 1:
             continue
         groups = layout.groups(dim)
         families = [layout.coords(g[0])["pp"] for g in groups]  # one pipeline stage: the same ops under one label

@@ -93,7 +93,7 @@ def crc_rows(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("tp", "cp
     stats = np.stack([ds[s].values for s in STATS], axis=-1)
     rows: list[dict[str, Any]] = []
     for dim in dims:
-        if layout.size(dim) * (layout.ep if dim == "dp" else 1) <= 1:
+        if layout.size(dim) <= 1:
             continue
         for g in layout.groups(dim):
             idx = [ranks.index(r) for r in g]

@@ -216,8 +216,11 @@ def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol
     allp = pres.all(axis=2)
     out_vals, out_null, out_numel = _merged_stats(ds, idx, kinds)
     out_numel = np.where(allp, out_numel, -1)
-    present = np.where((kinds == "local")[:, None, :], pres[:, :, 0, :], allp)
+    local = (kinds == "local")[:, None, :]
+    present = np.where(local, pres.any(axis=2), allp)
     seq = ds["seq"].values[:, [g[0] for g in idx], :]
+    if local.any():  # recorded on some members only (an expert on the rank that holds it): that member's entry
+        _take_local(ds, idx, pres, local, out_vals, out_null, out_numel, seq)
     # every copy of a replicated tensor is checked at every step before the first copy stands for the group:
     # a replica that departs later (a fault on one TP rank) is a difference, not hidden behind rank 0's copy
     same = _copies(ds, idx, rtol)[4]
@@ -239,6 +242,20 @@ def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol
             continue
         data[name] = (dims, ds[name].values[:, [g[0] for g in idx], :])
     return data
+
+
+def _take_local(ds: xr.Dataset, idx: list[list[int]], pres: np.ndarray, local: np.ndarray,
+                out_vals: dict[str, np.ndarray], out_null: np.ndarray, out_numel: np.ndarray, seq: np.ndarray) -> None:
+    """For tensors recorded on some members of a group only: the first member that recorded it, in place."""
+    member = np.argmax(pres, axis=2)  # (step, G, tensor)
+    pos = np.asarray(idx)[np.arange(len(idx))[None, :, None], member]  # dump positions
+    si = np.arange(pos.shape[0])[:, None, None]
+    ti = np.arange(pos.shape[2])[None, None, :]
+    for s in out_vals:
+        out_vals[s][...] = np.where(local, ds[s].values[si, pos, ti], out_vals[s])
+    out_null[...] = np.where(local, ds["null_stats"].values[si, pos, ti], out_null)
+    out_numel[...] = np.where(local, ds["numel"].values[si, pos, ti], out_numel)
+    seq[...] = np.where(local, ds["seq"].values[si, pos, ti], seq)
 
 
 def _departing_copies(ds: xr.Dataset, idx: list[list[int]], same: np.ndarray, differ: np.ndarray
