@@ -308,6 +308,10 @@ class Alignment:
         labels = [str(x) for x in baseline["tensor"].values]
         nodes = baseline["node"].values
         targets = set(tmap.values())
+        # a target node without counterpart can carry an unpaired baseline node's name (a shifted call counter:
+        # another call): the baseline's keeps its own label, apart
+        target_only = {str(u.get("node")) for u in self.unpaired.get("target", [])} | {
+            str(g.get("node")) for g in self.unpaired.get("glue", []) if g.get("side") == "target"}
         keep: list[int] = []
         new: list[str] = []
         for j, lbl in enumerate(labels):
@@ -316,7 +320,7 @@ class Alignment:
                 new.append(tmap[lbl])
             elif str(nodes[j]) not in skip:
                 keep.append(j)
-                new.append(lbl if lbl not in targets else f"{lbl} (baseline)")
+                new.append(lbl if lbl not in targets and str(nodes[j]) not in target_only else f"{lbl} (baseline)")
         out = baseline.isel(tensor=keep)
         out = out.assign_coords(tensor=np.asarray(new, dtype=object))
         coord_vals = {name: np.asarray(out.coords[name].values).copy() for name in _COORDS if name in out.coords}

@@ -112,15 +112,17 @@ class Layout:
         etp, note = self.etp, ""
         if etp is None:
             etp = self.tp
-            if self.ep > 1 and self.world_size % (etp * self.ep * self.pp) and not self.world_size % (self.ep * self.pp):
+            w, ep_pp = self.world_size, self.ep * self.pp
+            if self.ep > 1 and w % (etp * ep_pp) and not w % ep_pp:
                 etp, note = 1, (f"etp=1 assumed: Megatron's default etp=tp={self.tp} needs tp×ep×pp = "
-                                f"{self.tp * self.ep * self.pp} to divide world {self.world_size}; give etp= to change it")
+                                f"{self.tp * ep_pp} to divide world {w}; give etp= to change it")
         if not isinstance(etp, int) or isinstance(etp, bool) or etp < 1:
             raise LayoutError(f"etp must be a positive integer, got {etp!r}")
         size = etp * self.ep * self.pp
         if self.world_size % size:  # Megatron's own rule and words
-            raise LayoutError(f"world_size ({self.world_size}) is not divisible by expert_tensor_model_pipeline_parallel "
-                              f"size etp×ep×pp = {etp}×{self.ep}×{self.pp} = {size}")
+            raise LayoutError(f"world_size ({self.world_size}) is not divisible by "
+                              f"expert_tensor_model_pipeline_parallel size etp×ep×pp = "
+                              f"{etp}×{self.ep}×{self.pp} = {size}")
         edp = self.world_size // size
         if not (self.order.endswith("pp") or self.pp == 1 or edp == self.dp):
             raise LayoutError("when not using pp-last rank ordering, the data parallel size of the attention and moe "

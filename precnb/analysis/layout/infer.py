@@ -123,7 +123,7 @@ def _expert_parallel(ds: xr.Dataset, tp: int, pp: int) -> tuple[int, str]:
                 continue
     if total < 2:
         return 1, ""
-    pres = ds["present"].values.any(axis=0)  # (rank, tensor)
+    pres: np.ndarray = np.asarray(ds["present"].values.any(axis=0), bool)  # (rank, tensor)
     local = 0
     for i in range(pres.shape[0]):
         idx = {int(m.group(1)) for t in labels[pres[i]].tolist() if (m := _EXPERT_IN.search(str(t)))}

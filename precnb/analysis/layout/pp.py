@@ -282,6 +282,13 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
     node_maps: dict[int, dict[str, str]] = {}
     orders: dict[tuple[int, int], dict[str, tuple[Any, ...]]] = {}
     member_order: dict[int, tuple[int, int]] = {}
+    n_locals = {r: (_max_index([str(n) for n, ok in zip(nodes, np.any(present[:, i, :], axis=0), strict=True) if ok],
+                               _EXPERT) + 1 if layout.ep > 1 else 0) for i, r in enumerate(ranks)}
+    e_calls: dict[tuple[int, int], dict[tuple[str, int], int]] = {}
+    if layout.ep > 1 and layout.pp == 1:  # API calls numbered as one rank holding every expert numbers them
+        from precnb.analysis.layout.ep import expert_calls
+
+        e_calls = expert_calls(ds, layout, n_locals, _construct_ranks(ds))
     for members in groups.values():
         members.sort(key=lambda r: (layout.coords(r)["pp"], layout.coords(r)["ep"]))
         offsets: dict[str, int] = defaultdict(int)
@@ -292,8 +299,7 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
             c = layout.coords(r)
             i = ranks.index(r)
             pres_any: np.ndarray = np.any(present[:, i, :], axis=0)
-            expert_nodes = [str(n) for n, ok in zip(nodes, pres_any, strict=True) if ok]
-            n_local = _max_index(expert_nodes, _EXPERT) + 1 if layout.ep > 1 else 0
+            n_local = n_locals[r]
             api_off = dict(offsets) if layout.pp > 1 else {}
             labels = ds["tensor"].values
             new_nodes: dict[str, str] = {}
@@ -302,7 +308,7 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
                 pres_s = present[si, i, :]
                 if not pres_s.any():
                     continue
-                own_calls = calls.get((r, si), {})
+                own_calls = calls.get((r, si)) or e_calls.get((r, si), {})
                 drop = dups.get((r, si), set())
                 drop = drop | {n[: -len(".forward")] + ".backward" for n in drop}
                 step_nodes: dict[str, str] = {}
@@ -330,6 +336,8 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
         for old_name, new_name in nm.items():
             sources[new_name].setdefault(str(r), old_name)
     out.attrs["stitch_sources"] = json.dumps(sources)
+    if layout.ep > 1:
+        out.attrs["expert_parallel"] = f"ep={layout.ep} etp={layout.etp} edp={layout.edp}"
     out = _stage_local_optimizer(out) if layout.pp > 1 else out
     return _rename_tree(out, ds, groups, label_maps, node_maps), reduced
 

@@ -96,6 +96,7 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
         allp, same = _same_across(ds, idx, rtol, present)
         floats = np.array([str(d).split(".")[-1].lower().startswith(("float", "bfloat", "half")) for d in
                            ds["dtype"].values])
+        mean_of = ds["mean"].values[:, idx[0], :]  # (step, tensor) on the group's first member
         for node, (ins, outs) in by_node.items():
             if not outs or (not ins and node not in scalar_only):
                 continue
@@ -104,8 +105,16 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
                     continue
                 ok = np.ones(ds.sizes["step"], bool)
             else:
-                ins_f = [j for j in ins if floats[j]] or ins
+                ins_f = [j for j in ins if floats[j]]
+                if not ins_f:  # integer / boolean inputs only: msprobe records their max and min alone, which a
+                    # mask or index of other values shares (a boolean mask: 1 and 0): proof only with a mean
+                    ins_f = ins
+                    if np.isnan(mean_of[:, ins]).all():
+                        continue
                 ok = (allp[:, ins_f] & same[:, ins_f]).all(axis=1)  # (step,) inputs identical everywhere
+                rest = [j for j in ins if j not in ins_f]
+                if rest:  # an index or count that differs is an input that differs
+                    ok &= (same[:, rest] | ~allp[:, rest]).all(axis=1)
             for j in outs:
                 out[fam, :, j] |= ok & allp[:, j]
     return out
@@ -172,7 +181,12 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
             same &= ok.all(axis=1)
         mx, mn = ds["max"].values[:, idx[0], :], ds["min"].values[:, idx[0], :]
         degenerate = (mx == 0) & (mn == 0)
-        rep_steps[fam] += (allp & same & ~degenerate).sum(axis=0)
+        # small whole numbers (token counts per expert, indices, masks) agree by chance across ranks that count
+        # different things: a step where every statistic is a whole number does not vote "replicated"
+        mean0 = ds["mean"].values[:, idx[0], :]
+        with np.errstate(invalid="ignore"):
+            whole = (mx == np.round(mx)) & (mn == np.round(mn)) & (np.isnan(mean0) | (mean0 == np.round(mean0)))
+        rep_steps[fam] += (allp & same & ~degenerate & ~whole).sum(axis=0)
         rec_steps[fam] += allp.sum(axis=0)
         informative = allp & ~degenerate
         first = np.argmax(informative, axis=0)
@@ -203,6 +217,8 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
     """
     def compute() -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
         got: list[dict[str, Any]] = []
+        if layout.ep > 1 and layout.pp == 1 and layout.vpp == 1:  # experts under global indices, API calls
+            return _expert_parallel_mismatches(ds, layout, dims, rtol)  # numbered across the EP group
         rows, checked = _replica_mismatches(ds, layout, dims=dims, rtol=rtol, aside=got)
         return rows, checked, got
 
@@ -211,6 +227,43 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
     if aside is not None:
         aside += got
     return rows, checked
+
+
+def _expert_parallel_mismatches(ds: xr.Dataset, layout: Layout, dims: Sequence[str], rtol: float
+                                ) -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
+    """:func:`_replica_mismatches` of an expert-parallel run, reported in the dump's own names.
+
+    Each rank holds other experts under the same local names (``local_experts.0`` is global expert 0 on EP
+    rank 0 and 2 on EP rank 1) and numbers its API calls over its own experts: the run is checked with its
+    experts under their global indices and its calls numbered as one rank holding every expert would
+    (:func:`precnb.analysis.layout.pp.relabel_pipeline`), so an expert is compared with its replicas only (the
+    expert data-parallel group) and an extra call on one rank does not shift the others' labels.
+    """
+    import json
+
+    from precnb.analysis.layout.pp import relabel_pipeline
+
+    relabelled, _ = relabel_pipeline(ds, layout)
+    got: list[dict[str, Any]] = []
+    rows, checked = _replica_mismatches(relabelled, layout, dims=dims, rtol=rtol, aside=got)
+    try:
+        sources = json.loads(relabelled.attrs.get("stitch_sources") or "{}")
+    except (TypeError, ValueError):
+        sources = {}
+
+    def own(node: str, rank: int) -> str:
+        return str(sources.get(node, {}).get(str(rank), node))
+
+    for row in rows:
+        node, rank = str(row["node"]), int(row["rank"])
+        local = own(node, rank)
+        if local != node:
+            row["tensor"] = local + str(row["tensor"])[len(node):]
+            row["node"] = local
+    for a in got:
+        if a.get("node"):
+            a["node"] = own(str(a["node"]), int(ds["rank"].values[0]))
+    return rows, checked, got
 
 
 def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

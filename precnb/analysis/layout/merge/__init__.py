@@ -375,6 +375,10 @@ def merge_shards(
     lay = layout
     if layout.pp > 1 or layout.vpp > 1 or layout.ep > 1:
         out, lay = relabel_pipeline(out, lay)
+    if reference is not None:  # the reference's calls under this run's labels (call counters can differ)
+        from precnb.analysis.layout.ref_names import in_target_names
+
+        reference = in_target_names(reference, out)
     for dim in ("tp", "cp", *(("dp",) if merge_dp else ())):
         if (lay.dp if dim == "dp" else getattr(lay, dim)) > 1:
             ref = reference_shapes(out, lay.groups("tp"), reference) if dim == "tp" else reference

@@ -22,6 +22,7 @@ class _Reference:
         self.shard_dim = np.zeros(n_t, np.int64)
         self.reason = np.full(n_t, "", dtype=object)
         self.same_shard: dict[int, int] = {}  # tensor -> split dim: identical on every rank, yet split in the ref
+        self.local_index = np.zeros(n_t, bool)  # integer tensor identical on every rank, split in the ref: local ids
 
     def read(self, ds: xr.Dataset, groups: list[list[int]], ref_shape: dict[Any, Any], *, skip: np.ndarray,
              replicated: np.ndarray, partial: np.ndarray) -> None:
@@ -30,6 +31,7 @@ class _Reference:
 
         scalar_only = scalar_only_nodes(ds)
         local = ds["shape"].values
+        dtypes = ds["dtype"].values
         k = len(groups[0]) if groups else 1
         for j, lbl in enumerate(ds["tensor"].values):
             full = ref_shape.get(lbl)
@@ -43,6 +45,9 @@ class _Reference:
                 if split is None:
                     continue
                 replicated[j] = False  # equal shards (all zeros at first) of a split tensor: sharded
+                if _is_index(dtypes[j]):  # positions each rank numbers from 0 (its own tokens under sequence
+                    self.local_index[j] = True  # parallelism, an MoE router's rows): no whole-model value
+                    continue
                 self.same_shard[j] = split
             if a == b and _reads_a_shard(ds, j, ref_shape, scalar_only):
                 partial[j] = True
@@ -61,6 +66,16 @@ class _Reference:
                 reasons[j] = (f"identical on every rank of the group, although the reference is {k}x larger "
                               f"along dim {self.same_shard[j]}: the ranks hold the same shard (a rank loaded another "
                               "rank's shard, or the shards are still equal, e.g. zeros); merged as a split tensor")
+
+
+def _is_index(dtype: Any) -> bool:
+    """An integer (or boolean) tensor: indices, counts, masks.
+
+    >>> _is_index("torch.int64"), _is_index("torch.float32")
+    (True, False)
+    """
+    d = str(dtype).lower()
+    return "int" in d or "bool" in d or "long" in d
 
 
 def _split_dim(a: list[int], b: list[int], k: int) -> int | None:

@@ -149,6 +149,30 @@ def classify_shards(
     for jd in np.flatnonzero(differ).tolist():
         reasons[jd] = _differ_reason(jd, "inputs" if by_inputs[jd] else "shape" if by_shape[jd] else "copies",
                                      same, first, groups, odd)
+    _inherit_partial(ds, stats, first, kinds, reasons)
+    if ds.attrs.get("expert_parallel"):  # each rank's optimizer lists its own experts after or among the dense
+        opt = ds["module"].values == "optimizer"  # parameters: entry i is another parameter on each rank, and in
+        if opt.any():  # a run without expert parallelism
+            glue = glue | opt
+            glue_why = dict(glue_why)
+            for jo in np.flatnonzero(opt).tolist():
+                glue_why[str(ds["tensor"].values[jo])] = (
+                    "optimizer list entry of an expert-parallel rank: its list holds the rank's own experts, so "
+                    "entry i names another parameter than on other ranks or in a run without expert parallelism "
+                    "(the update shows in the next step's parameters and gradients)")
+    dispatch = _dispatch_bookkeeping(ds) & ~replicated
+    if dispatch.any():
+        ref.local_index |= dispatch
+    if ref.local_index.any():
+        glue = glue | ref.local_index
+        glue_why = dict(glue_why)
+        for jl in np.flatnonzero(ref.local_index).tolist():
+            glue_why[str(ds["tensor"].values[jl])] = (
+                "token-dispatch bookkeeping of an MoE layer (indices and counts over the rank's own tokens and "
+                "experts): no whole-model counterpart" if dispatch[jl] else
+                "integer indices identical on every rank while the reference is larger along a split dimension: "
+                "positions each rank numbers from 0 in its own part (its tokens under sequence parallelism); no "
+                "whole-model counterpart")
     kinds[glue & any_present] = RANK_DEPENDENT
     labels = ds["tensor"].values
     for jg in np.flatnonzero(glue & any_present).tolist():
@@ -157,6 +181,75 @@ def classify_shards(
     reasons[~any_present] = "not recorded on every rank of the group"
     ref.sharded_reasons(kinds, reasons, len(groups[0]) if groups else 1)
     return kinds, reasons, ref.shard_dim
+
+
+def _dispatch_bookkeeping(ds: xr.Dataset) -> np.ndarray:
+    """Integer and boolean tensors of an MoE layer's token dispatch (outside its router and experts).
+
+    Permutation indices, token counts per expert and rank, split sizes: each rank computes them over its own
+    tokens and experts, so a layout with other token or expert groups has other values by construction (the
+    tokens themselves, floats, merge as any split tensor).
+    """
+    from precnb.analysis.layout.merge._reference import _is_index
+
+    modules = ds["module"].values
+    dtypes = ds["dtype"].values
+    kinds = ds["kind"].values
+    containers = {str(m)[: -len(".experts")] for m in set(modules.tolist()) if str(m).endswith(".experts")}
+    out = np.zeros(ds.sizes["tensor"], bool)
+    if not containers:
+        return out
+    for j, m in enumerate(modules.tolist()):
+        if kinds[j] == "api" and str(m) in containers and _is_index(dtypes[j]):
+            out[j] = True
+    return out
+
+
+def _inherit_partial(ds: xr.Dataset, stats: dict[str, np.ndarray], first: np.ndarray, kinds: np.ndarray,
+                     reasons: np.ndarray) -> None:
+    """An op's input whose copies differ, equal on every member to a partial sum's copies: that partial sum, passed on.
+
+    An input is not computed where it is recorded: the value an earlier op produced on the rank is (a router's
+    token counts per expert, each rank's over its own tokens, accumulated into a buffer). In place.
+    """
+    labels, roles, shapes = ds["tensor"].values, ds["role"].values, ds["shape"].values
+    want = np.flatnonzero((kinds == "replicas_differ") & (roles == "input"))
+    have = np.flatnonzero((kinds == "partial_sum") & (roles == "output"))
+    if not len(want) or not len(have) or not first.size:
+        return
+    packed = np.stack([stats[s_][:, 0] for s_ in ("max", "min", "mean", "norm")], axis=-1)  # (step, n, tensor, 4)
+    by_step: dict[int, dict[tuple[Any, bytes], int]] = {}
+    for j in want.tolist():
+        si = int(first[0, j])
+        table = by_step.get(si)
+        if table is None:
+            table = by_step[si] = {(shapes[k], np.ascontiguousarray(packed[si, :, k]).tobytes()): int(k)
+                                   for k in have.tolist()}
+        k = table.get((shapes[j], np.ascontiguousarray(packed[si, :, j]).tobytes()))
+        if k is not None:
+            kinds[j] = "partial_sum"
+            reasons[j] = f"equals on every rank the partial sum {labels[k]} (an addend of the full tensor, passed on)"
+    _sums_of_partials(ds, stats, kinds, reasons)
+
+
+_ADDITIVE = re.compile(r"^(?:Tensor|Torch|Functional)\.(?:__i?r?add__|add_?|__i?r?sub__|sub_?)$")
+
+
+def _sums_of_partials(ds: xr.Dataset, stats: dict[str, np.ndarray], kinds: np.ndarray, reasons: np.ndarray) -> None:
+    """A sum (or difference) of partial sums and zeros whose copies differ: a partial sum (Σᵣ(aᵣ + bᵣ) = Σa + Σb)."""
+    nodes, roles, apis = ds["node"].values, ds["role"].values, ds["api"].values
+    inputs: dict[str, list[int]] = {}
+    for j in np.flatnonzero(roles == "input").tolist():
+        inputs.setdefault(str(nodes[j]), []).append(j)
+    zero = np.nan_to_num((stats["max"] == 0) & (stats["min"] == 0)).astype(bool).all(axis=(0, 1, 2))
+    for j in np.flatnonzero((kinds == "replicas_differ") & (roles == "output")).tolist():
+        if not _ADDITIVE.match(str(apis[j])):
+            continue
+        ins = inputs.get(str(nodes[j]), [])
+        if ins and any(kinds[i] == "partial_sum" for i in ins) and all(
+                kinds[i] == "partial_sum" or (kinds[i] == "replicated" and zero[i]) for i in ins):
+            kinds[j] = "partial_sum"
+            reasons[j] = "a sum of partial sums (and zeros): an addend of the full tensor"
 
 
 def _replicated_at_first(pres: np.ndarray, stats: dict[str, np.ndarray], same: np.ndarray
@@ -206,6 +299,9 @@ def _should_be_replicated(ds: xr.Dataset, replicated: np.ndarray,
                            ref_shape: dict[Any, Any] | None) -> np.ndarray:
     """Per tensor: an API op's output whose tensor inputs are all replicated and whose shape is theirs.
 
+    An input whose statistics agree on every rank but whose reference is larger is a shard with equal statistics
+    (a boolean mask's max and min), not a replica.
+
     With identical inputs on every rank an op computes identical outputs, unless it is random or
     reads the rank; a rank-dependent op (a TP split) returns a shard, of another shape than its
     input's (or than the reference's full tensor), so the shape test keeps those out.
@@ -219,11 +315,16 @@ def _should_be_replicated(ds: xr.Dataset, replicated: np.ndarray,
         if roles[j] == "input":
             inputs.setdefault(str(nodes[j]), []).append(j)
     out = np.zeros(n_t, bool)
+
+    def _split_in_ref(i: int) -> bool:  # equal statistics of a shard (a boolean mask's max 1 and min 0): no replica
+        full = ref_shape.get(labels[i]) if ref_shape is not None else None
+        return bool(full) and full != shapes[i]
+
     for j in range(n_t):
         if roles[j] != "output" or kinds[j] != "api" or is_communication(str(nodes[j])):
             continue
         ins = inputs.get(str(nodes[j]))
-        if not ins or not all(replicated[i] for i in ins):
+        if not ins or not all(replicated[i] and not _split_in_ref(i) for i in ins):
             continue
         full = ref_shape.get(labels[j]) if ref_shape is not None else None
         out[j] = (shapes[j] == full) if full else any(shapes[i] == shapes[j] for i in ins)
@@ -281,12 +382,15 @@ def _backward_phase(ds: xr.Dataset) -> np.ndarray:
     seq = ds["seq"].values[0, 0]
     mods = sorted((int(seq[j]), str(nodes[j])) for j in range(n_t) if kinds[j] == "module" and pres[j])
     mod_q = [q for q, _ in mods]
+    anywhere = ds["present"].values.any(axis=(0, 1))  # a call on another rank only (an expert there): its parent
     for j in range(n_t):
-        if out[j] or kinds[j] != "api" or not pres[j]:
+        if out[j] or kinds[j] != "api" or not anywhere[j]:
             continue
         par = parse_node(str(parents[j])) if parents[j] else None
         if par is not None and par.kind == "module":
             out[j] = par.direction == "backward"
+            continue
+        if not pres[j]:
             continue
         k = int(np.searchsorted(mod_q, int(seq[j]), side="right"))
         out[j] = k < len(mods) and parse_node(mods[k][1]).direction == "backward"
@@ -308,6 +412,13 @@ def _data_parallel_kinds(ds: xr.Dataset, kinds: np.ndarray, reasons: np.ndarray,
     kinds, reasons = kinds.copy(), reasons.copy()
     for j in range(len(kinds)):
         k = str(kinds[j])
+        if k == "local" and (backward[j] or kind[j] == "param_grad"):
+            # an expert on the rank that holds it (expert parallelism over the data-parallel ranks): its forward
+            # sees every replica's tokens routed to it (whole), its backward the sum of the replicas' own losses
+            kinds[j] = DP_LOCAL
+            reasons[j] = ("data-parallel: an expert's gradients over every replica's tokens, each from that "
+                          "replica's own loss (before the gradient reduction); no whole-batch counterpart")
+            continue
         if k in ("replicated", "local") or (k == "replicas_differ" and role[j] == "parameter"):
             continue
         batch_part = (k == "sharded" and bool(shard_dim[j]) and not backward[j] and kind[j] != "param_grad"
