@@ -382,7 +382,8 @@ def _backward_phase(ds: xr.Dataset) -> np.ndarray:
     seq = ds["seq"].values[0, 0]
     mods = sorted((int(seq[j]), str(nodes[j])) for j in range(n_t) if kinds[j] == "module" and pres[j])
     mod_q = [q for q, _ in mods]
-    anywhere = ds["present"].values.any(axis=(0, 1))  # a call on another rank only (an expert there): its parent
+    # a call on another rank only (an expert there): decided by its parent
+    anywhere: np.ndarray = np.asarray(ds["present"].values.any(axis=(0, 1)), bool)
     for j in range(n_t):
         if out[j] or kinds[j] != "api" or not anywhere[j]:
             continue
