@@ -273,8 +273,9 @@ def anomalies(
     counts = df["type"].value_counts().to_dict() if len(df) else {}
     stats = {"anomalies": len(df), "by_type": {str(k): int(v) for k, v in counts.items()},
              "steps": [int(s) for s in ds["step"].values], "ranks": [int(r) for r in ds["rank"].values]}
+    expert_ev, expert_hints = _expert_tokens(ds)
     if not len(df):
-        return Finding(kind="none", stats=stats,
+        return Finding(kind="none", stats=stats, hints=expert_hints, evidence=expert_ev,
                        reason="no NaN/Inf transition, no spike and no drift against the tensors' own history")
     rows = df.head(limit + 1).to_dict("records")
     first = rows[0]
@@ -333,6 +334,7 @@ def anomalies(
     if len(nf):
         n0 = nf.iloc[0]
         hints.append(f"first non-finite value: step {int(n0['step'])}, rank {int(n0['rank'])}, {n0['tensor']}")
+    hints += expert_hints
     suspects = [_row(r) for r in rows[1: limit + 1]]
     module = first["module"] if first["type"] == "drift" else (
         entry_meta(ds, first["tensor"], first["step"], first["rank"])["module"] or first["module"])
@@ -340,8 +342,35 @@ def anomalies(
                    node=first["node"], tensor=first["tensor"], module=module or None,
                    values=values, hints=hints, suspects=suspects,
                    evidence={**node_evidence(ds, first["node"], step=first["step"], rank=first["rank"],
-                                             tensor=first["tensor"]), **({"trend": trend_ev} if trend_ev else {})},
+                                             tensor=first["tensor"]), **({"trend": trend_ev} if trend_ev else {}),
+                             **expert_ev},
                    stats=stats)
+
+
+def _expert_tokens(ds: xr.Dataset) -> tuple[dict[str, Any], list[str]]:
+    """MoE runs: ``{"tokens_per_expert": {layer: {expert: {step: tokens}}}, "starved_experts": rows}`` and hints.
+
+    Read from the experts' own input records (:mod:`precnb.analysis.experts`); empty for a run without experts.
+    """
+    from precnb.analysis.experts import describe_starved, expert_tokens, tokens_table
+
+    rows = expert_tokens(ds)
+    if not rows:
+        return {}, []
+    if ds.sizes.get("rank", 0) > 1:
+        from precnb.analysis.layout.infer import infer_layout
+
+        layout = infer_layout(ds).layout
+        if layout is not None and layout.ep > 1:
+            rows = expert_tokens(ds, layout)
+    starved = [r for r in rows if r["tokens"] == 0]
+    ev: dict[str, Any] = {"tokens_per_expert": tokens_table(rows)}
+    hints = []
+    if starved:
+        ev["starved_experts"] = starved
+        hints.append("experts that received no token: " + "; ".join(describe_starved(r) for r in starved[:4])
+                     + (f" (+{len(starved) - 4} more)" if len(starved) > 4 else ""))
+    return ev, hints
 
 
 def _first_module_drift(drifts: pd.DataFrame) -> dict[str, Any]:

@@ -195,6 +195,44 @@ def _plan_missing_gradients(f: Any, target: xr.Dataset, missing: dict[str, Any])
     f.dump_plan = plan
 
 
+def note_starved_experts(f: Any, target: xr.Dataset) -> list[dict[str, Any]]:
+    """Experts that received no token at the finding's step, beside a finding that involves one (in place).
+
+    The finding's evidence gets ``starved_experts`` (rows of :func:`precnb.analysis.experts.starved_experts`) and,
+    when its module is inside one of them on its rank, a first hint naming it ("expert 2 of decoder.layers.1
+    (local_experts.0 on rank 1) received 0 tokens at step 1"). Returns the rows.
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> from precnb.analysis.findings import Finding
+    >>> note_starved_experts(Finding(kind="none", reason=""), empty_dataset())
+    []
+    """
+    from precnb.analysis.experts import describe_starved, expert_of, starved_experts
+
+    if f.step is None or "run" in target.dims or "starved_experts" in f.evidence:
+        return []
+    rows = starved_experts(target, steps=[int(f.step)])
+    if not rows:
+        return []
+    from precnb.analysis.layout.infer import infer_layout
+
+    layout = infer_layout(target).layout
+    if layout is not None and layout.ep > 1:
+        rows = starved_experts(target, layout, steps=[int(f.step)])
+    f.evidence["starved_experts"] = rows
+    mine = expert_of(str(f.module or "")) if f.module else None
+    hit = [r for r in rows if mine is not None and (r["layer"], r["local"]) == mine
+           and (f.rank is None or r["rank"] == int(f.rank))]
+    if hit:
+        f.hints.insert(0, f"{describe_starved(hit[0])}: an expert with no token runs on empty tensors (null "
+                          "statistics); a division by its token count there is 0/0 = NaN")
+    else:
+        f.hints.append("experts with no token at this step: " + "; ".join(describe_starved(r) for r in rows[:4]))
+    return rows
+
+
 def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Dataset | None = None) -> None:
     """Add per-rank label notes, each diagnosis's own evidence from both runs and the dump plan (in place)."""
     from precnb.analysis.registry import lookup
@@ -212,6 +250,8 @@ def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Data
     if target is None or "run" in target.dims:
         return
     for f in findings:
+        if getattr(f, "found", False):
+            note_starved_experts(f, target)
         missing = missing_gradients(f, target) if getattr(f, "found", False) else None
         if missing is not None:  # the finding says what the dump could not show, and the plan asks for it
             f.evidence["missing_records"] = missing
