@@ -8,7 +8,9 @@ when
 
 - an op's output differs by at most :data:`CARRY` times the largest difference of the same call's inputs, or
   its absolute difference is at most :data:`CARRY` times the sum of its inputs' (an addition of noisy addends
-  that cancel has a large relative error but no new error);
+  that cancel has a large relative error but no new error); a module call's weights are operands too, their
+  noise magnified by the cancellation of its products (``||x|| ||W|| / ||y||``); an output both runs record
+  with an earlier output's statistics (a module returning its last child's) is carried when that one is;
 - a parameter's gradient ``G = g^T x`` differs by at most :data:`GRAD_CARRY` times what its module's forward
   input ``x`` and output gradient ``g`` explain, magnified by the cancellation of the sum (``||x|| ||g|| / ||G||``);
 - an op's input differs by at most :data:`CARRY` times the op output that produced it (the latest earlier
@@ -64,6 +66,10 @@ class _Tables:
                 if n.startswith(("Module.", "Cell.")) and f".{d}." in n:
                     head, _, call = n.rpartition(f".{d}.")
                     self.module_inputs[(f"{head}.{call}", d)].append(c)
+        self.params_of: dict[Any, list[int]] = defaultdict(list)  # a module call's own parameters: operands too
+        for c in np.flatnonzero(self.roles == "parameter").tolist():
+            self.params_of[self.nodes[c]].append(c)
+        self.bstats = np.stack([np.asarray(b[s].values) for s in ("max", "min", "mean", "norm")], axis=-1)
         self.outputs = np.flatnonzero((self.roles == "output") | (self.roles == "grad"))  # what an input can copy
         labels = [str(x) for x in b["tensor"].values]
         where = {lbl: k for k, lbl in enumerate(labels)}
@@ -101,9 +107,42 @@ class _Entry:
         return role == "input" and self._input(c, factor)
 
     def _output(self, c: int, factor: float) -> bool:
-        ins = [i for i in self.tab.inputs_of.get(self.tab.nodes[c], ()) if self.both[i]]
+        return self._output_own(c, factor) or self._copy(c, factor)
+
+    def _output_own(self, c: int, factor: float) -> bool:
+        """What the call's own operands explain: its inputs and, for a module call, its weights.
+
+        ``y = f(x, W)`` carries the noise of either, magnified by the cancellation of its products
+        (``||x|| ||W|| / ||y||``, as for a gradient).
+        """
+        tab = self.tab
+        ins = [i for i in tab.inputs_of.get(tab.nodes[c], ()) if self.both[i]]
+        params = [p for p in tab.params_of.get(tab.nodes[c], ()) if self.both[p]]
         worst = self.rel[ins].max() if ins else 0.0
+        if params:
+            norm = tab.norm[self.si, self.ri]
+            made = max(float(worst), float(self.rel[params].max()))
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                cond = float(norm[ins].max() if ins else 0.0) * float(norm[params].max()) / float(norm[c])
+            worst = made * (cond if np.isfinite(cond) and cond > 1 else 1.0)
+            ins = ins + params
         return bool(worst > 0 and (self.rel[c] <= factor * worst or self.err[c] <= factor * self.err[ins].sum()))
+
+    def _copy(self, c: int, factor: float, depth: int = 0) -> bool:
+        """An output both runs record with an earlier output's statistics: carried when that one is.
+
+        A module returns its last child's output (an MLP its ``linear_fc2``'s): the child's operands decide.
+        """
+        tab, si, ri = self.tab, self.si, self.ri
+        own = int(tab.seq[si, ri, c])
+        key_t, key_b = tab.stats[si, ri, c].tobytes(), tab.bstats[si, ri, c].tobytes()
+        for p in tab.outputs.tolist():
+            if p == c or not self.both[p] or tab.nodes[p] == tab.nodes[c] or int(tab.seq[si, ri, p]) > own:
+                continue
+            if tab.stats[si, ri, p].tobytes() == key_t and tab.bstats[si, ri, p].tobytes() == key_b:
+                return depth < 4 and tab.roles[p] == "output" and (self._output_own(p, factor) or
+                                                                     self._copy(p, factor, depth + 1))
+        return False
 
     def _grad(self, c: int) -> bool:
         """A parameter's gradient: a product of its module's input and output gradient, accumulated over calls."""

@@ -113,8 +113,8 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
                         continue
                 ok = (allp[:, ins_f] & same[:, ins_f]).all(axis=1)  # (step,) inputs identical everywhere
                 rest = [j for j in ins if j not in ins_f]
-                if rest:  # an index or count that differs is an input that differs
-                    ok &= (same[:, rest] | ~allp[:, rest]).all(axis=1)
+                if rest:  # an index or count is identical only when it is seen to be: a mean besides max and min
+                    ok &= ((same[:, rest] & ~np.isnan(mean_of[:, rest])) | ~allp[:, rest]).all(axis=1)
             for j in outs:
                 out[fam, :, j] |= ok & allp[:, j]
     return out

@@ -346,6 +346,10 @@ def check_departures(
     evidence_aside = {"set_aside": aside} if aside else {}
     if not events:
         hints = [_aside_text(a) for a in aside[:4]]
+        if layout.ep > 1 and layout.edp == 1:  # what this check cannot see, said
+            hints.insert(0, f"the experts have no replicas in this layout ({layout.describe()}: each expert lives on "
+                            "one rank): a fault inside an expert cannot show as a replica departure; compare with a "
+                            "healthy run (precnb diff) or trace NaN (precnb nan)")
         return Finding(kind="none", reason="all replicas agree", stats=stats, hints=hints, evidence=evidence_aside)
     first = events[0]
     origins = [e for e in events if e["inputs_identical"]]
