@@ -13,7 +13,7 @@ It imports neither precnb nor the generator package. ``spec.json`` keys:
   Hugging Face ``LlamaForCausalLM`` under msprobe, one process);
 - ``model``: sizes (``layers``, ``hidden``, ``heads``, ``ffn``, ``vocab``, ``seq``, ``micro_batch``,
   ``micro_batches``, ``lr``, ``weight_decay``, ``seed``, ``hidden_dropout``, MoE fields);
-- ``layout``: ``tp``, ``pp``, ``vpp``, ``dp``, ``sp``, ``ep`` (world size = tp*pp*dp);
+- ``layout``: ``tp``, ``pp``, ``vpp``, ``dp``, ``sp``, ``ep``, ``etp`` (world size = tp*pp*dp; see _scn_megatron_moe);
 - ``bugs``: a list of injected faults (kinds and fields in ``_mg_faults.py``); ``steps`` (trained; the
   config's step list decides which are dumped); ``threads`` (``torch.set_num_threads``, default 1);
   ``config`` (msprobe config.json); ``weights`` and ``batches`` (written by ``init``); ``log_dir``; ``result``.
