@@ -226,8 +226,10 @@ def test_readme_and_total_size():
     # ~35 samples, each a few hundred kB to 3 MB; the faulty-device (4-rank jobs, two jobs per sample) and
     # loss-spike samples of issues 28/29 add about 12 MB; megatron/ (issue 24) about 38 MB: a real Megatron-Core
     # rank records ~900 nodes per step whatever the model size (dump.json ~0.85 MB, stack.json ~0.5 MB of
-    # Megatron's deep call stacks), and its 13 layouts and bugs need 27 rank dumps; JSON compresses ~18x
-    assert total < 100e6, f"data_samples is {total / 1e6:.1f} MB"
+    # Megatron's deep call stacks), and its 13 layouts and bugs need 27 rank dumps; JSON compresses ~18x.
+    # The MoE roots of issue 48 (megatron/moe_*: 5 roots, 9 ranks x 3 steps) add 24.4 MB: an MoE rank records
+    # ~400 nodes per step (router, all-to-all dispatcher, two experts per layer), ~0.9 MB with its stack.json
+    assert total < 126e6, f"data_samples is {total / 1e6:.1f} MB"
     # every dump root stays small (tiny model, few steps); the newer samples aim at 1 MB
     for name in NAMES:
         if name in TENSOR_NAMES:  # tensor mode saves every tensor: under 3 MB per sample
@@ -239,7 +241,11 @@ def test_readme_and_total_size():
         for rel in g.get("dump_roots", {"": "."}).values():
             root = DATA / name / rel
             size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-            assert size < limit, f"{root} is {size / 1e6:.2f} MB"
+            # megatron's MoE roots (issue 48) dump 3 steps of 2 ranks (steps 0-2: a fault from step 1 and what it
+            # does next); even a 1-layer MoE model is 4.2 MB per 2-rank root (msprobe's stack.json alone is
+            # ~0.45 MB per rank and step whatever the model size), the 2-layer model 5.2-5.8 MB
+            moe = name == "megatron" and rel.startswith("moe_")
+            assert size < (6e6 if moe else limit), f"{root} is {size / 1e6:.2f} MB"
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in ("monitor", "moe_monitor", "kernel_resume",

@@ -4,7 +4,7 @@ Runs a tiny GPT-like model on CPU under the real MindStudio Probe (msprobe) and 
 msprobe output plus a ``ground_truth.json`` per sample that records exactly what was injected
 and where (the node names are read back from the produced dumps)::
 
-    python -m precnb_samples [--out data_samples] [--only NAME ...]
+    python -m precnb_samples [--out data_samples] [--only NAME ...] [--megatron-moe-only]
 
 Importing this package does not import torch or msprobe; they are imported when a sample is
 generated (install them with ``pip install -e tools/samples``). The MindSpore samples (``xfw``,
@@ -62,6 +62,7 @@ def generate(
     log: Callable[[str], None] = print,
     write_readme: bool = True,
     log_dir: str | Path | None = None,
+    megatron_moe_only: bool = False,
 ) -> list[Path]:
     """Generate samples into ``out`` (each sample folder is replaced) and return their paths.
 
@@ -80,8 +81,14 @@ def generate(
     log_dir:
         Keep the worker processes' logs (msprobe's output) in this folder; by default they go
         to a temporary folder that is removed after a successful run.
+    megatron_moe_only:
+        Regenerate only the MoE roots (``moe_*``) of the ``megatron`` sample and their part of its
+        ground truth and README; the other roots' files stay byte for byte (needs ``only=["megatron"]``
+        and an existing ``megatron/ground_truth.json``).
     """
     names = list(only) if only else list(SAMPLE_NAMES)
+    if megatron_moe_only and names != ["megatron"]:
+        raise ValueError("--megatron-moe-only regenerates part of the megatron sample: use it with --only megatron")
     unknown = [n for n in names if n not in SAMPLE_NAMES]
     if unknown:
         raise ValueError(f"unknown sample(s) {unknown}; choose from {list(SAMPLE_NAMES)}")
@@ -117,7 +124,12 @@ def generate(
             t0 = time.monotonic()
             log(f"[precnb_samples] generating {name} ...")
             module = importlib.import_module(f"{__name__}.{CATALOG[name]}")
-            done.append(_scenarios.generate_one(ctx, name, module.GENERATORS[name]))
+            if megatron_moe_only:  # part of the sample: no folder replaced, the other roots untouched
+                gt = module.update_moe(ctx, out_path / name)
+                _scenarios.write_json(out_path / name / "ground_truth.json", gt)
+                done.append(out_path / name)
+            else:
+                done.append(_scenarios.generate_one(ctx, name, module.GENERATORS[name]))
             log(f"[precnb_samples]   {name} done in {time.monotonic() - t0:.1f} s")
     except Exception:
         log(f"[precnb_samples] failed; worker logs kept in {log_dir}")
@@ -155,11 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help=f"generate only these samples: {', '.join(SAMPLE_NAMES)}",
     )
+    parser.add_argument("--megatron-moe-only", action="store_true",
+                        help="with --only megatron: regenerate only its MoE roots (moe_*) and their ground truth; "
+                        "the other roots stay byte for byte")
     parser.add_argument("--no-readme", action="store_true", help="do not rewrite README.md")
     parser.add_argument("--logs", metavar="DIR", help="keep the workers' msprobe logs in DIR")
     args = parser.parse_args(argv)
     try:
-        generate(args.out, args.only, write_readme=not args.no_readme, log_dir=args.logs)
+        generate(args.out, args.only, write_readme=not args.no_readme, log_dir=args.logs,
+                 megatron_moe_only=args.megatron_moe_only)
     except ImportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -26,7 +26,18 @@ starts):
 - ``optimizer_state`` (``param``, ``state``: ``exp_avg`` default or ``exp_avg_sq``): that AdamW state of the
   parameter times ``1 + m`` at the start of step ``from_step`` (>= 1, the state exists after step 0); the
   step's update changes, so it shows from step ``from_step + 1``'s forward;
-- ``unsynced_seed``: handled by the worker's seeding (existing).
+- ``unsynced_seed``: handled by the worker's seeding (existing);
+- ``route_mask`` (``expert``: a global expert index, ``steps``; ``rank`` ``"all"``: every rank's router;
+  ``value``, default -1e4): the layer's router logits of that expert set to *value* at those steps, before the
+  score function (sigmoid gives exactly 0, so top-k never picks it; finite, so the dumps hold no inf from the
+  mask): no rank sends it a token, the expert receives none;
+- ``expert_grad_per_token`` (``expert``: global index, ``module``: ``linear_fc1`` or ``linear_fc2``): that
+  expert's weight gradient divided by the number of tokens the expert received in the micro-batch (a per-token
+  mean taken by hand; a hook on the weight, so msprobe's ``parameters_grad`` record holds the quotient); an
+  expert with no token has an all-zero weight gradient: 0/0 = NaN;
+- ``expert_fc1_scale`` (``expert``): that expert's ``linear_fc1`` output times ``1 + m``.
+
+The expert faults act on the rank whose expert-parallel group holds the global expert (``rank`` must be it).
 """
 
 from __future__ import annotations
@@ -35,7 +46,8 @@ import copy
 from typing import Any
 
 STATE: dict[str, int] = {"step": 0}
-HOOKED = ("row_output_scale", "bias_grad_scale", "act_noise", "dw_only")
+HOOKED = ("row_output_scale", "bias_grad_scale", "act_noise", "dw_only", "route_mask", "expert_grad_per_token",
+          "expert_fc1_scale")
 
 
 def _active(b: dict[str, Any]) -> bool:
@@ -96,11 +108,62 @@ def _noisy_activation(mlp: Any, b: dict[str, Any], rank: int) -> None:
     mlp.config = config
 
 
+def _local_expert(layer: Any, glob: int) -> Any:
+    experts = layer.mlp.experts
+    local = glob - experts.ep_group.rank() * experts.num_local_experts
+    if not 0 <= local < experts.num_local_experts:
+        raise RuntimeError(f"global expert {glob} is not on this rank's expert-parallel rank")
+    return experts.local_experts[local]
+
+
+def _mask_route(router: Any, b: dict[str, Any]) -> None:
+    import torch
+
+    index = torch.ops.aten.scalar_tensor.default(b["expert"], dtype=torch.int64).reshape(1)
+    orig = router.routing
+
+    def routing(logits: Any, *args: Any, **kwargs: Any) -> Any:
+        if STATE["step"] in b["steps"]:
+            logits = torch.ops.aten.index_fill.int_Scalar(logits, -1, index, b.get("value", -1e4))
+        return orig(logits, *args, **kwargs)
+
+    router.routing = routing
+
+
+def _grad_per_token(expert: Any, b: dict[str, Any]) -> None:
+    import torch
+
+    count = {"tokens": 0}
+    orig = expert.forward
+
+    def forward(hidden: Any, *args: Any, **kwargs: Any) -> Any:
+        count["tokens"] = int(hidden.shape[0])
+        return orig(hidden, *args, **kwargs)
+
+    expert.forward = forward
+    weight = getattr(expert, b["module"]).weight
+    weight.register_hook(lambda g: torch.ops.aten.div.Scalar(g, float(count["tokens"])) if _active(b) else g)
+
+
+def _scale_fc1(expert: Any, b: dict[str, Any]) -> None:
+    import torch
+
+    orig = expert.linear_fc1.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out, bias = orig(*args, **kwargs)
+        if _active(b):
+            out = torch.ops.aten.mul.Scalar(out, 1.0 + b["m"])
+        return out, bias
+
+    expert.linear_fc1.forward = forward
+
+
 def install(chunks: list[Any], bugs: list[dict[str, Any]], rank: int, names: dict[str, str]) -> list[str]:
     """Set up the hooked faults of this rank (they act from their ``from_step``); what was installed."""
     done = []
     for b in bugs:
-        if b.get("rank") != rank or b["kind"] not in HOOKED:
+        if b.get("rank") not in (rank, "all") or b["kind"] not in HOOKED:
             continue
         if b["kind"] == "dw_only":
             _grad_hook(_param(chunks, names, b["param"]), b)
@@ -111,6 +174,12 @@ def install(chunks: list[Any], bugs: list[dict[str, Any]], rank: int, names: dic
                 _grad_hook(_row(layer, b["module"]).bias, b)
             elif b["kind"] == "act_noise":
                 _noisy_activation(layer.mlp, b, rank)
+            elif b["kind"] == "route_mask":
+                _mask_route(layer.mlp.router, b)
+            elif b["kind"] == "expert_grad_per_token":
+                _grad_per_token(_local_expert(layer, b["expert"]), b)
+            elif b["kind"] == "expert_fc1_scale":
+                _scale_fc1(_local_expert(layer, b["expert"]), b)
         done.append(f"{b['kind']} layer {b.get('layer')}")
     return done
 

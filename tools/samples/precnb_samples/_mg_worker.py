@@ -13,7 +13,7 @@ It imports neither precnb nor the generator package. ``spec.json`` keys:
   Hugging Face ``LlamaForCausalLM`` under msprobe, one process);
 - ``model``: sizes (``layers``, ``hidden``, ``heads``, ``ffn``, ``vocab``, ``seq``, ``micro_batch``,
   ``micro_batches``, ``lr``, ``weight_decay``, ``seed``, ``hidden_dropout``, MoE fields);
-- ``layout``: ``tp``, ``pp``, ``vpp``, ``dp``, ``sp``, ``ep`` (world size = tp*pp*dp);
+- ``layout``: ``tp``, ``pp``, ``vpp``, ``dp``, ``sp``, ``ep``, ``etp`` (world size = tp*pp*dp; see _scn_megatron_moe);
 - ``bugs``: a list of injected faults (kinds and fields in ``_mg_faults.py``); ``steps`` (trained; the
   config's step list decides which are dumped); ``threads`` (``torch.set_num_threads``, default 1);
   ``config`` (msprobe config.json); ``weights`` and ``batches`` (written by ``init``); ``log_dir``; ``result``.
@@ -63,6 +63,17 @@ def _patch_megatron(cuda_streams: bool = False) -> None:
         torch.cuda.Stream = _Stream  # type: ignore[assignment,misc]
         torch.cuda.current_stream = lambda *a, **k: _Stream()  # type: ignore[assignment]
         torch.cuda.stream = lambda s: contextlib.nullcontext()  # type: ignore[assignment]
+        from megatron.core.transformer.moe import token_dispatcher
+
+        to_host = token_dispatcher.maybe_move_tensor_to_cpu
+
+        def maybe_move(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+            # on CUDA the split sizes become host numpy arrays; gloo's all_to_all_single rejects tensors
+            if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+                return tensor.numpy()
+            return to_host(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+        token_dispatcher.maybe_move_tensor_to_cpu = maybe_move
 
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
@@ -129,7 +140,16 @@ def _config(model: dict[str, Any], layout: dict[str, Any]) -> Any:
                "moe_token_dispatcher_type": model.get("dispatcher", "alltoall"),
                "moe_aux_loss_coeff": 0.0, "moe_router_load_balancing_type": "none",
                "expert_model_parallel_size": layout.get("ep", 1),
-               "moe_ffn_hidden_size": model["ffn"]}
+               "moe_ffn_hidden_size": model.get("moe_ffn", model["ffn"])}
+        if model.get("moe_layer_freq"):
+            moe["moe_layer_freq"] = model["moe_layer_freq"]
+        if "etp" in layout:
+            moe["expert_tensor_parallel_size"] = layout["etp"]
+        if model.get("score"):  # "sigmoid" / "softmax"
+            moe["moe_router_score_function"] = model["score"]
+        if model.get("expert_bias"):  # the router's expert-bias update rate (aux-loss-free balancing)
+            moe["moe_router_enable_expert_bias"] = True
+            moe["moe_router_bias_update_rate"] = model["expert_bias"]
     return TransformerConfig(
         num_layers=model["layers"], hidden_size=model["hidden"], num_attention_heads=model["heads"],
         num_query_groups=model.get("groups", model["heads"]), ffn_hidden_size=model["ffn"],
@@ -137,7 +157,8 @@ def _config(model: dict[str, Any], layout: dict[str, Any]) -> Any:
         virtual_pipeline_model_parallel_size=layout["vpp"] if layout["vpp"] > 1 else None,
         sequence_parallel=bool(layout.get("sp")), use_cpu_initialization=True,
         params_dtype=torch.float32, pipeline_dtype=torch.float32, normalization="RMSNorm",
-        layernorm_epsilon=model["eps"], add_bias_linear=True, gated_linear_unit=True, activation_func=F.silu,
+        layernorm_epsilon=model["eps"], add_bias_linear=model.get("bias", True), gated_linear_unit=True,
+        activation_func=F.silu,
         hidden_dropout=model.get("hidden_dropout", 0.0), attention_dropout=0.0, bias_activation_fusion=False,
         bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         apply_rope_fusion=False, gradient_accumulation_fusion=False, init_method_std=0.02,
@@ -155,6 +176,11 @@ def _chunks(model: dict[str, Any], layout: dict[str, Any]) -> list[Any]:
     out = []
     for vp in range(vpp):
         stage = vp if vpp > 1 else None
+        if model.get("moe_layer_freq"):  # dense and MoE layers mixed: the local specs, per layer
+            from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+            spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm",
+                                              vp_stage=stage)
         out.append(GPTModel(
             config=config, transformer_layer_spec=spec, vocab_size=model["vocab"],
             max_sequence_length=model["seq"],
@@ -189,19 +215,31 @@ def _shard(full: Any, param: Any, name: str, tp: int, tp_rank: int, glu: bool) -
 
 
 def _load(chunks: list[Any], weights: dict[str, Any], tp: int, tp_rank: int, bugs: list[dict[str, Any]],
-          rank: int, shards: dict[int, Any]) -> dict[str, str]:
+          rank: int, shards: dict[int, Any], etp: int = 1, etp_rank: int = 0) -> dict[str, str]:
     """Load every chunk's parameters from the whole-model state dict; return local -> global names.
 
-    A ``wrong_shard`` fault from a later step leaves its shard in *shards* (``id(bug)`` -> tensor).
+    A ``wrong_shard`` fault from a later step leaves its shard in *shards* (``id(bug)`` -> tensor). Expert
+    parameters are taken by global expert index and sharded over the expert-TP group (*etp*, *etp_rank*);
+    persistent buffers (the router's ``expert_bias``) are loaded by global name too.
     """
     import torch
 
     names = {}
     for ci, chunk in enumerate(chunks):
         state = {}
-        for local, param in chunk.named_parameters():
+        params = dict(chunk.named_parameters())
+        for local in chunk.state_dict():
+            if local not in params and not local.endswith("_extra_state"):
+                state[local] = weights[global_name(chunk, local)].clone()
+        for local, param in params.items():
             g = global_name(chunk, local)
             names[f"{ci}:{local}"] = g
+            if ".experts.local_experts." in local:
+                value = _shard(weights[g], param, g, etp, etp_rank, glu=True)
+                if tuple(value.shape) != tuple(param.shape):
+                    raise RuntimeError(f"{g}: shard {tuple(value.shape)} != parameter {tuple(param.shape)}")
+                state[local] = value
+                continue
             shard_rank = tp_rank
             for b in bugs:
                 if b["kind"] == "wrong_shard" and b["rank"] == rank and b["param"] == g:
@@ -218,8 +256,8 @@ def _load(chunks: list[Any], weights: dict[str, Any], tp: int, tp_rank: int, bug
         if missing or unexpected:
             raise RuntimeError(f"chunk {ci}: missing {missing}, unexpected {unexpected}")
         with torch.no_grad():
-            for local, param in chunk.named_parameters():
-                if not torch.equal(param, state[local]):
+            for local, param in list(chunk.named_parameters()) + list(chunk.named_buffers()):
+                if local in state and not torch.equal(param, state[local]):
                     raise RuntimeError(f"chunk {ci} {local} did not load")
     return names
 
@@ -264,7 +302,8 @@ def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
     ps.initialize_model_parallel(
         tensor_model_parallel_size=lay["tp"], pipeline_model_parallel_size=lay["pp"],
         virtual_pipeline_model_parallel_size=lay["vpp"] if lay["vpp"] > 1 else None,
-        expert_model_parallel_size=lay.get("ep", 1))
+        expert_model_parallel_size=lay.get("ep", 1),
+        **({"expert_tensor_parallel_size": lay["etp"]} if "etp" in lay else {}))
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     torch.manual_seed(model["seed"])
@@ -272,10 +311,17 @@ def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
     weights = torch.load(spec["weights"], weights_only=True)
     tp_rank, dp_rank = ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()
     shards: dict[int, Any] = {}
-    names = _load(chunks, weights, lay["tp"], tp_rank, bugs, rank, shards)
+    moe = bool(model.get("experts"))
+    etp = lay.get("etp", lay["tp"]) if moe else 1
+    etp_rank = ps.get_expert_tensor_parallel_rank() if moe else 0
+    names = _load(chunks, weights, lay["tp"], tp_rank, bugs, rank, shards, etp=etp, etp_rank=etp_rank)
     import _mg_faults  # type: ignore[import-not-found]
 
     installed = _mg_faults.install(chunks, bugs, rank, names)
+    finalize = bool(model.get("finalize"))
+    if finalize:
+        _use_finalize_model_grads(chunks, lay)
+    routed = _record_tokens(chunks) if moe else None
     for c in chunks:
         c.train()
     params = [p for c in chunks for p in c.parameters()]
@@ -317,32 +363,124 @@ def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
         out = fb(forward_step_func=forward_step, data_iterator=its, model=chunks if len(chunks) > 1 else chunks[0],
                  num_microbatches=model["micro_batches"], seq_length=seq,
                  micro_batch_size=model["micro_batch"] // lay["dp"], forward_only=False)
-        if lay.get("sp"):  # sequence-parallel norm weights: each TP rank saw part of the sequence
+        if lay.get("sp") and not finalize:  # sequence-parallel norm weights: each TP rank saw part of the sequence
             for p in params:
                 if getattr(p, "sequence_parallel", False) and p.grad is not None:
                     dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
-        if lay["dp"] > 1:  # expert weights (allreduce=False) are replicated over the expert-data-parallel group
-            for p in params:
-                if p.grad is None:
-                    continue
-                expert = not getattr(p, "allreduce", True)
-                group = ps.get_expert_data_parallel_group() if expert else ps.get_data_parallel_group()
-                size = dist.get_world_size(group)
-                if size > 1:
-                    dist.all_reduce(p.grad, group=group)
-                    p.grad.div_(size)
+        if lay["dp"] > 1 and not finalize:
+            _dp_average(params)
         opt.step()
         debugger.stop()
         debugger.step()
         if out:
             losses.append(float(sum(float(d["loss"]) for d in out) / len(out)))
+        if routed is not None:
+            routed.close_step(step)
     info = {"losses": losses, "names": names, "applied": applied, "installed": installed,
             "coords": {"tp": tp_rank, "pp": ps.get_pipeline_model_parallel_rank(), "dp": dp_rank},
             "layer_numbers": {str(ci): [ly.layer_number for ly in getattr(c.decoder, "layers", [])]
                               for ci, c in enumerate(chunks)}}
+    if moe:
+        info["expert_coords"] = {"ep": ps.get_expert_model_parallel_rank(), "etp": etp_rank,
+                                 "edp": ps.get_expert_data_parallel_rank()}
+        info["tokens"] = routed.steps if routed is not None else {}
     (log_dir / f"{spec['tag']}_info_rank{rank}.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _dp_average(params: list[Any]) -> None:
+    """Average gradients over data parallelism by hand (no DDP wrapper).
+
+    Expert weights (``allreduce=False``) are replicated over the expert-data-parallel group, the others over
+    the data-parallel group.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    for p in params:
+        if p.grad is None:
+            continue
+        expert = not getattr(p, "allreduce", True)
+        group = ps.get_expert_data_parallel_group() if expert else ps.get_data_parallel_group()
+        size = dist.get_world_size(group)
+        if size > 1:
+            dist.all_reduce(p.grad, group=group)
+            p.grad.div_(size)
+
+
+def _use_finalize_model_grads(chunks: list[Any], lay: dict[str, Any]) -> None:
+    """Let Megatron's schedule call its own ``finalize_model_grads`` after the backward passes.
+
+    Without the DDP wrapper each chunk gets a default ``ddp_config`` and a ``finish_grad_sync`` that averages
+    the gradients over data parallelism by hand (what DDP's would do); ``finalize_model_grads`` then all-reduces
+    the sequence-parallel gradients over TP and updates the router's expert bias.
+    """
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    for c in chunks:
+        c.ddp_config = DistributedDataParallelConfig()
+        params = list(c.parameters())
+        c.finish_grad_sync = (lambda ps_=params, **_: _dp_average(ps_)) if lay["dp"] > 1 else (lambda **_: None)
+    chunks[0].config.finalize_model_grads_func = finalize_model_grads
+
+
+class _Tokens:
+    """Tokens per expert of every MoE layer, kept with aten ops (msprobe dumps no extra node) during a step.
+
+    ``steps[str(step)][str(global layer)]``: ``routed_by_this_rank`` (tokens this rank's router sent to each
+    global expert, summed over the step's micro-batches) and ``received_by_local_experts`` (the
+    ``tokens_per_expert`` the token dispatcher hands to this rank's SequentialMLP, one list per micro-batch).
+    """
+
+    def __init__(self) -> None:
+        self.steps: dict[str, dict[str, dict[str, Any]]] = {}
+        self.pending: list[tuple[str, str, Any]] = []
+
+    def wrap(self, layer: Any) -> None:
+        import torch
+
+        aten = torch.ops.aten
+        glob = str(layer.layer_number - 1)
+        router, experts = layer.mlp.router, layer.mlp.experts
+        router_forward, experts_forward = router.forward, experts.forward
+
+        def routed(*args: Any, **kwargs: Any) -> Any:
+            probs, routing_map = router_forward(*args, **kwargs)
+            self.pending.append((glob, "routed", aten.sum.dim_IntList(routing_map, [0])))
+            return probs, routing_map
+
+        def received(hidden: Any, tokens_per_expert: Any, probs: Any) -> Any:
+            self.pending.append((glob, "received", aten.clone.default(tokens_per_expert)))
+            return experts_forward(hidden, tokens_per_expert, probs)
+
+        router.forward = routed
+        experts.forward = received
+
+    def close_step(self, step: int) -> None:
+        out: dict[str, dict[str, Any]] = {}
+        for glob, what, t in self.pending:
+            slot = out.setdefault(glob, {"routed_by_this_rank": None, "received_by_local_experts": []})
+            values = [int(v) for v in t.tolist()]
+            if what == "routed":
+                prev = slot["routed_by_this_rank"]
+                if prev is not None:
+                    values = [a + b for a, b in zip(prev, values, strict=True)]
+                slot["routed_by_this_rank"] = values
+            else:
+                slot["received_by_local_experts"].append(values)
+        self.steps[str(step)] = out
+        self.pending = []
+
+
+def _record_tokens(chunks: list[Any]) -> _Tokens:
+    rec = _Tokens()
+    for c in chunks:
+        for layer in getattr(c.decoder, "layers", []):
+            if hasattr(layer.mlp, "router"):
+                rec.wrap(layer)
+    return rec
 
 
 def _init(spec: dict[str, Any]) -> dict[str, Any]:
@@ -375,6 +513,8 @@ def main(spec_path: str) -> int:
     """Run one job described by *spec_path*."""
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if spec.get("model", {}).get("experts"):  # the router's compiled expert-bias helpers run eagerly on CPU
+        os.environ["TORCHDYNAMO_DISABLE"] = "1"
     mode = spec["mode"]
     if mode == "init":
         result = _init(spec)

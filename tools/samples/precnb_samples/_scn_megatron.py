@@ -25,6 +25,7 @@ from typing import Any
 
 from . import _dumps as D  # noqa: N812
 from . import _mg_truth as T  # noqa: N812
+from . import _scn_megatron_moe as M  # noqa: N812
 from ._mg_run import megatron_versions, require_megatron, run_mg
 
 REQUIRES = require_megatron
@@ -65,7 +66,16 @@ ROOTS: dict[str, dict[str, Any]] = {
                    "bugs": [{"kind": "norm_eps", "rank": 1, "layer": 2, "eps": -1.0, "from_step": 1}]},
     "hf_llama": {"layout": _lay(), "dump_steps": [0], "hf": True},
 }
-STEPS = [0, 1]  # union of the dumped steps
+STEPS = [0, 1]  # union of the dumped steps of the dense roots (the MoE roots add step 2)
+WHAT = ("real Megatron-Core 0.19.2 GPTModel (local layer spec, fp32, 4 layers) on CPU/gloo under msprobe "
+        "26.2.0: the same weights and batches in layouts tp1pp1, tp2pp1, tp1pp2, tp2pp2, tp1pp2vpp2, tp1pp1dp2 "
+        "and tp2 with sequence parallelism (healthy); four bugs (a scaled op on one rank of tp2pp2, a wrong TP "
+        "shard loaded, an unsynchronised dropout seed on the TP-replicated residual stream, a NaN from one layer "
+        "from step 1); and the same weights in a Hugging Face LlamaForCausalLM")
+MOE_WHAT = ("; plus a 2-layer MoE GPT (4 experts, top-2 sigmoid router with expert bias, all-to-all token "
+            "dispatcher; issue 48) in layouts ep1, tp2ep2 (expert parallelism folded onto TP, sequence parallel) "
+            "and tp1ep2dp2 (healthy), and two faults on tp2ep2 (an expert starved of tokens at step 1 whose "
+            "gradient divided by its token count turns NaN; one expert's linear_fc1 output scaled from step 1)")
 
 CPU_PATCHES = [
     "torch.cuda.current_device -> the CPU device (p2p receive/shape buffers, Megatron's global memory buffer)",
@@ -107,47 +117,6 @@ def _run_all(ctx: Any, sample: Path, only: list[str] | None = None) -> tuple[dic
                 "config": str(_config(sample, name, plan["dump_steps"])), **files}
         results[name] = run_mg(spec, log_dir=work, tag=f"mg_{name}")
     return init, results
-
-
-def _moe_probe(ctx: Any) -> dict[str, Any]:
-    """Try MoE with expert parallelism (EP=2 over DP=2) with both token dispatchers; not committed."""
-    work = ctx.log_dir / "megatron_moe"
-    work.mkdir(parents=True, exist_ok=True)
-    model = dict(MODEL, experts=4, topk=2)
-    out: dict[str, Any] = {"model": "the sample's GPT with num_moe_experts=4, moe_router_topk=2 in every layer "
-                                    "(SequentialMLP experts of the local spec), aux loss off",
-                           "layout": "tp1 pp1 dp2 ep2 (2 experts per rank)", "steps": 1}
-    from ._scenarios import _STATISTICS_CONFIG, write_json
-
-    for disp in ("allgather", "alltoall"):
-        m = dict(model, dispatcher=disp)
-        files = {"weights": str(work / f"init_{disp}.pt"), "batches": str(work / f"batches_{disp}.pt")}
-        run_mg({"mode": "init", "model": m, "steps": 1, **files}, log_dir=work, tag=f"moe_init_{disp}")
-        cfg = work / f"config_{disp}.json"
-        write_json(cfg, dict(_STATISTICS_CONFIG, dump_path=str(work / disp)))
-        try:
-            res = run_mg({"mode": "megatron", "model": m, "layout": dict(_lay(dp=2), ep=2), "steps": 1, "bugs": [],
-                          "config": str(cfg), **files}, log_dir=work, tag=f"moe_{disp}")
-        except RuntimeError as exc:
-            logs = sorted(work.glob(f"moe_{disp}_rank*.log"))
-            text = logs[0].read_text(encoding="utf-8", errors="replace") if logs else str(exc)
-            lines = [ln.split("]: ", 1)[-1].strip() for ln in text.splitlines() if "Error: " in ln]
-            out[disp] = {"works": False, "error": lines[0][:300] if lines else str(exc).splitlines()[0]}
-            continue
-        data = D.dump_data(work / disp / "step0" / "rank0" / "dump.json")
-        comm = Counter(".".join(n.split(".")[:2]) for n in data if n.startswith("Distributed."))
-        losses = [r["losses"][0] for r in res["ranks"].values()]
-        out[disp] = {"works": True, "nodes_step0_rank0": len(data), "collectives_step0_rank0": dict(comm),
-                     "expert_modules_rank0": sorted({n.split(".experts.")[1].split(".")[1] for n in data
-                                                     if ".experts.local_experts." in n}),
-                     "losses_by_rank": losses,
-                     "size_of_dumps_MB": round(sum(p.stat().st_size for p in (work / disp).rglob("*")
-                                                   if p.is_file()) / 1e6, 2)}
-    out["alltoall_note"] = ("the all-to-all dispatcher makes torch.cuda.Stream objects (stood in for by the worker) "
-                            "and then passes its split sizes to all_to_all_single as tensors (on CUDA Megatron "
-                            "moves them to host numpy first), which gloo's binding rejects")
-    out["committed"] = "no (the MoE dumps are 2.5 MB per rank and step; the facts above are what was observed)"
-    return out
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -596,7 +565,6 @@ def gen_megatron(ctx: Any, sample: Path) -> dict[str, Any]:
     from ._scenarios import _header, _layout
 
     init, results = _run_all(ctx, sample)
-    moe = _moe_probe(ctx)
     dumps = {name: _load(sample / name) for name in ROOTS}
     infos: dict[str, dict[int, dict[str, Any]]] = {}
     for name, plan in ROOTS.items():
@@ -645,12 +613,7 @@ def gen_megatron(ctx: Any, sample: Path) -> dict[str, Any]:
     undefined = {name: _undefined(dumps[name]) for name in ROOTS}
     versions = megatron_versions()
     gt = _header(
-        ctx, "megatron",
-        "real Megatron-Core 0.19.2 GPTModel (local layer spec, fp32, 4 layers) on CPU/gloo under msprobe "
-        "26.2.0: the same weights and batches in layouts tp1pp1, tp2pp1, tp1pp2, tp2pp2, tp1pp2vpp2, tp1pp1dp2 "
-        "and tp2 with sequence parallelism (healthy); four bugs (a scaled op on one rank of tp2pp2, a wrong TP "
-        "shard loaded, an unsynchronised dropout seed on the TP-replicated residual stream, a NaN from one layer "
-        "from step 1); and the same weights in a Hugging Face LlamaForCausalLM",
+        ctx, "megatron", WHAT,
         SimpleNamespace(describe=_describe),
         megatron_interpreter={"env": "PRECNB_MEGATRON_PYTHON", **versions},
         task="statistics", level="mix", world_size={n: (1 if p.get("hf") else world(p["layout"]))
@@ -676,11 +639,48 @@ def gen_megatron(ctx: Any, sample: Path) -> dict[str, Any]:
         megatron_specifics=_facts(sample, dumps, infos),
         hf=dict(_hf_pairs(sample, base, dumps["hf_llama"]), name_map=results["hf_llama"]["name_map"],
                 config=results["hf_llama"]["hf_config"]),
-        moe_expert_parallel=moe,
         losses=losses,
         losses_note="mean over the micro-batches (and data-parallel ranks) of each step, from the last pipeline "
                     "stage; every healthy layout and the Llama run agree with tp1pp1 to 1e-5 relative",
     )
+    merge_moe(gt, sample, M.truth(sample, M.run(ctx, sample)))
+    (sample / "README.md").write_text(readme(gt), encoding="utf-8")
+    return gt
+
+
+def merge_moe(gt: dict[str, Any], sample: Path, moe: dict[str, Any]) -> None:
+    """Put the MoE roots' ground truth into the sample's: per-root tables, faults and the ``moe`` section."""
+    from ._scenarios import _layout
+
+    gt.pop("moe_expert_parallel", None)  # the probe of the alltoall dispatcher, superseded by the MoE roots
+    gt["what"] = WHAT + MOE_WHAT
+    for name in moe["roots"]:
+        lay = moe["layouts"][name]
+        gt["world_size"][name] = lay["world_size"]
+        gt["dump_steps"][name] = moe["dump_steps"]
+        gt["dump_roots"][name] = name
+        gt["dump_files"][name] = _layout(sample / name, sample)
+        gt["layouts"][name] = lay
+        gt["rank_coords"][name] = moe["rank_coords"][name]
+        gt["layer_map"][name] = moe["layer_map"][name]
+        gt["parameters"]["local_to_global"][name] = moe["local_to_global"][name]
+        gt["losses"][name] = moe["losses"][name]
+    gt["steps"] = sorted(set(gt["steps"]) | set(moe["dump_steps"]))
+    gt["faults"] = [f for f in gt["faults"] if f["root"] not in moe["roots"]] + moe["faults"]
+    gt["moe"] = {k: v for k, v in moe.items() if k not in ("layer_map", "local_to_global")}
+    gt["moe"]["generated_by"] = f"{gt['generated_by']['command']} --megatron-moe-only (or with the whole sample)"
+
+
+def update_moe(ctx: Any, sample: Path) -> dict[str, Any]:
+    """Regenerate only the MoE roots; every other root's files stay byte for byte, its ground truth is kept."""
+    gt = D.load_json(sample / "ground_truth.json")
+    for name in M.ROOTS:
+        if name in gt.get("dump_roots", {}):
+            for table in ("world_size", "dump_steps", "dump_roots", "dump_files", "layouts", "rank_coords",
+                          "layer_map", "losses"):
+                gt[table].pop(name, None)
+            gt["parameters"]["local_to_global"].pop(name, None)
+    merge_moe(gt, sample, M.truth(sample, M.run(ctx, sample)))
     (sample / "README.md").write_text(readme(gt), encoding="utf-8")
     return gt
 
@@ -711,9 +711,11 @@ def digest(gt: dict[str, Any]) -> list[str]:
     u = gt["undefined_by_construction"]
     out.append("- undefined by construction (baddbmm input with beta=0, irecv buffers): "
                + ", ".join(f"{n} {v['non_finite']}/{v['leaves']} non-finite" for n, v in u.items() if v["leaves"]))
-    moe = gt["moe_expert_parallel"]
-    out.append(f"- MoE EP=2: allgather dispatcher works={moe['allgather']['works']}, alltoall "
-               f"works={moe['alltoall']['works']} (not committed)")
+    moe = gt.get("moe")
+    if moe:
+        out.append("- MoE (issue 48), alltoall dispatcher, steps " + str(moe["dump_steps"]) + ": losses "
+                   + ", ".join(f"`{n}` {[round(x, 6) for x in moe['losses'][n]]}" for n in moe["roots"])
+                   + "; starved experts " + ", ".join(f"`{n}` {v}" for n, v in moe["starved_experts"].items() if v))
     return out
 
 
@@ -728,12 +730,14 @@ def readme(gt: dict[str, Any]) -> str:
     for name, lay in gt["layouts"].items():
         desc = "Hugging Face LlamaForCausalLM" if name == "hf_llama" else (
             f"tp{lay['tp']} pp{lay['pp']} vpp{lay['vpp']} dp{lay['dp']}" + (" sp" if lay["sp"] else "")
+            + (f" ep{lay['ep']} etp{lay['etp']} (MoE)" if "etp" in lay else "")
             + (f", hidden dropout {lay['hidden_dropout']}" if lay["hidden_dropout"] else ""))
         bug = "; ".join(f"{b['kind']} rank {b.get('rank')}" + (f" layer {b['layer']}" if "layer" in b else "")
                         for b in lay["bugs"]) or "-"
         lines.append(f"| `{name}` | {desc} | {lay['world_size']} | {gt['dump_steps'][name]} | {bug} | "
                      f"{lay['healthy_counterpart'] or '-'} |")
-    lines += ["", f"Every run trains {gt['train_steps']} steps (losses in `losses`); msprobe's `step` list decides "
+    lines += ["", f"Every dense run trains {gt['train_steps']} steps, every MoE run "
+              f"{gt.get('moe', {}).get('train_steps', '-')} (losses in `losses`); msprobe's `step` list decides "
               "which are dumped. Megatron's rank order is tp-cp-ep-dp-pp (consecutive ranks form a TP group, "
               "the pipeline stage varies slowest); `rank_coords` and `layer_map` give each rank's coordinates "
               "and its local-to-global layer names.", "", "## Faults (ground truth read back from the dumps)", ""]
@@ -770,21 +774,61 @@ def readme(gt: dict[str, Any]) -> str:
     for name, c in gt["healthy_vs_tp1pp1"].items():
         lines.append(f"- `{name}` (steps {c['steps']}): " + ", ".join(
             f"{k} {v}" for k, v in sorted(c["relations"].items())) + " module leaves")
-    moe = gt["moe_expert_parallel"]
-    lines += ["", "## MoE with expert parallelism on CPU", "",
-              f"{moe.get('model')}, {moe.get('layout')}: allgather dispatcher "
-              + ("works" if moe.get("allgather", {}).get("works") else "fails")
-              + (f" ({moe['allgather'].get('collectives_step0_rank0')})" if moe.get("allgather", {}).get("works")
-                 else "") + "; alltoall dispatcher "
-              + ("works" if moe.get("alltoall", {}).get("works") else
-                 f"fails: `{moe.get('alltoall', {}).get('error')}` — {moe.get('alltoall_note')}")
-              + f". Committed: {moe.get('committed')}.", "",
-              "## Hugging Face", "",
+    lines += [*moe_readme(gt.get("moe")), "## Hugging Face", "",
               f"`hf_llama`: the tp1pp1 weights in LlamaForCausalLM ({len(gt['hf']['module_pairs_step0_micro_batch0'])} "
               "module pairs at step 0, micro-batch 0, in `hf.module_pairs_step0_micro_batch0`; fused linear_qkv / "
               "linear_fc1 outputs equal the merged q/k/v and gate/up outputs); `hf.name_map` maps each Megatron "
               "parameter to the rows each HF parameter takes. Losses agree with tp1pp1 to 1e-5 at every step.", ""]
     return "\n".join(lines)
+
+
+def moe_readme(moe: dict[str, Any] | None) -> list[str]:
+    """README lines of the MoE roots (issue 48)."""
+    if not moe:
+        return [""]
+    lines = ["", "## MoE roots (issue 48): the all-to-all token dispatcher, expert parallelism folded onto TP", "",
+             f"Model: {moe['model']}.", "",
+             "Layouts (Megatron's order tp-cp-ep-dp-pp; every rank's dense coordinates in `rank_coords`, its expert "
+             "coordinates ep/etp/edp in `moe.expert_coords`):", ""]
+    for name in moe["roots"]:
+        lay = moe["layouts"][name]
+        coords = ", ".join(f"rank {r}: tp {c['tp']} dp {c['dp']} / ep {moe['expert_coords'][name][r]['ep']} etp "
+                           f"{moe['expert_coords'][name][r]['etp']}" for r, c in moe["rank_coords"][name].items())
+        lines.append(f"- `{name}`: world {lay['world_size']}, tp{lay['tp']} dp{lay['dp']} ep{lay['ep']} etp{lay['etp']}"
+                     + (" sequence parallel" if lay["sp"] else "") + f", {lay['experts_per_rank']} experts per rank "
+                     f"({coords}); losses {moe['losses'][name]}")
+    same = {n: v["losses"] for n, v in moe["losses_bit_identical_to_moe_ep1"].items()}
+    lines += ["", f"Healthy losses agree with `moe_ep1` to 1e-5 relative; bit-identical: {same}. Every expert's "
+              "input and output at step 0 equals moe_ep1's same global expert (`moe.experts_vs_moe_ep1_step0`).", "",
+              "Faults (read back from the dumps):", ""]
+    for f in moe["faults"]:
+        lines.append(f"- **{f['kind']}** in `{f['root']}`: step {f['step']}, rank {f['rank']}, global expert "
+                     f"{f['global_expert']} (local {f['local_expert']}) of global layer {f['layer']}, "
+                     f"node `{f['node']}`. {f['how']}." + (f" How: {f['starved']['forced_by']}." if "starved" in f
+                                                            else ""))
+    per = moe["tokens_per_expert"]
+    lines += ["", "Tokens per global expert (per step, per layer; `moe.tokens_per_expert` also per rank): "
+              + "; ".join(f"`{n}` " + ", ".join(f"step {s} {t['per_global_expert']}" for s, t in per[n].items())
+                          for n in moe["roots"]) + ".", "",
+              f"Starved experts (no token): {dict((n, v) for n, v in moe['starved_experts'].items() if v)}.", "",
+              "What msprobe writes for MoE:", "",
+              f"- Expert modules: {moe['expert_index_rule']}; `moe.expert_map` maps each rank's local names to "
+              "global ones. E.g. " + ", ".join(f"`{n}`" for n in moe["node_names"]["expert_modules_rank0_step0"][:2])
+              + ".",
+              f"- The dispatcher: {moe['node_names']['token_dispatcher']}: "
+              f"{moe['node_names']['api_children_of_moe_layer']}. Its all-to-all exchanges are "
+              "`Distributed.all_to_all_single` nodes: input_args.0 (the output buffer) is null, the split sizes are "
+              "input kwargs of type numpy.ndarray with statistics; counts and parent modules per rank at step 0 "
+              "in `moe.collectives_step0`.",
+              f"- {moe['sequence_parallel_note']} (`moe.sequence_parallel_gradients_partial_sums`).",
+              "- An expert that receives no token still runs: its MLP, linear_fc1/linear_fc2 and their ops are "
+              "recorded with empty tensors ([0, h]) whose statistics are null "
+              "(`faults[...].empty_records_of_the_starved_expert`).",
+              "- Node names between the two ranks of a root, and between a fault run and its healthy twin: "
+              "`moe.node_names_between_ranks` and `faults[...].node_names_vs_healthy` (nodes only on one side; "
+              "empty lists: no call-counter shift).",
+              f"- CPU patches: {'; '.join(moe['cpu_patches'])}.", ""]
+    return lines
 
 
 GENERATORS = {"megatron": gen_megatron}
