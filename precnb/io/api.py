@@ -121,12 +121,13 @@ def with_rank_table(ds: xr.Dataset, rank_table: Any) -> xr.Dataset:
     precnb.io.rank_table.RankTableError
         A table that cannot be read or that does not place a rank of the run.
     """
-    from precnb.io.rank_table import check_covers, normalise_table
+    from precnb.io.rank_table import check_covers, normalise_table, within_run
 
     name = str(rank_table) if isinstance(rank_table, (str, os.PathLike)) else "rank table"
     table = normalise_table(rank_table, name=name)
     if "rank" in ds.dims:
         check_covers(table, (int(r) for r in ds["rank"].values), name=name)
+        table = within_run(table, (int(r) for r in ds["rank"].values))
     ds = ds.copy()
     ds.attrs["rank_table"] = json.dumps({str(r): d for r, d in table.items()})
     ds.attrs["rank_table_source"] = name
