@@ -100,7 +100,7 @@ def _grid(meta: dict[str, Any], where: Path) -> tuple[list[int], list[int], str,
     if not ok:
         raise DumpFormatError(where, f"zarr array metadata with an unusable shape {str(shape)[:80]} or chunk shape "
                                      f"{str(chunk)[:80]}")
-    return shape, chunk, sep, prefix
+    return list(shape or []), list(chunk), str(sep), prefix
 
 
 def _found_chunks(folder: Path, store: Path) -> set[str]:
@@ -213,9 +213,10 @@ def audit_store(path: str | os.PathLike[str]) -> StoreAudit:
 def _read_steps(p: Path) -> list[int] | None:
     """The step coordinate (its chunks are all there), or None when it cannot be read."""
     try:
+        import numpy as np
         import zarr
 
         arr = zarr.open_array(p / "step", mode="r", zarr_format=3)
-        return [int(v) for v in arr[:]]
+        return [int(v) for v in np.asarray(arr[:]).ravel()]
     except Exception:  # an unreadable coordinate: the chunks are then described by index
         return None
