@@ -129,3 +129,65 @@ def test_spike_from_tensorboard_logs_same_answer_as_csv(tmp_path):
                           str(copy), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     f = json.loads(out.stdout)
     assert (f["step"], f["rank"], f["causes"][0]["cause"]) == (6, 1, "data")
+
+
+# -- issue #49 ------------------------------------------------------------------------------------------------
+def _record(payload: bytes) -> bytes:
+    import struct
+
+    from precnb.io._tfevents import _masked
+
+    head = struct.pack("<Q", len(payload))
+    return head + struct.pack("<I", _masked(head)) + payload + struct.pack("<I", _masked(payload))
+
+
+def test_fifo_in_a_loss_folder_is_refused(tmp_path):
+    import os
+
+    folder = tmp_path / "tb" / "rank0"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "events.out.tfevents.1.host")
+    r = subprocess.run([sys.executable, "-c", "from precnb.io.losslog import read_loss_log; "
+                        f"read_loss_log({str(tmp_path / 'tb')!r})"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "FIFO (named pipe), not a regular file" in r.stderr  # used to block forever
+
+
+def test_huge_record_refused_without_reading_it(tmp_path):
+    import struct
+
+    from precnb.io._tfevents import _masked
+
+    p = tmp_path / "events.out.tfevents.1.big"
+    head = struct.pack("<Q", 1 << 30)  # a 1 GiB record used to be allowed (and read whole)
+    p.write_bytes(head + struct.pack("<I", _masked(head)) + b"\x00" * 64)
+    with pytest.raises(DumpFormatError, match="record 0 at byte 0: 1073741824 bytes is longer than"):
+        read_event_scalars(p)
+
+
+def test_crc32c_is_the_castagnoli_checksum():
+    from precnb.io._tfevents import _crc32c
+
+    assert _crc32c(b"123456789") == 0xE3069283  # the standard check value
+
+
+def test_many_records_read_in_bounded_time(tmp_path):
+    import time
+
+    src = next((TB / "simple" / "rank0").iterdir())
+    data = src.read_bytes()
+    p = tmp_path / "events.out.tfevents.1.many"
+    p.write_bytes(data * 200)
+    t0 = time.perf_counter()
+    df = read_event_scalars(p)
+    assert len(df) == 200 * len(read_event_scalars(src))
+    assert time.perf_counter() - t0 < 30
+
+
+def test_superscript_step_is_an_input_error_naming_the_line(tmp_path):
+    p = tmp_path / "loss.csv"
+    p.write_text("step,loss\n0,1\n\u00b2,2\n")
+    with pytest.raises(DumpFormatError, match="line 3: step '²' is not a non-negative integer"):
+        read_loss_log(p)
+    r = subprocess.run([sys.executable, "-m", "precnb", "spike", str(CSV.parent / "dump"), "--loss", str(p)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "usage error" not in r.stderr and str(p) in r.stderr

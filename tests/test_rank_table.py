@@ -43,7 +43,7 @@ def test_hccl_json_and_csv_give_the_placement(job):
      "server_list[0].device[0]: no rank_id"),
     ('{"server_list": [{"device": [{"device_id": "0", "rank_id": "0"}]}]}', "json", "server_list[0]: no server_id"),
     ('{"version": "1.0"}', "json", "not an HCCL rank table (no server_list list)"),
-    ('{"server_list": [', "json", "not valid JSON (Expecting value: line 1 column 18 (char 17))"),
+    ('{"server_list": [', "json", "not valid JSON at line 1 column 18: Expecting value"),
     ("rank,host,device\n0,h,0\n0,h,1\n", "csv", "line 3: rank 0 is given twice"),
     ("rank,host,device\n0,h,0\n1,h,0\n", "csv", "line 3: device h:0 serves rank 0 and rank 1"),
     ("rank,host,device\n-1,h,0\n", "csv", "line 2: rank '-1' is not a non-negative integer"),
@@ -94,7 +94,7 @@ def test_cli_bad_table_is_one_line(capsys, tmp_path):
     assert err.strip().splitlines() == [f"precnb replicas: error: {bad}: the run has rank 2 (and 1 more), the table "
                                         "places ranks 0-1 only"]
     code, _, err = cli(capsys, "nan", str(SDC / "job1"), "--rank-table", str(tmp_path / "none.json"))
-    assert code == 1 and len(err.strip().splitlines()) == 1 and "none.json: cannot read the rank table" in err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "none.json: no such file or directory" in err
 
 
 def test_python_api_open_run_and_options():
@@ -107,3 +107,61 @@ def test_python_api_open_run_and_options():
     assert t.finding.device == {"host": "b", "device": "1"}
     with pytest.raises(RankTableError, match="the run has rank 3"):
         precnb.open_run(SDC / "job2", rank_table={0: ("a", 0), 1: ("a", 1), 2: ("b", 0)}, workers=1)
+
+
+# -- issue #49: rank tables through the input-safety layer ---------------------------------------------------
+import os as _os  # noqa: E402
+
+import pytest as _pytest  # noqa: E402
+
+
+def _refusal(path, match):
+    from precnb.io.rank_table import RankTableError, read_rank_table
+
+    with _pytest.raises(RankTableError, match=match) as e:
+        read_rank_table(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+def test_rank_table_fifo_and_dev_zero_are_refused(tmp_path):
+    fifo = tmp_path / "devices.json"
+    _os.mkfifo(fifo)
+    _refusal(fifo, "FIFO")  # used to block forever
+    zero = tmp_path / "zero.csv"
+    zero.symlink_to("/dev/zero")
+    _refusal(zero, "character device")  # used to grow to 5.4 GB
+
+
+def test_rank_table_edge_cases(tmp_path):
+    big = tmp_path / "big.json"
+    big.write_text('{"server_list":[{"server_id":"a","device":[{"rank_id":' + "1" + "0" * 30 + ',"device_id":"0"}]}]}')
+    _refusal(big, "larger than any job")  # was OverflowError (internal error)
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"server_list":' + "[" * 100_000 + "]" * 100_000 + "}")
+    _refusal(deep, "nested more than 64 levels at line 1")
+    field = tmp_path / "field.csv"
+    field.write_text("rank,host,device\n0," + "h" * (1 << 20) + ",0\n")
+    _refusal(field, "malformed CSV at line 2: field larger than field limit")
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    _refusal(empty, "empty file \\(expected an HCCL rank table JSON object\\)")  # was "CSV header"
+    sup = tmp_path / "sup.csv"
+    sup.write_text("rank,host,device\n\u00b2,h,0\n")
+    _refusal(sup, "is not a non-negative integer")
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"rank,host,device\n0,h\xed\xa0\x80,0\n")
+    _refusal(bad, "not UTF-8 text: invalid byte 0xed at line 2 column 4")
+
+
+def test_a_table_names_at_most_the_runs_ranks(tmp_path):
+    from precnb.io.rank_table import within_run
+    from precnb.pipeline.devices import resolve_rank_table
+
+    rows = "".join(f"{i},h{i // 8},{i % 8}\n" for i in range(10_000))
+    t = tmp_path / "cluster.csv"
+    t.write_text("rank,host,device\n" + rows)
+    import xarray as xr
+
+    ds = xr.Dataset(coords={"rank": [0, 1, 2, 3]})
+    assert sorted(resolve_rank_table(str(t), ds)) == [0, 1, 2, 3]  # no phantom devices
+    assert within_run({0: {}, 5: {}}, [0]) == {0: {}}

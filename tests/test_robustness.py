@@ -82,7 +82,8 @@ CORPUS_EXPECTED: dict[str, tuple[str, object]] = {
                                       "invalid JSON at line 16 column 11 (char 280): Expecting ':' delimiter "
                                       "(truncated file?)")),
     "msprobe_invalid_utf8": ("skipped", ("step0/rank1/dump.json",
-                                         "invalid UTF-8 byte 0xff at byte 265 (not a text JSON file?)")),
+                                         "invalid UTF-8 byte 0xff at line 15 column 13 (byte 265) "
+                                         "(not a text JSON file?)")),
     "msprobe_empty_file": ("skipped", ("step0/rank1/dump.json",
                                        "file is empty (the job may have died before writing it)")),
     "msprobe_data_is_list": ("skipped", ("step0/rank1/dump.json",
@@ -118,7 +119,8 @@ CORPUS_EXPECTED: dict[str, tuple[str, object]] = {
         "{dir}/step0/rank0/stack.json: holds a JSON list, not an object (ignored; values still loaded)",
     ]),
     "msprobe_utf8_in_string": ("warnings", [
-        "{dir}/step0/rank0/dump.json: invalid UTF-8 bytes inside strings (first at byte 218) replaced by U+FFFD"]),
+        "{dir}/step0/rank0/dump.json: invalid UTF-8 bytes inside strings (first: 0xff at line 11 column 29 "
+        "(byte 218)) replaced by U+FFFD"]),
     "msprobe_data_name_traversal": ("warnings", [
         "{dir}/step0/rank0/dump.json: 2 data_name(s) pointing outside dump_tensor_data; precnb.load_tensor refuses "
         "them (first: Functional.linear.0.forward.output.0 data_name='../../../../etc/passwd')"]),

@@ -41,6 +41,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from precnb.analysis.summary import summarize
     from precnb.io.api import load_report
 
+    args.store_gaps = True  # a damaged store's missing chunks are listed (SKIPPED), not refused
     ds = _open(args.path, args)
     s = summarize(ds)
     rep = load_report(ds)

@@ -173,7 +173,8 @@ def open_checked(path: str, args: argparse.Namespace, *, steps: list[int] | None
         warnings.simplefilter("ignore")
         ds = open_run(path, format=getattr(args, "format", None), steps=steps,
                       ranks=parse_int_set(getattr(args, "ranks", None), "ranks"), progress=None,
-                      workers=cli_workers(args), client=cli_client(args))
+                      workers=cli_workers(args), client=cli_client(args),
+                      gaps="report" if getattr(args, "store_gaps", False) else "raise")
     failures = getattr(args, "load_failures", None)
     if failures is None:
         failures = []

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from precnb.errors import DumpFormatError
-from precnb.io._fs import open_regular
+from precnb.io._fs import byte_position, open_regular
 
 try:  # optional speed-up
     import orjson as _orjson
@@ -90,13 +90,13 @@ def loads_json(raw: bytes, path: str | Path = "<bytes>", notes: list[str] | None
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if not _inside_string(raw, exc.start):
-            raise DumpFormatError(path, f"invalid UTF-8 byte 0x{raw[exc.start]:02x} at byte {exc.start} "
-                                        "(not a text JSON file?)") from None
+            raise DumpFormatError(path, f"invalid UTF-8 byte 0x{raw[exc.start]:02x} at "
+                                        f"{byte_position(raw, exc.start)} (not a text JSON file?)") from None
         # Non-UTF-8 bytes inside strings are kept as U+FFFD; numbers are unaffected.
         text = raw.decode("utf-8", errors="replace")
         if notes is not None:
-            notes.append(f"{path}: invalid UTF-8 bytes inside strings (first at byte {exc.start}) "
-                         "replaced by U+FFFD")
+            notes.append(f"{path}: invalid UTF-8 bytes inside strings (first: 0x{raw[exc.start]:02x} at "
+                         f"{byte_position(raw, exc.start)}) replaced by U+FFFD")
     if not text.strip():
         raise DumpFormatError(path, "file is empty (the job may have died before writing it)")
     try:

@@ -22,7 +22,9 @@ from precnb.errors import DumpFormatError
 __all__ = ["is_event_file", "read_event_scalars"]
 
 _EVENTS = "tfevents"
-_MAX_RECORD = 1 << 30
+#: the longest record read (a scalar Event is a few dozen bytes; images and graphs that large are not read: the
+#: file is refused, naming the record, rather than held in memory: a 1 GiB record used to be allowed, issue #49)
+_MAX_RECORD = 16 << 20
 
 
 def is_event_file(path: str | os.PathLike[str]) -> bool:
@@ -30,26 +32,11 @@ def is_event_file(path: str | os.PathLike[str]) -> bool:
     return _EVENTS in Path(path).name and Path(path).name.startswith("events")
 
 
-# -- CRC-32C (Castagnoli), for TFRecord checksums -----------------------------------------------
-def _crc_table() -> list[int]:
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
+# -- CRC-32C (Castagnoli), for TFRecord checksums: google-crc32c (a zarr dependency; C, with its own fallback) --
+def _crc32c(data: bytes | memoryview) -> int:
+    import google_crc32c
 
-
-_TABLE = _crc_table()
-
-
-def _crc32c(data: bytes) -> int:
-    c = 0xFFFFFFFF
-    t = _TABLE
-    for b in data:
-        c = t[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
+    return int(google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data))
 
 
 def _masked(data: bytes) -> int:
@@ -199,35 +186,43 @@ def read_event_scalars(path: str | os.PathLike[str]) -> pd.DataFrame:
         checksum fails / does not decode. A last record cut short (a log being written) is
         ignored.
     """
+    from precnb.io._fs import open_regular
+
     try:
-        buf = Path(path).read_bytes()
+        fh = open_regular(path)  # a FIFO in a --loss folder is refused, never opened (issue #49)
     except OSError as exc:
-        raise DumpFormatError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+        raise DumpFormatError(str(path), f"cannot read: {exc.strerror or exc}") from None
     rows: list[tuple[int, str, float, int]] = []
-    i, n, k = 0, len(buf), 0
-    while i < n:
-        if i + 12 > n:
-            break  # a truncated header: the writer was interrupted
-        head = buf[i:i + 8]
-        (length,) = struct.unpack("<Q", head)
-        (crc,) = struct.unpack("<I", buf[i + 8:i + 12])
-        if _masked(head) != crc:
-            raise DumpFormatError(str(path), f"record {k} at byte {i}: length checksum mismatch (not a TensorBoard "
-                                             "event file, or corrupted)")
-        if length > _MAX_RECORD:
-            raise DumpFormatError(str(path), f"record {k} at byte {i}: implausible length {length}")
-        lo, hi = i + 12, i + 12 + length
-        if hi + 4 > n:
-            break  # the last record is incomplete
-        try:
-            step, scalars = _event_scalars(buf, lo, hi)
-        except (ValueError, struct.error) as exc:
-            raise DumpFormatError(str(path), f"record {k} at byte {i}: not a readable Event ({exc})") from None
-        if scalars:
-            (dcrc,) = struct.unpack("<I", buf[hi:hi + 4])
-            if _masked(buf[lo:hi]) != dcrc:
-                raise DumpFormatError(str(path), f"record {k} at byte {i}: data checksum mismatch (corrupted)")
-            rows += [(int(step or 0), t, v, k) for t, v in scalars]
-        i = hi + 4
-        k += 1
+    i, k = 0, 0
+    with fh:
+        while True:
+            try:
+                head12 = fh.read(12)
+            except OSError as exc:
+                raise DumpFormatError(str(path), f"cannot read at byte {i}: {exc.strerror or exc}") from None
+            if len(head12) < 12:
+                break  # the end, or a truncated header: the writer was interrupted
+            head = head12[:8]
+            (length,) = struct.unpack("<Q", head)
+            (crc,) = struct.unpack("<I", head12[8:12])
+            if _masked(head) != crc:
+                raise DumpFormatError(str(path), f"record {k} at byte {i}: length checksum mismatch (not a "
+                                                 "TensorBoard event file, or corrupted)")
+            if length > _MAX_RECORD:
+                raise DumpFormatError(str(path), f"record {k} at byte {i}: {length} bytes is longer than a scalar "
+                                                 f"event file's records may be ({_MAX_RECORD >> 20} MiB)")
+            body = fh.read(length + 4)
+            if len(body) < length + 4:
+                break  # the last record is incomplete
+            try:
+                step, scalars = _event_scalars(body, 0, length)
+            except (ValueError, struct.error) as exc:
+                raise DumpFormatError(str(path), f"record {k} at byte {i}: not a readable Event ({exc})") from None
+            if scalars:
+                (dcrc,) = struct.unpack("<I", body[length:length + 4])
+                if _masked(body[:length]) != dcrc:
+                    raise DumpFormatError(str(path), f"record {k} at byte {i}: data checksum mismatch (corrupted)")
+                rows += [(int(step or 0), t, v, k) for t, v in scalars]
+            i += 12 + length + 4
+            k += 1
     return pd.DataFrame(rows, columns=["step", "tag", "value", "record"])

@@ -41,6 +41,7 @@ def open_run(
     progress: bool | None = None,
     workers: int | str | None = None,
     rank_table: Any = None,
+    gaps: Literal["raise", "report"] = "raise",
 ) -> xr.Dataset:
     """Open one run as a canonical dataset (dims step, rank, tensor).
 
@@ -74,6 +75,9 @@ def open_run(
         Which host and device served each rank (HCCL ``rank_table_file`` JSON, ``rank,host,device``
         CSV or ``{rank: (host, device)}``, :mod:`precnb.io.rank_table`). Kept as
         ``ds.attrs["rank_table"]``, so every diagnosis of the run names hosts and devices beside ranks.
+    gaps : {"raise", "report"}
+        A zarr store with missing chunk files: raise (default; their values are unknown), or read them
+        as fill values and list them in the load report (``precnb info``).
 
     Returns
     -------
@@ -92,8 +96,9 @@ def open_run(
     """
     p, fmt = resolve(Path(path), format)
     reader = get_reader(fmt)
+    extra = {"gaps": gaps} if gaps != "raise" else {}
     ds = reader.open(p, errors=errors, client=client, progress=progress, steps=steps, ranks=ranks,
-                     workers=workers, lazy=lazy)
+                     workers=workers, lazy=lazy, **extra)
     rep = load_report(ds)
     if rep.failures:
         warnings.warn(
@@ -116,12 +121,13 @@ def with_rank_table(ds: xr.Dataset, rank_table: Any) -> xr.Dataset:
     precnb.io.rank_table.RankTableError
         A table that cannot be read or that does not place a rank of the run.
     """
-    from precnb.io.rank_table import check_covers, normalise_table
+    from precnb.io.rank_table import check_covers, normalise_table, within_run
 
     name = str(rank_table) if isinstance(rank_table, (str, os.PathLike)) else "rank table"
     table = normalise_table(rank_table, name=name)
     if "rank" in ds.dims:
         check_covers(table, (int(r) for r in ds["rank"].values), name=name)
+        table = within_run(table, (int(r) for r in ds["rank"].values))
     ds = ds.copy()
     ds.attrs["rank_table"] = json.dumps({str(r): d for r, d in table.items()})
     ds.attrs["rank_table_source"] = name

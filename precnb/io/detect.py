@@ -9,6 +9,7 @@ from pathlib import Path
 
 from precnb.errors import NotADumpError
 from precnb.io import _why
+from precnb.io._fs import open_regular
 from precnb.io.readers import describe, readers
 
 __all__ = ["detect_format", "resolve"]
@@ -72,7 +73,7 @@ def _zip_reason(p: Path) -> str | None:
     import zipfile
 
     try:
-        with p.open("rb") as fh:
+        with open_regular(p) as fh:
             head = fh.read(4)
     except OSError:
         return None

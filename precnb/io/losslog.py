@@ -138,7 +138,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
             txt = cells[j].strip()
             if name == "rank" and not txt:
                 continue
-            if not txt.isdigit() or len(txt) > 12:
+            if not (txt.isascii() and txt.isdigit()) or len(txt) > 12:  # "²".isdigit() is True
                 raise DumpFormatError(str(path), f"line {line}: {name} {txt[:40]!r} is not a non-negative integer")
         try:
             v = parse_float(cells[li], bools=False)

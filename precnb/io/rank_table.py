@@ -32,7 +32,7 @@ from typing import Any
 
 from precnb.errors import PrecnbError
 
-__all__ = ["RankTableError", "check_covers", "normalise_table", "read_rank_table"]
+__all__ = ["MAX_RANK", "RankTableError", "check_covers", "normalise_table", "read_rank_table", "within_run"]
 
 _MAX_BYTES = 64 * 2**20  # a rank table of a million ranks stays far below this
 
@@ -41,10 +41,16 @@ class RankTableError(PrecnbError):
     """A rank table that cannot be read or used (the message names the file and the problem)."""
 
 
+#: the largest rank a table may name (HCCL ranks are 32-bit; 10**30 used to overflow later)
+MAX_RANK = 2**31 - 1
+
+
 def _rank(value: Any, where: str, name: str) -> int:
     text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-    if text is None or not text.isdigit():
-        raise RankTableError(f"{name}: {where}: rank {value!r} is not a non-negative integer")
+    if text is None or not (text.isascii() and text.isdigit()):  # "²".isdigit() is True
+        raise RankTableError(f"{name}: {where}: rank {str(value)[:40]!r} is not a non-negative integer")
+    if len(text) > 10 or int(text) > MAX_RANK:
+        raise RankTableError(f"{name}: {where}: rank {text[:40]} is larger than any job's ({MAX_RANK})")
     return int(text)
 
 
@@ -95,8 +101,20 @@ def _from_hccl(doc: Any, name: str) -> dict[int, dict[str, str]]:
 
 
 def _from_csv(text: str, name: str) -> dict[int, dict[str, str]]:
+    try:
+        return _csv_table(text, name)
+    except csv.Error as exc:  # a field larger than the field limit, a NUL byte, ...
+        line = exc.args[1] if len(exc.args) > 1 else None
+        raise RankTableError(f"{name}: malformed CSV{f' at line {line}' if line else ''}: {exc.args[0]}") from None
+
+
+def _csv_table(text: str, name: str) -> dict[int, dict[str, str]]:
     reader = csv.DictReader(io.StringIO(text))
-    header = [h.strip().lower() for h in (reader.fieldnames or [])]
+    try:
+        fields = reader.fieldnames
+    except csv.Error as exc:
+        raise csv.Error(str(exc), 1) from None
+    header = [h.strip().lower() for h in (fields or [])]
     missing = [h for h in ("rank", "host", "device") if h not in header]
     if missing:
         raise RankTableError(f"{name}: CSV header {','.join(header) or '(empty)'} lacks {', '.join(missing)} "
@@ -104,7 +122,13 @@ def _from_csv(text: str, name: str) -> dict[int, dict[str, str]]:
     reader.fieldnames = header
 
     def entries() -> Iterable[tuple[Any, Any, Any, str]]:
-        for row in reader:
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                raise csv.Error(str(exc), reader.line_num + 1) from None  # the row being read
             if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
                 continue
             yield row.get("rank"), row.get("host"), row.get("device"), f"line {reader.line_num}"
@@ -130,23 +154,26 @@ def read_rank_table(path: str | os.PathLike[str]) -> dict[int, dict[str, str]]:
     RankTableError
         When the file cannot be read, is neither format, or lists a rank twice or one device for two ranks.
     """
-    p = Path(path)
+    from precnb.errors import DumpFormatError
+    from precnb.io._fs import check_depth, read_text_input
+
     name = str(path)
-    try:
-        if p.stat().st_size > _MAX_BYTES:
-            raise RankTableError(f"{name}: {p.stat().st_size} bytes is too large for a rank table")
-        text = p.read_text(encoding="utf-8-sig")
-    except RankTableError:
-        raise
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RankTableError(f"{name}: cannot read the rank table ({exc.__class__.__name__}: "
-                             f"{getattr(exc, 'strerror', None) or exc})") from None
-    if text.lstrip().startswith("{"):
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise RankTableError(f"{name}: not valid JSON ({exc})") from None
-        return _from_hccl(doc, name)
+    try:  # the input-safety layer: a regular file (never a FIFO), _MAX_BYTES at most, UTF-8 named by position
+        text = read_text_input(path, _MAX_BYTES, what="rank table")
+        if text.lstrip().startswith("{") or (Path(path).suffix.lower() == ".json" and not text.strip()):
+            if not text.strip():
+                raise RankTableError(f"{name}: empty file (expected an HCCL rank table JSON object)")
+            check_depth(text, path)
+            try:
+                doc = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise RankTableError(f"{name}: not valid JSON at line {exc.lineno} column {exc.colno}: "
+                                     f"{exc.msg}") from None
+            except (ValueError, RecursionError) as exc:
+                raise RankTableError(f"{name}: not valid JSON ({exc})") from None
+            return _from_hccl(doc, name)
+    except DumpFormatError as exc:
+        raise RankTableError(str(exc)) from None
     return _from_csv(text, name)
 
 
@@ -175,6 +202,21 @@ def normalise_table(table: Any, *, name: str = "rank table") -> dict[int, dict[s
                 raise RankTableError(f"{name}: {where}: expected (host, device), got {dev!r}")
 
     return _build(entries(), name)
+
+
+def within_run(table: Mapping[int, dict[str, str]], ranks: Iterable[int]) -> dict[int, dict[str, str]]:
+    """The entries of *table* for the run's *ranks* only: a table names at most the job's ranks.
+
+    A cluster's table beside a dump of a few ranks names ranks the run does not have: they are left out
+    (a 1,000,000-row table beside a 4-rank run listed 1,000,000 phantom "CLEAN" devices, issue #49).
+
+    Examples
+    --------
+    >>> within_run({0: {}, 1: {}, 7: {}}, [0, 1])
+    {0: {}, 1: {}}
+    """
+    keep = set(int(r) for r in ranks)
+    return {r: d for r, d in table.items() if r in keep}
 
 
 def check_covers(table: Mapping[int, Any], ranks: Iterable[int], *, name: str = "rank table") -> None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ import xarray as xr
 
 from precnb._write import STORE_ATTR
 from precnb.errors import DumpFormatError, NotADumpError
+from precnb.io._store_audit import COMPLETE_ATTR
 from precnb.io.readers import Reader
 from precnb.schema import DIMS, SchemaError, validate
 
@@ -57,12 +59,22 @@ def _chunks(n_rank: int, n_tensor: int) -> tuple[int, int, int]:
 
 
 def _mark(p: Path) -> None:
-    """Mark the store as precnb's own output (``--overwrite`` replaces only such a store)."""
+    """Mark the store as precnb's own output (``--overwrite`` replaces only such a store), every chunk written."""
     import zarr
 
     from precnb._marks import MARKER_KEY, marker
 
-    zarr.open_group(p, mode="r+", zarr_format=3).attrs[MARKER_KEY] = marker("zarr-store")
+    attrs = zarr.open_group(p, mode="r+", zarr_format=3).attrs
+    attrs.update({MARKER_KEY: marker("zarr-store"), COMPLETE_ATTR: "all"})
+
+
+@contextmanager
+def _every_chunk() -> Iterator[None]:
+    """Zarr writes fill-valued chunks too: a chunk absent from the store is then damage, never a fill (#49)."""
+    import zarr
+
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        yield
 
 
 def _write_dataset(ds: xr.Dataset, p: Path) -> Path:
@@ -147,7 +159,8 @@ def to_zarr(
                          f"got {mode!r}")
     overwrite = mode == "w"
     if isinstance(source, xr.Dataset):
-        with writing_folder(path, inputs=[*dataset_inputs(source), *inputs], overwrite=overwrite) as tmp:
+        with writing_folder(path, inputs=[*dataset_inputs(source), *inputs], overwrite=overwrite) as tmp, \
+                _every_chunk():
             _write_dataset(source, tmp)
             _mark(tmp)
         return Path(path)
@@ -157,7 +170,7 @@ def to_zarr(
 
     src, fmt = resolve(Path(source), format)
     reader = get_reader(fmt)
-    with writing_folder(path, inputs=[source, src, *inputs], overwrite=overwrite) as tmp:
+    with writing_folder(path, inputs=[source, src, *inputs], overwrite=overwrite) as tmp, _every_chunk():
         if reader.stream is None:
             ds = open_run(src, format=fmt, client=client, progress=progress, steps=steps, ranks=ranks,
                           errors=errors, workers=workers)
@@ -190,19 +203,35 @@ def _stream(parts: Any, p: Path) -> Path:
     return p
 
 
-def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
+def open_store(path: str | Path, *, lazy: bool = False, gaps: Literal["raise", "report"] = "raise") -> xr.Dataset:
     """Open a store written by :func:`to_zarr`.
+
+    The store is checked first (:func:`precnb.io._store_audit.audit_store`): every file a regular one
+    (a FIFO is never opened), every chunk there. A chunk missing from a store precnb wrote whole is damage:
+    its values are unknown, zarr would read them as fill values and an analysis would answer from them.
 
     Parameters
     ----------
     path : str or Path
     lazy : bool
         Keep variables dask-backed (one chunk per step) instead of loading them.
+    gaps : {"raise", "report"}
+        A missing chunk raises (default: no answer from what it hides), or (``"report"``, ``precnb
+        info``) is read as fill values and listed in the load report as a skipped chunk file, with the
+        fill-valued regions of a store that does not say every chunk was written.
 
     Returns
     -------
     xarray.Dataset
+
+    Raises
+    ------
+    precnb.errors.DumpFormatError
+        A damaged store (missing chunks named), a file that is not a regular file, attributes that are
+        not a precnb dataset's.
     """
+    from precnb.io._store_audit import audit_store
+
     p = Path(path)
     try:
         is_dir = p.is_dir()
@@ -210,6 +239,9 @@ def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
         raise NotADumpError(f"{p}: cannot access: {exc.strerror or exc}") from None
     if not is_dir:
         raise NotADumpError(f"{p}: not a zarr store")
+    audit = audit_store(p)
+    if audit.missing and gaps == "raise":
+        raise DumpFormatError(p, audit.missing_message())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -223,6 +255,9 @@ def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
     ds = _strings_to_object(ds)
     ds = ds.drop_encoding()
     ds.attrs.pop(_MARKER_KEY, None)
+    ds.attrs.pop(COMPLETE_ATTR, None)
+    if audit.missing or audit.unwritten:
+        ds.attrs["load_report"] = _with_gaps(ds.attrs.get("load_report"), audit.lines(), p)
     # the store itself is an input too (its ``source`` names the dump it was converted from): a write
     # from this dataset (a report, a mapping file, a second store) must stay out of it. In the encoding,
     # not the attributes: the dataset stays identical to the one written, and the path is never written
@@ -231,6 +266,20 @@ def open_store(path: str | Path, *, lazy: bool = False) -> xr.Dataset:
         return validate(ds)
     except SchemaError as exc:
         raise DumpFormatError(p, f"zarr store is not a precnb dataset: {exc}") from None
+
+
+def _with_gaps(raw: Any, entries: list[tuple[str, str]], p: Path) -> str:
+    """The store's load report (JSON text) with the audit's entries added as skipped files."""
+    import json
+
+    from precnb.io.records import LoadReport
+
+    try:
+        rep = LoadReport.from_dict(json.loads(raw) if isinstance(raw, str) else raw) if raw else LoadReport()
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise DumpFormatError(p, "the store's load_report attribute is not a precnb load report") from None
+    rep.skipped.extend(entries)
+    return json.dumps(rep.to_dict())
 
 
 def store_outline(path: str | Path) -> tuple[dict[str, int], dict[str, Any]]:
@@ -261,6 +310,7 @@ def store_outline(path: str | Path) -> tuple[dict[str, int], dict[str, Any]]:
         sizes[dim] = int(coord.shape[0])
     attrs = dict(group.attrs)
     attrs.pop(_MARKER_KEY, None)
+    attrs.pop(COMPLETE_ATTR, None)
     return sizes, attrs
 
 
@@ -274,14 +324,15 @@ def is_store(path: str | Path) -> bool:
     """
     p = Path(path)
     try:
-        return p.is_dir() and ((p / "zarr.json").is_file() or (p / ".zgroup").is_file())
+        # exists(), not is_file(): a FIFO named zarr.json is the store's to refuse (named), not another format's
+        return p.is_dir() and ((p / "zarr.json").exists() or (p / ".zgroup").exists())
     except OSError:
         return False
 
 
 def _open(path: Path, *, lazy: bool = False, steps: Sequence[int] | None = None,
-          ranks: Sequence[int] | None = None, **_: Any) -> xr.Dataset:
-    ds = open_store(path, lazy=lazy)
+          ranks: Sequence[int] | None = None, gaps: Literal["raise", "report"] = "raise", **_: Any) -> xr.Dataset:
+    ds = open_store(path, lazy=lazy, gaps=gaps)
     if steps is not None:
         ds = ds.sel(step=[s for s in ds["step"].values if s in set(steps)])
     if ranks is not None:

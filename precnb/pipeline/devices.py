@@ -39,7 +39,7 @@ def resolve_rank_table(value: Any, ds: xr.Dataset | None = None) -> dict[int, di
     precnb.io.rank_table.RankTableError
         A table that cannot be read, or that does not place a rank of the run.
     """
-    from precnb.io.rank_table import check_covers, normalise_table
+    from precnb.io.rank_table import check_covers, normalise_table, within_run
 
     name = str(value) if value is not None and not isinstance(value, Mapping) else "rank table"
     if value is None and ds is not None and ds.attrs.get("rank_table"):
@@ -52,6 +52,7 @@ def resolve_rank_table(value: Any, ds: xr.Dataset | None = None) -> dict[int, di
     table = normalise_table(value, name=name)
     if ds is not None and "rank" in ds.dims:
         check_covers(table, (int(r) for r in ds["rank"].values), name=name)
+        table = within_run(table, (int(r) for r in ds["rank"].values))  # never a device the run does not have
     return table
 
 

@@ -48,6 +48,7 @@ from typing import IO, Any
 import numpy as np
 
 from precnb.io._cext import CRAW, cwalk
+from precnb.io._fs import open_regular
 from precnb.io.msprobe._scan import Scanner, find_data
 from precnb.io.records import hashes_repeat
 
@@ -131,6 +132,16 @@ def quote_tokens(raw: bytes, *, nan: bool = True) -> bytes:
     return b"".join(out)
 
 
+def _utf8(raw: bytes) -> str:
+    """*raw* decoded as strict UTF-8 (``UnicodeDecodeError``, a ``ValueError``, otherwise).
+
+    Never ``json.loads(bytes)``: it decodes with ``surrogatepass``, which keeps an encoded surrogate
+    (``ED A0 80``, invalid UTF-8) as a lone surrogate (U+D800) that no writer can encode later (issue #49): the
+    whole-file parse replaces it by U+FFFD with a note naming its line and column, as any invalid UTF-8.
+    """
+    return raw.decode("utf-8")
+
+
 def _loads(raw: bytes, nan: bool = False) -> tuple[Any, bool]:
     """(the parsed text, whether its NaN tokens needed quoting); *nan*: quote them before the first try.
 
@@ -140,12 +151,12 @@ def _loads(raw: bytes, nan: bool = False) -> tuple[Any, bool]:
         raise NotBatchableError
     if _orjson is None:
         try:
-            return json.loads(raw), False
+            return json.loads(_utf8(raw)), False
         except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, too many digits
             raise NotBatchableError from None
     if (CRAW.long_ints(raw) if CRAW is not None and cwalk() is not None else _LONG_INT.search(raw) is not None):
         try:  # orjson would read 30000000000000000000 as 3e+19: the standard library keeps the int
-            return json.loads(raw), False
+            return json.loads(_utf8(raw)), False
         except (ValueError, RecursionError):
             raise NotBatchableError from None
     try:
@@ -261,7 +272,7 @@ def parts(path: str | Path) -> Iterator[tuple[bool, dict[str, Any]]]:
     """
     if os.environ.get("PRECNB_JSON_WHOLE"):  # parse whole files only (to check one path against the other)
         raise NotBatchableError
-    with Path(path).open("rb") as fh:
+    with open_regular(path) as fh:
         head, indent, buf = _head(fh)
         hashes: list[Any] = []  # of the node names of each batch: a name in two batches is checked at the end
         first = True
@@ -304,7 +315,7 @@ def raw_parts(path: str | Path, name_hashes: list[np.ndarray]) -> Iterator[tuple
     """
     if os.environ.get("PRECNB_JSON_WHOLE"):  # parse whole files only (to check one path against the other)
         raise NotBatchableError
-    with Path(path).open("rb") as fh:
+    with open_regular(path) as fh:
         head, indent, buf = _head(fh)
         first = True
         for piece, tail in _pieces(fh, buf, indent, RAW_BLOCK):
@@ -337,7 +348,7 @@ def member(text: bytes) -> tuple[str, Any]:
     if text.find(b"\\") >= 0 and _SURROGATE_ESCAPE.search(text):
         raise NotBatchableError
     try:
-        doc = json.loads(b"{" + text + b"}")
+        doc = json.loads("{" + _utf8(text) + "}")
     except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8
         raise NotBatchableError from None
     if len(doc) != 1:

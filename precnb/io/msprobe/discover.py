@@ -28,6 +28,7 @@ from precnb.io._fs import is_dir as _is_dir
 from precnb.io._fs import is_file as _is_file
 from precnb.io._fs import is_link as _is_link
 from precnb.io._fs import list_dir as _list_dir
+from precnb.io._fs import open_regular
 from precnb.io._fs import os_reason as _why_os
 
 __all__ = ["DUMP_FILES", "RankDir", "discover", "is_msprobe_dump"]
@@ -135,7 +136,7 @@ def is_msprobe_dump(path: str | Path) -> bool:
 def _sniff_dump_json(p: Path) -> bool:
     """A renamed dump.json (``{"task": .., "data": {..}}``) or a bare ``data`` object."""
     try:
-        with p.open("rb") as fh:
+        with open_regular(p) as fh:
             head = fh.read(4096)
     except OSError:
         return False

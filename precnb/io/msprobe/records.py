@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from precnb.errors import NotADumpError
+from precnb.io._fs import open_regular
 from precnb.io.msprobe.discover import discover
 
 __all__ = ["node_records"]
@@ -75,7 +76,7 @@ def node_records(path: Path, step: int, rank: int, nodes: Sequence[str]) -> dict
     out: dict[str, Any] = {}
     for rd in rds[:1]:
         try:
-            with open(rd.dump_file, "rb") as fh:
+            with open_regular(rd.dump_file) as fh:
                 if fh.seek(0, 2) == 0:
                     return out
                 with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:

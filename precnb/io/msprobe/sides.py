@@ -28,7 +28,7 @@ from precnb.errors import DumpFormatError
 from precnb.io import _why
 from precnb.io._assemble import SharedTable
 from precnb.io._cext import craw
-from precnb.io._fs import is_file
+from precnb.io._fs import is_file, open_regular
 from precnb.io._jsonio import loads_json
 from precnb.io.msprobe.values import MAX_COUNTER
 
@@ -129,7 +129,7 @@ def _read(path: Path, notes: list[str]) -> tuple[bytes, bytes] | None:
                          f"{'module paths' if path.name == 'construct.json' else 'stack frames'})")
         return None
     try:
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
             raw = fh.read()
     except OSError as exc:
         notes.append(f"{DumpFormatError(path, f'cannot read: {exc.strerror or exc}')} (ignored; values still loaded)")
