@@ -138,9 +138,13 @@ def test_healthy_roots_hold_no_nan(root):
     assert f.kind == "none", f.summary()
 
 
-@pytest.mark.xfail(strict=True, reason="precnb does not merge expert-parallel shards yet: its pre-flight check "
-                                       "counts moe_ep1's 4 experts per layer against 2 per rank and fails")
-@pytest.mark.parametrize("target", ["moe_tp2ep2", "moe_tp1ep2dp2"])
+@pytest.mark.parametrize("target", [
+    "moe_tp2ep2",
+    pytest.param("moe_tp1ep2dp2", marks=pytest.mark.xfail(strict=True, reason=(
+        "after one AdamW step the DP layout's experts differ from moe_ep1 by rounding noise that a min of an "
+        "expert's linear_fc1 matmul (1e-4 relative) carries beyond what the statistics of its inputs explain: "
+        "the noise model of issue #47"))),
+])
 def test_healthy_expert_parallel_layouts_compared_find_nothing(target):
     f = diagnose(target, baseline="moe_ep1").finding
     assert f.kind == "none", f.summary()
@@ -158,8 +162,6 @@ def test_nan_of_the_starved_expert_first_at_step1_on_its_rank():
     assert (got["kind"], got["step"], got["rank"], got["node"]) == ("nan_origin", 1, 1, f["node"])
 
 
-@pytest.mark.xfail(strict=True, reason="precnb names the expert by its local index (local_experts.0 on EP rank 1) "
-                                       "and gives no global module for it; the starved expert is global expert 2")
 def test_nan_of_the_starved_expert_is_named_by_its_global_index():
     f = fault("moe_tp2ep2_starved")
     nan = diagnose("moe_tp2ep2_starved", kinds=("nan_origin",)).finding

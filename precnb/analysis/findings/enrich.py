@@ -195,6 +195,40 @@ def _plan_missing_gradients(f: Any, target: xr.Dataset, missing: dict[str, Any])
     f.dump_plan = plan
 
 
+def note_global_expert(f: Any, target: xr.Dataset) -> str | None:
+    """A finding inside an expert of an expert-parallel run: its module under the global expert index (in place).
+
+    msprobe names experts by their local index on each EP rank (``local_experts.0`` on EP rank 1 is global expert
+    2 with two experts per rank); ``evidence["global_module"]`` names the whole model's module, without the model
+    chunk prefix. Returns it (None when the finding is not inside an expert or the run is not expert-parallel).
+    """
+    import re
+
+    if not f.module or f.rank is None or "run" in target.dims or "global_module" in f.evidence:
+        return None
+    m = re.match(r"^(?:\d+\.)?(?P<head>.*?experts\.(?:local_experts\.)?)(?P<local>\d+)(?P<tail>(?:\..*)?)$",
+                 str(f.module))
+    if m is None or int(f.rank) not in {int(r) for r in target["rank"].values}:
+        return None
+    from precnb.analysis.layout.infer import infer_layout
+
+    layout = infer_layout(target).layout
+    if layout is None or layout.ep <= 1:
+        return None
+    rank = int(f.rank)
+    i = [int(r) for r in target["rank"].values].index(rank)
+    container = m.group("head")
+    present = target["present"].values[:, i, :].any(axis=0)
+    held = {int(x.group(1)) for t, ok in zip(target["tensor"].values.tolist(), present.tolist(), strict=True)
+            if ok and (x := re.search(re.escape(container) + r"(\d+)\.", str(t)))}
+    per_rank = len(held) or 1
+    glob = layout.expert_owner(rank, int(m.group("local")), per_rank)
+    name = f"{container}{glob}{m.group('tail')}"
+    f.evidence["global_module"] = name
+    f.evidence["global_expert"] = glob
+    return name
+
+
 def note_starved_experts(f: Any, target: xr.Dataset) -> list[dict[str, Any]]:
     """Experts that received no token at the finding's step, beside a finding that involves one (in place).
 
@@ -251,6 +285,7 @@ def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Data
         return
     for f in findings:
         if getattr(f, "found", False):
+            note_global_expert(f, target)
             note_starved_experts(f, target)
         missing = missing_gradients(f, target) if getattr(f, "found", False) else None
         if missing is not None:  # the finding says what the dump could not show, and the plan asks for it

@@ -1,0 +1,112 @@
+"""Expert parallelism folded onto TP and over DP, on real Megatron-Core MoE dumps (issue #48).
+
+The roots in ``data_samples/megatron/moe_*`` (alltoall dispatcher, 4 experts, top-2; see its ground truth):
+healthy ``moe_ep1`` (world 1), ``moe_tp2ep2`` (TP 2 × EP 2 on the same two ranks, etp 1, sequence parallel) and
+``moe_tp1ep2dp2``; ``moe_tp2ep2_expert_scale`` (global expert 1 of layer 0, on rank 0, scales its linear_fc1
+output by 1.01 from step 1) and ``moe_tp2ep2_starved`` (global expert 2 of layer 1 gets no token at step 1 and
+divides its weight gradient by its token count: 0/0).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import precnb
+from precnb.analysis import Layout
+from precnb.analysis.experts import expert_tokens, starved_experts
+from precnb.analysis.layout.infer import infer_layout
+
+ROOT = Path(__file__).resolve().parents[1]
+MG = ROOT / "data_samples" / "megatron"
+
+pytestmark = pytest.mark.skipif(not (MG / "moe_tp2ep2_starved").is_dir(), reason="data_samples/megatron/moe_* missing")
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    out = subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=900)
+    return out.returncode, out.stdout
+
+
+def _json(*args: str) -> dict:
+    rc, out = _cli(*args, "--json")
+    assert rc in (0, 1), out
+    return json.loads(out)
+
+
+def gt() -> dict:
+    return json.loads((MG / "ground_truth.json").read_text(encoding="utf-8"))
+
+
+def test_layouts_read_from_the_dumps():
+    fold = infer_layout(precnb.open_run(MG / "moe_tp2ep2")).layout
+    assert (fold.tp, fold.dp, fold.ep, fold.etp, fold.edp) == (2, 1, 2, 1, 1)
+    assert "etp=1 assumed" in fold.etp_assumed  # Megatron's default etp=tp cannot hold on 2 ranks: said
+    dp = infer_layout(precnb.open_run(MG / "moe_tp1ep2dp2")).layout
+    assert (dp.tp, dp.dp, dp.ep, dp.etp) == (1, 2, 2, 1)
+    truth = gt()["moe"]["expert_coords"]
+    for root, lay in (("moe_tp2ep2", fold), ("moe_tp1ep2dp2", dp)):
+        for r, want in truth[root].items():
+            got = lay.expert_coords(int(r))
+            assert (got["ep"], got["etp"], got["edp"]) == (want["ep"], want["etp"], want["edp"]), (root, r)
+
+
+@pytest.mark.parametrize("layout_args", [(), ("--target-layout", "tp=2,ep=2,etp=1"), ("--target-layout", "tp=2,ep=2")])
+def test_healthy_folded_layout_against_ep1_finds_nothing(layout_args):
+    got = _json("diff", str(MG / "moe_ep1"), str(MG / "moe_tp2ep2"), *layout_args)
+    assert got["kind"] == "none", got["reason"]
+
+
+def test_preflight_counts_experts_by_global_index():
+    rc, out = _cli("preflight", str(MG / "moe_ep1"), str(MG / "moe_tp2ep2"))
+    assert rc == 0 and "PRE-FLIGHT CHECKS PASSED" in out, out
+
+
+@pytest.mark.parametrize("root", ["moe_tp2ep2", "moe_tp1ep2dp2", "moe_tp2ep2_expert_scale"])
+def test_replicas_no_false_departure_from_expert_parallelism(root):
+    got = _json("replicas", str(MG / root))
+    assert got["kind"] == "none", got["reason"]
+    if root == "moe_tp2ep2_expert_scale":  # what the check cannot see in this layout is said
+        assert any("experts have no replicas" in h for h in got["hints"])
+
+
+@pytest.mark.parametrize("baseline", ["moe_tp2ep2", "moe_ep1"])
+def test_scaled_expert_found_at_its_step_rank_and_expert(baseline):
+    truth = next(f for f in gt()["faults"] if f["root"] == "moe_tp2ep2_expert_scale")
+    got = _json("diff", str(MG / baseline), str(MG / "moe_tp2ep2_expert_scale"))
+    assert got["kind"] == "first_divergence" and got["step"] == truth["step"] == 1
+    dump = (got.get("evidence", {}).get("dump") or {})
+    assert dump.get("rank", got["rank"]) == truth["rank"] == 0
+    assert "experts.local_experts.1.linear_fc1" in got["module"]
+
+
+def test_starved_expert_named_beside_the_nan():
+    truth = next(f for f in gt()["faults"] if f["root"] == "moe_tp2ep2_starved")
+    got = _json("nan", str(MG / "moe_tp2ep2_starved"))
+    assert (got["step"], got["rank"]) == (truth["step"], truth["rank"]) == (1, 1)
+    assert got["evidence"]["global_module"] == truth["global_module"]
+    starved = got["evidence"]["starved_experts"]
+    assert [(s["step"], s["rank"], s["layer"], s["expert"], s["tokens"]) for s in starved] == \
+        [(1, 1, "decoder.layers.1", 2, 0)]
+    assert got["hints"][0].startswith("expert 2 of decoder.layers.1 (local_experts.0 on rank 1) received 0 tokens "
+                                      "at step 1")
+
+
+def test_tokens_per_expert_match_the_ground_truth():
+    lay = Layout.parse("tp=2,ep=2,etp=1", world_size=2)
+    rows = expert_tokens(precnb.open_run(MG / "moe_tp2ep2_starved"), lay)
+    per = gt()["moe"]["tokens_per_expert"]["moe_tp2ep2_starved"]
+    for step, by_step in per.items():
+        for layer, counts in by_step["per_global_expert"].items():
+            got = [sum(r["tokens"] for r in rows if r["step"] == int(step) and r["layer"] == f"decoder.layers.{layer}"
+                       and r["expert"] == e) for e in range(4)]
+            assert got == counts, (step, layer)
+    assert [(r["step"], r["expert"]) for r in starved_experts(precnb.open_run(MG / "moe_tp2ep2_starved"), lay)] == \
+        [(1, 2)]
+    anomalies = _json("anomalies", str(MG / "moe_tp2ep2_starved"))
+    assert anomalies["evidence"]["tokens_per_expert"]["decoder.layers.1"]["2"]["1"] == 0
