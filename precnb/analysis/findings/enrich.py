@@ -218,8 +218,8 @@ def note_global_expert(f: Any, target: xr.Dataset) -> str | None:
     rank = int(f.rank)
     i = [int(r) for r in target["rank"].values].index(rank)
     container = m.group("head")
-    present = target["present"].values[:, i, :].any(axis=0)
-    held = {int(x.group(1)) for t, ok in zip(target["tensor"].values.tolist(), present.tolist(), strict=True)
+    present: list[bool] = np.asarray(target["present"].values[:, i, :].any(axis=0), bool).tolist()
+    held = {int(x.group(1)) for t, ok in zip(target["tensor"].values.tolist(), present, strict=True)
             if ok and (x := re.search(re.escape(container) + r"(\d+)\.", str(t)))}
     per_rank = len(held) or 1
     glob = layout.expert_owner(rank, int(m.group("local")), per_rank)
