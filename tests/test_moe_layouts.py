@@ -110,3 +110,15 @@ def test_tokens_per_expert_match_the_ground_truth():
         [(1, 2)]
     anomalies = _json("anomalies", str(MG / "moe_tp2ep2_starved"))
     assert anomalies["evidence"]["tokens_per_expert"]["decoder.layers.1"]["2"]["1"] == 0
+
+
+def test_explorer_experts_tab_lists_the_starved_expert_and_narrows_to_it():
+    ex = precnb.explore(str(MG / "moe_tp2ep2_starved"))
+    tab = next(p for p in ex.panels if p.title == "Experts")
+    assert "<b>0</b>" in tab.table.value and "decoder.layers.1" in tab.table.value
+    labels = [lbl for lbl, _ in tab.starved.options]
+    assert labels[1] == "expert 2 of decoder.layers.1 (local_experts.0 on rank 1) received 0 tokens at step 1"
+    tab.starved.value = 0
+    assert ex.filters.pattern.value == "experts.local_experts.0"
+    dense = precnb.explore(str(ROOT / "data_samples" / "megatron" / "tp2pp1"))
+    assert "Experts" not in [p.title for p in dense.panels]

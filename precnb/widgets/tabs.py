@@ -25,6 +25,7 @@ BUILTIN: dict[str, str] = {
     "alignment": "precnb.widgets.alignment:AlignmentPanel",
     "shards": "precnb.widgets.shards:ShardPanel",
     "hierarchy": "precnb.widgets.hierarchy:HierarchyPanel",
+    "experts": "precnb.widgets.experts:ExpertsPanel",
     "export": "precnb.widgets.export:ExportPanel",
 }
 
@@ -41,5 +42,5 @@ REGISTRY: PluginRegistry[PanelFactory] = PluginRegistry(ENTRY_POINT_GROUP, kind=
 
 
 def default_panels() -> list[PanelFactory]:
-    """The tabs' factories: Finding, Triage options, Alignment, Shards, Hierarchy, Export, then plug-ins."""
+    """The tabs' factories: Finding, Triage options, Alignment, Shards, Hierarchy, Experts, Export, then plug-ins."""
     return [factory for _, factory in REGISTRY.items()]
