@@ -143,7 +143,7 @@ def test_diagnosis_plugin_is_picked_up(plugged):
 
 def test_panel_plugin_is_picked_up(plugged):
     assert plugged["panels"] == ["FindingPanel", "TriagePanel", "AlignmentPanel", "ShardPanel", "HierarchyPanel",
-                                 "ExportPanel", "ToyPanel"]
+                                 "ExpertsPanel", "ExportPanel", "ToyPanel"]
 
 
 def test_exporter_plugin_is_picked_up(plugged):

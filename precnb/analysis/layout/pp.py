@@ -30,7 +30,13 @@ import xarray as xr
 from precnb.analysis.layout import Layout
 from precnb.analysis.layout.pp_stitch import CHUNK as _CHUNK
 from precnb.analysis.layout.pp_stitch import assemble_groups
-from precnb.analysis.layout.pp_tree import _construct_ranks, _rename_requires_grad, _rename_tree, _stage_local_optimizer
+from precnb.analysis.layout.pp_tree import (
+    _construct_ranks,
+    _rename_requires_grad,
+    _rename_tree,
+    _stage_local_optimizer,
+    stitched_meta,
+)
 from precnb.naming import parse_node
 
 __all__ = ["layer_containers", "relabel_pipeline", "rename_node"]
@@ -282,13 +288,7 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
     node_maps: dict[int, dict[str, str]] = {}
     orders: dict[tuple[int, int], dict[str, tuple[Any, ...]]] = {}
     member_order: dict[int, tuple[int, int]] = {}
-    n_locals = {r: (_max_index([str(n) for n, ok in zip(nodes, np.any(present[:, i, :], axis=0), strict=True) if ok],
-                               _EXPERT) + 1 if layout.ep > 1 else 0) for i, r in enumerate(ranks)}
-    e_calls: dict[tuple[int, int], dict[tuple[str, int], int]] = {}
-    if layout.ep > 1 and layout.pp == 1:  # API calls numbered as one rank holding every expert numbers them
-        from precnb.analysis.layout.ep import expert_calls
-
-        e_calls = expert_calls(ds, layout, n_locals, _construct_ranks(ds))
+    n_locals, e_calls = _expert_numbering(ds, layout)
     for members in groups.values():
         members.sort(key=lambda r: (layout.coords(r)["pp"], layout.coords(r)["ep"]))
         offsets: dict[str, int] = defaultdict(int)
@@ -340,58 +340,20 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
         out.attrs["expert_parallel"] = f"ep={layout.ep} etp={layout.etp} edp={layout.edp}"
     out = _stage_local_optimizer(out) if layout.pp > 1 else out
     out = _rename_tree(out, ds, groups, label_maps, node_maps)
-    return _stitched_meta(out, ds, groups, label_maps, node_maps), reduced
+    return stitched_meta(out, ds, groups, label_maps, node_maps), reduced
 
 
-def _stitched_meta(out: xr.Dataset, ds: xr.Dataset, groups: dict[int, list[int]], label_maps: dict[int, np.ndarray],
-                   node_maps: dict[int, dict[str, str]]) -> xr.Dataset:
-    """Each stitched entry's own module, parent and shape where its label's coordinate (the first step's) differs.
+def _expert_numbering(ds: xr.Dataset, layout: Layout) -> tuple[dict[int, int], dict[tuple[int, int], dict[Any, int]]]:
+    """(experts each rank holds, its API calls numbered as one rank holding every expert numbers them)."""
+    ranks = [int(r) for r in ds["rank"].values]
+    nodes, present = ds["node"].values, ds["present"].values
+    n_locals = {r: (_max_index([str(n) for n, ok in zip(nodes, np.any(present[:, i, :], axis=0), strict=True) if ok],
+                               _EXPERT) + 1 if layout.ep > 1 else 0) for i, r in enumerate(ranks)}
+    if layout.ep <= 1 or layout.pp > 1:
+        return n_locals, {}
+    from precnb.analysis.layout.ep import expert_calls
 
-    Call counters renumbered per step name another call at a later step (Megatron's rotary embedding runs at the
-    first step only): the ``meta_changes`` exceptions the reader keeps for that carry over to the stitched
-    labels, in the stitched names, so that a step is classified and aligned with its own calls.
-    """
-    from precnb.schema import encode_meta_changes, meta_changes
-
-    old = meta_changes(ds)
-    old_labels = [str(t) for t in ds["tensor"].values]
-    old_coord = {f: ds[f].values for f in ("module", "parent", "shape")}
-    kinds = ds["kind"].values
-    coord = {f: out[f].values for f in ("module", "parent", "shape")}
-    col_new = {str(t): k for k, t in enumerate(out["tensor"].values.tolist())}
-    out_rank = {int(r): i for i, r in enumerate(out["rank"].values.tolist())}
-    source = out["source_rank"].values if "source_rank" in out.data_vars else None
-    steps = [int(x) for x in ds["step"].values]
-    changes: dict[str, dict[str, dict[tuple[int, int], str]]] = {f: defaultdict(dict) for f in coord}
-    for new_rank, members in groups.items():
-        ni = out_rank.get(int(new_rank))
-        if ni is None:
-            continue
-        for r in members:
-            nm = node_maps.get(r, {})
-            for si, step in enumerate(steps):
-                row = label_maps[r][si]
-                for j in np.flatnonzero(row != "").tolist():
-                    k = col_new.get(str(row[j]))
-                    if k is None or (source is not None and int(source[si, ni, k]) not in (-1, r)):
-                        continue
-                    lbl = old_labels[j]
-                    parent = old.get("parent", {}).get(lbl, {}).get((step, r)) or str(old_coord["parent"][j] or "")
-                    new_parent = nm.get(parent, parent)
-                    shape = old.get("shape", {}).get(lbl, {}).get((step, r)) or str(old_coord["shape"][j])
-                    module = (parse_node(new_parent).module if kinds[j] == "api" and new_parent
-                              else str(coord["module"][k]))
-                    for f, v in (("parent", new_parent), ("shape", shape), ("module", module)):
-                        if v != str(coord[f][k] or ""):
-                            changes[f][str(row[j])][(step, int(new_rank))] = v
-    table = {f: dict(v) for f, v in changes.items() if v}
-    if table:
-        merged = meta_changes(out)
-        for f, by_tensor in table.items():
-            for t, where in by_tensor.items():
-                merged.setdefault(f, {}).setdefault(t, {}).update(where)
-        out.attrs["meta_changes"] = encode_meta_changes(merged)
-    return out
+    return n_locals, expert_calls(ds, layout, n_locals, _construct_ranks(ds))
 
 
 def _stage_offsets(ds: xr.Dataset, members: list[int], layout: Layout, layers_rx: re.Pattern[str] | None,

@@ -6,6 +6,7 @@ Used by :func:`precnb.analysis.layout.pp.relabel_pipeline`.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ import xarray as xr
 
 from precnb.naming import parse_node
 
-__all__ = ["STAGE_LOCAL"]
+__all__ = ["STAGE_LOCAL", "stitched_meta"]
 
 STAGE_LOCAL = "stage_local"  # ``shard_kind_pp`` of a tensor with no whole-model counterpart
 _P2P_APIS = ("batch_isend_irecv", "isend", "irecv", "send", "recv")
@@ -154,3 +155,54 @@ def _rename_like(node: str, node_map: dict[str, str]) -> str:
             if pn.module.endswith(tail):
                 return node.replace(f".{p.module}.", f".{pn.module[: len(pn.module) - len(tail)]}.", 1)
     return node
+
+
+def stitched_meta(out: xr.Dataset, ds: xr.Dataset, groups: dict[int, list[int]], label_maps: dict[int, np.ndarray],
+                   node_maps: dict[int, dict[str, str]]) -> xr.Dataset:
+    """Each stitched entry's own module, parent and shape where its label's coordinate (the first step's) differs.
+
+    Call counters renumbered per step name another call at a later step (Megatron's rotary embedding runs at the
+    first step only): the ``meta_changes`` exceptions the reader keeps for that carry over to the stitched
+    labels, in the stitched names, so that a step is classified and aligned with its own calls.
+    """
+    from precnb.schema import encode_meta_changes, meta_changes
+
+    old = meta_changes(ds)
+    old_labels = [str(t) for t in ds["tensor"].values]
+    old_coord = {f: ds[f].values for f in ("module", "parent", "shape")}
+    kinds = ds["kind"].values
+    coord = {f: out[f].values for f in ("module", "parent", "shape")}
+    col_new = {str(t): k for k, t in enumerate(out["tensor"].values.tolist())}
+    out_rank = {int(r): i for i, r in enumerate(out["rank"].values.tolist())}
+    source = out["source_rank"].values if "source_rank" in out.data_vars else None
+    steps = [int(x) for x in ds["step"].values]
+    changes: dict[str, dict[str, dict[tuple[int, int], str]]] = {f: defaultdict(dict) for f in coord}
+    for new_rank, members in groups.items():
+        ni = out_rank.get(int(new_rank))
+        if ni is None:
+            continue
+        for r in members:
+            nm = node_maps.get(r, {})
+            for si, step in enumerate(steps):
+                row = label_maps[r][si]
+                for j in np.flatnonzero(row != "").tolist():
+                    k = col_new.get(str(row[j]))
+                    if k is None or (source is not None and int(source[si, ni, k]) not in (-1, r)):
+                        continue
+                    lbl = old_labels[j]
+                    parent = old.get("parent", {}).get(lbl, {}).get((step, r)) or str(old_coord["parent"][j] or "")
+                    new_parent = nm.get(parent, parent)
+                    shape = old.get("shape", {}).get(lbl, {}).get((step, r)) or str(old_coord["shape"][j])
+                    module = (parse_node(new_parent).module if kinds[j] == "api" and new_parent
+                              else str(coord["module"][k]))
+                    for f, v in (("parent", new_parent), ("shape", shape), ("module", module)):
+                        if v != str(coord[f][k] or ""):
+                            changes[f][str(row[j])][(step, int(new_rank))] = v
+    table = {f: dict(v) for f, v in changes.items() if v}
+    if table:
+        merged = meta_changes(out)
+        for f, by_tensor in table.items():
+            for t, where in by_tensor.items():
+                merged.setdefault(f, {}).setdefault(t, {}).update(where)
+        out.attrs["meta_changes"] = encode_meta_changes(merged)
+    return out

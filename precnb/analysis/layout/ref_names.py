@@ -5,8 +5,8 @@ per-rank call counters (``Tensor.sum.4``), and a sharded layout runs calls the w
 layer's token-count exchange under expert parallelism, TP glue): from there on the same label names another call
 in the two runs, and a lookup by label reads the shape of an unrelated tensor. :func:`in_target_names` renames the
 reference's API labels to the sharded run's by a counter-free key — the calling module call (``parent``), the op,
-its place among that module call's calls of the same op, the direction and the tensor slot — and leaves out a
-reference label whose name the sharded run uses for another call.
+its place among that module call's calls of the same op, the direction and the tensor slot; a reference label whose
+name the sharded run gives to another call it found elsewhere gives way to that call.
 
 Examples
 --------
@@ -76,8 +76,8 @@ def call_keys(ds: xr.Dataset) -> dict[str, tuple[Any, ...]]:
 def in_target_names(reference: xr.Dataset, ds: xr.Dataset) -> xr.Dataset:
     """*reference* with its API labels renamed to *ds*'s where both make the same call (see the module).
 
-    Labels with no counterpart keep their name unless *ds* uses that name for another call: those are left
-    out. The reference comes back unchanged when every shared label names the same call in both.
+    Labels whose call is not found keep their name, unless a renamed call takes it. The reference comes back
+    unchanged when every shared label names the same call in both.
     """
     if "present" not in reference.data_vars or "present" not in ds.data_vars:
         return reference
@@ -87,12 +87,9 @@ def in_target_names(reference: xr.Dataset, ds: xr.Dataset) -> xr.Dataset:
     by_key = {k: lbl for lbl, k in mine.items()}
     ref_labels = [str(t) for t in reference["tensor"].values]
     named: list[str | None] = []
-    for lbl in ref_labels:
-        key = theirs.get(lbl)
+    for lbl in ref_labels:  # a call found under another label is renamed; one not found keeps its name (its
+        key = theirs.get(lbl)  # parent may just be named otherwise: msprobe's parent of a 1F1B call is stale)
         target = by_key.get(key) if key is not None else None
-        if target is None and key is not None and lbl in mine and mine[lbl] != key:
-            named.append(None)  # the name of another call in ds: no shape of it is the reference's
-            continue
         named.append(target if target is not None else lbl)
     renamed = {t for t, lbl in zip(named, ref_labels, strict=True) if t is not None and t != lbl}
     keep: list[int] = []

@@ -218,7 +218,9 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
     def compute() -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
         got: list[dict[str, Any]] = []
         if layout.ep > 1 and layout.pp == 1 and layout.vpp == 1:  # experts under global indices, API calls
-            return _expert_parallel_mismatches(ds, layout, dims, rtol)  # numbered across the EP group
+            from precnb.analysis.replicas.experts import expert_parallel_mismatches
+
+            return expert_parallel_mismatches(ds, layout, dims, rtol, _replica_mismatches)  # numbered across EP
         rows, checked = _replica_mismatches(ds, layout, dims=dims, rtol=rtol, aside=got)
         return rows, checked, got
 
@@ -227,43 +229,6 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
     if aside is not None:
         aside += got
     return rows, checked
-
-
-def _expert_parallel_mismatches(ds: xr.Dataset, layout: Layout, dims: Sequence[str], rtol: float
-                                ) -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
-    """:func:`_replica_mismatches` of an expert-parallel run, reported in the dump's own names.
-
-    Each rank holds other experts under the same local names (``local_experts.0`` is global expert 0 on EP
-    rank 0 and 2 on EP rank 1) and numbers its API calls over its own experts: the run is checked with its
-    experts under their global indices and its calls numbered as one rank holding every expert would
-    (:func:`precnb.analysis.layout.pp.relabel_pipeline`), so an expert is compared with its replicas only (the
-    expert data-parallel group) and an extra call on one rank does not shift the others' labels.
-    """
-    import json
-
-    from precnb.analysis.layout.pp import relabel_pipeline
-
-    relabelled, _ = relabel_pipeline(ds, layout)
-    got: list[dict[str, Any]] = []
-    rows, checked = _replica_mismatches(relabelled, layout, dims=dims, rtol=rtol, aside=got)
-    try:
-        sources = json.loads(relabelled.attrs.get("stitch_sources") or "{}")
-    except (TypeError, ValueError):
-        sources = {}
-
-    def own(node: str, rank: int) -> str:
-        return str(sources.get(node, {}).get(str(rank), node))
-
-    for row in rows:
-        node, rank = str(row["node"]), int(row["rank"])
-        local = own(node, rank)
-        if local != node:
-            row["tensor"] = local + str(row["tensor"])[len(node):]
-            row["node"] = local
-    for a in got:
-        if a.get("node"):
-            a["node"] = own(str(a["node"]), int(ds["rank"].values[0]))
-    return rows, checked, got
 
 
 def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -305,13 +270,13 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
         groups = layout.groups(dim)
         families = [layout.coords(g[0])["pp"] for g in groups]  # one pipeline stage: the same ops under one label
         if dim != "dp":  # rank-dependent by design: not replicas
-            from precnb.analysis.replicas.rank_args import rank_dependent
+            from precnb.analysis.replicas.rank_args import glue_aside, rank_dependent
 
             glue, glue_why = rank_dependent(ds, groups, present)
             if glue.any():
                 present = present & ~glue[None, None, :]
                 if aside is not None:
-                    aside += _glue_aside(ds, glue, glue_why)
+                    aside += glue_aside(ds, glue, glue_why)
         cand = _candidates(ds, dim, groups, ranks, rtol, present, families)
         caused = _caused(ds, groups, ranks, rtol, present, families) if dim != "dp" else \
             np.zeros(cand.shape, bool)
@@ -357,16 +322,6 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
                              "why": why + (" (a pair: either side may be wrong)" if n == 2 else "")})
     rows.sort(key=lambda r: (r["step"], r["seq"], r["rank"]))
     return rows, checked
-
-
-def _glue_aside(ds: xr.Dataset, glue: np.ndarray, why: dict[str, str]) -> list[dict[str, Any]]:
-    """One set-aside entry per rank-dependent call (its node, why, how many of its tensors)."""
-    nodes, labels = ds["node"].values, ds["tensor"].values
-    by_node: dict[str, list[str]] = {}
-    for j in np.flatnonzero(glue).tolist():
-        by_node.setdefault(str(nodes[j]), []).append(str(labels[j]))
-    return [{"why": why.get(ts[0], "tensor-parallel glue"), "node": n, "entries": len(ts), "tensors": len(ts),
-             "examples": [{"tensor": t} for t in ts[:3]]} for n, ts in by_node.items()]
 
 
 def check_replicas(

@@ -33,8 +33,8 @@ import xarray as xr
 from precnb.analysis.undefined import undefined_mask
 from precnb.naming import is_communication
 
-__all__ = ["RANK_DEPENDENT", "REDUCE_CODES", "glue_labels", "mark_rank_args", "rank_dependent", "reduce_ops",
-           "scalar_sigs"]
+__all__ = ["RANK_DEPENDENT", "REDUCE_CODES", "glue_aside", "glue_labels", "mark_rank_args", "rank_dependent",
+           "reduce_ops", "scalar_sigs"]
 
 _VAR = "scalar_sig"
 #: the shard kind of a rank-dependent tensor (``shard_kind_tp``)
@@ -350,3 +350,13 @@ def glue_labels(ds: xr.Dataset) -> dict[str, str]:
         for j in np.flatnonzero(glue).tolist():
             out.setdefault(str(labels[j]), str(reason.values[j]) if reason is not None else "tensor-parallel glue")
     return out
+
+
+def glue_aside(ds: xr.Dataset, glue: np.ndarray, why: dict[str, str]) -> list[dict[str, Any]]:
+    """One set-aside entry per rank-dependent call (its node, why, how many of its tensors)."""
+    nodes, labels = ds["node"].values, ds["tensor"].values
+    by_node: dict[str, list[str]] = {}
+    for j in np.flatnonzero(glue).tolist():
+        by_node.setdefault(str(nodes[j]), []).append(str(labels[j]))
+    return [{"why": why.get(ts[0], "tensor-parallel glue"), "node": n, "entries": len(ts), "tensors": len(ts),
+             "examples": [{"tensor": t} for t in ts[:3]]} for n, ts in by_node.items()]

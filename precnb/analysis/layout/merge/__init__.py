@@ -90,15 +90,11 @@ def merge_group_dim(
         parts = [np.arange(ds.sizes["step"])]
     by_step = np.empty((ds.sizes["step"], ds.sizes["tensor"]), object)
     first: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    first_part: xr.Dataset | None = None
     for steps in parts:  # classified on the steps whose labels name the same calls
         part, ref = (ds, reference) if len(parts) == 1 else (rebased(ds, steps), _same_steps(reference, ds, steps))
         kinds, reasons, shard_dim = classify_shards(part, groups, rtol=rtol, reference=ref)
         if like is not None and f"shard_kind_{dim}" in like.coords:
             _keep_like(part, like, dim, kinds, reasons, shard_dim)
-        elif first is not None and first_part is not None:  # a call the first steps classified keeps its class
-            _keep_first(part, first_part, first, kinds, reasons, shard_dim)  # (the first step that shows it decides)
-        first_part = first_part if first_part is not None else part
         if dim == "dp":
             kinds, reasons = _data_parallel_kinds(part, kinds, reasons, shard_dim, reference)
         by_step[steps] = kinds[None, :]
@@ -152,24 +148,6 @@ def _keep_like(ds: xr.Dataset, like: xr.Dataset, dim: str, kinds: np.ndarray, re
         k = prev.get(str(lbl))
         if k is not None and same(j, k, str(pk[k])):
             kinds[j], reasons[j], shard_dim[j] = pk[k], pr[k], pd[k]
-
-
-def _keep_first(part: xr.Dataset, first_part: xr.Dataset, first: tuple[np.ndarray, np.ndarray, np.ndarray],
-                kinds: np.ndarray, reasons: np.ndarray, shard_dim: np.ndarray) -> None:
-    """The first step group's classes for the labels that name the same call in *part* (in place).
-
-    A merge of all steps classifies like a merge step by step (:func:`_keep_like`): a call is classified where it
-    is first seen, and a later step group (its labels renumbered by a first-step-only call) does not classify it
-    again on weaker evidence (token counts that happen to agree across ranks at one step).
-    """
-    fk, fr, fd = first
-    keys = [c for c in ("module", "parent", "role", "dtype", "shape") if c in part.coords and c in first_part.coords]
-    same = np.ones(len(kinds), bool)
-    for c in keys:  # both unmerged: the same call has the same shape too
-        same &= np.asarray(part[c].values == first_part[c].values, bool)
-    for j in np.flatnonzero(same).tolist():
-        if str(fk[j]) != "local":
-            kinds[j], reasons[j], shard_dim[j] = fk[j], fr[j], fd[j]
 
 
 def _same_call(ds: xr.Dataset, like: xr.Dataset) -> Any:

@@ -43,6 +43,13 @@ class _Reference:
             split = _split_dim(a, b, k)
             if replicated[j]:
                 if split is None:
+                    if a == b and _is_index(dtypes[j]) and _reads_a_shard(ds, j, ref_shape, scalar_only):
+                        # counts over each rank's own part that happen to agree (max and min are all msprobe
+                        # records of an integer tensor): an addend of the whole count, not a replica
+                        replicated[j] = False
+                        partial[j] = True
+                        self.reason[j] = ("integer counts over each rank's part (equal max and min prove no "
+                                          "replica): an addend of the whole, its op reads a shard")
                     continue
                 replicated[j] = False  # equal shards (all zeros at first) of a split tensor: sharded
                 if _is_index(dtypes[j]):  # positions each rank numbers from 0 (its own tokens under sequence
