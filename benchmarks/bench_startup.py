@@ -1,4 +1,10 @@
-"""Command-line start-up with and without precnb's deferral of ``dask.array`` (``precnb/io/_lazy_dask.py``).
+"""Command-line start-up: the parser alone, as a ratio to a bare interpreter; and precnb's deferral of ``dask.array``.
+
+``precnb --version``, ``--help`` and ``COMMAND --help`` import neither xarray nor pandas (issue #50: the
+diagnosis registry, the readers' names and the options' defaults are read without them): their time is given as
+a ratio to ``python -c pass``, alternating in fresh processes.
+
+The deferral of ``dask.array`` (``precnb/io/_lazy_dask.py``):
 
 xarray imports ``dask.array`` the first time it wraps an array, only to learn that a numpy array
 is not a dask one; precnb answers that question without the import until dask.array is loaded.
@@ -66,8 +72,23 @@ def main(argv: list[str] | None = None) -> int:
     keep = all(r["saved_frac"] >= 0.1 for r in rows)
     lines += ["", f"Verdict: {'keep' if keep else 'drop'} the deferral (kept while it saves at least 10 % of a "
               "command-line call)."]
+    floor_cmd = [sys.executable, "-c", "pass"]
+    parser_cmds = {"precnb --version": ["--version"], "precnb --help": ["--help"],
+                   "precnb diff --help": ["diff", "--help"]}
+    times: dict[str, list[float]] = {"python -c pass": [], **{k: [] for k in parser_cmds}}
+    for _ in range(args.reps):
+        times["python -c pass"].append(one(floor_cmd, base))
+        for label, extra in parser_cmds.items():
+            times[label].append(one([sys.executable, "-m", "precnb", *extra], base))
+    floor = statistics.median(times["python -c pass"])
+    startup = [{"command": k, "median_s": statistics.median(v), "ratio": statistics.median(v) / floor}
+               for k, v in times.items()]
+    lines += ["", "## The parser alone (no xarray, no pandas)", "",
+              f"Medians of {args.reps} runs each, fresh interpreter, load average {os.getloadavg()[0]:.1f}.", "",
+              "| command | median | ratio to `python -c pass` |", "|---|---:|---:|"]
+    lines += [f"| `{r['command']}` | {r['median_s']:.2f} s | {r['ratio']:.1f}x |" for r in startup]
     args.results.write_text("\n".join(lines) + "\n")
-    args.results.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    args.results.with_suffix(".json").write_text(json.dumps({"dask_deferral": rows, "parser": startup}, indent=1))
     print("\n".join(lines))
     return 0
 

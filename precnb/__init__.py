@@ -4,8 +4,8 @@ Load msprobe dumps and monitor output as xarray datasets indexed by step, rank a
 tensor, find where two runs first diverge and where NaN/Inf came from, merge TP/PP
 shards, and explore it all in linked notebook widgets.
 
-``import precnb`` stays light: xarray and numpy only; the readers, analysis, charts
-and widgets are imported on first use.
+``import precnb`` stays light: not even xarray until a dataset is needed (the ``ds.prec`` accessor is
+registered when xarray is imported); the readers, analysis, charts and widgets are imported on first use.
 
 Examples
 --------
@@ -77,5 +77,8 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-# register the ``ds.prec`` accessor (cheap: xarray is needed anyway)
-from precnb import accessor as _accessor  # noqa: E402,F401
+# the ``ds.prec`` accessor is registered with xarray as soon as xarray is imported (now, if it is already): the CLI
+# answers --help and --version without importing xarray (issue #50)
+from precnb._xarray_hook import register_accessor_with_xarray  # noqa: E402
+
+register_accessor_with_xarray()

@@ -60,7 +60,7 @@ INJECTIONS = [
     ("report/_tables.py", "import precnb.widgets.findings", "layers",
      "precnb.report is not allowed to import precnb.widgets"),
     ("combine/__init__.py", "from precnb import open_run", "layers",
-     "precnb.combine is not allowed to import precnb.accessor"),
+     "precnb.combine is not allowed to import precnb._xarray_hook"),
     ("schema/_core.py", "import precnb.naming", "layers", "precnb.schema is not allowed to import precnb.naming"),
     ("viz/frames.py", "import precnb.io.tensors", "viz-pure", "precnb.viz is not allowed to import precnb.io"),
     ("pipeline/inputs.py", "import altair", "core-without-notebook", "precnb.pipeline is not allowed to import altair"),

@@ -25,11 +25,12 @@ import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Literal
-
-import xarray as xr
+from typing import TYPE_CHECKING, Any, Literal
 
 from precnb._plugins import PluginRegistry
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 __all__ = [
     "BUILTIN_MODULES",

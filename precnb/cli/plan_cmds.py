@@ -89,7 +89,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             _term.out(msg + "\n")
         return 0
     f = found[0]
-    plan = plan_dump(f, triage.target, dump_path=args.dump_path, task=args.task)
+    from precnb.analysis.findings.plan import DEFAULT_DUMP_PATH
+
+    plan = plan_dump(f, triage.target, dump_path=args.dump_path or DEFAULT_DUMP_PATH, task=args.task)
     if plan is None:
         _term.out(f"no dump plan for this finding ({f.kind}: {f.reason})\n")
         return 0
@@ -114,16 +116,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def register(sub: Any, add_load_options: Any) -> None:
     """Add ``plan`` to the sub-commands."""
-    from precnb.analysis.findings.plan import DEFAULT_DUMP_PATH
-
     p = sub.add_parser("plan", help="the msprobe config.json that confirms the first finding (or closes its gap)")
     p.add_argument("run", help="the run that shows the finding")
     p.add_argument("--baseline", help="a baseline run (plans the first divergence against it)")
     p.add_argument("-o", "--output", help="write the config here (default: print it)")
     p.add_argument("--overwrite", action="store_true", help="replace a plan precnb wrote before")
     p.add_argument("--json", action="store_true", help="print one JSON object (finding, config, selection, size)")
-    p.add_argument("--dump-path", default=DEFAULT_DUMP_PATH,
-                   help="dump_path written into the config (default %(default)s)")
+    p.add_argument("--dump-path", default=None,  # resolved when the command runs: the parser stays light
+                   help="dump_path written into the config (default ./precnb_confirm)")
     p.add_argument("--task", choices=["tensor", "statistics"], default=None,
                    help="tensor (save the selected tensors; the default) or statistics; a replica departure's "
                         "default is an md5-mode statistics dump of its TP/DP group at the next steps")

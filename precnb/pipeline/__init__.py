@@ -13,7 +13,21 @@ Examples
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
 from precnb.pipeline.options import DEFAULTS, Options
-from precnb.pipeline.triage import ReadRun, Triage, diagnose, merge_layouts
+
+if TYPE_CHECKING:
+    from precnb.pipeline.triage import ReadRun, Triage, diagnose, merge_layouts
 
 __all__ = ["DEFAULTS", "Options", "ReadRun", "Triage", "diagnose", "merge_layouts"]
+
+
+def __getattr__(name: str) -> object:
+    # the triage (xarray, the analysis) on first use: a parser that reads the options' defaults stays light
+    if name in ("ReadRun", "Triage", "diagnose", "merge_layouts"):
+        value = getattr(importlib.import_module("precnb.pipeline.triage"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

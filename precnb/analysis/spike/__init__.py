@@ -19,6 +19,7 @@ finding's plan is the msprobe dump that confirms the cause (:mod:`precnb.analysi
 Examples
 --------
 >>> import numpy as np, pandas as pd
+>>> from precnb.analysis.spike import loss_spike
 >>> log = pd.DataFrame({"step": np.arange(8), "loss": [4.4, 4.2, 3.9, 3.4, 2.9, 2.7, 6.1, 3.0]})
 >>> f = loss_spike(loss=log)
 >>> f.kind, f.step, f.rank
@@ -27,8 +28,24 @@ Examples
 
 from __future__ import annotations
 
-from precnb.analysis.spike._finding import detect, loss_spike
-from precnb.analysis.spike._rule import LossSpikeRule, first_departure
-from precnb.analysis.spike._series import LossSeries, gather_series
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from precnb.analysis.spike._finding import detect, loss_spike
+    from precnb.analysis.spike._rule import LossSpikeRule, first_departure
+    from precnb.analysis.spike._series import LossSeries, gather_series
 
 __all__ = ["LossSeries", "LossSpikeRule", "detect", "first_departure", "gather_series", "loss_spike"]
+
+_LAZY = {"detect": "_finding", "loss_spike": "_finding", "LossSpikeRule": "_rule", "first_departure": "_rule",
+         "LossSeries": "_series", "gather_series": "_series"}
+
+
+def __getattr__(name: str) -> object:
+    # pandas on first use: the registry lists this family's diagnosis (precnb.analysis.spike.diagnosis) light
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"precnb.analysis.spike.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

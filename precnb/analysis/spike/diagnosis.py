@@ -14,11 +14,12 @@ Examples
 
 from __future__ import annotations
 
-from typing import Any
-
-import xarray as xr
+from typing import TYPE_CHECKING, Any
 
 from precnb.analysis.registry import Context, Diagnosis, register
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 __all__: list[str] = []
 
