@@ -57,9 +57,9 @@ def _result(root: str) -> dict:
     for r, coords in gt()["expert_coords"][root].items():
         names = {f"0:{k.removeprefix('Module.0.')}.linear_fc1.weight": f"{v}.linear_fc1.weight"
                  for k, v in gt()["expert_map"][root][r].items()}
-        layers = gt()["layer_map"][root][r]  # Module.<chunk>.decoder.layers.<i> -> decoder.layers.<global>
-        numbers = [int(layers[f"Module.0.decoder.layers.{i}"].rsplit(".", 1)[1]) + 1 for i in range(len(layers))]
-        ranks[r] = {"layer_numbers": {"0": numbers}, "expert_coords": coords, "names": names}
+        assert gt()["layouts"][root]["pp"] == 1  # one chunk holding every layer: local layer i is global i
+        layers = {k.split(".")[3] for k in gt()["expert_map"][root][r]}
+        ranks[r] = {"layer_numbers": {"0": list(range(1, len(layers) + 1))}, "expert_coords": coords, "names": names}
     return {"ranks": ranks}
 
 
