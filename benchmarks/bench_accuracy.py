@@ -81,6 +81,13 @@ def _git_commit(path: Path) -> str:
     return proc.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def _code_commit(path: Path) -> str:
+    """The last commit of *path*'s checkout that changed precnb's own code (``precnb/``)."""
+    proc = subprocess.run(["git", "-C", str(path), "log", "-1", "--format=%h", "--", "precnb"], capture_output=True,
+                          text=True, check=False)
+    return proc.stdout.strip()
+
+
 def precnb_source(cwd: Path) -> Path:
     """The checkout the ``precnb`` CLI imports precnb from when started in *cwd* (as the cases are)."""
     code = "import precnb, pathlib; print(pathlib.Path(precnb.__file__).resolve().parents[1])"
@@ -158,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 for r in (x["run"], x.get("reference"), x.get("twin")) if r}
         part = dict(manifest, draws=draws, runs={r: v for r, v in manifest["runs"].items() if r in used})
         write_moe_section(args.results, part, [r for r in rows if r.get("moe")],
-                          dict(meta, draw_seeds=sorted(moe), runs=len(used), jobs=args.jobs))
+                          dict(meta, draw_seeds=sorted(moe), runs=len(used), jobs=args.jobs,
+                               code_commit=_code_commit(source)))
         print(f"[bench_accuracy] wrote the MoE section of {args.results} and "
               f"{args.results.with_name(args.results.stem + '_moe.json')}")
     return 0
