@@ -10,6 +10,8 @@ from typing import Any
 from _acc_score import VERBS
 from _acc_score import __doc__ as RULE  # noqa: N812
 
+MOE_MARK = "<!-- MoE section: written by bench_accuracy.py when it scores MoE draws -->"
+
 
 def _cell(r: dict[str, Any]) -> str:
     if r.get("error"):
@@ -83,7 +85,7 @@ def _truths(manifest: dict[str, Any]) -> list[str]:
 
 
 def _inj(b: dict[str, Any]) -> str:
-    keys = ("rank", "from_step", "layer", "module", "param", "m", "eps", "factor")
+    keys = ("rank", "from_step", "layer", "expert", "module", "param", "m", "eps", "factor")
     return f"{b['kind']} " + ", ".join(f"{k} {b[k]}" for k in keys if b.get(k) is not None)
 
 
@@ -127,7 +129,9 @@ def write_results(path: Path, manifest: dict[str, Any], rows: list[dict[str, Any
              "## Every fault case that is not exact, with precnb's reason", "", *(_misses(faults) or ["(none)"]), "",
              "## Scoring rule", "", RULE.strip().split("\n\n>>>")[0], ""]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines), encoding="utf-8")
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    moe = old[old.index(MOE_MARK):] if MOE_MARK in old else ""  # the MoE section is written by its own runs
+    path.write_text("\n".join(lines) + ("\n" + moe if moe else ""), encoding="utf-8")
     data = {"meta": meta, "rows": rows, "truth": manifest.get("truth", {}),
             "faults": [f for d in draws.values() for f in d["faults"]]}
     path.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

@@ -28,6 +28,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from _acc_moe import is_moe_draw, moe_cases, score_moe
+
 LAYER = re.compile(r"^decoder\.layers\.(\d+)(\.|$)")
 SHARDED = {"tp2pp1", "tp2pp2", "tp2sp", "dp2", "tp1pp2", "tp1pp2vpp2"}
 REPLICATED = {"tp2pp1", "tp2pp2", "tp2sp", "dp2"}  # layouts with replicas (TP or DP groups)
@@ -93,14 +95,18 @@ def cases(manifest: dict[str, Any], verbs: tuple[str, ...] = VERBS, only: str | 
     def ok(*ids: str) -> bool:
         return all(runs.get(i, {}).get("status") == "ok" for i in ids)
 
-    def add(verb: str, name: str, kind: str, run: str, other: str | None, layout: str, truth: Any) -> None:
+    def add(verb: str, name: str, kind: str, run: str, other: str | None, layout: str, truth: Any,
+            args: list[str] | None = None) -> None:
         if verb in verbs and ok(run, *([other] if other else [])) and (verb, run, other) not in seen:
             seen.add((verb, run, other))
             out.append({"verb": verb, "case": name, "kind": kind, "run": run, "other": other, "layout": layout,
-                        "truth": truth, "args": _args(verb, f"runs/{run}/dump", other and f"runs/{other}/dump",
-                                                      layout)})
+                        "truth": truth, "moe": args is not None,
+                        "args": args or _args(verb, f"runs/{run}/dump", other and f"runs/{other}/dump", layout)})
 
     for key, draw in manifest["draws"].items():
+        if is_moe_draw(key, draw):  # MoE draws: their own cases and module rule (_acc_moe.py)
+            moe_cases(key, draw, truths, only, add)
+            continue
         for h in draw["healthy"] if only in (None, "healthy") else []:
             lay = h["layout"]
             add("diff_ref", h["name"], "healthy", h["run"], h["reference"], lay, None)
@@ -141,7 +147,8 @@ def score(case: dict[str, Any], answer: dict[str, Any] | None, error: str | None
     A finding on a merged target (a diff across layouts) names a whole-model record: its dump rank is
     ``evidence.dump.rank`` and its module is already the whole model's.
     """
-    row = {k: case[k] for k in ("verb", "case", "kind", "layout", "run", "other")}
+    row = {k: case[k] for k in ("verb", "case", "kind", "layout", "run", "other")} | (
+        {"moe": True} if case.get("moe") else {})
     row["command"] = "precnb " + " ".join(case["args"]) + " --json"
     if answer is None:
         return row | {"error": error, "finding": None, "exact": False, "at_step": False}
@@ -152,6 +159,8 @@ def score(case: dict[str, Any], answer: dict[str, Any] | None, error: str | None
     truth = case["truth"]
     if truth is None:
         return row
+    if case.get("moe"):
+        return score_moe(row, answer, found, truth, out)
     result = json.loads((out / "runs" / case["run"] / "result.json").read_text(encoding="utf-8"))
     dump = (answer.get("evidence") or {}).get("dump") if isinstance(answer.get("evidence"), dict) else None
     if isinstance(dump, dict) and dump.get("rank") is not None:

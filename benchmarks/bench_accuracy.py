@@ -16,6 +16,14 @@ Usage::
 
 Options: ``--verbs diff_ref,replicas``, ``--only KIND`` (a fault kind or ``healthy``), ``--draws 1,2`` (score
 only those draws of the manifest), ``--jobs N``.
+
+MoE draws (issue 48 item 6; ``_pop_moe.py``, draw keys ``moe<seed>``; cases and module rule in ``_acc_moe.py``)::
+
+    python benchmarks/bench_accuracy.py --moe --draw-seed 1 --out /work/pop_moe           # generate + score
+    python benchmarks/bench_accuracy.py --reuse --out /work/pop_moe --draws moe1 --jobs 2  # score what exists
+
+MoE draws are scored into the MoE section at the end of ``--results`` (and ``*_moe.json``); dense draws into the
+rest of the file, which keeps the MoE section.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tools" / "samples"))
 
+from _acc_moe import is_moe_draw  # noqa: E402
+from _acc_moe_report import write_moe_section  # noqa: E402
 from _acc_report import write_results  # noqa: E402
 from _acc_score import VERBS, cases, score  # noqa: E402
 
@@ -71,6 +81,13 @@ def _git_commit(path: Path) -> str:
     return proc.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def _code_commit(path: Path) -> str:
+    """The last commit of *path*'s checkout that changed precnb's own code (``precnb/``)."""
+    proc = subprocess.run(["git", "-C", str(path), "log", "-1", "--format=%h", "--", "precnb"], capture_output=True,
+                          text=True, check=False)
+    return proc.stdout.strip()
+
+
 def precnb_source(cwd: Path) -> Path:
     """The checkout the ``precnb`` CLI imports precnb from when started in *cwd* (as the cases are)."""
     code = "import precnb, pathlib; print(pathlib.Path(precnb.__file__).resolve().parents[1])"
@@ -95,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", default=None, help="comma list of the manifest's draws to score (default: all)")
     ap.add_argument("--jobs", type=int, default=1, help="precnb commands at a time")
     ap.add_argument("--reuse", action="store_true", help="do not generate: score the runs that exist")
+    ap.add_argument("--moe", action="store_true", help="generate a MoE draw (_pop_moe.draw_moe) instead of a dense one")
     ap.add_argument("--smoke", action="store_true", help="score the committed subset data_samples/megatron_pop")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS_accuracy.md")
@@ -109,10 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out = args.out
         if not args.reuse:
+            from precnb_samples._pop_moe import draw_moe
             from precnb_samples._population import draw, generate
 
             kinds = None if args.only in (None, "healthy") else [args.only]
-            generate(draw(args.draw_seed, args.size, kinds), out, log=lambda m: print(m, flush=True))
+            plan = draw_moe(args.draw_seed, kinds=kinds) if args.moe else draw(args.draw_seed, args.size, kinds)
+            generate(plan, out, log=lambda m: print(m, flush=True))
         manifest = load(out, "manifest.json")
     if args.draws:
         manifest["draws"] = {k: v for k, v in manifest["draws"].items() if k in args.draws.split(",")}
@@ -133,8 +153,22 @@ def main(argv: list[str] | None = None) -> int:
             "precnb": {"checkout": source.name, "commit": _git_commit(source), "commit_at_start": commit_before},
             "bench_commit": _git_commit(ROOT),
             "seconds": round(time.time() - t0, 1), "verbs": list(verbs), "only": args.only, "smoke": args.smoke}
-    write_results(args.results, manifest, rows, meta)
-    print(f"[bench_accuracy] wrote {args.results} and {args.results.with_suffix('.json')}")
+    moe = {k for k, d in manifest["draws"].items() if is_moe_draw(k, d)}
+    if len(moe) < len(manifest["draws"]):
+        dense = dict(manifest, draws={k: d for k, d in manifest["draws"].items() if k not in moe})
+        write_results(args.results, dense, [r for r in rows if not r.get("moe")],
+                      dict(meta, draw_seeds=sorted(dense["draws"])))
+        print(f"[bench_accuracy] wrote {args.results} and {args.results.with_suffix('.json')}")
+    if moe:
+        draws = {k: manifest["draws"][k] for k in sorted(moe)}
+        used = {r for d in draws.values() for x in (*d["healthy"], *d["faults"])
+                for r in (x["run"], x.get("reference"), x.get("twin")) if r}
+        part = dict(manifest, draws=draws, runs={r: v for r, v in manifest["runs"].items() if r in used})
+        write_moe_section(args.results, part, [r for r in rows if r.get("moe")],
+                          dict(meta, draw_seeds=sorted(moe), runs=len(used), jobs=args.jobs,
+                               code_commit=_code_commit(source)))
+        print(f"[bench_accuracy] wrote the MoE section of {args.results} and "
+              f"{args.results.with_name(args.results.stem + '_moe.json')}")
     return 0
 
 

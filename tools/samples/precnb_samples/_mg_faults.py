@@ -35,7 +35,10 @@ starts):
   expert's weight gradient divided by the number of tokens the expert received in the micro-batch (a per-token
   mean taken by hand; a hook on the weight, so msprobe's ``parameters_grad`` record holds the quotient); an
   expert with no token has an all-zero weight gradient: 0/0 = NaN;
-- ``expert_fc1_scale`` (``expert``): that expert's ``linear_fc1`` output times ``1 + m``.
+- ``expert_fc1_scale`` (``expert``): that expert's ``linear_fc1`` output times ``1 + m``;
+- ``router_logit_scale``: the layer's router logits on this rank times ``1 + m`` before the score function
+  (the router's ``Torch.mm`` output is unchanged, its ``Torch.sigmoid`` input differs; under sequence or data
+  parallelism each rank routes its own tokens, so only this rank's tokens are routed differently).
 
 The expert faults act on the rank whose expert-parallel group holds the global expert (``rank`` must be it).
 """
@@ -47,7 +50,7 @@ from typing import Any
 
 STATE: dict[str, int] = {"step": 0}
 HOOKED = ("row_output_scale", "bias_grad_scale", "act_noise", "dw_only", "route_mask", "expert_grad_per_token",
-          "expert_fc1_scale")
+          "expert_fc1_scale", "router_logit_scale")
 
 
 def _active(b: dict[str, Any]) -> bool:
@@ -130,6 +133,19 @@ def _mask_route(router: Any, b: dict[str, Any]) -> None:
     router.routing = routing
 
 
+def _scale_logits(router: Any, b: dict[str, Any]) -> None:
+    import torch
+
+    orig = router.routing
+
+    def routing(logits: Any, *args: Any, **kwargs: Any) -> Any:
+        if _active(b):
+            logits = torch.ops.aten.mul.Scalar(logits, 1.0 + b["m"])
+        return orig(logits, *args, **kwargs)
+
+    router.routing = routing
+
+
 def _grad_per_token(expert: Any, b: dict[str, Any]) -> None:
     import torch
 
@@ -176,6 +192,8 @@ def install(chunks: list[Any], bugs: list[dict[str, Any]], rank: int, names: dic
                 _noisy_activation(layer.mlp, b, rank)
             elif b["kind"] == "route_mask":
                 _mask_route(layer.mlp.router, b)
+            elif b["kind"] == "router_logit_scale":
+                _scale_logits(layer.mlp.router, b)
             elif b["kind"] == "expert_grad_per_token":
                 _grad_per_token(_local_expert(layer, b["expert"]), b)
             elif b["kind"] == "expert_fc1_scale":

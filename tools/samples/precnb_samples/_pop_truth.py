@@ -7,10 +7,15 @@ the truth is the first dumped step where any rank differs; on that step the inje
 there (a fault acts on its own rank first; the other ranks differ only through communication, later in
 causal order), else the lowest differing rank, flagged. Its node's **global module** is the whole-model
 module path: a module node's own path, an API node's enclosing module from construct.json, with the chunk's
-local layer numbers replaced by the worker's reported ``layer_number - 1``.
+local layer numbers replaced by the worker's reported ``layer_number - 1`` and, in a MoE run, a local expert
+index replaced by the global one (``local_experts.i`` on EP rank ``r`` is ``r * experts_per_rank + i``, the EP
+rank and the rank's experts as the worker reported them: ``expert_coords`` and its local -> global parameter
+names); the truth then also names ``global_expert``.
 
 >>> global_module("Module.1.decoder.layers.0.mlp.MLP.forward.1", {}, {"0": [1], "1": [3]})
 'decoder.layers.2.mlp'
+>>> expert_module("decoder.layers.1.mlp.experts.local_experts.0.linear_fc2", 1, 2)
+('decoder.layers.1.mlp.experts.local_experts.2.linear_fc2', 2)
 >>> c = {"Torch.matmul.0.forward": ["Module.0.decoder.layers.0.mlp.MLP.forward.0", 0]}
 >>> global_module("Torch.matmul.0.forward", c, {"0": [2]})
 'decoder.layers.1.mlp'
@@ -19,13 +24,16 @@ local layer numbers replaced by the worker's reported ``layer_number - 1``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from . import _dumps as D  # noqa: N812
 from . import _mg_truth as T  # noqa: N812
 
-__all__ = ["annotate", "fault_truth", "global_module"]
+__all__ = ["annotate", "expert_module", "fault_truth", "global_module"]
+
+EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.local_experts\.)(\d+)(\.|$)")
 
 
 def global_module(node: str, construct: dict[str, Any], layer_numbers: dict[str, list[int]]) -> str | None:
@@ -38,6 +46,21 @@ def global_module(node: str, construct: dict[str, Any], layer_numbers: dict[str,
         node = D.parent_of(construct, node) or ""
         seen += 1
     return None
+
+
+def expert_module(module: str | None, ep_rank: int, per_rank: int) -> tuple[str | None, int | None]:
+    """(*module* with its local expert index made global, the global expert) (unchanged, ``None`` outside one)."""
+    m = EXPERT.match(module or "")
+    if module is None or m is None:
+        return module, None
+    g = ep_rank * per_rank + int(m.group(2))
+    return f"{m.group(1)}{g}{module[m.end(2):]}", g
+
+
+def _experts_per_rank(info: dict[str, Any]) -> int:
+    """Local experts of one rank, from the worker's local -> global parameter names."""
+    found = {int(m.group(1)) for k in info.get("names", {}) if (m := re.search(r"local_experts\.(\d+)\.", k))}
+    return len(found)
 
 
 def _rank_dir(root: Path, step: int, rank: int) -> Path:
@@ -65,13 +88,19 @@ def fault_truth(run: Path, twin: Path, injection: dict[str, Any]) -> dict[str, A
         construct = D.load_json(_rank_dir(run / "dump", step, rank) / "construct.json")
         numbers = result["ranks"][str(rank)]["layer_numbers"]
         module = global_module(node, construct, numbers)
+        info = result["ranks"][str(rank)]
+        expert = None
+        if "expert_coords" in info:
+            module, expert = expert_module(module, info["expert_coords"]["ep"], _experts_per_rank(info))
         notes = []
         if rank != injection["rank"]:
             notes.append(f"first difference on rank {rank}, not on the injection rank {injection['rank']}")
         if step != injection.get("from_step", 0):
             notes.append(f"first difference at step {step}, the fault acts from step {injection.get('from_step', 0)}")
         return {"status": "ok", "step": step, "rank": rank, "node": node, "leaves": leaves[:6], "module": module,
-                "layer_numbers": numbers, "coords": result["ranks"][str(rank)]["coords"],
+                "layer_numbers": numbers, "coords": info["coords"],
+                **({"global_expert": expert, "expert_coords": info["expert_coords"]} if "expert_coords" in info
+                   else {}),
                 "ranks_differing": {str(r): n for r, (n, _) in sorted(diffs.items())},
                 "undefined_set_aside": skipped, "notes": notes}
     return {"status": "no_difference", "notes": ["the fault run's dumps equal its twin's on every dumped step "

@@ -165,20 +165,25 @@ def _config(spec: dict[str, Any], path: Path, dump: Path) -> Path:
 
 def _run_one(rid: str, spec: dict[str, Any], out: Path) -> dict[str, Any]:
     from ._mg_run import run_mg
+    from ._pop_moe import is_moe, worker_spec
     from ._scn_megatron import MODEL
 
-    seed_dir = out / "seeds" / str(spec["seed"])
+    if is_moe(spec):
+        model, layout, folder = worker_spec(spec)
+    else:
+        model = dict(MODEL, seed=spec["seed"], hidden_dropout=spec["dropout"])
+        layout, folder = layout_dict(spec["layout"]), str(spec["seed"])
+    seed_dir = out / "seeds" / folder
     seed_dir.mkdir(parents=True, exist_ok=True)
-    model = dict(MODEL, seed=spec["seed"], hidden_dropout=spec["dropout"])
     files = {"weights": str(seed_dir / "init_state.pt"), "batches": str(seed_dir / "batches.pt")}
     if not (seed_dir / "batches.pt").exists():
-        run_mg({"mode": "init", "model": model, "steps": TRAIN_STEPS, **files}, log_dir=seed_dir, tag="init")
+        run_mg({"mode": "init", "model": model, "steps": spec["train_steps"], **files}, log_dir=seed_dir, tag="init")
     run = out / "runs" / rid
     run.mkdir(parents=True, exist_ok=True)
     (run / "spec.json").write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
     cfg = _config(spec, run / "config.json", run / "dump")
     t0 = time.time()
-    result = run_mg({"mode": "megatron", "model": model, "layout": layout_dict(spec["layout"]),
+    result = run_mg({"mode": "megatron", "model": model, "layout": layout,
                      "steps": spec["train_steps"], "bugs": spec["bugs"], "threads": spec["threads"],
                      "config": str(cfg), **files}, log_dir=run / "logs", tag="run")
     result["seconds"] = round(time.time() - t0, 1)
@@ -232,7 +237,11 @@ def generate(plan: dict[str, Any], out: Path, log: Callable[[str], None] = print
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m precnb_samples._population --draw-seed N --size small|full --out DIR``: plan and run a draw."""
+    """``python -m precnb_samples._population --draw-seed N --size small|full --out DIR``: plan and run a draw.
+
+    ``--moe`` draws MoE runs instead (:func:`precnb_samples._pop_moe.draw_moe`, draw key ``moe<N>``; ``--repeat``
+    draws of each MoE kind, ``--only`` MoE kinds); the dense draw of the same seed is unchanged.
+    """
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -240,8 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=["small", "full"], default="small")
     ap.add_argument("--only", action="append", help="fault kinds to draw (repeatable)")
     ap.add_argument("--out", type=Path, default=Path("/work/pop"))
+    ap.add_argument("--moe", action="store_true", help="a MoE draw (alltoall dispatcher; see _pop_moe)")
+    ap.add_argument("--repeat", type=int, default=2, help="with --moe: draws of each MoE fault kind")
     args = ap.parse_args(argv)
-    manifest = generate(draw(args.draw_seed, args.size, args.only), args.out, log=lambda m: print(m, flush=True))
+    if args.moe:
+        from ._pop_moe import draw_moe
+
+        plan = draw_moe(args.draw_seed, args.repeat, args.only)
+    else:
+        plan = draw(args.draw_seed, args.size, args.only)
+    manifest = generate(plan, args.out, log=lambda m: print(m, flush=True))
     bad = [r for r, v in manifest["runs"].items() if v["status"] != "ok"]
     print(f"[population] {len(manifest['runs'])} runs, {len(bad)} failed: {bad}")
     return 1 if bad else 0

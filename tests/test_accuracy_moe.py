@@ -1,0 +1,79 @@
+"""The MoE part of the accuracy benchmark (issue 48 item 6): the MoE draw's plan and the MoE scoring rule.
+
+The plan is checked without running anything (``_pop_moe.draw_moe`` is torch-free). The scoring rule
+(``benchmarks/_acc_moe.py``: the answer's module with the global expert, from ``evidence.global_module``, a
+merged record, or the rank-local module mapped with the run's expert coordinates) is applied to precnb's answers
+on the committed MoE samples (``data_samples/megatron/moe_*``) and judged against their ``ground_truth.json``
+(section ``moe``, read back from the dumps by the generator, never from precnb).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MG = ROOT / "data_samples" / "megatron"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools" / "samples"))
+
+
+def test_moe_draw_pairs_every_fault_with_its_twin_and_ep1_reference():
+    from precnb_samples._pop_moe import KINDS, LAYOUTS, draw_moe, expert_rank
+
+    plan = draw_moe(1)
+    assert {(f["kind"], f["layout"]) for f in plan["faults"]} == {(k, lay) for k, lays in KINDS.items()
+                                                                   for lay in lays}
+    for f in plan["faults"]:
+        run, twin, ref = (plan["runs"][f[k]] for k in ("run", "twin", "reference"))
+        assert run["bugs"] == [*f["condition"], f["injection"]] and twin["bugs"] == ref["bugs"] == f["condition"]
+        assert (run["seed"], run["layout"]) == (twin["seed"], twin["layout"]) and ref["layout"] == "moe_ep1"
+        if "expert" in f["injection"]:
+            assert f["injection"]["rank"] == expert_rank(f["injection"]["expert"], LAYOUTS[f["layout"]]["ep"])
+    assert draw_moe(1) == plan
+
+
+@cache
+def gt() -> dict:
+    return json.loads((MG / "ground_truth.json").read_text(encoding="utf-8"))["moe"]
+
+
+@cache
+def precnb(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "precnb", *args, "--json", "--workers", "1"], cwd=MG,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _result(root: str) -> dict:
+    """The worker's per-rank facts the scorer uses, from the ground truth (layer numbers, expert coordinates)."""
+    ranks = {}
+    for r, coords in gt()["expert_coords"][root].items():
+        names = {f"0:{k.removeprefix('Module.0.')}.linear_fc1.weight": f"{v}.linear_fc1.weight"
+                 for k, v in gt()["expert_map"][root][r].items()}
+        assert gt()["layouts"][root]["pp"] == 1  # one chunk holding every layer: local layer i is global i
+        layers = {k.split(".")[3] for k in gt()["expert_map"][root][r]}
+        ranks[r] = {"layer_numbers": {"0": list(range(1, len(layers) + 1))}, "expert_coords": coords, "names": names}
+    return {"ranks": ranks}
+
+
+@pytest.mark.skipif(not (MG / "moe_tp2ep2").exists(), reason="data_samples/megatron MoE roots missing")
+@pytest.mark.parametrize(("kind", "args"), [
+    ("divergence", ("diff", "moe_tp2ep2", "moe_tp2ep2_expert_scale")),
+    ("nan", ("nan", "moe_tp2ep2_starved")),
+])
+def test_moe_rule_scores_the_committed_faults_exact(kind, args):
+    from _acc_moe import moe_module, moe_module_right
+
+    truth = next(f for f in gt()["faults"] if f["kind"] == kind)
+    answer = precnb(*args)
+    module, _source, rank = moe_module(answer, _result(truth["root"]))
+    assert (answer["step"], rank) == (truth["step"], truth["rank"])
+    assert moe_module_right(module, truth["module"]), (module, truth["module"])
+    assert f"local_experts.{truth['global_expert']}" in module
