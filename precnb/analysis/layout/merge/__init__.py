@@ -219,8 +219,9 @@ def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol
     local = (kinds == "local")[:, None, :]
     present = np.where(local, pres.any(axis=2), allp)
     seq = ds["seq"].values[:, [g[0] for g in idx], :]
+    local_pos = None
     if local.any():  # recorded on some members only (an expert on the rank that holds it): that member's entry
-        _take_local(ds, idx, pres, local, out_vals, out_null, out_numel, seq)
+        local_pos = _take_local(ds, idx, pres, local, out_vals, out_null, out_numel, seq)
     # every copy of a replicated tensor is checked at every step before the first copy stands for the group:
     # a replica that departs later (a fault on one TP rank) is a difference, not hidden behind rank 0's copy
     same = _copies(ds, idx, rtol)[4]
@@ -241,12 +242,22 @@ def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol
         if name in data or ds[name].dims != dims:
             continue
         data[name] = (dims, ds[name].values[:, [g[0] for g in idx], :])
+    if local_pos is not None:  # a local entry's dump rank: the member it was taken from
+        si, ti = np.arange(local_pos.shape[0])[:, None, None], np.arange(local_pos.shape[2])[None, None, :]
+        ranks = np.asarray([int(r) for r in ds["rank"].values])
+        own = ds["source_rank"].values[si, local_pos, ti] if "source_rank" in ds.data_vars else ranks[local_pos]
+        first = data["source_rank"][1] if "source_rank" in data else np.full(local_pos.shape, -1, np.int64)
+        data["source_rank"] = (dims, np.where(local & present, own, first).astype(np.int64))
     return data
 
 
 def _take_local(ds: xr.Dataset, idx: list[list[int]], pres: np.ndarray, local: np.ndarray,
-                out_vals: dict[str, np.ndarray], out_null: np.ndarray, out_numel: np.ndarray, seq: np.ndarray) -> None:
-    """For tensors recorded on some members of a group only: the first member that recorded it, in place."""
+                out_vals: dict[str, np.ndarray], out_null: np.ndarray, out_numel: np.ndarray, seq: np.ndarray
+                ) -> np.ndarray:
+    """For tensors recorded on some members of a group only: the first member that recorded it, in place.
+
+    Returns each (step, group, tensor)'s chosen dump position.
+    """
     member = np.argmax(pres, axis=2)  # (step, G, tensor)
     pos = np.asarray(idx)[np.arange(len(idx))[None, :, None], member]  # dump positions
     si = np.arange(pos.shape[0])[:, None, None]
@@ -256,6 +267,7 @@ def _take_local(ds: xr.Dataset, idx: list[list[int]], pres: np.ndarray, local: n
     out_null[...] = np.where(local, ds["null_stats"].values[si, pos, ti], out_null)
     out_numel[...] = np.where(local, ds["numel"].values[si, pos, ti], out_numel)
     seq[...] = np.where(local, ds["seq"].values[si, pos, ti], seq)
+    return np.asarray(pos)
 
 
 def _departing_copies(ds: xr.Dataset, idx: list[list[int]], same: np.ndarray, differ: np.ndarray

@@ -119,6 +119,12 @@ def classify_shards(
     pres, stats, numel, scale, same = _copies(ds, idx, rtol)
     replicated, first, any_present = _replicated_at_first(pres, stats, same)
     partial, partial_max = _partial_by_reduce_inputs(ds)
+    # the input of a sum reduction is an addend by definition, even where the ranks' addends happen to agree
+    # (token counts over each rank's own tokens): the reduction's output is their sum
+    nodes_, roles_ = ds["node"].values, ds["role"].values
+    red_in = np.fromiter(((r == "input" and is_communication(str(n)) and bool(_REDUCERS.search(str(n))))
+                          for n, r in zip(nodes_, roles_, strict=True)), bool, ds.sizes["tensor"])
+    replicated = replicated & ~(partial & red_in)
     n_t = ds.sizes["tensor"]
     by_copies, odd = _majority(stats, numel, scale, first, rtol) if idx and len(idx[0]) >= 3 else \
         (np.zeros(n_t, bool), None)
