@@ -183,7 +183,7 @@ def _preflight(ctx: Context) -> Any:
         base = ctx.alignment.apply(base)
     target = ctx.target
     lay = ctx.target_layout
-    if base is None and lay is not None and any(getattr(lay, d) > 1 for d in ("tp", "pp", "vpp", "cp", "ep")):
+    if base is None and lay is not None and lay.sharded:
         from precnb.analysis.layout.merge import merge_shards  # one run: its inventory is the whole model's
 
         target = merge_shards(ctx.raw_target if ctx.raw_target is not None else ctx.target, lay)

@@ -261,11 +261,9 @@ def _layout_from_args(args: argparse.Namespace, ds: Any) -> Any:
         for n in notes:
             _term.err(f"note: {n}\n")
         return lay if lay is not None else Layout(world_size, order=args.order, num_layers=args.num_layers)
-    if args.layout:
-        lay = Layout.parse(args.layout, world_size=world_size)
-    else:
-        lay = Layout(world_size, tp=args.tp or 1, pp=args.pp or 1, vpp=args.vpp or 1, cp=args.cp or 1,
-                     ep=args.ep or 1, etp=getattr(args, "etp", None), order=args.order, num_layers=args.num_layers)
+    flags = {d: getattr(args, d, None) for d in ("tp", "pp", "vpp", "cp", "ep", "etp")}
+    lay = Layout.coerce(args.layout or {**{d: v for d, v in flags.items() if v is not None}, "order": args.order,
+                                         "num_layers": args.num_layers}, world_size)
     try:
         return resolve_layout(lay, ds, "run")
     except ValueError as exc:

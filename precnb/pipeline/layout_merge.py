@@ -28,7 +28,7 @@ def _same_layout(a: Any, b: Any, base: xr.Dataset, target: xr.Dataset) -> bool:
 
 def is_sharded(layout: Any) -> bool:
     """Whether *layout* splits the model (tp, pp, vpp, cp or ep above 1)."""
-    return layout is not None and any(getattr(layout, d) > 1 for d in ("tp", "pp", "vpp", "cp", "ep"))
+    return layout is not None and bool(layout.sharded)
 
 
 def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay: Any,

@@ -21,7 +21,7 @@ __all__ = ["attach_layout_names", "dump_location"]
 def dump_location(merged: xr.Dataset, layout: Any, step: int, rank: int, tensor: str, node: str
                   ) -> dict[str, Any] | None:
     """Where a merged run's entry comes from: ``{"rank", "node", "ranks"}`` (None when it was not merged)."""
-    if layout is None or not any(getattr(layout, d) > 1 for d in ("tp", "pp", "vpp", "cp", "ep")):
+    if layout is None or not layout.sharded:
         return None
     src = None
     if "source_rank" in merged.data_vars and tensor in merged.indexes["tensor"]:

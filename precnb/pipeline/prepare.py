@@ -22,17 +22,9 @@ __all__ = ["enrich_all", "name_in_layout", "nothing_compared_first", "pair_align
 
 
 def _layout(spec: Any, ds: xr.Dataset) -> Any:
-    if spec is None or spec == "":
-        return None
-    from collections.abc import Mapping
+    from precnb.analysis.layout import Layout
 
-    from precnb.analysis import Layout
-
-    if isinstance(spec, Layout):
-        return spec
-    if isinstance(spec, Mapping):
-        return Layout(int(ds.sizes["rank"]), **dict(spec))
-    return Layout.parse(str(spec), world_size=int(ds.sizes["rank"]))
+    return Layout.coerce(spec, int(ds.sizes["rank"]))
 
 
 def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str] | None = None, *,

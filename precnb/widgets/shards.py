@@ -22,7 +22,7 @@ __all__ = ["ShardPanel", "layout_text"]
 
 
 def layout_text(sizes: dict[str, int], order: str) -> str:
-    """``"tp=2,pp=1,...,order=..."`` from the size boxes (dims of size 1 left out).
+    """``"tp=2,pp=1,...,order=..."`` from the size boxes (dims of size 1 left out; ``etp`` 0 is Megatron's default).
 
     Examples
     --------
@@ -30,8 +30,12 @@ def layout_text(sizes: dict[str, int], order: str) -> str:
     'tp=2,order=tp-cp-ep-dp-pp'
     >>> layout_text({"tp": 1}, "tp-dp")
     ''
+    >>> layout_text({"tp": 2, "ep": 2, "etp": 1}, "tp-cp-ep-dp-pp")
+    'tp=2,ep=2,etp=1,order=tp-cp-ep-dp-pp'
     """
-    dims = [f"{k}={v}" for k, v in sizes.items() if int(v) > 1]
+    experts = int(sizes.get("ep", 1)) > 1  # etp means something only with expert parallelism
+    dims = [f"{k}={v}" for k, v in sizes.items()
+            if (k != "etp" and int(v) > 1) or (k == "etp" and experts and int(v) >= 1)]
     return ",".join([*dims, f"order={order}"]) if dims else ""
 
 
@@ -55,6 +59,9 @@ class ShardPanel(Panel):
         self.sizes = {k: ipw.BoundedIntText(value=1, min=1, max=4096, description=k, layout=small,
                                             style={"description_width": "24px"})
                       for k in ("tp", "pp", "vpp", "cp", "ep")}
+        self.sizes["etp"] = ipw.BoundedIntText(value=0, min=0, max=4096, description="etp", layout=small,
+                                               tooltip="expert tensor-parallel size (0: Megatron's default)",
+                                               style={"description_width": "24px"})
         self.order = ipw.Text(value="tp-cp-ep-dp-pp", description="order", layout=ipw.Layout(width="210px"),
                               style={"description_width": "40px"})
         self.side = ipw.Dropdown(description="for", options=["target", "baseline"], value="target",

@@ -51,6 +51,7 @@ class Judged:
     hints: list[str] = field(default_factory=list)
     isolated: list[dict[str, Any]] = field(default_factory=list)
     part: str | None = None  # "compared N of M ..." when only part of the runs was compared
+    carried: Any = None  # (step, rank, tensor) differences the ops' own operands explain (left out of ``diff``)
 
     @property
     def names(self) -> tuple[str, str]:
@@ -140,6 +141,7 @@ def _drop_recording_differences(j: Judged) -> None:
 
     carried = carried_differences(j)
     if carried.any():  # noise that the op's own inputs explain: carried, not created
+        j.carried = carried
         j.diff = j.diff & ~carried
         j.stats["carried_differences"] = int(carried.sum())
         j.hints.append(f"{int(carried.sum())} difference(s) beyond tolerance are carried, not created: each op's "

@@ -185,7 +185,10 @@ def _origin_evidence(j: Judged, o: _Origin, events: list[RankEvent]) -> dict[str
     evidence["ranks_with_differences"] = [e.rank for e in events]
     if j.aside:
         evidence["set_aside"] = j.aside
-    culprit = culprit_module(cmp, j.diff.values[o.si, o.ri], o.si, o.ri, o.event.node)
+    diff = j.diff.values[o.si, o.ri]  # a module's output that differs counts, carried or not (its own inside)
+    if j.carried is not None:
+        diff = diff | np.asarray(j.carried)[o.si, o.ri]
+    culprit = culprit_module(cmp, diff, o.si, o.ri, o.event.node)
     if culprit is not None:
         evidence["culprit"] = culprit
         o.module = culprit["module"] or o.module

@@ -49,6 +49,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from itertools import product
+from typing import Any
 
 __all__ = ["DIM_NAMES", "EXPERT_DIMS", "Layout", "LayoutError"]
 
@@ -164,6 +165,36 @@ class Layout:
         if "edp" in checks and checks["edp"] != lay.edp:
             raise LayoutError(f"edp={checks['edp']} but world size {world_size} with etp×ep×pp gives edp={lay.edp}")
         return lay
+
+    @classmethod
+    def coerce(cls, spec: Any, world_size: int) -> Layout | None:
+        """A layout from what a front end holds: a Layout, ``"tp=2,pp=2"``, ``{"tp": 2}`` or nothing (None).
+
+        The one conversion every front end (CLI, explorer, ``diagnose``) uses.
+
+        >>> Layout.coerce("tp=2,ep=2", 2).describe()
+        'world 2 = tp2 × cp1 × pp1 × dp1 (ep2, vpp1), experts etp1 × ep2 × edp1, order tp-cp-ep-dp-pp'
+        >>> Layout.coerce({"tp": 2}, 4) == Layout(4, tp=2), Layout.coerce("", 4)
+        (True, None)
+        """
+        from collections.abc import Mapping
+
+        if spec is None or (isinstance(spec, str) and not spec.strip()):
+            return None
+        if isinstance(spec, Layout):
+            return spec
+        if isinstance(spec, Mapping):
+            return cls(int(world_size), **dict(spec))
+        return cls.parse(str(spec), world_size=int(world_size))
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the layout splits the model (tp, pp, vpp, cp or ep above 1); data parallelism alone does not.
+
+        >>> Layout(4).sharded, Layout(4, tp=2).sharded, Layout(2, ep=2).sharded
+        (False, True, True)
+        """
+        return any(getattr(self, d) > 1 for d in ("tp", "pp", "vpp", "cp", "ep"))
 
     # -- sizes -------------------------------------------------------------------------------
     @property
