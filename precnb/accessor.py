@@ -15,9 +15,17 @@ from typing import Any
 
 import xarray as xr
 
-from precnb.schema import side_table
-
 __all__ = ["PrecAccessor"]
+
+
+def side_table(ds: xr.Dataset, name: str) -> Any:
+    """:func:`precnb.schema.side_table`, imported when first used.
+
+    The accessor is registered while xarray is being imported, possibly from inside precnb.schema itself.
+    """
+    from precnb.schema import side_table as read
+
+    return read(ds, name)
 
 
 @xr.register_dataset_accessor("prec")

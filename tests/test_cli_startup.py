@@ -35,3 +35,12 @@ def test_the_accessor_is_there_once_xarray_is_imported():
             "print(hasattr(xr.Dataset, 'prec'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+def test_xarray_first_imported_from_inside_precnb_registers_the_accessor():
+    # a Dask worker unpickling a reader's task imports precnb.io.records -> precnb.schema -> xarray: the accessor is
+    # registered there, while precnb.schema is still initialising (a circular import broke --scheduler once)
+    for first in ("precnb.schema", "precnb.io.records", "precnb.analysis.layout.merge"):
+        code = f"import {first}; import xarray as xr; print(hasattr(xr.Dataset, 'prec'))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip() == "True", (first, out.stderr[-2000:])
