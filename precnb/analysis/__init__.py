@@ -13,7 +13,9 @@ core they share: ``registry`` and ``diagnoses``, ``masks``, ``undefined``, ``sum
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from precnb.analysis.align import Alignment, align
@@ -88,6 +90,21 @@ __all__ = [
     "summarize",
     "to_json",
 ]
+
+
+#: exported functions named like the subpackage that defines them: the import system binds the subpackage to the
+#: package's attribute when it is imported, so the function is what attribute access returns
+_SHADOWED = frozenset({"align", "anomalies"})
+
+
+class _Analysis(types.ModuleType):
+    def __getattribute__(self, name: str) -> Any:
+        if name in _SHADOWED:
+            return getattr(importlib.import_module(f"precnb.analysis.{name}"), name)
+        return super().__getattribute__(name)
+
+
+sys.modules[__name__].__class__ = _Analysis
 
 
 def __getattr__(name: str) -> object:
