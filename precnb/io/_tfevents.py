@@ -256,8 +256,10 @@ def read_event_scalars(path: str | os.PathLike[str]) -> pd.DataFrame:
             if len(body) < length + 4:
                 break  # the last record is incomplete
             simple = _add_scalar_record(body, length, tags)
+            step: int | None
+            scalars: list[tuple[str, float]]
             if simple is not None:
-                step, scalars = simple[0], [simple[1:]]
+                step, scalars = simple[0], [(simple[1], simple[2])]
             else:
                 try:
                     step, scalars = _event_scalars(body, 0, length)
