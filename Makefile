@@ -25,7 +25,8 @@ help:
 	@echo "make test    install (incl. Debian chromium for browser tests), then run the test suite"
 	@echo "             (without the needs_generator tests; prints why tests were skipped)"
 	@echo "make test-generator  install the generator (tools/samples: torch, msprobe), run only the needs_generator tests"
-	@echo "make fuzz    the reader fuzzing with a long budget (FUZZ_SCALE=$(FUZZ_SCALE), random seeds)"
+	@echo "make fuzz    the reader fuzzing and the C-vs-pure differential fuzzer with a long budget"
+	@echo "             (FUZZ_SCALE=$(FUZZ_SCALE), random seeds)"
 	@echo "make lab     install, then start JupyterLab on the notebook templates"
 	@echo "make lint    ruff, and the import contracts of pyproject.toml [tool.importlinter] (lint-imports)"
 	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io, analysis, pipeline, widgets)"
@@ -86,8 +87,12 @@ test-generator: install
 	$(PIP) install -q -e '.[test]' -e tools/samples
 	$(PY) -m pytest -q -rs -m needs_generator
 
+# the reader fuzzers and the C-vs-pure differential fuzzer (random seeds); make test runs a short fixed-seed slice of
+# both (scale 1). tools/fuzz_sanitized.sh (an ASan/UBSan build of the extension) is not wired in yet: under the
+# preloaded libasan its pytest run exits 1 without output in the dev container (issue #49, open)
 fuzz: install
-	PRECNB_FUZZ_SCALE=$(FUZZ_SCALE) PRECNB_FUZZ_RANDOM=1 $(PY) -m pytest -q -rs tests/test_fuzz_readers.py
+	PRECNB_FUZZ_SCALE=$(FUZZ_SCALE) PRECNB_FUZZ_RANDOM=1 $(PY) -m pytest -q -rs tests/test_fuzz_readers.py \
+	    tests/test_fuzz_differential.py
 
 lint: install
 	$(VENV)/bin/ruff check precnb tests benchmarks tools

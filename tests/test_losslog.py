@@ -191,3 +191,55 @@ def test_superscript_step_is_an_input_error_naming_the_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "precnb", "spike", str(CSV.parent / "dump"), "--loss", str(p)],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "usage error" not in r.stderr and str(p) in r.stderr
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        if not n:
+            return out + bytes([b])
+        out += bytes([b | 0x80])
+
+
+def _scalar_event(step: int, tag: bytes, value: float) -> bytes:
+    """An Event as SummaryWriter.add_scalar writes it: wall_time, step, summary {value {tag, simple_value}}."""
+    import struct
+
+    def ld(num: int, payload: bytes) -> bytes:
+        return _varint(num << 3 | 2) + _varint(len(payload)) + payload
+
+    v = ld(1, tag) + b"\x15" + struct.pack("<f", value)
+    return b"\x09" + struct.pack("<d", 1.5) + b"\x10" + _varint(step % (1 << 64)) + ld(5, ld(1, v))
+
+
+def test_add_scalar_records_decode_as_the_generic_walk_does():
+    from precnb.io._tfevents import _add_scalar_record, _event_scalars
+
+    for step in (0, 1, 127, 128, 300, 2**31, 2**62, -1, -(2**63)):
+        for tag in (b"loss", b"train/loss", "é/损失".encode(), b"\xff\xfe"):
+            ev = _scalar_event(step, tag, 2.5)
+            fast = _add_scalar_record(ev, len(ev), {})
+            s, scalars = _event_scalars(ev, 0, len(ev))
+            assert fast == (s, *scalars[0]) and fast[0] == step
+    ev = _scalar_event(3, b"loss", 1.0) + b"\x18\x01"  # a field more: another shape, the generic walk
+    assert _add_scalar_record(ev, len(ev), {}) is None
+
+
+def test_two_hundred_thousand_small_records(tmp_path, monkeypatch):
+    """Issue #49 defect 8: 2M small records took > 150 s (52 s after the streaming fix): one walk per field."""
+    import time
+
+    from precnb.io import _tfevents
+
+    p = tmp_path / "events.out.tfevents.1.many"
+    with open(p, "wb") as fh:
+        fh.write(b"".join(_record(_scalar_event(s, b"train/loss", 3.0 - s * 1e-6)) for s in range(200_000)))
+    walked = []
+    monkeypatch.setattr(_tfevents, "_event_scalars", lambda *a: walked.append(a) or (None, []))
+    t0 = time.perf_counter()
+    df = read_loss_log(p)
+    took = time.perf_counter() - t0
+    assert not walked and len(df) == 200_000 and df["step"].iloc[-1] == 199_999
+    assert df["loss"].iloc[1] == np.float32(3.0 - 1e-6)
+    assert took < 20, took

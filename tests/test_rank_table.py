@@ -165,3 +165,39 @@ def test_a_table_names_at_most_the_runs_ranks(tmp_path):
     ds = xr.Dataset(coords={"rank": [0, 1, 2, 3]})
     assert sorted(resolve_rank_table(str(t), ds)) == [0, 1, 2, 3]  # no phantom devices
     assert within_run({0: {}, 5: {}}, [0]) == {0: {}}
+
+
+def _cluster_table(tmp_path, job: str, extra: int) -> object:
+    """*job*'s CSV table with *extra* rows for ranks the 4-rank run does not have."""
+    text = (TABLES / f"{job}.csv").read_text()
+    t = tmp_path / f"{job}_cluster.csv"
+    t.write_text(text.rstrip("\n") + "\n" + "".join(f"{r},10.9.9.{r // 8},{r % 8}\n" for r in range(4, 4 + extra)))
+    return t
+
+
+def test_extra_rows_of_a_table_are_said_not_dropped_silently(capsys, tmp_path):
+    t = _cluster_table(tmp_path, "job1", 60)
+    note = (f"note: rank table {t}: 60 row(s) ignored: they place ranks the run does not have (ranks 4-63; the run "
+            "has ranks 0-3)")
+    code, out, err = cli(capsys, "nan", str(SDC / "job1"), "--rank-table", str(t), "--json")
+    assert code == 0 and json.loads(out)["kind"] == "none"
+    assert err.strip().splitlines() == [f"precnb nan: {note}"], err
+    code, out, err = cli(capsys, "replicas", str(SDC / "job1"), "--layout", "tp=2,dp=2", "--rank-table", str(t),
+                         "--json")
+    assert code == 0 and json.loads(out)["device"] == {"host": "10.0.0.1", "device": "1"}
+    assert err.strip().splitlines() == [f"precnb replicas: {note}"], err
+    code, out, err = cli(capsys, "devices", str(SDC / "job1"), "--layout", "tp=2,dp=2", "--rank-table", str(t))
+    assert code == 0 and err.strip().splitlines() == [f"precnb devices: {note}"], err
+    # the table that fits the run exactly: no note
+    code, out, err = cli(capsys, "nan", str(SDC / "job1"), "--rank-table", str(TABLES / "job1.csv"))
+    assert code == 0 and "note" not in err, err
+
+
+def test_extra_rows_are_a_note_of_the_triage_and_a_warning_of_open_run(tmp_path):
+    t = _cluster_table(tmp_path, "job2", 1)
+    tri = precnb.diagnose(SDC / "job2", kinds=["nan_origin"], rank_table=str(t), workers=1)
+    assert [n for n in tri.notes if n.startswith("rank table ")] == [
+        f"rank table {t}: 1 row(s) ignored: they place ranks the run does not have (rank 4; the run has ranks 0-3)"]
+    with pytest.warns(UserWarning, match=r"1 row\(s\) ignored"):
+        ds = precnb.open_run(SDC / "job2", rank_table=t, workers=1)
+    assert sorted(json.loads(ds.attrs["rank_table"])) == ["0", "1", "2", "3"]

@@ -75,17 +75,13 @@ def cli_client(args: argparse.Namespace) -> Any:
             raise UsageError(f"{origin}: {exc}") from None
     if address is None:
         return None
-    from precnb.errors import PrecnbError
+    from precnb.cli._scheduler import connect_client, scheduler_timeout
 
     try:
-        from distributed import Client
-    except ImportError as exc:  # pragma: no cover - distributed is a core dependency
-        raise PrecnbError(f"{origin} {address}: dask.distributed is not installed ({exc})") from None
-    try:
-        client = Client(address, timeout=os.environ.get("PRECNB_SCHEDULER_TIMEOUT", "15s"), set_as_default=False)
-    except (OSError, TimeoutError) as exc:
-        raise PrecnbError(f"cannot reach the Dask scheduler at {address} ({origin}): "
-                          f"{_one_line_text(str(exc)) or type(exc).__name__}") from None
+        timeout = scheduler_timeout()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    client = connect_client(address, origin, timeout)
     args._dask_client = client
     return client
 

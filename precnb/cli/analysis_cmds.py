@@ -125,6 +125,11 @@ def run_triage(args: argparse.Namespace, target: Any, baseline: Any = None, **ex
     failures.extend(f for f in triage.load_failures if f not in failures)
     for problem in getattr(triage.alignment, "mapping_problems", None) or []:  # said, never applied silently
         _term.err(f"precnb {getattr(args, 'command', '')}: mapping: {' '.join(problem.split())}\n")
+    from precnb.io.rank_table import NOTE_PREFIX
+
+    for note in triage.notes:  # a rank table's rows for ranks the run does not have (#49)
+        if note.startswith(NOTE_PREFIX):
+            _term.err(f"precnb {getattr(args, 'command', '')}: note: {' '.join(note.split())}\n")
     return triage
 
 

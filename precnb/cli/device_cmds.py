@@ -77,6 +77,8 @@ def _cmd_devices(args: argparse.Namespace) -> int:
                              baseline=args.replica_baseline, **opts)
     except (LayoutError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    for note in out.get("notes", []):  # rows of a rank table for ranks its run does not have (#49)
+        _term.err(f"precnb devices: note: {' '.join(note.split())}\n")
     if args.json:
         _term.out(to_json({"devices": out["devices"]}, indent=2) + "\n")
     else:

@@ -125,9 +125,12 @@ def with_rank_table(ds: xr.Dataset, rank_table: Any) -> xr.Dataset:
 
     name = str(rank_table) if isinstance(rank_table, (str, os.PathLike)) else "rank table"
     table = normalise_table(rank_table, name=name)
+    notes: list[str] = []
     if "rank" in ds.dims:
         check_covers(table, (int(r) for r in ds["rank"].values), name=name)
-        table = within_run(table, (int(r) for r in ds["rank"].values))
+        table = within_run(table, (int(r) for r in ds["rank"].values), notes=notes, name=name)
+    for note in notes:  # rows for ranks the run does not have: said, never dropped silently (#49)
+        warnings.warn(note, stacklevel=3)
     ds = ds.copy()
     ds.attrs["rank_table"] = json.dumps({str(r): d for r, d in table.items()})
     ds.attrs["rank_table_source"] = name

@@ -100,9 +100,10 @@ def _read_events(root: Path, tag: str | None) -> pd.DataFrame:
         df["file"] = str(f)
         parts.append(df)
     allv = pd.concat(parts, ignore_index=True)
-    chosen = _loss_tag(sorted(set(allv["tag"])), tag)
+    names = sorted(map(str, allv["tag"].unique()))  # not set(column): 2M records iterated one by one
+    chosen = _loss_tag(names, tag)
     if chosen is None:
-        tags = ", ".join(sorted(set(allv["tag"]))[:12]) or "none"
+        tags = ", ".join(names[:12]) or "none"
         raise DumpFormatError(str(root), (f"no scalar tag {tag!r}" if tag else "no loss scalar") + f" (tags: {tags})")
     sub = allv[allv["tag"] == chosen]
     # a step written twice (a restart appends to the log): the last record wins, as TensorBoard shows it

@@ -204,19 +204,46 @@ def normalise_table(table: Any, *, name: str = "rank table") -> dict[int, dict[s
     return _build(entries(), name)
 
 
-def within_run(table: Mapping[int, dict[str, str]], ranks: Iterable[int]) -> dict[int, dict[str, str]]:
+def within_run(table: Mapping[int, dict[str, str]], ranks: Iterable[int], *, notes: list[str] | None = None,
+               name: str = "rank table") -> dict[int, dict[str, str]]:
     """The entries of *table* for the run's *ranks* only: a table names at most the job's ranks.
 
     A cluster's table beside a dump of a few ranks names ranks the run does not have: they are left out
-    (a 1,000,000-row table beside a 4-rank run listed 1,000,000 phantom "CLEAN" devices, issue #49).
+    (a 1,000,000-row table beside a 4-rank run listed 1,000,000 phantom "CLEAN" devices, issue #49), and
+    said: one note in *notes* naming the table and how many rows were ignored (:func:`extra_rows_note`).
 
     Examples
     --------
-    >>> within_run({0: {}, 1: {}, 7: {}}, [0, 1])
+    >>> notes = []
+    >>> within_run({0: {}, 1: {}, 7: {}}, [0, 1], notes=notes, name="t.csv")
     {0: {}, 1: {}}
+    >>> notes
+    ['rank table t.csv: 1 row(s) ignored: they place ranks the run does not have (rank 7; the run has ranks 0-1)']
     """
     keep = set(int(r) for r in ranks)
-    return {r: d for r, d in table.items() if r in keep}
+    kept = {r: d for r, d in table.items() if r in keep}
+    if notes is not None and len(kept) < len(table):
+        notes.append(extra_rows_note(name, sorted(set(table) - keep), sorted(keep)))
+    return kept
+
+
+NOTE_PREFIX = "rank table "
+"""Notes about a rank table start with this (the command line prints them on stderr)."""
+
+
+def _span(ranks: list[int]) -> str:
+    if not ranks:
+        return "none"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+    return ", ".join(map(str, ranks[:6])) + (f" ... ({len(ranks)})" if len(ranks) > 6 else "")
+
+
+def extra_rows_note(name: str, extra: list[int], run: list[int]) -> str:
+    """The note for rows of table *name* that place ranks (*extra*) the run (ranks *run*) does not have."""
+    which = f"rank {extra[0]}" if len(extra) == 1 else f"ranks {_span(extra)}"
+    return (f"{NOTE_PREFIX}{name}: {len(extra)} row(s) ignored: they place ranks the run does not have "
+            f"({which}; the run has ranks {_span(run)})")
 
 
 def check_covers(table: Mapping[int, Any], ranks: Iterable[int], *, name: str = "rank table") -> None:

@@ -230,6 +230,7 @@ def open_store(path: str | Path, *, lazy: bool = False, gaps: Literal["raise", "
         A damaged store (missing chunks named), a file that is not a regular file, attributes that are
         not a precnb dataset's.
     """
+    from precnb.io._store_attrs import check_coords, check_store_attrs
     from precnb.io._store_audit import audit_store
 
     p = Path(path)
@@ -256,8 +257,10 @@ def open_store(path: str | Path, *, lazy: bool = False, gaps: Literal["raise", "
     ds = ds.drop_encoding()
     ds.attrs.pop(_MARKER_KEY, None)
     ds.attrs.pop(COMPLETE_ATTR, None)
-    if audit.missing or audit.unwritten:
-        ds.attrs["load_report"] = _with_gaps(ds.attrs.get("load_report"), audit.lines(), p)
+    check_coords(ds, p)
+    dropped = check_store_attrs(ds, p, report=gaps == "report")
+    if audit.missing or audit.unwritten or dropped:
+        ds.attrs["load_report"] = _with_gaps(ds.attrs.get("load_report"), audit.lines(), p, dropped)
     # the store itself is an input too (its ``source`` names the dump it was converted from): a write
     # from this dataset (a report, a mapping file, a second store) must stay out of it. In the encoding,
     # not the attributes: the dataset stays identical to the one written, and the path is never written
@@ -268,8 +271,12 @@ def open_store(path: str | Path, *, lazy: bool = False, gaps: Literal["raise", "
         raise DumpFormatError(p, f"zarr store is not a precnb dataset: {exc}") from None
 
 
-def _with_gaps(raw: Any, entries: list[tuple[str, str]], p: Path) -> str:
-    """The store's load report (JSON text) with the audit's entries added as skipped files."""
+def _with_gaps(raw: Any, entries: list[tuple[str, str]], p: Path, dropped: Sequence[tuple[str, str]] = ()) -> str:
+    """The store's load report (JSON text) with the audit's entries added as skipped files.
+
+    *dropped*: the attributes :func:`~precnb.io._store_attrs.check_store_attrs` could not read, added as
+    unread (``zarr.json``, ``attribute NAME``, why).
+    """
     import json
 
     from precnb.io.records import LoadReport
@@ -279,6 +286,9 @@ def _with_gaps(raw: Any, entries: list[tuple[str, str]], p: Path) -> str:
     except (ValueError, TypeError, KeyError, AttributeError):
         raise DumpFormatError(p, "the store's load_report attribute is not a precnb load report") from None
     rep.skipped.extend(entries)
+    for name, why in dropped:
+        rep.unread.append((str(p / "zarr.json"), "attribute", name, why.removeprefix("attribute ")))
+        rep.unread_count += 1
     return json.dumps(rep.to_dict())
 
 

@@ -28,8 +28,11 @@ __all__ = ["attach_devices", "device_labels", "replica_inputs", "resolve_rank_ta
 _EVIDENCE_KEYS = ("departures", "departure", "candidates")
 
 
-def resolve_rank_table(value: Any, ds: xr.Dataset | None = None) -> dict[int, dict[str, str]] | None:
+def resolve_rank_table(value: Any, ds: xr.Dataset | None = None, notes: list[str] | None = None
+                       ) -> dict[int, dict[str, str]] | None:
     """The rank table of the ``rank_table`` option (None: none given), checked against *ds*'s ranks.
+
+    Rows for ranks *ds* does not have are dropped and said in *notes* (one note naming the table).
 
     Without the option, a table stored on the run (``ds.attrs["rank_table"]``, written by
     ``precnb.open_run(..., rank_table=...)``) is used.
@@ -52,7 +55,8 @@ def resolve_rank_table(value: Any, ds: xr.Dataset | None = None) -> dict[int, di
     table = normalise_table(value, name=name)
     if ds is not None and "rank" in ds.dims:
         check_covers(table, (int(r) for r in ds["rank"].values), name=name)
-        table = within_run(table, (int(r) for r in ds["rank"].values))  # never a device the run does not have
+        # never a device the run does not have; the rows left out are said (#49)
+        table = within_run(table, (int(r) for r in ds["rank"].values), notes=notes, name=name)
     return table
 
 

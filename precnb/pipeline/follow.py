@@ -52,6 +52,7 @@ def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout
     events: dict[str, list[dict[str, Any]]] = {}
     placed: dict[str, dict[int, dict[str, str]]] = {}
     findings: dict[str, Any] = {}
+    notes: list[str] = []  # a rank table's rows for ranks its run does not have (#49)
     for name, run in runs.items():
         t = diagnose(run, kinds=["replica_mismatch"], target_layout=layout, rank_table=tables[name],
                      replica_baseline=baseline, **options)
@@ -60,4 +61,5 @@ def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout
         events[name] = list(f.evidence.get("departures", [])) if f is not None and f.found else []
         assert t.rank_table is not None
         placed[name] = t.rank_table
-    return {"devices": device_verdicts(events, placed), "findings": findings}
+        notes += [n for n in t.notes if n.startswith("rank table ") and n not in notes]
+    return {"devices": device_verdicts(events, placed), "findings": findings, "notes": notes}

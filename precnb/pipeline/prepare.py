@@ -131,7 +131,9 @@ def with_devices(triage: Any, opts: Options) -> Any:
     """*triage* with hosts and devices beside its ranks (the ``rank_table`` option; issue #28)."""
     from precnb.pipeline.devices import attach_devices, resolve_rank_table
 
-    table = resolve_rank_table(opts.rank_table, triage.raw_target)
+    notes: list[str] = []
+    table = resolve_rank_table(opts.rank_table, triage.raw_target, notes)
+    triage.notes.extend(n for n in notes if n not in triage.notes)
     attach_devices(triage.findings, table)
     triage.rank_table = table
     return triage

@@ -101,7 +101,7 @@ def diagnose(
     raw_t, raw_b = _read(tsrc, bsrc, opts, loaded, common)
     from precnb.pipeline.devices import resolve_rank_table
 
-    rank_table = resolve_rank_table(opts.rank_table, raw_t)  # a bad table fails before the diagnoses run
+    rank_table = resolve_rank_table(opts.rank_table, raw_t, notes)  # a bad table fails before the diagnoses
     params = _params(wanted, opts, tsrc, raw_t, loaded, common)
     ctx, cache = _context(raw_t, raw_b, tsrc, bsrc, opts, tolerance, params, loaded, notes, assumed)
     findings, checks, results = _run(wanted, ctx, explicit=opts.kinds is not None)
