@@ -87,7 +87,7 @@ def test_a_server_that_is_not_a_scheduler_is_one_line_within_the_timeout(kind):
         for c in held:
             c.close()
     _one_line_naming(proc, address)
-    assert took < TIMEOUT + 20, took  # blocked for ever (silent) before
+    assert took < TIMEOUT + 60, took  # blocked for ever (silent) before (bound: start-up under a loaded CI)
     if kind == "silent":
         assert "no answer within 2 s" in proc.stderr, proc.stderr
 
@@ -98,7 +98,7 @@ def test_a_server_that_is_not_a_scheduler_is_one_line_within_the_timeout(kind):
 def test_an_address_no_connection_can_be_made_to_is_one_line(address):
     proc, took = _nan(address)
     _one_line_naming(proc, address)
-    assert took < TIMEOUT + 20, took
+    assert took < TIMEOUT + 60, took
 
 
 @pytest.mark.parametrize("value", ["bogus", "-5", "0", "nan", "1e99"])
