@@ -14,12 +14,13 @@ on this tp2pp1 run was fixed in bcf0551's replica history rule).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
+
+from tests._cli_json import cli_json
 
 ROOT = Path(__file__).resolve().parents[1]
 POP = ROOT / "data_samples" / "megatron_pop"
@@ -37,12 +38,8 @@ def draw() -> dict:
     return gt()["draws"]["subset"]
 
 
-@cache
 def precnb(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "precnb", *args, "--json", "--workers", "1"], cwd=POP,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.stdout.strip(), proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return cli_json(POP, *args)
 
 
 def dump(run: str) -> str:
