@@ -65,3 +65,19 @@ def test_a_class_kept_from_an_earlier_batch_names_the_same_call():
     own = float(t["norm"].sel(step=1, rank=0, tensor=lbl))
     assert float(t["norm"].sel(step=1, rank=1, tensor=lbl)) == own  # the replicas' copies of one bias
     assert float(later["norm"].sel(step=1, rank=0, tensor=lbl)) == own
+
+
+def test_batches_joined_keep_each_labels_own_class():
+    """The step-wise search joins its step batches: a label first recorded at step 1 (a backward call whose
+    counter shifts) keeps the class its own batch gave it (each replica's own gradient: set aside), not the
+    blank of step 0's coordinate, which made it a false divergence at step 1 of a healthy dp2 run at L1."""
+    from precnb.combine import concat_steps
+
+    first, _, _ = _merged([0])
+    later, _, _ = _merged([1], like=first)
+    new = [x for x in later["tensor"].values.tolist() if x not in set(first["tensor"].values.tolist())]
+    assert new, "no label first recorded at step 1"
+    joined = concat_steps([first, later])
+    for lbl in new:
+        assert joined["shard_kind_dp"].sel(tensor=lbl).item() == later["shard_kind_dp"].sel(tensor=lbl).item()
+    assert "dp_local" in {later["shard_kind_dp"].sel(tensor=x).item() for x in new}
