@@ -64,14 +64,24 @@ def module_right(found: str | None, truth: str | None) -> bool:
 
 
 def breaks_replicas(fault: dict[str, Any]) -> bool:
-    """Whether a fault breaks replica agreement: any fault on one rank of a TP group (the replicated residual
-    stream, RowParallelLinear outputs and replicated parameters differ from the other TP rank's); on dp2 only
-    faults on replicated state (a parameter or its optimizer state): a forward or gradient fault on one DP rank
-    is averaged away by the gradient all-reduce and leaves the replicas equal.
+    """Whether a fault is expected to break replica agreement, where the dumps were not read for it
+    (``replica_truth`` decides from the data otherwise): any fault on one rank of a TP group; on dp2 only
+    faults on replicated state (a parameter or its optimizer state).
     """
     if fault["layout"] == "dp2":
         return fault["kind"] in ("weight_zero", "optimizer_state")
     return fault["layout"] in REPLICATED
+
+
+def replicas_truth(seen: dict[str, Any]) -> dict[str, Any]:
+    """The truth a replica check is judged on: the first departure of replicated copies (``replica_truth``).
+
+    Its rank is the departing copy's; a group of two cannot say which copy departs (nothing decides between
+    them), so there any member of the group is right (``rank_any``).
+    """
+    return {"status": "ok", "step": seen["step"], "rank": seen["departing_rank"], "node": seen["node"],
+            "module": seen["module"], "group": seen["group"], "rank_any": len(seen["group"]) < 3,
+            "notes": [f"first replica departure: leaf {seen['leaf']} of {seen['node']}, group {seen['group']}"]}
 
 
 def _args(verb: str, run: str, other: str | None, layout: str) -> list[str]:
@@ -125,7 +135,13 @@ def cases(manifest: dict[str, Any], verbs: tuple[str, ...] = VERBS, only: str | 
             add("diff_twin", f["name"], f["kind"], f["run"], f["twin"], lay, truth)
             if not (f["kind"] == "unsynced_seed" and lay == "tp2sp"):  # SP dropout masks differ from tp1pp1's
                 add("diff_ref", f["name"], f["kind"], f["run"], f["reference"], lay, truth)
-            if breaks_replicas(f):
+            seen_by_replicas = manifest.get("replica_truth", {}).get(f["run"])
+            if seen_by_replicas is not None and lay in REPLICATED:  # read back from the dumps (_pop_truth)
+                if seen_by_replicas.get("observable"):
+                    add("replicas", f["name"], f["kind"], f["run"], None, lay, replicas_truth(seen_by_replicas))
+                else:  # no replicated copies disagree in the data: a replica check must stay quiet
+                    add("replicas", f"{f['name']} (no replica departs)", "healthy", f["run"], None, lay, None)
+            elif breaks_replicas(f):
                 add("replicas", f["name"], f["kind"], f["run"], None, lay, truth)
             if f["kind"] == "nan":
                 add("nan", f["name"], f["kind"], f["run"], None, lay, truth)
@@ -173,7 +189,8 @@ def score(case: dict[str, Any], answer: dict[str, Any] | None, error: str | None
     row |= {"global_module": gm, "truth_step": truth["step"], "truth_rank": truth["rank"],
             "truth_node": truth["node"], "truth_module": truth["module"],
             "at_step": found and answer.get("step") == truth["step"],
-            "rank_ok": found and row["rank"] == truth["rank"],
+            "rank_ok": found and (row["rank"] == truth["rank"] or (
+                bool(truth.get("rank_any")) and row["rank"] in truth.get("group", []))),
             "module_ok": found and (module_right(gm, truth["module"]) if truth["module"] else None)}
     row["exact"] = bool(row["at_step"] and row["rank_ok"] and row["module_ok"] is not False)
     return row

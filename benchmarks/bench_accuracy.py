@@ -97,6 +97,40 @@ def precnb_source(cwd: Path) -> Path:
     return Path(proc.stdout.strip() or ROOT)
 
 
+def replica_truths(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Per dense fault run: where its replicated copies first disagree, read back from the dumps (cached).
+
+    :func:`precnb_samples._pop_truth.replica_truth` against the healthy twin; kept in
+    ``replica_truth.json`` of the population folder (keyed by run id: a run's dumps never change).
+    """
+    from precnb_samples._pop_truth import replica_truth
+    from precnb_samples._population import LAYOUTS
+
+    cache_file = out / "replica_truth.json"
+    cache = json.loads(cache_file.read_text(encoding="utf-8")) if cache_file.exists() else {}
+    changed = False
+    for key, draw in manifest["draws"].items():
+        for f in draw.get("faults", []):
+            if f["run"] in cache or f.get("layout") not in LAYOUTS or not (out / "runs" / f["twin"]).exists():
+                continue
+            tp, _pp, _vpp, dp = LAYOUTS[f["layout"]][:4]
+            world = len(json.loads((out / "runs" / f["run"] / "result.json").read_text(encoding="utf-8"))["ranks"])
+            size = tp if tp > 1 else dp
+            if size < 2:
+                continue
+            groups = [list(range(g, g + size)) for g in range(0, world, size)]
+            try:
+                cache[f["run"]] = replica_truth(out / "runs" / f["run"], out / "runs" / f["twin"], groups,
+                                                f["injection"])
+            except (OSError, ValueError, KeyError) as e:  # a run without its dumps: not scored on this
+                print(f"[bench_accuracy] replica truth of {f['run']} ({key}): {e}", flush=True)
+                continue
+            changed = True
+    if changed:
+        cache_file.write_text(json.dumps(cache, indent=1) + "\n", encoding="utf-8")
+    return cache
+
+
 def load(out: Path, manifest_name: str) -> dict[str, Any]:
     """The population's manifest (``manifest.json``, or the subset's ``ground_truth.json``)."""
     return json.loads((out / manifest_name).read_text(encoding="utf-8"))
@@ -136,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest = load(out, "manifest.json")
     if args.draws:
         manifest["draws"] = {k: v for k, v in manifest["draws"].items() if k in args.draws.split(",")}
+    if "replicas" in verbs:
+        manifest["replica_truth"] = replica_truths(out, manifest)
     todo = cases(manifest, verbs, args.only)
     print(f"[bench_accuracy] {len(todo)} cases on {sum(v['status'] == 'ok' for v in manifest['runs'].values())} runs",
           flush=True)

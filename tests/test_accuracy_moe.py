@@ -10,12 +10,13 @@ on the committed MoE samples (``data_samples/megatron/moe_*``) and judged agains
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
+
+from tests._cli_json import cli_json
 
 ROOT = Path(__file__).resolve().parents[1]
 MG = ROOT / "data_samples" / "megatron"
@@ -43,12 +44,8 @@ def gt() -> dict:
     return json.loads((MG / "ground_truth.json").read_text(encoding="utf-8"))["moe"]
 
 
-@cache
 def precnb(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "precnb", *args, "--json", "--workers", "1"], cwd=MG,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.stdout.strip(), proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return cli_json(MG, *args)
 
 
 def _result(root: str) -> dict:

@@ -27,11 +27,9 @@ from precnb.errors import PrecnbError
 from precnb.io import _cext
 from tests.test_fuzz_readers import (
     Workdir,
-    dumps,
     fuzz_settings,
     msprobe_dump,
-    mutate_bytes,
-    mutate_obj,
+    mutate_rank_files,
     rank_folder,
     write_msprobe,
 )
@@ -80,17 +78,7 @@ def test_c_and_pure_paths_agree_on_mutated_dumps(spec, data):
         root = tmp / "dump"
         write_msprobe(root, spec)
         for s, r in data.draw(st.permutations(sorted(spec["files"])))[:data.draw(st.integers(1, 2))]:
-            d = rank_folder(root, spec, s, r)
-            kind = data.draw(st.sampled_from(["obj", "bytes", "bytes", "side"]))
-            if kind == "obj":
-                (d / "dump.json").write_text(dumps(mutate_obj(spec["files"][s, r], data), spec["indent"]))
-            elif kind == "bytes":
-                f = d / "dump.json"
-                f.write_bytes(mutate_bytes(f.read_bytes(), data))
-            else:
-                name = data.draw(st.sampled_from(["construct.json", "stack.json"]))
-                raw = (d / name).read_bytes() if (d / name).exists() else b'{"0": [["x"], ["y"]]}'
-                (d / name).write_bytes(mutate_bytes(raw, data))
+            mutate_rank_files(rank_folder(root, spec, s, r), spec["files"][s, r], spec["indent"], data)
         c_kind, c_out = _open(root, pure=False)
         p_kind, p_out = _open(root, pure=True)
         assert c_kind == p_kind, (c_out if c_kind == "error" else p_out)

@@ -481,6 +481,29 @@ def dumps(obj: Any, indent: int | None = None) -> str:
         return '{"data": ' + "[" * 5000 + "]" * 5000 + "}"
 
 
+def mutate_rank_files(d: Path, doc: Any, indent: Any, data: st.DataObject, *, side_objects: bool = False) -> None:
+    """Mutate one rank folder's files in place: its dump.json as an object or as bytes, or a side file.
+
+    *doc*: the folder's dump.json document as written; *side_objects*: a side file (construct.json /
+    stack.json) may also be mutated as a JSON object, not only as bytes.
+    """
+    kind = data.draw(st.sampled_from(["obj", "bytes", "bytes", "side"]))
+    if kind == "obj":
+        (d / "dump.json").write_text(dumps(mutate_obj(doc, data), indent))
+    elif kind == "bytes":
+        f = d / "dump.json"
+        f.write_bytes(mutate_bytes(f.read_bytes(), data))
+    else:
+        name = data.draw(st.sampled_from(["construct.json", "stack.json"]))
+        raw = (d / name).read_bytes() if (d / name).exists() else b'{"0": [["x"], ["y"]]}'
+        if not side_objects or data.draw(st.booleans()):
+            raw = mutate_bytes(raw, data)
+        else:
+            m = mutate_obj({"data": json.loads(raw)}, data)
+            raw = dumps(m.get("data") if isinstance(m, dict) else m).encode()
+        (d / name).write_bytes(raw)
+
+
 def mutate_bytes(raw: bytes, data: st.DataObject) -> bytes:
     op = data.draw(st.sampled_from(["truncate", "truncate", "flip", "utf8", "dupkey", "bom", "empty", "insert",
                                     "number"]))
@@ -534,23 +557,8 @@ def test_msprobe_mutated_dumps_never_crash(spec, data):
         k = data.draw(st.integers(1, len(targets)))
         chosen = data.draw(st.permutations(targets))[:k]
         for s, r in chosen:
-            d = rank_folder(root, spec, s, r)
-            kind = data.draw(st.sampled_from(["obj", "bytes", "bytes", "side"]))
-            if kind == "obj":
-                doc = mutate_obj(spec["files"][s, r], data)
-                (d / "dump.json").write_text(dumps(doc, spec["indent"]))
-            elif kind == "bytes":
-                f = d / "dump.json"
-                f.write_bytes(mutate_bytes(f.read_bytes(), data))
-            else:
-                name = data.draw(st.sampled_from(["construct.json", "stack.json"]))
-                raw = (d / name).read_bytes() if (d / name).exists() else b'{"0": [["x"], ["y"]]}'
-                if data.draw(st.booleans()):
-                    raw = mutate_bytes(raw, data)
-                else:
-                    m = mutate_obj({"data": json.loads(raw)}, data)
-                    raw = dumps(m.get("data") if isinstance(m, dict) else m).encode()
-                (d / name).write_bytes(raw)
+            mutate_rank_files(rank_folder(root, spec, s, r), spec["files"][s, r], spec["indent"], data,
+                              side_objects=True)
 
         def has_data(folder: Path) -> bool:
             from precnb.io import msprobe as md

@@ -141,6 +141,9 @@ def test_wrong_shard():
     assert (cross.step, cross.node) == (f["step"], f["node"]) and cross.module.endswith(f["global_module"])
     assert any("hold the same shard" in h for h in cross.hints)
     assert cross.evidence["dump"]["ranks"] == [0, 1]
+    # the merged weight differs whole; the rank is the one holding a copy of the other's shard
+    assert cross.evidence["dump"]["rank"] == f["rank"] == 1, cross.reason
+    assert "rank 1's shard is a copy" in cross.reason
 
 
 def test_unsynchronised_dropout_seed():

@@ -228,8 +228,10 @@ def test_readme_and_total_size():
     # rank records ~900 nodes per step whatever the model size (dump.json ~0.85 MB, stack.json ~0.5 MB of
     # Megatron's deep call stacks), and its 13 layouts and bugs need 27 rank dumps; JSON compresses ~18x.
     # The MoE roots of issue 48 (megatron/moe_*: 5 roots, 9 ranks x 3 steps) add 24.4 MB: an MoE rank records
-    # ~400 nodes per step (router, all-to-all dispatcher, two experts per layer), ~0.9 MB with its stack.json
-    assert total < 126e6, f"data_samples is {total / 1e6:.1f} MB"
+    # ~400 nodes per step (router, all-to-all dispatcher, two experts per layer), ~0.9 MB with its stack.json.
+    # megatron_pop's dp2 run at level L1 (issue 47) adds 3 MB: 2 ranks x 2 steps, with the stack.json that is
+    # its only record of which calls run in the backward
+    assert total < 128e6, f"data_samples is {total / 1e6:.1f} MB"
     # every dump root stays small (tiny model, few steps); the newer samples aim at 1 MB
     for name in NAMES:
         if name in TENSOR_NAMES:  # tensor mode saves every tensor: under 3 MB per sample

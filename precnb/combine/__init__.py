@@ -57,7 +57,7 @@ def _fill_for(var: xr.DataArray) -> Any:
 def reindex_tensors(ds: xr.Dataset, labels: list[str], coords: dict[str, np.ndarray]) -> xr.Dataset:
     """Reindex *ds* onto *labels* with the schema's fill values and the given tensor coords."""
     fills = {name: _fill_for(ds[name]) for name in ds.data_vars}
-    base = ds.drop_vars([c for c in TENSOR_COORDS if c in ds.coords])
+    base = ds.drop_vars([c for c in (*TENSOR_COORDS, *coords) if c in ds.coords and c != "tensor"])
     if len(labels) == ds.sizes["tensor"] and ds.indexes["tensor"].equals(pd.Index(labels, dtype=object)):
         return base.assign_coords({k: ("tensor", v) for k, v in coords.items()})  # the same labels: no copy
     out = base.reindex(tensor=np.asarray(labels, dtype=object), fill_value=fills)
@@ -75,7 +75,14 @@ def _union_coords(datasets: list[xr.Dataset]) -> tuple[list[str], dict[str, np.n
     labels = list(order)
     at = [np.fromiter((order[str(t)] for t in ds["tensor"].values), np.int64, ds.sizes["tensor"]) for ds in datasets]
     coords: dict[str, np.ndarray] = {}
-    for name, kind in TENSOR_COORDS.items():
+    # beside the schema's, a merge's per-tensor coordinates (shard_kind_dp …): a label first seen in a later
+    # part keeps its own class there, not a blank the first part's coordinate would give it
+    extra: dict[str, type] = {}
+    for ds in datasets:
+        for name, c in ds.coords.items():
+            if name not in TENSOR_COORDS and name != "tensor" and c.dims == ("tensor",):
+                extra.setdefault(str(name), str if c.dtype == object or c.dtype.kind in "UST" else int)
+    for name, kind in {**TENSOR_COORDS, **extra}.items():
         is_str = kind is str
         arr = np.full(len(labels), "" if is_str else -1, dtype=object if is_str else np.int64)
         filled = np.zeros(len(labels), bool)

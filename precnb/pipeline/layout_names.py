@@ -21,7 +21,7 @@ __all__ = ["attach_layout_names", "dump_location"]
 def dump_location(merged: xr.Dataset, layout: Any, step: int, rank: int, tensor: str, node: str
                   ) -> dict[str, Any] | None:
     """Where a merged run's entry comes from: ``{"rank", "node", "ranks"}`` (None when it was not merged)."""
-    if layout is None or not layout.sharded:
+    if layout is None or layout.world_size <= 1:
         return None
     src = None
     if "source_rank" in merged.data_vars and tensor in merged.indexes["tensor"]:
@@ -66,9 +66,55 @@ def _global_names(raw: xr.Dataset, layout: Any) -> dict[tuple[int, str], str]:
     return {(int(r), old): new for new, by in sources.items() for r, old in by.items()}
 
 
+def _copied_member(raws: list[xr.Dataset], members: list[int], tensor: str, step: int) -> int | None:
+    """The member whose entry of *tensor* at *step* is a copy of another member's (at that step or before).
+
+    *raws*: the run as dumped (earlier steps first, when read in batches); see
+    :func:`precnb.analysis.layout.merge.copied_shards`.
+    """
+    from precnb.analysis.layout.merge import copied_shards
+
+    rows: dict[int, np.ndarray] = {}
+    for raw in raws:
+        if tensor not in raw.indexes["tensor"] or not set(members) <= {int(r) for r in raw["rank"].values}:
+            continue
+        e = raw.sel(tensor=tensor, rank=members)
+        stats = np.stack([e[v].values for v in ("max", "min", "mean", "norm")], axis=-1)  # (step, n, 4)
+        stats = np.where(e["present"].values[..., None], stats, np.nan)
+        for i, st in enumerate(int(x) for x in raw["step"].values):
+            if st <= step:
+                rows.setdefault(st, stats[i])
+    if step not in rows or len(members) < 2:
+        return None
+    steps = sorted(rows)
+    arr = np.stack([rows[st] for st in steps])[:, None, :, None, :]  # (step, 1, n, 1, 4)
+    copies = copied_shards(arr, np.isfinite(arr).all(axis=-1))[steps.index(step), 0, :, 0]
+    return members[int(np.argmax(copies))] if copies.any() else None
+
+
+def _merged_members(merged: xr.Dataset, layout: Any, src: int) -> list[int]:
+    """The dump ranks merged into the entry of dump rank *src*: its TP/CP group, and DP replicas when merged."""
+    dims = [d for d in ("tp", "cp", "dp") if f"shard_kind_{d}" in merged.coords]
+    c = layout.coords(src)
+    return [r for r in range(layout.world_size)
+            if all(layout.coords(r)[d] == c[d] for d in c if d not in dims and d in ("tp", "cp", "dp", "pp"))]
+
+
+def _is_sharded(merged: xr.Dataset, tensor: str) -> bool:
+    """Whether a merged entry concatenates its members' shards (along TP, CP or the batch)."""
+    if tensor not in merged.indexes["tensor"]:
+        return False
+    return any(str(merged[c].sel(tensor=tensor).values) == "sharded"
+               for c in merged.coords if str(c).startswith("shard_kind_"))
+
+
 def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: xr.Dataset | None,
-                        layout: Any, was_merged: bool) -> None:
-    """Add the dump's or the whole model's names to each finding that names a record (in place)."""
+                        layout: Any, was_merged: bool, earlier: xr.Dataset | None = None) -> None:
+    """Add the dump's or the whole model's names to each finding that names a record (in place).
+
+    *earlier*: the target as dumped at steps before *raw*'s (the first step batch, when read in batches): a
+    rank whose shard is a copy of another rank's earlier shard is found across them.
+    """
     if layout is None:
         return
     names: dict[tuple[int, str], str] | None = None
@@ -78,9 +124,35 @@ def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: 
         if was_merged and merged is not None:
             where = dump_location(merged, layout, int(f.step), int(f.rank), str(f.tensor or ""), str(f.node))
             departing = (f.values or {}).get("departing_rank")
+            shard = (f.values or {}).get("shard_rank")
             if where is not None and departing is not None:  # a replica departed: its own rank, not the group's
                 where["rank"] = int(departing)
                 f.reason += f" (dump rank {int(departing)})"
+            elif where is not None:
+                copy = None
+                members = _merged_members(merged, layout, int(where["rank"]))
+                if raw is not None and f.tensor and str(f.tensor).startswith(str(f.node)) and \
+                        _is_sharded(merged, str(f.tensor)):
+                    local = str(where["node"]) + str(f.tensor)[len(str(f.node)):]
+                    raws = [r for r in (earlier, raw) if r is not None]
+                    at = int((f.values or {}).get("target_step", f.step))  # the target's own step number
+                    copy = _copied_member(raws, members, local, at)
+                vouched = (f.values or {}).get("shard_vouched") or []
+                rest = [r for r in members if r not in vouched]
+                if copy is None and shard is None and vouched and len(rest) == 1:
+                    shard = f.values["shard_rank"] = rest[0]
+                    f.values["shard_why"] = (f"the merged Max and Min agree with the baseline and are rank(s) "
+                                             f"{', '.join(map(str, vouched))}'s: the difference is in rank "
+                                             f"{rest[0]}'s shard")
+                if copy is not None:  # a rank holding a copy of another rank's shard (now or earlier)
+                    where["rank"] = copy
+                    f.values["shard_rank"] = copy
+                    f.values["shard_why"] = (f"rank {copy}'s shard is a copy, bit for bit, of another rank's "
+                                             "shard at this step or an earlier one")
+                    f.reason += f" (dump rank {copy}: {f.values['shard_why']})"
+                elif shard is not None:  # a merged shard: the member behind the difference
+                    where["rank"] = int(shard)
+                    f.reason += f" (dump rank {int(shard)}: {f.values.get('shard_why')})"
             if where is not None:
                 f.evidence["dump"] = where
             continue

@@ -140,7 +140,7 @@ def with_devices(triage: Any, opts: Options) -> Any:
 
 
 def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_lay: Any, *, paired: bool,
-                   assumed: list[dict[str, Any]] | None = None) -> None:
+                   assumed: list[dict[str, Any]] | None = None, earlier: xr.Dataset | None = None) -> None:
     """The dump's names of a merged target's finding; the whole model's names of a pipeline run's finding.
 
     A one-run layout read from the dumps to name the finding is an assumption (added to *assumed*).
@@ -152,7 +152,8 @@ def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_l
     merged = paired and bool(targ.attrs.get("merged_layout"))
     lay = t_lay if t_lay is not None or paired else resolve_layout(None, raw_t, "target", None, assumed=assumed)
     with contextlib.suppress(Exception):  # names are evidence: the finding stands without them
-        attach_layout_names(findings, raw=raw_t, merged=targ if merged else None, layout=lay, was_merged=merged)
+        attach_layout_names(findings, raw=raw_t, merged=targ if merged else None, layout=lay, was_merged=merged,
+                            earlier=earlier)
 
 
 def enrich_all(findings: list[Any], ctx: Any) -> None:

@@ -167,6 +167,7 @@ class _Reader:
         self.merge_notes: list[str] | None = None
         self.first_merged: Pair | None = None
         self.last: tuple[xr.Dataset, xr.Dataset, xr.Dataset, xr.Dataset] | None = None
+        self.first_stats: xr.Dataset | None = None  # the first batch's target statistics (copied shards)
 
     def __call__(self, batch: list[int]) -> Pair:
         b = open_source(self.bsrc, loaded=self.loaded, steps=batch, **self.common)
@@ -183,6 +184,8 @@ class _Reader:
             self.merge_notes = mnotes
         if self.first_merged is None:
             self.first_merged = (mb, mt)  # later batches keep the first batch's shard classes
+            if mt is not t:  # merged: a shard copied from another rank's earlier one is found across batches
+                self.first_stats = t[[v for v in ("max", "min", "mean", "norm", "present") if v in t.data_vars]]
         self.last = (b, t, mb, mt)
         if self.keep is not None and len(self.keep) < 2:
             self.keep.append((b, t))
@@ -226,7 +229,10 @@ def _search(d: Any, tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[
                   baseline_layout=b_lay, alignment=alignment, tolerance=tolerance, step_offset=off, crc=opts.crc,
                   names=(bsrc.name, tsrc.name))
     prepare.enrich_all([finding], ctx)
-    prepare.name_in_layout([finding], raw_t, mt, t_lay, paired=True)
+    earlier = read.first_stats  # the first batch's steps, when the finding's batch is a later one
+    if earlier is not None and earlier["step"].equals(raw_t["step"]):
+        earlier = None
+    prepare.name_in_layout([finding], raw_t, mt, t_lay, paired=True, earlier=earlier)
     attach_scalar_arguments([finding], tsrc, bsrc, names=ctx.names, format=opts.format)
     return build_triage(ctx, findings=[finding], checks=checks, results={d.kind: finding}, options=opts,
                         notes=notes, failures=loaded.failures, sources=(bsrc.records_path, tsrc.records_path),

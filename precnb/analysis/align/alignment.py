@@ -374,8 +374,14 @@ class Alignment:
         paired = set(self.tensor_map())
         nodes = target["node"].values
         labels = target["tensor"].values
+        # a merged tensor whose copies differ across its group is the target's own finding: kept unpaired
+        departs = np.zeros(len(labels), bool)
+        if "replicas_differ" in target.data_vars:
+            from precnb.analysis.compare import proven_replicas
+
+            departs = np.asarray(target["replicas_differ"].values, bool).any(axis=(0, 1)) & proven_replicas(target)
         keep = [j for j in range(target.sizes["tensor"]) if str(nodes[j]) not in skip
-                and (str(labels[j]) in paired or str(nodes[j]) not in paired_nodes)]
+                and (str(labels[j]) in paired or str(nodes[j]) not in paired_nodes or departs[j])]
         if len(keep) == target.sizes["tensor"]:
             return target
         return target.isel(tensor=keep)

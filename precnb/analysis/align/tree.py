@@ -152,6 +152,9 @@ def _ref_values(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not todo.any():
             break
     # seq is per (step, rank): only the order within the reference entry is meaningful; keep it
+    for coord in ds.coords:  # a data-parallel replica's own value (merged): not the whole batch's, no evidence
+        if str(coord).startswith("shard_kind_"):
+            stats[np.asarray(ds[coord].values == "dp_local", bool)] = np.nan
     return stats, seq, numel
 
 

@@ -20,7 +20,13 @@ from precnb.analysis.divergence.culprit import culprit_module
 from precnb.analysis.divergence.hints import divergence_hints
 from precnb.analysis.divergence.judged import Judged
 from precnb.analysis.findings import Finding
-from precnb.analysis.findings.evidence import departing_copy, entry_values, first_by_seq, node_evidence
+from precnb.analysis.findings.evidence import (
+    departing_copy,
+    entry_values,
+    first_by_seq,
+    node_evidence,
+    shard_suspect,
+)
 from precnb.schema import entry_dtype, entry_meta
 
 __all__ = ["origin_finding"]
@@ -88,6 +94,13 @@ def _origin_values(j: Judged, o: _Origin) -> dict[str, Any]:
         values[names[1]] = {**vt, **departing["values"]}
         values["departing_rank"] = departing["rank"]
         values["agreeing_rank"] = departing["agrees"]
+    else:  # a merged shard: the member behind the difference, when one is singled out
+        suspect = shard_suspect(cmp.targ, vb, step=o.step, rank=o.rank, tensor=o.tensor, rtol=values["rtol"])
+        if suspect is not None and suspect["rank"] is not None:
+            values["shard_rank"] = suspect["rank"]
+            values["shard_why"] = suspect["why"]
+        elif suspect is not None:  # the extremes' holders are vouched for: a lone other member is the suspect
+            values["shard_vouched"] = suspect["vouched"]
     # -- issue #17 hook: the origin's tensor metrics and the rule that fired
     from precnb.analysis.tensor.findings import origin_tensor_values
 

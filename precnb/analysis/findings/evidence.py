@@ -11,7 +11,7 @@ import xarray as xr
 from precnb.analysis.masks import stat_vars
 from precnb.schema import META_FIELDS, NULL_BITS, entry_meta, entry_stack, meta_changes, read_side_table
 
-__all__ = ["departing_copy", "entry_values", "label_elsewhere", "node_evidence", "parse_frame"]
+__all__ = ["departing_copy", "entry_values", "label_elsewhere", "node_evidence", "parse_frame", "shard_suspect"]
 
 _FRAME = re.compile(r"^\s*File\s+(?P<file>.+?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]+),?\s*(?P<code>.*)$",
                     re.DOTALL)
@@ -82,6 +82,50 @@ def departing_copy(ds: xr.Dataset, baseline: dict[str, Any], *, step: int, rank:
     if _stat_distance(copy, baseline) > _stat_distance(first, baseline):
         return {"rank": other, "agrees": first_rank, "values": copy}
     return {"rank": first_rank, "agrees": other, "values": {s: first.get(s) for s in copy}}
+
+
+def shard_suspect(ds: xr.Dataset, baseline: dict[str, Any], *, step: int, rank: int, tensor: str, rtol: float
+                  ) -> dict[str, Any] | None:
+    """Which member of a merged shard entry that differs from the *baseline* entry is behind the difference.
+
+    A merged shard (TP, CP or a data-parallel replica's part of the batch) is compared whole; the merge keeps,
+    per entry, the member that is odd in its group and the members holding the merged extremes
+    (:func:`precnb.analysis.layout.merge.merge_shards`). In that order: a member whose statistics are not
+    finite while another's are, a member holding a copy of a lower rank's shard, the member holding the merged
+    Max when the Max differs beyond *rtol*, the one holding the Min when the Min does. Returns ``{"rank": dump
+    rank, "why": text}``; when both extremes agree, ``{"rank": None, "vouched": [their holders], "why": …}`` (a
+    group with one other member names it); None when nothing singles out a member.
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> shard_suspect(empty_dataset(), {"present": True, "max": 1.0}, step=0, rank=0, tensor="x", rtol=0.0) is None
+    True
+    """
+    if "shard_odd_rank" not in ds.data_vars or tensor not in ds.indexes["tensor"] or not baseline.get("present"):
+        return None
+    e = ds.sel(step=step, rank=rank, tensor=tensor)
+    odd = int(e["shard_odd_rank"])
+    if odd >= 0:
+        mine = entry_values(ds, step=step, rank=rank, tensor=tensor)
+        finite = all(v is None or np.isfinite(float(v)) for s, v in mine.items() if s in ("max", "min", "mean", "norm"))
+        why = ("its statistics are not finite while another shard's are" if not finite
+               else "its shard's statistics equal another rank's (a copy of that rank's shard)")
+        return {"rank": odd, "why": f"rank {odd}'s shard is odd in its group: {why}"}
+    mine = entry_values(ds, step=step, rank=rank, tensor=tensor)
+    agree: list[int] = []
+    for stat, var in (("max", "shard_max_rank"), ("min", "shard_min_rank")):
+        a, b, holder = mine.get(stat), baseline.get(stat), int(e[var])
+        if a is None or b is None or holder < 0:
+            continue
+        a, b = float(a), float(b)
+        scale = max(abs(a), abs(b))
+        if not np.isfinite(a - b) or abs(a - b) > rtol * scale:
+            return {"rank": holder, "why": f"the merged {stat.capitalize()}, which differs, is rank {holder}'s"}
+        agree.append(holder)
+    if agree:  # the members holding extremes that agree: the rest of the group is suspect (see the caller)
+        return {"rank": None, "vouched": sorted(set(agree)), "why": "the merged extremes agree with the baseline"}
+    return None
 
 
 def node_evidence(ds: xr.Dataset, node: str, *, step: int | None = None, rank: int | None = None,

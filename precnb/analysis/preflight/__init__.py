@@ -104,8 +104,12 @@ def _count_text(params: dict[str, Param]) -> str:
 
 # ------------------------------------------------------------------------------------- parameters
 def _optimizer_inventory(ob: tuple[str, list[str]] | None, ot: tuple[str, list[str]] | None,
-                         names: tuple[str, str]) -> dict[str, Any] | None:
-    """The inventory check from the optimizer's parameter lists (dumps without parameter records)."""
+                         names: tuple[str, str], merged: bool = False) -> dict[str, Any] | None:
+    """The inventory check from the optimizer's parameter lists (dumps without parameter records).
+
+    *merged*: a run's shards were merged: a merged rank's optimizer list is one member's own tensors (its TP
+    shards, its pipeline stage's layers), which without names cannot be matched to the other layout's.
+    """
     from collections import Counter
 
     if ob is None or ot is None:
@@ -116,6 +120,11 @@ def _optimizer_inventory(ob: tuple[str, list[str]] | None, ot: tuple[str, list[s
     text = f"the optimizer updates {len(ob[1])} tensors in the {bn} and {len(ot[1])} in the {tn} ({ot[0]})"
     details = {"optimizer": {"baseline": ob[1], "target": ot[1]}, "extra_shapes_in_target": extra_t,
                "extra_shapes_in_baseline": extra_b}
+    if (extra_t or extra_b) and merged:
+        return check("parameters", "Parameter inventory", "skip", f"{text}: in different layouts each rank's "
+                     "optimizer updates its own shards and stage, and without parameter records their names are "
+                     "unknown, so the lists cannot be matched (dump with level L0 or mix to compare the "
+                     "parameters)", confidence="low", basis="read", **details)
     if extra_t or extra_b:
         shapes = "; ".join(x for x in (f"{tn} has {', '.join(extra_t)} more" if extra_t else "",
                                        f"{bn} has {', '.join(extra_b)} more" if extra_b else "") if x)
@@ -133,7 +142,8 @@ def check_parameters(pb: dict[str, Param] | None, pt: dict[str, Param], names: t
     bn, tn = names
     if not pt and not pb:
         if base is not None and target is not None:
-            alt = _optimizer_inventory(optimizer_tensors(base), optimizer_tensors(target), names)
+            merged = bool(base.attrs.get("merged_layout") or target.attrs.get("merged_layout"))
+            alt = _optimizer_inventory(optimizer_tensors(base), optimizer_tensors(target), names, merged)
             if alt is not None:
                 return alt
         why = _no_parameter_records(target if target is not None else base)

@@ -97,20 +97,10 @@ def draw_moe(seed: int, repeat: int = 2, kinds: list[str] | None = None) -> dict
     """
     rng = random.Random(f"moe-{seed}")  # noqa: S311 (a reproducible draw, not a secret)
     seeds = sorted(rng.sample(range(1000, 10000), 2))
-    runs: dict[str, dict[str, Any]] = {}
+    from ._population import healthy_pairs, run_registry
 
-    def add(spec: dict[str, Any]) -> str:
-        from ._population import run_id
-
-        runs.setdefault(run_id(spec), spec)
-        return run_id(spec)
-
-    healthy = []
-    for s in seeds:
-        ref = add(run_spec(s, "moe_ep1"))
-        for lay in EP:
-            healthy.append({"name": f"{lay}@{s}", "seed": s, "layout": lay, "run": add(run_spec(s, lay)),
-                            "reference": ref, "moe": True})
+    runs, add = run_registry()
+    healthy = healthy_pairs(seeds, "moe_ep1", EP, run_spec, add, moe=True)
     faults = []
     orders = {kind: rng.sample(KINDS[kind], len(KINDS[kind])) for kind in KINDS}  # each kind in every layout
     for i in range(repeat):

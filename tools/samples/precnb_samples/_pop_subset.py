@@ -2,10 +2,10 @@
 
 Four runs of one model seed, made by the population generator (:mod:`precnb_samples._population`, cached
 under the population folder) and copied without ``stack.json`` and without logs, their ``dump.json`` and
-``construct.json`` re-serialised without indentation (the same JSON values; data_samples must stay under
-100 MB): the healthy tp1pp1 and tp2pp1 runs (6 steps trained, 5 dumped), a tp1pp1 fault run whose healthy
-twin is that tp1pp1 run, and a tp2pp1 fault on TP rank 1 only (a replica departure); of the fault runs the steps up to
-the fault's are kept. The
+``construct.json`` re-serialised without indentation (the same JSON values; data_samples must stay small):
+the healthy tp1pp1 and tp2pp1 runs (6 steps trained, 5 dumped), a healthy dp2 run dumped at level L1 (steps
+0-1, with its ``stack.json``), a tp1pp1 fault run whose healthy twin is that tp1pp1 run, and a tp2pp1 fault on
+TP rank 1 only (a replica departure); of the fault runs the steps up to the fault's are kept. The
 ``ground_truth.json`` has the manifest's schema (``runs``, ``draws``, ``truth``), so ``bench_accuracy.py
 --smoke`` scores it like a population.
 
@@ -43,8 +43,14 @@ def plan() -> dict[str, Any]:
         faults.append({"name": f"{kind}#subset", "kind": kind, "seed": SEED, "layout": layout, "injection": bug,
                        "run": P.run_id(spec), "twin": P.run_id(twins[layout]), "reference": P.run_id(ref),
                        **({"steps_kept": keep} if keep else {})})
+    # a data-parallel run dumped at level L1 (no module records) against the level-mix reference: steps 0-1
+    # (msprobe's counters shift at step 1) with its stack.json (the only record of which calls run in the backward)
+    dp_l1 = P.run_spec(SEED, "dp2", level="L1")
+    runs[P.run_id(dp_l1)] = dp_l1
     healthy = [{"name": f"tp2pp1@{SEED}", "seed": SEED, "layout": "tp2pp1", "run": P.run_id(tp2),
-                "reference": P.run_id(ref)}]
+                "reference": P.run_id(ref)},
+               {"name": f"dp2L1@{SEED}", "seed": SEED, "layout": "dp2", "run": P.run_id(dp_l1),
+                "reference": P.run_id(ref), "steps_kept": [0, 1], "stacks": True}]
     return {"draw_seed": "subset", "size": "subset", "seeds": [SEED], "runs": runs, "healthy": healthy,
             "faults": faults}
 
@@ -55,12 +61,14 @@ def export(pop: Path, dest: Path) -> dict[str, Any]:
     manifest = P.load_manifest(pop)
     if dest.exists():
         shutil.rmtree(dest)
-    keep = {f["run"]: f.get("steps_kept") for f in p["faults"]}
+    keep = {f["run"]: f.get("steps_kept") for f in p["faults"] + p["healthy"]}
+    stacks = {h["run"] for h in p["healthy"] if h.get("stacks")}
     for rid in p["runs"]:
         src, dst = pop / "runs" / rid, dest / "runs" / rid
         for f in sorted((src / "dump").rglob("*.json")):
             step = f.relative_to(src / "dump").parts[0]
-            if f.name == "stack.json" or (keep.get(rid) and step not in {f"step{s}" for s in keep[rid]}):
+            if (f.name == "stack.json" and rid not in stacks) or \
+                    (keep.get(rid) and step not in {f"step{s}" for s in keep[rid]}):
                 continue
             target = dst / "dump" / f.relative_to(src / "dump")
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -95,9 +103,14 @@ def _readme(p: dict[str, Any], gt: dict[str, Any]) -> str:
         kept = next((f.get("steps_kept") for f in p["faults"] if f["run"] == rid), None)
         lines.append(f"| `runs/{rid}` | {spec['layout']} | {spec['bugs'] or '-'}"
                      f"{f' (steps {kept} kept)' if kept else ''} |")
-    lines += ["", f"Healthy pair: `{p['healthy'][0]['run']}` (tp2pp1) vs `{p['healthy'][0]['reference']}` (tp1pp1): "
-              "no finding is right (`precnb diff REF RUN --target-layout tp=2`, `precnb replicas RUN`).", "",
-              "Faults (ground truth read back from the dumps against the healthy twin, `ground_truth.json`):", ""]
+    lines += ["", "Healthy pairs (no finding is right: `precnb diff REF RUN --target-layout LAYOUT`, "
+              "`precnb replicas RUN`):", ""]
+    for h in p["healthy"]:
+        spec = p["runs"][h["run"]]
+        extra = f", level {spec['level']}" + (", with `stack.json`" if h.get("stacks") else "") \
+            if spec["level"] != "mix" else ""
+        lines.append(f"- `{h['run']}` ({h['layout']}{extra}) vs `{h['reference']}` (tp1pp1)")
+    lines += ["", "Faults (ground truth read back from the dumps against the healthy twin, `ground_truth.json`):", ""]
     for f in p["faults"]:
         t = gt["truth"][f["run"]]
         lines.append(f"- **{f['kind']}** `runs/{f['run']}` (twin `runs/{f['twin']}`): injected {f['injection']}; "

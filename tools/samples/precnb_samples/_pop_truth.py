@@ -107,6 +107,74 @@ def fault_truth(run: Path, twin: Path, injection: dict[str, Any]) -> dict[str, A
                                                   "(below float resolution or outside the dump window): dropped"]}
 
 
+def _stat_leaves(rec: Any, path: str = "") -> dict[str, tuple[Any, ...]]:
+    """Every statistics leaf of one dump.json record: path -> (Max, Min, Mean, Norm).
+
+    >>> _stat_leaves({"output": [{"Max": 1.0, "Min": 0.0, "Mean": 0.5, "Norm": 2.0}]})
+    {'output.0': (1.0, 0.0, 0.5, 2.0)}
+    """
+    out: dict[str, tuple[Any, ...]] = {}
+    if isinstance(rec, dict):
+        if "Max" in rec:
+            return {path: tuple(rec.get(k) for k in ("Max", "Min", "Mean", "Norm"))}
+        for k, v in rec.items():
+            out.update(_stat_leaves(v, f"{path}.{k}" if path else str(k)))
+    elif isinstance(rec, list):
+        for i, v in enumerate(rec):
+            out.update(_stat_leaves(v, f"{path}.{i}" if path else str(i)))
+    return out
+
+
+def replica_truth(run: Path, twin: Path, groups: list[list[int]], injection: dict[str, Any]) -> dict[str, Any]:
+    """Where a fault first makes replicas disagree: what a replica check alone can see (no twin needed).
+
+    For each dumped step and group of replicas (TP or DP ranks that hold copies of the same tensors): a leaf
+    whose copies are bit-identical in the healthy twin and differ in the fault run. The first step with one,
+    then the group holding the injection rank (else the first group), then the first such node in that group's
+    first member's dump order. The departing rank is the member whose copy differs from the twin's (the one a
+    third replica or a clean run decides); a pair alone cannot say which. ``observable`` False: the fault never
+    makes replicated copies disagree (a fault on one rank's shard is summed into every rank's all-reduce).
+    """
+    result = json.loads((run / "result.json").read_text(encoding="utf-8"))
+    for step in [s for s, _ in D.step_dirs(run / "dump")]:
+        found: list[tuple[list[int], str, str, int]] = []
+        for group in groups:
+            fault = [D.dump_data(_rank_dir(run / "dump", step, r) / "dump.json") for r in group]
+            clean = [D.dump_data(_rank_dir(twin / "dump", step, r) / "dump.json") for r in group]
+            hit = _first_departure(fault, clean, group)
+            if hit is not None:
+                found.append((group, *hit))
+        if not found:
+            continue
+        group, node, leaf, departing = next((f for f in found if injection.get("rank") in f[0]), found[0])
+        construct = D.load_json(_rank_dir(run / "dump", step, group[0]) / "construct.json")
+        module = global_module(node, construct, result["ranks"][str(group[0])]["layer_numbers"])
+        return {"observable": True, "step": step, "group": group, "departing_rank": departing, "node": node,
+                "leaf": leaf, "module": module}
+    return {"observable": False}
+
+
+def _first_departure(fault: list[dict[str, Any]], clean: list[dict[str, Any]], group: list[int]
+                     ) -> tuple[str, str, int] | None:
+    """(node, leaf, departing rank) of the first leaf replicated in *clean* whose copies differ in *fault*."""
+    for node, rec in fault[0].items():
+        if any(node not in d for d in fault[1:] + clean):
+            continue
+        undefined = set(T.undefined_leaves(node, rec))
+        copies = [_stat_leaves(d[node]) for d in fault]
+        twins = [_stat_leaves(d[node]) for d in clean]
+        for leaf in copies[0]:
+            if any(leaf == u or leaf.startswith(u + ".") for u in undefined):
+                continue
+            ref = [t.get(leaf) for t in twins]
+            mine = [c.get(leaf) for c in copies]
+            if None in ref or None in mine or any(r != ref[0] for r in ref) or all(m == mine[0] for m in mine):
+                continue
+            departing = next((g for g, m, r in zip(group, mine, ref, strict=True) if m != r), group[0])
+            return node, leaf, departing
+    return None
+
+
 def annotate(manifest: dict[str, Any], out: Path) -> None:
     """Add the truth of every fault whose run and twin are finished (computed once)."""
     runs = manifest["runs"]

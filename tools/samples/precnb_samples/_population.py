@@ -25,7 +25,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,37 @@ def _fault(rng: random.Random, kind: str, layout: str) -> tuple[dict[str, Any], 
     return b, opts
 
 
+def run_registry() -> tuple[dict[str, dict[str, Any]], Callable[[dict[str, Any]], str]]:
+    """``(runs, add)``: a draw's runs by content hash, and ``add(spec) -> run id`` (each spec once).
+
+    >>> runs, add = run_registry()
+    >>> add({"seed": 1}) == add({"seed": 1}), len(runs)
+    (True, 1)
+    """
+    runs: dict[str, dict[str, Any]] = {}
+
+    def add(spec: dict[str, Any]) -> str:
+        rid = run_id(spec)
+        runs.setdefault(rid, spec)
+        return rid
+
+    return runs, add
+
+
+def healthy_pairs(seeds: list[int], reference: str, layouts: Iterable[str],
+                  spec_of: Callable[[int, str], dict[str, Any]], add: Callable[[dict[str, Any]], str],
+                  **extra: Any) -> list[dict[str, Any]]:
+    """Per model seed, every layout against the *reference* layout of that seed (each run added once)."""
+    out = []
+    for s in seeds:
+        ref = add(spec_of(s, reference))
+        for lay in layouts:
+            if lay != reference:
+                out.append({"name": f"{lay}@{s}", "seed": s, "layout": lay, "run": add(spec_of(s, lay)),
+                            "reference": ref, **extra})
+    return out
+
+
 def draw(seed: int, size: str = "small", kinds: list[str] | None = None) -> dict[str, Any]:
     """Plan one draw: ``{"runs": id -> spec, "healthy": [...], "faults": [...]}``.
 
@@ -127,19 +158,8 @@ def draw(seed: int, size: str = "small", kinds: list[str] | None = None) -> dict
     rng = random.Random(seed)  # noqa: S311 (a reproducible draw, not a secret)
     seeds = sorted(rng.sample(range(1000, 10000), 2 if size == "small" else 3))
     repeat = 1 if size == "small" else 3
-    runs: dict[str, dict[str, Any]] = {}
-
-    def add(spec: dict[str, Any]) -> str:
-        runs.setdefault(run_id(spec), spec)
-        return run_id(spec)
-
-    healthy = []
-    for s in seeds:
-        ref = add(run_spec(s, "tp1pp1"))
-        for lay in LAYOUTS:
-            if lay != "tp1pp1":
-                healthy.append({"name": f"{lay}@{s}", "seed": s, "layout": lay, "run": add(run_spec(s, lay)),
-                                "reference": ref})
+    runs, add = run_registry()
+    healthy = healthy_pairs(seeds, "tp1pp1", LAYOUTS, run_spec, add)
     faults = []
     for i in range(repeat):
         for kind in kinds or list(KINDS):

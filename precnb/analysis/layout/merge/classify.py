@@ -314,8 +314,56 @@ def _backward_phase(ds: xr.Dataset) -> np.ndarray:
     return out
 
 
+_ENGINE_FRAME = re.compile(r", in (?:_engine_run_backward|run_backward)\b")
+
+
+def _engine_calls(ds: xr.Dataset) -> np.ndarray:
+    """Per tensor: its call's recorded stack runs inside PyTorch's autograd engine (made by a backward).
+
+    msprobe records the stack of every API call; at level L1 no module record tells the backward pass from the
+    forward one, but a call made while gradients are computed has the engine's ``_engine_run_backward`` frame.
+
+    >>> from precnb.schema import empty_dataset
+    >>> _engine_calls(empty_dataset()).shape
+    (0,)
+    """
+    from precnb.schema import side_table
+
+    try:
+        stacks = side_table(ds, "stacks")
+    except ValueError:
+        stacks = {}
+    inside = {str(node) for node, frames in stacks.items()
+              if isinstance(frames, list) and any(_ENGINE_FRAME.search(str(f)) for f in frames)}
+    return np.asarray([str(n) in inside for n in ds["node"].values], bool)
+
+
+def _whole_of_parts(ds: xr.Dataset, j: int, reference: xr.Dataset | None, groups_idx: list[list[int]]) -> bool:
+    """Whether tensor *j*'s replicas, concatenated, give the reference's (whole-batch) Max, Min and Norm.
+
+    Read at the first step where both hold it, to 1e-5: a value the replicas hold parts of (an activation saved
+    for the backward), not a replica's own gradient (the gradient of its own loss is scaled by the replica count).
+    """
+    if reference is None or ds["tensor"].values[j] not in reference.indexes["tensor"]:
+        return False
+    lbl = ds["tensor"].values[j]
+    rj = reference.indexes["tensor"].get_loc(lbl)
+    members = groups_idx[0]
+    for si in range(min(ds.sizes["step"], reference.sizes["step"])):
+        pres = ds["present"].values[si, members, j]
+        if not pres.all() or not bool(reference["present"].values[si, 0, rj]):
+            continue
+        mx = float(np.max(ds["max"].values[si, members, j]))
+        mn = float(np.min(ds["min"].values[si, members, j]))
+        nm = float(np.sqrt(np.sum(ds["norm"].values[si, members, j] ** 2)))
+        ref = [float(reference[v].values[si, 0, rj]) for v in ("max", "min", "norm")]
+        return bool(np.allclose([mx, mn, nm], ref, rtol=1e-5, atol=0.0))
+    return False
+
+
 def _data_parallel_kinds(ds: xr.Dataset, kinds: np.ndarray, reasons: np.ndarray, shard_dim: np.ndarray,
-                         reference: xr.Dataset | None) -> tuple[np.ndarray, np.ndarray]:
+                         reference: xr.Dataset | None, groups_idx: list[list[int]] | None = None
+                         ) -> tuple[np.ndarray, np.ndarray]:
     """Data-parallel replicas merged into one: what is each rank's own, what concatenates along the batch.
 
     Each replica runs the whole model on its part of the batch: a forward tensor the reference holds larger
@@ -326,9 +374,16 @@ def _data_parallel_kinds(ds: xr.Dataset, kinds: np.ndarray, reasons: np.ndarray,
     """
     kind, role = ds["kind"].values, ds["role"].values
     backward = _backward_phase(ds)
+    engine = _engine_calls(ds) & ~backward  # by its stack only (no module record says so: level L1)
     kinds, reasons = kinds.copy(), reasons.copy()
     for j in range(len(kinds)):
         k = str(kinds[j])
+        if engine[j] and k == "sharded" and not _whole_of_parts(ds, j, reference, groups_idx or [[0]]):
+            kinds[j] = DP_LOCAL  # a gradient of the replica's own loss, found by its stack
+            reasons[j] = ("data-parallel: the replica's own value (a call made by the backward, its stack "
+                          "shows: a gradient over its part of the batch, before the gradient reduction); "
+                          "no whole-batch counterpart")
+            continue
         if k == "local" and (backward[j] or kind[j] == "param_grad"):
             # an expert on the rank that holds it (expert parallelism over the data-parallel ranks): its forward
             # sees every replica's tokens routed to it (whole), its backward the sum of the replicas' own losses
