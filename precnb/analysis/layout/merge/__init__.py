@@ -24,7 +24,7 @@ classified, with the reason kept in the ``shard_reason`` coordinate:
 ``rank_dependent``
     tensor-parallel glue: computed by a call whose scalar arguments differ between the ranks (a TP
     rank's vocabulary range in Megatron's ``VocabParallelEmbedding`` and vocab-parallel cross entropy),
-    or from such a value until a collective combines the ranks' parts (:mod:`precnb.analysis.replicas.rank_args`).
+    or from such a value until a collective combines the ranks' parts (:mod:`precnb.analysis.layout.rank_args`).
     No whole-model counterpart: the comparison sets it aside, the alignment calls it organisation;
 ``partial_max``
     each rank's maximum, the input of a later ``MAX`` all-reduce (the reduce op is read from the
@@ -51,8 +51,8 @@ import xarray as xr
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.layout.merge.classify import _copies, _data_parallel_kinds, classify_shards
 from precnb.analysis.layout.pp import relabel_pipeline
+from precnb.analysis.layout.rank_args import mark_rank_args
 from precnb.analysis.layout.shard_shapes import reference_shapes, shape_table
-from precnb.analysis.replicas.rank_args import mark_rank_args
 from precnb.analysis.undefined import mark_undefined
 from precnb.schema import (
     NULL_BITS,

@@ -14,8 +14,8 @@ import xarray as xr
 
 from precnb.analysis.layout.merge._reference import _Reference
 from precnb.analysis.layout.merge.partials import _inherit_partial, moe_glue
+from precnb.analysis.layout.rank_args import RANK_DEPENDENT, rank_dependent
 from precnb.analysis.layout.shard_shapes import shape_table
-from precnb.analysis.replicas.rank_args import RANK_DEPENDENT, rank_dependent
 from precnb.naming import is_communication
 
 __all__ = ["DP_LOCAL", "classify_shards"]
@@ -29,9 +29,9 @@ def _partial_by_reduce_inputs(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
     The second mask holds the inputs of ``MAX`` reductions (a vocab-parallel cross entropy's logits max): an
     elementwise maximum over the ranks, whose only derivable statistic is the Max; ``MIN``, product and other
     reductions count as neither (their ``reduce_op`` is read from the records:
-    :mod:`precnb.analysis.replicas.rank_args`).
+    :mod:`precnb.analysis.layout.rank_args`).
     """
-    from precnb.analysis.replicas.rank_args import REDUCE_CODES, reduce_ops
+    from precnb.analysis.layout.rank_args import REDUCE_CODES, reduce_ops
 
     nodes = ds["node"].values
     roles = ds["role"].values
@@ -109,7 +109,7 @@ def classify_shards(
     -------
     kinds : ndarray of str
         ``replicated`` / ``sharded`` / ``partial_sum`` / ``replicas_differ`` / ``rank_dependent``
-        (tensor-parallel glue, :mod:`precnb.analysis.replicas.rank_args`) / ``local`` (never on all members).
+        (tensor-parallel glue, :mod:`precnb.analysis.layout.rank_args`) / ``local`` (never on all members).
     reasons : ndarray of str
     shard_dim : ndarray of int
         Negative dim index of the shard split when a reference shape says so, else 0.
