@@ -107,6 +107,17 @@ def test_healthy_dp2_at_level_l1_vs_tp1_at_mix_no_finding():
     assert answer["kind"] == "none", answer["reason"]
 
 
+def test_healthy_dp2_at_level_l1_layout_read_from_the_optimizer():
+    """Without --target-layout: an L1 dump has no parameter records, but its fused optimizer reads the
+    parameters; the replicas holding the same ones are data-parallel (said as an assumption), and nothing is
+    found (the ranks were compared one by one with the unsharded run: a false divergence at step 0)."""
+    h = next(h for h in draw()["healthy"] if h["layout"] == "dp2")
+    answer = precnb("diff", dump(h["reference"]), dump(h["run"]))
+    assert answer["kind"] == "none", answer["reason"]
+    inferred = [a for a in answer["assumptions"] if a["kind"] == "inferred_layout"]
+    assert [a["layout"] for a in inferred] == ["dp=2"], answer["assumptions"]
+
+
 # -------------------------------------------------------------------------------------------- faults
 @pytest.mark.parametrize("kind", ["act_noise", "row_output_scale"])
 def test_fault_found_at_its_step_rank_and_module(kind):

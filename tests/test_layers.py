@@ -1,10 +1,11 @@
 """The import contracts of pyproject.toml ``[tool.importlinter]`` hold on the package, and they can fail.
 
 ``lint-imports`` (import-linter) checks the whole import graph: the layers of DESIGN.md (front ends
-independent, io and analysis independent, nothing importing the root package), viz pure, the core
+independent, io and analysis independent, nothing importing the root package), the layers inside
+``precnb.analysis`` (the families over the modules they share, no lazy import reaching up), viz pure, the core
 free of the notebook stack, torch/msprobe/MindSpore only in the generator and the tensor loader.
 The second test copies the package, adds one forbidden import per contract and a module no layer
-lists, and checks that each contract is reported broken naming the import.
+lists (at the root and in ``precnb.analysis``), and checks that each contract is reported broken naming the import.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def test_import_contracts_hold():
     proc = _lint(ROOT)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     contracts = _contracts()
-    assert set(contracts) == {"layers", "viz-pure", "core-without-notebook", "generator-deps",
+    assert set(contracts) == {"layers", "analysis-layers", "viz-pure", "core-without-notebook", "generator-deps",
                               "no-msprobe-mindspore"}
     for c in contracts.values():
         assert f"{c['name']} KEPT" in " ".join(proc.stdout.split()), c["name"]
@@ -51,12 +52,22 @@ def test_import_contracts_hold():
     flat = [m.strip() for layer in layers["layers"] for m in layer.replace(":", "|").split("|")]
     assert flat.index("cli") < flat.index("widgets") < flat.index("pipeline") < flat.index("analysis")
     assert layers["layers"][-1] == "errors | schema"  # both import nothing of precnb
+    inner = contracts["analysis-layers"]
+    assert inner["containers"] == ["precnb.analysis"] and inner["exhaustive"]
+    assert not inner.get("ignore_imports") and not inner.get("exhaustive_ignores")
+    assert not any(":" in layer for layer in inner["layers"])  # no two children of analysis import each other
+    flat = [m.strip() for layer in inner["layers"] for m in layer.split("|")]
+    assert flat[0] == "diagnoses"  # registers every family
+    assert flat.index("nan") < flat.index("divergence") < flat.index("findings") < flat.index("layout") < flat.index(
+        "causal") < flat.index("events") < flat.index("masks")
 
 
 # one injected line per contract: (file, line, contract id, what the broken contract must say)
 INJECTIONS = [
     ("io/_fs.py", "import precnb.widgets", "layers", "precnb.io is not allowed to import precnb.widgets"),
     ("analysis/masks.py", "import precnb.io.api", "layers", "precnb.analysis is not allowed to import precnb.io"),
+    ("analysis/masks.py", "import precnb.analysis.divergence", "analysis-layers",
+     "precnb.analysis.masks is not allowed to import precnb.analysis.divergence"),
     ("report/_tables.py", "import precnb.widgets.findings", "layers",
      "precnb.report is not allowed to import precnb.widgets"),
     ("combine/__init__.py", "from precnb import open_run", "layers",
@@ -80,6 +91,7 @@ def test_each_contract_fails_on_a_forbidden_import(tmp_path):
         path = pkg / rel
         path.write_text(path.read_text(encoding="utf-8") + f"\n{line}  # noqa\n", encoding="utf-8")
     (pkg / "newmodule.py").write_text('"""A module no layer lists."""\n', encoding="utf-8")
+    (pkg / "analysis" / "newmodule.py").write_text('"""A module no layer lists."""\n', encoding="utf-8")
     proc = _lint(tmp_path)
     out = " ".join(proc.stdout.split())
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -90,6 +102,7 @@ def test_each_contract_fails_on_a_forbidden_import(tmp_path):
         section = sections[contracts[cid]["name"]]
         assert says in section, (rel, line, cid, section[:2000])
     assert "precnb.newmodule" in sections[contracts["layers"]["name"]]  # exhaustive: an unplaced module
+    assert "precnb.analysis.newmodule" in sections[contracts["analysis-layers"]["name"]]
 
 
 def _broken_sections(out: str, names: list[str]) -> dict[str, str]:

@@ -7,7 +7,7 @@ tensor, tolerances), ``divergence`` (first divergence), ``nan`` (NaN/Inf origin)
 and data flow), ``replicas`` (replica consistency, departures, devices), ``layout`` (parallel layouts, PP
 stitching, shard merging), ``anomalies`` (series over steps), ``spike`` (loss spikes), ``preflight``,
 ``tensor`` (whole-tensor metrics) and ``findings`` (the finding, its evidence and dump plan). At the root, the
-core they share: ``registry`` and ``diagnoses``, ``masks``, ``undefined``, ``summary``.
+core they share: ``registry`` and ``diagnoses``, ``masks``, ``undefined``, ``events``, ``summary``.
 """
 
 from __future__ import annotations

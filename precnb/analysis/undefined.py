@@ -35,7 +35,7 @@ __all__ = ["mark_undefined", "returned_parameter_grads", "set_aside", "summarise
 
 _VAR = "undefined"
 _WHY = "undefined_why"
-GLUE = "tensor-parallel glue"  # the prefix of precnb.analysis.replicas.rank_args's reasons
+GLUE = "tensor-parallel glue"  # the prefix of precnb.analysis.layout.rank_args's reasons
 
 
 def _from_attrs(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray] | None:

@@ -160,7 +160,7 @@ def _merged_layout_facts(parts: list[xr.Dataset], labels: list[str], shapes: np.
                          construct: dict[str, Any]) -> dict[str, str]:
     """The attributes parallel runs are read with, joined as a whole load writes them.
 
-    (:mod:`precnb.analysis.undefined`, :mod:`precnb.analysis.replicas.rank_args`, :mod:`precnb.analysis.layout.pp`.)
+    (:mod:`precnb.analysis.undefined`, :mod:`precnb.analysis.layout.rank_args`, :mod:`precnb.analysis.layout.pp`.)
     """
     out: dict[str, str] = {}
     und: dict[str, tuple[str, set[tuple[int, int]]]] = {}

@@ -44,7 +44,7 @@ def tensor_counts(ds: xr.Dataset, counts: Counts = "nonfinite", *,
 
         return np.asarray(nonfinite(ds).sum(("step", "rank")).values, dtype=np.int64)
     if counts == "events":
-        from precnb.analysis.nan import event_mask
+        from precnb.analysis.events import event_mask
 
         return np.asarray(event_mask(ds)[0].sum(("step", "rank")).values, dtype=np.int64)
     if counts == "reldiff":

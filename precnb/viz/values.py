@@ -126,7 +126,7 @@ def cell_values(ds: xr.Dataset, *, color: Color = "stat", stat: str = "norm",
         return np.where(ok, np.abs(v), -np.inf), nf
     if color in ("nonfinite", "events"):
         if color == "events":
-            from precnb.analysis.nan import event_mask
+            from precnb.analysis.events import event_mask
 
             nf = np.asarray(event_mask(ds)[0].values)
         seq = np.maximum(np.asarray(ds["seq"].values, dtype=np.float64), 0)

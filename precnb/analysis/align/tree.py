@@ -226,7 +226,7 @@ def run_tree(ds: xr.Dataset) -> RunTree:
         framework = "mindspore" if any(n.startswith(("Cell.", "Primitive.", "Mint.")) for n in nodes) else "pytorch"
     parallel = str(ds.attrs.get("merged_layout", "") or ds.attrs.get("pipeline_stitched", "") or "")
     from precnb.analysis.align.fused import fused_parts
-    from precnb.analysis.replicas.rank_args import glue_labels
+    from precnb.analysis.layout.rank_args import glue_labels
 
     glue: dict[str, str] = {part: f"part of the fused projection {whole} (compared combined with its siblings)"
                             for part, whole in fused_parts(ds).items()}

@@ -37,9 +37,9 @@ import pandas as pd
 import xarray as xr
 
 from precnb.analysis.anomalies.call_counters import same_calls
+from precnb.analysis.events import event_mask, lazy_persistence
 from precnb.analysis.findings import Finding
 from precnb.analysis.findings.evidence import entry_values, node_evidence
-from precnb.analysis.nan import event_mask, lazy_persistence
 from precnb.schema import entry_meta
 
 __all__ = ["SpikeRule", "anomalies", "anomaly_table", "same_calls"]

@@ -9,7 +9,7 @@ flagged record its place in that order, so a heat map can colour a cell by how e
 flagged record comes ("first bad"): the origin is position 0.
 
 :func:`bad_records` says which records are flagged: NaN and unexpected ±inf for one run
-(:func:`precnb.analysis.nan.event_mask`), differences beyond tolerance and records
+(:func:`precnb.analysis.events.event_mask`), differences beyond tolerance and records
 present in one run only for two (:func:`precnb.analysis.compare.compare_runs`).
 
 Examples
@@ -33,6 +33,7 @@ import pandas as pd
 import xarray as xr
 
 from precnb.analysis.causal.order import comm_mask
+from precnb.analysis.events import event_mask
 
 __all__ = ["bad_records", "causal_positions", "causal_positions_of", "pair_bad_records"]
 
@@ -188,8 +189,6 @@ def bad_records(target: xr.Dataset, comparison: Any = None, *, crc: str = "repor
     are the baseline's; *target* is the comparison's target side, or a dataset with the same labels).
     """
     if comparison is None:
-        from precnb.analysis.nan import event_mask
-
         events, _benign = event_mask(target)
         return np.asarray(events.values, bool), np.asarray(target["seq"].values)
     grid = comparison.ds

@@ -318,7 +318,7 @@ def prepare_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, 
     The runs renamed, on their common steps and ranks, combined; shapes and dtypes compared.
     """
     from precnb.analysis.compare.prep import Prepared
-    from precnb.analysis.replicas.rank_args import glue_labels
+    from precnb.analysis.layout.rank_args import glue_labels
     from precnb.analysis.undefined import mark_undefined, returned_parameter_grads
 
     b, t, names = split_runs(baseline, target, runs=runs)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis.findings.enrich import integer_ratio_hint  # (lives below: findings.enrich uses it too)
 from precnb.naming import is_communication
 
 __all__ = ["divergence_hints", "grad_ratio_hint", "integer_ratio_hint", "structural_hints",
@@ -56,38 +57,6 @@ def ratio_hint(b: xr.Dataset, t: xr.Dataset, differs: xr.DataArray, world_size: 
     """Differing tensors whose target/baseline norm ratio is one integer (e.g. the DP world size)."""
     return integer_ratio_hint(b["norm"].values[differs.values], t["norm"].values[differs.values], world_size,
                               names, min_count=3)
-
-
-def integer_ratio_hint(nb: np.ndarray, nt: np.ndarray, world_size: int, names: tuple[str, str], *,
-                       min_count: int = 1, what: str = "differing tensors have norms") -> str | None:
-    """Norms *nt* / *nb* (target / baseline) mostly in one integer ratio k >= 2 (within 1%); k = world size says DP.
-
-    Examples
-    --------
-    >>> integer_ratio_hint(np.array([1.0, 2.0]), np.array([4.0, 8.0]), 4, ("baseline", "target"))[:46]
-    '2 of 2 differing tensors have norms exactly 4×'
-    """
-    nb, nt = np.asarray(nb, float), np.asarray(nt, float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ok = np.isfinite(nb) & np.isfinite(nt) & (np.abs(nb) > 0) & (np.abs(nt) > 0)
-    if ok.sum() < min_count:
-        return None
-    ratio = nt[ok] / nb[ok]
-    for inverse in (False, True):
-        r = 1 / ratio if inverse else ratio
-        k = round(float(np.median(r)))
-        if k < 2:
-            continue
-        near = np.abs(r - k) <= 0.01 * k
-        if near.mean() < 0.5:
-            continue
-        big, small = (names[0], names[1]) if inverse else (names[1], names[0])
-        msg = f"{int(near.sum())} of {int(ok.sum())} {what} exactly {k}× larger in {big} than in {small}"
-        if k == world_size:
-            msg += (f"; {k} is the data-parallel world size: gradients summed, not averaged "
-                    "(missing division by world size after the all-reduce)")
-        return msg
-    return None
 
 
 def zero_parameter_hints(b: xr.Dataset, t: xr.Dataset, both: xr.DataArray, names: tuple[str, str],

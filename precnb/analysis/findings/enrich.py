@@ -22,7 +22,7 @@ import xarray as xr
 from precnb.analysis.findings.evidence import label_elsewhere
 from precnb.analysis.findings.plan import attach_plans
 
-__all__ = ["enrich", "label_elsewhere_hint", "origin_ratio_hint"]
+__all__ = ["enrich", "integer_ratio_hint", "label_elsewhere_hint", "origin_ratio_hint"]
 
 
 def _value_difference(f: Any) -> tuple[str | None, int | None, int | None]:
@@ -31,6 +31,38 @@ def _value_difference(f: Any) -> tuple[str | None, int | None, int | None]:
     if fvd:
         return fvd.get("tensor"), fvd.get("step"), fvd.get("rank")
     return f.tensor, f.step, f.rank
+
+
+def integer_ratio_hint(nb: np.ndarray, nt: np.ndarray, world_size: int, names: tuple[str, str], *,
+                       min_count: int = 1, what: str = "differing tensors have norms") -> str | None:
+    """Norms *nt* / *nb* (target / baseline) mostly in one integer ratio k >= 2 (within 1%); k = world size says DP.
+
+    Examples
+    --------
+    >>> integer_ratio_hint(np.array([1.0, 2.0]), np.array([4.0, 8.0]), 4, ("baseline", "target"))[:46]
+    '2 of 2 differing tensors have norms exactly 4×'
+    """
+    nb, nt = np.asarray(nb, float), np.asarray(nt, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ok = np.isfinite(nb) & np.isfinite(nt) & (np.abs(nb) > 0) & (np.abs(nt) > 0)
+    if ok.sum() < min_count:
+        return None
+    ratio = nt[ok] / nb[ok]
+    for inverse in (False, True):
+        r = 1 / ratio if inverse else ratio
+        k = round(float(np.median(r)))
+        if k < 2:
+            continue
+        near = np.abs(r - k) <= 0.01 * k
+        if near.mean() < 0.5:
+            continue
+        big, small = (names[0], names[1]) if inverse else (names[1], names[0])
+        msg = f"{int(near.sum())} of {int(ok.sum())} {what} exactly {k}× larger in {big} than in {small}"
+        if k == world_size:
+            msg += (f"; {k} is the data-parallel world size: gradients summed, not averaged "
+                    "(missing division by world size after the all-reduce)")
+        return msg
+    return None
 
 
 def origin_ratio_hint(base: xr.Dataset, targ: xr.Dataset, *, node: str, step: int, target_step: int,
@@ -50,8 +82,6 @@ def origin_ratio_hint(base: xr.Dataset, targ: xr.Dataset, *, node: str, step: in
         ok &= np.abs(nt - nb) > 1e-6 * np.abs(nb)  # the tensors that differ
     if not ok.any():
         return None
-    from precnb.analysis.divergence.hints import integer_ratio_hint
-
     msg = integer_ratio_hint(nb[ok], nt[ok], int(targ.sizes["rank"]), names, what="differing tensor norms are")
     return f"at the first value difference ({node}, step {step}) {msg}" if msg else None
 

@@ -19,7 +19,10 @@ read from its dumps, a given one checked against them), and turning sharded rank
 :mod:`~precnb.analysis.layout.merge` (TP / CP / DP shards merged into whole-layer statistics),
 :mod:`~precnb.analysis.layout.shard_shapes` (the whole shapes of split tensors read from the run),
 :mod:`~precnb.analysis.layout.pp` (PP / VPP stitching, local expert indices made global, with
-:mod:`~precnb.analysis.layout.pp_stitch` and :mod:`~precnb.analysis.layout.pp_tree`).
+:mod:`~precnb.analysis.layout.pp_stitch` and :mod:`~precnb.analysis.layout.pp_tree`), and
+:mod:`~precnb.analysis.layout.rank_args` (tensor-parallel glue: ops whose rank-dependent constants make their
+outputs differ by design; the merge classifies them, the replica check, the comparison and the aligner set
+them aside).
 
 Examples
 --------

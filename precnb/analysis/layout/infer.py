@@ -147,6 +147,8 @@ def _param_groups(ds: xr.Dataset, groups: list[list[int]]) -> tuple[list[list[in
     if ds.sizes.get("step", 0) == 0:
         return [], []
     params = np.flatnonzero((ds["role"].values == "parameter") & ~_is_expert(ds["tensor"].values))
+    if not len(params):  # no parameter records (level L1): the parameters the fused optimizer updates
+        params = _optimizer_params(ds)
     ranks = [int(r) for r in ds["rank"].values]
     pres = ds["present"].values
     stats = {s: ds[s].values for s in ("max", "min", "mean", "norm")}
@@ -167,6 +169,22 @@ def _param_groups(ds: xr.Dataset, groups: list[list[int]]) -> tuple[list[list[in
                 differ |= bool(np.any(~((a == a[:1]) | (np.isnan(a) & np.isnan(a[:1])))))
         (shards if differ else replicas).append(sorted(g))
     return shards, replicas
+
+
+def _optimizer_params(ds: xr.Dataset) -> np.ndarray:
+    """Columns of the parameter list a fused optimizer call reads (its first argument), e.g. at level L1.
+
+    >>> from precnb.schema import empty_dataset
+    >>> _optimizer_params(empty_dataset()).tolist()
+    []
+    """
+    from precnb.analysis.layout.rank_args import is_optimizer_api
+
+    nodes, labels = ds["node"].values, ds["tensor"].values
+    return np.flatnonzero(np.fromiter(
+        (is_optimizer_api(str(n)) and str(lbl).startswith(f"{n}.input.0.") for n, lbl in zip(nodes, labels,
+                                                                                              strict=True)),
+        bool, len(labels)))
 
 
 def _holds(ds: xr.Dataset, ranks: list[int], word: str) -> list[int]:

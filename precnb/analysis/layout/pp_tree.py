@@ -24,7 +24,7 @@ def _stage_local_optimizer(out: xr.Dataset) -> xr.Dataset:
 
     Each stage's optimizer call updates its own parameters in its own list order.
     """
-    from precnb.analysis.replicas.rank_args import is_optimizer_api
+    from precnb.analysis.layout.rank_args import is_optimizer_api
 
     kinds = np.full(out.sizes["tensor"], "", dtype=object)
     reasons = np.full(out.sizes["tensor"], "", dtype=object)

@@ -5,8 +5,9 @@
 * :mod:`~precnb.analysis.nan.causes` — the likely causes at the origin, read from the statistics of
   the op's operands (a division by a tensor holding zero, an overflow of the dtype, ...).
 
-The masks (:mod:`precnb.analysis.masks`) and the undefined entries (:mod:`precnb.analysis.undefined`),
-the causal order and the coverage gaps (:mod:`precnb.analysis.causal`) are shared with the other diagnoses
+The masks (:mod:`precnb.analysis.masks`), the undefined entries (:mod:`precnb.analysis.undefined`), which
+non-finite records are events (:mod:`precnb.analysis.events`; :func:`event_mask` and its helpers are re-exported
+here), the causal order and the coverage gaps (:mod:`precnb.analysis.causal`) are shared with the other diagnoses
 and live outside this package.
 """
 

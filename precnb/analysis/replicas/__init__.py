@@ -20,8 +20,9 @@ The replica family:
   :mod:`~precnb.analysis.replicas.departure_inputs` (random ops, scalar arguments, CRC-only departures)
   and :mod:`~precnb.analysis.replicas.departure_plan` (the md5 dump that confirms one);
 * :mod:`~precnb.analysis.replicas.devices` — departures followed to hosts and devices across jobs;
-* :mod:`~precnb.analysis.replicas.rank_args` — tensor-parallel glue: ops whose rank-dependent constants make
-  their outputs differ by design (set aside by the replica check, the merge, the comparison and the aligner).
+* tensor-parallel glue (ops whose rank-dependent constants make their outputs differ by design, set aside by
+  the replica check, the merge, the comparison and the aligner) is :mod:`precnb.analysis.layout.rank_args`,
+  below every one of them (``precnb.analysis.replicas.rank_args`` re-exports it).
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
 
     Entries with no defined value (:mod:`precnb.analysis.undefined`) are not checked, nor the tensors of a
     rank-dependent op (its tensor inputs agree across the group, its scalar arguments do not: a TP rank's
-    vocabulary offset, :mod:`precnb.analysis.replicas.rank_args`) and what it computes before a collective. What was
+    vocabulary offset, :mod:`precnb.analysis.layout.rank_args`) and what it computes before a collective. What was
     set aside, and why, is appended to *aside*.
 
     The result is reused while the same *ds* object (unchanged) is checked again with the same
@@ -270,7 +271,7 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
         groups = layout.groups(dim)
         families = [layout.coords(g[0])["pp"] for g in groups]  # one pipeline stage: the same ops under one label
         if dim != "dp":  # rank-dependent by design: not replicas
-            from precnb.analysis.replicas.rank_args import glue_aside, rank_dependent
+            from precnb.analysis.layout.rank_args import glue_aside, rank_dependent
 
             glue, glue_why = rank_dependent(ds, groups, present)
             if glue.any():

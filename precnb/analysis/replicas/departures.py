@@ -133,7 +133,7 @@ def _signature_check(ds: xr.Dataset, run: _Run) -> Callable[[int, list[int], str
     """``check(step, group, tensor)``: whether the op's scalar arguments agree on *group*, from the reader's checksums.
 
     The msprobe reader notes a checksum of every API call's scalar arguments and keeps those that vary
-    across ranks (``attrs["scalar_signatures"]``, :mod:`precnb.analysis.replicas.rank_args`); a call it does not list
+    across ranks (``attrs["scalar_signatures"]``, :mod:`precnb.analysis.layout.rank_args`); a call it does not list
     has the same scalar arguments on every rank. None where the run does not say (another reader, a
     tensor not in it). Looked up per call: no (step, rank, tensor) array is built.
     """

@@ -1,10 +1,10 @@
 """The *numerics* cause of a loss spike: an overflow, a value near its dtype's largest, an underflow, a loss scale.
 
 An infinity that is there **by design** is never an overflow. The rule is the NaN-origin search's
-(:func:`precnb.analysis.nan.origin.event_mask`), with an infinite *element* (Max or Min at ±inf;
+(:func:`precnb.analysis.events.event_mask`), with an infinite *element* (Max or Min at ±inf;
 an infinite Norm alone is not one, msprobe takes a float16 tensor's Norm in float16):
 
-* the output of a masking op (:data:`~precnb.analysis.nan.origin.MASKING_APIS`: ``masked_fill``,
+* the output of a masking op (:data:`~precnb.analysis.events.MASKING_APIS`: ``masked_fill``,
   ``where``, ``fill_``, ``triu``, ... — a causal mask written ``masked_fill(mask, -inf)``);
 * the same infinity flowing on unchanged (the next op's input with the statistics of a by-design
   one: the softmax that reads the mask), and an output of a node whose inputs carry them;
@@ -75,7 +75,7 @@ def _by_design(v: View, inf_el: np.ndarray) -> np.ndarray:
     """(step, rank, tensor): infinite elements there by design (see the module docstring); memoised on the view."""
     got = v.memo.get("by_design_inf")
     if got is None:
-        from precnb.analysis.nan.origin import event_mask, persistent_nonfinite
+        from precnb.analysis.events import event_mask, persistent_nonfinite
 
         every = persistent_nonfinite(v.present.sum(axis=(0, 1)), (inf_el & v.present).sum(axis=(0, 1)))
         _, benign = event_mask(v.ds, persistent=every)

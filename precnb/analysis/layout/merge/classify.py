@@ -13,9 +13,10 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.layout.merge._reference import _Reference
+from precnb.analysis.layout.merge.data_parallel import DP_LOCAL
 from precnb.analysis.layout.merge.partials import _inherit_partial, moe_glue
+from precnb.analysis.layout.rank_args import RANK_DEPENDENT, rank_dependent
 from precnb.analysis.layout.shard_shapes import shape_table
-from precnb.analysis.replicas.rank_args import RANK_DEPENDENT, rank_dependent
 from precnb.naming import is_communication
 
 __all__ = ["DP_LOCAL", "classify_shards"]
@@ -29,9 +30,9 @@ def _partial_by_reduce_inputs(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
     The second mask holds the inputs of ``MAX`` reductions (a vocab-parallel cross entropy's logits max): an
     elementwise maximum over the ranks, whose only derivable statistic is the Max; ``MIN``, product and other
     reductions count as neither (their ``reduce_op`` is read from the records:
-    :mod:`precnb.analysis.replicas.rank_args`).
+    :mod:`precnb.analysis.layout.rank_args`).
     """
-    from precnb.analysis.replicas.rank_args import REDUCE_CODES, reduce_ops
+    from precnb.analysis.layout.rank_args import REDUCE_CODES, reduce_ops
 
     nodes = ds["node"].values
     roles = ds["role"].values
@@ -109,7 +110,7 @@ def classify_shards(
     -------
     kinds : ndarray of str
         ``replicated`` / ``sharded`` / ``partial_sum`` / ``replicas_differ`` / ``rank_dependent``
-        (tensor-parallel glue, :mod:`precnb.analysis.replicas.rank_args`) / ``local`` (never on all members).
+        (tensor-parallel glue, :mod:`precnb.analysis.layout.rank_args`) / ``local`` (never on all members).
     reasons : ndarray of str
     shard_dim : ndarray of int
         Negative dim index of the shard split when a reference shape says so, else 0.
@@ -276,129 +277,3 @@ def _majority(stats: dict[str, np.ndarray], numel: np.ndarray, scale: np.ndarray
     return mixed.any(axis=0), odd
 
 
-DP_LOCAL = "dp_local"
-
-
-def _backward_phase(ds: xr.Dataset) -> np.ndarray:
-    """Per tensor: recorded during a backward pass (a backward record, or a call that runs inside one).
-
-    A call's own direction is forward even when the backward of a module makes it (Megatron's linear layers
-    and cross entropy compute their gradients with recorded ops): it runs in the backward pass when its
-    parent is a backward module call, or — a call outside any module — when the next module record on its
-    rank (records are written when a call completes) is a backward one. Read at each tensor's first entry.
-    """
-    from precnb.naming import parse_node
-
-    n_t = ds.sizes["tensor"]
-    out = np.asarray(ds["direction"].values == "backward") | np.asarray(ds["kind"].values == "param_grad")
-    if ds.sizes.get("step", 0) == 0 or ds.sizes.get("rank", 0) == 0:
-        return out
-    nodes, parents, kinds = ds["node"].values, ds["parent"].values, ds["kind"].values
-    pres = ds["present"].values[0, 0]
-    seq = ds["seq"].values[0, 0]
-    mods = sorted((int(seq[j]), str(nodes[j])) for j in range(n_t) if kinds[j] == "module" and pres[j])
-    mod_q = [q for q, _ in mods]
-    # a call on another rank only (an expert there): decided by its parent
-    anywhere: np.ndarray = np.asarray(ds["present"].values.any(axis=(0, 1)), bool)
-    for j in range(n_t):
-        if out[j] or kinds[j] != "api" or not anywhere[j]:
-            continue
-        par = parse_node(str(parents[j])) if parents[j] else None
-        if par is not None and par.kind == "module":
-            out[j] = par.direction == "backward"
-            continue
-        if not pres[j]:
-            continue
-        k = int(np.searchsorted(mod_q, int(seq[j]), side="right"))
-        out[j] = k < len(mods) and parse_node(mods[k][1]).direction == "backward"
-    return out
-
-
-_ENGINE_FRAME = re.compile(r", in (?:_engine_run_backward|run_backward)\b")
-
-
-def _engine_calls(ds: xr.Dataset) -> np.ndarray:
-    """Per tensor: its call's recorded stack runs inside PyTorch's autograd engine (made by a backward).
-
-    msprobe records the stack of every API call; at level L1 no module record tells the backward pass from the
-    forward one, but a call made while gradients are computed has the engine's ``_engine_run_backward`` frame.
-
-    >>> from precnb.schema import empty_dataset
-    >>> _engine_calls(empty_dataset()).shape
-    (0,)
-    """
-    from precnb.schema import side_table
-
-    try:
-        stacks = side_table(ds, "stacks")
-    except ValueError:
-        stacks = {}
-    inside = {str(node) for node, frames in stacks.items()
-              if isinstance(frames, list) and any(_ENGINE_FRAME.search(str(f)) for f in frames)}
-    return np.asarray([str(n) in inside for n in ds["node"].values], bool)
-
-
-def _whole_of_parts(ds: xr.Dataset, j: int, reference: xr.Dataset | None, groups_idx: list[list[int]]) -> bool:
-    """Whether tensor *j*'s replicas, concatenated, give the reference's (whole-batch) Max, Min and Norm.
-
-    Read at the first step where both hold it, to 1e-5: a value the replicas hold parts of (an activation saved
-    for the backward), not a replica's own gradient (the gradient of its own loss is scaled by the replica count).
-    """
-    if reference is None or ds["tensor"].values[j] not in reference.indexes["tensor"]:
-        return False
-    lbl = ds["tensor"].values[j]
-    rj = reference.indexes["tensor"].get_loc(lbl)
-    members = groups_idx[0]
-    for si in range(min(ds.sizes["step"], reference.sizes["step"])):
-        pres = ds["present"].values[si, members, j]
-        if not pres.all() or not bool(reference["present"].values[si, 0, rj]):
-            continue
-        mx = float(np.max(ds["max"].values[si, members, j]))
-        mn = float(np.min(ds["min"].values[si, members, j]))
-        nm = float(np.sqrt(np.sum(ds["norm"].values[si, members, j] ** 2)))
-        ref = [float(reference[v].values[si, 0, rj]) for v in ("max", "min", "norm")]
-        return bool(np.allclose([mx, mn, nm], ref, rtol=1e-5, atol=0.0))
-    return False
-
-
-def _data_parallel_kinds(ds: xr.Dataset, kinds: np.ndarray, reasons: np.ndarray, shard_dim: np.ndarray,
-                         reference: xr.Dataset | None, groups_idx: list[list[int]] | None = None
-                         ) -> tuple[np.ndarray, np.ndarray]:
-    """Data-parallel replicas merged into one: what is each rank's own, what concatenates along the batch.
-
-    Each replica runs the whole model on its part of the batch: a forward tensor the reference holds larger
-    along one dim is that part (sharded); its loss, its gradients (of its own loss, before the gradient
-    reduction) and anything else that differs between the replicas are the replica's own (``dp_local``:
-    compared after the reduction, in the optimizer's inputs and the next step's parameters). Parameters
-    that differ stay ``replicas_differ``.
-    """
-    kind, role = ds["kind"].values, ds["role"].values
-    backward = _backward_phase(ds)
-    engine = _engine_calls(ds) & ~backward  # by its stack only (no module record says so: level L1)
-    kinds, reasons = kinds.copy(), reasons.copy()
-    for j in range(len(kinds)):
-        k = str(kinds[j])
-        if engine[j] and k == "sharded" and not _whole_of_parts(ds, j, reference, groups_idx or [[0]]):
-            kinds[j] = DP_LOCAL  # a gradient of the replica's own loss, found by its stack
-            reasons[j] = ("data-parallel: the replica's own value (a call made by the backward, its stack "
-                          "shows: a gradient over its part of the batch, before the gradient reduction); "
-                          "no whole-batch counterpart")
-            continue
-        if k == "local" and (backward[j] or kind[j] == "param_grad"):
-            # an expert on the rank that holds it (expert parallelism over the data-parallel ranks): its forward
-            # sees every replica's tokens routed to it (whole), its backward the sum of the replicas' own losses
-            kinds[j] = DP_LOCAL
-            reasons[j] = ("data-parallel: an expert's gradients over every replica's tokens, each from that "
-                          "replica's own loss (before the gradient reduction); no whole-batch counterpart")
-            continue
-        if k in ("replicated", "local") or (k == "replicas_differ" and role[j] == "parameter"):
-            continue
-        batch_part = (k == "sharded" and bool(shard_dim[j]) and not backward[j] and kind[j] != "param_grad"
-                      and "hold the same shard" not in str(reasons[j]))  # equal on every replica: its own indices
-        if batch_part:
-            reasons[j] = f"each data-parallel replica's part of the batch (split along dim {shard_dim[j]})"
-            continue
-        kinds[j] = DP_LOCAL
-        reasons[j] = ("data-parallel: the replica's own value (its loss and gradients over its part of the batch, "
-                      "before the gradient reduction); no whole-batch counterpart")
-    return kinds, reasons

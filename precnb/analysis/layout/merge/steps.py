@@ -1,0 +1,119 @@
+"""Shard classes over steps: a class decided on earlier steps kept for the later steps that name the same call.
+
+msprobe numbers API calls per step, so a label can name another op at a later step (Megatron's rotary embedding
+computes its frequencies at the first step only); a module record names the same call at every step. Used by
+:func:`precnb.analysis.layout.merge.merge_group_dim` for step groups and for step batches merged one by one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+__all__ = ["keep_like", "keep_module_classes", "same_steps"]
+
+
+def same_steps(reference: xr.Dataset | None, ds: xr.Dataset, steps: np.ndarray) -> xr.Dataset | None:
+    """*reference* at the steps of *ds* numbered *steps*, with those steps' own label coordinates.
+
+    The reference as it is when it lacks one of them.
+    """
+    if reference is None:
+        return None
+    from precnb.analysis.step_groups import rebased
+
+    have = {int(s): i for i, s in enumerate(reference["step"].values.tolist())}
+    at = [have.get(int(s)) for s in ds["step"].values[steps]]
+    return reference if any(i is None for i in at) else rebased(reference, np.asarray(at, np.int64))
+
+
+def keep_module_classes(ds: xr.Dataset, first_steps: np.ndarray, steps: np.ndarray,
+                         first: tuple[np.ndarray, np.ndarray, np.ndarray],
+                         now: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    """Later steps' classes of module records (forward, backward, parameter gradients) set to the first steps'.
+
+    An API call's counter shifts when another call of its API is made at one step only, so its classes are
+    decided per group of steps; a module record is numbered by its module's own calls: where its module,
+    parent and shape stay the same it names the same call, and a replicated tensor whose copies differ later
+    (a fault on one rank from step 1) is a replica departure, not a shard (in place on *now*).
+    """
+    from precnb.analysis.step_groups import label_meanings
+
+    meaning = label_meanings(ds)
+    present = np.asarray(ds["present"].values[first_steps].any(axis=(0, 1)), bool)
+    module = np.isin(ds["kind"].values, ("module", "param_grad"))
+    keep = module & present & (meaning[first_steps[0]] == meaning[steps[0]])
+    for a, b in zip(now, first, strict=True):
+        a[keep] = b[keep]
+
+
+def keep_like(ds: xr.Dataset, like: xr.Dataset, dim: str, kinds: np.ndarray, reasons: np.ndarray,
+               shard_dim: np.ndarray) -> None:
+    """The classes of *like* (merged before) for the tensors it has, in place."""
+    prev = {str(t): j for j, t in enumerate(like["tensor"].values)}
+    pk, pr, pd = (like[f"shard_{x}_{dim}"].values for x in ("kind", "reason", "dim"))
+    same = _same_call(ds, like)
+    for j, lbl in enumerate(ds["tensor"].values.tolist()):
+        k = prev.get(str(lbl))
+        if k is not None and same(j, k, str(pk[k]), pd[k]):
+            kinds[j], reasons[j], shard_dim[j] = pk[k], pr[k], pd[k]
+
+
+def _same_call(ds: xr.Dataset, like: xr.Dataset) -> Any:
+    """``same(j, k, kind)``: label *j* of *ds* names the same call as label *k* of *like* (merged before).
+
+    msprobe numbers API calls per step, so a label can name another op at a later step (Megatron's rotary
+    embedding computes its frequencies at the first step only: every later ``Tensor.__add__`` counter shifts
+    by one). A class is kept only where the label's module, parent call, role and dtype are the same, and, for a
+    tensor that was not split, its shape too (a split tensor's merged shape is the whole tensor's: the same
+    rank and sizes but along the split dim). At level L1 there is no module or parent to tell two calls apart:
+    the shape is all there is.
+    """
+    keys = [c for c in ("module", "parent", "role", "dtype") if c in ds.coords and c in like.coords]
+    mine = [ds[c].values for c in keys]
+    theirs = [like[c].values for c in keys]
+    shape_a, shape_b = ds["shape"].values, like["shape"].values
+
+    def same(j: int, k: int, kind: str, split: Any = None) -> bool:
+        if any(a[j] != b[k] for a, b in zip(mine, theirs, strict=True)):
+            return False
+        if kind != "sharded":
+            return bool(shape_a[j] == shape_b[k])
+        return _same_but_split(shape_a[j], shape_b[k], split)
+
+    return same
+
+
+def _dims(shape: Any) -> list[int] | None:
+    """A shape as a list of sizes (the coordinate holds JSON text), None when it is not one."""
+    if isinstance(shape, str):
+        try:
+            shape = json.loads(shape)
+        except ValueError:
+            return None
+    if isinstance(shape, (list, tuple)) and all(isinstance(x, int) for x in shape):
+        return list(shape)
+    return None
+
+
+def _same_but_split(part: Any, whole: Any, split: Any) -> bool:
+    """Whether a shard's shape *part* fits the merged shape *whole*: equal but along the split dim.
+
+    >>> _same_but_split([8, 1, 32], [8, 2, 32], -2), _same_but_split([32], [8, 2, 4, 8], -3)
+    (True, False)
+    >>> _same_but_split(None, [4], 0), _same_but_split("[8, 1]", "[8, 2]", -1)  # unknown shapes: nothing to say
+    (True, True)
+    """
+    part, whole = _dims(part), _dims(whole)
+    if part is None or whole is None:
+        return True
+    if len(part) != len(whole):
+        return False
+    try:  # the split dim is stored negative (0: none known)
+        d = int(split) % len(whole) if split and len(whole) else None
+    except (TypeError, ValueError):
+        d = None
+    return all(a == b for i, (a, b) in enumerate(zip(part, whole, strict=True)) if i != d)
