@@ -39,6 +39,7 @@ from precnb.analysis.causal.dataflow import scalar_only_nodes
 from precnb.analysis.findings import Finding
 from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
+from precnb.dtypes import dtype_kind
 from precnb.schema import entry_meta
 
 __all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas", "replica_mismatches"]
@@ -95,8 +96,7 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
     for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp, same = _same_across(ds, idx, rtol, present)
-        floats = np.array([str(d).split(".")[-1].lower().startswith(("float", "bfloat", "half")) for d in
-                           ds["dtype"].values])
+        floats = np.fromiter((dtype_kind(str(d)) == "float" for d in ds["dtype"].values), bool, ds.sizes["tensor"])
         mean_of = ds["mean"].values[:, idx[0], :]  # (step, tensor) on the group's first member
         for node, (ins, outs) in by_node.items():
             if not outs or (not ins and node not in scalar_only):
@@ -107,8 +107,8 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
                 ok = np.ones(ds.sizes["step"], bool)
             else:
                 ins_f = [j for j in ins if floats[j]]
-                if not ins_f:  # integer / boolean inputs only: msprobe records their max and min alone, which a
-                    # mask or index of other values shares (a boolean mask: 1 and 0): proof only with a mean
+                if not ins_f:  # integer / boolean inputs only: equal max and min are weak evidence
+                    # (precnb.dtypes.weak_identity): proof only with a mean
                     ins_f = ins
                     if np.isnan(mean_of[:, ins]).all():
                         continue
@@ -167,8 +167,7 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
     rep_steps = np.zeros((n_f, n_t), np.int64)
     rec_steps = np.zeros((n_f, n_t), np.int64)
     first_ok = np.ones((n_f, n_t), bool)  # bit-identical at the first step that says anything
-    floats = np.fromiter((str(d).split(".")[-1].lower().startswith(("float", "bfloat", "half"))
-                          for d in ds["dtype"].values), bool, n_t)
+    floats = np.fromiter((dtype_kind(str(d)) == "float" for d in ds["dtype"].values), bool, n_t)
     for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp = pres[:, idx, :].all(axis=1)  # (step, tensor)
