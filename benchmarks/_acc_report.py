@@ -131,7 +131,22 @@ def write_results(path: Path, manifest: dict[str, Any], rows: list[dict[str, Any
     path.parent.mkdir(parents=True, exist_ok=True)
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     moe = old[old.index(MOE_MARK):] if MOE_MARK in old else ""  # the MoE section is written by its own runs
-    path.write_text("\n".join(lines) + ("\n" + moe if moe else ""), encoding="utf-8")
+    history = _history(old)  # kept by hand: one row per scored commit
+    path.write_text("\n".join(lines) + ("\n" + history if history else "") + ("\n" + moe if moe else ""),
+                    encoding="utf-8")
     data = {"meta": meta, "rows": rows, "truth": manifest.get("truth", {}),
             "faults": [f for d in draws.values() for f in d["faults"]]}
     path.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def _history(old: str) -> str:
+    """The hand-kept ``## History`` section of an earlier results file (up to the MoE section), or ''.
+
+    >>> _history("# R\\n\\n## History\\n\\n| a |\\n" + MOE_MARK + "\\n## MoE")
+    '## History\\n\\n| a |\\n'
+    """
+    at = old.find("\n## History")
+    if at < 0:
+        return ""
+    end = old.find(MOE_MARK, at)
+    return old[at + 1:end if end >= 0 else len(old)]
