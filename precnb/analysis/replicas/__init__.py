@@ -142,9 +142,20 @@ def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[i
     from precnb.analysis.step_groups import step_groups
 
     out = np.zeros((max(families, default=0) + 1, ds.sizes["step"], ds.sizes["tensor"]), bool)
-    for idx in step_groups(ds):
+    parts = step_groups(ds)
+    for idx in parts:
         out[:, idx, :] = _candidates_of(ds.isel(step=idx), dim, groups, ranks, rtol, present[idx],
                                         families)[:, None, :]
+    if len(parts) > 1:  # a module's records are numbered by its own calls: judged over every step at once
+        from precnb.analysis.step_groups import label_meanings
+
+        module = np.isin(ds["kind"].values, ("module", "param_grad"))
+        meaning = label_meanings(ds)
+        same_call = (meaning == meaning[:1]).all(axis=0)
+        keep = module & same_call
+        if keep.any():
+            whole = _candidates_of(ds, dim, groups, ranks, rtol, present, families)
+            out[:, :, keep] = whole[:, None, keep]
     return out
 
 
@@ -180,7 +191,8 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
                 ok = (np.abs(v - ref) <= rtol * scale) | (np.isnan(v) & np.isnan(ref)) | (v == ref)
             same &= ok.all(axis=1)
         mx, mn = ds["max"].values[:, idx[0], :], ds["min"].values[:, idx[0], :]
-        degenerate = (mx == 0) & (mn == 0)
+        # all zeros, or not finite (NaN on every rank after a fault is equal everywhere and says nothing)
+        degenerate = ((mx == 0) & (mn == 0)) | ~np.isfinite(mx) | ~np.isfinite(mn)
         # small whole numbers (token counts per expert, indices, masks) agree by chance across ranks that count
         # different things: a step where every statistic is a whole number does not vote "replicated"
         mean0 = ds["mean"].values[:, idx[0], :]
@@ -194,8 +206,11 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
     # replicated at most steps, or (a floating-point tensor) bit-identical at the first step that shows it: a
     # replica that departs for good at a later step is still a departure there
     ok = (rec_steps > 0) & ((2 * rep_steps >= rec_steps) | (first_ok & floats[None, :]))
+    # a parameter gradient is a candidate like any tensor of the stage: replicated parameters' gradients are copies
+    # of one computation on every TP rank (a row-parallel bias, a layernorm without sequence parallelism); a
+    # sharded or partial one differs at every step and never qualifies
     not_opt = ds["module"].values != "optimizer"
-    return ok & (not_opt & (kinds != "param_grad"))[None, :]
+    return ok & not_opt[None, :]
 
 
 def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("dp", "tp"),
