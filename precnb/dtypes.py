@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import Final, Literal
 
 __all__ = ["EQUIVALENT", "Relation", "canonical_dtype", "dtype_kind", "dtype_relation", "dtype_size", "equivalence",
-           "same_values"]
+           "is_index", "same_values", "weak_identity"]
 
 _ALIASES: Final = {
     "float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16", "fp16": "float16",
@@ -84,6 +84,31 @@ def dtype_kind(dtype: str) -> str:
     if d == "bool":
         return "bool"
     return "int" if d in _INTS else ""
+
+
+def is_index(dtype: str) -> bool:
+    """An integer or boolean tensor: indices, counts, masks (msprobe records their Max and Min alone).
+
+    >>> is_index("torch.int64"), is_index("Bool"), is_index("torch.long"), is_index("torch.float32")
+    (True, True, True, False)
+    """
+    return dtype_kind(str(dtype)) in ("int", "bool")
+
+
+def weak_identity(dtype: str, has_mean: bool) -> bool:
+    """Whether equal statistics of two copies say little about their being the same values.
+
+    msprobe records an integer or boolean tensor's Max and Min alone: two masks or index tensors of other values
+    share them (a boolean mask: 0 and 1). Equal copies prove identity only with a Mean beside them. The one rule
+    the shard merge (counts over each rank's part, indices passed on) and the replica check (an op's integer
+    inputs) follow.
+
+    >>> weak_identity("torch.bool", has_mean=False), weak_identity("torch.int64", has_mean=True)
+    (True, False)
+    >>> weak_identity("torch.float32", has_mean=False)
+    False
+    """
+    return is_index(dtype) and not has_mean
 
 
 @lru_cache(maxsize=4096)

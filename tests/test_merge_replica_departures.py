@@ -48,3 +48,15 @@ def test_a_bias_gradient_departing_on_one_tp_rank_is_found_at_its_step(tmp_path)
     assert "decoder.layers.3.mlp.linear_fc2" in (f.module or ""), f.reason  # stage 1's layer 1 = global layer 3
     assert "copies differ" in f.reason
     assert f.evidence["dump"]["ranks"] == [2, 3]
+
+
+def test_the_replica_check_finds_the_bias_gradient_departing_at_its_step(tmp_path):
+    """``replicas`` on the run alone: a replicated parameter's gradient is a tensor that must stay replicated like
+    any other (it was left out: the departure showed one step later, in the bias the optimizer updated)."""
+    import precnb
+
+    run = _two_steps(MG / "tp2pp2", tmp_path / "tp2pp2")
+    _scale_bias_grad(run / "step1" / "rank3" / "dump.json", 1.05)
+    f = precnb.diagnose(str(run), kinds=["replica_mismatch"], target_layout="tp=2,pp=2").finding
+    assert f.kind == "replica_mismatch" and f.step == 1, f.reason
+    assert f.node == NODE and f.tensor == f"{NODE}.bias", f.reason

@@ -137,14 +137,24 @@ def _replicas_differ(t: xr.Dataset, tt: xr.Dataset, both: xr.DataArray) -> xr.Da
 def proven_replicas(ds: xr.Dataset) -> np.ndarray:
     """Per tensor: merged from copies found identical on every rank of a group at its first steps.
 
+    Identical Max and Min of an integer or boolean tensor recorded without a Mean prove nothing
+    (:func:`precnb.dtypes.weak_identity`: counts over each rank's own tokens agree by chance).
+
     >>> from precnb.schema import empty_dataset
     >>> proven_replicas(empty_dataset()).shape
     (0,)
     """
+    from precnb.dtypes import weak_identity
+
     out = np.zeros(ds.sizes["tensor"], bool)
     for name in ds.coords:
         if str(name).startswith("shard_kind_"):
             out |= np.asarray(ds[name].values == "replicated", bool)
+    if out.any():
+        has_mean = np.asarray(np.isfinite(ds["mean"].values).any(axis=(0, 1)), bool)
+        weak = np.fromiter((weak_identity(str(d), bool(m)) for d, m in zip(ds["dtype"].values, has_mean,
+                                                                             strict=True)), bool, len(out))
+        out &= ~weak
     return out
 
 

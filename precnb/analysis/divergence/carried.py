@@ -9,13 +9,15 @@ when
 - an op's output differs by at most :data:`CARRY` times the largest difference of the same call's inputs, or
   its absolute difference is at most :data:`CARRY` times the sum of its inputs' (an addition of noisy addends
   that cancel has a large relative error but no new error); a module call's weights are operands too, their
-  noise magnified by the cancellation of its products (``||x|| ||W|| / ||y||``); an output both runs record
+  noise magnified by the cancellation of its products (``||x|| ||W|| / ||y||``), as are the operands of a
+  matrix product call (``matmul``, ``bmm``, ``linear`` …); an output both runs record
   with an earlier output's statistics (a module returning its last child's) is carried when that one is;
 - a parameter's gradient ``G = g^T x`` differs by at most :data:`GRAD_CARRY` times what its module's forward
   input ``x`` and output gradient ``g`` explain, magnified by the cancellation of the sum (``||x|| ||g|| / ||G||``);
 - an op's input differs by at most :data:`CARRY` times the op output that produced it (the latest earlier
   output on the same step and rank with the same target statistics: :mod:`precnb.analysis.causal.dataflow`'s
-  rule), which was itself not an origin.
+  rule), which was itself not an origin; an input no recorded op produced, inside a module call, by at most
+  :data:`CARRY` times what that call's own input and weights explain (as for its output).
 
 Between two runs that agree bit for bit before a fault nothing is carried (every input difference is 0), so a
 fault of any size above the tolerance is still found at the op that makes it.
@@ -51,6 +53,7 @@ class _Tables:
     def __init__(self, j: Any) -> None:
         b = j.b
         self.roles, self.nodes = b["role"].values, b["node"].values
+        self.parents = b["parent"].values if "parent" in b.coords else None
         self.rel = np.asarray(j.cmp.rel.values, np.float64)
         self.both = np.asarray(j.cmp.both.values, bool)
         self.seq = np.asarray(j.seq.values)
@@ -66,6 +69,7 @@ class _Tables:
                 if n.startswith(("Module.", "Cell.")) and f".{d}." in n:
                     head, _, call = n.rpartition(f".{d}.")
                     self.module_inputs[(f"{head}.{call}", d)].append(c)
+        self._params_under: dict[str, list[int]] = {}
         self.params_of: dict[Any, list[int]] = defaultdict(list)  # a module call's own parameters: operands too
         for c in np.flatnonzero(self.roles == "parameter").tolist():
             self.params_of[self.nodes[c]].append(c)
@@ -81,6 +85,16 @@ class _Tables:
                 k = where.get(f"{head}.parameters_grad.{int(call) - 1}.{name}")
                 if k is not None:
                     self.earlier_grad[g] = k
+
+    def params_under(self, path: str) -> list[int]:
+        """The parameter columns of a module and its children (*path*: ``Module.0.decoder.layers.0.mlp``)."""
+        if not path:
+            return []
+        out = self._params_under.get(path)
+        if out is None:
+            out = self._params_under[path] = [c for node, cs in self.params_of.items()
+                                              if str(node).startswith(path + ".") for c in cs]
+        return out
 
     def at(self, si: int, ri: int) -> _Entry:
         """The rules at one (step, rank)."""
@@ -119,6 +133,12 @@ class _Entry:
         ins = [i for i in tab.inputs_of.get(tab.nodes[c], ()) if self.both[i]]
         params = [p for p in tab.params_of.get(tab.nodes[c], ()) if self.both[p]]
         worst = self.rel[ins].max() if ins else 0.0
+        if len(ins) >= 2 and not params and _is_product(str(tab.nodes[c])):  # x @ W: the same magnification
+            norm = tab.norm[self.si, self.ri]
+            big = np.sort(norm[ins])[-2:]
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                cond = float(big[0]) * float(big[1]) / float(norm[c])
+            worst = float(worst) * (cond if np.isfinite(cond) and cond > 1 else 1.0)
         if params:
             norm = tab.norm[self.si, self.ri]
             made = max(float(worst), float(self.rel[params].max()))
@@ -166,8 +186,34 @@ class _Entry:
         own = int(tab.seq[si, ri, c])
         cands = [p for q, p in self._producers.get(tab.stats[si, ri, c].tobytes(), ())
                  if q <= own and tab.nodes[p] != tab.nodes[c]]
-        made = self.rel[cands].max() if cands else 0.0
+        made = self.rel[cands].max() if cands else self._module_operands(c)
         return bool(np.isfinite(tab.stats[si, ri, c]).any() and made > 0 and self.rel[c] <= factor * made)
+
+    def _module_operands(self, c: int) -> float:
+        """What the enclosing module call's own operands explain of an input no recorded op produced.
+
+        Inside a module, an op msprobe does not record (a view such as the chunk of a gated unit) made the input
+        from the module's input and the weights of the module and its children: ``y = f(x, W)`` carries their
+        noise, magnified by the cancellation of its products (``||x|| ||W|| / ||y||``). 0 when the module call is
+        not recorded or its operands agree.
+        """
+        tab = self.tab
+        parent = str(tab.parents[c]) if tab.parents is not None else ""
+        head, sep, call = parent.rpartition(".forward.")
+        if not sep or not parent.startswith(("Module.", "Cell.")):
+            return 0.0
+        ins = [i for i in tab.module_inputs.get((f"{head}.{call}", "forward"), ()) if self.both[i]]
+        params = [q for q in tab.params_under(head.rpartition(".")[0]) if self.both[q]]
+        if not ins or not params:
+            return 0.0
+        mine = tab.stats[self.si, self.ri, c].tobytes()
+        if any(tab.stats[self.si, self.ri, q].tobytes() == mine for q in params):
+            return 0.0  # the input is one of the weights itself (Tensor.t of a weight): where a difference starts
+        norm = tab.norm[self.si, self.ri]
+        made = max(float(self.rel[ins].max()), float(self.rel[params].max()))
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            cond = float(norm[ins].max()) * float(norm[params].max()) / float(norm[c])
+        return made * (cond if np.isfinite(cond) and cond > 1 else 1.0)
 
 
 def carried_differences(j: Any, factor: float = CARRY) -> np.ndarray:
@@ -193,6 +239,17 @@ def carried_differences(j: Any, factor: float = CARRY) -> np.ndarray:
 
 
 GRAD_CARRY = 16.0
+_PRODUCTS = frozenset({"matmul", "mm", "bmm", "baddbmm", "addmm", "addbmm", "linear", "einsum", "dot", "matrix_power"})
+
+
+def _is_product(node: str) -> bool:
+    """A matrix product call (``Torch.matmul.16.forward``, ``Functional.linear.0.forward``).
+
+    >>> _is_product("Torch.matmul.16.forward"), _is_product("Tensor.__add__.3.forward")
+    (True, False)
+    """
+    parts = node.split(".")
+    return len(parts) > 2 and parts[1] in _PRODUCTS
 
 
 def _product_noise(rel: np.ndarray, norm: np.ndarray, fwd: list[int], bwd: list[int], c: int) -> float:

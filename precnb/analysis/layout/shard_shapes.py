@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.dtypes import dtype_kind
+
 __all__ = ["reference_shapes", "shape_table", "split_shapes"]
 
 _STATS = ("max", "min", "mean", "norm")
@@ -65,7 +67,7 @@ class _Run:
 
     def is_float(self, label: str) -> bool:
         j = self.idx.get(label)
-        return j is not None and str(self.dtypes[j]).removeprefix("torch.").startswith(("float", "bfloat", "half"))
+        return j is not None and dtype_kind(str(self.dtypes[j])) == "float"
 
     def differ(self, label: str) -> bool:
         """Whether the shards of *label* differ somewhere (a step and group where every member recorded it)."""

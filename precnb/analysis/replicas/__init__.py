@@ -39,6 +39,7 @@ from precnb.analysis.causal.dataflow import scalar_only_nodes
 from precnb.analysis.findings import Finding
 from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
+from precnb.dtypes import dtype_kind
 from precnb.schema import entry_meta
 
 __all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas", "replica_mismatches"]
@@ -95,8 +96,7 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
     for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp, same = _same_across(ds, idx, rtol, present)
-        floats = np.array([str(d).split(".")[-1].lower().startswith(("float", "bfloat", "half")) for d in
-                           ds["dtype"].values])
+        floats = np.fromiter((dtype_kind(str(d)) == "float" for d in ds["dtype"].values), bool, ds.sizes["tensor"])
         mean_of = ds["mean"].values[:, idx[0], :]  # (step, tensor) on the group's first member
         for node, (ins, outs) in by_node.items():
             if not outs or (not ins and node not in scalar_only):
@@ -107,8 +107,8 @@ def _caused(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], rtol: flo
                 ok = np.ones(ds.sizes["step"], bool)
             else:
                 ins_f = [j for j in ins if floats[j]]
-                if not ins_f:  # integer / boolean inputs only: msprobe records their max and min alone, which a
-                    # mask or index of other values shares (a boolean mask: 1 and 0): proof only with a mean
+                if not ins_f:  # integer / boolean inputs only: equal max and min are weak evidence
+                    # (precnb.dtypes.weak_identity): proof only with a mean
                     ins_f = ins
                     if np.isnan(mean_of[:, ins]).all():
                         continue
@@ -142,9 +142,20 @@ def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[i
     from precnb.analysis.step_groups import step_groups
 
     out = np.zeros((max(families, default=0) + 1, ds.sizes["step"], ds.sizes["tensor"]), bool)
-    for idx in step_groups(ds):
+    parts = step_groups(ds)
+    for idx in parts:
         out[:, idx, :] = _candidates_of(ds.isel(step=idx), dim, groups, ranks, rtol, present[idx],
                                         families)[:, None, :]
+    if len(parts) > 1:  # a module's records are numbered by its own calls: judged over every step at once
+        from precnb.analysis.step_groups import label_meanings
+
+        module = np.isin(ds["kind"].values, ("module", "param_grad"))
+        meaning = label_meanings(ds)
+        same_call = (meaning == meaning[:1]).all(axis=0)
+        keep = module & same_call
+        if keep.any():
+            whole = _candidates_of(ds, dim, groups, ranks, rtol, present, families)
+            out[:, :, keep] = whole[:, None, keep]
     return out
 
 
@@ -167,8 +178,7 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
     rep_steps = np.zeros((n_f, n_t), np.int64)
     rec_steps = np.zeros((n_f, n_t), np.int64)
     first_ok = np.ones((n_f, n_t), bool)  # bit-identical at the first step that says anything
-    floats = np.fromiter((str(d).split(".")[-1].lower().startswith(("float", "bfloat", "half"))
-                          for d in ds["dtype"].values), bool, n_t)
+    floats = np.fromiter((dtype_kind(str(d)) == "float" for d in ds["dtype"].values), bool, n_t)
     for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp = pres[:, idx, :].all(axis=1)  # (step, tensor)
@@ -181,7 +191,8 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
                 ok = (np.abs(v - ref) <= rtol * scale) | (np.isnan(v) & np.isnan(ref)) | (v == ref)
             same &= ok.all(axis=1)
         mx, mn = ds["max"].values[:, idx[0], :], ds["min"].values[:, idx[0], :]
-        degenerate = (mx == 0) & (mn == 0)
+        # all zeros, or not finite (NaN on every rank after a fault is equal everywhere and says nothing)
+        degenerate = ((mx == 0) & (mn == 0)) | ~np.isfinite(mx) | ~np.isfinite(mn)
         # small whole numbers (token counts per expert, indices, masks) agree by chance across ranks that count
         # different things: a step where every statistic is a whole number does not vote "replicated"
         mean0 = ds["mean"].values[:, idx[0], :]
@@ -195,8 +206,11 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
     # replicated at most steps, or (a floating-point tensor) bit-identical at the first step that shows it: a
     # replica that departs for good at a later step is still a departure there
     ok = (rec_steps > 0) & ((2 * rep_steps >= rec_steps) | (first_ok & floats[None, :]))
+    # a parameter gradient is a candidate like any tensor of the stage: replicated parameters' gradients are copies
+    # of one computation on every TP rank (a row-parallel bias, a layernorm without sequence parallelism); a
+    # sharded or partial one differs at every step and never qualifies
     not_opt = ds["module"].values != "optimizer"
-    return ok & (not_opt & (kinds != "param_grad"))[None, :]
+    return ok & not_opt[None, :]
 
 
 def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("dp", "tp"),

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.dtypes import is_index
 from precnb.naming import is_communication
 
 
@@ -43,7 +44,7 @@ class _Reference:
             split = _split_dim(a, b, k)
             if replicated[j]:
                 if split is None:
-                    if a == b and _is_index(dtypes[j]) and _reads_a_shard(ds, j, ref_shape, scalar_only):
+                    if a == b and is_index(dtypes[j]) and _reads_a_shard(ds, j, ref_shape, scalar_only):
                         # counts over each rank's own part that happen to agree (max and min are all msprobe
                         # records of an integer tensor): an addend of the whole count, not a replica
                         replicated[j] = False
@@ -52,7 +53,7 @@ class _Reference:
                                           "replica): an addend of the whole, its op reads a shard")
                     continue
                 replicated[j] = False  # equal shards (all zeros at first) of a split tensor: sharded
-                if _is_index(dtypes[j]):  # positions each rank numbers from 0 (its own tokens under sequence
+                if is_index(dtypes[j]):  # positions each rank numbers from 0 (its own tokens under sequence
                     self.local_index[j] = True  # parallelism, an MoE router's rows): no whole-model value
                     continue
                 self.same_shard[j] = split
@@ -73,16 +74,6 @@ class _Reference:
                 reasons[j] = (f"identical on every rank of the group, although the reference is {k}x larger "
                               f"along dim {self.same_shard[j]}: the ranks hold the same shard (a rank loaded another "
                               "rank's shard, or the shards are still equal, e.g. zeros); merged as a split tensor")
-
-
-def _is_index(dtype: Any) -> bool:
-    """An integer (or boolean) tensor: indices, counts, masks.
-
-    >>> _is_index("torch.int64"), _is_index("torch.float32")
-    (True, False)
-    """
-    d = str(dtype).lower()
-    return "int" in d or "bool" in d or "long" in d
 
 
 def _split_dim(a: list[int], b: list[int], k: int) -> int | None:

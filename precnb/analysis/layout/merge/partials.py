@@ -58,7 +58,7 @@ def _dispatch_bookkeeping(ds: xr.Dataset) -> np.ndarray:
     tokens and experts, so a layout with other token or expert groups has other values by construction (the
     tokens themselves, floats, merge as any split tensor).
     """
-    from precnb.analysis.layout.merge._reference import _is_index
+    from precnb.dtypes import is_index
 
     modules = ds["module"].values
     dtypes = ds["dtype"].values
@@ -68,7 +68,7 @@ def _dispatch_bookkeeping(ds: xr.Dataset) -> np.ndarray:
     if not containers:
         return out
     for j, m in enumerate(modules.tolist()):
-        if kinds[j] == "api" and str(m) in containers and _is_index(dtypes[j]):
+        if kinds[j] == "api" and str(m) in containers and is_index(dtypes[j]):
             out[j] = True
     return out
 
@@ -80,12 +80,12 @@ def _inherit_partial(ds: xr.Dataset, stats: dict[str, np.ndarray], first: np.nda
     An input is not computed where it is recorded: the value an earlier op produced on the rank is (a router's
     token counts per expert, each rank's over its own tokens, accumulated into a buffer). In place.
     """
-    from precnb.analysis.layout.merge._reference import _is_index
+    from precnb.dtypes import weak_identity
 
     labels, roles, shapes = ds["tensor"].values, ds["role"].values, ds["shape"].values
-    index = np.fromiter((_is_index(d) for d in ds["dtype"].values), bool, len(labels))
     # copies that differ, or integer copies that agree by chance (max and min alone): the partial sum passed on
-    want = np.flatnonzero(((kinds == "replicas_differ") | ((kinds == "replicated") & index)) & (roles == "input"))
+    weak = np.fromiter((weak_identity(d, False) for d in ds["dtype"].values), bool, len(labels))
+    want = np.flatnonzero(((kinds == "replicas_differ") | ((kinds == "replicated") & weak)) & (roles == "input"))
     have = np.flatnonzero((kinds == "partial_sum") & (roles == "output"))
     if not len(want) or not len(have) or not first.size:
         return
