@@ -88,11 +88,12 @@ test-generator: install
 	$(PY) -m pytest -q -rs -m needs_generator
 
 # the reader fuzzers and the C-vs-pure differential fuzzer (random seeds); make test runs a short fixed-seed slice of
-# both (scale 1). tools/fuzz_sanitized.sh (an ASan/UBSan build of the extension) is not wired in yet: under the
-# preloaded libasan its pytest run exits 1 without output in the dev container (issue #49, open)
+# both (scale 1). Then the differential fuzzer again against an ASan/UBSan build of the extension
+# (tools/fuzz_sanitized.sh; skipped, and said, without a C compiler or libasan)
 fuzz: install
 	PRECNB_FUZZ_SCALE=$(FUZZ_SCALE) PRECNB_FUZZ_RANDOM=1 $(PY) -m pytest -q -rs tests/test_fuzz_readers.py \
 	    tests/test_fuzz_differential.py
+	PRECNB_FUZZ_SCALE=$(FUZZ_SCALE) PRECNB_FUZZ_RANDOM=1 bash tools/fuzz_sanitized.sh $(PY)
 
 lint: install
 	$(VENV)/bin/ruff check precnb tests benchmarks tools

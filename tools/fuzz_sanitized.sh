@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# EXPERIMENTAL (not in `make fuzz` yet: under the preloaded libasan the pytest run exits 1 without output in the
-# dev container, unresolved). The differential fuzzer (tests/test_fuzz_differential.py) against an AddressSanitizer/UBSan build of the C
-# extension (issue #49): a copy of the package is built with -fsanitize=address,undefined in a temporary folder
-# and the fuzzer runs on it with libasan preloaded. Without a C compiler it says so and exits 0 (the pure path
+# The differential fuzzer (tests/test_fuzz_differential.py) against an AddressSanitizer/UBSan build of the C
+# extension (issue #49; run by `make fuzz`): a copy of the package is built with -fsanitize=address,undefined in a
+# temporary folder and the fuzzer runs on it with libasan preloaded. pytest captures at the Python level only
+# (--capture=sys): a sanitizer writes its report to file descriptor 2 and ends the process, and with pytest's
+# default fd capture that report went into the capture file with it (an exit 1 without a word). Without a C compiler it says so and exits 0 (the pure path
 # is all there is to fuzz then; `make fuzz` still runs the fuzzers on the normal build).
 # usage: tools/fuzz_sanitized.sh PYTHON [pytest args...]
 set -eu
@@ -30,4 +31,4 @@ ls "$TMP"/precnb/io/_craw*.so "$TMP"/precnb/io/_cwalk*.so >/dev/null
 echo "fuzz_sanitized: extension built with ASan/UBSan in $TMP"
 cd "$TMP"
 LD_PRELOAD="$ASAN" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  PYTHONPATH="$TMP" "$PY" -m pytest -p no:cacheprovider -q -rs "$@" tests/test_fuzz_differential.py
+  PYTHONPATH="$TMP" "$PY" -m pytest -p no:cacheprovider --capture=sys -q -rs "$@" tests/test_fuzz_differential.py

@@ -220,6 +220,8 @@ typedef struct {
 static int
 buf_add(buf *b, const void *x, Py_ssize_t n)
 {
+    if (n <= 0)  /* nothing to add: memcpy into a buffer not allocated yet (NULL) is undefined even for 0 bytes */
+        return 0;
     if (b->n + n > b->cap) {
         Py_ssize_t cap = b->cap ? b->cap * 2 : 4096;
         while (cap < b->n + n)

@@ -313,10 +313,13 @@ def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Data
     attach_plans(findings, target)
     if target is None or "run" in target.dims:
         return
+    from precnb.analysis.findings.optimizer import note_optimizer_parameter
+
     for f in findings:
         if getattr(f, "found", False):
             note_global_expert(f, target)
             note_starved_experts(f, target)
+            note_optimizer_parameter(f, target)
         missing = missing_gradients(f, target) if getattr(f, "found", False) else None
         if missing is not None:  # the finding says what the dump could not show, and the plan asks for it
             f.evidence["missing_records"] = missing

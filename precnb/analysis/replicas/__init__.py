@@ -39,13 +39,12 @@ from precnb.analysis.causal.dataflow import scalar_only_nodes
 from precnb.analysis.findings import Finding
 from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
+from precnb.analysis.replicas.candidates import REPLICATED_MONITOR_FAMILIES, candidates
 from precnb.dtypes import dtype_kind
-from precnb.schema import entry_meta
+from precnb.schema import STATS, entry_meta
 
 __all__ = ["REPLICATED_MONITOR_FAMILIES", "check_replicas", "replica_mismatches"]
 
-REPLICATED_MONITOR_FAMILIES = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq")
-STATS = ("max", "min", "mean", "norm")
 
 
 _MEMO = DatasetMemo()
@@ -131,88 +130,6 @@ def _no_tensor_input(ds: xr.Dataset, j: int, scalar_only: set[str] | None = None
     return str(ds["node"].values[j]) in nodes
 
 
-def _candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float,
-                present: np.ndarray, families: list[int]) -> np.ndarray:
-    """(family, step, tensor): tensors that must be replicated on the groups of each family (pipeline stage).
-
-    The vote "replicated at most steps" pools the steps whose labels name the same calls
-    (:func:`precnb.analysis.step_groups.step_groups`): a label that names another op from step 1 on is judged
-    at step 0 by step 0 alone.
-    """
-    from precnb.analysis.step_groups import step_groups
-
-    out = np.zeros((max(families, default=0) + 1, ds.sizes["step"], ds.sizes["tensor"]), bool)
-    parts = step_groups(ds)
-    for idx in parts:
-        out[:, idx, :] = _candidates_of(ds.isel(step=idx), dim, groups, ranks, rtol, present[idx],
-                                        families)[:, None, :]
-    if len(parts) > 1:  # a module's records are numbered by its own calls: judged over every step at once
-        from precnb.analysis.step_groups import label_meanings
-
-        module = np.isin(ds["kind"].values, ("module", "param_grad"))
-        meaning = label_meanings(ds)
-        same_call = (meaning == meaning[:1]).all(axis=0)
-        keep = module & same_call
-        if keep.any():
-            whole = _candidates_of(ds, dim, groups, ranks, rtol, present, families)
-            out[:, :, keep] = whole[:, None, keep]
-    return out
-
-
-def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[int], rtol: float,
-                   present: np.ndarray, families: list[int]) -> np.ndarray:
-    """(family, tensor): :func:`_candidates` on steps whose labels name the same calls."""
-    roles = ds["role"].values
-    apis = ds["api"].values
-    kinds = ds["kind"].values
-    n_f = max(families, default=0) + 1
-    must = (roles == "parameter") | ((kinds == "monitor") & np.isin(apis, REPLICATED_MONITOR_FAMILIES))
-    if dim == "dp":
-        return np.repeat(must[None, :], n_f, axis=0)
-    # tp/cp: tensors replicated (and not all-zero) at most of the steps recorded on the stage's groups; replicated
-    # means bit-identical here (copies of one computation are; different heads' softmax statistics can agree to
-    # 1e-6, the departure tolerance)
-    rtol = 0.0
-    pres = present
-    n_t = ds.sizes["tensor"]
-    rep_steps = np.zeros((n_f, n_t), np.int64)
-    rec_steps = np.zeros((n_f, n_t), np.int64)
-    first_ok = np.ones((n_f, n_t), bool)  # bit-identical at the first step that says anything
-    floats = np.fromiter((dtype_kind(str(d)) == "float" for d in ds["dtype"].values), bool, n_t)
-    for g, fam in zip(groups, families, strict=True):
-        idx = [ranks.index(r) for r in g]
-        allp = pres[:, idx, :].all(axis=1)  # (step, tensor)
-        same = np.ones(allp.shape, bool)
-        for s in STATS:
-            v = ds[s].values[:, idx, :]  # (step, n, tensor)
-            ref = v[:, :1, :]
-            scale = np.fmax(np.abs(ref), 1e-30)
-            with np.errstate(invalid="ignore"):
-                ok = (np.abs(v - ref) <= rtol * scale) | (np.isnan(v) & np.isnan(ref)) | (v == ref)
-            same &= ok.all(axis=1)
-        mx, mn = ds["max"].values[:, idx[0], :], ds["min"].values[:, idx[0], :]
-        # all zeros, or not finite (NaN on every rank after a fault is equal everywhere and says nothing)
-        degenerate = ((mx == 0) & (mn == 0)) | ~np.isfinite(mx) | ~np.isfinite(mn)
-        # small whole numbers (token counts per expert, indices, masks) agree by chance across ranks that count
-        # different things: a step where every statistic is a whole number does not vote "replicated"
-        mean0 = ds["mean"].values[:, idx[0], :]
-        with np.errstate(invalid="ignore"):
-            whole = (mx == np.round(mx)) & (mn == np.round(mn)) & (np.isnan(mean0) | (mean0 == np.round(mean0)))
-        rep_steps[fam] += (allp & same & ~degenerate & ~whole).sum(axis=0)
-        rec_steps[fam] += allp.sum(axis=0)
-        informative = allp & ~degenerate
-        first = np.argmax(informative, axis=0)
-        first_ok[fam] &= informative.any(axis=0) & np.take_along_axis(same, first[None, :], axis=0)[0]
-    # replicated at most steps, or (a floating-point tensor) bit-identical at the first step that shows it: a
-    # replica that departs for good at a later step is still a departure there
-    ok = (rec_steps > 0) & ((2 * rep_steps >= rec_steps) | (first_ok & floats[None, :]))
-    # a parameter gradient is a candidate like any tensor of the stage: replicated parameters' gradients are copies
-    # of one computation on every TP rank (a row-parallel bias, a layernorm without sequence parallelism); a
-    # sharded or partial one differs at every step and never qualifies
-    not_opt = ds["module"].values != "optimizer"
-    return ok & not_opt[None, :]
-
-
 def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = ("dp", "tp"),
                        rtol: float = 1e-6, aside: list[dict[str, Any]] | None = None
                        ) -> tuple[list[dict[str, Any]], int]:
@@ -292,7 +209,7 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
                 present = present & ~glue[None, None, :]
                 if aside is not None:
                     aside += glue_aside(ds, glue, glue_why)
-        cand = _candidates(ds, dim, groups, ranks, rtol, present, families)
+        cand = candidates(ds, dim, groups, ranks, rtol, present, families)
         caused = _caused(ds, groups, ranks, rtol, present, families) if dim != "dp" else \
             np.zeros(cand.shape, bool)
         cols = np.flatnonzero(cand.any(axis=(0, 1)) | caused.any(axis=(0, 1)))
