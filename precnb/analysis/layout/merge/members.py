@@ -21,11 +21,11 @@ def shard_holders(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray) -> di
     """For each merged shard entry, the member behind it, should it differ from a baseline (dump ranks, -1: none).
 
     ``shard_max_rank`` / ``shard_min_rank``: the one member that holds the merged Max / Min (-1 on a tie);
-    ``shard_odd_rank``: a member whose statistics are not finite while another's are, or, failing that, the
-    first member whose statistics equal a lower member's (it holds a copy of another rank's shard). A merged
-    shard is compared whole, so a baseline cannot say which shard departs; these name the member that
-    supplies a differing extreme, or the one that is odd among its group
-    (:func:`precnb.analysis.findings.evidence.shard_suspect`).
+    ``shard_odd_rank``: a member whose statistics are not finite while another's are. A merged shard is compared
+    whole, so a baseline cannot say which shard departs; these name the member that supplies a differing
+    extreme, or the one that is odd among its group (:func:`precnb.analysis.findings.evidence.shard_suspect`).
+    Whether a member holds a copy of another's shard is asked only of the finding's own entry, over every step
+    read (:func:`copied_shards`, by :mod:`precnb.pipeline.layout_names`): not of every entry of every merge.
     """
     dims = ("step", "rank", "tensor")
     n_s, n_t = ds.sizes["step"], ds.sizes["tensor"]
@@ -45,8 +45,6 @@ def shard_holders(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray) -> di
     finite = np.isfinite(stats).all(axis=-1)  # (step, G, n, tensor)
     bad = ~finite & finite.any(axis=2, keepdims=True)
     odd_pos = np.where(bad.any(axis=2), np.argmax(bad, axis=2), -1)
-    dup = copied_shards(stats, finite & sharded[:, None, None, :])
-    odd_pos = np.where(odd_pos >= 0, odd_pos, np.where(dup.any(axis=2), np.argmax(dup, axis=2), -1))
     si = np.arange(n_s)[:, None, None]
     ti = np.arange(n_t)[None, None, :]
     gi = np.arange(pos.shape[0])[None, :, None]
