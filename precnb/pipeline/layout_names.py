@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis.replicas.returned_grad import returned_grad_departures
+
 __all__ = ["attach_layout_names", "dump_location"]
 
 
@@ -137,6 +139,14 @@ def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: 
                     raws = [r for r in (earlier, raw) if r is not None]
                     at = int((f.values or {}).get("target_step", f.step))  # the target's own step number
                     copy = _copied_member(raws, members, local, at)
+                if copy is None and shard is None and raw is not None and f.tensor and \
+                        str(f.tensor).startswith(str(f.node)) and ".parameters_grad." in str(f.tensor):
+                    local = str(where["node"]) + str(f.tensor)[len(str(f.node)):]
+                    at = int((f.values or {}).get("target_step", f.step))
+                    own = returned_grad_departures(raw, local, step=at, ranks=members)
+                    if own is not None:  # copies of a returned parameter's gradient: the rank's own records
+                        shard = f.values["shard_rank"] = own["rank"]
+                        f.values["shard_why"] = own["why"]
                 vouched = (f.values or {}).get("shard_vouched") or []
                 rest = [r for r in members if r not in vouched]
                 if copy is None and shard is None and vouched and len(rest) == 1:

@@ -97,5 +97,7 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
     # a parameter gradient is a candidate like any tensor of the stage: replicated parameters' gradients are copies
     # of one computation on every TP rank (a row-parallel bias, a layernorm without sequence parallelism); a
     # sharded or partial one differs at every step and never qualifies
-    not_opt = ds["module"].values != "optimizer"
+    # (the training monitor's optimizer-state families are per-shard across TP; an optimizer call's list entries, a
+    # replicated parameter's gradient and state among them, are judged like any tensor)
+    not_opt = (ds["module"].values != "optimizer") | (kinds != "monitor")
     return ok & not_opt[None, :]

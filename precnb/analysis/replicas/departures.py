@@ -37,6 +37,7 @@ from precnb.analysis.findings import Finding
 from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
 from precnb.analysis.replicas.departure_inputs import RANDOM_OPS, _equal, crc_rows, is_random_op, scalar_args
+from precnb.analysis.replicas.returned_grad import returned_grad_departures
 
 __all__ = ["RANDOM_OPS", "check_departures", "crc_rows", "departure_events", "is_random_op", "scalar_args"]
 
@@ -111,6 +112,11 @@ def _decide(run: _Run, base: _Run | None, ev: dict[str, Any], rtol: float) -> No
         ev["wrong_side"], ev["decided_by"] = sorted(ev["departing_ranks"]), "majority"
         return
     ev["wrong_side"], ev["decided_by"] = [], None
+    own = returned_grad_departures(run.ds, ev["tensor"], step=step, ranks=list(group)) \
+        if ev["role"] == "grad" else None
+    if own is not None:  # a returned parameter's gradient: each rank's own backward records decide
+        ev["wrong_side"], ev["decided_by"], ev["own_records"] = [own["rank"]], "own_records", own["why"]
+        return
     if base is None:
         return
     col, bcol = run.col[ev["tensor"]], base.col.get(ev["tensor"])
@@ -256,6 +262,9 @@ def departure_events(
     return events, aside
 
 
+_ROLE_TEXT = {"grad": "a parameter gradient", "parameter": "a parameter", "input": "an input"}
+
+
 def _aside_text(a: Mapping[str, Any]) -> str:
     where = a.get("node") or ((a.get("examples") or [{}])[0].get("tensor")) or "?"
     return f"set aside: {where}" + (f" at step {a['step']}" if "step" in a else "") + f": {a.get('why', '')}"
@@ -264,7 +273,8 @@ def _aside_text(a: Mapping[str, Any]) -> str:
 def _reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> str:
     g = ev["group"]
     dim = ev["dim"].upper()
-    judge = "the clean run" if ev["decided_by"] == "baseline" else "the majority"
+    judge = {"baseline": "the clean run", "own_records": "a check of each rank's own records"}.get(ev["decided_by"],
+                                                                                     "the majority")
     who = (f"rank {ev['wrong_side'][0]} is wrong ({judge} decides)" if ev["wrong_side"] else
            f"ranks {g[0]} and {g[1]} disagree; a pair cannot say which side is wrong (both are candidates)"
            if len(g) == 2 else f"ranks {ev['departing_ranks']} depart")
@@ -279,9 +289,13 @@ def _reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> str:
         what = {"unsynchronised_seed": "a random op outside any model-parallel RNG region: an unsynchronised seed",
                 "compute_fault": "a compute fault on that device, or a non-deterministic kernel"}[ev["cause"]]
         head = f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']} while {ins}: {what}"
+    elif ev.get("own_records"):  # created where it is recorded: the rank's own records disagree
+        head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}: {ev['own_records']} "
+                "(the gradient was changed after the backward pass computed it)")
     else:
         src = ev.get("inherited_from")
-        what = "its inputs already differ" if ev["role"] == "output" else f"it is {ev['role']}, not an op's output"
+        what = "its inputs already differ" if ev["role"] == "output" else \
+            f"it is {_ROLE_TEXT.get(ev['role'], ev['role'])}, not an op's output"
         head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}; {what}: "
                 + (f"inherited from the departure at step {src['step']} ({src['node']})" if src else
                    "inherited from an earlier difference no checked tensor shows"))
