@@ -157,3 +157,30 @@ def test_scanner_follows_strings_and_depth():
     assert text[whole_scan.cut - 4:whole_scan.cut + 1] == b"[2]],"
     assert _scan.find_data(b'{"x": "\\"data\\": {", "d": {"data": {}}, "data":{}}') == 47
     assert _scan.find_data(b'{"x": 1}') == -1
+
+
+@pytest.mark.parametrize("indent", [1, None], ids=["msprobe layout", "one line"])
+def test_a_record_with_a_long_string_is_read_batch_by_batch(tmp_path, monkeypatch, small_blocks, indent):
+    """A 2 MB string (256 blocks of 8 KiB, escaped quotes and backslashes in it) is read batch by batch like the
+    whole parse, each byte fed to the structure scanner once (issue 49: a 50 MB string took 55 s, the buffer copied
+    and searched whole at every block; the growing buffer is now a bytearray searched in its new block only)."""
+    doc, _sides = _doc(SAMPLES[0])
+    name = next(iter(doc["data"]))
+    long = ('a\\"b\\\\' + "x" * 1000) * 2000
+    doc["data"][name]["long"] = long
+    folder = tmp_path / "step0" / "rank0"
+    folder.mkdir(parents=True)
+    size = (folder / "dump.json").write_text(json.dumps(doc, indent=indent))
+    fed: list[int] = []
+    real = _scan.Scanner.feed
+
+    def feed(self, buf, start):
+        fed.append(len(buf) - start)
+        return real(self, buf, start)
+
+    monkeypatch.setattr(_scan.Scanner, "feed", feed)
+    assert not check_folder(folder, monkeypatch), "the batched parse gave up"
+    fed.clear()
+    got = [d for top, d in _json.parts(folder / "dump.json") if not top]
+    assert any(d.get(name, {}).get("long") == long for d in got)
+    assert sum(fed) <= 2 * size  # linear: no byte scanned again as the buffer grows

@@ -191,7 +191,7 @@ def _head(fh: IO[bytes]) -> tuple[bytes, bytes | None, bytes]:
     return buf[:brace], None, buf[brace + 1:]
 
 
-def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None,
+def _pieces(fh: IO[bytes], buf: bytes | bytearray, indent: bytes | None,
             size: int | None = None) -> Iterator[tuple[bytes, bytes | None]]:
     """``(records, None)`` pieces of ``data``'s text between records, then ``(last records, text after data)``.
 
@@ -204,15 +204,18 @@ def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None,
     sep = b"\n" + indent + b"}," if indent is not None else None
     scan = Scanner() if sep is None else None
     scanned = 0  # bytes of buf the scanner has seen
+    # a growing buffer (a record of 50 MB is read in hundreds of blocks: appending to bytes would copy it each time,
+    # and the separator is looked for in the new block only, the rest of the buffer holding none)
+    buf = bytearray(buf)
     while True:
         block = fh.read(size)
         if block:
             buf += block
             if scan is None and sep is not None:
-                cut = buf.rfind(sep)
+                cut = buf.rfind(sep, max(0, len(buf) - len(block) - len(sep) + 1))
                 if cut >= 0:
                     end = cut + len(sep) - 1  # the comma after a record's closing brace
-                    piece, buf = buf[:end], buf[end + 1:]
+                    piece, buf = bytes(buf[:end]), buf[end + 1:]
                     yield piece, None
                     continue
                 if len(buf) < long:
@@ -223,13 +226,13 @@ def _pieces(fh: IO[bytes], buf: bytes, indent: bytes | None,
         scan.feed(buf, scanned)
         scanned = len(buf)
         if scan.end >= 0:
-            yield buf[:scan.end], buf[scan.end + 1:] + fh.read()
+            yield bytes(buf[:scan.end]), bytes(buf[scan.end + 1:]) + fh.read()
             return
         if not block:
             raise NotBatchableError  # the file ends inside data
         if scan.cut >= 0:
             end = scan.cut
-            piece, buf = buf[:end], buf[end + 1:]
+            piece, buf = bytes(buf[:end]), buf[end + 1:]
             scan.rebase(end + 1)
             scanned -= end + 1
             yield piece, None

@@ -31,9 +31,12 @@ _QUOTE, _BACKSLASH, _COMMA = 34, 92, 44
 _WS = b" \t\r\n"
 
 
-def _unescaped(buf: bytes, quotes: np.ndarray) -> np.ndarray:
-    """The quotes of *quotes* (positions in *buf*) not escaped by an odd run of backslashes before them."""
-    if buf.find(b"\\") < 0 or not len(quotes):
+def _unescaped(buf: bytes | bytearray, quotes: np.ndarray) -> np.ndarray:
+    """The quotes of *quotes* (positions in *buf*) not escaped by an odd run of backslashes before them.
+
+    Looks only before the quotes (a search of the whole buffer, fed again and again as it grows, is quadratic).
+    """
+    if not len(quotes):
         return quotes
     arr = np.frombuffer(buf, np.uint8)
     cand = quotes[(quotes > 0) & (arr[np.maximum(quotes - 1, 0)] == _BACKSLASH)]
@@ -49,7 +52,7 @@ def _unescaped(buf: bytes, quotes: np.ndarray) -> np.ndarray:
     return np.setdiff1d(quotes, np.asarray(escaped, np.int64), assume_unique=True) if escaped else quotes
 
 
-def _structure(buf: bytes, start: int, in_string: bool) -> tuple[np.ndarray, np.ndarray, int]:
+def _structure(buf: bytes | bytearray, start: int, in_string: bool) -> tuple[np.ndarray, np.ndarray, int]:
     """(positions of braces / brackets outside strings in ``buf[start:]``, their depth steps, quotes seen)."""
     arr = np.frombuffer(buf, np.uint8)[start:]
     quotes = _unescaped(buf, np.flatnonzero(arr == _QUOTE) + start)
@@ -82,7 +85,7 @@ class Scanner:
         self.end = -1
         self._pending = -1  # a record end whose comma is not in the buffer yet
 
-    def feed(self, buf: bytes, start: int) -> None:
+    def feed(self, buf: bytes | bytearray, start: int) -> None:
         """Scan ``buf[start:]`` (``buf[:start]`` was scanned before, in the same buffer or its tail)."""
         if self.end >= 0:
             return  # the object is closed: what follows is not its business
