@@ -70,4 +70,17 @@ def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay
                               like=like[1] if like else None, merge_dp=t_dp_merge)
         if notes is not None:
             notes.append(f"target shards merged ({t_m.describe()})")
+    if merged_base is not None:  # a pipeline run's stage-local optimizer lists in the other run's order
+        from precnb.analysis.layout.optimizer_lists import align_optimizer_lists
+
+        staged = [lay is not None and (lay.pp > 1 or lay.vpp > 1) for lay in (b_m, t_m)]
+        if staged[1] and not staged[0]:
+            target, n = align_optimizer_lists(target, merged_base)
+        elif staged[0] and not staged[1]:
+            merged_base, n = align_optimizer_lists(merged_base, target)
+        else:
+            n = 0
+        if n and notes is not None:
+            notes.append(f"the pipeline stages' optimizer lists renamed to the other run's order by the parameter "
+                         f"each entry holds ({n} entries)")
     return merged_base, target

@@ -108,7 +108,8 @@ class _Entry:
         self.tab, self.si, self.ri = tab, si, ri
         self.rel, self.both = tab.rel[si, ri], tab.both[si, ri]
         scale = np.fmax(_scale(tab.b, si, ri), _scale(tab.t, si, ri))
-        self.err = self.rel * scale  # the absolute difference, roughly
+        with np.errstate(invalid="ignore", over="ignore"):
+            self.err = self.rel * scale  # the absolute difference, roughly
         self._producers: dict[bytes, list[tuple[int, int]]] | None = None
 
     def carried(self, c: int, factor: float) -> bool:
@@ -137,13 +138,13 @@ class _Entry:
             norm = tab.norm[self.si, self.ri]
             big = np.sort(norm[ins])[-2:]
             with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                cond = float(big[0]) * float(big[1]) / float(norm[c])
+                cond = float(big[0]) * float(big[1]) / np.float64(norm[c])
             worst = float(worst) * (cond if np.isfinite(cond) and cond > 1 else 1.0)
         if params:
             norm = tab.norm[self.si, self.ri]
             made = max(float(worst), float(self.rel[params].max()))
             with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                cond = float(norm[ins].max() if ins else 0.0) * float(norm[params].max()) / float(norm[c])
+                cond = float(norm[ins].max() if ins else 0.0) * float(norm[params].max()) / np.float64(norm[c])
             worst = made * (cond if np.isfinite(cond) and cond > 1 else 1.0)
             ins = ins + params
         return bool(worst > 0 and (self.rel[c] <= factor * worst or self.err[c] <= factor * self.err[ins].sum()))
@@ -212,7 +213,7 @@ class _Entry:
         norm = tab.norm[self.si, self.ri]
         made = max(float(self.rel[ins].max()), float(self.rel[params].max()))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            cond = float(norm[ins].max()) * float(norm[params].max()) / float(norm[c])
+            cond = float(norm[ins].max()) * float(norm[params].max()) / np.float64(norm[c])
         return made * (cond if np.isfinite(cond) and cond > 1 else 1.0)
 
 
@@ -262,7 +263,7 @@ def _product_noise(rel: np.ndarray, norm: np.ndarray, fwd: list[int], bwd: list[
     if rx + rg <= 0:
         return 0.0
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        cond = float(norm[fwd].max()) * float(norm[bwd].max()) / float(norm[c])
+        cond = float(norm[fwd].max()) * float(norm[bwd].max()) / np.float64(norm[c])
     return (rx + rg) * (cond if np.isfinite(cond) and cond > 1 else 1.0)
 
 

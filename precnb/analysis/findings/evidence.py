@@ -76,8 +76,9 @@ def departing_copy(ds: xr.Dataset, baseline: dict[str, Any], *, step: int, rank:
     if other < 0:
         return None
     first = entry_values(ds, step=step, rank=rank, tensor=tensor)
-    copy = {s: (None if np.isnan(float(e[f"copy_{s}"])) else float(e[f"copy_{s}"]))
-            for s in ("max", "min", "mean", "norm")}
+    # the copy is there (copy_rank >= 0): a NaN among its statistics is its value (a copy that went NaN departs), not
+    # an absent statistic
+    copy = {s: float(e[f"copy_{s}"]) for s in ("max", "min", "mean", "norm")}
     first_rank = int(e["copy_first_rank"]) if "copy_first_rank" in ds.data_vars else None
     if _stat_distance(copy, baseline) > _stat_distance(first, baseline):
         return {"rank": other, "agrees": first_rank, "values": copy}

@@ -144,6 +144,8 @@ def _signature(arr: dict[str, np.ndarray], si: int, ri: int, j: int, dtypes: np.
     if numel <= 1:
         return None  # scalars and empty tensors match too much
     vals = np.array([arr[s][si, ri, j] for s in ("max", "min", "mean", "norm")], np.float64)
+    if np.isnan(vals).any():
+        return None  # NaN statistics name no tensor: every tensor a NaN reached has them (a by-design -inf fill does)
     return f"{numel}|{dtypes[j]}|".encode() + vals.tobytes()
 
 

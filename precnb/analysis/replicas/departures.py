@@ -112,9 +112,7 @@ def _decide(run: _Run, base: _Run | None, ev: dict[str, Any], rtol: float) -> No
         ev["wrong_side"], ev["decided_by"] = sorted(ev["departing_ranks"]), "majority"
         return
     ev["wrong_side"], ev["decided_by"] = [], None
-    own = returned_grad_departures(run.ds, ev["tensor"], step=step, ranks=list(group)) \
-        if ev["role"] == "grad" else None
-    if own is not None:  # a returned parameter's gradient: each rank's own backward records decide
+    if ev["role"] == "grad" and (own := returned_grad_departures(run.ds, ev["tensor"], step=step, ranks=list(group))):
         ev["wrong_side"], ev["decided_by"], ev["own_records"] = [own["rank"]], "own_records", own["why"]
         return
     if base is None:
@@ -262,9 +260,6 @@ def departure_events(
     return events, aside
 
 
-_ROLE_TEXT = {"grad": "a parameter gradient", "parameter": "a parameter", "input": "an input"}
-
-
 def _aside_text(a: Mapping[str, Any]) -> str:
     where = a.get("node") or ((a.get("examples") or [{}])[0].get("tensor")) or "?"
     return f"set aside: {where}" + (f" at step {a['step']}" if "step" in a else "") + f": {a.get('why', '')}"
@@ -295,7 +290,7 @@ def _reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> str:
     else:
         src = ev.get("inherited_from")
         what = "its inputs already differ" if ev["role"] == "output" else \
-            f"it is {_ROLE_TEXT.get(ev['role'], ev['role'])}, not an op's output"
+            f"it is {'a parameter gradient' if ev['role'] == 'grad' else 'a ' + ev['role']}, not an op's output"
         head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}; {what}: "
                 + (f"inherited from the departure at step {src['step']} ({src['node']})" if src else
                    "inherited from an earlier difference no checked tensor shows"))

@@ -1,0 +1,139 @@
+"""A pipeline run's optimizer lists in another run's order: each stage's entries named by the parameter they hold.
+
+Each pipeline stage calls its fused optimizer (``Torch._fused_adamw_``) on its own parameters, in its own list
+order; stitched into the whole model they are separate calls (``…_fused_adamw_.0`` for stage 0, ``.1`` for stage
+1) with no counterpart in an unsharded run, so an optimizer-state fault was seen only one step later, in the
+parameters it changed. The optimizer runs after the backward and before any parameter changes, so entry *k* of
+its parameter list (``input.0.k``) holds, bit for bit, the statistics of one parameter record of that step: the
+parameter identifies the entry in both runs, and every list of the call (gradients, moments, step counts) follows
+the parameter list's order. :func:`align_optimizer_lists` renames the stitched run's entries to the other run's
+labels when every entry is identified in both, one to one; otherwise nothing is renamed. Parameters whose
+statistics are equal (layernorm weights of ones, zero biases, before their first update) are told apart by the
+list's order: a stage's list holds its parameters in the model's order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+__all__ = ["align_optimizer_lists"]
+
+_ENTRY = re.compile(r"^(?P<node>.+\.(?P<call>\d+)\.forward)\.input\.(?P<list>\d+)\.(?P<entry>\d+)$")
+_PARAM = re.compile(r"^(?P<owner>.+?)\.(?:forward|backward)\.\d+\.parameters\.(?P<name>[^.]+)$")
+_STATS = ("max", "min", "mean", "norm")
+
+
+def _entries(ds: xr.Dataset) -> dict[tuple[str, int], dict[int, int]]:
+    """(optimizer node, entry) -> {list: column} of the fused optimizer calls' list entries."""
+    from precnb.analysis.layout.rank_args import is_optimizer_api
+
+    out: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+    for j, (t, api) in enumerate(zip(ds["tensor"].values.tolist(), ds["api"].values.tolist(), strict=True)):
+        m = _ENTRY.match(str(t))
+        if m is not None and is_optimizer_api(str(api)):
+            out[(m["node"], int(m["entry"]))][int(m["list"])] = j
+    return out
+
+
+def _identities(ds: xr.Dataset, entries: dict[tuple[str, int], dict[int, int]]) -> dict[tuple[str, int], str]:
+    """(optimizer node, entry) -> the parameter its parameter-list entry holds (``owner/name``), where one does."""
+    params: list[tuple[int, str]] = []
+    for j, t in enumerate(ds["tensor"].values.tolist()):
+        if ds["role"].values[j] == "parameter":
+            m = _PARAM.match(str(t))
+            if m is not None:
+                params.append((j, f"{m['owner']}/{m['name']}"))
+    if not params:
+        return {}
+    stats = np.stack([np.asarray(ds[s].values, np.float64) for s in _STATS], axis=-1)  # (step, rank, tensor, 4)
+    present = np.asarray(ds["present"].values, bool)
+    pcols = np.array([j for j, _ in params])
+    pnames = [n for _, n in params]
+    out: dict[tuple[str, int], str] = {}
+    tied: dict[frozenset[str], list[tuple[str, int]]] = defaultdict(list)
+    for key, lists in entries.items():
+        if 0 not in lists:
+            continue
+        j = lists[0]
+        cands: set[str] | None = None
+        for si, ri in np.argwhere(present[:, :, j]):
+            if not np.isfinite(stats[si, ri, j]).all():
+                continue
+            same = present[si, ri, pcols] & (stats[si, ri, pcols] == stats[si, ri, j]).all(axis=-1)
+            here = {pnames[i] for i in np.flatnonzero(same)}
+            cands = here if cands is None else cands & here
+            if not cands:
+                break
+        if cands is not None and len(cands) == 1:
+            out[key] = cands.pop()
+        elif cands:
+            tied[frozenset(cands)].append(key)
+    # parameters with equal statistics (layernorm weights of ones, zero biases before the first update): as many
+    # entries as parameters, the list in the model's order (a stage's list is its parameters in module order)
+    first: dict[str, int] = {}
+    for i, n in enumerate(pnames):
+        first.setdefault(n, i)
+    for group, keys in tied.items():
+        if len(keys) == len(group):
+            for key, name in zip(sorted(keys), sorted(group, key=first.__getitem__), strict=True):
+                out[key] = name
+    return out
+
+
+def align_optimizer_lists(ds: xr.Dataset, ref: xr.Dataset) -> tuple[xr.Dataset, int]:
+    """*ds* with its fused optimizer list entries renamed to *ref*'s labels for the same parameters.
+
+    Returns ``(dataset, entries renamed)``; *ds* unchanged (0) unless every optimizer entry of *ds* and of *ref*
+    is identified by its parameter (unique statistics among the parameter records, at every step and rank that
+    has it), one to one, and some label changes. Renamed tensors lose a pipeline stitch's stage-local mark.
+
+    Examples
+    --------
+    >>> from precnb.schema import empty_dataset
+    >>> align_optimizer_lists(empty_dataset(), empty_dataset())[1]
+    0
+    """
+    mine, theirs = _entries(ds), _entries(ref)
+    if not mine or not theirs:
+        return ds, 0
+    ids, ref_ids = _identities(ds, mine), _identities(ref, theirs)
+    if len(ids) != len(mine) or len(ref_ids) != len(theirs):
+        return ds, 0
+    by_param = {p: key for key, p in ref_ids.items()}
+    if len(by_param) != len(ref_ids) or len(set(ids.values())) != len(ids) or set(ids.values()) != set(by_param):
+        return ds, 0
+    labels = [str(t) for t in ds["tensor"].values]
+    nodes = ds["node"].values.copy()
+    moved: dict[int, int] = {}  # column in ds -> column in ref
+    for key, lists in mine.items():
+        target = theirs[by_param[ids[key]]]
+        if set(lists) != set(target):
+            return ds, 0
+        for lst, j in lists.items():
+            moved[j] = target[lst]
+    ref_labels = ref["tensor"].values
+    new = list(labels)
+    for j, k in moved.items():
+        new[j] = str(ref_labels[k])
+        nodes[j] = ref["node"].values[k]
+    if len(set(new)) != len(new) or new == labels:
+        return ds, 0
+    cols = np.array(sorted(moved))
+    src = np.array([moved[j] for j in cols])
+    coords: dict[str, Any] = {"tensor": np.array(new, dtype=object), "node": ("tensor", nodes)}
+    for name in ("call", "shape"):
+        if name in ds.coords and name in ref.coords and ds[name].dims == ("tensor",):
+            vals = ds[name].values.copy()
+            vals[cols] = ref[name].values[src]
+            coords[name] = ("tensor", vals)
+    for name in ("shard_kind_pp", "shard_reason_pp"):
+        if name in ds.coords:
+            vals = ds[name].values.copy()
+            vals[cols] = ""
+            coords[name] = ("tensor", vals)
+    return ds.assign_coords(coords), len(moved)
