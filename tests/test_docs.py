@@ -1,0 +1,35 @@
+"""The documentation site builds (issue #52): ``make docs``, offline and strict (docs/README.md).
+
+Skipped, saying so, where the ``docs`` extra (mkdocs, mkdocstrings) is not installed: ``make docs`` installs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+needs_docs_tooling = pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None,
+    reason="the docs tooling is not installed (pip install -e '.[docs]', or `make docs`)",
+)
+
+
+@pytest.mark.slow
+@needs_docs_tooling
+def test_the_site_builds_strict_and_offline(tmp_path):
+    """``mkdocs build --strict``: no warning, no broken internal link or anchor; the key pages are there."""
+    site = tmp_path / "site"
+    env = {**os.environ, "PRECNB_DOCS_REPORTS": "0", "PYTHONPATH": str(ROOT)}  # the reports: tested elsewhere
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                           "-d", str(site)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for page in ("index.html", "ARCHITECTURE.html"):
+        assert (site / page).is_file(), page
+    assert "precnb" in (site / "index.html").read_text(encoding="utf-8")
