@@ -32,7 +32,8 @@ help:
 	@echo "make typecheck  mypy on the typed core ([tool.mypy] files in pyproject.toml: schema, io, analysis, pipeline, widgets)"
 	@echo "make samples regenerate data_samples/ with real msprobe + CPU torch (tools/samples)"
 	@echo "make msprobe-matrix  regenerate tests/fixtures/msprobe_releases/ (one venv per msprobe release in"
-	@echo "             $(MATRIX_VENVS); ONLY='26.2.0 1.0.1' for some releases) and print the README table"
+	@echo "             $(MATRIX_VENVS); ONLY='26.2.0 1.0.1' for some releases) and rewrite the release table of"
+	@echo "             docs/guide/msprobe-releases.md"
 	@echo "make bench   run every script of benchmarks/ and write benchmarks/RESULTS*.md (MSPROBE=path: msprobe)"
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
 	@echo "make docs   install the docs extra, build the documentation site offline into $(DOCS_OUT)/ (strict:"
@@ -114,13 +115,14 @@ samples: install
 
 # the msprobe release conformance matrix (tools/msprobe_matrix/README.md): every mindstudio-probe release on PyPI in
 # a venv of its own beside torch 2.13.0 CPU, the same tiny training dumped by each, the release's own compare reading
-# stored beside each dump; then the README table (precnb's reading of them, needs the installed precnb)
+# stored beside each dump; then the release table of docs/guide/msprobe-releases.md (precnb's reading of them, needs
+# the installed precnb)
 MATRIX_OUT ?= tests/fixtures/msprobe_releases
 MATRIX_VENVS ?= /work/venvs
 msprobe-matrix: install
 	MSPROBE_MATRIX_VENVS=$(MATRIX_VENVS) python3 tools/msprobe_matrix/generate.py --out $(MATRIX_OUT) \
 	    $(if $(ONLY),--only $(ONLY))
-	$(PY) tools/msprobe_matrix/generate.py --out $(MATRIX_OUT) --table --readme README.md
+	$(PY) tools/msprobe_matrix/generate.py --out $(MATRIX_OUT) --table --readme docs/guide/msprobe-releases.md
 
 # MSPROBE=/path/to/msprobe: the msprobe executable for the side-by-side rows (default: beside $(PY), else PATH;
 # e.g. the generator's venv). make test runs every script at a tiny size (tests/test_benchmarks_smoke.py).

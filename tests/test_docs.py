@@ -33,3 +33,17 @@ def test_the_site_builds_strict_and_offline(tmp_path):
     for page in ("index.html", "ARCHITECTURE.html"):
         assert (site / page).is_file(), page
     assert "precnb" in (site / "index.html").read_text(encoding="utf-8")
+
+
+def test_readme_is_short_and_its_links_resolve():
+    """The README is the two-minute page (≤ 150 lines); everything else moved to docs/, and every link resolves."""
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    assert "make demo" in text and "make test" in text and "## Quick start" in text
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert links
+    for link in links:
+        if "://" not in link:
+            assert (ROOT / link).exists(), link
