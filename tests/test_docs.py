@@ -30,9 +30,20 @@ def test_the_site_builds_strict_and_offline(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                            "-d", str(site)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for page in ("index.html", "ARCHITECTURE.html"):
+    for page in ("index.html", "ARCHITECTURE.html", "guide/diagnose.html", "guide/layouts.html",
+                 "guide/msprobe-releases.html", "reference/finding-schema.html"):
         assert (site / page).is_file(), page
     assert "precnb" in (site / "index.html").read_text(encoding="utf-8")
+    # the generated reference: every verb of the parser, every public name of precnb
+    import precnb
+    from precnb.cli import build_parser
+
+    cli = (site / "reference" / "cli.html").read_text(encoding="utf-8")
+    verbs = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    assert verbs and all(f'id="precnb-{v}"' in cli for v in verbs)
+    assert "Exit codes" in cli and "--scheduler" in cli
+    api = (site / "reference" / "api.html").read_text(encoding="utf-8")
+    assert all(f"precnb.{name}" in api for name in precnb.__all__ if name != "__version__")
 
 
 def test_readme_is_short_and_its_links_resolve():
