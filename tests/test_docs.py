@@ -58,3 +58,51 @@ def test_readme_is_short_and_its_links_resolve():
     for link in links:
         if "://" not in link:
             assert (ROOT / link).exists(), link
+
+
+def _blocks(lang: str) -> list[tuple[str, str]]:
+    """``(page, body)`` of every fenced *lang* block of the incident guides."""
+    import re
+
+    out = []
+    for page in sorted((ROOT / "docs" / "incidents").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        out += [(page.name, m.group(1)) for m in re.finditer(rf"^```{lang}\n(.*?)^```$", text, re.S | re.M)]
+    return out
+
+
+CONSOLE = _blocks("console")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("page", "block"), CONSOLE, ids=[f"{p}:{i}" for i, (p, _) in enumerate(CONSOLE)])
+def test_incident_guide_output_is_what_the_command_prints(page, block):
+    """Each ``console`` block of docs/incidents is ``$ precnb ...`` and the output it printed: run it again."""
+    import shlex
+
+    first, _, shown = block.partition("\n")
+    assert first.startswith("$ precnb "), (page, first)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
+    proc = subprocess.run([sys.executable, "-m", "precnb", *shlex.split(first[len("$ precnb "):])], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.rstrip("\n") == shown.rstrip("\n"), f"{page}: `{first[2:]}` prints otherwise now: " \
+        "paste its output into the page"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", sorted({p for p, _ in _blocks("python")}))
+def test_incident_guide_notebook_cells_run(page):
+    """The ``python`` blocks of an incident guide run, in order, in one interpreter (as notebook cells)."""
+    code = "\n".join(body for p, body in _blocks("python") if p == page)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # what the page says they print ("prints (this ran):" and a text block)
+    import re
+
+    text = (ROOT / "docs" / "incidents" / page).read_text(encoding="utf-8")
+    shown = re.findall(r"^prints \(this ran\):\n\n```text\n(.*?)^```$", text, re.S | re.M)
+    assert shown
+    assert proc.stdout.rstrip("\n") == "".join(shown).rstrip("\n"), f"{page}: paste the cells' output again"
