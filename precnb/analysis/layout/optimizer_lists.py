@@ -50,7 +50,11 @@ def _identities(ds: xr.Dataset, entries: dict[tuple[str, int], dict[int, int]]) 
                 params.append((j, f"{m['owner']}/{m['name']}"))
     if not params:
         return {}
-    stats = np.stack([np.asarray(ds[s].values, np.float64) for s in _STATS], axis=-1)  # (step, rank, tensor, 4)
+    # the statistics and the element count (zero biases of different sizes are told apart)
+    cols = [np.asarray(ds[s].values, np.float64) for s in _STATS]
+    if "numel" in ds.data_vars:
+        cols.append(np.asarray(ds["numel"].values, np.float64))
+    stats = np.stack(cols, axis=-1)  # (step, rank, tensor, 4 or 5)
     present = np.asarray(ds["present"].values, bool)
     pcols = np.array([j for j, _ in params])
     pnames = [n for _, n in params]
