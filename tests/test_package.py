@@ -117,8 +117,10 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     py, cli = str(core_venv / "bin" / "python"), str(core_venv / "bin" / "precnb")
     site = core_venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     heavy = _run(core_venv, py, "-c", "import importlib.util as u; print([m for m in ('altair', 'ipywidgets', "
-                 "'nbformat', 'jinja2', 'torch') if u.find_spec(m)])", cwd=tmp_path)
+                 "'nbformat', 'jinja2', 'torch', 'dask', 'distributed', 'pyarrow') if u.find_spec(m)])", cwd=tmp_path)
     assert "altair" not in heavy.stdout and "ipywidgets" not in heavy.stdout and "nbformat" not in heavy.stdout
+    # dask is the dask extra (no core dependency pulls it in), pyarrow no dependency at all
+    assert "dask" not in heavy.stdout and "distributed" not in heavy.stdout and "pyarrow" not in heavy.stdout
     where = _run(core_venv, py, "-c", "import precnb; print(precnb.__file__); "
                  "print(precnb.sample_path('dp_nan'))", cwd=tmp_path)
     assert where.returncode == 0, where.stderr
@@ -155,6 +157,9 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "t.ipynb").exists()
     api = _run(core_venv, py, "-c", "import precnb; precnb.write_html", cwd=tmp_path)
     assert api.returncode == 1 and "pip install 'precnb[notebook]'" in api.stderr
+    # a Dask cluster needs the dask extra: a usage error naming it (tests/test_without_dask.py)
+    sched = _run(core_venv, cli, "nan", sample, "--scheduler", "tcp://127.0.0.1:1", cwd=tmp_path)
+    assert sched.returncode == 2 and "pip install 'precnb[dask]'" in sched.stderr, sched.stderr
 
 
 @pytest.mark.slow
