@@ -22,7 +22,7 @@ PYTEST_CI := -q -rs -m "not needs_generator" -n auto --maxprocesses 4 --dist loa
 
 help:
 	@echo "make demo    install, then run precnb on the bundled samples (writes $(OUT)/)"
-	@echo "make test    install (incl. Debian chromium for browser tests), then run the test suite"
+	@echo "make test    install (incl. Debian chromium and npm, as root), then run the test suite"
 	@echo "             (without the needs_generator tests; prints why tests were skipped)"
 	@echo "make test-generator  install the generator (tools/samples: torch, msprobe), run only the needs_generator tests"
 	@echo "make fuzz    the reader fuzzing and the C-vs-pure differential fuzzer with a long budget"
@@ -48,12 +48,23 @@ $(STAMP): pyproject.toml setup.py $(CEXT)
 
 install: $(STAMP)
 
-# Debian chromium for the real-browser tests (root on a fresh machine; skipped if present)
+# the Debian packages make test uses: chromium for the real-browser tests, npm for the offline nbconvert template
+# (make offline-template fetches its JavaScript with `npm pack`). Root on a fresh machine: apt-get installs what is
+# missing; otherwise each missing one is named with what needs it, and only the tests that need it skip
 system-deps:
-	@if [ ! -x $(CHROMIUM) ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	  else echo "chromium missing: run 'sudo apt-get install chromium' (browser tests will skip)"; fi; \
+	@missing=""; \
+	[ -x $(CHROMIUM) ] || missing="$$missing chromium"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "system-deps: apt-get install$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    case "$$missing" in *chromium*) echo "chromium missing: run 'sudo apt-get install chromium'" \
+	      "(browser tests will skip)";; esac; \
+	    case "$$missing" in *npm*) echo "npm missing: run 'sudo apt-get install npm' (the offline notebook" \
+	      "template is not built: the tests that export with it will skip)";; esac; \
+	  fi; \
 	fi
 
 demo: install
@@ -70,8 +81,11 @@ demo: install
 	@echo "demo finished; outputs in $(OUT)/"
 
 # offline nbconvert HTML template (require.js, vega-embed, anywidget, ipywidgets html-manager inlined):
-# pinned npm packages fetched with `npm pack` at build time, nothing third-party committed
+# pinned npm packages fetched with `npm pack` at build time, nothing third-party committed. Needs npm
+# (make system-deps installs it as root); make test builds it when npm is there and says so when it is not
 $(OFFLINE_TEMPLATE): tools/build_offline_template.sh $(STAMP)
+	@command -v npm >/dev/null 2>&1 || { echo "make offline-template: npm missing: run 'sudo apt-get install npm'" \
+	    "(or make system-deps as root)" >&2; exit 1; }
 	bash tools/build_offline_template.sh $(NBTEMPLATES) $(PY)
 
 offline-template: $(OFFLINE_TEMPLATE)
@@ -79,7 +93,12 @@ offline-template: $(OFFLINE_TEMPLATE)
 notebooks: install
 	$(PY) tools/strip_notebooks.py
 
-test: install system-deps offline-template
+# the offline template is built when npm is there (system-deps installs it as root); without npm the tests that
+# export with it skip, saying so (pytest -rs)
+test: install system-deps
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory offline-template; \
+	else echo "make test: npm missing ('sudo apt-get install npm'): the offline template is not built, the tests" \
+	    "exporting with it skip"; fi
 	@echo "make test: the needs_generator tests (torch / msprobe / MindSpore) are deselected; make test-generator runs them"
 	$(PY) -m pytest $(PYTEST_CI)
 

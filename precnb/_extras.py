@@ -1,7 +1,8 @@
 """Optional dependencies: say which extra to install instead of failing with ModuleNotFoundError.
 
-The core install (numpy, pandas, xarray, dask, zarr, tqdm) reads, analyses and converts; the
-report, the notebook templates and the explorer need the ``notebook`` extra.
+The core install (numpy, pandas, xarray, zarr, tqdm) reads, analyses and converts; the
+report, the notebook templates and the explorer need the ``notebook`` extra; a Dask cluster
+(``--scheduler``, ``client=``) and dask-backed datasets (``lazy=True``) the ``dask`` extra.
 
 Examples
 --------
@@ -19,8 +20,8 @@ from importlib.util import find_spec
 
 from precnb.errors import PrecnbError
 
-__all__ = ["NOTEBOOK", "REPORT", "TEMPLATE", "TEMPLATE_EXECUTE", "TEMPLATE_HTML", "MissingExtraError",
-           "missing", "require"]
+__all__ = ["DASK", "DASK_ARRAYS", "NOTEBOOK", "REPORT", "TEMPLATE", "TEMPLATE_EXECUTE", "TEMPLATE_HTML",
+           "MissingExtraError", "missing", "require"]
 
 #: import names (not pip names) each feature needs
 REPORT = ("jinja2", "markupsafe", "altair", "vl_convert")
@@ -28,6 +29,9 @@ TEMPLATE = ("nbformat", "papermill")
 TEMPLATE_EXECUTE = ("nbformat", "papermill", "nbclient", "ipykernel")
 TEMPLATE_HTML = ("nbformat", "nbconvert")
 NOTEBOOK = ("ipywidgets", "altair", "anywidget", "vl_convert")
+#: the ``dask`` extra: a cluster (``--scheduler``) needs both, dask-backed arrays dask alone
+DASK = ("dask", "distributed")
+DASK_ARRAYS = ("dask",)
 _PIP_NAMES = {"vl_convert": "vl-convert-python"}
 
 

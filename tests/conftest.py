@@ -90,7 +90,7 @@ def built_wheel(tmp_path_factory):
     import sys
 
     src = tmp_path_factory.mktemp("wheel_src")
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     for folder in ("precnb", "data_samples", "notebooks"):  # what setup.py and MANIFEST.in put in the package
         shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns(

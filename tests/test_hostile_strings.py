@@ -106,7 +106,7 @@ def test_notebook_export_escapes_widget_json(tmp_path):
         '{"a": "\\u003c/script\\u003e\\u003c!--\\u2028\\u0026"}'
     tdir = notebooks.offline_template_dir()
     if tdir is None:
-        pytest.skip("the offline_lab nbconvert template is not built (make offline-template)")
+        pytest.skip("the offline_lab nbconvert template is not built (make offline-template; it needs npm)")
     nb = nbformat.v4.new_notebook()
     evil = f"{MARKUP}{LS}&"
     state = {"state": {"m1": {"model_name": "HTMLModel", "model_module": "@jupyter-widgets/controls",

@@ -144,7 +144,7 @@ def test_template_html_runs_under_a_hard_cap(tmp_path):
     from precnb.report import notebooks
 
     if notebooks.offline_template_dir() is None:
-        pytest.skip("the offline_lab template is not built (make offline-template)")
+        pytest.skip("the offline_lab template is not built (make offline-template; it needs npm)")
     out, page = tmp_path / "t.ipynb", tmp_path / "t.html"
     p = _run(["template", "nan_origin", "-p", "run", DP, "-o", str(out), "--html", str(page)], hard=True,
              env={"PRECNB_NBTEMPLATES": str(notebooks.offline_template_dir())})

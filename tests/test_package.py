@@ -78,6 +78,13 @@ def test_unimported_modules_have_no_examples():
 
 
 SHIPPED_SAMPLES = {"healthy", "dp_nan", "divergence", "dp_sum", "tp", "monitor"}
+LICENSE = PKG.parent / "LICENSE"
+
+
+def _license_in_wheel(whl) -> bytes:
+    """The one LICENSE file of a wheel (``precnb-<version>.dist-info/licenses/LICENSE``, PEP 639)."""
+    [name] = [n for n in whl.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    return whl.read(name)
 
 
 # -- installed from a wheel, as a new user does ------------------------------------------------
@@ -110,8 +117,10 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     py, cli = str(core_venv / "bin" / "python"), str(core_venv / "bin" / "precnb")
     site = core_venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     heavy = _run(core_venv, py, "-c", "import importlib.util as u; print([m for m in ('altair', 'ipywidgets', "
-                 "'nbformat', 'jinja2', 'torch') if u.find_spec(m)])", cwd=tmp_path)
+                 "'nbformat', 'jinja2', 'torch', 'dask', 'distributed', 'pyarrow') if u.find_spec(m)])", cwd=tmp_path)
     assert "altair" not in heavy.stdout and "ipywidgets" not in heavy.stdout and "nbformat" not in heavy.stdout
+    # dask is the dask extra (no core dependency pulls it in), pyarrow no dependency at all
+    assert "dask" not in heavy.stdout and "distributed" not in heavy.stdout and "pyarrow" not in heavy.stdout
     where = _run(core_venv, py, "-c", "import precnb; print(precnb.__file__); "
                  "print(precnb.sample_path('dp_nan'))", cwd=tmp_path)
     assert where.returncode == 0, where.stderr
@@ -148,6 +157,9 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "t.ipynb").exists()
     api = _run(core_venv, py, "-c", "import precnb; precnb.write_html", cwd=tmp_path)
     assert api.returncode == 1 and "pip install 'precnb[notebook]'" in api.stderr
+    # a Dask cluster needs the dask extra: a usage error naming it (tests/test_without_dask.py)
+    sched = _run(core_venv, cli, "nan", sample, "--scheduler", "tcp://127.0.0.1:1", cwd=tmp_path)
+    assert sched.returncode == 2 and "pip install 'precnb[dask]'" in sched.stderr, sched.stderr
 
 
 @pytest.mark.slow
@@ -166,6 +178,8 @@ def test_the_wheel_ships_the_notebook_templates_and_the_samples(built_wheel):
         assert [n for n in names if n.startswith(f"precnb/io/{ext}.") and n.endswith(".so")], ext
     assert "precnb/data_samples/dp_nan/ground_truth.json" in names
     assert not [n for n in names if n.startswith("notebooks/") or "/.ipynb_checkpoints/" in n]
+    with zipfile.ZipFile(built_wheel) as whl:
+        assert _license_in_wheel(whl) == LICENSE.read_bytes()  # the Apache-2.0 text, in .dist-info/licenses/
     # the sample generator (tools/samples) is a development program: no code of it in the wheel, and only the
     # samples the templates and the README use (a few MB), not all of data_samples/
     assert not [n for n in names if "precnb_samples" in n or n.startswith("precnb/samples/")]
@@ -184,7 +198,7 @@ def test_a_wheel_built_from_the_sdist_ships_them_too(tmp_path):
 
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
         shutil.copy(PKG.parent / name, src / name)
     shutil.copytree(PKG, src / "precnb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
     shutil.copytree(PKG.parent / "notebooks", src / "notebooks")
@@ -198,10 +212,12 @@ def test_a_wheel_built_from_the_sdist_ships_them_too(tmp_path):
     with tarfile.open(next(dist.glob("precnb-*.tar.gz"))) as tar:
         members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
     assert {f"notebooks/{n}" for n in templates} | {"setup.py", "data_samples/dp_nan/ground_truth.json"} <= members
+    assert "LICENSE" in members  # the sdist carries the license text (pyproject license-files)
     with zipfile.ZipFile(next(dist.glob("precnb-*.whl"))) as whl:
         shipped = {n.rsplit("/", 1)[1]: whl.read(n) for n in whl.namelist()
                    if n.startswith("precnb/templates/notebooks/")}
         assert "precnb/data_samples/dp_nan/ground_truth.json" in whl.namelist()
+        assert _license_in_wheel(whl) == LICENSE.read_bytes()  # so does the wheel built from the sdist
     assert shipped == templates
 
 
@@ -212,5 +228,8 @@ def test_package_metadata_is_true():
     assert meta["requires-python"] == ">=3.11"  # zarr>=3 needs 3.11
     assert sys.version_info >= (3, 11)
     assert meta["license"] == "Apache-2.0"  # an SPDX string, not the deprecated table
+    assert meta["license-files"] == ["LICENSE"]
+    text = LICENSE.read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
     readme = (PKG.parent / "README.md").read_text(encoding="utf-8")
     assert "Python ≥ 3.11" in readme and "precnb.sample_path" in readme

@@ -296,3 +296,26 @@ def test_data_cause_names_the_micro_batch_where_the_dump_has_it():
     ds = ds.assign_coords(micro_step=("tensor", micro))  # as a Megatron dump's [parent, micro_step] records it
     f = loss_spike(ds, monitor=precnb.open_run(mon, progress=False), loss=precnb.io.read_loss_log(log))
     assert f.values["origin"]["micro_batch"] == 3 and "micro-batch 3" in f.causes[0]["text"]
+
+
+def test_a_spike_plan_never_says_0_recorded_nodes_about_0_b():
+    """Issue #53 item 7: a plan from monitor output has no dump to count nodes or bytes in: it says so."""
+    from types import SimpleNamespace
+
+    from precnb.analysis.spike._plan import spike_plan
+
+    _dump, mon, log = inputs("spike_data")
+    plan = precnb.diagnose(mon, loss=log, progress=False, kinds=["loss_spike"]).finding.dump_plan
+    assert plan["selects"]["node_count"] == 0 and (plan["estimated_bytes"], plan["estimate"]) == (0, "unknown")
+    assert "0 B" not in plan["summary"] and "0 recorded" not in plan["summary"], plan["summary"]
+    assert "nodes and size not known" in plan["summary"] and "no msprobe dump" in plan["summary"]
+    out = cli("plan", mon, "--loss", log)
+    assert out.returncode == 0, out.stderr
+    said = out.stdout + out.stderr  # the config on stdout, the summary lines beside it
+    assert "# estimated dump size: unknown\n" in said and "0 bytes" not in said and "0 B" not in said, said
+    # no cause found on a dump: everything at the spike step is planned, and what the dump records is counted
+    dump, _mon, _log = inputs("spike_numerics")
+    ds = precnb.open_run(dump, progress=False)
+    plan = spike_plan(SimpleNamespace(found=True, step=8, causes=[], values={"spike": {"ranks": [0]}}), ds)
+    assert plan["selects"]["list"] == [] and plan["selects"]["node_count"] > 0 and plan["estimated_bytes"] > 0
+    assert "every recorded node" in plan["summary"] and plan["estimate"] in plan["summary"], plan["summary"]

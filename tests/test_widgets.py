@@ -762,6 +762,7 @@ def test_export_panel_progress_and_result(monkeypatch, ex, tmp_path):
 
 
 # -- scale ----------------------------------------------------------------------------------------
+@pytest.mark.slow  # a 1,000-rank explorer and nine timed clicks: make test runs it, make test-fast does not
 def test_thousand_ranks_bounded_and_responsive():
     big = tile_ranks(make_run(n_steps=5, n_ranks=2, nan_at=(3, 1, NAN_TENSOR)), 1000)
     ex = explore(big)

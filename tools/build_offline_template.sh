@@ -18,6 +18,11 @@ set -euo pipefail
 
 OUT=${1:?usage: build_offline_template.sh OUTDIR [PYTHON]}
 PY=${2:-python}
+if ! command -v npm >/dev/null 2>&1; then
+  echo "build_offline_template: npm is needed (npm pack fetches the JavaScript): run 'sudo apt-get install npm'" \
+       "(make system-deps does, as root)" >&2
+  exit 1
+fi
 HTML_MANAGER_VERSION=${HTML_MANAGER_VERSION:-1.0.15}
 REQUIREJS_VERSION=${REQUIREJS_VERSION:-2.3.8}
 ANYWIDGET_VERSION=${ANYWIDGET_VERSION:-$("$PY" -c 'import importlib.metadata as m; print(m.version("anywidget"))')}

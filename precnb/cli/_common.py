@@ -52,7 +52,8 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
                         "$PRECNB_WORKERS, else auto = one per available CPU, at most 8)")
     p.add_argument("--scheduler", type=scheduler_address, default=None, metavar="ADDRESS",
                    help="parse on a running Dask cluster: its scheduler's address (tcp://host:8786; default "
-                        "$PRECNB_SCHEDULER). The workers must see the dump paths (a shared file system)")
+                        "$PRECNB_SCHEDULER). The workers must see the dump paths (a shared file system). "
+                        "Needs the dask extra: pip install 'precnb[dask]'")
 
 
 def cli_client(args: argparse.Namespace) -> Any:
@@ -60,6 +61,8 @@ def cli_client(args: argparse.Namespace) -> Any:
 
     Raises
     ------
+    UsageError
+        When the ``dask`` extra (dask, distributed) is not installed (the message says what to install).
     precnb.errors.PrecnbError
         When the scheduler cannot be reached (one line naming the address and where it came from).
     """
@@ -75,6 +78,12 @@ def cli_client(args: argparse.Namespace) -> Any:
             raise UsageError(f"{origin}: {exc}") from None
     if address is None:
         return None
+    from precnb._extras import DASK, MissingExtraError, require
+
+    try:  # a usage error of one line naming the extra, before anything imports dask
+        require(origin, DASK, extra="dask")
+    except MissingExtraError as exc:
+        raise UsageError(str(exc)) from None
     from precnb.cli._scheduler import connect_client, scheduler_timeout
 
     try:

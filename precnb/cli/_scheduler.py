@@ -145,8 +145,9 @@ def connect_client(address: str, origin: str, timeout: float) -> Any:
     where = f"the Dask scheduler at {_shown(address)} ({origin})"
     try:
         client_class = _quiet_client_class()
-    except ImportError as exc:  # pragma: no cover - distributed is a core dependency
-        raise PrecnbError(f"{origin} {_shown(address)}: dask.distributed is not installed ({exc})") from None
+    except ImportError as exc:  # pragma: no cover - cli_client checks the dask extra first
+        raise PrecnbError(f"{origin} {_shown(address)}: dask.distributed is not installed ({exc}): "
+                          "pip install 'precnb[dask]'") from None
     failure = _probe_bounded(address, timeout)
     if isinstance(failure, TimeoutError) and not str(failure):
         failure = TimeoutError(f"no answer within {timeout:g} s ($PRECNB_SCHEDULER_TIMEOUT)")

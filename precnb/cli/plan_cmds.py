@@ -53,7 +53,10 @@ def _summary_lines(f: Any, plan: dict[str, Any]) -> list[str]:
     shown = ", ".join(sel["nodes"][:8]) + (" ..." if sel["node_count"] > 8 else "")
     if shown:
         lines.append(f"# selects {sel['node_count']} recorded node(s): {shown}")
-    lines.append(f"# estimated dump size: {plan['estimate']} ({plan['estimated_bytes']} bytes of tensors)")
+    if plan["estimated_bytes"] > 0:
+        lines.append(f"# estimated dump size: {plan['estimate']} ({plan['estimated_bytes']} bytes of tensors)")
+    else:  # never "0 bytes": the summary says why the size is not known
+        lines.append("# estimated dump size: unknown")
     if plan.get("register_custom_api"):
         lines.append(f"# add to the training script: {plan['register_custom_api']}")
     for n in plan.get("notes", []):

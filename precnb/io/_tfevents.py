@@ -32,7 +32,8 @@ def is_event_file(path: str | os.PathLike[str]) -> bool:
     return _EVENTS in Path(path).name and Path(path).name.startswith("events")
 
 
-# -- CRC-32C (Castagnoli), for TFRecord checksums: google-crc32c (a zarr dependency; C, with its own fallback) --
+# -- CRC-32C (Castagnoli), for TFRecord checksums: google-crc32c, a core dependency (C; its own pure Python
+# fallback where the C extension is not built). precnb keeps no CRC code of its own --
 _CRC: Any = None
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import xarray as xr
 
+from precnb._extras import DASK_ARRAYS, require
 from precnb.combine import combine_runs
 from precnb.io._assemble import LoadReport
 from precnb.io.detect import detect_format, resolve
@@ -64,7 +65,8 @@ def open_run(
     lazy : bool
         Return dask-backed variables, one chunk per step. A zarr store is then read lazily
         (nothing but the coordinates is loaded: open a run larger than memory this way, after
-        :func:`precnb.to_zarr`); other sources are parsed, then chunked.
+        :func:`precnb.to_zarr`); other sources are parsed, then chunked. Needs the ``dask`` extra
+        (``pip install 'precnb[dask]'``).
     progress : bool, optional
         Force the progress bar on or off (default: on for 16 files or more).
     workers : int, "auto" or None
@@ -87,6 +89,8 @@ def open_run(
     ------
     NotADumpError
         When the path holds nothing readable.
+    precnb._extras.MissingExtraError
+        *lazy* without dask installed (the message names the extra).
 
     Examples
     --------
@@ -94,6 +98,8 @@ def open_run(
     >>> ds = precnb.open_run(precnb.sample_path("healthy"))  # doctest: +SKIP
     >>> ds.sizes  # doctest: +SKIP
     """
+    if lazy:  # dask-backed variables: the dask extra (one line naming it, not an xarray ImportError later)
+        require("open_run(lazy=True)", DASK_ARRAYS, extra="dask")
     p, fmt = resolve(Path(path), format)
     reader = get_reader(fmt)
     extra = {"gaps": gaps} if gaps != "raise" else {}

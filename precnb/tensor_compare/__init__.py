@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb._extras import DASK_ARRAYS, require
 from precnb.errors import PrecnbError
 from precnb.io.tensors import rank_folders
 from precnb.tensor_compare.blocks import (
@@ -91,13 +92,13 @@ def tensor_metrics(
         same steps, else detected ("auto", :func:`precnb.analysis.compare.align_steps`); the result's ``step`` is the
         baseline's, with a ``target_step`` coordinate.
     lazy : bool
-        Return dask-backed variables; nothing is read until computed.
+        Return dask-backed variables; nothing is read until computed (the ``dask`` extra).
     chunk : int
         Tensors per task.
     scheduler : str or dask client
         ``"auto"`` / ``"threads"`` (a thread pool; numpy and file reads release the GIL),
         ``"sync"`` (this thread), or anything :func:`dask.compute` accepts (``"processes"``, a
-        distributed client).
+        distributed client; these need the ``dask`` extra: ``pip install 'precnb[dask]'``).
     workers : int, optional
         Threads or processes for the local schedulers (default: the CPUs available, at most 8).
 
@@ -175,6 +176,7 @@ def tensor_metrics(
     attrs = {"precnb_tensor_metrics": "msprobe compare 26.2.0 tensor-mode metrics (precnb.analysis.tensor.metrics)",
              "baseline_source": str(b.attrs.get("source", "")), "target_source": str(t.attrs.get("source", ""))}
     if lazy or (scheduler not in (None, "auto", "threads", "sync")):
+        require(f"tensor_metrics({'lazy=True' if lazy else f'scheduler={scheduler!r}'})", DASK_ARRAYS, extra="dask")
         out = xr.Dataset(_dask_vars(specs, args, shape), coords=coords, attrs=attrs)
         if lazy:
             return out

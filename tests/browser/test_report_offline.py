@@ -214,7 +214,7 @@ def exported(tmp_path_factory, executed_templates):
     sample_path()
     tdir = notebooks.offline_template_dir()
     if tdir is None:
-        pytest.skip("the offline_lab nbconvert template is not built: run `make offline-template` "
+        pytest.skip("the offline_lab nbconvert template is not built: run `make offline-template` (it needs npm) "
                     "(or set PRECNB_NBTEMPLATES / OFFLINE_TEMPLATE_DIR to the folder holding offline_lab/)")
     root = tmp_path_factory.mktemp("templates")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from precnb.analysis.findings.plan import DEFAULT_DUMP_PATH, node_selector
@@ -107,14 +108,23 @@ def spike_plan(finding: Any, ds: xr.Dataset | None, *, dump_path: str = DEFAULT_
         config[task]["summary_mode"] = "statistics"
     nodes: list[str] = []
     est = 0
-    if dump is not None and entries:
-        mask = _selected(dump.ds, entries, modules)
+    where = f"step {', '.join(map(str, steps))}, rank {', '.join(map(str, sorted(ranks))) or 'all'}"
+    head = f"task {task}, level mix, {where}, list {entries or '(everything)'}"
+    if dump is None:  # monitor output (or no run): nothing recorded to count the nodes or the size from
+        source = "monitor output" if view is not None else "no run"
+        summary = f"{head}: nodes and size not known (planned from {source}: no msprobe dump was read to count them)"
+    else:
+        kinds = dump.ds["kind"].values
+        mask = _selected(dump.ds, entries, modules) if entries else np.asarray(
+            [str(k) != "monitor" for k in kinds], bool)  # (everything): every node the dump records
         nodes = sorted({str(n) for n in dump.ds["node"].values[mask]})
         est = _estimate(dump.ds, mask, steps, ranks)
-    where = f"step {', '.join(map(str, steps))}, rank {', '.join(map(str, sorted(ranks))) or 'all'}"
-    summary = (f"task {task}, level mix, {where}, list {entries or '(everything)'}: {len(nodes)} recorded node(s), "
-               f"about {_human(est)}")
+        size = f"about {_human(est)}" if est > 0 else (  # never "about 0 B": a size the statistics cannot tell
+            "size unknown (the statistics record no element count for them)" if mask.any() else
+            "size unknown (none of them is recorded in the dump read)")
+        what = f"every recorded node ({len(nodes)})" if not entries else f"{len(nodes)} recorded node(s)"
+        summary = f"{head}: {what}, {size}"
     return {"config": config, "selects": {"list": entries, "modules": modules, "nodes": nodes[:200],
                                           "node_count": len(nodes)},
-            "estimated_bytes": est, "estimate": _human(est), "steps": steps, "ranks": sorted(ranks),
-            "register_custom_api": None, "summary": summary, "notes": notes}
+            "estimated_bytes": est, "estimate": _human(est) if est > 0 else "unknown", "steps": steps,
+            "ranks": sorted(ranks), "register_custom_api": None, "summary": summary, "notes": notes}
