@@ -70,7 +70,8 @@ def try_stepwise(chosen: tuple[Any, list[Any], tuple[list[int], int]], target: A
                  common: dict[str, Any], notes: list[str], rerun: Callable[..., Triage]) -> Triage | None:
     """The step-wise triage, or None when a step has no readable file (the caller reads the runs whole).
 
-    *rerun* is :func:`precnb.pipeline.triage.diagnose`: the first-steps diagnoses run through it on the
+    *rerun* runs the first-steps diagnoses (``rerun(target, baseline=..., options=...)``, a whole read of its own:
+    :func:`precnb.pipeline.run._first_steps`, never :func:`precnb.diagnose`) on the
     steps the search read.
     """
     from precnb.errors import NotADumpError
