@@ -151,7 +151,9 @@ def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: 
                 rest = [r for r in members if r not in vouched]
                 if copy is None and shard is None and vouched and len(rest) == 1:
                     shard = f.values["shard_rank"] = rest[0]
-                    f.values["shard_why"] = (f"the merged Max and Min agree with the baseline and are rank(s) "
+                    stats = f.values.get("shard_vouched_by") or ["Max", "Min"]
+                    by = " and ".join(stats) + (" agree" if len(stats) > 1 else " agrees")
+                    f.values["shard_why"] = (f"the merged {by} with the baseline and are rank(s) "
                                              f"{', '.join(map(str, vouched))}'s: the difference is in rank "
                                              f"{rest[0]}'s shard")
                 if copy is not None:  # a rank holding a copy of another rank's shard (now or earlier)

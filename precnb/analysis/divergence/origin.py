@@ -101,6 +101,7 @@ def _origin_values(j: Judged, o: _Origin) -> dict[str, Any]:
             values["shard_why"] = suspect["why"]
         elif suspect is not None:  # the extremes' holders are vouched for: a lone other member is the suspect
             values["shard_vouched"] = suspect["vouched"]
+            values["shard_vouched_by"] = suspect.get("by", ["Max", "Min"])
     # -- issue #17 hook: the origin's tensor metrics and the rule that fired
     from precnb.analysis.tensor.findings import origin_tensor_values
 

@@ -92,10 +92,11 @@ def shard_suspect(ds: xr.Dataset, baseline: dict[str, Any], *, step: int, rank: 
     A merged shard (TP, CP or a data-parallel replica's part of the batch) is compared whole; the merge keeps,
     per entry, the member that is odd in its group and the members holding the merged extremes
     (:func:`precnb.analysis.layout.merge.merge_shards`). In that order: a member whose statistics are not
-    finite while another's are, the member holding the merged Max when the Max differs beyond *rtol*, the one
-    holding the Min when the Min does (a copy of another rank's shard is found by the pipeline, over every step
-    read). Returns ``{"rank": dump
-    rank, "why": text}``; when both extremes agree, ``{"rank": None, "vouched": [their holders], "why": …}`` (a
+    finite while another's are, the member holding the merged Max when the Max goes beyond the baseline's by
+    more than *rtol*, the one holding the Min when the Min does (an extreme that falls short of the baseline's says
+    nothing about its holder: the member that held the baseline's may be another one). A copy of another rank's
+    shard is found by the pipeline, over every step read. Returns ``{"rank": dump rank, "why": text}``; when
+    extremes agree, ``{"rank": None, "vouched": [their holders], "by": ["Max", "Min"], "why": …}`` (a
     group with one other member names it); None when nothing singles out a member.
 
     Examples
@@ -113,17 +114,26 @@ def shard_suspect(ds: xr.Dataset, baseline: dict[str, Any], *, step: int, rank: 
                                     "another shard's are"}
     mine = entry_values(ds, step=step, rank=rank, tensor=tensor)
     agree: list[int] = []
-    for stat, var in (("max", "shard_max_rank"), ("min", "shard_min_rank")):
+    agreed: list[str] = []
+    for stat, var, sign in (("max", "shard_max_rank", 1.0), ("min", "shard_min_rank", -1.0)):
         a, b, holder = mine.get(stat), baseline.get(stat), int(e[var])
         if a is None or b is None or holder < 0:
             continue
         a, b = float(a), float(b)
         scale = max(abs(a), abs(b))
-        if not np.isfinite(a - b) or abs(a - b) > rtol * scale:
+        if not np.isfinite(a - b):
             return {"rank": holder, "why": f"the merged {stat.capitalize()}, which differs, is rank {holder}'s"}
+        if abs(a - b) > rtol * scale:
+            if sign * (a - b) > 0:  # beyond the baseline's extreme: the member holding it went there
+                return {"rank": holder, "why": f"the merged {stat.capitalize()}, which goes beyond the baseline's, "
+                                              f"is rank {holder}'s"}
+            continue  # short of the baseline's extreme: the member that held it is not known (it may be any)
         agree.append(holder)
+        agreed.append(stat.capitalize())
     if agree:  # the members holding extremes that agree: the rest of the group is suspect (see the caller)
-        return {"rank": None, "vouched": sorted(set(agree)), "why": "the merged extremes agree with the baseline"}
+        verb = "agree" if len(agreed) > 1 else "agrees"
+        return {"rank": None, "vouched": sorted(set(agree)), "by": agreed,
+                "why": f"the merged {' and '.join(agreed)} {verb} with the baseline"}
     return None
 
 
