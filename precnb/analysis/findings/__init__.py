@@ -53,12 +53,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "device_text", "jsonable", "shown_record", "to_json"]
+__all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "device_text", "jsonable", "shown_record", "to_json",
+           "wrap_lines"]
 
 FINDING_SCHEMA = "precnb.finding/1"
 Kind = str
@@ -171,19 +174,103 @@ class Finding:
         """Strict JSON text."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
-    def summary(self) -> str:
-        """A readable multi-line summary (what the CLI prints without ``--json``)."""
+    def summary(self, width: int | None = None) -> str:
+        """A readable multi-line summary (what the CLI prints without ``--json``, 120 columns wide).
+
+        Parameters
+        ----------
+        width : int or None
+            Wrap the lines longer than *width* at a space, with a hanging indent (:func:`wrap_lines`: every
+            word kept, none broken; stack frames and code to paste are not wrapped); None: one line per item.
+
+        Returns
+        -------
+        str
+            The summary's lines.
+        """
         from precnb.analysis.registry import checklist
 
         checks = checklist(self)  # the pre-flight checks
         if checks:
-            return _checklist_summary(self, checks)
+            return "\n".join(wrap_lines(_checklist_summary(self, checks).split("\n"), width))
         title, _, reason = self.headline.partition(": ")
         lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]
         for part in (_where_lines, _value_lines, _gap_lines, _difference_lines, _trend_lines, _plan_lines,
                      assumed_lines):
             lines += part(self)
-        return "\n".join(lines)
+        return "\n".join(wrap_lines(lines, width))
+
+
+class _Verbatim(str):
+    """A summary line printed as it is, whatever its length: a stack frame."""
+
+
+class _Statement(_Verbatim):
+    """A statement to paste: printed whole; wrapped, its trailing ``  # comment`` goes to the lines below it."""
+
+
+# a line's label, continued under: ``  hint: ``, ``FIRST DIVERGENCE: `` (a short label and a colon) or ``  entry     ``
+# (a word before ``key=value`` fields)
+_LABEL = re.compile(r"^\s*(?:[\w?/ .-]{1,40}?:\s+|[\w?]+\s+(?=[\w.]+=))")
+
+
+# kept on one line: a list (``shape=[2, 8, 32]``, ``list ['Module.x.']``) and a command in backquotes
+_WHOLE = re.compile(r"\[[^\[\]\n]*\]|`[^`\n]*`")
+
+
+def wrap_lines(lines: list[str], width: int | None) -> list[str]:
+    """*lines* with each line longer than *width* wrapped at spaces, continued under its label.
+
+    A continuation is indented to the end of the line's label (``  hint: ``, ``  entry     ``), else 4 columns
+    more than the line. Every word is kept and none is broken (a word longer than the width stays whole, on a
+    line of its own, and so do a bracketed list and a command in backquotes); lines marked verbatim (stack
+    frames, code to paste) are not wrapped, but a statement's trailing ``  # comment`` moves below it, under
+    the statement.
+
+    Parameters
+    ----------
+    lines : list of str
+        One line each (a line holding a newline is wrapped per physical line).
+    width : int or None
+        The width; None returns *lines* unchanged.
+
+    Returns
+    -------
+    list of str
+        The wrapped lines.
+
+    Examples
+    --------
+    >>> wrap_lines(["  hint: " + "word " * 6 + "end"], 30)
+    ['  hint: word word word word', '        word word end']
+    >>> wrap_lines(["  entry     max=1.5  min=-2  mean=0.25  norm=3"], 32)
+    ['  entry     max=1.5  min=-2', '            mean=0.25  norm=3']
+    """
+    if width is None:
+        return list(lines)
+    out: list[str] = []
+    for line in lines:
+        if isinstance(line, _Verbatim):
+            code, sep, comment = str(line).partition("  # ")
+            if len(line) <= width or not sep or not isinstance(line, _Statement):
+                out.append(str(line))
+                continue
+            label = re.match(r"\s*\S+\s{2,}", code)  # ``    capture     ``: the comment goes under the statement
+            start = " " * (label.end() if label else len(code) - len(code.lstrip()))
+            out.append(code)
+            out += textwrap.wrap(f"{start}# {comment}", width=width, subsequent_indent=start + "  ",
+                                 break_long_words=False, break_on_hyphens=False)
+            continue
+        for part in str(line).split("\n"):
+            if len(part) <= width:
+                out.append(part)
+                continue
+            m = _LABEL.match(part)
+            hang = m.end() if m and m.end() <= width // 2 else len(part) - len(part.lstrip()) + 4
+            whole = _WHOLE.sub(lambda g: g.group(0).replace(" ", "\0"), part)  # "[2, 8, 32]" is not broken
+            out += [w.replace("\0", " ") for w in textwrap.wrap(whole, width=width, subsequent_indent=" " * hang,
+                                                                break_long_words=False, break_on_hyphens=False)]
+    return out
 
 
 
@@ -250,8 +337,8 @@ def _gap_lines(f: Finding) -> list[str]:
         for t in g.get("last_clean") or []:
             lines.append(f"    last clean  {t['tensor']}  {t['shape']}")
         lines.append(f"    first bad   {g['first_bad']['tensor']}  {g['first_bad']['shape']}")
-        if g["capture"].get("register_custom_api"):
-            lines.append(f"    capture     {g['capture']['register_custom_api']}")
+        if g["capture"].get("register_custom_api"):  # a statement to paste and its comment
+            lines.append(_Statement(f"    capture     {g['capture']['register_custom_api']}"))
         lines.append(f"    capture     level {g['capture']['level']}, list {g['capture']['list']}")
     lines += [f"  hint: {h}" for h in f.hints]
     return lines
@@ -302,7 +389,7 @@ def _plan_lines(f: Finding) -> list[str]:
     stack = f.evidence.get("stack") or []
     if stack:
         lines.append("  stack (innermost first):")
-        lines += ["    " + fr.replace("\n", " ").strip() for fr in stack[:4]]
+        lines += [_Verbatim("    " + fr.replace("\n", " ").strip()) for fr in stack[:4]]
     return lines
 
 def assumed_lines(f: Any) -> list[str]:
