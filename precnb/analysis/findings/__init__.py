@@ -38,7 +38,7 @@ What a finding carries beside its diagnosis's answer lives with it:
 :mod:`~precnb.analysis.findings.evidence` (an entry's statistics, stack frames, module path),
 :mod:`~precnb.analysis.findings.enrich` (what the pipeline adds to every finding: gap, ratio hint, plan) and
 :mod:`~precnb.analysis.findings.plan` (the smallest msprobe dump that confirms it). Nothing of them is
-imported here.
+imported here; :mod:`~precnb.analysis.findings.text` (the summary's lines wrapped at a width) is.
 
 Examples
 --------
@@ -53,12 +53,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from precnb.analysis.findings.text import Statement, Verbatim, wrap_lines
 
 __all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "device_text", "jsonable", "shown_record", "to_json",
            "wrap_lines"]
@@ -201,76 +201,6 @@ class Finding:
         return "\n".join(wrap_lines(lines, width))
 
 
-class _Verbatim(str):
-    """A summary line printed as it is, whatever its length: a stack frame."""
-
-
-class _Statement(_Verbatim):
-    """A statement to paste: printed whole; wrapped, its trailing ``  # comment`` goes to the lines below it."""
-
-
-# a line's label, continued under: ``  hint: ``, ``FIRST DIVERGENCE: `` (a short label and a colon) or ``  entry     ``
-# (a word before ``key=value`` fields)
-_LABEL = re.compile(r"^\s*(?:[\w?/ .-]{1,40}?:\s+|[\w?]+\s+(?=[\w.]+=))")
-
-
-# kept on one line: a list (``shape=[2, 8, 32]``, ``list ['Module.x.']``) and a command in backquotes
-_WHOLE = re.compile(r"\[[^\[\]\n]*\]|`[^`\n]*`")
-
-
-def wrap_lines(lines: list[str], width: int | None) -> list[str]:
-    """*lines* with each line longer than *width* wrapped at spaces, continued under its label.
-
-    A continuation is indented to the end of the line's label (``  hint: ``, ``  entry     ``), else 4 columns
-    more than the line. Every word is kept and none is broken (a word longer than the width stays whole, on a
-    line of its own, and so do a bracketed list and a command in backquotes); lines marked verbatim (stack
-    frames, code to paste) are not wrapped, but a statement's trailing ``  # comment`` moves below it, under
-    the statement.
-
-    Parameters
-    ----------
-    lines : list of str
-        One line each (a line holding a newline is wrapped per physical line).
-    width : int or None
-        The width; None returns *lines* unchanged.
-
-    Returns
-    -------
-    list of str
-        The wrapped lines.
-
-    Examples
-    --------
-    >>> wrap_lines(["  hint: " + "word " * 6 + "end"], 30)
-    ['  hint: word word word word', '        word word end']
-    >>> wrap_lines(["  entry     max=1.5  min=-2  mean=0.25  norm=3"], 32)
-    ['  entry     max=1.5  min=-2', '            mean=0.25  norm=3']
-    """
-    if width is None:
-        return list(lines)
-    out: list[str] = []
-    for line in lines:
-        if isinstance(line, _Verbatim):
-            code, sep, comment = str(line).partition("  # ")
-            if len(line) <= width or not sep or not isinstance(line, _Statement):
-                out.append(str(line))
-                continue
-            label = re.match(r"\s*\S+\s{2,}", code)  # ``    capture     ``: the comment goes under the statement
-            start = " " * (label.end() if label else len(code) - len(code.lstrip()))
-            out.append(code)
-            out += textwrap.wrap(f"{start}# {comment}", width=width, subsequent_indent=start + "  ",
-                                 break_long_words=False, break_on_hyphens=False)
-            continue
-        for part in str(line).split("\n"):
-            if len(part) <= width:
-                out.append(part)
-                continue
-            m = _LABEL.match(part)
-            hang = m.end() if m and m.end() <= width // 2 else len(part) - len(part.lstrip()) + 4
-            whole = _WHOLE.sub(lambda g: g.group(0).replace(" ", "\0"), part)  # "[2, 8, 32]" is not broken
-            out += [w.replace("\0", " ") for w in textwrap.wrap(whole, width=width, subsequent_indent=" " * hang,
-                                                                break_long_words=False, break_on_hyphens=False)]
-    return out
 
 
 
@@ -338,7 +268,7 @@ def _gap_lines(f: Finding) -> list[str]:
             lines.append(f"    last clean  {t['tensor']}  {t['shape']}")
         lines.append(f"    first bad   {g['first_bad']['tensor']}  {g['first_bad']['shape']}")
         if g["capture"].get("register_custom_api"):  # a statement to paste and its comment
-            lines.append(_Statement(f"    capture     {g['capture']['register_custom_api']}"))
+            lines.append(Statement(f"    capture     {g['capture']['register_custom_api']}"))
         lines.append(f"    capture     level {g['capture']['level']}, list {g['capture']['list']}")
     lines += [f"  hint: {h}" for h in f.hints]
     return lines
@@ -389,7 +319,7 @@ def _plan_lines(f: Finding) -> list[str]:
     stack = f.evidence.get("stack") or []
     if stack:
         lines.append("  stack (innermost first):")
-        lines += [_Verbatim("    " + fr.replace("\n", " ").strip()) for fr in stack[:4]]
+        lines += [Verbatim("    " + fr.replace("\n", " ").strip()) for fr in stack[:4]]
     return lines
 
 def assumed_lines(f: Any) -> list[str]:
