@@ -53,7 +53,7 @@ def with_loss_spike(triage: Any, args: argparse.Namespace) -> int:
         _term.out(anomaly.to_json(indent=2) + "\n")
     else:
         shown = [anomaly] + ([spike] if spike is not None and spike.found else [])
-        _term.out("\n\n".join(f.summary() for f in shown) + "\n")
+        _term.out("\n\n".join(f.summary(_term.WIDTH) for f in shown) + "\n")
     return 0
 
 

@@ -20,7 +20,10 @@ import re
 import sys
 from typing import TextIO
 
-__all__ = ["err", "escape_controls", "out"]
+__all__ = ["WIDTH", "err", "escape_controls", "out"]
+
+#: the width the CLI wraps its own text to (a finding's summary: :func:`precnb.analysis.findings.wrap_lines`)
+WIDTH = 120
 
 # C0 controls but tab and line feed, DEL, C1 controls, bidi embeddings/overrides/isolates and marks,
 # line/paragraph separators

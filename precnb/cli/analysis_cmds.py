@@ -29,7 +29,7 @@ def _emit_finding(finding: Any, args: argparse.Namespace) -> int:
     if args.json:
         _term.out(finding.to_json(indent=2) + "\n")
     else:
-        _term.out(finding.summary() + "\n")
+        _term.out(finding.summary(_term.WIDTH) + "\n")
     return 0
 
 
@@ -154,7 +154,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         shown = [triage.finding]
     else:
         shown = triage.found or [triage.result("first_divergence") or triage.finding]
-    _term.out("\n\n".join(f.summary() for f in shown) + "\n")
+    _term.out("\n\n".join(f.summary(_term.WIDTH) for f in shown) + "\n")
     return 1 if triage.nothing_compared else 0
 
 
@@ -170,7 +170,7 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     if args.json:
         _term.out(to_json(checklist(triage), indent=2) + "\n")
     else:
-        _term.out(triage.result("preflight").summary() + "\n")
+        _term.out(triage.result("preflight").summary(_term.WIDTH) + "\n")
     return 0
 
 

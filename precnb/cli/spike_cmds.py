@@ -45,7 +45,7 @@ def _cmd_spike(args: argparse.Namespace) -> int:
     if args.json:
         _term.out(f.to_json(indent=2) + "\n")
         return 0
-    text = f.summary()
+    text = f.summary(_term.WIDTH)
     table = _loss_table(f)
     _term.out(text + ("\n" + "\n".join(table) if table else "") + "\n")
     return 0

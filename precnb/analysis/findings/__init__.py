@@ -38,7 +38,7 @@ What a finding carries beside its diagnosis's answer lives with it:
 :mod:`~precnb.analysis.findings.evidence` (an entry's statistics, stack frames, module path),
 :mod:`~precnb.analysis.findings.enrich` (what the pipeline adds to every finding: gap, ratio hint, plan) and
 :mod:`~precnb.analysis.findings.plan` (the smallest msprobe dump that confirms it). Nothing of them is
-imported here.
+imported here; :mod:`~precnb.analysis.findings.text` (the summary's lines wrapped at a width) is.
 
 Examples
 --------
@@ -58,7 +58,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "device_text", "jsonable", "shown_record", "to_json"]
+from precnb.analysis.findings.text import Statement, Verbatim, wrap_lines
+
+__all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "device_text", "jsonable", "shown_record", "to_json",
+           "wrap_lines"]
 
 FINDING_SCHEMA = "precnb.finding/1"
 Kind = str
@@ -171,19 +174,33 @@ class Finding:
         """Strict JSON text."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
-    def summary(self) -> str:
-        """A readable multi-line summary (what the CLI prints without ``--json``)."""
+    def summary(self, width: int | None = None) -> str:
+        """A readable multi-line summary (what the CLI prints without ``--json``, 120 columns wide).
+
+        Parameters
+        ----------
+        width : int or None
+            Wrap the lines longer than *width* at a space, with a hanging indent (:func:`wrap_lines`: every
+            word kept, none broken; stack frames and code to paste are not wrapped); None: one line per item.
+
+        Returns
+        -------
+        str
+            The summary's lines.
+        """
         from precnb.analysis.registry import checklist
 
         checks = checklist(self)  # the pre-flight checks
         if checks:
-            return _checklist_summary(self, checks)
+            return "\n".join(wrap_lines(_checklist_summary(self, checks).split("\n"), width))
         title, _, reason = self.headline.partition(": ")
         lines = [f"{title.upper().replace('NAN/INF', 'NaN/Inf')}: {reason}"]
         for part in (_where_lines, _value_lines, _gap_lines, _difference_lines, _trend_lines, _plan_lines,
                      assumed_lines):
             lines += part(self)
-        return "\n".join(lines)
+        return "\n".join(wrap_lines(lines, width))
+
+
 
 
 
@@ -250,8 +267,8 @@ def _gap_lines(f: Finding) -> list[str]:
         for t in g.get("last_clean") or []:
             lines.append(f"    last clean  {t['tensor']}  {t['shape']}")
         lines.append(f"    first bad   {g['first_bad']['tensor']}  {g['first_bad']['shape']}")
-        if g["capture"].get("register_custom_api"):
-            lines.append(f"    capture     {g['capture']['register_custom_api']}")
+        if g["capture"].get("register_custom_api"):  # a statement to paste and its comment
+            lines.append(Statement(f"    capture     {g['capture']['register_custom_api']}"))
         lines.append(f"    capture     level {g['capture']['level']}, list {g['capture']['list']}")
     lines += [f"  hint: {h}" for h in f.hints]
     return lines
@@ -302,7 +319,7 @@ def _plan_lines(f: Finding) -> list[str]:
     stack = f.evidence.get("stack") or []
     if stack:
         lines.append("  stack (innermost first):")
-        lines += ["    " + fr.replace("\n", " ").strip() for fr in stack[:4]]
+        lines += [Verbatim("    " + fr.replace("\n", " ").strip()) for fr in stack[:4]]
     return lines
 
 def assumed_lines(f: Any) -> list[str]:

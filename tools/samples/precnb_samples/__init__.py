@@ -127,6 +127,7 @@ def generate(
             if megatron_moe_only:  # part of the sample: no folder replaced, the other roots untouched
                 gt = module.update_moe(ctx, out_path / name)
                 _scenarios.write_json(out_path / name / "ground_truth.json", gt)
+                _scenarios.scrub_sample(ctx, out_path / name)
                 done.append(out_path / name)
             else:
                 done.append(_scenarios.generate_one(ctx, name, module.GENERATORS[name]))

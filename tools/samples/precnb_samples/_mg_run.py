@@ -24,11 +24,11 @@ __all__ = ["ENV", "MEGATRON_VERSION", "RECIPE", "megatron_python", "megatron_ver
 
 ENV = "PRECNB_MEGATRON_PYTHON"
 MEGATRON_VERSION = "0.19.2"
-RECIPE = ("python3.11 -m venv /work/venvs/megatron && /work/venvs/megatron/bin/pip install torch==2.13.0 "
-          "mindstudio-probe==26.2.0 triton transformers && /work/venvs/megatron/bin/pip download --no-deps "
-          "--ignore-requires-python megatron-core==0.19.2 -d /tmp/mg && /work/venvs/megatron/bin/pip install "
-          "--ignore-requires-python /tmp/mg/megatron_core-0.19.2-cp311-*.whl && "
-          "export PRECNB_MEGATRON_PYTHON=/work/venvs/megatron/bin/python  "
+RECIPE = ("python3.11 -m venv ~/venvs/megatron && ~/venvs/megatron/bin/pip install torch==2.13.0 "
+          "mindstudio-probe==26.2.0 triton transformers && ~/venvs/megatron/bin/pip download --no-deps "
+          "--ignore-requires-python megatron-core==0.19.2 -d mg-wheel && ~/venvs/megatron/bin/pip install "
+          "--ignore-requires-python mg-wheel/megatron_core-0.19.2-cp311-*.whl && "
+          "export PRECNB_MEGATRON_PYTHON=~/venvs/megatron/bin/python  "
           "(megatron-core 0.19.2 declares Requires-Python >=3.12, so plain pip on 3.11 picks 0.16)")
 
 

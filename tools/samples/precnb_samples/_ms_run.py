@@ -20,9 +20,9 @@ __all__ = ["ENV", "MINDSPORE_VERSION", "RECIPE", "mindspore_python", "mindspore_
 
 ENV = "PRECNB_MINDSPORE_PYTHON"
 MINDSPORE_VERSION = "2.10.0"
-RECIPE = ("python3 -m venv /work/venvs/ms && /work/venvs/ms/bin/pip install 'numpy<2' "
+RECIPE = ("python3 -m venv ~/venvs/ms && ~/venvs/ms/bin/pip install 'numpy<2' "
           "mindspore==2.10.0 mindstudio-probe==26.2.0 && "
-          "export PRECNB_MINDSPORE_PYTHON=/work/venvs/ms/bin/python")
+          "export PRECNB_MINDSPORE_PYTHON=~/venvs/ms/bin/python")
 _HERE = Path(__file__).resolve().parent
 _checked: dict[str, dict[str, str]] = {}
 

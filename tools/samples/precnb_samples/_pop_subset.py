@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _population as P  # noqa: N812
+from .scrub import scrub_tree
 
 SEED = 2033
 # (kind, layout, bug, dumped steps kept: None for every one) — the fault runs keep the steps up to their fault's
@@ -86,6 +87,7 @@ def export(pop: Path, dest: Path) -> dict[str, Any]:
           "truth": truth}
     (dest / "ground_truth.json").write_text(json.dumps(gt, indent=1) + "\n", encoding="utf-8")
     (dest / "README.md").write_text(_readme(p, gt), encoding="utf-8")
+    scrub_tree(dest)  # the dp2 run's stack.json frames name the machine's files
     return gt
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from ._catalog import SAMPLE_NAMES
 from ._digests import DIGESTS
 from ._dumps import rank_dirs, step_dirs
+from .scrub import scrub_paths
 
 
 def _size(path: Path) -> int:
@@ -336,9 +337,9 @@ def write_readme(out: str | Path) -> Path:
         "`PRECNB_MINDSPORE_PYTHON`:",
         "",
         "```",
-        "python3 -m venv /work/venvs/ms",
-        "/work/venvs/ms/bin/pip install 'numpy<2' mindspore==2.10.0 mindstudio-probe==26.2.0",
-        "export PRECNB_MINDSPORE_PYTHON=/work/venvs/ms/bin/python",
+        "python3 -m venv ~/venvs/ms",
+        "~/venvs/ms/bin/pip install 'numpy<2' mindspore==2.10.0 mindstudio-probe==26.2.0",
+        "export PRECNB_MINDSPORE_PYTHON=~/venvs/ms/bin/python",
         "python -m precnb_samples --out data_samples --only xfw kernel_resume",
         "```",
         "",
@@ -347,11 +348,11 @@ def write_readme(out: str | Path) -> Path:
         "3.11; about 16 minutes on 2 cores):",
         "",
         "```",
-        "python3.11 -m venv /work/venvs/megatron",
-        "/work/venvs/megatron/bin/pip install torch==2.13.0 mindstudio-probe==26.2.0 triton transformers",
-        "/work/venvs/megatron/bin/pip download --no-deps --ignore-requires-python megatron-core==0.19.2 -d /tmp/mg",
-        "/work/venvs/megatron/bin/pip install --ignore-requires-python /tmp/mg/megatron_core-0.19.2-cp311-*.whl",
-        "export PRECNB_MEGATRON_PYTHON=/work/venvs/megatron/bin/python",
+        "python3.11 -m venv ~/venvs/megatron",
+        "~/venvs/megatron/bin/pip install torch==2.13.0 mindstudio-probe==26.2.0 triton transformers",
+        "~/venvs/megatron/bin/pip download --no-deps --ignore-requires-python megatron-core==0.19.2 -d mg-wheel",
+        "~/venvs/megatron/bin/pip install --ignore-requires-python mg-wheel/megatron_core-0.19.2-cp311-*.whl",
+        "export PRECNB_MEGATRON_PYTHON=~/venvs/megatron/bin/python",
         "python -m precnb_samples --out data_samples --only megatron",
         "```",
         "",
@@ -361,8 +362,10 @@ def write_readme(out: str | Path) -> Path:
         "fixed and every rank runs single-threaded with "
         "`torch.use_deterministic_algorithms(True)`, "
         "so a rerun reproduces the statistics bit for bit and the faults at the same step, rank "
-        "and node; only `proc<PID>` folder names, monitor folder names (time + uuid) and the "
-        "absolute paths in `configs/` and `stack.json` change.",
+        "and node; only `proc<PID>` folder names and monitor folder names (time + uuid) change. No file "
+        "names a path of the machine that made it: the generator rewrites them "
+        "(`precnb_samples.scrub`: `<venv>/site-packages/…`, `<python>/lib/python3.11/…`, paths relative to "
+        "the repository, `<run>/…` for a temporary folder).",
         "",
         "Model: " + (first["model"] if first else "") + ". `healthy`, `dp_nan` and `monitor` use "
         "2 blocks; `divergence`, `dp_sum` and `tp` use 1 block (the same model otherwise); "
@@ -430,5 +433,5 @@ def write_readme(out: str | Path) -> Path:
         lines += ["", "```", *_tree(out / name), "```"]
     lines += ["", _NOTES, _MS_NOTES]
     path = out / "README.md"
-    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    path.write_text(scrub_paths("\n".join(lines).rstrip() + "\n", [(out, "data_samples")]), encoding="utf-8")
     return path

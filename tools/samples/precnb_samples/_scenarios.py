@@ -1004,4 +1004,29 @@ def generate_one(ctx: Context, name: str,
     gen = generator or GENERATORS[name]
     gt = gen(replace(ctx), sample)
     write_json(sample / "ground_truth.json", gt)
+    scrub_sample(ctx, sample)
     return sample
+
+
+def scrub_sample(ctx: Context, sample: Path) -> list[Path]:
+    """Rewrite the machine's absolute paths in the text files of *sample* (:mod:`precnb_samples.scrub`).
+
+    Parameters
+    ----------
+    ctx : Context
+        The invocation; its output folder is written ``data_samples``.
+    sample : Path
+        The sample folder just written (or a part of it).
+
+    Returns
+    -------
+    list of Path
+        The files rewritten.
+    """
+    from .scrub import TEXT_SUFFIXES, leftovers, scrub_tree
+
+    changed = scrub_tree(sample, [(ctx.out, "data_samples")])
+    left = [str(f) for f in sorted(sample.rglob("*")) if f.suffix in TEXT_SUFFIXES and f.is_file()
+            and leftovers(f.read_text(encoding="utf-8", errors="replace"))]
+    _check(not left, f"absolute paths left after scrubbing: {left}")
+    return changed

@@ -7,16 +7,14 @@ the diagonal of the attention scores before the softmax. That ``-inf`` is there 
 spike's cause is rank 1's batch, and a diagnosis that calls the mask a numerics overflow is
 wrong.
 
-The committed files hold no absolute path of the machine that made them: msprobe's
-``stack.json`` frames and the dump config's ``dump_path`` are rewritten relative to the
-repository, the interpreter's ``site-packages`` and its standard library
-(:func:`relative_paths`).
+The committed files hold no absolute path of the machine that made them: the dump config's
+``dump_path`` is rewritten relative to the sample and msprobe's ``stack.json`` frames by
+:func:`precnb_samples.scrub.scrub_paths` (:func:`relative_paths`).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,39 +32,32 @@ from ._scn_spike import (
     check_data_spike,
     data_spike_facts,
 )
+from .scrub import leftovers, scrub_paths
 
 __all__ = ["GENERATORS", "relative_paths"]
-
-_REPO = Path(__file__).resolve().parents[3]
-_ABSOLUTE = (
-    (re.compile(r"/[^\s,\"']*/site-packages/"), "site-packages/"),
-    (re.compile(r"/[^\s,\"']*/lib/(python3\.\d+)/"), r"lib/\1/"),
-)
 
 
 def relative_paths(sample: Path, dump: Path) -> list[str]:
     """Rewrite absolute paths in the JSON files under *sample*; return the files still holding one.
 
-    ``dump_path`` in ``configs/config.json`` becomes *dump* relative to *sample*; frames in
-    ``stack.json`` lose the repository root, and the prefixes before ``site-packages/`` and
-    ``lib/python3.N/``.
+    ``dump_path`` in ``configs/config.json`` becomes *dump* relative to *sample*; the other paths are
+    rewritten by :func:`precnb_samples.scrub.scrub_paths` (the repository root dropped, ``<venv>/site-packages/``,
+    ``<python>/lib/python3.N/``).
 
     >>> import tempfile, json
     >>> d = Path(tempfile.mkdtemp())
     >>> _ = (d / "stack.json").write_text(json.dumps(["File /opt/x/lib/python3.11/site-packages/t.py, line 1"]))
     >>> relative_paths(d, d / "dump"), json.loads((d / "stack.json").read_text())
-    ([], ['File site-packages/t.py, line 1'])
+    ([], ['File <venv>/site-packages/t.py, line 1'])
     """
     left = []
     for f in sorted(sample.rglob("*.json")):
         text = f.read_text(encoding="utf-8")
         if f.name == "config.json" and f.parent.name == "configs":
             text = text.replace(f'"dump_path": "{dump}"', f'"dump_path": "{dump.relative_to(sample).as_posix()}"')
-        text = text.replace(f"{_REPO}/", "")
-        for pat, rep in _ABSOLUTE:
-            text = pat.sub(rep, text)
+        text = scrub_paths(text)
         f.write_text(text, encoding="utf-8")
-        if re.search(r"[\s\"](/(work|root|home|tmp|usr|opt)/)", text):
+        if leftovers(text):
             left.append(str(f.relative_to(sample)))
     return left
 
