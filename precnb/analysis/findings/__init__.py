@@ -58,7 +58,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "device_text", "jsonable", "shown_record", "to_json"]
+from precnb.analysis.findings.why import cause_lines, why_lines
+
+__all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "cause_lines", "device_text", "jsonable", "shown_record",
+           "to_json", "why_lines"]
 
 FINDING_SCHEMA = "precnb.finding/1"
 Kind = str
@@ -236,8 +239,7 @@ def _value_lines(f: Finding) -> list[str]:
             for a, b in v.items():
                 if isinstance(b, dict):
                     lines.append(f"    {a:<9} " + "  ".join(f"{c}={_fmt(d)}" for c, d in b.items()))
-    for c in f.causes:
-        lines.append(f"  cause{'' if c.get('certain') else '?'}: {c['text']}")
+    lines += [f"  {c}" for c in cause_lines(f)]
     return lines
 
 

@@ -1,0 +1,49 @@
+"""Issue 51: what the explorer says on its first screen, and what a saved notebook keeps.
+
+Item 2: the finding bar says what, where and why — the finding's cause, as the text summary prints it
+(``cause: ...``), not only in the Finding tab below the heat maps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import precnb
+from tests.conftest import sample_path
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+# incident, target, baseline, options, words of its cause
+CAUSES = [
+    ("dp_nan", ("dp_nan",), None, {}, "sqrt of negative values"),
+    ("tp2pp2_scaled", ("megatron", "tp2pp2_scaled"), ("megatron", "tp1pp1"), {}, "input_kwargs.alpha"),
+    ("moe_empty_expert", ("moe_empty_expert",), None, {}, "expert that received no tokens"),
+]
+
+
+def _explore(target, baseline, opts):
+    base = {"baseline": str(sample_path(*baseline))} if baseline else {}
+    return precnb.explore(str(sample_path(*target)), **base, **opts)
+
+
+@pytest.mark.parametrize(("name", "target", "baseline", "opts", "words"), CAUSES, ids=[c[0] for c in CAUSES])
+def test_the_finding_bar_says_the_cause_as_the_summary_does(name, target, baseline, opts, words):
+    ex = _explore(target, baseline, opts)
+    f = ex.current_finding
+    cause = next(line.strip() for line in f.summary().splitlines() if line.strip().startswith("cause"))
+    assert words in cause, (name, cause)
+    why = ex.bar.why.value
+    assert "precnb-finding-why" in ex.bar.why._dom_classes
+    import html
+
+    assert html.escape(cause) in why, (name, why)
+    # the title keeps saying what and where
+    assert f.node in ex.bar.label.value and f"step {f.step}" in ex.bar.label.value
+
+
+def test_without_a_cause_the_bar_says_the_finding_reason():
+    from precnb.analysis.findings import Finding, why_lines
+
+    f = Finding(kind="first_divergence", reason="x at step 0, rank 0: an input differs", step=0, rank=0, node="x")
+    assert why_lines(f) == [f.reason]
+    assert why_lines(Finding(kind="none", reason="nothing found")) == []
