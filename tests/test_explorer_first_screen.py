@@ -47,3 +47,25 @@ def test_without_a_cause_the_bar_says_the_finding_reason():
     f = Finding(kind="first_divergence", reason="x at step 0, rank 0: an input differs", step=0, rank=0, node="x")
     assert why_lines(f) == [f.reason]
     assert why_lines(Finding(kind="none", reason="nothing found")) == []
+
+
+def test_the_explorer_is_displayed_with_a_static_view_the_live_widget_hides():
+    """Item 3: a static HTML output (finding, where, why, chart as SVG, detail table), then the widget."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    from precnb.widgets.static import live_css, static_class
+
+    InteractiveShell.instance()
+    ex = _explore(("dp_nan",), None, {})
+    with capture_output() as out:
+        ex._ipython_display_()
+    assert [sorted(o.data) for o in out.outputs] == [
+        ["text/html"], ["application/vnd.jupyter.widget-view+json", "text/plain"]]
+    static = out.outputs[0].data["text/html"]
+    assert static_class(ex.model_id) in static and "<script" not in static
+    for shown in (ex.bar.label.value, ex.bar.why.value, ex.record.status.value, "sqrt of negative values",
+                  "<svg", "class='focus'"):
+        assert shown in static, shown
+    assert out.outputs[1].data["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.model_id
+    assert live_css(ex.model_id) in ex.css.value  # the live widget hides its static view
