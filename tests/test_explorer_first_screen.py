@@ -69,3 +69,27 @@ def test_the_explorer_is_displayed_with_a_static_view_the_live_widget_hides():
         assert shown in static, shown
     assert out.outputs[1].data["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.model_id
     assert live_css(ex.model_id) in ex.css.value  # the live widget hides its static view
+
+
+def test_the_explorer_opens_on_the_departing_copy_beside_its_replica():
+    """Item 1: TP=2 with a per-rank dropout seed against TP=1: rank 1's copy departs, rank 0's (the merged
+    entry) matches; the explorer shows rank 1's own record as dumped, its line beside rank 0's."""
+    ex = _explore(("megatron", "tp2pp1_dropout_unsync"), ("megatron", "tp1pp1_dropout"), {"target_layout": "tp=2"})
+    f = ex.current_finding
+    dep, dump = f.values["departing_rank"], f.evidence["dump"]["rank"]
+    assert dep == dump == 1 and f.rank == 0 and f.node == "Functional.dropout.0.forward"
+    # the selected record: the departing copy as dumped
+    assert (ex.step, ex.rank, ex.tensor, ex.unmerged) == (f.step, dump, f.tensor, True)
+    raw = ex.data.raw()
+    own = {s: float(raw[s].sel(step=f.step, rank=dump, tensor=f.tensor)) for s in ("max", "min", "mean", "norm")}
+    assert own["mean"] == pytest.approx(f.values["target"]["mean"])  # the finding's target values: its own
+    row = ex.detail.frame.set_index("tensor").loc[f.tensor]
+    assert {s: float(row[s]) for s in own} == pytest.approx(own)
+    assert "rank 1 (rank as dumped" in ex.status.value
+    # the chart: the departing rank's line beside its replica's, apart at the finding's step
+    at = ex.series[(ex.series["step"] == f.step)].set_index("rank")["value"]
+    assert sorted(at.index) == [0, 1] and at[1] != at[0]
+    assert at[1] == pytest.approx(own[ex.filters.stat.value])
+    # the "where" view outlines the departing rank's cell; the bar names the dump rank
+    assert ex._selected()[1] == {"row": "1", "col": str(f.step)}
+    assert "(dump rank 1)" in ex.bar.label.value

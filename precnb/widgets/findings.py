@@ -86,12 +86,18 @@ def _error(err: Exception) -> str:
 
 
 def finding_title(f: Any, index: int | None = None, total: int | None = None) -> str:
-    """``"First divergence (1 of 2): Functional.gelu.0.forward at step 1, rank 0 · blocks.0.mlp"``."""
+    """``"First divergence (1 of 2): Functional.gelu.0.forward at step 1, rank 0 · blocks.0.mlp"``.
+
+    A merged record's where adds the rank as dumped behind it (``evidence["dump"]``), e.g. the departing copy's.
+    """
     n = f" ({index + 1} of {total})" if index is not None and total else ""
     if not f.found:
         title, _, reason = f.headline.partition(": ")
         return f"{title}{n}: {reason}"
     where = f" at step {f.step}, rank {f.rank}" if f.step is not None else ""
+    dump = (f.evidence or {}).get("dump") if isinstance(f.evidence, dict) else None
+    if where and isinstance(dump, dict) and dump.get("rank") is not None and dump["rank"] != f.rank:
+        where += f" (dump rank {dump['rank']})"  # a merged record: the rank as dumped behind it
     mod = f" · {f.module}" if f.module else ""
     return f"{f.title}{n}: {f.node or f.tensor or ''}{where}{mod}"
 
