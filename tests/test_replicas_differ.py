@@ -157,6 +157,8 @@ def test_detail_table_shows_each_runs_own_values_and_nulls():
     ex = explore(sample_path("tp_noise", "tp2"), baseline=sample_path("tp_noise", "tp1"), target_layout="tp=2")
     fault = _noise()[0]
     assert (ex.step, ex.tensor) == (0, f"{fault['node']}.{fault['tensor']}")
+    assert ex.unmerged and ex.rank == 1  # it opens on the departing copy as dumped (issue 51); the merged record:
+    ex.select_record(0, 0, ex.tensor)
     row = ex.record.detail.frame.set_index("tensor").loc[ex.tensor]
     assert row["null_stats"] == 0 and row["null_stats_tp1"] == 0 and row["max"] == fault["stats"]["rank0"]["Max"]
     # a real partial sum (the row-parallel linear before its all-reduce): only its mean, said so; the

@@ -403,7 +403,10 @@ def test_origin_is_the_most_salient_cell(name, args, kw):
     f = ex.finding
     assert f is ex.triage.finding and ex.current_finding is f
     assert (f.step, f.rank, f.node) == (gt["step"], rank, gt["node"])
-    assert (ex.step, ex.rank, node_of(ds, ex.tensor), ex.row) == (gt["step"], rank, gt["node"], gt_row(gt))
+    # (the TP run's departing copy as dumped, on the dump's rank: issue 51)
+    shown = ex._ds(ex.unmerged)
+    assert (ex.step, ex.rank, node_of(shown, ex.tensor), ex.row) == (gt["step"], gt["rank"], gt["node"], gt_row(gt))
+    assert ex.unmerged == merged
     # one click on that cell selects the origin record
     ex.select_cell(top["row"], top["col"], top["group"])
     assert (ex.step, ex.rank, node_of(ds, ex.tensor)) == (gt["step"], rank, gt["node"])
@@ -479,8 +482,9 @@ def test_tp_origin_rank_shows_in_the_where_view():
     w = wf.loc[wf["first_bad"] == 1].iloc[0]
     assert (w["row"], int(w["x"]), node_of(ex.triage.raw_target, w["tensor"])) == (
         str(gt["rank"]), gt["step"], gt["node"])
-    # the opening finding's rank is a merged one, no dump rank: nothing outlined there until a click
-    assert outlined(ex.where.chart, focus=True) == []
+    # the opening finding's merged record hides the departing copy: it opens on that copy, outlined (issue 51)
+    assert (ex.step, ex.rank, ex.unmerged) == (gt["step"], gt["rank"], True)
+    assert outlined(ex.where.chart, focus=True) == [{"row": w["row"], "col": w["col"]}]
     ex.select_where(w["row"], w["col"])
     assert (ex.step, ex.rank, ex.unmerged) == (gt["step"], gt["rank"], True)
     assert outlined(ex.where.chart, focus=True) == [{"row": w["row"], "col": w["col"]}]
@@ -523,7 +527,8 @@ def test_suspects_are_links_and_findings_cycle():
     links[0].click()
     assert (ex.step, ex.rank, ex.tensor) == (s["step"], s["rank"], s["tensor"])
     ex.bar.previous.click()
-    assert ex.current_finding.kind == "first_divergence" and not ex.unmerged
+    # its merged record hides the departing copy: shown as dumped, on rank 1 (issue 51)
+    assert ex.current_finding.kind == "first_divergence" and (ex.rank, ex.unmerged) == (1, True)
     buttons = [b for b in ex.panel("Finding").list.children if hasattr(b, "click")]
     buttons[1].click()
     assert ex.current_finding.kind == "replica_mismatch"

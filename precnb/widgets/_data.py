@@ -17,7 +17,12 @@ from precnb.viz.frames import cell_values, row_groups, row_labels
 from precnb.viz.series import tensor_evidence
 from precnb.widgets._inputs import Runs
 
-__all__ = ["ExplorerData"]
+__all__ = ["ExplorerData", "has_metrics"]
+
+
+def has_metrics(triage: Any) -> bool:
+    """Whether *triage* carries tensor metrics (a tensor-mode pair)."""
+    return triage is not None and getattr(triage, "tensor_metrics", None) is not None
 
 
 def _same_grid(a: xr.Dataset, b: xr.Dataset) -> bool:
@@ -53,6 +58,25 @@ class ExplorerData:
         if t.raw_target.sizes["rank"] == self.target().sizes["rank"]:
             return None
         return t.raw_target
+
+    def departing(self, finding: Any) -> tuple[int, int, str] | None:
+        """(step, dump rank, tensor as dumped) of a finding whose merged entry hides a departing replica copy.
+
+        A merged replicated entry is its group's first copy; when another copy departs from the baseline
+        (``values["departing_rank"]``, its dump rank and name in ``evidence["dump"]``) the record to show is that
+        copy as dumped, beside its replica's. None otherwise (or when the dump does not hold it).
+        """
+        raw = self.raw()
+        values = getattr(finding, "values", None) or {}
+        dump = (getattr(finding, "evidence", None) or {}).get("dump") or {}
+        if raw is None or values.get("departing_rank") is None or dump.get("rank") is None or finding.step is None:
+            return None
+        tensor, node = str(finding.tensor or ""), str(finding.node or "")
+        local = str(dump.get("node") or node) + tensor[len(node):] if tensor.startswith(node) else tensor
+        step, rank = int(values.get("target_step", finding.step)), int(dump["rank"])
+        if local not in raw.indexes["tensor"] or step not in raw.indexes["step"] or rank not in raw.indexes["rank"]:
+            return None
+        return (step, rank, local) if bool(raw["present"].sel(step=step, rank=rank, tensor=local)) else None
 
     def device_labels(self) -> dict[int, str]:
         """``{rank: "host:device"}`` from the triage's rank table, suspect devices marked (``{}`` without one)."""

@@ -15,6 +15,8 @@ class ExplorerViews:
     heat: Any
     record: Any
     panels: list[Any]
+    css: Any
+    model_id: str
 
     # -- compatibility names ------------------------------------------------------------------
     @property
@@ -65,3 +67,20 @@ class ExplorerViews:
     def panel(self, title: str) -> Any:
         """The tab titled *title* (None when absent)."""
         return next((p for p in self.panels if p.title == title), None)
+
+    # -- displaying ---------------------------------------------------------------------------
+    def _ipython_display_(self) -> None:
+        """Display the static view (:mod:`precnb.widgets.static`), then the widget, which hides it while live.
+
+        A notebook saved without widget state shows the static view once the kernel is gone (not "Error
+        displaying widget: model not found"); running the cell again brings the live explorer back.
+        """
+        from IPython.display import display
+
+        from precnb.widgets.static import live_css, static_html
+
+        live = live_css(self.model_id)
+        if live not in self.css.value:
+            self.css.value = self.css.value.replace("</style>", live + "</style>")
+        display({"text/html": static_html(self)}, raw=True)
+        display(self._repr_mimebundle_(), raw=True)  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ import pandas as pd
 import traitlets
 
 from precnb.viz.selections import read_point
-from precnb.widgets._data import ExplorerData
+from precnb.widgets._data import ExplorerData, has_metrics
 from precnb.widgets._inputs import Runs
 from precnb.widgets._rerun import input_paths, rerun_triage, sources_of
 from precnb.widgets._views import ExplorerViews
@@ -71,7 +71,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         self.triage = triage
         self.max_lines = max_lines
         self._sources = sources or sources_of(runs, triage)
-        self.filters = FilterPanel(runs.run(), runs.names, self._on_filters, tensor_metrics=self._has_metrics(triage))
+        self.filters = FilterPanel(runs.run(), runs.names, self._on_filters, tensor_metrics=has_metrics(triage))
         self.data = ExplorerData(runs, self.filters, triage)
         self.heat = HeatView(self.data, self.filters, self._on_pick, current=lambda: self.tensor)
         self.record = RecordView(self.data, self.filters, max_lines=max_lines, on_pick=self._on_line_pick,
@@ -309,6 +309,9 @@ class Explorer(ExplorerViews, ipw.VBox):
         unmerged = getattr(lookup(f.kind), "unmerged", False) and self.data.raw() is not None
         ds = self._ds(unmerged)
         rec = shown_record(f, [int(r) for r in ds["rank"].values])
+        dep = None if unmerged else self.data.departing(f)
+        if dep is not None:  # a replica copy departs: its own record as dumped (and its replica's line) is shown
+            unmerged, ds, rec = True, self.data.raw(), dep
         if rec is None:
             self.current_finding = f
             self.bar.update()
@@ -371,13 +374,9 @@ class Explorer(ExplorerViews, ipw.VBox):
         self._load(runs, t)
         return t
 
-    @staticmethod
-    def _has_metrics(triage: Any) -> bool:
-        return triage is not None and getattr(triage, "tensor_metrics", None) is not None
-
     def _load(self, runs: Runs, triage: Any) -> None:
         self.runs, self.triage = runs, triage
-        self.filters.reset(runs.run(), runs.names, tensor_metrics=self._has_metrics(triage))
+        self.filters.reset(runs.run(), runs.names, tensor_metrics=has_metrics(triage))
         self.data = ExplorerData(runs, self.filters, triage)
         self.heat.data = self.record.data = self.data
         # the charts' templates are data-free (their shape is in their key): kept, only new data is sent

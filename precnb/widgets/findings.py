@@ -12,7 +12,7 @@ import ipywidgets as ipw
 
 from precnb.widgets.panel import ExplorerAPI, Panel
 
-__all__ = ["FindingBar", "FindingPanel", "finding_html", "finding_title", "suspect_label"]
+__all__ = ["FindingBar", "FindingPanel", "finding_html", "finding_title", "suspect_label", "why_html"]
 
 
 
@@ -86,14 +86,31 @@ def _error(err: Exception) -> str:
 
 
 def finding_title(f: Any, index: int | None = None, total: int | None = None) -> str:
-    """``"First divergence (1 of 2): Functional.gelu.0.forward at step 1, rank 0 · blocks.0.mlp"``."""
+    """``"First divergence (1 of 2): Functional.gelu.0.forward at step 1, rank 0 · blocks.0.mlp"``.
+
+    A merged record's where adds the rank as dumped behind it (``evidence["dump"]``), e.g. the departing copy's.
+    """
     n = f" ({index + 1} of {total})" if index is not None and total else ""
     if not f.found:
         title, _, reason = f.headline.partition(": ")
         return f"{title}{n}: {reason}"
     where = f" at step {f.step}, rank {f.rank}" if f.step is not None else ""
+    dump = (f.evidence or {}).get("dump") if isinstance(f.evidence, dict) else None
+    if where and isinstance(dump, dict) and dump.get("rank") is not None and dump["rank"] != f.rank:
+        where += f" (dump rank {dump['rank']})"  # a merged record: the rank as dumped behind it
     mod = f" · {f.module}" if f.module else ""
     return f"{f.title}{n}: {f.node or f.tensor or ''}{where}{mod}"
+
+
+def why_html(f: Any) -> str:
+    """The finding's why under its title: its causes, else its reason (:func:`precnb.analysis.findings.why_lines`)."""
+    from precnb.analysis.findings import why_lines
+
+    lines = why_lines(f) if f is not None else []
+    if not lines:
+        return ""
+    return ("<div style='font-size:13px; line-height:1.35; margin:0 0 2px 72px; white-space:normal'>"
+            + "<br>".join(html.escape(t) for t in lines) + "</div>")
 
 
 def suspect_label(s: dict[str, Any]) -> str:
@@ -128,11 +145,13 @@ class FindingBar(ipw.VBox):
                                layout=ipw.Layout(width="34px"))
         self.label = ipw.HTML("")
         self.label.add_class("precnb-finding-title")
+        self.why = ipw.HTML("")  # why: the finding's cause (or reason), as the text summary says it
+        self.why.add_class("precnb-finding-why")
         self.suspects = ipw.HBox([], layout=ipw.Layout(flex_flow="row wrap"))
         self.suspects.add_class("precnb-suspects")
         self.previous.on_click(lambda _b: self.step(-1))
         self.next.on_click(lambda _b: self.step(1))
-        super().__init__([ipw.HBox([self.previous, self.next, self.label]), self.suspects])
+        super().__init__([ipw.HBox([self.previous, self.next, self.label]), self.why, self.suspects])
         self.add_class("precnb-finding-bar")
 
     def found(self) -> list[Any]:
@@ -163,11 +182,13 @@ class FindingBar(ipw.VBox):
             f0 = t.finding if t is not None else None
             text = html.escape(finding_title(f0)) if f0 is not None else "no diagnosis run"
             self.label.value = f"<span style='color:{_colour(f0)}'>{text}</span>"
+            self.why.value = why_html(f0)
             self.suspects.children = []
             return
         color = _colour(cur)
         idx = found.index(cur) if cur in found else None
         self.label.value = (f"<b style='color:{color}'>{html.escape(finding_title(cur, idx, len(found)))}</b>")
+        self.why.value = why_html(cur)
         buttons = []
         for s in [s for s in cur.suspects[1:] if s.get("step") is not None][: self.max_suspects]:
             b = ipw.Button(description=suspect_label(s), tooltip=suspect_label(s),  # the whole text, wrapped (CSS)

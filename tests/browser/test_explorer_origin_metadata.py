@@ -166,7 +166,8 @@ def test_origin_module_shape_and_stack_are_that_ranks_own(page, i):
     expect(ex.locator(".precnb-detail-panel table").first).to_be_visible(timeout=60_000)
     step, rank, tensor, node, unmerged, in_baseline = json.loads(
         kernel_output(page, f"state(ex{i})").strip().splitlines()[-1])
-    assert node and not unmerged, (name, tensor)
+    # a replica copy that departs (tp_unsync, tp_noise) is shown as dumped, on its own rank (issue 51)
+    assert node and (not unmerged or name in ("tp_unsync", "tp_noise")), (name, tensor)
     root = sample_path(base if in_baseline else target)
     want = _expected(root, step, rank, node, tensor)
     got = _shown(ex)

@@ -59,9 +59,10 @@ from typing import Any
 import numpy as np
 
 from precnb.analysis.findings.text import Statement, Verbatim, wrap_lines
+from precnb.analysis.findings.why import cause_lines, why_lines
 
-__all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "device_text", "jsonable", "shown_record", "to_json",
-           "wrap_lines"]
+__all__ = ["FINDING_SCHEMA", "Finding", "assumed_lines", "cause_lines", "device_text", "jsonable", "shown_record",
+           "to_json", "why_lines", "wrap_lines"]
 
 FINDING_SCHEMA = "precnb.finding/1"
 Kind = str
@@ -198,10 +199,8 @@ class Finding:
         for part in (_where_lines, _value_lines, _gap_lines, _difference_lines, _trend_lines, _plan_lines,
                      assumed_lines):
             lines += part(self)
-        return "\n".join(wrap_lines(lines, width))
-
-
-
+        return "
+".join(wrap_lines(lines, width))
 
 
 def _checklist_summary(f: Finding, checks: list[dict[str, Any]]) -> str:
@@ -253,8 +252,7 @@ def _value_lines(f: Finding) -> list[str]:
             for a, b in v.items():
                 if isinstance(b, dict):
                     lines.append(f"    {a:<9} " + "  ".join(f"{c}={_fmt(d)}" for c, d in b.items()))
-    for c in f.causes:
-        lines.append(f"  cause{'' if c.get('certain') else '?'}: {c['text']}")
+    lines += [f"  {c}" for c in cause_lines(f)]
     return lines
 
 
