@@ -199,8 +199,7 @@ class Finding:
         for part in (_where_lines, _value_lines, _gap_lines, _difference_lines, _trend_lines, _plan_lines,
                      assumed_lines):
             lines += part(self)
-        return "
-".join(wrap_lines(lines, width))
+        return "\n".join(wrap_lines(lines, width))
 
 
 def _checklist_summary(f: Finding, checks: list[dict[str, Any]]) -> str:
