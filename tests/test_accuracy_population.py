@@ -144,6 +144,7 @@ def test_a_fault_on_one_tp_rank_is_found_on_that_rank_against_the_unsharded_run(
     assert (step, rank) == (t["step"], t["rank"]) == (2, 1), answer["reason"]
     assert module_right(module, t["module"]), (module, t["module"], answer["reason"])
     assert answer["values"]["departing_rank"] == 1 and answer["values"]["agreeing_rank"] == 0
+    assert answer["values"]["rel_diff"] > answer["values"]["rtol"]  # the departing copy's difference, not the first's
     assert "replica check" in answer["values"]["rule"]
 
 

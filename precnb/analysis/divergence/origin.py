@@ -26,6 +26,7 @@ from precnb.analysis.findings.evidence import (
     first_by_seq,
     node_evidence,
     shard_suspect,
+    stat_distance,
 )
 from precnb.schema import entry_dtype, entry_meta
 
@@ -92,6 +93,8 @@ def _origin_values(j: Judged, o: _Origin) -> dict[str, Any]:
     departing = departing_copy(cmp.targ, vb, step=o.step, rank=o.rank, tensor=o.tensor)
     if departing is not None:  # the copy that departs from the baseline is the one shown, with its dump rank
         values[names[1]] = {**vt, **departing["values"]}
+        # the difference shown is the departing copy's (the merged entry's first copy may agree: rel_diff 0)
+        values["rel_diff"] = max(float(values["rel_diff"]), stat_distance(departing["values"], vb))
         values["departing_rank"] = departing["rank"]
         values["agreeing_rank"] = departing["agrees"]
     else:  # a merged shard: the member behind the difference, when one is singled out

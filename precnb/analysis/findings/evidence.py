@@ -11,7 +11,8 @@ import xarray as xr
 from precnb.analysis.masks import stat_vars
 from precnb.schema import META_FIELDS, NULL_BITS, entry_meta, entry_stack, meta_changes, read_side_table
 
-__all__ = ["departing_copy", "entry_values", "label_elsewhere", "node_evidence", "parse_frame", "shard_suspect"]
+__all__ = ["departing_copy", "entry_values", "label_elsewhere", "node_evidence", "parse_frame", "shard_suspect",
+           "stat_distance"]
 
 _FRAME = re.compile(r"^\s*File\s+(?P<file>.+?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]+),?\s*(?P<code>.*)$",
                     re.DOTALL)
@@ -39,7 +40,7 @@ def entry_values(ds: xr.Dataset, *, step: int, rank: int, tensor: str) -> dict[s
     return out
 
 
-def _stat_distance(a: dict[str, Any], b: dict[str, Any]) -> float:
+def stat_distance(a: dict[str, Any], b: dict[str, Any]) -> float:
     """The largest difference of two entries' statistics, relative to *b*'s magnitude (max |x|)."""
     scale = max((abs(float(b[s])) for s in ("max", "min") if b.get(s) is not None), default=0.0) or 1e-30
     out = 0.0
@@ -80,7 +81,7 @@ def departing_copy(ds: xr.Dataset, baseline: dict[str, Any], *, step: int, rank:
     # an absent statistic
     copy = {s: float(e[f"copy_{s}"]) for s in ("max", "min", "mean", "norm")}
     first_rank = int(e["copy_first_rank"]) if "copy_first_rank" in ds.data_vars else None
-    if _stat_distance(copy, baseline) > _stat_distance(first, baseline):
+    if stat_distance(copy, baseline) > stat_distance(first, baseline):
         return {"rank": other, "agrees": first_rank, "values": copy}
     return {"rank": first_rank, "agrees": other, "values": {s: first.get(s) for s in copy}}
 
