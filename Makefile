@@ -147,13 +147,15 @@ msprobe-matrix: install
 
 # MSPROBE=/path/to/msprobe: the msprobe executable for the side-by-side rows (default: beside $(PY), else PATH;
 # e.g. the generator's venv). make test runs every script at a tiny size (tests/test_benchmarks_smoke.py).
+# The installed sizes (bench_startup.py --sizes) are those of make dist's wheel, in fresh venvs (pip from PyPI).
 MSPROBE ?=
 MSPROBE_ARG := $(if $(MSPROBE),--msprobe $(MSPROBE),)
-bench: install
+bench: install dist
 	$(PY) benchmarks/run.py $(MSPROBE_ARG)
 	$(PY) benchmarks/bench_explorer.py --markdown benchmarks/RESULTS_explorer.md
 	$(PY) benchmarks/bench_large.py
 	$(PY) benchmarks/bench_startup.py
+	$(PY) benchmarks/bench_startup.py --sizes --wheel "$$(ls $(DIST)/precnb-*.whl)"
 	$(PY) benchmarks/bench_align.py $(MSPROBE_ARG) --markdown benchmarks/RESULTS_align.md
 	$(PY) benchmarks/bench_memory.py --markdown benchmarks/RESULTS_memory.md
 	$(PY) benchmarks/bench_kernel_tensors.py
