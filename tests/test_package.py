@@ -209,7 +209,7 @@ def _check_sdist(sdist) -> dict[str, int]:
     samples = {n for n in members if n.startswith("data_samples/")}
     assert {n.split("/")[1] for n in samples} == {*SHIPPED_SAMPLES, "README.md"}, "MANIFEST.in grafts other samples"
     assert not [n for n in members if n.startswith("tests/")]  # test files without conftest.py and their data
-    # was 85.6 MB unpacked (all of data_samples/); now a few MB of samples, the sources and the notebook templates
+    # was 132 MB unpacked (all of data_samples/); now 8.4 MB of samples, the sources and the notebook templates
     assert sum(members[n] for n in samples) < 10e6 and sum(members.values()) < 15e6
     assert pathlib.Path(sdist).stat().st_size < 10e6
     with tarfile.open(sdist) as tar:
