@@ -65,6 +65,7 @@ def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay
                                    merge_dp=b_dp_merge)
         if notes is not None:
             notes.append(f"baseline shards merged ({b_m.describe()})")
+    raw_target = target
     if t_m is not None:
         target = merge_shards(target, t_m, reference=None if (b_m or base is None) else base,
                               like=like[1] if like else None, merge_dp=t_dp_merge)
@@ -75,9 +76,9 @@ def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay
 
         staged = [lay is not None and (lay.pp > 1 or lay.vpp > 1) for lay in (b_m, t_m)]
         if staged[1] and not staged[0]:
-            target, n = align_optimizer_lists(target, merged_base)
+            target, n = align_optimizer_lists(target, merged_base, raw=raw_target)
         elif staged[0] and not staged[1]:
-            merged_base, n = align_optimizer_lists(merged_base, target)
+            merged_base, n = align_optimizer_lists(merged_base, target, raw=base)
         else:
             n = 0
         if n and notes is not None:

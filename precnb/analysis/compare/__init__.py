@@ -289,6 +289,14 @@ def compare_runs(
             why.update(glue)
         undefined = on_grid(both, und)
         differs = differs & ~undefined
+        if glue:  # no counterpart by construction, but a NaN is never by construction: NaN here, finite there
+            nan_t = np.zeros(both.shape, bool)
+            fin_b = np.asarray(both.values, bool).copy()
+            for s in ("max", "min", "mean", "norm"):
+                if s in tt.data_vars:
+                    nan_t |= np.isnan(np.asarray(tt[s].values, np.float64))
+                    fin_b &= np.isfinite(np.asarray(bb[s].values, np.float64))
+            differs = differs | on_grid(both, cols[None, None, :] & defined & nan_t & fin_b)
         if replicas_differ is not None:  # no counterpart in the baseline, but copies that must agree and do not
             from precnb.analysis.undefined import RETURNED
 

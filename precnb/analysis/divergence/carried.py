@@ -14,6 +14,9 @@ when
   with an earlier output's statistics (a module returning its last child's) is carried when that one is;
 - a parameter's gradient ``G = g^T x`` differs by at most :data:`GRAD_CARRY` times what its module's forward
   input ``x`` and output gradient ``g`` explain, magnified by the cancellation of the sum (``||x|| ||g|| / ||G||``);
+- a parameter after an Adam step (and an input holding one: ``Tensor.t`` of a weight) whose Mean and Norm agree
+  within tolerance and whose Max and Min moved by less than the optimizer's ``lr``: Adam's normalisation magnifies
+  a near-zero gradient element's rounding noise by up to ``1 / eps``, a fraction of one step's size;
 - an op's input differs by at most :data:`CARRY` times the op output that produced it (the latest earlier
   output on the same step and rank with the same target statistics: :mod:`precnb.analysis.causal.dataflow`'s
   rule), which was itself not an origin; an input no recorded op produced, inside a module call, by at most
@@ -77,6 +80,11 @@ class _Tables:
         self.outputs = np.flatnonzero((self.roles == "output") | (self.roles == "grad"))  # what an input can copy
         labels = [str(x) for x in b["tensor"].values]
         where = {lbl: k for k, lbl in enumerate(labels)}
+        self.adam_lr = _adam_lr(j.t)  # (first step, largest lr) of the Adam-family optimizer calls recorded
+        self.params = np.flatnonzero(self.roles == "parameter")
+        self.numel = np.asarray(j.t["numel"].values, np.float64) if "numel" in j.t.data_vars else None
+        self.rtol = np.asarray(j.cmp.rtol.values, np.float64)
+        self.step_values = [int(x) for x in j.t["step"].values]
         self.earlier_grad: dict[int, int] = {}  # a gradient record -> the same parameter's at the previous call
         for g in np.flatnonzero(self.roles == "grad").tolist():
             head, sep, rest = labels[g].rpartition(".parameters_grad.")
@@ -111,6 +119,7 @@ class _Entry:
         with np.errstate(invalid="ignore", over="ignore"):
             self.err = self.rel * scale  # the absolute difference, roughly
         self._producers: dict[bytes, list[tuple[int, int]]] | None = None
+        self._weights: set[bytes] | None = None
 
     def carried(self, c: int, factor: float) -> bool:
         """Whether the difference of tensor *c* here is explained by what its op read."""
@@ -119,7 +128,44 @@ class _Entry:
             return self._output(c, factor)
         if role == "grad":
             return self._grad(c)
+        if role == "parameter" or (role == "input" and self._is_weight(c)):
+            return self._optimizer_step(c)
         return role == "input" and self._input(c, factor)
+
+    def _is_weight(self, c: int) -> bool:
+        """Whether input *c* holds a parameter's statistics at this entry (``Tensor.t`` of a weight)."""
+        tab = self.tab
+        if self._weights is None:
+            ps = tab.params[tab.both[self.si, self.ri, tab.params]]
+            self._weights = {tab.stats[self.si, self.ri, p].tobytes() for p in ps.tolist()}
+        return tab.stats[self.si, self.ri, c].tobytes() in self._weights
+
+    def _optimizer_step(self, c: int) -> bool:
+        """A parameter after an Adam step: extremes within one step's size (lr), Mean and Norm within tolerance.
+
+        Adam moves each element by about ``lr * m / (sqrt(v) + eps)``; for a gradient element near ``eps`` (an
+        expert that got few tokens) that ratio magnifies the gradients' rounding noise by up to ``1 / eps``, so one
+        element's value may differ by a fraction of ``lr`` between two healthy layouts: an extreme that moved by
+        less than ``lr`` while the Mean and Norm agree is that noise. Needs an Adam-family call recorded (its
+        ``lr``) and a step after the first.
+        """
+        tab = self.tab
+        lr = tab.adam_lr
+        if lr is None or tab.step_values[self.si] <= 0:  # step 0: no optimizer step came before it
+            return False
+        a, b = tab.stats[self.si, self.ri, c], tab.bstats[self.si, self.ri, c]
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            return False
+        n = float(tab.numel[self.si, self.ri, c]) if tab.numel is not None else 1.0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rms = max(abs(float(a[3])), abs(float(b[3]))) / np.sqrt(max(n, 1.0))
+        amax = max(abs(float(x)) for x in (a[0], a[1], b[0], b[1]))
+        rtol = float(tab.rtol[c])
+        for k in (2, 3):  # Mean, Norm: within the comparison's own tolerance
+            scale = max(abs(float(a[k])), abs(float(b[k])), rms, amax)
+            if abs(float(a[k]) - float(b[k])) > rtol * scale:
+                return False
+        return bool(abs(float(a[0]) - float(b[0])) <= lr[1] and abs(float(a[1]) - float(b[1])) <= lr[1])
 
     def _output(self, c: int, factor: float) -> bool:
         return self._output_own(c, factor) or self._copy(c, factor)
@@ -215,6 +261,33 @@ class _Entry:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             cond = float(norm[ins].max()) * float(norm[params].max()) / np.float64(norm[c])
         return made * (cond if np.isfinite(cond) and cond > 1 else 1.0)
+
+
+def _adam_lr(ds: Any) -> tuple[int, float] | None:
+    """(first step, largest ``lr``) of the Adam-family optimizer calls the run recorded (their scalar arguments).
+
+    >>> import xarray as xr
+    >>> _adam_lr(xr.Dataset(attrs={"scalar_args": '{"Torch._fused_adamw_": {"lr": {"1": [0.001], "2": [0.002]}}}'}))
+    (1, 0.002)
+    """
+    import json
+
+    try:
+        table = json.loads(ds.attrs.get("scalar_args") or "{}")
+    except (TypeError, ValueError):
+        return None
+    steps: list[int] = []
+    lrs: list[float] = []
+    for api, args in table.items() if isinstance(table, dict) else ():
+        if "adam" not in str(api).lower() or not isinstance(args, dict) or not isinstance(args.get("lr"), dict):
+            continue
+        for step, values in args["lr"].items():
+            vals = [float(v) for v in (values if isinstance(values, list) else [values])
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if vals and str(step).lstrip("-").isdigit():
+                steps.append(int(step))
+                lrs.append(max(vals))
+    return (min(steps), max(lrs)) if steps else None
 
 
 def carried_differences(j: Any, factor: float = CARRY) -> np.ndarray:

@@ -222,8 +222,10 @@ def _structural_before(j: Judged, o: _Origin) -> dict[str, Any] | None:
     # from differing state (a parameter, or an input before any recorded op); if the step started in
     # agreement, what happened before it had no visible effect
     first_seq = int(np.min(np.where(cmp.both.values[o.si, o.ri], o.sq, np.iinfo(np.int64).max)))
-    state_differs = o.role in ("parameter", "grad") or (
-        o.role == "input" and not o.event.inherited and int(o.event.seq) <= first_seq)
+    # (a gradient is state only when nothing compared at its step agreed before it: a forward pass that agreed
+    # started from agreeing state, and the gradient was made in this step)
+    state_differs = o.role == "parameter" or (
+        o.role in ("input", "grad") and not o.event.inherited and int(o.event.seq) <= first_seq)
     for x in j.structural:
         if x["step"] < o.step:
             if state_differs:

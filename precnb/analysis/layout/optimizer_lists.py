@@ -89,10 +89,52 @@ def _identities(ds: xr.Dataset, entries: dict[tuple[str, int], dict[int, int]]) 
     return out
 
 
-def align_optimizer_lists(ds: xr.Dataset, ref: xr.Dataset) -> tuple[xr.Dataset, int]:
+def _raw_identities(raw: xr.Dataset, ds: xr.Dataset, entries: dict[tuple[str, int], dict[int, int]]
+                    ) -> dict[tuple[str, int], str]:
+    """The identities of *ds*'s (a stitched, merged run's) entries, read on each rank of *raw* (the run as dumped).
+
+    On a rank as dumped, entry *k* of its optimizer's parameter list and its parameter record are the same shard:
+    statistics and element count equal, ties (zeros before the first update) in the rank's own order. The rank's
+    local names become the whole model's through the stitch (``attrs["stitch_sources"]``); the TP ranks of a
+    stage must agree.
+    """
+    import json
+
+    try:
+        sources = json.loads(ds.attrs.get("stitch_sources") or "{}")
+    except (TypeError, ValueError):
+        return {}
+    glob = {(int(r), str(old)): str(new) for new, by in sources.items() for r, old in by.items()}
+    if not glob:
+        return {}
+    out: dict[tuple[str, int], str] = {}
+    bad: set[tuple[str, int]] = set()
+    for ri, r in enumerate(int(x) for x in raw["rank"].values):
+        one = raw.isel(rank=[ri])
+        own = _identities(one, _entries(one))
+        for (node, k), ident in own.items():
+            owner, _, name = ident.rpartition("/")
+            call = glob.get((r, node))
+            holder = next((glob[(r, n)] for n in (f"{owner}.forward.0", f"{owner}.backward.0") if (r, n) in glob),
+                          None)
+            if call is None or holder is None:
+                continue
+            key, ident = (call, k), f"{holder.rpartition('.forward.')[0] or holder}/{name}"
+            if out.get(key, ident) != ident:
+                bad.add(key)
+            out[key] = ident
+    for key in bad:
+        out.pop(key, None)
+    return {key: v for key, v in out.items() if key in entries}
+
+
+def align_optimizer_lists(ds: xr.Dataset, ref: xr.Dataset, raw: xr.Dataset | None = None
+                          ) -> tuple[xr.Dataset, int]:
     """*ds* with its fused optimizer list entries renamed to *ref*'s labels for the same parameters.
 
-    Returns ``(dataset, entries renamed)``; *ds* unchanged (0) unless every optimizer entry of *ds* and of *ref*
+    *raw*: *ds* as dumped, before its stages were stitched and its shards merged (the entries are identified on
+    each rank, where a list entry and its parameter record are the same shard). Returns ``(dataset, entries
+    renamed)``; *ds* unchanged (0) unless every optimizer entry of *ds* and of *ref*
     is identified by its parameter (unique statistics among the parameter records, at every step and rank that
     has it), one to one, and some label changes. Renamed tensors lose a pipeline stitch's stage-local mark.
 
@@ -105,7 +147,8 @@ def align_optimizer_lists(ds: xr.Dataset, ref: xr.Dataset) -> tuple[xr.Dataset, 
     mine, theirs = _entries(ds), _entries(ref)
     if not mine or not theirs:
         return ds, 0
-    ids, ref_ids = _identities(ds, mine), _identities(ref, theirs)
+    ids = _raw_identities(raw, ds, mine) if raw is not None else _identities(ds, mine)
+    ref_ids = _identities(ref, theirs)
     if len(ids) != len(mine) or len(ref_ids) != len(theirs):
         return ds, 0
     by_param = {p: key for key, p in ref_ids.items()}

@@ -50,7 +50,13 @@ import xarray as xr
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.layout.merge.classify import _copies, classify_shards
 from precnb.analysis.layout.merge.data_parallel import data_parallel_kinds
-from precnb.analysis.layout.merge.members import copied_shards, departing_copies, shard_holders, take_local
+from precnb.analysis.layout.merge.members import (
+    copied_shards,
+    departing_copies,
+    nan_members,
+    shard_holders,
+    take_local,
+)
 from precnb.analysis.layout.merge.steps import keep_like, keep_module_classes, same_steps
 from precnb.analysis.layout.pp import relabel_pipeline
 from precnb.analysis.layout.rank_args import mark_rank_args
@@ -186,6 +192,17 @@ def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol
     local_pos = None
     if local.any():  # recorded on some members only (an expert on the rank that holds it): that member's entry
         local_pos = take_local(ds, idx, pres, local, out_vals, out_null, out_numel, seq)
+    nan_own, nan_pos = nan_members(ds, idx, pres, kinds == "dp_local")
+    if nan_own.any():  # a replica's own value gone NaN: kept, from that member (a NaN is never by construction)
+        present = present | nan_own
+        for s in out_vals:
+            out_vals[s] = np.where(nan_own, np.nan, out_vals[s])
+        out_null = np.where(nan_own, 0, out_null)
+        member = np.take_along_axis(ds["seq"].values[:, idx, :], nan_pos[:, :, None, :], axis=2)[:, :, 0, :]
+        seq = np.where(nan_own, member, seq)
+        at = np.asarray(idx)[np.arange(len(idx))[None, :, None], nan_pos]  # the member's dump position
+        local_pos = np.where(nan_own, at, local_pos if local_pos is not None else 0)
+        local = local | nan_own
     # every copy of a replicated tensor is checked at every step before the first copy stands for the group:
     # a replica that departs later (a fault on one TP rank) is a difference, not hidden behind rank 0's copy
     same = _copies(ds, idx, rtol)[4]

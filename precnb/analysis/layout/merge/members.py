@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-__all__ = ["copied_shards", "departing_copies", "shard_holders", "take_local"]
+__all__ = ["copied_shards", "departing_copies", "nan_members", "shard_holders", "take_local"]
 
 
 def shard_holders(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray) -> dict[Hashable, Any]:
@@ -135,3 +135,16 @@ def departing_copies(ds: xr.Dataset, idx: list[list[int]], same: np.ndarray, dif
     for s in ("max", "min", "mean", "norm"):
         out[f"copy_{s}"] = (dims, np.where(differ, ds[s].values[si, src, ti], np.nan))
     return out
+
+
+def nan_members(ds: xr.Dataset, idx: list[list[int]], pres: np.ndarray, own: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(step, group, tensor) entries of a replica's own value (*own*) where a member went NaN, and that member.
+
+    A data-parallel replica's own gradient has no whole-batch counterpart, so its merged entry holds no values;
+    but a NaN is never by construction: the entry keeps the NaN (and the member it came from) so that a NaN on
+    one replica is not hidden by the merge. An empty tensor's null statistics are not a NaN.
+    """
+    stats = np.stack([ds[s].values[:, idx, :] for s in ("max", "min", "mean", "norm")], axis=-1)
+    went = np.isnan(stats).any(axis=-1) & (ds["null_stats"].values[:, idx, :] == 0) & pres
+    return own[:, None, :] & went.any(axis=2), np.argmax(went, axis=2)
