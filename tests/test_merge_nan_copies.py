@@ -74,3 +74,25 @@ def test_nan_statistics_identify_no_tensor() -> None:
     arr["min"] = np.array([[[-np.inf]]])  # a by-design -inf fill still names its tensor
     arr["mean"] = arr["norm"] = np.array([[[-np.inf]]])
     assert _signature(arr, 0, 0, 0, np.array(["torch.float32"])) is not None
+
+
+MOE = MG / "moe_tp1ep2dp2"
+GRAD = "Module.0.decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.RowParallelLinear.parameters_grad.0"
+
+
+@pytest.mark.skipif(not MOE.exists(), reason="data_samples/megatron/moe_tp1ep2dp2 missing")
+def test_a_nan_in_a_replicas_own_gradient_is_not_hidden_by_the_data_parallel_merge(tmp_path: Path) -> None:
+    """Experts over two data-parallel ranks against one device: an expert's gradient is its replica's own (no
+    whole-batch counterpart, set aside), but a NaN in it (an expert that got no token dividing by its count) is
+    never by construction: the merge keeps it, with the rank it came from, and ``diff`` names it at its step."""
+    run = tmp_path / "moe_tp1ep2dp2_nan"
+    shutil.copytree(MOE, run)
+    f = run / "step2" / "rank1" / "dump.json"
+    doc = json.loads(f.read_text())
+    _nan_stats(doc["data"][GRAD])
+    f.write_text(json.dumps(doc, indent=1))
+    healthy = cli_json(tmp_path, "diff", str(MG / "moe_ep1"), str(MOE), "--target-layout", "dp=2,ep=2")
+    assert healthy["kind"] == "none", healthy["reason"]
+    d = cli_json(tmp_path, "diff", str(MG / "moe_ep1"), str(run), "--target-layout", "dp=2,ep=2")
+    assert d["step"] == 2 and d["evidence"]["dump"]["rank"] == 1, d["reason"]
+    assert d["module"] == "0.decoder.layers.1.mlp.experts.local_experts.2.linear_fc2", d["reason"]  # global expert 2
