@@ -312,7 +312,7 @@ def _plan_lines(f: Finding) -> list[str]:
         p = f.dump_plan
         lines.append(f"  plan: {p['summary']} (`precnb plan` writes the msprobe config.json)")
         if p.get("repro"):  # a tensor dump: the departing op re-run on its dumped inputs
-            lines.append(f"  repro: {p['repro']}")
+            lines.append(Verbatim(f"  repro: {p['repro']}"))  # a command to paste: not wrapped
     stack = f.evidence.get("stack") or []
     if stack:
         lines.append("  stack (innermost first):")
