@@ -56,11 +56,12 @@ def keep_like(ds: xr.Dataset, like: xr.Dataset, dim: str, kinds: np.ndarray, rea
     prev = {str(t): j for j, t in enumerate(like["tensor"].values)}
     pk, pr, pd = (like[f"shard_{x}_{dim}"].values for x in ("kind", "reason", "dim"))
     same = _same_call(ds, like)
-    # a class decided on zeros only (a bias or an optimizer moment before the first update: equal on every rank
-    # whether split or replicated) says nothing: the later steps decide it themselves
+    # across TP/CP a class decided on zeros only (a bias or an optimizer moment before the first update: equal on
+    # every rank whether split or replicated) says nothing: the later steps decide it themselves (data-parallel
+    # replicas split no tensor of the model: equal zeros there are replicas)
     with np.errstate(invalid="ignore"):
         zero = ((like["max"].values == 0) & (like["min"].values == 0)) | ~like["present"].values.astype(bool)
-    zeros_only = zero.all(axis=(0, 1))
+    zeros_only = zero.all(axis=(0, 1)) & (dim != "dp")
     for j, lbl in enumerate(ds["tensor"].values.tolist()):
         k = prev.get(str(lbl))
         if k is not None and not zeros_only[k] and same(j, k, str(pk[k]), pd[k]):
