@@ -37,7 +37,8 @@ def candidates(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: list[in
     if len(parts) > 1:  # a module's records are numbered by its own calls: judged over every step at once
         from precnb.analysis.step_groups import label_meanings
 
-        module = np.isin(ds["kind"].values, ("module", "param_grad"))
+        # (and an optimizer call's list entries: one call per step, whatever the API counters before it)
+        module = np.isin(ds["kind"].values, ("module", "param_grad")) | (ds["module"].values == "optimizer")
         meaning = label_meanings(ds)
         same_call = (meaning == meaning[:1]).all(axis=0)
         keep = module & same_call

@@ -289,8 +289,8 @@ def _reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> str:
                 "(the gradient was changed after the backward pass computed it)")
     else:
         src = ev.get("inherited_from")
-        what = "its inputs already differ" if ev["role"] == "output" else \
-            f"it is {'a parameter gradient' if ev['role'] == 'grad' else 'a ' + ev['role']}, not an op's output"
+        role = {"grad": "a parameter gradient", "input": "an input"}.get(ev["role"], f"a {ev['role']}")
+        what = "its inputs already differ" if ev["role"] == "output" else f"it is {role}, not an op's output"
         head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}; {what}: "
                 + (f"inherited from the departure at step {src['step']} ({src['node']})" if src else
                    "inherited from an earlier difference no checked tensor shows"))
