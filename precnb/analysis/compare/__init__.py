@@ -122,6 +122,28 @@ class Comparison:
         return self.ds.isel(run=1)
 
 
+def _by_schedule(both_ds: xr.Dataset, glue: dict[str, str]) -> np.ndarray:
+    """Per tensor: a bias gradient that depends on the schedule (set aside against the baseline).
+
+    Its baseline's value is not comparable, but the target's replicas share one schedule: their copies must agree.
+    """
+    from precnb.analysis.undefined import RETURNED
+
+    return np.fromiter((glue.get(str(x)) == RETURNED for x in both_ds["tensor"].values), bool,
+                       both_ds.sizes["tensor"])
+
+
+def _nan_here_finite_there(bb: xr.Dataset, tt: xr.Dataset, both: xr.DataArray) -> np.ndarray:
+    """(step, rank, tensor): entries both runs hold, with a NaN statistic in the target and none in the baseline."""
+    nan_t = np.zeros(both.shape, bool)
+    fin_b = np.asarray(both.values, bool).copy()
+    for s in ("max", "min", "mean", "norm"):
+        if s in tt.data_vars:
+            nan_t |= np.isnan(np.asarray(tt[s].values, np.float64))
+            fin_b &= np.isfinite(np.asarray(bb[s].values, np.float64))
+    return nan_t & fin_b
+
+
 def _replicas_differ(t: xr.Dataset, tt: xr.Dataset, both: xr.DataArray) -> xr.DataArray | None:
     """The target's ``replicas_differ`` marks on the comparison's grid (None when it has none)."""
     if "replicas_differ" not in t.data_vars or not bool(t["replicas_differ"].any()):
@@ -290,21 +312,9 @@ def compare_runs(
         undefined = on_grid(both, und)
         differs = differs & ~undefined
         if glue:  # no counterpart by construction, but a NaN is never by construction: NaN here, finite there
-            nan_t = np.zeros(both.shape, bool)
-            fin_b = np.asarray(both.values, bool).copy()
-            for s in ("max", "min", "mean", "norm"):
-                if s in tt.data_vars:
-                    nan_t |= np.isnan(np.asarray(tt[s].values, np.float64))
-                    fin_b &= np.isfinite(np.asarray(bb[s].values, np.float64))
-            differs = differs | on_grid(both, cols[None, None, :] & defined & nan_t & fin_b)
+            differs = differs | on_grid(both, cols[None, None, :] & defined & _nan_here_finite_there(bb, tt, both))
         if replicas_differ is not None:  # no counterpart in the baseline, but copies that must agree and do not
-            from precnb.analysis.undefined import RETURNED
-
-            # a bias gradient that depends on the schedule: the baseline's is not comparable, but the replicas
-            # of the target share one schedule, so their copies must agree
-            by_schedule = np.fromiter((glue.get(str(x)) == RETURNED for x in both_ds["tensor"].values), bool,
-                                      both_ds.sizes["tensor"])
-            differs = differs | (replicas_differ & on_grid(both, defined | by_schedule[None, None, :]))
+            differs = differs | (replicas_differ & on_grid(both, defined | _by_schedule(both_ds, glue)[None, None, :]))
         crc_differs = crc_differs & ~undefined
     crc_only = crc_differs & ~differs
     return Comparison(
