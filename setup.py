@@ -32,6 +32,7 @@ class BuildPyWithData(build_py):
     """``build_py`` that also copies ``data_samples/`` and ``notebooks/*.ipynb`` into ``<build>/precnb/``."""
 
     def run(self) -> None:
+        """Build the package, then copy the shipped samples and the notebook templates into it."""
         super().run()
         if getattr(self, "editable_mode", False):
             return  # an editable install reads data_samples/ and notebooks/ of the checkout itself
@@ -45,7 +46,8 @@ class BuildPyWithData(build_py):
                 shutil.copyfile(SAMPLES / "README.md", dst / "README.md")
             for name in SHIPPED_SAMPLES:
                 if (SAMPLES / name).is_dir():
-                    shutil.copytree(SAMPLES / name, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+                    shutil.copytree(SAMPLES / name, dst / name,
+                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
         templates = sorted(NOTEBOOKS.glob("*.ipynb"))
         if not templates:
             raise RuntimeError(f"{NOTEBOOKS}: no notebook template to ship (the sdist must graft notebooks/)")
