@@ -109,9 +109,9 @@ def _raw_identities(raw: xr.Dataset, ds: xr.Dataset, entries: dict[tuple[str, in
         return {}
     out: dict[tuple[str, int], str] = {}
     bad: set[tuple[str, int]] = set()
+    lists = _entries(raw)  # the labels are the run's, on every rank: found once
     for ri, r in enumerate(int(x) for x in raw["rank"].values):
-        one = raw.isel(rank=[ri])
-        own = _identities(one, _entries(one))
+        own = _identities(raw.isel(rank=[ri]), lists)
         for (node, k), ident in own.items():
             owner, _, name = ident.rpartition("/")
             call = glob.get((r, node))

@@ -145,6 +145,11 @@ def nan_members(ds: xr.Dataset, idx: list[list[int]], pres: np.ndarray, own: np.
     but a NaN is never by construction: the entry keeps the NaN (and the member it came from) so that a NaN on
     one replica is not hidden by the merge. An empty tensor's null statistics are not a NaN.
     """
-    stats = np.stack([ds[s].values[:, idx, :] for s in ("max", "min", "mean", "norm")], axis=-1)
-    went = np.isnan(stats).any(axis=-1) & (ds["null_stats"].values[:, idx, :] == 0) & pres
+    went = np.zeros(pres.shape, bool)
+    cols = np.flatnonzero(own.any(axis=0))  # only a replica's own values are looked at (the merge's hot path)
+    if len(cols):
+        part = np.zeros(pres[..., cols].shape, bool)
+        for s in ("max", "min", "mean", "norm"):
+            part |= np.isnan(ds[s].values[:, :, cols][:, idx, :])
+        went[..., cols] = part & (ds["null_stats"].values[:, :, cols][:, idx, :] == 0) & pres[..., cols]
     return own[:, None, :] & went.any(axis=2), np.argmax(went, axis=2)
