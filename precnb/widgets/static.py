@@ -43,14 +43,18 @@ def _fallback_css(model_id: str) -> str:
 
 
 def _chart_svg(spec: dict[str, Any] | None) -> str:
-    """The line chart as SVG (vl-convert; empty when it cannot be drawn)."""
+    """The line chart as SVG, empty when it cannot be drawn.
+
+    Drawn by vl-convert in a child process (:mod:`precnb._jsbundle`), never in the kernel's own: V8 cannot start
+    under an address-space limit.
+    """
     if not spec or not spec.get("datasets"):
         return ""
     try:
-        import vl_convert as vlc
+        from precnb._jsbundle import vegalite_to_svg, vl_version
 
-        return str(vlc.vegalite_to_svg(spec))
-    except Exception:  # no vl-convert, or a spec it rejects: the table and text still say it
+        return str(vegalite_to_svg(spec, vl_version()))
+    except Exception:  # no vl-convert, a spec it rejects, a child that cannot start: the table and text still say it
         return ""
 
 
