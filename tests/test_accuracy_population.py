@@ -67,7 +67,7 @@ def judged(kind: str, answer: dict) -> tuple[int | None, int | None, str | None]
 # ------------------------------------------------------------------------------------------- healthy
 def test_ground_truth_is_read_back():
     h = draw()["healthy"][0]
-    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 5
+    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 7
     for f in draw()["faults"]:
         t = gt()["truth"][f["run"]]
         assert t["status"] == "ok" and t["rank"] == f["injection"]["rank"] and t["step"] == f["injection"]["from_step"]
@@ -170,3 +170,44 @@ def test_cli_report_and_explorer_name_the_same_departure(tmp_path):
     write_html(pn.open_run(target, progress=False), out, baseline=pn.open_run(baseline, progress=False),
                target_layout="tp=2")
     assert "rank 1&#39;s copy departs from the baseline" in out.read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------ pipeline stages at level L1
+def _pp_l1() -> dict:
+    return next(h for h in draw()["healthy"] if h["layout"] == "tp2pp2")
+
+
+def test_healthy_tp2pp2_at_level_l1_vs_tp1_at_l1_no_finding():
+    """Both runs dumped at level L1 (no module records), two micro-batches per step. Stitching the stages stage by
+    stage numbered stage 1's calls after stage 0's second micro-batch, where the unsharded run goes micro-batch by
+    micro-batch: a label named another layer's tensor of the same local shape (a false "replicas differ" at step
+    0); and at step 1 a label whose call changed with msprobe's shifted counters kept its step-0 split class (a
+    false divergence at step 1)."""
+    h = _pp_l1()
+    answer = precnb("diff", dump(h["reference"]), dump(h["run"]), "--target-layout", "tp=2,pp=2")
+    assert answer["kind"] == "none", answer["reason"]
+
+
+def test_level_l1_stages_are_numbered_micro_batch_by_micro_batch():
+    """The stitched run's calls carry the unsharded run's labels: every replicated residual-stream add (the whole
+    tensor on each TP rank) has the unsharded run's values under the same label, at both steps."""
+    import numpy as np
+
+    import precnb
+    from precnb.analysis.layout.merge import mark_rank_args, mark_undefined
+    from precnb.analysis.layout.pp import relabel_pipeline
+
+    h = _pp_l1()
+    base = precnb.open_run(POP / dump(h["reference"]))
+    run = precnb.open_run(POP / dump(h["run"]))
+    stitched, _ = relabel_pipeline(mark_rank_args(mark_undefined(run)), precnb.Layout(4, tp=2, pp=2))
+    for step in (0, 1):
+        b, t = base.sel(step=step).isel(rank=0), stitched.sel(step=step).isel(rank=0)
+        labels = [str(x) for x in t["tensor"].values if str(x).startswith("Tensor.__add__.")
+                  and str(x).endswith(".forward.output.0") and bool(t["present"].sel(tensor=x))]
+        whole = [x for x in labels if x in set(b["tensor"].values.tolist()) and bool(b["present"].sel(tensor=x))
+                 and int(t["numel"].sel(tensor=x)) == int(b["numel"].sel(tensor=x))]
+        assert len(whole) >= 30, (step, len(whole))
+        tm = np.array([float(t["max"].sel(tensor=x)) for x in whole])
+        bm = np.array([float(b["max"].sel(tensor=x)) for x in whole])
+        assert np.allclose(tm, bm, rtol=1e-4), [x for x, a, c in zip(whole, tm, bm, strict=True) if abs(a - c) > 1e-4]

@@ -23,6 +23,7 @@ from . import _population as P  # noqa: N812
 from .scrub import scrub_tree
 
 SEED = 2033
+PP_L1_SEED = 2500
 # (kind, layout, bug, dumped steps kept: None for every one) — the fault runs keep the steps up to their fault's
 # (from step 0: msprobe numbers calls per step and Megatron's first step makes calls later steps do not)
 FAULTS = [
@@ -48,10 +49,16 @@ def plan() -> dict[str, Any]:
     # (msprobe's counters shift at step 1) with its stack.json (the only record of which calls run in the backward)
     dp_l1 = P.run_spec(SEED, "dp2", level="L1")
     runs[P.run_id(dp_l1)] = dp_l1
+    # a tp2pp2 run and its unsharded twin, both at level L1 (another model seed, from the population's draw 2):
+    # two micro-batches per step, stitched without module records; steps 0-1 (counters shift at step 1)
+    pp_l1, ref_l1 = P.run_spec(PP_L1_SEED, "tp2pp2", level="L1"), P.run_spec(PP_L1_SEED, "tp1pp1", level="L1")
+    runs[P.run_id(pp_l1)], runs[P.run_id(ref_l1)] = pp_l1, ref_l1
     healthy = [{"name": f"tp2pp1@{SEED}", "seed": SEED, "layout": "tp2pp1", "run": P.run_id(tp2),
                 "reference": P.run_id(ref)},
                {"name": f"dp2L1@{SEED}", "seed": SEED, "layout": "dp2", "run": P.run_id(dp_l1),
-                "reference": P.run_id(ref), "steps_kept": [0, 1], "stacks": True}]
+                "reference": P.run_id(ref), "steps_kept": [0, 1], "stacks": True},
+               {"name": f"tp2pp2L1@{PP_L1_SEED}", "seed": PP_L1_SEED, "layout": "tp2pp2", "run": P.run_id(pp_l1),
+                "reference": P.run_id(ref_l1), "steps_kept": [0, 1]}]
     return {"draw_seed": "subset", "size": "subset", "seeds": [SEED], "runs": runs, "healthy": healthy,
             "faults": faults}
 
@@ -63,6 +70,8 @@ def export(pop: Path, dest: Path) -> dict[str, Any]:
     if dest.exists():
         shutil.rmtree(dest)
     keep = {f["run"]: f.get("steps_kept") for f in p["faults"] + p["healthy"]}
+    keep.update({h["reference"]: h["steps_kept"] for h in p["healthy"] if h["reference"] not in keep
+                 and h["reference"] != P.run_id(P.run_spec(SEED, "tp1pp1"))})
     stacks = {h["run"] for h in p["healthy"] if h.get("stacks")}
     for rid in p["runs"]:
         src, dst = pop / "runs" / rid, dest / "runs" / rid
@@ -111,7 +120,9 @@ def _readme(p: dict[str, Any], gt: dict[str, Any]) -> str:
         spec = p["runs"][h["run"]]
         extra = f", level {spec['level']}" + (", with `stack.json`" if h.get("stacks") else "") \
             if spec["level"] != "mix" else ""
-        lines.append(f"- `{h['run']}` ({h['layout']}{extra}) vs `{h['reference']}` (tp1pp1)")
+        ref_level = p["runs"][h["reference"]]["level"]
+        lines.append(f"- `{h['run']}` ({h['layout']}{extra}) vs `{h['reference']}` (tp1pp1"
+                     f"{f', level {ref_level}' if ref_level != 'mix' else ''})")
     lines += ["", "Faults (ground truth read back from the dumps against the healthy twin, `ground_truth.json`):", ""]
     for f in p["faults"]:
         t = gt["truth"][f["run"]]

@@ -57,7 +57,7 @@ from precnb.analysis.layout.merge.members import (
     shard_holders,
     take_local,
 )
-from precnb.analysis.layout.merge.steps import keep_like, keep_module_classes, same_steps
+from precnb.analysis.layout.merge.steps import keep_like, keep_module_classes, refined, same_steps
 from precnb.analysis.layout.pp import relabel_pipeline
 from precnb.analysis.layout.rank_args import mark_rank_args
 from precnb.analysis.layout.shard_shapes import reference_shapes, shape_table
@@ -95,6 +95,8 @@ def merge_group_dim(
     from precnb.analysis.step_groups import rebased, step_groups
 
     parts = step_groups(ds) if like is None else []
+    if like is None and reference is not None and "step" in reference.dims and "present" in reference.data_vars:
+        parts = refined(parts, ds, reference)  # the reference's labels name other calls there: so may this run's
     if len(parts) < 2:  # every label names one call at every step (or an earlier batch's classes decide)
         parts = [np.arange(ds.sizes["step"])]
     by_step = np.empty((ds.sizes["step"], ds.sizes["tensor"]), object)
@@ -103,7 +105,7 @@ def merge_group_dim(
         part, ref = (ds, reference) if len(parts) == 1 else (rebased(ds, steps), same_steps(reference, ds, steps))
         kinds, reasons, shard_dim = classify_shards(part, groups, rtol=rtol, reference=ref)
         if like is not None and f"shard_kind_{dim}" in like.coords:
-            keep_like(part, like, dim, kinds, reasons, shard_dim)
+            keep_like(part, like, dim, kinds, reasons, shard_dim, reference=ref)
         if dim == "dp":
             members = [[list(part["rank"].values).index(r) for r in g] for g in groups]
             kinds, reasons = data_parallel_kinds(part, kinds, reasons, shard_dim, ref, members)

@@ -13,7 +13,34 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-__all__ = ["keep_like", "keep_module_classes", "same_steps"]
+__all__ = ["keep_like", "keep_module_classes", "refined", "same_steps"]
+
+
+def refined(parts: list[np.ndarray], ds: xr.Dataset, reference: xr.Dataset) -> list[np.ndarray]:
+    """*ds*'s step groups (indices) split where the *reference*'s labels change meaning between steps.
+
+    At level L1 a sharded run's label can name another call at a later step with the same local shape (a TP
+    shard and a whole tensor of the same size), where the unsharded run's shapes show the change.
+
+    >>> from precnb.schema import empty_dataset
+    >>> refined([np.arange(2)], empty_dataset(), empty_dataset())
+    [array([0, 1])]
+    """
+    from precnb.analysis.step_groups import step_groups
+
+    if not reference.sizes.get("step") or not ds.sizes.get("step"):
+        return parts
+    ref_group = {int(s): g for g, idx in enumerate(step_groups(reference))
+                 for s in reference["step"].values[idx].tolist()}
+    steps = [int(s) for s in ds["step"].values]
+    mine = parts or [np.arange(len(steps))]
+    out: list[np.ndarray] = []
+    for idx in mine:
+        by: dict[int, list[int]] = {}
+        for i in idx.tolist():
+            by.setdefault(ref_group.get(steps[i], -1), []).append(i)
+        out.extend(np.asarray(v, np.int64) for v in by.values())
+    return out if len(out) > 1 else parts
 
 
 def same_steps(reference: xr.Dataset | None, ds: xr.Dataset, steps: np.ndarray) -> xr.Dataset | None:
@@ -51,11 +78,16 @@ def keep_module_classes(ds: xr.Dataset, first_steps: np.ndarray, steps: np.ndarr
 
 
 def keep_like(ds: xr.Dataset, like: xr.Dataset, dim: str, kinds: np.ndarray, reasons: np.ndarray,
-               shard_dim: np.ndarray) -> None:
-    """The classes of *like* (merged before) for the tensors it has, in place."""
+               shard_dim: np.ndarray, reference: xr.Dataset | None = None) -> None:
+    """The classes of *like* (merged before) for the tensors it has, in place.
+
+    A split class is not kept where the unsharded *reference* (at these steps) holds the label whole in the
+    shape each rank holds it: the label names another call at these steps, one not split.
+    """
     prev = {str(t): j for j, t in enumerate(like["tensor"].values)}
     pk, pr, pd = (like[f"shard_{x}_{dim}"].values for x in ("kind", "reason", "dim"))
     same = _same_call(ds, like)
+    whole = _whole_here(ds, reference)
     # across TP/CP a class decided on zeros only (a bias or an optimizer moment before the first update: equal on
     # every rank whether split or replicated) says nothing: the later steps decide it themselves (data-parallel
     # replicas split no tensor of the model: equal zeros there are replicas)
@@ -64,8 +96,22 @@ def keep_like(ds: xr.Dataset, like: xr.Dataset, dim: str, kinds: np.ndarray, rea
     zeros_only = zero.all(axis=(0, 1)) & (dim != "dp")
     for j, lbl in enumerate(ds["tensor"].values.tolist()):
         k = prev.get(str(lbl))
-        if k is not None and not zeros_only[k] and same(j, k, str(pk[k]), pd[k]):
+        if k is not None and not zeros_only[k] and same(j, k, str(pk[k]), pd[k]) and not (
+                pk[k] == "sharded" and j in whole):
             kinds[j], reasons[j], shard_dim[j] = pk[k], pr[k], pd[k]
+
+
+def _whole_here(ds: xr.Dataset, reference: xr.Dataset | None) -> set[int]:
+    """Labels of *ds* whose shape is the *reference*'s shape of that label at *ds*'s steps (exceptions applied)."""
+    if reference is None or "step" not in reference.dims or "present" not in reference.data_vars:
+        return set()
+    ref = same_steps(reference, ds, np.arange(ds.sizes["step"]))
+    if ref is None:
+        return set()
+    table = dict(zip(ref["tensor"].values.tolist(), ref["shape"].values.tolist(), strict=True))
+    shapes = ds["shape"].values
+    return {j for j, lbl in enumerate(ds["tensor"].values.tolist())
+            if shapes[j] and table.get(lbl) and _dims(table[lbl]) == _dims(shapes[j])}
 
 
 def _same_call(ds: xr.Dataset, like: xr.Dataset) -> Any:
