@@ -180,3 +180,29 @@ def test_incident_guide_notebook_cells_run(page):
     shown = re.findall(r"^prints \(this ran\):\n\n```text\n(.*?)^```$", text, re.S | re.M)
     assert shown
     assert proc.stdout.rstrip("\n") == "".join(shown).rstrip("\n"), f"{page}: paste the cells' output again"
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_make_docs_screenshots_takes_the_explorer_and_the_report(tmp_path):
+    """``tools/docs_screenshots.py`` (``make docs-screenshots``) on one incident: real JupyterLab and the report."""
+    from tests.browser.conftest import CHROMIUM
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not installed (apt-get install chromium; `make system-deps`)")
+    pytest.importorskip("playwright.sync_api")
+    pytest.importorskip("jupyterlab")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PRECNB_DOCS_SHOTS": str(tmp_path), "PRECNB_NO_DASK_CLIENT": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "docs_screenshots.py"), "--only", "dp_nan",
+                           "--no-readme", "--width", "1000", "--height", "700"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["explorer-dp_nan.png", "report-dp_nan.png"]
+    import struct
+
+    for png in tmp_path.iterdir():
+        head = png.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n", png
+        assert struct.unpack(">II", head[16:24]) == (1000, 700), png  # the viewport, not an empty page
+        assert png.stat().st_size > 20_000, png  # something drawn

@@ -15,7 +15,7 @@ sources: the README is read where no site is built.
 JupyterLab and Chromium are driven exactly as the browser tests drive them (``tests/browser/conftest.py``:
 ``jupyter_lab``, ``open_notebook``, the system chromium through playwright, no download).
 
-    python tools/docs_screenshots.py [--only dp_nan,tensor_bug] [--width 1400] [--height 1000]
+    python tools/docs_screenshots.py [--only dp_nan,tensor_bug] [--width 1400] [--height 1000] [--no-readme]
 """
 
 from __future__ import annotations
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1400)
     parser.add_argument("--height", type=int, default=1000)
     parser.add_argument("--skip-explorer", action="store_true", help="only the reports (no JupyterLab)")
+    parser.add_argument("--no-readme", action="store_true",
+                        help=f"do not refresh the README's picture ({README_SHOT.relative_to(ROOT)})")
     args = parser.parse_args(argv)
 
     from playwright.sync_api import sync_playwright
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             browser.close()
     readme = out / Path(docs_hooks.shot_name("explorer", README_INCIDENT)).name
-    if readme in written:
+    if readme in written and not args.no_readme:
         README_SHOT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(readme, README_SHOT)
         print(f"docs-screenshots: {README_SHOT.relative_to(ROOT)} (the README's picture)")
