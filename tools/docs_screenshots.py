@@ -125,6 +125,7 @@ def report_shots(chromium, incidents: dict[str, list[str]], out: Path, tmp: Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Take the screenshots; 0 when written, 1 when chromium is missing."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="report names (dp_nan,tensor_bug, ...): only these incidents")
     parser.add_argument("--width", type=int, default=1400)
