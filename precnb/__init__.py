@@ -23,7 +23,7 @@ from precnb._version import __version__
 
 _LAZY = {
     "open_run": "precnb.io.api",
-    "open_runs": "precnb.pipeline.runs",
+    "open_runs": "precnb.pipeline.sources",
     "load_report": "precnb.io.api",
     "detect_format": "precnb.io.api",
     "available_steps": "precnb.io.api",
@@ -35,7 +35,7 @@ _LAZY = {
     "validate": "precnb.schema",
     "sample_path": "precnb._samples_path",
     "first_divergence": "precnb.analysis",
-    "align": "precnb.pipeline.runs",
+    "align": "precnb.pipeline.sources",
     "Alignment": "precnb.analysis",
     "first_divergence_stepwise": "precnb.analysis",
     "nan_origin": "precnb.analysis",
