@@ -256,7 +256,7 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
 def _layout_from_args(args: argparse.Namespace, ds: Any) -> Any:
     """The layout the flags give, checked against the dumps; with no layout flag, the one the dumps show."""
     from precnb.analysis import Layout, LayoutError
-    from precnb.pipeline.triage import resolve_layout
+    from precnb.pipeline.run import resolve_layout
 
     world_size = int(ds.sizes["rank"])
     given = args.layout or any(getattr(args, d, None) is not None for d in ("tp", "pp", "vpp", "cp", "ep", "etp"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from precnb.pipeline.triage import diagnose
+from precnb.pipeline.run import diagnose
 
 __all__ = ["follow_devices"]
 

@@ -1,6 +1,6 @@
 """Merging each run's shards into whole-layer statistics before two runs are compared (TP/PP/VPP/CP/EP, DP).
 
-Used by the triage (:mod:`precnb.pipeline.triage`) and by the explorer's reruns (:mod:`precnb.pipeline.reuse`).
+Used by the triage (:mod:`precnb.pipeline.run`) and by the explorer's reruns (:mod:`precnb.pipeline.reuse`).
 """
 
 from __future__ import annotations

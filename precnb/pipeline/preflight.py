@@ -51,7 +51,7 @@ def preflight(base: Any, target: Any = None, **options: Any) -> dict[str, Any]:
     >>> [c["status"] for c in out["checks"] if c["name"] == "dp_data"]  # doctest: +SKIP
     ['fail']
     """
-    from precnb.pipeline.triage import diagnose
+    from precnb.pipeline.run import diagnose
 
     kw = {k: v for k, v in options.items() if k != "kinds"}
     triage = diagnose(base, kinds=["preflight"], **kw) if target is None else diagnose(

@@ -1,6 +1,6 @@
 """The pipeline's preparation steps: layouts, tolerance, step offset, alignment; and what every finding gets after.
 
-Used by both paths of :func:`precnb.pipeline.triage.diagnose` (the whole read and the step-wise search,
+Used by both paths of :func:`precnb.pipeline.run.diagnose` (the whole read and the step-wise search,
 :mod:`precnb.pipeline.stepwise_read`).
 """
 

@@ -1,6 +1,6 @@
 """The outcome of :func:`precnb.diagnose` (:class:`Triage`) and its one constructor (:func:`build_triage`).
 
-Kept apart from :mod:`precnb.pipeline.triage` (the pipeline) so that both of the pipeline's paths (the whole
+Kept apart from :mod:`precnb.pipeline.run` (the pipeline) so that both of the pipeline's paths (the whole
 read and the step-wise search, :mod:`precnb.pipeline.stepwise_read`) build a triage the same way.
 """
 

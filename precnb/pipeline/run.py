@@ -1,4 +1,9 @@
-"""Carry out a :class:`~precnb.pipeline.plan.Plan`: :func:`run` → :class:`~precnb.pipeline.result.Triage`.
+"""``precnb.diagnose``: the one path from inputs and options to ordered findings; :func:`run` carries out a plan.
+
+:func:`diagnose` is ``run(make_plan(normalize(...)))`` (:mod:`precnb.pipeline.plan`, :mod:`precnb.pipeline.inputs`):
+the command line, the report, the explorer, the notebook templates and ``ds.prec`` are thin front ends over it,
+so the same input and options always give the same first finding. :func:`run` carries out a
+:class:`~precnb.pipeline.plan.Plan` into a :class:`~precnb.pipeline.result.Triage`:
 
 One loop per read: read (whole, or step batch by step batch for a search that asks for it) → prepare (merge
 shards, fuse projections, align names, resolve the step offset) → the diagnoses; then once: enrich the findings,
@@ -13,15 +18,72 @@ from typing import Any
 
 import xarray as xr
 
+from precnb._args import baseline_keyword
 from precnb.pipeline import prepare
+from precnb.pipeline.inputs import normalize
+from precnb.pipeline.layout_merge import merge_layouts
 from precnb.pipeline.options import Options
 from precnb.pipeline.plan import Plan, make_plan
 from precnb.pipeline.prepare import nothing_compared_first, resolve_layout
-from precnb.pipeline.result import Triage, build_triage, shared_comparison
+from precnb.pipeline.result import TRIAGE_SCHEMA, Triage, build_triage, shared_comparison
 from precnb.pipeline.scalars import attach_scalar_arguments
-from precnb.pipeline.sources import Loaded, Source, open_source
+from precnb.pipeline.sources import Loaded, ReadRun, Source, open_source
 
-__all__ = ["run", "run_read"]
+__all__ = ["TRIAGE_SCHEMA", "ReadRun", "Triage", "diagnose", "merge_layouts", "nothing_compared_first",
+           "resolve_layout", "run", "run_read", "shared_comparison"]
+
+
+@baseline_keyword()
+def diagnose(
+    target: Any,
+    *,
+    baseline: Any = None,
+    options: Options | None = None,
+    **kw: Any,
+) -> Triage:
+    """Diagnose one run, or a target against its baseline: every applicable diagnosis, in order.
+
+    Parameters
+    ----------
+    target : path, xarray.Dataset or mapping
+        The run diagnosed: a dump root / step / rank folder, monitor output, kernel dump, compare
+        CSV or zarr store; an opened dataset; a dataset holding two runs (``run`` dim; the first is
+        the baseline); or ``{"gpu": a, "npu": b}`` (first = baseline, last = target).
+    baseline : path, xarray.Dataset or str, optional
+        The run it is compared with (or, with a combined dataset, the name of one of its runs).
+        Keyword-only (``diagnose(target, baseline=...)``; ``precnb diff BASE TARGET`` puts it
+        first): a second positional run is a ``TypeError``, never a silent swap.
+    options : Options, optional
+        All options at once; or give them as keyword arguments (see :class:`Options`):
+        ``target_layout`` (alias ``layout``), ``baseline_layout``, ``layouts`` (by run name), ``step_offset``,
+        ``tolerance``, ``reference``, ``mapping``, ``steps``, ``ranks``, ``kinds``, ``crc``, ``format``,
+        ``workers``, ``client``, ``progress``, ``spike_z``, ``spike_ratio``, ``spike_stats``,
+        ``limit``, ``replica_rtol``, ``monitor``, ``loss``.
+
+    Returns
+    -------
+    Triage
+        ``.finding`` is the most important finding; ``.findings`` all of them.
+
+    Raises
+    ------
+    NotADumpError
+        When an input holds nothing readable.
+    ValueError
+        When the options do not fit the inputs (a layout that does not match the ranks, two runs
+        that share no step, an unknown diagnosis kind).
+
+    Examples
+    --------
+    >>> import precnb
+    >>> t = precnb.diagnose(precnb.sample_path("dp_nan"))  # doctest: +SKIP
+    >>> t.finding.kind, t.finding.step, t.finding.rank  # doctest: +SKIP
+    ('nan_origin', 1, 1)
+    """
+    opts = options.with_(**kw) if options is not None and kw else (options or Options.from_kwargs(**kw))
+    inputs = normalize(target, baseline, layouts=opts.layouts, target_layout=opts.target_layout,
+                       baseline_layout=opts.baseline_layout, mapping=opts.mapping)  # the one input model
+    return run(make_plan(inputs, opts))
 
 
 def run(plan: Plan) -> Triage:
@@ -52,8 +114,6 @@ def _first_steps(target: Any, *, baseline: Any, options: Options) -> Triage:
 
     A plan of its own, read whole (no second step-wise search).
     """
-    from precnb.pipeline.inputs import normalize
-
     inputs = normalize(target, baseline, target_layout=options.target_layout,
                        baseline_layout=options.baseline_layout, mapping=options.mapping)
     plan = make_plan(inputs, options, whole=True)
