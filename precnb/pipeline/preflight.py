@@ -2,8 +2,8 @@
 
 The checks themselves are :func:`precnb.analysis.preflight.preflight`; they run as the
 diagnosis of kind ``preflight`` (:mod:`precnb.analysis.diagnoses`), so ``precnb.diagnose`` and
-every front end see the same checks. :func:`with_preflight` (in :mod:`._preflight_join`, which the
-pipeline imports without this module) joins the pre-flight result of a two-step read with a
+every front end see the same checks. :func:`with_preflight` (in :mod:`precnb.pipeline.stepwise_read`, which
+the pipeline imports without this module) joins the pre-flight result of a two-step read with a
 first-divergence search that read the runs step by step.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precnb.pipeline._preflight_join import note_later, with_preflight
+from precnb.pipeline.stepwise_read import note_later, with_preflight
 
 __all__ = ["PREFLIGHT_SCHEMA", "checklist", "note_later", "preflight", "with_preflight"]
 

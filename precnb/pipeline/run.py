@@ -240,7 +240,7 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
     # a "nothing found" that warns (a pre-flight warning may be the cause: a weight left at zero) comes
     # before the other "nothing found" results, so that it is what a clean triage shows first
     findings = registry.order_findings(results)
-    from precnb.pipeline._preflight_join import note_later
+    from precnb.pipeline.stepwise_read import note_later
 
     note_later(findings)
     return findings, checks, by_kind

@@ -3,7 +3,8 @@
 A diagnosis with a ``stepwise`` search (:class:`precnb.analysis.registry.Diagnosis`; the first divergence)
 runs this way on a pair of dump folders when every other diagnosis asked for needs the first steps only
 (``first_steps``; the pre-flight checks): those run on the steps the search read (plus the one they lack),
-and their results are ordered in with the search's (:func:`precnb.pipeline._preflight_join.with_first_steps`).
+and their results are ordered in with the search's (:func:`with_first_steps`; :func:`note_later`: a failing
+pre-flight finding names the findings after it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from precnb.pipeline.result import Triage, build_triage
 from precnb.pipeline.scalars import attach_scalar_arguments
 from precnb.pipeline.sources import Loaded, Source, open_source
 
-__all__ = ["stepwise_plan", "try_stepwise"]
+__all__ = ["note_later", "stepwise_plan", "try_stepwise", "with_first_steps", "with_preflight"]
 
 Pair = tuple[xr.Dataset, xr.Dataset]
 
@@ -75,7 +76,6 @@ def try_stepwise(chosen: tuple[Any, list[Any], tuple[list[int], int]], target: A
     steps the search read.
     """
     from precnb.errors import NotADumpError
-    from precnb.pipeline._preflight_join import with_first_steps
 
     searcher, rest, plan = chosen
     kept: list[Pair] = []
@@ -238,3 +238,54 @@ def _search(d: Any, tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[
     return build_triage(ctx, findings=[finding], checks=checks, results={d.kind: finding}, options=opts,
                         notes=notes, failures=loaded.failures, sources=(bsrc.records_path, tsrc.records_path),
                         assumed=read.assumed)
+
+
+def with_first_steps(pre: Any, div: Any) -> Any:
+    """*div* (a step-wise search's triage) with the results of *pre* (diagnoses of its first steps) ordered in.
+
+    *pre* ran the diagnoses that need the first steps only (:attr:`Diagnosis.first_steps`; the pre-flight
+    checks) on the steps the search read.
+    """
+    from precnb.analysis import registry
+
+    extra = list(pre.results.items())
+    results = [*extra, *((k, v) for k, v in div.results.items())]
+    div.findings = registry.order_findings(results, warn_first=False)  # the search says what it compared
+    note_later(div.findings)
+    div.checks = [*pre.checks, *div.checks]
+    div.results = {**dict(extra), **div.results}
+    steps = sorted({int(s) for s in pre.baseline["step"].values}) if pre.baseline is not None else []
+    titles = ", ".join(registry.title(k).lower() for k, _ in extra)
+    div.notes.append(f"{titles} on baseline steps {', '.join(map(str, steps))}")
+    div.load_failures.extend(x for x in pre.load_failures if x not in div.load_failures)
+    from precnb.pipeline.assumptions import attach
+
+    div.assumptions += [a for a in pre.assumptions if a not in div.assumptions]
+    attach(div.findings, div.assumptions)  # the first steps' findings say the search's assumptions too
+    return div
+
+
+with_preflight = with_first_steps  # the name it had when the pre-flight checks were the only such diagnosis
+
+
+def note_later(findings: list[Any]) -> None:
+    """A failing pre-flight finding first: it names the findings after it (they may be consequences).
+
+    ``evidence["later_findings"]`` holds their kind, step, rank, node, tensor and reason, so the one
+    JSON object ``precnb diff --json`` prints (the pre-flight finding) still says where the runs
+    first diverge.
+    """
+    from precnb.analysis import registry
+
+    head_d = registry.lookup(findings[0].kind) if findings else None
+    if head_d is None or not head_d.clean_last:  # a precondition check (the pre-flight checks) heads the list
+        return
+    later = [f for f in findings[1:] if f.found]
+    if not later:
+        return
+    head = findings[0]
+    head.evidence["later_findings"] = [{k: getattr(f, k) for k in ("kind", "step", "rank", "node", "tensor",
+                                                                    "reason")} for f in later]
+    texts = [f"{f.kind} at step {f.step}, rank {f.rank}" + (f", {f.node}" if f.node else "") for f in later]
+    head.evidence["later_findings_text"] = texts
+    head.hints.append("found after the pre-flight failure (possibly its consequence): " + "; ".join(texts))
