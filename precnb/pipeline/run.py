@@ -21,10 +21,9 @@ import xarray as xr
 from precnb._args import baseline_keyword
 from precnb.pipeline import prepare
 from precnb.pipeline.inputs import normalize
-from precnb.pipeline.layout_merge import merge_layouts
 from precnb.pipeline.options import Options
 from precnb.pipeline.plan import Plan, make_plan
-from precnb.pipeline.prepare import nothing_compared_first, resolve_layout
+from precnb.pipeline.prepare import merge_layouts, nothing_compared_first, resolve_layout
 from precnb.pipeline.result import TRIAGE_SCHEMA, Triage, build_triage, shared_comparison
 from precnb.pipeline.scalars import attach_scalar_arguments
 from precnb.pipeline.sources import Loaded, ReadRun, Source, open_source
@@ -196,7 +195,7 @@ def _context(raw_t: xr.Dataset, raw_b: xr.Dataset | None, tsrc: Source, bsrc: So
     if raw_b is None:  # one run is diagnosed rank by rank
         return Context(target=raw_t, raw_target=raw_t, target_layout=t_lay, tolerance=tolerance,
                        step_offset=opts.step_offset, crc=opts.crc, names=names, params=params), cache
-    from precnb.pipeline.reuse import merged_pair
+    from precnb.pipeline.prepare import merged_pair
 
     base, targ = merged_pair(raw_b, raw_t, b_lay, t_lay, notes)  # shards merged; fused vs separate projections too
     alignment = prepare.pair_alignment(base, targ, opts, notes)

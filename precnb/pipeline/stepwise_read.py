@@ -16,8 +16,8 @@ from typing import Any
 import xarray as xr
 
 from precnb.pipeline import prepare
-from precnb.pipeline.layout_merge import merge_layouts
 from precnb.pipeline.options import Options
+from precnb.pipeline.prepare import merge_layouts
 from precnb.pipeline.result import Triage, build_triage
 from precnb.pipeline.scalars import attach_scalar_arguments
 from precnb.pipeline.sources import Loaded, Source, open_source
