@@ -170,7 +170,7 @@ def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_l
 
     A one-run layout read from the dumps to name the finding is an assumption (added to *assumed*).
     """
-    from precnb.pipeline.layout_names import attach_layout_names
+    from precnb.pipeline.assumptions import attach_layout_names
 
     if not any(f.found and f.node for f in findings):
         return
