@@ -24,8 +24,7 @@ from precnb.pipeline.inputs import normalize
 from precnb.pipeline.options import Options
 from precnb.pipeline.plan import Plan, make_plan
 from precnb.pipeline.prepare import merge_layouts, nothing_compared_first, resolve_layout
-from precnb.pipeline.result import TRIAGE_SCHEMA, Triage, build_triage, shared_comparison
-from precnb.pipeline.scalars import attach_scalar_arguments
+from precnb.pipeline.result import TRIAGE_SCHEMA, Triage, attach_scalar_arguments, build_triage, shared_comparison
 from precnb.pipeline.sources import Loaded, ReadRun, Source, open_source
 
 __all__ = ["TRIAGE_SCHEMA", "ReadRun", "Triage", "diagnose", "merge_layouts", "nothing_compared_first",

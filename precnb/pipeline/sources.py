@@ -31,7 +31,7 @@ class ReadRun:
 
     What a rerun hands :func:`precnb.diagnose` (the explorer's Match, Unmatch and Rerun): the
     dataset saves reading the dumps again, the path keeps what only the files hold (the scalar
-    arguments of a node's record, :mod:`precnb.pipeline.scalars`), so a rerun gives the first
+    arguments of a node's record, :func:`precnb.pipeline.result.attach_scalar_arguments`), so a rerun gives the first
     run's answer.
     """
 

@@ -18,8 +18,7 @@ import xarray as xr
 from precnb.pipeline import prepare
 from precnb.pipeline.options import Options
 from precnb.pipeline.prepare import merge_layouts
-from precnb.pipeline.result import Triage, build_triage
-from precnb.pipeline.scalars import attach_scalar_arguments
+from precnb.pipeline.result import Triage, attach_scalar_arguments, build_triage
 from precnb.pipeline.sources import Loaded, Source, open_source
 
 __all__ = ["note_later", "stepwise_plan", "try_stepwise", "with_first_steps", "with_preflight"]
