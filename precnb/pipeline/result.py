@@ -137,14 +137,14 @@ class Triage:
                                  tensor_metrics=self.tensor_metrics)
 
     def flagged(self) -> Any:
-        """Every record a diagnosis flags, in causal order (:func:`precnb.pipeline.flagged.flagged`)."""
-        from precnb.pipeline.flagged import flagged
+        """Every record a diagnosis flags, in causal order (:func:`precnb.pipeline.tensors.flagged`)."""
+        from precnb.pipeline.tensors import flagged
 
         return flagged(self)
 
     def flagged_ranks(self) -> Any:
         """The same for a rank × step view (the dump's ranks where shards were merged and disagree)."""
-        from precnb.pipeline.flagged import flagged_ranks
+        from precnb.pipeline.tensors import flagged_ranks
 
         return flagged_ranks(self)
 

@@ -159,7 +159,7 @@ def _params(wanted: Sequence[Any], opts: Options, tsrc: Source, raw_t: xr.Datase
     params: dict[str, Any] = {"spike_rule": prepare.spike_rule(opts), "limit": int(opts.limit),
                               "replica_rtol": float(opts.replica_rtol), "rng_regions": tuple(opts.rng_regions)}
     if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
-        from precnb.pipeline.side_inputs import side_inputs
+        from precnb.pipeline.tensors import side_inputs
 
         params.update(side_inputs(opts, loaded, common))
     for d in wanted:  # what a diagnosis reads beside the run (its ``inputs`` hook)
