@@ -105,14 +105,14 @@ def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, comm
     opened with the target's steps.
     """
     out: dict[str, Any] = {}
-    path = getattr(tsrc, "records_path", None) or (tsrc.value if getattr(tsrc, "is_path", False) else None)
-    if path:
+    if getattr(tsrc, "records_path", None):
         from precnb.io.api import node_records
 
         fmt = opts.format
 
         def records(step: int, rank: int, node: str) -> Any:
-            return node_records(path, step, rank, [node], format=fmt).get(node)
+            where, reader = tsrc.resolved(fmt)  # the reader asked once per path (Source.resolved)
+            return node_records(where, step, rank, [node], format=reader).get(node)
 
         out["node_records"] = records
     if opts.replica_baseline is not None:

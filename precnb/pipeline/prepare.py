@@ -40,7 +40,7 @@ from precnb.pipeline.sources import Source
 
 __all__ = ["alignment", "enrich_all", "is_sharded", "mapping_key", "merge_layouts", "merged_pair", "name_in_layout",
            "nothing_compared_first", "pair_alignment", "pair_steps", "resolve_layout", "spike_rule", "step_offset_of",
-           "tolerance_of", "with_devices"]
+           "steps_of", "tolerance_of", "with_devices"]
 
 _MERGED = DatasetMemo(size=2)
 _ALIGNED = DatasetMemo(size=2)
@@ -123,11 +123,9 @@ def pair_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int] | N
         return list(opts.steps), [s + opts.step_offset for s in opts.steps]
     if opts.step_offset is None and tsrc.is_path and bsrc.is_path:
         from precnb.analysis.compare import default_step_offset
-        from precnb.io.api import available_steps
-
         try:
-            bs = available_steps(bsrc.value, format=opts.format, ranks=opts.ranks)
-            ts = available_steps(tsrc.value, format=opts.format, ranks=opts.ranks)
+            bs = steps_of(bsrc, opts)
+            ts = steps_of(tsrc, opts)
         except Exception:  # reported by the whole read
             return None, None
         if bs is not None and ts is not None and default_step_offset(bs, ts, None) == 0:
@@ -332,3 +330,11 @@ def alignment(base: xr.Dataset, targ: xr.Dataset, mapping: Any) -> Any:
     if key is None:  # a file (it may have changed on disk) or an object: computed again
         return align(base, targ, mapping=mapping)
     return _ALIGNED.get([base, targ], ("align", key), lambda: align(base, targ, mapping=mapping), copy=False)
+
+
+def steps_of(src: Source, opts: Options) -> list[int] | None:
+    """:func:`precnb.io.available_steps` of a path source (its reader asked once: :meth:`Source.resolved`)."""
+    from precnb.io.api import available_steps
+
+    where, fmt = src.resolved(opts.format)
+    return available_steps(where, format=fmt, ranks=opts.ranks)

@@ -243,13 +243,13 @@ def build_triage(ctx: Any, *, findings: list[Any], checks: list[dict[str, Any]],
 
 
 def _records(src: Source, step: int, rank: int, node: str, fmt: str | None) -> dict[str, Any] | None:
-    path = src.records_path
-    if path is None:
+    if src.records_path is None:
         return None
     from precnb.io.api import node_records
 
     try:
-        return node_records(path, step, rank, [node], format=fmt).get(node)
+        where, reader = src.resolved(fmt)  # the reader asked once per path
+        return node_records(where, step, rank, [node], format=reader).get(node)
     except Exception:  # evidence is optional: the finding stands without it
         return None
 

@@ -48,6 +48,8 @@ class Source:
     path: str | None = None
     #: the parallel layout given for this run (``"tp=2"``, a mapping or a Layout; None: read from the dumps)
     layout: Any = None
+    #: what :meth:`resolved` found, by forced format: the readers are asked once per path
+    _resolved: dict[str | None, tuple[str, str]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.value, ReadRun):
@@ -62,6 +64,30 @@ class Source:
     def records_path(self) -> str | None:
         """The path to read node records from: the path given, or the one the dataset was read from."""
         return os.fspath(self.value) if self.is_path else self.path
+
+    def resolved(self, format: str | None = None) -> tuple[str, str]:
+        """(the path to read, its reader's name) for :attr:`records_path`, detected once (*format*: forced).
+
+        Every read of the run in a triage (each step batch, the steps it holds, node records) goes through it, so
+        the readers are asked which one reads the path once (:func:`precnb.io.detect.resolve`: a sample folder that
+        wraps the dump is read through the dump).
+
+        Raises
+        ------
+        NotADumpError
+            When nothing reads the path (asked again next time).
+        """
+        got = self._resolved.get(format)
+        if got is None:
+            from pathlib import Path
+
+            from precnb.io.detect import resolve
+
+            if self.records_path is None:
+                raise TypeError(f"{self.name}: no path to read")
+            where, fmt = resolve(Path(self.records_path), format)
+            got = self._resolved[format] = (os.fspath(where), fmt)
+        return got
 
 
 @dataclass
@@ -89,9 +115,10 @@ def open_source(src: Source, *, loaded: Loaded, steps: Sequence[int] | None = No
     elif src.is_path:
         from precnb.io.api import open_run
 
+        where, fmt = src.resolved(format)  # the reader asked once per path, not once per step batch
         with warnings.catch_warnings():  # skipped files are reported through `loaded`
             warnings.simplefilter("ignore")
-            ds = open_run(src.value, format=format, steps=steps, ranks=ranks, workers=workers,
+            ds = open_run(where, format=fmt, steps=steps, ranks=ranks, workers=workers,
                           client=client, progress=progress)
     else:
         raise TypeError(f"expected a path or an xarray.Dataset, got {type(src.value).__name__}")

@@ -45,13 +45,12 @@ def stepwise_plan(wanted: Sequence[Any], tsrc: Source, bsrc: Source | None, opts
 def _steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int], int] | None:
     """(baseline steps to search, offset) when the search can read step by step."""
     from precnb.analysis.compare import default_step_offset
-    from precnb.io.api import available_steps
 
     if not (tsrc.is_path and bsrc.is_path):
         return None
     try:
-        bsteps = available_steps(bsrc.value, format=opts.format, ranks=opts.ranks)
-        tsteps = available_steps(tsrc.value, format=opts.format, ranks=opts.ranks)
+        bsteps = prepare.steps_of(bsrc, opts)
+        tsteps = prepare.steps_of(tsrc, opts)
     except Exception:  # undetectable input: the whole read reports it properly
         return None
     if bsteps is None or tsteps is None:
@@ -288,3 +287,4 @@ def note_later(findings: list[Any]) -> None:
     texts = [f"{f.kind} at step {f.step}, rank {f.rank}" + (f", {f.node}" if f.node else "") for f in later]
     head.evidence["later_findings_text"] = texts
     head.hints.append("found after the pre-flight failure (possibly its consequence): " + "; ".join(texts))
+
