@@ -46,13 +46,13 @@ _LAZY = {
     "merge_shards": "precnb.analysis",
     "check_replicas": "precnb.analysis",
     "check_departures": "precnb.analysis.replicas.departures",  # issue #28
-    "follow_devices": "precnb.pipeline.devices",
+    "follow_devices": "precnb.pipeline.run",
     "read_rank_table": "precnb.io.rank_table",
     "explore": "precnb.widgets",
     "diagnose": "precnb.pipeline",
     "Triage": "precnb.pipeline",
     "Options": "precnb.pipeline",
-    "preflight": "precnb.pipeline.devices",
+    "preflight": "precnb.pipeline.run",
     "write_html": "precnb.report",
 }
 

@@ -160,7 +160,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 def _cmd_preflight(args: argparse.Namespace) -> int:
     from precnb.analysis.findings import to_json
-    from precnb.pipeline.devices import checklist
+    from precnb.pipeline.run import checklist
 
     extra = {"target_layout": args.layout} if args.layout else {}
     if args.target is None:

@@ -6,12 +6,8 @@ that it places every rank of the run; :func:`attach_devices` writes ``device`` o
 on its suspects and on every entry of its replica departures (``evidence["departures"]``) that
 names a rank.
 
-Two public verbs run the pipeline for one purpose and live here too: :func:`follow_devices` (``precnb devices``:
-each job's replica departures, followed to hosts and devices across jobs, issue 28; the per-job diagnosis is
-:func:`precnb.diagnose`, the verdicts :func:`precnb.analysis.replicas.devices.device_verdicts`) and
-:func:`preflight` (``precnb.preflight``: the pre-flight checks through the one pipeline, as the JSON-able check
-list; the checks themselves are :func:`precnb.analysis.preflight.preflight`, run as the diagnosis of kind
-``preflight``, so ``precnb.diagnose`` and every front end see the same checks).
+``precnb devices`` (:func:`precnb.pipeline.run.follow_devices`) follows each job's replica departures to hosts and
+devices across jobs with these tables.
 
 Examples
 --------
@@ -29,10 +25,7 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["PREFLIGHT_SCHEMA", "attach_devices", "checklist", "device_labels", "follow_devices", "preflight",
-           "replica_inputs", "resolve_rank_table"]
-
-PREFLIGHT_SCHEMA = "precnb.preflight/1"
+__all__ = ["attach_devices", "device_labels", "replica_inputs", "resolve_rank_table"]
 
 #: evidence entries that list ranks (replica departures, their candidates and consequences)
 _EVIDENCE_KEYS = ("departures", "departure", "candidates")
@@ -151,109 +144,3 @@ def device_labels(triage: Any) -> dict[int, str]:
         if r in out:
             out[r] += " (suspect)" if c.get("wrong_side") else " (candidate)"
     return out
-
-
-def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout: Any,
-                   baseline: Any = None, **options: Any) -> dict[str, Any]:
-    """``precnb devices``: each job's replica departures, followed to hosts and devices across jobs.
-
-    Parameters
-    ----------
-    runs : mapping name -> run
-        The jobs (paths or datasets), by display name.
-    tables : mapping name -> rank table
-        Each job's rank table (path or mapping; see :func:`resolve_rank_table`).
-    layout : str, mapping or Layout
-        The parallel layout of every job (``"tp=2,dp=2"``).
-    baseline : path or xarray.Dataset, optional
-        A clean run of the same training: decides two-replica departures.
-    **options
-        Further :class:`~precnb.pipeline.Options` (``replica_rtol``, ``rng_regions``, ``workers``, ...).
-
-    Returns
-    -------
-    dict
-        ``{"devices": [...]}`` (:func:`precnb.analysis.replicas.devices.device_verdicts`), and the per-job findings
-        under ``"findings"`` (not part of the printed shape).
-
-    Examples
-    --------
-    >>> import precnb
-    >>> root = precnb.sample_path("sdc")
-    >>> out = follow_devices({j: root / j for j in ("job1", "job2")},
-    ...                      {j: root / "rank_tables" / f"{j}.csv" for j in ("job1", "job2")},
-    ...                      layout="tp=2,dp=2", workers=1)
-    >>> out["devices"][0]["host"], out["devices"][0]["device"], out["devices"][0]["verdict"]
-    ('10.0.0.1', '1', 'suspect')
-    """
-    from precnb.analysis.replicas.devices import device_verdicts
-    from precnb.pipeline.run import diagnose
-
-    events: dict[str, list[dict[str, Any]]] = {}
-    placed: dict[str, dict[int, dict[str, str]]] = {}
-    findings: dict[str, Any] = {}
-    notes: list[str] = []  # a rank table's rows for ranks its run does not have (#49)
-    for name, run in runs.items():
-        t = diagnose(run, kinds=["replica_mismatch"], target_layout=layout, rank_table=tables[name],
-                     replica_baseline=baseline, **options)
-        f = t.result("replica_mismatch") or t.finding
-        findings[name] = f
-        events[name] = list(f.evidence.get("departures", [])) if f is not None and f.found else []
-        assert t.rank_table is not None
-        placed[name] = t.rank_table
-        notes += [n for n in t.notes if n.startswith("rank table ") and n not in notes]
-    return {"devices": device_verdicts(events, placed), "findings": findings, "notes": notes}
-
-
-def preflight(base: Any, target: Any = None, **options: Any) -> dict[str, Any]:
-    """Pre-flight checks of one run (*base*) or of *target* against *base*, before any layer-by-layer compare.
-
-    Parameters
-    ----------
-    base : path or xarray.Dataset
-        The baseline run, or the one run checked (a dump, a msprobe ``config_check`` pack, ...).
-    target : path or xarray.Dataset, optional
-        The run compared with *base*.
-    **options
-        Pipeline options (:class:`precnb.Options`): ``layout`` / ``target_layout`` (which ranks
-        share a batch by design: TP, CP, PP groups; only distinct DP replicas must read distinct
-        data), ``baseline_layout``, ``step_offset``, ``steps``, ``ranks``, ``format``, ...
-
-    Returns
-    -------
-    dict
-        ``{"schema": "precnb.preflight/1", "status": worst status, "baseline": name | None,
-        "target": name, "checks": [{"name", "title", "status", "message", "confidence", "basis",
-        "details"}, ...]}`` (strict JSON values); see :mod:`precnb.analysis.preflight`.
-
-    Raises
-    ------
-    NotADumpError
-        When an input holds nothing readable.
-
-    Examples
-    --------
-    >>> import precnb
-    >>> out = precnb.preflight(precnb.sample_path("preflight/same_batch"))  # doctest: +SKIP
-    >>> [c["status"] for c in out["checks"] if c["name"] == "dp_data"]  # doctest: +SKIP
-    ['fail']
-    """
-    from precnb.pipeline.run import diagnose
-
-    kw = {k: v for k, v in options.items() if k != "kinds"}
-    triage = diagnose(base, kinds=["preflight"], **kw) if target is None else diagnose(
-        target, baseline=base, kinds=["preflight"], **kw)
-    return checklist(triage)
-
-
-def checklist(triage: Any) -> dict[str, Any]:
-    """The :func:`preflight` dict of a :class:`~precnb.Triage` that ran the pre-flight checks."""
-    from precnb.analysis.findings import jsonable
-
-    f = triage.result("preflight")
-    if f is None:
-        raise ValueError("the pre-flight checks did not run in this triage (kinds without 'preflight')")
-    checks = list(f.evidence.get("checks", []))
-    return jsonable({"schema": PREFLIGHT_SCHEMA, "status": f.stats.get("status"),
-                     "baseline": triage.names[0] if triage.paired else None, "target": triage.names[1],
-                     "checks": checks})

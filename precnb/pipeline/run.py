@@ -2,7 +2,11 @@
 
 :func:`diagnose` is ``run(make_plan(normalize(...)))`` (:mod:`precnb.pipeline.plan`, :mod:`precnb.pipeline.inputs`):
 the command line, the report, the explorer, the notebook templates and ``ds.prec`` are thin front ends over it,
-so the same input and options always give the same first finding. :func:`run` carries out a
+so the same input and options always give the same first finding. Two public verbs run it for one purpose:
+:func:`preflight` (``precnb.preflight``: the pre-flight checks as the JSON-able check list; the checks are the
+diagnosis of kind ``preflight``, so every front end sees the same ones) and :func:`follow_devices`
+(``precnb devices``: each job's replica departures followed to hosts and devices across jobs, issue 28; the
+verdicts are :func:`precnb.analysis.replicas.devices.device_verdicts`). :func:`run` carries out a
 :class:`~precnb.pipeline.plan.Plan` into a :class:`~precnb.pipeline.result.Triage`:
 
 One loop per read: read (whole, or step batch by step batch for a search that asks for it) → prepare (merge
@@ -13,7 +17,7 @@ step-wise search run on the steps it read, through :func:`run_read` (never throu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import xarray as xr
@@ -27,8 +31,11 @@ from precnb.pipeline.prepare import merge_layouts, nothing_compared_first, resol
 from precnb.pipeline.result import TRIAGE_SCHEMA, Triage, attach_scalar_arguments, build_triage, shared_comparison
 from precnb.pipeline.sources import Loaded, ReadRun, Source, open_source
 
-__all__ = ["TRIAGE_SCHEMA", "ReadRun", "Triage", "diagnose", "merge_layouts", "nothing_compared_first",
-           "resolve_layout", "run", "run_read", "shared_comparison"]
+__all__ = ["PREFLIGHT_SCHEMA", "TRIAGE_SCHEMA", "ReadRun", "Triage", "checklist", "diagnose", "follow_devices",
+           "merge_layouts", "nothing_compared_first", "preflight", "resolve_layout", "run", "run_read",
+           "shared_comparison"]
+
+PREFLIGHT_SCHEMA = "precnb.preflight/1"
 
 
 @baseline_keyword()
@@ -82,6 +89,109 @@ def diagnose(
     inputs = normalize(target, baseline, layouts=opts.layouts, target_layout=opts.target_layout,
                        baseline_layout=opts.baseline_layout, mapping=opts.mapping)  # the one input model
     return run(make_plan(inputs, opts))
+
+
+def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout: Any,
+                   baseline: Any = None, **options: Any) -> dict[str, Any]:
+    """``precnb devices``: each job's replica departures, followed to hosts and devices across jobs.
+
+    Parameters
+    ----------
+    runs : mapping name -> run
+        The jobs (paths or datasets), by display name.
+    tables : mapping name -> rank table
+        Each job's rank table (path or mapping; see :func:`resolve_rank_table`).
+    layout : str, mapping or Layout
+        The parallel layout of every job (``"tp=2,dp=2"``).
+    baseline : path or xarray.Dataset, optional
+        A clean run of the same training: decides two-replica departures.
+    **options
+        Further :class:`~precnb.pipeline.Options` (``replica_rtol``, ``rng_regions``, ``workers``, ...).
+
+    Returns
+    -------
+    dict
+        ``{"devices": [...]}`` (:func:`precnb.analysis.replicas.devices.device_verdicts`), and the per-job findings
+        under ``"findings"`` (not part of the printed shape).
+
+    Examples
+    --------
+    >>> import precnb
+    >>> root = precnb.sample_path("sdc")
+    >>> out = follow_devices({j: root / j for j in ("job1", "job2")},
+    ...                      {j: root / "rank_tables" / f"{j}.csv" for j in ("job1", "job2")},
+    ...                      layout="tp=2,dp=2", workers=1)
+    >>> out["devices"][0]["host"], out["devices"][0]["device"], out["devices"][0]["verdict"]
+    ('10.0.0.1', '1', 'suspect')
+    """
+    from precnb.analysis.replicas.devices import device_verdicts
+
+    events: dict[str, list[dict[str, Any]]] = {}
+    placed: dict[str, dict[int, dict[str, str]]] = {}
+    findings: dict[str, Any] = {}
+    notes: list[str] = []  # a rank table's rows for ranks its run does not have (#49)
+    for name, run in runs.items():
+        t = diagnose(run, kinds=["replica_mismatch"], target_layout=layout, rank_table=tables[name],
+                     replica_baseline=baseline, **options)
+        f = t.result("replica_mismatch") or t.finding
+        findings[name] = f
+        events[name] = list(f.evidence.get("departures", [])) if f is not None and f.found else []
+        assert t.rank_table is not None
+        placed[name] = t.rank_table
+        notes += [n for n in t.notes if n.startswith("rank table ") and n not in notes]
+    return {"devices": device_verdicts(events, placed), "findings": findings, "notes": notes}
+
+
+def preflight(base: Any, target: Any = None, **options: Any) -> dict[str, Any]:
+    """Pre-flight checks of one run (*base*) or of *target* against *base*, before any layer-by-layer compare.
+
+    Parameters
+    ----------
+    base : path or xarray.Dataset
+        The baseline run, or the one run checked (a dump, a msprobe ``config_check`` pack, ...).
+    target : path or xarray.Dataset, optional
+        The run compared with *base*.
+    **options
+        Pipeline options (:class:`precnb.Options`): ``layout`` / ``target_layout`` (which ranks
+        share a batch by design: TP, CP, PP groups; only distinct DP replicas must read distinct
+        data), ``baseline_layout``, ``step_offset``, ``steps``, ``ranks``, ``format``, ...
+
+    Returns
+    -------
+    dict
+        ``{"schema": "precnb.preflight/1", "status": worst status, "baseline": name | None,
+        "target": name, "checks": [{"name", "title", "status", "message", "confidence", "basis",
+        "details"}, ...]}`` (strict JSON values); see :mod:`precnb.analysis.preflight`.
+
+    Raises
+    ------
+    NotADumpError
+        When an input holds nothing readable.
+
+    Examples
+    --------
+    >>> import precnb
+    >>> out = precnb.preflight(precnb.sample_path("preflight/same_batch"))  # doctest: +SKIP
+    >>> [c["status"] for c in out["checks"] if c["name"] == "dp_data"]  # doctest: +SKIP
+    ['fail']
+    """
+    kw = {k: v for k, v in options.items() if k != "kinds"}
+    triage = diagnose(base, kinds=["preflight"], **kw) if target is None else diagnose(
+        target, baseline=base, kinds=["preflight"], **kw)
+    return checklist(triage)
+
+
+def checklist(triage: Any) -> dict[str, Any]:
+    """The :func:`preflight` dict of a :class:`~precnb.Triage` that ran the pre-flight checks."""
+    from precnb.analysis.findings import jsonable
+
+    f = triage.result("preflight")
+    if f is None:
+        raise ValueError("the pre-flight checks did not run in this triage (kinds without 'preflight')")
+    checks = list(f.evidence.get("checks", []))
+    return jsonable({"schema": PREFLIGHT_SCHEMA, "status": f.stats.get("status"),
+                     "baseline": triage.names[0] if triage.paired else None, "target": triage.names[1],
+                     "checks": checks})
 
 
 def run(plan: Plan) -> Triage:
