@@ -45,6 +45,8 @@ class Plan:
         What was read (and refused), filled in as the plan runs.
     common : dict
         The reading options every open shares (format, workers, client, progress, ranks).
+    cache : dict
+        What is read once per triage beside the runs (the monitor output, the loss log).
     """
 
     options: Options
@@ -55,6 +57,7 @@ class Plan:
     stepwise: tuple[Any, list[Any], tuple[list[int], int]] | None = None
     loaded: Loaded = field(default_factory=Loaded)
     common: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
 
 
 def make_plan(inputs: Any, options: Options, *, whole: bool = False) -> Plan:

@@ -38,9 +38,9 @@ from precnb.analysis._memo import DatasetMemo
 from precnb.pipeline.options import Options
 from precnb.pipeline.sources import Source
 
-__all__ = ["alignment", "enrich_all", "is_sharded", "mapping_key", "merge_layouts", "merged_pair", "name_in_layout",
-           "nothing_compared_first", "pair_alignment", "pair_steps", "resolve_layout", "spike_rule", "step_offset_of",
-           "steps_of", "tolerance_of", "with_devices"]
+__all__ = ["alignment", "enrich_all", "is_sharded", "mapping_key", "merge_layouts", "merged_pair", "name_all",
+           "name_in_layout", "nothing_compared_first", "pair_alignment", "pair_steps", "resolve_layout", "spike_rule",
+           "step_offset_of", "steps_of", "tolerance_of"]
 
 _MERGED = DatasetMemo(size=2)
 _ALIGNED = DatasetMemo(size=2)
@@ -150,18 +150,6 @@ def nothing_compared_first(findings: list[Any], failures: Sequence[tuple[str, st
     findings.insert(0, f)
 
 
-def with_devices(triage: Any, opts: Options) -> Any:
-    """*triage* with hosts and devices beside its ranks (the ``rank_table`` option; issue #28)."""
-    from precnb.pipeline.devices import attach_devices, resolve_rank_table
-
-    notes: list[str] = []
-    table = resolve_rank_table(opts.rank_table, triage.raw_target, notes)
-    triage.notes.extend(n for n in notes if n not in triage.notes)
-    attach_devices(triage.findings, table)
-    triage.rank_table = table
-    return triage
-
-
 def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_lay: Any, *, paired: bool,
                    assumed: list[dict[str, Any]] | None = None, earlier: xr.Dataset | None = None) -> None:
     """The dump's names of a merged target's finding; the whole model's names of a pipeline run's finding.
@@ -179,11 +167,32 @@ def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_l
                             earlier=earlier)
 
 
-def enrich_all(findings: list[Any], ctx: Any) -> None:
-    """What every finding gets after its diagnosis: ratio / gap evidence, then its dump plan."""
+def _of(findings: list[Any], part: Any) -> list[Any]:
+    """The findings of *part* (a :class:`~precnb.pipeline.result.Part`), in the order of *findings*."""
+    own = {id(f) for _, f in part.results}
+    return [f for f in findings if id(f) in own]
+
+
+def enrich_all(findings: list[Any], parts: Sequence[Any]) -> None:
+    """What every finding gets after its diagnosis (ratio / gap evidence, its dump plan), once per triage.
+
+    Each finding is told its evidence from the runs its diagnosis read: its part's (the runs whole, or on the
+    step-wise path the search's last step batch and the first steps the first-steps diagnoses read).
+    """
     from precnb.analysis.findings.enrich import enrich
 
-    enrich(findings, ctx.target, ctx.baseline)
+    for part in parts:
+        own = _of(findings, part)
+        if own:
+            enrich(own, part.ctx.target, part.ctx.baseline)
+
+
+def name_all(findings: list[Any], parts: Sequence[Any]) -> None:
+    """:func:`name_in_layout` of every finding, once per triage, in the terms of the runs its diagnosis read."""
+    for part in parts:
+        ctx = part.ctx
+        name_in_layout(_of(findings, part), ctx.raw_target, ctx.target, ctx.target_layout,
+                       paired=ctx.baseline is not None, assumed=part.assumed, earlier=part.earlier)
 
 
 def step_offset_of(base: xr.Dataset, targ: xr.Dataset, alignment: Any, given: Any) -> int:

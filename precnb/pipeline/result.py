@@ -23,10 +23,49 @@ import xarray as xr
 from precnb.pipeline.options import Options
 from precnb.pipeline.sources import Source
 
-__all__ = ["TRIAGE_SCHEMA", "Triage", "attach_scalar_arguments", "build_triage", "shared_comparison"]
+__all__ = ["TRIAGE_SCHEMA", "Part", "Triage", "attach_scalar_arguments", "build_triage", "shared_comparison"]
 
 TRIAGE_SCHEMA = "precnb.triage/1"
 _COMPUTED = "computed differently here"
+
+
+@dataclass
+class Part:
+    """What the diagnoses of one read gave, before the triage is made.
+
+    A triage has one part (the runs read whole) or, on the step-wise path, two: the search's and the
+    first-steps diagnoses' (:mod:`precnb.pipeline.stepwise_read`). :func:`precnb.pipeline.run.run` finishes the
+    parts of a triage once, together: ordering, evidence, names in the layout, scalar arguments, devices and
+    :func:`build_triage`.
+
+    Attributes
+    ----------
+    ctx : Context
+        What the diagnoses ran on (:class:`~precnb.analysis.registry.Context`).
+    results : list of (str, Finding)
+        (diagnosis kind, finding) as listed (a diagnosis's ``keep`` applied).
+    by_kind : dict
+        What each diagnosis returned, by kind (:attr:`Triage.results`).
+    checks : list of dict
+        One entry per diagnosis considered (:attr:`Triage.checks`).
+    options : Options
+        The options the diagnoses ran with.
+    assumed : list of dict
+        The layouts read from the dumps (:func:`precnb.pipeline.assumptions.inferred_layout`).
+    cache : dict
+        Derived results kept for the triage's views (the pair's comparison).
+    earlier : xarray.Dataset or None
+        The target's first step batch as dumped, when the finding's batch is a later one (names in the layout).
+    """
+
+    ctx: Any
+    results: list[tuple[str, Any]]
+    by_kind: dict[str, Any]
+    checks: list[dict[str, Any]]
+    options: Options
+    assumed: list[dict[str, Any]] = field(default_factory=list)
+    cache: dict[str, Any] = field(default_factory=dict)
+    earlier: xr.Dataset | None = None
 
 
 @dataclass
@@ -219,19 +258,21 @@ def shared_comparison(cache: dict[str, Any], baseline: xr.Dataset, target: xr.Da
 def build_triage(ctx: Any, *, findings: list[Any], checks: list[dict[str, Any]], results: dict[str, Any],
                  options: Options, notes: list[str], failures: list[tuple[str, str]],
                  sources: tuple[str | None, str | None], rank_table: dict[int, dict[str, str]] | None = None,
-                 cache: dict[str, Any] | None = None, assumed: Sequence[dict[str, Any]] = ()) -> Triage:
+                 cache: dict[str, Any] | None = None, assumed: Sequence[dict[str, Any]] = (),
+                 beside: Sequence[dict[str, Any]] = ()) -> Triage:
     """The :class:`Triage` of a pipeline run, from the diagnoses' :class:`~precnb.analysis.registry.Context`.
 
     The one place a triage is made: the runs, layouts, alignment, tolerance, names and tensor metrics
     are the context's; *findings*, *checks* and *results* what the diagnoses gave; the step offset is
     the context's resolved one for a pair (None for one run). The assumptions are collected here, once
     (*assumed*: the layouts read from the dumps; :func:`precnb.pipeline.assumptions.collect`), and given to
-    every finding.
+    every finding; *beside*: the assumptions of the first-steps diagnoses of a step-wise search, added after.
     """
     from precnb.pipeline.assumptions import attach, collect
 
     paired = ctx.baseline is not None
     assumptions = collect(ctx, options, assumed)
+    assumptions += [a for a in beside if a not in assumptions]
     attach(findings, assumptions)
     return Triage(findings=findings, options=options, alignment=ctx.alignment, checks=checks, target=ctx.target,
                   baseline=ctx.baseline, raw_target=ctx.raw_target, raw_baseline=ctx.raw_baseline, names=ctx.names,

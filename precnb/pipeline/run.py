@@ -28,12 +28,32 @@ from precnb.pipeline.inputs import normalize
 from precnb.pipeline.options import Options
 from precnb.pipeline.plan import Plan, make_plan
 from precnb.pipeline.prepare import merge_layouts, nothing_compared_first, resolve_layout
-from precnb.pipeline.result import TRIAGE_SCHEMA, Triage, attach_scalar_arguments, build_triage, shared_comparison
+from precnb.pipeline.result import (
+    TRIAGE_SCHEMA,
+    Part,
+    Triage,
+    attach_scalar_arguments,
+    build_triage,
+    shared_comparison,
+)
 from precnb.pipeline.sources import Loaded, ReadRun, Source, open_source
 
-__all__ = ["PREFLIGHT_SCHEMA", "TRIAGE_SCHEMA", "ReadRun", "Triage", "checklist", "diagnose", "follow_devices",
-           "merge_layouts", "nothing_compared_first", "preflight", "resolve_layout", "run", "run_read",
-           "shared_comparison"]
+__all__ = [
+    "PREFLIGHT_SCHEMA",
+    "TRIAGE_SCHEMA",
+    "ReadRun",
+    "Triage",
+    "checklist",
+    "diagnose",
+    "diagnose_read",
+    "follow_devices",
+    "merge_layouts",
+    "nothing_compared_first",
+    "preflight",
+    "resolve_layout",
+    "run",
+    "shared_comparison",
+]
 
 PREFLIGHT_SCHEMA = "precnb.preflight/1"
 
@@ -197,6 +217,9 @@ def checklist(triage: Any) -> dict[str, Any]:
 def run(plan: Plan) -> Triage:
     """The triage *plan* decides: step batch by step batch when it says so (and every step has a file), else whole.
 
+    One read (the runs whole) or, on the step-wise path, the search's step batches and the first steps beside it;
+    then, once for the triage: ordering, evidence, names in the layout, scalar arguments, devices, the triage.
+
     Examples
     --------
     >>> import precnb
@@ -205,52 +228,87 @@ def run(plan: Plan) -> Triage:
     >>> t.finding.kind, t.finding.step, t.finding.rank
     ('nan_origin', 1, 1)
     """
+    from precnb.pipeline.devices import resolve_rank_table
+
+    notes: list[str] = []
+    parts = None
     if plan.stepwise is not None and plan.baseline is not None:
         from precnb.pipeline.stepwise_read import try_stepwise
 
-        notes: list[str] = []
-        got = try_stepwise(plan.stepwise, plan.target.value, plan.baseline.value, plan.target, plan.baseline,
-                           plan.options, plan.tolerance, plan.loaded, plan.common, notes, rerun=_first_steps)
-        if got is not None:
-            return got
-    raw_t, raw_b = _read(plan.target, plan.baseline, plan.options, plan.loaded, plan.common)
-    return run_read(plan, raw_t, raw_b)
+        parts = try_stepwise(plan, notes, lambda wanted, opts, runs: _first_steps(plan, wanted, opts, runs))
+    if parts is not None:  # the rank table of the steps the search read last; its notes last
+        said: list[str] = []
+        rank_table = resolve_rank_table(plan.options.rank_table, parts[0].ctx.raw_target, said)
+        notes.extend(n for n in said if n not in notes)
+    else:
+        notes = []
+        raw_t, raw_b = _read(plan.target, plan.baseline, plan.options, plan.loaded, plan.common)
+        rank_table = resolve_rank_table(plan.options.rank_table, raw_t, notes)  # a bad table fails before the diagnoses
+        parts = [diagnose_read(plan, raw_t, raw_b, notes)]
+    return _finish(plan, parts, notes, rank_table)
 
 
-def _first_steps(target: Any, *, baseline: Any, options: Options) -> Triage:
-    """The first-steps diagnoses of a step-wise search on the steps it read (*target*, *baseline*: datasets or paths).
+def _first_steps(plan: Plan, wanted: list[Any], options: Options, runs: tuple[Any, Any] | None) -> Part:
+    """The first-steps diagnoses of a step-wise search, through the same read path as a whole read.
 
-    A plan of its own, read whole (no second step-wise search).
+    On the (target, baseline) steps the search read (*runs*), else on the plan's runs read at the steps *options*
+    name; no plan of its own.
     """
-    inputs = normalize(target, baseline, target_layout=options.target_layout,
-                       baseline_layout=options.baseline_layout, mapping=options.mapping)
-    plan = make_plan(inputs, options, whole=True)
-    raw_t, raw_b = _read(plan.target, plan.baseline, plan.options, plan.loaded, plan.common)
-    return run_read(plan, raw_t, raw_b)
+    if runs is None:
+        tsrc, bsrc = plan.target, plan.baseline
+    else:  # the runs as read, named as the input model names them
+        tsrc, bsrc = normalize(runs[0], runs[1], target_layout=options.target_layout,
+                               baseline_layout=options.baseline_layout, mapping=options.mapping).sources()
+    raw_t, raw_b = _read(tsrc, bsrc, options, plan.loaded, plan.common)
+    return diagnose_read(plan, raw_t, raw_b, [], wanted=wanted, options=options, sources=(tsrc, bsrc))
 
 
-def run_read(plan: Plan, raw_t: xr.Dataset, raw_b: xr.Dataset | None) -> Triage:
-    """The rest of the triage once the runs are read: prepare, the diagnoses, then the findings' evidence."""
-    opts, tsrc, bsrc, loaded = plan.options, plan.target, plan.baseline, plan.loaded
-    notes: list[str] = []
+def diagnose_read(plan: Plan, raw_t: xr.Dataset, raw_b: xr.Dataset | None, notes: list[str], *,
+                  wanted: Sequence[Any] | None = None, options: Options | None = None,
+                  sources: tuple[Source, Source | None] | None = None) -> Part:
+    """The diagnoses of one read (the plan's, or *wanted* with *options* on *sources*): prepare, then run them."""
+    from precnb.pipeline.tensors import params_of
+
+    opts = plan.options if options is None else options
+    tsrc, bsrc = (plan.target, plan.baseline) if sources is None else sources
+    wanted = plan.diagnoses if wanted is None else wanted
     assumed: list[dict[str, Any]] = []  # inferred layouts (the rest is read off the context by build_triage)
-    from precnb.pipeline.devices import resolve_rank_table
+    params = params_of(wanted, opts, tsrc, raw_t, plan.loaded, plan.common, plan.cache)
+    ctx, cache = _context(raw_t, raw_b, tsrc, bsrc, opts, plan.tolerance, params, plan.loaded, notes, assumed)
+    results, by_kind, checks = _run(wanted, ctx, explicit=opts.kinds is not None)
+    return Part(ctx=ctx, results=results, by_kind=by_kind, checks=checks, options=opts, assumed=assumed, cache=cache)
 
-    rank_table = resolve_rank_table(opts.rank_table, raw_t, notes)  # a bad table fails before the diagnoses
-    params = _params(plan.diagnoses, opts, tsrc, raw_t, loaded, plan.common)
-    ctx, cache = _context(raw_t, raw_b, tsrc, bsrc, opts, plan.tolerance, params, loaded, notes, assumed)
-    findings, checks, results = _run(plan.diagnoses, ctx, explicit=opts.kinds is not None)
-    nothing_compared_first(findings, loaded.failures)
-    prepare.enrich_all(findings, ctx)
-    prepare.name_in_layout(findings, raw_t, ctx.target, ctx.target_layout, paired=ctx.baseline is not None,
-                           assumed=assumed)
-    attach_scalar_arguments(findings, tsrc, bsrc, names=ctx.names, format=opts.format)
+
+def _finish(plan: Plan, parts: list[Part], notes: list[str], rank_table: Any) -> Triage:
+    """The triage of *parts*, made once: ordering, evidence, names in the layout, scalar arguments, devices.
+
+    On the step-wise path the first-steps results are listed before the search's (the search says what it
+    compared: no warning first), and a failing pre-flight finding names the findings after it once they are named
+    in the layout and told their scalar arguments (:func:`~precnb.pipeline.stepwise_read.note_later`).
+    """
+    from precnb.analysis import registry
+    from precnb.pipeline.assumptions import collect
     from precnb.pipeline.devices import attach_devices
+    from precnb.pipeline.stepwise_read import note_later
 
+    main, beside = parts[0], parts[1:]
+    findings = registry.order_findings([r for p in beside for r in p.results] + main.results, warn_first=not beside)
+    if not beside:
+        note_later(findings)
+        nothing_compared_first(findings, plan.loaded.failures)
+    prepare.enrich_all(findings, parts)
+    prepare.name_all(findings, parts)
+    tsrc, bsrc = plan.target, plan.baseline
+    attach_scalar_arguments(findings, tsrc, bsrc, names=main.ctx.names, format=plan.options.format)
+    if beside:
+        note_later(findings)
+        nothing_compared_first(findings, plan.loaded.failures)
     attach_devices(findings, rank_table)
-    return build_triage(ctx, findings=findings, checks=checks, results=results, options=opts, notes=notes,
-                        failures=loaded.failures, rank_table=rank_table, cache=cache,
-                        sources=(bsrc.records_path if bsrc is not None else None, tsrc.records_path), assumed=assumed)
+    return build_triage(main.ctx, findings=findings, checks=[c for p in [*beside, main] for c in p.checks],
+                        results={k: f for p in [*beside, main] for k, f in p.by_kind.items()}, options=plan.options,
+                        notes=notes, failures=plan.loaded.failures, rank_table=rank_table, cache=main.cache,
+                        sources=(bsrc.records_path if bsrc is not None else None, tsrc.records_path),
+                        assumed=main.assumed, beside=[a for p in beside for a in collect(p.ctx, p.options, p.assumed)])
 
 
 def _read(tsrc: Source, bsrc: Source | None, opts: Options, loaded: Loaded, common: dict[str, Any]
@@ -261,31 +319,6 @@ def _read(tsrc: Source, bsrc: Source | None, opts: Options, loaded: Loaded, comm
     b_steps, t_steps = prepare.pair_steps(tsrc, bsrc, opts)
     raw_t = open_source(tsrc, loaded=loaded, steps=t_steps, **common)
     return raw_t, open_source(bsrc, loaded=loaded, steps=b_steps, **common)
-
-
-def _params(wanted: Sequence[Any], opts: Options, tsrc: Source, raw_t: xr.Dataset, loaded: Loaded,
-            common: dict[str, Any]) -> dict[str, Any]:
-    """The diagnoses' parameters: the options they read, what is read beside the run, each one's own inputs."""
-    params: dict[str, Any] = {"spike_rule": prepare.spike_rule(opts), "limit": int(opts.limit),
-                              "replica_rtol": float(opts.replica_rtol), "rng_regions": tuple(opts.rng_regions)}
-    if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
-        from precnb.pipeline.tensors import side_inputs
-
-        params.update(side_inputs(opts, loaded, common))
-    for d in wanted:  # what a diagnosis reads beside the run (its ``inputs`` hook)
-        if d.inputs is not None:
-            params.update(_resolve(d.inputs)(tsrc, opts, raw_t, loaded=loaded, common=common))
-    return params
-
-
-def _resolve(ref: Any) -> Any:
-    """A hook given as a callable or as ``"module:function"``."""
-    if callable(ref):
-        return ref
-    import importlib
-
-    mod, _, name = str(ref).partition(":")
-    return getattr(importlib.import_module(mod), name)
 
 
 def _context(raw_t: xr.Dataset, raw_b: xr.Dataset | None, tsrc: Source, bsrc: Source | None, opts: Options,
@@ -325,9 +358,8 @@ def _context(raw_t: xr.Dataset, raw_b: xr.Dataset | None, tsrc: Source, bsrc: So
 
 
 def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
-         ) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
-    from precnb.analysis import registry
-
+         ) -> tuple[list[tuple[str, Any]], dict[str, Any], list[dict[str, Any]]]:
+    """(the results as listed, what each diagnosis returned by kind, the checks): every diagnosis that applies."""
     results: list[tuple[str, Any]] = []  # (diagnosis kind, finding): a clean finding's own kind is "none"
     checks: list[dict[str, Any]] = []
     for d in wanted:
@@ -344,14 +376,7 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
                            "status": "found" if f.found else "none", "message": f.reason})
     by_kind = {k: f for k, f in results}
     keep = {d.kind: d.keep for d in wanted if d.keep is not None}  # a diagnosis decides whether its result is listed
-    results = [(k, f) for k, f in results if k not in keep or keep[k](f, by_kind)]
-    # a "nothing found" that warns (a pre-flight warning may be the cause: a weight left at zero) comes
-    # before the other "nothing found" results, so that it is what a clean triage shows first
-    findings = registry.order_findings(results)
-    from precnb.pipeline.stepwise_read import note_later
-
-    note_later(findings)
-    return findings, checks, by_kind
+    return [(k, f) for k, f in results if k not in keep or keep[k](f, by_kind)], by_kind, checks
 
 
 def _not_applicable(d: Any, ctx: Any) -> str:

@@ -37,6 +37,7 @@ False
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-__all__ = ["Flagged", "flagged", "flagged_ranks", "has_tensor_files", "pair_tensor_metrics", "pairing", "side_inputs",
-           "unreadable_entries", "wants_tensor_metrics"]
+__all__ = ["Flagged", "flagged", "flagged_ranks", "has_tensor_files", "pair_tensor_metrics", "pairing", "params_of",
+           "side_inputs", "unreadable_entries", "wants_tensor_metrics"]
 
 _PATTERNS = ("dump_tensor_data", "*/dump_tensor_data", "*/*/dump_tensor_data", "*/*/*/dump_tensor_data")
 
@@ -342,3 +343,33 @@ def flagged_ranks(t: Any) -> Flagged:
                 break
     t.cache["flagged_ranks"] = out
     return out
+
+
+def params_of(wanted: Sequence[Any], opts: Any, tsrc: Any, raw_t: xr.Dataset, loaded: Any, common: dict[str, Any],
+              cache: dict[str, Any]) -> dict[str, Any]:
+    """The diagnoses' parameters: the options they read, what is read beside the run, each one's own inputs.
+
+    The monitor output and the loss log are read once per triage (kept in *cache*, the plan's).
+    """
+    from precnb.pipeline.prepare import spike_rule
+
+    params: dict[str, Any] = {"spike_rule": spike_rule(opts), "limit": int(opts.limit),
+                              "replica_rtol": float(opts.replica_rtol), "rng_regions": tuple(opts.rng_regions)}
+    if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
+        if "side_inputs" not in cache:
+            cache["side_inputs"] = side_inputs(opts, loaded, common)
+        params.update(cache["side_inputs"])
+    for d in wanted:  # what a diagnosis reads beside the run (its ``inputs`` hook)
+        if d.inputs is not None:
+            params.update(_resolve(d.inputs)(tsrc, opts, raw_t, loaded=loaded, common=common))
+    return params
+
+
+def _resolve(ref: Any) -> Any:
+    """A hook given as a callable or as ``"module:function"``."""
+    if callable(ref):
+        return ref
+    import importlib
+
+    mod, _, name = str(ref).partition(":")
+    return getattr(importlib.import_module(mod), name)
