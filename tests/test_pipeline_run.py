@@ -88,3 +88,42 @@ def test_whole_read_is_finished_once(counted: collections.Counter[Any]) -> None:
     assert (counted["order"], counted["enrich"], counted["enrich one read"], counted["build_triage"]) == (1, 1, 1, 1)
     assert set(_detections(counted).values()) == {1}
     assert {Path(base).resolve(), Path(targ).resolve()} <= set(_detections(counted))
+
+
+def _cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    import json
+
+    from precnb.cli import main
+
+    assert main([*args, "--json", "--workers", "1"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _key(f: dict[str, Any]) -> tuple[Any, ...]:
+    return (f["kind"], f.get("step"), f.get("rank"), f.get("node"), f.get("reason"),
+            (f.get("evidence") or {}).get("candidates"))
+
+
+def test_replica_check_reads_the_layout_as_the_command_line_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """``diagnose(run, kinds=["replica_mismatch"])`` needs no ``layout=``: ``precnb replicas RUN``'s rule (one path).
+
+    The real SDC job (tp=2, dp=2, a faulty device): the layout is read from the dumps and said as an assumption.
+    """
+    run = precnb.sample_path("sdc/job2")
+    t = precnb.diagnose(run, kinds=["replica_mismatch"], workers=1)
+    assert _key(t.finding.to_dict()) == _key(_cli_json(capsys, "replicas", str(run)))
+    assert t.finding.found and t.target_layout is not None and (t.target_layout.tp, t.target_layout.dp) == (2, 2)
+    assert [a["layout"] for a in t.assumptions if a["kind"] == "inferred_layout"] == ["tp=2,dp=2"]
+    with pytest.raises(ValueError, match="needs a baseline"):  # a check that no layout makes applicable still says why
+        precnb.diagnose(run, kinds=["first_divergence"], workers=1)
+
+
+def test_a_baseline_is_the_replica_checks_clean_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """``diagnose(run, baseline=clean, kinds=["replica_mismatch"])`` is ``precnb replicas RUN --baseline CLEAN``."""
+    run, clean = precnb.sample_path("sdc/job2"), precnb.sample_path("sdc_clean")
+    t = precnb.diagnose(run, baseline=clean, kinds=["replica_mismatch"], workers=1)
+    cli = _cli_json(capsys, "replicas", str(run), "--baseline", str(clean))
+    assert _key(t.finding.to_dict()) == _key(cli)
+    assert cli["evidence"]["candidates"] == [{"rank": 2, "wrong_side": True}]  # the clean run decides, not the majority
+    same = precnb.diagnose(run, replica_baseline=clean, kinds=["replica_mismatch"], workers=1)
+    assert _key(same.finding.to_dict()) == _key(cli)

@@ -90,12 +90,15 @@ def attach_devices(findings: Iterable[Any], table: Mapping[int, dict[str, str]] 
                 _walk(f.evidence[key], table)
 
 
-def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, common: dict[str, Any]) -> dict[str, Any]:
+def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, common: dict[str, Any],
+                   baseline: Any = None) -> dict[str, Any]:
     """What the replica diagnosis reads besides the run: the dump's node records and the clean baseline run.
 
     ``node_records(step, rank, node)`` reads one record of the target's dump (its scalar arguments) when
-    the target was given as a path or read from one; ``replica_baseline`` is the ``replica_baseline`` option
-    opened with the target's steps.
+    the target was given as a path or read from one; ``replica_baseline`` is the clean run opened with the
+    target's steps: the ``replica_baseline`` option, else the triage's *baseline* when the checks were asked for
+    by name (``diagnose(run, baseline=clean, kinds=["replica_mismatch"])`` is ``precnb replicas RUN --baseline
+    CLEAN``; a full triage of a pair keeps the majority rule).
     """
     out: dict[str, Any] = {}
     if getattr(tsrc, "records_path", None):
@@ -108,12 +111,13 @@ def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, comm
             return node_records(where, step, rank, [node], format=reader).get(node)
 
         out["node_records"] = records
-    if opts.replica_baseline is not None:
-        from precnb.pipeline.sources import Source, open_source
+    from precnb.pipeline.sources import Source, open_source
 
+    clean = Source(opts.replica_baseline, "baseline") if opts.replica_baseline is not None else (
+        baseline if isinstance(baseline, Source) and opts.kinds is not None else None)
+    if clean is not None:
         steps = [int(s) for s in raw_t["step"].values]
-        out["replica_baseline"] = open_source(Source(opts.replica_baseline, "baseline"), loaded=loaded, steps=steps,
-                                              **common)
+        out["replica_baseline"] = open_source(clean, loaded=loaded, steps=steps, **common)
     return out
 
 

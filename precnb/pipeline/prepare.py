@@ -39,8 +39,8 @@ from precnb.pipeline.options import Options
 from precnb.pipeline.sources import Source
 
 __all__ = ["alignment", "enrich_all", "is_sharded", "mapping_key", "merge_layouts", "merged_pair", "name_all",
-           "name_in_layout", "nothing_compared_first", "pair_alignment", "pair_steps", "resolve_layout", "spike_rule",
-           "step_offset_of", "steps_of", "tolerance_of"]
+           "name_in_layout", "nothing_compared_first", "pair_alignment", "pair_steps", "resolve_layout", "run_layout",
+           "spike_rule", "step_offset_of", "steps_of", "tolerance_of", "with_run_layout"]
 
 _MERGED = DatasetMemo(size=2)
 _ALIGNED = DatasetMemo(size=2)
@@ -83,6 +83,50 @@ def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str]
 
         assumed.append(inferred_layout(side, got.layout, got.evidence))
     return got.layout
+
+
+def run_layout(spec: Any, ds: xr.Dataset, side: str, notes: list[str] | None = None, *,
+               assumed: list[dict[str, Any]] | None = None, order: str | None = None,
+               num_layers: int | None = None) -> Any:
+    """The layout of one run for a check that needs one (``precnb replicas RUN``; ``diagnose(run, kinds=[...])``).
+
+    The one given (checked against the dumps), else the one the dumps show (:func:`resolve_layout`), else every
+    rank a data-parallel replica (*order*, *num_layers* kept). One rule for the command line and the API; the
+    layout not given is said in *notes* and, as an ``inferred_layout`` assumption, in *assumed*.
+    """
+    lay = resolve_layout(spec, ds, side, notes, assumed=assumed)
+    if lay is not None:
+        return lay
+    from precnb.analysis.layout import Layout
+
+    lay = Layout(int(ds.sizes["rank"]), order=order or Layout.order, num_layers=num_layers)
+    if assumed is not None:
+        from precnb.pipeline.assumptions import inferred_layout
+
+        assumed.append(inferred_layout(side, lay, ["the dumps show no tensor, pipeline or context parallelism: "
+                                                   "every rank a data-parallel replica"]))
+    return lay
+
+
+def with_run_layout(ctx: Any, wanted: Sequence[Any], raw_t: xr.Dataset, notes: list[str],
+                     assumed: list[dict[str, Any]]) -> Any:
+    """*ctx* with the run's layout when a check asked for by name needs one and none was given.
+
+    The layout ``precnb replicas RUN`` uses (:func:`run_layout`: the dumps', else every
+    rank a data-parallel replica), said in the notes and the assumptions; *ctx* as it is when no check needs it.
+    """
+    from dataclasses import replace
+
+    if all(d.applicable(ctx) for d in wanted):
+        return ctx
+    said: list[str] = []
+    also: list[dict[str, Any]] = []
+    laid = replace(ctx, target_layout=run_layout(None, raw_t, "target", said, assumed=also))
+    if not any(d.applicable(laid) and not d.applicable(ctx) for d in wanted):
+        return ctx
+    notes.extend(said)
+    assumed.extend(also)
+    return laid
 
 
 def tolerance_of(opts: Options, open_ref: Any) -> Any:

@@ -273,8 +273,10 @@ def diagnose_read(plan: Plan, raw_t: xr.Dataset, raw_b: xr.Dataset | None, notes
     tsrc, bsrc = (plan.target, plan.baseline) if sources is None else sources
     wanted = plan.diagnoses if wanted is None else wanted
     assumed: list[dict[str, Any]] = []  # inferred layouts (the rest is read off the context by build_triage)
-    params = params_of(wanted, opts, tsrc, raw_t, plan.loaded, plan.common, plan.cache)
+    params = params_of(wanted, opts, tsrc, raw_t, plan.loaded, plan.common, plan.cache, baseline=bsrc)
     ctx, cache = _context(raw_t, raw_b, tsrc, bsrc, opts, plan.tolerance, params, plan.loaded, notes, assumed)
+    if raw_b is None and ctx.target_layout is None and opts.kinds is not None:
+        ctx = prepare.with_run_layout(ctx, wanted, raw_t, notes, assumed)
     results, by_kind, checks = _run(wanted, ctx, explicit=opts.kinds is not None)
     return Part(ctx=ctx, results=results, by_kind=by_kind, checks=checks, options=opts, assumed=assumed, cache=cache)
 

@@ -346,10 +346,11 @@ def flagged_ranks(t: Any) -> Flagged:
 
 
 def params_of(wanted: Sequence[Any], opts: Any, tsrc: Any, raw_t: xr.Dataset, loaded: Any, common: dict[str, Any],
-              cache: dict[str, Any]) -> dict[str, Any]:
+              cache: dict[str, Any], *, baseline: Any = None) -> dict[str, Any]:
     """The diagnoses' parameters: the options they read, what is read beside the run, each one's own inputs.
 
-    The monitor output and the loss log are read once per triage (kept in *cache*, the plan's).
+    The monitor output and the loss log are read once per triage (kept in *cache*, the plan's). An ``inputs`` hook
+    that takes ``baseline`` gets the triage's baseline source (None for one run).
     """
     from precnb.pipeline.prepare import spike_rule
 
@@ -361,7 +362,9 @@ def params_of(wanted: Sequence[Any], opts: Any, tsrc: Any, raw_t: xr.Dataset, lo
         params.update(cache["side_inputs"])
     for d in wanted:  # what a diagnosis reads beside the run (its ``inputs`` hook)
         if d.inputs is not None:
-            params.update(_resolve(d.inputs)(tsrc, opts, raw_t, loaded=loaded, common=common))
+            hook = _resolve(d.inputs)
+            kw = {"baseline": baseline} if _takes(hook, "baseline") else {}
+            params.update(hook(tsrc, opts, raw_t, loaded=loaded, common=common, **kw))
     return params
 
 
@@ -373,3 +376,14 @@ def _resolve(ref: Any) -> Any:
 
     mod, _, name = str(ref).partition(":")
     return getattr(importlib.import_module(mod), name)
+
+
+def _takes(hook: Any, name: str) -> bool:
+    """Whether *hook* takes the keyword *name* (a hook of the first form does not)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(hook).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
