@@ -63,7 +63,7 @@ class Plan:
 def make_plan(inputs: Any, options: Options, *, whole: bool = False) -> Plan:
     """The :class:`Plan` of a triage of *inputs* (:func:`precnb.pipeline.inputs.normalize`) under *options*.
 
-    *whole*: read the runs whole (no step batches), as the first-steps diagnoses of a step-wise search do.
+    *whole*: read the runs whole (no step batches).
     """
     from precnb.analysis import registry
     from precnb.pipeline import prepare

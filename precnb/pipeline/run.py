@@ -10,9 +10,11 @@ verdicts are :func:`precnb.analysis.replicas.devices.device_verdicts`). :func:`r
 :class:`~precnb.pipeline.plan.Plan` into a :class:`~precnb.pipeline.result.Triage`:
 
 One loop per read: read (whole, or step batch by step batch for a search that asks for it) → prepare (merge
-shards, fuse projections, align names, resolve the step offset) → the diagnoses; then once: enrich the findings,
-name them in the layout's terms, scalar arguments, devices, ordering, the triage. The first-steps diagnoses of a
-step-wise search run on the steps it read, through :func:`run_read` (never through :func:`precnb.diagnose`).
+shards, fuse projections, align names, resolve the step offset) → the diagnoses, each read a
+:class:`~precnb.pipeline.result.Part`; then once for the triage: ordering, enrich, names in the layout's terms,
+scalar arguments, devices, :func:`~precnb.pipeline.result.build_triage`. The first-steps diagnoses of a step-wise
+search run on the steps it read through the same read path (:func:`diagnose_read`; never a second plan, never
+:func:`precnb.diagnose`).
 """
 
 from __future__ import annotations
