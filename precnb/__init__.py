@@ -23,7 +23,7 @@ from precnb._version import __version__
 
 _LAZY = {
     "open_run": "precnb.io.api",
-    "open_runs": "precnb.pipeline.runs",
+    "open_runs": "precnb.pipeline.sources",
     "load_report": "precnb.io.api",
     "detect_format": "precnb.io.api",
     "available_steps": "precnb.io.api",
@@ -35,7 +35,7 @@ _LAZY = {
     "validate": "precnb.schema",
     "sample_path": "precnb._samples_path",
     "first_divergence": "precnb.analysis",
-    "align": "precnb.pipeline.runs",
+    "align": "precnb.pipeline.sources",
     "Alignment": "precnb.analysis",
     "first_divergence_stepwise": "precnb.analysis",
     "nan_origin": "precnb.analysis",
@@ -46,13 +46,13 @@ _LAZY = {
     "merge_shards": "precnb.analysis",
     "check_replicas": "precnb.analysis",
     "check_departures": "precnb.analysis.replicas.departures",  # issue #28
-    "follow_devices": "precnb.pipeline.follow",
+    "follow_devices": "precnb.pipeline.run",
     "read_rank_table": "precnb.io.rank_table",
     "explore": "precnb.widgets",
     "diagnose": "precnb.pipeline",
     "Triage": "precnb.pipeline",
     "Options": "precnb.pipeline",
-    "preflight": "precnb.pipeline.preflight",
+    "preflight": "precnb.pipeline.run",
     "write_html": "precnb.report",
 }
 

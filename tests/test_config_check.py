@@ -198,7 +198,7 @@ def test_a_duplicate_entry_name_is_named(tmp_path):
 
 
 def test_non_numeric_features_are_not_nan_and_the_data_check_counts_right(tmp_path):
-    from precnb.pipeline.preflight import preflight
+    from precnb.pipeline.run import preflight
 
     entries = {f"dataset/step{s}/rank0/dataset.json": _data(s + 1) for s in range(4)}
     base = _zip(tmp_path / "b.zip", {**GOOD, **entries})

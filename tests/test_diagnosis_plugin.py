@@ -129,7 +129,7 @@ def test_report_has_its_finding_and_section(toy, tmp_path):
 def test_explorer_shows_and_flags_it(toy):
     pytest.importorskip("ipywidgets")
     pytest.importorskip("anywidget")
-    from precnb.pipeline.flagged import flagged
+    from precnb.pipeline.tensors import flagged
     from precnb.widgets import explore
 
     ex = explore(sample_path("dp_nan"))
@@ -147,7 +147,7 @@ def test_explorer_shows_and_flags_it(toy):
 
 def test_flags_of_the_first_form_still_work():
     """A ``flags(ds, finding)`` hook (before ``triage=`` was passed) is called without it."""
-    from precnb.pipeline.flagged import _call_flags
+    from precnb.pipeline.tensors import _call_flags
 
     old = Diagnosis(kind="x", title="X", priority=1, mode="any", run=_run, description="x",
                     flags=lambda ds, f: [{"step": 0, "rank": 0, "tensor": "t"}])

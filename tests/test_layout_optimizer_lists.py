@@ -18,7 +18,7 @@ import pytest
 import precnb
 from precnb.analysis.layout import Layout
 from precnb.analysis.layout.optimizer_lists import align_optimizer_lists
-from precnb.pipeline.layout_merge import merge_layouts
+from precnb.pipeline.prepare import merge_layouts
 from tests._cli_json import cli_json
 
 MG = Path(__file__).resolve().parents[1] / "data_samples" / "megatron"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import precnb
-import precnb.pipeline.triage as triage_mod
+import precnb.pipeline.run as run_mod
 from precnb.pipeline.inputs import normalize
 from precnb.pipeline.options import Options
 from precnb.pipeline.plan import make_plan
@@ -44,13 +44,11 @@ def test_diagnose_never_calls_itself(monkeypatch: pytest.MonkeyPatch) -> None:
         made.append(whole)
         return real_make(inputs, options, whole=whole)
 
-    import precnb.pipeline.run as run_mod
-
     monkeypatch.setattr(run_mod, "make_plan", counting_make)
-    monkeypatch.setattr(triage_mod, "diagnose", lambda *a, **k: calls.append(a) or pytest.fail("recursive diagnose"))
+    monkeypatch.setattr(run_mod, "diagnose", lambda *a, **k: calls.append(a) or pytest.fail("recursive diagnose"))
     t = run(plan)
     assert calls == []
-    assert made == [True]  # the first-steps checks: one whole read of the steps the search read
+    assert made == []  # the first-steps checks run on the steps the search read, in the same plan (no second one)
     f = t.result("first_divergence")
     assert f is not None and f.found and (f.step, f.rank) == (1, 1), f.reason
     assert t.result("preflight") is not None

@@ -309,7 +309,6 @@ def test_cli_diff_forward_fault_at_step_0_reads_step_0_only(capsys, tmp_path):
 
 def test_forward_fault_first_needs_a_forward_node_of_the_one_step_read():
     from precnb.analysis.findings import Finding
-    from precnb.pipeline.result import Triage
     from precnb.pipeline.stepwise_read import _forward_fault_first
 
     t = _open(sample_path("divergence", "target"), steps=[1])
@@ -319,22 +318,19 @@ def test_forward_fault_first_needs_a_forward_node_of_the_one_step_read():
     late = "Distributed.all_reduce.0.forward"
     assert late in set(t["node"].values)
 
-    def triage(node, rank=0):
-        tr = Triage.__new__(Triage)  # the one attribute read
-        tr.results = {"first_divergence": Finding(kind="first_divergence", step=1, rank=rank, node=node,
-                                                  reason="x")}
-        return tr
+    def triage(node, rank=0):  # the search's finding
+        return Finding(kind="first_divergence", step=1, rank=rank, node=node, reason="x")
 
-    assert _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [(b, t)])
-    assert not _forward_fault_first(triage(back), "first_divergence", [(b, t)])
-    assert not _forward_fault_first(triage(late), "first_divergence", [(b, t)])
-    assert not _forward_fault_first(triage("no.such.node"), "first_divergence", [(b, t)])
-    assert not _forward_fault_first(triage("Functional.gelu.0.forward", rank=7), "first_divergence", [(b, t)])
+    assert _forward_fault_first(triage("Functional.gelu.0.forward"), [(b, t)])
+    assert not _forward_fault_first(triage(back), [(b, t)])
+    assert not _forward_fault_first(triage(late), [(b, t)])
+    assert not _forward_fault_first(triage("no.such.node"), [(b, t)])
+    assert not _forward_fault_first(triage("Functional.gelu.0.forward", rank=7), [(b, t)])
     two = (_open(sample_path("divergence", "baseline")), _open(sample_path("divergence", "target")))
-    assert not _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [two])
-    assert not _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [(b, t), (b, t)])
+    assert not _forward_fault_first(triage("Functional.gelu.0.forward"), [two])
+    assert not _forward_fault_first(triage("Functional.gelu.0.forward"), [(b, t), (b, t)])
     fwd_only = t.where(t["direction"] == "forward", drop=True)  # no backward record: nothing to order against
-    assert not _forward_fault_first(triage("Functional.gelu.0.forward"), "first_divergence", [(b, fwd_only)])
+    assert not _forward_fault_first(triage("Functional.gelu.0.forward"), [(b, fwd_only)])
 
 
 def test_cli_diff_optimizer_fault_at_step_0_still_reads_step_1(capsys):

@@ -160,7 +160,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 def _cmd_preflight(args: argparse.Namespace) -> int:
     from precnb.analysis.findings import to_json
-    from precnb.pipeline.preflight import checklist
+    from precnb.pipeline.run import checklist
 
     extra = {"target_layout": args.layout} if args.layout else {}
     if args.target is None:
@@ -256,16 +256,16 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
 def _layout_from_args(args: argparse.Namespace, ds: Any) -> Any:
     """The layout the flags give, checked against the dumps; with no layout flag, the one the dumps show."""
     from precnb.analysis import Layout, LayoutError
-    from precnb.pipeline.triage import resolve_layout
+    from precnb.pipeline.prepare import resolve_layout, run_layout
 
     world_size = int(ds.sizes["rank"])
     given = args.layout or any(getattr(args, d, None) is not None for d in ("tp", "pp", "vpp", "cp", "ep", "etp"))
-    if not given:  # nothing said: Megatron's rank order and degrees read from the dumps (DP only if they show none)
+    if not given:  # nothing said: the pipeline's rule (the dumps' layout, else every rank a DP replica)
         notes: list[str] = []
-        lay = resolve_layout(None, ds, "run", notes)
+        lay = run_layout(None, ds, "run", notes, order=args.order, num_layers=args.num_layers)
         for n in notes:
             _term.err(f"note: {n}\n")
-        return lay if lay is not None else Layout(world_size, order=args.order, num_layers=args.num_layers)
+        return lay
     flags = {d: getattr(args, d, None) for d in ("tp", "pp", "vpp", "cp", "ep", "etp")}
     lay = Layout.coerce(args.layout or {**{d: v for d, v in flags.items() if v is not None}, "order": args.order,
                                          "num_layers": args.num_layers}, world_size)

@@ -56,7 +56,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     from precnb.analysis.findings import to_json
     from precnb.cli._common import UsageError
     from precnb.cli.analysis_cmds import triage_options
-    from precnb.pipeline.follow import follow_devices
+    from precnb.pipeline.run import follow_devices
 
     tables = list(args.rank_table or [])
     if not tables:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from precnb.pipeline.options import DEFAULTS, Options
 
 if TYPE_CHECKING:
-    from precnb.pipeline.triage import ReadRun, Triage, diagnose, merge_layouts
+    from precnb.pipeline.run import ReadRun, Triage, diagnose, merge_layouts
 
 __all__ = ["DEFAULTS", "Options", "ReadRun", "Triage", "diagnose", "merge_layouts"]
 
@@ -27,7 +27,7 @@ __all__ = ["DEFAULTS", "Options", "ReadRun", "Triage", "diagnose", "merge_layout
 def __getattr__(name: str) -> object:
     # the triage (xarray, the analysis) on first use: a parser that reads the options' defaults stays light
     if name in ("ReadRun", "Triage", "diagnose", "merge_layouts"):
-        value = getattr(importlib.import_module("precnb.pipeline.triage"), name)
+        value = getattr(importlib.import_module("precnb.pipeline.run"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,9 @@ that it places every rank of the run; :func:`attach_devices` writes ``device`` o
 on its suspects and on every entry of its replica departures (``evidence["departures"]``) that
 names a rank.
 
+``precnb devices`` (:func:`precnb.pipeline.run.follow_devices`) follows each job's replica departures to hosts and
+devices across jobs with these tables.
+
 Examples
 --------
 >>> from precnb.analysis.findings import Finding
@@ -87,30 +90,34 @@ def attach_devices(findings: Iterable[Any], table: Mapping[int, dict[str, str]] 
                 _walk(f.evidence[key], table)
 
 
-def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, common: dict[str, Any]) -> dict[str, Any]:
+def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, common: dict[str, Any],
+                   baseline: Any = None) -> dict[str, Any]:
     """What the replica diagnosis reads besides the run: the dump's node records and the clean baseline run.
 
     ``node_records(step, rank, node)`` reads one record of the target's dump (its scalar arguments) when
-    the target was given as a path or read from one; ``replica_baseline`` is the ``replica_baseline`` option
-    opened with the target's steps.
+    the target was given as a path or read from one; ``replica_baseline`` is the clean run opened with the
+    target's steps: the ``replica_baseline`` option, else the triage's *baseline* when the checks were asked for
+    by name (``diagnose(run, baseline=clean, kinds=["replica_mismatch"])`` is ``precnb replicas RUN --baseline
+    CLEAN``; a full triage of a pair keeps the majority rule).
     """
     out: dict[str, Any] = {}
-    path = getattr(tsrc, "records_path", None) or (tsrc.value if getattr(tsrc, "is_path", False) else None)
-    if path:
+    if getattr(tsrc, "records_path", None):
         from precnb.io.api import node_records
 
         fmt = opts.format
 
         def records(step: int, rank: int, node: str) -> Any:
-            return node_records(path, step, rank, [node], format=fmt).get(node)
+            where, reader = tsrc.resolved(fmt)  # the reader asked once per path (Source.resolved)
+            return node_records(where, step, rank, [node], format=reader).get(node)
 
         out["node_records"] = records
-    if opts.replica_baseline is not None:
-        from precnb.pipeline.sources import Source, open_source
+    from precnb.pipeline.sources import Source, open_source
 
+    clean = Source(opts.replica_baseline, "baseline") if opts.replica_baseline is not None else (
+        baseline if isinstance(baseline, Source) and opts.kinds is not None else None)
+    if clean is not None:
         steps = [int(s) for s in raw_t["step"].values]
-        out["replica_baseline"] = open_source(Source(opts.replica_baseline, "baseline"), loaded=loaded, steps=steps,
-                                              **common)
+        out["replica_baseline"] = open_source(clean, loaded=loaded, steps=steps, **common)
     return out
 
 

@@ -115,7 +115,7 @@ class Options:
     rank_table: Any = None  # issue #28 (precnb.pipeline.devices)
     replica_baseline: Any = field(default=None, compare=False)  # issue #28
     rng_regions: tuple[str, ...] = ()
-    monitor: Any = field(default=None, compare=False)  # issue #29 (precnb.pipeline.side_inputs)
+    monitor: Any = field(default=None, compare=False)  # issue #29 (precnb.pipeline.tensors)
     loss: Any = field(default=None, compare=False)  # issue #29
 
     @classmethod

@@ -45,6 +45,8 @@ class Plan:
         What was read (and refused), filled in as the plan runs.
     common : dict
         The reading options every open shares (format, workers, client, progress, ranks).
+    cache : dict
+        What is read once per triage beside the runs (the monitor output, the loss log).
     """
 
     options: Options
@@ -55,12 +57,13 @@ class Plan:
     stepwise: tuple[Any, list[Any], tuple[list[int], int]] | None = None
     loaded: Loaded = field(default_factory=Loaded)
     common: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
 
 
 def make_plan(inputs: Any, options: Options, *, whole: bool = False) -> Plan:
     """The :class:`Plan` of a triage of *inputs* (:func:`precnb.pipeline.inputs.normalize`) under *options*.
 
-    *whole*: read the runs whole (no step batches), as the first-steps diagnoses of a step-wise search do.
+    *whole*: read the runs whole (no step batches).
     """
     from precnb.analysis import registry
     from precnb.pipeline import prepare

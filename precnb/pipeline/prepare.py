@@ -1,24 +1,49 @@
-"""The pipeline's preparation steps: layouts, tolerance, step offset, alignment; and what every finding gets after.
+"""The pipeline's preparation steps: layouts, shards merged, tolerance, step offset, alignment; what findings get after.
 
-Used by both paths of :func:`precnb.pipeline.triage.diagnose` (the whole read and the step-wise search,
+Used by both paths of :func:`precnb.pipeline.run.diagnose` (the whole read and the step-wise search,
 :mod:`precnb.pipeline.stepwise_read`).
+
+**Merging shards.** :func:`merge_layouts` merges each run's shards into whole-layer statistics before two runs are
+compared (TP/PP/VPP/CP/EP, DP); the triage and the explorer's reruns call it through :func:`merged_pair`.
+
+**What a rerun reuses** (the explorer's Rerun, Match, Unmatch). The explorer reruns the triage on the datasets
+the first run read (:class:`precnb.pipeline.ReadRun`); what depends on them and on options the rerun did not
+change is taken from the previous run (:class:`precnb.analysis._memo.DatasetMemo`, by dataset identity):
+
+* the shards merged and the fused projections combined (:func:`merged_pair`: the runs and their layouts);
+* the alignment (:func:`alignment`: the runs and the same mapping document — another tolerance);
+  after a Match / Unmatch the mapping changed and it is computed again, on each run's tree read
+  once (:func:`precnb.analysis.align._tree`);
+* the replica comparison of the target (:func:`precnb.analysis.replicas.replica_mismatches`);
+* the pair's renaming, common grid and per-record relative differences
+  (:mod:`precnb.analysis.compare.prep`, for :func:`precnb.analysis.compare.compare_runs`):
+  another tolerance only thresholds them again.
+
+Every diagnosis then runs as in a full triage, and the findings are ordered by
+:func:`precnb.analysis.registry.order_findings`: the answer is the full rerun's
+(``tests/test_rerun_reuse.py`` compares them on the bundled pairs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from precnb.pipeline.layout_merge import is_sharded as _sharded
+from precnb.analysis._memo import DatasetMemo
 from precnb.pipeline.options import Options
 from precnb.pipeline.sources import Source
 
-__all__ = ["enrich_all", "name_in_layout", "nothing_compared_first", "pair_alignment", "pair_steps",
-           "resolve_layout", "spike_rule", "step_offset_of", "tolerance_of", "with_devices"]
+__all__ = ["alignment", "enrich_all", "is_sharded", "mapping_key", "merge_layouts", "merged_pair", "name_all",
+           "name_in_layout", "nothing_compared_first", "pair_alignment", "pair_steps", "resolve_layout", "run_layout",
+           "spike_rule", "step_offset_of", "steps_of", "tolerance_of", "with_run_layout"]
+
+_MERGED = DatasetMemo(size=2)
+_ALIGNED = DatasetMemo(size=2)
 
 
 def _layout(spec: Any, ds: xr.Dataset) -> Any:
@@ -49,7 +74,7 @@ def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str]
     if not infer or int(ds.sizes.get("rank", 0)) < 2:
         return None
     got = infer_layout(ds)
-    if got.layout is None or not (_sharded(got.layout) or got.layout.dp > 1):
+    if got.layout is None or not (is_sharded(got.layout) or got.layout.dp > 1):
         return None
     if notes is not None:
         notes.append(f"{side} layout read from the dumps: {got.layout.describe()} (" + "; ".join(got.evidence) + ")")
@@ -58,6 +83,50 @@ def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str]
 
         assumed.append(inferred_layout(side, got.layout, got.evidence))
     return got.layout
+
+
+def run_layout(spec: Any, ds: xr.Dataset, side: str, notes: list[str] | None = None, *,
+               assumed: list[dict[str, Any]] | None = None, order: str | None = None,
+               num_layers: int | None = None) -> Any:
+    """The layout of one run for a check that needs one (``precnb replicas RUN``; ``diagnose(run, kinds=[...])``).
+
+    The one given (checked against the dumps), else the one the dumps show (:func:`resolve_layout`), else every
+    rank a data-parallel replica (*order*, *num_layers* kept). One rule for the command line and the API; the
+    layout not given is said in *notes* and, as an ``inferred_layout`` assumption, in *assumed*.
+    """
+    lay = resolve_layout(spec, ds, side, notes, assumed=assumed)
+    if lay is not None:
+        return lay
+    from precnb.analysis.layout import Layout
+
+    lay = Layout(int(ds.sizes["rank"]), order=order or Layout.order, num_layers=num_layers)
+    if assumed is not None:
+        from precnb.pipeline.assumptions import inferred_layout
+
+        assumed.append(inferred_layout(side, lay, ["the dumps show no tensor, pipeline or context parallelism: "
+                                                   "every rank a data-parallel replica"]))
+    return lay
+
+
+def with_run_layout(ctx: Any, wanted: Sequence[Any], raw_t: xr.Dataset, notes: list[str],
+                     assumed: list[dict[str, Any]]) -> Any:
+    """*ctx* with the run's layout when a check asked for by name needs one and none was given.
+
+    The layout ``precnb replicas RUN`` uses (:func:`run_layout`: the dumps', else every
+    rank a data-parallel replica), said in the notes and the assumptions; *ctx* as it is when no check needs it.
+    """
+    from dataclasses import replace
+
+    if all(d.applicable(ctx) for d in wanted):
+        return ctx
+    said: list[str] = []
+    also: list[dict[str, Any]] = []
+    laid = replace(ctx, target_layout=run_layout(None, raw_t, "target", said, assumed=also))
+    if not any(d.applicable(laid) and not d.applicable(ctx) for d in wanted):
+        return ctx
+    notes.extend(said)
+    assumed.extend(also)
+    return laid
 
 
 def tolerance_of(opts: Options, open_ref: Any) -> Any:
@@ -98,11 +167,9 @@ def pair_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int] | N
         return list(opts.steps), [s + opts.step_offset for s in opts.steps]
     if opts.step_offset is None and tsrc.is_path and bsrc.is_path:
         from precnb.analysis.compare import default_step_offset
-        from precnb.io.api import available_steps
-
         try:
-            bs = available_steps(bsrc.value, format=opts.format, ranks=opts.ranks)
-            ts = available_steps(tsrc.value, format=opts.format, ranks=opts.ranks)
+            bs = steps_of(bsrc, opts)
+            ts = steps_of(tsrc, opts)
         except Exception:  # reported by the whole read
             return None, None
         if bs is not None and ts is not None and default_step_offset(bs, ts, None) == 0:
@@ -127,25 +194,13 @@ def nothing_compared_first(findings: list[Any], failures: Sequence[tuple[str, st
     findings.insert(0, f)
 
 
-def with_devices(triage: Any, opts: Options) -> Any:
-    """*triage* with hosts and devices beside its ranks (the ``rank_table`` option; issue #28)."""
-    from precnb.pipeline.devices import attach_devices, resolve_rank_table
-
-    notes: list[str] = []
-    table = resolve_rank_table(opts.rank_table, triage.raw_target, notes)
-    triage.notes.extend(n for n in notes if n not in triage.notes)
-    attach_devices(triage.findings, table)
-    triage.rank_table = table
-    return triage
-
-
 def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_lay: Any, *, paired: bool,
                    assumed: list[dict[str, Any]] | None = None, earlier: xr.Dataset | None = None) -> None:
     """The dump's names of a merged target's finding; the whole model's names of a pipeline run's finding.
 
     A one-run layout read from the dumps to name the finding is an assumption (added to *assumed*).
     """
-    from precnb.pipeline.layout_names import attach_layout_names
+    from precnb.pipeline.assumptions import attach_layout_names
 
     if not any(f.found and f.node for f in findings):
         return
@@ -156,11 +211,32 @@ def name_in_layout(findings: list[Any], raw_t: xr.Dataset, targ: xr.Dataset, t_l
                             earlier=earlier)
 
 
-def enrich_all(findings: list[Any], ctx: Any) -> None:
-    """What every finding gets after its diagnosis: ratio / gap evidence, then its dump plan."""
+def _of(findings: list[Any], part: Any) -> list[Any]:
+    """The findings of *part* (a :class:`~precnb.pipeline.result.Part`), in the order of *findings*."""
+    own = {id(f) for _, f in part.results}
+    return [f for f in findings if id(f) in own]
+
+
+def enrich_all(findings: list[Any], parts: Sequence[Any]) -> None:
+    """What every finding gets after its diagnosis (ratio / gap evidence, its dump plan), once per triage.
+
+    Each finding is told its evidence from the runs its diagnosis read: its part's (the runs whole, or on the
+    step-wise path the search's last step batch and the first steps the first-steps diagnoses read).
+    """
     from precnb.analysis.findings.enrich import enrich
 
-    enrich(findings, ctx.target, ctx.baseline)
+    for part in parts:
+        own = _of(findings, part)
+        if own:
+            enrich(own, part.ctx.target, part.ctx.baseline)
+
+
+def name_all(findings: list[Any], parts: Sequence[Any]) -> None:
+    """:func:`name_in_layout` of every finding, once per triage, in the terms of the runs its diagnosis read."""
+    for part in parts:
+        ctx = part.ctx
+        name_in_layout(_of(findings, part), ctx.raw_target, ctx.target, ctx.target_layout,
+                       paired=ctx.baseline is not None, assumed=part.assumed, earlier=part.earlier)
 
 
 def step_offset_of(base: xr.Dataset, targ: xr.Dataset, alignment: Any, given: Any) -> int:
@@ -186,10 +262,132 @@ def step_offset_of(base: xr.Dataset, targ: xr.Dataset, alignment: Any, given: An
 
 def pair_alignment(base: xr.Dataset, targ: xr.Dataset, opts: Options, notes: list[str]) -> Any:
     """The name alignment of the pair, computed once (identity, at no cost, when the names are the same)."""
-    from precnb.pipeline.reuse import alignment
-
     a = alignment(base, targ, opts.mapping)  # a rerun on the same runs and mapping: the same alignment
     if not a.identical:
         notes.append("aligned: " + a.describe())
     notes.extend(f"mapping: {p}" for p in a.mapping_problems)  # pairs not kept (unknown names, swapped, ...)
     return a
+
+
+def _same_layout(a: Any, b: Any, base: xr.Dataset, target: xr.Dataset) -> bool:
+    """Two runs laid out alike (same sizes, order and ranks): rank r holds the same part of the model in both."""
+    keys = ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "order")
+    if not all(getattr(a, k) == getattr(b, k) for k in keys) or (
+            base["rank"].values.tolist() != target["rank"].values.tolist()):
+        return False
+    from precnb.naming import is_communication
+
+    def collectives(ds: xr.Dataset) -> set[str]:  # sequence parallelism trades all-reduces for gathers/scatters
+        return {str(a) for a, n in zip(ds["api"].values, ds["node"].values, strict=True) if is_communication(str(n))}
+
+    return collectives(base) == collectives(target)
+
+
+def is_sharded(layout: Any) -> bool:
+    """Whether *layout* splits the model (tp, pp, vpp, cp or ep above 1)."""
+    return layout is not None and bool(layout.sharded)
+
+
+def merge_layouts(base: xr.Dataset | None, target: xr.Dataset, b_lay: Any, t_lay: Any,
+                  notes: list[str] | None = None, *, like: tuple[Any, Any] | None = None
+                  ) -> tuple[xr.Dataset | None, xr.Dataset]:
+    """Merge each run's shards into whole-layer statistics (the other run names split dims).
+
+    Parameters
+    ----------
+    base, target : xarray.Dataset
+    b_lay, t_lay : Layout or None
+        Only layouts with tp/pp/vpp/cp/ep > 1 merge anything.
+    notes : list of str, optional
+        What was merged is appended here.
+    like : (Dataset, Dataset), optional
+        (baseline, target) merged from earlier steps: their shard classification is reused.
+    """
+    from precnb.analysis import merge_shards
+
+    b_dp = b_lay.dp if b_lay is not None else (int(base.sizes["rank"]) if base is not None else 1)
+    t_dp = t_lay.dp if t_lay is not None else int(target.sizes["rank"])
+    # replicas on parts of the batch against a run on the whole batch: merged too, the other run naming the batch dim
+    t_dp_merge = base is not None and t_lay is not None and t_dp > 1 and b_dp == 1
+    b_dp_merge = base is not None and b_lay is not None and b_dp > 1 and t_dp == 1
+    b_m = b_lay if is_sharded(b_lay) or b_dp_merge else None
+    t_m = t_lay if is_sharded(t_lay) or t_dp_merge else None
+    if base is not None and b_m is not None and t_m is not None and _same_layout(b_m, t_m, base, target):
+        if notes is not None:  # rank r is the same shard of the same stage in both: the dump's own ranks answer
+            notes.append(f"the same layout on both sides ({t_m.describe()}): compared rank by rank, unmerged")
+        return base, target
+    merged_base = base
+    if base is not None and b_m is not None:
+        merged_base = merge_shards(base, b_m, reference=None if t_m else target, like=like[0] if like else None,
+                                   merge_dp=b_dp_merge)
+        if notes is not None:
+            notes.append(f"baseline shards merged ({b_m.describe()})")
+    raw_target = target
+    if t_m is not None:
+        target = merge_shards(target, t_m, reference=None if (b_m or base is None) else base,
+                              like=like[1] if like else None, merge_dp=t_dp_merge)
+        if notes is not None:
+            notes.append(f"target shards merged ({t_m.describe()})")
+    if merged_base is not None:  # a pipeline run's stage-local optimizer lists in the other run's order
+        from precnb.analysis.layout.optimizer_lists import align_optimizer_lists
+
+        staged = [lay is not None and (lay.pp > 1 or lay.vpp > 1) for lay in (b_m, t_m)]
+        if staged[1] and not staged[0]:
+            target, n = align_optimizer_lists(target, merged_base, raw=raw_target)
+        elif staged[0] and not staged[1]:
+            merged_base, n = align_optimizer_lists(merged_base, target, raw=base)
+        else:
+            n = 0
+        if n and notes is not None:
+            notes.append(f"the pipeline stages' optimizer lists renamed to the other run's order by the parameter "
+                         f"each entry holds ({n} entries)")
+    return merged_base, target
+
+
+def mapping_key(mapping: Any) -> str | None:
+    """A text that identifies a mapping given in memory (``""``: none; None: not reusable, e.g. a file path)."""
+    if mapping is None:
+        return ""
+    if isinstance(mapping, dict):
+        try:
+            return json.dumps(mapping, sort_keys=True, allow_nan=True, default=repr)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def merged_pair(raw_b: xr.Dataset, raw_t: xr.Dataset, b_lay: Any, t_lay: Any, notes: list[str]
+                ) -> tuple[xr.Dataset, xr.Dataset]:
+    """(baseline, target) compared: shards merged by layout, fused projections combined; what was done in *notes*."""
+    from precnb.analysis.align.fused import fuse_pair
+
+    def compute() -> tuple[xr.Dataset, xr.Dataset, list[str]]:
+        said: list[str] = []
+        merged_b, targ = merge_layouts(raw_b, raw_t, b_lay, t_lay, said)
+        base, targ = fuse_pair(merged_b if merged_b is not None else raw_b, targ)
+        return base, targ, said
+
+    base, targ, said = _MERGED.get([raw_b, raw_t], ("merged", repr(b_lay), repr(t_lay)), compute, copy=False)
+    notes.extend(said)
+    return base, targ
+
+
+def alignment(base: xr.Dataset, targ: xr.Dataset, mapping: Any) -> Any:
+    """:func:`precnb.analysis.align.align` of the pair, reused for the same runs and mapping document.
+
+    An :class:`~precnb.analysis.align.Alignment` is never changed once made: the same one is shared.
+    """
+    from precnb.analysis.align import align
+
+    key = mapping_key(mapping)
+    if key is None:  # a file (it may have changed on disk) or an object: computed again
+        return align(base, targ, mapping=mapping)
+    return _ALIGNED.get([base, targ], ("align", key), lambda: align(base, targ, mapping=mapping), copy=False)
+
+
+def steps_of(src: Source, opts: Options) -> list[int] | None:
+    """:func:`precnb.io.available_steps` of a path source (its reader asked once: :meth:`Source.resolved`)."""
+    from precnb.io.api import available_steps
+
+    where, fmt = src.resolved(opts.format)
+    return available_steps(where, format=fmt, ranks=opts.ranks)

@@ -1,7 +1,14 @@
 """The outcome of :func:`precnb.diagnose` (:class:`Triage`) and its one constructor (:func:`build_triage`).
 
-Kept apart from :mod:`precnb.pipeline.triage` (the pipeline) so that both of the pipeline's paths (the whole
+Kept apart from :mod:`precnb.pipeline.run` (the pipeline) so that both of the pipeline's paths (the whole
 read and the step-wise search, :mod:`precnb.pipeline.stepwise_read`) build a triage the same way.
+
+**The scalar arguments of a divergence's node** (:func:`attach_scalar_arguments`), read from both dumps when the
+triage is made. The statistics cannot show that an op ran with another ``eps`` or scale; its record in
+``dump.json`` can. For a first divergence whose node is in both runs, the pipeline reads that node's record at the
+finding's (step, rank) from each dump (:func:`precnb.io.node_records`, only those records are decoded) and, when
+scalar arguments differ (:func:`precnb.analysis.divergence.scalars.differing_arguments`), adds a certain cause and
+says so in the reason. Inputs given as datasets read from nowhere known (no files) are left as they are.
 """
 
 from __future__ import annotations
@@ -14,10 +21,51 @@ from typing import Any
 import xarray as xr
 
 from precnb.pipeline.options import Options
+from precnb.pipeline.sources import Source
 
-__all__ = ["TRIAGE_SCHEMA", "Triage", "build_triage", "shared_comparison"]
+__all__ = ["TRIAGE_SCHEMA", "Part", "Triage", "attach_scalar_arguments", "build_triage", "shared_comparison"]
 
 TRIAGE_SCHEMA = "precnb.triage/1"
+_COMPUTED = "computed differently here"
+
+
+@dataclass
+class Part:
+    """What the diagnoses of one read gave, before the triage is made.
+
+    A triage has one part (the runs read whole) or, on the step-wise path, two: the search's and the
+    first-steps diagnoses' (:mod:`precnb.pipeline.stepwise_read`). :func:`precnb.pipeline.run.run` finishes the
+    parts of a triage once, together: ordering, evidence, names in the layout, scalar arguments, devices and
+    :func:`build_triage`.
+
+    Attributes
+    ----------
+    ctx : Context
+        What the diagnoses ran on (:class:`~precnb.analysis.registry.Context`).
+    results : list of (str, Finding)
+        (diagnosis kind, finding) as listed (a diagnosis's ``keep`` applied).
+    by_kind : dict
+        What each diagnosis returned, by kind (:attr:`Triage.results`).
+    checks : list of dict
+        One entry per diagnosis considered (:attr:`Triage.checks`).
+    options : Options
+        The options the diagnoses ran with.
+    assumed : list of dict
+        The layouts read from the dumps (:func:`precnb.pipeline.assumptions.inferred_layout`).
+    cache : dict
+        Derived results kept for the triage's views (the pair's comparison).
+    earlier : xarray.Dataset or None
+        The target's first step batch as dumped, when the finding's batch is a later one (names in the layout).
+    """
+
+    ctx: Any
+    results: list[tuple[str, Any]]
+    by_kind: dict[str, Any]
+    checks: list[dict[str, Any]]
+    options: Options
+    assumed: list[dict[str, Any]] = field(default_factory=list)
+    cache: dict[str, Any] = field(default_factory=dict)
+    earlier: xr.Dataset | None = None
 
 
 @dataclass
@@ -128,14 +176,14 @@ class Triage:
                                  tensor_metrics=self.tensor_metrics)
 
     def flagged(self) -> Any:
-        """Every record a diagnosis flags, in causal order (:func:`precnb.pipeline.flagged.flagged`)."""
-        from precnb.pipeline.flagged import flagged
+        """Every record a diagnosis flags, in causal order (:func:`precnb.pipeline.tensors.flagged`)."""
+        from precnb.pipeline.tensors import flagged
 
         return flagged(self)
 
     def flagged_ranks(self) -> Any:
         """The same for a rank × step view (the dump's ranks where shards were merged and disagree)."""
-        from precnb.pipeline.flagged import flagged_ranks
+        from precnb.pipeline.tensors import flagged_ranks
 
         return flagged_ranks(self)
 
@@ -210,19 +258,21 @@ def shared_comparison(cache: dict[str, Any], baseline: xr.Dataset, target: xr.Da
 def build_triage(ctx: Any, *, findings: list[Any], checks: list[dict[str, Any]], results: dict[str, Any],
                  options: Options, notes: list[str], failures: list[tuple[str, str]],
                  sources: tuple[str | None, str | None], rank_table: dict[int, dict[str, str]] | None = None,
-                 cache: dict[str, Any] | None = None, assumed: Sequence[dict[str, Any]] = ()) -> Triage:
+                 cache: dict[str, Any] | None = None, assumed: Sequence[dict[str, Any]] = (),
+                 beside: Sequence[dict[str, Any]] = ()) -> Triage:
     """The :class:`Triage` of a pipeline run, from the diagnoses' :class:`~precnb.analysis.registry.Context`.
 
     The one place a triage is made: the runs, layouts, alignment, tolerance, names and tensor metrics
     are the context's; *findings*, *checks* and *results* what the diagnoses gave; the step offset is
     the context's resolved one for a pair (None for one run). The assumptions are collected here, once
     (*assumed*: the layouts read from the dumps; :func:`precnb.pipeline.assumptions.collect`), and given to
-    every finding.
+    every finding; *beside*: the assumptions of the first-steps diagnoses of a step-wise search, added after.
     """
     from precnb.pipeline.assumptions import attach, collect
 
     paired = ctx.baseline is not None
     assumptions = collect(ctx, options, assumed)
+    assumptions += [a for a in beside if a not in assumptions]
     attach(findings, assumptions)
     return Triage(findings=findings, options=options, alignment=ctx.alignment, checks=checks, target=ctx.target,
                   baseline=ctx.baseline, raw_target=ctx.raw_target, raw_baseline=ctx.raw_baseline, names=ctx.names,
@@ -231,3 +281,68 @@ def build_triage(ctx: Any, *, findings: list[Any], checks: list[dict[str, Any]],
                   tolerance=ctx.tolerance, tensor_metrics=ctx.params.get("tensor_metrics"),
                   cache={} if cache is None else cache, rank_table=rank_table, source_paths=sources,
                   assumptions=assumptions)
+
+
+def _records(src: Source, step: int, rank: int, node: str, fmt: str | None) -> dict[str, Any] | None:
+    if src.records_path is None:
+        return None
+    from precnb.io.api import node_records
+
+    try:
+        where, reader = src.resolved(fmt)  # the reader asked once per path
+        return node_records(where, step, rank, [node], format=reader).get(node)
+    except Exception:  # evidence is optional: the finding stands without it
+        return None
+
+
+def attach_scalar_arguments(findings: list[Any], tsrc: Source, bsrc: Source | None, *,
+                            names: tuple[str, str], format: str | None = None) -> None:
+    """Add a ``scalar_argument`` cause to each first divergence whose node ran with other constants.
+
+    Parameters
+    ----------
+    findings : list of Finding
+        Changed in place.
+    tsrc, bsrc : Source
+        The target and baseline as given (paths are read, and so are the paths datasets were read
+        from, :class:`~precnb.pipeline.inputs.ReadRun`; other datasets are skipped).
+    names : (str, str)
+        The (baseline, target) display names.
+    format : str, optional
+        The forced input format.
+    """
+    if bsrc is None or tsrc.records_path is None or bsrc.records_path is None:
+        return
+    from precnb.analysis.divergence.scalars import argument_cause, differing_arguments, format_argument
+    from precnb.analysis.registry import lookup
+
+    for f in findings:
+        if getattr(lookup(f.kind), "mode", None) != "pair" or not f.node or f.step is None or f.rank is None:
+            continue  # a finding of a pair diagnosis (the first divergence) naming one record
+        if f.evidence.get("only_in"):
+            continue  # a node one run does not have has nothing to compare
+        b_node = (f.baseline or {}).get("node") or f.node
+        t_step = int(f.values.get("target_step", f.step)) if isinstance(f.values, dict) else int(f.step)
+        rb = _records(bsrc, int(f.step), int(f.rank), b_node, format)
+        dump = f.evidence.get("dump") if isinstance(f.evidence.get("dump"), dict) else None
+        # a merged target's record is in the dump under its own rank(s) and local name
+        where = [(int(r), str(dump["node"])) for r in dump["ranks"]] if dump else [(int(f.rank), f.node)]
+        for rank, node in where:
+            rt = _records(tsrc, t_step, rank, node, format)
+            if rt is None or rb is None:
+                continue
+            diffs = differing_arguments(rt, rb)
+            if not diffs:
+                continue
+            cause = argument_cause(node, diffs, baseline_node=b_node, names=names)
+            if dump:
+                cause["rank"] = rank
+                dump["rank"] = rank
+            f.causes.insert(0, cause)
+            d = diffs[0]
+            if _COMPUTED in f.reason:
+                on = f" on rank {rank} ({node})" if dump else ""
+                said = (f"computed with a different scalar argument{on} ({d['argument']} = "
+                        f"{format_argument(d['target'])} here, {format_argument(d['baseline'])} in {names[0]})")
+                f.reason = f.reason.replace(_COMPUTED, said)
+            break

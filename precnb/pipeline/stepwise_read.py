@@ -3,7 +3,9 @@
 A diagnosis with a ``stepwise`` search (:class:`precnb.analysis.registry.Diagnosis`; the first divergence)
 runs this way on a pair of dump folders when every other diagnosis asked for needs the first steps only
 (``first_steps``; the pre-flight checks): those run on the steps the search read (plus the one they lack),
-and their results are ordered in with the search's (:func:`precnb.pipeline._preflight_join.with_first_steps`).
+through the same read path as a whole read (:func:`precnb.pipeline.run.diagnose_read`). :func:`try_stepwise` gives
+both parts to :func:`precnb.pipeline.run.run`, which orders their results together and makes one triage
+(:func:`note_later`: a failing pre-flight finding names the findings after it).
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ from typing import Any
 import xarray as xr
 
 from precnb.pipeline import prepare
-from precnb.pipeline.layout_merge import merge_layouts
 from precnb.pipeline.options import Options
-from precnb.pipeline.result import Triage, build_triage
-from precnb.pipeline.scalars import attach_scalar_arguments
+from precnb.pipeline.prepare import merge_layouts
+from precnb.pipeline.result import Part
 from precnb.pipeline.sources import Loaded, Source, open_source
 
-__all__ = ["stepwise_plan", "try_stepwise"]
+__all__ = ["note_later", "stepwise_plan", "try_stepwise"]
 
 Pair = tuple[xr.Dataset, xr.Dataset]
 
@@ -45,13 +46,12 @@ def stepwise_plan(wanted: Sequence[Any], tsrc: Source, bsrc: Source | None, opts
 def _steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int], int] | None:
     """(baseline steps to search, offset) when the search can read step by step."""
     from precnb.analysis.compare import default_step_offset
-    from precnb.io.api import available_steps
 
     if not (tsrc.is_path and bsrc.is_path):
         return None
     try:
-        bsteps = available_steps(bsrc.value, format=opts.format, ranks=opts.ranks)
-        tsteps = available_steps(tsrc.value, format=opts.format, ranks=opts.ranks)
+        bsteps = prepare.steps_of(bsrc, opts)
+        tsteps = prepare.steps_of(tsrc, opts)
     except Exception:  # undetectable input: the whole read reports it properly
         return None
     if bsteps is None or tsteps is None:
@@ -65,50 +65,54 @@ def _steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int], int] |
     return (search, int(off)) if len(search) >= 2 else None
 
 
-def try_stepwise(chosen: tuple[Any, list[Any], tuple[list[int], int]], target: Any, baseline: Any,
-                 tsrc: Source, bsrc: Source, opts: Options, tolerance: Any, loaded: Loaded,
-                 common: dict[str, Any], notes: list[str], rerun: Callable[..., Triage]) -> Triage | None:
-    """The step-wise triage, or None when a step has no readable file (the caller reads the runs whole).
+def try_stepwise(plan: Any, notes: list[str], first_steps: Callable[[list[Any], Options, Pair | None], Part]
+                 ) -> list[Part] | None:
+    """The parts of a step-wise triage (the search's, then the first-steps diagnoses'), or None to read whole.
 
-    *rerun* runs the first-steps diagnoses (``rerun(target, baseline=..., options=...)``, a whole read of its own:
-    :func:`precnb.pipeline.run._first_steps`, never :func:`precnb.diagnose`) on the
-    steps the search read.
+    None when a step has no readable file (the caller reads the runs whole). *plan* is the triage's
+    :class:`~precnb.pipeline.plan.Plan`; *notes* receives what was done. *first_steps* runs the first-steps
+    diagnoses (``first_steps(diagnoses, options, (target, baseline) or None)``:
+    :func:`precnb.pipeline.run.diagnose_read` on the steps the search read, or on the plan's runs read at the first
+    steps when it kept too few; never :func:`precnb.diagnose`). The parts are finished once, together
+    (:func:`precnb.pipeline.run.run`: ordering, evidence, names, devices, one :func:`build_triage`).
     """
+    from precnb.analysis import registry
     from precnb.errors import NotADumpError
-    from precnb.pipeline._preflight_join import with_first_steps
 
-    searcher, rest, plan = chosen
+    searcher, rest, steps = plan.stepwise
+    opts, loaded, common = plan.options, plan.loaded, plan.common
+    tsrc, bsrc = plan.target, plan.baseline
     kept: list[Pair] = []
     try:
-        div = _search(searcher, tsrc, bsrc, opts, plan, tolerance, loaded, common, notes, keep=kept)
+        div = _search(searcher, tsrc, bsrc, opts, steps, plan.tolerance, loaded, common, notes, keep=kept)
     except NotADumpError:  # a step with no readable file: read the runs whole instead
         loaded.failures.clear()
         return None
     if not rest:
-        return prepare.with_devices(div, opts)
+        return [div]
     n = max(d.first_steps for d in rest)
-    if n > 1 and _forward_fault_first(div, searcher.kind, kept):
+    if n > 1 and _forward_fault_first(div.by_kind.get(searcher.kind), kept):
         n = 1  # nothing after the first step's forward pass can explain it: the next step is not read
         notes.append(f"{', '.join(d.title.lower() for d in rest)} on the first step only: the runs already "
                      "differ in its forward pass (dumped before any backward record), so the next step was not read; "
                      "`precnb preflight BASELINE TARGET` checks the first two steps (frozen parameters also by "
                      "their updates)")
-    pre_opts = opts.with_(kinds=[d.kind for d in rest], steps=plan[0][:n], step_offset=plan[1])
-    _read_first_steps(kept, plan, n, bsrc, tsrc, loaded, common)
-    if sum(int(b.sizes["step"]) for b, _ in kept) >= min(n, len(plan[0])):
+    pre_opts = opts.with_(kinds=[d.kind for d in rest], steps=steps[0][:n], step_offset=steps[1])
+    _read_first_steps(kept, steps, n, bsrc, tsrc, loaded, common)
+    if sum(int(b.sizes["step"]) for b, _ in kept) >= min(n, len(steps[0])):
         from precnb.combine import concat_steps
 
-        pre = rerun(concat_steps([t for _, t in kept]), baseline=concat_steps([b for b, _ in kept]),
-                    options=pre_opts.with_(steps=None))
-        pre.names = (bsrc.name, tsrc.name)
+        pre = first_steps(rest, pre_opts.with_(steps=None),
+                          (concat_steps([t for _, t in kept]), concat_steps([b for b, _ in kept])))
     else:
-        pre = rerun(target, baseline=baseline, options=pre_opts)
-    joined = with_first_steps(pre, div)
-    prepare.nothing_compared_first(joined.findings, joined.load_failures)
-    return prepare.with_devices(joined, opts)
+        pre = first_steps(rest, pre_opts, None)
+    read = sorted({int(s) for s in pre.ctx.baseline["step"].values}) if pre.ctx.baseline is not None else []
+    titles = ", ".join(registry.title(k).lower() for k in pre.by_kind)
+    notes.append(f"{titles} on baseline steps {', '.join(map(str, read))}")
+    return [div, pre]
 
 
-def _forward_fault_first(div: Triage, kind: str, kept: list[Pair]) -> bool:
+def _forward_fault_first(f: Any, kept: list[Pair]) -> bool:
     """Whether the search answered in the forward pass of the one step it read, before any backward record.
 
     Judged on the finding's rank in the target as read: every tensor of the finding's node was dumped
@@ -119,7 +123,6 @@ def _forward_fault_first(div: Triage, kind: str, kept: list[Pair]) -> bool:
     """
     import numpy as np
 
-    f = div.results.get(kind)
     if f is None or not getattr(f, "found", False) or len(kept) != 1 or not f.node or f.rank is None:
         return False
     target = kept[0][1]
@@ -194,8 +197,8 @@ class _Reader:
 
 
 def _search(d: Any, tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[int], int], tolerance: Any,
-            loaded: Loaded, common: dict[str, Any], notes: list[str], keep: list[Pair] | None = None) -> Triage:
-    """The search of diagnosis *d* reading step batches until one answers (the whole-run answer).
+            loaded: Loaded, common: dict[str, Any], notes: list[str], keep: list[Pair] | None = None) -> Part:
+    """The search of diagnosis *d* reading step batches until one answers (the whole-run answer), as a :class:`Part`.
 
     *keep* receives the (baseline, target) runs of the first two step batches as read (before merging).
     """
@@ -229,12 +232,32 @@ def _search(d: Any, tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[
     ctx = Context(target=mt, baseline=mb, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
                   baseline_layout=b_lay, alignment=alignment, tolerance=tolerance, step_offset=off, crc=opts.crc,
                   names=(bsrc.name, tsrc.name))
-    prepare.enrich_all([finding], ctx)
     earlier = read.first_stats  # the first batch's steps, when the finding's batch is a later one
     if earlier is not None and earlier["step"].equals(raw_t["step"]):
         earlier = None
-    prepare.name_in_layout([finding], raw_t, mt, t_lay, paired=True, earlier=earlier)
-    attach_scalar_arguments([finding], tsrc, bsrc, names=ctx.names, format=opts.format)
-    return build_triage(ctx, findings=[finding], checks=checks, results={d.kind: finding}, options=opts,
-                        notes=notes, failures=loaded.failures, sources=(bsrc.records_path, tsrc.records_path),
-                        assumed=read.assumed)
+    return Part(ctx=ctx, results=[(d.kind, finding)], by_kind={d.kind: finding}, checks=checks, options=opts,
+                assumed=read.assumed, earlier=earlier)
+
+
+def note_later(findings: list[Any]) -> None:
+    """A failing pre-flight finding first: it names the findings after it (they may be consequences).
+
+    ``evidence["later_findings"]`` holds their kind, step, rank, node, tensor and reason, so the one
+    JSON object ``precnb diff --json`` prints (the pre-flight finding) still says where the runs
+    first diverge.
+    """
+    from precnb.analysis import registry
+
+    head_d = registry.lookup(findings[0].kind) if findings else None
+    if head_d is None or not head_d.clean_last:  # a precondition check (the pre-flight checks) heads the list
+        return
+    later = [f for f in findings[1:] if f.found]
+    if not later:
+        return
+    head = findings[0]
+    head.evidence["later_findings"] = [{k: getattr(f, k) for k in ("kind", "step", "rank", "node", "tensor",
+                                                                    "reason")} for f in later]
+    texts = [f"{f.kind} at step {f.step}, rank {f.rank}" + (f", {f.node}" if f.node else "") for f in later]
+    head.evidence["later_findings_text"] = texts
+    head.hints.append("found after the pre-flight failure (possibly its consequence): " + "; ".join(texts))
+
