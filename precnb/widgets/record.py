@@ -189,7 +189,7 @@ class RecordView:
         frame = detail_frame(runs.ds if cmp else ds, step=state.step, rank=state.rank, tensors=tensors,
                              run=f.run.value if cmp else None, baseline=runs.baseline if cmp else None,
                              focus=state.tensor, merged=None if state.unmerged else self.data.shard_kinds(),
-                             limit=24)
+                             limit=8)  # the origin, its neighbours and its stack on one screen
         ev = self.data.evidence(state.tensor, self._owner(state, ds), state.step, state.rank)  # that rank's own
         where = " (rank as dumped, before merging shards)" if state.unmerged else ""
         self.detail.show(frame, ev, focus=state.tensor,
