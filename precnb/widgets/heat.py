@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from precnb.viz import heatmap_chart, heatmap_frame
-from precnb.viz.charts import heatmap_width, mark_selected
+from precnb.viz.charts import first_bad_domain, heatmap_width, mark_selected
 from precnb.viz.selections import read_point
 from precnb.viz.values import Color
 from precnb.viz.where import where_frame
@@ -85,7 +85,7 @@ def _set_domain(spec: Any, top: float) -> None:
     if isinstance(spec, dict):
         scale = spec.get("scale")
         if isinstance(scale, dict) and scale.get("type") == "log" and "domain" in scale:
-            scale["domain"] = [1, max(2.0, top)]
+            scale["domain"] = first_bad_domain(top)
         for v in spec.values():
             _set_domain(v, top)
     elif isinstance(spec, list):
