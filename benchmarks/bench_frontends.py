@@ -12,11 +12,12 @@ with renamed nodes, :func:`generate.deepen`), with a NaN from one node onward at
 repetition (medians; the first repetition also stands apart, as "first call", since it pays the
 process's one-time costs: importing altair, building the offline JavaScript bundle):
 
-* ``precnb.diagnose(path)`` vs ``precnb.explore(path)`` (target: explore within 1.5x);
+* ``precnb.diagnose(path)`` vs ``precnb.explore(path)`` (target: explore within 1.2x, issue 51);
 * ``precnb.diagnose(path)`` vs ``precnb.report.to_html(path)`` (target: within 2x);
 * every explorer interaction, kernel (Python) time until the handler returns with every view
   redrawn: each tab opened, each colour, rows / x / sort, a heat-map cell, a suspect link,
-  next / previous finding, and for the pair Match, Unmatch and Rerun (target: each below 1 s).
+  next / previous finding, a tab switch (tabs already opened), Export (the HTML report written from the
+  Export tab), and for the pair Match, Unmatch and Rerun (target: each below 0.5 s, issue 51).
   Both the CPU time the kernel process spent (``time.process_time``: what the interaction costs,
   whatever else the machine runs) and the wall time are given; the target is read on the CPU time.
 
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import generate  # noqa: E402
 
-TARGETS = {"explore": 1.5, "report": 2.0, "interaction_s": 1.0}
+TARGETS = {"explore": 1.2, "report": 2.0, "interaction_s": 0.5}  # issue 51: explore within 1.2x, below 0.5 s
 
 
 def build_trees(work: Path, tensors: int, ranks: int, steps: int) -> tuple[Path, int]:
@@ -66,6 +67,11 @@ def _tensors_of(template: Path) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return int(precnb.open_run(first, progress=False).sizes["tensor"])
+
+
+def _load() -> str:
+    """The load averages as ``uptime`` prints them (1, 5, 15 minutes)."""
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _cpu(fn: Callable[[], object]) -> tuple[float, float]:
@@ -100,6 +106,21 @@ def interactions(ex, paired: bool, repeat: int) -> list[tuple[str, float, float]
     for p in ex.panels:  # open each tab (the first opening computes what the tab shows)
         once(f"tab {p.title} (first opening)", lambda p=p: setattr(ex.tabs, "selected_index", ex.panels.index(p)))
     ex.tabs.selected_index = 0
+    order = list(range(len(ex.panels))) * (repeat + 1)
+    med("tab switch (every tab opened before)", [lambda i=i: setattr(ex.tabs, "selected_index", i)
+                                                 for i in order[1: repeat + 2]])
+    ex.tabs.selected_index = 0
+    export = ex.panel("Export")
+    if export is not None:
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix="precnb-bench-export-"))
+
+        def write(k: int) -> None:
+            export.path.value = str(tmp / f"report{k}.html")
+            assert export.export() is not None, export.status.value
+
+        med("Export (the HTML report, from the Export tab)", [lambda k=k: write(k) for k in range(max(repeat, 2))])
     for value in [v for _label, v in f.color.options]:
         once(f"colour {value} (first)", lambda v=value: setattr(f.color, "value", v))
     f.color.value = "first_bad"
@@ -195,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     from precnb.report import to_html
 
     t0 = time.perf_counter()
+    load_before = _load()
     lines = [f"Front ends on a {n_tensors}-tensor, {args.ranks}-rank, {args.steps}-step run "
              f"(`benchmarks/bench_frontends.py`, precnb from `{Path(precnb.__file__).parent}`): seconds, medians of "
              f"{args.repeat} alternating repetitions (first call: the first repetition, with the process's one-time "
@@ -221,11 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         rows += [(f"{case}: {what}", c, w) for what, c, w in interactions(ex, baseline is not None, args.repeat)]
     worst = max(c for _w, c, _t in rows)
     lines += ["", "| explorer interaction | kernel CPU time | wall time |", "|---|---:|---:|"]
-    lines += [f"| {what} | {c * 1000:.0f} ms{'' if c < TARGETS['interaction_s'] else ' **over 1 s**'} | "
+    cap = TARGETS["interaction_s"]
+    lines += [f"| {what} | {c * 1000:.0f} ms{'' if c < cap else f' **over {cap:g} s**'} | "
               f"{w * 1000:.0f} ms |" for what, c, w in rows]
-    lines += ["", f"Slowest interaction {worst:.2f} s of CPU (target below {TARGETS['interaction_s']:.0f} s: "
-                  f"{'met' if worst < TARGETS['interaction_s'] else 'NOT met'}); whole benchmark "
-                  f"{time.perf_counter() - t0:.0f} s."]
+    lines += ["", f"Slowest interaction {worst:.2f} s of CPU (target below {cap:g} s: "
+                  f"{'met' if worst < cap else 'NOT met'}); whole benchmark {time.perf_counter() - t0:.0f} s; "
+                  f"machine load (`uptime` load averages 1/5/15 min, {os.cpu_count()} cores): {load_before} before, "
+                  f"{_load()} after."]
     text = "\n".join(lines)
     print(text)
     if args.markdown is not None:

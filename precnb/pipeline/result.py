@@ -319,8 +319,9 @@ def attach_scalar_arguments(findings: list[Any], tsrc: Source, bsrc: Source | No
     for f in findings:
         if getattr(lookup(f.kind), "mode", None) != "pair" or not f.node or f.step is None or f.rank is None:
             continue  # a finding of a pair diagnosis (the first divergence) naming one record
-        if f.evidence.get("only_in"):
-            continue  # a node one run does not have has nothing to compare
+        if f.evidence.get("only_in") or (isinstance(f.baseline, dict) and "node" in f.baseline
+                                         and not f.baseline["node"]):
+            continue  # a node one run does not have (or left unpaired: an Unmatch) has nothing to compare
         b_node = (f.baseline or {}).get("node") or f.node
         t_step = int(f.values.get("target_step", f.step)) if isinstance(f.values, dict) else int(f.step)
         rb = _records(bsrc, int(f.step), int(f.rank), b_node, format)

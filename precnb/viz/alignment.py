@@ -94,7 +94,8 @@ def alignment_frame(
     (rows, links) : pandas.DataFrame
         ``rows``: ``side, name, label, depth, y, rank, partner, how, confidence, status``
         (``status`` is ``paired``, ``unpaired``, or ``glue``: framework glue, a module path without
-        records of its own, or a name both runs have); ``links``: ``baseline, target, y_b,
+        records of its own, or a name both runs have — unless a mapping or an Unmatch left that call
+        unpaired: then ``unpaired``, ``how`` ``"unmatched by hand"``); ``links``: ``baseline, target, y_b,
         y_t, how, confidence``.
     """
     if level not in ("modules", "calls"):
@@ -103,6 +104,9 @@ def alignment_frame(
     b2t = {p.baseline: p for p in pairs}
     t2b = {p.target: p for p in pairs}
     glue = {(g["side"], g["node"]) for g in alignment.unpaired.get("glue", [])}
+    # calls a mapping (or an Unmatch) left unpaired are unpaired by decision, not glue — though both runs have the
+    # name (issue 51); at the calls level only (a module is never unpaired by hand)
+    by_hand = set(getattr(alignment, "user_unpaired", []) or []) if level == "calls" else set()
     ranks = dict(ranks or {})
     rows: list[dict[str, Any]] = []
     other_names = {"baseline": set(target[("module" if level == "modules" else "node")].values.astype(str)),
@@ -124,14 +128,17 @@ def alignment_frame(
             key = name if side == "target" else partner
             if p is not None:
                 status = "paired"
+            elif name in by_hand and (side == "target" or name not in b2t):
+                status = "unpaired"  # the target call left unpaired, and its same-named baseline call
             elif (side, name) in glue or name not in real or name in other_names[side]:
                 status = "glue"  # framework glue, a path without records, or a name both runs share
             else:
                 status = "unpaired"
             rows.append({"side": side, "name": name, "label": name.rsplit(".", 1)[-1] if level == "modules" else name,
                          "depth": depth, "y": y, "rank": int(ranks.get(key, 0)) if key else 0, "partner": partner,
-                         "how": p.how if p is not None else "", "confidence": float(p.confidence) if p else 0.0,
-                         "status": status})
+                         "how": p.how if p is not None else (
+                             "unmatched by hand" if status == "unpaired" and name in by_hand else ""),
+                         "confidence": float(p.confidence) if p else 0.0, "status": status})
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
     yb = {r["name"]: r["y"] for r in rows if r["side"] == "baseline"}
     yt = {r["name"]: r["y"] for r in rows if r["side"] == "target"}

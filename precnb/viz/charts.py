@@ -21,12 +21,14 @@ import pandas as pd
 
 from precnb.viz.selections import cell_selection, pick_selection, span_selection
 
-__all__ = ["heatmap_chart", "heatmap_width", "line_chart", "linked_chart", "mark_selected"]
+__all__ = ["first_bad_domain", "heatmap_chart", "heatmap_width", "line_chart", "linked_chart", "mark_selected"]
 
 NONFINITE_COLOR = "#d62728"
 EMPTY_COLOR = "#eeeeee"
 _SCALES: dict[str, dict[str, Any]] = {
-    "first_bad": {"scheme": "reds", "type": "log", "reverse": True},
+    # the earliest cell dark, every later one pale (issue 51: with the reds scheme every row downstream of a NaN was
+    # as dark as the origin); piecewise over [1, 2, last]
+    "first_bad": {"type": "log", "range": ["#a50f15", "#fcae91", "#fff1ea"]},
     "tensor": {"scheme": "purples", "type": "symlog"},
     "stat": {"scheme": "blues", "type": "symlog"},
     "reldiff": {"scheme": "yelloworangered", "domain": [-8, 0], "clamp": True},
@@ -37,6 +39,17 @@ _COLOR_TITLES = {"first_bad": "first bad (1 = earliest)", "tensor": "tensor metr
                  "reldiff": "log10 rel. diff", "nonfinite": "non-finite", "events": "NaN / new inf"}
 LABELLED = 3
 """In ``first_bad`` colour the earliest cells carry their number (1, 2, 3) as text."""
+
+
+def first_bad_domain(top: float) -> list[float]:
+    """Colour domain of ``first_bad`` cells numbered 1 to *top*: cell 1, cell 2, the last one.
+
+    Examples
+    --------
+    >>> first_bad_domain(1), first_bad_domain(37)
+    ([1.0, 2.0, 3.0], [1.0, 2.0, 37.0])
+    """
+    return [1.0, 2.0, max(3.0, float(top))]
 
 
 def heatmap_width(n_cols: int, *, cell: int = 22, lo: int = 160, hi: int = 760) -> int:
@@ -78,7 +91,7 @@ def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = Tru
     scale = dict(_SCALES.get(mode, {}))
     if mode == "first_bad":
         top = float(frame["color"].max()) if len(frame) and frame["color"].notna().any() else 1.0
-        scale["domain"] = [1, max(2.0, top)]
+        scale["domain"] = first_bad_domain(top)
     fill = alt.Color("color:Q", title=_COLOR_TITLES.get(mode, "value").format(stat=stat),
                      scale=alt.Scale(**scale), condition=conditions,
                      legend=alt.Legend(orient="top", gradientLength=160) if legend else None)
@@ -189,8 +202,9 @@ def heatmap_chart(
         rect = rect.add_params(sel)
     chart: Any = rect
     if mode == "first_bad" and len(frame):
+        ink = alt.when(alt.datum.first_bad == 1).then(alt.value("white")).otherwise(alt.value("#67000d"))
         text = base.transform_filter(f"datum.first_bad > 0 && datum.first_bad <= {LABELLED}").mark_text(
-            fontSize=10, fontWeight="bold", color="white").encode(x=x, y=y, text="first_bad:Q", tooltip=tooltip)
+            fontSize=10, fontWeight="bold").encode(x=x, y=y, text="first_bad:Q", tooltip=tooltip, color=ink)
         chart = alt.layer(rect, text)
     if grouped:
         order = [g for g in ("forward", "backward", "optimizer") if g in set(frame["group"].astype(str))]

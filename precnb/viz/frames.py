@@ -22,7 +22,18 @@ import pandas as pd
 import xarray as xr
 
 from precnb.viz._grid import bucket_size, reduce_grid
-from precnb.viz.values import COLORS, GROUPS, ROWS, Color, Rows, cell_values, pick_runs, row_groups, row_labels
+from precnb.viz.values import (
+    COLORS,
+    GROUPS,
+    NO_MODULE,
+    ROWS,
+    Color,
+    Rows,
+    cell_values,
+    pick_runs,
+    row_groups,
+    row_labels,
+)
 
 __all__ = [
     "COLORS",
@@ -180,11 +191,15 @@ def cube_frame(
             fcell = (fg, _bucket_of(target["step"].values[si], focus.get("step"), ss),
                      _bucket_of(target["rank"].values[ri], focus.get("rank"), rs))
     group_rank = {gname: i for i, gname in enumerate(("", *GROUPS))}
+    # the records outside any module ("(none)") last in their group: a reader's first numbered cell is a
+    # module's, not a row that names no place (issue 51)
+    row_key: dict[int, tuple[Any, ...]]
     if sort == "value":
-        row_key = {k: (group_rank[uniq_group[k]], -float(best[k]) if np.isfinite(best[k]) else np.inf,
-                       g.first_seq[k], str(uniq[k])) for k in keep}
+        row_key = {k: (group_rank[uniq_group[k]], str(uniq[k]) == NO_MODULE,
+                       -float(best[k]) if np.isfinite(best[k]) else np.inf, g.first_seq[k], str(uniq[k])) for k in keep}
     else:
-        row_key = {k: (group_rank[uniq_group[k]], g.first_seq[k], str(uniq[k])) for k in keep}
+        row_key = {k: (group_rank[uniq_group[k]], str(uniq[k]) == NO_MODULE, g.first_seq[k], str(uniq[k]))
+                   for k in keep}
     keep_arr = np.array(sorted(keep, key=lambda k: row_key[k]), dtype=np.intp)
     df = _assemble(g, target, uniq, keep_arr, si, ri, ti, color, fcell)
     df.insert(1, "group", uniq_group[keep_arr][df["row_order"].to_numpy()] if len(df) else [])

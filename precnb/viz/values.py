@@ -160,9 +160,13 @@ def row_groups(ds: xr.Dataset) -> np.ndarray:
     return np.where(opt, "optimizer", np.where(back, "backward", "forward")).astype(object)
 
 
+NO_MODULE = "(none)"
+"""Row label of the records outside any module (or node)."""
+
+
 def row_labels(ds: xr.Dataset, rows: Rows = "module") -> np.ndarray:
-    """Row label of every tensor (``"(none)"`` for an unknown module)."""
+    """Row label of every tensor (:data:`NO_MODULE` for an unknown module)."""
     if rows not in ROWS:
         raise ValueError(f"rows must be one of {ROWS}, got {rows!r}")
     vals = ds[rows].values.astype(str)
-    return np.where(vals == "", "(none)", vals).astype(object)
+    return np.where(vals == "", NO_MODULE, vals).astype(object)

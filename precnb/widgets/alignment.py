@@ -69,8 +69,9 @@ class AlignmentPanel(Panel):
                                 layout=ipw.Layout(width="110px"))
         self.unmatch = ipw.Button(description="Unmatch", icon="unlink", layout=ipw.Layout(width="110px"))
         self.path = ipw.Text(value="precnb_mapping.json", description="file", layout=ipw.Layout(width="320px"))
+        # its own width (a fixed 190 px cut it to "replace a precnb mapp…", issue 51)
         self.overwrite = ipw.Checkbox(value=False, description="replace a precnb mapping", indent=False,
-                                      layout=ipw.Layout(width="190px"))
+                                      layout=ipw.Layout(width="auto"))
         self.save = ipw.Button(description="Save mapping", icon="save", layout=ipw.Layout(width="140px"))
         self.status = ipw.HTML("<i>click a node on each side</i>")
         self.status.add_class("precnb-align-status")
@@ -188,7 +189,7 @@ class AlignmentPanel(Panel):
                 parts.append(f"{side}: <code>{e(name)}</code>")
             else:
                 pair = (f" (paired with <code>{e(r['partner'])}</code> by {e(r['how'])}, {r['confidence']:.2f})"
-                        if r["partner"] else f" ({e(r['status'])})")
+                        if r["partner"] else f" ({e(r['status'])}{': ' + e(r['how']) if r['how'] else ''})")
                 parts.append(f"{side}: <code>{e(name)}</code>{pair}")
         self.status.value = "<br>".join(parts)
 
@@ -232,8 +233,9 @@ class AlignmentPanel(Panel):
             self.output.value = _error(ValueError(why_not))
             return t
         f = t.finding if t is not None else None
-        self.output.value = (f"{html.escape(what)}; first finding now: <b>{html.escape(f.node or f.reason)}</b>"
-                             if f is not None else html.escape(what))
+        # the new finding's own words: the node can stay while what is said of it changes (an unpaired op)
+        self.output.value = (f"{html.escape(what)}; first finding now: <b>{html.escape(f.node or '')}</b> "
+                             f"{html.escape(f.reason)}" if f is not None else html.escape(what))
         return t
 
     def _names(self, side: str) -> set[str]:

@@ -178,6 +178,9 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in zip(*cols.values(), strict=True)]
 
 
+_SHARED_LINES: dict[Any, Any] = {}  # a line chart of each key (statistic, steps, non-finite), any explorer's
+
+
 class SeriesPanel(_ChartPanel):
     """The line chart; ``pick`` (a point) and ``span`` (a step brush) call their handlers.
 
@@ -200,10 +203,21 @@ class SeriesPanel(_ChartPanel):
         """Show *frame*; *build* makes the chart when *key* (e.g. the statistic) changed."""
         tpl = self._template
         if tpl is None or tpl[0] != key:
-            self.set_chart(build(), caption=caption)
-            spec = self.chart.spec or {}
-            names = list(spec.get("datasets", {}))
-            self._template = (key, spec, names[0]) if len(names) == 1 else None
+            # the charts of a key are shared by every explorer of the kernel (issue 51: building them again was a
+            # good part of explore()'s cost beyond the triage); one spec message, with this frame's data
+            with self.chart.hold_sync():
+                shared = _SHARED_LINES.get(key)
+                self.set_chart(shared if shared is not None else build(), caption=caption)
+                spec = self.chart.spec or {}
+                names = list(spec.get("datasets", {}))
+                self._template = (key, spec, names[0]) if len(names) == 1 else None
+                if shared is None:
+                    _SHARED_LINES[key] = self.chart.chart
+                    while len(_SHARED_LINES) > 32:
+                        _SHARED_LINES.pop(next(iter(_SHARED_LINES)))
+                    return
+                if self._template is not None:
+                    self.chart.spec = {**spec, "datasets": {names[0]: records(frame)}, "title": title}
             return
         spec = dict(tpl[1])
         spec["datasets"] = {tpl[2]: records(frame)}

@@ -12,22 +12,28 @@ import pandas as pd
 __all__ = ["DetailPanel", "detail_html", "evidence_html"]
 
 _CSS = """<style>
-.precnb-detail table{border-collapse:collapse;font-size:12px;font-family:var(--jp-code-font-family,monospace)}
-.precnb-detail th,.precnb-detail td{padding:1px 6px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}
+.precnb-detail{min-width:0;max-width:100%;line-height:1.3}
+.precnb-detail table{border-collapse:collapse;font-size:11px;font-family:var(--jp-code-font-family,monospace);
+width:100%;max-width:100%}
+.precnb-detail th,.precnb-detail td{padding:1px 4px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap;
+vertical-align:middle}
+.precnb-detail th{vertical-align:bottom}
 .precnb-detail td.l,.precnb-detail th.l{text-align:left}
 .precnb-detail tr.focus td{background:#fff3c4;font-weight:600}
 .precnb-detail .nf{color:#c00;font-weight:600}
 .precnb-detail .null{color:#999}
-.precnb-detail td.l.t{white-space:normal;overflow-wrap:anywhere;max-width:340px;min-width:160px;line-height:1.25}
+.precnb-detail td.l.t{white-space:normal;overflow-wrap:anywhere;line-height:1.25}
 .precnb-detail td.l.t .m{display:block;color:#777;font-size:10px;font-weight:400;line-height:1.1}
 .precnb-detail td{line-height:1.25}
 .precnb-detail td .b{display:block;color:#777;font-size:11px}
 .precnb-detail td .b.d{color:#b35900}
 .precnb-detail .note{font-size:11px;color:#666;margin:2px 0}
+.precnb-detail .path{font-size:11px;line-height:1.3;margin:2px 0;overflow-wrap:anywhere}
+.precnb-detail details.precnb-stack summary{font-size:12px;line-height:1.3}
 .precnb-detail .stack{font-size:11px;color:#333;margin:2px 0 0 0;padding-left:0;list-style:none}
-.precnb-detail .stack li{margin:0 0 3px 0}
+.precnb-detail .stack li{margin:0 0 3px 0;overflow-wrap:anywhere}
 .precnb-detail .stack .loc{color:#555}
-.precnb-detail .stack code{display:block;white-space:pre-wrap;margin-left:14px;color:#000}
+.precnb-detail .stack code{display:block;white-space:pre-wrap;overflow-wrap:anywhere;margin-left:14px;color:#000}
 .precnb-detail .stack li.lib{color:#999}
 .precnb-detail .stack li.lib code{color:#888}
 </style>"""
@@ -53,7 +59,8 @@ def _num(v: Any, null: bool = False, merged: bool = False) -> str:
         return "<span class='nf'>nan</span>"
     if math.isinf(f):
         return f"<span class='nf'>{'inf' if f > 0 else '-inf'}</span>"
-    return f"{f:.6g}"
+    short = f"{f:.4g}"
+    return short if short == f"{f:.6g}" else f"<span title='{f:.9g}'>{short}</span>"
 
 
 def evidence_html(evidence: dict[str, Any]) -> str:
@@ -64,7 +71,7 @@ def evidence_html(evidence: dict[str, Any]) -> str:
     path = list(reversed(evidence.get("module_path") or []))
     if evidence.get("node"):
         path.append(evidence["node"])
-    out = [f"<div><b>module path</b>: {e(' › '.join(path) or '—')}</div>"]
+    out = [f"<div class='path'><b>module path</b>: {e(' › '.join(path) or '—')}</div>"]
     frames = [parse_frame(f) for f in evidence.get("stack") or []]
     if not frames:
         out.append("<div><b>stack</b>: not recorded</div>")
@@ -103,17 +110,17 @@ def detail_html(frame: pd.DataFrame, evidence: dict[str, Any] | None = None, *,
     paired = [s for s in stats if base and f"{s}_{base}" in frame]
     lead = ["rel_diff"] if "rel_diff" in frame else []
     labels = {s: (f"{s}<br><span class='b'>{e(base)}</span>" if s in paired else e(s)) for s in stats}
-    head = ["tensor <span class='b'>role · dtype</span>", "shape"]
+    head = ["tensor <span class='b'>role · dtype · shape</span>"]
     out.append("<table><tr>" + "".join(f"<th class='l'>{h}</th>" for h in head)
                + "".join(f"<th>{e(h)}</th>" for h in lead) + "".join(f"<th>{labels[s]}</th>" for s in stats)
                + "</tr>")
     any_merged_null = False
     for r in frame.to_dict("records"):  # (not itertuples: a run named "dump (baseline)" is no identifier)
         cls = " class='focus'" if focus and r["tensor"] == focus else ""
-        # role and dtype under the label: the table fits beside the maps (at 1600 px)
+        # role, dtype and shape under the label: the table fits a 552 px column (issue 51: JupyterLab at 1000 px
+        # with its file browser open)
         cells = [f"<td class='l t'>{e(str(r['tensor']))}<span class='m'>{e(str(r['role']))} · "
-                 f"{e(str(r['dtype']).replace('torch.', ''))}</span></td>",
-                 f"<td class='l'>{e(str(r['shape']))}</td>"]
+                 f"{e(str(r['dtype']).replace('torch.', ''))} · {e(str(r['shape']))}</span></td>"]
         nulls = int(r.get("null_stats", 0) or 0)
         bnulls = int(r.get(f"null_stats_{base}", 0) or 0) if base else 0
         merged = str(r.get("merged", "") or "") == "partial_sum"
@@ -148,7 +155,9 @@ class DetailPanel(ipw.VBox):
         self.html = ipw.HTML("<i>select a heat-map cell</i>")
         self.frame = pd.DataFrame()
         self.evidence: dict[str, Any] = {}
-        super().__init__([self.html], layout=ipw.Layout(max_height="460px", overflow="auto"))
+        # no scroll box of its own (issue 51: a table scrolled inside it lost its header under the chart's
+        # legend, and the stack was below its fold): the table fits the column, the page scrolls
+        super().__init__([self.html], layout=ipw.Layout(width="100%", min_width="0"))
         self.add_class("precnb-detail-panel")
 
     def show(self, frame: pd.DataFrame, evidence: dict[str, Any] | None, *, focus: str | None,

@@ -32,8 +32,9 @@ class ExportPanel(Panel):
     def __init__(self, api: ExplorerAPI) -> None:
         super().__init__(api)
         self.path = ipw.Text(value="precnb_report.html", description="file", layout=ipw.Layout(width="360px"))
+        # its own width (a fixed 190 px cut it to "replace a precnb mapp…", issue 51)
         self.overwrite = ipw.Checkbox(value=False, description="replace a precnb report", indent=False,
-                                      layout=ipw.Layout(width="190px"))
+                                      layout=ipw.Layout(width="auto"))
         self.button = ipw.Button(description="Export report", icon="download", layout=ipw.Layout(width="160px"))
         self.progress = ipw.IntProgress(value=0, min=0, max=3, description="", bar_style="info",
                                         layout=ipw.Layout(width="160px", visibility="hidden"))

@@ -54,7 +54,7 @@ class FilterPanel(ipw.VBox):
                                         layout=ipw.Layout(width="250px"))
         self.ranks = ipw.Text(value="", description="ranks", continuous_update=False,
                               layout=ipw.Layout(width="170px"))
-        self.pattern = ipw.Text(value="", placeholder="text in a module or node name", description="search",
+        self.pattern = ipw.Text(value="", placeholder="module or node", description="search",
                                 continuous_update=False, layout=ipw.Layout(width="260px"))
         self.pattern.add_class("precnb-search")
         self.regex = ipw.Checkbox(value=False, description="regex", indent=False, layout=ipw.Layout(width="62px"))
@@ -102,7 +102,9 @@ class FilterPanel(ipw.VBox):
             self.steps.min, self.steps.max = min(lo, self.steps.min), max(hi, self.steps.max)
             self.steps.value = (lo, hi)
             self.steps.min, self.steps.max = lo, hi
-            self.ranks.placeholder = f"all {len(self.available_ranks)} (e.g. 0-7,12)"
+            # short enough for the box (issue 51: "all 8 (e.g. 0" was cut); the syntax is in its tooltip
+            self.ranks.placeholder = f"all {len(self.available_ranks)}"
+            self.ranks.tooltip = "ranks to show, e.g. 0-7,12 (blank: all)"
             if self.ranks.value.strip():
                 try:
                     parse_ranks(self.ranks.value, self.available_ranks)

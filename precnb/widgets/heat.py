@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from precnb.viz import heatmap_chart, heatmap_frame
-from precnb.viz.charts import heatmap_width, mark_selected
+from precnb.viz.charts import first_bad_domain, heatmap_width, mark_selected
 from precnb.viz.selections import read_point
 from precnb.viz.values import Color
 from precnb.viz.where import where_frame
@@ -85,12 +85,25 @@ def _set_domain(spec: Any, top: float) -> None:
     if isinstance(spec, dict):
         scale = spec.get("scale")
         if isinstance(scale, dict) and scale.get("type") == "log" and "domain" in scale:
-            scale["domain"] = [1, max(2.0, top)]
+            scale["domain"] = first_bad_domain(top)
         for v in spec.values():
             _set_domain(v, top)
     elif isinstance(spec, list):
         for v in spec:
             _set_domain(v, top)
+
+
+_SHARED_CHARTS: dict[Any, Any] = {}
+_SHARED_TEMPLATES: dict[Any, Any] = {}
+_SHARED_MAX = 32
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+    """Keep *value* under *key* (the oldest entries dropped beyond :data:`_SHARED_MAX`); returns *value*."""
+    cache[key] = value
+    while len(cache) > _SHARED_MAX:
+        cache.pop(next(iter(cache)))
+    return value
 
 
 class _Drawn:
@@ -109,23 +122,35 @@ class _Drawn:
     def draw(self, frame: pd.DataFrame, shape: Any, build: Callable[[], Any], selected: dict[str, str] | None,
              caption: str) -> None:
         frame = mark_selected(frame, selected)  # outlined through the data: a click on it still reaches Python
+        with self.panel.chart.hold_sync():  # one spec message: this frame's (not a shared chart's own data)
+            self._draw(frame, shape, build, caption)
+
+    def _draw(self, frame: pd.DataFrame, shape: Any, build: Callable[[], Any], caption: str) -> None:
         tpl = self.templates.get(shape)
         if tpl is None:
-            chart = build()
+            # every explorer of the kernel shares the charts and templates of a shape (issue 51: building the
+            # altair charts again was most of what explore() cost beyond the triage)
+            key = (shape, "device" in frame and bool(frame["device"].astype(str).ne("").any()))
+            shared = _SHARED_TEMPLATES.get(key)
             if self.panel.chart.spec is None:  # the panel's first chart: sets up its selections
+                chart = _SHARED_CHARTS.get(key)
+                if chart is None:
+                    chart = _remember(_SHARED_CHARTS, key, build())
                 self.panel.set_chart(chart, caption=caption)
                 spec = dict(self.panel.chart.spec or {})
+            elif shared is not None:
+                spec = {**shared[0], "datasets": {shared[1]: []}}
             else:
                 import altair as alt
 
                 with alt.data_transformers.disable_max_rows():
-                    spec = chart.to_dict(validate=False)
+                    spec = build().to_dict(validate=False)
             names = list(spec.get("datasets", {}))
             if len(names) != 1:  # not the one-dataset shape the fast path knows: draw it as it is
                 self.panel.chart.spec = spec
                 self.panel.set_caption(caption)
                 return
-            tpl = ({k: v for k, v in spec.items() if k != "datasets"}, names[0])
+            tpl = _remember(_SHARED_TEMPLATES, key, ({k: v for k, v in spec.items() if k != "datasets"}, names[0]))
             self.templates[shape] = tpl
         spec = copy.deepcopy(tpl[0])
         spec["datasets"] = {tpl[1]: records(frame)}

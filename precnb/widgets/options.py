@@ -19,7 +19,7 @@ from precnb.widgets.panel import ExplorerAPI, Panel
 __all__ = ["TriagePanel", "parse_options"]
 
 
-def _text(description: str, value: str, placeholder: str, width: str = "230px") -> ipw.Text:
+def _text(description: str, value: str, placeholder: str, width: str = "380px") -> ipw.Text:
     return ipw.Text(value=value, placeholder=placeholder, description=description,
                     layout=ipw.Layout(width=width), style={"description_width": "110px"})
 
@@ -84,7 +84,7 @@ class TriagePanel(Panel):
         self.baseline_layout = _text("baseline layout", "", "e.g. tp=1,pp=2")
         self.step_offset = _text("step offset", "", "auto / number (blank: 0 or auto)")
         self.tolerance = _text("tolerance", "", "rtol, e.g. 1e-3 (blank: by dtype)")
-        self.mapping = _text("mapping file", "", "precnb or msprobe mapping", "360px")
+        self.mapping = _text("mapping file", "", "precnb or msprobe mapping", "420px")
         self.button = ipw.Button(description="Rerun triage", icon="refresh", button_style="primary",
                                  layout=ipw.Layout(width="160px"))
         self.output = ipw.HTML("")

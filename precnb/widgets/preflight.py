@@ -33,7 +33,10 @@ def preflight_html(finding: Any) -> str:
                     f"<td><b>{e(str(c.get('title') or c.get('name')))}</b></td>"
                     f"<td style='color:{_COLORS.get(status, '#000')}'>{e(status)}</td>"
                     f"<td>{e(str(c.get('message', '')))}</td></tr>")
-    return (f"<div class='precnb-preflight'>{head}<table style='font-size:12px'>{''.join(rows)}</table></div>")
+    # the table wraps its text to the cell's width (issue 51: 3-14 px wider than a 568 px notebook)
+    style = ("<style>.precnb-preflight table{font-size:12px;width:100%;max-width:100%}.precnb-preflight td"
+             "{overflow-wrap:anywhere;vertical-align:top;padding:1px 6px 1px 0}</style>")
+    return f"<div class='precnb-preflight'>{style}{head}<table>{''.join(rows)}</table></div>"
 
 
 class PreflightPanel(ipw.HTML):

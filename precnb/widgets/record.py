@@ -14,11 +14,11 @@ from typing import Any
 import ipywidgets as ipw
 
 from precnb.viz import detail_frame, line_chart, series_frame
-from precnb.viz.series import informative_series
+from precnb.viz.series import informative_series, same_op_series
 from precnb.widgets.charts import SeriesPanel
 from precnb.widgets.detail import DetailPanel
 
-__all__ = ["RecordView", "attribution_html", "elsewhere_html"]
+__all__ = ["RecordView", "attribution_html", "elsewhere_html", "same_op_note"]
 
 
 def elsewhere_html(evidence: dict[str, Any]) -> str:
@@ -32,6 +32,18 @@ def elsewhere_html(evidence: dict[str, Any]) -> str:
     return ("<div class='precnb-elsewhere' style='color:#b76e00'>this label names another op on "
             + "; ".join(parts) + " (their call counters differ): module, shape and stack here are rank "
             f"{e(str(evidence.get('rank')))}'s own; lines of other ranks are other ops</div>")
+
+
+def same_op_note(frame: Any, tensor: str, step: int, rank: int) -> str:
+    """What a :func:`~precnb.viz.series.same_op_series` chart follows, and where that op does not exist (text)."""
+    parts = [f"; the op rank {rank} recorded as {tensor} at step {step}, followed on every rank by its module, "
+             "parent and shape (call counters differ between ranks)"]
+    for r, labels in sorted(frame.attrs.get("relabelled", {}).items()):
+        parts.append(f"; on rank {r} it is {', '.join(labels[:3])}")
+    for r, steps in sorted(frame.attrs.get("missing", {}).items()):
+        parts.append(f"; rank {r} has no such op at step{'s' if len(steps) > 1 else ''} "
+                     f"{', '.join(map(str, steps[:12]))}{' …' if len(steps) > 12 else ''}")
+    return "".join(parts)
 
 
 def attribution_html(row: str | None, rows: str, finding: Any, *, node: str | None) -> str:
@@ -146,7 +158,17 @@ class RecordView:
         stat = f.stat.value
         if len(tensors) == 1:  # a flat line says nothing: add the node's inputs that change, or another stat
             tensors, stat = informative_series(ds, tensors, stat)
-        if runs.names and not state.unmerged:
+        other = self.data.evidence(state.tensor, ds, state.step, None if state.unmerged else state.rank).get(
+            "elsewhere") or []
+        same_op = bool(other) and "run" not in ds.dims and not (runs.names and not state.unmerged)
+        if same_op:  # the label names other ops elsewhere: follow the op itself (issue 51)
+            sel = None if state.unmerged else f.rank_list()
+            every = [int(r) for r in ds["rank"].values.tolist() if sel is None or r in sel]
+            keep = [state.rank, *[r for r in every if r != state.rank][: max(self.max_lines - 1, 0)]]
+            tensors, stat = [state.tensor], f.stat.value
+            frame = same_op_series(ds, state.tensor, step=state.step, rank=state.rank, stat=stat,
+                                   ranks=sorted(keep), steps=steps)
+        elif runs.names and not state.unmerged:
             run = f.run.value
             both = [runs.baseline, run] if runs.baseline != run else [run]
             frame = series_frame(runs.ds, tensors, stat=stat, ranks=[state.rank], steps=steps, runs=both)
@@ -164,9 +186,9 @@ class RecordView:
         added = [t for t in tensors if t != state.tensor]
         note += f"; with its node's input {', '.join(added)} (its own {f.stat.value} is flat)" if added else ""
         note += f"; {stat} shown ({f.stat.value} does not change)" if stat != f.stat.value else ""
-        other = self.data.evidence(state.tensor, ds, state.step, None if state.unmerged else state.rank).get(
-            "elsewhere") or []
-        if other:
+        if same_op:
+            note += same_op_note(frame, state.tensor, state.step, state.rank)
+        elif other:
             other_ranks = sorted({r for g in other for r in g["ranks"]})
             note += (f"; on rank(s) {', '.join(map(str, other_ranks[:8]))} this label is another op (their call "
                      "counters differ): their lines are not this tensor")
@@ -189,7 +211,7 @@ class RecordView:
         frame = detail_frame(runs.ds if cmp else ds, step=state.step, rank=state.rank, tensors=tensors,
                              run=f.run.value if cmp else None, baseline=runs.baseline if cmp else None,
                              focus=state.tensor, merged=None if state.unmerged else self.data.shard_kinds(),
-                             limit=24)
+                             limit=8)  # the origin, its neighbours and its stack on one screen
         ev = self.data.evidence(state.tensor, self._owner(state, ds), state.step, state.rank)  # that rank's own
         where = " (rank as dumped, before merging shards)" if state.unmerged else ""
         self.detail.show(frame, ev, focus=state.tensor,
