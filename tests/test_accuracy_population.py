@@ -67,7 +67,7 @@ def judged(kind: str, answer: dict) -> tuple[int | None, int | None, str | None]
 # ------------------------------------------------------------------------------------------- healthy
 def test_ground_truth_is_read_back():
     h = draw()["healthy"][0]
-    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 7
+    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 8
     for f in draw()["faults"]:
         t = gt()["truth"][f["run"]]
         assert t["status"] == "ok" and t["rank"] == f["injection"]["rank"] and t["step"] == f["injection"]["from_step"]
@@ -211,3 +211,18 @@ def test_level_l1_stages_are_numbered_micro_batch_by_micro_batch():
         tm = np.array([float(t["max"].sel(tensor=x)) for x in whole])
         bm = np.array([float(b["max"].sel(tensor=x)) for x in whole])
         assert np.allclose(tm, bm, rtol=1e-4), [x for x, a, c in zip(whole, tm, bm, strict=True) if abs(a - c) > 1e-4]
+
+
+def test_level_l1_dw_fault_on_a_pipeline_stage_found_at_its_step_against_the_unsharded_run():
+    """A weight gradient scaled on stage 1's TP rank 0 (dump rank 2) from step 2, both runs at level L1: no
+    parameter-gradient record, so the optimizer's gradient list is where it shows. Each stage's list is renamed to
+    the unsharded run's order by its parameters' values (no parameter records to name them), the scaled entry
+    pairs its counterpart although its unscaled value is recorded at the product that computed it, and the
+    healthy TP noise of the other entries is what their products explain (found one step late, in the layers,
+    before)."""
+    f, t = fault("dw_only_L1")
+    answer = precnb("diff", dump(f["reference"]), dump(f["run"]), "--target-layout", "tp=2,pp=2")
+    step, rank, _ = judged("dw_only_L1", answer)
+    assert (step, rank, answer["node"]) == (t["step"], t["rank"], t["node"]), answer["reason"]
+    twin = precnb("diff", dump(f["twin"]), dump(f["run"]))
+    assert (twin["step"], twin["rank"], twin["node"]) == (t["step"], t["rank"], t["node"]), twin["reason"]

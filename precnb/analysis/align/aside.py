@@ -122,18 +122,23 @@ def _masked(t: TensorInfo) -> bool:
     return t.is_float and t.stats[1] <= _MASK_FILL
 
 
-def tensors_disagree(a: TensorInfo, b: TensorInfo, values_a: ValueIndex, values_b: ValueIndex) -> bool:
+def tensors_disagree(a: TensorInfo, b: TensorInfo, values_a: ValueIndex, values_b: ValueIndex, *,
+                     same_list: bool = False) -> bool:
     """Whether *a* (baseline) and *b* (target) must not pair: different values, one found elsewhere.
 
     Masked scores of both runs never pair (each codebase fills masked positions with its own
-    constant), nor elements of list arguments (each codebase's parameter order); an input whose value
-    is recorded elsewhere in the other run is that value's counterpart, not *b* (HF passes the rotary
-    cos / sin where Megatron passes the angles). Outputs always pair: an op's result is what is compared.
+    constant), nor elements of list arguments (each codebase's parameter order) unless *same_list*: entries
+    under one label in lists renamed to the other run's labels by the parameter each holds
+    (:func:`precnb.analysis.layout.optimizer_lists.align_optimizer_lists`), which pair whatever their values
+    (an optimizer's gradient scaled after the backward has its unscaled value recorded in the other run, at the
+    op that computed it); an input whose value is recorded elsewhere in the other run is that value's
+    counterpart, not *b* (HF passes the rotary cos / sin where Megatron passes the angles). Outputs always
+    pair: an op's result is what is compared.
     """
     if close(a.stats, b.stats):
         return False
     if a.slot.count(".") >= 2 and b.slot.count(".") >= 2:
-        return True  # elements of a list argument (an optimizer's parameters): each codebase's own order
+        return not same_list  # elements of a list argument (an optimizer's parameters): each codebase's own order
     if _masked(a) and _masked(b):
         return True
     if not (a.is_float and b.is_float and information(a) >= 1.0 and information(b) >= 1.0):

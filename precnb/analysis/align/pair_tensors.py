@@ -61,7 +61,9 @@ class TensorPairing(AlignerState):
                 k = (a.label, c.label, pos_b[a.label] == pos_t[c.label])
                 v = kept.get(k)
                 if v is None:
-                    v = kept[k] = -100.0 if values is not None and tensors_disagree(a, c, *values) else \
+                    same_list = a.label == c.label and (self.tb.lists_renamed or self.tt.lists_renamed)
+                    v = kept[k] = -100.0 if values is not None and tensors_disagree(
+                        a, c, *values, same_list=same_list) else \
                         tensor_score(a, c, same_framework=self.same_fw, position=k[2])
                 return v
 

@@ -117,6 +117,7 @@ class RunTree:
     coords: dict[str, np.ndarray]  # the dataset's tensor coordinates (node, module, api, kind, ...)
     parallel: str = ""  # the layout its shards were merged with / its stages stitched with, if any
     glue: dict[str, str] = field(default_factory=dict)  # node -> why it is tensor-parallel glue (merged run)
+    lists_renamed: bool = False  # its optimizer list entries carry the other run's labels for their parameters
 
 
 def _ref_values(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -233,7 +234,8 @@ def run_tree(ds: xr.Dataset) -> RunTree:
     for lbl, why in glue_labels(ds).items():
         j = ds.indexes["tensor"].get_loc(lbl)
         glue.setdefault(str(node_col[j]), why)
-    return RunTree(framework, modules, nodes, calls_in, labels, coords, parallel, glue)
+    return RunTree(framework, modules, nodes, calls_in, labels, coords, parallel, glue,
+                   lists_renamed=bool(ds.attrs.get("optimizer_lists_renamed")))
 
 
 def _own_construct(construct: dict[str, Any], recorded: set[str]) -> dict[str, Any]:

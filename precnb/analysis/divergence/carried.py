@@ -20,7 +20,9 @@ when
 - an op's input differs by at most :data:`CARRY` times the op output that produced it (the latest earlier
   output on the same step and rank with the same target statistics: :mod:`precnb.analysis.causal.dataflow`'s
   rule), which was itself not an origin; an input no recorded op produced, inside a module call, by at most
-  :data:`CARRY` times what that call's own input and weights explain (as for its output).
+  :data:`CARRY` times what that call's own input and weights explain (as for its output); an optimizer's list
+  entry no recorded op produced (a gradient at level L1) by at most :data:`CARRY` times what the matrix products
+  of its element count explain (its addends), magnified by the cancellation of their sum.
 
 Between two runs that agree bit for bit before a fault nothing is carried (every input difference is 0), so a
 fault of any size above the tolerance is still found at the op that makes it.
@@ -79,6 +81,9 @@ class _Tables:
         self.bstats = np.stack([np.asarray(b[s].values) for s in ("max", "min", "mean", "norm")], axis=-1)
         self.outputs = np.flatnonzero((self.roles == "output") | (self.roles == "grad"))  # what an input can copy
         labels = [str(x) for x in b["tensor"].values]
+        self.labels = labels
+        self.products = np.flatnonzero((self.roles == "output")
+                                       & np.array([_is_product(str(n)) for n in self.nodes], dtype=bool))
         where = {lbl: k for k, lbl in enumerate(labels)}
         self.adam_lr = _adam_lr(j.t)  # (first step, largest lr) of the Adam-family optimizer calls recorded
         self.params = np.flatnonzero(self.roles == "parameter")
@@ -233,8 +238,28 @@ class _Entry:
         own = int(tab.seq[si, ri, c])
         cands = [p for q, p in self._producers.get(tab.stats[si, ri, c].tobytes(), ())
                  if q <= own and tab.nodes[p] != tab.nodes[c]]
-        made = self.rel[cands].max() if cands else self._module_operands(c)
+        made = self.rel[cands].max() if cands else (self._module_operands(c) or self._list_products(c))
         return bool(np.isfinite(tab.stats[si, ri, c]).any() and made > 0 and self.rel[c] <= factor * made)
+
+    def _list_products(self, c: int) -> float:
+        """What the matrix products that computed it explain of an optimizer's list entry no recorded op produced.
+
+        Without parameter-gradient records (level L1) an optimizer's gradient entry is the sum, over the
+        micro-batches, of the backward's weight-gradient products (and their reduction across ranks): the
+        products of its element count at this step and rank carry their noise into it, magnified by the
+        cancellation of the sum (the largest product's norm over the entry's). 0 for any other input.
+        """
+        tab = self.tab
+        if tab.numel is None or not _is_list_entry(str(tab.labels[c]), str(tab.nodes[c])):
+            return 0.0
+        n = tab.numel[self.si, self.ri, c]
+        prods = [p for p in tab.products.tolist() if self.both[p] and tab.numel[self.si, self.ri, p] == n]
+        if not prods:
+            return 0.0
+        norm = tab.norm[self.si, self.ri]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            cond = float(norm[prods].max()) / np.float64(norm[c])
+        return float(self.rel[prods].max()) * (cond if np.isfinite(cond) and cond > 1 else 1.0)
 
     def _module_operands(self, c: int) -> float:
         """What the enclosing module call's own operands explain of an input no recorded op produced.
@@ -324,6 +349,20 @@ def _is_product(node: str) -> bool:
     """
     parts = node.split(".")
     return len(parts) > 2 and parts[1] in _PRODUCTS
+
+
+def _is_list_entry(label: str, node: str) -> bool:
+    """An element of a fused optimizer call's list argument (``Torch._fused_adamw_.0.forward.input.1.7``).
+
+    >>> _is_list_entry("Torch._fused_adamw_.0.forward.input.1.7", "Torch._fused_adamw_.0.forward")
+    True
+    >>> _is_list_entry("Torch.matmul.0.forward.input.1", "Torch.matmul.0.forward")
+    False
+    """
+    from precnb.analysis.layout.rank_args import is_optimizer_api
+
+    slot = label[len(node):]
+    return slot.count(".") >= 3 and is_optimizer_api(node.rsplit(".", 2)[0])
 
 
 def _product_noise(rel: np.ndarray, norm: np.ndarray, fwd: list[int], bwd: list[int], c: int) -> float:

@@ -7,7 +7,9 @@ parameters it changed. The optimizer runs after the backward and before any para
 its parameter list (``input.0.k``) holds, bit for bit, the statistics of one parameter record of that step: the
 parameter identifies the entry in both runs, and every list of the call (gradients, moments, step counts) follows
 the parameter list's order. :func:`align_optimizer_lists` renames the stitched run's entries to the other run's
-labels when every entry is identified in both, one to one; otherwise nothing is renamed. Parameters whose
+labels when every entry is identified in both, one to one; otherwise nothing is renamed. Where neither run records
+parameters (level L1), an entry is identified by its parameter's values at the first step both runs hold (before
+any update the two runs hold the same initial weights). Parameters whose
 statistics are equal (layernorm weights of ones, zero biases, before their first update) are told apart by the
 list's order: a stage's list holds its parameters in the model's order.
 """
@@ -128,6 +130,92 @@ def _raw_identities(raw: xr.Dataset, ds: xr.Dataset, entries: dict[tuple[str, in
     return {key: v for key, v in out.items() if key in entries}
 
 
+def _by_parameter(ds: xr.Dataset, ref: xr.Dataset, mine: dict[tuple[str, int], dict[int, int]],
+                  theirs: dict[tuple[str, int], dict[int, int]], raw: xr.Dataset | None
+                  ) -> dict[tuple[str, int], tuple[str, int]] | None:
+    """Each entry of *ds* -> *ref*'s entry for the same parameter, one to one for every entry of both, or None."""
+    ref_params = (ref["role"].values == "parameter").any()
+    if not ref_params and not (ds["role"].values == "parameter").any():  # level L1 on both sides
+        return _by_first_values(ds, ref, mine, theirs)
+    ids = _raw_identities(raw, ds, mine) if raw is not None else _identities(ds, mine)
+    ref_ids = _identities(ref, theirs)
+    if len(ids) != len(mine) or len(ref_ids) != len(theirs):
+        return None
+    by_param = {p: key for key, p in ref_ids.items()}
+    if len(by_param) != len(ref_ids) or len(set(ids.values())) != len(ids) or set(ids.values()) != set(by_param):
+        return None
+    return {key: by_param[ids[key]] for key in mine}
+
+
+def _by_first_values(ds: xr.Dataset, ref: xr.Dataset, mine: dict[tuple[str, int], dict[int, int]],
+                     theirs: dict[tuple[str, int], dict[int, int]], rtol: float = 1e-4
+                     ) -> dict[tuple[str, int], tuple[str, int]] | None:
+    """Entries paired by their parameter's values at the steps both runs hold (no parameter records: level L1).
+
+    Before the first update both runs hold the initial weights, and one update later they still agree to rounding:
+    a parameter-list entry's statistics and element count name the parameter in the other run too (a merged
+    shard's statistics are the whole tensor's to rounding). The distance of two entries at a step is their
+    largest statistic difference in units of *rtol* times the entry's magnitude (its norm for the norm; the
+    element count must be equal, or a multiple for a parameter still all zeros, which a merge may have taken as
+    replicas: distance 1/2), capped at 2; summed over the steps, the entries are paired nearest first, one
+    to one, entries equally near (layernorm weights of ones, zero biases) in the lists' order (the model's).
+    Every pair must be close (distance at most 1) at one step at least, else nothing is paired.
+    """
+    steps = sorted({int(x) for x in ds["step"].values} & {int(x) for x in ref["step"].values})
+    keys_a, keys_b = sorted(mine), sorted(theirs)
+    if not steps or len(keys_a) != len(keys_b):
+        return None
+    cost = np.zeros((len(keys_a), len(keys_b)))
+    close = np.zeros(cost.shape, bool)
+    for step in steps:
+        a, b = _list_values(ds, mine, keys_a, step), _list_values(ref, theirs, keys_b, step)
+        d = np.stack([_distance(b, a[i], rtol) for i in range(len(keys_a))])
+        cost += np.minimum(d, 2.0)
+        close |= d <= 1.0
+    n = len(keys_a)
+    order = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) / (n * n + 1.0)  # ties: the lists' order
+    flat = np.argsort((cost + order).ravel(), kind="stable")
+    out: dict[tuple[str, int], tuple[str, int]] = {}
+    used_a: set[int] = set()
+    used_b: set[int] = set()
+    for f in flat.tolist():
+        i, c = divmod(f, n)
+        if i in used_a or c in used_b or not close[i, c]:
+            continue
+        out[keys_a[i]] = keys_b[c]
+        used_a.add(i)
+        used_b.add(c)
+    return out if len(out) == n else None
+
+
+def _distance(b: np.ndarray, a: np.ndarray, rtol: float) -> np.ndarray:
+    """Per row of *b* (max, min, mean, norm, numel): its distance to *a* (see :func:`_by_first_values`)."""
+    scale = np.fmax(np.fmax(np.abs(b[:, 0]), np.abs(b[:, 1])), 1e-30)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = np.max(np.abs(b[:, :3] - a[:3]) / (rtol * scale[:, None]), axis=1)
+        d = np.fmax(d, np.abs(b[:, 3] - a[3]) / (rtol * np.fmax(np.abs(b[:, 3]), 1e-30)))
+    # a parameter still all zeros (a bias before its first update) merged as replicas holds one shard's count
+    zeros = (b[:, :4] == 0).all(axis=1) & bool((a[:4] == 0).all()) & (a[4] > 0) & (np.mod(b[:, 4], max(a[4], 1)) == 0)
+    ok = ((b[:, 4] == a[4]) | zeros) & np.isfinite(b).all(axis=1) & bool(np.isfinite(a).all())
+    d = np.where(b[:, 4] == a[4], d, 0.5)  # an exact count first
+    return np.where(ok & np.isfinite(d), d, np.inf)
+
+
+def _list_values(d: xr.Dataset, entries: dict[tuple[str, int], dict[int, int]], keys: list[tuple[str, int]],
+                 step: int) -> np.ndarray:
+    """(entry, statistic + element count) of each parameter-list entry at *step* on its first rank (NaN: absent)."""
+    si = [int(x) for x in d["step"].values].index(step)
+    cols = [np.asarray(d[v].values[si], np.float64) for v in (*_STATS, "numel")]
+    present = np.asarray(d["present"].values[si], bool)
+    out = np.full((len(keys), len(cols)), np.nan)
+    for i, key in enumerate(keys):
+        j = entries[key].get(0)
+        if j is not None and present[:, j].any():
+            r = int(np.flatnonzero(present[:, j])[0])
+            out[i] = [c[r, j] for c in cols]
+    return out
+
+
 def align_optimizer_lists(ds: xr.Dataset, ref: xr.Dataset, raw: xr.Dataset | None = None
                           ) -> tuple[xr.Dataset, int]:
     """*ds* with its fused optimizer list entries renamed to *ref*'s labels for the same parameters.
@@ -147,18 +235,14 @@ def align_optimizer_lists(ds: xr.Dataset, ref: xr.Dataset, raw: xr.Dataset | Non
     mine, theirs = _entries(ds), _entries(ref)
     if not mine or not theirs:
         return ds, 0
-    ids = _raw_identities(raw, ds, mine) if raw is not None else _identities(ds, mine)
-    ref_ids = _identities(ref, theirs)
-    if len(ids) != len(mine) or len(ref_ids) != len(theirs):
-        return ds, 0
-    by_param = {p: key for key, p in ref_ids.items()}
-    if len(by_param) != len(ref_ids) or len(set(ids.values())) != len(ids) or set(ids.values()) != set(by_param):
+    pairs = _by_parameter(ds, ref, mine, theirs, raw)
+    if pairs is None:
         return ds, 0
     labels = [str(t) for t in ds["tensor"].values]
     nodes = ds["node"].values.copy()
     moved: dict[int, int] = {}  # column in ds -> column in ref
     for key, lists in mine.items():
-        target = theirs[by_param[ids[key]]]
+        target = theirs[pairs[key]]
         if set(lists) != set(target):
             return ds, 0
         for lst, j in lists.items():
@@ -183,4 +267,6 @@ def align_optimizer_lists(ds: xr.Dataset, ref: xr.Dataset, raw: xr.Dataset | Non
             vals = ds[name].values.copy()
             vals[cols] = ""
             coords[name] = ("tensor", vals)
-    return ds.assign_coords(coords), len(moved)
+    out = ds.assign_coords(coords)
+    out.attrs["optimizer_lists_renamed"] = "by the parameter each entry holds"  # read by the aligner
+    return out, len(moved)

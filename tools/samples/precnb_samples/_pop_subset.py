@@ -31,6 +31,11 @@ FAULTS = [
     ("row_output_scale", "tp2pp1", {"kind": "row_output_scale", "rank": 1, "layer": 1, "from_step": 2,
                                     "module": "linear_proj", "m": 0.005}, [0, 1, 2]),
 ]
+# level-L1 fault runs: (kind, model seed, layout, bug, steps kept); twin and reference are that seed's L1 runs
+FAULTS_L1 = [
+    ("dw_only_L1", 2500, "tp2pp2", {"kind": "dw_only", "rank": 2, "layer": 3, "from_step": 2,
+                                    "param": "decoder.layers.3.mlp.linear_fc1.weight", "m": 0.076066}, [0, 1, 2]),
+]
 
 
 def plan() -> dict[str, Any]:
@@ -50,7 +55,8 @@ def plan() -> dict[str, Any]:
     dp_l1 = P.run_spec(SEED, "dp2", level="L1")
     runs[P.run_id(dp_l1)] = dp_l1
     # a tp2pp2 run and its unsharded twin, both at level L1 (another model seed, from the population's draw 2):
-    # two micro-batches per step, stitched without module records; steps 0-1 (counters shift at step 1)
+    # two micro-batches per step, stitched without module records; steps 0-2 (counters shift at step 1; the L1
+    # fault below departs at step 2)
     pp_l1, ref_l1 = P.run_spec(PP_L1_SEED, "tp2pp2", level="L1"), P.run_spec(PP_L1_SEED, "tp1pp1", level="L1")
     runs[P.run_id(pp_l1)], runs[P.run_id(ref_l1)] = pp_l1, ref_l1
     healthy = [{"name": f"tp2pp1@{SEED}", "seed": SEED, "layout": "tp2pp1", "run": P.run_id(tp2),
@@ -58,7 +64,14 @@ def plan() -> dict[str, Any]:
                {"name": f"dp2L1@{SEED}", "seed": SEED, "layout": "dp2", "run": P.run_id(dp_l1),
                 "reference": P.run_id(ref), "steps_kept": [0, 1], "stacks": True},
                {"name": f"tp2pp2L1@{PP_L1_SEED}", "seed": PP_L1_SEED, "layout": "tp2pp2", "run": P.run_id(pp_l1),
-                "reference": P.run_id(ref_l1), "steps_kept": [0, 1]}]
+                "reference": P.run_id(ref_l1), "steps_kept": [0, 1, 2]}]
+    for kind, seed, layout, bug, keep in FAULTS_L1:
+        spec = P.run_spec(seed, layout, [bug], level="L1")
+        runs[P.run_id(spec)] = spec
+        twin, ref1 = P.run_spec(seed, layout, level="L1"), P.run_spec(seed, "tp1pp1", level="L1")
+        faults.append({"name": f"{kind}#subset", "kind": kind, "seed": seed, "layout": layout, "injection": bug,
+                       "run": P.run_id(spec), "twin": P.run_id(twin), "reference": P.run_id(ref1),
+                       "steps_kept": keep})
     return {"draw_seed": "subset", "size": "subset", "seeds": [SEED], "runs": runs, "healthy": healthy,
             "faults": faults}
 

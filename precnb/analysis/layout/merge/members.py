@@ -25,7 +25,7 @@ def shard_holders(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray) -> di
     whole, so a baseline cannot say which shard departs; these name the member that supplies a differing
     extreme, or the one that is odd among its group (:func:`precnb.analysis.findings.evidence.shard_suspect`).
     Whether a member holds a copy of another's shard is asked only of the finding's own entry, over every step
-    read (:func:`copied_shards`, by :mod:`precnb.pipeline.layout_names`): not of every entry of every merge.
+    read (:func:`copied_shards`, by :mod:`precnb.pipeline.assumptions`): not of every entry of every merge.
     """
     dims = ("step", "rank", "tensor")
     n_s, n_t = ds.sizes["step"], ds.sizes["tensor"]
