@@ -114,6 +114,7 @@ test: install system-deps
 FAST_TEST_CPU ?= 20
 FAST_RUN_CPU ?= 540
 test-fast: install
+	$(PY) -m compileall -q precnb tools/samples/precnb_samples  # the bytecode an install has (PYTHONDONTWRITEBYTECODE)
 	$(PY) -m pytest -q -rs -m "not slow and not browser and not needs_generator" -n 2 --dist loadfile --durations 15 \
 	    --max-test-cpu $(FAST_TEST_CPU) --max-session-cpu $(FAST_RUN_CPU)
 
