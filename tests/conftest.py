@@ -27,6 +27,7 @@ def pytest_addoption(parser):
     addoption(parser)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist starts its workers: the run's wall time includes theirs
 def pytest_sessionstart(session):
     sessionstart(session)
 
