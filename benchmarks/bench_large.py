@@ -52,6 +52,18 @@ if mode.endswith("_no_craw"):  # batches parsed into objects (orjson / json) and
     mode = mode[:-8]
 if mode == "precnb_no_orjson":
     sys.modules["orjson"] = None  # ImportError on import: the standard-library path
+if mode == "precnb_rapidjson":  # a maintained parser that reads NaN/Infinity itself (python-rapidjson): the batches
+    import rapidjson  # parsed into objects by it, without the token quoting (issue #50 item 5: the candidate)
+    from precnb.io.msprobe import _json as _pj
+    os.environ["PRECNB_NO_CRAW"] = "1"
+    def _rj_loads(raw, nan=False):
+        if raw.find(b"\\") >= 0 and _pj._SURROGATE_ESCAPE.search(raw):
+            raise _pj.NotBatchableError
+        try:
+            return rapidjson.loads(raw, number_mode=rapidjson.NM_NAN), False
+        except (rapidjson.JSONDecodeError, ValueError, RecursionError):  # 1e400, bad UTF-8: the whole-file parse
+            raise _pj.NotBatchableError from None
+    _pj._loads = _rj_loads
 if mode.startswith(("precnb", "orjson")):
     import precnb  # imported before the clock starts on both sides: the floor imports json only
 def _cpu():
@@ -67,6 +79,11 @@ elif mode == "floor_gc_off":
     gc.disable()
     with open(dump, "rb") as fh:
         doc = json.loads(fh.read())
+elif mode == "rapidjson_gc_off":  # the maintained parser alone, whole file, collector paused
+    import gc, rapidjson
+    gc.disable()
+    with open(dump, "rb") as fh:
+        doc = rapidjson.loads(fh.read(), number_mode=rapidjson.NM_NAN)
 elif mode == "orjson_batches":  # the parser's own floor: its batched orjson parse alone, nothing read from it
     from precnb.io._gc import paused_gc
     from precnb.io.msprobe import _json
@@ -155,7 +172,10 @@ def write(path: Path, res: dict) -> None:
              "precnb_pure": "precnb.open_run (orjson), pure Python parser",
              "precnb_no_orjson_pure": "precnb.open_run without orjson, pure Python parser",
              "precnb_no_craw": "precnb.open_run (orjson), batches parsed into objects (PRECNB_NO_CRAW=1)",
-             "precnb_no_orjson_no_craw": "precnb.open_run without orjson, batches parsed into objects"}
+             "precnb_no_orjson_no_craw": "precnb.open_run without orjson, batches parsed into objects",
+             "precnb_rapidjson": "precnb.open_run, batches parsed by python-rapidjson, walked by _cwalk",
+             "precnb_rapidjson_pure": "precnb.open_run, batches parsed by python-rapidjson, pure Python walk",
+             "rapidjson_gc_off": "python-rapidjson alone (whole file, gc off)"}
     cpu_floor = med["floor"].get("cpu")
     for m, r in med.items():
         cpu = f" ({cpu_floor / r['cpu']:.2f}× in CPU seconds)" if cpu_floor and r.get("cpu") else ""

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from _time_budget import addoption, logreport, makereport, sessionfinish, sessionstart, setup, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data_samples"
@@ -22,12 +23,43 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 _DESELECTED_GENERATOR: list[str] = []
 
 
+def pytest_addoption(parser):
+    addoption(parser)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist starts its workers: the run's wall time includes theirs
+def pytest_sessionstart(session):
+    sessionstart(session)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    setup(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    cpu = makereport(item, call)
+    outcome = yield
+    if cpu is not None:
+        outcome.get_result().user_properties.append(("cpu_s", cpu))
+
+
+def pytest_runtest_logreport(report):
+    logreport(report)
+
+
+def pytest_sessionfinish(session):
+    sessionfinish(session)
+
+
 def pytest_deselected(items):
     """Remember the needs_generator tests that `-m "not needs_generator"` (make test) left out."""
     _DESELECTED_GENERATOR.extend(i.nodeid for i in items if i.get_closest_marker("needs_generator"))
 
 
 def pytest_terminal_summary(terminalreporter):
+    summary(terminalreporter)
     if _DESELECTED_GENERATOR:
         terminalreporter.write_line(
             f"needs_generator: {len(_DESELECTED_GENERATOR)} test(s) deselected: they need torch, msprobe or "

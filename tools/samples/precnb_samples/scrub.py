@@ -5,9 +5,13 @@ msprobe writes absolute paths into what it dumps: every frame of ``stack.json`` 
 names its ``dump_data_dir``, MindSpore's graphs name their sources, and the generator's own configs
 name their ``dump_path``. The generator applies :func:`scrub_paths` to every text file of a sample it
 writes (:func:`scrub_tree`, from :func:`precnb_samples._scenarios.generate_one` and the population
-subset's export); the command below applies the same function to committed samples::
+subset's export), and so does the msprobe release matrix (``tools/msprobe_matrix/generate.py``) to the
+fixtures it writes; the command below applies the same function to committed samples and fixtures::
 
-    PYTHONPATH=tools/samples python -m precnb_samples.scrub data_samples
+    PYTHONPATH=tools/samples python -m precnb_samples.scrub data_samples tests/fixtures
+
+(``--root PATH=REPLACEMENT``: a known folder replaced first, as the generators pass their output and venv
+folders.)
 
 Only the path strings change (a textual replacement, not a re-serialisation: the files keep their
 formatting, statistics and NaN literals byte for byte). The scrubbed forms keep the markers precnb's
@@ -16,8 +20,8 @@ frame classifiers look for (``/site-packages/torch/``, ``/lib/python3``):
 - ``/any/prefix/lib/python3.11/site-packages/torch/x.py`` → ``<venv>/site-packages/torch/x.py``
   (also ``dist-packages``; a bare ``site-packages/…`` written by an older scrub gets the same prefix);
 - ``/any/prefix/lib/python3.11/multiprocessing/x.py`` → ``<python>/lib/python3.11/multiprocessing/x.py``;
-- a checkout of this repository, ``/any/checkout/tools/samples/…`` (also ``precnb/``, ``data_samples/``,
-  ``tests/``) → ``tools/samples/…``, relative to the repository;
+- a checkout of this repository, ``/any/checkout/tools/samples/…`` (also ``tools/msprobe_matrix/``, ``precnb/``,
+  ``data_samples/``, ``tests/``) → ``tools/samples/…``, relative to the repository;
 - a temporary working folder, ``/tmp/name/…`` → ``<run>/…``.
 """
 
@@ -36,7 +40,7 @@ _START = r"(?<![\w.~<>/\\-])"
 _PATH = re.compile(rf"{_START}(?:/|(?:site|dist)-packages/|lib/python\d)[^\s\"',:;<>|()\[\]{{}}]*")
 _PACKAGES = re.compile(r"(?:^|/)(?:site|dist)-packages/")
 _STDLIB = re.compile(r"(?:^|/)lib/(python\d+(?:\.\d+)?)/")
-_CHECKOUT = re.compile(r"(?:/[^/]+)+/(?=(?:tools/samples|precnb|data_samples|tests)/)")
+_CHECKOUT = re.compile(r"(?:/[^/]+)+/(?=(?:tools|precnb|data_samples|tests)/)")
 _TMP = re.compile(r"/tmp/[^/]+")  # noqa: S108 (matched in text, no file made there)
 
 
@@ -168,10 +172,15 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Rewrite the generating machine's absolute paths in sample "
                                                  "files (the function the generator applies).")
     parser.add_argument("folders", nargs="*", default=["data_samples"], help="default: %(default)s")
+    parser.add_argument("--root", action="append", default=[], metavar="PATH=REPLACEMENT",
+                        help="a known folder rewritten after the rules (e.g. /work/venvs=<venvs>); repeatable")
     args = parser.parse_args(argv)
+    roots = [tuple(r.split("=", 1)) for r in args.root]
+    if any(len(r) != 2 for r in roots):
+        parser.error("--root takes PATH=REPLACEMENT")
     left = []
     for folder in args.folders:
-        changed = scrub_tree(Path(folder))
+        changed = sorted(set(scrub_tree(Path(folder))) | set(scrub_tree(Path(folder), roots)))
         print(f"{folder}: {len(changed)} file(s) rewritten")
         for f in sorted(p for p in Path(folder).rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()):
             found = leftovers(f.read_text(encoding="utf-8", errors="replace"))
