@@ -38,6 +38,25 @@ def chromium():
 
 
 NB = "window.jupyterapp?.shell?.currentWidget"  # optional: JupyterLab may not be up yet when first polled
+# every cell in the page (no windowing): the n-th explorer is the n-th cell's, wherever the page scrolls
+NO_WINDOWING = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
+
+
+def explore_cells(head: str, incidents: list[tuple]) -> list[str]:
+    """*head*, then a cell ``exN = precnb.explore(TARGET, baseline=BASE, **OPTIONS)`` per incident.
+
+    An incident is ``(name, target sample, baseline sample or None[, options])``.
+    """
+    from tests.conftest import sample_path
+
+    cells = [head]
+    for i, (_name, target, base, *rest) in enumerate(incidents):
+        args = [repr(str(sample_path(target)))]
+        if base:
+            args.append("baseline=" + repr(str(sample_path(base))))
+        args += [f"{k}={v!r}" for k, v in (rest[0] if rest else {}).items()]
+        cells.append(f"ex{i} = precnb.explore({', '.join(args)})\nex{i}")
+    return cells
 
 
 @contextlib.contextmanager

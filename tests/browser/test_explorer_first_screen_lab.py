@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from tests.browser.conftest import jupyter_lab, kernel_output, open_notebook
-from tests.conftest import ROOT, sample_path
+from tests.browser.conftest import NO_WINDOWING, explore_cells, jupyter_lab, kernel_output, open_notebook
+from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -24,20 +24,16 @@ INCIDENTS = [("dp_nan", "dp_nan", None), ("tp2pp2_scaled", "megatron/tp2pp2_scal
 
 
 def _cells() -> list[str]:
-    cells = ["import json, precnb\n"
-             "def cause(ex):\n"
-             "    f = ex.current_finding\n"
-             "    print(json.dumps([c.strip() for c in f.summary().splitlines() if c.strip().startswith('cause')]))\n"]
-    for i, (_name, target, base) in enumerate(INCIDENTS):
-        args = [repr(str(sample_path(target)))] + ([f"baseline={str(sample_path(base))!r}"] if base else [])
-        cells.append(f"ex{i} = precnb.explore({', '.join(args)})\nex{i}")
-    return cells
+    return explore_cells("import json, precnb\n"
+                         "def cause(ex):\n"
+                         "    f = ex.current_finding\n"
+                         "    print(json.dumps([c.strip() for c in f.summary().splitlines()\n"
+                         "                      if c.strip().startswith('cause')]))\n", INCIDENTS)
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    settings = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
-    with jupyter_lab(tmp_path_factory, _cells(), "first_screen.ipynb", settings=settings) as server:
+    with jupyter_lab(tmp_path_factory, _cells(), "first_screen.ipynb", settings=NO_WINDOWING) as server:
         yield server
 
 

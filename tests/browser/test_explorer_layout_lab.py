@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from tests.browser.conftest import jupyter_lab, kernel_output, open_notebook
-from tests.conftest import ROOT, sample_path
+from tests.browser.conftest import NO_WINDOWING, explore_cells, jupyter_lab, kernel_output, open_notebook
+from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -69,22 +69,14 @@ _GEOMETRY = """ex => {
 
 
 def _cells() -> list[str]:
-    cells = ["import json, precnb\n"
-             "def state(ex):\n"
-             "    print(json.dumps([ex.step, ex.rank, ex.tensor]))\n"]
-    for i, (_name, target, base, opts) in enumerate(INCIDENTS):
-        args = [repr(str(sample_path(target)))]
-        if base:
-            args.append("baseline=" + repr(str(sample_path(base))))
-        args += [f"{k}={v!r}" for k, v in opts.items()]
-        cells.append(f"ex{i} = precnb.explore({', '.join(args)})\nex{i}")
-    return cells
+    return explore_cells("import json, precnb\n"
+                         "def state(ex):\n"
+                         "    print(json.dumps([ex.step, ex.rank, ex.tensor]))\n", INCIDENTS)
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    settings = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
-    with jupyter_lab(tmp_path_factory, _cells(), "layout.ipynb", settings=settings) as server:
+    with jupyter_lab(tmp_path_factory, _cells(), "layout.ipynb", settings=NO_WINDOWING) as server:
         yield server
 
 

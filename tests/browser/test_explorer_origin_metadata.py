@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import jupyter_lab, kernel_output, open_notebook
+from tests.browser.conftest import NO_WINDOWING, explore_cells, jupyter_lab, kernel_output, open_notebook
 from tests.conftest import ROOT, sample_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
@@ -50,21 +50,12 @@ def _cells() -> list[str]:
             "    node = str(ds['node'].sel(tensor=ex.tensor).values) if ex.tensor in ds.indexes['tensor'] else None\n"
             "    owner = ex.record._owner(ex, ds) is not ds\n"
             "    print(json.dumps([ex.step, ex.rank, ex.tensor, node, bool(ex.unmerged), owner]))\n")
-    cells = [head]
-    for i, (_name, target, base, opts) in enumerate(INCIDENTS):
-        args = [repr(str(sample_path(target)))]
-        if base:
-            args.append("baseline=" + repr(str(sample_path(base))))
-        args += [f"{k}={v!r}" for k, v in opts.items()]
-        cells.append(f"ex{i} = precnb.explore({', '.join(args)})\nex{i}")
-    return cells
+    return explore_cells(head, INCIDENTS)
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    # every cell in the page (no windowing): the n-th explorer is the n-th incident's, wherever the page scrolls
-    settings = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
-    with jupyter_lab(tmp_path_factory, _cells(), "incidents.ipynb", settings=settings) as server:
+    with jupyter_lab(tmp_path_factory, _cells(), "incidents.ipynb", settings=NO_WINDOWING) as server:
         yield server
 
 
