@@ -5,12 +5,15 @@ everywhere a built-in one does: ``precnb.diagnose``, its generated CLI subcomman
 the HTML report (its finding and its own section), the explorer (its finding and the records it flags),
 its dump plan and its not-applicable text. On the bundled ``dp_nan`` sample (NaN injected on rank 1 at
 step 1, spread to rank 0 by the all-reduce) it names step 1 and rank 1: the rank with the most
-non-finite maxima at the first step that has any (367 against rank 0's 76).
+non-finite maxima at the first step that has any (367 against rank 0's 76). Its own option (``min_bad``,
+declared here as a frozen dataclass, issue #50 item 2) is a ``diagnose()`` keyword and a flag of its
+generated subcommand (``--min-bad``), with no other file touched.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,6 +21,7 @@ import pytest
 
 import precnb
 from precnb.analysis.findings import Finding
+from precnb.analysis.options import option
 from precnb.analysis.registry import Context, Diagnosis, register, unregister
 from tests.conftest import sample_path
 
@@ -30,11 +34,17 @@ def _bad(ds: Any) -> np.ndarray:
     return ds["present"].transpose("step", "rank", "tensor").values & ~np.isfinite(mx)
 
 
+@dataclass(frozen=True)
+class ToyOptions:
+    min_bad: int = option(1, help="toy: non-finite maxima a rank needs at one step to count", type=int)
+
+
 def _run(ctx: Context) -> Finding:
     bad = _bad(ctx.target)
-    steps = np.flatnonzero(bad.any(axis=(1, 2)))
+    need = ctx.options[KIND].min_bad if KIND in ctx.options else 1
+    steps = np.flatnonzero((bad.sum(axis=2) >= need).any(axis=1))
     if not len(steps):
-        return Finding(kind="none", reason="no non-finite maximum")
+        return Finding(kind="none", reason=f"no rank with {need} non-finite maxima at one step")
     s = int(steps[0])
     counts = bad[s].sum(axis=1)
     r = int(np.argmax(counts))
@@ -72,7 +82,7 @@ def _plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> 
 TOY = Diagnosis(kind=KIND, title="Toy non-finite rank", priority=35, mode="single", run=_run,
                 description="toy: the rank with the most non-finite maxima", command="toy-nonfinite",
                 applies=lambda ctx: ctx.target.sizes["rank"] > 1, not_applicable="toy: needs two ranks or more",
-                flags=_flags, flag_text="toy precursors", section=_section, plan=_plan)
+                flags=_flags, flag_text="toy precursors", section=_section, plan=_plan, options=ToyOptions)
 
 
 @pytest.fixture
@@ -96,6 +106,33 @@ def test_diagnose_runs_it(toy):
     plan = plan_dump(f, t.target)
     assert NOTE in plan["notes"] and (plan["steps"], plan["ranks"]) == ([1], [1])
     assert plan["selects"]["modules"] == ["blocks.1"]
+
+
+def test_its_option_is_a_diagnose_keyword(toy):
+    assert precnb.diagnose(sample_path("dp_nan"), min_bad=367).result(KIND).step == 1
+    assert precnb.diagnose(sample_path("dp_nan"), min_bad=368).result(KIND).step == 2  # 579 there
+    clean = precnb.diagnose(sample_path("dp_nan"), min_bad=100000).result(KIND)
+    assert not clean.found and "100000" in clean.reason
+    assert precnb.Options(min_bad=5).of(KIND) == ToyOptions(min_bad=5)
+    assert precnb.Options(min_bad=5).describe()["min_bad"] == 5
+    with pytest.raises(TypeError, match="min_bad"):  # the valid keywords are listed
+        precnb.Options(min_badd=5)
+
+
+def test_unknown_keyword_without_it(capsys):
+    with pytest.raises(TypeError, match="unknown option"):
+        precnb.Options(min_bad=5)
+
+
+def test_cli_flag_is_generated(toy, capsys):
+    from precnb.cli import main
+
+    assert main(["toy-nonfinite", str(sample_path("dp_nan")), "--min-bad", "100000", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kind"] == "none" and "100000" in d["reason"]
+    assert main(["toy-nonfinite", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--min-bad" in out and "non-finite maxima a rank needs" in out and "(default 1)" in out
 
 
 def test_cli_subcommand_is_generated(toy, capsys):

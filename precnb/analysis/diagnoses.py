@@ -14,11 +14,29 @@ Examples
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from precnb.analysis.options import option
 from precnb.analysis.registry import Context, Diagnosis, register
 
-__all__: list[str] = []
+__all__ = ["ReplicaOptions"]
+
+_REPLICAS = "replica_mismatch"
+
+
+@dataclass(frozen=True)
+class ReplicaOptions:
+    """The replica check's options (``precnb replicas``)."""
+
+    replica_rtol: float = option(1e-6, help="relative tolerance of the replica check", flag="--rtol", type=float)
+    rng_regions: tuple[str, ...] = option(
+        (), help="module path prefix inside a model-parallel RNG region (Megatron's tracker): a random op there "
+        "differs across TP ranks by design; elsewhere its departure is an unsynchronised seed (repeatable)",
+        flag="--rng-region", action="append", metavar="PREFIX")
+    replica_baseline: Any = option(
+        None, compare=False, help="a clean run of the same training: decides which side of a two-replica departure "
+        "is wrong", flag="--replica-baseline", metavar="RUN")  # issue #28
 
 
 def _divergence_stepwise(load: Any, steps: Any, **kw: Any) -> Any:
@@ -72,7 +90,8 @@ def _replica_flags(ds: Any, finding: Any, *, triage: Any) -> list[dict[str, Any]
     key = f"replica_rows:{id(ds)}"
     if key not in triage.cache:
         try:
-            rows, _ = replica_mismatches(ds, triage.target_layout, rtol=float(triage.options.replica_rtol))
+            rtol = float(triage.options.of(_REPLICAS).replica_rtol)
+            rows, _ = replica_mismatches(ds, triage.target_layout, rtol=rtol)
         except ValueError:  # the layout does not describe these ranks
             rows = []
         triage.cache[key] = rows
@@ -128,10 +147,10 @@ def _replicas(ctx: Context) -> Any:
     from precnb.analysis.replicas.departures import check_departures  # issue #28: the first departure, classified
 
     raw = ctx.raw_target if ctx.raw_target is not None else ctx.target
-    return check_departures(raw, ctx.target_layout, rtol=float(ctx.params.get("replica_rtol", 1e-6)),
+    o = ctx.options.get(_REPLICAS) or ReplicaOptions()
+    return check_departures(raw, ctx.target_layout, rtol=float(o.replica_rtol),
                             limit=int(ctx.params.get("limit", 50)), records=ctx.params.get("node_records"),
-                            baseline=ctx.params.get("replica_baseline"),
-                            rng_regions=tuple(ctx.params.get("rng_regions") or ()))
+                            baseline=ctx.params.get("replica_baseline"), rng_regions=tuple(o.rng_regions or ()))
 
 
 def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:
@@ -202,11 +221,12 @@ register(Diagnosis(
     description="first divergence (values with dtype tolerances, structural differences)",
     command="diff", plan=_divergence_plan, enrich=_divergence_evidence, stepwise=_divergence_stepwise))
 register(Diagnosis(
-    kind="replica_mismatch", title="Replica mismatch", priority=20, mode="any", run=_replicas,
+    kind=_REPLICAS, title="Replica mismatch", priority=20, mode="any", run=_replicas,
     applies=_has_layout, description="replica check (tensors that must be identical across the "
     "layout's replicas)", command="replicas", plan=_replica_plan,
     not_applicable="the replica check needs the run's layout (e.g. tp=2 or dp=4)", flags=_replica_flags,
-    flag_text="replica mismatches", unmerged=True, inputs="precnb.pipeline.devices:replica_inputs"))
+    flag_text="replica mismatches", unmerged=True, inputs="precnb.pipeline.devices:replica_inputs",
+    options=ReplicaOptions))
 register(Diagnosis(
     kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
     description="NaN/Inf origin (mask infinities ignored)", command="nan", color="events"))

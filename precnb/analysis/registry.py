@@ -76,7 +76,9 @@ class Context:
     names : (str, str)
         Display names (baseline, target).
     params : dict
-        Per-diagnosis options (``spike_rule``, ``limit``, ``replica_rtol``, ...).
+        What the pipeline hands the diagnoses (``spike_rule``, ``limit``, what was read beside the run, ...).
+    options : dict
+        Each diagnosis's own options by kind (an instance of its :attr:`Diagnosis.options`).
     cache : dict
         Intermediate results shared between diagnoses of one pipeline run.
     """
@@ -94,6 +96,7 @@ class Context:
     names: tuple[str, str] = ("baseline", "target")
     params: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def paired(self) -> bool:
@@ -174,6 +177,9 @@ class Diagnosis:
         merged into :attr:`Context.params` before the diagnoses run. A callable, or ``"module:function"``
         resolved by the pipeline (a diagnosis of this layer may name a reader of the pipeline's without
         importing it).
+    options : type, optional
+        Its own options: a frozen dataclass of :func:`precnb.analysis.options.option` fields, each a keyword of
+        :func:`precnb.diagnose` and a flag of its generated subcommand, read as ``ctx.options[kind]``.
     """
 
     kind: str
@@ -198,6 +204,7 @@ class Diagnosis:
     stepwise: Callable[..., Any] | None = None
     first_steps: int = 0
     inputs: str | Callable[..., dict[str, Any]] | None = None
+    options: type | None = None
 
     def applicable(self, ctx: Context) -> bool:
         """Whether it runs on *ctx*."""

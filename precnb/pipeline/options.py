@@ -1,8 +1,10 @@
-"""The triage options: every option of every front end, with its one default.
+"""The triage options: the loading and pairing settings, and each diagnosis's own options routed to it.
 
 The command line, the report, the explorer, the notebook templates and ``ds.prec`` all build
 an :class:`Options` and hand it to :func:`precnb.diagnose`; none of them has a default of its
-own. :data:`DEFAULTS` is the single statement of the defaults.
+own. :data:`DEFAULTS` is the single statement of the defaults. A keyword that is not a field of
+:class:`Options` goes to the diagnoses that declare it (their :attr:`~precnb.analysis.registry.Diagnosis.options`
+dataclass, which holds its default); an unknown one is a TypeError listing the valid ones.
 
 Examples
 --------
@@ -11,18 +13,20 @@ Examples
 True
 >>> Options(target_layout="tp=2").describe()["target_layout"]
 'tp=2'
+>>> Options(replica_rtol=1e-3).of("replica_mismatch").replica_rtol   # routed to the replica check
+0.001
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, Literal
 
 __all__ = ["DEFAULTS", "Options"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, eq=False)
 class Options:
     """What the pipeline does, and how.
 
@@ -68,27 +72,18 @@ class Options:
         Statistics tested for spikes.
     limit : int
         How many further suspects a finding lists.
-    replica_rtol : float
-        Relative tolerance of the replica check.
-    rank_table : path or mapping, optional
+        rank_table : path or mapping, optional
         Which host and device served each rank (an HCCL ``rank_table_file`` JSON, a
         ``rank,host,device`` CSV, or ``{rank: (host, device)}``): every finding naming a rank names
         them too (:mod:`precnb.pipeline.devices`).
-    replica_baseline : path or xarray.Dataset, optional
-        A clean run of the same training: decides which side of a two-replica departure is wrong.
-    rng_regions : tuple of str
-        Module path prefixes inside a model-parallel RNG region (Megatron's tracker): a random op there
-        differs across TP ranks by design; elsewhere its departure is an unsynchronised seed.
     tensor_metrics : bool or None
         Judge the divergence on whole-tensor metrics (msprobe compare's) where both runs saved
         the tensors (``task: tensor``). None: whenever both runs hold tensor files and no layout
         is given; False: statistics only.
-    monitor : path or xarray.Dataset, optional
-        msprobe monitor output of the same job, read beside the run (the loss-spike diagnosis
-        reads its gradients, updates and activations at every step).
-    loss : path or pandas.DataFrame, optional
-        A loss log: CSV ``step,loss[,rank]`` or TensorBoard event files (``precnb.io.read_loss_log``),
-        or a DataFrame with those columns; the loss-spike diagnosis judges the loss on it.
+    Diagnosis options
+        Any other keyword: an option of the diagnoses that declare it (``replica_rtol``, ``rng_regions``,
+        ``replica_baseline`` of the replica check; ``monitor``, ``loss`` of the loss-spike diagnosis; see
+        :func:`precnb.analysis.options.option_owners`), read as an attribute or by kind with :meth:`of`.
     """
 
     target_layout: Any = None
@@ -110,13 +105,64 @@ class Options:
     spike_ratio: float = 5.0
     spike_stats: tuple[str, ...] = ("norm",)
     limit: int = 50
-    replica_rtol: float = 1e-6
     tensor_metrics: bool | None = None  # issue #17 (precnb.pipeline.tensors)
     rank_table: Any = None  # issue #28 (precnb.pipeline.devices)
-    replica_baseline: Any = field(default=None, compare=False)  # issue #28
-    rng_regions: tuple[str, ...] = ()
-    monitor: Any = field(default=None, compare=False)  # issue #29 (precnb.pipeline.tensors)
-    loss: Any = field(default=None, compare=False)  # issue #29
+
+    def __init__(self, **kw: Any) -> None:
+        own = {f.name: f for f in fields(self)}
+        routed = _route({k: kw.pop(k) for k in list(kw) if k not in own}, set(own))
+        for name, f in own.items():
+            object.__setattr__(self, name, kw[name] if name in kw else _default(f))
+        object.__setattr__(self, "_routed", routed)
+
+    def __getattr__(self, name: str) -> Any:
+        """A diagnosis option as given, else its default (``opts.replica_rtol``)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        routed = self.__dict__.get("_routed", {})
+        if name in routed:
+            return routed[name]
+        from precnb.analysis.options import option_fields
+
+        f = option_fields().get(name)
+        if f is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return _default(f)
+
+    def of(self, kind: str) -> Any:
+        """The options of the diagnosis of *kind*: its options dataclass with the keywords given that it declares."""
+        from precnb.analysis.registry import get
+
+        cls = get(kind).options
+        if cls is None:
+            raise KeyError(f"the diagnosis {kind!r} declares no options")
+        return cls(**{f.name: self._routed[f.name] for f in fields(cls) if f.name in self._routed})
+
+    def by_kind(self) -> dict[str, Any]:
+        """Every registered diagnosis's options by kind (those that declare some): :attr:`Context.options`."""
+        from precnb.analysis.registry import diagnoses
+
+        return {d.kind: self.of(d.kind) for d in diagnoses() if d.options is not None}
+
+    def _compared(self) -> tuple[Any, ...]:
+        """What equality and hashing look at: own fields compared by value, diagnosis options not at their default."""
+        own = tuple(getattr(self, f.name) for f in fields(self) if f.compare)
+        if not self._routed:
+            return (*own, ())
+        from precnb.analysis.options import option_fields
+
+        known = option_fields()
+        given = tuple(sorted((k, v) for k, v in self._routed.items()
+                             if known[k].compare and not _same(v, _default(known[k]))))
+        return (*own, given)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Options):
+            return NotImplemented
+        return self._compared() == other._compared()
+
+    def __hash__(self) -> int:
+        return hash(self._compared())
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> Options:
@@ -135,15 +181,11 @@ class Options:
                 if kw.get("target_layout") not in (None, alias):
                     raise TypeError("layout and target_layout name the same option; give one")
                 kw["target_layout"] = alias
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(kw) - names)
-        if unknown:
-            raise TypeError(f"unknown option(s) {unknown}; known: {sorted(names)}")
         return cls(**kw)
 
     def with_(self, **kw: Any) -> Options:
         """A copy with some options changed."""
-        return replace(self, **kw)
+        return type(self)(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **self._routed, **kw})
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready view of the options that differ from :data:`DEFAULTS` (plus the essentials)."""
@@ -152,14 +194,46 @@ class Options:
             if f.name == "client":
                 continue
             v = getattr(self, f.name)
-            if f.name in ("monitor", "loss", "replica_baseline"):  # data or a path: never compared by value
-                if v is not None:
-                    out[f.name] = _source(v)
-                continue
             if v == getattr(DEFAULTS, f.name) and f.name not in ("step_offset", "crc"):
                 continue
             out[f.name] = _plain(v)
+        if self._routed:
+            from precnb.analysis.options import option_fields
+
+            known = option_fields()
+            for name, v in self._routed.items():
+                if not known[name].compare:  # data or a path: never compared by value
+                    if v is not None:
+                        out[name] = _source(v)
+                elif not _same(v, _default(known[name])):
+                    out[name] = _plain(v)
         return out
+
+
+def _default(f: Field[Any]) -> Any:
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return None if f.default is MISSING else f.default
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _route(extra: dict[str, Any], own: set[str]) -> dict[str, Any]:
+    """The keywords that are not fields of :class:`Options`, checked against the diagnoses' options."""
+    if not extra:
+        return {}
+    from precnb.analysis.options import option_owners
+
+    known = option_owners()
+    unknown = sorted(set(extra) - set(known))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown}; known: {sorted(own | set(known))}")
+    return extra
 
 
 def _source(v: Any) -> str:

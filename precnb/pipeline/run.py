@@ -340,7 +340,8 @@ def _context(raw_t: xr.Dataset, raw_b: xr.Dataset | None, tsrc: Source, bsrc: So
     names = (bsrc.name if bsrc is not None else "", tsrc.name)
     if raw_b is None:  # one run is diagnosed rank by rank
         return Context(target=raw_t, raw_target=raw_t, target_layout=t_lay, tolerance=tolerance,
-                       step_offset=opts.step_offset, crc=opts.crc, names=names, params=params), cache
+                       step_offset=opts.step_offset, crc=opts.crc, names=names, params=params,
+                       options=opts.by_kind()), cache
     from precnb.pipeline.prepare import merged_pair
 
     base, targ = merged_pair(raw_b, raw_t, b_lay, t_lay, notes)  # shards merged; fused vs separate projections too
@@ -358,7 +359,7 @@ def _context(raw_t: xr.Dataset, raw_b: xr.Dataset | None, tsrc: Source, bsrc: So
         tensor_metrics=params.get("tensor_metrics"))
     return Context(target=targ, baseline=base, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
                    baseline_layout=b_lay, alignment=alignment, tolerance=tolerance, step_offset=step_offset,
-                   crc=opts.crc, names=names, params=params), cache
+                   crc=opts.crc, names=names, params=params, options=opts.by_kind()), cache
 
 
 def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool

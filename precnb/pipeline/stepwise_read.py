@@ -231,7 +231,7 @@ def _search(d: Any, tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[
     b_lay, t_lay = read.layouts
     ctx = Context(target=mt, baseline=mb, raw_target=raw_t, raw_baseline=raw_b, target_layout=t_lay,
                   baseline_layout=b_lay, alignment=alignment, tolerance=tolerance, step_offset=off, crc=opts.crc,
-                  names=(bsrc.name, tsrc.name))
+                  names=(bsrc.name, tsrc.name), options=opts.by_kind())
     earlier = read.first_stats  # the first batch's steps, when the finding's batch is a later one
     if earlier is not None and earlier["step"].equals(raw_t["step"]):
         earlier = None

@@ -354,8 +354,7 @@ def params_of(wanted: Sequence[Any], opts: Any, tsrc: Any, raw_t: xr.Dataset, lo
     """
     from precnb.pipeline.prepare import spike_rule
 
-    params: dict[str, Any] = {"spike_rule": spike_rule(opts), "limit": int(opts.limit),
-                              "replica_rtol": float(opts.replica_rtol), "rng_regions": tuple(opts.rng_regions)}
+    params: dict[str, Any] = {"spike_rule": spike_rule(opts), "limit": int(opts.limit)}
     if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
         if "side_inputs" not in cache:
             cache["side_inputs"] = side_inputs(opts, loaded, common)

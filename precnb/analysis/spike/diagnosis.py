@@ -3,7 +3,7 @@
 It reads the run diagnosed (a dump or a monitor output) and, from the pipeline's parameters,
 the monitor output (``params["monitor"]``, a dataset) and the loss log (``params["loss_log"]``,
 a DataFrame ``step, loss[, rank]``; ``params["loss_source"]`` says where it was read), both
-opened by the pipeline from the ``monitor`` / ``loss`` options.
+opened by the pipeline from its own options ``monitor`` / ``loss`` (:class:`SpikeOptions`).
 
 Examples
 --------
@@ -14,14 +14,26 @@ Examples
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from precnb.analysis.options import option
 from precnb.analysis.registry import Context, Diagnosis, register
 
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__: list[str] = []
+__all__ = ["SpikeOptions"]
+
+
+@dataclass(frozen=True)
+class SpikeOptions:
+    """The loss-spike diagnosis's options (issue #29): what is read beside the run, every step of it."""
+
+    monitor: Any = option(None, compare=False, help="msprobe monitor output (TrainerMon) of the same job, read beside "
+                          "RUN: its gradients, updates and activations at every step", metavar="DIR")
+    loss: Any = option(None, compare=False, help="loss log of every step: CSV step,loss[,rank], TensorBoard event "
+                       "files (a file or a folder), or a pandas.DataFrame with those columns", metavar="FILE")
 
 
 def _run(ctx: Context) -> Any:
@@ -59,4 +71,4 @@ register(Diagnosis(
     kind="loss_spike", title="Loss spike", priority=25, mode="single", run=_run,
     description="loss spike (the first step whose loss departs from its own recent history; its origin rank, batch "
     "input, parameter or op; cause data, optimizer, hardware or numerics)", command="spike",
-    flags=_flags, plan=_plan, keep=_keep))
+    flags=_flags, plan=_plan, keep=_keep, options=SpikeOptions))
