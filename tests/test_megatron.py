@@ -228,6 +228,7 @@ def _key(f: dict) -> tuple:
 
 @pytest.mark.parametrize(("target", "baseline", "verb"), [("tp2pp2_scaled", "tp1pp1", "diff"),
                                                            ("tp1pp2_nan", None, "nan")])
+@pytest.mark.slow
 def test_cli_report_and_explorer_give_the_bug(target, baseline, verb, tmp_path):
     f = fault(target)
     want = diagnose(target, baseline=baseline).finding
