@@ -109,6 +109,7 @@ def test_healthy_dp2_at_level_l1_vs_tp1_at_mix_no_finding():
     assert answer["kind"] == "none", answer["reason"]
 
 
+@pytest.mark.slow
 def test_healthy_dp2_at_level_l1_layout_read_from_the_optimizer():
     """Without --target-layout: an L1 dump has no parameter records, but its fused optimizer reads the
     parameters; the replicas holding the same ones are data-parallel (said as an assumption), and nothing is
