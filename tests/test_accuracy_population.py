@@ -73,6 +73,7 @@ def test_ground_truth_is_read_back():
         assert t["status"] == "ok" and t["rank"] == f["injection"]["rank"] and t["step"] == f["injection"]["from_step"]
 
 
+@pytest.mark.slow
 def test_healthy_tp2_vs_tp1_merged_no_finding():
     h = draw()["healthy"][0]
     answer = precnb("diff", dump(h["reference"]), dump(h["run"]), "--target-layout", "tp=2")
@@ -96,6 +97,7 @@ def test_healthy_no_nan(which):
     assert answer["kind"] == "none", answer["reason"]
 
 
+@pytest.mark.slow
 def test_healthy_dp2_at_level_l1_vs_tp1_at_mix_no_finding():
     """A data-parallel run dumped at L1 (no module records) against the level-mix unsharded run: the gradients
     computed in the backward by Megatron's own ops (Tensor.matmul in the linear layers' backward) are each
@@ -107,6 +109,7 @@ def test_healthy_dp2_at_level_l1_vs_tp1_at_mix_no_finding():
     assert answer["kind"] == "none", answer["reason"]
 
 
+@pytest.mark.slow
 def test_healthy_dp2_at_level_l1_layout_read_from_the_optimizer():
     """Without --target-layout: an L1 dump has no parameter records, but its fused optimizer reads the
     parameters; the replicas holding the same ones are data-parallel (said as an assumption), and nothing is
@@ -154,6 +157,7 @@ def test_the_replica_check_finds_the_departing_rank():
     assert answer["kind"] != "none" and answer["step"] == t["step"], answer["reason"]
 
 
+@pytest.mark.slow
 def test_cli_report_and_explorer_name_the_same_departure(tmp_path):
     """One pipeline: the report and the explorer show the CLI's finding (both runs' folders are named ``dump``:
     the explorer's detail table read the baseline's columns by attribute name and failed on "dump (baseline)")."""
@@ -177,6 +181,7 @@ def _pp_l1() -> dict:
     return next(h for h in draw()["healthy"] if h["layout"] == "tp2pp2")
 
 
+@pytest.mark.slow
 def test_healthy_tp2pp2_at_level_l1_vs_tp1_at_l1_no_finding():
     """Both runs dumped at level L1 (no module records), two micro-batches per step. Stitching the stages stage by
     stage numbered stage 1's calls after stage 0's second micro-batch, where the unsharded run goes micro-batch by
@@ -213,6 +218,7 @@ def test_level_l1_stages_are_numbered_micro_batch_by_micro_batch():
         assert np.allclose(tm, bm, rtol=1e-4), [x for x, a, c in zip(whole, tm, bm, strict=True) if abs(a - c) > 1e-4]
 
 
+@pytest.mark.slow
 def test_level_l1_dw_fault_on_a_pipeline_stage_found_at_its_step_against_the_unsharded_run():
     """A weight gradient scaled on stage 1's TP rank 0 (dump rank 2) from step 2, both runs at level L1: no
     parameter-gradient record, so the optimizer's gradient list is where it shows. Each stage's list is renamed to

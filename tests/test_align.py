@@ -112,6 +112,7 @@ def test_s13_every_module_and_api_pair_of_the_ground_truth(s13):
     assert pair.baseline == "Functional.linear.0.forward.output.0" and pair.how == "value"
 
 
+@pytest.mark.slow
 @pytest.mark.shared
 def test_s13_diff_of_the_healthy_port_finds_nothing(s13):
     root, *_ = s13

@@ -110,6 +110,7 @@ def test_broken_file_reported_like_in_process(client, tmp_path):
         precnb.open_run(root, client=client, errors="raise", progress=False)
 
 
+@pytest.mark.slow
 def test_streaming_zarr_on_the_cluster(client, tmp_path):
     root = shared_path(*S1, "statistics")
     store = precnb.to_zarr(root, tmp_path / "s1.zarr", client=client, progress=False)

@@ -387,6 +387,7 @@ def check_msprobe_values(ds, spec: dict[str, Any]) -> int:
     return checked
 
 
+@pytest.mark.slow
 @given(msprobe_dump(), st.booleans())
 @fuzz_settings(200)
 def test_msprobe_valid_dumps_load_exactly(spec, reference):
@@ -547,6 +548,7 @@ def mutate_bytes(raw: bytes, data: st.DataObject) -> bytes:
                                                  b'"nan"', b"[1, 2]", b"true"])) + raw[k:]
 
 
+@pytest.mark.slow
 @given(msprobe_dump(max_nodes=2), st.data())
 @fuzz_settings(400)
 def test_msprobe_mutated_dumps_never_crash(spec, data):
@@ -788,6 +790,7 @@ def test_kernel_valid_csvs_load_exactly(spec):
         assert (ds["present"].values == expected_present).all()
 
 
+@pytest.mark.slow
 @given(kernel_dump(), st.data())
 @fuzz_settings(250)
 def test_kernel_mutated_csvs_never_crash(spec, data):
@@ -849,6 +852,7 @@ def test_compare_csv_mutated_never_crash(text, data):
                                                   st.dictionaries(st.text(max_size=3), c, max_size=3)),
                               max_leaves=20).map(lambda o: json.dumps(o).encode())),
        st.data())
+@pytest.mark.slow
 @fuzz_settings(1000)
 def test_json_bytes_parse_or_dump_format_error(raw, data):
     if data.draw(st.booleans()):

@@ -104,6 +104,7 @@ def test_api_mapping_values_must_be_names():
     assert spec.api == [{"ms_api": "Functional.add", "pt_api": "Torch.add", "ms_args": [0, 1]}]
 
 
+@pytest.mark.slow
 def test_the_c_loader_reads_a_large_mapping_quickly(tmp_path):
     yaml = pytest.importorskip("yaml")
     if not hasattr(yaml, "CSafeLoader"):

@@ -47,6 +47,7 @@ def test_every_stage_entry_is_renamed_to_the_unsharded_runs(step: int) -> None:
     assert align_optimizer_lists(no_params, base)[1] == 0
 
 
+@pytest.mark.slow
 def test_an_optimizer_state_fault_on_one_stage_is_found_at_its_step(tmp_path: Path) -> None:
     run = tmp_path / "tp1pp2_exp_avg"
     shutil.copytree(MG / "tp1pp2", run)

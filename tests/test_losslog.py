@@ -111,6 +111,7 @@ def test_csv_keeps_nonfinite_and_optional_rank(tmp_path):
     assert np.isnan(df["loss"][0]) and np.isinf(df["loss"][1]) and df["rank"].isna().tolist() == [True, True, False]
 
 
+@pytest.mark.slow
 def test_spike_from_tensorboard_logs_same_answer_as_csv(tmp_path):
     dump = ROOT / "data_samples" / "spike_data" / "dump"
     mon = ROOT / "data_samples" / "spike_data" / "monitor_output"

@@ -194,6 +194,7 @@ def test_anomalies_of_healthy_runs_and_of_the_nan_run():
 
 
 # ------------------------------------------------------------------------------ preflight
+@pytest.mark.slow
 def test_preflight_merges_shards_and_stages():
     def checks(t):
         return {c["name"]: c for c in t.finding.evidence["checks"]}
@@ -228,6 +229,7 @@ def _key(f: dict) -> tuple:
 
 @pytest.mark.parametrize(("target", "baseline", "verb"), [("tp2pp2_scaled", "tp1pp1", "diff"),
                                                            ("tp1pp2_nan", None, "nan")])
+@pytest.mark.slow
 def test_cli_report_and_explorer_give_the_bug(target, baseline, verb, tmp_path):
     f = fault(target)
     want = diagnose(target, baseline=baseline).finding
@@ -248,6 +250,7 @@ def test_cli_report_and_explorer_give_the_bug(target, baseline, verb, tmp_path):
     assert _key(ex.finding.to_dict()) == _key(want.to_dict()) and (ex.step, ex.rank) == (f["step"], want.rank)
 
 
+@pytest.mark.slow
 def test_replicas_and_merge_read_the_layout_from_the_dumps():
     out = _cli("replicas", str(MG / "tp2pp2"), "--json")
     assert out.returncode == 0, out.stderr
@@ -261,6 +264,7 @@ def test_replicas_and_merge_read_the_layout_from_the_dumps():
     assert merged["merged_ranks"] == [0] and "pp2" in merged["layout"] and "vpp2" in merged["layout"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [None, "tp=2,pp=2"])
 def test_replicas_of_healthy_tp2pp2_with_and_without_a_layout(layout):
     """The healthy run has no departure whether the layout is given or read from the dumps."""
@@ -273,6 +277,7 @@ def test_replicas_of_healthy_tp2pp2_with_and_without_a_layout(layout):
     assert _key(got) == ("replica_mismatch", f["step"], f["rank"], f["node"])
 
 
+@pytest.mark.slow
 def test_align_across_layouts_pairs_everything():
     out = _cli("align", str(MG / "tp1pp1"), str(MG / "tp2pp2"), "--json")
     assert out.returncode == 0, out.stderr

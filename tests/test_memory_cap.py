@@ -43,6 +43,7 @@ def _run(argv: list[str], *, hard: bool, cache: Path | None = None, code: str | 
                           preexec_fn=_capped(hard))
 
 
+@pytest.mark.slow
 def test_report_is_written_under_a_soft_memory_cap(tmp_path):
     out = tmp_path / "r.html"
     p = _run(["report", DP, "-o", str(out)], hard=False)
@@ -62,6 +63,7 @@ def test_under_a_hard_cap_the_report_fails_alone_in_one_line_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_cached_bundle_serves_reports_under_a_hard_cap(tmp_path):
     from precnb._jsbundle import javascript_bundle
     from precnb.report._assets import vl_version
@@ -96,6 +98,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_v8_never_runs_in_precnbs_process_report_and_explorer(tmp_path):
     pytest.importorskip("anywidget")
     p = _run([DP, str(tmp_path / "r.html")], hard=False, code=CHECK)
@@ -129,6 +132,7 @@ print(bundle.get("image/svg+xml", "")[:4] or bundle["text/plain"])
 """
 
 
+@pytest.mark.slow
 def test_static_charts_are_drawn_in_a_child_and_say_why_not_under_a_hard_cap():
     soft = _run([], hard=False, code=STATIC)
     assert soft.returncode == 0 and soft.stdout.strip() == "<svg", soft.stderr[-2000:]

@@ -56,6 +56,7 @@ def _runs(tmp: Path, rank: int) -> tuple[Path, Path]:
     return base, targ
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [2, 3])
 def test_diff_names_the_nan_rank_at_its_step(tmp_path: Path, rank: int) -> None:
     base, targ = _runs(tmp_path, rank)
@@ -80,6 +81,7 @@ MOE = MG / "moe_tp1ep2dp2"
 GRAD = "Module.0.decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.RowParallelLinear.parameters_grad.0"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MOE.exists(), reason="data_samples/megatron/moe_tp1ep2dp2 missing")
 def test_a_nan_in_a_replicas_own_gradient_is_not_hidden_by_the_data_parallel_merge(tmp_path: Path) -> None:
     """Experts over two data-parallel ranks against one device: an expert's gradient is its replica's own (no

@@ -56,7 +56,9 @@ def test_layouts_read_from_the_dumps():
             assert (got["ep"], got["etp"], got["edp"]) == (want["ep"], want["etp"], want["edp"]), (root, r)
 
 
-@pytest.mark.parametrize("layout_args", [(), ("--target-layout", "tp=2,ep=2,etp=1"), ("--target-layout", "tp=2,ep=2")])
+@pytest.mark.parametrize("layout_args", [pytest.param((), marks=pytest.mark.slow),
+                                         pytest.param(("--target-layout", "tp=2,ep=2,etp=1"), marks=pytest.mark.slow),
+                                         ("--target-layout", "tp=2,ep=2")])
 def test_healthy_folded_layout_against_ep1_finds_nothing(layout_args):
     got = _json("diff", str(MG / "moe_ep1"), str(MG / "moe_tp2ep2"), *layout_args)
     assert got["kind"] == "none", got["reason"]
@@ -174,6 +176,7 @@ def test_an_extra_call_on_one_rank_does_not_mis_pair_calls_across_ranks(extra_ca
 @pytest.mark.xfail(strict=True, reason="the extra call shifts the labels at step 1 only, inside the same module call "
                                        "(same parent and shape): labels are paired once for all steps, and only the "
                                        "values could tell the shift")
+@pytest.mark.slow
 def test_an_extra_call_at_a_later_step_does_not_mis_pair_against_ep1(extra_call):
     target, _ = extra_call
     merged = _json("diff", str(MG / "moe_ep1"), str(target), "--target-layout", "tp=2,ep=2,etp=1")

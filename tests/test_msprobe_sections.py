@@ -145,6 +145,7 @@ def _no_tensors(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "base", tmp_path / "targ"
 
 
+@pytest.mark.slow
 def test_runs_with_no_step_in_common_answer_nothing_compared(tmp_path):
     a, b = _two_steps(tmp_path)
     out = cli("diff", str(a), str(b))

@@ -304,6 +304,7 @@ def test_releases_fixtures_equal_the_reference_reader():
     assert sum(check_folder(f) for f in folders) > 1000
 
 
+@pytest.mark.slow
 def test_bundled_samples_equal_the_reference_reader():
     folders = _msprobe_folders(SAMPLES)
     assert len(folders) >= 20, folders

@@ -54,6 +54,7 @@ def test_healthy_copies_keep_the_identity() -> None:
     assert returned_grad_departures(ds, NODE + ".weight", step=0, ranks=[2, 3]) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [2, 3])
 def test_the_scaled_copy_is_named(tmp_path: Path, rank: int) -> None:
     run = _scaled(tmp_path, rank)

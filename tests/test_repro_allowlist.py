@@ -109,6 +109,7 @@ def test_the_allow_list_holds_only_operator_names():
     assert {"__doc__", "__loader__", "name", "_dir"}.isdisjoint(CALLABLE["Aten"])  # on msprobe's list: no ops
 
 
+@pytest.mark.slow
 def test_every_op_of_the_bundled_tensor_samples_is_on_the_list(samples):
     nodes = _sample_nodes(samples)
     assert len({n.rsplit(".", 2)[0] for _, n in nodes}) == 13  # linear, gelu, softmax, matmul, rsqrt, __mul__, ...

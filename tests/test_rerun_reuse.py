@@ -48,6 +48,7 @@ def _same_as_fresh(t, target, base) -> None:
     assert got == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rerun_match_unmatch_reuse_and_answer_as_a_full_diagnose(case):
     from precnb.widgets import explore

@@ -34,6 +34,7 @@ def _files(root: Path = SAMPLES):
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("root", [SAMPLES, FIXTURES], ids=["data_samples", "tests/fixtures"])
 def test_no_sample_file_names_an_absolute_path(root):
     """Every text file of data_samples/ and tests/fixtures/ is free of absolute paths; binary files of the
@@ -63,6 +64,7 @@ def test_the_pattern_finds_what_it_must():
         assert not ABSOLUTE.search(text), text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("root", [SAMPLES, FIXTURES / "msprobe_releases"], ids=["data_samples", "msprobe_releases"])
 def test_the_samples_are_what_the_generator_scrub_writes(root):
     """The committed text files are fixed points of the generator's scrub: regenerating changes no path form,

@@ -436,6 +436,7 @@ def tree48(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_streaming_zarr_reopens_identical_to_in_memory_load(tree48, tmp_path):
     eager = precnb.open_run(tree48, progress=False)
     assert eager.sizes["rank"] == 48 and "crc" in eager

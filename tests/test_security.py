@@ -299,6 +299,7 @@ def test_watcher_sees_writes_and_network(tmp_path):
     assert [e for e, _ in _NET_LOG] == ["socket.getaddrinfo"]
 
 
+@pytest.mark.slow
 def test_dumps_are_never_modified_or_opened_for_writing(dumps, tmp_path, capsys):
     before = snapshot(dumps)
     out = tmp_path / "out"
@@ -347,11 +348,13 @@ def _run_in_clean_dirs(dumps: Path, tmp_path: Path, report: bool) -> list[str]:
     return written
 
 
+@pytest.mark.slow
 def test_cli_writes_only_where_asked(dumps, tmp_path):
     """Every command but ``report`` in a fresh interpreter: only the asked outputs appear."""
     assert _run_in_clean_dirs(dumps, tmp_path, report=False) == sorted(f"out/{n}" for n in _outputs(report=False))
 
 
+@pytest.mark.slow
 def test_report_command_writes_only_where_asked(dumps, tmp_path):
     assert _run_in_clean_dirs(dumps, tmp_path, report=True) == ["out/report.html"]
 
@@ -394,6 +397,7 @@ def _net_commands(dumps: Path) -> list[list[str]]:
             ["nan", "--json", str(dumps / "monitor")]]
 
 
+@pytest.mark.slow
 def test_cli_without_network_sitecustomize(dumps, tmp_path):
     site = tmp_path / "site"
     site.mkdir()
@@ -424,6 +428,7 @@ def _unshare_available() -> bool:
     return p.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _unshare_available(), reason="needs root and a working `unshare -n`")
 def test_cli_in_a_network_namespace_without_network(dumps):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PRECNB_NO_DASK_CLIENT": "1"}

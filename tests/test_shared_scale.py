@@ -79,6 +79,7 @@ def test_cli_diff_on_an_edited_real_dump_stops_after_the_changed_step(capsys, tm
     assert d["stats"]["steps_not_searched"] == [4]
 
 
+@pytest.mark.slow
 def test_lazy_analysis_on_real_zarr_stores_equals_in_memory(tmp_path):
     root = shared_path(*S1, "statistics")
     store = precnb.to_zarr(root, tmp_path / "s1.zarr", progress=False)

@@ -89,7 +89,7 @@ def test_cli_names_step_rank_origin_and_cause(cause):
     assert text.returncode == 0 and text.stdout.startswith("LOSS SPIKE:") and "loss around the spike" in text.stdout
 
 
-@pytest.mark.parametrize("cause", CAUSES)
+@pytest.mark.parametrize("cause", [pytest.param(c, marks=() if c == "data" else pytest.mark.slow) for c in CAUSES])
 def test_diagnose_report_and_explorer_agree(cause, tmp_path):
     name = f"spike_{cause}"
     dump, mon, log = inputs(name)

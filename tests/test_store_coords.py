@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import xarray as xr
 
 from precnb.io._zarr_steps import coord_vars as _coord_vars
@@ -68,6 +69,7 @@ def _grown_tree(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_streamed_string_coordinates_are_written_a_chunk_at_a_time(tmp_path, monkeypatch):
     """convert memory (issue #23): xarray writes the string coordinates as fill values, the columns follow a chunk at
     a time; the store reopens identical (tensors added at a later step start inside a chunk), with the metadata a

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,6 +44,7 @@ def test_metrics_json_is_strict_and_complete(samples):
                                                   "Torch.matmul.0.forward.output.0"]
 
 
+@pytest.mark.slow
 def test_metrics_csv_and_output_file(samples, tmp_path):
     b, t = samples("tensor_bf16", "baseline"), samples("tensor_bf16", "target")
     out = tmp_path / "m.csv"
@@ -66,6 +69,7 @@ def test_metrics_csv_and_output_file(samples, tmp_path):
     assert healthy.returncode == 1 and "task=tensor" in healthy.stderr
 
 
+@pytest.mark.slow
 def test_diff_uses_tensor_metrics_and_states_the_precision(samples):
     p = cli("diff", str(samples("tensor_bf16", "baseline")), str(samples("tensor_bf16", "target")), "--json")
     f = _strict(p.stdout)
@@ -81,6 +85,7 @@ def test_diff_uses_tensor_metrics_and_states_the_precision(samples):
     assert f["values"]["tensor_metrics"]["cosine"] == 1.0
 
 
+@pytest.mark.slow
 def test_report_detail_table_has_the_tensor_metric_columns(samples, tmp_path):
     from bs4 import BeautifulSoup
 

@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow
 def test_typed_core_is_mypy_clean():
     if importlib.util.find_spec("mypy") is None:  # a skip would hide the check from make test
         pytest.fail("mypy is in the [test] extra: pip install -e '.[test]'")

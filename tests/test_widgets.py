@@ -627,6 +627,7 @@ def test_mapping_option_and_alignment_panel_match_unmatch_save(tmp_path):
     assert (fresh.current_finding.step, fresh.current_finding.node) == (t.finding.step, t.finding.node)
 
 
+@pytest.mark.slow
 def test_save_mapping_and_export_follow_the_write_rules(tmp_path):
     """Never inside a run's dump, never over a file precnb did not write; a refusal is one line in the panel."""
     import shutil

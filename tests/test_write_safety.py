@@ -275,6 +275,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_concurrent_converts_never_leave_a_mixed_store(world):
     import xarray as xr
 

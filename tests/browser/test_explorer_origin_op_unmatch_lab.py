@@ -44,7 +44,7 @@ def _cells() -> list[str]:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     settings = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
-    with jupyter_lab(tmp_path_factory, _cells(), "issue51.ipynb", settings=settings) as server:
+    with jupyter_lab(tmp_path_factory, _cells(), "origin_op_unmatch.ipynb", settings=settings) as server:
         yield server
 
 
