@@ -163,7 +163,8 @@ def test_explorer_shows_the_origins_own_module_shape_and_stack():
     cell = ex.heatmap_frame()
     first = cell[cell["first_bad"] == 1].iloc[0]
     assert (first["row"], first["tensor"], int(first["worst_rank"])) == ("blocks.0.attn", LABEL, 1)
-    assert "this label is another op" in ex.record.lines.caption.value
+    caption = ex.record.lines.caption.value  # the chart follows the op itself, under rank 0's own label
+    assert "followed on every rank by its module" in caption and "on rank 0 it is Torch.sqrt.1" in caption, caption
 
 
 def test_report_shows_the_origins_own_module_shape_and_stack():

@@ -28,7 +28,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.layout import Layout
-from precnb.analysis.layout.pp_l1 import L1Values
+from precnb.analysis.layout.pp_l1 import L1Values, place_l1
 from precnb.analysis.layout.pp_stitch import CHUNK as _CHUNK
 from precnb.analysis.layout.pp_stitch import assemble_groups
 from precnb.analysis.layout.pp_tree import (
@@ -202,9 +202,12 @@ def _global_calls(ds: xr.Dataset, members: list[int], layout: Layout, layers: re
             mod_seq = {n: q for q, n in mods}
             mod_q = [q for q, _ in mods]
             keys = order[(r, si)]
-            ph = l1.phases(here, parsed, si, i, stage) if (l1 is not None and not mods) else {}
-            if ph and l1 is not None and stage > 0:  # a stage repeating the first stage's calls (no module record)
-                dup[(r, si)] |= l1.copies(here, parsed, ph, si, i)
+            if l1 is not None and not mods:  # level L1: placed by the rank's own micro-batch phases
+                ph = l1.phases(here, parsed, si, i, stage)
+                if stage > 0:  # a stage repeating the first stage's calls (no module record says so)
+                    dup[(r, si)] |= l1.copies(here, parsed, ph, si, i)
+                place_l1(here, parsed, ph, (r, stage), dup[(r, si)], keys, entries)
+                continue
             for q, n in here:
                 p = parsed[n]
                 if p.kind != "api":  # a module call (or its gradients): placed by its own micro-batch and stage
@@ -215,13 +218,6 @@ def _global_calls(ds: xr.Dataset, members: list[int], layout: Layout, layers: re
                     continue
                 if p.call < 0 or p.direction != "forward":
                     keys[n] = (1 << 30, 2, stage, q)  # placed after its forward below
-                    continue
-                if ph:  # level L1: placed by the rank's own micro-batch phases
-                    if n in dup[(r, si)]:
-                        continue
-                    mb, back = ph[n]
-                    keys[n] = (mb, back, -stage if back else stage, q)
-                    entries[p.api].append((keys[n], r, p.call))
                     continue
                 parent = str(by_key.get(n, {}).get(at) or parent_col[first_col[n]] or "")
                 anchor = parent if mod_seq.get(parent, -1) > q else None
@@ -246,10 +242,7 @@ def _global_calls(ds: xr.Dataset, members: list[int], layout: Layout, layers: re
                 entries[p.api].append((key, r, p.call))
             for q, n in here:  # an API's backward record: where its recorded position falls among the rest
                 p = parsed[n]
-                if p.kind == "api" and p.direction == "backward" and ph:
-                    mb, back = ph[n]
-                    keys[n] = (mb, back, -stage if back else stage, q)
-                elif p.kind == "api" and p.direction == "backward":
+                if p.kind == "api" and p.direction == "backward":
                     k = int(np.searchsorted(mod_q, q, side="right"))
                     nxt = mods[k][1] if k < len(mods) else None
                     keys[n] = (*keys[nxt][:3], q) if nxt is not None and nxt in keys else (1 << 30, 0, stage, q)

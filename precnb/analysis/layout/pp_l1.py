@@ -31,7 +31,7 @@ import xarray as xr
 
 from precnb.naming import NodeName
 
-__all__ = ["AFTER", "L1Values", "first_stage_copies", "phases"]
+__all__ = ["AFTER", "L1Values", "first_stage_copies", "phases", "place_l1"]
 
 AFTER = (1 << 30, 0)  # after every micro-batch
 _P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
@@ -73,6 +73,28 @@ def phases(here: list[tuple[int, str]], parsed: dict[str, NodeName]) -> dict[str
             seg_fwd, n_fwd = n_fwd, n_fwd + 1
         out[n] = prev = (seg_fwd, 0)
     return out
+
+
+def place_l1(here: list[tuple[int, str]], parsed: dict[str, NodeName], ph: dict[str, tuple[int, int]],
+             where: tuple[int, int], copies: set[str], keys: dict[str, tuple[Any, ...]],
+             entries: dict[str, list[tuple[tuple[Any, ...], int, int]]]) -> None:
+    """One rank's step at level L1 in the stitched order: ``keys[node] = (micro-batch, backward, ±stage, seq)``.
+
+    *where*: (rank, stage). A forward API call (not a first-stage copy) is numbered among its API's calls:
+    ``entries[api]`` gains ``(key, rank, call)``.
+    """
+    rank, stage = where
+    for q, n in here:
+        p = parsed[n]
+        if p.kind == "api" and p.direction == "forward" and p.call < 0:
+            keys[n] = (1 << 30, 2, stage, q)
+            continue
+        if n in copies or n not in ph:
+            continue
+        mb, back = ph[n]
+        keys[n] = (mb, back, -stage if back else stage, q)
+        if p.kind == "api" and p.direction == "forward":
+            entries[p.api].append((keys[n], rank, p.call))
 
 
 def first_stage_copies(here: list[tuple[int, str]], parsed: dict[str, NodeName], ph: dict[str, tuple[int, int]],
