@@ -40,6 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from precnb.analysis.divergence.list_entries import is_list_entry as _is_list_entry
+from precnb.analysis.divergence.list_entries import lists_renamed as _lists_renamed
+
 __all__ = ["CARRY", "GRAD_CARRY", "carried_differences", "created_rule"]
 
 CARRY = 8.0
@@ -82,6 +85,7 @@ class _Tables:
         self.outputs = np.flatnonzero((self.roles == "output") | (self.roles == "grad"))  # what an input can copy
         labels = [str(x) for x in b["tensor"].values]
         self.labels = labels
+        self.renamed_lists = not (self.roles == "grad").any() and _lists_renamed(b)  # L1, stage lists renamed
         self.products = np.flatnonzero((self.roles == "output")
                                        & np.array([_is_product(str(n)) for n in self.nodes], dtype=bool))
         where = {lbl: k for k, lbl in enumerate(labels)}
@@ -244,13 +248,15 @@ class _Entry:
     def _list_products(self, c: int) -> float:
         """What the matrix products that computed it explain of an optimizer's list entry no recorded op produced.
 
-        Without parameter-gradient records (level L1) an optimizer's gradient entry is the sum, over the
-        micro-batches, of the backward's weight-gradient products (and their reduction across ranks): the
-        products of its element count at this step and rank carry their noise into it, magnified by the
-        cancellation of the sum (the largest product's norm over the entry's). 0 for any other input.
+        Without parameter-gradient records (level L1) a pipeline stage's optimizer gradient entry (list 1 of
+        a fused call, renamed to the other run's by its parameter) is the sum, over the micro-batches, of the
+        backward's weight-gradient products: the products of its element count at this step and rank carry their
+        noise into it, magnified by the cancellation of the sum (the largest product's norm over the entry's).
+        0 for any other input (a parameter or an optimizer state, or where gradient records exist).
         """
         tab = self.tab
-        if tab.numel is None or not _is_list_entry(str(tab.labels[c]), str(tab.nodes[c])):
+        if tab.numel is None or not tab.renamed_lists or not _is_list_entry(str(tab.labels[c]), str(tab.nodes[c]),
+                                                                             lists=(1,)):
             return 0.0
         n = tab.numel[self.si, self.ri, c]
         prods = [p for p in tab.products.tolist() if self.both[p] and tab.numel[self.si, self.ri, p] == n]
@@ -349,20 +355,6 @@ def _is_product(node: str) -> bool:
     """
     parts = node.split(".")
     return len(parts) > 2 and parts[1] in _PRODUCTS
-
-
-def _is_list_entry(label: str, node: str) -> bool:
-    """An element of a fused optimizer call's list argument (``Torch._fused_adamw_.0.forward.input.1.7``).
-
-    >>> _is_list_entry("Torch._fused_adamw_.0.forward.input.1.7", "Torch._fused_adamw_.0.forward")
-    True
-    >>> _is_list_entry("Torch.matmul.0.forward.input.1", "Torch.matmul.0.forward")
-    False
-    """
-    from precnb.analysis.layout.rank_args import is_optimizer_api
-
-    slot = label[len(node):]
-    return slot.count(".") >= 3 and is_optimizer_api(node.rsplit(".", 2)[0])
 
 
 def _product_noise(rel: np.ndarray, norm: np.ndarray, fwd: list[int], bwd: list[int], c: int) -> float:
