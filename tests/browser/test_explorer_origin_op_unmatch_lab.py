@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from tests.browser.conftest import jupyter_lab, kernel_output, open_notebook
+from tests.browser.conftest import NO_WINDOWING, jupyter_lab, kernel_output, open_notebook
 from tests.conftest import sample_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
@@ -43,8 +43,7 @@ def _cells() -> list[str]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    settings = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
-    with jupyter_lab(tmp_path_factory, _cells(), "origin_op_unmatch.ipynb", settings=settings) as server:
+    with jupyter_lab(tmp_path_factory, _cells(), "origin_op_unmatch.ipynb", settings=NO_WINDOWING) as server:
         yield server
 
 
