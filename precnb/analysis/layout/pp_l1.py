@@ -131,19 +131,22 @@ class L1Values:
     """A step's calls of a pipeline run without module records: phases and first-stage copies (see the module)."""
 
     def __init__(self, ds: xr.Dataset, nodes: list[str]) -> None:
-        roles = ds["role"].values
-        self.cols: dict[str, list[int]] = defaultdict(list)
-        for j, (n, role) in enumerate(zip(nodes, roles, strict=True)):
-            if role == "output":
-                self.cols[n].append(j)
-        self.stats = np.stack([ds[v].values for v in ("max", "min", "mean", "norm")], axis=-1)
-        self.present = ds["present"].values
+        self.ds, self.nodes = ds, nodes  # read on first use: a dump with module records never needs them
+        self._cols: dict[str, list[int]] | None = None
         self.first: dict[int, dict[str, list[Any]]] = {}  # step index -> api -> the first stage's signatures
 
     def sig(self, si: int, i: int, n: str) -> Any:
         """The statistics of node *n*'s outputs at (step index *si*, rank index *i*), or None."""
-        cols = [j for j in self.cols.get(n, []) if self.present[si, i, j]]
-        return self.stats[si, i, cols].ravel() if cols else None
+        if self._cols is None:
+            self._cols = defaultdict(list)
+            for j, (node, role) in enumerate(zip(self.nodes, self.ds["role"].values, strict=True)):
+                if role == "output":
+                    self._cols[node].append(j)
+        present = self.ds["present"].values
+        cols = [j for j in self._cols.get(n, []) if present[si, i, j]]
+        if not cols:
+            return None
+        return np.array([self.ds[v].values[si, i, cols] for v in ("max", "min", "mean", "norm")]).T.ravel()
 
     def phases(self, here: list[tuple[int, str]], parsed: dict[str, Any], si: int, i: int, stage: int
                ) -> dict[str, tuple[int, int]]:
