@@ -67,7 +67,7 @@ def judged(kind: str, answer: dict) -> tuple[int | None, int | None, str | None]
 # ------------------------------------------------------------------------------------------- healthy
 def test_ground_truth_is_read_back():
     h = draw()["healthy"][0]
-    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 8
+    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 10
     for f in draw()["faults"]:
         t = gt()["truth"][f["run"]]
         assert t["status"] == "ok" and t["rank"] == f["injection"]["rank"] and t["step"] == f["injection"]["from_step"]
@@ -122,7 +122,7 @@ def test_healthy_dp2_at_level_l1_layout_read_from_the_optimizer():
 
 
 # -------------------------------------------------------------------------------------------- faults
-@pytest.mark.parametrize("kind", ["act_noise", "row_output_scale"])
+@pytest.mark.parametrize("kind", ["act_noise", "row_output_scale", "optimizer_state"])
 def test_fault_found_at_its_step_rank_and_module(kind):
     from _acc_score import module_right
 
@@ -149,6 +149,27 @@ def test_a_fault_on_one_tp_rank_is_found_on_that_rank_against_the_unsharded_run(
     assert answer["values"]["departing_rank"] == 1 and answer["values"]["agreeing_rank"] == 0
     assert answer["values"]["rel_diff"] > answer["values"]["rtol"]  # the departing copy's difference, not the first's
     assert "replica check" in answer["values"]["rule"]
+
+
+def test_healthy_dp2_replicas_and_diff_vs_the_unsharded_run_no_finding():
+    h = next(h for h in draw()["healthy"] if h["layout"] == "dp2" and gt()["runs"][h["run"]]["spec"]["level"] == "mix")
+    assert precnb("replicas", dump(h["run"]))["kind"] == "none"
+    answer = precnb("diff", dump(h["reference"]), dump(h["run"]), "--target-layout", "dp=2")
+    assert answer["kind"] == "none", answer["reason"]
+
+
+def test_an_adamw_moment_scaled_on_one_dp_replica_departs_at_the_optimizer_step():
+    """The optimizer's list entries are copies on every DP replica (no distributed optimizer): a first moment
+    scaled on replica 1 at step 2 departs at that step's fused AdamW input (it was seen a step later, in the
+    parameters the update had changed); against the unsharded run the departing copy is named."""
+    f, t = fault("optimizer_state")
+    answer = precnb("replicas", dump(f["run"]))
+    assert (answer["step"], answer["node"]) == (t["step"], t["node"]) == (2, "Torch._fused_adamw_.0.forward"), \
+        answer["reason"]
+    assert answer["tensor"].endswith("input.2.39") and "first moment (exp_avg)" in answer["reason"]
+    assert answer["evidence"]["ranks"] == [0, 1]
+    merged = precnb("diff", dump(f["reference"]), dump(f["run"]), "--target-layout", "dp=2")
+    assert (merged["step"], merged["node"], merged["evidence"]["dump"]["rank"]) == (2, t["node"], 1), merged["reason"]
 
 
 def test_the_replica_check_finds_the_departing_rank():

@@ -57,11 +57,31 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
     n_f = max(families, default=0) + 1
     must = (roles == "parameter") | ((kinds == "monitor") & np.isin(apis, REPLICATED_MONITOR_FAMILIES))
     if dim == "dp":
-        return np.repeat(must[None, :], n_f, axis=0)
-    # tp/cp: tensors replicated (and not all-zero) at most of the steps recorded on the stage's groups; replicated
-    # means bit-identical here (copies of one computation are; different heads' softmax statistics can agree to
-    # 1e-6, the departure tolerance)
+        # an optimizer call's list entries (parameters, reduced gradients, moments) are copies on every DP replica
+        # unless the optimizer is distributed (then each replica holds its own shard and they never agree): judged
+        # by the same vote as a TP group's tensors, so a moment that departs on one replica is seen at the step it
+        # enters the update, not a step later in the parameters it changed
+        opt = (ds["module"].values == "optimizer") & (kinds != "monitor")
+        out = np.repeat(must[None, :], n_f, axis=0)
+        if opt.any():
+            out |= _voted(ds, groups, ranks, present, families) & opt[None, :]
+        return out
+    # (the training monitor's optimizer-state families are per-shard across TP; an optimizer call's list entries, a
+    # replicated parameter's gradient and state among them, are judged like any tensor)
+    not_opt = (ds["module"].values != "optimizer") | (kinds != "monitor")
+    return _voted(ds, groups, ranks, present, families) & not_opt[None, :]
+
+
+def _voted(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present: np.ndarray,
+           families: list[int]) -> np.ndarray:
+    """(family, tensor): tensors replicated on the groups at most of the steps, or at the first step that shows them.
+
+    Replicated (and not all-zero) at most of the steps recorded on the stage's groups; replicated means bit-identical
+    here (copies of one computation are; different heads' softmax statistics can agree to 1e-6, the departure
+    tolerance).
+    """
     rtol = 0.0
+    n_f = max(families, default=0) + 1
     pres = present
     n_t = ds.sizes["tensor"]
     rep_steps = np.zeros((n_f, n_t), np.int64)
@@ -94,11 +114,7 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
         first_ok[fam] &= informative.any(axis=0) & np.take_along_axis(same, first[None, :], axis=0)[0]
     # replicated at most steps, or (a floating-point tensor) bit-identical at the first step that shows it: a
     # replica that departs for good at a later step is still a departure there
-    ok = (rec_steps > 0) & ((2 * rep_steps >= rec_steps) | (first_ok & floats[None, :]))
     # a parameter gradient is a candidate like any tensor of the stage: replicated parameters' gradients are copies
     # of one computation on every TP rank (a row-parallel bias, a layernorm without sequence parallelism); a
     # sharded or partial one differs at every step and never qualifies
-    # (the training monitor's optimizer-state families are per-shard across TP; an optimizer call's list entries, a
-    # replicated parameter's gradient and state among them, are judged like any tensor)
-    not_opt = (ds["module"].values != "optimizer") | (kinds != "monitor")
-    return ok & not_opt[None, :]
+    return (rec_steps > 0) & ((2 * rep_steps >= rec_steps) | (first_ok & floats[None, :]))

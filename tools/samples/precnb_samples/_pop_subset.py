@@ -4,8 +4,9 @@ Four runs of one model seed, made by the population generator (:mod:`precnb_samp
 under the population folder) and copied without ``stack.json`` and without logs, their ``dump.json`` and
 ``construct.json`` re-serialised without indentation (the same JSON values; data_samples must stay small):
 the healthy tp1pp1 and tp2pp1 runs (6 steps trained, 5 dumped), a healthy dp2 run dumped at level L1 (steps
-0-1, with its ``stack.json``), a tp1pp1 fault run whose healthy twin is that tp1pp1 run, and a tp2pp1 fault on
-TP rank 1 only (a replica departure); of the fault runs the steps up to the fault's are kept. The
+0-1, with its ``stack.json``), a healthy dp2 run (steps 0-2), a tp1pp1 fault run whose healthy twin is that tp1pp1
+run, a tp2pp1 fault on TP rank 1 only (a replica departure) and an AdamW moment scaled on one DP replica; of the
+fault runs the steps up to the fault's are kept. The
 ``ground_truth.json`` has the manifest's schema (``runs``, ``draws``, ``truth``), so ``bench_accuracy.py
 --smoke`` scores it like a population.
 
@@ -30,6 +31,10 @@ FAULTS = [
     ("act_noise", "tp1pp1", {"kind": "act_noise", "rank": 0, "layer": 1, "from_step": 2, "m": 0.01}, [0, 1, 2]),
     ("row_output_scale", "tp2pp1", {"kind": "row_output_scale", "rank": 1, "layer": 1, "from_step": 2,
                                     "module": "linear_proj", "m": 0.005}, [0, 1, 2]),
+    # one DP replica's AdamW moment scaled: the replicas must depart at the optimizer's input at step 2
+    ("optimizer_state", "dp2", {"kind": "optimizer_state", "rank": 1, "layer": 3, "from_step": 2,
+                                "param": "decoder.layers.3.mlp.linear_fc2.weight", "m": 0.080341,
+                                "state": "exp_avg"}, [0, 1, 2]),
 ]
 # level-L1 fault runs: (kind, model seed, layout, bug, steps kept); twin and reference are that seed's L1 runs
 FAULTS_L1 = [
@@ -40,10 +45,10 @@ FAULTS_L1 = [
 
 def plan() -> dict[str, Any]:
     """The subset's plan, in :func:`precnb_samples._population.draw`'s form (draw seed ``subset``)."""
-    ref, tp2 = P.run_spec(SEED, "tp1pp1"), P.run_spec(SEED, "tp2pp1")
-    runs = {P.run_id(s): s for s in (ref, tp2)}
+    ref, tp2, dp2 = P.run_spec(SEED, "tp1pp1"), P.run_spec(SEED, "tp2pp1"), P.run_spec(SEED, "dp2")
+    runs = {P.run_id(s): s for s in (ref, tp2, dp2)}
     faults = []
-    twins = {"tp1pp1": ref, "tp2pp1": tp2}
+    twins = {"tp1pp1": ref, "tp2pp1": tp2, "dp2": dp2}
     for kind, layout, bug, keep in FAULTS:
         spec = P.run_spec(SEED, layout, [bug])
         runs[P.run_id(spec)] = spec
@@ -61,6 +66,8 @@ def plan() -> dict[str, Any]:
     runs[P.run_id(pp_l1)], runs[P.run_id(ref_l1)] = pp_l1, ref_l1
     healthy = [{"name": f"tp2pp1@{SEED}", "seed": SEED, "layout": "tp2pp1", "run": P.run_id(tp2),
                 "reference": P.run_id(ref)},
+               {"name": f"dp2@{SEED}", "seed": SEED, "layout": "dp2", "run": P.run_id(dp2),
+                "reference": P.run_id(ref), "steps_kept": [0, 1, 2]},
                {"name": f"dp2L1@{SEED}", "seed": SEED, "layout": "dp2", "run": P.run_id(dp_l1),
                 "reference": P.run_id(ref), "steps_kept": [0, 1], "stacks": True},
                {"name": f"tp2pp2L1@{PP_L1_SEED}", "seed": PP_L1_SEED, "layout": "tp2pp2", "run": P.run_id(pp_l1),

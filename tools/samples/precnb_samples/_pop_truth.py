@@ -24,6 +24,7 @@ names); the truth then also names ``global_expert``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,19 @@ def _stat_leaves(rec: Any, path: str = "") -> dict[str, tuple[Any, ...]]:
     return out
 
 
+def _whole(stats: tuple[Any, ...]) -> bool:
+    """Whether Max, Min and Mean are whole numbers (an integer-valued tensor, not a copy of one computation).
+
+    msprobe records no Mean of an integer tensor (null): Max and Min decide then.
+
+    >>> _whole((3.0, 0.0, 1.0, 4.2)), _whole((61, 8, None, None)), _whole((0.5, 0.0, 0.25, 1.0))
+    (True, True, False)
+    """
+    mx, mn, mean = stats[:3]
+    return all(isinstance(v, (int, float)) and math.isfinite(v) and float(v).is_integer()
+               for v in (mx, mn) + (() if mean is None else (mean,)))
+
+
 def replica_truth(run: Path, twin: Path, groups: list[list[int]], injection: dict[str, Any]) -> dict[str, Any]:
     """Where a fault first makes replicas disagree: what a replica check alone can see (no twin needed).
 
@@ -169,6 +183,8 @@ def _first_departure(fault: list[dict[str, Any]], clean: list[dict[str, Any]], g
             ref = [t.get(leaf) for t in twins]
             mine = [c.get(leaf) for c in copies]
             if None in ref or None in mine or any(r != ref[0] for r in ref) or all(m == mine[0] for m in mine):
+                continue
+            if _whole(ref[0]):  # indices, token counts, masks: replicas holding other data agree by chance
                 continue
             departing = next((g for g, m, r in zip(group, mine, ref, strict=True) if m != r), group[0])
             return node, leaf, departing
