@@ -104,7 +104,7 @@ def test_healthy_dp2_at_level_l1_vs_tp1_at_mix_no_finding():
     replica's own, known from the autograd engine's frame on their stacks (they were compared as batch parts:
     a step-0 false alarm); and msprobe's counters shift at step 1, so a class kept from step 0 must name the
     same call (a replicated bias took the place of a batch part: a step-1 false alarm)."""
-    h = next(h for h in draw()["healthy"] if h["layout"] == "dp2")
+    h = next(h for h in draw()["healthy"] if h["name"].startswith("dp2L1@"))
     answer = precnb("diff", dump(h["reference"]), dump(h["run"]), "--target-layout", "dp=2")
     assert answer["kind"] == "none", answer["reason"]
 
@@ -114,7 +114,7 @@ def test_healthy_dp2_at_level_l1_layout_read_from_the_optimizer():
     """Without --target-layout: an L1 dump has no parameter records, but its fused optimizer reads the
     parameters; the replicas holding the same ones are data-parallel (said as an assumption), and nothing is
     found (the ranks were compared one by one with the unsharded run: a false divergence at step 0)."""
-    h = next(h for h in draw()["healthy"] if h["layout"] == "dp2")
+    h = next(h for h in draw()["healthy"] if h["name"].startswith("dp2L1@"))
     answer = precnb("diff", dump(h["reference"]), dump(h["run"]))
     assert answer["kind"] == "none", answer["reason"]
     inferred = [a for a in answer["assumptions"] if a["kind"] == "inferred_layout"]

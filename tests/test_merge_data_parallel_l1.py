@@ -22,7 +22,7 @@ POP = ROOT / "data_samples" / "megatron_pop"
 
 def _runs() -> tuple[Path, Path]:
     gt = json.loads((POP / "ground_truth.json").read_text(encoding="utf-8"))
-    h = next(h for h in gt["draws"]["subset"]["healthy"] if h["layout"] == "dp2")
+    h = next(h for h in gt["draws"]["subset"]["healthy"] if h["name"].startswith("dp2L1@"))
     return POP / "runs" / h["run"] / "dump", POP / "runs" / h["reference"] / "dump"
 
 

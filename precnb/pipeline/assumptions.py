@@ -237,6 +237,27 @@ def _is_sharded(merged: xr.Dataset, tensor: str) -> bool:
                for c in merged.coords if str(c).startswith("shard_kind_"))
 
 
+def _say_undecided(f: Any, where: dict[str, Any], members: list[int], *, sharded: bool, dp: bool) -> None:
+    """Say that no member of a merged entry is told apart as the one behind its difference (in place).
+
+    A merged shard whose whole-tensor statistics differ, when neither extremes, copies nor the rank's own records
+    say whose shard it is; or a data-parallel entry whose copies agree (a reduced gradient: both replicas hold
+    the value their own parts made). The dump rank named stays the entry's first member.
+    """
+    ranks = ", ".join(map(str, members))
+    if sharded:
+        why = (f"the difference is in the shard of one of ranks {ranks}; the whole tensor's statistics cannot say "
+               "which (a tensor dump of these ranks, or the healthy twin, decides)")
+    elif dp:
+        why = (f"ranks {ranks} hold the same value, reduced over their own parts of the batch: which replica's "
+               "part made the difference is not told by the statistics (the healthy twin decides)")
+    else:
+        return
+    where["ranks_undecided"] = list(members)
+    f.values["shard_why"] = why
+    f.reason += f" (dump rank undecided: {why})"
+
+
 def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: xr.Dataset | None,
                         layout: Any, was_merged: bool, earlier: xr.Dataset | None = None) -> None:
     """Add the dump's or the whole model's names to each finding that names a record (in place).
@@ -292,6 +313,9 @@ def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: 
                 elif shard is not None:  # a merged shard: the member behind the difference
                     where["rank"] = int(shard)
                     f.reason += f" (dump rank {int(shard)}: {f.values.get('shard_why')})"
+                elif len(members) > 1 and f.tensor and str(f.tensor).startswith(str(f.node)):
+                    _say_undecided(f, where, members, sharded=_is_sharded(merged, str(f.tensor)),
+                                   dp="shard_kind_dp" in merged.coords)
             if where is not None:
                 f.evidence["dump"] = where
             continue
