@@ -38,6 +38,7 @@ from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
 from precnb.analysis.replicas.departure_inputs import RANDOM_OPS, _equal, crc_rows, is_random_op, scalar_args
 from precnb.analysis.replicas.returned_grad import returned_grad_departures
+from precnb.schema import entry_meta, meta_changes
 
 __all__ = ["RANDOM_OPS", "check_departures", "crc_rows", "departure_events", "is_random_op", "scalar_args"]
 
@@ -209,10 +210,11 @@ def departure_events(
     aside: list[dict[str, Any]] = []
     reads = 0
     sig_args = _signature_check(ds, run)
+    changes = meta_changes(ds)  # a label can name another module's call on another stage or step
     for (step, group, dim), rs in sorted(by_event.items(), key=lambda kv: (kv[0][0], kv[1][0]["seq"], kv[0][1])):
         first = rs[0]
         node, tensor = str(first["node"]), str(first["tensor"])
-        module = str(ds["module"].values[run.col[tensor]]) if tensor in run.col else ""
+        module = entry_meta(ds, tensor, step, group[0], changes)["module"] if tensor in run.col else ""
         api = str(ds["api"].values[run.col[tensor]]) if tensor in run.col else node
         role = str(ds["role"].values[run.col[tensor]]) if tensor in run.col else ""
         tin = _inputs_identical(run, step, list(group), node, rtol) if role == "output" else False
