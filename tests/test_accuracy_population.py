@@ -67,7 +67,7 @@ def judged(kind: str, answer: dict) -> tuple[int | None, int | None, str | None]
 # ------------------------------------------------------------------------------------------- healthy
 def test_ground_truth_is_read_back():
     h = draw()["healthy"][0]
-    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 10
+    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 13
     for f in draw()["faults"]:
         t = gt()["truth"][f["run"]]
         assert t["status"] == "ok" and t["rank"] == f["injection"]["rank"] and t["step"] == f["injection"]["from_step"]
@@ -170,6 +170,20 @@ def test_an_adamw_moment_scaled_on_one_dp_replica_departs_at_the_optimizer_step(
     assert answer["evidence"]["ranks"] == [0, 1]
     merged = precnb("diff", dump(f["reference"]), dump(f["run"]), "--target-layout", "dp=2")
     assert (merged["step"], merged["node"], merged["evidence"]["dump"]["rank"]) == (2, t["node"], 1), merged["reason"]
+
+
+def test_a_departure_on_pipeline_stage_1_is_named_by_that_stages_own_module():
+    """One TP rank of stage 1 seeded apart: its hidden dropout (a layer's own call: Functional.dropout.1 on stage 1,
+    which has no embedding dropout) departs at step 0 on rank 3. The module was stage 0's label meaning (layer 0's
+    attention dropout), so the finding named the wrong layer submodule."""
+    from _acc_score import module_right
+
+    f, t = fault("unsynced_seed_pp")
+    answer = precnb("replicas", dump(f["run"]))
+    step, rank, module = judged("unsynced_seed_pp", answer)
+    assert (step, rank, answer["node"]) == (t["step"], t["rank"], t["node"]) == (0, 3, "Functional.dropout.1.forward")
+    assert answer["module"] == "0.decoder.layers.0" and module_right(module, t["module"]), (module, t["module"])
+    assert "unsynchronised seed" in answer["reason"]
 
 
 def test_the_replica_check_finds_the_departing_rank():

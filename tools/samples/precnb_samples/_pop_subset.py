@@ -42,6 +42,14 @@ FAULTS_L1 = [
                                     "param": "decoder.layers.3.mlp.linear_fc1.weight", "m": 0.076066}, [0, 1, 2]),
 ]
 
+# faults of another model seed, at mix level, with their twin and unsharded reference kept at the same steps:
+# (kind, model seed, layout, bug, steps kept)
+FAULTS_SEEDED = [
+    # one TP rank of pipeline stage 1 seeded apart (draw 5): stage 1's labels name other calls than stage 0's
+    # (no embedding dropout there), so the departing op's module is the stage's own
+    ("unsynced_seed_pp", 5185, "tp2pp2", {"kind": "unsynced_seed", "rank": 3, "layer": None, "from_step": 0}, [0]),
+]
+
 
 def plan() -> dict[str, Any]:
     """The subset's plan, in :func:`precnb_samples._population.draw`'s form (draw seed ``subset``)."""
@@ -79,6 +87,14 @@ def plan() -> dict[str, Any]:
         faults.append({"name": f"{kind}#subset", "kind": kind, "seed": seed, "layout": layout, "injection": bug,
                        "run": P.run_id(spec), "twin": P.run_id(twin), "reference": P.run_id(ref1),
                        "steps_kept": keep})
+    for kind, seed, layout, bug, keep in FAULTS_SEEDED:
+        d = 0.1 if bug["kind"] == "unsynced_seed" else 0.0  # the population's seed faults run with dropout
+        spec, twin, ref1 = (P.run_spec(seed, layout, [bug], dropout=d), P.run_spec(seed, layout, dropout=d),
+                            P.run_spec(seed, "tp1pp1", dropout=d))
+        runs.update({P.run_id(x): x for x in (spec, twin, ref1)})
+        faults.append({"name": f"{kind}#subset", "kind": kind, "seed": seed, "layout": layout, "injection": bug,
+                       "run": P.run_id(spec), "twin": P.run_id(twin), "reference": P.run_id(ref1),
+                       "steps_kept": keep, "companions_kept": keep})
     return {"draw_seed": "subset", "size": "subset", "seeds": [SEED], "runs": runs, "healthy": healthy,
             "faults": faults}
 
@@ -92,6 +108,8 @@ def export(pop: Path, dest: Path) -> dict[str, Any]:
     keep = {f["run"]: f.get("steps_kept") for f in p["faults"] + p["healthy"]}
     keep.update({h["reference"]: h["steps_kept"] for h in p["healthy"] if h["reference"] not in keep
                  and h["reference"] != P.run_id(P.run_spec(SEED, "tp1pp1"))})
+    for f in p["faults"]:  # a fault's twin and reference kept at its steps only
+        keep.update({f[k]: f["companions_kept"] for k in ("twin", "reference") if f.get("companions_kept")})
     stacks = {h["run"] for h in p["healthy"] if h.get("stacks")}
     for rid in p["runs"]:
         src, dst = pop / "runs" / rid, dest / "runs" / rid
