@@ -67,7 +67,7 @@ _EVENTS = DatasetMemo(size=4)
 
 
 def _copies(masks: tuple[xr.DataArray, xr.DataArray]) -> tuple[xr.DataArray, xr.DataArray]:
-    return masks[0].copy(deep=False, data=masks[0].values.copy()), masks[1].copy(deep=False, data=masks[1].values.copy())
+    return tuple(m.copy(deep=False, data=m.values.copy()) for m in masks)  # type: ignore[return-value]
 
 
 def event_mask(ds: xr.Dataset, *, persistent: np.ndarray | None = None) -> tuple[xr.DataArray, xr.DataArray]:

@@ -22,7 +22,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-__all__ = ["alignment_chart", "alignment_frame", "chart_data", "first_seen", "with_selected"]
+from precnb.analysis._memo import DatasetMemo
+
+__all__ = ["alignment_chart", "alignment_frame", "chart_data", "extent", "first_seen", "resized", "with_selected"]
 
 ROW_COLUMNS = ["side", "name", "label", "depth", "y", "rank", "partner", "how", "confidence", "status"]
 LINK_COLUMNS = ["baseline", "target", "y_b", "y_t", "how", "confidence"]
@@ -31,8 +33,19 @@ _HOW_COLORS = {"user": "#1f5fbf", "name": "#999999", "value": "#1b9e77", "struct
                "shape": "#7570b3"}
 
 
+_FIRST = DatasetMemo(size=8)
+
+
 def first_seen(ds: xr.Dataset, by: str) -> dict[str, int]:
-    """Earliest execution position of every value of coordinate *by* (``module`` or ``node``)."""
+    """Earliest execution position of every value of coordinate *by* (``module`` or ``node``).
+
+    Read once per dataset: the Alignment tab redraws each run's tree after a Match or an Unmatch, whose runs
+    (each in its own names) are the same datasets.
+    """
+    return _FIRST.get([ds], ("first_seen", by), lambda: _first_seen(ds, by), copy=dict, holds=False)
+
+
+def _first_seen(ds: xr.Dataset, by: str) -> dict[str, int]:
     seq = np.asarray(ds["seq"].values)
     first = np.where(seq >= 0, seq, np.iinfo(np.int32).max).min(axis=(0, 1)) if seq.size else np.zeros(0)
     out: dict[str, int] = {}
@@ -179,7 +192,7 @@ def with_selected(spec: dict[str, Any], selected: tuple[str | None, str | None])
 
 
 def extent(rows: pd.DataFrame) -> tuple[int, float]:
-    """(rows drawn, top "first bad" rank) of an :func:`alignment_chart`'s rows: what its spec depends on beyond its data.
+    """(rows drawn, top "first bad" rank) of an :func:`alignment_chart`'s rows: what its spec holds beyond its data.
 
     Examples
     --------

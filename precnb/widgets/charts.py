@@ -239,12 +239,13 @@ class SeriesPanel(_ChartPanel):
             # good part of explore()'s cost beyond the triage); one spec message, with this frame's data
             with self.chart.hold_sync():
                 shared = _SHARED_LINES.get(key)
-                self.set_chart(shared if shared is not None else build(), caption=caption)
+                chart = shared if shared is not None else build()
+                self.set_chart(chart, caption=caption)
                 spec = self.chart.spec or {}
                 names = list(spec.get("datasets", {}))
                 self._template = (key, spec, names[0]) if len(names) == 1 else None
                 if shared is None:
-                    _SHARED_LINES[key] = spec_once(self.chart.chart, spec)
+                    _SHARED_LINES[key] = spec_once(chart, spec)
                     while len(_SHARED_LINES) > 32:
                         _SHARED_LINES.pop(next(iter(_SHARED_LINES)))
                     return

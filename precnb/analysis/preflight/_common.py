@@ -106,7 +106,10 @@ def parameter_table(ds: xr.Dataset) -> dict[str, Param]:
     Read once per dataset (a rerun of the triage on the same target: an explorer's Match / Unmatch); each
     caller gets its own copy.
     """
-    return _TABLES.get([ds], "parameter_table", lambda: _parameter_table(ds))
+    import copy
+
+    return _TABLES.get([ds], "parameter_table", lambda: _parameter_table(ds),
+                       copy=lambda t: {k: copy.copy(v) for k, v in t.items()}, holds=False)  # flat records
 
 
 def _parameter_table(ds: xr.Dataset) -> dict[str, Param]:

@@ -61,7 +61,8 @@ def _frozen_signals(ds: xr.Dataset, params: dict[str, Param], *, also_returned: 
     """
     key = ("frozen_signals", tuple(sorted(also_returned)),
            tuple((n, p.label, p.grad, p.requires_grad) for n, p in params.items()))
-    return _SIGNALS.get([ds], key, lambda: _signals(ds, params, also_returned))
+    return _SIGNALS.get([ds], key, lambda: _signals(ds, params, also_returned),
+                        copy=lambda d: {k: list(v) for k, v in d.items()}, holds=False)
 
 
 def _signals(ds: xr.Dataset, params: dict[str, Param], also_returned: frozenset[str] | set[str]
