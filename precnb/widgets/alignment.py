@@ -15,6 +15,7 @@ from typing import Any
 
 import ipywidgets as ipw
 import numpy as np
+import pandas as pd
 
 from precnb.widgets.charts import offline_chart
 from precnb.widgets.findings import _error
@@ -33,10 +34,12 @@ def divergence_ranks(flagged: Any, by: str) -> dict[str, int]:
         return {}
     per_tensor = np.nanmin(np.where(np.isfinite(pos), pos, np.inf), axis=(0, 1))
     keys = flagged.ds[by].values.astype(str)
-    best: dict[str, float] = {}
-    for k, p in zip(keys, per_tensor, strict=True):
-        if k and np.isfinite(p) and p < best.get(k, np.inf):
-            best[k] = float(p)
+    keep = np.isfinite(per_tensor) & (keys != "")
+    if keep.any():  # the earliest record of each key (one groupby, not a loop over every tensor)
+        firsts = pd.Series(per_tensor[keep]).groupby(keys[keep], sort=False).min()
+        best: dict[str, float] = {str(k): float(v) for k, v in firsts.items()}
+    else:
+        best = {}
     if by == "module":  # a module is as early as anything inside it
         for k, p in list(best.items()):
             parts = k.split(".")
