@@ -21,6 +21,9 @@ process's one-time costs: importing altair, building the offline JavaScript bund
   Both the CPU time the kernel process spent (``time.process_time``: what the interaction costs,
   whatever else the machine runs) and the wall time are given; the target is read on the CPU time.
 
+``--only explorer``: the explorer alone (``Explorer(runs, triage=t)``) after the NaN run's triage, ``--repeat``
+times: what ``explore()`` costs beyond ``diagnose``, in CPU seconds.
+
 ``--only edits``: the pair's Match and Unmatch alone, on ``--repeat`` fresh explorers (medians and each
 value; ``--profile PREFIX`` writes a cProfile of the last ones). Run it with ``PYTHONPATH`` pointing at
 another checkout to measure that code on the same trees.
@@ -189,6 +192,25 @@ def edits_only(trees: Path, repeat: int, profile: Path | None) -> list[str]:
     return lines
 
 
+def explorer_only(trees: Path, repeat: int) -> list[str]:
+    """CPU seconds of the explorer alone (``Explorer(runs, triage=t)`` after the triage) on the NaN run: ``--only
+    explorer``, what ``explore()`` costs beyond ``diagnose`` (the first explorer of the process left out)."""
+    import precnb
+    from precnb.widgets._inputs import runs_for
+    from precnb.widgets.explorer import Explorer
+
+    target = trees / "nan"
+    precnb.explore(target, progress=False)  # the process's one-time costs
+    cs = []
+    for _ in range(repeat):
+        runs, t = runs_for(target, None, auto=True, options={"progress": False})
+        c = time.process_time()
+        Explorer(runs, triage=t)
+        cs.append(time.process_time() - c)
+    return [f"explorer alone (NaN run), CPU s: median {statistics.median(cs):.3f} "
+            f"({', '.join(f'{c:.3f}' for c in cs)}); load {_load()}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tensors", type=int, default=5000)
@@ -197,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/precnb-bench-frontends"))
     ap.add_argument("--markdown", type=Path, default=None)
-    ap.add_argument("--only", choices=["all", "edits"], default="all",
-                    help="edits: only the pair's Match and Unmatch, on --repeat fresh explorers")
+    ap.add_argument("--only", choices=["all", "edits", "explorer"], default="all",
+                    help="edits: only the pair's Match and Unmatch, on --repeat fresh explorers; explorer: the "
+                         "explorer alone after the NaN run's triage, --repeat times")
     ap.add_argument("--profile", type=Path, default=None,
                     help="with --only edits: cProfile the last Match / Unmatch into PROFILE.match / .unmatch")
     args = ap.parse_args(argv)
@@ -211,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     trees, n_tensors = build_trees(args.workdir, args.tensors, args.ranks, args.steps)
     if args.only == "edits":
         print("\n".join(edits_only(trees, args.repeat, args.profile)))
+        return 0
+    if args.only == "explorer":
+        print("\n".join(explorer_only(trees, args.repeat)))
         return 0
     import precnb
     from precnb.report import to_html

@@ -172,8 +172,10 @@ def test_match_then_unmatch_answers_and_draws_as_a_fresh_explorer_with_that_mapp
     panel.level.value = "calls"
     call = [p for p in ex.triage.alignment.nodes if p.target.endswith(".forward")][-1]
     panel.pick(left=call.baseline, right=call.target)
+    built.clear()
     t = panel.do_unmatch()
     assert t is not None and panel.chart is chart  # one widget, redrawn in place
+    assert not built  # a row more or less: the spec resized (precnb.viz.alignment.resized), not built again
     assert {p.how for p in t.alignment.modules if (p.baseline, p.target) == (mod.baseline, mod.target)} == {"user"}
     assert call.target in t.alignment.user_unpaired
     _same_as_fresh(t, target, base)

@@ -64,11 +64,13 @@ class DatasetMemo:
         _ALL.append(self)
 
     def get(self, datasets: Sequence[xr.Dataset], key: Hashable, compute: Callable[[], T], *,
-            copy: bool | Callable[[T], T] = True) -> T:
+            copy: bool | Callable[[T], T] = True, holds: bool = True) -> T:
         """*compute()*'s result, reused while *datasets* are the same objects, unchanged (see the module).
 
         *copy*: True, a deep copy is kept and given; False, the result itself; a function, the copy it makes
-        (cheaper than a deep copy when the caller knows what may change).
+        (cheaper than a deep copy when the caller knows what may change). *holds*: False when the result holds
+        none of *datasets* (it is kept as it is, not searched for them: a large result, such as an alignment's
+        thousands of pairs, took longer to search than to reuse).
         """
         dup: Callable[[T], T] = (copy if callable(copy) else _copy.deepcopy) if copy else (lambda v: v)
         k = (tuple(id(d) for d in datasets), key)
@@ -94,7 +96,7 @@ class DatasetMemo:
         # kept without the datasets themselves: an entry that held them would keep them alive, and with them
         # everything computed from them, after the caller let them go (its weak references would never die)
         kept = dup(value)
-        stored = _detach(kept, datasets)  # the value itself when it holds none of them
+        stored = _detach(kept, datasets) if holds else kept  # the value itself when it holds none of them
         self._items[k] = (refs, [_fingerprint(d) for d in datasets], stored, stored is not kept)
         while len(self._items) > self.size:
             self._items.popitem(last=False)

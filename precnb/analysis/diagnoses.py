@@ -17,12 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from precnb.analysis._memo import DatasetMemo
 from precnb.analysis.options import option
 from precnb.analysis.registry import Context, Diagnosis, register
 
 __all__ = ["ReplicaOptions"]
 
 _REPLICAS = "replica_mismatch"
+_REPLICA_RESULTS = DatasetMemo(size=2)
 
 
 @dataclass(frozen=True)
@@ -144,13 +146,28 @@ def _has_layout(ctx: Context) -> bool:
 
 
 def _replicas(ctx: Context) -> Any:
+    """The replica check of the target as dumped: it reads neither the baseline nor the alignment.
+
+    Its finding is reused while the same target (and clean run) come with the same options and dump
+    (:class:`~precnb.analysis._memo.DatasetMemo`, a deep copy each time): an explorer's Match / Unmatch
+    reruns only what the alignment change can affect.
+    """
     from precnb.analysis.replicas.departures import check_departures  # issue #28: the first departure, classified
 
     raw = ctx.raw_target if ctx.raw_target is not None else ctx.target
     o = ctx.options.get(_REPLICAS) or ReplicaOptions()
-    return check_departures(raw, ctx.target_layout, rtol=float(o.replica_rtol),
-                            limit=int(ctx.params.get("limit", 50)), records=ctx.params.get("node_records"),
-                            baseline=ctx.params.get("replica_baseline"), rng_regions=tuple(o.rng_regions or ()))
+    records, clean = ctx.params.get("node_records"), ctx.params.get("replica_baseline")
+    limit, rng = int(ctx.params.get("limit", 50)), tuple(o.rng_regions or ())
+
+    def run() -> Any:
+        return check_departures(raw, ctx.target_layout, rtol=float(o.replica_rtol), limit=limit, records=records,
+                                baseline=clean, rng_regions=rng)
+
+    where = getattr(records, "key", None) if records is not None else ()  # what the records are read from
+    if where is None:  # records read from somewhere it cannot name: computed again
+        return run()
+    key = ("replica_check", repr(ctx.target_layout), float(o.replica_rtol), limit, rng, where)
+    return _REPLICA_RESULTS.get([raw] + ([clean] if clean is not None else []), key, run)
 
 
 def _replica_plan(finding: Any, ds: Any, *, dump_path: str, task: str | None = None) -> Any:

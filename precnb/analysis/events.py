@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
 from precnb.analysis.masks import nonfinite
 from precnb.analysis.undefined import undefined_mask
 
@@ -62,13 +63,30 @@ def lazy_persistence(ds: xr.Dataset, *extra: xr.DataArray) -> tuple[np.ndarray, 
     return persistent_nonfinite(n_rec, n_bad), tuple(rest)
 
 
+_EVENTS = DatasetMemo(size=4)
+
+
+def _copies(masks: tuple[xr.DataArray, xr.DataArray]) -> tuple[xr.DataArray, xr.DataArray]:
+    return tuple(m.copy(deep=False, data=m.values.copy()) for m in masks)  # type: ignore[return-value]
+
+
 def event_mask(ds: xr.Dataset, *, persistent: np.ndarray | None = None) -> tuple[xr.DataArray, xr.DataArray]:
     """Events (non-benign NaN/Inf) and benign infinities, both (step, rank, tensor) bool.
 
     *persistent* (per tensor: non-finite at every (step, rank) where it is recorded, at least
     twice) defaults to what *ds* itself shows; pass the whole run's when *ds* holds some of
     its steps.
+
+    Computed once per dataset (and *persistent*): the NaN-origin search, the explorer's "first bad"
+    order of the same run (:func:`precnb.analysis.causal.earliness.bad_records`) and its "events"
+    colour ask for the same masks (:class:`~precnb.analysis._memo.DatasetMemo`; each caller gets its
+    own copy).
     """
+    key = ("event_mask", None if persistent is None else np.asarray(persistent, bool).tobytes())
+    return _EVENTS.get([ds], key, lambda: _event_mask(ds, persistent), copy=_copies)
+
+
+def _event_mask(ds: xr.Dataset, persistent: np.ndarray | None) -> tuple[xr.DataArray, xr.DataArray]:
     undefined = undefined_mask(ds)  # buffers with no defined value (beta=0 inputs, irecv before the wait)
     nan = nonfinite(ds, kind="nan").values & ~undefined
     inf = (nonfinite(ds, kind="inf").values & ~nan & ~undefined)

@@ -110,6 +110,7 @@ def replica_inputs(tsrc: Any, opts: Any, raw_t: xr.Dataset, *, loaded: Any, comm
             where, reader = tsrc.resolved(fmt)  # the reader asked once per path (Source.resolved)
             return node_records(where, step, rank, [node], format=reader).get(node)
 
+        records.key = (str(tsrc.records_path), repr(fmt))  # type: ignore[attr-defined]  # what it reads (reuse)
         out["node_records"] = records
     from precnb.pipeline.sources import Source, open_source
 

@@ -10,11 +10,13 @@ compared (TP/PP/VPP/CP/EP, DP); the triage and the explorer's reruns call it thr
 the first run read (:class:`precnb.pipeline.ReadRun`); what depends on them and on options the rerun did not
 change is taken from the previous run (:class:`precnb.analysis._memo.DatasetMemo`, by dataset identity):
 
+* each run's layout as the dumps show it (:func:`resolve_layout`), and the check of a given one;
 * the shards merged and the fused projections combined (:func:`merged_pair`: the runs and their layouts);
 * the alignment (:func:`alignment`: the runs and the same mapping document — another tolerance);
   after a Match / Unmatch the mapping changed and it is computed again, on each run's tree read
   once (:func:`precnb.analysis.align._tree`);
-* the replica comparison of the target (:func:`precnb.analysis.replicas.replica_mismatches`);
+* the replica comparison of the target (:func:`precnb.analysis.replicas.replica_mismatches`), and the replica
+  check's finding (it reads neither the baseline nor the alignment: ``precnb.analysis.diagnoses._replicas``);
 * the pair's renaming, common grid and per-record relative differences
   (:mod:`precnb.analysis.compare.prep`, for :func:`precnb.analysis.compare.compare_runs`):
   another tolerance only thresholds them again.
@@ -44,6 +46,7 @@ __all__ = ["alignment", "enrich_all", "is_sharded", "mapping_key", "merge_layout
 
 _MERGED = DatasetMemo(size=2)
 _ALIGNED = DatasetMemo(size=2)
+_LAYOUTS = DatasetMemo(size=8)  # each run's layout as its dumps show it (and checks of a given one)
 
 
 def _layout(spec: Any, ds: xr.Dataset) -> Any:
@@ -67,13 +70,13 @@ def resolve_layout(spec: Any, ds: xr.Dataset | None, side: str, notes: list[str]
 
     lay = _layout(spec, ds)
     if lay is not None:
-        problems = check_layout(ds, lay)
+        problems = _LAYOUTS.get([ds], ("check_layout", repr(lay)), lambda: check_layout(ds, lay))
         if problems:
             raise ValueError(f"{side} layout {lay.describe()} contradicts the dumps: " + "; ".join(problems))
         return lay
     if not infer or int(ds.sizes.get("rank", 0)) < 2:
         return None
-    got = infer_layout(ds)
+    got = _LAYOUTS.get([ds], "infer_layout", lambda: infer_layout(ds))  # a rerun on the same runs: read once
     if got.layout is None or not (is_sharded(got.layout) or got.layout.dp > 1):
         return None
     if notes is not None:
@@ -375,14 +378,16 @@ def merged_pair(raw_b: xr.Dataset, raw_t: xr.Dataset, b_lay: Any, t_lay: Any, no
 def alignment(base: xr.Dataset, targ: xr.Dataset, mapping: Any) -> Any:
     """:func:`precnb.analysis.align.align` of the pair, reused for the same runs and mapping document.
 
-    An :class:`~precnb.analysis.align.Alignment` is never changed once made: the same one is shared.
+    An :class:`~precnb.analysis.align.Alignment` is never changed once made: the same one is shared; it holds
+    no dataset (names, pairs and coordinates only), so the memo does not search it for one.
     """
     from precnb.analysis.align import align
 
     key = mapping_key(mapping)
     if key is None:  # a file (it may have changed on disk) or an object: computed again
         return align(base, targ, mapping=mapping)
-    return _ALIGNED.get([base, targ], ("align", key), lambda: align(base, targ, mapping=mapping), copy=False)
+    return _ALIGNED.get([base, targ], ("align", key), lambda: align(base, targ, mapping=mapping), copy=False,
+                        holds=False)
 
 
 def steps_of(src: Source, opts: Options) -> list[int] | None:

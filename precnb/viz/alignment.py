@@ -22,7 +22,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-__all__ = ["alignment_chart", "alignment_frame", "chart_data", "first_seen", "with_selected"]
+from precnb.analysis._memo import DatasetMemo
+
+__all__ = ["alignment_chart", "alignment_frame", "chart_data", "extent", "first_seen", "resized", "with_selected"]
 
 ROW_COLUMNS = ["side", "name", "label", "depth", "y", "rank", "partner", "how", "confidence", "status"]
 LINK_COLUMNS = ["baseline", "target", "y_b", "y_t", "how", "confidence"]
@@ -31,8 +33,19 @@ _HOW_COLORS = {"user": "#1f5fbf", "name": "#999999", "value": "#1b9e77", "struct
                "shape": "#7570b3"}
 
 
+_FIRST = DatasetMemo(size=8)
+
+
 def first_seen(ds: xr.Dataset, by: str) -> dict[str, int]:
-    """Earliest execution position of every value of coordinate *by* (``module`` or ``node``)."""
+    """Earliest execution position of every value of coordinate *by* (``module`` or ``node``).
+
+    Read once per dataset: the Alignment tab redraws each run's tree after a Match or an Unmatch, whose runs
+    (each in its own names) are the same datasets.
+    """
+    return _FIRST.get([ds], ("first_seen", by), lambda: _first_seen(ds, by), copy=dict, holds=False)
+
+
+def _first_seen(ds: xr.Dataset, by: str) -> dict[str, int]:
     seq = np.asarray(ds["seq"].values)
     first = np.where(seq >= 0, seq, np.iinfo(np.int32).max).min(axis=(0, 1)) if seq.size else np.zeros(0)
     out: dict[str, int] = {}
@@ -178,6 +191,45 @@ def with_selected(spec: dict[str, Any], selected: tuple[str | None, str | None])
     return out
 
 
+def extent(rows: pd.DataFrame) -> tuple[int, float]:
+    """(rows drawn, top "first bad" rank) of an :func:`alignment_chart`'s rows: what its spec holds beyond its data.
+
+    Examples
+    --------
+    >>> extent(pd.DataFrame({"y": [0, 2], "rank": [0.0, 3.0]})), extent(pd.DataFrame({"y": [], "rank": []}))
+    ((3, 3.0), (1, 1.0))
+    """
+    n = int(rows["y"].max()) + 1 if len(rows) else 1
+    top = float(rows["rank"].max()) if len(rows) and rows["rank"].max() > 0 else 1.0
+    return n, top
+
+
+def resized(spec: dict[str, Any], old: tuple[int, float], new: tuple[int, float], *,
+            row_height: int = 16) -> dict[str, Any]:
+    """An :func:`alignment_chart` spec (named data) of rows of extent *old* (:func:`extent`) made one of *new*.
+
+    What ``alignment_chart(rows, links, named=True)`` gives for rows of extent *new* (the height, the rows'
+    scale and the "first bad" colour scale; the views' generated names aside), without building the chart
+    again: a Match or an Unmatch adds or removes a row of the trees, which drew a new chart each time.
+    """
+    if old == new:
+        return spec
+    swap = {(-0.5, old[0] - 0.5): [-0.5, new[0] - 0.5], (1, max(2.0, old[1])): [1, max(2.0, new[1])]}
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: (swap.get(tuple(x), x) if k == "domain" and isinstance(x, list) and len(x) == 2 else walk(x))
+                    for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+
+    out = {k: (v if k == "datasets" else walk(v)) for k, v in spec.items()}  # the data: the caller's to set
+    if "height" in out:
+        out["height"] = max(80, row_height * new[0])
+    return out
+
+
 def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str, str] = ("baseline", "target"),
                     selected: tuple[str | None, str | None] = (None, None), width: int = 900,
                     row_height: int = 16, named: bool = False) -> alt.LayerChart:
@@ -189,12 +241,11 @@ def alignment_chart(rows: pd.DataFrame, links: pd.DataFrame, *, names: tuple[str
     sends other data on the same spec (the same number of rows and top rank).
     """
     data = {k: (alt.NamedData(k) if named else v) for k, v in chart_data(rows, links).items()}
-    n = int(rows["y"].max()) + 1 if len(rows) else 1
+    n, top = extent(rows)
     height = max(80, row_height * n)
     y_scale = alt.Scale(domain=[-0.5, n - 0.5], reverse=True, nice=False)
     y = alt.Y("y:Q", axis=None, scale=y_scale)
     x_scale = alt.Scale(domain=[0, 1], nice=False)
-    top = float(rows["rank"].max()) if len(rows) and rows["rank"].max() > 0 else 1.0
     conditions = [{"test": "datum.status == 'unpaired'", "value": "#f0a030"},
                   {"test": "datum.status == 'glue'", "value": "#ffffff"},
                   {"test": "!(datum.rank > 0)", "value": "#dddddd"}]

@@ -176,7 +176,7 @@ class ExplorerData:
         """Tensors kept by the filter bar (of *ds*, default the shown run)."""
         ds = self.target() if ds is None else ds
         nf = self.cached(("nf", id(ds)), lambda: self._nonfinite(ds))
-        return self.filters.tensor_mask(ds, nf)
+        return self.filters.tensor_mask(ds, nf, groups=self.groups(ds))  # the groups read once per run
 
     @staticmethod
     def _nonfinite(ds: xr.Dataset) -> np.ndarray:

@@ -15,6 +15,7 @@ from typing import Any
 
 import ipywidgets as ipw
 import numpy as np
+import pandas as pd
 
 from precnb.widgets.charts import offline_chart
 from precnb.widgets.findings import _error
@@ -33,10 +34,12 @@ def divergence_ranks(flagged: Any, by: str) -> dict[str, int]:
         return {}
     per_tensor = np.nanmin(np.where(np.isfinite(pos), pos, np.inf), axis=(0, 1))
     keys = flagged.ds[by].values.astype(str)
-    best: dict[str, float] = {}
-    for k, p in zip(keys, per_tensor, strict=True):
-        if k and np.isfinite(p) and p < best.get(k, np.inf):
-            best[k] = float(p)
+    keep = np.isfinite(per_tensor) & (keys != "")
+    if keep.any():  # the earliest record of each key (one groupby, not a loop over every tensor)
+        firsts = pd.Series(per_tensor[keep]).groupby(keys[keep], sort=False).min()
+        best: dict[str, float] = {str(k): float(v) for k, v in firsts.items()}
+    else:
+        best = {}
     if by == "module":  # a module is as early as anything inside it
         for k, p in list(best.items()):
             parts = k.split(".")
@@ -88,7 +91,8 @@ class AlignmentPanel(Panel):
         self.add_class("precnb-alignment")
         self._drawn_for: Any = None
         self._drawn_level: str | None = None
-        self._template: tuple[Any, dict[str, Any]] | None = None  # (shape, the chart's spec without data)
+        # (run names, the chart's spec, the extent of the rows it was made for: precnb.viz.alignment.extent)
+        self._template: tuple[Any, dict[str, Any], tuple[int, float]] | None = None
 
     # -- hooks --------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -138,21 +142,23 @@ class AlignmentPanel(Panel):
         The spec is built once per shape (rows, top rank, run names: :func:`~precnb.viz.alignment.alignment_chart`
         with named data); a redraw (a Match, an Unmatch, another pick) swaps the data and the selections into it.
         """
-        from precnb.viz.alignment import alignment_chart, chart_data, with_selected
+        from precnb.viz.alignment import alignment_chart, chart_data, extent, resized, with_selected
         from precnb.widgets.charts import records, unvalidated
 
         rows = self.rows
-        key = (int(rows["y"].max()) if len(rows) else -1, float(rows["rank"].max()) if len(rows) else 0.0, names)
-        if self.chart is None or self._template is None or self._template[0] != key:
+        size = extent(rows)
+        if self.chart is None or self._template is None or self._template[0] != names:
             chart = alignment_chart(rows, links, names=names, named=True)
             if self.chart is None:
                 self.chart = offline_chart(chart)
-            else:  # another shape: a new spec (and new selections, observed again)
+            else:  # other runs: a new spec (and new selections, observed again)
                 with self.chart.hold_sync():
                     self.chart.chart = unvalidated(chart)
             self.chart.selections.observe(self._on_left, names=["left"])
             self.chart.selections.observe(self._on_right, names=["right"])
-            self._template = (key, self.chart.spec)
+            self._template = (names, self.chart.spec, size)
+        elif self._template[2] != size:  # more or fewer rows (a Match, an Unmatch, another level): resized
+            self._template = (names, resized(self._template[1], self._template[2], size), size)
         spec = with_selected(self._template[1], (self.left, self.right))
         spec["datasets"] = {k: records(v) for k, v in chart_data(rows, links).items()}
         self.chart.spec = spec

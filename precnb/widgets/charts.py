@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["HeatmapPanel", "OfflineChart", "SeriesPanel", "WherePanel", "enable_offline", "offline_chart", "records",
-           "unvalidated"]
+           "spec_once", "unvalidated"]
 
 EMBED = {"renderer": "svg", "actions": False}
 
@@ -32,7 +32,39 @@ def unvalidated(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
     """
     import functools
 
+    if chart.__dict__.get("_precnb_spec") is not None:  # spec_once: its kept spec
+        return chart
     object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
+    return chart
+
+
+def spec_once(chart: alt.TopLevelMixin, spec: dict[str, Any]) -> alt.TopLevelMixin:
+    """*chart*, whose ``to_dict()`` (without arguments) gives a shallow copy of *spec*, its spec made once.
+
+    For a chart shared by every explorer of a kernel (:mod:`precnb.widgets.heat`, :class:`SeriesPanel`):
+    ``JupyterChart.chart = shared`` serialised the whole chart, its first explorer's data included, again
+    for each explorer (issue 51: a good part of what ``explore()`` cost beyond the triage), only for the
+    explorer to send its own data in its place. The spec's members are never changed in place (a template
+    is copied before its data and domains are set).
+
+    Examples
+    --------
+    >>> import altair as alt
+    >>> c = alt.Chart().mark_point()
+    >>> s = spec_once(c, c.to_dict())
+    >>> unvalidated(s) is s and s.to_dict() == c.to_dict() and s.to_dict() is not s.to_dict()
+    True
+    """
+    import functools
+
+    kept = dict(spec)
+    full = functools.partial(type(chart).to_dict, chart, validate=False)
+
+    def to_dict(*args: Any, **kw: Any) -> dict[str, Any]:
+        return dict(kept) if not args and not kw else full(*args, **kw)
+
+    object.__setattr__(chart, "_precnb_spec", kept)
+    object.__setattr__(chart, "to_dict", to_dict)
     return chart
 
 
@@ -207,12 +239,13 @@ class SeriesPanel(_ChartPanel):
             # good part of explore()'s cost beyond the triage); one spec message, with this frame's data
             with self.chart.hold_sync():
                 shared = _SHARED_LINES.get(key)
-                self.set_chart(shared if shared is not None else build(), caption=caption)
+                chart = shared if shared is not None else build()
+                self.set_chart(chart, caption=caption)
                 spec = self.chart.spec or {}
                 names = list(spec.get("datasets", {}))
                 self._template = (key, spec, names[0]) if len(names) == 1 else None
                 if shared is None:
-                    _SHARED_LINES[key] = self.chart.chart
+                    _SHARED_LINES[key] = spec_once(chart, spec)
                     while len(_SHARED_LINES) > 32:
                         _SHARED_LINES.pop(next(iter(_SHARED_LINES)))
                     return

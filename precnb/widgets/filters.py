@@ -206,12 +206,14 @@ class FilterPanel(ipw.VBox):
         self.matches.layout.display = None
         return out
 
-    def tensor_mask(self, ds: xr.Dataset, nonfinite: np.ndarray | None = None) -> np.ndarray:
+    def tensor_mask(self, ds: xr.Dataset, nonfinite: np.ndarray | None = None, *,
+                    groups: np.ndarray | None = None) -> np.ndarray:
         """Boolean mask over ``tensor`` from the search, row groups, role and non-finite boxes.
 
-        *nonfinite* is the per-tensor "has a non-finite record" vector (for the checkbox).
+        *nonfinite* is the per-tensor "has a non-finite record" vector (for the checkbox); *groups* each
+        tensor's row group (:func:`precnb.viz.values.row_groups` of *ds*, computed when not given).
         """
-        keep = np.isin(row_groups(ds), self.groups())
+        keep = np.isin(row_groups(ds) if groups is None else groups, self.groups())
         match = self.matcher()
         if match is not None:
             nodes = ds["node"].values.astype(str)

@@ -21,7 +21,7 @@ from precnb.viz.charts import first_bad_domain, heatmap_width, mark_selected
 from precnb.viz.selections import read_point
 from precnb.viz.values import Color
 from precnb.viz.where import where_frame
-from precnb.widgets.charts import HeatmapPanel, WherePanel, records
+from precnb.widgets.charts import HeatmapPanel, WherePanel, records, spec_once
 
 __all__ = ["HEATMAP_COLUMNS", "HeatView", "Pick", "contract_frame"]
 
@@ -134,10 +134,13 @@ class _Drawn:
             shared = _SHARED_TEMPLATES.get(key)
             if self.panel.chart.spec is None:  # the panel's first chart: sets up its selections
                 chart = _SHARED_CHARTS.get(key)
-                if chart is None:
-                    chart = _remember(_SHARED_CHARTS, key, build())
+                fresh = chart is None
+                if fresh:
+                    chart = build()
                 self.panel.set_chart(chart, caption=caption)
                 spec = dict(self.panel.chart.spec or {})
+                if fresh:  # its spec kept: the next explorer's first chart does not serialise it again
+                    _remember(_SHARED_CHARTS, key, spec_once(chart, spec))
             elif shared is not None:
                 spec = {**shared[0], "datasets": {shared[1]: []}}
             else:

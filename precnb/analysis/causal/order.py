@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
 from precnb.naming import is_communication
 from precnb.schema import read_side_table
 
@@ -23,12 +24,20 @@ __all__ = ["RankEvent", "after_collectives", "comm_mask", "first_event_per_rank"
 COMM_MONITOR_FAMILIES = ("grad_reduced", "cc")
 
 
+_COMM = DatasetMemo(size=4)
+
+
 def comm_mask(ds: xr.Dataset) -> np.ndarray:
     """Boolean per tensor: the tensor belongs to a communication node.
 
     For monitor data, ``grad_reduced`` (after the data-parallel all-reduce) and ``cc``
-    families count as communication.
+    families count as communication. Read once per dataset (the NaN search and the explorer's
+    "first bad" order of the same run ask for it; each caller gets its own copy).
     """
+    return _COMM.get([ds], "comm_mask", lambda: _comm_mask(ds), copy=np.copy, holds=False)
+
+
+def _comm_mask(ds: xr.Dataset) -> np.ndarray:
     nodes = ds["node"].values
     apis = ds["api"].values
     kinds = ds["kind"].values

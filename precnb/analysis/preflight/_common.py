@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
 from precnb.schema import side_table
 
 __all__ = ["STATUS_ORDER", "Param", "check", "fmt", "names_list", "optimizer_tensors", "param_stats", "parameter_table",
@@ -96,8 +97,22 @@ def _pname(label: str, module: str) -> str:
     return f"{module}.{last}" if module else last
 
 
+_TABLES = DatasetMemo(size=4)
+
+
 def parameter_table(ds: xr.Dataset) -> dict[str, Param]:
-    """The parameters of *ds*, by name, from its parameter and gradient records (first call of each module)."""
+    """The parameters of *ds*, by name, from its parameter and gradient records (first call of each module).
+
+    Read once per dataset (a rerun of the triage on the same target: an explorer's Match / Unmatch); each
+    caller gets its own copy.
+    """
+    import copy
+
+    return _TABLES.get([ds], "parameter_table", lambda: _parameter_table(ds),
+                       copy=lambda t: {k: copy.copy(v) for k, v in t.items()}, holds=False)  # flat records
+
+
+def _parameter_table(ds: xr.Dataset) -> dict[str, Param]:
     out: dict[str, Param] = {}
     if ds.sizes.get("tensor", 0) == 0:
         return out

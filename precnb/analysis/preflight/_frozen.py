@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from precnb.analysis._memo import DatasetMemo
 from precnb.analysis.preflight._common import Param, check, names_list, optimizer_tensors, param_stats, same_stats
 
 __all__ = ["check_frozen"]
@@ -47,13 +48,25 @@ def _returned(ds: xr.Dataset) -> set[str]:
     return {f"{node}.parameters.{n}" for node, names in returned_parameters(ds).items() for n in names}
 
 
+_SIGNALS = DatasetMemo(size=4)
+
+
 def _frozen_signals(ds: xr.Dataset, params: dict[str, Param], *, also_returned: frozenset[str] | set[str] = frozenset()
                     ) -> dict[str, list[str]]:
     """Per parameter, the signs that it is frozen in *ds* (``no gradient record``, ...).
 
     *also_returned*: parameters the other run returns (in the same names): a baseline renamed into the
-    target's names has no gradient record where the target records none to pair it with.
+    target's names has no gradient record where the target records none to pair it with. Reused while the
+    same dataset comes with the same parameters (a rerun on the same target: an explorer's Match / Unmatch).
     """
+    key = ("frozen_signals", tuple(sorted(also_returned)),
+           tuple((n, p.label, p.grad, p.requires_grad) for n, p in params.items()))
+    return _SIGNALS.get([ds], key, lambda: _signals(ds, params, also_returned),
+                        copy=lambda d: {k: list(v) for k, v in d.items()}, holds=False)
+
+
+def _signals(ds: xr.Dataset, params: dict[str, Param], also_returned: frozenset[str] | set[str]
+             ) -> dict[str, list[str]]:
     has_grads = any(p.grad for p in params.values())
     motion = _motion(ds, params)
     trains = any(v == "changed" for v in motion.values())
