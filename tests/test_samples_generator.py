@@ -230,8 +230,9 @@ def test_readme_and_total_size():
     # The MoE roots of issue 48 (megatron/moe_*: 5 roots, 9 ranks x 3 steps) add 24.4 MB: an MoE rank records
     # ~400 nodes per step (router, all-to-all dispatcher, two experts per layer), ~0.9 MB with its stack.json.
     # megatron_pop's dp2 run at level L1 (issue 47) adds 3 MB: 2 ranks x 2 steps, with the stack.json that is
-    # its only record of which calls run in the backward
-    assert total < 128e6, f"data_samples is {total / 1e6:.1f} MB"
+    # its only record of which calls run in the backward; megatron_moe_edp (issue 48: MoE runs whose experts have
+    # one copy or two, 7 runs of 1-2 ranks x 2 steps, no stack.json) adds 9.9 MB
+    assert total < 140e6, f"data_samples is {total / 1e6:.1f} MB"
     # every dump root stays small (tiny model, few steps); the newer samples aim at 1 MB
     for name in NAMES:
         if name in TENSOR_NAMES:  # tensor mode saves every tensor: under 3 MB per sample
