@@ -119,3 +119,21 @@ def test_one_copys_expert_gradient_found_at_its_step_and_expert(name):
         ".linear_fc2") in got["module"]
     # the rank is not asserted: against the whole batch only the reduced gradient (the same on both copies) or the
     # merged sum of the copies' partial gradients has a counterpart (see the module docstring of test_moe_edp)
+
+
+def _cli_json(*args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "precnb", *args, "--json", "--workers", "1"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=900)
+    assert out.returncode in (0, 1), out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("name", ["expert_dw_only_dp_replica", "expert_dw_only_tp_replica"])
+def test_one_copys_expert_gradient_named_against_its_twin_and_said_unseen_by_replicas(name):
+    f = _fault(name)
+    truth = gt()["truth"][f["run"]]
+    got = _cli_json("diff", _run(f["twin"]), _run(f["run"]))
+    assert (got["step"], got["rank"], got["node"]) == (truth["step"], truth["rank"], truth["node"])
+    rep = _cli_json("replicas", _run(f["run"]))
+    assert rep["kind"] == "none"  # after the reduction the copies agree: no departure to see
+    assert any("cannot show as a replica departure" in h and "own tokens" in h for h in rep["hints"])
