@@ -78,6 +78,33 @@ def _timing(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> list[str]:
     return out
 
 
+HISTORY_HEAD = ["| precnb commit | population | healthy false alarms | exact per verb (fault cases) | notes |",
+                "|---|---|---|---|---|"]
+
+
+def _history(old_section: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    """The History table: the previous section's rows (kept across rewrites) and one for this scoring.
+
+    >>> _history("", [{"kind": "healthy", "verb": "nan", "finding": False}], {"precnb": {"commit": "abc"},
+    ...          "population": "pop_moe"})[-1]
+    '| `abc` | `pop_moe` | 0 / 1 | - |  |'
+    """
+    kept: list[str] = []
+    if "### History" in old_section:
+        block = old_section.split("### History", 1)[1].split("\n### ", 1)[0]
+        kept = [ln for ln in block.splitlines() if ln.startswith("| ") and ln not in HISTORY_HEAD]
+    healthy = [r for r in rows if r["kind"] == "healthy"]
+    alarms = sum(bool(r.get("finding")) or bool(r.get("error")) for r in healthy)
+    by: dict[str, list[bool]] = defaultdict(list)
+    for r in rows:
+        if r["kind"] != "healthy":
+            by[r["verb"]].append(bool(r.get("exact")))
+    exact = ", ".join(f"{v} {sum(by[v])}/{len(by[v])}" for v in VERBS if by.get(v)) or "-"
+    row = (f"| `{meta['precnb']['commit']}` | `{meta['population']}` | {alarms} / {len(healthy)} | {exact} | "
+           f"{meta.get('history_note', '')} |")
+    return HISTORY_HEAD + kept + [row]
+
+
 def write_moe_section(path: Path, manifest: dict[str, Any], rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     """Replace the MoE section of *path* (append it when there is none); the JSON to ``*_moe.json``."""
     healthy = [r for r in rows if r["kind"] == "healthy"]
@@ -110,6 +137,7 @@ def write_moe_section(path: Path, manifest: dict[str, Any], rows: list[dict[str,
              "### Scoring rule (MoE)", "", RULE.strip().split("\n\n>>>")[0], ""]
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     head = old[:old.index(MOE_MARK)] if MOE_MARK in old else old.rstrip("\n") + "\n\n"
+    lines += ["### History", "", *_history(old[old.index(MOE_MARK):] if MOE_MARK in old else "", rows, meta), ""]
     path.write_text(head + "\n".join(lines), encoding="utf-8")
     data = {"meta": meta, "rows": rows, "truth": manifest.get("truth", {}),
             "faults": [f for d in draws.values() for f in d["faults"]]}

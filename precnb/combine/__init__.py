@@ -92,6 +92,9 @@ def _union_coords(datasets: list[xr.Dataset]) -> tuple[list[str], dict[str, np.n
             vals = ds.coords[name].values
             take = ~filled[idx]
             arr[idx[take]] = vals[take]
+            if name == "undefined_why":  # a reason first given in a later part (an entry set aside there only)
+                later = np.fromiter((bool(v) for v in vals), bool, len(vals)) & (arr[idx] == "")
+                arr[idx[later]] = vals[later]
             filled[idx] = True
         coords[name] = arr
     return labels, coords

@@ -214,6 +214,21 @@ def _origin_evidence(j: Judged, o: _Origin, events: list[RankEvent]) -> dict[str
     return evidence
 
 
+def _expert_replica_own(cmp: Any, x: dict[str, Any]) -> bool:
+    """Whether *x*, a node in one run only, is set aside as a replica's own value of an expert-parallel run.
+
+    On a data-parallel merge of an expert-parallel run, backward API calls have no whole-batch counterpart (each
+    replica's own loss), and their labels come from call counters that differ between the replicas (each holds
+    other experts) and from the other run's: a label present on some replicas only, or missing from the other
+    run, says nothing about what ran there.
+    """
+    why = str((cmp.undefined_why or {}).get(str(x.get("tensor")), ""))
+    if not why.startswith("data-parallel"):
+        return False
+    return ".experts." in str(x.get("module") or "") or any(
+        bool(getattr(side, "attrs", {}).get("expert_parallel")) for side in (cmp.base, cmp.targ))
+
+
 def _structural_before(j: Judged, o: _Origin) -> dict[str, Any] | None:
     """The first op recorded in one run only that runs before the first value difference (None if none)."""
     cmp, ds = j.cmp, j.cmp.ds
@@ -227,6 +242,8 @@ def _structural_before(j: Judged, o: _Origin) -> dict[str, Any] | None:
     state_differs = o.role == "parameter" or (
         o.role in ("input", "grad") and not o.event.inherited and int(o.event.seq) <= first_seq)
     for x in j.structural:
+        if _expert_replica_own(cmp, x):
+            continue
         if x["step"] < o.step:
             if state_differs:
                 return x

@@ -300,6 +300,11 @@ def _reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> str:
     return f"{head}; {who}{tail}"
 
 
+def _has_experts(ds: xr.Dataset) -> bool:
+    """Whether the run records MoE experts (``...experts.local_experts.N`` modules)."""
+    return any(".experts.local_experts." in str(n) for n in ds["node"].values)
+
+
 def check_departures(
     ds: xr.Dataset,
     layout: Layout | None = None,
@@ -361,6 +366,12 @@ def check_departures(
             hints.insert(0, f"the experts have no replicas in this layout ({layout.describe()}: each expert lives on "
                             "one rank): a fault inside an expert cannot show as a replica departure; compare with a "
                             "healthy run (precnb diff) or trace NaN (precnb nan)")
+        elif layout.world_size > 1 and _has_experts(ds):
+            hints.insert(0, "each expert's copies on these ranks compute their gradients over their own tokens and "
+                            "agree only after the gradient reduction: a fault in one copy's expert gradient before "
+                            "the reduction cannot show as a replica departure; compare with a healthy run of the same "
+                            "layout (precnb diff, rank by rank, names the copy) or with the unsharded run (step and "
+                            "expert, not the copy)")
         return Finding(kind="none", reason="all replicas agree", stats=stats, hints=hints, evidence=evidence_aside)
     first = events[0]
     origins = [e for e in events if e["inputs_identical"]]

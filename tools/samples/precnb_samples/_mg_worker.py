@@ -367,7 +367,7 @@ def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
             for p in params:
                 if getattr(p, "sequence_parallel", False) and p.grad is not None:
                     dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
-        if lay["dp"] > 1 and not finalize:
+        if _grad_sync(lay) and not finalize:
             _dp_average(params)
         opt.step()
         debugger.stop()
@@ -389,24 +389,39 @@ def _rank_worker(rank: int, spec: dict[str, Any]) -> None:
     dist.destroy_process_group()
 
 
-def _dp_average(params: list[Any]) -> None:
-    """Average gradients over data parallelism by hand (no DDP wrapper).
+def _grad_sync(lay: dict[str, Any]) -> bool:
+    """Whether gradients need a data-parallel reduction: dense replicas (dp > 1) or expert copies (edp > 1).
 
-    Expert weights (``allreduce=False``) are replicated over the expert-data-parallel group, the others over
-    the data-parallel group.
+    Experts have copies without dense data parallelism when ETP < TP (TP 2, EP 1, ETP 1: every expert whole on
+    both TP ranks, each with its own tokens under sequence parallelism).
+    """
+    from megatron.core import parallel_state as ps
+
+    return lay["dp"] > 1 or (bool(lay.get("ep") or lay.get("etp")) and
+                             ps.get_expert_data_parallel_world_size() > 1)
+
+
+def _dp_average(params: list[Any]) -> None:
+    """Average gradients over data parallelism by hand (no DDP wrapper), as Megatron's DDP does.
+
+    Expert weights (``allreduce=False``) are summed over the expert-data-parallel group, the others over the
+    data-parallel group; both are divided by the data-parallel size (Megatron's DDP scales expert gradients by
+    ``1 / dp`` too, not ``1 / edp``: an expert's gradient already sums the losses of the ``dp / edp`` replicas
+    whose tokens it received).
     """
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
+    dp = dist.get_world_size(ps.get_data_parallel_group())
     for p in params:
         if p.grad is None:
             continue
         expert = not getattr(p, "allreduce", True)
         group = ps.get_expert_data_parallel_group() if expert else ps.get_data_parallel_group()
-        size = dist.get_world_size(group)
-        if size > 1:
+        if dist.get_world_size(group) > 1:
             dist.all_reduce(p.grad, group=group)
-            p.grad.div_(size)
+        if dp > 1:
+            p.grad.div_(dp)
 
 
 def _use_finalize_model_grads(chunks: list[Any], lay: dict[str, Any]) -> None:
@@ -422,7 +437,7 @@ def _use_finalize_model_grads(chunks: list[Any], lay: dict[str, Any]) -> None:
     for c in chunks:
         c.ddp_config = DistributedDataParallelConfig()
         params = list(c.parameters())
-        c.finish_grad_sync = (lambda ps_=params, **_: _dp_average(ps_)) if lay["dp"] > 1 else (lambda **_: None)
+        c.finish_grad_sync = (lambda ps_=params, **_: _dp_average(ps_)) if _grad_sync(lay) else (lambda **_: None)
     chunks[0].config.finalize_model_grads_func = finalize_model_grads
 
 

@@ -42,7 +42,11 @@ __all__ = ["KINDS", "LAYOUTS", "draw_moe", "expert_rank", "is_moe", "run_spec"]
 
 LAYOUTS: dict[str, dict[str, Any]] = {"moe_ep1": M.ROOTS["moe_ep1"]["layout"],
                                       "moe_tp2ep2": M.ROOTS["moe_tp2ep2"]["layout"],
-                                      "moe_tp1ep2dp2": M.ROOTS["moe_tp1ep2dp2"]["layout"]}
+                                      "moe_tp1ep2dp2": M.ROOTS["moe_tp1ep2dp2"]["layout"],
+                                      # experts replicated (expert data-parallel size 2, not drawn by draw_moe):
+                                      # over the DP pair, and over the TP pair (ETP 1 under TP 2)
+                                      "moe_dp2": M.EDP_LAYOUTS["moe_dp2"],
+                                      "moe_tp2etp1": M.EDP_LAYOUTS["moe_tp2etp1"]}
 EP = ["moe_tp2ep2", "moe_tp1ep2dp2"]
 KINDS: dict[str, list[str]] = {"expert_fc1_scale": EP, "expert_dw_only": EP, "router_logit_scale": EP,
                                "starved_grad_per_token": EP}

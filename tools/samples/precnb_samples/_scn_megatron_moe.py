@@ -58,6 +58,9 @@ ROOTS: dict[str, dict[str, Any]] = {
                   "expert": SCALED["expert"], "m": SCALED["m"], "from_step": SCALED["from_step"]}]},
 }
 HEALTHY = ("moe_ep1", "moe_tp2ep2", "moe_tp1ep2dp2")
+# layouts whose experts have copies (expert data-parallel size 2), made by the population generator only
+# (data_samples/megatron_moe_edp): TP 1 × DP 2 with EP 1, and TP 2 (sequence parallel) with EP 1 and ETP 1
+EDP_LAYOUTS: dict[str, dict[str, Any]] = {"moe_dp2": _lay(dp=2), "moe_tp2etp1": _lay(tp=2)}
 EXPERT = re.compile(r"^Module\.(\d+)\.decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.")
 
 

@@ -49,7 +49,7 @@ import xarray as xr
 
 from precnb.analysis.layout import Layout, LayoutError
 from precnb.analysis.layout.merge.classify import _copies, classify_shards
-from precnb.analysis.layout.merge.data_parallel import data_parallel_kinds
+from precnb.analysis.layout.merge.data_parallel import EXPERT_SUM, data_parallel_kinds
 from precnb.analysis.layout.merge.members import (
     copied_shards,
     departing_copies,
@@ -84,11 +84,13 @@ def merge_group_dim(
     rtol: float = 0.0,
     reference: xr.Dataset | None = None,
     like: xr.Dataset | None = None,
+    expert_copies: int | None = None,
 ) -> tuple[xr.Dataset, Layout]:
     """Merge one sharding dimension (``"tp"``, ``"cp"``, or ``"dp"``: replicas on parts of the batch) of *ds*.
 
     *like*: a dataset merged before (earlier steps of the same run) whose classification is kept
     for the tensors it has, so that merging step by step gives what merging all steps at once gives.
+    *expert_copies*: the original layout's expert data-parallel size (the copies of each expert), for ``dp``.
     """
     groups = layout.groups(dim)
     new_layout = layout.reduced(dim)
@@ -108,7 +110,7 @@ def merge_group_dim(
             keep_like(part, like, dim, kinds, reasons, shard_dim, reference=ref)
         if dim == "dp":
             members = [[list(part["rank"].values).index(r) for r in g] for g in groups]
-            kinds, reasons = data_parallel_kinds(part, kinds, reasons, shard_dim, ref, members)
+            kinds, reasons = data_parallel_kinds(part, kinds, reasons, shard_dim, ref, members, expert_copies)
         if first is not None:  # a module's record names the same call at every step: its first class stands
             keep_module_classes(ds, parts[0], steps, first, (kinds, reasons, shard_dim))
         by_step[steps] = kinds[None, :]
@@ -133,9 +135,41 @@ def merge_group_dim(
             if kinds[j] == "sharded" and shard_dim[j] and lbl in ref_shape:
                 shapes[j] = ref_shape[lbl]
         out = out.assign_coords(shape=("tensor", shapes))
+    if dim == "dp":
+        out = _aside_own_entries(out, by_step)
     if new_ranks != sorted(new_ranks):  # (sorting copies every coordinate: only when needed)
         out = out.sortby("rank")
     return out, new_layout
+
+
+_OWN_AT_STEP = ("data-parallel: the replica's own value at this step (the label names another call here than at "
+                "its first step: its gradients over its part of the batch, or its part of unequal size); no "
+                "whole-batch counterpart")
+
+
+def _aside_own_entries(out: xr.Dataset, by_step: np.ndarray) -> xr.Dataset:
+    """Entries whose step classes them as a replica's own value, set aside one by one (``undefined``).
+
+    The comparison sets a label aside at every step by its coordinate (the first steps' class), but a label can
+    name another call at later steps (msprobe numbers calls per step: Megatron's rotary embedding makes calls at
+    the first step only) whose class there is the replica's own value: its merged entry is one member's, not
+    the whole batch's. A NaN is never by construction: entries whose statistics are NaN stay compared.
+    """
+    own = np.asarray(by_step == "dp_local", bool)  # (step, tensor)
+    if not own.any():
+        return out
+    with np.errstate(invalid="ignore"):
+        nan = np.isnan(out["max"].values) & ((out["null_stats"].values & NULL_BITS["max"]) == 0)
+    mask = own[:, None, :] & np.asarray(out["present"].values, bool) & ~nan
+    if not mask.any():
+        return out
+    und = np.asarray(out["undefined"].values, bool) if "undefined" in out.data_vars else np.zeros(mask.shape, bool)
+    why = (out["undefined_why"].values.astype(object).copy() if "undefined_why" in out.coords
+           else np.full(out.sizes["tensor"], "", object))
+    for j in np.flatnonzero(mask.any(axis=(0, 1))).tolist():
+        if not why[j]:
+            why[j] = _OWN_AT_STEP
+    return out.assign(undefined=(("step", "rank", "tensor"), und | mask)).assign_coords(undefined_why=("tensor", why))
 
 
 def _merged_stats(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, batch_split: Any = False
@@ -188,12 +222,16 @@ def _merged_values(ds: xr.Dataset, idx: list[list[int]], kinds: np.ndarray, rtol
     allp = pres.all(axis=2)
     out_vals, out_null, out_numel = _merged_stats(ds, idx, kinds, batch_split)
     out_numel = np.where(allp, out_numel, -1)
-    local = (kinds == "local")[:, None, :]
+    local = np.isin(kinds, ("local", EXPERT_SUM))[:, None, :]
     present = np.where(local, pres.any(axis=2), allp)
     seq = ds["seq"].values[:, [g[0] for g in idx], :]
     local_pos = None
     if local.any():  # recorded on some members only (an expert on the rank that holds it): that member's entry
         local_pos = take_local(ds, idx, pres, local, out_vals, out_null, out_numel, seq)
+        summed = (kinds == EXPERT_SUM)[:, None, :]  # over every replica's own loss: divided by their count
+        if summed.any():
+            for s in ("max", "min", "mean", "norm"):
+                out_vals[s] = np.where(summed, out_vals[s] / len(idx[0]), out_vals[s])
     nan_own, nan_pos = nan_members(ds, idx, pres, kinds == "dp_local")
     if nan_own.any():  # a replica's own value gone NaN: kept, from that member (a NaN is never by construction)
         present = present | nan_own
@@ -328,6 +366,7 @@ def merge_shards(
     for dim in ("tp", "cp", *(("dp",) if merge_dp else ())):
         if (lay.dp if dim == "dp" else getattr(lay, dim)) > 1:
             ref = reference_shapes(out, lay.groups("tp"), reference) if dim == "tp" else reference
-            out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=ref, like=like)
+            out, lay = merge_group_dim(out, lay, dim, rtol=rtol, reference=ref, like=like,
+                                       expert_copies=layout.edp if layout.has_experts else None)
     out.attrs["merged_layout"] = layout.describe()
     return validate(out)

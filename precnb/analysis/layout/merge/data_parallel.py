@@ -10,9 +10,11 @@ import re
 import numpy as np
 import xarray as xr
 
-__all__ = ["DP_LOCAL", "backward_phase", "data_parallel_kinds"]
+__all__ = ["DP_LOCAL", "EXPERT_SUM", "backward_phase", "data_parallel_kinds", "expert_sum_factor"]
 
 DP_LOCAL = "dp_local"
+EXPERT_SUM = "expert_sum"
+_IN_EXPERT = re.compile(r"(?<![A-Za-z0-9_])experts\.local_experts\.\d+\.")
 
 
 def backward_phase(ds: xr.Dataset) -> np.ndarray:
@@ -97,9 +99,65 @@ def _whole_of_parts(ds: xr.Dataset, j: int, reference: xr.Dataset | None, groups
     return False
 
 
+def _in_expert(ds: xr.Dataset) -> np.ndarray:
+    """Per tensor: recorded inside one expert of an MoE layer (its node or its parent call is the expert's)."""
+    nodes, parents = ds["node"].values, ds["parent"].values
+    return np.asarray([bool(_IN_EXPERT.search(str(n)) or _IN_EXPERT.search(str(p or "")))
+                       for n, p in zip(nodes, parents, strict=True)], bool)
+
+
+def _first_ratios(ds: xr.Dataset, cols: np.ndarray, reference: xr.Dataset) -> dict[int, float]:
+    """Per tensor of *cols* both runs hold: this run's Norm over the reference's at the first step both hold it."""
+    ref_at = reference.indexes["tensor"]
+    labels = ds["tensor"].values
+    n_steps = min(ds.sizes["step"], reference.sizes["step"])
+    norm, pres = ds["norm"].values, ds["present"].values
+    r_norm, r_pres = reference["norm"].values, reference["present"].values
+    out: dict[int, float] = {}
+    for j in cols.tolist():
+        if labels[j] not in ref_at:
+            continue
+        rj = ref_at.get_loc(labels[j])
+        for si in range(n_steps):
+            have = np.flatnonzero(pres[si, :, j])
+            if not len(have) or not r_pres[si, 0, rj]:
+                continue
+            a, b = float(norm[si, have[0], j]), float(r_norm[si, 0, rj])
+            if np.isfinite(a) and np.isfinite(b) and a > 0 and b > 0:
+                out[j] = a / b
+            break
+    return out
+
+
+def expert_sum_factor(ds: xr.Dataset, cols: np.ndarray, reference: xr.Dataset | None, replicas: int
+                      ) -> float | None:
+    """How an expert's backward records over every replica's tokens relate to the whole-batch run's: the factor.
+
+    With one copy of each expert (expert data-parallel size 1) the rank that holds an expert runs its backward
+    for the tokens of every data-parallel replica, each replica's with the gradient of that replica's own
+    loss: where each replica's loss is normalised over its part of the batch (Megatron's default) the gradients
+    are *replicas* times the whole-batch run's, and the data-parallel reduction divides them afterwards; with
+    per-token losses (normalised after the reduction) they are equal. Read from the data, not assumed: the
+    median, over the expert module records *cols* (gradients in and out of a module, parameter gradients) both
+    runs hold, of this run's Norm over the reference's at the first step both hold it, when it is within 1e-3
+    of *replicas* or of 1 (a fault in one expert does not move a median); else None.
+
+    >>> from precnb.schema import empty_dataset
+    >>> expert_sum_factor(empty_dataset(), np.zeros(0, np.int64), None, 2) is None
+    True
+    """
+    if reference is None or not len(cols) or "norm" not in reference.data_vars:
+        return None
+    ratios = list(_first_ratios(ds, cols, reference).values())
+    if len(ratios) < 3:
+        return None
+    med = float(np.median(ratios))
+    return next((f for f in (float(replicas), 1.0) if abs(med / f - 1.0) < 1e-3), None)
+
+
 def data_parallel_kinds(ds: xr.Dataset, kinds: np.ndarray, reasons: np.ndarray, shard_dim: np.ndarray,
-                         reference: xr.Dataset | None, groups_idx: list[list[int]] | None = None
-                         ) -> tuple[np.ndarray, np.ndarray]:
+                         reference: xr.Dataset | None, groups_idx: list[list[int]] | None = None,
+                         expert_copies: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Data-parallel replicas merged into one: what is each rank's own, what concatenates along the batch.
 
     Each replica runs the whole model on its part of the batch: a forward tensor the reference holds larger
@@ -107,11 +165,34 @@ def data_parallel_kinds(ds: xr.Dataset, kinds: np.ndarray, reasons: np.ndarray, 
     reduction) and anything else that differs between the replicas are the replica's own (``dp_local``:
     compared after the reduction, in the optimizer's inputs and the next step's parameters). Parameters
     that differ stay ``replicas_differ``.
+
+    *expert_copies*: the expert data-parallel size of the layout (None: unknown). With 1, each expert lives on
+    one rank and its backward runs over every replica's tokens: a whole-batch value with no replica; its module
+    records (gradients in and out of the expert's modules, its parameter gradients) are compared
+    with the reference's after division by the replica count when the data say so (:data:`EXPERT_SUM`, see
+    :func:`expert_sum_factor`) or as it is (``local``); with more copies each copy sees some replicas' tokens
+    only: the replica's own value.
     """
     kind, role = ds["kind"].values, ds["role"].values
     backward = backward_phase(ds)
     engine = _engine_calls(ds) & ~backward  # by its stack only (no module record says so: level L1)
     kinds, reasons = kinds.copy(), reasons.copy()
+    # module records only: an API label can name an expert's call at one step and another module's at the next
+    expert_local = (np.asarray(kinds == "local") & (backward | (kind == "param_grad"))
+                    & np.isin(kind, ("module", "param_grad")) & _in_expert(ds))
+    factor = None
+    if expert_copies == 1 and expert_local.any():
+        factor = expert_sum_factor(ds, np.flatnonzero(expert_local), reference, len((groups_idx or [[0]])[0]))
+    whole = expert_local if factor is not None else np.zeros_like(expert_local)
+    for j in np.flatnonzero(whole).tolist():
+        if factor != 1.0:
+            kinds[j] = EXPERT_SUM
+            reasons[j] = (f"an expert's backward over every data-parallel replica's tokens (one copy of the "
+                          f"expert: expert data-parallel size 1), each with its replica's own loss: "
+                          f"{factor:g} times the whole-batch value, divided by {factor:g}")
+        else:
+            reasons[j] = ("an expert's backward over every data-parallel replica's tokens (one copy of the "
+                          "expert: expert data-parallel size 1): the whole-batch value")
     for j in range(len(kinds)):
         k = str(kinds[j])
         if engine[j] and k == "sharded" and not _whole_of_parts(ds, j, reference, groups_idx or [[0]]):
@@ -119,6 +200,8 @@ def data_parallel_kinds(ds: xr.Dataset, kinds: np.ndarray, reasons: np.ndarray, 
             reasons[j] = ("data-parallel: the replica's own value (a call made by the backward, its stack "
                           "shows: a gradient over its part of the batch, before the gradient reduction); "
                           "no whole-batch counterpart")
+            continue
+        if whole[j] or k == EXPERT_SUM:  # (kept from earlier steps merged before)
             continue
         if k == "local" and (backward[j] or kind[j] == "param_grad"):
             # an expert on the rank that holds it (expert parallelism over the data-parallel ranks): its forward
