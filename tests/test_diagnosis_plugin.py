@@ -194,3 +194,18 @@ def test_flags_of_the_first_form_still_work():
                     flags=lambda ds, f, *, triage: seen.append(triage) or [])
     marker = object()
     assert _call_flags(new, None, None, marker) == [] and seen == [marker]
+
+
+def test_core_is_small_and_hooks_are_groups():
+    """A diagnosis is a core of at most eight fields plus optional hook groups (issue #50 item 2)."""
+    from dataclasses import fields
+
+    from precnb.analysis.hooks import GROUPS, ExplorerHooks, ReportHooks
+
+    core = [f.name for f in fields(Diagnosis) if f.name not in GROUPS]
+    assert core == ["kind", "title", "priority", "mode", "run", "description", "applies", "options"]
+    assert TOY.explorer == ExplorerHooks(flags=_flags, flag_text="toy precursors")  # hooks given by their own name
+    assert TOY.report == ReportHooks(section=_section, not_applicable="toy: needs two ranks or more")
+    assert TOY.cli.command == "toy-nonfinite" and TOY.finding.plan is _plan
+    with pytest.raises(TypeError, match="flag_txt"):
+        Diagnosis(kind="x", title="X", priority=1, mode="any", run=_run, description="x", flag_txt="y")

@@ -8,7 +8,7 @@ and anomalies (one run).
 Examples
 --------
 >>> from precnb.analysis.registry import get
->>> get("first_divergence").command
+>>> get("first_divergence").cli.command
 'diff'
 """
 
@@ -17,12 +17,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from precnb.analysis.hooks import (
+    CliHooks,
+    ExplorerHooks,
+    FindingHooks,
+    InputHooks,
+    OrderHooks,
+    ReportHooks,
+    StepwiseHooks,
+)
 from precnb.analysis.options import option
 from precnb.analysis.registry import Context, Diagnosis, register
 
-__all__ = ["ReplicaOptions"]
+__all__ = ["SPIKE_STATS", "AnomalyOptions", "ReplicaOptions"]
 
 _REPLICAS = "replica_mismatch"
+_ANOMALY = "anomaly"
+#: statistics a spike test can use: the schema's four and msprobe monitor's zeros / nans counts
+SPIKE_STATS = ("norm", "max", "min", "mean", "zeros", "nans")
+
+
+@dataclass(frozen=True)
+class AnomalyOptions:
+    """The anomaly search's options (``precnb anomalies``): its spike test against each tensor's own history."""
+
+    spike_z: float = option(10.0, help="robust z-score threshold", flag="--z", type=float)
+    spike_ratio: float = option(5.0, help="minimum jump ratio", flag="--ratio", type=float)
+    spike_stats: tuple[str, ...] = option(("norm",), help="statistic(s) to test for spikes", flag="--stat",
+                                          action="append", choices=SPIKE_STATS)
+
+    def rule(self) -> Any:
+        """The :class:`precnb.analysis.SpikeRule` of these options."""
+        from precnb.analysis.anomalies import SpikeRule
+
+        return SpikeRule(z=float(self.spike_z), ratio=float(self.spike_ratio), stats=tuple(self.spike_stats))
 
 
 @dataclass(frozen=True)
@@ -69,16 +97,15 @@ def _nan_origin(ctx: Context) -> Any:
 def _anomalies(ctx: Context) -> Any:
     from precnb.analysis.anomalies import anomalies
 
-    found = anomalies(ctx.target, rule=ctx.params.get("spike_rule"), limit=int(ctx.params.get("limit", 50)))
-    return found
+    o = ctx.options.get(_ANOMALY) or AnomalyOptions()
+    return anomalies(ctx.target, rule=o.rule(), limit=int(ctx.params.get("limit", 50)))
 
 
 def _anomaly_flags(ds: Any, finding: Any, *, triage: Any) -> Any:
     """Every anomaly of the run (the explorer's rule: the triage's spike options)."""
-    from precnb.analysis.anomalies import SpikeRule, anomaly_table
+    from precnb.analysis.anomalies import anomaly_table
 
-    o = triage.options
-    return anomaly_table(ds, rule=SpikeRule(z=float(o.spike_z), ratio=float(o.spike_ratio), stats=tuple(o.spike_stats)))
+    return anomaly_table(ds, rule=triage.options.of(_ANOMALY).rule())
 
 
 def _replica_flags(ds: Any, finding: Any, *, triage: Any) -> list[dict[str, Any]]:
@@ -215,23 +242,25 @@ def _preflight(ctx: Context) -> Any:
 register(Diagnosis(
     kind="preflight", title="Pre-flight checks", priority=0, mode="any", run=_preflight,
     description="pre-flight checks (parameters, frozen set, optimizer hyper-parameters, initial weights, same data, "
-    "distinct data per DP replica)", command="preflight", clean_last=True, checklist=True, first_steps=2))
+    "distinct data per DP replica)", cli=CliHooks("preflight"), report=ReportHooks(checklist=True),
+    order=OrderHooks(clean_last=True), steps=StepwiseHooks(first_steps=2)))
 register(Diagnosis(
     kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
-    description="first divergence (values with dtype tolerances, structural differences)",
-    command="diff", plan=_divergence_plan, enrich=_divergence_evidence, stepwise=_divergence_stepwise))
+    description="first divergence (values with dtype tolerances, structural differences)", cli=CliHooks("diff"),
+    finding=FindingHooks(enrich=_divergence_evidence, plan=_divergence_plan),
+    steps=StepwiseHooks(stepwise=_divergence_stepwise)))
 register(Diagnosis(
-    kind=_REPLICAS, title="Replica mismatch", priority=20, mode="any", run=_replicas,
-    applies=_has_layout, description="replica check (tensors that must be identical across the "
-    "layout's replicas)", command="replicas", plan=_replica_plan,
-    not_applicable="the replica check needs the run's layout (e.g. tp=2 or dp=4)", flags=_replica_flags,
-    flag_text="replica mismatches", unmerged=True, inputs="precnb.pipeline.devices:replica_inputs",
-    options=ReplicaOptions))
+    kind=_REPLICAS, title="Replica mismatch", priority=20, mode="any", run=_replicas, applies=_has_layout,
+    description="replica check (tensors that must be identical across the layout's replicas)", options=ReplicaOptions,
+    cli=CliHooks("replicas"), finding=FindingHooks(plan=_replica_plan),
+    report=ReportHooks(not_applicable="the replica check needs the run's layout (e.g. tp=2 or dp=4)"),
+    explorer=ExplorerHooks(flags=_replica_flags, flag_text="replica mismatches", unmerged=True),
+    reads=InputHooks("precnb.pipeline.devices:replica_inputs")))
 register(Diagnosis(
     kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
-    description="NaN/Inf origin (mask infinities ignored)", command="nan", color="events"))
+    description="NaN/Inf origin (mask infinities ignored)", cli=CliHooks("nan"), report=ReportHooks(color="events")))
 register(Diagnosis(
-    kind="anomaly", title="First anomaly", priority=40, mode="single", run=_anomalies,
-    description="anomalies (NaN/Inf transitions, spikes and drifts against history)", command="anomalies",
-    keep=_keep_anomalies, flags=_anomaly_flags, flag_text="anomalies", plan=_anomaly_plan,
-    section=_anomaly_section))
+    kind=_ANOMALY, title="First anomaly", priority=40, mode="single", run=_anomalies,
+    description="anomalies (NaN/Inf transitions, spikes and drifts against history)", cli=CliHooks("anomalies"),
+    order=OrderHooks(keep=_keep_anomalies), explorer=ExplorerHooks(flags=_anomaly_flags, flag_text="anomalies"),
+    finding=FindingHooks(plan=_anomaly_plan), report=ReportHooks(section=_anomaly_section), options=AnomalyOptions))

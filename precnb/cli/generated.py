@@ -57,9 +57,9 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
 
     added = []
     for d in registry.diagnoses():
-        if not d.command or d.command in sub.choices:
+        if not d.cli.command or d.cli.command in sub.choices:
             continue
-        p = sub.add_parser(d.command, help=f"{d.title}: {d.description}", description=f"{d.title}: {d.description}")
+        p = sub.add_parser(d.cli.command, help=f"{d.title}: {d.description}", description=f"{d.title}: {d.description}")
         if d.mode == "pair":
             p.add_argument("base", help="the baseline run")
             p.add_argument("target", help="the run diagnosed")
@@ -71,5 +71,5 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
         add_load_options(p)
         names = _add_options(p, d.options)
         p.set_defaults(func=functools.partial(_run, d.kind, names))
-        added.append(d.command)
+        added.append(d.cli.command)
     return added

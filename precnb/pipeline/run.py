@@ -380,7 +380,8 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
             checks.append({"kind": d.kind, "title": d.title, "description": d.description,
                            "status": "found" if f.found else "none", "message": f.reason})
     by_kind = {k: f for k, f in results}
-    keep = {d.kind: d.keep for d in wanted if d.keep is not None}  # a diagnosis decides whether its result is listed
+    # a diagnosis decides whether its result is listed
+    keep = {d.kind: d.order.keep for d in wanted if d.order.keep is not None}
     return [(k, f) for k, f in results if k not in keep or keep[k](f, by_kind)], by_kind, checks
 
 

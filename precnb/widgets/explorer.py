@@ -306,7 +306,8 @@ class Explorer(ExplorerViews, ipw.VBox):
         from precnb.analysis.findings import shown_record
         from precnb.analysis.registry import lookup
 
-        unmerged = getattr(lookup(f.kind), "unmerged", False) and self.data.raw() is not None
+        d = lookup(f.kind)
+        unmerged = d is not None and d.explorer.unmerged and self.data.raw() is not None
         ds = self._ds(unmerged)
         rec = shown_record(f, [int(r) for r in ds["rank"].values])
         dep = None if unmerged else self.data.departing(f)

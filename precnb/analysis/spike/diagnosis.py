@@ -8,7 +8,7 @@ opened by the pipeline from its own options ``monitor`` / ``loss`` (:class:`Spik
 Examples
 --------
 >>> from precnb.analysis.registry import get
->>> get("loss_spike").command
+>>> get("loss_spike").cli.command
 'spike'
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from precnb.analysis.hooks import CliHooks, ExplorerHooks, FindingHooks, OrderHooks
 from precnb.analysis.options import option
 from precnb.analysis.registry import Context, Diagnosis, register
 
@@ -70,5 +71,6 @@ def _plan(finding: Any, ds: xr.Dataset, **kw: Any) -> Any:
 register(Diagnosis(
     kind="loss_spike", title="Loss spike", priority=25, mode="single", run=_run,
     description="loss spike (the first step whose loss departs from its own recent history; its origin rank, batch "
-    "input, parameter or op; cause data, optimizer, hardware or numerics)", command="spike",
-    flags=_flags, plan=_plan, keep=_keep, options=SpikeOptions))
+    "input, parameter or op; cause data, optimizer, hardware or numerics)", options=SpikeOptions,
+    cli=CliHooks("spike"), explorer=ExplorerHooks(flags=_flags), finding=FindingHooks(plan=_plan),
+    order=OrderHooks(keep=_keep)))
