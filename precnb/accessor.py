@@ -128,27 +128,31 @@ class PrecAccessor:
 
     def first_divergence(self, target: Any, **options: Any) -> Any:
         """Compare *target* with this run (the baseline): the pipeline's first-divergence finding."""
+        from precnb.analysis.diagnoses import FIRST_DIVERGENCE
         from precnb.pipeline import diagnose
 
-        return diagnose(target, baseline=self._ds, kinds=["first_divergence"], **_options(options)).finding
+        return diagnose(target, baseline=self._ds, kinds=[FIRST_DIVERGENCE], **_options(options)).finding
 
     def nan_origin(self, **options: Any) -> Any:
         """The pipeline's NaN/Inf-origin finding for this run; see :func:`precnb.diagnose`."""
+        from precnb.analysis.diagnoses import NAN_ORIGIN
         from precnb.pipeline import diagnose
 
-        return diagnose(self._one(options), kinds=["nan_origin"], **_options(options)).finding
+        return diagnose(self._one(options), kinds=[NAN_ORIGIN], **_options(options)).finding
 
     def anomalies(self, **options: Any) -> Any:
         """The pipeline's anomaly finding for this run; see :func:`precnb.diagnose`."""
+        from precnb.analysis.diagnoses import ANOMALY
         from precnb.pipeline import diagnose
 
-        return diagnose(self._one(options), kinds=["anomaly"], **_options(options)).finding
+        return diagnose(self._one(options), kinds=[ANOMALY], **_options(options)).finding
 
     def loss_spike(self, **options: Any) -> Any:
         """The pipeline's loss-spike finding for this run (``monitor=``, ``loss=``); see :func:`precnb.diagnose`."""
+        from precnb.analysis.spike.diagnosis import LOSS_SPIKE
         from precnb.pipeline import diagnose
 
-        return diagnose(self._one(options), kinds=["loss_spike"], **_options(options)).finding
+        return diagnose(self._one(options), kinds=[LOSS_SPIKE], **_options(options)).finding
 
     def explore(self, *, baseline: Any = None, **options: Any) -> Any:
         """Open the notebook explorer on this run (``baseline=`` keyword-only); see :func:`precnb.explore`."""

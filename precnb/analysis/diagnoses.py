@@ -8,7 +8,7 @@ and anomalies (one run).
 Examples
 --------
 >>> from precnb.analysis.registry import get
->>> get("first_divergence").cli.command
+>>> get(FIRST_DIVERGENCE).cli.command
 'diff'
 """
 
@@ -28,11 +28,18 @@ from precnb.analysis.hooks import (
 )
 from precnb.analysis.options import option
 from precnb.analysis.registry import Context, Diagnosis, register
+from precnb.analysis.spike.diagnosis import LOSS_SPIKE
 
-__all__ = ["SPIKE_STATS", "AnomalyOptions", "ReplicaOptions"]
+__all__ = ["ANOMALY", "FIRST_DIVERGENCE", "NAN_ORIGIN", "PREFLIGHT", "REPLICAS", "SPIKE_STATS", "AnomalyOptions",
+           "ReplicaOptions"]
 
-_REPLICAS = "replica_mismatch"
-_ANOMALY = "anomaly"
+#: the built-in kinds, spelled here once: front ends that need one by name import it (no kind literal elsewhere)
+PREFLIGHT = "preflight"
+FIRST_DIVERGENCE = "first_divergence"
+REPLICAS = "replica_mismatch"
+NAN_ORIGIN = "nan_origin"
+ANOMALY = "anomaly"
+_REPLICAS, _ANOMALY = REPLICAS, ANOMALY
 #: statistics a spike test can use: the schema's four and msprobe monitor's zeros / nans counts
 SPIKE_STATS = ("norm", "max", "min", "mean", "zeros", "nans")
 
@@ -41,8 +48,8 @@ SPIKE_STATS = ("norm", "max", "min", "mean", "zeros", "nans")
 class AnomalyOptions:
     """The anomaly search's options (``precnb anomalies``): its spike test against each tensor's own history."""
 
-    spike_z: float = option(10.0, help="robust z-score threshold", flag="--z", type=float)
-    spike_ratio: float = option(5.0, help="minimum jump ratio", flag="--ratio", type=float)
+    spike_z: float = option(10.0, help="robust z-score threshold", flag="--z", type="positive")
+    spike_ratio: float = option(5.0, help="minimum jump ratio", flag="--ratio", type="positive")
     spike_stats: tuple[str, ...] = option(("norm",), help="statistic(s) to test for spikes", flag="--stat",
                                           action="append", choices=SPIKE_STATS)
 
@@ -57,7 +64,7 @@ class AnomalyOptions:
 class ReplicaOptions:
     """The replica check's options (``precnb replicas``)."""
 
-    replica_rtol: float = option(1e-6, help="relative tolerance of the replica check", flag="--rtol", type=float)
+    replica_rtol: float = option(1e-6, help="relative tolerance of the replica check", flag="--rtol", type="positive")
     rng_regions: tuple[str, ...] = option(
         (), help="module path prefix inside a model-parallel RNG region (Megatron's tracker): a random op there "
         "differs across TP ranks by design; elsewhere its departure is an unsynchronised seed (repeatable)",
@@ -127,7 +134,7 @@ def _replica_flags(ds: Any, finding: Any, *, triage: Any) -> list[dict[str, Any]
 
 def _keep_anomalies(f: Any, results: dict[str, Any]) -> bool:
     """Next to the NaN origin, an anomaly list adds something only when it holds a spike or a drift."""
-    nan = results.get("nan_origin")
+    nan = results.get(NAN_ORIGIN)
     if nan is None:
         return True
     return f.found and not (nan.found and "first_spike" not in f.values and "first_drift" not in f.values)
@@ -240,12 +247,12 @@ def _preflight(ctx: Context) -> Any:
 
 
 register(Diagnosis(
-    kind="preflight", title="Pre-flight checks", priority=0, mode="any", run=_preflight,
+    kind=PREFLIGHT, title="Pre-flight checks", priority=0, mode="any", run=_preflight,
     description="pre-flight checks (parameters, frozen set, optimizer hyper-parameters, initial weights, same data, "
     "distinct data per DP replica)", cli=CliHooks("preflight"), report=ReportHooks(checklist=True),
     order=OrderHooks(clean_last=True), steps=StepwiseHooks(first_steps=2)))
 register(Diagnosis(
-    kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
+    kind=FIRST_DIVERGENCE, title="First divergence", priority=10, mode="pair", run=_first_divergence,
     description="first divergence (values with dtype tolerances, structural differences)", cli=CliHooks("diff"),
     finding=FindingHooks(enrich=_divergence_evidence, plan=_divergence_plan),
     steps=StepwiseHooks(stepwise=_divergence_stepwise)))
@@ -257,10 +264,13 @@ register(Diagnosis(
     explorer=ExplorerHooks(flags=_replica_flags, flag_text="replica mismatches", unmerged=True),
     reads=InputHooks("precnb.pipeline.devices:replica_inputs")))
 register(Diagnosis(
-    kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
-    description="NaN/Inf origin (mask infinities ignored)", cli=CliHooks("nan"), report=ReportHooks(color="events")))
+    kind=NAN_ORIGIN, title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
+    description="NaN/Inf origin (mask infinities ignored)", report=ReportHooks(color="events"),
+    cli=CliHooks("nan", help="where NaN (or a new ±inf) first appeared, across ranks", shared=("step", "rank_table"))))
 register(Diagnosis(
     kind=_ANOMALY, title="First anomaly", priority=40, mode="single", run=_anomalies,
-    description="anomalies (NaN/Inf transitions, spikes and drifts against history)", cli=CliHooks("anomalies"),
+    description="anomalies (NaN/Inf transitions, spikes and drifts against history)",
+    cli=CliHooks("anomalies", help="NaN/Inf transitions and spikes over steps, ranked", shared=("step", "limit"),
+                 beside=(LOSS_SPIKE,), emit="precnb.cli._side:with_loss_spike"),
     order=OrderHooks(keep=_keep_anomalies), explorer=ExplorerHooks(flags=_anomaly_flags, flag_text="anomalies"),
     finding=FindingHooks(plan=_anomaly_plan), report=ReportHooks(section=_anomaly_section), options=AnomalyOptions))

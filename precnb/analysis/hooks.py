@@ -36,9 +36,23 @@ class CliHooks:
     command : str, optional
         The CLI subcommand that runs it alone, generated from the registry (:mod:`precnb.cli.generated`):
         ``precnb <command> RUN [--baseline BASE] [--json]`` with a flag for each of its options. None: no subcommand.
+    help : str
+        The subcommand's help (default: "<title>: <description>").
+    shared : tuple of str
+        The CLI's shared flags it takes (:data:`precnb.cli.generated.SHARED`: ``"step"``, ``"rank_table"``,
+        ``"limit"``), read by the pipeline's own options.
+    beside : tuple of str
+        Kinds the subcommand runs with it (their options are its flags too; the anomalies: the loss spike).
+    emit : callable or str, optional
+        ``emit(triage, args) -> exit code``: how the subcommand prints (a callable or ``"module:function"``, e.g. a
+        front-end function the analysis layer does not import); default: the finding, or its JSON with ``--json``.
     """
 
     command: str | None = None
+    help: str = ""
+    shared: tuple[str, ...] = ()
+    beside: tuple[str, ...] = ()
+    emit: str | Callable[..., int] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The parsers of the analysis sub-commands and the options they share with other sub-commands.
 
-``diff``, ``align``, ``preflight``, ``nan``, ``anomalies``, ``merge`` and ``replicas``; :mod:`precnb.cli.analysis_cmds`
-runs them.
+``diff``, ``align``, ``preflight``, ``merge`` and ``replicas``; :mod:`precnb.cli.analysis_cmds` runs them (``nan``,
+``anomalies`` and ``spike`` are generated from the diagnosis registry: :mod:`precnb.cli.generated`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ from precnb.cli._args import MAX_INDEX, integer, layout_text, number, order_text
 from precnb.cli._common import int_or_auto
 
 __all__ = [
-    "SPIKE_STATS",
     "add_align_parser",
-    "add_anomalies_parser",
     "add_diff_parser",
     "add_layout_options",
     "add_mapping_option",
     "add_merge_parser",
-    "add_nan_parser",
     "add_preflight_parser",
     "add_rank_table_option",
     "add_replicas_parser",
@@ -31,8 +28,6 @@ __all__ = [
 positive = number(0)
 step = integer(0, MAX_INDEX)
 size = integer(1, 2**20)
-#: statistics a spike test can use: the schema's four and msprobe monitor's zeros / nans counts
-SPIKE_STATS = ("norm", "max", "min", "mean", "zeros", "nans")
 
 
 def add_rank_table_option(p: argparse.ArgumentParser) -> None:
@@ -142,34 +137,6 @@ def add_preflight_parser(sub: Any, add_load_options: Callable[[argparse.Argument
                    help="target step = baseline step + OFFSET, or 'auto' (default: 0 when both runs hold the same "
                         "steps, else auto)")
     add_mapping_option(p)
-    add_load_options(p)
-    return p
-
-
-def add_nan_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
-    """The ``nan`` sub-command's parser."""
-    p = _one_run_parser(sub, "nan", "where NaN (or a new ±inf) first appeared, across ranks")
-    add_rank_table_option(p)
-    add_load_options(p)
-    return p
-
-
-def add_anomalies_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
-    """The ``anomalies`` sub-command's parser."""
-    from precnb.pipeline.options import DEFAULTS
-
-    p = _one_run_parser(sub, "anomalies", "NaN/Inf transitions and spikes over steps, ranked")
-    p.add_argument("--z", type=positive, default=None,
-                   help=f"robust z-score threshold (default {DEFAULTS.spike_z:g})")
-    p.add_argument("--ratio", type=positive, default=None,
-                   help=f"minimum jump ratio (default {DEFAULTS.spike_ratio:g})")
-    p.add_argument("--stat", action="append", default=None, choices=SPIKE_STATS,
-                   help=f"statistic(s) to test for spikes (default {', '.join(DEFAULTS.spike_stats)})")
-    p.add_argument("--limit", type=integer(0, 10**9), default=None,
-                   help=f"how many further anomalies to list (default {DEFAULTS.limit})")
-    from precnb.cli._side import add_side_options
-
-    add_side_options(p)
     add_load_options(p)
     return p
 
