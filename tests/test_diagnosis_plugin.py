@@ -209,3 +209,11 @@ def test_core_is_small_and_hooks_are_groups():
     assert TOY.cli.command == "toy-nonfinite" and TOY.finding.plan is _plan
     with pytest.raises(TypeError, match="flag_txt"):
         Diagnosis(kind="x", title="X", priority=1, mode="any", run=_run, description="x", flag_txt="y")
+
+
+def test_accessor_method_comes_from_the_registry(toy):
+    ds = precnb.open_run(sample_path("dp_nan"), progress=False)
+    f = ds.prec.toy_nonfinite_rank(min_bad=368)  # its option too
+    assert (f.kind, f.step) == (KIND, 2)
+    with pytest.raises(AttributeError, match="no attribute 'toy_nonfinite_rankk'"):
+        ds.prec.toy_nonfinite_rankk  # noqa: B018

@@ -64,14 +64,13 @@ class AnomalyOptions:
 class ReplicaOptions:
     """The replica check's options (``precnb replicas``)."""
 
-    replica_rtol: float = option(1e-6, help="relative tolerance of the replica check", flag="--rtol", type="positive")
+    replica_rtol: float = option(1e-6, help="relative tolerance", flag="--rtol", type="positive")
     rng_regions: tuple[str, ...] = option(
-        (), help="module path prefix inside a model-parallel RNG region (Megatron's tracker): a random op there "
-        "differs across TP ranks by design; elsewhere its departure is an unsynchronised seed (repeatable)",
-        flag="--rng-region", action="append", metavar="PREFIX")
+        (), help="module path (prefix) inside a model-parallel RNG region, e.g. blocks.0.attn: a random op there "
+        "differs across TP ranks by design (repeatable)", flag="--rng-region", action="append", metavar="MODULE")
     replica_baseline: Any = option(
         None, compare=False, help="a clean run of the same training: decides which side of a two-replica departure "
-        "is wrong", flag="--replica-baseline", metavar="RUN")  # issue #28
+        "is wrong", flag="--baseline", metavar="RUN")  # issue #28; the subcommand takes no baseline run
 
 
 def _divergence_stepwise(load: Any, steps: Any, **kw: Any) -> Any:
@@ -259,7 +258,8 @@ register(Diagnosis(
 register(Diagnosis(
     kind=_REPLICAS, title="Replica mismatch", priority=20, mode="any", run=_replicas, applies=_has_layout,
     description="replica check (tensors that must be identical across the layout's replicas)", options=ReplicaOptions,
-    cli=CliHooks("replicas"), finding=FindingHooks(plan=_replica_plan),
+    cli=CliHooks("replicas", help="ranks whose replicated tensors differ from their replicas",
+                 shared=("step", "layout", "rank_table")), finding=FindingHooks(plan=_replica_plan),
     report=ReportHooks(not_applicable="the replica check needs the run's layout (e.g. tp=2 or dp=4)"),
     explorer=ExplorerHooks(flags=_replica_flags, flag_text="replica mismatches", unmerged=True),
     reads=InputHooks("precnb.pipeline.devices:replica_inputs")))

@@ -40,7 +40,8 @@ class CliHooks:
         The subcommand's help (default: "<title>: <description>").
     shared : tuple of str
         The CLI's shared flags it takes (:data:`precnb.cli.generated.SHARED`: ``"step"``, ``"rank_table"``,
-        ``"limit"``), read by the pipeline's own options.
+        ``"limit"``, ``"layout"``: ``--layout`` or ``--tp``/``--pp``/..., the target's), read by the pipeline's own
+        options.
     beside : tuple of str
         Kinds the subcommand runs with it (their options are its flags too; the anomalies: the loss spike).
     emit : callable or str, optional

@@ -1,4 +1,4 @@
-"""Sub-commands backed by :mod:`precnb.analysis`: ``diff``, ``align``, ``preflight``, ``merge``, ``replicas``.
+"""Sub-commands backed by :mod:`precnb.analysis`: ``diff``, ``align``, ``preflight``, ``merge``.
 
 With ``--json`` each prints exactly one JSON object (a Finding, see
 :mod:`precnb.analysis.findings`) on stdout; without it, a readable summary. They exit 0
@@ -11,17 +11,16 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from precnb.analysis.diagnoses import FIRST_DIVERGENCE, PREFLIGHT, REPLICAS
+from precnb.analysis.diagnoses import FIRST_DIVERGENCE, PREFLIGHT
 from precnb.cli import _term
 from precnb.cli.analysis_parsers import (
     add_align_parser,
     add_diff_parser,
     add_merge_parser,
     add_preflight_parser,
-    add_replicas_parser,
 )
 
-__all__ = ["register"]
+__all__ = ["layout_run", "register"]
 
 
 def _emit_finding(finding: Any, args: argparse.Namespace) -> int:
@@ -67,7 +66,7 @@ def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
         kw["ranks"] = ranks
     if getattr(args, "step_offset", None) is not None:
         kw["step_offset"] = args.step_offset
-    if getattr(args, "rtol", None) is not None and getattr(args, "command", "") != "replicas":
+    if getattr(args, "rtol", None) is not None:  # diff's one tolerance (the replica check's is its own option)
         kw["tolerance"] = args.rtol
     if getattr(args, "reference", None) and getattr(args, "command", "") != "merge":
         kw["reference"] = tuple(args.reference)
@@ -234,11 +233,6 @@ def _alignment_text(a: Any, triage: Any) -> str:
     return "\n".join(lines)
 
 
-def _given(**kw: Any) -> dict[str, Any]:
-    """The options the user gave (None: keep the pipeline's default)."""
-    return {k: v for k, v in kw.items() if v is not None}
-
-
 def _layout_from_args(args: argparse.Namespace, ds: Any) -> Any:
     """The layout the flags give, checked against the dumps; with no layout flag, the one the dumps show."""
     from precnb.analysis import Layout, LayoutError
@@ -299,26 +293,25 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_replicas(args: argparse.Namespace) -> int:
+def layout_run(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The run and its layout from the layout flags (``--layout`` or ``--tp``/``--pp``/...; none: the dumps').
+
+    ``--layout`` text is parsed against the run's ranks by the pipeline; the flags need the world size, so the run is
+    read first and handed on as read (its path kept: the origin's dump records are read as with ``--layout``).
+    """
     from precnb.analysis import LayoutError
     from precnb.cli._common import UsageError, open_checked
 
-    if args.layout:  # the layout text is parsed against the run's ranks by the pipeline
-        layout: Any = args.layout
-    else:
-        ds = open_checked(args.run, args)  # the flags need the world size
-        try:
-            layout = _layout_from_args(args, ds)
-        except LayoutError as exc:
-            raise UsageError(str(exc)) from None
-        from precnb.pipeline import ReadRun
+    if args.layout:
+        return args.run, args.layout
+    ds = open_checked(args.run, args)
+    try:
+        layout = _layout_from_args(args, ds)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+    from precnb.pipeline import ReadRun
 
-        # the dataset as read and its path: the origin's dump records (scalar arguments) are read as with --layout
-        run = ReadRun(ds, str(args.run)) if isinstance(args.run, str) else ds
-        return _emit_finding(run_triage(args, run, kinds=[REPLICAS], target_layout=layout,
-                                        **_given(replica_rtol=args.rtol)).finding, args)
-    return _emit_finding(run_triage(args, args.run, kinds=[REPLICAS], target_layout=layout,
-                                    **_given(replica_rtol=args.rtol)).finding, args)
+    return (ReadRun(ds, str(args.run)) if isinstance(args.run, str) else ds), layout
 
 
 def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -327,4 +320,3 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     add_align_parser(sub, add_load_options).set_defaults(func=_cmd_align)
     add_preflight_parser(sub, add_load_options).set_defaults(func=_cmd_preflight)
     add_merge_parser(sub, add_load_options).set_defaults(func=_cmd_merge)
-    add_replicas_parser(sub, add_load_options).set_defaults(func=_cmd_replicas)

@@ -1,7 +1,7 @@
 """The parsers of the analysis sub-commands and the options they share with other sub-commands.
 
-``diff``, ``align``, ``preflight``, ``merge`` and ``replicas``; :mod:`precnb.cli.analysis_cmds` runs them (``nan``,
-``anomalies`` and ``spike`` are generated from the diagnosis registry: :mod:`precnb.cli.generated`).
+``diff``, ``align``, ``preflight`` and ``merge``; :mod:`precnb.cli.analysis_cmds` runs them (``nan``, ``anomalies``,
+``replicas`` and ``spike`` are generated from the diagnosis registry: :mod:`precnb.cli.generated`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ __all__ = [
     "add_merge_parser",
     "add_preflight_parser",
     "add_rank_table_option",
-    "add_replicas_parser",
     "add_rng_region_option",
 ]
 
@@ -64,15 +63,6 @@ def add_layout_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", type=order_text, default="tp-cp-ep-dp-pp", help="Megatron order string")
     p.add_argument("--num-layers", type=size, help="total layers, for PP/VPP renumbering")
 
-
-
-def _one_run_parser(sub: Any, name: str, text: str, *, json_help: str | None = "print one JSON finding") -> Any:
-    """A sub-command on one RUN with ``--json`` and ``--step``."""
-    p = sub.add_parser(name, help=text)
-    p.add_argument("run")
-    p.add_argument("--json", action="store_true", help=json_help)
-    p.add_argument("--step", type=step, help="only this step")
-    return p
 
 
 def add_diff_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
@@ -152,22 +142,5 @@ def add_merge_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentPars
     p.add_argument("--json", action="store_true")
     p.add_argument("--step", type=step, help="only this step")
     add_layout_options(p)
-    add_load_options(p)
-    return p
-
-
-def add_replicas_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
-    """The ``replicas`` sub-command's parser."""
-    from precnb.pipeline.options import DEFAULTS
-
-    p = _one_run_parser(sub, "replicas", "ranks whose replicated tensors differ from their replicas", json_help=None)
-    p.add_argument("--rtol", type=positive, default=None,
-                   help=f"relative tolerance (default {DEFAULTS.replica_rtol:g})")
-    p.add_argument("--baseline", dest="replica_baseline", metavar="RUN",
-                   help="a clean run of the same training: decides which side of a two-replica departure "
-                        "is wrong")
-    add_rng_region_option(p)
-    add_layout_options(p)
-    add_rank_table_option(p)
     add_load_options(p)
     return p

@@ -5,12 +5,13 @@ Every registered :class:`~precnb.analysis.registry.Diagnosis` with a command (it
 run (``mode="single"``) is ``precnb COMMAND RUN``, one of a pair (``"pair"``) ``precnb COMMAND BASE TARGET``
 (baseline first, as ``precnb diff``), one of either (``"any"``) ``precnb COMMAND RUN [--baseline BASE]``; each with
 ``--json`` (the finding, ``precnb.finding/1``), the loading options, the CLI's shared flags it asks for
-(:data:`SHARED`: ``--step``, ``--rank-table``, ``--limit``) and a flag for each field of its own options and of the
-options of the diagnoses it runs beside (:attr:`CliHooks.beside`): the field's ``flag`` and ``help``, its default
-said, its ``type`` a validating one (:data:`TYPES`). It runs ``precnb.diagnose(..., kinds=[kind, *beside],
-**given_options)`` and prints the finding, or calls the diagnosis's ``emit`` hook; so ``nan``, ``anomalies``,
-``spike`` and a plug-in diagnosis are on the command line once registered. ``diff``, ``preflight`` and
-``replicas`` stay hand-written (two positional runs, a checklist, layout flags resolved against the dump).
+(:data:`SHARED`: ``--step``, ``--rank-table``, ``--limit``, the layout flags) and a flag for each field of its own
+options and of the options of the diagnoses it runs beside (:attr:`CliHooks.beside`): the field's ``flag`` and
+``help``, its default said, its ``type`` a validating one (:data:`TYPES`). It runs
+``precnb.diagnose(..., kinds=[kind, *beside], **given_options)`` and prints the finding, or calls the diagnosis's
+``emit`` hook; so ``nan``, ``anomalies``, ``replicas``, ``spike`` and a plug-in diagnosis are on the command line
+once registered. ``diff`` and ``preflight`` stay hand-written (BASE then an optional TARGET, the pre-flight checks
+beside the search, a checklist).
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def _rank_table(p: argparse.ArgumentParser) -> None:
     add_rank_table_option(p)
 
 
+def _layout(p: argparse.ArgumentParser) -> None:
+    from precnb.cli.analysis_parsers import add_layout_options
+
+    add_layout_options(p)
+
+
 def _limit(p: argparse.ArgumentParser) -> None:
     from precnb.pipeline.options import DEFAULTS
 
@@ -50,7 +57,7 @@ def _limit(p: argparse.ArgumentParser) -> None:
 
 #: the CLI's shared flags a diagnosis may ask for (:attr:`CliHooks.shared`), read by the pipeline's own options
 SHARED: dict[str, Callable[[argparse.ArgumentParser], None]] = {"step": _step, "rank_table": _rank_table,
-                                                                "limit": _limit}
+                                                                "limit": _limit, "layout": _layout}
 
 
 def _resolve(ref: Any) -> Any:
@@ -69,7 +76,12 @@ def _run(kind: str, beside: tuple[str, ...], names: tuple[str, ...], emit: Any, 
     if getattr(args, "limit", None) is not None:
         given["limit"] = args.limit
     kinds = [kind, *beside]
-    if getattr(args, "target", None) is not None:  # a pair: BASE TARGET
+    if hasattr(args, "num_layers"):  # the layout flags: the target's layout, resolved against the run's ranks
+        from precnb.cli.analysis_cmds import layout_run
+
+        run, given["target_layout"] = layout_run(args)
+        triage = run_triage(args, run, getattr(args, "baseline", None), kinds=kinds, **given)
+    elif getattr(args, "target", None) is not None:  # a pair: BASE TARGET
         triage = run_triage(args, args.target, args.base, kinds=kinds, **given)
     else:
         triage = run_triage(args, args.run, getattr(args, "baseline", None), kinds=kinds, **given)
@@ -109,6 +121,12 @@ def _add_options(p: argparse.ArgumentParser, classes: list[type], seen: set[str]
     return tuple(names)
 
 
+def _flags(d: Any) -> set[str]:
+    """The flags of a diagnosis's own options."""
+    fields = dataclasses.fields(d.options) if d.options is not None else ()
+    return {f.metadata.get("flag") or "--" + f.name.replace("_", "-") for f in fields}
+
+
 def _parser(sub: Any, d: Any) -> argparse.ArgumentParser:
     """The subcommand's parser with its positional runs and ``--json``."""
     what = d.cli.help or f"{d.title}: {d.description}"
@@ -118,7 +136,7 @@ def _parser(sub: Any, d: Any) -> argparse.ArgumentParser:
         p.add_argument("target", help="the run diagnosed")
     else:
         p.add_argument("run", help="the run diagnosed")
-    if d.mode == "any":
+    if d.mode == "any" and "--baseline" not in _flags(d):  # (the replica check's --baseline is an option of its own)
         p.add_argument("--baseline", default=None, help="a baseline run to compare with")
     p.add_argument("--json", action="store_true", help="print the finding as JSON (precnb.finding/1)")
     return p
