@@ -200,10 +200,12 @@ def test_core_is_small_and_hooks_are_groups():
     """A diagnosis is a core of at most eight fields plus optional hook groups (issue #50 item 2)."""
     from dataclasses import fields
 
-    from precnb.analysis.hooks import GROUPS, ExplorerHooks, ReportHooks
+    from precnb.analysis.hooks import GROUPS, LEGACY, ExplorerHooks, ReportHooks
 
     core = [f.name for f in fields(Diagnosis) if f.name not in GROUPS]
     assert core == ["kind", "title", "priority", "mode", "run", "description", "applies", "options"]
+    hooks = [f.name for cls in GROUPS.values() for f in fields(cls)]
+    assert len(hooks) == len(LEGACY) and not set(LEGACY) & {*core, *GROUPS}  # each hook's own name says its group
     assert TOY.explorer == ExplorerHooks(flags=_flags, flag_text="toy precursors")  # hooks given by their own name
     assert TOY.report == ReportHooks(section=_section, not_applicable="toy: needs two ranks or more")
     assert TOY.cli.command == "toy-nonfinite" and TOY.finding.plan is _plan

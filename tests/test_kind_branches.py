@@ -72,9 +72,9 @@ FAMILIES = {"preflight": "precnb/analysis/preflight/", "first_divergence": "prec
             "anomaly": "precnb/analysis/anomalies/", "loss_spike": "precnb/analysis/spike/"}
 #: strings equal to a kind left outside the diagnoses (issue #50 item 2), each a name that is not a kind: the
 #: public functions ``precnb.first_divergence`` / ``nan_origin`` / ``preflight`` (lazy API maps, ``__all__``), the
-#: ``preflight`` subcommand (hand-written), the report template's ``preflight`` section, the ``nan_origin`` notebook
+#: report template's ``preflight`` section, the ``nan_origin`` notebook template
 NAMES = {"precnb/__init__.py": 3, "precnb/analysis/__init__.py": 4, "precnb/pipeline/run.py": 1,
-         "precnb/cli/analysis_parsers.py": 1, "precnb/report/html.py": 1, "precnb/report/notebooks.py": 1}
+         "precnb/report/html.py": 1, "precnb/report/notebooks.py": 1}
 
 
 def kind_literals() -> dict[str, list[str]]:
@@ -100,4 +100,4 @@ def test_kind_literals_only_go_down() -> None:
     assert not extra, f"a kind spelled out: import its constant (precnb.analysis.diagnoses.PREFLIGHT, ...)\n{extra}"
     fewer = {p: n for p, n in NAMES.items() if len(found.get(p, [])) < n}
     assert not fewer, f"fewer names equal to a kind: lower NAMES {fewer}"
-    assert sum(NAMES.values()) == 11
+    assert sum(NAMES.values()) == 10

@@ -248,7 +248,11 @@ def _preflight(ctx: Context) -> Any:
 register(Diagnosis(
     kind=PREFLIGHT, title="Pre-flight checks", priority=0, mode="any", run=_preflight,
     description="pre-flight checks (parameters, frozen set, optimizer hyper-parameters, initial weights, same data, "
-    "distinct data per DP replica)", cli=CliHooks("preflight"), report=ReportHooks(checklist=True),
+    "distinct data per DP replica)", report=ReportHooks(checklist=True),
+    cli=CliHooks("preflight", help="pre-flight checks before any layer-by-layer compare: parameters, frozen set, "
+                 "optimizer hyper-parameters, initial weights, same data, distinct data per DP replica",
+                 base_first=True, shared=("layout_text", "baseline_layout", "step_offset", "mapping"),
+                 emit="precnb.cli.analysis_cmds:preflight_emit"),
     order=OrderHooks(clean_last=True), steps=StepwiseHooks(first_steps=2)))
 register(Diagnosis(
     kind=FIRST_DIVERGENCE, title="First divergence", priority=10, mode="pair", run=_first_divergence,

@@ -40,10 +40,14 @@ class CliHooks:
         The subcommand's help (default: "<title>: <description>").
     shared : tuple of str
         The CLI's shared flags it takes (:data:`precnb.cli.generated.SHARED`: ``"step"``, ``"rank_table"``,
-        ``"limit"``, ``"layout"``: ``--layout`` or ``--tp``/``--pp``/..., the target's), read by the pipeline's own
-        options.
+        ``"limit"``, ``"layout"``: ``--layout`` or ``--tp``/``--pp``/..., the target's resolved against its ranks;
+        ``"layout_text"``: ``--layout`` as given; ``"baseline_layout"``, ``"step_offset"``, ``"mapping"``), read by the
+        pipeline's own options.
     beside : tuple of str
         Kinds the subcommand runs with it (their options are its flags too; the anomalies: the loss spike).
+    base_first : bool
+        A diagnosis of either mode (``"any"``) takes ``BASE [TARGET]`` (the one run checked, or the baseline then the
+        run compared, as ``precnb diff``) instead of ``RUN [--baseline BASE]``.
     emit : callable or str, optional
         ``emit(triage, args) -> exit code``: how the subcommand prints (a callable or ``"module:function"``, e.g. a
         front-end function the analysis layer does not import); default: the finding, or its JSON with ``--json``.
@@ -53,6 +57,7 @@ class CliHooks:
     help: str = ""
     shared: tuple[str, ...] = ()
     beside: tuple[str, ...] = ()
+    base_first: bool = False
     emit: str | Callable[..., int] | None = None
 
 

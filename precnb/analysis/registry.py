@@ -166,7 +166,7 @@ class Diagnosis:
                  **hooks: Any) -> None:
         core = {"kind": kind, "title": title, "priority": priority, "mode": mode, "run": run,
                 "description": description, "applies": applies, "options": options}
-        groups = {g: hooks.pop(g) if g in hooks else cls() for g, cls in GROUPS.items()}
+        groups = {g: hooks.pop(g, None) or cls() for g, cls in GROUPS.items()}  # a group left out (or None): off
         unknown = sorted(set(hooks) - set(LEGACY))
         if unknown:
             raise TypeError(f"Diagnosis got unknown keyword(s) {unknown}; valid: {[*core, *GROUPS, *LEGACY]}")

@@ -1,4 +1,4 @@
-"""Sub-commands backed by :mod:`precnb.analysis`: ``diff``, ``align``, ``preflight``, ``merge``.
+"""Sub-commands backed by :mod:`precnb.analysis`: ``diff``, ``align``, ``merge``.
 
 With ``--json`` each prints exactly one JSON object (a Finding, see
 :mod:`precnb.analysis.findings`) on stdout; without it, a readable summary. They exit 0
@@ -17,10 +17,9 @@ from precnb.cli.analysis_parsers import (
     add_align_parser,
     add_diff_parser,
     add_merge_parser,
-    add_preflight_parser,
 )
 
-__all__ = ["layout_run", "register"]
+__all__ = ["layout_run", "preflight_emit", "register"]
 
 
 def _emit_finding(finding: Any, args: argparse.Namespace) -> int:
@@ -156,15 +155,11 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return 1 if triage.nothing_compared else 0
 
 
-def _cmd_preflight(args: argparse.Namespace) -> int:
+def preflight_emit(triage: Any, args: argparse.Namespace) -> int:
+    """How ``precnb preflight`` prints (the pre-flight checks' ``emit``): the checks, or ``{"checks": [...]}``."""
     from precnb.analysis.findings import to_json
     from precnb.pipeline.run import checklist
 
-    extra = {"target_layout": args.layout} if args.layout else {}
-    if args.target is None:
-        triage = run_triage(args, args.base, kinds=[PREFLIGHT], **extra)
-    else:
-        triage = run_triage(args, args.target, args.base, kinds=[PREFLIGHT], **extra)
     if args.json:
         _term.out(to_json(checklist(triage), indent=2) + "\n")
     else:
@@ -318,5 +313,4 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
     """Add the analysis sub-commands to *sub* (defaults come from :data:`precnb.pipeline.DEFAULTS`)."""
     add_diff_parser(sub, add_load_options).set_defaults(func=_cmd_diff)
     add_align_parser(sub, add_load_options).set_defaults(func=_cmd_align)
-    add_preflight_parser(sub, add_load_options).set_defaults(func=_cmd_preflight)
     add_merge_parser(sub, add_load_options).set_defaults(func=_cmd_merge)

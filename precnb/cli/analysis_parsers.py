@@ -1,6 +1,6 @@
 """The parsers of the analysis sub-commands and the options they share with other sub-commands.
 
-``diff``, ``align``, ``preflight`` and ``merge``; :mod:`precnb.cli.analysis_cmds` runs them (``nan``, ``anomalies``,
+``diff``, ``align`` and ``merge``; :mod:`precnb.cli.analysis_cmds` runs them (``preflight``, ``nan``, ``anomalies``,
 ``replicas`` and ``spike`` are generated from the diagnosis registry: :mod:`precnb.cli.generated`).
 """
 
@@ -19,9 +19,9 @@ __all__ = [
     "add_layout_options",
     "add_mapping_option",
     "add_merge_parser",
-    "add_preflight_parser",
     "add_rank_table_option",
     "add_rng_region_option",
+    "add_step_offset_option",
 ]
 
 positive = number(0)
@@ -49,6 +49,13 @@ def add_mapping_option(p: argparse.ArgumentParser) -> None:
                    help="name-mapping file (repeatable; msprobe layer / cell / API / data mapping YAML or "
                         "precnb's own from `precnb align -o`; its kind is detected); names that differ are "
                         "aligned automatically without one")
+
+
+def add_step_offset_option(p: argparse.ArgumentParser) -> None:
+    """``--step-offset N|auto``: target step = baseline step + OFFSET."""
+    p.add_argument("--step-offset", type=int_or_auto(), default=None,
+                   help="target step = baseline step + OFFSET, or 'auto' (resumed runs); default: 0 when "
+                        "both runs hold the same steps, else auto")
 
 
 def add_layout_options(p: argparse.ArgumentParser) -> None:
@@ -108,24 +115,6 @@ def add_align_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentPars
     p.add_argument("--baseline-layout", type=layout_text, help="merge baseline shards first, e.g. tp=2,pp=2")
     p.add_argument("--target-layout", type=layout_text, help="merge target shards first, e.g. pp=2")
     p.add_argument("--layout", type=layout_text, help="same as --target-layout")
-    add_mapping_option(p)
-    add_load_options(p)
-    return p
-
-
-def add_preflight_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
-    """The ``preflight`` sub-command's parser."""
-    p = sub.add_parser("preflight", help="pre-flight checks before any layer-by-layer compare: parameters, frozen "
-                       "set, optimizer hyper-parameters, initial weights, same data, distinct data per DP replica")
-    p.add_argument("base", metavar="BASE", help="the baseline run, or the one run checked (dump or config_check zip)")
-    p.add_argument("target", metavar="TARGET", nargs="?", help="the run compared with BASE")
-    p.add_argument("--json", action="store_true", help='print one JSON object {"checks": [...]}')
-    p.add_argument("--layout", help="layout of the checked (target) run, e.g. tp=2,dp=2: which ranks share a batch "
-                   "by design (TP, CP, PP groups); with two runs its shards are merged before comparing")
-    p.add_argument("--baseline-layout", help="layout of BASE when TARGET is given (merge its shards first)")
-    p.add_argument("--step-offset", type=int_or_auto(), default=None,
-                   help="target step = baseline step + OFFSET, or 'auto' (default: 0 when both runs hold the same "
-                        "steps, else auto)")
     add_mapping_option(p)
     add_load_options(p)
     return p

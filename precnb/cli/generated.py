@@ -9,9 +9,9 @@ run (``mode="single"``) is ``precnb COMMAND RUN``, one of a pair (``"pair"``) ``
 options and of the options of the diagnoses it runs beside (:attr:`CliHooks.beside`): the field's ``flag`` and
 ``help``, its default said, its ``type`` a validating one (:data:`TYPES`). It runs
 ``precnb.diagnose(..., kinds=[kind, *beside], **given_options)`` and prints the finding, or calls the diagnosis's
-``emit`` hook; so ``nan``, ``anomalies``, ``replicas``, ``spike`` and a plug-in diagnosis are on the command line
-once registered. ``diff`` and ``preflight`` stay hand-written (BASE then an optional TARGET, the pre-flight checks
-beside the search, a checklist).
+``emit`` hook; so ``preflight``, ``nan``, ``anomalies``, ``replicas``, ``spike`` and a plug-in diagnosis are on the
+command line once registered. ``diff`` stays hand-written (one input holding two runs, the pre-flight checks beside
+the search), as ``align`` and ``merge`` (no diagnosis).
 """
 
 from __future__ import annotations
@@ -48,6 +48,27 @@ def _layout(p: argparse.ArgumentParser) -> None:
     add_layout_options(p)
 
 
+def _layout_text(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", help="layout of the checked (target) run, e.g. tp=2,dp=2: which ranks share a batch "
+                   "by design (TP, CP, PP groups); with two runs its shards are merged before comparing")
+
+
+def _baseline_layout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--baseline-layout", help="layout of BASE when TARGET is given (merge its shards first)")
+
+
+def _step_offset(p: argparse.ArgumentParser) -> None:
+    from precnb.cli.analysis_parsers import add_step_offset_option
+
+    add_step_offset_option(p)
+
+
+def _mapping(p: argparse.ArgumentParser) -> None:
+    from precnb.cli.analysis_parsers import add_mapping_option
+
+    add_mapping_option(p)
+
+
 def _limit(p: argparse.ArgumentParser) -> None:
     from precnb.pipeline.options import DEFAULTS
 
@@ -56,8 +77,9 @@ def _limit(p: argparse.ArgumentParser) -> None:
 
 
 #: the CLI's shared flags a diagnosis may ask for (:attr:`CliHooks.shared`), read by the pipeline's own options
-SHARED: dict[str, Callable[[argparse.ArgumentParser], None]] = {"step": _step, "rank_table": _rank_table,
-                                                                "limit": _limit, "layout": _layout}
+SHARED: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "step": _step, "rank_table": _rank_table, "limit": _limit, "layout": _layout, "layout_text": _layout_text,
+    "baseline_layout": _baseline_layout, "step_offset": _step_offset, "mapping": _mapping}
 
 
 def _resolve(ref: Any) -> Any:
@@ -71,7 +93,7 @@ def _resolve(ref: Any) -> Any:
 def _run(kind: str, beside: tuple[str, ...], names: tuple[str, ...], emit: Any, args: argparse.Namespace) -> int:
     from precnb.cli.analysis_cmds import _emit_finding, run_triage
 
-    given = {n: getattr(args, f"opt_{n}") for n in names if getattr(args, f"opt_{n}") is not None}
+    given: dict[str, Any] = {n: getattr(args, f"opt_{n}") for n in names if getattr(args, f"opt_{n}") is not None}
     given = {n: tuple(v) if isinstance(v, list) else v for n, v in given.items()}  # appended flags: frozen options
     if getattr(args, "limit", None) is not None:
         given["limit"] = args.limit
@@ -81,13 +103,23 @@ def _run(kind: str, beside: tuple[str, ...], names: tuple[str, ...], emit: Any, 
 
         run, given["target_layout"] = layout_run(args)
         triage = run_triage(args, run, getattr(args, "baseline", None), kinds=kinds, **given)
-    elif getattr(args, "target", None) is not None:  # a pair: BASE TARGET
-        triage = run_triage(args, args.target, args.base, kinds=kinds, **given)
     else:
-        triage = run_triage(args, args.run, getattr(args, "baseline", None), kinds=kinds, **given)
+        if getattr(args, "layout", None):  # the layout as given: the target's
+            given["target_layout"] = args.layout
+        triage = _triage(args, kinds, given)
     if emit is not None:
         return int(_resolve(emit)(triage, args))
     return _emit_finding(triage.result(kind) or triage.finding, args)
+
+
+def _triage(args: argparse.Namespace, kinds: list[str], given: dict[str, Any]) -> Any:
+    """The triage of the runs the command line gave (RUN [--baseline BASE], BASE TARGET or BASE [TARGET])."""
+    from precnb.cli.analysis_cmds import run_triage
+
+    if getattr(args, "target", None) is not None:  # a pair: BASE TARGET
+        return run_triage(args, args.target, args.base, kinds=kinds, **given)
+    run = args.run if hasattr(args, "run") else args.base  # RUN, or BASE alone (BASE [TARGET])
+    return run_triage(args, run, getattr(args, "baseline", None), kinds=kinds, **given)
 
 
 def _default_text(v: Any) -> str:
@@ -131,14 +163,18 @@ def _parser(sub: Any, d: Any) -> argparse.ArgumentParser:
     """The subcommand's parser with its positional runs and ``--json``."""
     what = d.cli.help or f"{d.title}: {d.description}"
     p = sub.add_parser(d.cli.command, help=what, description=what)
-    if d.mode == "pair":
+    if d.mode == "any" and d.cli.base_first:
+        p.add_argument("base", metavar="BASE", help="the baseline run, or the one run checked")
+        p.add_argument("target", metavar="TARGET", nargs="?", help="the run compared with BASE")
+    elif d.mode == "pair":
         p.add_argument("base", help="the baseline run")
         p.add_argument("target", help="the run diagnosed")
     else:
         p.add_argument("run", help="the run diagnosed")
-    if d.mode == "any" and "--baseline" not in _flags(d):  # (the replica check's --baseline is an option of its own)
+    if d.mode == "any" and not d.cli.base_first and "--baseline" not in _flags(d):  # (the replica check's own)
         p.add_argument("--baseline", default=None, help="a baseline run to compare with")
-    p.add_argument("--json", action="store_true", help="print the finding as JSON (precnb.finding/1)")
+    what_json = "print the finding as JSON (precnb.finding/1)" if d.cli.emit is None else "print one JSON object"
+    p.add_argument("--json", action="store_true", help=what_json)
     return p
 
 
