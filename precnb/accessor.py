@@ -1,5 +1,7 @@
 """The ``ds.prec`` accessor: delegation to :func:`precnb.diagnose` and :mod:`precnb.analysis`, no cached results.
 
+``ds.prec.<kind>()`` comes from the diagnosis registry (:meth:`PrecAccessor.finding`).
+
 Examples
 --------
 >>> import precnb
@@ -10,6 +12,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -126,29 +129,38 @@ class PrecAccessor:
 
         return diagnose(self._ds, baseline=baseline, **options)
 
-    def first_divergence(self, target: Any, **options: Any) -> Any:
-        """Compare *target* with this run (the baseline): the pipeline's first-divergence finding."""
+    def finding(self, kind: str, target: Any = None, **options: Any) -> Any:
+        """The pipeline's finding of the diagnosis *kind* on this run; see :func:`precnb.diagnose`.
+
+        Every registered diagnosis is also a method of its kind's name (``ds.prec.nan_origin()``,
+        ``ds.prec.loss_spike(loss=...)``, a plug-in's). For a diagnosis of a pair this run is the baseline and
+        *target* the run compared (``base.prec.first_divergence(target)``); ``run=`` picks one run of a combined
+        dataset.
+        """
+        from precnb.analysis import registry
         from precnb.pipeline import diagnose
 
-        return diagnose(target, baseline=self._ds, kinds=["first_divergence"], **_options(options)).finding
+        if registry.get(kind).mode == "pair":
+            if target is None:
+                raise TypeError(f"{kind}() compares a target run with this one (the baseline): give the target")
+            return diagnose(target, baseline=self._ds, kinds=[kind], **_options(options)).finding
+        return diagnose(self._one(options), kinds=[kind], **_options(options)).finding
 
-    def nan_origin(self, **options: Any) -> Any:
-        """The pipeline's NaN/Inf-origin finding for this run; see :func:`precnb.diagnose`."""
-        from precnb.pipeline import diagnose
+    def __getattr__(self, name: str) -> Any:
+        """``ds.prec.<kind>(...)`` for every registered diagnosis: :meth:`finding` of that kind."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from precnb.analysis import registry
 
-        return diagnose(self._one(options), kinds=["nan_origin"], **_options(options)).finding
+        if registry.lookup(name) is None:
+            raise AttributeError(f"'PrecAccessor' object has no attribute {name!r} (nor a diagnosis of that kind)")
+        return functools.partial(self.finding, name)
 
     def anomalies(self, **options: Any) -> Any:
         """The pipeline's anomaly finding for this run; see :func:`precnb.diagnose`."""
-        from precnb.pipeline import diagnose
+        from precnb.analysis.diagnoses import ANOMALY
 
-        return diagnose(self._one(options), kinds=["anomaly"], **_options(options)).finding
-
-    def loss_spike(self, **options: Any) -> Any:
-        """The pipeline's loss-spike finding for this run (``monitor=``, ``loss=``); see :func:`precnb.diagnose`."""
-        from precnb.pipeline import diagnose
-
-        return diagnose(self._one(options), kinds=["loss_spike"], **_options(options)).finding
+        return self.finding(ANOMALY, **options)
 
     def explore(self, *, baseline: Any = None, **options: Any) -> Any:
         """Open the notebook explorer on this run (``baseline=`` keyword-only); see :func:`precnb.explore`."""

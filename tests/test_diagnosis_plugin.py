@@ -194,3 +194,28 @@ def test_flags_of_the_first_form_still_work():
                     flags=lambda ds, f, *, triage: seen.append(triage) or [])
     marker = object()
     assert _call_flags(new, None, None, marker) == [] and seen == [marker]
+
+
+def test_core_is_small_and_hooks_are_groups():
+    """A diagnosis is a core of at most eight fields plus optional hook groups (issue #50 item 2)."""
+    from dataclasses import fields
+
+    from precnb.analysis.hooks import GROUPS, LEGACY, ExplorerHooks, ReportHooks
+
+    core = [f.name for f in fields(Diagnosis) if f.name not in GROUPS]
+    assert core == ["kind", "title", "priority", "mode", "run", "description", "applies", "options"]
+    hooks = [f.name for cls in GROUPS.values() for f in fields(cls)]
+    assert len(hooks) == len(LEGACY) and not set(LEGACY) & {*core, *GROUPS}  # each hook's own name says its group
+    assert TOY.explorer == ExplorerHooks(flags=_flags, flag_text="toy precursors")  # hooks given by their own name
+    assert TOY.report == ReportHooks(section=_section, not_applicable="toy: needs two ranks or more")
+    assert TOY.cli.command == "toy-nonfinite" and TOY.finding.plan is _plan
+    with pytest.raises(TypeError, match="flag_txt"):
+        Diagnosis(kind="x", title="X", priority=1, mode="any", run=_run, description="x", flag_txt="y")
+
+
+def test_accessor_method_comes_from_the_registry(toy):
+    ds = precnb.open_run(sample_path("dp_nan"), progress=False)
+    f = ds.prec.toy_nonfinite_rank(min_bad=368)  # its option too
+    assert (f.kind, f.step) == (KIND, 2)
+    with pytest.raises(AttributeError, match="no attribute 'toy_nonfinite_rankk'"):
+        ds.prec.toy_nonfinite_rankk  # noqa: B018

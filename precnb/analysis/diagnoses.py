@@ -8,7 +8,7 @@ and anomalies (one run).
 Examples
 --------
 >>> from precnb.analysis.registry import get
->>> get("first_divergence").command
+>>> get(FIRST_DIVERGENCE).cli.command
 'diff'
 """
 
@@ -18,27 +18,61 @@ from dataclasses import dataclass
 from typing import Any
 
 from precnb.analysis._memo import DatasetMemo
+from precnb.analysis.hooks import (
+    CliHooks,
+    ExplorerHooks,
+    FindingHooks,
+    InputHooks,
+    OrderHooks,
+    ReportHooks,
+    StepwiseHooks,
+)
 from precnb.analysis.options import option
 from precnb.analysis.registry import Context, Diagnosis, register
+from precnb.analysis.spike.diagnosis import LOSS_SPIKE
 
-__all__ = ["ReplicaOptions"]
+__all__ = ["ANOMALY", "FIRST_DIVERGENCE", "NAN_ORIGIN", "PREFLIGHT", "REPLICAS", "SPIKE_STATS", "AnomalyOptions",
+           "ReplicaOptions"]
 
-_REPLICAS = "replica_mismatch"
+#: the built-in kinds, spelled here once: front ends that need one by name import it (no kind literal elsewhere)
+PREFLIGHT = "preflight"
+FIRST_DIVERGENCE = "first_divergence"
+REPLICAS = "replica_mismatch"
+NAN_ORIGIN = "nan_origin"
+ANOMALY = "anomaly"
+_REPLICAS, _ANOMALY = REPLICAS, ANOMALY
 _REPLICA_RESULTS = DatasetMemo(size=2)
+#: statistics a spike test can use: the schema's four and msprobe monitor's zeros / nans counts
+SPIKE_STATS = ("norm", "max", "min", "mean", "zeros", "nans")
+
+
+@dataclass(frozen=True)
+class AnomalyOptions:
+    """The anomaly search's options (``precnb anomalies``): its spike test against each tensor's own history."""
+
+    spike_z: float = option(10.0, help="robust z-score threshold", flag="--z", type="positive")
+    spike_ratio: float = option(5.0, help="minimum jump ratio", flag="--ratio", type="positive")
+    spike_stats: tuple[str, ...] = option(("norm",), help="statistic(s) to test for spikes", flag="--stat",
+                                          action="append", choices=SPIKE_STATS)
+
+    def rule(self) -> Any:
+        """The :class:`precnb.analysis.SpikeRule` of these options."""
+        from precnb.analysis.anomalies import SpikeRule
+
+        return SpikeRule(z=float(self.spike_z), ratio=float(self.spike_ratio), stats=tuple(self.spike_stats))
 
 
 @dataclass(frozen=True)
 class ReplicaOptions:
     """The replica check's options (``precnb replicas``)."""
 
-    replica_rtol: float = option(1e-6, help="relative tolerance of the replica check", flag="--rtol", type=float)
+    replica_rtol: float = option(1e-6, help="relative tolerance", flag="--rtol", type="positive")
     rng_regions: tuple[str, ...] = option(
-        (), help="module path prefix inside a model-parallel RNG region (Megatron's tracker): a random op there "
-        "differs across TP ranks by design; elsewhere its departure is an unsynchronised seed (repeatable)",
-        flag="--rng-region", action="append", metavar="PREFIX")
+        (), help="module path (prefix) inside a model-parallel RNG region, e.g. blocks.0.attn: a random op there "
+        "differs across TP ranks by design (repeatable)", flag="--rng-region", action="append", metavar="MODULE")
     replica_baseline: Any = option(
         None, compare=False, help="a clean run of the same training: decides which side of a two-replica departure "
-        "is wrong", flag="--replica-baseline", metavar="RUN")  # issue #28
+        "is wrong", flag="--baseline", metavar="RUN")  # issue #28; the subcommand takes no baseline run
 
 
 def _divergence_stepwise(load: Any, steps: Any, **kw: Any) -> Any:
@@ -71,16 +105,15 @@ def _nan_origin(ctx: Context) -> Any:
 def _anomalies(ctx: Context) -> Any:
     from precnb.analysis.anomalies import anomalies
 
-    found = anomalies(ctx.target, rule=ctx.params.get("spike_rule"), limit=int(ctx.params.get("limit", 50)))
-    return found
+    o = ctx.options.get(_ANOMALY) or AnomalyOptions()
+    return anomalies(ctx.target, rule=o.rule(), limit=int(ctx.params.get("limit", 50)))
 
 
 def _anomaly_flags(ds: Any, finding: Any, *, triage: Any) -> Any:
     """Every anomaly of the run (the explorer's rule: the triage's spike options)."""
-    from precnb.analysis.anomalies import SpikeRule, anomaly_table
+    from precnb.analysis.anomalies import anomaly_table
 
-    o = triage.options
-    return anomaly_table(ds, rule=SpikeRule(z=float(o.spike_z), ratio=float(o.spike_ratio), stats=tuple(o.spike_stats)))
+    return anomaly_table(ds, rule=triage.options.of(_ANOMALY).rule())
 
 
 def _replica_flags(ds: Any, finding: Any, *, triage: Any) -> list[dict[str, Any]]:
@@ -102,7 +135,7 @@ def _replica_flags(ds: Any, finding: Any, *, triage: Any) -> list[dict[str, Any]
 
 def _keep_anomalies(f: Any, results: dict[str, Any]) -> bool:
     """Next to the NaN origin, an anomaly list adds something only when it holds a spike or a drift."""
-    nan = results.get("nan_origin")
+    nan = results.get(NAN_ORIGIN)
     if nan is None:
         return True
     return f.found and not (nan.found and "first_spike" not in f.values and "first_drift" not in f.values)
@@ -230,25 +263,35 @@ def _preflight(ctx: Context) -> Any:
 
 
 register(Diagnosis(
-    kind="preflight", title="Pre-flight checks", priority=0, mode="any", run=_preflight,
+    kind=PREFLIGHT, title="Pre-flight checks", priority=0, mode="any", run=_preflight,
     description="pre-flight checks (parameters, frozen set, optimizer hyper-parameters, initial weights, same data, "
-    "distinct data per DP replica)", command="preflight", clean_last=True, checklist=True, first_steps=2))
+    "distinct data per DP replica)", report=ReportHooks(checklist=True),
+    cli=CliHooks("preflight", help="pre-flight checks before any layer-by-layer compare: parameters, frozen set, "
+                 "optimizer hyper-parameters, initial weights, same data, distinct data per DP replica",
+                 base_first=True, shared=("layout_text", "baseline_layout", "step_offset", "mapping"),
+                 emit="precnb.cli.analysis_cmds:preflight_emit"),
+    order=OrderHooks(clean_last=True), steps=StepwiseHooks(first_steps=2)))
 register(Diagnosis(
-    kind="first_divergence", title="First divergence", priority=10, mode="pair", run=_first_divergence,
-    description="first divergence (values with dtype tolerances, structural differences)",
-    command="diff", plan=_divergence_plan, enrich=_divergence_evidence, stepwise=_divergence_stepwise))
+    kind=FIRST_DIVERGENCE, title="First divergence", priority=10, mode="pair", run=_first_divergence,
+    description="first divergence (values with dtype tolerances, structural differences)", cli=CliHooks("diff"),
+    finding=FindingHooks(enrich=_divergence_evidence, plan=_divergence_plan),
+    steps=StepwiseHooks(stepwise=_divergence_stepwise)))
 register(Diagnosis(
-    kind=_REPLICAS, title="Replica mismatch", priority=20, mode="any", run=_replicas,
-    applies=_has_layout, description="replica check (tensors that must be identical across the "
-    "layout's replicas)", command="replicas", plan=_replica_plan,
-    not_applicable="the replica check needs the run's layout (e.g. tp=2 or dp=4)", flags=_replica_flags,
-    flag_text="replica mismatches", unmerged=True, inputs="precnb.pipeline.devices:replica_inputs",
-    options=ReplicaOptions))
+    kind=_REPLICAS, title="Replica mismatch", priority=20, mode="any", run=_replicas, applies=_has_layout,
+    description="replica check (tensors that must be identical across the layout's replicas)", options=ReplicaOptions,
+    cli=CliHooks("replicas", help="ranks whose replicated tensors differ from their replicas",
+                 shared=("step", "layout", "rank_table")), finding=FindingHooks(plan=_replica_plan),
+    report=ReportHooks(not_applicable="the replica check needs the run's layout (e.g. tp=2 or dp=4)"),
+    explorer=ExplorerHooks(flags=_replica_flags, flag_text="replica mismatches", unmerged=True),
+    reads=InputHooks("precnb.pipeline.devices:replica_inputs")))
 register(Diagnosis(
-    kind="nan_origin", title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
-    description="NaN/Inf origin (mask infinities ignored)", command="nan", color="events"))
+    kind=NAN_ORIGIN, title="NaN/Inf origin", priority=30, mode="single", run=_nan_origin,
+    description="NaN/Inf origin (mask infinities ignored)", report=ReportHooks(color="events"),
+    cli=CliHooks("nan", help="where NaN (or a new ±inf) first appeared, across ranks", shared=("step", "rank_table"))))
 register(Diagnosis(
-    kind="anomaly", title="First anomaly", priority=40, mode="single", run=_anomalies,
-    description="anomalies (NaN/Inf transitions, spikes and drifts against history)", command="anomalies",
-    keep=_keep_anomalies, flags=_anomaly_flags, flag_text="anomalies", plan=_anomaly_plan,
-    section=_anomaly_section))
+    kind=_ANOMALY, title="First anomaly", priority=40, mode="single", run=_anomalies,
+    description="anomalies (NaN/Inf transitions, spikes and drifts against history)",
+    cli=CliHooks("anomalies", help="NaN/Inf transitions and spikes over steps, ranked", shared=("step", "limit"),
+                 beside=(LOSS_SPIKE,), emit="precnb.cli._side:with_loss_spike"),
+    order=OrderHooks(keep=_keep_anomalies), explorer=ExplorerHooks(flags=_anomaly_flags, flag_text="anomalies"),
+    finding=FindingHooks(plan=_anomaly_plan), report=ReportHooks(section=_anomaly_section), options=AnomalyOptions))

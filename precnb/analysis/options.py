@@ -36,7 +36,10 @@ def option(default: Any = None, *, help: str, flag: str | None = None, compare: 
     compare : bool
         False for data or a path (a dataset, a table): never compared by value, described as a source.
     **argparse_kw
-        Passed to ``argparse`` for the flag (``type``, ``metavar``, ``action``, ``nargs``, ``choices``).
+        Passed to ``argparse`` for the flag (``type``, ``metavar``, ``action``, ``nargs``, ``choices``); ``type`` is
+        made a validating one by the CLI: ``int`` and ``float`` (finite), or by name ``"positive"`` (a finite
+        number >= 0), ``"count"`` (an integer >= 0), ``"folder"`` (an existing folder)
+        (:data:`precnb.cli.generated.TYPES`).
 
     Examples
     --------

@@ -23,11 +23,22 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from precnb._plugins import PluginRegistry
+from precnb.analysis.hooks import (
+    GROUPS,
+    LEGACY,
+    CliHooks,
+    ExplorerHooks,
+    FindingHooks,
+    InputHooks,
+    OrderHooks,
+    ReportHooks,
+    StepwiseHooks,
+)
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -104,9 +115,9 @@ class Context:
         return self.baseline is not None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Diagnosis:
-    """One registered diagnosis.
+    """One registered diagnosis: a core of eight fields and optional hook groups (:mod:`precnb.analysis.hooks`).
 
     Attributes
     ----------
@@ -124,62 +135,14 @@ class Diagnosis:
         What it checks, in words (the report's "checks run").
     applies : callable, optional
         ``applies(ctx) -> bool`` beyond *mode* (e.g. "a layout was given").
-    command : str, optional
-        The CLI subcommand that runs it alone. Built-in diagnoses have a hand-written one (with their
-        own options); for any other, ``precnb <command> RUN [--baseline BASE] [--json]`` is generated
-        from the registry (:mod:`precnb.cli.generated`).
-    color : str
-        The report's heat-map colour for one run whose first finding is its (``"stat"``; the NaN
-        origin: ``"events"``). Two runs are always coloured by their relative difference.
-    clean_last : bool
-        A precondition check (the pre-flight checks): when it finds nothing, its "nothing found"
-        result is listed after the other diagnoses' (when it finds something, its priority
-        applies as usual).
-    flags : callable, optional
-        ``flags(ds, finding, *, triage) -> [{"step", "rank", "tensor"}, ...]`` (or a DataFrame with those
-        columns): the records of one run the explorer colours as flagged for its finding (besides NaN /
-        ±inf); *triage* is the :class:`precnb.pipeline.Triage` (its options, layout and cache). A hook
-        ``flags(ds, finding)`` without *triage* still works.
-    flag_text : str
-        What those records are, in words (``"anomalies"``; default: the title in lower case).
-    not_applicable : str
-        Why it did not run when *applies* said no (default: "<title> does not apply to these inputs").
-    keep : callable, optional
-        ``keep(finding, results) -> bool``: whether its finding is listed among the triage's findings,
-        given every diagnosis's result by kind (*results*); its check is listed either way. E.g. the
-        anomaly list next to a NaN origin is kept only when it holds a spike or a drift.
-    unmerged : bool
-        Its finding names ranks as dumped, before the target's shards were merged (the replica check): the
-        explorer shows it, and its ``flags``, on the target as dumped when there is one.
-    checklist : bool
-        Its result (found or not) carries a checklist, ``evidence["checks"]`` (the pre-flight checks): the
-        CLI summary, the report and the explorer show it as one (:func:`checklist`).
-    enrich : callable, optional
-        ``enrich(finding, target, baseline)``: evidence its found finding gets from both runs (in place; the
-        pipeline calls it for a pair, e.g. the first divergence's coverage gap and ratio hint).
-    section : callable, optional
-        ``section(finding, *, rows) -> {"title", "columns", "rows"} | None``: its own table in the HTML
-        report (plain values, escaped by the report), at most *rows* rows.
-    plan : callable, optional
-        ``plan(finding, ds, dump_path=..., task=...) -> dict | None``: its own dump plan (the
-        shape :func:`precnb.analysis.findings.plan.plan_dump` returns), instead of the generic one
-        (:func:`precnb.analysis.findings.plan.generic_plan`); ``task`` is passed only when the caller asked for one.
-    stepwise : callable, optional
-        ``stepwise(load, steps, *, tolerance, step_offset, crc, alignment) -> Finding``: the same answer read
-        step batch by step batch (``load(batch) -> (baseline, target)``, shards merged), so that a fault at an
-        early step reads no later one. The pipeline takes it for a pair of dump folders when the diagnoses
-        asked for are this one and ones that need the first steps only (*first_steps*).
-    first_steps : int
-        On a pair it reads the first *first_steps* common steps only (the pre-flight checks: 2), so it can run
-        beside a step-wise search; 0 (default): it needs every step.
-    inputs : callable or str, optional
-        What it reads beside the run: ``inputs(source, options, raw_target, *, loaded, common) -> params``
-        merged into :attr:`Context.params` before the diagnoses run. A callable, or ``"module:function"``
-        resolved by the pipeline (a diagnosis of this layer may name a reader of the pipeline's without
-        importing it).
     options : type, optional
         Its own options: a frozen dataclass of :func:`precnb.analysis.options.option` fields, each a keyword of
         :func:`precnb.diagnose` and a flag of its generated subcommand, read as ``ctx.options[kind]``.
+    cli, explorer, report, order, steps, finding, reads : hook group
+        The optional groups (:data:`precnb.analysis.hooks.GROUPS`): its subcommand; the records the explorer flags;
+        its report table, colour, checklist and not-applicable text; its place among the findings; its step-wise
+        search or first-steps read; its evidence and dump plan; what it reads beside the run. Each hook may also be
+        given by its own name (``Diagnosis(..., command="diff", flags=f)``, as before the groups).
     """
 
     kind: str
@@ -189,22 +152,28 @@ class Diagnosis:
     run: Callable[[Context], Any]
     description: str
     applies: Callable[[Context], bool] | None = None
-    command: str | None = None
-    color: str = "stat"
-    clean_last: bool = False
-    flags: Callable[..., Any] | None = None
-    plan: Callable[..., dict[str, Any] | None] | None = None
-    flag_text: str = ""
-    not_applicable: str = ""
-    keep: Callable[[Any, dict[str, Any]], bool] | None = None
-    section: Callable[..., dict[str, Any] | None] | None = None
-    unmerged: bool = False
-    checklist: bool = False
-    enrich: Callable[[Any, xr.Dataset, xr.Dataset], None] | None = None
-    stepwise: Callable[..., Any] | None = None
-    first_steps: int = 0
-    inputs: str | Callable[..., dict[str, Any]] | None = None
     options: type | None = None
+    cli: CliHooks = field(default_factory=CliHooks)
+    explorer: ExplorerHooks = field(default_factory=ExplorerHooks)
+    report: ReportHooks = field(default_factory=ReportHooks)
+    order: OrderHooks = field(default_factory=OrderHooks)
+    steps: StepwiseHooks = field(default_factory=StepwiseHooks)
+    finding: FindingHooks = field(default_factory=FindingHooks)
+    reads: InputHooks = field(default_factory=InputHooks)
+
+    def __init__(self, kind: str, title: str, priority: int, mode: Mode, run: Callable[[Context], Any],
+                 description: str, applies: Callable[[Context], bool] | None = None, options: type | None = None,
+                 **hooks: Any) -> None:
+        core = {"kind": kind, "title": title, "priority": priority, "mode": mode, "run": run,
+                "description": description, "applies": applies, "options": options}
+        groups = {g: hooks.pop(g, None) or cls() for g, cls in GROUPS.items()}  # a group left out (or None): off
+        unknown = sorted(set(hooks) - set(LEGACY))
+        if unknown:
+            raise TypeError(f"Diagnosis got unknown keyword(s) {unknown}; valid: {[*core, *GROUPS, *LEGACY]}")
+        for name, value in hooks.items():  # a hook by its own name: into its group
+            groups[LEGACY[name]] = replace(groups[LEGACY[name]], **{name: value})
+        for name, value in {**core, **groups}.items():
+            object.__setattr__(self, name, value)
 
     def applicable(self, ctx: Context) -> bool:
         """Whether it runs on *ctx*."""
@@ -220,7 +189,7 @@ class Diagnosis:
             return f"{self.title.lower()} needs a baseline run"
         if self.mode == "single" and ctx.paired:
             return f"{self.title.lower()} looks at one run (diagnose the target alone)"
-        return self.not_applicable or f"{self.title.lower()} does not apply to these inputs"
+        return self.report.not_applicable or f"{self.title.lower()} does not apply to these inputs"
 
 
 def _as_diagnosis(obj: Any, kind: str) -> Diagnosis:
@@ -335,14 +304,14 @@ def lookup(kind: str) -> Diagnosis | None:
 
 
 def checklist(finding: Any) -> list[dict[str, Any]] | None:
-    """The checks of a result whose diagnosis keeps a checklist (:attr:`Diagnosis.checklist`), else None.
+    """The checks of a result whose diagnosis keeps a checklist (:attr:`ReportHooks.checklist`), else None.
 
     ``evidence["diagnosis"]`` names the diagnosis (a clean result's kind is ``"none"``).
     """
     ev = getattr(finding, "evidence", None) or {}
     d = lookup(str(ev.get("diagnosis") or getattr(finding, "kind", "")))
     checks = ev.get("checks")
-    return list(checks) if d is not None and d.checklist and isinstance(checks, list) else None
+    return list(checks) if d is not None and d.report.checklist and isinstance(checks, list) else None
 
 
 def kinds() -> list[str]:
@@ -367,7 +336,7 @@ def priority(kind: str, *, found: bool = True) -> int:
     d = _all().get(kind)
     if d is None:
         return 1000
-    return d.priority + (500 if d.clean_last and not found else 0)
+    return d.priority + (500 if d.order.clean_last and not found else 0)
 
 
 def _warns(f: Any) -> bool:

@@ -152,12 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     from precnb.cli import device_cmds
 
     device_cmds.register(sub, _add_load_options)
-    from precnb.cli import spike_cmds
-
-    spike_cmds.register(sub, _add_load_options)
     from precnb.cli import generated
 
-    generated.register(sub, _add_load_options)  # a registered diagnosis without a subcommand of its own
+    generated.register(sub, _add_load_options)  # nan, anomalies, spike and every plug-in diagnosis: from the registry
     return parser
 
 

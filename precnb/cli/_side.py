@@ -39,11 +39,14 @@ def with_loss_spike(triage: Any, args: argparse.Namespace) -> int:
     ``--json`` prints the anomaly finding (its shape unchanged) with ``values["loss_spike"]``
     (step, rank, origin, first cause) and a hint; the text prints both findings.
     """
-    anomaly = triage.result("anomaly") or triage.finding
-    spike = triage.result("loss_spike")
+    from precnb.analysis.diagnoses import ANOMALY
+    from precnb.analysis.spike.diagnosis import LOSS_SPIKE
+
+    anomaly = triage.result(ANOMALY) or triage.finding
+    spike = triage.result(LOSS_SPIKE)
     if spike is not None and spike.found:
         first = spike.causes[0] if spike.causes else {}
-        anomaly.values["loss_spike"] = {"step": spike.step, "rank": spike.rank, "node": spike.node,
+        anomaly.values[LOSS_SPIKE] = {"step": spike.step, "rank": spike.rank, "node": spike.node,
                                         "tensor": spike.tensor, "module": spike.module,
                                         "cause": first.get("cause"), "certain": first.get("certain")}
         anomaly.hints.append(f"loss spike at step {spike.step}"

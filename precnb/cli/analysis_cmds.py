@@ -1,4 +1,4 @@
-"""Sub-commands backed by :mod:`precnb.analysis`: ``diff``, ``nan``, ``anomalies``.
+"""Sub-commands backed by :mod:`precnb.analysis`: ``diff``, ``align``, ``merge``.
 
 With ``--json`` each prints exactly one JSON object (a Finding, see
 :mod:`precnb.analysis.findings`) on stdout; without it, a readable summary. They exit 0
@@ -11,18 +11,15 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from precnb.analysis.diagnoses import FIRST_DIVERGENCE, PREFLIGHT
 from precnb.cli import _term
 from precnb.cli.analysis_parsers import (
     add_align_parser,
-    add_anomalies_parser,
     add_diff_parser,
     add_merge_parser,
-    add_nan_parser,
-    add_preflight_parser,
-    add_replicas_parser,
 )
 
-__all__ = ["register"]
+__all__ = ["layout_run", "preflight_emit", "register"]
 
 
 def _emit_finding(finding: Any, args: argparse.Namespace) -> int:
@@ -68,7 +65,7 @@ def triage_options(args: argparse.Namespace, **extra: Any) -> Any:
         kw["ranks"] = ranks
     if getattr(args, "step_offset", None) is not None:
         kw["step_offset"] = args.step_offset
-    if getattr(args, "rtol", None) is not None and getattr(args, "command", "") != "replicas":
+    if getattr(args, "rtol", None) is not None:  # diff's one tolerance (the replica check's is its own option)
         kw["tolerance"] = args.rtol
     if getattr(args, "reference", None) and getattr(args, "command", "") != "merge":
         kw["reference"] = tuple(args.reference)
@@ -144,33 +141,29 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             raise UsageError("give BASELINE and TARGET, or one input that holds two runs")
         names = [str(r) for r in both["run"].values]
         base_name = "baseline" if set(names) == {"baseline", "target"} else names[0]
-        triage = run_triage(args, both, base_name, kinds=["first_divergence"])
+        triage = run_triage(args, both, base_name, kinds=[FIRST_DIVERGENCE])
     else:
-        triage = run_triage(args, args.target, args.baseline, kinds=["preflight", "first_divergence"])
+        triage = run_triage(args, args.target, args.baseline, kinds=[PREFLIGHT, FIRST_DIVERGENCE])
     if args.json:  # one object: the most important finding (a failing pre-flight one names the divergence)
         _emit_finding(triage.finding, args)
         return 1 if triage.nothing_compared else 0
     if triage.nothing_compared:  # nothing in common: that is the answer (and not a clean one: exit 1)
         shown = [triage.finding]
     else:
-        shown = triage.found or [triage.result("first_divergence") or triage.finding]
+        shown = triage.found or [triage.result(FIRST_DIVERGENCE) or triage.finding]
     _term.out("\n\n".join(f.summary(_term.WIDTH) for f in shown) + "\n")
     return 1 if triage.nothing_compared else 0
 
 
-def _cmd_preflight(args: argparse.Namespace) -> int:
+def preflight_emit(triage: Any, args: argparse.Namespace) -> int:
+    """How ``precnb preflight`` prints (the pre-flight checks' ``emit``): the checks, or ``{"checks": [...]}``."""
     from precnb.analysis.findings import to_json
     from precnb.pipeline.run import checklist
 
-    extra = {"target_layout": args.layout} if args.layout else {}
-    if args.target is None:
-        triage = run_triage(args, args.base, kinds=["preflight"], **extra)
-    else:
-        triage = run_triage(args, args.target, args.base, kinds=["preflight"], **extra)
     if args.json:
         _term.out(to_json(checklist(triage), indent=2) + "\n")
     else:
-        _term.out(triage.result("preflight").summary(_term.WIDTH) + "\n")
+        _term.out(triage.result(PREFLIGHT).summary(_term.WIDTH) + "\n")
     return 0
 
 
@@ -235,24 +228,6 @@ def _alignment_text(a: Any, triage: Any) -> str:
     return "\n".join(lines)
 
 
-def _cmd_nan(args: argparse.Namespace) -> int:
-    return _emit_finding(run_triage(args, args.run, kinds=["nan_origin"]).finding, args)
-
-
-def _given(**kw: Any) -> dict[str, Any]:
-    """The options the user gave (None: keep the pipeline's default)."""
-    return {k: v for k, v in kw.items() if v is not None}
-
-
-def _cmd_anomalies(args: argparse.Namespace) -> int:
-    from precnb.cli._side import side_options, with_loss_spike
-
-    extra = _given(spike_z=args.z, spike_ratio=args.ratio, spike_stats=tuple(args.stat) if args.stat else None,
-                   limit=args.limit)
-    triage = run_triage(args, args.run, kinds=["anomaly", "loss_spike"], **extra, **side_options(args))
-    return with_loss_spike(triage, args)  # issue #29: the anomaly finding, and the loss spike beside it
-
-
 def _layout_from_args(args: argparse.Namespace, ds: Any) -> Any:
     """The layout the flags give, checked against the dumps; with no layout flag, the one the dumps show."""
     from precnb.analysis import Layout, LayoutError
@@ -313,34 +288,29 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_replicas(args: argparse.Namespace) -> int:
+def layout_run(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The run and its layout from the layout flags (``--layout`` or ``--tp``/``--pp``/...; none: the dumps').
+
+    ``--layout`` text is parsed against the run's ranks by the pipeline; the flags need the world size, so the run is
+    read first and handed on as read (its path kept: the origin's dump records are read as with ``--layout``).
+    """
     from precnb.analysis import LayoutError
     from precnb.cli._common import UsageError, open_checked
 
-    if args.layout:  # the layout text is parsed against the run's ranks by the pipeline
-        layout: Any = args.layout
-    else:
-        ds = open_checked(args.run, args)  # the flags need the world size
-        try:
-            layout = _layout_from_args(args, ds)
-        except LayoutError as exc:
-            raise UsageError(str(exc)) from None
-        from precnb.pipeline import ReadRun
+    if args.layout:
+        return args.run, args.layout
+    ds = open_checked(args.run, args)
+    try:
+        layout = _layout_from_args(args, ds)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+    from precnb.pipeline import ReadRun
 
-        # the dataset as read and its path: the origin's dump records (scalar arguments) are read as with --layout
-        run = ReadRun(ds, str(args.run)) if isinstance(args.run, str) else ds
-        return _emit_finding(run_triage(args, run, kinds=["replica_mismatch"], target_layout=layout,
-                                        **_given(replica_rtol=args.rtol)).finding, args)
-    return _emit_finding(run_triage(args, args.run, kinds=["replica_mismatch"], target_layout=layout,
-                                    **_given(replica_rtol=args.rtol)).finding, args)
+    return (ReadRun(ds, str(args.run)) if isinstance(args.run, str) else ds), layout
 
 
 def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the analysis sub-commands to *sub* (defaults come from :data:`precnb.pipeline.DEFAULTS`)."""
     add_diff_parser(sub, add_load_options).set_defaults(func=_cmd_diff)
     add_align_parser(sub, add_load_options).set_defaults(func=_cmd_align)
-    add_preflight_parser(sub, add_load_options).set_defaults(func=_cmd_preflight)
-    add_nan_parser(sub, add_load_options).set_defaults(func=_cmd_nan)
-    add_anomalies_parser(sub, add_load_options).set_defaults(func=_cmd_anomalies)
     add_merge_parser(sub, add_load_options).set_defaults(func=_cmd_merge)
-    add_replicas_parser(sub, add_load_options).set_defaults(func=_cmd_replicas)

@@ -1,7 +1,7 @@
 """The parsers of the analysis sub-commands and the options they share with other sub-commands.
 
-``diff``, ``align``, ``preflight``, ``nan``, ``anomalies``, ``merge`` and ``replicas``; :mod:`precnb.cli.analysis_cmds`
-runs them.
+``diff``, ``align`` and ``merge``; :mod:`precnb.cli.analysis_cmds` runs them (``preflight``, ``nan``, ``anomalies``,
+``replicas`` and ``spike`` are generated from the diagnosis registry: :mod:`precnb.cli.generated`).
 """
 
 from __future__ import annotations
@@ -14,25 +14,19 @@ from precnb.cli._args import MAX_INDEX, integer, layout_text, number, order_text
 from precnb.cli._common import int_or_auto
 
 __all__ = [
-    "SPIKE_STATS",
     "add_align_parser",
-    "add_anomalies_parser",
     "add_diff_parser",
     "add_layout_options",
     "add_mapping_option",
     "add_merge_parser",
-    "add_nan_parser",
-    "add_preflight_parser",
     "add_rank_table_option",
-    "add_replicas_parser",
     "add_rng_region_option",
+    "add_step_offset_option",
 ]
 
 positive = number(0)
 step = integer(0, MAX_INDEX)
 size = integer(1, 2**20)
-#: statistics a spike test can use: the schema's four and msprobe monitor's zeros / nans counts
-SPIKE_STATS = ("norm", "max", "min", "mean", "zeros", "nans")
 
 
 def add_rank_table_option(p: argparse.ArgumentParser) -> None:
@@ -57,6 +51,13 @@ def add_mapping_option(p: argparse.ArgumentParser) -> None:
                         "aligned automatically without one")
 
 
+def add_step_offset_option(p: argparse.ArgumentParser) -> None:
+    """``--step-offset N|auto``: target step = baseline step + OFFSET."""
+    p.add_argument("--step-offset", type=int_or_auto(), default=None,
+                   help="target step = baseline step + OFFSET, or 'auto' (resumed runs); default: 0 when "
+                        "both runs hold the same steps, else auto")
+
+
 def add_layout_options(p: argparse.ArgumentParser) -> None:
     """``--layout`` or ``--tp/--pp/--vpp/--cp/--ep/--etp``, ``--order``, ``--num-layers``: a run's parallel layout."""
     p.add_argument("--layout", type=layout_text,
@@ -69,15 +70,6 @@ def add_layout_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", type=order_text, default="tp-cp-ep-dp-pp", help="Megatron order string")
     p.add_argument("--num-layers", type=size, help="total layers, for PP/VPP renumbering")
 
-
-
-def _one_run_parser(sub: Any, name: str, text: str, *, json_help: str | None = "print one JSON finding") -> Any:
-    """A sub-command on one RUN with ``--json`` and ``--step``."""
-    p = sub.add_parser(name, help=text)
-    p.add_argument("run")
-    p.add_argument("--json", action="store_true", help=json_help)
-    p.add_argument("--step", type=step, help="only this step")
-    return p
 
 
 def add_diff_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
@@ -128,52 +120,6 @@ def add_align_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentPars
     return p
 
 
-def add_preflight_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
-    """The ``preflight`` sub-command's parser."""
-    p = sub.add_parser("preflight", help="pre-flight checks before any layer-by-layer compare: parameters, frozen "
-                       "set, optimizer hyper-parameters, initial weights, same data, distinct data per DP replica")
-    p.add_argument("base", metavar="BASE", help="the baseline run, or the one run checked (dump or config_check zip)")
-    p.add_argument("target", metavar="TARGET", nargs="?", help="the run compared with BASE")
-    p.add_argument("--json", action="store_true", help='print one JSON object {"checks": [...]}')
-    p.add_argument("--layout", help="layout of the checked (target) run, e.g. tp=2,dp=2: which ranks share a batch "
-                   "by design (TP, CP, PP groups); with two runs its shards are merged before comparing")
-    p.add_argument("--baseline-layout", help="layout of BASE when TARGET is given (merge its shards first)")
-    p.add_argument("--step-offset", type=int_or_auto(), default=None,
-                   help="target step = baseline step + OFFSET, or 'auto' (default: 0 when both runs hold the same "
-                        "steps, else auto)")
-    add_mapping_option(p)
-    add_load_options(p)
-    return p
-
-
-def add_nan_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
-    """The ``nan`` sub-command's parser."""
-    p = _one_run_parser(sub, "nan", "where NaN (or a new ±inf) first appeared, across ranks")
-    add_rank_table_option(p)
-    add_load_options(p)
-    return p
-
-
-def add_anomalies_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
-    """The ``anomalies`` sub-command's parser."""
-    from precnb.pipeline.options import DEFAULTS
-
-    p = _one_run_parser(sub, "anomalies", "NaN/Inf transitions and spikes over steps, ranked")
-    p.add_argument("--z", type=positive, default=None,
-                   help=f"robust z-score threshold (default {DEFAULTS.spike_z:g})")
-    p.add_argument("--ratio", type=positive, default=None,
-                   help=f"minimum jump ratio (default {DEFAULTS.spike_ratio:g})")
-    p.add_argument("--stat", action="append", default=None, choices=SPIKE_STATS,
-                   help=f"statistic(s) to test for spikes (default {', '.join(DEFAULTS.spike_stats)})")
-    p.add_argument("--limit", type=integer(0, 10**9), default=None,
-                   help=f"how many further anomalies to list (default {DEFAULTS.limit})")
-    from precnb.cli._side import add_side_options
-
-    add_side_options(p)
-    add_load_options(p)
-    return p
-
-
 def add_merge_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
     """The ``merge`` sub-command's parser."""
     p = sub.add_parser("merge", help="merge TP/CP shards (and PP/VPP/EP stages) into whole-layer statistics")
@@ -185,22 +131,5 @@ def add_merge_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentPars
     p.add_argument("--json", action="store_true")
     p.add_argument("--step", type=step, help="only this step")
     add_layout_options(p)
-    add_load_options(p)
-    return p
-
-
-def add_replicas_parser(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> Any:
-    """The ``replicas`` sub-command's parser."""
-    from precnb.pipeline.options import DEFAULTS
-
-    p = _one_run_parser(sub, "replicas", "ranks whose replicated tensors differ from their replicas", json_help=None)
-    p.add_argument("--rtol", type=positive, default=None,
-                   help=f"relative tolerance (default {DEFAULTS.replica_rtol:g})")
-    p.add_argument("--baseline", dest="replica_baseline", metavar="RUN",
-                   help="a clean run of the same training: decides which side of a two-replica departure "
-                        "is wrong")
-    add_rng_region_option(p)
-    add_layout_options(p)
-    add_rank_table_option(p)
     add_load_options(p)
     return p

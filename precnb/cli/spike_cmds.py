@@ -1,17 +1,18 @@
-"""``precnb spike``: why did the loss spike (step, rank, origin, cause), from a dump and/or a monitor output."""
+"""``precnb spike``: why did the loss spike (step, rank, origin, cause), from a dump and/or a monitor output.
+
+The subcommand is generated from the loss-spike diagnosis (:mod:`precnb.cli.generated`); this module is how it
+prints (:func:`emit`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
 from typing import Any
 
 from precnb.cli import _term
-from precnb.cli._args import integer
-from precnb.cli._side import add_side_options, side_options
 
-__all__ = ["register"]
+__all__ = ["emit"]
 
 
 def _fmt(v: float) -> str:
@@ -31,36 +32,15 @@ def _loss_table(f: Any) -> list[str]:
     return lines
 
 
-def _cmd_spike(args: argparse.Namespace) -> int:
-    from precnb.cli._common import UsageError
-    from precnb.cli.analysis_cmds import run_triage
+def emit(triage: Any, args: argparse.Namespace) -> int:
+    """How ``precnb spike`` prints: the finding and the loss around the spike, or the finding's JSON.
 
-    extra = side_options(args)
-    if args.limit is not None:
-        extra["limit"] = args.limit
-    try:
-        f = run_triage(args, args.run, kinds=["loss_spike"], **extra).finding
-    except TypeError as exc:  # a loss option of the wrong kind
-        raise UsageError(str(exc)) from None
+    It is the loss-spike diagnosis's :class:`~precnb.analysis.hooks.CliHooks` ``emit``.
+    """
+    f = triage.finding
     if args.json:
         _term.out(f.to_json(indent=2) + "\n")
         return 0
-    text = f.summary(_term.WIDTH)
     table = _loss_table(f)
-    _term.out(text + ("\n" + "\n".join(table) if table else "") + "\n")
+    _term.out(f.summary(_term.WIDTH) + ("\n" + "\n".join(table) if table else "") + "\n")
     return 0
-
-
-def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add ``spike`` to *sub*."""
-    p = sub.add_parser("spike", help="why did the loss spike: step, rank, origin (batch, parameter, op) and cause",
-                       description="Find the first step whose loss departs from its own recent history and attribute "
-                                   "it: the rank that spiked first, the batch input / parameter / op of the origin, "
-                                   "and the cause (data, optimizer, hardware, numerics), most likely first, with the "
-                                   "lead indicators and the dump that confirms it. RUN is a dump or a monitor output.")
-    p.add_argument("run", metavar="RUN", help="msprobe dump (the steps around the spike suffice) or monitor output")
-    add_side_options(p)
-    p.add_argument("--json", action="store_true", help="print one JSON finding")
-    p.add_argument("--limit", type=integer(0, 10**9), default=None, help="how many further candidates to list")
-    add_load_options(p)
-    p.set_defaults(func=_cmd_spike)

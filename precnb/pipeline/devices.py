@@ -143,7 +143,9 @@ def device_labels(triage: Any) -> dict[int, str]:
     if not table:
         return {}
     out = {int(r): f"{d['host']}:{d['device']}" for r, d in table.items()}
-    f = triage.result("replica_mismatch")
+    from precnb.analysis.diagnoses import REPLICAS
+
+    f = triage.result(REPLICAS)
     for c in ((f.evidence.get("candidates") or []) if f is not None and f.found else []):
         r = int(c["rank"])
         if r in out:

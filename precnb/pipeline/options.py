@@ -66,23 +66,21 @@ class Options:
         Parse on this dask cluster.
     progress : bool, optional
         Progress bars on/off (default: on for long loads, on a terminal).
-    spike_z, spike_ratio : float
-        Spike test of the anomaly search (robust z-score, minimum jump ratio).
-    spike_stats : tuple of str
-        Statistics tested for spikes.
     limit : int
-        How many further suspects a finding lists.
-        rank_table : path or mapping, optional
+        How many further suspects a finding lists (the anomaly search, the replica check, the loss spike).
+    rank_table : path or mapping, optional
         Which host and device served each rank (an HCCL ``rank_table_file`` JSON, a
         ``rank,host,device`` CSV, or ``{rank: (host, device)}``): every finding naming a rank names
         them too (:mod:`precnb.pipeline.devices`).
     tensor_metrics : bool or None
-        Judge the divergence on whole-tensor metrics (msprobe compare's) where both runs saved
-        the tensors (``task: tensor``). None: whenever both runs hold tensor files and no layout
-        is given; False: statistics only.
+        Read the tensor files of a pair and compute whole-tensor metrics (msprobe compare's) where both
+        runs saved the tensors (``task: tensor``): the plan reads such a pair whole, the first divergence
+        judges on them, the report and the explorer show them. None: whenever both runs hold tensor files
+        and no layout is given; False: statistics only.
     Diagnosis options
         Any other keyword: an option of the diagnoses that declare it (``replica_rtol``, ``rng_regions``,
-        ``replica_baseline`` of the replica check; ``monitor``, ``loss`` of the loss-spike diagnosis; see
+        ``replica_baseline`` of the replica check; ``spike_z``, ``spike_ratio``, ``spike_stats`` of the anomaly
+        search; ``monitor``, ``loss`` of the loss-spike diagnosis; see
         :func:`precnb.analysis.options.option_owners`), read as an attribute or by kind with :meth:`of`.
     """
 
@@ -101,9 +99,6 @@ class Options:
     workers: int | str | None = None
     client: Any = field(default=None, compare=False)
     progress: bool | None = None
-    spike_z: float = 10.0
-    spike_ratio: float = 5.0
-    spike_stats: tuple[str, ...] = ("norm",)
     limit: int = 50
     tensor_metrics: bool | None = None  # issue #17 (precnb.pipeline.tensors)
     rank_table: Any = None  # issue #28 (precnb.pipeline.devices)

@@ -42,7 +42,7 @@ from precnb.pipeline.sources import Source
 
 __all__ = ["alignment", "enrich_all", "is_sharded", "mapping_key", "merge_layouts", "merged_pair", "name_all",
            "name_in_layout", "nothing_compared_first", "pair_alignment", "pair_steps", "resolve_layout", "run_layout",
-           "spike_rule", "step_offset_of", "steps_of", "tolerance_of", "with_run_layout"]
+           "step_offset_of", "steps_of", "tolerance_of", "with_run_layout"]
 
 _MERGED = DatasetMemo(size=2)
 _ALIGNED = DatasetMemo(size=2)
@@ -153,13 +153,6 @@ def tolerance_of(opts: Options, open_ref: Any) -> Any:
     if tol is not None:
         return tol
     return Tolerance(**kw) if kw else None
-
-
-def spike_rule(opts: Options) -> Any:
-    """The loss-spike / anomaly rule of the options (``spike_z``, ``spike_ratio``, ``spike_stats``)."""
-    from precnb.analysis import SpikeRule
-
-    return SpikeRule(z=float(opts.spike_z), ratio=float(opts.spike_ratio), stats=tuple(opts.spike_stats))
 
 
 def pair_steps(tsrc: Source, bsrc: Source, opts: Options) -> tuple[list[int] | None, list[int] | None]:

@@ -25,6 +25,7 @@ from typing import Any
 import xarray as xr
 
 from precnb._args import baseline_keyword
+from precnb.analysis.diagnoses import PREFLIGHT, REPLICAS
 from precnb.pipeline import prepare
 from precnb.pipeline.inputs import normalize
 from precnb.pipeline.options import Options
@@ -153,9 +154,9 @@ def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout
     findings: dict[str, Any] = {}
     notes: list[str] = []  # a rank table's rows for ranks its run does not have (#49)
     for name, run in runs.items():
-        t = diagnose(run, kinds=["replica_mismatch"], target_layout=layout, rank_table=tables[name],
+        t = diagnose(run, kinds=[REPLICAS], target_layout=layout, rank_table=tables[name],
                      replica_baseline=baseline, **options)
-        f = t.result("replica_mismatch") or t.finding
+        f = t.result(REPLICAS) or t.finding
         findings[name] = f
         events[name] = list(f.evidence.get("departures", [])) if f is not None and f.found else []
         assert t.rank_table is not None
@@ -198,8 +199,8 @@ def preflight(base: Any, target: Any = None, **options: Any) -> dict[str, Any]:
     ['fail']
     """
     kw = {k: v for k, v in options.items() if k != "kinds"}
-    triage = diagnose(base, kinds=["preflight"], **kw) if target is None else diagnose(
-        target, baseline=base, kinds=["preflight"], **kw)
+    triage = diagnose(base, kinds=[PREFLIGHT], **kw) if target is None else diagnose(
+        target, baseline=base, kinds=[PREFLIGHT], **kw)
     return checklist(triage)
 
 
@@ -207,9 +208,9 @@ def checklist(triage: Any) -> dict[str, Any]:
     """The :func:`preflight` dict of a :class:`~precnb.Triage` that ran the pre-flight checks."""
     from precnb.analysis.findings import jsonable
 
-    f = triage.result("preflight")
+    f = triage.result(PREFLIGHT)
     if f is None:
-        raise ValueError("the pre-flight checks did not run in this triage (kinds without 'preflight')")
+        raise ValueError(f"the pre-flight checks did not run in this triage (kinds without {PREFLIGHT!r})")
     checks = list(f.evidence.get("checks", []))
     return jsonable({"schema": PREFLIGHT_SCHEMA, "status": f.stats.get("status"),
                      "baseline": triage.names[0] if triage.paired else None, "target": triage.names[1],
@@ -380,7 +381,8 @@ def _run(wanted: Sequence[Any], ctx: Any, *, explicit: bool
             checks.append({"kind": d.kind, "title": d.title, "description": d.description,
                            "status": "found" if f.found else "none", "message": f.reason})
     by_kind = {k: f for k, f in results}
-    keep = {d.kind: d.keep for d in wanted if d.keep is not None}  # a diagnosis decides whether its result is listed
+    # a diagnosis decides whether its result is listed
+    keep = {d.kind: d.order.keep for d in wanted if d.order.keep is not None}
     return [(k, f) for k, f in results if k not in keep or keep[k](f, by_kind)], by_kind, checks
 
 

@@ -35,9 +35,9 @@ def stepwise_plan(wanted: Sequence[Any], tsrc: Source, bsrc: Source | None, opts
     diagnosis with a ``stepwise`` search, another that needs every step, or inputs that are not dump folders
     with at least two common steps.
     """
-    searchers = [d for d in wanted if d.stepwise is not None]
-    rest = [d for d in wanted if d.stepwise is None]
-    if bsrc is None or whole or len(searchers) != 1 or any(d.first_steps <= 0 for d in rest):
+    searchers = [d for d in wanted if d.steps.stepwise is not None]
+    rest = [d for d in wanted if d.steps.stepwise is None]
+    if bsrc is None or whole or len(searchers) != 1 or any(d.steps.first_steps <= 0 for d in rest):
         return None
     plan = _steps(tsrc, bsrc, opts)
     return None if plan is None else (searchers[0], rest, plan)
@@ -90,7 +90,7 @@ def try_stepwise(plan: Any, notes: list[str], first_steps: Callable[[list[Any], 
         return None
     if not rest:
         return [div]
-    n = max(d.first_steps for d in rest)
+    n = max(d.steps.first_steps for d in rest)
     if n > 1 and _forward_fault_first(div.by_kind.get(searcher.kind), kept):
         n = 1  # nothing after the first step's forward pass can explain it: the next step is not read
         notes.append(f"{', '.join(d.title.lower() for d in rest)} on the first step only: the runs already "
@@ -217,7 +217,7 @@ def _search(d: Any, tsrc: Source, bsrc: Source, opts: Options, plan: tuple[list[
         got = ready.pop(tuple(batch), None)
         return got if got is not None else read(batch)
 
-    finding = d.stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc, alignment=alignment)
+    finding = d.steps.stepwise(load, search, tolerance=tolerance, step_offset=off, crc=opts.crc, alignment=alignment)
     notes.extend(read.layout_notes)
     prepare.nothing_compared_first([finding], loaded.failures)
     notes.extend(read.merge_notes or [])
@@ -249,7 +249,7 @@ def note_later(findings: list[Any]) -> None:
     from precnb.analysis import registry
 
     head_d = registry.lookup(findings[0].kind) if findings else None
-    if head_d is None or not head_d.clean_last:  # a precondition check (the pre-flight checks) heads the list
+    if head_d is None or not head_d.order.clean_last:  # a precondition check (the pre-flight checks) heads the list
         return
     later = [f for f in findings[1:] if f.found]
     if not later:

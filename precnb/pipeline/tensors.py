@@ -263,28 +263,29 @@ def _pin(t: Any, ds: xr.Dataset | None = None) -> Any:
 
 
 def _call_flags(d: Any, ds: xr.Dataset, finding: Any, t: Any) -> Any:
-    """``d.flags(ds, finding, triage=t)``; a hook of the first form, ``flags(ds, finding)``, without *triage*."""
+    """``d.explorer.flags(ds, finding, triage=t)``; a hook of the old form, ``flags(ds, finding)``, without *triage*."""
     import inspect
 
+    hook = d.explorer.flags
     try:
-        params = list(inspect.signature(d.flags).parameters.values())
+        params = list(inspect.signature(hook).parameters.values())
     except (TypeError, ValueError):
         params = []
     takes = any(p.name == "triage" or p.kind is p.VAR_KEYWORD for p in params)
-    return d.flags(ds, finding, triage=t) if takes else d.flags(ds, finding)
+    return hook(ds, finding, triage=t) if takes else hook(ds, finding)
 
 
 def _own_flags(t: Any, grid: xr.Dataset) -> tuple[np.ndarray, list[str]]:
-    """Records the found findings' diagnoses flag themselves (:attr:`Diagnosis.flags`), and what they are."""
+    """Records the found findings' diagnoses flag themselves (:attr:`ExplorerHooks.flags`), and what they are."""
     from precnb.analysis import registry
 
     bad = np.zeros(tuple(grid.sizes[d] for d in ("step", "rank", "tensor")), bool)
     titles: list[str] = []
     for f in t.found:
         d = registry.lookup(f.kind)
-        if d is not None and d.flags is not None:
+        if d is not None and d.explorer.flags is not None:
             bad |= _rows_mask(grid, _call_flags(d, grid, f, t))
-            titles.append(d.flag_text or d.title.lower())
+            titles.append(d.explorer.flag_text or d.title.lower())
     return bad, list(dict.fromkeys(titles))
 
 
@@ -332,13 +333,13 @@ def flagged_ranks(t: Any) -> Flagged:
     raw = t.raw_target
     if t.paired and raw is not None and t.target_layout is not None and raw.sizes["rank"] > out.ds.sizes["rank"]:
         for d in registry.diagnoses():
-            if not d.unmerged or d.flags is None:  # only the replica check flags ranks as dumped
+            if not d.explorer.unmerged or d.explorer.flags is None:  # only the replica check flags ranks as dumped
                 continue
             pin = next((f for f in t.found if f.kind == d.kind), None)
             rows = _call_flags(d, raw, pin, t)
             if len(rows):
                 pos = causal_positions_of(raw, _rows_mask(raw, rows), first=pin)
-                what = f"{d.flag_text or d.title.lower()} across the target's shards (ranks as dumped)"
+                what = f"{d.explorer.flag_text or d.title.lower()} across the target's shards (ranks as dumped)"
                 out = Flagged(raw, pos, what, unmerged=True)
                 break
     t.cache["flagged_ranks"] = out
@@ -352,16 +353,14 @@ def params_of(wanted: Sequence[Any], opts: Any, tsrc: Any, raw_t: xr.Dataset, lo
     The monitor output and the loss log are read once per triage (kept in *cache*, the plan's). An ``inputs`` hook
     that takes ``baseline`` gets the triage's baseline source (None for one run).
     """
-    from precnb.pipeline.prepare import spike_rule
-
-    params: dict[str, Any] = {"spike_rule": spike_rule(opts), "limit": int(opts.limit)}
+    params: dict[str, Any] = {"limit": int(opts.limit)}
     if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
         if "side_inputs" not in cache:
             cache["side_inputs"] = side_inputs(opts, loaded, common)
         params.update(cache["side_inputs"])
     for d in wanted:  # what a diagnosis reads beside the run (its ``inputs`` hook)
-        if d.inputs is not None:
-            hook = _resolve(d.inputs)
+        if d.reads.inputs is not None:
+            hook = _resolve(d.reads.inputs)
             kw = {"baseline": baseline} if _takes(hook, "baseline") else {}
             params.update(hook(tsrc, opts, raw_t, loaded=loaded, common=common, **kw))
     return params

@@ -81,7 +81,7 @@ def color_mode(data: ReportData, finding: Any) -> str:
     from precnb.analysis.registry import lookup
 
     d = lookup(finding.kind) if finding is not None else None
-    return d.color if d is not None else "stat"  # the diagnosis's own colour (the NaN origin: "events")
+    return d.report.color if d is not None else "stat"  # the diagnosis's own colour (the NaN origin: "events")
 
 
 _CAPTIONS = {

@@ -277,7 +277,7 @@ def _trend_view(trend: Any) -> dict[str, Any] | None:
 
 
 def diagnosis_sections(findings: Sequence[Any], *, rows: int = 50) -> list[dict[str, Any]]:
-    """The report tables the findings' diagnoses give themselves (:attr:`Diagnosis.section`), as cells.
+    """The report tables the findings' diagnoses give themselves (:attr:`ReportHooks.section`), as cells.
 
     A section is ``{"title", "caption", "columns", "rows"}`` of plain values; names (``node``, ``tensor``,
     ``module`` columns) wrap, numbers are formatted as everywhere else, everything is escaped.
@@ -287,7 +287,7 @@ def diagnosis_sections(findings: Sequence[Any], *, rows: int = 50) -> list[dict[
     out = []
     for f in findings:
         d = lookup(f.kind)
-        if d is None or d.section is None or not (sec := d.section(f, rows=rows)):
+        if d is None or d.report.section is None or not (sec := d.report.section(f, rows=rows)):
             continue
         cols = [str(c) for c in sec.get("columns") or []]
         cells = [[_section_cell(c, v) for c, v in zip(cols, r, strict=False)] for r in sec.get("rows") or []]

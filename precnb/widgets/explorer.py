@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import traitlets
 
+from precnb.analysis.registry import checklist, lookup
 from precnb.viz.selections import read_point
 from precnb.widgets._data import ExplorerData, has_metrics
 from precnb.widgets._inputs import Runs
@@ -142,7 +143,7 @@ class Explorer(ExplorerViews, ipw.VBox):
 
     # -- drawing ------------------------------------------------------------------------------
     def _checklist(self) -> None:
-        pre = self.triage.result("preflight") if self.triage is not None else None
+        pre = next((f for f in self.triage.results.values() if checklist(f) is not None), None) if self.triage else None
         self.preflight = PreflightPanel(pre) if pre is not None else None
         self.preflight_box.children = [self.preflight] if self.preflight is not None else []
 
@@ -304,9 +305,8 @@ class Explorer(ExplorerViews, ipw.VBox):
     def show_finding(self, f: Any, **_legacy: Any) -> None:
         """Move the heat maps, line chart and detail table to a Finding (its origin record when it has one)."""
         from precnb.analysis.findings import shown_record
-        from precnb.analysis.registry import lookup
 
-        unmerged = getattr(lookup(f.kind), "unmerged", False) and self.data.raw() is not None
+        unmerged = bool((d := lookup(f.kind)) is not None and d.explorer.unmerged and self.data.raw() is not None)
         ds = self._ds(unmerged)
         rec = shown_record(f, [int(r) for r in ds["rank"].values])
         dep = None if unmerged else self.data.departing(f)

@@ -204,8 +204,8 @@ class FindingBar(ipw.VBox):
         cur = self.api.current_finding
         from precnb.analysis.registry import lookup
 
-        unmerged = bool(cur is not None and getattr(lookup(cur.kind), "unmerged", False)
-                        and self.api.data.raw() is not None)
+        d = lookup(cur.kind) if cur is not None else None
+        unmerged = bool(d is not None and d.explorer.unmerged and self.api.data.raw() is not None)
         ds = self.api.data.raw() if unmerged else self.api.data.target()
         if ds is None:
             return

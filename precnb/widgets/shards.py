@@ -101,7 +101,9 @@ class ShardPanel(Panel):
                          f"{_kinds_summary(t.target)}")
         lines += [html.escape(n) for n in t.notes if "merged" in n]
         self.output.value = "<div style='font-size:12px'>" + "<br>".join(lines) + "</div>"
-        rep = t.result("replica_mismatch")
+        from precnb.analysis.diagnoses import REPLICAS
+
+        rep = t.result(REPLICAS)
         self.replicas.value = finding_html(rep) if rep is not None else (
             "<i>the replica check runs when the target has a layout (tp, cp or dp groups)</i>")
 

@@ -145,7 +145,7 @@ def _note_label_elsewhere(f: Any, target: xr.Dataset) -> None:
 
 
 def divergence_evidence(f: Any, target: xr.Dataset, baseline: xr.Dataset) -> None:
-    """The first divergence's evidence from both runs (its ``Diagnosis.enrich``): the coverage gap, the ratio hint."""
+    """The first divergence's evidence from both runs (its ``finding.enrich`` hook): coverage gap, ratio hint."""
     from precnb.analysis.causal.coverage import gap_hint
 
     try:
@@ -307,9 +307,9 @@ def enrich(findings: Sequence[Any], target: xr.Dataset | None, baseline: xr.Data
         if target is not None:
             _note_label_elsewhere(f, target)
         d = lookup(f.kind)
-        if d is not None and d.enrich is not None and target is not None and baseline is not None \
+        if d is not None and d.finding.enrich is not None and target is not None and baseline is not None \
                 and "run" not in target.dims:
-            d.enrich(f, target, baseline)
+            d.finding.enrich(f, target, baseline)
     attach_plans(findings, target)
     if target is None or "run" in target.dims:
         return

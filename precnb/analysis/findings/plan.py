@@ -136,7 +136,8 @@ def plan_dump(
         return None
     from precnb.analysis import registry
 
-    own = getattr(registry.lookup(finding.kind), "plan", None)
+    d = registry.lookup(finding.kind)
+    own = d.finding.plan if d is not None else None
     if own is not None:  # a diagnosis that plans its own confirmation (e.g. a loss spike's cause)
         return own(finding, ds, dump_path=dump_path, **({"task": task} if task is not None else {}))
     return generic_plan(finding, ds, dump_path=dump_path, task=task or "tensor")

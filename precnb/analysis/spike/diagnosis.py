@@ -8,7 +8,7 @@ opened by the pipeline from its own options ``monitor`` / ``loss`` (:class:`Spik
 Examples
 --------
 >>> from precnb.analysis.registry import get
->>> get("loss_spike").command
+>>> get(LOSS_SPIKE).cli.command
 'spike'
 """
 
@@ -17,13 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from precnb.analysis.hooks import CliHooks, ExplorerHooks, FindingHooks, OrderHooks
 from precnb.analysis.options import option
 from precnb.analysis.registry import Context, Diagnosis, register
 
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["SpikeOptions"]
+__all__ = ["LOSS_SPIKE", "SpikeOptions"]
+
+#: its kind, spelled here once
+LOSS_SPIKE = "loss_spike"
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class SpikeOptions:
     """The loss-spike diagnosis's options (issue #29): what is read beside the run, every step of it."""
 
     monitor: Any = option(None, compare=False, help="msprobe monitor output (TrainerMon) of the same job, read beside "
-                          "RUN: its gradients, updates and activations at every step", metavar="DIR")
+                          "RUN: its gradients, updates and activations at every step", metavar="DIR", type="folder")
     loss: Any = option(None, compare=False, help="loss log of every step: CSV step,loss[,rank], TensorBoard event "
                        "files (a file or a folder), or a pandas.DataFrame with those columns", metavar="FILE")
 
@@ -68,7 +72,10 @@ def _plan(finding: Any, ds: xr.Dataset, **kw: Any) -> Any:
 
 
 register(Diagnosis(
-    kind="loss_spike", title="Loss spike", priority=25, mode="single", run=_run,
+    kind=LOSS_SPIKE, title="Loss spike", priority=25, mode="single", run=_run,
     description="loss spike (the first step whose loss departs from its own recent history; its origin rank, batch "
-    "input, parameter or op; cause data, optimizer, hardware or numerics)", command="spike",
-    flags=_flags, plan=_plan, keep=_keep, options=SpikeOptions))
+    "input, parameter or op; cause data, optimizer, hardware or numerics)", options=SpikeOptions,
+    cli=CliHooks("spike", help="why did the loss spike: step, rank, origin (batch, parameter, op) and cause. RUN is a "
+                 "dump (the steps around the spike suffice) or a monitor output", shared=("limit",),
+                 emit="precnb.cli.spike_cmds:emit"),
+    explorer=ExplorerHooks(flags=_flags), finding=FindingHooks(plan=_plan), order=OrderHooks(keep=_keep)))
