@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 import precnb
 from precnb.analysis import Layout
 from precnb.analysis.layout.infer import check_layout, infer_layout
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 MG = ROOT / "data_samples" / "megatron"
@@ -219,8 +219,7 @@ def test_merge_gives_whole_model_names():
 
 # ------------------------------------------------------------------- every front end
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600)
+    return run_cli(*args)  # `python -m precnb ARGS` in this process (tests/_inprocess_cli.py)
 
 
 def _key(f: dict) -> tuple:

@@ -10,8 +10,6 @@ divides its weight gradient by its token count: 0/0).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import precnb
 from precnb.analysis import Layout
 from precnb.analysis.experts import expert_tokens, starved_experts
 from precnb.analysis.layout.infer import infer_layout
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 MG = ROOT / "data_samples" / "megatron"
@@ -28,8 +27,7 @@ pytestmark = pytest.mark.skipif(not (MG / "moe_tp2ep2_starved").is_dir(), reason
 
 
 def _cli(*args: str) -> tuple[int, str]:
-    out = subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
-                         timeout=900)
+    out = run_cli(*args)  # in this process (tests/_inprocess_cli.py)
     return out.returncode, out.stdout
 
 
