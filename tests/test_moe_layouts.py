@@ -75,7 +75,9 @@ def test_replicas_no_false_departure_from_expert_parallelism(root):
         assert any("experts have no replicas" in h for h in got["hints"])
 
 
-@pytest.mark.parametrize("baseline", ["moe_tp2ep2", "moe_ep1"])
+# against ep1 in make test only: the scaled expert is found against moe_tp2ep2 here, and ep1 as a baseline is read
+# and folded in test_healthy_folded_layout_against_ep1_finds_nothing (issue #53 item 8)
+@pytest.mark.parametrize("baseline", ["moe_tp2ep2", pytest.param("moe_ep1", marks=pytest.mark.slow)])
 def test_scaled_expert_found_at_its_step_rank_and_expert(baseline):
     truth = next(f for f in gt()["faults"] if f["root"] == "moe_tp2ep2_expert_scale")
     got = _json("diff", str(MG / baseline), str(MG / "moe_tp2ep2_expert_scale"))
