@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,8 @@ import precnb
 from precnb.analysis.align import align
 from precnb.analysis.layout.pp import layer_containers
 from precnb.mapping import load_mapping, parse_mapping
-from tests.conftest import ROOT, open_quiet, sample_path, shared_path
+from tests._inprocess_cli import run_cli
+from tests.conftest import open_quiet, sample_path, shared_path
 
 FIXTURE = ("fixtures", "msprobe_repo", "Ascend-msprobe", "test", "msprobe_test", "mindspore_ut", "compare",
            "dump_file")
@@ -53,8 +53,7 @@ MSPROBE_EXPECTED = {
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    return run_cli(*args)  # `python -m precnb ARGS` in this process (tests/_inprocess_cli.py)
 
 
 # ------------------------------------------------------------------ msprobe's own fixture pair

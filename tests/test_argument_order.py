@@ -7,6 +7,7 @@ import inspect
 import pytest
 
 import precnb
+from tests._inprocess_cli import run_cli
 from tests.conftest import ROOT
 
 DIV = ROOT / "data_samples" / "divergence"
@@ -55,16 +56,13 @@ def test_accessor_takes_the_baseline_as_a_keyword():
 def test_keyword_baseline_gives_the_cli_answer():
     """``precnb.diagnose(T, baseline=B)`` is ``precnb diff B T``: the same first divergence, the real one."""
     import json
-    import subprocess
-    import sys
 
     t = precnb.diagnose(DIV / "target", baseline=DIV / "baseline", progress=False)
     f = t.finding
     # the sample's bug: block 0's GELU runs in bfloat16 on rank 0 from step 1 on
     assert (f.kind, f.step, f.rank, f.node) == ("first_divergence", 1, 0, "Functional.gelu.0.forward")
     assert f.module == "blocks.0.mlp"
-    out = subprocess.run([sys.executable, "-m", "precnb", "diff", str(DIV / "baseline"), str(DIV / "target"),
-                          "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = run_cli("diff", DIV / "baseline", DIV / "target", "--json")
     cli = json.loads(out.stdout)
     assert (cli["kind"], cli["step"], cli["rank"], cli["node"]) == (f.kind, f.step, f.rank, f.node)
     assert cli["values"]["baseline"]["max"] == f.values["baseline"]["max"]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import precnb
 from precnb.pipeline.assumptions import layout_spec
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data_samples"
@@ -25,8 +25,7 @@ TP1, TP2 = DATA / "megatron" / "tp1pp1", DATA / "megatron" / "tp2pp1"
 
 
 def cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precnb", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600)
+    return run_cli(*args)  # `python -m precnb ARGS` in this process (tests/_inprocess_cli.py)
 
 
 def kinds(assumptions: list[dict]) -> dict[str, dict]:

@@ -12,6 +12,7 @@ through both parse paths (batch by batch, and whole with ``PRECNB_JSON_WHOLE=1``
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -91,7 +92,21 @@ def _bundled() -> list[Path]:
 
 @pytest.mark.parametrize("folder", _bundled(), ids=lambda p: str(p.relative_to(p.parents[3])))
 def test_bundled_dumps_same_records(folder):
-    assert assert_same(folder) > 0 or not json.loads(folder.joinpath("dump.json").read_text()).get("data")
+    # a rank folder byte-identical to one compared before in this worker (same name, same files: many samples and
+    # releases share rank files) is the same walk on the same bytes: its count is reused
+    h = hashlib.sha256(folder.name.encode())
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(folder)).encode() + b"\0")
+            h.update(p.read_bytes())
+    key = h.hexdigest()
+    if key not in _COMPARED:
+        _COMPARED[key] = assert_same(folder)
+    assert _COMPARED[key] > 0 or not json.loads(folder.joinpath("dump.json").read_text()).get("data")
+
+
+#: digest of a rank folder (its name and files) -> the number of tensors both walks gave alike
+_COMPARED: dict[str, int] = {}
 
 
 def test_the_c_walk_is_taken(monkeypatch):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import precnb
+from tests._inprocess_cli import run_cli
 from tests.conftest import ROOT, open_quiet, sample_path
 
 
@@ -248,17 +249,14 @@ def test_plan_cli_json_and_safe_output(tmp_path):
     call = gt("moe_empty_expert")["faults"][0]["node"].rsplit(".", 1)[0] + "."
     assert obj["config"]["tensor"]["list"] == [call] and obj["estimated_bytes"] > 0
     target = tmp_path / "config.json"
-    ok = subprocess.run([sys.executable, "-m", "precnb.cli", "plan", run, "-o", str(target)], capture_output=True,
-                        text=True, cwd=ROOT, timeout=300)
+    ok = run_cli("plan", run, "-o", target)  # the same entry point in this process (tests/_inprocess_cli.py)
     assert ok.returncode == 0 and "estimated dump size" in ok.stdout
     assert json.loads(target.read_text())["step"] == [1]
-    again = subprocess.run([sys.executable, "-m", "precnb.cli", "plan", run, "-o", str(target)], capture_output=True,
-                           text=True, cwd=ROOT, timeout=300)
+    again = run_cli("plan", run, "-o", target)
     assert again.returncode == 1 and "exists" in again.stderr
     mine = tmp_path / "mine.json"
     mine.write_text('{"task": "statistics"}')
-    clobber = subprocess.run([sys.executable, "-m", "precnb.cli", "plan", run, "-o", str(mine), "--overwrite"],
-                             capture_output=True, text=True, cwd=ROOT, timeout=300)
+    clobber = run_cli("plan", run, "-o", mine, "--overwrite")
     assert clobber.returncode == 1 and "not a precnb output" in clobber.stderr
     assert mine.read_text() == '{"task": "statistics"}'
 

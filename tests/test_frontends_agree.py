@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import precnb
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data_samples"
@@ -53,8 +53,7 @@ def key(f: dict) -> tuple:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    return run_cli(*args)  # `python -m precnb ARGS` in this process (tests/_inprocess_cli.py)
 
 
 def pipeline_first(target, baseline, kw):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 
 import precnb
 from precnb.mapping import MappingError, load_mapping, parse_mapping
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 240
@@ -35,8 +35,7 @@ LAUGHS = "\n".join(["a: &a ['lol','lol','lol','lol','lol','lol','lol','lol','lol
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=TIMEOUT)
+    return run_cli(*args)  # `python -m precnb ARGS` in this process (tests/_inprocess_cli.py)
 
 
 # ----------------------------------------------------------------------------- item 2: plain YAML only

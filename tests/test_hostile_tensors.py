@@ -31,6 +31,7 @@ from precnb.io._expect import Expected, TensorRefusedError
 from precnb.io._fs import NotRegularFileError, open_regular
 from precnb.io._torchzip import read_torch_zip
 from precnb.io.tensors import load_array
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 240  # a FIFO that blocks would hang: every subprocess here has a deadline
@@ -162,8 +163,7 @@ def _tensor_pair(tmp_path: Path, samples) -> tuple[Path, Path, str]:
 
 
 def _metrics_json(base: Path, target: Path, *extra: str) -> tuple[int, dict, str]:
-    p = subprocess.run([sys.executable, "-m", "precnb", "metrics", str(base), str(target), "--json", *extra],
-                       capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT)
+    p = run_cli("metrics", base, target, "--json", *extra)  # in this process (tests/_inprocess_cli.py)
     return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr
 
 
@@ -187,8 +187,7 @@ def test_diff_exits_1_naming_a_refused_tensor_file(tmp_path, samples):
     base, target, name = _tensor_pair(tmp_path, samples)
     hostile = target / "step0" / "rank0" / "dump_tensor_data" / name
     write_pt(hostile, numel=1 << 20, size=(1 << 20,), stride=(1,))  # larger than its record (256 elements)
-    p = subprocess.run([sys.executable, "-m", "precnb", "diff", str(base), str(target), "--json"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT)
+    p = run_cli("diff", base, target, "--json")  # refused by its header: nothing of 1M elements is allocated
     assert p.returncode == 1, p.stderr
     assert str(hostile) in p.stderr and "more than a tensor of 256 elements needs; refused" in p.stderr
     finding = json.loads(p.stdout)

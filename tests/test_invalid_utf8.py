@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 
+from tests._inprocess_cli import run_cli
 from tests.conftest import sample_path
 
 BAD = b"\xed\xa0\x80"
@@ -74,14 +75,12 @@ def test_encoded_surrogate_c_and_pure_agree(tmp_path, monkeypatch):
 
 
 def test_cli_convert_and_info_name_the_position(tmp_path):
-    import subprocess
-    import sys
 
     run = tmp_path / "run"
     _inject(sample_path("dp_nan"), run, b'"Torch.sqrt.0.forward"')
     for args in (["info", str(run)], ["convert", str(run), "-o", str(tmp_path / "o.zarr")]):
-        r = subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True)
+        r = run_cli(*args)
         assert r.returncode == 0, r.stderr
         assert "internal error" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "precnb", "info", str(run)], capture_output=True, text=True)
+    r = run_cli("info", run)
     assert "line 2534 column 4 " in r.stdout + r.stderr

@@ -18,6 +18,7 @@ import pytest
 
 from precnb.errors import DumpFormatError
 from precnb.io.losslog import read_event_scalars, read_loss_log
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TB = ROOT / "tests" / "fixtures" / "tensorboard"
@@ -117,8 +118,7 @@ def test_spike_from_tensorboard_logs_same_answer_as_csv(tmp_path):
     mon = ROOT / "data_samples" / "spike_data" / "monitor_output"
     answers = []
     for log in (CSV, TB / "simple"):
-        out = subprocess.run([sys.executable, "-m", "precnb", "spike", str(dump), "--monitor", str(mon), "--loss",
-                              str(log), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        out = run_cli("spike", dump, "--monitor", mon, "--loss", log, "--json")
         assert out.returncode == 0, out.stderr
         f = json.loads(out.stdout)
         answers.append((f["step"], f["rank"], f["node"], f["causes"][0]["cause"]))
@@ -126,8 +126,7 @@ def test_spike_from_tensorboard_logs_same_answer_as_csv(tmp_path):
     assert answers[0] == answers[1] == (6, 1, "Functional.embedding.0.forward", "data")
     copy = tmp_path / "tb"
     shutil.copytree(TB / "tensor", copy)  # the job's loss only: the dump's losses say which rank
-    out = subprocess.run([sys.executable, "-m", "precnb", "spike", str(dump), "--monitor", str(mon), "--loss",
-                          str(copy), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = run_cli("spike", dump, "--monitor", mon, "--loss", copy, "--json")
     f = json.loads(out.stdout)
     assert (f["step"], f["rank"], f["causes"][0]["cause"]) == (6, 1, "data")
 
@@ -189,8 +188,7 @@ def test_superscript_step_is_an_input_error_naming_the_line(tmp_path):
     p.write_text("step,loss\n0,1\n\u00b2,2\n")
     with pytest.raises(DumpFormatError, match="line 3: step '²' is not a non-negative integer"):
         read_loss_log(p)
-    r = subprocess.run([sys.executable, "-m", "precnb", "spike", str(CSV.parent / "dump"), "--loss", str(p)],
-                       capture_output=True, text=True)
+    r = run_cli("spike", CSV.parent / "dump", "--loss", p)
     assert r.returncode == 1 and "usage error" not in r.stderr and str(p) in r.stderr
 
 

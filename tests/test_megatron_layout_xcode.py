@@ -24,7 +24,9 @@ def _diff(baseline: Path, target: Path) -> precnb.Triage:
     return precnb.diagnose(str(target), baseline=str(baseline))  # the pipeline every front end uses
 
 
-@pytest.mark.parametrize("baseline, target", [("tp2pp2", "hf_llama"), ("hf_llama", "tp2pp2")])
+# HF as the baseline in make test only: that direction stays fast in the scaled-op test below (issue #53 item 8)
+@pytest.mark.parametrize("baseline, target", [("tp2pp2", "hf_llama"),
+                                              pytest.param("hf_llama", "tp2pp2", marks=pytest.mark.slow)])
 def test_sharded_megatron_against_its_hugging_face_twin_finds_nothing(baseline, target):
     t = _diff(MG / baseline, MG / target)
     assert t.finding.kind == "none", t.finding.reason

@@ -12,7 +12,6 @@ import json
 import math
 import re
 import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 import precnb
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 MG = ROOT / "data_samples" / "megatron"
@@ -54,8 +54,7 @@ def diagnose(target: str, baseline: str | None = None, kinds: tuple[str, ...] | 
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600)
+    return run_cli(*args)  # `python -m precnb ARGS` in this process (tests/_inprocess_cli.py)
 
 
 def _node_index(ds, node: str) -> list[int]:

@@ -10,8 +10,6 @@ divides its weight gradient by its token count: 0/0).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import precnb
 from precnb.analysis import Layout
 from precnb.analysis.experts import expert_tokens, starved_experts
 from precnb.analysis.layout.infer import infer_layout
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 MG = ROOT / "data_samples" / "megatron"
@@ -28,8 +27,7 @@ pytestmark = pytest.mark.skipif(not (MG / "moe_tp2ep2_starved").is_dir(), reason
 
 
 def _cli(*args: str) -> tuple[int, str]:
-    out = subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
-                         timeout=900)
+    out = run_cli(*args)  # in this process (tests/_inprocess_cli.py)
     return out.returncode, out.stdout
 
 
@@ -77,7 +75,9 @@ def test_replicas_no_false_departure_from_expert_parallelism(root):
         assert any("experts have no replicas" in h for h in got["hints"])
 
 
-@pytest.mark.parametrize("baseline", ["moe_tp2ep2", "moe_ep1"])
+# against ep1 in make test only: the scaled expert is found against moe_tp2ep2 here, and ep1 as a baseline is read
+# and folded in test_healthy_folded_layout_against_ep1_finds_nothing (issue #53 item 8)
+@pytest.mark.parametrize("baseline", ["moe_tp2ep2", pytest.param("moe_ep1", marks=pytest.mark.slow)])
 def test_scaled_expert_found_at_its_step_rank_and_expert(baseline):
     truth = next(f for f in gt()["faults"] if f["root"] == "moe_tp2ep2_expert_scale")
     got = _json("diff", str(MG / baseline), str(MG / "moe_tp2ep2_expert_scale"))

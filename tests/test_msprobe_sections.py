@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import precnb
+from tests._inprocess_cli import run_cli
 from tests.conftest import shared_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,8 +28,7 @@ SAMPLES = ROOT / "data_samples"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    return run_cli(*args)  # `python -m precnb ARGS` in this process (tests/_inprocess_cli.py)
 
 
 # ------------------------------------------------------------------------------------------ any section

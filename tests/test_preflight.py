@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import precnb
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PF = ROOT / "data_samples" / "preflight"
@@ -46,8 +46,7 @@ def failing(cs: dict[str, dict]) -> list[str]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precnb", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    return run_cli(*args)  # `python -m precnb ARGS` in this process (tests/_inprocess_cli.py)
 
 
 # ------------------------------------------------------------------------------------- samples

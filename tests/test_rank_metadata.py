@@ -16,6 +16,7 @@ import pytest
 
 import precnb
 from precnb.schema import entry_meta, entry_stack
+from tests._inprocess_cli import run_cli
 from tests.conftest import sample_path
 
 NODE = "Torch.sqrt.0.forward"
@@ -87,11 +88,9 @@ def test_the_finding_says_the_label_names_another_op_on_rank_0(triage):
 
 
 def test_cli_json_gives_the_same_metadata(tmp_path):
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "precnb", "nan", str(sample_path("rank_shift")), "--json"],
-                         capture_output=True, text=True, check=True).stdout
+    proc = run_cli("nan", sample_path("rank_shift"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
     d = json.loads(out)
     f = d["findings"][0] if "findings" in d else d
     own = _rank_files(1, 1)

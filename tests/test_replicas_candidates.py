@@ -23,7 +23,8 @@ RUN = Path(__file__).resolve().parents[1] / "data_samples" / "megatron_pop" / "r
 pytestmark = pytest.mark.skipif(not RUN.exists(), reason="data_samples/megatron_pop missing")
 
 
-@pytest.mark.parametrize("rank", [0, 1])
+# rank 1 in make test only: the same run and check, the other rank of the pair (issue #53 item 8)
+@pytest.mark.parametrize("rank", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_a_replicated_gradient_in_the_optimizer_list_departs_at_its_step(tmp_path: Path, rank: int) -> None:
     run = tmp_path / "dump"
     shutil.copytree(RUN, run)

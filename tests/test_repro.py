@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from precnb.repro import ReproError, op_target, render_args, repro_script
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,21 +98,19 @@ def test_argument_rules_name_the_argument():
 
 def test_cli_writes_a_new_file_and_never_replaces_one(samples, tmp_path):
     out = tmp_path / "repro.py"
-    cmd = [sys.executable, "-m", "precnb", "repro", str(samples("tensor_bug", "baseline")),
-           "Functional.gelu.0.forward", "-o", str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    cmd = ["repro", str(samples("tensor_bug", "baseline")), "Functional.gelu.0.forward", "-o", str(out)]
+    p = run_cli(*cmd)
     assert p.returncode == 0, p.stderr
     assert "OP = 'Functional.gelu'  # torch.nn.functional.gelu" in out.read_text()
     first, second = out.read_text().splitlines()[:2]
     assert first.startswith("#!") and second.startswith("# precnb_output: repro-script")  # shebang kept first
-    p = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    p = run_cli(*cmd, "--overwrite")
     assert p.returncode == 0, p.stderr  # its own script: replaced
     out.write_text("mine")
     for extra in ([], ["--overwrite"]):  # a user's file is never replaced
-        p = subprocess.run([*cmd, *extra], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        p = run_cli(*cmd, *extra)
         assert p.returncode == 1 and str(out) in p.stderr and out.read_text() == "mine", p.stderr
-    p = subprocess.run([sys.executable, "-m", "precnb", "repro", str(samples("tensor_bug", "baseline")),
-                        "Distributed.all_reduce.0.forward"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    p = run_cli("repro", samples("tensor_bug", "baseline"), "Distributed.all_reduce.0.forward")
     assert p.returncode == 1 and "Distributed.all_reduce.0.forward" in p.stderr
 
 

@@ -8,14 +8,13 @@ run), and a PyTorch run whose residual scale is 0.5 instead of 1.0 (tensor_bug).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 import precnb
 from precnb.analysis.divergence.scalars import differing_arguments, scalar_arguments
 from precnb.io.api import node_records
+from tests._inprocess_cli import run_cli
 from tests.conftest import sample_path
 
 
@@ -65,8 +64,7 @@ def test_same_eps_gives_no_argument_cause():
 def test_residual_scale_is_named_in_the_cli_json():
     gt = _gt("tensor_bug")["faults"][0]
     root = sample_path("tensor_bug")
-    out = subprocess.run([sys.executable, "-m", "precnb", "diff", str(root / "baseline"), str(root / "target"),
-                          "--json"], capture_output=True, text=True, check=False)
+    out = run_cli("diff", root / "baseline", root / "target", "--json")
     assert out.returncode in (0, 1), out.stderr
     doc = json.loads(out.stdout)
     f = (doc["findings"] if isinstance(doc, dict) and "findings" in doc else doc)

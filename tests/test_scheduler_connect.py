@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from tests._inprocess_cli import run_cli
 from tests.conftest import SAMPLES
 
 TIMEOUT = 2.0
@@ -102,8 +103,11 @@ def test_an_address_no_connection_can_be_made_to_is_one_line(address):
 
 
 @pytest.mark.parametrize("value", ["bogus", "-5", "0", "nan", "1e99"])
-def test_a_bad_timeout_is_a_usage_error_naming_the_variable(value):
-    proc, _ = _nan("tcp://127.0.0.1:9", timeout=value)
+def test_a_bad_timeout_is_a_usage_error_naming_the_variable(value, monkeypatch):
+    # refused before any connection is tried: `precnb nan` in this process (tests/_inprocess_cli.py)
+    monkeypatch.setenv("PRECNB_SCHEDULER_TIMEOUT", value)
+    monkeypatch.delenv("PRECNB_SCHEDULER", raising=False)
+    proc = run_cli("nan", SAMPLES / "dp_nan", "--scheduler", "tcp://127.0.0.1:9")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("precnb nan: usage error: $PRECNB_SCHEDULER_TIMEOUT: "), proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr

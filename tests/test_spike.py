@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import pytest
 import precnb
 from precnb.analysis.spike import LossSpikeRule, first_departure, loss_spike
 from precnb.naming import parse_node
+from tests._inprocess_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data_samples"
@@ -37,8 +37,7 @@ def inputs(name: str) -> tuple[Path, Path, Path]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precnb", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    return run_cli(*args)  # `python -m precnb ARGS` in this process (tests/_inprocess_cli.py)
 
 
 def expected(name: str) -> dict:

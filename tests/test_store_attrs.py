@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from tests._inprocess_cli import run_cli
 from tests.conftest import sample_path
 
 DEEP = '{"a":' * 5000 + "1" + "}" * 5000
@@ -24,8 +23,7 @@ DEEP = '{"a":' * 5000 + "1" + "}" * 5000
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     out = tmp_path_factory.mktemp("store") / "s.zarr"
-    r = subprocess.run([sys.executable, "-m", "precnb", "convert", str(sample_path("dp_nan")), "-o", str(out),
-                        "--workers", "1"], capture_output=True, text=True, timeout=300)
+    r = run_cli("convert", sample_path("dp_nan"), "-o", out, "--workers", "1")  # tests/_inprocess_cli.py
     assert r.returncode == 0, r.stderr
     return out
 
