@@ -77,22 +77,22 @@ class _Spy:
 @pytest.mark.skipif(not S1.is_dir(), reason="../shared S1 sample not on this machine")
 def test_the_reader_is_taken_and_hands_back_only_the_probe_records(monkeypatch):
     """On a real msprobe dump (S1: a model step with its optimizer ops) only the two records the release
-    probe reads go back to Python; with signatures, or PRECNB_NO_CRAW, the reader is not used."""
+    probe reads go back to Python, with scalar signatures or without; with PRECNB_PURE_PARSER the reader is not
+    used."""
     spy = _Spy(_cext.CRAW)
     monkeypatch.setattr(_cext, "CRAW", spy)
     rd = discover(S1)[0]
-    with env(PRECNB_PURE_PARSER=None, PRECNB_NO_CRAW=None):
-        fast = read_rank_dir(rd, signatures=False)
-    assert spy.calls > 0
-    assert spy.back == ["Functional.embedding.0.forward", "Functional.cross_entropy.0.backward"]
-    with env(PRECNB_PURE_PARSER="1"):
-        records_differences(fast, read_rank_dir(rd, signatures=False))
-    spy.calls = 0
-    with env(PRECNB_PURE_PARSER=None):
-        read_rank_dir(rd, signatures=True)
-    with env(PRECNB_NO_CRAW="1"):
-        read_rank_dir(rd, signatures=False)
-    assert spy.calls == 0
+    for sigs in (False, True):
+        spy.calls, spy.back = 0, []
+        with env(PRECNB_PURE_PARSER=None):
+            fast = read_rank_dir(rd, signatures=sigs)
+        assert spy.calls > 0
+        assert spy.back == ["Functional.embedding.0.forward", "Functional.cross_entropy.0.backward"]
+        assert bool(fast.meta["facts"].get("scalar_sigs")) is sigs
+        spy.calls = 0
+        with env(PRECNB_PURE_PARSER="1"):
+            records_differences(fast, read_rank_dir(rd, signatures=sigs))
+        assert spy.calls == 0
 
 
 def _number(text: str) -> Any:

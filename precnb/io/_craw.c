@@ -1138,7 +1138,7 @@ param_grad(cur *c, out_t *o, Py_ssize_t base)
 
 typedef struct {
     PyObject *names, *parents, *nodes, *node_parents, *counts, *todo;
-    int need_backward, need_forward;
+    int need_backward, need_forward, sigs;  /* sigs: FileFacts.api's records (scalar signatures) as objects */
 } ctx_t;
 
 /* what a record's name and parent say: 1 it goes to the Python walk, 2 its arguments go to the run facts (an
@@ -1187,8 +1187,8 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
     Py_INCREF(node);
     Py_INCREF(parent);
     Py_DECREF(key);
-    int r;
-    Py_ssize_t n0 = o->n;
+    int r, opt = 0, sig = 0;
+    Py_ssize_t n0 = o->n, rec_start = c->i;
     PyObject *grads = NULL, *facts = NULL;
     if (c->s[c->i] == 'n') {  /* a null record: nothing */
         r = word(c, "null", 4) ? 1 : NOT_PLAIN;
@@ -1198,7 +1198,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         r = NOT_PLAIN;  /* not an object: the Python code reports it */
         goto done;
     }
-    int opt = by_name(x, nm, nn, parent);
+    opt = by_name(x, nm, nn, parent);
     if (opt < 0 || opt == 1) {
         r = opt < 0 ? ERR : NOT_PLAIN;
         goto done;
@@ -1305,7 +1305,13 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
             r = read_section(&s, o, o->label.n, g_roles[k], grads, k == g_param_section);
     }
     c->i = end;
-    if (r == 1 && opt == 2) {  /* FileFacts.optimizer reads input_args and input_kwargs: those, as objects */
+    /* with signatures, an API forward record goes to FileFacts.api (flag 2, as _File.record sets it), which reads
+     * its {type, value} scalar arguments only: a record whose text holds no "value" key has none (signature 0,
+     * nothing noted), so only the others are built */
+    if (r == 1 && x->sigs && ends(nm, nn, ".forward") && !(nn >= 7 && memcmp(nm, "Module.", 7) == 0) &&
+        !(nn >= 5 && memcmp(nm, "Cell.", 5) == 0))
+        sig = has(c->s + rec_start, end - rec_start, "\"value\"");
+    if (r == 1 && (opt == 2 || sig)) {  /* FileFacts.optimizer / .api read input_args and input_kwargs: those, as objects */
         facts = PyDict_New();
         int want[2] = {g_args_section, g_kwargs_section};
         for (int k = 0; k < 2 && facts != NULL && r == 1; k++) {
@@ -1337,13 +1343,14 @@ done:
             Py_XDECREF(cnt);
         }
         int with_grads = grads != NULL && PyDict_GET_SIZE(grads);
-        if (r == 1 && (with_grads || facts != NULL)) {
-            /* the run facts (flag 1): FileFacts.node reads the parameters' requires_grad and an optimizer op's
-             * arguments, and nothing else of the record */
+        int flags = (with_grads || (facts != NULL && opt == 2) ? 1 : 0) | (sig ? 2 : 0);
+        if (r == 1 && flags) {
+            /* the run facts: FileFacts.node (flag 1) reads the parameters' requires_grad and an optimizer op's
+             * arguments, FileFacts.api (flag 2) the scalar arguments, and nothing else of the record */
             PyObject *rec = facts != NULL ? Py_NewRef(facts) : PyDict_New();
             if (rec != NULL && with_grads && PyDict_SetItemString(rec, "parameters", grads) < 0)
                 Py_CLEAR(rec);
-            PyObject *entry = rec ? Py_BuildValue("iOOO", 1, node, rec, parent) : NULL;
+            PyObject *entry = rec ? Py_BuildValue("iOOO", flags, node, rec, parent) : NULL;
             if (entry == NULL || PyList_Append(x->todo, entry) < 0)
                 r = ERR;
             Py_XDECREF(rec);
@@ -1370,7 +1377,7 @@ bytes_of(buf *b)
 }
 
 /* read_records(raw, pos, names, parents, labels, roles, shapes, dtypes, nodes, node_parents, counts, todo,
- *              need_backward, need_forward)
+ *              need_backward, need_forward[, sigs])
  * -> (pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back)
  * back: None at the end of raw, else (start, end) of the member handed back (pos is end) */
 static PyObject *
@@ -1381,10 +1388,11 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     ctx_t x;
     out_t o;
     memset(&o, 0, sizeof o);
-    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
+    x.sigs = 0;
+    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp|p", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
                           &x.parents, &PyList_Type, &o.labels, &PyList_Type, &o.roles, &PyList_Type, &o.shapes,
                           &PyList_Type, &o.dtypes, &PyList_Type, &x.nodes, &PyList_Type, &x.node_parents,
-                          &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward))
+                          &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward, &x.sigs))
         return NULL;
     PyObject *result = NULL, *back = NULL;
     if (g_non_tensor == NULL) {
@@ -1617,12 +1625,15 @@ number_value(PyObject *Py_UNUSED(self), PyObject *arg)
 
 /* precnb/io/_craw_construct.c */
 PyObject *craw_construct_table(PyObject *self, PyObject *arg);
+/* precnb/io/_craw_parts.c */
+PyObject *craw_parts_add(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"long_ints", long_ints, METH_O, "Whether the text holds an integer orjson would read as a float."},
     {"number_value", number_value, METH_O, "The value read_records reads for one number's text (tests)."},
     {"configure", configure, METH_VARARGS, "Set the walk's rules (precnb.io.msprobe.walk calls it once)."},
     {"read_records", read_records, METH_VARARGS, "Read the plain records of one batch's text (see the module)."},
+    {"parts_add", craw_parts_add, METH_VARARGS, "NodeParts.add of one batch's node names (see _craw_parts.c)."},
     {"construct_table", craw_construct_table, METH_O,
      "(parents, names) of a plain construct.json's bytes, or None (see _craw_construct.c)."},
     {NULL, NULL, 0, NULL},

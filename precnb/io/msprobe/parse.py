@@ -166,7 +166,7 @@ class _File:
             try:
                 got = reader.read_records(raw, pos, self.names, self.parents, labels, roles, shapes, dtypes, nodes,
                                           self._parents, self.counts, self._todo, self.backward is None,
-                                          self.is_recompute is None)
+                                          self.is_recompute is None, self.signatures)
             except ValueError:  # not a sequence of JSON members
                 raise _json.NotBatchableError from None
             self.n_nodes += got[1]
@@ -371,8 +371,8 @@ def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
     f = _File(rd, parents, micro, signatures, names)
     f.large = large
     top: Mapping[str, Any] = {}
-    # a load without signatures reads the batches' text itself when the C reader is built (no parse into objects)
-    reader = craw() if not signatures and parents.__class__ is dict else None
+    # the batches' text is read in C when the C reader is built (no parse into objects)
+    reader = craw() if parents.__class__ is dict else None
     try:
         if reader is not None:
             name_hashes: list[np.ndarray] = []
