@@ -26,8 +26,8 @@ from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
 from tests._records_equal import records_differences
 from tests.conftest import SHARED
-from tests.test_cwalk import LEAF, env
 from tests.test_fuzz_readers import fuzz_settings
+from tests.test_parse_paths import LEAF, env
 
 pytestmark = pytest.mark.skipif(_cext.CRAW is None, reason="precnb.io._craw is not built (no compiler at install)")
 S1 = SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics"
@@ -219,7 +219,7 @@ def test_many_small_batches(tmp_path, monkeypatch, block):
     """Batches cut every few records (a large file's case): a record handed back at a batch's start or end, a node
     name in two batches (the whole parse then decides), the same records as the reference."""
     from precnb.io.msprobe import _json
-    from tests.test_cwalk import EDGE_RECORDS
+    from tests.test_parse_paths import EDGE_RECORDS
 
     monkeypatch.setattr(_json, "RAW_BLOCK", block)
     data = {f"Functional.plain.{i}.forward": {"input_args": [LEAF], "output": [LEAF]} for i in range(40)}

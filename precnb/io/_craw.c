@@ -1,10 +1,11 @@
 /* precnb.io._craw: the common node records of a dump.json batch read straight from its bytes, in C.
  *
- * An optional extension, like precnb.io._cwalk (setup.py builds both with optional=True). _cwalk reads the
- * Python objects that orjson or the standard library built; this module reads the batch's text itself and
- * builds no Python object per leaf: a plain record's statistics, shapes and dtypes go into C buffers, and only
- * what the file's records keep is made a Python object (a label per tensor, a node name per record, the
- * shared dtype / shape texts). It reads only what it can prove plain and gives every other record back:
+ * The parser's one fast path (setup.py builds it with optional=True; without it, or with PRECNB_PURE_PARSER=1, the
+ * pure Python parser reads every file: the standard library's json and the reference walk, with the same
+ * records). It reads the batch's text itself and builds no Python object per leaf: a plain record's statistics,
+ * shapes and dtypes go into C buffers, and only what the file's records keep is made a Python object (a label
+ * per tensor, a node name per record, the shared dtype / shape texts, the scalar arguments the run facts read).
+ * It reads only what it can prove plain and gives every other record back:
  *
  * - read_records(raw, pos, ...) reads the members of one batch ("name": record, ...; the text between
  *   data's records that precnb.io.msprobe._json cuts) from byte *pos* on. A record is plain when its text is
@@ -24,15 +25,17 @@
  * numpy converts a Python int: rounded to nearest), any other number with PyOS_string_to_double, the function
  * behind float(), on the number's own text (after checking it against the JSON grammar).
  *
- * Why a reader of the bytes: with the records parsed into objects (orjson: a few times faster than the
- * standard library), the walk of those objects still cost more than the parse; here neither is paid for the
- * common records. Why the hand-back: every unusual record keeps one reader, the reference walk in Python.
- * Size: this translation unit (~1,650 lines) and _craw_construct.c (~200 lines: construct_table, which reads
- * a plain construct.json's parent table from its bytes in one pass, see that file); the long functions
+ * Why a reader of the bytes: with the records parsed into objects (orjson, python-rapidjson: a few times faster
+ * than the standard library), the walk of those objects still cost more than the parse, even in C; here neither
+ * is paid for the common records (benchmarks/RESULTS_large.md). Why the hand-back: every unusual record keeps
+ * one reader, the reference walk in Python.
+ * Size: this translation unit (~1,650 lines), _craw_construct.c (~200 lines: construct_table, which reads
+ * a plain construct.json's parent table from its bytes in one pass, see that file) and _craw_parts.c (~330
+ * lines: parts_add, the node names split); the long functions
  * (read_record, read_records, read_leaf, read_section, param_grad, build_value) each read one level of the
  * JSON grammar whole, with their error paths.
  *
- * Written for precnb (no third-party code): CPython C API only. tests/test_cwalk.py checks that the records
+ * Written for precnb (no third-party code): CPython C API only. tests/test_parse_paths.py checks that the records
  * read here equal the pure Python reference's, bit for bit, on every bundled dump and on generated ones;
  * tests/test_craw.py the numbers (against float()), the texts only this reader sees and the hand-backs.
  */
@@ -1576,26 +1579,6 @@ bad:
     return NULL;
 }
 
-/* long_ints(raw): whether raw holds a run of 20 digits, or '-' and 19: an integer orjson would read as a float */
-static PyObject *
-long_ints(PyObject *Py_UNUSED(self), PyObject *arg)
-{
-    if (!PyBytes_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "bytes");
-        return NULL;
-    }
-    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(arg);
-    Py_ssize_t n = PyBytes_GET_SIZE(arg), run = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if ((unsigned)(s[i] - '0') < 10u) {
-            if (++run >= 20 || (run == 19 && i >= 19 && s[i - 19] == '-'))
-                Py_RETURN_TRUE;
-        } else
-            run = 0;
-    }
-    Py_RETURN_FALSE;
-}
-
 /* number_value(text): the double read_records reads for one JSON number's text, or None (not plain) */
 static PyObject *
 number_value(PyObject *Py_UNUSED(self), PyObject *arg)
@@ -1629,7 +1612,6 @@ PyObject *craw_construct_table(PyObject *self, PyObject *arg);
 PyObject *craw_parts_add(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
-    {"long_ints", long_ints, METH_O, "Whether the text holds an integer orjson would read as a float."},
     {"number_value", number_value, METH_O, "The value read_records reads for one number's text (tests)."},
     {"configure", configure, METH_VARARGS, "Set the walk's rules (precnb.io.msprobe.walk calls it once)."},
     {"read_records", read_records, METH_VARARGS, "Read the plain records of one batch's text (see the module)."},
