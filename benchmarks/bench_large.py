@@ -12,6 +12,8 @@ a fresh interpreter, alternating, and reports its time, CPU seconds and peak RSS
   ``PRECNB_PURE_PARSER=1`` (the pure Python reference: the standard library's json and the Python walk);
 - ``precnb_sigs`` / ``precnb_sigs_pure``: the parse of the file alone with scalar-argument signatures
   (``read_rank_dir(..., signatures=True)``: what a step shared by several rank files is read with);
+- ``<mode>_whole``: ``<mode>`` with ``PRECNB_JSON_WHOLE=1`` (the whole-file parse a file that cannot be read
+  batch by batch gets);
 - ``rapidjson_gc_off``: python-rapidjson (a maintained parser that reads NaN/Infinity itself), whole file,
   collector paused, when installed;
 - ``base_<mode>``: ``<mode>`` run on another checkout (``--baseline DIR``, e.g. a worktree of the commit before a
@@ -48,6 +50,9 @@ _CHILD = r"""
 import json, os, resource, sys, time
 mode, folder, dump = sys.argv[1], sys.argv[2], sys.argv[3]
 os.environ["PRECNB_NO_DASK_CLIENT"] = "1"
+if mode.endswith("_whole"):  # the whole-file parse (what a file that cannot be read batch by batch gets)
+    os.environ["PRECNB_JSON_WHOLE"] = "1"
+    mode = mode[:-6]
 if mode.endswith("_pure"):  # the pure Python parser (the standard library's json, the Python walk)
     os.environ["PRECNB_PURE_PARSER"] = "1"
     mode = mode[:-5]
@@ -153,6 +158,7 @@ _NAMES = {"floor": "json.loads, gc on (floor 1)", "floor_gc_off": "json.loads, g
           "precnb": "precnb.open_run, fast path (`_craw`)", "precnb_pure": "precnb.open_run, pure Python parser",
           "precnb_sigs": "parse with signatures, fast path (`_craw`)",
           "precnb_sigs_pure": "parse with signatures, pure Python parser",
+          "precnb_whole": "precnb.open_run, whole-file parse (`PRECNB_JSON_WHOLE=1`)",
           "rapidjson_gc_off": "python-rapidjson alone (whole file, gc paused)"}
 
 

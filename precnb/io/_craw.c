@@ -31,7 +31,8 @@
  * one reader, the reference walk in Python.
  * Size: this translation unit (~1,650 lines), _craw_construct.c (~200 lines: construct_table, which reads
  * a plain construct.json's parent table from its bytes in one pass, see that file) and _craw_parts.c (~330
- * lines: parts_add, the node names split); the long functions
+ * lines: parts_add, the node names split) and _craw_facts.c (~400 lines: the optimizer ops' arguments and
+ * the run-facts loop over the records handed over as objects); the long functions
  * (read_record, read_records, read_leaf, read_section, param_grad, build_value) each read one level of the
  * JSON grammar whole, with their error paths.
  *
@@ -1610,12 +1611,17 @@ number_value(PyObject *Py_UNUSED(self), PyObject *arg)
 PyObject *craw_construct_table(PyObject *self, PyObject *arg);
 /* precnb/io/_craw_parts.c */
 PyObject *craw_parts_add(PyObject *self, PyObject *args);
+/* precnb/io/_craw_facts.c */
+PyObject *craw_optimizer_args(PyObject *self, PyObject *args);
+PyObject *craw_facts_batch(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"number_value", number_value, METH_O, "The value read_records reads for one number's text (tests)."},
     {"configure", configure, METH_VARARGS, "Set the walk's rules (precnb.io.msprobe.walk calls it once)."},
     {"read_records", read_records, METH_VARARGS, "Read the plain records of one batch's text (see the module)."},
     {"parts_add", craw_parts_add, METH_VARARGS, "NodeParts.add of one batch's node names (see _craw_parts.c)."},
+    {"optimizer_args", craw_optimizer_args, METH_VARARGS, "FileFacts.optimizer's argument scan (see _craw_facts.c)."},
+    {"facts_batch", craw_facts_batch, METH_VARARGS, "FileFacts.batch's loop (see _craw_facts.c)."},
     {"construct_table", craw_construct_table, METH_O,
      "(parents, names) of a plain construct.json's bytes, or None (see _craw_construct.c)."},
     {NULL, NULL, 0, NULL},

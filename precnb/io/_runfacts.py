@@ -26,6 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from precnb.io._cext import craw
 from precnb.io._record_facts import (
     UNDEFINED_PREFIXES,
     p2p_peers,
@@ -128,6 +129,15 @@ def _kwarg_scalars(value: Any, path: str, out: dict[str, list[Any]]) -> None:
     _scalars(value, path, out, 1, kwarg=True)
 
 
+def _c_scan() -> Any:
+    """:meth:`FileFacts.optimizer`'s argument scan in C (``precnb/io/_craw_facts.c``), or None.
+
+    None when the extension is not built or ``PRECNB_PURE_PARSER`` is set (the Python scan is the reference).
+    """
+    c = craw()
+    return None if c is None else c.optimizer_args
+
+
 def _add(values: list[Any], v: Any) -> None:
     if len(values) < _MAX_VALUES and not any(type(v) is type(x) and v == x for x in values):
         values.append(v)
@@ -148,7 +158,7 @@ class FileFacts:
      'scalar_args': {'Tensor.addcdiv_': {'value': [-0.1]}}}
     """
 
-    __slots__ = ("_known", "_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs",
+    __slots__ = ("_known", "_scan", "_seen", "grads", "peers", "reduce_ops", "scalars", "signatures", "sigs",
                  "undefined")
 
     def __init__(self, *, signatures: bool = True) -> None:
@@ -161,6 +171,7 @@ class FileFacts:
         self.peers: set[int] = set()  # the ranks this file's point-to-point calls send to / receive from
         self._seen: dict[tuple[str, str], set[tuple[type, Any]]] = {}
         self._known: set[tuple[str, str, type, Any]] = set()  # (api, path, type, value) of every value kept
+        self._scan = _c_scan()  # optimizer()'s argument scan in C, when built
 
     def node(self, node: str, record: Mapping[str, Any], parent: str) -> None:
         """Fold in one node record (*parent*: its parent in construct.json, ``""`` when unknown)."""
@@ -180,6 +191,11 @@ class FileFacts:
 
     def batch(self, todo: list[tuple[int, str, dict[str, Any], str]]) -> None:
         """:meth:`node` (flag 1) and :meth:`api` (flag 2) of ``(flags, node, record, parent)`` entries, in order."""
+        c = craw()
+        if c is not None and self._scan is not None:  # the same, the optimizer records read in C
+            c.facts_batch(todo, self.node, self.api, self._known, self._merge, _POSITIONS, _plain, _arg_scalars,
+                          _kwarg_scalars, api_of, _OPTIMIZER_MARKERS, UNDEFINED_PREFIXES)
+            return
         for flags, node, record, parent in todo:
             if flags & 1:
                 self.node(node, record, parent)  # parameters' requires_grad, optimizer arguments, unread buffers
@@ -200,6 +216,12 @@ class FileFacts:
     def optimizer(self, node: str, record: Mapping[str, Any]) -> None:
         """The scalar arguments of an optimizer op's record (the common ``{type, value}`` ones read in line)."""
         found: dict[str, list[Any]] = {}
+        if self._scan is not None and record.__class__ is dict:  # the same scan, in C (tests/test_parse_paths.py)
+            api = self._scan(node, record, found, _POSITIONS, _plain, _arg_scalars, _kwarg_scalars, api_of,
+                             self._known)
+            if api is not None:  # (None: nothing found, or every value kept already: what _merge would see)
+                self._merge(api, found)
+            return
         args, kwargs = record.get("input_args"), record.get("input_kwargs")
         if isinstance(args, list):
             for i, x in enumerate(args):
