@@ -1,7 +1,7 @@
 """The reader of a batch's bytes (``precnb/io/_craw.c``) against the pure Python reference.
 
-``tests/test_cwalk.py`` reads every bundled, edge and generated dump with and without the C
-extensions (the loads without signatures go through this reader); here: that the reader is taken
+``tests/test_parse_paths.py`` reads every bundled, edge and generated dump with and without this
+reader (the fast path, with scalar signatures and without); here: that the reader is taken
 and hands back only what it must, that its numbers are Python's, and the texts only it sees
 (members of one batch, the text between them).
 """
