@@ -6,8 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # the install is redone when the dependencies, the build hook or the C extension's source change (pip install -e
-# compiles precnb/io/_cwalk.c and _craw*.c; without a compiler the pure Python parser is used, with the same results)
-CEXT := precnb/io/_cwalk.c precnb/io/_craw.c precnb/io/_craw_construct.c precnb/io/_craw_text.h
+# compiles precnb/io/_craw*.c; without a compiler the pure Python parser is used, with the same results)
+CEXT := precnb/io/_craw.c precnb/io/_craw_construct.c precnb/io/_craw_parts.c precnb/io/_craw_facts.c \
+        precnb/io/_craw_text.h
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(CEXT) | sha1sum | cut -c1-12)
 CHROMIUM ?= /usr/bin/chromium
 OUT ?= out

@@ -59,15 +59,12 @@ class BuildPyWithData(build_py):
             shutil.copyfile(nb, dst / nb.name)
 
 
-# the C walk of the common msprobe records (precnb/io/_cwalk.c, CPython C API only): optional, an install
-# without a compiler gets the pure Python walk, which gives the same records (PRECNB_PURE_PARSER=1 selects it)
-CWALK = Extension("precnb.io._cwalk", ["precnb/io/_cwalk.c"], optional=True,
-                  extra_compile_args=["-O2"])
+# the common records read straight from a batch's bytes (precnb/io/_craw.c, CPython C API only): optional, an
+# install without a compiler gets the pure Python parser (the standard library's json and the Python walk), which
+# gives the same records (PRECNB_PURE_PARSER=1 selects it); its other files read a plain construct.json's tables,
+# split node names and read the optimizer ops' arguments
+CRAW = Extension("precnb.io._craw", ["precnb/io/_craw.c", "precnb/io/_craw_construct.c", "precnb/io/_craw_parts.c",
+                                     "precnb/io/_craw_facts.c"],
+                 optional=True, depends=["precnb/io/_craw_text.h"], extra_compile_args=["-O2"])
 
-# the common records read straight from a batch's bytes (precnb/io/_craw.c): optional likewise; without it the
-# records are parsed by orjson or the standard library and read by _cwalk (or the pure Python walk); its second
-# file reads a plain construct.json's tables
-CRAW = Extension("precnb.io._craw", ["precnb/io/_craw.c", "precnb/io/_craw_construct.c"], optional=True,
-                 depends=["precnb/io/_craw_text.h"], extra_compile_args=["-O2"])
-
-setup(cmdclass={"build_py": BuildPyWithData}, ext_modules=[CWALK, CRAW])
+setup(cmdclass={"build_py": BuildPyWithData}, ext_modules=[CRAW])

@@ -172,7 +172,7 @@ def spy_batches(monkeypatch) -> list:
     from precnb.io.msprobe import _json
 
     gave_up: list = []
-    real = _json.parts
+    real, real_raw = _json.parts, _json.raw_parts
 
     def spy(path):
         try:
@@ -181,5 +181,13 @@ def spy_batches(monkeypatch) -> list:
             gave_up.append(path)
             raise
 
+    def spy_raw(path, name_hashes):  # the fast path's batches (precnb.io._craw reads their text)
+        try:
+            yield from real_raw(path, name_hashes)
+        except _json.NotBatchableError:
+            gave_up.append(path)
+            raise
+
     monkeypatch.setattr(_json, "parts", spy)
+    monkeypatch.setattr(_json, "raw_parts", spy_raw)
     return gave_up

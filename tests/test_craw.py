@@ -1,7 +1,7 @@
 """The reader of a batch's bytes (``precnb/io/_craw.c``) against the pure Python reference.
 
-``tests/test_cwalk.py`` reads every bundled, edge and generated dump with and without the C
-extensions (the loads without signatures go through this reader); here: that the reader is taken
+``tests/test_parse_paths.py`` reads every bundled, edge and generated dump with and without this
+reader (the fast path, with scalar signatures and without); here: that the reader is taken
 and hands back only what it must, that its numbers are Python's, and the texts only it sees
 (members of one batch, the text between them).
 """
@@ -26,8 +26,8 @@ from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
 from tests._records_equal import records_differences
 from tests.conftest import SHARED
-from tests.test_cwalk import LEAF, env
 from tests.test_fuzz_readers import fuzz_settings
+from tests.test_parse_paths import LEAF, env
 
 pytestmark = pytest.mark.skipif(_cext.CRAW is None, reason="precnb.io._craw is not built (no compiler at install)")
 S1 = SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics"
@@ -77,22 +77,22 @@ class _Spy:
 @pytest.mark.skipif(not S1.is_dir(), reason="../shared S1 sample not on this machine")
 def test_the_reader_is_taken_and_hands_back_only_the_probe_records(monkeypatch):
     """On a real msprobe dump (S1: a model step with its optimizer ops) only the two records the release
-    probe reads go back to Python; with signatures, or PRECNB_NO_CRAW, the reader is not used."""
+    probe reads go back to Python, with scalar signatures or without; with PRECNB_PURE_PARSER the reader is not
+    used."""
     spy = _Spy(_cext.CRAW)
     monkeypatch.setattr(_cext, "CRAW", spy)
     rd = discover(S1)[0]
-    with env(PRECNB_PURE_PARSER=None, PRECNB_NO_CRAW=None):
-        fast = read_rank_dir(rd, signatures=False)
-    assert spy.calls > 0
-    assert spy.back == ["Functional.embedding.0.forward", "Functional.cross_entropy.0.backward"]
-    with env(PRECNB_PURE_PARSER="1"):
-        records_differences(fast, read_rank_dir(rd, signatures=False))
-    spy.calls = 0
-    with env(PRECNB_PURE_PARSER=None):
-        read_rank_dir(rd, signatures=True)
-    with env(PRECNB_NO_CRAW="1"):
-        read_rank_dir(rd, signatures=False)
-    assert spy.calls == 0
+    for sigs in (False, True):
+        spy.calls, spy.back = 0, []
+        with env(PRECNB_PURE_PARSER=None):
+            fast = read_rank_dir(rd, signatures=sigs)
+        assert spy.calls > 0
+        assert spy.back == ["Functional.embedding.0.forward", "Functional.cross_entropy.0.backward"]
+        assert bool(fast.meta["facts"].get("scalar_sigs")) is sigs
+        spy.calls = 0
+        with env(PRECNB_PURE_PARSER="1"):
+            records_differences(fast, read_rank_dir(rd, signatures=sigs))
+        assert spy.calls == 0
 
 
 def _number(text: str) -> Any:
@@ -219,7 +219,7 @@ def test_many_small_batches(tmp_path, monkeypatch, block):
     """Batches cut every few records (a large file's case): a record handed back at a batch's start or end, a node
     name in two batches (the whole parse then decides), the same records as the reference."""
     from precnb.io.msprobe import _json
-    from tests.test_cwalk import EDGE_RECORDS
+    from tests.test_parse_paths import EDGE_RECORDS
 
     monkeypatch.setattr(_json, "RAW_BLOCK", block)
     data = {f"Functional.plain.{i}.forward": {"input_args": [LEAF], "output": [LEAF]} for i in range(40)}

@@ -21,8 +21,8 @@ from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
 from precnb.io.msprobe.sides import parse_construct, plain_construct, read_sides
 from tests.conftest import SHARED, shared_path
-from tests.test_cwalk import env
 from tests.test_fuzz_readers import fuzz_settings
+from tests.test_parse_paths import env
 
 pytestmark = pytest.mark.skipif(_cext.CRAW is None, reason="precnb.io._craw is not built (no compiler at install)")
 ROOT = Path(__file__).resolve().parents[1]

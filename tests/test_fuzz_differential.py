@@ -1,13 +1,13 @@
-"""Differential fuzzing (issue #49): the C parsers and the reference (pure Python) path give the same dataset or
+"""Differential fuzzing (issue #49): the C parser (the fast path) and the pure Python reference give the same dataset or
 the same error on every mutated dump.
 
 The mutations are :mod:`tests.test_fuzz_readers`' (truncation, byte flips, invalid UTF-8, deleted keys, swapped
 types, deep nesting, duplicate keys, huge numbers, a BOM; construct.json / stack.json too). Each mutated dump is
-opened twice in this process, with the C extension (``_craw`` batches, ``_cwalk``) and with
+opened twice in this process, with the C extension (the ``_craw`` fast path) and with
 ``PRECNB_PURE_PARSER=1``; both must raise the same :class:`~precnb.errors.PrecnbError` text, or both load, with
 identical datasets (values, coordinates, attributes, load report). ``make test`` runs a short fixed-seed slice;
 ``make fuzz`` a long one with random seeds (``PRECNB_FUZZ_SCALE`` / ``PRECNB_FUZZ_RANDOM``).
-``tools/fuzz_sanitized.sh`` (the same against an AddressSanitizer/UBSan build) is experimental, not wired in yet.
+``tools/fuzz_sanitized.sh`` (the same against an AddressSanitizer/UBSan build) runs in ``make fuzz``.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from tests.test_fuzz_readers import (
     write_msprobe,
 )
 
-pytestmark = pytest.mark.skipif(_cext.CRAW is None or _cext.CWALK is None,
+pytestmark = pytest.mark.skipif(_cext.CRAW is None,
                                 reason="the C extension is not built (pip install -e . with a compiler)")
 
 
 def _open(root, pure: bool) -> tuple[str, Any]:
-    old = {k: os.environ.pop(k, None) for k in ("PRECNB_PURE_PARSER", "PRECNB_NO_CRAW", "PRECNB_JSON_WHOLE")}
+    old = {k: os.environ.pop(k, None) for k in ("PRECNB_PURE_PARSER", "PRECNB_JSON_WHOLE")}
     if pure:
         os.environ["PRECNB_PURE_PARSER"] = "1"
     try:

@@ -1,4 +1,4 @@
-"""Loads that cannot fit are refused before parsing; the msprobe parser without orjson gives the same records."""
+"""Loads that cannot fit are refused before parsing; the pure Python parser reads batch by batch, the same records."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import pytest
 import precnb
 from precnb.cli import main
 from precnb.errors import InsufficientMemoryError, PrecnbError
-from precnb.io import _jsonio, _memory
+from precnb.io import _memory
 from precnb.io import msprobe as md
-from precnb.io.msprobe import _json
 from tests.conftest import ROOT, spy_batches
 
 DUMP = ROOT / "data_samples" / "dp_nan"
@@ -60,15 +59,16 @@ def test_memory_estimate_uses_the_largest_file():
 
 
 @pytest.mark.parametrize("sample", ["dp_nan", "divergence/target", "tp/tp2"])
-def test_without_orjson_the_records_are_the_same(monkeypatch, sample):
+def test_the_pure_parser_reads_batches_and_the_same_records(monkeypatch, sample):
+    """The pure Python parser (the standard library's json) reads the files batch by batch too (no whole-file parse,
+    whose memory is several times the file's), with the fast path's records."""
     rds = md.discover(ROOT / "data_samples" / sample)
-    with_orjson = [md.read_rank_dir(rd) for rd in rds]
-    monkeypatch.setattr(_json, "_orjson", None)
-    monkeypatch.setattr(_jsonio, "_orjson", None)
+    fast = [md.read_rank_dir(rd) for rd in rds]
+    monkeypatch.setenv("PRECNB_PURE_PARSER", "1")
     gave_up = spy_batches(monkeypatch)
-    without = [md.read_rank_dir(rd) for rd in rds]
-    assert not gave_up  # the standard library reads the batches too
-    for a, b in zip(with_orjson, without, strict=True):
+    pure = [md.read_rank_dir(rd) for rd in rds]
+    assert not gave_up
+    for a, b in zip(fast, pure, strict=True):
         assert a.labels == b.labels
         for k in a.values:
             assert np.array_equal(a.values[k].view(np.uint64), b.values[k].view(np.uint64))

@@ -56,8 +56,8 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(precnb.__path__, "precnb.
 def test_every_module_is_discovered():
     files = {".".join(("precnb", *p.relative_to(PKG).with_suffix("").parts)).removesuffix(".__init__")
              for p in PKG.rglob("*.py") if "data_samples" not in p.parts}
-    # the optional C extensions (precnb/io/_cwalk.c, _craw.c), when built in place or installed
-    files |= {"precnb.io._cwalk", "precnb.io._craw"} & set(MODULES)
+    # the optional C extension (precnb/io/_craw*.c), when built in place or installed
+    files |= {"precnb.io._craw"} & set(MODULES)
     assert {"precnb", *MODULES} == files
     assert set(NOT_IMPORTED) <= set(MODULES)
 
@@ -128,7 +128,7 @@ def test_wheel_with_core_dependencies_works_as_the_readme_says(core_venv, tmp_pa
     assert pathlib.Path(mod).is_relative_to(site)
     assert pathlib.Path(sample) == site / "precnb" / "data_samples" / "dp_nan"
     # the optional C extension was compiled into the wheel (gcc and the Python headers are here) and loads
-    ext = _run(core_venv, py, "-c", "from precnb.io import _cext; print(_cext.CWALK.__file__)", cwd=tmp_path)
+    ext = _run(core_venv, py, "-c", "from precnb.io import _cext; print(_cext.CRAW.__file__)", cwd=tmp_path)
     assert ext.returncode == 0 and pathlib.Path(ext.stdout.strip()).is_relative_to(site / "precnb" / "io"), ext.stderr
     assert _run(core_venv, cli, "--version", cwd=tmp_path).stdout.startswith("precnb ")
     nan = _run(core_venv, cli, "nan", "--json", sample, cwd=tmp_path)
@@ -174,7 +174,7 @@ def test_the_wheel_ships_the_notebook_templates_and_the_samples(built_wheel):
     templates = {p.name: p.read_bytes() for p in (PKG.parent / "notebooks").glob("*.ipynb")}
     assert len(templates) == 5 and shipped == templates  # the same bytes, nothing more
     assert {"precnb/templates/report/report.html.j2", "precnb/py.typed"} <= names
-    for ext in ("_cwalk", "_craw"):  # the C extensions
+    for ext in ("_craw",):  # the C extension
         assert [n for n in names if n.startswith(f"precnb/io/{ext}.") and n.endswith(".so")], ext
     assert "precnb/data_samples/dp_nan/ground_truth.json" in names
     assert not [n for n in names if n.startswith("notebooks/") or "/.ipynb_checkpoints/" in n]
@@ -299,7 +299,7 @@ def test_make_dist_builds_a_small_sdist_and_a_manylinux_wheel(tmp_path):
         tags = [ln.split(": ", 1)[1] for ln in whl.read(wheel_meta).decode().splitlines() if ln.startswith("Tag: ")]
         extensions = {n: whl.read(n) for n in names if n.startswith("precnb/io/") and n.endswith(".so")}
     assert {n.split("/")[2] for n in names if n.startswith("precnb/data_samples/")} == {*SHIPPED_SAMPLES, "README.md"}
-    assert len(extensions) == 2, names  # _cwalk and _craw
+    assert len(extensions) == 1, names  # _craw
     platforms = wheel.name.removesuffix(".whl").split("-")[-1].split(".")
     why = _dist_tools_missing()
     if why is not None:
@@ -322,7 +322,7 @@ def test_make_dist_builds_a_small_sdist_and_a_manylinux_wheel(tmp_path):
         assert not {"DT_RPATH", "DT_RUNPATH"} & dynamic_tags, name
         load = ("import importlib.util as u, sys; s = u.spec_from_file_location(sys.argv[1], sys.argv[2]); "
                 "s.loader.exec_module(u.module_from_spec(s))")
-        module = name.split(".", 1)[0].replace("/", ".")  # precnb.io._cwalk
+        module = name.split(".", 1)[0].replace("/", ".")  # precnb.io._craw
         proc = subprocess.run([sys.executable, "-c", load, module, str(path)], capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stderr

@@ -27,7 +27,7 @@ cp -r "$ROOT/README.md" "$TMP/" 2>/dev/null || true
 rm -f "$TMP"/precnb/io/*.so
 (cd "$TMP" && CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
    LDFLAGS="-fsanitize=address,undefined" "$PY" setup.py -q build_ext --inplace >/dev/null)
-ls "$TMP"/precnb/io/_craw*.so "$TMP"/precnb/io/_cwalk*.so >/dev/null
+ls "$TMP"/precnb/io/_craw*.so >/dev/null
 echo "fuzz_sanitized: extension built with ASan/UBSan in $TMP"
 cd "$TMP"
 LD_PRELOAD="$ASAN" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

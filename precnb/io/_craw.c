@@ -1,10 +1,11 @@
 /* precnb.io._craw: the common node records of a dump.json batch read straight from its bytes, in C.
  *
- * An optional extension, like precnb.io._cwalk (setup.py builds both with optional=True). _cwalk reads the
- * Python objects that orjson or the standard library built; this module reads the batch's text itself and
- * builds no Python object per leaf: a plain record's statistics, shapes and dtypes go into C buffers, and only
- * what the file's records keep is made a Python object (a label per tensor, a node name per record, the
- * shared dtype / shape texts). It reads only what it can prove plain and gives every other record back:
+ * The parser's one fast path (setup.py builds it with optional=True; without it, or with PRECNB_PURE_PARSER=1, the
+ * pure Python parser reads every file: the standard library's json and the reference walk, with the same
+ * records). It reads the batch's text itself and builds no Python object per leaf: a plain record's statistics,
+ * shapes and dtypes go into C buffers, and only what the file's records keep is made a Python object (a label
+ * per tensor, a node name per record, the shared dtype / shape texts, the scalar arguments the run facts read).
+ * It reads only what it can prove plain and gives every other record back:
  *
  * - read_records(raw, pos, ...) reads the members of one batch ("name": record, ...; the text between
  *   data's records that precnb.io.msprobe._json cuts) from byte *pos* on. A record is plain when its text is
@@ -24,15 +25,18 @@
  * numpy converts a Python int: rounded to nearest), any other number with PyOS_string_to_double, the function
  * behind float(), on the number's own text (after checking it against the JSON grammar).
  *
- * Why a reader of the bytes: with the records parsed into objects (orjson: a few times faster than the
- * standard library), the walk of those objects still cost more than the parse; here neither is paid for the
- * common records. Why the hand-back: every unusual record keeps one reader, the reference walk in Python.
- * Size: this translation unit (~1,650 lines) and _craw_construct.c (~200 lines: construct_table, which reads
- * a plain construct.json's parent table from its bytes in one pass, see that file); the long functions
+ * Why a reader of the bytes: with the records parsed into objects (orjson, python-rapidjson: a few times faster
+ * than the standard library), the walk of those objects still cost more than the parse, even in C; here neither
+ * is paid for the common records (benchmarks/RESULTS_large.md). Why the hand-back: every unusual record keeps
+ * one reader, the reference walk in Python.
+ * Size: this translation unit (~1,650 lines), _craw_construct.c (~200 lines: construct_table, which reads
+ * a plain construct.json's parent table from its bytes in one pass, see that file) and _craw_parts.c (~330
+ * lines: parts_add, the node names split) and _craw_facts.c (~400 lines: the optimizer ops' arguments and
+ * the run-facts loop over the records handed over as objects); the long functions
  * (read_record, read_records, read_leaf, read_section, param_grad, build_value) each read one level of the
  * JSON grammar whole, with their error paths.
  *
- * Written for precnb (no third-party code): CPython C API only. tests/test_cwalk.py checks that the records
+ * Written for precnb (no third-party code): CPython C API only. tests/test_parse_paths.py checks that the records
  * read here equal the pure Python reference's, bit for bit, on every bundled dump and on generated ones;
  * tests/test_craw.py the numbers (against float()), the texts only this reader sees and the hand-backs.
  */
@@ -1138,7 +1142,7 @@ param_grad(cur *c, out_t *o, Py_ssize_t base)
 
 typedef struct {
     PyObject *names, *parents, *nodes, *node_parents, *counts, *todo;
-    int need_backward, need_forward;
+    int need_backward, need_forward, sigs;  /* sigs: FileFacts.api's records (scalar signatures) as objects */
 } ctx_t;
 
 /* what a record's name and parent say: 1 it goes to the Python walk, 2 its arguments go to the run facts (an
@@ -1187,8 +1191,8 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
     Py_INCREF(node);
     Py_INCREF(parent);
     Py_DECREF(key);
-    int r;
-    Py_ssize_t n0 = o->n;
+    int r, opt = 0, sig = 0;
+    Py_ssize_t n0 = o->n, rec_start = c->i;
     PyObject *grads = NULL, *facts = NULL;
     if (c->s[c->i] == 'n') {  /* a null record: nothing */
         r = word(c, "null", 4) ? 1 : NOT_PLAIN;
@@ -1198,7 +1202,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         r = NOT_PLAIN;  /* not an object: the Python code reports it */
         goto done;
     }
-    int opt = by_name(x, nm, nn, parent);
+    opt = by_name(x, nm, nn, parent);
     if (opt < 0 || opt == 1) {
         r = opt < 0 ? ERR : NOT_PLAIN;
         goto done;
@@ -1305,7 +1309,13 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
             r = read_section(&s, o, o->label.n, g_roles[k], grads, k == g_param_section);
     }
     c->i = end;
-    if (r == 1 && opt == 2) {  /* FileFacts.optimizer reads input_args and input_kwargs: those, as objects */
+    /* with signatures, an API forward record goes to FileFacts.api (flag 2, as _File.record sets it), which reads
+     * its {type, value} scalar arguments only: a record whose text holds no "value" key has none (signature 0,
+     * nothing noted), so only the others are built */
+    if (r == 1 && x->sigs && ends(nm, nn, ".forward") && !(nn >= 7 && memcmp(nm, "Module.", 7) == 0) &&
+        !(nn >= 5 && memcmp(nm, "Cell.", 5) == 0))
+        sig = has(c->s + rec_start, end - rec_start, "\"value\"");
+    if (r == 1 && (opt == 2 || sig)) {  /* FileFacts.optimizer / .api read input_args and input_kwargs: those, as objects */
         facts = PyDict_New();
         int want[2] = {g_args_section, g_kwargs_section};
         for (int k = 0; k < 2 && facts != NULL && r == 1; k++) {
@@ -1337,13 +1347,14 @@ done:
             Py_XDECREF(cnt);
         }
         int with_grads = grads != NULL && PyDict_GET_SIZE(grads);
-        if (r == 1 && (with_grads || facts != NULL)) {
-            /* the run facts (flag 1): FileFacts.node reads the parameters' requires_grad and an optimizer op's
-             * arguments, and nothing else of the record */
+        int flags = (with_grads || (facts != NULL && opt == 2) ? 1 : 0) | (sig ? 2 : 0);
+        if (r == 1 && flags) {
+            /* the run facts: FileFacts.node (flag 1) reads the parameters' requires_grad and an optimizer op's
+             * arguments, FileFacts.api (flag 2) the scalar arguments, and nothing else of the record */
             PyObject *rec = facts != NULL ? Py_NewRef(facts) : PyDict_New();
             if (rec != NULL && with_grads && PyDict_SetItemString(rec, "parameters", grads) < 0)
                 Py_CLEAR(rec);
-            PyObject *entry = rec ? Py_BuildValue("iOOO", 1, node, rec, parent) : NULL;
+            PyObject *entry = rec ? Py_BuildValue("iOOO", flags, node, rec, parent) : NULL;
             if (entry == NULL || PyList_Append(x->todo, entry) < 0)
                 r = ERR;
             Py_XDECREF(rec);
@@ -1370,7 +1381,7 @@ bytes_of(buf *b)
 }
 
 /* read_records(raw, pos, names, parents, labels, roles, shapes, dtypes, nodes, node_parents, counts, todo,
- *              need_backward, need_forward)
+ *              need_backward, need_forward[, sigs])
  * -> (pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back)
  * back: None at the end of raw, else (start, end) of the member handed back (pos is end) */
 static PyObject *
@@ -1381,10 +1392,11 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     ctx_t x;
     out_t o;
     memset(&o, 0, sizeof o);
-    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
+    x.sigs = 0;
+    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp|p", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
                           &x.parents, &PyList_Type, &o.labels, &PyList_Type, &o.roles, &PyList_Type, &o.shapes,
                           &PyList_Type, &o.dtypes, &PyList_Type, &x.nodes, &PyList_Type, &x.node_parents,
-                          &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward))
+                          &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward, &x.sigs))
         return NULL;
     PyObject *result = NULL, *back = NULL;
     if (g_non_tensor == NULL) {
@@ -1568,26 +1580,6 @@ bad:
     return NULL;
 }
 
-/* long_ints(raw): whether raw holds a run of 20 digits, or '-' and 19: an integer orjson would read as a float */
-static PyObject *
-long_ints(PyObject *Py_UNUSED(self), PyObject *arg)
-{
-    if (!PyBytes_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "bytes");
-        return NULL;
-    }
-    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(arg);
-    Py_ssize_t n = PyBytes_GET_SIZE(arg), run = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if ((unsigned)(s[i] - '0') < 10u) {
-            if (++run >= 20 || (run == 19 && i >= 19 && s[i - 19] == '-'))
-                Py_RETURN_TRUE;
-        } else
-            run = 0;
-    }
-    Py_RETURN_FALSE;
-}
-
 /* number_value(text): the double read_records reads for one JSON number's text, or None (not plain) */
 static PyObject *
 number_value(PyObject *Py_UNUSED(self), PyObject *arg)
@@ -1617,12 +1609,19 @@ number_value(PyObject *Py_UNUSED(self), PyObject *arg)
 
 /* precnb/io/_craw_construct.c */
 PyObject *craw_construct_table(PyObject *self, PyObject *arg);
+/* precnb/io/_craw_parts.c */
+PyObject *craw_parts_add(PyObject *self, PyObject *args);
+/* precnb/io/_craw_facts.c */
+PyObject *craw_optimizer_args(PyObject *self, PyObject *args);
+PyObject *craw_facts_batch(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
-    {"long_ints", long_ints, METH_O, "Whether the text holds an integer orjson would read as a float."},
     {"number_value", number_value, METH_O, "The value read_records reads for one number's text (tests)."},
     {"configure", configure, METH_VARARGS, "Set the walk's rules (precnb.io.msprobe.walk calls it once)."},
     {"read_records", read_records, METH_VARARGS, "Read the plain records of one batch's text (see the module)."},
+    {"parts_add", craw_parts_add, METH_VARARGS, "NodeParts.add of one batch's node names (see _craw_parts.c)."},
+    {"optimizer_args", craw_optimizer_args, METH_VARARGS, "FileFacts.optimizer's argument scan (see _craw_facts.c)."},
+    {"facts_batch", craw_facts_batch, METH_VARARGS, "FileFacts.batch's loop (see _craw_facts.c)."},
     {"construct_table", craw_construct_table, METH_O,
      "(parents, names) of a plain construct.json's bytes, or None (see _craw_construct.c)."},
     {NULL, NULL, 0, NULL},

@@ -1,12 +1,10 @@
 r"""Fast, strict-enough JSON loading for msprobe files.
 
 msprobe writes JSON with Python's ``json.dump`` and ``allow_nan=True``, so files may hold
-the bare tokens ``NaN``, ``Infinity`` and ``-Infinity``. ``orjson`` (when installed) is
-tried first because it is several times faster; it rejects those tokens (and numbers beyond
-the float range, a byte-order mark, invalid UTF-8 and lone surrogates), and the standard
-library parser is used then. Errors name the file and the position.
+the bare tokens ``NaN``, ``Infinity`` and ``-Infinity``: the standard library's parser reads
+them. Errors name the file and the position.
 
-Robustness rules (the same whichever parser succeeds):
+Robustness rules:
 
 - a UTF-8 byte-order mark is ignored;
 - a number beyond the float range (``1e400``) is ±inf, an integer beyond it stays an int
@@ -26,11 +24,6 @@ from typing import Any
 
 from precnb.errors import DumpFormatError
 from precnb.io._fs import byte_position, open_regular
-
-try:  # optional speed-up
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - exercised when the extra is missing
-    _orjson = None  # type: ignore[assignment]
 
 __all__ = ["load_json", "loads_json"]
 
@@ -78,11 +71,6 @@ def loads_json(raw: bytes, path: str | Path = "<bytes>", notes: list[str] | None
     """
     if raw.startswith(_BOM):
         raw = raw[len(_BOM):]
-    if _orjson is not None:
-        try:
-            return _orjson.loads(raw)
-        except _orjson.JSONDecodeError:
-            pass  # NaN tokens, or truly broken: let json decide and explain
     first = raw.lstrip(b" \t\r\n")[:1]
     if first and first[0] not in _JSON_START:
         raise DumpFormatError(path, f"not a JSON text file (starts with byte 0x{first[0]:02x})")

@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from precnb.io._cext import cwalk
+from precnb.io._cext import craw
 from precnb.io._record_facts import (
     UNDEFINED_PREFIXES,
     p2p_peers,
@@ -130,11 +130,11 @@ def _kwarg_scalars(value: Any, path: str, out: dict[str, list[Any]]) -> None:
 
 
 def _c_scan() -> Any:
-    """:meth:`FileFacts.optimizer`'s argument scan in C (``precnb/io/_cwalk.c``), or None.
+    """:meth:`FileFacts.optimizer`'s argument scan in C (``precnb/io/_craw_facts.c``), or None.
 
     None when the extension is not built or ``PRECNB_PURE_PARSER`` is set (the Python scan is the reference).
     """
-    c = cwalk()
+    c = craw()
     return None if c is None else c.optimizer_args
 
 
@@ -191,10 +191,10 @@ class FileFacts:
 
     def batch(self, todo: list[tuple[int, str, dict[str, Any], str]]) -> None:
         """:meth:`node` (flag 1) and :meth:`api` (flag 2) of ``(flags, node, record, parent)`` entries, in order."""
-        c = cwalk()
+        c = craw()
         if c is not None and self._scan is not None:  # the same, the optimizer records read in C
             c.facts_batch(todo, self.node, self.api, self._known, self._merge, _POSITIONS, _plain, _arg_scalars,
-                          _kwarg_scalars, api_of, _OPTIMIZER_MARKERS)
+                          _kwarg_scalars, api_of, _OPTIMIZER_MARKERS, UNDEFINED_PREFIXES)
             return
         for flags, node, record, parent in todo:
             if flags & 1:
@@ -216,7 +216,7 @@ class FileFacts:
     def optimizer(self, node: str, record: Mapping[str, Any]) -> None:
         """The scalar arguments of an optimizer op's record (the common ``{type, value}`` ones read in line)."""
         found: dict[str, list[Any]] = {}
-        if self._scan is not None and record.__class__ is dict:  # the same scan, in C (tests/test_cwalk.py)
+        if self._scan is not None and record.__class__ is dict:  # the same scan, in C (tests/test_parse_paths.py)
             api = self._scan(node, record, found, _POSITIONS, _plain, _arg_scalars, _kwarg_scalars, api_of,
                              self._known)
             if api is not None:  # (None: nothing found, or every value kept already: what _merge would see)

@@ -15,25 +15,15 @@ The cut is checked, never trusted: every batch must parse as a JSON object, and 
 around ``data`` (``{"task": ..., "data": {}, ...}``) must parse with that empty ``data`` as its
 only ``data``. Because ``{a}`` and ``{b}`` both valid means ``{a, b}`` is valid with the members
 of both, in order, a file whose batches all parse is the file the whole parse would have read.
-Anything else (a byte-order mark, a node name seen twice, JSON that orjson refuses, a ``data``
-that does not start in the first MiB) raises :class:`NotBatchableError`, and the reader parses
-the whole file with :func:`precnb.io._jsonio.load_json` instead, which gives exactly the standard
-library's answer and its error messages.
+Anything else (a byte-order mark, a node name seen twice, a batch the standard library refuses, a
+``data`` that does not start in the first MiB) raises :class:`NotBatchableError`, and the reader
+parses the whole file with :func:`precnb.io._jsonio.load_json` instead, which gives exactly the
+standard library's answer and its error messages.
 
-msprobe writes bare ``NaN`` / ``Infinity`` / ``-Infinity`` tokens, which orjson rejects.
-:func:`quote_tokens` turns ``"K": NaN`` into ``"K": "NaN"`` for the keys ``Max``, ``Min``,
-``Mean``, ``Norm`` and ``value`` only; the statistic rules read those strings as the same
-floats (``"-Infinity"`` → ``-inf``). The pattern cannot match inside a string of valid JSON: its
-first quote is not escaped (no backslash before it), so inside a string it would close the
-string and leave the bare word ``Max`` after it, which is not JSON. A module named ``NaNGuard``
-or a string argument ``"Max: NaN"`` is therefore left alone, and any other bare token (a
-shape element, a construct.json value) leaves the batch unparsable by orjson: the whole file
-then goes through the standard library.
-
-Examples
---------
->>> quote_tokens(b'{"Max": NaN, "Min": -Infinity, "s": "Max\\\\": NaN", "NaNGuard": 1}')
-b'{"Max": "NaN", "Min": "-Infinity", "s": "Max\\\\": NaN", "NaNGuard": 1}'
+Two readers take the batches: :func:`parts` parses each with the standard library (msprobe's bare
+``NaN`` / ``Infinity`` / ``-Infinity`` tokens included) for the pure Python parser, the reference;
+:func:`raw_parts` hands each batch's text to the C reader :mod:`precnb.io._craw` (the fast path), which
+gives back, as text, the members it does not read itself (:func:`member` parses those).
 """
 
 from __future__ import annotations
@@ -47,27 +37,18 @@ from typing import IO, Any
 
 import numpy as np
 
-from precnb.io._cext import CRAW, cwalk
 from precnb.io._fs import open_regular
 from precnb.io.msprobe._scan import Scanner, find_data
 from precnb.io.records import hashes_repeat
 
-try:  # optional speed-up (the ``fast`` extra)
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - exercised when the extra is missing
-    _orjson = None  # type: ignore[assignment]
+__all__ = ["BLOCK", "NotBatchableError", "batches", "member", "parts", "raw_parts"]
 
-__all__ = ["BLOCK", "NotBatchableError", "batches", "has_orjson", "member", "parts", "quote_tokens", "raw_parts"]
-
-BLOCK = (128 if _orjson is not None else 256) << 10
-"""Bytes read at a time; a batch holds the whole records of about one block.
+BLOCK = 256 << 10
+"""Bytes read at a time by :func:`parts`; a batch holds the whole records of about one block.
 
 Small enough that a batch's objects are still in the processor's caches when the walk, the run
 facts and the value columns read them one after the other (``benchmarks/bench_large.py``: a
-1 GB file loads about a quarter faster than with 4 MiB batches). With orjson, 128 KiB batches
-(about a MiB of objects, one core's L2 cache here) load a 200 MB file 5-8 % faster than 256 KiB
-ones (medians of 4, 2026-12-03; 64 KiB as fast, 32 KiB slower); the standard library's parse,
-with more fixed cost per call, keeps 256 KiB."""
+1 GB file loads about a quarter faster than with 4 MiB batches)."""
 RAW_BLOCK = 1 << 20
 """Bytes read at a time by :func:`raw_parts`: the C reader builds no objects per leaf, so its batches need not
 fit a cache, and larger ones cut the fixed cost per batch (300 MB file, 2026-12-03: 128 KiB 4.7-5.8 s,
@@ -76,60 +57,11 @@ _HEAD_MAX = 1 << 20
 _LONG = 4 * BLOCK  # a buffer this long without a line of msprobe's layout is cut by structure
 _DATA_KEY = re.compile(rb'\n[ \t]*"data"[ \t]*:[ \t]*(\{)[ \t]*\r?\n([ \t]*)["}]')
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
-_BEFORE = re.compile(rb'"(?:Max|Min|Mean|Norm|value)"[ \t\r\n]*:[ \t\r\n]*\Z')
-_AFTER = frozenset(b" \t\r\n,}]")
-_MINUS, _BACKSLASH = 45, 92
 _BOM = b"\xef\xbb\xbf"
-#: an integer orjson reads as a float (it keeps ints of 64 bits only): 20 digits, or "-" and 19 (conservatively:
-#: digits of a fraction or a string count too)
-_LONG_INT = re.compile(rb"\d{20}|-\d{19}")
 
 
 class NotBatchableError(Exception):
     """The file cannot be read batch by batch; parse it whole."""
-
-
-def has_orjson() -> bool:
-    """Whether orjson is installed (without it every file is parsed whole by the standard library)."""
-    return _orjson is not None
-
-
-def quote_tokens(raw: bytes, *, nan: bool = True) -> bytes:
-    """*raw* with the bare ``NaN``/``±Infinity`` values of statistics and scalar values quoted.
-
-    ``nan=False`` quotes the ``±Infinity`` ones only (looking for ``NaN`` costs a scan of its own).
-
-    Examples
-    --------
-    >>> quote_tokens(b'{"Norm": Infinity, "shape": [NaN]}')
-    b'{"Norm": "Infinity", "shape": [NaN]}'
-    """
-    c = cwalk()
-    if c is not None and raw.__class__ is bytes:  # the same, in one C pass (tests/test_cwalk.py)
-        quoted: bytes = c.quote_tokens(raw, nan)
-        return quoted
-    spans = []
-    for token in (b"NaN", b"Infinity") if nan else (b"Infinity",):
-        i = raw.find(token)
-        while i >= 0:
-            start, end = i, i + len(token)
-            if token == b"Infinity" and i and raw[i - 1] == _MINUS:
-                start -= 1
-            if end == len(raw) or raw[end] in _AFTER:
-                m = _BEFORE.search(raw, max(0, start - 40), start)
-                if m is not None and (m.start() == 0 or raw[m.start() - 1] != _BACKSLASH):
-                    spans.append((start, end))
-            i = raw.find(token, end)
-    if not spans:
-        return raw
-    spans.sort()
-    out: list[bytes] = []
-    last = 0
-    for start, end in spans:
-        out += (raw[last:start], b'"', raw[start:end], b'"')
-        last = end
-    out.append(raw[last:])
-    return b"".join(out)
 
 
 def _utf8(raw: bytes) -> str:
@@ -142,34 +74,13 @@ def _utf8(raw: bytes) -> str:
     return raw.decode("utf-8")
 
 
-def _loads(raw: bytes, nan: bool = False) -> tuple[Any, bool]:
-    """(the parsed text, whether its NaN tokens needed quoting); *nan*: quote them before the first try.
-
-    Without *nan* the NaN tokens are quoted only when the first parse fails.
-    """
+def _loads(raw: bytes) -> Any:
+    """The standard library's parse of *raw* (NaN and ±Infinity included), or :class:`NotBatchableError`."""
     if raw.find(b"\\") >= 0 and _SURROGATE_ESCAPE.search(raw):  # the whole-file parse replaces them, with a note
         raise NotBatchableError
-    if _orjson is None:
-        try:
-            return json.loads(_utf8(raw)), False
-        except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, too many digits
-            raise NotBatchableError from None
-    if (CRAW.long_ints(raw) if CRAW is not None and cwalk() is not None else _LONG_INT.search(raw) is not None):
-        try:  # orjson would read 30000000000000000000 as 3e+19: the standard library keeps the int
-            return json.loads(_utf8(raw)), False
-        except (ValueError, RecursionError):
-            raise NotBatchableError from None
     try:
-        return _orjson.loads(quote_tokens(raw, nan=nan)), nan
-    except _orjson.JSONDecodeError:  # also bad UTF-8, lone surrogates, numbers beyond 64 bits
-        if nan or raw.find(b"NaN") < 0:
-            raise NotBatchableError from None
-    # A batch without NaN tokens parses as it is: quote_tokens finds a NaN only where it is a bare
-    # token (never inside a string of valid JSON), so once orjson accepts the text, the quoting of
-    # NaN would have changed nothing. Otherwise the text quoted in full decides.
-    try:
-        return _orjson.loads(quote_tokens(raw)), True
-    except _orjson.JSONDecodeError:
+        return json.loads(_utf8(raw))
+    except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, too many digits
         raise NotBatchableError from None
 
 
@@ -279,11 +190,10 @@ def parts(path: str | Path) -> Iterator[tuple[bool, dict[str, Any]]]:
         head, indent, buf = _head(fh)
         hashes: list[Any] = []  # of the node names of each batch: a name in two batches is checked at the end
         first = True
-        nan = False
         for piece, tail in _pieces(fh, buf, indent):
             buf = b""
             if piece.strip():
-                data, nan = _loads(b"{" + piece + b"}", nan)  # once NaN needed quoting, always quote it
+                data = _loads(b"{" + piece + b"}")
             elif first and tail is not None:  # "data": {} (nothing dumped)
                 data = {}
             else:  # "{ , ..." or a trailing comma: not JSON
@@ -365,7 +275,7 @@ def _top(head: bytes, tail: bytes) -> dict[str, Any]:
     data's members are the records read; whatever the order of the top-level members, data is the one
     found if the text around it parses with it as its only ``data`` (else :class:`NotBatchableError`).
     """
-    top = _loads(head + b"{}" + tail, True)[0]
+    top = _loads(head + b"{}" + tail)
     if not isinstance(top, dict) or top.get("data") != {}:
         raise NotBatchableError
     del top["data"]

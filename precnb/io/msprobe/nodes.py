@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from precnb.io._cext import cwalk
+from precnb.io._cext import craw
 from precnb.io.msprobe.values import MAX_COUNTER
 from precnb.naming import parse_node
 
@@ -134,8 +134,8 @@ class NodeParts:
         """
         kinds, apis, modules, dirs, calls = self.kinds, self.apis, self.modules, self.dirs, self.calls
         out = self.parents
-        c = cwalk()
-        if c is not None and nodes.__class__ is list and parents.__class__ is list:  # the same, in C (test_cwalk.py)
+        c = craw()
+        if c is not None and nodes.__class__ is list and parents.__class__ is list:  # the same, in C (_craw_parts.c)
             c.parts_add(nodes, parents, kinds, apis, modules, dirs, calls, out, self._of_parent, self._names,
                         _module_of, name_parts)
             return

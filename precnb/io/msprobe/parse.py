@@ -1,23 +1,25 @@
 """The msprobe dump.json parser: one (step, rank) folder → :class:`~precnb.io._assemble.FileRecords`.
 
-One parser for every file, clean or not. The JSON text is read batch by batch
-(:mod:`precnb.io.msprobe._json`) when it is in msprobe's layout, else parsed whole with the
-standard library's rules (:func:`precnb.io._jsonio.load_json`: bare ``NaN``/``Infinity`` tokens,
-byte-order mark, invalid UTF-8 inside strings, lone surrogates); either way the same walk reads
-the node records, so both give the same records, warnings and errors.
+One parser for every file, clean or not, with two paths that give identical records:
 
-The per-record work is done in C for the common records when the optional extension
-:mod:`precnb.io._cwalk` is built (``precnb/io/_cwalk.c``; ``PRECNB_PURE_PARSER=1`` selects the pure
-Python code, which is the reference: ``tests/test_cwalk.py`` checks that both give identical
-records). That extension reads the Python objects orjson or the standard library built. A load
-without scalar signatures (one file per step: the usual large single-rank file) goes one step further
-when :mod:`precnb.io._craw` is built (``precnb/io/_craw.c``): the batch's text is read in C and no
-Python object is built per leaf, only the labels, node names and the shared dtype / shape texts the
-records keep. It reads only the records it can prove plain and hands every other member back as its
-text, which the standard library parses and the reference walk reads (a C parser of the bytes was
-chosen over a faster object parser because the objects themselves were most of the cost: with them,
-the work after orjson's parse still cost more than the parse; ``benchmarks/RESULTS_large.md``,
-2026-12-03 #30 C reader, has the figures). ``PRECNB_NO_CRAW=1`` keeps the object path.
+- **the fast path** (the default when the optional extension :mod:`precnb.io._craw` is built,
+  ``precnb/io/_craw.c``): each batch's text (:func:`precnb.io.msprobe._json.raw_parts`) is read in
+  C and no Python object is built per leaf, only the labels, node names, the shared dtype / shape
+  texts and, for the run facts, the scalar arguments of the records that have them. It reads only
+  the records it can prove plain and hands every other member back as its text, which the
+  standard library parses and the reference walk reads;
+- **the pure Python reference** (``PRECNB_PURE_PARSER=1``, or no extension built): each batch is
+  parsed by the standard library's ``json`` (:func:`precnb.io.msprobe._json.parts`) and every
+  record read by :class:`~precnb.io.msprobe.walk.Walk`.
+
+Both read the JSON text batch by batch when it is in msprobe's layout, else the whole file with the
+standard library's rules (:func:`precnb.io._jsonio.load_json`: bare ``NaN``/``Infinity`` tokens,
+byte-order mark, invalid UTF-8 inside strings, lone surrogates), so both give the same records,
+warnings and errors (``tests/test_parse_paths.py`` and the differential fuzzer
+``tests/test_fuzz_differential.py`` check it). A C reader of the bytes was chosen over a faster
+parser of objects (orjson, python-rapidjson) because the objects themselves were most of the cost:
+the work after such a parse still cost more than the parse (``benchmarks/RESULTS_large.md`` has
+the figures, against ``json.loads`` with the garbage collector on and paused).
 
 Each record is read once: :class:`~precnb.io.msprobe.walk.Walk` collects its tensor leaves and
 their labels, :class:`~precnb.io._runfacts.FileFacts` its run facts (``requires_grad``, optimizer
@@ -60,7 +62,7 @@ from precnb.io.msprobe.nodes import NodeParts, node_columns
 from precnb.io.msprobe.release import file_facts, stack_format
 from precnb.io.msprobe.sides import json_type, read_sides
 from precnb.io.msprobe.values import Columns, Issues, TextColumn, short
-from precnb.io.msprobe.walk import MAX_DEPTH, NO_SIGNATURE, TooDeepError, Walk, fast_walk, leaves_of
+from precnb.io.msprobe.walk import MAX_DEPTH, NO_SIGNATURE, TooDeepError, Walk, leaves_of
 from precnb.io.records import distinct
 from precnb.naming import COMM_PREFIXES
 
@@ -105,11 +107,10 @@ class _File:
         self._todo: list[tuple[int, str, dict[str, Any], str]] = []  # the current batch's run facts to read
 
     def batch(self, data: Mapping[str, Any]) -> None:
-        """Read one batch of node records (all of ``data`` for a whole-file parse).
+        """Read one parsed batch of node records (all of ``data`` for a whole-file parse) with :meth:`record`.
 
-        The common records are walked in C when :mod:`precnb.io._cwalk` is built (and
-        ``PRECNB_PURE_PARSER`` is not set); every other record, and every record without it, is read
-        by :meth:`record`. Both give the same lists (``tests/test_cwalk.py``).
+        The pure Python reference (:meth:`batch_raw` reads the same records from their text, with the
+        same lists: ``tests/test_parse_paths.py``).
         """
         w = self.walk
         nodes = self.nodes
@@ -117,23 +118,11 @@ class _File:
         self._todo = []  # (flags, node, record, parent) for the run facts
         self.n_nodes += len(data)
         n_had = len(nodes)
-        cwalk = fast_walk()
-        if cwalk is not None and data.__class__ is dict and self.parents.__class__ is dict:
-            pos: int | None = 0
-            while pos is not None:
-                back = cwalk.walk_batch(data, pos, self.names, self.parents, w.leaves, w.labels, w.roles, nodes,
-                                        self._parents, self.counts, self._todo, self.signatures,
-                                        self.backward is None, self.is_recompute is None)
-                if back is None:
-                    break
-                pos, node, record, parent = back
-                self.record(node, record, parent)
-        else:
-            # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
-            name = self.names.get
-            for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
-                                              strict=True):
-                self.record(name(node, node), record, parent)
+        # the parents in one C-level pass (construct.json's table holds strings only: "" for a root)
+        name = self.names.get
+        for (node, record), parent in zip(data.items(), map(self.parents.get, data, itertools.repeat("")),
+                                          strict=True):
+            self.record(name(node, node), record, parent)
         self.facts.batch(self._todo)  # the run facts, in file order
         self._todo = []
         self.parts.add(nodes[n_had:], self._parents)
@@ -150,8 +139,9 @@ class _File:
         back the span of any other member, which the standard library parses
         (:func:`~precnb.io.msprobe._json.member`) and :meth:`record` reads, in file order; text that
         is not JSON members raises :class:`~precnb.io.msprobe._json.NotBatchableError` (the whole-file
-        parse then decides, and words the error). Only for loads without scalar signatures (their
-        records are read as objects).
+        parse then decides, and words the error). With scalar signatures, the API forward records
+        that hold a ``{type, value}`` argument come with their ``input_args`` / ``input_kwargs`` as
+        objects for :meth:`~precnb.io._runfacts.FileFacts.api`.
         """
         w = self.walk
         nodes, labels, cols = self.nodes, self.labels, self.cols
@@ -166,7 +156,7 @@ class _File:
             try:
                 got = reader.read_records(raw, pos, self.names, self.parents, labels, roles, shapes, dtypes, nodes,
                                           self._parents, self.counts, self._todo, self.backward is None,
-                                          self.is_recompute is None)
+                                          self.is_recompute is None, self.signatures)
             except ValueError:  # not a sequence of JSON members
                 raise _json.NotBatchableError from None
             self.n_nodes += got[1]
@@ -371,8 +361,8 @@ def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
     f = _File(rd, parents, micro, signatures, names)
     f.large = large
     top: Mapping[str, Any] = {}
-    # a load without signatures reads the batches' text itself when the C reader is built (no parse into objects)
-    reader = craw() if not signatures and parents.__class__ is dict else None
+    # the batches' text is read in C when the C reader is built (no parse into objects)
+    reader = craw() if parents.__class__ is dict else None
     try:
         if reader is not None:
             name_hashes: list[np.ndarray] = []

@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from precnb.io._cext import cwalk
 from precnb.io.msprobe._textcol import TextColumn, _join
 from precnb.io.records import _shape_text, stat_value
 
@@ -175,12 +174,6 @@ class Columns:
         n = len(leaves)
         if not n:
             return
-        c = cwalk()
-        # the same columns in C (tests/test_cwalk.py); None: a value the exact rules below must read
-        got = c.leaf_columns(leaves, _SHAPES, self._interned) if c is not None and leaves.__class__ is list else None
-        if got is not None:
-            self._add_columns(leaves, labels, issues, got)
-            return
         try:  # one pass over the leaves for the six fields every leaf has
             cols: list[Sequence[Any]] = list(zip(*map(_FIELDS, leaves), strict=True))
         except KeyError:
@@ -193,27 +186,6 @@ class Columns:
         self._null.append(null)
         self._shapes(cols[4], labels, issues)
         self._strings(leaves, cols[5], labels, issues)
-        self._leaf_type(leaves)
-        self.n += n
-
-    def _add_columns(self, leaves: Sequence[dict[str, Any]], labels: Sequence[str], issues: Issues,
-                     got: tuple[Any, ...]) -> None:
-        """:meth:`add_batch` from the columns :mod:`precnb.io._cwalk` read (statistics, shapes, dtypes)."""
-        stats, null, shapes, dtypes, texts, numel, interned, extra = got
-        n = len(leaves)
-        table = np.frombuffer(stats, np.float64).reshape(4, n)
-        for bit, (name, _) in enumerate(_STAT_KEYS):
-            self._stats[name].append(table[bit])
-        self._null.append(np.frombuffer(null, np.uint8))
-        if texts is not None:  # every shape one seen before
-            self.shape.extend(texts)
-            self._numel.append(np.frombuffer(numel, np.int64))
-        else:
-            self._shapes(shapes, labels, issues)
-        if interned is not None and not extra and not self.any_crc and self._names_from is None:
-            self.dtype.extend(interned)  # string dtypes, no md5 or data_name yet: all that _strings would do
-        else:
-            self._strings(leaves, dtypes, labels, issues)
         self._leaf_type(leaves)
         self.n += n
 

@@ -21,15 +21,14 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Iterable
-from types import ModuleType
 from typing import Any
 
-from precnb.io._cext import CRAW, CWALK, cwalk
+from precnb.io._cext import CRAW
 from precnb.io._record_facts import UNDEFINED_PREFIXES
 from precnb.io.msprobe.nodes import node_kind
 from precnb.naming import COMM_PREFIXES
 
-__all__ = ["MAX_DEPTH", "NO_SIGNATURE", "TooDeepError", "Walk", "fast_walk", "leaves_of"]
+__all__ = ["MAX_DEPTH", "NO_SIGNATURE", "TooDeepError", "Walk", "leaves_of"]
 
 #: values nested deeper than this below a node record make the file unreadable
 MAX_DEPTH = 64
@@ -273,29 +272,7 @@ def leaves_of(node: str, record: Any, kind: str | None = None) -> list[tuple[str
 
 
 
-_C = CWALK  # the C walk of the common records (precnb/io/_cwalk.c), when built
-if _C is not None:
-    _C.configure(_NON_TENSOR_TYPES, _ORDER, _INDEX, UNDEFINED_PREFIXES, COMM_PREFIXES, NO_SIGNATURE,
-                 ("Module.", "Cell."), node_kind)
 if CRAW is not None:  # the same rules for the reader of a batch's bytes (precnb/io/_craw.c)
     from precnb.io.msprobe.values import _shape_info
 
     CRAW.configure(_NON_TENSOR_TYPES, _ORDER, UNDEFINED_PREFIXES, COMM_PREFIXES, node_kind, _shape_info)
-
-
-def fast_walk() -> ModuleType | None:
-    """The C walk (:mod:`precnb.io._cwalk`), or None: not built, or ``PRECNB_PURE_PARSER`` set.
-
-    The pure Python walk (:class:`Walk`, read record by record) is the reference: the C one reads
-    the common records only and hands every other back to it, with the same results.
-
-    Examples
-    --------
-    >>> import os
-    >>> old = os.environ.get("PRECNB_PURE_PARSER")
-    >>> os.environ["PRECNB_PURE_PARSER"] = "1"
-    >>> fast_walk() is None
-    True
-    >>> _ = os.environ.pop("PRECNB_PURE_PARSER") if old is None else os.environ.update(PRECNB_PURE_PARSER=old)
-    """
-    return cwalk()

@@ -1,12 +1,13 @@
-"""The C walk of the common msprobe records (``precnb/io/_cwalk.c``) against the pure Python reference.
+"""The two parse paths give identical records: the C reader (``precnb/io/_craw.c``) against the pure Python reference.
 
-``PRECNB_PURE_PARSER=1`` reads every record with :class:`precnb.io.msprobe.walk.Walk` and
-:class:`precnb.io.msprobe.nodes.NodeParts` in Python; without it the C extension reads the records
-it fully understands and hands the others back. Both must give identical FileRecords — labels,
-coordinates, values bit for bit (NaN, ±inf, -0.0), null masks, strings, meta (warnings, unread,
-facts, release facts) in the same order — on every bundled dump, on generated and mutated dumps
-(hypothesis, the generators of ``tests/test_fuzz_readers.py``) and on hand-written edge records,
-through both parse paths (batch by batch, and whole with ``PRECNB_JSON_WHOLE=1``).
+``PRECNB_PURE_PARSER=1`` parses every batch with the standard library's ``json`` and reads every record with
+:class:`precnb.io.msprobe.walk.Walk` and :class:`precnb.io.msprobe.nodes.NodeParts` in Python; without it the
+C extension reads the records it fully understands straight from the batch's bytes and hands the others back.
+Both must give identical FileRecords — labels, coordinates, values bit for bit (NaN, ±inf, -0.0), null masks,
+strings, meta (warnings, unread, facts, scalar signatures, release facts) in the same order — with and without
+scalar signatures, on every bundled dump, on generated and mutated dumps (hypothesis, the generators of
+``tests/test_fuzz_readers.py``) and on hand-written edge records, through both parse paths (batch by batch, and
+whole with ``PRECNB_JSON_WHOLE=1``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from hypothesis import strategies as st
 
 from precnb.errors import DumpFormatError
 from precnb.io import _cext
-from precnb.io.msprobe import _json, walk
 from precnb.io.msprobe.discover import discover
 from precnb.io.msprobe.parse import read_rank_dir
 from tests._records_equal import records_differences
@@ -33,7 +33,7 @@ from tests.conftest import SAMPLES, SHARED
 from tests.test_fuzz_readers import fuzz_settings, msprobe_dump, mutate_obj, write_msprobe
 
 ROOT = Path(__file__).resolve().parents[1]
-built = pytest.mark.skipif(walk._C is None, reason="precnb.io._cwalk is not built (no compiler at install)")
+built = pytest.mark.skipif(_cext.CRAW is None, reason="precnb.io._craw is not built (no compiler at install)")
 pytestmark = built
 
 
@@ -109,10 +109,11 @@ def test_bundled_dumps_same_records(folder):
 _COMPARED: dict[str, int] = {}
 
 
-def test_the_c_walk_is_taken(monkeypatch):
-    """Without PRECNB_PURE_PARSER each C function reads (not a silent fallback); with it none does."""
+def test_the_c_reader_is_taken(monkeypatch):
+    """Without PRECNB_PURE_PARSER each C function reads (not a silent fallback), with signatures or without; with
+    it none does."""
     calls: dict[str, int] = {}
-    real = _cext.CWALK
+    real = _cext.CRAW
 
     class Spy:
         def __getattr__(self, name):
@@ -122,10 +123,12 @@ def test_the_c_walk_is_taken(monkeypatch):
             return counted
 
     folder = SAMPLES / "dp_nan" / "step2" / "rank1"
-    monkeypatch.setattr(_cext, "CWALK", Spy())
-    with env(PRECNB_PURE_PARSER=None):
-        read_rank_dir(discover(folder)[0])
-    assert {"walk_batch", "parts_add", "leaf_columns", "facts_batch"} <= set(calls), calls
+    monkeypatch.setattr(_cext, "CRAW", Spy())
+    for sigs in (True, False):
+        calls.clear()
+        with env(PRECNB_PURE_PARSER=None):
+            read_rank_dir(discover(folder)[0], signatures=sigs)
+        assert {"read_records", "parts_add"} <= set(calls), calls
     calls.clear()
     with env(PRECNB_PURE_PARSER="1"):
         read_rank_dir(discover(folder)[0])
@@ -216,33 +219,10 @@ def test_each_edge_record_alone(tmp_path, name):
     assert assert_same(_write(tmp_path, data, 1, None)) >= 4  # the plain records' tensors at least
 
 
-_FRAGMENTS = [b'"Max"', b'"Min"', b'"Mean"', b'"Norm"', b'"value"', b'"NaNGuard"', b'"x"', b":", b" ", b"\t", b"\n",
-              b"NaN", b"Infinity", b"-", b",", b"}", b"]", b"[", b"{", b"\\", b'"', b"1", b"a", b" " * 41]
-
-
-_WS = st.sampled_from([b"", b" ", b"\t\n", b" " * 20, b" " * 30, b" " * 34, b" " * 38])
-#: a statistic written as msprobe writes it, around the edges of the pattern (window of 40 bytes, escapes, signs)
-_STAT = st.builds(lambda pre, key, w1, w2, tok, post: pre + key + w1 + b":" + w2 + tok + post,
-                  st.sampled_from([b"", b"\\", b"\\\\", b"{", b"a", b'"']),
-                  st.sampled_from([b'"Max"', b'"Min"', b'"Mean"', b'"Norm"', b'"value"', b'"Maxx"', b'"NaNGuard"',
-                                   b"Max", b'"max"']), _WS, _WS,
-                  st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"-NaN", b"NaNx", b"--Infinity", b"Infinit"]),
-                  st.sampled_from([b"", b",", b"}", b"]", b" ", b"\n", b"x", b"1"]))
-
-
-@fuzz_settings(400)
-@given(parts=st.lists(st.one_of(_STAT, _STAT, st.sampled_from(_FRAGMENTS)), max_size=12), nan=st.booleans())
-def test_quote_tokens_same_bytes(parts, nan):
-    raw = b"".join(parts)
-    with env(PRECNB_PURE_PARSER="1"):
-        want = _json.quote_tokens(raw, nan=nan)
-    assert _cext.CWALK.quote_tokens(raw, nan) == want
-
-
 @fuzz_settings(40)
 @given(spec=msprobe_dump(max_nodes=6))
 def test_generated_dumps_same_records(spec):
-    with tempfile.TemporaryDirectory(prefix="precnb-cwalk-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="precnb-paths-") as tmp:
         write_msprobe(Path(tmp), spec)
         assert_same(Path(tmp))
 
@@ -254,6 +234,6 @@ def test_mutated_dumps_same_records(spec, data):
     spec["files"] = {key: mutate_obj(spec["files"][key], data)}
     if not isinstance(spec["files"][key], dict) or not isinstance(spec["files"][key].get("data"), dict):
         return  # not a dump the walk reads (the parse refuses it the same way on both paths)
-    with tempfile.TemporaryDirectory(prefix="precnb-cwalk-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="precnb-paths-") as tmp:
         write_msprobe(Path(tmp), spec)
         assert_same(Path(tmp))
