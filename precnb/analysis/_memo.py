@@ -20,9 +20,10 @@ import dataclasses
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import xarray as xr
+if TYPE_CHECKING:  # annotations only: the CLI's --help imports the diagnoses without xarray
+    import xarray as xr
 
 __all__ = ["DatasetMemo", "memos"]
 
