@@ -119,7 +119,7 @@ def moe_cases(key: str, draw: dict[str, Any], truths: dict[str, Any], only: str 
 
 def moe_module(answer: dict[str, Any], result: dict[str, Any]) -> tuple[str | None, str, int | None]:
     """(whole-model module of precnb's answer, where it came from, the dump rank) by the MoE module rule."""
-    from _acc_score import global_module
+    from _acc_modules import global_module
 
     ev = answer.get("evidence") if isinstance(answer.get("evidence"), dict) else {}
     dump = ev.get("dump") if isinstance(ev.get("dump"), dict) else None

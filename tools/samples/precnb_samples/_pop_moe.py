@@ -101,7 +101,7 @@ def draw_moe(seed: int, repeat: int = 2, kinds: list[str] | None = None) -> dict
     """
     rng = random.Random(f"moe-{seed}")  # noqa: S311 (a reproducible draw, not a secret)
     seeds = sorted(rng.sample(range(1000, 10000), 2))
-    from ._population import healthy_pairs, run_registry
+    from ._pop_plan import healthy_pairs, run_registry
 
     runs, add = run_registry()
     healthy = healthy_pairs(seeds, "moe_ep1", EP, run_spec, add, moe=True)

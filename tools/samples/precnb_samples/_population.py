@@ -20,14 +20,15 @@ True
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ._pop_plan import healthy_pairs, run_id, run_registry
 
 __all__ = ["DUMP_STEPS", "KINDS", "LAYOUTS", "TRAIN_STEPS", "draw", "generate", "layer_ranks", "run_id"]
 
@@ -74,11 +75,6 @@ def run_spec(seed: int, layout: str, bugs: list[dict[str, Any]] | None = None, *
             "bugs": bugs or [], "train_steps": TRAIN_STEPS, "dump_steps": DUMP_STEPS}
 
 
-def run_id(spec: dict[str, Any]) -> str:
-    """Content hash of a run spec (the run's folder name)."""
-    return "r" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def _fault(rng: random.Random, kind: str, layout: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """One drawn fault: (the worker's bug dict, run options)."""
     layer = rng.choice([2, 3]) if kind == "vpp_chunk" else rng.randrange(LAYERS)
@@ -115,37 +111,6 @@ def _fault(rng: random.Random, kind: str, layout: str) -> tuple[dict[str, Any], 
     elif kind == "optimizer_state":
         b.update(param=param, m=m, state="exp_avg", from_step=rng.randint(1, 3))
     return b, opts
-
-
-def run_registry() -> tuple[dict[str, dict[str, Any]], Callable[[dict[str, Any]], str]]:
-    """``(runs, add)``: a draw's runs by content hash, and ``add(spec) -> run id`` (each spec once).
-
-    >>> runs, add = run_registry()
-    >>> add({"seed": 1}) == add({"seed": 1}), len(runs)
-    (True, 1)
-    """
-    runs: dict[str, dict[str, Any]] = {}
-
-    def add(spec: dict[str, Any]) -> str:
-        rid = run_id(spec)
-        runs.setdefault(rid, spec)
-        return rid
-
-    return runs, add
-
-
-def healthy_pairs(seeds: list[int], reference: str, layouts: Iterable[str],
-                  spec_of: Callable[[int, str], dict[str, Any]], add: Callable[[dict[str, Any]], str],
-                  **extra: Any) -> list[dict[str, Any]]:
-    """Per model seed, every layout against the *reference* layout of that seed (each run added once)."""
-    out = []
-    for s in seeds:
-        ref = add(spec_of(s, reference))
-        for lay in layouts:
-            if lay != reference:
-                out.append({"name": f"{lay}@{s}", "seed": s, "layout": lay, "run": add(spec_of(s, lay)),
-                            "reference": ref, **extra})
-    return out
 
 
 def draw(seed: int, size: str = "small", kinds: list[str] | None = None) -> dict[str, Any]:
