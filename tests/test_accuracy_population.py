@@ -186,6 +186,34 @@ def test_a_departure_on_pipeline_stage_1_is_named_by_that_stages_own_module():
     assert "unsynchronised seed" in answer["reason"]
 
 
+def test_healthy_dropout_tp2pp2_vs_tp1_stops_at_the_random_draw_the_layout_changes():
+    """Healthy tp1pp1 vs tp2pp2 with dropout 0.1 (the unsynced-seed fault's twin and reference): stage 1 seeds its
+    generator apart (seed + 100 x pipeline rank), so its first hidden dropout draws another mask by design. The
+    search said "computed differently here" at Functional.dropout.8 (a false alarm); it is now the runs' horizon:
+    nothing found before it, and the finding, its hint and its assumptions say why and what comparing past it needs."""
+    f, _ = fault("unsynced_seed_pp")
+    answer = precnb("diff", dump(f["reference"]), dump(f["twin"]), "--target-layout", "tp=2,pp=2")
+    assert answer["kind"] == "none", answer["reason"]
+    horizon = answer["stats"]["horizon"]
+    assert (horizon["kind"], horizon["step"]) == ("random_by_design", 0)
+    assert horizon["node"] == "Functional.dropout.8.forward"
+    assert "pipeline layouts differ" in horizon["why"] and "differs by design" in answer["reason"]
+    assert any("dropout 0" in h for h in answer["hints"])
+    assumed = [a for a in answer["assumptions"] if a["kind"] == "random_by_design"]
+    assert assumed and "dropout off or the same layout" in assumed[0]["text"]
+
+
+def test_unsynced_seed_on_stage_1_is_still_found_against_the_unsharded_run():
+    """The fault beside the healthy twin above: its replicas differ, so the random-draw horizon does not hide it."""
+    f, t = fault("unsynced_seed_pp")
+    answer = precnb("diff", dump(f["reference"]), dump(f["run"]), "--target-layout", "tp=2,pp=2")
+    assert answer["kind"] == "first_divergence" and answer["step"] == t["step"] == 0, answer["reason"]
+    assert answer["node"] == "Functional.dropout.8.forward", answer["reason"]
+    assert answer["values"]["rule"].startswith("replica check"), answer["values"]
+    # a later draw (stage 0's second micro-batch) is the horizon: past the origin, not in its place
+    assert answer["stats"].get("horizon", {}).get("node") != answer["node"]
+
+
 def test_the_replica_check_finds_the_departing_rank():
     f, t = fault("row_output_scale")
     answer = precnb("replicas", dump(f["run"]), "--tp", "2")

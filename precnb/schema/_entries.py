@@ -291,6 +291,10 @@ def entry_meta(ds: xr.Dataset, tensor: str, step: int | None, rank: int | None,
     for dtype, where in _attr_table(ds, "dtype_changes").get(tensor, {}).items():
         if [key[0], key[1]] in where:
             out["dtype"] = dtype
+    if "shape" in out:  # a label whose shape differs at this entry (msprobe's counters shift between steps)
+        for shape, where in _attr_table(ds, "shape_changes").get(tensor, {}).items():
+            if [key[0], key[1]] in where:
+                out["shape"] = shape
     return out
 
 
