@@ -267,6 +267,8 @@ def entry_meta(ds: xr.Dataset, tensor: str, step: int | None, rank: int | None,
     >>> ds = empty_dataset(meta_changes='{"module": {"x": {"blocks.1": [[1, 0]]}}}')
     >>> entry_meta(ds, "x", 1, 0)["module"]
     'blocks.1'
+    >>> entry_meta(empty_dataset(shape_changes='{"x": {"[128]": [[1, 0]]}}'), "x", 1, 0)["shape"]  # that step's own
+    '[128]'
     """
     out = {k: "" for k in (*META_FIELDS, "dtype")}
     if tensor in ds.indexes["tensor"]:
