@@ -236,7 +236,9 @@ def _where_lines(f: Finding) -> list[str]:
     if skipped:
         from precnb.analysis.summary import format_ranges
 
-        lines.append(f"  steps  {format_ranges(skipped)} not read: a later step cannot come first")
+        why = ("past the horizon (a random draw the layouts change by design) the runs are not comparable"
+               if f.stats.get("horizon") else "a later step cannot come first")
+        lines.append(f"  steps  {format_ranges(skipped)} not read: {why}")
     return lines
 
 
