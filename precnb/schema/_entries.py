@@ -267,8 +267,6 @@ def entry_meta(ds: xr.Dataset, tensor: str, step: int | None, rank: int | None,
     >>> ds = empty_dataset(meta_changes='{"module": {"x": {"blocks.1": [[1, 0]]}}}')
     >>> entry_meta(ds, "x", 1, 0)["module"]
     'blocks.1'
-    >>> entry_meta(empty_dataset(shape_changes='{"x": {"[128]": [[1, 0]]}}'), "x", 1, 0)["shape"]  # that step's own
-    '[128]'
     """
     out = {k: "" for k in (*META_FIELDS, "dtype")}
     if tensor in ds.indexes["tensor"]:
@@ -293,10 +291,6 @@ def entry_meta(ds: xr.Dataset, tensor: str, step: int | None, rank: int | None,
     for dtype, where in _attr_table(ds, "dtype_changes").get(tensor, {}).items():
         if [key[0], key[1]] in where:
             out["dtype"] = dtype
-    if "shape" in out:  # a label whose shape differs at this entry (msprobe's counters shift between steps)
-        for shape, where in _attr_table(ds, "shape_changes").get(tensor, {}).items():
-            if [key[0], key[1]] in where:
-                out["shape"] = shape
     return out
 
 
