@@ -13,7 +13,10 @@ it rests on:
 * ``aligned_by_structure`` / ``aligned_by_shape`` / ``aligned_by_value`` — nodes of two runs
   whose names differ, paired by their place in the module tree, by tensor shapes, or by equal
   values (``count``; ``examples``: a few ``{"baseline", "target"}`` pairs). Pairs by name, or
-  from the user's mapping file, are not assumptions.
+  from the user's mapping file, are not assumptions;
+* ``random_by_design`` — the first-divergence search stopped at a random op whose draw the two layouts
+  change by design (``node``, ``step``, ``rank``, ``why``; :mod:`precnb.analysis.divergence.random_draws`): the
+  runs were not compared past it.
 
 The pipeline collects them once (:func:`collect`) into :attr:`precnb.pipeline.Triage.assumptions`
 and copies them into every finding (``Finding.assumptions``, the ``assumptions`` list of the
@@ -45,7 +48,7 @@ import xarray as xr
 
 from precnb.analysis.replicas.returned_grad import returned_grad_departures
 
-__all__ = ["attach", "attach_layout_names", "collect", "dump_location", "inferred_layout", "layout_spec",
+__all__ = ["attach", "attach_layout_names", "collect", "dump_location", "horizons", "inferred_layout", "layout_spec",
            "step_offset"]
 
 _BY = {"structure": "their place in the module tree", "shape": "their tensor shapes", "value": "equal values"}
@@ -139,6 +142,24 @@ def collect(ctx: Any, options: Any, layouts: Sequence[dict[str, Any]] = ()) -> l
         if a not in out:
             out.append(dict(a))
     return out + _offset(options, ctx) + _aligned(ctx.alignment)
+
+
+def horizons(findings: Sequence[Any]) -> list[dict[str, Any]]:
+    """The ``random_by_design`` assumption of each finding whose search stopped at a horizon.
+
+    (:mod:`precnb.analysis.divergence.random_draws`: a random op the layouts draw differently by design; the
+    runs were not compared past it.)
+    """
+    from precnb.analysis.divergence.random_draws import horizon_assumption
+
+    out: list[dict[str, Any]] = []
+    for f in findings:
+        h = (getattr(f, "stats", None) or {}).get("horizon")
+        if isinstance(h, dict) and h.get("node"):
+            a = horizon_assumption(h)
+            if a not in out:
+                out.append(a)
+    return out
 
 
 def attach(findings: Sequence[Any], assumptions: Sequence[dict[str, Any]]) -> None:

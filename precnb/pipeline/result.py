@@ -268,11 +268,12 @@ def build_triage(ctx: Any, *, findings: list[Any], checks: list[dict[str, Any]],
     (*assumed*: the layouts read from the dumps; :func:`precnb.pipeline.assumptions.collect`), and given to
     every finding; *beside*: the assumptions of the first-steps diagnoses of a step-wise search, added after.
     """
-    from precnb.pipeline.assumptions import attach, collect
+    from precnb.pipeline.assumptions import attach, collect, horizons
 
     paired = ctx.baseline is not None
     assumptions = collect(ctx, options, assumed)
     assumptions += [a for a in beside if a not in assumptions]
+    assumptions += [a for a in horizons(findings) if a not in assumptions]
     attach(findings, assumptions)
     return Triage(findings=findings, options=options, alignment=ctx.alignment, checks=checks, target=ctx.target,
                   baseline=ctx.baseline, raw_target=ctx.raw_target, raw_baseline=ctx.raw_baseline, names=ctx.names,

@@ -343,16 +343,26 @@ class Alignment:
                     moved[lbl if lbl not in targets else f"{lbl} (baseline)"] = v
             out.attrs = {**out.attrs, "dtype_changes": json.dumps(moved)}
         # per-entry module / parent / stack exceptions are relative to the baseline's own coordinates and
-        # node names, which the target's replace here: kept only for a shape of a tensor that kept its label
+        # node names, which the target's replace here: kept only for a shape (the baseline's own coordinate stays),
+        # under the tensor's new label (msprobe's counters shift after step 0: one label, another op's shape)
         meta = baseline.attrs.get("meta_changes")
-        attrs = {k: v for k, v in out.attrs.items() if k not in ("meta_changes", "stack_changes")}
+        attrs = {k: v for k, v in out.attrs.items() if k not in ("meta_changes", "stack_changes", "shape_changes")}
+        pos = {lbl: j for j, lbl in enumerate(labels)}
+
+        def relabelled(table: dict[str, Any]) -> dict[str, Any]:
+            return {tmap.get(lbl, lbl): v for lbl, v in table.items() if lbl in pos and (
+                lbl in tmap or (lbl not in targets and str(nodes[pos[lbl]]) not in skip))}
+
         if meta:
             table = json.loads(meta) if isinstance(meta, str) else meta
-            pos = {lbl: j for j, lbl in enumerate(labels)}
-            kept = {lbl: v for lbl, v in table.get("shape", {}).items() if lbl in pos and lbl not in tmap
-                    and lbl not in targets and str(nodes[pos[lbl]]) not in skip}
+            kept = relabelled(table.get("shape", {}))
             if kept:
                 attrs["meta_changes"] = json.dumps({"shape": kept})
+        shapes = baseline.attrs.get("shape_changes")
+        if shapes:
+            kept = relabelled(json.loads(shapes) if isinstance(shapes, str) else shapes)
+            if kept:
+                attrs["shape_changes"] = json.dumps(kept)
         out.attrs = attrs
         from precnb.analysis.undefined import returned_parameters
 

@@ -192,6 +192,9 @@ def judge(cmp: Comparison, inputs: tuple[xr.Dataset, xr.Dataset], alignment: Any
                crc_only=crc_only, aside=own_aside + codebase_aside)
     j.hints = _pair_hints(j) + _aside_hints(own_aside, codebase_aside)
     _drop_recording_differences(j)
+    from precnb.analysis.divergence.random_draws import set_aside_random_draws
+
+    set_aside_random_draws(j)  # a random draw the layouts change by design: the runs' horizon
     j.part = compared_part(int(cmp.both.sum()), *inputs, j.names, stats)
     return j
 
@@ -209,6 +212,10 @@ def no_divergence(j: Judged) -> Finding:
                    "(typically in-place ops whose checksum is taken while the buffer changes)")
     if cmp.precision is not None and cmp.precision.systematic:
         reason += f"; {cmp.precision.statement()}"
+    horizon = stats.get("horizon")
+    if horizon:
+        reason += (f" before {horizon['node']} (step {horizon['step']}, rank {horizon['rank']}), a random op that "
+                   "differs by design (its draw depends on the layout): not compared past it")
     evidence: dict[str, Any] = {"alignment": j.alignment.describe()} if j.aligned else {}
     if j.aside:
         evidence["set_aside"] = j.aside

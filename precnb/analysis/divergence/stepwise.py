@@ -91,7 +91,8 @@ def search_stepwise(
     Returns
     -------
     Finding
-        The first batch's finding whose kind is not ``none`` (else the last one), with
+        The first batch's finding whose kind is not ``none``, or that reached a horizon
+        (``stats["horizon"]``: :mod:`~precnb.analysis.divergence.random_draws`), else the last one, with
         ``stats["steps_not_searched"]`` listing the steps never loaded.
 
     Examples
@@ -131,8 +132,8 @@ def search_stepwise(
 
             alignment = align(base, targ)
         finding = search(base, targ, alignment)
-        if finding.kind != "none":
-            break
+        if finding.kind != "none" or finding.stats.get("horizon"):
+            break  # a divergence, or a horizon: past it the runs are not comparable (a random draw by design)
     assert finding is not None
     finding.stats["steps_not_searched"] = order[searched:]
     return finding

@@ -28,7 +28,8 @@ JSON shape (``schema`` = :data:`FINDING_SCHEMA`)::
       "assumptions": [{"kind": str, "text": str, ...}, ...]   # what the pipeline assumed (always present,
                                    # [] when nothing): "inferred_layout" {role, layout, why}, "step_offset"
                                    # {offset, baseline_steps, target_steps}, "aligned_by_structure" /
-                                   # "_shape" / "_value" {count, modules, examples} (precnb.pipeline.assumptions)
+                                   # "_shape" / "_value" {count, modules, examples}, "random_by_design"
+                                   # {step, rank, node, why} (precnb.pipeline.assumptions)
     }
 
 Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so the
@@ -236,7 +237,9 @@ def _where_lines(f: Finding) -> list[str]:
     if skipped:
         from precnb.analysis.summary import format_ranges
 
-        lines.append(f"  steps  {format_ranges(skipped)} not read: a later step cannot come first")
+        why = ("past the horizon (a random draw the layouts change by design) the runs are not comparable"
+               if f.stats.get("horizon") else "a later step cannot come first")
+        lines.append(f"  steps  {format_ranges(skipped)} not read: {why}")
     return lines
 
 

@@ -21,24 +21,11 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.layout import Layout
+from precnb.analysis.random_ops import RANDOM_OPS, is_random_op
 
 __all__ = ["RANDOM_OPS", "crc_rows", "is_random_op", "scalar_args"]
 
-#: torch ops whose output is drawn from a generator (API names without the ``Torch.``/``Tensor.``/``Functional.``
-#: prefix; in-place variants end with ``_``)
-RANDOM_OPS = frozenset({
-    "normal", "normal_", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
-    "bernoulli", "bernoulli_", "multinomial", "poisson", "uniform_", "exponential_", "geometric_", "cauchy_",
-    "log_normal_", "random_", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-    "feature_alpha_dropout", "fused_dropout", "native_dropout", "rrelu", "gumbel_softmax",
-})
 STATS = ("max", "min", "mean", "norm")
-
-
-def is_random_op(api: str) -> bool:
-    """True for an msprobe API name (``Torch.normal``, ``Functional.dropout``) of a random op."""
-    name = str(api).rsplit(".", 1)[-1]
-    return name in RANDOM_OPS or name.lstrip("_") in RANDOM_OPS
 
 
 def scalar_args(record: Mapping[str, Any] | None) -> dict[str, tuple[str, Any]]:
