@@ -322,9 +322,12 @@ def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: 
                     shard = f.values["shard_rank"] = rest[0]
                     stats = f.values.get("shard_vouched_by") or ["Max", "Min"]
                     by = " and ".join(stats) + (" agree" if len(stats) > 1 else " agrees")
-                    f.values["shard_why"] = (f"the merged {by} with the baseline and are rank(s) "
-                                             f"{', '.join(map(str, vouched))}'s: the difference is in rank "
-                                             f"{rest[0]}'s shard")
+                    held = ", ".join(map(str, vouched))
+                    f.values["shard_why"] = (f"the merged {by} with the baseline and are rank(s) {held}'s: a "
+                                             f"change of rank(s) {held}'s whole shard would have moved them, so "
+                                             f"the difference is most likely in rank {rest[0]}'s shard (a few "
+                                             f"changed elements of rank(s) {held}'s are not ruled out: a tensor "
+                                             "dump of these ranks decides)")
                 if copy is not None:  # a rank holding a copy of another rank's shard (now or earlier)
                     where["rank"] = copy
                     f.values["shard_rank"] = copy
