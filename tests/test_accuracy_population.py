@@ -172,6 +172,16 @@ def test_an_adamw_moment_scaled_on_one_dp_replica_departs_at_the_optimizer_step(
     assert (merged["step"], merged["node"], merged["evidence"]["dump"]["rank"]) == (2, t["node"], 1), merged["reason"]
 
 
+def test_a_moment_that_departs_from_the_first_step_it_shows_is_still_a_copy():
+    """Read at steps 0 and 2 only, the scaled first moment is never seen agreeing across the replicas (zeros at
+    step 0, departed at step 2): it is a candidate because its parameter (entry 39 of the parameter list) is a
+    copy on both replicas, as in draw 5's optimizer-state fault from step 1 (seen a step late, in the parameter)."""
+    f, t = fault("optimizer_state")
+    answer = precnb("replicas", dump(f["run"]), "--steps", "0,2")
+    assert (answer["step"], answer["node"]) == (2, t["node"]) and answer["tensor"].endswith("input.2.39"), \
+        answer["reason"]
+
+
 def test_a_departure_on_pipeline_stage_1_is_named_by_that_stages_own_module():
     """One TP rank of stage 1 seeded apart: its hidden dropout (a layer's own call: Functional.dropout.1 on stage 1,
     which has no embedding dropout) departs at step 0 on rank 3. The module was stage 0's label meaning (layer 0's

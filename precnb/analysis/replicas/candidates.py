@@ -64,12 +64,31 @@ def _candidates_of(ds: xr.Dataset, dim: str, groups: list[list[int]], ranks: lis
         opt = (ds["module"].values == "optimizer") & (kinds != "monitor")
         out = np.repeat(must[None, :], n_f, axis=0)
         if opt.any():
-            out |= _voted(ds, groups, ranks, present, families) & opt[None, :]
+            out |= _by_list(ds, _voted(ds, groups, ranks, present, families), opt)
         return out
     # (the training monitor's optimizer-state families are per-shard across TP; an optimizer call's list entries, a
     # replicated parameter's gradient and state among them, are judged like any tensor)
     not_opt = (ds["module"].values != "optimizer") | (kinds != "monitor")
     return _voted(ds, groups, ranks, present, families) & not_opt[None, :]
+
+
+def _by_list(ds: xr.Dataset, voted: np.ndarray, opt: np.ndarray) -> np.ndarray:
+    """(family, tensor): an optimizer call's list entries whose parameter is a copy on every replica.
+
+    A replicated parameter's gradient and moments are copies too (a distributed optimizer shards them all, an
+    expert's parameter is its rank's own): entry *i* of every list is a candidate when entry *i* of the first list
+    (the parameters) is. An entry whose moment departs from the first step it exists is never seen agreeing
+    itself, and is still a copy of its replica's.
+    """
+    out = voted & opt[None, :]
+    col = {str(t): j for j, t in enumerate(ds["tensor"].values.tolist())}
+    for j in np.flatnonzero(opt):
+        head, _, entry = str(ds["tensor"].values[j]).rpartition(".")
+        node, _, lst = head.rpartition(".")
+        param = col.get(f"{node}.0.{entry}") if lst.isdigit() and entry.isdigit() else None
+        if param is not None:
+            out[:, j] |= voted[:, param]
+    return out
 
 
 def _voted(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present: np.ndarray,
