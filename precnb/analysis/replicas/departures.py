@@ -37,6 +37,7 @@ from precnb.analysis.findings import Finding
 from precnb.analysis.findings.evidence import entry_values, node_evidence
 from precnb.analysis.layout import Layout
 from precnb.analysis.replicas.departure_inputs import RANDOM_OPS, _equal, crc_rows, is_random_op, scalar_args
+from precnb.analysis.replicas.departure_text import aside_text, departure_reason
 from precnb.analysis.replicas.returned_grad import returned_grad_departures
 from precnb.schema import entry_meta, meta_changes
 
@@ -262,44 +263,6 @@ def departure_events(
     return events, aside
 
 
-def _aside_text(a: Mapping[str, Any]) -> str:
-    where = a.get("node") or ((a.get("examples") or [{}])[0].get("tensor")) or "?"
-    return f"set aside: {where}" + (f" at step {a['step']}" if "step" in a else "") + f": {a.get('why', '')}"
-
-
-def _reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> str:
-    g = ev["group"]
-    dim = ev["dim"].upper()
-    judge = {"baseline": "the clean run", "own_records": "a check of each rank's own records"}.get(ev["decided_by"],
-                                                                                     "the majority")
-    who = (f"rank {ev['wrong_side'][0]} is wrong ({judge} decides)" if ev["wrong_side"] else
-           f"ranks {g[0]} and {g[1]} disagree; a pair cannot say which side is wrong (both are candidates)"
-           if len(g) == 2 else f"ranks {ev['departing_ranks']} depart")
-    if ev["inputs_identical"]:
-        if ev["scalar_args_identical"]:
-            ins = ("its inputs (tensors and scalar arguments) are identical" if ev["tensor_inputs_identical"] else
-                   "it has no tensor input and its scalar arguments are identical")
-        elif ev["tensor_inputs_identical"]:
-            ins = "its tensor inputs are identical (scalar arguments not read)"
-        else:
-            ins = "it has no tensor input (scalar arguments not read)"
-        what = {"unsynchronised_seed": "a random op outside any model-parallel RNG region: an unsynchronised seed",
-                "compute_fault": "a compute fault on that device, or a non-deterministic kernel"}[ev["cause"]]
-        head = f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']} while {ins}: {what}"
-    elif ev.get("own_records"):  # created where it is recorded: the rank's own records disagree
-        head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}: {ev['own_records']} "
-                "(the gradient was changed after the backward pass computed it)")
-    else:
-        src = ev.get("inherited_from")
-        role = {"grad": "a parameter gradient", "input": "an input"}.get(ev["role"], f"a {ev['role']}")
-        what = "its inputs already differ" if ev["role"] == "output" else f"it is {role}, not an op's output"
-        head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}; {what}: "
-                + (f"inherited from the departure at step {src['step']} ({src['node']})" if src else
-                   "inherited from an earlier difference no checked tensor shows"))
-    tail = (f"; {later} later mismatch(es) follow from it (steps {', '.join(map(str, later_steps))})" if later else "")
-    return f"{head}; {who}{tail}"
-
-
 def _has_experts(ds: xr.Dataset) -> bool:
     """Whether the run records MoE experts (``...experts.local_experts.N`` modules)."""
     return any(".experts.local_experts." in str(n) for n in ds["node"].values)
@@ -361,7 +324,7 @@ def check_departures(
                              "events": len(events)}
     evidence_aside = {"set_aside": aside} if aside else {}
     if not events:
-        hints = [_aside_text(a) for a in aside[:4]]
+        hints = [aside_text(a) for a in aside[:4]]
         if layout.ep > 1 and layout.edp == 1:  # what this check cannot see, said
             hints.insert(0, f"the experts have no replicas in this layout ({layout.describe()}: each expert lives on "
                             "one rank): a fault inside an expert cannot show as a replica departure; compare with a "
@@ -394,7 +357,7 @@ def check_departures(
     if len(first["group"]) == 2 and not first["wrong_side"]:
         hints.append("a pair cannot say which side is wrong: a clean run of the same training (--baseline RUN), a "
                      "third replica, or the same departure on another job's device decides")
-    hints += [_aside_text(a) for a in aside[:4]]
+    hints += [aside_text(a) for a in aside[:4]]
     values = {f"rank{r}": entry_values(ds, step=first["step"], rank=r, tensor=first["tensor"]) for r in first["group"]}
     suspects = [{k: v for k, v in r.items() if k != "seq"} for r in
                 sorted(rows, key=lambda r: (r["step"], r["seq"], r["rank"]))
@@ -406,6 +369,7 @@ def check_departures(
                 "departing_ranks_at_step": sorted({int(r["rank"]) for r in rows if r["step"] == first["step"]}),
                 "departure": first, "departures": brief, "candidates": [dict(c) for c in first["candidates"]],
                 **evidence_aside}
-    return Finding(kind="replica_mismatch", reason=_reason(first, later, later_steps), step=first["step"], rank=rank,
+    return Finding(kind="replica_mismatch", reason=departure_reason(first, later, later_steps), step=first["step"],
+                   rank=rank,
                    node=first["node"], tensor=first["tensor"], module=first["module"], values=values, hints=hints,
                    suspects=suspects, evidence=evidence, stats=stats)
