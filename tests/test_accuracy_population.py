@@ -170,6 +170,7 @@ def test_an_adamw_moment_scaled_on_one_dp_replica_departs_at_the_optimizer_step(
     assert answer["evidence"]["ranks"] == [0, 1]
     merged = precnb("diff", dump(f["reference"]), dump(f["run"]), "--target-layout", "dp=2")
     assert (merged["step"], merged["node"], merged["evidence"]["dump"]["rank"]) == (2, t["node"], 1), merged["reason"]
+    assert merged["evidence"]["dump"]["ranks"] == [1]  # the group of the copy named, not of the entry's first
 
 
 def test_a_moment_that_departs_from_the_first_step_it_shows_is_still_a_copy():

@@ -258,6 +258,13 @@ def _is_sharded(merged: xr.Dataset, tensor: str) -> bool:
                for c in merged.coords if str(c).startswith("shard_kind_"))
 
 
+def _tp_group(layout: Any, rank: int) -> list[int]:
+    """The TP group holding dump rank *rank* (itself alone without TP)."""
+    if layout.tp <= 1:
+        return [rank]
+    return next((list(g) for g in layout.groups("tp") if rank in g), [rank])
+
+
 def _say_undecided(f: Any, where: dict[str, Any], members: list[int], *, sharded: bool, dp: bool) -> None:
     """Say that no member of a merged entry is told apart as the one behind its difference (in place).
 
@@ -341,6 +348,7 @@ def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: 
                     _say_undecided(f, where, members, sharded=_is_sharded(merged, str(f.tensor)),
                                    dp="shard_kind_dp" in merged.coords)
             if where is not None:
+                where["ranks"] = _tp_group(layout, int(where["rank"]))  # the rank may have moved to a copy
                 f.evidence["dump"] = where
             continue
         if raw is None or (layout.pp <= 1 and layout.vpp <= 1):
