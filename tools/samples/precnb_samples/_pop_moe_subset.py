@@ -30,6 +30,7 @@ from typing import Any
 
 from . import _pop_moe as PM  # noqa: N812
 from . import _population as P  # noqa: N812
+from ._pop_plan import copy_run, fault_lines, subset_main
 from .scrub import scrub_tree
 
 SEED = 9650
@@ -77,20 +78,7 @@ def export(pop: Path, dest: Path) -> dict[str, Any]:
         shutil.rmtree(dest)
     for rid in p["runs"]:
         src, dst = pop / "runs" / rid, dest / "runs" / rid
-        for f in sorted((src / "dump").rglob("*.json")):
-            step = f.relative_to(src / "dump").parts[0]
-            if f.name == "stack.json" or step not in {f"step{s}" for s in KEEP}:
-                continue
-            target = dst / "dump" / f.relative_to(src / "dump")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(f, encoding="utf-8") as fh:  # msprobe's indent=1 JSON, compact (values unchanged)
-                data = json.load(fh)
-            target.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
-        shutil.copyfile(src / "spec.json", dst / "spec.json")
-        shutil.copyfile(src / "result.json", dst / "result.json")
-        cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
-        cfg["dump_path"] = "./dump"
-        (dst / "config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+        copy_run(src, dst, lambda name, step: name == "stack.json" or step not in {f"step{s}" for s in KEEP})
     runs = {rid: {k: v for k, v in manifest["runs"][rid].items() if k != "seconds"} for rid in p["runs"]}
     truth = {f["run"]: manifest["truth"][f["run"]] for f in p["faults"]}
     gt = {"runs": runs, "draws": {"moe_edp": {k: p[k] for k in ("size", "seeds", "healthy", "faults")}},
@@ -119,27 +107,13 @@ def _readme(p: dict[str, Any], gt: dict[str, Any]) -> str:
               "`precnb replicas RUN`):", ""]
     lines += [f"- `{h['run']}` ({h['layout']}) vs `{h['reference']}` (moe_ep1)" for h in p["healthy"]]
     lines += ["", "Faults (ground truth read back from the dumps against the healthy twin):", ""]
-    for f in p["faults"]:
-        t = gt["truth"][f["run"]]
-        lines.append(f"- **{f['name']}** `runs/{f['run']}` (twin `runs/{f['twin']}`): injected {f['injection']}; "
-                     f"first difference step {t.get('step')}, rank {t.get('rank')}, node `{t.get('node')}`, "
-                     f"global module `{t.get('module')}`.")
+    lines += fault_lines(p["faults"], gt["truth"], label="name", notes=False)
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Generate (or reuse) the subset's runs under ``--pop`` and export them to ``--dest``."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pop", type=Path, default=Path("/work/pop_moe"))
-    ap.add_argument("--dest", type=Path, required=True)
-    ap.add_argument("--no-export", action="store_true", help="generate only")
-    args = ap.parse_args(argv)
-    P.generate(plan(), args.pop, log=lambda m: print(m, flush=True))
-    if not args.no_export:
-        export(args.pop, args.dest)
-    return 0
+    return subset_main(argv, __doc__ or "", Path("/work/pop_moe"), plan, P.generate, export, no_export=True)
 
 
 if __name__ == "__main__":

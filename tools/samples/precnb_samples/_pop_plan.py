@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["healthy_pairs", "run_id", "run_registry"]
+__all__ = ["copy_run", "fault_lines", "healthy_pairs", "run_id", "run_registry", "subset_main"]
 
 
 def run_id(spec: dict[str, Any]) -> str:
@@ -47,3 +48,56 @@ def healthy_pairs(seeds: list[int], reference: str, layouts: Iterable[str],
                 out.append({"name": f"{lay}@{s}", "seed": s, "layout": lay, "run": add(spec_of(s, lay)),
                             "reference": ref, **extra})
     return out
+
+
+def fault_lines(faults: list[dict[str, Any]], truth: dict[str, Any], *, label: str = "kind",
+                notes: bool = True) -> list[str]:
+    """A committed subset README's fault list: each fault run, its twin, what was injected and its ground truth."""
+    out = []
+    for f in faults:
+        t = truth[f["run"]]
+        tail = f" {' '.join(t.get('notes', []))}" if notes else ""
+        out.append(f"- **{f[label]}** `runs/{f['run']}` (twin `runs/{f['twin']}`): injected {f['injection']}; "
+                   f"first difference step {t.get('step')}, rank {t.get('rank')}, node `{t.get('node')}`, "
+                   f"global module `{t.get('module')}`.{tail}")
+    return out
+
+
+def subset_main(argv: list[str] | None, doc: str, pop: Path, plan: Callable[[], dict[str, Any]],
+                generate: Callable[..., Any], export: Callable[[Path, Path], Any], *, no_export: bool = False) -> int:
+    """A committed subset's command line: generate (or reuse) its runs under ``--pop``, export them to ``--dest``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--pop", type=Path, default=pop)
+    ap.add_argument("--dest", type=Path, required=True)
+    if no_export:
+        ap.add_argument("--no-export", action="store_true", help="generate only")
+    args = ap.parse_args(argv)
+    generate(plan(), args.pop, log=lambda m: print(m, flush=True))
+    if not getattr(args, "no_export", False):
+        export(args.pop, args.dest)
+    return 0
+
+
+def copy_run(src: Path, dst: Path, skip: Callable[[str, str], bool]) -> None:
+    """Copy one population run into a committed subset: its dumps compact (same JSON values), spec, result, config.
+
+    *skip(file_name, step_dir)* says which dump files stay out (``stack.json``, steps not kept); the config's
+    ``dump_path`` becomes relative.
+    """
+    import shutil
+
+    for f in sorted((src / "dump").rglob("*.json")):
+        if skip(f.name, f.relative_to(src / "dump").parts[0]):
+            continue
+        target = dst / "dump" / f.relative_to(src / "dump")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(f, encoding="utf-8") as fh:  # msprobe's indent=1 JSON, compact (values unchanged)
+            data = json.load(fh)
+        target.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
+    shutil.copyfile(src / "spec.json", dst / "spec.json")
+    shutil.copyfile(src / "result.json", dst / "result.json")
+    cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    cfg["dump_path"] = "./dump"
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")

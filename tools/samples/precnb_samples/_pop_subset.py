@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _population as P  # noqa: N812
+from ._pop_plan import copy_run, fault_lines, subset_main
 from .scrub import scrub_tree
 
 SEED = 2033
@@ -121,21 +122,9 @@ def export(pop: Path, dest: Path) -> dict[str, Any]:
     stacks = {h["run"] for h in p["healthy"] if h.get("stacks")}
     for rid in p["runs"]:
         src, dst = pop / "runs" / rid, dest / "runs" / rid
-        for f in sorted((src / "dump").rglob("*.json")):
-            step = f.relative_to(src / "dump").parts[0]
-            if (f.name == "stack.json" and rid not in stacks) or \
-                    (keep.get(rid) and step not in {f"step{s}" for s in keep[rid]}):
-                continue
-            target = dst / "dump" / f.relative_to(src / "dump")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(f, encoding="utf-8") as fh:  # msprobe's indent=1 JSON, compact (values unchanged)
-                data = json.load(fh)
-            target.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
-        shutil.copyfile(src / "spec.json", dst / "spec.json")
-        shutil.copyfile(src / "result.json", dst / "result.json")
-        cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
-        cfg["dump_path"] = "./dump"
-        (dst / "config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+        steps = {f"step{s}" for s in keep[rid]} if keep.get(rid) else None
+        copy_run(src, dst, lambda name, step, rid=rid, steps=steps: (name == "stack.json" and rid not in stacks)
+                 or (steps is not None and step not in steps))
     runs = {rid: {k: v for k, v in manifest["runs"][rid].items() if k != "seconds"} for rid in p["runs"]}
     truth = {f["run"]: manifest["truth"][f["run"]] for f in p["faults"]}
     gt = {"runs": runs, "draws": {"subset": {k: p[k] for k in ("size", "seeds", "healthy", "faults")}},
@@ -170,25 +159,13 @@ def _readme(p: dict[str, Any], gt: dict[str, Any]) -> str:
         lines.append(f"- `{h['run']}` ({h['layout']}{extra}) vs `{h['reference']}` (tp1pp1"
                      f"{f', level {ref_level}' if ref_level != 'mix' else ''})")
     lines += ["", "Faults (ground truth read back from the dumps against the healthy twin, `ground_truth.json`):", ""]
-    for f in p["faults"]:
-        t = gt["truth"][f["run"]]
-        lines.append(f"- **{f['kind']}** `runs/{f['run']}` (twin `runs/{f['twin']}`): injected {f['injection']}; "
-                     f"first difference step {t.get('step')}, rank {t.get('rank')}, node `{t.get('node')}`, "
-                     f"global module `{t.get('module')}`. {' '.join(t.get('notes', []))}")
+    lines += fault_lines(p["faults"], gt["truth"])
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Generate (or reuse) the subset's runs under ``--pop`` and export them to ``--dest``."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pop", type=Path, default=Path("/work/pop"))
-    ap.add_argument("--dest", type=Path, required=True)
-    args = ap.parse_args(argv)
-    P.generate(plan(), args.pop, log=lambda m: print(m, flush=True))
-    export(args.pop, args.dest)
-    return 0
+    return subset_main(argv, __doc__ or "", Path("/work/pop"), plan, P.generate, export)
 
 
 if __name__ == "__main__":
