@@ -86,6 +86,8 @@ def _args(verb: str, run: str, other: str | None, layout: str) -> list[str]:
         return ["diff", other or "", run] + (["--target-layout", text] if text else [])
     if verb in ("diff_ref_infer", "diff_twin"):
         return ["diff", other or "", run]
+    if verb == "diagnose":  # the API's default triage (_acc_score.API_DIAGNOSE)
+        return ["api:diagnose", other or "", run]
     if verb == "preflight":
         return ["preflight", other or "", run] + (["--layout", text] if text else [])
     return [verb, run]
@@ -100,7 +102,7 @@ def moe_cases(key: str, draw: dict[str, Any], truths: dict[str, Any], only: str 
 
     for h in draw["healthy"] if only in (None, "healthy") else []:
         name, lay = f"{h['name']}@d{key}", h["layout"]
-        for verb in ("diff_ref", "diff_ref_infer", "preflight"):
+        for verb in ("diff_ref", "diff_ref_infer", "preflight", "diagnose"):
             put(verb, name, "healthy", h["run"], h["reference"], lay, None)
         put("replicas", name, "healthy", h["run"], None, lay, None)
         put("nan", name, "healthy", h["run"], None, lay, None)
@@ -113,6 +115,7 @@ def moe_cases(key: str, draw: dict[str, Any], truths: dict[str, Any], only: str 
         name, lay = f"{f['name']}@d{key}", f["layout"]
         put("diff_twin", name, f["kind"], f["run"], f["twin"], lay, truth)
         put("diff_ref", name, f["kind"], f["run"], f["reference"], lay, truth)
+        put("diagnose", name, f["kind"], f["run"], f["reference"], lay, truth)
         if f["kind"] == "starved_grad_per_token":
             put("nan", name, f["kind"], f["run"], None, lay, truth)
 

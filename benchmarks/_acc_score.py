@@ -18,7 +18,12 @@ SHARDED = {"tp2pp1", "tp2pp2", "tp2sp", "dp2", "tp1pp2", "tp1pp2vpp2"}
 REPLICATED = {"tp2pp1", "tp2pp2", "tp2sp", "dp2"}  # layouts with replicas (TP or DP groups)
 LAYOUT_TEXT = {"tp1pp1": None, "tp2pp1": "tp=2", "tp1pp2": "pp=2", "tp2pp2": "tp=2,pp=2",
                "tp1pp2vpp2": "pp=2,vpp=2", "tp2sp": "tp=2", "dp2": "dp=2", "tp1pp1t2": None}
-VERBS = ("diff_ref", "diff_ref_infer", "diff_twin", "replicas", "nan", "preflight", "spike")
+VERBS = ("diff_ref", "diff_ref_infer", "diff_twin", "replicas", "nan", "preflight", "spike", "diagnose")
+# ``diagnose``: the Python API's default triage, ``precnb.diagnose(run, baseline=reference)`` with nothing given
+# (the layout read from the dumps, every diagnosis: the whole read, where ``diff`` reads step-wise), what a
+# notebook template, the explorer and the report get; scored on its first divergence (any finding on a healthy
+# pair is a false alarm)
+API_DIAGNOSE = "api:diagnose"
 
 
 def breaks_replicas(fault: dict[str, Any]) -> bool:
@@ -48,6 +53,8 @@ def _args(verb: str, run: str, other: str | None, layout: str) -> list[str]:
         return ["diff", other or "", run] + (["--target-layout", text] if text else [])
     if verb == "diff_ref_infer":
         return ["diff", other or "", run]
+    if verb == "diagnose":
+        return [API_DIAGNOSE, other or "", run]
     if verb == "diff_twin":
         return ["diff", other or "", run]
     if verb == "preflight":
@@ -78,6 +85,7 @@ def cases(manifest: dict[str, Any], verbs: tuple[str, ...] = VERBS, only: str | 
         for h in draw["healthy"] if only in (None, "healthy") else []:
             lay = h["layout"]
             add("diff_ref", h["name"], "healthy", h["run"], h["reference"], lay, None)
+            add("diagnose", h["name"], "healthy", h["run"], h["reference"], lay, None)
             if lay in SHARDED:
                 add("diff_ref_infer", h["name"], "healthy", h["run"], h["reference"], lay, None)
                 add("preflight", h["name"], "healthy", h["run"], h["reference"], lay, None)
@@ -93,6 +101,7 @@ def cases(manifest: dict[str, Any], verbs: tuple[str, ...] = VERBS, only: str | 
             add("diff_twin", f["name"], f["kind"], f["run"], f["twin"], lay, truth)
             if not (f["kind"] == "unsynced_seed" and lay == "tp2sp"):  # SP dropout masks differ from tp1pp1's
                 add("diff_ref", f["name"], f["kind"], f["run"], f["reference"], lay, truth)
+                add("diagnose", f["name"], f["kind"], f["run"], f["reference"], lay, truth)
             seen_by_replicas = manifest.get("replica_truth", {}).get(f["run"])
             if seen_by_replicas is not None and lay in REPLICATED:  # read back from the dumps (_pop_truth)
                 if seen_by_replicas.get("observable"):
@@ -123,7 +132,8 @@ def score(case: dict[str, Any], answer: dict[str, Any] | None, error: str | None
     """
     row = {k: case[k] for k in ("verb", "case", "kind", "layout", "run", "other")} | (
         {"moe": True} if case.get("moe") else {})
-    row["command"] = "precnb " + " ".join(case["args"]) + " --json"
+    row["command"] = (f"precnb.diagnose({case['args'][2]!r}, baseline={case['args'][1]!r})"
+                      if case["args"][0] == API_DIAGNOSE else "precnb " + " ".join(case["args"]) + " --json")
     if answer is None:
         return row | {"error": error, "finding": None, "exact": False, "at_step": False}
     found = finding_of(case["verb"], answer)

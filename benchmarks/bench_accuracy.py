@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tools" / "samples"))
 from _acc_moe import is_moe_draw  # noqa: E402
 from _acc_moe_report import write_moe_section  # noqa: E402
 from _acc_report import write_results  # noqa: E402
-from _acc_score import VERBS, cases, score  # noqa: E402
+from _acc_score import API_DIAGNOSE, VERBS, cases, score  # noqa: E402
 
 SUBSET = ROOT / "data_samples" / "megatron_pop"
 
@@ -57,12 +57,31 @@ def precnb_exe() -> str:
     return str(here) if here.exists() else (shutil.which("precnb") or "precnb")
 
 
+# the API's default triage of (reference, run), answered as ``diff --json`` answers: its first divergence, else
+# its first finding (a false alarm of another diagnosis on a healthy pair), else nothing found
+_API_CODE = """
+import json, sys
+import precnb
+t = precnb.diagnose(sys.argv[2], baseline=sys.argv[1], workers=1)
+found = [f.to_dict() for f in t.findings if f.kind not in ("none", None)]
+pick = next((f for f in found if f["kind"] == "first_divergence"), found[0] if found else None)
+print(json.dumps(pick or {"kind": "none", "reason": "; ".join(str(f.reason) for f in t.findings)}))
+"""
+
+
+def command(case: dict[str, Any], exe: str) -> list[str]:
+    """The command line of one case: the CLI with ``--json``, or the API's default triage in its interpreter."""
+    if case["args"][0] == API_DIAGNOSE:
+        return [str(Path(exe).with_name("python")), "-c", _API_CODE, *case["args"][1:]]
+    return [exe, *case["args"], "--json", "--workers", "1"]
+
+
 def run_case(case: dict[str, Any], out: Path, exe: str, timeout: float) -> dict[str, Any]:
     """Run one case's precnb command in *out*; its scored row."""
     t0 = time.time()
     try:
-        proc = subprocess.run([exe, *case["args"], "--json", "--workers", "1"], cwd=out, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        proc = subprocess.run(command(case, exe), cwd=out, capture_output=True, text=True, timeout=timeout,
+                              check=False)
     except subprocess.TimeoutExpired:
         return score(case, None, f"timeout after {timeout:.0f} s", out) | {"seconds": round(time.time() - t0, 1)}
     answer, error = None, None
