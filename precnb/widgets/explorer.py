@@ -374,8 +374,11 @@ class Explorer(ExplorerViews, ipw.VBox):
         -------
         precnb.Triage
         """
-        runs, t = rerun_triage(self._sources, self.triage, target=target, baseline=baseline, **options)
-        self._load(runs, t)
+        from precnb.analysis._memo import scope
+
+        with scope():  # the triage and the redraw: each dataset checksummed once for the memos
+            runs, t = rerun_triage(self._sources, self.triage, target=target, baseline=baseline, **options)
+            self._load(runs, t)
         return t
 
     def _load(self, runs: Runs, triage: Any) -> None:
