@@ -183,6 +183,21 @@ def test_a_moment_that_departs_from_the_first_step_it_shows_is_still_a_copy():
         answer["reason"]
 
 
+def test_merging_a_moment_that_departs_from_the_first_step_it_shows_compares_it():
+    """The same fault merged against the unsharded run, read whole at steps 0 and 2 (draw 5's fault from step 1
+    read whole: the API's default triage). The merge judged each tensor's copies at its first informative step;
+    the moment (zeros at step 0) first shows at step 2, departed, so it was set aside as the replica's own value
+    and the finding came a step late, in the parameter (the step-wise read decided it on step 0's zeros). A list
+    entry is a copy where its parameter is."""
+    import precnb as pn
+
+    f, t = fault("optimizer_state")
+    run, ref = (pn.open_run(POP / dump(r), steps=[0, 2]) for r in (f["run"], f["reference"]))
+    whole = pn.diagnose(run, baseline=ref, kinds=["first_divergence"], target_layout="dp=2").finding
+    assert (whole.step, whole.node, whole.evidence["dump"]["rank"]) == (2, t["node"], 1), whole.reason
+    assert str(whole.tensor).endswith("input.2.39")
+
+
 def test_a_departure_on_pipeline_stage_1_is_named_by_that_stages_own_module():
     """One TP rank of stage 1 seeded apart: its hidden dropout (a layer's own call: Functional.dropout.1 on stage 1,
     which has no embedding dropout) departs at step 0 on rank 3. The module was stage 0's label meaning (layer 0's
