@@ -145,6 +145,7 @@ def _found(triage) -> list[tuple]:
     return [(f.kind, f.step, f.rank, f.node) for f in triage.findings if f.found]
 
 
+@pytest.mark.slow  # make test-fast: the two root causes' unit tests below are the fast siblings
 @pytest.mark.parametrize("layout", ["moe_tp1ep2dp2", "moe_dp2", "moe_tp2etp1"])
 def test_healthy_layouts_quiet_under_diagnose_default(layout):
     """precnb.diagnose() with every diagnosis reads the runs whole (the replica check needs every step): no finding.
@@ -165,6 +166,7 @@ def _pairs() -> list[tuple[str, str, str]]:
             + [(f["name"], f["run"], f["reference"]) for f in _draw()["faults"]])
 
 
+@pytest.mark.slow  # (fast siblings: the unit tests below)
 @pytest.mark.parametrize("name,run,reference", _pairs(), ids=[p[0] for p in _pairs()])
 def test_first_divergence_whole_read_equals_step_wise_read(name, run, reference):
     """The first divergence of the runs read whole (datasets) is the step-wise read's (dump folders)."""
