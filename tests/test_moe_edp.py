@@ -118,7 +118,10 @@ def test_one_copys_expert_gradient_found_at_its_step_and_expert(name):
     assert truth["module"] in got["module"] or truth["module"].removesuffix(".linear_fc1").removesuffix(
         ".linear_fc2") in got["module"]
     # the rank is not asserted: against the whole batch only the reduced gradient (the same on both copies) or the
-    # merged sum of the copies' partial gradients has a counterpart (see the module docstring of test_moe_edp)
+    # merged sum of the copies' partial gradients has a counterpart (see the module docstring of test_moe_edp); the
+    # finding says so rather than name the first member as if it were known
+    assert got["evidence"]["dump"].get("ranks_undecided") == [0, 1], got["reason"]
+    assert "dump rank undecided" in got["reason"]
 
 
 def _cli_json(*args: str) -> dict:
