@@ -63,7 +63,12 @@ def _args(verb: str, run: str, other: str | None, layout: str) -> list[str]:
 
 
 def cases(manifest: dict[str, Any], verbs: tuple[str, ...] = VERBS, only: str | None = None) -> list[dict[str, Any]]:
-    """Every (verb, pair) to run: healthy pairs (any finding is a false alarm) and faults (scored)."""
+    """Every (verb, pair) to run: healthy pairs (any finding is a false alarm) and faults (scored).
+
+    Healthy pairs: each layout against the unsharded run of its seed, and each fault's healthy twin against
+    the fault's reference (same seed, dropout and dump level: the unsynchronised-seed faults' twins run with
+    dropout 0.1, the L1 faults' at level L1), a pair listed once however often it is drawn.
+    """
     runs, truths, out = manifest["runs"], manifest.get("truth", {}), []
     seen: set[tuple[str, str, str | None]] = set()
 
@@ -99,6 +104,11 @@ def cases(manifest: dict[str, Any], verbs: tuple[str, ...] = VERBS, only: str | 
                 continue
             lay, f = f["layout"], dict(f, name=f"{f['name']}@d{key}")  # fault names repeat across draws
             add("diff_twin", f["name"], f["kind"], f["run"], f["twin"], lay, truth)
+            if only in (None, "healthy") and f["twin"] != f["reference"] and not (
+                    f["kind"] == "unsynced_seed" and lay == "tp2sp"):
+                # the twin and the reference: a healthy pair too, with the fault's dropout and dump level
+                for verb in ("diff_ref", "diagnose"):
+                    add(verb, f"twin of {f['name']}", "healthy", f["twin"], f["reference"], lay, None)
             if not (f["kind"] == "unsynced_seed" and lay == "tp2sp"):  # SP dropout masks differ from tp1pp1's
                 add("diff_ref", f["name"], f["kind"], f["run"], f["reference"], lay, truth)
                 add("diagnose", f["name"], f["kind"], f["run"], f["reference"], lay, truth)

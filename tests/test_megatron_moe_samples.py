@@ -137,15 +137,7 @@ def test_healthy_roots_hold_no_nan(root):
     assert f.kind == "none", f.summary()
 
 
-@pytest.mark.parametrize("target", [
-    "moe_tp2ep2",
-    pytest.param("moe_tp1ep2dp2", marks=pytest.mark.xfail(strict=True, reason=(
-        "precnb.diagnose with every diagnosis (its default) reports the optimizer's list entry 10 at step 1 (exp_avg "
-        "of layer 1's input_layernorm weight, [16]) against a [64, 16] entry of moe_ep1 (each EP rank's optimizer "
-        "lists its own experts, so list positions differ from moe_ep1's); with kinds=['first_divergence'] (what "
-        "`precnb diff` runs) it finds nothing (tests/test_moe_edp.py); the expert noise this xfail named before "
-        "was the generator's expert gradients going into AdamW twice as large"))),
-])
+@pytest.mark.parametrize("target", ["moe_tp2ep2", "moe_tp1ep2dp2"])
 def test_healthy_expert_parallel_layouts_compared_find_nothing(target):
     f = diagnose(target, baseline="moe_ep1").finding
     assert f.kind == "none", f.summary()

@@ -75,8 +75,11 @@ def step_groups(ds: xr.Dataset) -> list[np.ndarray]:
 def rebased(ds: xr.Dataset, steps: np.ndarray) -> xr.Dataset:
     """*ds* at *steps* (indices), its labels' module, parent and shape coordinates those steps' own.
 
-    Where every entry of a label at those steps names one other call (the same exception on every rank that
-    holds it), the coordinate takes that call's value; exceptions for other steps stay exceptions.
+    Where every entry of a label at those steps is an exception (none holds the coordinate's value), the
+    coordinate takes the first entry's (in step, then rank order), as the reader sets it on those steps read
+    alone: one other call's value, or one rank's where the entries differ by rank (an expert's tokens on each
+    rank: ``[3, 32]`` and ``[2, 32]``, while the coordinate, the first step's, says ``[5, 32]``). Exceptions for
+    other steps, and the other entries', stay exceptions.
     """
     part = ds.isel(step=steps)
     wanted = {int(s) for s in part["step"].values}
@@ -95,9 +98,8 @@ def rebased(ds: xr.Dataset, steps: np.ndarray) -> xr.Dataset:
             if j is None:
                 continue
             at = {(s, r): v for (s, r), v in where.items() if s in wanted}
-            held = {(s, r) for s in wanted for r, ri in rank_of.items() if present[row[s], ri, j]}
-            values = set(at.values())
-            if len(values) == 1 and held and held <= set(at):  # every entry there is that other call
+            held = sorted((s, r) for s in wanted for r, ri in rank_of.items() if present[row[s], ri, j])
+            if held and set(held) <= set(at):  # every entry there is an exception: the first one's value
                 arr = new.setdefault(field, part[field].values.copy())
-                arr[j] = next(iter(values))
+                arr[j] = at[held[0]]
     return part.assign_coords({f: ("tensor", a) for f, a in new.items()}) if new else part

@@ -265,7 +265,16 @@ def _tp_group(layout: Any, rank: int) -> list[int]:
     return next((list(g) for g in layout.groups("tp") if rank in g), [rank])
 
 
-def _say_undecided(f: Any, where: dict[str, Any], members: list[int], *, sharded: bool, dp: bool) -> None:
+def _summed(merged: xr.Dataset, tensor: str) -> bool:
+    """Whether a merged entry is the sum of its members' addends (partial sums, an expert's per-replica gradients)."""
+    if tensor not in merged.indexes["tensor"]:
+        return False
+    return any(str(merged[c].sel(tensor=tensor).values) in ("partial_sum", "expert_sum")
+               for c in merged.coords if str(c).startswith("shard_kind_"))
+
+
+def _say_undecided(f: Any, where: dict[str, Any], members: list[int], *, sharded: bool, dp: bool,
+                   summed: bool = False) -> None:
     """Say that no member of a merged entry is told apart as the one behind its difference (in place).
 
     A merged shard whose whole-tensor statistics differ, when neither extremes, copies nor the rank's own records
@@ -279,6 +288,9 @@ def _say_undecided(f: Any, where: dict[str, Any], members: list[int], *, sharded
     elif dp:
         why = (f"ranks {ranks} hold the same value, reduced over their own parts of the batch: which replica's "
                "part made the difference is not told by the statistics (the healthy twin decides)")
+    elif summed:
+        why = (f"the entry is the sum of the addends of ranks {ranks} (each over its own tokens or part): which "
+               "addend made the difference is not told by the statistics of the sum (the healthy twin decides)")
     else:
         return
     where["ranks_undecided"] = list(members)
@@ -346,7 +358,7 @@ def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: 
                     f.reason += f" (dump rank {int(shard)}: {f.values.get('shard_why')})"
                 elif len(members) > 1 and f.tensor and str(f.tensor).startswith(str(f.node)):
                     _say_undecided(f, where, members, sharded=_is_sharded(merged, str(f.tensor)),
-                                   dp="shard_kind_dp" in merged.coords)
+                                   dp="shard_kind_dp" in merged.coords, summed=_summed(merged, str(f.tensor)))
             if where is not None:
                 where["ranks"] = _tp_group(layout, int(where["rank"]))  # the rank may have moved to a copy
                 f.evidence["dump"] = where

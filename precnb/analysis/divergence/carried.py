@@ -16,7 +16,9 @@ when
   input ``x`` and output gradient ``g`` explain, magnified by the cancellation of the sum (``||x|| ||g|| / ||G||``);
 - a parameter after an Adam step (and an input holding one: ``Tensor.t`` of a weight) whose Mean and Norm agree
   within tolerance and whose Max and Min moved by less than the optimizer's ``lr``: Adam's normalisation magnifies
-  a near-zero gradient element's rounding noise by up to ``1 / eps``, a fraction of one step's size;
+  a near-zero gradient element's rounding noise by up to ``1 / eps``, a fraction of one step's size; and at the
+  steps after, an output whose Max or Min alone differs, by a few tolerances, in a module whose parameters moved
+  that way (one element's noise: :mod:`precnb.analysis.divergence.element_noise`);
 - an op's input differs by at most :data:`CARRY` times the op output that produced it (the latest earlier
   output on the same step and rank with the same target statistics: :mod:`precnb.analysis.causal.dataflow`'s
   rule), which was itself not an origin; an input no recorded op produced, inside a module call, by at most
@@ -40,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from precnb.analysis.divergence.element_noise import one_element_noise
 from precnb.analysis.divergence.list_entries import is_list_entry as _is_list_entry
 from precnb.analysis.divergence.list_entries import lists_renamed as _lists_renamed
 
@@ -177,7 +180,7 @@ class _Entry:
         return bool(abs(float(a[0]) - float(b[0])) <= lr[1] and abs(float(a[1]) - float(b[1])) <= lr[1])
 
     def _output(self, c: int, factor: float) -> bool:
-        return self._output_own(c, factor) or self._copy(c, factor)
+        return self._output_own(c, factor) or self._copy(c, factor) or one_element_noise(self.tab, self.si, self.ri, c)
 
     def _output_own(self, c: int, factor: float) -> bool:
         """What the call's own operands explain: its inputs and, for a module call, its weights.

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from precnb.naming import parse_node
+from precnb.naming import module_path_of, parse_node
 
 __all__ = ["STAGE_LOCAL", "stitched_meta"]
 
@@ -193,7 +193,9 @@ def stitched_meta(out: xr.Dataset, ds: xr.Dataset, groups: dict[int, list[int]],
                     parent = old.get("parent", {}).get(lbl, {}).get((step, r)) or str(old_coord["parent"][j] or "")
                     new_parent = nm.get(parent, parent)
                     shape = old.get("shape", {}).get(lbl, {}).get((step, r)) or str(old_coord["shape"][j])
-                    module = (parse_node(new_parent).module if kinds[j] == "api" and new_parent
+                    # an API call's module is its parent's path, a scope parent ("optimizer", "clip_grad") its
+                    # own name, as the reader sets it (not parse_node's: "" for a scope, an exception everywhere)
+                    module = (module_path_of(new_parent) if kinds[j] == "api" and new_parent
                               else str(coord["module"][k]))
                     for f, v in (("parent", new_parent), ("shape", shape), ("module", module)):
                         if v != str(coord[f][k] or ""):

@@ -126,6 +126,7 @@ def classify_shards(
     red_in = np.fromiter(((r == "input" and is_communication(str(n)) and bool(_REDUCERS.search(str(n))))
                           for n, r in zip(nodes_, roles_, strict=True)), bool, ds.sizes["tensor"])
     replicated = replicated & ~(partial & red_in)
+    replicated = _list_entries_follow_parameters(ds, replicated, _varies(pres, stats))
     n_t = ds.sizes["tensor"]
     by_copies, odd = _majority(stats, numel, scale, first, rtol) if idx and len(idx[0]) >= 3 else \
         (np.zeros(n_t, bool), None)
@@ -167,6 +168,46 @@ def classify_shards(
     reasons[~any_present] = "not recorded on every rank of the group"
     ref.sharded_reasons(kinds, reasons, len(groups[0]) if groups else 1)
     return kinds, reasons, ref.shard_dim
+
+
+def _varies(pres: np.ndarray, stats: dict[str, np.ndarray]) -> np.ndarray:
+    """Per tensor: recorded by every member of a group with Max != Min at some step (not a constant tensor)."""
+    return (np.all(pres, axis=2) & ~(stats["max"] == stats["min"]).all(axis=2)).any(axis=(0, 1))
+
+
+def _list_entries_follow_parameters(ds: xr.Dataset, replicated: np.ndarray, varies: np.ndarray) -> np.ndarray:
+    """*replicated* with an optimizer call's list entries replicated where their parameter is.
+
+    Entry *i* of every list of a fused optimizer call (reduced gradients, moments) belongs to the parameter that
+    is entry *i* of the first list: where that parameter is a copy on every member, so are they. Judged by their own
+    first informative step, a moment that departs from the step it stops being zero (a fault at step 1) would be
+    the replica's own value, and the same run read step by step (step 0's zeros deciding) would compare it: a
+    departure is a departure however many steps are read. An expert's or a distributed optimizer's parameters
+    differ across the members, and so stay their entries; a parameter that is constant wherever it is read (a
+    zero-initialised bias shard at step 0) proves nothing (*varies*: per tensor, not constant somewhere).
+
+    >>> import xarray as xr
+    >>> lbl = ["Torch._fused_adamw_.0.forward.input.0.3", "Torch._fused_adamw_.0.forward.input.3.3"]
+    >>> ds = xr.Dataset(coords={"tensor": lbl, "module": ("tensor", ["optimizer", "optimizer"])})
+    >>> _list_entries_follow_parameters(ds, np.array([True, False]), np.array([True, True])).tolist()
+    [True, True]
+    >>> _list_entries_follow_parameters(ds, np.array([True, False]), np.array([False, True])).tolist()
+    [True, False]
+    """
+    opt = np.flatnonzero(ds["module"].values == "optimizer") if "module" in ds.coords else np.array([], int)
+    if not len(opt):
+        return replicated
+    labels = ds["tensor"].values
+    col = {str(labels[j]): j for j in opt.tolist()}
+    out = replicated.copy()
+    for j in opt.tolist():
+        head, _, entry = str(labels[j]).rpartition(".")
+        node, _, lst = head.rpartition(".")
+        if lst.isdigit() and entry.isdigit() and lst != "0":
+            param = col.get(f"{node}.0.{entry}")
+            if param is not None and replicated[param] and varies[param]:
+                out[j] = True
+    return out
 
 
 def _replicated_at_first(pres: np.ndarray, stats: dict[str, np.ndarray], same: np.ndarray

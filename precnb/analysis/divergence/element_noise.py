@@ -1,0 +1,88 @@
+"""One element's noise after an Adam step: a difference only an extreme shows, in a module whose weights moved.
+
+Adam moves each element by about ``lr * m / (sqrt(v) + eps)``: where a gradient element is about zero (a neuron
+that dropout or the data left almost idle at the first step), that ratio turns its rounding noise into a move of
+up to ``lr`` that differs between two healthy layouts, in that one element
+(:meth:`precnb.analysis.divergence.carried._Entry._optimizer_step` carries the parameter itself). At the next
+step the element perturbs what its module computes through it — one bias element shifts one neuron's
+pre-activation for every token — and a sum over the tokens (that bias's gradient) can differ beyond the
+tolerance in that one element, while the tensor's Mean and Norm agree: no statistic of the inputs shows it.
+
+So an output difference is that noise, not an origin, when all of these hold:
+
+* an Adam-family update was recorded before this step (its ``lr`` read from the dump);
+* only an extreme differs: the Max or the Min beyond the tolerance, the Mean and the Norm within it
+  (a fault that scales, zeroes or perturbs a tensor moves its Norm or Mean too);
+* by at most :data:`ELEMENT_FACTOR` times the tolerance (a fault of 1e-3 relative and more stays an origin);
+* the module call it runs in holds parameters that differ between the runs, each within the tolerance (the
+  optimizer's noise regime: in a comparison with a healthy twin the parameters agree bit for bit before a fault,
+  and the rule never applies).
+
+Examples
+--------
+>>> ELEMENT_FACTOR
+8.0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ELEMENT_FACTOR", "one_element_noise"]
+
+ELEMENT_FACTOR = 8.0
+_MAX, _MIN, _MEAN, _NORM = 0, 1, 2, 3
+
+
+def _within(a: np.ndarray, b: np.ndarray, k: int, rtol: float, scale: float) -> bool:
+    return abs(float(a[k]) - float(b[k])) <= rtol * max(abs(float(a[k])), abs(float(b[k])), scale)
+
+
+def extremes_only(a: np.ndarray, b: np.ndarray, numel: float, rtol: float) -> bool:
+    """Whether statistics *a* and *b* (Max, Min, Mean, Norm) differ beyond *rtol* in an extreme only.
+
+    The Mean is judged against the tensor's magnitude as the comparison judges it (max |x|, Norm / sqrt(n)).
+
+    >>> a = np.array([6.5446e-4, -7.0513e-4, -1.74811e-5, 2.786912e-3])
+    >>> b = np.array([6.5434e-4, -7.0513e-4, -1.74819e-5, 2.786884e-3])
+    >>> extremes_only(a, b, 128, 6.1e-5), extremes_only(a * 1.01, b, 128, 6.1e-5)
+    (True, False)
+    """
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return False
+    rms = max(abs(float(a[_NORM])), abs(float(b[_NORM]))) / np.sqrt(max(numel, 1.0))
+    amax = max(abs(float(x)) for x in (a[_MAX], a[_MIN], b[_MAX], b[_MIN]))
+    scale = max(rms, amax)
+    if not (_within(a, b, _MEAN, rtol, scale) and _within(a, b, _NORM, rtol, 0.0)):
+        return False
+    return not (_within(a, b, _MAX, rtol, 0.0) and _within(a, b, _MIN, rtol, 0.0))
+
+
+def _module_of(parent: str) -> str:
+    """The module path of a module call (``Module.0.decoder.layers.1.mlp.MLP.backward.0`` -> ``...layers.1.mlp``)."""
+    for d in (".forward.", ".backward."):
+        head, sep, _ = parent.rpartition(d)
+        if sep and parent.startswith(("Module.", "Cell.")):
+            return head.rpartition(".")[0]
+    return ""
+
+
+def one_element_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMENT_FACTOR) -> bool:
+    """Whether output *c*'s difference at (*si*, *ri*) is one element's Adam noise (see the module).
+
+    *tab* is the carried rules' table of a judged pair (:class:`precnb.analysis.divergence.carried._Tables`).
+    """
+    lr = tab.adam_lr
+    if lr is None or tab.step_values[si] <= lr[0] or tab.parents is None or tab.numel is None:
+        return False
+    rtol = float(tab.rtol[c])
+    if not float(tab.rel[si, ri, c]) <= factor * rtol:
+        return False
+    a, b = tab.stats[si, ri, c], tab.bstats[si, ri, c]
+    if not extremes_only(a, b, float(tab.numel[si, ri, c]), rtol):
+        return False
+    params = [p for p in tab.params_under(_module_of(str(tab.parents[c]))) if tab.both[si, ri, p]]
+    moved = [p for p in params if 0.0 < float(tab.rel[si, ri, p]) <= float(tab.rtol[p])]
+    return bool(moved) and len(moved) + sum(float(tab.rel[si, ri, p]) == 0.0 for p in params) == len(params)
