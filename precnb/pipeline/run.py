@@ -111,7 +111,10 @@ def diagnose(
     opts = options.with_(**kw) if options is not None and kw else (options or Options.from_kwargs(**kw))
     inputs = normalize(target, baseline, layouts=opts.layouts, target_layout=opts.target_layout,
                        baseline_layout=opts.baseline_layout, mapping=opts.mapping)  # the one input model
-    return run(make_plan(inputs, opts))
+    from precnb.analysis._memo import scope
+
+    with scope():  # each dataset checksummed once for the memos (no user code runs inside)
+        return run(make_plan(inputs, opts))
 
 
 def follow_devices(runs: Mapping[str, Any], tables: Mapping[str, Any], *, layout: Any,

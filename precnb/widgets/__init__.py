@@ -64,11 +64,13 @@ def explore(run_or_runs: Any, *, baseline: Any = None, auto: bool = True, max_li
     if missing:
         raise ImportError(f"precnb.explore needs {', '.join(missing)}: "
                           "pip install 'precnb[notebook]'")
+    from precnb.analysis._memo import scope
     from precnb.widgets._inputs import runs_for
     from precnb.widgets.explorer import Explorer
 
-    runs, triage = runs_for(run_or_runs, baseline, auto=auto, options=options)
-    return Explorer(runs, auto=auto, max_lines=max_lines, triage=triage, panels=panels)
+    with scope():  # the triage and the first screen: each dataset checksummed once for the memos
+        runs, triage = runs_for(run_or_runs, baseline, auto=auto, options=options)
+        return Explorer(runs, auto=auto, max_lines=max_lines, triage=triage, panels=panels)
 
 
 def __getattr__(name: str) -> Any:

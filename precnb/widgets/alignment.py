@@ -54,6 +54,7 @@ class AlignmentPanel(Panel):
     """Two trees, pair links, Match / Unmatch (rerun) and Save mapping."""
 
     title = "Alignment"
+    lazy = True
 
     @classmethod
     def applies(cls, api: ExplorerAPI) -> bool:
@@ -66,6 +67,13 @@ class AlignmentPanel(Panel):
         self.right: str | None = None
         self.chart: Any = None
         self.rows: Any = None
+        self._drawn_for: Any = None
+        self._drawn_level: str | None = None
+        # (run names, the chart's spec, the extent of the rows it was made for: precnb.viz.alignment.extent)
+        self._template: tuple[Any, dict[str, Any], tuple[int, float]] | None = None
+
+    def build(self) -> None:
+        """The level choice, Match / Unmatch, Save mapping, the status lines and the (empty until drawn) chart box."""
         self.level = ipw.ToggleButtons(options=[("modules", "modules"), ("calls in the selected modules", "calls")],
                                        value="modules", style={"button_width": "auto"})
         self.match = ipw.Button(description="Match", icon="link", button_style="primary",
@@ -89,10 +97,6 @@ class AlignmentPanel(Panel):
         self.children = [self.summary, ipw.HBox([self.level, self.match, self.unmatch]),
                          ipw.HBox([self.path, self.overwrite, self.save]), self.status, self.output, self.chart_box]
         self.add_class("precnb-alignment")
-        self._drawn_for: Any = None
-        self._drawn_level: str | None = None
-        # (run names, the chart's spec, the extent of the rows it was made for: precnb.viz.alignment.extent)
-        self._template: tuple[Any, dict[str, Any], tuple[int, float]] | None = None
 
     # -- hooks --------------------------------------------------------------------------------
     def refresh(self) -> None:

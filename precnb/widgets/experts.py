@@ -69,9 +69,14 @@ class ExpertsPanel(Panel):
     """Tokens per expert per step; a starved expert picked narrows the heat map to its module."""
 
     title = "Experts"
+    lazy = True
 
     def __init__(self, api: ExplorerAPI) -> None:
         super().__init__(api)
+        self._rows: list[dict[str, Any]] = []
+
+    def build(self) -> None:
+        """The tokens table and the starved experts' list."""
         self.table = ipw.HTML()
         self.starved = ipw.Dropdown(description="no token", options=[], style={"description_width": "initial"},
                                     layout=ipw.Layout(width="560px"))

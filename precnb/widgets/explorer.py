@@ -87,6 +87,10 @@ class Explorer(ExplorerViews, ipw.VBox):
         for i, p in enumerate(self.panels):
             self.tabs.set_title(i, p.title)
         self.tabs.observe(self._on_tab, names="selected_index")
+        # only the tab open at start is built now; a lazy panel (Panel.lazy) builds when its tab is first opened
+        start = self.tabs.selected_index
+        if start is not None and 0 <= start < len(self.panels):
+            _built(self.panels[start])
         self.filters.matches.observe(self._on_match, names="value")
         self.preflight: PreflightPanel | None = None  # the pre-flight checklist, above the tabs when run
         self.preflight_box = ipw.Box([])
@@ -299,7 +303,7 @@ class Explorer(ExplorerViews, ipw.VBox):
 
     def _notify(self) -> None:
         for p in self.panels:
-            p.on_select()
+            _hook(p, "on_select")
 
     # -- findings -----------------------------------------------------------------------------
     def show_finding(self, f: Any, **_legacy: Any) -> None:
@@ -370,8 +374,11 @@ class Explorer(ExplorerViews, ipw.VBox):
         -------
         precnb.Triage
         """
-        runs, t = rerun_triage(self._sources, self.triage, target=target, baseline=baseline, **options)
-        self._load(runs, t)
+        from precnb.analysis._memo import scope
+
+        with scope():  # the triage and the redraw: each dataset checksummed once for the memos
+            runs, t = rerun_triage(self._sources, self.triage, target=target, baseline=baseline, **options)
+            self._load(runs, t)
         return t
 
     def _load(self, runs: Runs, triage: Any) -> None:
@@ -388,7 +395,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         self._describe()
         self._checklist()
         for p in self.panels:
-            p.refresh()
+            _hook(p, "refresh")
         if self._opening() is None:  # start() draws everything once, on the finding
             self.refresh()
         self.start()
@@ -396,4 +403,19 @@ class Explorer(ExplorerViews, ipw.VBox):
     def _on_tab(self, change: dict[str, Any]) -> None:
         i = change["new"]
         if i is not None and 0 <= i < len(self.panels):
-            self.panels[i].on_show()
+            _built(self.panels[i]).on_show()
+
+
+def _built(panel: Any) -> Any:
+    """*panel*, its widgets built (a lazy :class:`~precnb.widgets.panel.Panel` builds on first opening)."""
+    ensure = getattr(panel, "ensure_built", None)
+    return ensure() if callable(ensure) else panel
+
+
+def _hook(panel: Any, hook: str) -> None:
+    """Call *panel*'s *hook* (``refresh`` / ``on_select``); a lazy panel not built yet replays it once built."""
+    is_built = getattr(panel, "is_built", None)
+    if callable(is_built) and not is_built():
+        panel.defer(hook)
+    else:
+        getattr(panel, hook)()

@@ -19,7 +19,7 @@ import ipywidgets as ipw
 
 from precnb._exporters import exporter
 from precnb.widgets.findings import _error
-from precnb.widgets.panel import ExplorerAPI, Panel
+from precnb.widgets.panel import Panel
 
 __all__ = ["ExportPanel"]
 
@@ -28,9 +28,10 @@ class ExportPanel(Panel):
     """A path and an "Export report" button; the findings shown so far go into the report."""
 
     title = "Export"
+    lazy = True
 
-    def __init__(self, api: ExplorerAPI) -> None:
-        super().__init__(api)
+    def build(self) -> None:
+        """The path, replace box, Export button and progress bar."""
         self.path = ipw.Text(value="precnb_report.html", description="file", layout=ipw.Layout(width="360px"))
         # its own width (a fixed 190 px cut it to "replace a precnb mapp…", issue 51)
         self.overwrite = ipw.Checkbox(value=False, description="replace a precnb report", indent=False,

@@ -223,9 +223,10 @@ class FindingPanel(Panel):
     """The tab with the current finding in full (reason, values, hints) and every finding as a link."""
 
     title = "Finding"
+    lazy = True
 
-    def __init__(self, api: ExplorerAPI) -> None:
-        super().__init__(api)
+    def build(self) -> None:
+        """The finding's text and the list of findings."""
         self.output = ipw.HTML("")
         self.output.add_class("precnb-finding-output")
         self.list = ipw.VBox([])

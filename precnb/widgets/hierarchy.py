@@ -25,12 +25,18 @@ class HierarchyPanel(Panel):
     """Labelled module tree coloured by flagged records; a click narrows the heat map to a module."""
 
     title = "Hierarchy"
+    lazy = True
 
     def __init__(self, api: ExplorerAPI) -> None:
         super().__init__(api)
         self.frame: Any = None
         self.chart: Any = None
         self.shown = False
+        self._stale = False
+
+    def build(self) -> None:
+        """The colour choice, the message line and the (empty until drawn) chart box."""
+        api = self.api
         options = [("NaN / new inf", "events"), ("non-finite values", "nonfinite")]
         if len(api.runs.names) > 1:
             options.insert(0, ("differences vs baseline", "reldiff"))

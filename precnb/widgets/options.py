@@ -14,7 +14,7 @@ from typing import Any
 import ipywidgets as ipw
 
 from precnb.widgets.findings import _error
-from precnb.widgets.panel import ExplorerAPI, Panel
+from precnb.widgets.panel import Panel
 
 __all__ = ["TriagePanel", "parse_options"]
 
@@ -72,9 +72,11 @@ class TriagePanel(Panel):
     """Options of the triage and a button that reruns it."""
 
     title = "Triage options"
+    lazy = True
 
-    def __init__(self, api: ExplorerAPI) -> None:
-        super().__init__(api)
+    def build(self) -> None:
+        """The option boxes and the Rerun button, showing the triage's options."""
+        api = self.api
         names = list(api.sources())
         self.baseline = ipw.Dropdown(description="baseline", options=["(none)", *names], value="(none)",
                                      layout=ipw.Layout(width="230px"), style={"description_width": "110px"})

@@ -92,13 +92,54 @@ class Panel(ipw.VBox):
 
     Subclasses set :attr:`title`, build their widgets in ``__init__`` (after ``super().__init__``)
     and override the hooks they need; :meth:`applies` says whether the panel fits the runs.
+
+    A *lazy* panel (:attr:`lazy` True) builds its widgets in :meth:`build` instead, the first time its
+    tab is opened (or :meth:`ensure_built` is called, or any of its public attributes is read, e.g.
+    ``panel.match`` from a test or a script): until then it is an empty box and the explorer holds its
+    hooks back (:meth:`is_built`, :meth:`defer`), replaying them once it is built, so that what it shows
+    when opened is what an eagerly built panel would show (issue 51: ``explore()`` builds only the first
+    screen). ``__init__`` of a lazy panel sets only plain (non-widget) state.
     """
 
     title: ClassVar[str] = ""
+    lazy: ClassVar[bool] = False
 
     def __init__(self, api: ExplorerAPI, children: Sequence[ipw.Widget] = ()) -> None:
         super().__init__(list(children))
         self.api = api
+        self._deferred: list[str] = []  # hooks the explorer held back while the panel was not built
+        self._built = not self.lazy
+
+    # -- building on demand -------------------------------------------------------------------
+    def build(self) -> None:
+        """Create the panel's widgets (a lazy panel: on first opening or first use)."""
+
+    def is_built(self) -> bool:
+        """Whether the widgets exist (always for a panel that is not :attr:`lazy`)."""
+        return bool(self.__dict__.get("_built", True))
+
+    def ensure_built(self) -> Panel:
+        """Build the widgets now when not built yet, then replay the hooks held back meanwhile; returns self."""
+        if not self.is_built():
+            self._built = True  # first: reads made while building do not build again
+            self.build()
+            deferred, self._deferred = self._deferred, []
+            for hook in ("refresh", "on_select"):  # each once, in the order the explorer calls them
+                if hook in deferred:
+                    getattr(self, hook)()
+        return self
+
+    def defer(self, hook: str) -> None:
+        """Hold back a hook (``"refresh"``, ``"on_select"``) until the panel is built."""
+        if hook not in self._deferred:
+            self._deferred.append(hook)
+
+    def __getattr__(self, name: str) -> Any:
+        # called only for an attribute not found: a public one of an unbuilt lazy panel builds it
+        if not name.startswith("_") and not self.__dict__.get("_built", True):
+            self.ensure_built()
+            return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def create(cls, api: ExplorerAPI) -> Panel | None:

@@ -16,7 +16,7 @@ import ipywidgets as ipw
 import pandas as pd
 
 from precnb.widgets.findings import _error, finding_html
-from precnb.widgets.panel import ExplorerAPI, Panel
+from precnb.widgets.panel import Panel
 
 __all__ = ["ShardPanel", "layout_text"]
 
@@ -52,9 +52,11 @@ class ShardPanel(Panel):
     """Layout boxes and "Apply layout" (rerun); the merge classification and the replica check."""
 
     title = "Shards"
+    lazy = True
 
-    def __init__(self, api: ExplorerAPI) -> None:
-        super().__init__(api)
+    def build(self) -> None:
+        """The layout boxes, Apply layout, and what the triage merged and found of the replicas."""
+        api = self.api
         small = ipw.Layout(width="95px")
         self.sizes = {k: ipw.BoundedIntText(value=1, min=1, max=4096, description=k, layout=small,
                                             style={"description_width": "24px"})
