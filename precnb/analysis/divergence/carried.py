@@ -139,7 +139,7 @@ class _Entry:
         if role == "output":
             return self._output(c, factor)
         if role == "grad":
-            return self._grad(c)
+            return self._grad(c) or one_element_noise(self.tab, self.si, self.ri, c)
         if role == "parameter" or (role == "input" and self._is_weight(c)):
             return self._optimizer_step(c)
         return role == "input" and self._input(c, factor)

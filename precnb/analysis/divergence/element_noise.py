@@ -1,5 +1,8 @@
 """One element's noise after an Adam step: a difference only an extreme shows, in a module whose weights moved.
 
+Applies to an op's output and to a parameter's gradient (a layernorm weight's gradient sums ``g * x_hat`` over the
+tokens: one unit's shift shows in one element of it).
+
 Adam moves each element by about ``lr * m / (sqrt(v) + eps)``: where a gradient element is about zero (a neuron
 that dropout or the data left almost idle at the first step), that ratio turns its rounding noise into a move of
 up to ``lr`` that differs between two healthy layouts, in that one element
@@ -61,8 +64,14 @@ def extremes_only(a: np.ndarray, b: np.ndarray, numel: float, rtol: float) -> bo
 
 
 def _module_of(parent: str) -> str:
-    """The module path of a module call (``Module.0.decoder.layers.1.mlp.MLP.backward.0`` -> ``...layers.1.mlp``)."""
-    for d in (".forward.", ".backward."):
+    """The module path of a module call or of its parameters' gradients.
+
+    >>> _module_of("Module.0.decoder.layers.1.mlp.MLP.backward.0")
+    'Module.0.decoder.layers.1.mlp'
+    >>> _module_of("Module.0.decoder.layers.1.pre_mlp_layernorm.RMSNorm.parameters_grad.0")
+    'Module.0.decoder.layers.1.pre_mlp_layernorm'
+    """
+    for d in (".forward.", ".backward.", ".parameters_grad."):
         head, sep, _ = parent.rpartition(d)
         if sep and parent.startswith(("Module.", "Cell.")):
             return head.rpartition(".")[0]
@@ -70,7 +79,7 @@ def _module_of(parent: str) -> str:
 
 
 def one_element_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMENT_FACTOR) -> bool:
-    """Whether output *c*'s difference at (*si*, *ri*) is one element's Adam noise (see the module).
+    """Whether output or gradient *c*'s difference at (*si*, *ri*) is one element's Adam noise (see the module).
 
     *tab* is the carried rules' table of a judged pair (:class:`precnb.analysis.divergence.carried._Tables`).
     """
@@ -83,6 +92,7 @@ def one_element_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMEN
     a, b = tab.stats[si, ri, c], tab.bstats[si, ri, c]
     if not extremes_only(a, b, float(tab.numel[si, ri, c]), rtol):
         return False
-    params = [p for p in tab.params_under(_module_of(str(tab.parents[c]))) if tab.both[si, ri, p]]
+    where = str(tab.nodes[c]) if tab.roles[c] == "grad" else str(tab.parents[c])  # a gradient: its own module
+    params = [p for p in tab.params_under(_module_of(where)) if tab.both[si, ri, p]]
     moved = [p for p in params if 0.0 < float(tab.rel[si, ri, p]) <= float(tab.rtol[p])]
     return bool(moved) and len(moved) + sum(float(tab.rel[si, ri, p]) == 0.0 for p in params) == len(params)
