@@ -6,7 +6,18 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["ExplorerViews"]
+__all__ = ["EXPLORER_CSS", "ExplorerViews"]
+
+# a click on a cell's number (or on a tree label) goes to the cell (the mark holding the selection) beneath it
+EXPLORER_CSS = ("<style>.precnb-explorer .precnb-heatmap g.mark-text, .precnb-explorer .precnb-where g.mark-text, "
+                ".precnb-explorer .precnb-alignment g.mark-text, .precnb-explorer .precnb-alignment g.mark-symbol, "
+                ".precnb-explorer .precnb-hierarchy g.mark-text, .precnb-explorer .precnb-hierarchy g.mark-rect + "
+                "g.mark-rect {pointer-events: none}"
+                # a suspect's whole text, wrapped: never clipped to "inherited via co…"
+                ".precnb-explorer .precnb-suspect {white-space: normal; height: auto; min-height: 24px; "
+                "text-align: left; line-height: 1.3; padding: 2px 8px; overflow: visible; text-overflow: clip}"
+                ".precnb-explorer .precnb-suspect .widget-label-basic, .precnb-explorer .precnb-suspect span "
+                "{white-space: normal}</style>")
 
 
 class ExplorerViews:

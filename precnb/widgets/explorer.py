@@ -22,12 +22,12 @@ from precnb.viz.selections import read_point
 from precnb.widgets._data import ExplorerData, has_metrics
 from precnb.widgets._inputs import Runs
 from precnb.widgets._rerun import input_paths, rerun_triage, sources_of
-from precnb.widgets._views import ExplorerViews
+from precnb.widgets._views import EXPLORER_CSS, ExplorerViews
 from precnb.widgets.filters import FilterPanel
 from precnb.widgets.findings import FindingBar
 from precnb.widgets.heat import HEATMAP_COLUMNS, HeatView, Pick, contract_frame
 from precnb.widgets.keys import KeyNav
-from precnb.widgets.panel import PanelFactory, PanelProtocol
+from precnb.widgets.panel import PanelFactory, PanelProtocol, built, run_hook
 from precnb.widgets.preflight import PreflightPanel
 from precnb.widgets.record import RecordView
 from precnb.widgets.tabs import default_panels
@@ -36,16 +36,6 @@ __all__ = ["HEATMAP_COLUMNS", "Explorer"]
 
 _MOVES = {"ArrowUp": (-1, 0), "ArrowDown": (1, 0), "ArrowLeft": (0, -1), "ArrowRight": (0, 1)}
 
-# a click on a cell's number (or on a tree label) goes to the cell (the mark holding the selection) beneath it
-_CSS = ("<style>.precnb-explorer .precnb-heatmap g.mark-text, .precnb-explorer .precnb-where g.mark-text, "
-        ".precnb-explorer .precnb-alignment g.mark-text, .precnb-explorer .precnb-alignment g.mark-symbol, "
-        ".precnb-explorer .precnb-hierarchy g.mark-text, .precnb-explorer .precnb-hierarchy g.mark-rect + "
-        "g.mark-rect {pointer-events: none}"
-        # a suspect's whole text, wrapped: never clipped to "inherited via co…"
-        ".precnb-explorer .precnb-suspect {white-space: normal; height: auto; min-height: 24px; text-align: left; "
-        "line-height: 1.3; padding: 2px 8px; overflow: visible; text-overflow: clip}"
-        ".precnb-explorer .precnb-suspect .widget-label-basic, .precnb-explorer .precnb-suspect span "
-        "{white-space: normal}</style>")
 
 
 class Explorer(ExplorerViews, ipw.VBox):
@@ -80,7 +70,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         self.bar = FindingBar(self)
         self.keynav = KeyNav(self.on_key)
         self.header = ipw.HTML("")
-        self.css = ipw.HTML(_CSS, layout=ipw.Layout(height="0px", margin="0"))
+        self.css = ipw.HTML(EXPLORER_CSS, layout=ipw.Layout(height="0px", margin="0"))
         factories = default_panels() if panels is None else list(panels)
         self.panels: list[PanelProtocol] = [p for p in (make(self) for make in factories) if p is not None]
         self.tabs = ipw.Tab(list(self.panels))
@@ -90,7 +80,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         # only the tab open at start is built now; a lazy panel (Panel.lazy) builds when its tab is first opened
         start = self.tabs.selected_index
         if start is not None and 0 <= start < len(self.panels):
-            _built(self.panels[start])
+            built(self.panels[start])
         self.filters.matches.observe(self._on_match, names="value")
         self.preflight: PreflightPanel | None = None  # the pre-flight checklist, above the tabs when run
         self.preflight_box = ipw.Box([])
@@ -303,7 +293,7 @@ class Explorer(ExplorerViews, ipw.VBox):
 
     def _notify(self) -> None:
         for p in self.panels:
-            _hook(p, "on_select")
+            run_hook(p, "on_select")
 
     # -- findings -----------------------------------------------------------------------------
     def show_finding(self, f: Any, **_legacy: Any) -> None:
@@ -395,7 +385,7 @@ class Explorer(ExplorerViews, ipw.VBox):
         self._describe()
         self._checklist()
         for p in self.panels:
-            _hook(p, "refresh")
+            run_hook(p, "refresh")
         if self._opening() is None:  # start() draws everything once, on the finding
             self.refresh()
         self.start()
@@ -403,19 +393,5 @@ class Explorer(ExplorerViews, ipw.VBox):
     def _on_tab(self, change: dict[str, Any]) -> None:
         i = change["new"]
         if i is not None and 0 <= i < len(self.panels):
-            _built(self.panels[i]).on_show()
+            built(self.panels[i]).on_show()
 
-
-def _built(panel: Any) -> Any:
-    """*panel*, its widgets built (a lazy :class:`~precnb.widgets.panel.Panel` builds on first opening)."""
-    ensure = getattr(panel, "ensure_built", None)
-    return ensure() if callable(ensure) else panel
-
-
-def _hook(panel: Any, hook: str) -> None:
-    """Call *panel*'s *hook* (``refresh`` / ``on_select``); a lazy panel not built yet replays it once built."""
-    is_built = getattr(panel, "is_built", None)
-    if callable(is_built) and not is_built():
-        panel.defer(hook)
-    else:
-        getattr(panel, hook)()

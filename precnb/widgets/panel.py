@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from precnb.widgets._inputs import Runs
     from precnb.widgets.filters import FilterPanel
 
-__all__ = ["ExplorerAPI", "Panel", "PanelFactory", "PanelProtocol"]
+__all__ = ["ExplorerAPI", "Panel", "PanelFactory", "PanelProtocol", "built", "run_hook"]
 
 
 class ExplorerAPI(Protocol):
@@ -165,3 +165,18 @@ class Panel(ipw.VBox):
         tabs, panels = getattr(self.api, "tabs", None), getattr(self.api, "panels", None)
         i = getattr(tabs, "selected_index", None)
         return panels is not None and i is not None and 0 <= i < len(panels) and panels[i] is self
+
+
+def built(panel: Any) -> Any:
+    """*panel*, its widgets built (a lazy :class:`~precnb.widgets.panel.Panel` builds on first opening)."""
+    ensure = getattr(panel, "ensure_built", None)
+    return ensure() if callable(ensure) else panel
+
+
+def run_hook(panel: Any, hook: str) -> None:
+    """Call *panel*'s *hook* (``refresh`` / ``on_select``); a lazy panel not built yet replays it once built."""
+    is_built = getattr(panel, "is_built", None)
+    if callable(is_built) and not is_built():
+        panel.defer(hook)
+    else:
+        getattr(panel, hook)()
