@@ -43,7 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-LAYOUT_TEXT = {"moe_ep1": None, "moe_tp2ep2": "tp=2,ep=2,etp=1", "moe_tp1ep2dp2": "dp=2,ep=2"}
+LAYOUT_TEXT = {"moe_ep1": None, "moe_tp2ep2": "tp=2,ep=2,etp=1", "moe_tp1ep2dp2": "dp=2,ep=2", "moe_dp2": "dp=2",
+               "moe_tp2etp1": "tp=2,ep=1,etp=1"}
 EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.local_experts\.)(\d+)(\.|$)")
 MLP_PART = re.compile(r"^decoder\.layers\.\d+\.mlp\.(router|experts|shared_experts)(\.|$)")
 
