@@ -54,7 +54,7 @@ def test_a_dump_plan_never_says_about_0_b():
 def test_explorer_suspect_buttons_are_not_clipped():
     pytest.importorskip("ipywidgets")
     from precnb.widgets import explore
-    from precnb.widgets.explorer import _CSS
+    from precnb.widgets._views import EXPLORER_CSS as _CSS
 
     ex = explore(sample_path("dp_nan"))
     [b] = [c for c in ex.bar.suspects.children if hasattr(c, "click")]
