@@ -27,7 +27,7 @@ from precnb.analysis.hooks import (
     ReportHooks,
     StepwiseHooks,
 )
-from precnb.analysis.options import option
+from precnb.analysis.options import option, suspects_limit
 from precnb.analysis.registry import Context, Diagnosis, register
 from precnb.analysis.spike.diagnosis import LOSS_SPIKE
 
@@ -50,6 +50,7 @@ SPIKE_STATS = ("norm", "max", "min", "mean", "zeros", "nans")
 class AnomalyOptions:
     """The anomaly search's options (``precnb anomalies``): its spike test against each tensor's own history."""
 
+    limit: int = suspects_limit()
     spike_z: float = option(10.0, help="robust z-score threshold", flag="--z", type="positive")
     spike_ratio: float = option(5.0, help="minimum jump ratio", flag="--ratio", type="positive")
     spike_stats: tuple[str, ...] = option(("norm",), help="statistic(s) to test for spikes", flag="--stat",
@@ -66,6 +67,7 @@ class AnomalyOptions:
 class ReplicaOptions:
     """The replica check's options (``precnb replicas``)."""
 
+    limit: int = suspects_limit()
     replica_rtol: float = option(1e-6, help="relative tolerance", flag="--rtol", type="positive")
     rng_regions: tuple[str, ...] = option(
         (), help="module path (prefix) inside a model-parallel RNG region, e.g. blocks.0.attn: a random op there "
@@ -106,7 +108,7 @@ def _anomalies(ctx: Context) -> Any:
     from precnb.analysis.anomalies import anomalies
 
     o = ctx.options.get(_ANOMALY) or AnomalyOptions()
-    return anomalies(ctx.target, rule=o.rule(), limit=int(ctx.params.get("limit", 50)))
+    return anomalies(ctx.target, rule=o.rule(), limit=int(o.limit))
 
 
 def _anomaly_flags(ds: Any, finding: Any, *, triage: Any) -> Any:
@@ -190,7 +192,7 @@ def _replicas(ctx: Context) -> Any:
     raw = ctx.raw_target if ctx.raw_target is not None else ctx.target
     o = ctx.options.get(_REPLICAS) or ReplicaOptions()
     records, clean = ctx.params.get("node_records"), ctx.params.get("replica_baseline")
-    limit, rng = int(ctx.params.get("limit", 50)), tuple(o.rng_regions or ())
+    limit, rng = int(o.limit), tuple(o.rng_regions or ())
 
     def run() -> Any:
         return check_departures(raw, ctx.target_layout, rtol=float(o.replica_rtol), limit=limit, records=records,
@@ -291,7 +293,7 @@ register(Diagnosis(
 register(Diagnosis(
     kind=_ANOMALY, title="First anomaly", priority=40, mode="single", run=_anomalies,
     description="anomalies (NaN/Inf transitions, spikes and drifts against history)",
-    cli=CliHooks("anomalies", help="NaN/Inf transitions and spikes over steps, ranked", shared=("step", "limit"),
+    cli=CliHooks("anomalies", help="NaN/Inf transitions and spikes over steps, ranked", shared=("step",),
                  beside=(LOSS_SPIKE,), emit="precnb.cli._side:with_loss_spike"),
     order=OrderHooks(keep=_keep_anomalies), explorer=ExplorerHooks(flags=_anomaly_flags, flag_text="anomalies"),
     finding=FindingHooks(plan=_anomaly_plan), report=ReportHooks(section=_anomaly_section), options=AnomalyOptions))

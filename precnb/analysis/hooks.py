@@ -40,9 +40,10 @@ class CliHooks:
         The subcommand's help (default: "<title>: <description>").
     shared : tuple of str
         The CLI's shared flags it takes (:data:`precnb.cli.generated.SHARED`: ``"step"``, ``"rank_table"``,
-        ``"limit"``, ``"layout"``: ``--layout`` or ``--tp``/``--pp``/..., the target's resolved against its ranks;
+        ``"layout"``: ``--layout`` or ``--tp``/``--pp``/..., the target's resolved against its ranks;
         ``"layout_text"``: ``--layout`` as given; ``"baseline_layout"``, ``"step_offset"``, ``"mapping"``), read by the
-        pipeline's own options.
+        pipeline's own options. A diagnosis option (``--limit``, ``--rtol``) is a field of its :attr:`Diagnosis.options`
+        instead.
     beside : tuple of str
         Kinds the subcommand runs with it (their options are its flags too; the anomalies: the loss spike).
     base_first : bool

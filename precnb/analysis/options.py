@@ -7,8 +7,8 @@ as ``ctx.options[kind]``.
 
 Examples
 --------
->>> sorted(option_owners())[:2]
-['loss', 'monitor']
+>>> option_owners()["limit"]    # one option of several diagnoses: a keyword reaches each
+['replica_mismatch', 'loss_spike', 'anomaly']
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from precnb.analysis.registry import diagnoses
 
-__all__ = ["option", "option_fields", "option_owners"]
+__all__ = ["option", "option_fields", "option_owners", "suspects_limit"]
 
 
 def option(default: Any = None, *, help: str, flag: str | None = None, compare: bool = True,
@@ -51,6 +51,15 @@ def option(default: Any = None, *, help: str, flag: str | None = None, compare: 
     'how far is too far'
     """
     return field(default=default, compare=compare, metadata={"help": help, "flag": flag, "argparse": argparse_kw})
+
+
+def suspects_limit() -> Any:
+    """The ``limit`` option (``--limit``) of a diagnosis whose finding lists further suspects (50 by default).
+
+    The anomaly search, the replica check and the loss-spike diagnosis each declare it; ``limit=`` given to
+    :class:`precnb.pipeline.Options` reaches all three.
+    """
+    return option(50, help="how many further suspects to list", type="count")
 
 
 def option_fields() -> dict[str, Field[Any]]:

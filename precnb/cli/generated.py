@@ -5,9 +5,9 @@ Every registered :class:`~precnb.analysis.registry.Diagnosis` with a command (it
 run (``mode="single"``) is ``precnb COMMAND RUN``, one of a pair (``"pair"``) ``precnb COMMAND BASE TARGET``
 (baseline first, as ``precnb diff``), one of either (``"any"``) ``precnb COMMAND RUN [--baseline BASE]``; each with
 ``--json`` (the finding, ``precnb.finding/1``), the loading options, the CLI's shared flags it asks for
-(:data:`SHARED`: ``--step``, ``--rank-table``, ``--limit``, the layout flags) and a flag for each field of its own
-options and of the options of the diagnoses it runs beside (:attr:`CliHooks.beside`): the field's ``flag`` and
-``help``, its default said, its ``type`` a validating one (:data:`TYPES`). It runs
+(:data:`SHARED`: ``--step``, ``--rank-table``, the layout flags) and a flag for each field of its own options and of
+the options of the diagnoses it runs beside (:attr:`CliHooks.beside`; ``--limit`` is one), once per name: the
+field's ``flag`` and ``help``, its default said, its ``type`` a validating one (:data:`TYPES`). It runs
 ``precnb.diagnose(..., kinds=[kind, *beside], **given_options)`` and prints the finding, or calls the diagnosis's
 ``emit`` hook; so ``preflight``, ``nan``, ``anomalies``, ``replicas``, ``spike`` and a plug-in diagnosis are on the
 command line once registered. ``diff`` stays hand-written (one input holding two runs, the pre-flight checks beside
@@ -69,16 +69,9 @@ def _mapping(p: argparse.ArgumentParser) -> None:
     add_mapping_option(p)
 
 
-def _limit(p: argparse.ArgumentParser) -> None:
-    from precnb.pipeline.options import DEFAULTS
-
-    p.add_argument("--limit", type=integer(0, 10**9), default=None,
-                   help=f"how many further suspects to list (default {DEFAULTS.limit})")
-
-
 #: the CLI's shared flags a diagnosis may ask for (:attr:`CliHooks.shared`), read by the pipeline's own options
 SHARED: dict[str, Callable[[argparse.ArgumentParser], None]] = {
-    "step": _step, "rank_table": _rank_table, "limit": _limit, "layout": _layout, "layout_text": _layout_text,
+    "step": _step, "rank_table": _rank_table, "layout": _layout, "layout_text": _layout_text,
     "baseline_layout": _baseline_layout, "step_offset": _step_offset, "mapping": _mapping}
 
 
@@ -95,8 +88,6 @@ def _run(kind: str, beside: tuple[str, ...], names: tuple[str, ...], emit: Any, 
 
     given: dict[str, Any] = {n: getattr(args, f"opt_{n}") for n in names if getattr(args, f"opt_{n}") is not None}
     given = {n: tuple(v) if isinstance(v, list) else v for n, v in given.items()}  # appended flags: frozen options
-    if getattr(args, "limit", None) is not None:
-        given["limit"] = args.limit
     kinds = [kind, *beside]
     if hasattr(args, "num_layers"):  # the layout flags: the target's layout, resolved against the run's ranks
         from precnb.cli.analysis_cmds import layout_run
@@ -191,7 +182,7 @@ def register(sub: Any, add_load_options: Callable[[argparse.ArgumentParser], Non
             SHARED[name](p)
         beside = tuple(k for k in d.cli.beside if registry.lookup(k) is not None)
         classes = [x.options for x in (d, *map(registry.get, beside)) if x.options is not None]
-        names = _add_options(p, classes, {"limit"} if "limit" in d.cli.shared else set())
+        names = _add_options(p, classes, set())
         add_load_options(p)
         p.set_defaults(func=functools.partial(_run, d.kind, beside, names, d.cli.emit))
         added.append(d.cli.command)

@@ -15,6 +15,8 @@ True
 'tp=2'
 >>> Options(replica_rtol=1e-3).of("replica_mismatch").replica_rtol   # routed to the replica check
 0.001
+>>> Options(limit=5).of("anomaly").limit, Options(limit=5).of("loss_spike").limit   # to each diagnosis declaring it
+(5, 5)
 """
 
 from __future__ import annotations
@@ -66,22 +68,24 @@ class Options:
         Parse on this dask cluster.
     progress : bool, optional
         Progress bars on/off (default: on for long loads, on a terminal).
-    limit : int
-        How many further suspects a finding lists (the anomaly search, the replica check, the loss spike).
     rank_table : path or mapping, optional
         Which host and device served each rank (an HCCL ``rank_table_file`` JSON, a
         ``rank,host,device`` CSV, or ``{rank: (host, device)}``): every finding naming a rank names
-        them too (:mod:`precnb.pipeline.devices`).
+        them too (:mod:`precnb.pipeline.devices`). Stays here: a loading setting, read beside the runs
+        and applied to every diagnosis's finding, not one diagnosis's option.
     tensor_metrics : bool or None
         Read the tensor files of a pair and compute whole-tensor metrics (msprobe compare's) where both
         runs saved the tensors (``task: tensor``): the plan reads such a pair whole, the first divergence
         judges on them, the report and the explorer show them. None: whenever both runs hold tensor files
-        and no layout is given; False: statistics only.
+        and no layout is given; False: statistics only. Stays here: a loading and pairing setting (it
+        decides how the plan reads the pair; the pipeline computes the metrics once for every consumer).
     Diagnosis options
-        Any other keyword: an option of the diagnoses that declare it (``replica_rtol``, ``rng_regions``,
-        ``replica_baseline`` of the replica check; ``spike_z``, ``spike_ratio``, ``spike_stats`` of the anomaly
-        search; ``monitor``, ``loss`` of the loss-spike diagnosis; see
-        :func:`precnb.analysis.options.option_owners`), read as an attribute or by kind with :meth:`of`.
+        Any other keyword: an option of the diagnoses that declare it (``limit``, how many further suspects a
+        finding lists, of the anomaly search, the replica check and the loss-spike diagnosis alike;
+        ``replica_rtol``, ``rng_regions``, ``replica_baseline`` of the replica check; ``spike_z``, ``spike_ratio``,
+        ``spike_stats`` of the anomaly search; ``monitor``, ``loss`` of the loss-spike diagnosis; see
+        :func:`precnb.analysis.options.option_owners`), read as an attribute or by kind with :meth:`of`; a name
+        several diagnoses declare reaches each of them.
     """
 
     target_layout: Any = None
@@ -99,7 +103,6 @@ class Options:
     workers: int | str | None = None
     client: Any = field(default=None, compare=False)
     progress: bool | None = None
-    limit: int = 50
     tensor_metrics: bool | None = None  # issue #17 (precnb.pipeline.tensors)
     rank_table: Any = None  # issue #28 (precnb.pipeline.devices)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from precnb.analysis.hooks import CliHooks, ExplorerHooks, FindingHooks, OrderHooks
-from precnb.analysis.options import option
+from precnb.analysis.options import option, suspects_limit
 from precnb.analysis.registry import Context, Diagnosis, register
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ LOSS_SPIKE = "loss_spike"
 class SpikeOptions:
     """The loss-spike diagnosis's options (issue #29): what is read beside the run, every step of it."""
 
+    limit: int = suspects_limit()
     monitor: Any = option(None, compare=False, help="msprobe monitor output (TrainerMon) of the same job, read beside "
                           "RUN: its gradients, updates and activations at every step", metavar="DIR", type="folder")
     loss: Any = option(None, compare=False, help="loss log of every step: CSV step,loss[,rank], TensorBoard event "
@@ -43,9 +44,10 @@ class SpikeOptions:
 def _run(ctx: Context) -> Any:
     from precnb.analysis.spike import loss_spike
 
+    o = ctx.options.get(LOSS_SPIKE) or SpikeOptions()
     return loss_spike(ctx.target, monitor=ctx.params.get("monitor"), loss=ctx.params.get("loss_log"),
                       loss_source=str(ctx.params.get("loss_source") or "loss log"),
-                      rule=ctx.params.get("loss_spike_rule"), limit=int(ctx.params.get("limit", 50)))
+                      rule=ctx.params.get("loss_spike_rule"), limit=int(o.limit))
 
 
 def _flags(ds: xr.Dataset, finding: Any, **_: Any) -> list[dict[str, Any]]:
@@ -76,6 +78,6 @@ register(Diagnosis(
     description="loss spike (the first step whose loss departs from its own recent history; its origin rank, batch "
     "input, parameter or op; cause data, optimizer, hardware or numerics)", options=SpikeOptions,
     cli=CliHooks("spike", help="why did the loss spike: step, rank, origin (batch, parameter, op) and cause. RUN is a "
-                 "dump (the steps around the spike suffice) or a monitor output", shared=("limit",),
+                 "dump (the steps around the spike suffice) or a monitor output",
                  emit="precnb.cli.spike_cmds:emit"),
     explorer=ExplorerHooks(flags=_flags), finding=FindingHooks(plan=_plan), order=OrderHooks(keep=_keep)))
