@@ -279,6 +279,23 @@ def test_options_and_triage_json_carry_the_side_inputs():
         precnb.diagnose(dump, loss=pd.DataFrame({"x": [1]}), progress=False, kinds=["loss_spike"])
 
 
+def test_the_loss_spike_reads_its_side_inputs_through_its_own_inputs_hook(monkeypatch):
+    """The monitor output and loss log are the loss spike's inputs (issue #50 item 2): read once, and only for it."""
+    import precnb.pipeline.tensors as tensors
+    from precnb.analysis.registry import get
+    from precnb.analysis.spike.diagnosis import LOSS_SPIKE
+
+    assert get(LOSS_SPIKE).reads.inputs == "precnb.pipeline.tensors:side_inputs"
+    calls: list[object] = []
+    real = tensors._loss_table
+    monkeypatch.setattr(tensors, "_loss_table", lambda p: calls.append(p) or real(p))
+    dump, _mon, log = inputs("spike_data")
+    precnb.diagnose(dump, loss=log, progress=False, kinds=["nan_origin"])
+    assert calls == []  # a triage without the loss spike does not read its loss log
+    t = precnb.diagnose(dump, loss=log, progress=False, kinds=["nan_origin", LOSS_SPIKE])
+    assert len(calls) == 1 and t.finding is not None
+
+
 def test_bad_loss_log_is_one_line_naming_the_file(tmp_path):
     dump, _mon, _log = inputs("spike_data")
     bad = tmp_path / "loss.csv"

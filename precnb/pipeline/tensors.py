@@ -7,11 +7,11 @@ When both runs of a pair were dumped with ``task: tensor`` (and no shard merging
 diagnosis judges the entries it covers on them before statistics. ``Options.tensor_metrics``
 turns it on (True), off (False) or leaves it to the inputs (None).
 
-**Inputs read beside the run** (:func:`side_inputs`: the ``monitor`` / ``loss`` options). The loss-spike diagnosis
-(:mod:`precnb.analysis.spike`) judges the loss of every step, which a dump of the steps around an incident does not
-hold: the pipeline opens the job's monitor output and its loss log here (the analysis never reads files) and hands
-them over as ``params["monitor"]`` (a dataset), ``params["loss_log"]`` (a DataFrame ``step, rank, loss``) and
-``params["loss_source"]`` (where it was read).
+**Inputs read beside the run** (:func:`side_inputs`, the loss-spike diagnosis's ``inputs`` hook: the ``monitor``
+and ``loss`` options). The loss-spike diagnosis (:mod:`precnb.analysis.spike`) judges the loss of every step,
+which a dump of the steps around an incident does not hold: the pipeline opens the job's monitor output and its
+loss log here (the analysis never reads files) and hands them over as ``params["monitor"]`` (a dataset),
+``params["loss_log"]`` (a DataFrame ``step, rank, loss``) and ``params["loss_source"]`` (where it was read).
 
 **What a triage flags, record by record** (:func:`flagged`, :class:`Flagged`), and how early each flagged record
 comes. The explorer's default colour ("first bad") and its rank × step view need, for every (step, rank, tensor),
@@ -184,16 +184,21 @@ def _loss_table(value: Any) -> tuple[Any, str]:
     raise TypeError(f"loss: expected a path or a pandas.DataFrame, got {type(value).__name__}")
 
 
-def side_inputs(opts: Any, loaded: Any, common: dict[str, Any]) -> dict[str, Any]:
+def side_inputs(source: Any, opts: Any, raw_target: Any, *, loaded: Any, common: dict[str, Any],
+                cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """``params`` entries for the ``monitor`` and ``loss`` options (empty when neither is given).
 
-    Files of the monitor output that cannot be read are appended to ``loaded.failures``.
+    The loss-spike diagnosis's ``inputs`` hook (``reads=InputHooks("precnb.pipeline.tensors:side_inputs")``):
+    read once per triage (kept in *cache*, the plan's, when given). Files of the monitor output that cannot
+    be read are appended to ``loaded.failures``.
 
     Raises
     ------
     precnb.errors.PrecnbError
         When the loss log cannot be read (one line naming the file).
     """
+    if cache is not None and "side_inputs" in cache:
+        return dict(cache["side_inputs"])
     from precnb.pipeline.sources import Source, open_source
 
     out: dict[str, Any] = {}
@@ -201,7 +206,9 @@ def side_inputs(opts: Any, loaded: Any, common: dict[str, Any]) -> dict[str, Any
         out["monitor"] = open_source(Source(opts.monitor, "monitor"), loaded=loaded, **common)
     if opts.loss is not None:
         out["loss_log"], out["loss_source"] = _loss_table(opts.loss)
-    return out
+    if cache is not None:
+        cache["side_inputs"] = out
+    return dict(out)
 
 
 @dataclass
@@ -350,18 +357,14 @@ def params_of(wanted: Sequence[Any], opts: Any, tsrc: Any, raw_t: xr.Dataset, lo
               cache: dict[str, Any], *, baseline: Any = None) -> dict[str, Any]:
     """The diagnoses' parameters: the options they read, what is read beside the run, each one's own inputs.
 
-    The monitor output and the loss log are read once per triage (kept in *cache*, the plan's). An ``inputs`` hook
-    that takes ``baseline`` gets the triage's baseline source (None for one run).
+    An ``inputs`` hook that takes ``baseline`` gets the triage's baseline source (None for one run); one that takes
+    ``cache`` gets the plan's cache, to read what it reads once per triage (the monitor output and the loss log).
     """
     params: dict[str, Any] = {"limit": int(opts.limit)}
-    if opts.monitor is not None or opts.loss is not None:  # issue #29: read beside the run
-        if "side_inputs" not in cache:
-            cache["side_inputs"] = side_inputs(opts, loaded, common)
-        params.update(cache["side_inputs"])
     for d in wanted:  # what a diagnosis reads beside the run (its ``inputs`` hook)
         if d.reads.inputs is not None:
             hook = _resolve(d.reads.inputs)
-            kw = {"baseline": baseline} if _takes(hook, "baseline") else {}
+            kw = {k: v for k, v in (("baseline", baseline), ("cache", cache)) if _takes(hook, k)}
             params.update(hook(tsrc, opts, raw_t, loaded=loaded, common=common, **kw))
     return params
 

@@ -3,7 +3,8 @@
 It reads the run diagnosed (a dump or a monitor output) and, from the pipeline's parameters,
 the monitor output (``params["monitor"]``, a dataset) and the loss log (``params["loss_log"]``,
 a DataFrame ``step, loss[, rank]``; ``params["loss_source"]`` says where it was read), both
-opened by the pipeline from its own options ``monitor`` / ``loss`` (:class:`SpikeOptions`).
+opened by its ``inputs`` hook (:func:`precnb.pipeline.tensors.side_inputs`, named by ``reads=``: the analysis
+never reads files) from its own options ``monitor`` / ``loss`` (:class:`SpikeOptions`).
 
 Examples
 --------
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from precnb.analysis.hooks import CliHooks, ExplorerHooks, FindingHooks, OrderHooks
+from precnb.analysis.hooks import CliHooks, ExplorerHooks, FindingHooks, InputHooks, OrderHooks
 from precnb.analysis.options import option, suspects_limit
 from precnb.analysis.registry import Context, Diagnosis, register
 
@@ -80,4 +81,5 @@ register(Diagnosis(
     cli=CliHooks("spike", help="why did the loss spike: step, rank, origin (batch, parameter, op) and cause. RUN is a "
                  "dump (the steps around the spike suffice) or a monitor output",
                  emit="precnb.cli.spike_cmds:emit"),
-    explorer=ExplorerHooks(flags=_flags), finding=FindingHooks(plan=_plan), order=OrderHooks(keep=_keep)))
+    explorer=ExplorerHooks(flags=_flags), finding=FindingHooks(plan=_plan), order=OrderHooks(keep=_keep),
+    reads=InputHooks("precnb.pipeline.tensors:side_inputs")))
