@@ -3,7 +3,11 @@
 :func:`pair_in_order` is a Needleman–Wunsch style dynamic programme that maximises the summed
 score of the pairs it keeps (a pair is kept only when its score reaches the threshold; gaps
 cost nothing), with ties resolved towards the earliest partner. Long sequences are first cut
-at exact anchors (equal keys found by ``difflib``) so the programme only runs inside the gaps.
+at exact anchors (runs of equal keys found by ``difflib``), and the programme runs in a band
+around the path they trace (:data:`BAND` calls either side of it, the whole of each gap between
+them): an anchor only says where the two runs are, not which of several alike calls near it is
+the counterpart (a tensor-parallel run's extra calls shift a run of ``matmul, t, matmul`` by a
+few places), so the scores decide inside the band.
 
 Examples
 --------
@@ -25,7 +29,13 @@ A = TypeVar("A")
 B = TypeVar("B")
 
 MAX_CELLS = 250_000
-"""Largest gap (rows × columns) solved by the dynamic programme; larger gaps pair by key in order."""
+"""Largest pair of sequences (rows × columns) solved by the full dynamic programme; longer ones run banded."""
+
+BAND = 16
+"""How many places either side of the anchors' path the banded programme considers."""
+
+MAX_BAND_CELLS = 2_000_000
+"""Largest band (cells scored); beyond it, runs of equal keys pair by position and the gaps as below."""
 
 
 def _dp(a: Sequence[Any], b: Sequence[Any], score: Callable[[Any, Any], float], threshold: float
@@ -104,6 +114,9 @@ def pair_in_order(
     ka = [key_a(x) for x in a]
     kb = [key_b(y) for y in b]
     sm = difflib.SequenceMatcher(None, ka, kb, autojunk=False)
+    lo, hi = _band(sm.get_matching_blocks(), n, m, BAND)
+    if int((hi - lo).sum()) <= MAX_BAND_CELLS:
+        return _banded_dp(a, b, score, threshold, lo, hi)
     out: list[tuple[int, int, float]] = []
     pa = pb = 0
     for blk in sm.get_matching_blocks():
@@ -117,6 +130,100 @@ def pair_in_order(
             if s >= threshold:
                 out.append((blk.a + k, blk.b + k, s))
         pa, pb = blk.a + blk.size, blk.b + blk.size
+    return out
+
+
+def _band(blocks: Sequence[Any], n: int, m: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of *a*, the columns ``[lo, hi)`` of *b* it may pair with: *width* around the anchors' path.
+
+    A row inside a run of equal keys is centred on its anchor's column; a row in a gap between two runs
+    spans the gap's columns. Both bounds never decrease (an order-preserving pairing stays inside).
+    """
+    lo = np.zeros(n, np.int64)
+    hi = np.zeros(n, np.int64)
+    pa = pb = 0
+    for blk in blocks:
+        lo[pa:blk.a] = pb - width
+        hi[pa:blk.a] = blk.b + width
+        k = np.arange(blk.size)
+        lo[blk.a:blk.a + blk.size] = blk.b + k - width
+        hi[blk.a:blk.a + blk.size] = blk.b + k + width + 1
+        pa, pb = blk.a + blk.size, blk.b + blk.size
+    lo[pa:] = pb - width
+    hi[pa:] = m
+    return (np.clip(np.maximum.accumulate(lo), 0, m) if n else lo,
+            np.clip(np.maximum.accumulate(hi), 0, m) if n else hi)
+
+
+def _banded_dp(a: Sequence[Any], b: Sequence[Any], score: Callable[[Any, Any], float], threshold: float,
+               lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int, float]]:
+    """:func:`_dp` with row ``i`` of *a* pairing only inside columns ``[lo[i], hi[i])`` of *b*.
+
+    The table ``best[i][j]`` (the best total over ``a[:i]``, ``b[:j]``) is kept per row over the columns
+    ``lo[i-1] .. hi[i-1]`` only: below them a row adds nothing to the row above, beyond them it stays at its
+    last value (both bounds never decrease), so each row is computed from the one above in its band.
+    Same gains, same tie rule (a pair, then skipping *a*, then skipping *b*) as :func:`_dp`.
+
+    >>> lo, hi = np.array([0, 0, 1]), np.array([2, 2, 2])
+    >>> _banded_dp("axb", "ab", lambda p, q: 1.0 if p == q else 0.0, 0.5, lo, hi)
+    [(0, 0, 1.0), (2, 1, 1.0)]
+    """
+    n, m = len(a), len(b)
+    if n == 0 or m == 0:
+        return []
+    rows: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []  # (start column, best, move, raw) per row
+    start, prev = 0, np.zeros(m + 1)  # row 0: all zeros (stored whole)
+
+    def above(cols: np.ndarray) -> np.ndarray:
+        return prev[np.minimum(cols - start, len(prev) - 1)]
+
+    for i in range(n):
+        c0, c1 = int(lo[i]), int(hi[i])  # pairs with b[c0:c1]: table columns c0 + 1 .. c1
+        cols = np.arange(c0, c1 + 1)  # table columns kept for this row
+        up = above(cols)
+        raw = np.full(len(cols), np.nan)
+        diag = np.full(len(cols), -np.inf)
+        if c1 > c0:
+            js = np.arange(c0, c1)
+            s = np.array([float(score(a[i], b[j])) for j in range(c0, c1)])
+            raw[1:] = s
+            ok = s >= threshold
+            g = s - threshold + 1e-3 - 1e-7 * (i + js)
+            diag[1:] = np.where(ok, above(js) + g, -np.inf)
+        best = np.empty(len(cols))
+        move = np.empty(len(cols), np.int8)
+        left = -np.inf
+        for k in range(len(cols)):
+            d, u = diag[k], up[k]
+            if d >= u and d >= left:
+                best[k], move[k] = d, 0
+            elif u >= left:
+                best[k], move[k] = u, 1
+            else:
+                best[k], move[k] = left, 2
+            left = best[k]
+        rows.append((c0, best, move, raw))
+        start, prev = c0, best
+    out: list[tuple[int, int, float]] = []
+    i, j = n, m
+    while i > 0 and j > 0:
+        c0, _best, move, raw = rows[i - 1]
+        k = j - c0
+        if k >= len(move):  # beyond the band: the row's last value, carried along b
+            j = c0 + len(move) - 1
+            continue
+        if k < 0:  # before the band: the row above's value
+            i -= 1
+            continue
+        mv = move[k]
+        if mv == 0:
+            out.append((i - 1, j - 1, float(raw[k])))
+            i, j = i - 1, j - 1
+        elif mv == 1:
+            i -= 1
+        else:
+            j -= 1
+    out.reverse()
     return out
 
 

@@ -102,8 +102,7 @@ class _Aligner(ModulePairing, TensorPairing):
                 proven = certified_pairs(xs, ys, score, threshold=threshold)
                 if proven is not None:
                     return proven
-            return pair_in_order(xs, ys, score, threshold=threshold,
-                                 key_a=lambda x: op_key(x.api), key_b=lambda y: op_key(y.api))
+            return pair_in_order(xs, ys, score, threshold=threshold, key_a=_anchor_key, key_b=_anchor_key)
 
         hints = self.hints  # a scope no hint reaches scores as without the mapping: its pairs are kept
         touched = any(x.name in hints.nodes for x in xs) or any(y.name in hints.unpair_nodes for y in ys)
@@ -213,6 +212,11 @@ class _Aligner(ModulePairing, TensorPairing):
                 how = "name" if xs[i].name == ys[j].name else ("value" if node_values(xs[i], ys[j]) >= 1.0
                                                                else "structure")
                 self._pair_node(xs[i].name, ys[j].name, how, _confidence(s, API_THRESHOLD + 0.5))
+
+def _anchor_key(x: NodeInfo) -> tuple[str, int]:
+    """What two long call lists are first lined up on: the op and its first output's size."""
+    return op_key(x.api), (x.outputs[0].numel if x.outputs else -1)
+
 
 def pair_runs(tb: RunTree, tt: RunTree, hints: Hints | None = None, *, fast: bool = True) -> Pairing:
     """Pair two runs' modules, nodes and tensors (see the module docstring).
