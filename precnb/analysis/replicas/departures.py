@@ -319,6 +319,10 @@ def check_departures(
     rows += [r for r in crc_rows(ds, layout, dims=dims) if (r["step"], r["group"][0], r["tensor"]) not in seen]
     events, aside = departure_events(ds, rows, rtol=rtol, records=records, baseline=baseline,
                                      rng_regions=rng_regions)
+    if layout.pp > 1:  # each rank numbers its own records: the pipeline orders the stages' departures
+        from precnb.analysis.replicas.pipeline_order import pipeline_order
+
+        events = pipeline_order(events, lambda r: int(layout.coords(r)["pp"]))
     aside = rank_args + aside
     stats: dict[str, Any] = {"checked_records": checked, "mismatches": len(rows), "layout": layout.describe(),
                              "events": len(events)}
