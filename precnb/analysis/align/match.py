@@ -40,45 +40,8 @@ MAX_BAND_CELLS = 2_000_000
 
 def _dp(a: Sequence[Any], b: Sequence[Any], score: Callable[[Any, Any], float], threshold: float
         ) -> list[tuple[int, int, float]]:
-    n, m = len(a), len(b)
-    if n == 0 or m == 0:
-        return []
-    gain = np.full((n, m), -np.inf)
-    raw = np.zeros((n, m))
-    for i in range(n):
-        for j in range(m):
-            s = float(score(a[i], b[j]))
-            raw[i, j] = s
-            if s >= threshold:
-                # a little less for later partners: ties go to the earliest pairing
-                gain[i, j] = s - threshold + 1e-3 - 1e-7 * (i + j)
-    best = np.zeros((n + 1, m + 1))
-    move = np.zeros((n + 1, m + 1), np.int8)  # 0 diag, 1 skip a, 2 skip b
-    for i in range(1, n + 1):
-        gi = gain[i - 1]
-        for j in range(1, m + 1):
-            diag = best[i - 1, j - 1] + gi[j - 1] if gi[j - 1] > -np.inf else -np.inf
-            up = best[i - 1, j]
-            left = best[i, j - 1]
-            if diag >= up and diag >= left:
-                best[i, j], move[i, j] = diag, 0
-            elif up >= left:
-                best[i, j], move[i, j] = up, 1
-            else:
-                best[i, j], move[i, j] = left, 2
-    out: list[tuple[int, int, float]] = []
-    i, j = n, m
-    while i > 0 and j > 0:
-        mv = move[i, j]
-        if mv == 0:
-            out.append((i - 1, j - 1, float(raw[i - 1, j - 1])))
-            i, j = i - 1, j - 1
-        elif mv == 1:
-            i -= 1
-        else:
-            j -= 1
-    out.reverse()
-    return out
+    """The full programme: every pair of *a* and *b* considered (:func:`_banded_dp` over every column)."""
+    return _banded_dp(a, b, score, threshold, np.zeros(len(a), np.int64), np.full(len(a), len(b), np.int64))
 
 
 def pair_in_order(
@@ -157,12 +120,14 @@ def _band(blocks: Sequence[Any], n: int, m: int, width: int) -> tuple[np.ndarray
 
 def _banded_dp(a: Sequence[Any], b: Sequence[Any], score: Callable[[Any, Any], float], threshold: float,
                lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int, float]]:
-    """:func:`_dp` with row ``i`` of *a* pairing only inside columns ``[lo[i], hi[i])`` of *b*.
+    """The order-preserving programme with row ``i`` of *a* pairing only inside columns ``[lo[i], hi[i])`` of *b*.
 
-    The table ``best[i][j]`` (the best total over ``a[:i]``, ``b[:j]``) is kept per row over the columns
-    ``lo[i-1] .. hi[i-1]`` only: below them a row adds nothing to the row above, beyond them it stays at its
-    last value (both bounds never decrease), so each row is computed from the one above in its band.
-    Same gains, same tie rule (a pair, then skipping *a*, then skipping *b*) as :func:`_dp`.
+    A pair's gain is its score less the threshold (kept only at or above it), a little less for later partners
+    (ties go to the earliest pairing); gaps cost nothing; the pairing maximises the summed gain. The table
+    ``best[i][j]`` (the best total over ``a[:i]``, ``b[:j]``) is kept per row over the band's columns only:
+    below them a row adds nothing to the row above, beyond them it stays at its last value (both bounds never
+    decrease), so each row is computed from the one above. On equal totals a pair is preferred, then skipping a
+    call of *a*, then one of *b*.
 
     >>> lo, hi = np.array([0, 0, 1]), np.array([2, 2, 2])
     >>> _banded_dp("axb", "ab", lambda p, q: 1.0 if p == q else 0.0, 0.5, lo, hi)
