@@ -210,6 +210,13 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
                 if aside is not None:
                     aside += glue_aside(ds, glue, glue_why)
         cand = candidates(ds, dim, groups, ranks, rtol, present, families)
+        mirror = np.zeros(present.shape, bool)
+        if dim != "dp":  # a copy of a value replicated at that step: a candidate one step shows by itself
+            from precnb.analysis.replicas.mirrors import mirrored
+
+            mirror = mirrored(ds, groups, ranks, present)
+            for g, fam in zip(groups, families, strict=True):
+                cand[fam] |= mirror[:, [ranks.index(r) for r in g], :].any(axis=1)
         caused = _caused(ds, groups, ranks, rtol, present, families) if dim != "dp" else \
             np.zeros(cand.shape, bool)
         cols = np.flatnonzero(cand.any(axis=(0, 1)) | caused.any(axis=(0, 1)))
@@ -232,6 +239,9 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
             bad = bad.any(axis=-1) & p[:, None, :]  # (step, n, t)
             bad &= (cand[fam][:, cols][:, None, :] | caused[fam][:, cols][:, None, :])
             n = len(g)
+            copy = mirror[:, idx][:, :, cols]  # (step, n, t): the member's copy is a value replicated on all
+            decided = np.asarray(copy.any(axis=1) & ~copy.all(axis=1), bool)
+            bad &= ~(decided[:, None, :] & copy)  # a member holding the replicated value does not depart
             for si, k, tj in np.argwhere(bad):
                 if n == 2 and k == 0 and bad[si, 1, tj]:
                     continue  # a pair: report the later rank only
@@ -247,11 +257,16 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
                            f"on ranks {list(g)}: the op computed differently on rank {g[k]}")
                 else:
                     why = f"differs from its {dim} replicas {others}"
+                held = [g[m] for m in range(n) if copy[si, m, tj]] if decided[si, tj] else []
+                if held:
+                    why += (f": rank(s) {held} hold a value identical on every rank of the group at this step (the "
+                            f"same statistics, bit for bit), rank {g[k]} does not: rank {g[k]} departs")
                 rows.append({"step": int(ds["step"].values[si]), "rank": g[k], "group": list(g), "dim": dim,
                              "tensor": str(ds["tensor"].values[cols[tj]]),
                              "node": str(ds["node"].values[cols[tj]]),
                              "seq": int(seq[si, idx[k], tj]), "inputs_identical": bool(by_cause[si, tj]),
-                             "why": why + (" (a pair: either side may be wrong)" if n == 2 else "")})
+                             **({"copy_held_by": held} if held else {}),
+                             "why": why + (" (a pair: either side may be wrong)" if n == 2 and not held else "")})
     rows.sort(key=lambda r: (r["step"], r["seq"], r["rank"]))
     return rows, checked
 

@@ -20,7 +20,9 @@ def departure_reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> 
     dim = ev["dim"].upper()
     judge = {"baseline": "the clean run", "own_records": "a check of each rank's own records"}.get(ev["decided_by"],
                                                                                      "the majority")
-    who = (f"rank {ev['wrong_side'][0]} is wrong ({judge} decides)" if ev["wrong_side"] else
+    who = (f"rank {ev['wrong_side'][0]} is wrong: the other copies are, bit for bit, a value identical on every "
+           "rank of the group at this step" if ev["wrong_side"] and ev["decided_by"] == "replicated_copy" else
+           f"rank {ev['wrong_side'][0]} is wrong ({judge} decides)" if ev["wrong_side"] else
            f"ranks {g[0]} and {g[1]} disagree; a pair cannot say which side is wrong (both are candidates)"
            if len(g) == 2 else f"ranks {ev['departing_ranks']} depart")
     if ev["inputs_identical"]:
@@ -34,6 +36,12 @@ def departure_reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> 
         what = {"unsynchronised_seed": "a random op outside any model-parallel RNG region: an unsynchronised seed",
                 "compute_fault": "a compute fault on that device, or a non-deterministic kernel"}[ev["cause"]]
         head = f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']} while {ins}: {what}"
+    elif ev["decided_by"] == "replicated_copy" and not ev.get("inherited_from"):
+        head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}: on the other ranks it is a "
+                "value the whole group holds identically (a collective's result, copied), on this one it is not: "
+                "changed after the collective made the copies")
+        return f"{head}; rank {ev['wrong_side'][0]} departs" + (
+            f"; {later} later mismatch(es) follow from it (steps {', '.join(map(str, later_steps))})" if later else "")
     elif ev.get("own_records"):  # created where it is recorded: the rank's own records disagree
         head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}: {ev['own_records']} "
                 "(the gradient was changed after the backward pass computed it)")

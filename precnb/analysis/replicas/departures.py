@@ -257,6 +257,8 @@ def departure_events(
             earlier = [e for e in events if e["group"] == list(group) and e["step"] < step]
             ev["inherited_from"] = ({"step": earlier[-1]["step"], "node": earlier[-1]["node"]} if earlier else None)
         _decide(run, base, ev, rtol)
+        if not ev["wrong_side"] and first.get("copy_held_by"):  # the others hold the value replicated on all
+            ev["wrong_side"], ev["decided_by"] = [int(first["rank"])], "replicated_copy"
         ev["candidates"] = [{"rank": r, "wrong_side": r in ev["wrong_side"]} for r in
                             (ev["wrong_side"] or (list(group) if len(group) == 2 else departing))]
         events.append(ev)

@@ -43,7 +43,8 @@ from typing import Any
 __all__ = ["device_verdicts"]
 
 _ORDER = {"suspect": 0, "inconclusive": 1, "clean": 2}
-_JUDGE = {"baseline": "the clean run", "majority": "the majority of its replicas"}
+_JUDGE = {"baseline": "the clean run", "majority": "the majority of its replicas",
+          "replicated_copy": "the copy of a value replicated on every rank"}
 
 
 def _name(dev: tuple[str, str]) -> str:
