@@ -360,3 +360,39 @@ def test_level_l1_dw_fault_on_a_pipeline_stage_found_at_its_step_against_the_uns
     assert (step, rank, answer["node"]) == (t["step"], t["rank"], t["node"]), answer["reason"]
     twin = precnb("diff", dump(f["twin"]), dump(f["run"]))
     assert (twin["step"], twin["rank"], twin["node"]) == (t["step"], t["rank"], t["node"]), twin["reason"]
+
+
+# ------------------------------------------------------------------------------ found on draw 6, scored blind
+def test_healthy_tp2_with_sequence_parallelism_at_level_l1_vs_tp1_no_finding():
+    """At level L1 every call pairs at the root; the tp2 run's backward makes more calls than tp1's. Lined up on
+    op names alone (the anchors of a long list), a run of ``matmul, t, matmul`` paired by position two places off:
+    the output layer's weight gradient against the next layer's ("computed differently here" at step 0)."""
+    h = next(h for h in draw()["healthy"] if h["layout"] == "tp2sp")
+    answer = precnb("diff", dump(h["reference"]), dump(h["run"]), "--target-layout", "tp=2")
+    assert answer["kind"] == "none", answer["reason"]
+
+
+def test_a_replica_departure_on_pipeline_stage_0_comes_before_the_one_stage_1_receives():
+    """linear_fc2's output scaled on TP rank 0 of stage 0 at step 4: stage 1's TP pair departs too, at its very
+    first record (the activations it receives); each rank numbers its own records, so stage 1's came first."""
+    f, t = fault("row_output_scale_pp")
+    answer = precnb("replicas", dump(f["run"]))
+    assert (answer["step"], answer["node"]) == (t["step"], t["node"]), answer["reason"]
+    assert t["rank"] in answer["evidence"]["departure"]["group"], answer["reason"]
+
+
+def test_one_dumped_step_shows_a_tp_copy_changed_after_its_all_reduce_and_names_the_rank():
+    """A dump of the faulty step alone: no step where the copies agree, yet rank 0's linear_proj output is the
+    all-reduce's value bit for bit and rank 1's is not (was: "all replicas agree")."""
+    f, t = fault("row_output_scale")
+    answer = precnb("replicas", dump(f["run"]), "--steps", str(t["step"]))
+    assert (answer["step"], answer["rank"], answer["node"]) == (t["step"], t["rank"], t["node"]), answer["reason"]
+    assert answer["evidence"]["departure"]["decided_by"] == "replicated_copy", answer["reason"]
+
+
+def test_one_dumped_healthy_step_where_a_rank_holds_every_maximum_is_quiet():
+    """Vocab-parallel cross entropy: at step 4 of this healthy tp2pp2 run one rank's local max (its all-reduce's
+    input) equals the all-reduced max; it is that rank's part of the reduction, not a copy."""
+    f, _ = fault("row_output_scale_pp")
+    answer = precnb("replicas", dump(f["twin"]), "--steps", "4")
+    assert answer["kind"] == "none", answer["reason"]

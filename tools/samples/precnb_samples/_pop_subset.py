@@ -6,7 +6,9 @@ under the population folder) and copied without ``stack.json`` and without logs,
 the healthy tp1pp1 and tp2pp1 runs (6 steps trained, 5 dumped), a healthy dp2 run dumped at level L1 (steps
 0-1, with its ``stack.json``), a healthy dp2 run (steps 0-2), a tp1pp1 fault run whose healthy twin is that tp1pp1
 run, a tp2pp1 fault on TP rank 1 only (a replica departure) and an AdamW moment scaled on one DP replica; of the
-fault runs the steps up to the fault's are kept. The
+fault runs the steps up to the fault's are kept; from draw 6 (scored blind), a healthy tp2 run with sequence
+parallelism at level L1 (step 0) and a tp2pp2 run with one TP rank of stage 0 scaled (steps 3-4, its twin and
+reference step 4). The
 ``ground_truth.json`` has the manifest's schema (``runs``, ``draws``, ``truth``), so ``bench_accuracy.py
 --smoke`` scores it like a population.
 
@@ -52,6 +54,15 @@ FAULTS_SEEDED = [
     ("unsynced_seed_pp", 5185, "tp2pp2", {"kind": "unsynced_seed", "rank": 3, "layer": None, "from_step": 0}, [0]),
 ]
 
+# one TP rank of pipeline stage 0 scaled (draw 6): at step 4 stage 1's TP pair departs as well (it receives
+# stage 0's activations) and comes first in its ranks' own numbering; the replica check needs a step where
+# the copies agree, so the fault run keeps steps 3-4, its twin and reference step 4:
+# (kind, model seed, layout, bug, steps kept, companions' steps kept)
+FAULTS_PP = [
+    ("row_output_scale_pp", 2320, "tp2pp2", {"kind": "row_output_scale", "rank": 0, "layer": 0, "from_step": 4,
+                                             "module": "linear_fc2", "m": 0.021166}, [3, 4], [4]),
+]
+
 
 def plan() -> dict[str, Any]:
     """The subset's plan, in :func:`precnb_samples._population.draw`'s form (draw seed ``subset``)."""
@@ -82,6 +93,13 @@ def plan() -> dict[str, Any]:
                 "reference": P.run_id(ref), "steps_kept": [0, 1], "stacks": True},
                {"name": f"tp2pp2L1@{PP_L1_SEED}", "seed": PP_L1_SEED, "layout": "tp2pp2", "run": P.run_id(pp_l1),
                 "reference": P.run_id(ref_l1), "steps_kept": [0, 1, 2]}]
+    # a tp2 run with sequence parallelism at level L1 against the same unsharded L1 run (draw 6's false alarm):
+    # its backward makes the calls of tp1 and more, all at the root; lined up on op names alone, a run of
+    # ``matmul, t, matmul`` shifted and paired one layer's weight gradient with another's; step 0
+    sp_l1 = P.run_spec(PP_L1_SEED, "tp2sp", level="L1")
+    runs[P.run_id(sp_l1)] = sp_l1
+    healthy.append({"name": f"tp2spL1@{PP_L1_SEED}", "seed": PP_L1_SEED, "layout": "tp2sp", "run": P.run_id(sp_l1),
+                    "reference": P.run_id(ref_l1), "steps_kept": [0]})
     # a healthy tp2pp1 run with dropout 0.1 and its unsharded twin (draw 5's unsynced-seed twin and reference): at
     # step 1 one bias gradient's Max differs, at step 3 one layernorm weight gradient's Min (one element of a weight
     # Adam moved by its eps-magnified noise): the one-element noise rule's cases; steps 0, 1 and 3
@@ -104,6 +122,12 @@ def plan() -> dict[str, Any]:
         faults.append({"name": f"{kind}#subset", "kind": kind, "seed": seed, "layout": layout, "injection": bug,
                        "run": P.run_id(spec), "twin": P.run_id(twin), "reference": P.run_id(ref1),
                        "steps_kept": keep, "companions_kept": keep})
+    for kind, seed, layout, bug, keep, companions in FAULTS_PP:
+        spec, twin, ref1 = P.run_spec(seed, layout, [bug]), P.run_spec(seed, layout), P.run_spec(seed, "tp1pp1")
+        runs.update({P.run_id(x): x for x in (spec, twin, ref1)})
+        faults.append({"name": f"{kind}#subset", "kind": kind, "seed": seed, "layout": layout, "injection": bug,
+                       "run": P.run_id(spec), "twin": P.run_id(twin), "reference": P.run_id(ref1),
+                       "steps_kept": keep, "companions_kept": companions})
     return {"draw_seed": "subset", "size": "subset", "seeds": [SEED], "runs": runs, "healthy": healthy,
             "faults": faults}
 
