@@ -267,6 +267,7 @@ typedef struct {
 
 #define NOT_PLAIN 0
 #define ERR (-1)
+#define RETRY 2  /* read_record: the record's sections are not in reading order; read it again in two passes */
 
 /* after a member of a container closed by *close*: 1 past a ',' (another member follows, c->i at it), 0 past
  * the close, -1 at anything else (the caller's NOT_PLAIN); whitespace skipped on both sides */
@@ -677,9 +678,11 @@ value_end(const char *s, Py_ssize_t n, Py_ssize_t i)
 
 /* ------------------------------------------------------------------------------------------- leaves */
 
-/* one object at c->i ('{') read as a leaf candidate: 1, NOT_PLAIN, ERR */
+/* one object at c->i ('{') read as a leaf candidate: 1, NOT_PLAIN (never ERR: no Python object is made). *depth*:
+ * the object's nesting below the record (its members' values are checked with skip_value one level deeper, as
+ * the skip of the whole section would: a section read in one pass accepts exactly what the skip accepted) */
 static int
-read_leaf(cur *c, leaf_t *lf)
+read_leaf(cur *c, leaf_t *lf, int depth)
 {
     unsigned seen = 0;
     lf->null = 0;
@@ -787,7 +790,7 @@ read_leaf(cur *c, leaf_t *lf)
             lf->has_value = 1;
             if (ch == '{' || ch == '[') {
                 lf->value_scalar = 0;
-                if (!skip_value(c, 1))
+                if (!skip_value(c, depth + 1))
                     return NOT_PLAIN;
             } else if (!scalar(c, &kind, &d))
                 return NOT_PLAIN;
@@ -796,9 +799,9 @@ read_leaf(cur *c, leaf_t *lf)
                 if (!scalar(c, &kind, &d))
                     return NOT_PLAIN;
                 lf->rg = d != 0.0;
-            } else if (!skip_value(c, 1))
+            } else if (!skip_value(c, depth + 1))
                 return NOT_PLAIN;
-        } else if (!skip_value(c, 1))
+        } else if (!skip_value(c, depth + 1))
             return NOT_PLAIN;
         int me = member_end(c, '}');
         if (me > 0)
@@ -813,6 +816,51 @@ read_leaf(cur *c, leaf_t *lf)
             lf->null |= (uint8_t)(1u << k);
         }
     return 1;
+}
+
+/* an optimizer op's input_args (a list at c->i) as FileFacts.optimizer's scan reads it (_craw_facts.c,
+ * scan_arguments): a positional argument that is an object with a string "type" and a "shape" (a tensor) gives that
+ * scan nothing, so it is None here instead of a dict built for nothing; every other element is built as
+ * build_value builds it. A new reference; NULL as build_value. */
+static PyObject *
+build_args(cur *c)
+{
+    if (c->i >= c->n || c->s[c->i] != '[')
+        return build_value(c, 1);
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    c->i++;
+    ws(c);
+    if (c->i < c->n && c->s[c->i] == ']') {
+        c->i++;
+        return out;
+    }
+    for (;;) {
+        PyObject *v = NULL;
+        if (c->i < c->n && c->s[c->i] == '{') {
+            cur t = *c;
+            leaf_t lf;
+            if (read_leaf(&t, &lf, 2) == 1 && lf.type_str && lf.has_shape) {
+                v = Py_NewRef(Py_None);
+                c->i = t.i;
+            }
+        }
+        if (v == NULL)
+            v = build_value(c, 2);
+        int bad = v == NULL || PyList_Append(out, v) < 0;
+        Py_XDECREF(v);
+        if (bad)
+            break;
+        int me = member_end(c, ']');
+        if (me > 0)
+            continue;
+        if (me == 0)
+            return out;
+        break;
+    }
+    Py_DECREF(out);
+    return NULL;
 }
 
 /* what an object item is: 1 a tensor leaf, 2 nothing to read (a scalar argument), NOT_PLAIN, ERR */
@@ -935,7 +983,7 @@ read_item(cur *c, out_t *o, Py_ssize_t base, const char *item, Py_ssize_t item_n
     if (ch != '{')
         return skip_value(c, 1);  /* null, a number, a string, a boolean: no tensor */
     leaf_t lf;
-    int r = read_leaf(c, &lf);
+    int r = read_leaf(c, &lf, nested ? 3 : 2);
     if (r != 1)
         return r;
     PyObject *type_obj, *type_owned;
@@ -1112,7 +1160,7 @@ param_grad(cur *c, out_t *o, Py_ssize_t base)
             if (ch != '{')
                 return NOT_PLAIN;
             leaf_t lf;
-            int r = read_leaf(c, &lf);
+            int r = read_leaf(c, &lf, 0);  /* (a parameters_grad record is read in one pass as it was) */
             if (r != 1)
                 return r;
             PyObject *type_obj, *type_owned;
@@ -1143,6 +1191,7 @@ param_grad(cur *c, out_t *o, Py_ssize_t base)
 typedef struct {
     PyObject *names, *parents, *nodes, *node_parents, *counts, *todo;
     int need_backward, need_forward, sigs;  /* sigs: FileFacts.api's records (scalar signatures) as objects */
+    int one_pass;  /* read each section where it stands (RETRY when the sections are not in reading order) */
 } ctx_t;
 
 /* what a record's name and parent say: 1 it goes to the Python walk, 2 its arguments go to the run facts (an
@@ -1221,11 +1270,14 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
             goto done;
         }
     }
-    /* the sections: where each starts (checked in order below, after the whole record is known) */
+    /* the sections: where each starts. In one pass (the usual case) each is read where it stands, as long as they
+     * come in reading order (g_n_order: the labels' order); else, and in two passes, each is read in reading order
+     * after the whole record was checked. Anything not plain found after a section was read rolls the record
+     * back (read_records) as it would have rolled back a section read in the second pass. */
     Py_ssize_t at[MAX_SECTIONS];
     for (int k = 0; k < g_n_order; k++)
         at[k] = -1;
-    int found = 0, others = 0;
+    int found = 0, others = 0, last = -1;
     c->i++;
     ws(c);
     if (c->i < c->n && c->s[c->i] == '}')
@@ -1258,6 +1310,26 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
                 }
                 at[sec] = c->i;
                 found++;
+                if (x->one_pass) {
+                    if (sec < last) {
+                        r = RETRY;
+                        goto done;
+                    }
+                    last = sec;
+                    if (sec == g_param_section && grads == NULL && (grads = PyDict_New()) == NULL) {
+                        r = ERR;
+                        goto done;
+                    }
+                    o->label.n = nn;
+                    if (buf_add(&o->label, PyUnicode_AsUTF8(g_sections[sec]),
+                                PyUnicode_GET_LENGTH(g_sections[sec])) < 0)
+                        r = ERR;
+                    else
+                        r = read_section(c, o, o->label.n, g_roles[sec], grads, sec == g_param_section);
+                    if (r != 1)
+                        goto done;
+                    goto next_member;
+                }
             } else {
                 others++;
                 if (c->i < c->n && (c->s[c->i] == '{' || c->s[c->i] == '[')) {
@@ -1276,6 +1348,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
                 r = NOT_PLAIN;
                 goto done;
             }
+        next_member:;
             int me = member_end(c, '}');
             if (me > 0)
                 continue;
@@ -1290,7 +1363,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         goto done;
     }
     Py_ssize_t end = c->i;
-    if (g_param_section >= 0 && at[g_param_section] >= 0) {
+    if (!x->one_pass && g_param_section >= 0 && at[g_param_section] >= 0) {
         grads = PyDict_New();
         if (grads == NULL) {
             r = ERR;
@@ -1298,7 +1371,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         }
     }
     r = 1;
-    for (int k = 0; k < g_n_order && r == 1; k++) {
+    for (int k = 0; k < g_n_order && r == 1 && !x->one_pass; k++) {
         if (at[k] < 0)
             continue;
         cur s = {c->s, c->n, at[k]};
@@ -1322,7 +1395,8 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
             if (want[k] < 0 || at[want[k]] < 0)
                 continue;
             cur s = {c->s, c->n, at[want[k]]};
-            PyObject *v = build_value(&s, 1);
+            /* without a signature, only the optimizer scan reads them: its tensors are not built */
+            PyObject *v = want[k] == g_args_section && !sig ? build_args(&s) : build_value(&s, 1);
             if (v == NULL)
                 r = PyErr_Occurred() ? ERR : NOT_PLAIN;
             else if (PyDict_SetItem(facts, g_keys_obj[want[k]], v) < 0)
@@ -1428,17 +1502,21 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
         const char *nm;
         Py_ssize_t nn;
         int r = NOT_PLAIN;
-        if (plain_string(&c, &nm, &nn)) {
-            ws(&c);
-            if (c.i < c.n && c.s[c.i] == ':') {
-                c.i++;
+        x.one_pass = 1;
+        for (;;) {
+            if (plain_string(&c, &nm, &nn)) {
                 ws(&c);
-                r = c.i < c.n ? read_record(&c, &o, &x, nm, nn) : NOT_PLAIN;
+                if (c.i < c.n && c.s[c.i] == ':') {
+                    c.i++;
+                    ws(&c);
+                    r = c.i < c.n ? read_record(&c, &o, &x, nm, nn) : NOT_PLAIN;
+                }
             }
-        }
-        if (r == ERR)
-            goto out;
-        if (r == NOT_PLAIN) {  /* added nothing: take back what this record appended, and find its end */
+            if (r == ERR)
+                goto out;
+            if (r == 1)
+                break;
+            /* added nothing: take back what this record appended */
             if (take_back(o.labels, n_labels) < 0 || take_back(o.roles, n_roles) < 0 ||
                 take_back(o.shapes, n_shapes) < 0 || take_back(o.dtypes, n_dtypes) < 0 ||
                 take_back(x.nodes, n_nodes) < 0 || take_back(x.node_parents, n_parents) < 0 ||
@@ -1450,6 +1528,13 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
             o.numel.n = o.label_hash.n = n0 * 8;
             o.n = n0;
             o.name_hash.n = nh;
+            if (r != RETRY)
+                break;
+            c.i = start;  /* its sections out of reading order: read again, in two passes */
+            x.one_pass = 0;
+            r = NOT_PLAIN;
+        }
+        if (r == NOT_PLAIN) {  /* find the end of the member handed back */
             Py_ssize_t e = value_end(c.s, c.n, start);  /* the name */
             Py_ssize_t j = e;
             while (j >= 0 && j < c.n && (c.s[j] == ' ' || c.s[j] == '\n' || c.s[j] == '\t' || c.s[j] == '\r'))
