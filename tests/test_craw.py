@@ -27,7 +27,7 @@ from precnb.io.msprobe.parse import read_rank_dir
 from tests._records_equal import records_differences
 from tests.conftest import SHARED
 from tests.test_fuzz_readers import fuzz_settings
-from tests.test_parse_paths import LEAF, env
+from tests.test_parse_paths import INF_LEAF, LEAF, env
 
 pytestmark = pytest.mark.skipif(_cext.CRAW is None, reason="precnb.io._craw is not built (no compiler at install)")
 S1 = SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics"
@@ -234,3 +234,50 @@ def test_many_small_batches(tmp_path, monkeypatch, block):
     _same(_dump(tmp_path / "b", twice))
     if S1.is_dir():
         _same(S1)
+
+
+def test_sections_read_where_they_stand(tmp_path, monkeypatch):
+    """Each section is read in the one pass over its record; a record whose sections are not in reading order (a
+    module's parameters after its output) is read again in two passes, and one found not plain after a section was
+    read (a key beside the sections that holds something, a section twice) is rolled back and handed back: the same
+    records, labels in the same order, as the reference."""
+    leaf = LEAF_TEXT
+    members = [  # (the release probe's records first: the first forward and backward ones are handed back)
+        ('Functional.probe.0.forward', '{"is_recompute": false}'),
+        ('Functional.probe.0.backward', f'{{"grad_input": [{leaf}]}}'),
+        ('Module.fc.Linear.forward.0', json.dumps({"input_args": [LEAF], "output": [LEAF, LEAF],
+                                                   "parameters": {"weight": dict(LEAF, requires_grad=True)}})),
+        ('Module.fc.Linear.backward.0', json.dumps({"output": [LEAF], "input": [INF_LEAF]})),  # output, then input
+        ('Tensor.add.0.forward', f'{{"input_args": [{leaf}], "output": [{leaf}], "odd": [1]}}'),  # not plain at last
+        ('Tensor.add.1.forward', f'{{"input_args": [{leaf}], "output": [{leaf}], "input_args": [{leaf}]}}'),  # twice
+        ('Tensor.add.2.forward', f'{{"input_args": [{leaf}], "is_recompute": false, "output": [{leaf}]}}'),
+        ('Tensor.add.3.forward', f'{{"output": [{leaf}], "input_args": [{leaf}], "output": [{leaf}]}}'),  # twice
+    ]
+    data = ",\n".join(f'  "{k}": {v}' for k, v in members)
+    text = '{\n "task": "statistics",\n "data": {\n' + data + '\n }\n}'
+    root = _dump(tmp_path, text)
+    spy = _Spy(_cext.CRAW)
+    monkeypatch.setattr(_cext, "CRAW", spy)
+    _same(root)
+    assert spy.back == ["Functional.probe.0.forward", "Functional.probe.0.backward", "Tensor.add.0.forward",
+                        "Tensor.add.1.forward", "Tensor.add.3.forward"]
+
+
+@pytest.mark.parametrize("n_args", [3, 70])
+def test_optimizer_tensor_arguments_are_not_built(tmp_path, n_args):
+    """An optimizer op's positional tensors give its run facts nothing (they are not built for the scan): the
+    scalar arguments among them, before and after the 64th, nested ones and a 0-d tensor keyword, are the
+    reference's."""
+    args: list[Any] = [LEAF if i % 3 else {"type": "float", "value": i / 4} for i in range(n_args)]
+    args += [[LEAF, {"type": "int", "value": 7}], {"inner": {"type": "bool", "value": True}}, INF_LEAF]
+    data = {"Tensor.mul_.0.forward": {"input_args": args, "input_kwargs": {
+                "alpha": {"type": "int", "value": 2}, "lr": dict(INF_LEAF, shape=[]), "t": LEAF}, "output": [LEAF]},
+            "Tensor.mul_.1.forward": {"input_args": [LEAF, {"type": "float", "value": 0.5}], "output": [LEAF]}}
+    root = _dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1))
+    (root / "step0" / "rank0" / "construct.json").write_text(json.dumps(dict.fromkeys(data, "optimizer")))
+    fast, pure = _both(root)
+    records_differences(fast[0], pure[0])
+    got = fast[0].meta["facts"]["scalar_args"]["Tensor.mul_"]
+    assert got["0"] == [0.0] and got["1"] == [0.5] and got[str(n_args)] == [7] and got["alpha"] == [2]
+    if n_args > 64:
+        assert got["66"] == [16.5]

@@ -248,6 +248,10 @@ typedef struct {
     buf stat[4], null, numel, label_hash, name_hash, label;  /* label: the text being built */
     PyObject *labels, *roles, *shapes, *dtypes, *leaf_type;
     Py_ssize_t n;  /* leaves read */
+    /* the current record's input_args: which of its first 64 elements were read as tensor leaves (bit k), and
+     * where each of those ends (build_args steps over them) */
+    uint64_t arg_tensor;
+    Py_ssize_t arg_end[64];
 } out_t;
 
 /* a leaf's fields as read */
@@ -823,7 +827,7 @@ read_leaf(cur *c, leaf_t *lf, int depth)
  * scan nothing, so it is None here instead of a dict built for nothing; every other element is built as
  * build_value builds it. A new reference; NULL as build_value. */
 static PyObject *
-build_args(cur *c)
+build_args(cur *c, const out_t *o)
 {
     if (c->i >= c->n || c->s[c->i] != '[')
         return build_value(c, 1);
@@ -836,9 +840,12 @@ build_args(cur *c)
         c->i++;
         return out;
     }
-    for (;;) {
+    for (Py_ssize_t k = 0;; k++) {
         PyObject *v = NULL;
-        if (c->i < c->n && c->s[c->i] == '{') {
+        if (k < 64 && (o->arg_tensor >> k) & 1) {  /* read as a tensor leaf by read_section */
+            v = Py_NewRef(Py_None);
+            c->i = o->arg_end[k];
+        } else if (c->i < c->n && c->s[c->i] == '{') {
             cur t = *c;
             leaf_t lf;
             if (read_leaf(&t, &lf, 2) == 1 && lf.type_str && lf.has_shape) {
@@ -1008,7 +1015,7 @@ read_item(cur *c, out_t *o, Py_ssize_t base, const char *item, Py_ssize_t item_n
 
 /* one section's value at c->i (prefix text in o->label[0:base]): 1, NOT_PLAIN, ERR */
 static int
-read_section(cur *c, out_t *o, Py_ssize_t base, PyObject *role, PyObject *grads, int keep_grad)
+read_section(cur *c, out_t *o, Py_ssize_t base, PyObject *role, PyObject *grads, int keep_grad, int args)
 {
     char ch = c->s[c->i];
     char tmp[24];
@@ -1024,9 +1031,15 @@ read_section(cur *c, out_t *o, Py_ssize_t base, PyObject *role, PyObject *grads,
         for (Py_ssize_t k = 0;; k++) {
             if (c->i >= c->n)
                 return NOT_PLAIN;
+            Py_ssize_t n0 = o->n;
+            int leaf = c->s[c->i] == '{';
             int r = read_item(c, o, base, tmp, index_text(tmp, k), role, grads, 0, 0);
             if (r != 1)
                 return r;
+            if (args && leaf && k < 64 && o->n == n0 + 1) {  /* emitted: a string type and a shape (classify) */
+                o->arg_tensor |= (uint64_t)1 << k;
+                o->arg_end[k] = c->i;
+            }
             int me = member_end(c, ']');
             if (me > 0)
                 continue;
@@ -1224,7 +1237,9 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         return ERR;
     Py_hash_t h = PyObject_Hash(key);
     PyObject *node = h == -1 ? NULL : PyDict_GetItemWithError(x->names, key);
-    PyObject *parent = node == NULL && PyErr_Occurred() ? NULL : PyDict_GetItemWithError(x->parents, key);
+    /* names[k] is parents' own key object k (construct_table, _File): found by identity, no second compare */
+    PyObject *parent = node == NULL && PyErr_Occurred() ? NULL
+                       : PyDict_GetItemWithError(x->parents, node != NULL && PyUnicode_CheckExact(node) ? node : key);
     if (PyErr_Occurred()) {
         Py_DECREF(key);
         return ERR;
@@ -1243,6 +1258,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
     int r, opt = 0, sig = 0;
     Py_ssize_t n0 = o->n, rec_start = c->i;
     PyObject *grads = NULL, *facts = NULL;
+    o->arg_tensor = 0;
     if (c->s[c->i] == 'n') {  /* a null record: nothing */
         r = word(c, "null", 4) ? 1 : NOT_PLAIN;
         goto done;
@@ -1325,7 +1341,8 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
                                 PyUnicode_GET_LENGTH(g_sections[sec])) < 0)
                         r = ERR;
                     else
-                        r = read_section(c, o, o->label.n, g_roles[sec], grads, sec == g_param_section);
+                        r = read_section(c, o, o->label.n, g_roles[sec], grads, sec == g_param_section,
+                                         sec == g_args_section);
                     if (r != 1)
                         goto done;
                     goto next_member;
@@ -1379,7 +1396,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         if (buf_add(&o->label, PyUnicode_AsUTF8(g_sections[k]), PyUnicode_GET_LENGTH(g_sections[k])) < 0)
             r = ERR;
         else
-            r = read_section(&s, o, o->label.n, g_roles[k], grads, k == g_param_section);
+            r = read_section(&s, o, o->label.n, g_roles[k], grads, k == g_param_section, k == g_args_section);
     }
     c->i = end;
     /* with signatures, an API forward record goes to FileFacts.api (flag 2, as _File.record sets it), which reads
@@ -1396,7 +1413,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
                 continue;
             cur s = {c->s, c->n, at[want[k]]};
             /* without a signature, only the optimizer scan reads them: its tensors are not built */
-            PyObject *v = want[k] == g_args_section && !sig ? build_args(&s) : build_value(&s, 1);
+            PyObject *v = want[k] == g_args_section && !sig ? build_args(&s, o) : build_value(&s, 1);
             if (v == NULL)
                 r = PyErr_Occurred() ? ERR : NOT_PLAIN;
             else if (PyDict_SetItem(facts, g_keys_obj[want[k]], v) < 0)
