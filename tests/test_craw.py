@@ -281,3 +281,18 @@ def test_optimizer_tensor_arguments_are_not_built(tmp_path, n_args):
     assert got["0"] == [0.0] and got["1"] == [0.5] and got[str(n_args)] == [7] and got["alpha"] == [2]
     if n_args > 64:
         assert got["66"] == [16.5]
+
+
+@pytest.mark.parametrize("name", [
+    "Module.fc.Linear.parameters_grad", "Module.fc.Linear.parameters_grad.3", "Cell.net.Dense.parameters_grad",
+    "Module.parameters_grad", "Module..parameters_grad", "Modules.fc.Linear.parameters_grad", "Cell.parameters_grad.7",
+    "Module.fc.Linear.parameters_grad.12345678901234567890", "Module.fc.Linear.parameters_grad.1a",
+    "Module.fc.Linear.parameters_grad_x", "Tensor.parameters_grad.0.forward", "parameters_grad",
+    "Module.fc.parameters_grad.Linear.parameters_grad.0", ".parameters_grad.0",
+])
+def test_parameters_grad_names(tmp_path, name):
+    """A parameters_grad record's kind is told in C for the names name_parts splits in line (no node_kind call):
+    the same records as the reference for those and for every other spelling."""
+    data = {"Functional.probe.0.forward": {}, "Functional.probe.0.backward": {"grad_input": [LEAF]},
+            name: {"weight": LEAF, "bias": [LEAF]}}
+    _same(_dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1)))

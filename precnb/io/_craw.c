@@ -1127,6 +1127,35 @@ ends(const char *s, Py_ssize_t n, const char *suf)
     return (size_t)n >= m && memcmp(s + n - m, suf, m) == 0;
 }
 
+/* whether precnb.io.msprobe.nodes.name_parts splits the (ASCII, printable) name s[0:n] in line as a param_grad node:
+ * Module|Cell.{path}.{Class}.parameters_grad[.{call}]. 0 says nothing (the caller asks node_kind) */
+static int
+param_grad_name(const char *s, Py_ssize_t n)
+{
+    Py_ssize_t dot = n - 1;
+    while (dot >= 0 && s[dot] != '.')
+        dot--;
+    if (dot < 0)
+        return 0;
+    Py_ssize_t head = dot, ln = n - dot - 1;  /* head: s[0:head]; last: s[dot+1:n] */
+    if (!(ln == 15 && memcmp(s + dot + 1, "parameters_grad", 15) == 0)) {
+        if (ln < 1 || ln >= 19)
+            return 0;
+        for (Py_ssize_t i = dot + 1; i < n; i++)
+            if (s[i] < '0' || s[i] > '9')
+                return 0;
+        if (head < 16 || memcmp(s + head - 16, ".parameters_grad", 16) != 0)
+            return 0;
+        head -= 16;
+    }
+    Py_ssize_t pre = 0;  /* head.partition("."): pre s[0:pre], body after the dot, not empty */
+    while (pre < head && s[pre] != '.')
+        pre++;
+    if (pre >= head - 1)
+        return 0;
+    return (pre == 6 && memcmp(s, "Module", 6) == 0) || (pre == 4 && memcmp(s, "Cell", 4) == 0);
+}
+
 /* a parameters_grad record at c->i ('{'): {param: [leaf]} or {param: leaf} (or null) */
 static int
 param_grad(cur *c, out_t *o, Py_ssize_t base)
@@ -1278,8 +1307,14 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         goto done;
     }
     if (has(nm, nn, "parameters_grad")) {  /* Walk.node's test: the text, then node_kind */
-        PyObject *kind = PyObject_CallOneArg(g_node_kind, node);
-        r = kind == NULL ? -1 : PyObject_RichCompareBool(kind, s_param_grad_kind, Py_EQ);
+        PyObject *kind = NULL;
+        if (PyUnicode_IS_ASCII(node) && PyUnicode_GET_LENGTH(node) == nn &&
+            memcmp(PyUnicode_DATA(node), nm, (size_t)nn) == 0 && param_grad_name(nm, nn))  /* in line, no call */
+            r = 1;
+        else {
+            kind = PyObject_CallOneArg(g_node_kind, node);
+            r = kind == NULL ? -1 : PyObject_RichCompareBool(kind, s_param_grad_kind, Py_EQ);
+        }
         Py_XDECREF(kind);
         if (r != 0) {
             r = r < 0 ? ERR : param_grad(c, o, nn);
