@@ -243,10 +243,75 @@ buf_add(buf *b, const void *x, Py_ssize_t n)
     return 0;
 }
 
+/* a text column of few distinct texts (roles, shapes, dtypes): the distinct str objects of one call in a list, in
+ * order of first use, and an int32 code per leaf (its index there). The objects come from this module's caches, so
+ * they are told apart by address: a slot (object, index, call) is valid while the list still holds the object at
+ * that index (a record rolled back truncates the list: its slots go stale, never wrong). */
+#define CODE_SLOTS 8192
+typedef struct {
+    PyObject *obj;
+    Py_ssize_t idx;
+    unsigned call;
+} code_slot;
+
+typedef struct {
+    PyObject *list;
+    buf codes;
+    code_slot *slots;
+} codes_t;
+
+static code_slot g_code_slots[3][CODE_SLOTS];
+static unsigned g_call;  /* read_records calls: a slot of an earlier call is empty */
+
+static int
+code_of(codes_t *t, PyObject *obj)
+{
+    Py_ssize_t size = PyList_GET_SIZE(t->list);
+    int32_t k = -1;
+    if (size < CODE_SLOTS / 2) {
+        size_t h = (size_t)(((uintptr_t)obj >> 4) * 0x9E3779B97F4A7C15ULL) & (CODE_SLOTS - 1);
+        code_slot *free_slot = NULL;
+        for (int probe = 0; probe < CODE_SLOTS; probe++) {
+            code_slot *e = &t->slots[(h + (size_t)probe) & (CODE_SLOTS - 1)];
+            int empty = e->call != g_call;
+            int valid = !empty && e->idx < size && PyList_GET_ITEM(t->list, e->idx) == e->obj;
+            if (valid && e->obj == obj) {
+                k = (int32_t)e->idx;
+                break;
+            }
+            if (!valid && free_slot == NULL)
+                free_slot = e;
+            if (empty)
+                break;
+        }
+        if (k < 0) {
+            if (PyList_Append(t->list, obj) < 0)
+                return -1;
+            k = (int32_t)size;
+            if (free_slot != NULL) {
+                free_slot->obj = obj;
+                free_slot->idx = size;
+                free_slot->call = g_call;
+            }
+        }
+    } else {  /* (thousands of distinct texts in one batch) */
+        for (Py_ssize_t i = 0; i < size && k < 0; i++)
+            if (PyList_GET_ITEM(t->list, i) == obj)
+                k = (int32_t)i;
+        if (k < 0) {
+            if (PyList_Append(t->list, obj) < 0)
+                return -1;
+            k = (int32_t)size;
+        }
+    }
+    return buf_add(&t->codes, &k, sizeof k);
+}
+
 /* what one call reads: the leaves' columns (C buffers) and the Python lists it appends to */
 typedef struct {
     buf stat[4], null, numel, label_hash, name_hash, label;  /* label: the text being built */
-    PyObject *labels, *roles, *shapes, *dtypes, *leaf_type;
+    codes_t role, shape, dtype;  /* their lists: the roles, shapes, dtypes arguments */
+    PyObject *labels, *leaf_type;
     Py_ssize_t n;  /* leaves read */
     /* the current record's input_args: which of its first 64 elements were read as tensor leaves (bit k), and
      * where each of those ends (build_args steps over them) */
@@ -905,8 +970,8 @@ emit(out_t *o, leaf_t *lf, PyObject *type_obj, PyObject *role)
     PyObject *dt_owned, *dt = cached_str(lf->dtype_s, lf->dtype_n, &tensor, &dt_owned);
     PyObject *label = dt ? ascii_str(o->label.p, o->label.n) : NULL;
     Py_hash_t h = label ? PyObject_Hash(label) : -1;
-    int fail = label == NULL || h == -1 || PyList_Append(o->shapes, text) < 0 || PyList_Append(o->dtypes, dt) < 0
-               || PyList_Append(o->labels, label) < 0 || PyList_Append(o->roles, role) < 0;
+    int fail = label == NULL || h == -1 || code_of(&o->shape, text) < 0 || code_of(&o->dtype, dt) < 0
+               || PyList_Append(o->labels, label) < 0 || code_of(&o->role, role) < 0;
     Py_XDECREF(label);
     Py_XDECREF(dt_owned);
     if (owned)
@@ -1508,8 +1573,11 @@ bytes_of(buf *b)
 
 /* read_records(raw, pos, names, parents, labels, roles, shapes, dtypes, nodes, node_parents, counts, todo,
  *              need_backward, need_forward[, sigs])
- * -> (pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back)
- * back: None at the end of raw, else (start, end) of the member handed back (pos is end) */
+ * -> (pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back, role_codes, shape_codes,
+ *     dtype_codes)
+ * back: None at the end of raw, else (start, end) of the member handed back (pos is end). roles, shapes, dtypes
+ * (empty lists) receive the distinct str objects of the leaves read, in order of first use, and *_codes (int32
+ * per leaf) index them: no Python object per leaf for those three columns. */
 static PyObject *
 read_records(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -1520,8 +1588,8 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     memset(&o, 0, sizeof o);
     x.sigs = 0;
     if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp|p", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
-                          &x.parents, &PyList_Type, &o.labels, &PyList_Type, &o.roles, &PyList_Type, &o.shapes,
-                          &PyList_Type, &o.dtypes, &PyList_Type, &x.nodes, &PyList_Type, &x.node_parents,
+                          &x.parents, &PyList_Type, &o.labels, &PyList_Type, &o.role.list, &PyList_Type,
+                          &o.shape.list, &PyList_Type, &o.dtype.list, &PyList_Type, &x.nodes, &PyList_Type, &x.node_parents,
                           &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward, &x.sigs))
         return NULL;
     PyObject *result = NULL, *back = NULL;
@@ -1529,6 +1597,10 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "_craw.configure() was not called");
         goto out;
     }
+    g_call++;  /* the code slots of earlier calls are empty now */
+    o.role.slots = g_code_slots[0];
+    o.shape.slots = g_code_slots[1];
+    o.dtype.slots = g_code_slots[2];
     o.leaf_type = Py_NewRef(Py_None);
     cur c = {raw.buf, raw.len, pos};
     Py_ssize_t records = 0;
@@ -1547,8 +1619,8 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     }
     while (c.i < c.n) {
         Py_ssize_t start = c.i;
-        Py_ssize_t n_labels = PyList_GET_SIZE(o.labels), n_roles = PyList_GET_SIZE(o.roles),
-                   n_shapes = PyList_GET_SIZE(o.shapes), n_dtypes = PyList_GET_SIZE(o.dtypes), n_nodes = PyList_GET_SIZE(x.nodes),
+        Py_ssize_t n_labels = PyList_GET_SIZE(o.labels), n_roles = PyList_GET_SIZE(o.role.list),
+                   n_shapes = PyList_GET_SIZE(o.shape.list), n_dtypes = PyList_GET_SIZE(o.dtype.list), n_nodes = PyList_GET_SIZE(x.nodes),
                    n_parents = PyList_GET_SIZE(x.node_parents), n_counts = PyList_GET_SIZE(x.counts),
                    n_todo = PyList_GET_SIZE(x.todo), n0 = o.n, nh = o.name_hash.n;
         const char *nm;
@@ -1569,8 +1641,8 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
             if (r == 1)
                 break;
             /* added nothing: take back what this record appended */
-            if (take_back(o.labels, n_labels) < 0 || take_back(o.roles, n_roles) < 0 ||
-                take_back(o.shapes, n_shapes) < 0 || take_back(o.dtypes, n_dtypes) < 0 ||
+            if (take_back(o.labels, n_labels) < 0 || take_back(o.role.list, n_roles) < 0 ||
+                take_back(o.shape.list, n_shapes) < 0 || take_back(o.dtype.list, n_dtypes) < 0 ||
                 take_back(x.nodes, n_nodes) < 0 || take_back(x.node_parents, n_parents) < 0 ||
                 take_back(x.counts, n_counts) < 0 || take_back(x.todo, n_todo) < 0)
                 goto out;
@@ -1578,6 +1650,7 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
                 o.stat[k].n = n0 * (Py_ssize_t)sizeof(double);
             o.null.n = n0;
             o.numel.n = o.label_hash.n = n0 * 8;
+            o.role.codes.n = o.shape.codes.n = o.dtype.codes.n = n0 * 4;
             o.n = n0;
             o.name_hash.n = nh;
             if (r != RETRY)
@@ -1628,8 +1701,9 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     for (int k = 0; k < 4; k++)
         if (buf_add(&table, o.stat[k].p ? o.stat[k].p : "", o.stat[k].n) < 0)
             goto out_table;
-    result = Py_BuildValue("nnNNNNNOO", c.i, records, bytes_of(&table), bytes_of(&o.null), bytes_of(&o.numel),
-                           bytes_of(&o.label_hash), bytes_of(&o.name_hash), o.leaf_type, back ? back : Py_None);
+    result = Py_BuildValue("nnNNNNNOONNN", c.i, records, bytes_of(&table), bytes_of(&o.null), bytes_of(&o.numel),
+                           bytes_of(&o.label_hash), bytes_of(&o.name_hash), o.leaf_type, back ? back : Py_None,
+                           bytes_of(&o.role.codes), bytes_of(&o.shape.codes), bytes_of(&o.dtype.codes));
 out_table:
     PyMem_Free(table.p);
 out:
@@ -1639,6 +1713,9 @@ out:
     PyMem_Free(o.numel.p);
     PyMem_Free(o.label_hash.p);
     PyMem_Free(o.name_hash.p);
+    PyMem_Free(o.role.codes.p);
+    PyMem_Free(o.shape.codes.p);
+    PyMem_Free(o.dtype.codes.p);
     PyMem_Free(o.label.p);
     Py_XDECREF(o.leaf_type);
     Py_XDECREF(back);

@@ -161,9 +161,9 @@ class _File:
                 raise _json.NotBatchableError from None
             self.n_nodes += got[1]
             name_hashes.append(np.frombuffer(got[6], np.int64))
-            if shapes:
+            if shapes:  # (the distinct texts of the leaves read: none when no leaf was)
                 cols.add_raw(got, shapes, dtypes)
-                self.roles.extend(roles)
+                self.roles.extend_coded(got[9], roles)
                 self.hashes.append(np.frombuffer(got[5], np.int64))
             back = got[8]
             if back is None:
