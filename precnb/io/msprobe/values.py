@@ -190,8 +190,10 @@ class Columns:
         self.n += n
 
     def add_raw(self, got: tuple[Any, ...], shapes: list[str], dtypes: list[str]) -> None:
-        """The columns of leaves :mod:`precnb.io._craw` read (*got*: its result; *shapes*, *dtypes*: the distinct
-        texts its codes ``got[10]``, ``got[11]`` index)."""
+        """The columns of leaves :mod:`precnb.io._craw` read (*got*: its result).
+
+        *shapes*, *dtypes*: the distinct texts its codes ``got[10]``, ``got[11]`` index.
+        """
         n = len(got[4]) // 8  # (numel: an int64 per leaf)
         if not n:
             return
