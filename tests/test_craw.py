@@ -296,3 +296,28 @@ def test_parameters_grad_names(tmp_path, name):
     data = {"Functional.probe.0.forward": {}, "Functional.probe.0.backward": {"grad_input": [LEAF]},
             name: {"weight": LEAF, "bias": [LEAF]}}
     _same(_dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1)))
+
+
+@pytest.mark.parametrize("block", [64, 1 << 20])
+def test_records_found_in_construct_order(tmp_path, monkeypatch, block):
+    """The C reader looks for each record's name just after the last one found in construct.json's order: records in
+    that order, out of it, far ahead of it, absent from it, and batches cut anywhere give the reference's records
+    (node, parent and module columns included)."""
+    from precnb.io.msprobe import _json
+
+    monkeypatch.setattr(_json, "RAW_BLOCK", block)
+    names = [f"Tensor.add.{i}.forward" for i in range(200)]
+    parents = {n: ("optimizer" if i % 7 == 0 else f"Module.m{i % 5}.Linear.forward.0") for i, n in enumerate(names)}
+    order = names[:50] + names[60:50:-1] + names[150:] + names[100:150:3] + [f"Tensor.extra.{i}.forward"
+                                                                              for i in range(5)] + names[50:51]
+    data = {n: {"input_args": [LEAF, {"type": "float", "value": 0.5}], "output": [LEAF]} for n in order}
+    root = _dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1))
+    (root / "step0" / "rank0" / "construct.json").write_text(json.dumps(parents))
+    _same(root)
+    fast, _ = _both(root)
+    assert len(fast[0].labels) == 2 * len(order)
+
+
+def test_order_arguments_are_checked():
+    with pytest.raises(ValueError, match="one parent per node"):
+        _cext.CRAW.read_records(b"", 0, {}, {}, [], [], [], [], [], [], [], [], False, False, False, ["a"], [], -1)

@@ -1299,7 +1299,49 @@ typedef struct {
     PyObject *names, *parents, *nodes, *node_parents, *counts, *todo;
     int need_backward, need_forward, sigs;  /* sigs: FileFacts.api's records (scalar signatures) as objects */
     int one_pass;  /* read each section where it stands (RETRY when the sections are not in reading order) */
+    /* construct.json's nodes in its order (parents' keys, also names' values) and their parents: a dump's records
+     * mostly come in that order, so the next record's name is looked for just after the last one found (no str
+     * made, no hash, no lookup in the two large tables) before the tables are asked. NULL: not given */
+    PyObject *order, *order_parents;
+    Py_ssize_t cursor;  /* the index in order of the last record found there (-1: none yet) */
 } ctx_t;
+
+#define LOOK_AHEAD 4  /* entries of order tried after the cursor */
+#define RESYNC 64  /* entries of order searched (by identity) for a name the tables found */
+
+/* node and parent (borrowed) of the record name nm from order at the cursor: 1 found, 0 not */
+static int
+in_order(ctx_t *x, const char *nm, Py_ssize_t nn, PyObject **node, PyObject **parent)
+{
+    if (x->order == NULL)
+        return 0;
+    Py_ssize_t n = PyList_GET_SIZE(x->order);
+    for (Py_ssize_t j = x->cursor + 1; j < n && j <= x->cursor + LOOK_AHEAD; j++) {
+        PyObject *k = PyList_GET_ITEM(x->order, j);
+        if (PyUnicode_CheckExact(k) && PyUnicode_IS_COMPACT_ASCII(k) && PyUnicode_GET_LENGTH(k) == nn &&
+            memcmp(PyUnicode_DATA(k), nm, (size_t)nn) == 0) {
+            *node = k;
+            *parent = PyList_GET_ITEM(x->order_parents, j);
+            x->cursor = j;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* the cursor moved to *node* (found in the tables) when it is among the next RESYNC entries of order */
+static void
+resync(ctx_t *x, PyObject *node)
+{
+    if (x->order == NULL)
+        return;
+    Py_ssize_t n = PyList_GET_SIZE(x->order);
+    for (Py_ssize_t j = x->cursor + 1; j < n && j <= x->cursor + RESYNC; j++)
+        if (PyList_GET_ITEM(x->order, j) == node) {
+            x->cursor = j;
+            return;
+        }
+}
 
 /* what a record's name and parent say: 1 it goes to the Python walk, 2 its arguments go to the run facts (an
  * optimizer op's), 0 nothing, -1 error */
@@ -1326,16 +1368,24 @@ by_name(ctx_t *x, const char *nm, Py_ssize_t nn, PyObject *parent)
 static int
 read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
 {
-    PyObject *key = ascii_str(nm, nn);
-    if (key == NULL)
-        return ERR;
-    Py_hash_t h = PyObject_Hash(key);
-    PyObject *node = h == -1 ? NULL : PyDict_GetItemWithError(x->names, key);
-    /* names[k] is parents' own key object k (construct_table, _File): found by identity, no second compare */
-    PyObject *parent = node == NULL && PyErr_Occurred() ? NULL
-                       : PyDict_GetItemWithError(x->parents, node != NULL && PyUnicode_CheckExact(node) ? node : key);
-    if (PyErr_Occurred()) {
-        Py_DECREF(key);
+    PyObject *key = NULL, *node = NULL, *parent = NULL;
+    Py_hash_t h;
+    if (in_order(x, nm, nn, &node, &parent))
+        h = PyObject_Hash(node);  /* (the tables' key: its hash is cached) */
+    else {
+        key = ascii_str(nm, nn);
+        if (key == NULL)
+            return ERR;
+        h = PyObject_Hash(key);
+        node = h == -1 ? NULL : PyDict_GetItemWithError(x->names, key);
+        /* names[k] is parents' own key object k (construct_table, _File): found by identity, no second compare */
+        parent = node == NULL && PyErr_Occurred() ? NULL
+                 : PyDict_GetItemWithError(x->parents, node != NULL && PyUnicode_CheckExact(node) ? node : key);
+        if (node != NULL)
+            resync(x, node);
+    }
+    if (h == -1 || PyErr_Occurred()) {
+        Py_XDECREF(key);
         return ERR;
     }
     if (node == NULL)
@@ -1343,12 +1393,12 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
     if (parent == NULL)
         parent = s_empty;
     if (!PyUnicode_CheckExact(parent) || !PyUnicode_CheckExact(node)) {
-        Py_DECREF(key);
+        Py_XDECREF(key);
         return NOT_PLAIN;
     }
     Py_INCREF(node);
     Py_INCREF(parent);
-    Py_DECREF(key);
+    Py_XDECREF(key);
     int r, opt = 0, sig = 0;
     Py_ssize_t n0 = o->n, rec_start = c->i;
     PyObject *grads = NULL, *facts = NULL;
@@ -1572,9 +1622,11 @@ bytes_of(buf *b)
 }
 
 /* read_records(raw, pos, names, parents, labels, roles, shapes, dtypes, nodes, node_parents, counts, todo,
- *              need_backward, need_forward[, sigs])
+ *              need_backward, need_forward[, sigs, order, order_parents, cursor])
  * -> (pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back, role_codes, shape_codes,
- *     dtype_codes)
+ *     dtype_codes, cursor)
+ * order, order_parents: construct.json's nodes in its order (parents' own key objects, which names maps to
+ * themselves) and their parents, cursor: where the last call left off in order (see ctx_t).
  * back: None at the end of raw, else (start, end) of the member handed back (pos is end). roles, shapes, dtypes
  * (empty lists) receive the distinct str objects of the leaves read, in order of first use, and *_codes (int32
  * per leaf) index them: no Python object per leaf for those three columns. */
@@ -1587,11 +1639,19 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     out_t o;
     memset(&o, 0, sizeof o);
     x.sigs = 0;
-    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp|p", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
+    x.order = x.order_parents = NULL;
+    x.cursor = -1;
+    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp|pO!O!n", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
                           &x.parents, &PyList_Type, &o.labels, &PyList_Type, &o.role.list, &PyList_Type,
                           &o.shape.list, &PyList_Type, &o.dtype.list, &PyList_Type, &x.nodes, &PyList_Type, &x.node_parents,
-                          &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward, &x.sigs))
+                          &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward, &x.sigs,
+                          &PyList_Type, &x.order, &PyList_Type, &x.order_parents, &x.cursor))
         return NULL;
+    if (x.order != NULL && (PyList_GET_SIZE(x.order) != PyList_GET_SIZE(x.order_parents) || x.cursor < -1)) {
+        PyErr_SetString(PyExc_ValueError, "order and order_parents: one parent per node; cursor >= -1");
+        PyBuffer_Release(&raw);
+        return NULL;
+    }
     PyObject *result = NULL, *back = NULL;
     if (g_non_tensor == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_craw.configure() was not called");
@@ -1701,9 +1761,10 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     for (int k = 0; k < 4; k++)
         if (buf_add(&table, o.stat[k].p ? o.stat[k].p : "", o.stat[k].n) < 0)
             goto out_table;
-    result = Py_BuildValue("nnNNNNNOONNN", c.i, records, bytes_of(&table), bytes_of(&o.null), bytes_of(&o.numel),
+    result = Py_BuildValue("nnNNNNNOONNNn", c.i, records, bytes_of(&table), bytes_of(&o.null), bytes_of(&o.numel),
                            bytes_of(&o.label_hash), bytes_of(&o.name_hash), o.leaf_type, back ? back : Py_None,
-                           bytes_of(&o.role.codes), bytes_of(&o.shape.codes), bytes_of(&o.dtype.codes));
+                           bytes_of(&o.role.codes), bytes_of(&o.shape.codes), bytes_of(&o.dtype.codes),
+                           x.cursor);
 out_table:
     PyMem_Free(table.p);
 out:
