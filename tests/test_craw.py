@@ -321,3 +321,35 @@ def test_records_found_in_construct_order(tmp_path, monkeypatch, block):
 def test_order_arguments_are_checked():
     with pytest.raises(ValueError, match="one parent per node"):
         _cext.CRAW.read_records(b"", 0, {}, {}, [], [], [], [], [], [], [], [], False, False, False, ["a"], [], -1)
+
+
+def test_repeated_optimizer_arguments(tmp_path):
+    """An optimizer op whose API, parent and arguments (but its tensors) were read before adds nothing to the run
+    facts and is not handed to them again: the same facts as the reference, in the same order, with arguments that
+    repeat, change, come back, exceed the 64 values kept, differ only in a tensor or only in the parent."""
+    data: dict[str, Any] = {}
+    parents: dict[str, str] = {}
+    for i in range(300):
+        lr = [0.5, 0.25, 0.5, 0.125][i % 4] if i < 150 else i / 1000  # repeats, then more than 64 distinct values
+        data[f"Tensor.mul_.{i}.forward"] = {"input_args": [dict(LEAF, Max=float(i)), {"type": "float", "value": lr}],
+                                            "input_kwargs": {}, "output": [LEAF]}
+        parents[f"Tensor.mul_.{i}.forward"] = "optimizer"
+        data[f"Tensor.addcdiv_.{i}.forward"] = {"input_args": [LEAF, LEAF, LEAF],
+                                                "input_kwargs": {"value": {"type": "float", "value": -(i % 3)}}}
+        parents[f"Tensor.addcdiv_.{i}.forward"] = "optimizer" if i % 2 else f"Module.m{i % 3}.Adam.forward.0"
+        data[f"Tensor.sqrt.{i}.forward"] = {"input_args": [LEAF], "output": [LEAF]}
+        parents[f"Tensor.sqrt.{i}.forward"] = "optimizer.step"
+    root = _dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1))
+    (root / "step0" / "rank0" / "construct.json").write_text(json.dumps(parents))
+    entries: list[int] = []
+    real = _cext.CRAW.facts_batch
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_cext, "CRAW", _Spy(_cext.CRAW))
+        mp.setattr(_cext.CRAW, "facts_batch", lambda todo, *a: (entries.append(len(todo)), real(todo, *a))[1],
+                   raising=False)
+        fast, pure = _both(root)
+    assert 150 < sum(entries) < 600  # the repeats were not handed over (900 records, 450 with scalar arguments)
+    records_differences(fast[0], pure[0])
+    got = fast[0].meta["facts"]["scalar_args"]
+    assert got["Tensor.mul_"]["1"][:4] == [0.5, 0.25, 0.125, 0.15] and len(got["Tensor.mul_"]["1"]) == 64
+    assert got["Tensor.addcdiv_"]["value"] == [0, -1, -2]

@@ -316,7 +316,7 @@ typedef struct {
     /* the current record's input_args: which of its first 64 elements were read as tensor leaves (bit k), and
      * where each of those ends (build_args steps over them) */
     uint64_t arg_tensor;
-    Py_ssize_t arg_end[64];
+    Py_ssize_t arg_start[64], arg_end[64];
 } out_t;
 
 /* a leaf's fields as read */
@@ -1091,13 +1091,14 @@ read_section(cur *c, out_t *o, Py_ssize_t base, PyObject *role, PyObject *grads,
         for (Py_ssize_t k = 0;; k++) {
             if (c->i >= c->n)
                 return NOT_PLAIN;
-            Py_ssize_t n0 = o->n;
+            Py_ssize_t n0 = o->n, at = c->i;
             int leaf = c->s[c->i] == '{';
             int r = read_item(c, o, base, tmp, index_text(tmp, k), role, grads, 0, 0);
             if (r != 1)
                 return r;
             if (args && leaf && k < 64 && o->n == n0 + 1) {  /* emitted: a string type and a shape (classify) */
                 o->arg_tensor |= (uint64_t)1 << k;
+                o->arg_start[k] = at;
                 o->arg_end[k] = c->i;
             }
             int me = member_end(c, ']');
@@ -1299,6 +1300,7 @@ typedef struct {
      * made, no hash, no lookup in the two large tables) before the tables are asked. NULL: not given */
     PyObject *order, *order_parents;
     Py_ssize_t cursor;  /* the index in order of the last record found there (-1: none yet) */
+    PyObject *seen;  /* facts_key of the optimizer records whose arguments went to the run facts (NULL: not given) */
 } ctx_t;
 
 #define LOOK_AHEAD 4  /* entries of order tried after the cursor */
@@ -1357,6 +1359,56 @@ by_name(ctx_t *x, const char *nm, Py_ssize_t nn, PyObject *parent)
         return 2;  /* maybe an optimizer op: its arguments go to the run facts as objects */
     r = (int)PyUnicode_Tailmatch(parent, s_optimizer, 0, PY_SSIZE_T_MAX, -1);
     return r > 0 ? 2 : r;
+}
+
+/* what FileFacts' optimizer scan (facts_batch) makes of a record whose only facts are its arguments depends on
+ * nothing else than its API name, its parent and the text of its input_args (but the tensors, which give it
+ * nothing) and input_kwargs: a record with the same key as one whose facts were read adds nothing (each value is
+ * known already, or the argument holds its most values), so it goes to no list. The key as bytes (new reference),
+ * Py_None when the name is not {api}.{call}.forward, NULL on error. */
+static PyObject *
+facts_key(cur *c, const out_t *o, const char *nm, Py_ssize_t nn, PyObject *parent, const Py_ssize_t *at)
+{
+    if (nn < 8 || memcmp(nm + nn - 8, ".forward", 8) != 0)
+        return Py_NewRef(Py_None);
+    Py_ssize_t h = nn - 8, e = h - 1;  /* api_of's in-line case: s[:e] when s[e+1:h] is all digits, e > 0 */
+    while (e >= 0 && nm[e] != '.')
+        e--;
+    if (e <= 0 || e + 1 >= h)
+        return Py_NewRef(Py_None);
+    for (Py_ssize_t i = e + 1; i < h; i++)
+        if (nm[i] < '0' || nm[i] > '9')
+            return Py_NewRef(Py_None);
+    Py_ssize_t pn;
+    const char *pt = PyUnicode_AsUTF8AndSize(parent, &pn);
+    if (pt == NULL)
+        return NULL;
+    buf k = {0};
+    int fail = buf_add(&k, nm, e) < 0 || buf_add(&k, "\0", 1) < 0 || buf_add(&k, pt, pn) < 0;
+    int want[2] = {g_args_section, g_kwargs_section};
+    for (int w = 0; w < 2 && !fail; w++) {
+        Py_ssize_t a = want[w] < 0 ? -1 : at[want[w]];
+        if (a < 0) {
+            fail = buf_add(&k, "\1", 1) < 0;  /* absent */
+            continue;
+        }
+        Py_ssize_t b = value_end(c->s, c->n, a);
+        if (b < 0) {
+            PyMem_Free(k.p);
+            return Py_NewRef(Py_None);
+        }
+        fail = buf_add(&k, "\0", 1) < 0;
+        for (int t = 0; t < 64 && w == 0 && !fail; t++)
+            if ((o->arg_tensor >> t) & 1) {  /* the text up to the tensor, then a mark for it */
+                fail = buf_add(&k, c->s + a, o->arg_start[t] - a) < 0 || buf_add(&k, "\2", 1) < 0;
+                a = o->arg_end[t];
+            }
+        if (!fail)
+            fail = buf_add(&k, c->s + a, b - a) < 0;
+    }
+    PyObject *out = fail ? NULL : PyBytes_FromStringAndSize(k.p, k.n);
+    PyMem_Free(k.p);
+    return out;
 }
 
 /* one record ("name": value) whose name is nm; c->i at the value. 1 read, NOT_PLAIN, ERR */
@@ -1550,6 +1602,17 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
     if (r == 1 && x->sigs && ends(nm, nn, ".forward") && !(nn >= 7 && memcmp(nm, "Module.", 7) == 0) &&
         !(nn >= 5 && memcmp(nm, "Cell.", 5) == 0))
         sig = has(c->s + rec_start, end - rec_start, "\"value\"");
+    PyObject *fkey = NULL;  /* the facts_key to note once this record's facts are built */
+    if (r == 1 && opt == 2 && !sig && x->seen != NULL && !(grads != NULL && PyDict_GET_SIZE(grads))) {
+        fkey = facts_key(c, o, nm, nn, parent, at);
+        int known = fkey == NULL ? -1 : fkey == Py_None ? 0 : PySet_Contains(x->seen, fkey);
+        if (known < 0)
+            r = ERR;
+        else if (known)
+            opt = 0;  /* an optimizer op whose arguments were read already: nothing new */
+        if (known || fkey == Py_None)
+            Py_CLEAR(fkey);
+    }
     if (r == 1 && (opt == 2 || sig)) {  /* FileFacts.optimizer / .api read input_args and input_kwargs: those, as objects */
         facts = PyDict_New();
         int want[2] = {g_args_section, g_kwargs_section};
@@ -1567,7 +1630,10 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         }
         if (facts == NULL)
             r = ERR;
+        if (r == 1 && fkey != NULL && PySet_Add(x->seen, fkey) < 0)
+            r = ERR;
     }
+    Py_XDECREF(fkey);
 done:
     if (r == 1) {
         Py_ssize_t n = o->n - n0;
@@ -1617,11 +1683,12 @@ bytes_of(buf *b)
 }
 
 /* read_records(raw, pos, names, parents, labels, roles, shapes, dtypes, nodes, node_parents, counts, todo,
- *              need_backward, need_forward[, sigs, order, order_parents, cursor])
+ *              need_backward, need_forward[, sigs, order, order_parents, cursor, seen])
  * -> (pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back, role_codes, shape_codes,
  *     dtype_codes, cursor)
  * order, order_parents: construct.json's nodes in its order (parents' own key objects, which names maps to
- * themselves) and their parents, cursor: where the last call left off in order (see ctx_t).
+ * themselves) and their parents, cursor: where the last call left off in order (see ctx_t); seen: a set the file's
+ * calls share (facts_key).
  * back: None at the end of raw, else (start, end) of the member handed back (pos is end). roles, shapes, dtypes
  * (empty lists) receive the distinct str objects of the leaves read, in order of first use, and *_codes (int32
  * per leaf) index them: no Python object per leaf for those three columns. */
@@ -1634,13 +1701,13 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     out_t o;
     memset(&o, 0, sizeof o);
     x.sigs = 0;
-    x.order = x.order_parents = NULL;
+    x.order = x.order_parents = x.seen = NULL;
     x.cursor = -1;
-    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp|pO!O!n", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
+    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp|pO!O!nO!", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
                           &x.parents, &PyList_Type, &o.labels, &PyList_Type, &o.role.list, &PyList_Type,
                           &o.shape.list, &PyList_Type, &o.dtype.list, &PyList_Type, &x.nodes, &PyList_Type, &x.node_parents,
                           &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward, &x.sigs,
-                          &PyList_Type, &x.order, &PyList_Type, &x.order_parents, &x.cursor))
+                          &PyList_Type, &x.order, &PyList_Type, &x.order_parents, &x.cursor, &PySet_Type, &x.seen))
         return NULL;
     if (x.order != NULL && (PyList_GET_SIZE(x.order) != PyList_GET_SIZE(x.order_parents) || x.cursor < -1)) {
         PyErr_SetString(PyExc_ValueError, "order and order_parents: one parent per node; cursor >= -1");

@@ -370,7 +370,8 @@ def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
     try:
         if reader is not None:
             name_hashes: list[np.ndarray] = []
-            f.order = [list(parents), list(parents.values()), -1]  # (names maps each of parents' keys to itself)
+            # (names maps each of parents' keys to itself; the set: the C reader's optimizer records read, see _craw)
+            f.order = [list(parents), list(parents.values()), -1, set()]
             for is_top, raw in _json.raw_parts(rd.dump_file, name_hashes):
                 if is_top:
                     top = raw
