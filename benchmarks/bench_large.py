@@ -16,9 +16,6 @@ a fresh interpreter, alternating, and reports its time, CPU seconds and peak RSS
   batch by batch gets);
 - ``rapidjson_gc_off``: python-rapidjson (a maintained parser that reads NaN/Infinity itself), whole file,
   collector paused, when installed;
-- ``<mode>_cold``: ``<mode>`` with the modules ``open_run`` imports on first use (xarray, pandas, the msprobe
-  loader: about half a second on a loaded machine) imported inside the timed region; without the suffix they are
-  imported before the clock, as ``import precnb`` did before it became lazy;
 - ``base_<mode>``: ``<mode>`` run on another checkout (``--baseline DIR``, e.g. a worktree of the commit before a
   change), in the same alternation: before/after ratios under the same load;
 - a load that cannot fit: ``open_run`` with a cgroup-like memory limit below the estimate must
@@ -53,9 +50,6 @@ _CHILD = r"""
 import json, os, resource, sys, time
 mode, folder, dump = sys.argv[1], sys.argv[2], sys.argv[3]
 os.environ["PRECNB_NO_DASK_CLIENT"] = "1"
-cold = mode.endswith("_cold")  # the imports open_run does on first use (xarray, pandas) inside the timed region
-if cold:
-    mode = mode[:-5]
 if mode.endswith("_whole"):  # the whole-file parse (what a file that cannot be read batch by batch gets)
     os.environ["PRECNB_JSON_WHOLE"] = "1"
     mode = mode[:-6]
@@ -66,8 +60,6 @@ if mode.startswith("precnb"):
     import precnb  # imported before the clock starts on both sides: the floor imports json only
     from precnb.io.msprobe.discover import discover
     from precnb.io.msprobe.parse import read_rank_dir
-    if not cold:  # `import precnb` is lazy (issue #50 item 6): what open_run imports, imported here too
-        import precnb.io.api, precnb.io.msprobe.load  # noqa: E401
 def _cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -167,8 +159,7 @@ _NAMES = {"floor": "json.loads, gc on (floor 1)", "floor_gc_off": "json.loads, g
           "precnb_sigs": "parse with signatures, fast path (`_craw`)",
           "precnb_sigs_pure": "parse with signatures, pure Python parser",
           "precnb_whole": "precnb.open_run, whole-file parse (`PRECNB_JSON_WHOLE=1`)",
-          "rapidjson_gc_off": "python-rapidjson alone (whole file, gc paused)",
-          "precnb_cold": "precnb.open_run, fast path, its first-use imports (xarray, pandas) timed"}
+          "rapidjson_gc_off": "python-rapidjson alone (whole file, gc paused)"}
 
 
 def _name(mode: str) -> str:
