@@ -21,6 +21,12 @@
  *   missing comma, a trailing one, an unterminated value) raises ValueError: the reader then parses the
  *   whole file with the standard library, which words the error.
  *
+ * What a large file's load costs here was profiled (benchmarks/RESULTS_large.md, 2026-12-07 23:00): each section
+ * is read where it stands (one pass over a record; RETRY reads a record whose sections are out of reading order in
+ * two), a record's name is looked for first just after the last one found in construct.json's order (ctx_t), the
+ * roles, shapes and dtypes go back as codes (codes_t), and an optimizer op's arguments are built for the run facts
+ * without its tensors (build_args), and not at all when the same ones were read already (facts_key).
+ *
  * Numbers are read as Python reads them: an integer of up to 18 digits exactly (then converted to double as
  * numpy converts a Python int: rounded to nearest), any other number with PyOS_string_to_double, the function
  * behind float(), on the number's own text (after checking it against the JSON grammar).
