@@ -27,7 +27,7 @@ from precnb.io.msprobe.parse import read_rank_dir
 from tests._records_equal import records_differences
 from tests.conftest import SHARED
 from tests.test_fuzz_readers import fuzz_settings
-from tests.test_parse_paths import LEAF, env
+from tests.test_parse_paths import INF_LEAF, LEAF, env
 
 pytestmark = pytest.mark.skipif(_cext.CRAW is None, reason="precnb.io._craw is not built (no compiler at install)")
 S1 = SHARED / "data_samples" / "msprobe" / "S1_baseline" / "statistics"
@@ -234,3 +234,122 @@ def test_many_small_batches(tmp_path, monkeypatch, block):
     _same(_dump(tmp_path / "b", twice))
     if S1.is_dir():
         _same(S1)
+
+
+def test_sections_read_where_they_stand(tmp_path, monkeypatch):
+    """Each section is read in the one pass over its record; a record whose sections are not in reading order (a
+    module's parameters after its output) is read again in two passes, and one found not plain after a section was
+    read (a key beside the sections that holds something, a section twice) is rolled back and handed back: the same
+    records, labels in the same order, as the reference."""
+    leaf = LEAF_TEXT
+    members = [  # (the release probe's records first: the first forward and backward ones are handed back)
+        ('Functional.probe.0.forward', '{"is_recompute": false}'),
+        ('Functional.probe.0.backward', f'{{"grad_input": [{leaf}]}}'),
+        ('Module.fc.Linear.forward.0', json.dumps({"input_args": [LEAF], "output": [LEAF, LEAF],
+                                                   "parameters": {"weight": dict(LEAF, requires_grad=True)}})),
+        ('Module.fc.Linear.backward.0', json.dumps({"output": [LEAF], "input": [INF_LEAF]})),  # output, then input
+        ('Tensor.add.0.forward', f'{{"input_args": [{leaf}], "output": [{leaf}], "odd": [1]}}'),  # not plain at last
+        ('Tensor.add.1.forward', f'{{"input_args": [{leaf}], "output": [{leaf}], "input_args": [{leaf}]}}'),  # twice
+        ('Tensor.add.2.forward', f'{{"input_args": [{leaf}], "is_recompute": false, "output": [{leaf}]}}'),
+        ('Tensor.add.3.forward', f'{{"output": [{leaf}], "input_args": [{leaf}], "output": [{leaf}]}}'),  # twice
+    ]
+    data = ",\n".join(f'  "{k}": {v}' for k, v in members)
+    text = '{\n "task": "statistics",\n "data": {\n' + data + '\n }\n}'
+    root = _dump(tmp_path, text)
+    spy = _Spy(_cext.CRAW)
+    monkeypatch.setattr(_cext, "CRAW", spy)
+    _same(root)
+    assert spy.back == ["Functional.probe.0.forward", "Functional.probe.0.backward", "Tensor.add.0.forward",
+                        "Tensor.add.1.forward", "Tensor.add.3.forward"]
+
+
+@pytest.mark.parametrize("n_args", [3, 70])
+def test_optimizer_tensor_arguments_are_not_built(tmp_path, n_args):
+    """An optimizer op's positional tensors give its run facts nothing (they are not built for the scan): the
+    scalar arguments among them, before and after the 64th, nested ones and a 0-d tensor keyword, are the
+    reference's."""
+    args: list[Any] = [LEAF if i % 3 else {"type": "float", "value": i / 4} for i in range(n_args)]
+    args += [[LEAF, {"type": "int", "value": 7}], {"inner": {"type": "bool", "value": True}}, INF_LEAF]
+    data = {"Tensor.mul_.0.forward": {"input_args": args, "input_kwargs": {
+                "alpha": {"type": "int", "value": 2}, "lr": dict(INF_LEAF, shape=[]), "t": LEAF}, "output": [LEAF]},
+            "Tensor.mul_.1.forward": {"input_args": [LEAF, {"type": "float", "value": 0.5}], "output": [LEAF]}}
+    root = _dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1))
+    (root / "step0" / "rank0" / "construct.json").write_text(json.dumps(dict.fromkeys(data, "optimizer")))
+    fast, pure = _both(root)
+    records_differences(fast[0], pure[0])
+    got = fast[0].meta["facts"]["scalar_args"]["Tensor.mul_"]
+    assert got["0"] == [0.0] and got["1"] == [0.5] and got[str(n_args)] == [7] and got["alpha"] == [2]
+    if n_args > 64:
+        assert got["66"] == [16.5]
+
+
+@pytest.mark.parametrize("name", [
+    "Module.fc.Linear.parameters_grad", "Module.fc.Linear.parameters_grad.3", "Cell.net.Dense.parameters_grad",
+    "Module.parameters_grad", "Module..parameters_grad", "Modules.fc.Linear.parameters_grad", "Cell.parameters_grad.7",
+    "Module.fc.Linear.parameters_grad.12345678901234567890", "Module.fc.Linear.parameters_grad.1a",
+    "Module.fc.Linear.parameters_grad_x", "Tensor.parameters_grad.0.forward", "parameters_grad",
+    "Module.fc.parameters_grad.Linear.parameters_grad.0", ".parameters_grad.0",
+])
+def test_parameters_grad_names(tmp_path, name):
+    """A parameters_grad record's kind is told in C for the names name_parts splits in line (no node_kind call):
+    the same records as the reference for those and for every other spelling."""
+    data = {"Functional.probe.0.forward": {}, "Functional.probe.0.backward": {"grad_input": [LEAF]},
+            name: {"weight": LEAF, "bias": [LEAF]}}
+    _same(_dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1)))
+
+
+@pytest.mark.parametrize("block", [64, 1 << 20])
+def test_records_found_in_construct_order(tmp_path, monkeypatch, block):
+    """The C reader looks for each record's name just after the last one found in construct.json's order: records in
+    that order, out of it, far ahead of it, absent from it, and batches cut anywhere give the reference's records
+    (node, parent and module columns included)."""
+    from precnb.io.msprobe import _json
+
+    monkeypatch.setattr(_json, "RAW_BLOCK", block)
+    names = [f"Tensor.add.{i}.forward" for i in range(200)]
+    parents = {n: ("optimizer" if i % 7 == 0 else f"Module.m{i % 5}.Linear.forward.0") for i, n in enumerate(names)}
+    order = names[:50] + names[60:50:-1] + names[150:] + names[100:150:3] + [f"Tensor.extra.{i}.forward"
+                                                                              for i in range(5)] + names[50:51]
+    data = {n: {"input_args": [LEAF, {"type": "float", "value": 0.5}], "output": [LEAF]} for n in order}
+    root = _dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1))
+    (root / "step0" / "rank0" / "construct.json").write_text(json.dumps(parents))
+    _same(root)
+    fast, _ = _both(root)
+    assert len(fast[0].labels) == 2 * len(order)
+
+
+def test_order_arguments_are_checked():
+    with pytest.raises(ValueError, match="one parent per node"):
+        _cext.CRAW.read_records(b"", 0, {}, {}, [], [], [], [], [], [], [], [], False, False, False, ["a"], [], -1)
+
+
+def test_repeated_optimizer_arguments(tmp_path):
+    """An optimizer op whose API, parent and arguments (but its tensors) were read before adds nothing to the run
+    facts and is not handed to them again: the same facts as the reference, in the same order, with arguments that
+    repeat, change, come back, exceed the 64 values kept, differ only in a tensor or only in the parent."""
+    data: dict[str, Any] = {}
+    parents: dict[str, str] = {}
+    for i in range(300):
+        lr = [0.5, 0.25, 0.5, 0.125][i % 4] if i < 150 else i / 1000  # repeats, then more than 64 distinct values
+        data[f"Tensor.mul_.{i}.forward"] = {"input_args": [dict(LEAF, Max=float(i)), {"type": "float", "value": lr}],
+                                            "input_kwargs": {}, "output": [LEAF]}
+        parents[f"Tensor.mul_.{i}.forward"] = "optimizer"
+        data[f"Tensor.addcdiv_.{i}.forward"] = {"input_args": [LEAF, LEAF, LEAF],
+                                                "input_kwargs": {"value": {"type": "float", "value": -(i % 3)}}}
+        parents[f"Tensor.addcdiv_.{i}.forward"] = "optimizer" if i % 2 else f"Module.m{i % 3}.Adam.forward.0"
+        data[f"Tensor.sqrt.{i}.forward"] = {"input_args": [LEAF], "output": [LEAF]}
+        parents[f"Tensor.sqrt.{i}.forward"] = "optimizer.step"
+    root = _dump(tmp_path, json.dumps({"task": "statistics", "data": data}, indent=1))
+    (root / "step0" / "rank0" / "construct.json").write_text(json.dumps(parents))
+    entries: list[int] = []
+    real = _cext.CRAW.facts_batch
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_cext, "CRAW", _Spy(_cext.CRAW))
+        mp.setattr(_cext.CRAW, "facts_batch", lambda todo, *a: (entries.append(len(todo)), real(todo, *a))[1],
+                   raising=False)
+        fast, pure = _both(root)
+    assert 150 < sum(entries) < 600  # the repeats were not handed over (900 records, 450 with scalar arguments)
+    records_differences(fast[0], pure[0])
+    got = fast[0].meta["facts"]["scalar_args"]
+    assert got["Tensor.mul_"]["1"][:4] == [0.5, 0.25, 0.125, 0.15] and len(got["Tensor.mul_"]["1"]) == 64
+    assert got["Tensor.addcdiv_"]["value"] == [0, -1, -2]

@@ -21,6 +21,12 @@
  *   missing comma, a trailing one, an unterminated value) raises ValueError: the reader then parses the
  *   whole file with the standard library, which words the error.
  *
+ * What a large file's load costs here was profiled (benchmarks/RESULTS_large.md, 2026-12-07 23:00): each section
+ * is read where it stands (one pass over a record; RETRY reads a record whose sections are out of reading order in
+ * two), a record's name is looked for first just after the last one found in construct.json's order (ctx_t), the
+ * roles, shapes and dtypes go back as codes (codes_t), and an optimizer op's arguments are built for the run facts
+ * without its tensors (build_args), and not at all when the same ones were read already (facts_key).
+ *
  * Numbers are read as Python reads them: an integer of up to 18 digits exactly (then converted to double as
  * numpy converts a Python int: rounded to nearest), any other number with PyOS_string_to_double, the function
  * behind float(), on the number's own text (after checking it against the JSON grammar).
@@ -243,11 +249,80 @@ buf_add(buf *b, const void *x, Py_ssize_t n)
     return 0;
 }
 
+/* a text column of few distinct texts (roles, shapes, dtypes): the distinct str objects of one call in a list, in
+ * order of first use, and an int32 code per leaf (its index there). The objects come from this module's caches, so
+ * they are told apart by address: a slot (object, index, call) is valid while the list still holds the object at
+ * that index (a record rolled back truncates the list: its slots go stale, never wrong). */
+#define CODE_SLOTS 8192
+typedef struct {
+    PyObject *obj;
+    Py_ssize_t idx;
+    unsigned call;
+} code_slot;
+
+typedef struct {
+    PyObject *list;
+    buf codes;
+    code_slot *slots;
+} codes_t;
+
+static code_slot g_code_slots[3][CODE_SLOTS];
+static unsigned g_call;  /* read_records calls: a slot of an earlier call is empty */
+
+static int
+code_of(codes_t *t, PyObject *obj)
+{
+    Py_ssize_t size = PyList_GET_SIZE(t->list);
+    int32_t k = -1;
+    if (size < CODE_SLOTS / 2) {
+        size_t h = (size_t)(((uintptr_t)obj >> 4) * 0x9E3779B97F4A7C15ULL) & (CODE_SLOTS - 1);
+        code_slot *free_slot = NULL;
+        for (int probe = 0; probe < CODE_SLOTS; probe++) {
+            code_slot *e = &t->slots[(h + (size_t)probe) & (CODE_SLOTS - 1)];
+            int empty = e->call != g_call;
+            int valid = !empty && e->idx < size && PyList_GET_ITEM(t->list, e->idx) == e->obj;
+            if (valid && e->obj == obj) {
+                k = (int32_t)e->idx;
+                break;
+            }
+            if (!valid && free_slot == NULL)
+                free_slot = e;
+            if (empty)
+                break;
+        }
+        if (k < 0) {
+            if (PyList_Append(t->list, obj) < 0)
+                return -1;
+            k = (int32_t)size;
+            if (free_slot != NULL) {
+                free_slot->obj = obj;
+                free_slot->idx = size;
+                free_slot->call = g_call;
+            }
+        }
+    } else {  /* (thousands of distinct texts in one batch) */
+        for (Py_ssize_t i = 0; i < size && k < 0; i++)
+            if (PyList_GET_ITEM(t->list, i) == obj)
+                k = (int32_t)i;
+        if (k < 0) {
+            if (PyList_Append(t->list, obj) < 0)
+                return -1;
+            k = (int32_t)size;
+        }
+    }
+    return buf_add(&t->codes, &k, sizeof k);
+}
+
 /* what one call reads: the leaves' columns (C buffers) and the Python lists it appends to */
 typedef struct {
     buf stat[4], null, numel, label_hash, name_hash, label;  /* label: the text being built */
-    PyObject *labels, *roles, *shapes, *dtypes, *leaf_type;
+    codes_t role, shape, dtype;  /* their lists: the roles, shapes, dtypes arguments */
+    PyObject *labels, *leaf_type;
     Py_ssize_t n;  /* leaves read */
+    /* the current record's input_args: which of its first 64 elements were read as tensor leaves (bit k), and
+     * where each of those ends (build_args steps over them) */
+    uint64_t arg_tensor;
+    Py_ssize_t arg_start[64], arg_end[64];
 } out_t;
 
 /* a leaf's fields as read */
@@ -267,6 +342,7 @@ typedef struct {
 
 #define NOT_PLAIN 0
 #define ERR (-1)
+#define RETRY 2  /* read_record: the record's sections are not in reading order; read it again in two passes */
 
 /* after a member of a container closed by *close*: 1 past a ',' (another member follows, c->i at it), 0 past
  * the close, -1 at anything else (the caller's NOT_PLAIN); whitespace skipped on both sides */
@@ -295,17 +371,12 @@ plain_string(cur *c, const char **a, Py_ssize_t *len)
 {
     if (c->i >= c->n || c->s[c->i] != '"')
         return NOT_PLAIN;
-    Py_ssize_t j = c->i + 1;
+    Py_ssize_t j = c->i + 1, n = c->n;
     const char *s = c->s;
-    while (j < c->n) {
-        unsigned char ch = (unsigned char)s[j];
-        if (ch == '"')
-            break;
-        if (ch < 0x20 || ch > 0x7e || ch == '\\')
-            return NOT_PLAIN;
+    /* (one comparison for most bytes: the quote, the backslash and the bytes outside ' '..'~' end the loop) */
+    while (j < n && (unsigned char)(s[j] - 0x20) < 0x5f && s[j] != '"' && s[j] != '\\')
         j++;
-    }
-    if (j >= c->n)
+    if (j >= n || s[j] != '"')
         return NOT_PLAIN;
     *a = s + c->i + 1;
     *len = j - c->i - 1;
@@ -677,9 +748,11 @@ value_end(const char *s, Py_ssize_t n, Py_ssize_t i)
 
 /* ------------------------------------------------------------------------------------------- leaves */
 
-/* one object at c->i ('{') read as a leaf candidate: 1, NOT_PLAIN, ERR */
+/* one object at c->i ('{') read as a leaf candidate: 1, NOT_PLAIN (never ERR: no Python object is made). *depth*:
+ * the object's nesting below the record (its members' values are checked with skip_value one level deeper, as
+ * the skip of the whole section would: a section read in one pass accepts exactly what the skip accepted) */
 static int
-read_leaf(cur *c, leaf_t *lf)
+read_leaf(cur *c, leaf_t *lf, int depth)
 {
     unsigned seen = 0;
     lf->null = 0;
@@ -787,7 +860,7 @@ read_leaf(cur *c, leaf_t *lf)
             lf->has_value = 1;
             if (ch == '{' || ch == '[') {
                 lf->value_scalar = 0;
-                if (!skip_value(c, 1))
+                if (!skip_value(c, depth + 1))
                     return NOT_PLAIN;
             } else if (!scalar(c, &kind, &d))
                 return NOT_PLAIN;
@@ -796,9 +869,9 @@ read_leaf(cur *c, leaf_t *lf)
                 if (!scalar(c, &kind, &d))
                     return NOT_PLAIN;
                 lf->rg = d != 0.0;
-            } else if (!skip_value(c, 1))
+            } else if (!skip_value(c, depth + 1))
                 return NOT_PLAIN;
-        } else if (!skip_value(c, 1))
+        } else if (!skip_value(c, depth + 1))
             return NOT_PLAIN;
         int me = member_end(c, '}');
         if (me > 0)
@@ -813,6 +886,54 @@ read_leaf(cur *c, leaf_t *lf)
             lf->null |= (uint8_t)(1u << k);
         }
     return 1;
+}
+
+/* an optimizer op's input_args (a list at c->i) as FileFacts.optimizer's scan reads it (_craw_facts.c,
+ * scan_arguments): a positional argument that is an object with a string "type" and a "shape" (a tensor) gives that
+ * scan nothing, so it is None here instead of a dict built for nothing; every other element is built as
+ * build_value builds it. A new reference; NULL as build_value. */
+static PyObject *
+build_args(cur *c, const out_t *o)
+{
+    if (c->i >= c->n || c->s[c->i] != '[')
+        return build_value(c, 1);
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    c->i++;
+    ws(c);
+    if (c->i < c->n && c->s[c->i] == ']') {
+        c->i++;
+        return out;
+    }
+    for (Py_ssize_t k = 0;; k++) {
+        PyObject *v = NULL;
+        if (k < 64 && (o->arg_tensor >> k) & 1) {  /* read as a tensor leaf by read_section */
+            v = Py_NewRef(Py_None);
+            c->i = o->arg_end[k];
+        } else if (c->i < c->n && c->s[c->i] == '{') {
+            cur t = *c;
+            leaf_t lf;
+            if (read_leaf(&t, &lf, 2) == 1 && lf.type_str && lf.has_shape) {
+                v = Py_NewRef(Py_None);
+                c->i = t.i;
+            }
+        }
+        if (v == NULL)
+            v = build_value(c, 2);
+        int bad = v == NULL || PyList_Append(out, v) < 0;
+        Py_XDECREF(v);
+        if (bad)
+            break;
+        int me = member_end(c, ']');
+        if (me > 0)
+            continue;
+        if (me == 0)
+            return out;
+        break;
+    }
+    Py_DECREF(out);
+    return NULL;
 }
 
 /* what an object item is: 1 a tensor leaf, 2 nothing to read (a scalar argument), NOT_PLAIN, ERR */
@@ -850,8 +971,8 @@ emit(out_t *o, leaf_t *lf, PyObject *type_obj, PyObject *role)
     PyObject *dt_owned, *dt = cached_str(lf->dtype_s, lf->dtype_n, &tensor, &dt_owned);
     PyObject *label = dt ? ascii_str(o->label.p, o->label.n) : NULL;
     Py_hash_t h = label ? PyObject_Hash(label) : -1;
-    int fail = label == NULL || h == -1 || PyList_Append(o->shapes, text) < 0 || PyList_Append(o->dtypes, dt) < 0
-               || PyList_Append(o->labels, label) < 0 || PyList_Append(o->roles, role) < 0;
+    int fail = label == NULL || h == -1 || code_of(&o->shape, text) < 0 || code_of(&o->dtype, dt) < 0
+               || PyList_Append(o->labels, label) < 0 || code_of(&o->role, role) < 0;
     Py_XDECREF(label);
     Py_XDECREF(dt_owned);
     if (owned)
@@ -935,7 +1056,7 @@ read_item(cur *c, out_t *o, Py_ssize_t base, const char *item, Py_ssize_t item_n
     if (ch != '{')
         return skip_value(c, 1);  /* null, a number, a string, a boolean: no tensor */
     leaf_t lf;
-    int r = read_leaf(c, &lf);
+    int r = read_leaf(c, &lf, nested ? 3 : 2);
     if (r != 1)
         return r;
     PyObject *type_obj, *type_owned;
@@ -960,7 +1081,7 @@ read_item(cur *c, out_t *o, Py_ssize_t base, const char *item, Py_ssize_t item_n
 
 /* one section's value at c->i (prefix text in o->label[0:base]): 1, NOT_PLAIN, ERR */
 static int
-read_section(cur *c, out_t *o, Py_ssize_t base, PyObject *role, PyObject *grads, int keep_grad)
+read_section(cur *c, out_t *o, Py_ssize_t base, PyObject *role, PyObject *grads, int keep_grad, int args)
 {
     char ch = c->s[c->i];
     char tmp[24];
@@ -976,9 +1097,16 @@ read_section(cur *c, out_t *o, Py_ssize_t base, PyObject *role, PyObject *grads,
         for (Py_ssize_t k = 0;; k++) {
             if (c->i >= c->n)
                 return NOT_PLAIN;
+            Py_ssize_t n0 = o->n, at = c->i;
+            int leaf = c->s[c->i] == '{';
             int r = read_item(c, o, base, tmp, index_text(tmp, k), role, grads, 0, 0);
             if (r != 1)
                 return r;
+            if (args && leaf && k < 64 && o->n == n0 + 1) {  /* emitted: a string type and a shape (classify) */
+                o->arg_tensor |= (uint64_t)1 << k;
+                o->arg_start[k] = at;
+                o->arg_end[k] = c->i;
+            }
             int me = member_end(c, ']');
             if (me > 0)
                 continue;
@@ -1066,6 +1194,35 @@ ends(const char *s, Py_ssize_t n, const char *suf)
     return (size_t)n >= m && memcmp(s + n - m, suf, m) == 0;
 }
 
+/* whether precnb.io.msprobe.nodes.name_parts splits the (ASCII, printable) name s[0:n] in line as a param_grad node:
+ * Module|Cell.{path}.{Class}.parameters_grad[.{call}]. 0 says nothing (the caller asks node_kind) */
+static int
+param_grad_name(const char *s, Py_ssize_t n)
+{
+    Py_ssize_t dot = n - 1;
+    while (dot >= 0 && s[dot] != '.')
+        dot--;
+    if (dot < 0)
+        return 0;
+    Py_ssize_t head = dot, ln = n - dot - 1;  /* head: s[0:head]; last: s[dot+1:n] */
+    if (!(ln == 15 && memcmp(s + dot + 1, "parameters_grad", 15) == 0)) {
+        if (ln < 1 || ln >= 19)
+            return 0;
+        for (Py_ssize_t i = dot + 1; i < n; i++)
+            if (s[i] < '0' || s[i] > '9')
+                return 0;
+        if (head < 16 || memcmp(s + head - 16, ".parameters_grad", 16) != 0)
+            return 0;
+        head -= 16;
+    }
+    Py_ssize_t pre = 0;  /* head.partition("."): pre s[0:pre], body after the dot, not empty */
+    while (pre < head && s[pre] != '.')
+        pre++;
+    if (pre >= head - 1)
+        return 0;
+    return (pre == 6 && memcmp(s, "Module", 6) == 0) || (pre == 4 && memcmp(s, "Cell", 4) == 0);
+}
+
 /* a parameters_grad record at c->i ('{'): {param: [leaf]} or {param: leaf} (or null) */
 static int
 param_grad(cur *c, out_t *o, Py_ssize_t base)
@@ -1112,7 +1269,7 @@ param_grad(cur *c, out_t *o, Py_ssize_t base)
             if (ch != '{')
                 return NOT_PLAIN;
             leaf_t lf;
-            int r = read_leaf(c, &lf);
+            int r = read_leaf(c, &lf, 0);  /* (a parameters_grad record is read in one pass as it was) */
             if (r != 1)
                 return r;
             PyObject *type_obj, *type_owned;
@@ -1143,7 +1300,51 @@ param_grad(cur *c, out_t *o, Py_ssize_t base)
 typedef struct {
     PyObject *names, *parents, *nodes, *node_parents, *counts, *todo;
     int need_backward, need_forward, sigs;  /* sigs: FileFacts.api's records (scalar signatures) as objects */
+    int one_pass;  /* read each section where it stands (RETRY when the sections are not in reading order) */
+    /* construct.json's nodes in its order (parents' keys, also names' values) and their parents: a dump's records
+     * mostly come in that order, so the next record's name is looked for just after the last one found (no str
+     * made, no hash, no lookup in the two large tables) before the tables are asked. NULL: not given */
+    PyObject *order, *order_parents;
+    Py_ssize_t cursor;  /* the index in order of the last record found there (-1: none yet) */
+    PyObject *seen;  /* facts_key of the optimizer records whose arguments went to the run facts (NULL: not given) */
 } ctx_t;
+
+#define LOOK_AHEAD 4  /* entries of order tried after the cursor */
+#define RESYNC 64  /* entries of order searched (by identity) for a name the tables found */
+
+/* node and parent (borrowed) of the record name nm from order at the cursor: 1 found, 0 not */
+static int
+in_order(ctx_t *x, const char *nm, Py_ssize_t nn, PyObject **node, PyObject **parent)
+{
+    if (x->order == NULL)
+        return 0;
+    Py_ssize_t n = PyList_GET_SIZE(x->order);
+    for (Py_ssize_t j = x->cursor + 1; j < n && j <= x->cursor + LOOK_AHEAD; j++) {
+        PyObject *k = PyList_GET_ITEM(x->order, j);
+        if (PyUnicode_CheckExact(k) && PyUnicode_IS_COMPACT_ASCII(k) && PyUnicode_GET_LENGTH(k) == nn &&
+            memcmp(PyUnicode_DATA(k), nm, (size_t)nn) == 0) {
+            *node = k;
+            *parent = PyList_GET_ITEM(x->order_parents, j);
+            x->cursor = j;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* the cursor moved to *node* (found in the tables) when it is among the next RESYNC entries of order */
+static void
+resync(ctx_t *x, PyObject *node)
+{
+    if (x->order == NULL)
+        return;
+    Py_ssize_t n = PyList_GET_SIZE(x->order);
+    for (Py_ssize_t j = x->cursor + 1; j < n && j <= x->cursor + RESYNC; j++)
+        if (PyList_GET_ITEM(x->order, j) == node) {
+            x->cursor = j;
+            return;
+        }
+}
 
 /* what a record's name and parent say: 1 it goes to the Python walk, 2 its arguments go to the run facts (an
  * optimizer op's), 0 nothing, -1 error */
@@ -1166,18 +1367,78 @@ by_name(ctx_t *x, const char *nm, Py_ssize_t nn, PyObject *parent)
     return r > 0 ? 2 : r;
 }
 
+/* what FileFacts' optimizer scan (facts_batch) makes of a record whose only facts are its arguments depends on
+ * nothing else than its API name, its parent and the text of its input_args (but the tensors, which give it
+ * nothing) and input_kwargs: a record with the same key as one whose facts were read adds nothing (each value is
+ * known already, or the argument holds its most values), so it goes to no list. The key as bytes (new reference),
+ * Py_None when the name is not {api}.{call}.forward, NULL on error. */
+static PyObject *
+facts_key(cur *c, const out_t *o, const char *nm, Py_ssize_t nn, PyObject *parent, const Py_ssize_t *at)
+{
+    if (nn < 8 || memcmp(nm + nn - 8, ".forward", 8) != 0)
+        return Py_NewRef(Py_None);
+    Py_ssize_t h = nn - 8, e = h - 1;  /* api_of's in-line case: s[:e] when s[e+1:h] is all digits, e > 0 */
+    while (e >= 0 && nm[e] != '.')
+        e--;
+    if (e <= 0 || e + 1 >= h)
+        return Py_NewRef(Py_None);
+    for (Py_ssize_t i = e + 1; i < h; i++)
+        if (nm[i] < '0' || nm[i] > '9')
+            return Py_NewRef(Py_None);
+    Py_ssize_t pn;
+    const char *pt = PyUnicode_AsUTF8AndSize(parent, &pn);
+    if (pt == NULL)
+        return NULL;
+    buf k = {0};
+    int fail = buf_add(&k, nm, e) < 0 || buf_add(&k, "\0", 1) < 0 || buf_add(&k, pt, pn) < 0;
+    int want[2] = {g_args_section, g_kwargs_section};
+    for (int w = 0; w < 2 && !fail; w++) {
+        Py_ssize_t a = want[w] < 0 ? -1 : at[want[w]];
+        if (a < 0) {
+            fail = buf_add(&k, "\1", 1) < 0;  /* absent */
+            continue;
+        }
+        Py_ssize_t b = value_end(c->s, c->n, a);
+        if (b < 0) {
+            PyMem_Free(k.p);
+            return Py_NewRef(Py_None);
+        }
+        fail = buf_add(&k, "\0", 1) < 0;
+        for (int t = 0; t < 64 && w == 0 && !fail; t++)
+            if ((o->arg_tensor >> t) & 1) {  /* the text up to the tensor, then a mark for it */
+                fail = buf_add(&k, c->s + a, o->arg_start[t] - a) < 0 || buf_add(&k, "\2", 1) < 0;
+                a = o->arg_end[t];
+            }
+        if (!fail)
+            fail = buf_add(&k, c->s + a, b - a) < 0;
+    }
+    PyObject *out = fail ? NULL : PyBytes_FromStringAndSize(k.p, k.n);
+    PyMem_Free(k.p);
+    return out;
+}
+
 /* one record ("name": value) whose name is nm; c->i at the value. 1 read, NOT_PLAIN, ERR */
 static int
 read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
 {
-    PyObject *key = ascii_str(nm, nn);
-    if (key == NULL)
-        return ERR;
-    Py_hash_t h = PyObject_Hash(key);
-    PyObject *node = h == -1 ? NULL : PyDict_GetItemWithError(x->names, key);
-    PyObject *parent = node == NULL && PyErr_Occurred() ? NULL : PyDict_GetItemWithError(x->parents, key);
-    if (PyErr_Occurred()) {
-        Py_DECREF(key);
+    PyObject *key = NULL, *node = NULL, *parent = NULL;
+    Py_hash_t h;
+    if (in_order(x, nm, nn, &node, &parent))
+        h = PyObject_Hash(node);  /* (the tables' key: its hash is cached) */
+    else {
+        key = ascii_str(nm, nn);
+        if (key == NULL)
+            return ERR;
+        h = PyObject_Hash(key);
+        node = h == -1 ? NULL : PyDict_GetItemWithError(x->names, key);
+        /* names[k] is parents' own key object k (construct_table, _File): found by identity, no second compare */
+        parent = node == NULL && PyErr_Occurred() ? NULL
+                 : PyDict_GetItemWithError(x->parents, node != NULL && PyUnicode_CheckExact(node) ? node : key);
+        if (node != NULL)
+            resync(x, node);
+    }
+    if (h == -1 || PyErr_Occurred()) {
+        Py_XDECREF(key);
         return ERR;
     }
     if (node == NULL)
@@ -1185,15 +1446,16 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
     if (parent == NULL)
         parent = s_empty;
     if (!PyUnicode_CheckExact(parent) || !PyUnicode_CheckExact(node)) {
-        Py_DECREF(key);
+        Py_XDECREF(key);
         return NOT_PLAIN;
     }
     Py_INCREF(node);
     Py_INCREF(parent);
-    Py_DECREF(key);
+    Py_XDECREF(key);
     int r, opt = 0, sig = 0;
     Py_ssize_t n0 = o->n, rec_start = c->i;
     PyObject *grads = NULL, *facts = NULL;
+    o->arg_tensor = 0;
     if (c->s[c->i] == 'n') {  /* a null record: nothing */
         r = word(c, "null", 4) ? 1 : NOT_PLAIN;
         goto done;
@@ -1213,19 +1475,28 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         goto done;
     }
     if (has(nm, nn, "parameters_grad")) {  /* Walk.node's test: the text, then node_kind */
-        PyObject *kind = PyObject_CallOneArg(g_node_kind, node);
-        r = kind == NULL ? -1 : PyObject_RichCompareBool(kind, s_param_grad_kind, Py_EQ);
+        PyObject *kind = NULL;
+        if (PyUnicode_IS_ASCII(node) && PyUnicode_GET_LENGTH(node) == nn &&
+            memcmp(PyUnicode_DATA(node), nm, (size_t)nn) == 0 && param_grad_name(nm, nn))  /* in line, no call */
+            r = 1;
+        else {
+            kind = PyObject_CallOneArg(g_node_kind, node);
+            r = kind == NULL ? -1 : PyObject_RichCompareBool(kind, s_param_grad_kind, Py_EQ);
+        }
         Py_XDECREF(kind);
         if (r != 0) {
             r = r < 0 ? ERR : param_grad(c, o, nn);
             goto done;
         }
     }
-    /* the sections: where each starts (checked in order below, after the whole record is known) */
+    /* the sections: where each starts. In one pass (the usual case) each is read where it stands, as long as they
+     * come in reading order (g_n_order: the labels' order); else, and in two passes, each is read in reading order
+     * after the whole record was checked. Anything not plain found after a section was read rolls the record
+     * back (read_records) as it would have rolled back a section read in the second pass. */
     Py_ssize_t at[MAX_SECTIONS];
     for (int k = 0; k < g_n_order; k++)
         at[k] = -1;
-    int found = 0, others = 0;
+    int found = 0, others = 0, last = -1;
     c->i++;
     ws(c);
     if (c->i < c->n && c->s[c->i] == '}')
@@ -1258,6 +1529,27 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
                 }
                 at[sec] = c->i;
                 found++;
+                if (x->one_pass) {
+                    if (sec < last) {
+                        r = RETRY;
+                        goto done;
+                    }
+                    last = sec;
+                    if (sec == g_param_section && grads == NULL && (grads = PyDict_New()) == NULL) {
+                        r = ERR;
+                        goto done;
+                    }
+                    o->label.n = nn;
+                    if (buf_add(&o->label, PyUnicode_AsUTF8(g_sections[sec]),
+                                PyUnicode_GET_LENGTH(g_sections[sec])) < 0)
+                        r = ERR;
+                    else
+                        r = read_section(c, o, o->label.n, g_roles[sec], grads, sec == g_param_section,
+                                         sec == g_args_section);
+                    if (r != 1)
+                        goto done;
+                    goto next_member;
+                }
             } else {
                 others++;
                 if (c->i < c->n && (c->s[c->i] == '{' || c->s[c->i] == '[')) {
@@ -1276,6 +1568,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
                 r = NOT_PLAIN;
                 goto done;
             }
+        next_member:;
             int me = member_end(c, '}');
             if (me > 0)
                 continue;
@@ -1290,7 +1583,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         goto done;
     }
     Py_ssize_t end = c->i;
-    if (g_param_section >= 0 && at[g_param_section] >= 0) {
+    if (!x->one_pass && g_param_section >= 0 && at[g_param_section] >= 0) {
         grads = PyDict_New();
         if (grads == NULL) {
             r = ERR;
@@ -1298,7 +1591,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         }
     }
     r = 1;
-    for (int k = 0; k < g_n_order && r == 1; k++) {
+    for (int k = 0; k < g_n_order && r == 1 && !x->one_pass; k++) {
         if (at[k] < 0)
             continue;
         cur s = {c->s, c->n, at[k]};
@@ -1306,7 +1599,7 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         if (buf_add(&o->label, PyUnicode_AsUTF8(g_sections[k]), PyUnicode_GET_LENGTH(g_sections[k])) < 0)
             r = ERR;
         else
-            r = read_section(&s, o, o->label.n, g_roles[k], grads, k == g_param_section);
+            r = read_section(&s, o, o->label.n, g_roles[k], grads, k == g_param_section, k == g_args_section);
     }
     c->i = end;
     /* with signatures, an API forward record goes to FileFacts.api (flag 2, as _File.record sets it), which reads
@@ -1315,6 +1608,17 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
     if (r == 1 && x->sigs && ends(nm, nn, ".forward") && !(nn >= 7 && memcmp(nm, "Module.", 7) == 0) &&
         !(nn >= 5 && memcmp(nm, "Cell.", 5) == 0))
         sig = has(c->s + rec_start, end - rec_start, "\"value\"");
+    PyObject *fkey = NULL;  /* the facts_key to note once this record's facts are built */
+    if (r == 1 && opt == 2 && !sig && x->seen != NULL && !(grads != NULL && PyDict_GET_SIZE(grads))) {
+        fkey = facts_key(c, o, nm, nn, parent, at);
+        int known = fkey == NULL ? -1 : fkey == Py_None ? 0 : PySet_Contains(x->seen, fkey);
+        if (known < 0)
+            r = ERR;
+        else if (known)
+            opt = 0;  /* an optimizer op whose arguments were read already: nothing new */
+        if (known || fkey == Py_None)
+            Py_CLEAR(fkey);
+    }
     if (r == 1 && (opt == 2 || sig)) {  /* FileFacts.optimizer / .api read input_args and input_kwargs: those, as objects */
         facts = PyDict_New();
         int want[2] = {g_args_section, g_kwargs_section};
@@ -1322,7 +1626,8 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
             if (want[k] < 0 || at[want[k]] < 0)
                 continue;
             cur s = {c->s, c->n, at[want[k]]};
-            PyObject *v = build_value(&s, 1);
+            /* without a signature, only the optimizer scan reads them: its tensors are not built */
+            PyObject *v = want[k] == g_args_section && !sig ? build_args(&s, o) : build_value(&s, 1);
             if (v == NULL)
                 r = PyErr_Occurred() ? ERR : NOT_PLAIN;
             else if (PyDict_SetItem(facts, g_keys_obj[want[k]], v) < 0)
@@ -1331,7 +1636,10 @@ read_record(cur *c, out_t *o, ctx_t *x, const char *nm, Py_ssize_t nn)
         }
         if (facts == NULL)
             r = ERR;
+        if (r == 1 && fkey != NULL && PySet_Add(x->seen, fkey) < 0)
+            r = ERR;
     }
+    Py_XDECREF(fkey);
 done:
     if (r == 1) {
         Py_ssize_t n = o->n - n0;
@@ -1381,9 +1689,15 @@ bytes_of(buf *b)
 }
 
 /* read_records(raw, pos, names, parents, labels, roles, shapes, dtypes, nodes, node_parents, counts, todo,
- *              need_backward, need_forward[, sigs])
- * -> (pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back)
- * back: None at the end of raw, else (start, end) of the member handed back (pos is end) */
+ *              need_backward, need_forward[, sigs, order, order_parents, cursor, seen])
+ * -> (pos, records, stats, null, numel, label_hashes, name_hashes, leaf_type, back, role_codes, shape_codes,
+ *     dtype_codes, cursor)
+ * order, order_parents: construct.json's nodes in its order (parents' own key objects, which names maps to
+ * themselves) and their parents, cursor: where the last call left off in order (see ctx_t); seen: a set the file's
+ * calls share (facts_key).
+ * back: None at the end of raw, else (start, end) of the member handed back (pos is end). roles, shapes, dtypes
+ * (empty lists) receive the distinct str objects of the leaves read, in order of first use, and *_codes (int32
+ * per leaf) index them: no Python object per leaf for those three columns. */
 static PyObject *
 read_records(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -1393,16 +1707,28 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     out_t o;
     memset(&o, 0, sizeof o);
     x.sigs = 0;
-    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp|p", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
-                          &x.parents, &PyList_Type, &o.labels, &PyList_Type, &o.roles, &PyList_Type, &o.shapes,
-                          &PyList_Type, &o.dtypes, &PyList_Type, &x.nodes, &PyList_Type, &x.node_parents,
-                          &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward, &x.sigs))
+    x.order = x.order_parents = x.seen = NULL;
+    x.cursor = -1;
+    if (!PyArg_ParseTuple(args, "y*nO!O!O!O!O!O!O!O!O!O!pp|pO!O!nO!", &raw, &pos, &PyDict_Type, &x.names, &PyDict_Type,
+                          &x.parents, &PyList_Type, &o.labels, &PyList_Type, &o.role.list, &PyList_Type,
+                          &o.shape.list, &PyList_Type, &o.dtype.list, &PyList_Type, &x.nodes, &PyList_Type, &x.node_parents,
+                          &PyList_Type, &x.counts, &PyList_Type, &x.todo, &x.need_backward, &x.need_forward, &x.sigs,
+                          &PyList_Type, &x.order, &PyList_Type, &x.order_parents, &x.cursor, &PySet_Type, &x.seen))
         return NULL;
+    if (x.order != NULL && (PyList_GET_SIZE(x.order) != PyList_GET_SIZE(x.order_parents) || x.cursor < -1)) {
+        PyErr_SetString(PyExc_ValueError, "order and order_parents: one parent per node; cursor >= -1");
+        PyBuffer_Release(&raw);
+        return NULL;
+    }
     PyObject *result = NULL, *back = NULL;
     if (g_non_tensor == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_craw.configure() was not called");
         goto out;
     }
+    g_call++;  /* the code slots of earlier calls are empty now */
+    o.role.slots = g_code_slots[0];
+    o.shape.slots = g_code_slots[1];
+    o.dtype.slots = g_code_slots[2];
     o.leaf_type = Py_NewRef(Py_None);
     cur c = {raw.buf, raw.len, pos};
     Py_ssize_t records = 0;
@@ -1421,26 +1747,30 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     }
     while (c.i < c.n) {
         Py_ssize_t start = c.i;
-        Py_ssize_t n_labels = PyList_GET_SIZE(o.labels), n_roles = PyList_GET_SIZE(o.roles),
-                   n_shapes = PyList_GET_SIZE(o.shapes), n_dtypes = PyList_GET_SIZE(o.dtypes), n_nodes = PyList_GET_SIZE(x.nodes),
+        Py_ssize_t n_labels = PyList_GET_SIZE(o.labels), n_roles = PyList_GET_SIZE(o.role.list),
+                   n_shapes = PyList_GET_SIZE(o.shape.list), n_dtypes = PyList_GET_SIZE(o.dtype.list), n_nodes = PyList_GET_SIZE(x.nodes),
                    n_parents = PyList_GET_SIZE(x.node_parents), n_counts = PyList_GET_SIZE(x.counts),
                    n_todo = PyList_GET_SIZE(x.todo), n0 = o.n, nh = o.name_hash.n;
         const char *nm;
         Py_ssize_t nn;
         int r = NOT_PLAIN;
-        if (plain_string(&c, &nm, &nn)) {
-            ws(&c);
-            if (c.i < c.n && c.s[c.i] == ':') {
-                c.i++;
+        x.one_pass = 1;
+        for (;;) {
+            if (plain_string(&c, &nm, &nn)) {
                 ws(&c);
-                r = c.i < c.n ? read_record(&c, &o, &x, nm, nn) : NOT_PLAIN;
+                if (c.i < c.n && c.s[c.i] == ':') {
+                    c.i++;
+                    ws(&c);
+                    r = c.i < c.n ? read_record(&c, &o, &x, nm, nn) : NOT_PLAIN;
+                }
             }
-        }
-        if (r == ERR)
-            goto out;
-        if (r == NOT_PLAIN) {  /* added nothing: take back what this record appended, and find its end */
-            if (take_back(o.labels, n_labels) < 0 || take_back(o.roles, n_roles) < 0 ||
-                take_back(o.shapes, n_shapes) < 0 || take_back(o.dtypes, n_dtypes) < 0 ||
+            if (r == ERR)
+                goto out;
+            if (r == 1)
+                break;
+            /* added nothing: take back what this record appended */
+            if (take_back(o.labels, n_labels) < 0 || take_back(o.role.list, n_roles) < 0 ||
+                take_back(o.shape.list, n_shapes) < 0 || take_back(o.dtype.list, n_dtypes) < 0 ||
                 take_back(x.nodes, n_nodes) < 0 || take_back(x.node_parents, n_parents) < 0 ||
                 take_back(x.counts, n_counts) < 0 || take_back(x.todo, n_todo) < 0)
                 goto out;
@@ -1448,8 +1778,16 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
                 o.stat[k].n = n0 * (Py_ssize_t)sizeof(double);
             o.null.n = n0;
             o.numel.n = o.label_hash.n = n0 * 8;
+            o.role.codes.n = o.shape.codes.n = o.dtype.codes.n = n0 * 4;
             o.n = n0;
             o.name_hash.n = nh;
+            if (r != RETRY)
+                break;
+            c.i = start;  /* its sections out of reading order: read again, in two passes */
+            x.one_pass = 0;
+            r = NOT_PLAIN;
+        }
+        if (r == NOT_PLAIN) {  /* find the end of the member handed back */
             Py_ssize_t e = value_end(c.s, c.n, start);  /* the name */
             Py_ssize_t j = e;
             while (j >= 0 && j < c.n && (c.s[j] == ' ' || c.s[j] == '\n' || c.s[j] == '\t' || c.s[j] == '\r'))
@@ -1491,8 +1829,10 @@ read_records(PyObject *Py_UNUSED(self), PyObject *args)
     for (int k = 0; k < 4; k++)
         if (buf_add(&table, o.stat[k].p ? o.stat[k].p : "", o.stat[k].n) < 0)
             goto out_table;
-    result = Py_BuildValue("nnNNNNNOO", c.i, records, bytes_of(&table), bytes_of(&o.null), bytes_of(&o.numel),
-                           bytes_of(&o.label_hash), bytes_of(&o.name_hash), o.leaf_type, back ? back : Py_None);
+    result = Py_BuildValue("nnNNNNNOONNNn", c.i, records, bytes_of(&table), bytes_of(&o.null), bytes_of(&o.numel),
+                           bytes_of(&o.label_hash), bytes_of(&o.name_hash), o.leaf_type, back ? back : Py_None,
+                           bytes_of(&o.role.codes), bytes_of(&o.shape.codes), bytes_of(&o.dtype.codes),
+                           x.cursor);
 out_table:
     PyMem_Free(table.p);
 out:
@@ -1502,6 +1842,9 @@ out:
     PyMem_Free(o.numel.p);
     PyMem_Free(o.label_hash.p);
     PyMem_Free(o.name_hash.p);
+    PyMem_Free(o.role.codes.p);
+    PyMem_Free(o.shape.codes.p);
+    PyMem_Free(o.dtype.codes.p);
     PyMem_Free(o.label.p);
     Py_XDECREF(o.leaf_type);
     Py_XDECREF(back);

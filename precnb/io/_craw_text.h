@@ -14,12 +14,12 @@ typedef struct {
 static inline void
 ws(cur *c)
 {
-    while (c->i < c->n) {
-        char ch = c->s[c->i];
-        if (ch != ' ' && ch != '\n' && ch != '\t' && ch != '\r')
-            break;
-        c->i++;
-    }
+    const char *s = c->s;
+    Py_ssize_t i = c->i, n = c->n;
+    /* (one comparison for most bytes: every JSON whitespace byte is at most ' ') */
+    while (i < n && (unsigned char)s[i] <= ' ' && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r'))
+        i++;
+    c->i = i;
 }
 
 /* 1 past the punctuation *ch* at c->i (JSON whitespace skipped on both sides), 0 at anything else */

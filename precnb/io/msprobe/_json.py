@@ -126,7 +126,7 @@ def _pieces(fh: IO[bytes], buf: bytes | bytearray, indent: bytes | None,
                 cut = buf.rfind(sep, max(0, len(buf) - len(block) - len(sep) + 1))
                 if cut >= 0:
                     end = cut + len(sep) - 1  # the comma after a record's closing brace
-                    piece, buf = bytes(buf[:end]), buf[end + 1:]
+                    piece = _take(buf, end)
                     yield piece, None
                     continue
                 if len(buf) < long:
@@ -143,10 +143,25 @@ def _pieces(fh: IO[bytes], buf: bytes | bytearray, indent: bytes | None,
             raise NotBatchableError  # the file ends inside data
         if scan.cut >= 0:
             end = scan.cut
-            piece, buf = bytes(buf[:end]), buf[end + 1:]
+            piece = _take(buf, end)
             scan.rebase(end + 1)
             scanned -= end + 1
             yield piece, None
+
+
+def _take(buf: bytearray, end: int) -> bytes:
+    """``buf[:end]`` as bytes, removed from *buf* with the separator byte after it (one copy of the piece).
+
+    Examples
+    --------
+    >>> buf = bytearray(b"ab,cd")
+    >>> _take(buf, 2), buf
+    (b'ab', bytearray(b'cd'))
+    """
+    with memoryview(buf) as view:
+        piece = bytes(view[:end])
+    del buf[:end + 1]  # (a bytearray drops its first bytes without moving the rest)
+    return piece
 
 
 def batches(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -46,6 +46,28 @@ class TextColumn:
         self._parts.append(np.fromiter(map(code.__getitem__, texts), kind, len(texts)))
         self._n += len(texts)
 
+    def extend_coded(self, codes: bytes, texts: Sequence[str]) -> None:
+        """Append one text per int32 of *codes*, an index into *texts* (each of them used; the C reader's form).
+
+        Examples
+        --------
+        >>> col = TextColumn()
+        >>> col.extend(["grad"])
+        >>> col.extend_coded(np.array([1, 0, 1], np.int32).tobytes(), ["input", "grad"])
+        >>> col.array().tolist(), len(col)
+        (['grad', 'grad', 'input', 'grad'], 4)
+        """
+        code = self._code
+        for t in texts:
+            if t not in code:
+                code[t] = len(self._texts)
+                self._texts.append(t)
+        kind = np.uint16 if len(self._texts) <= 1 << 16 else np.int32
+        remap = np.fromiter(map(code.__getitem__, texts), kind, len(texts))
+        local = np.frombuffer(codes, np.int32)
+        self._parts.append(remap[local])
+        self._n += len(local)
+
     def array(self) -> np.ndarray:
         """The column as an object array of str (the codes are let go)."""
         table = np.empty(len(self._texts), object)

@@ -105,6 +105,9 @@ class _File:
         self.large = False  # a large file: free memory is handed back between the steps of build()
         self._parents: list[str] = []  # of the current batch's nodes that had tensors
         self._todo: list[tuple[int, str, dict[str, Any], str]] = []  # the current batch's run facts to read
+        # for the C reader: construct.json's nodes (the tables' own key objects) and parents in its order, and where
+        # in it the last record was found (a dump's records mostly come in that order)
+        self.order: list[Any] = []
 
     def batch(self, data: Mapping[str, Any]) -> None:
         """Read one parsed batch of node records (all of ``data`` for a whole-file parse) with :meth:`record`.
@@ -156,14 +159,15 @@ class _File:
             try:
                 got = reader.read_records(raw, pos, self.names, self.parents, labels, roles, shapes, dtypes, nodes,
                                           self._parents, self.counts, self._todo, self.backward is None,
-                                          self.is_recompute is None, self.signatures)
+                                          self.is_recompute is None, self.signatures, *self.order)
             except ValueError:  # not a sequence of JSON members
                 raise _json.NotBatchableError from None
             self.n_nodes += got[1]
+            self.order[2] = got[12]
             name_hashes.append(np.frombuffer(got[6], np.int64))
-            if shapes:
+            if shapes:  # (the distinct texts of the leaves read: none when no leaf was)
                 cols.add_raw(got, shapes, dtypes)
-                self.roles.extend(roles)
+                self.roles.extend_coded(got[9], roles)
                 self.hashes.append(np.frombuffer(got[5], np.int64))
             back = got[8]
             if back is None:
@@ -366,6 +370,8 @@ def _read(rd: RankDir, signatures: bool = True) -> FileRecords:
     try:
         if reader is not None:
             name_hashes: list[np.ndarray] = []
+            # (names maps each of parents' keys to itself; the set: the C reader's optimizer records read, see _craw)
+            f.order = [list(parents), list(parents.values()), -1, set()]
             for is_top, raw in _json.raw_parts(rd.dump_file, name_hashes):
                 if is_top:
                     top = raw

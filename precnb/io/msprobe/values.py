@@ -190,8 +190,11 @@ class Columns:
         self.n += n
 
     def add_raw(self, got: tuple[Any, ...], shapes: list[str], dtypes: list[str]) -> None:
-        """The columns of leaves :mod:`precnb.io._craw` read (*got*: its result; *shapes*, *dtypes*: one per leaf)."""
-        n = len(shapes)
+        """The columns of leaves :mod:`precnb.io._craw` read (*got*: its result).
+
+        *shapes*, *dtypes*: the distinct texts its codes ``got[10]``, ``got[11]`` index.
+        """
+        n = len(got[4]) // 8  # (numel: an int64 per leaf)
         if not n:
             return
         table = np.frombuffer(got[2], np.float64).reshape(4, n)
@@ -199,8 +202,8 @@ class Columns:
             self._stats[name].append(table[bit])
         self._null.append(np.frombuffer(got[3], np.uint8))
         self._numel.append(np.frombuffer(got[4], np.int64))
-        self.shape.extend(shapes)
-        self.dtype.extend(dtypes)
+        self.shape.extend_coded(got[10], shapes)
+        self.dtype.extend_coded(got[11], dtypes)
         if self.any_crc:  # what _strings pads for leaves without these keys
             self.crc += itertools.repeat(None, n)
         if self._names_from is not None:
