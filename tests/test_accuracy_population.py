@@ -67,7 +67,7 @@ def judged(kind: str, answer: dict) -> tuple[int | None, int | None, str | None]
 # ------------------------------------------------------------------------------------------- healthy
 def test_ground_truth_is_read_back():
     h = draw()["healthy"][0]
-    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 15
+    assert gt()["runs"][h["run"]]["spec"]["layout"] == "tp2pp1" and len(gt()["runs"]) == 20
     for f in draw()["faults"]:
         t = gt()["truth"][f["run"]]
         assert t["status"] == "ok" and t["rank"] == f["injection"]["rank"] and t["step"] == f["injection"]["from_step"]

@@ -29,6 +29,7 @@ from .scrub import scrub_tree
 SEED = 2033
 PP_L1_SEED = 2500
 DROPOUT_SEED = 4867  # a healthy dropout-0.1 pair (draw 5)
+SP_L1_SEED = 2320  # draw 6 (generated on another machine than the runs above: each pair is made on one machine)
 # (kind, layout, bug, dumped steps kept: None for every one) — the fault runs keep the steps up to their fault's
 # (from step 0: msprobe numbers calls per step and Megatron's first step makes calls later steps do not)
 FAULTS = [
@@ -96,10 +97,10 @@ def plan() -> dict[str, Any]:
     # a tp2 run with sequence parallelism at level L1 against the same unsharded L1 run (draw 6's false alarm):
     # its backward makes the calls of tp1 and more, all at the root; lined up on op names alone, a run of
     # ``matmul, t, matmul`` shifted and paired one layer's weight gradient with another's; step 0
-    sp_l1 = P.run_spec(PP_L1_SEED, "tp2sp", level="L1")
-    runs[P.run_id(sp_l1)] = sp_l1
-    healthy.append({"name": f"tp2spL1@{PP_L1_SEED}", "seed": PP_L1_SEED, "layout": "tp2sp", "run": P.run_id(sp_l1),
-                    "reference": P.run_id(ref_l1), "steps_kept": [0]})
+    sp_l1, sp_ref = P.run_spec(SP_L1_SEED, "tp2sp", level="L1"), P.run_spec(SP_L1_SEED, "tp1pp1", level="L1")
+    runs[P.run_id(sp_l1)], runs[P.run_id(sp_ref)] = sp_l1, sp_ref
+    healthy.append({"name": f"tp2spL1@{SP_L1_SEED}", "seed": SP_L1_SEED, "layout": "tp2sp", "run": P.run_id(sp_l1),
+                    "reference": P.run_id(sp_ref), "steps_kept": [0]})
     # a healthy tp2pp1 run with dropout 0.1 and its unsharded twin (draw 5's unsynced-seed twin and reference): at
     # step 1 one bias gradient's Max differs, at step 3 one layernorm weight gradient's Min (one element of a weight
     # Adam moved by its eps-magnified noise): the one-element noise rule's cases; steps 0, 1 and 3
