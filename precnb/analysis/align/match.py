@@ -74,15 +74,13 @@ def pair_in_order(
             return [(i, i, float(score(a[i], b[i]))) for i in range(min(n, m))
                     if float(score(a[i], b[i])) >= threshold]
         return _dp(a, b, score, threshold)
-    ka = [key_a(x) for x in a]
-    kb = [key_b(y) for y in b]
-    sm = difflib.SequenceMatcher(None, ka, kb, autojunk=False)
-    lo, hi = _band(sm.get_matching_blocks(), n, m, BAND)
+    blocks = _matching_blocks([key_a(x) for x in a], [key_b(y) for y in b])
+    lo, hi = _band(blocks, n, m, BAND)
     if int((hi - lo).sum()) <= MAX_BAND_CELLS:
         return _banded_dp(a, b, score, threshold, lo, hi)
     out: list[tuple[int, int, float]] = []
     pa = pb = 0
-    for blk in sm.get_matching_blocks():
+    for blk in blocks:
         # the gap before this block
         ga, gb = list(range(pa, blk.a)), list(range(pb, blk.b))
         if ga and gb:
@@ -94,6 +92,23 @@ def pair_in_order(
                 out.append((blk.a + k, blk.b + k, s))
         pa, pb = blk.a + blk.size, blk.b + blk.size
     return out
+
+
+def _matching_blocks(ka: list[Hashable], kb: list[Hashable]) -> list[difflib.Match]:
+    """``difflib.SequenceMatcher(None, ka, kb, autojunk=False).get_matching_blocks()``.
+
+    Equal key lists (one codebase: the same ops in the same order) have one block, the whole list, and the
+    sentinel: what difflib finds (the longest common block is the whole list, unique) without its quadratic
+    search (0.02-0.03 s for a scope of 1,000 calls).
+
+    >>> keys = ["a", "b", "a"]
+    >>> _matching_blocks(keys, list(keys)) == difflib.SequenceMatcher(None, keys, keys).get_matching_blocks()
+    True
+    """
+    if ka == kb:
+        n = len(ka)
+        return [difflib.Match(0, 0, n), difflib.Match(n, n, 0)] if n else [difflib.Match(0, 0, 0)]
+    return difflib.SequenceMatcher(None, ka, kb, autojunk=False).get_matching_blocks()
 
 
 def _band(blocks: Sequence[Any], n: int, m: int, width: int) -> tuple[np.ndarray, np.ndarray]:
