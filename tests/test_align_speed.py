@@ -128,3 +128,42 @@ def test_target_coords_are_each_labels_row():
     col = {n: align_mod._plain_values(tt.coords[n]) for n in align_mod._COORDS if n in tt.coords}
     want = {t: tuple(col[n][j] if n in col else None for n in align_mod._COORDS) for t, j in index.items()}
     assert list(every.items()) == list(want.items())
+
+
+def test_long_scopes_are_proven_inside_the_band_and_answer_as_the_banded_programme(monkeypatch):
+    """Every scope counts as long (the banded programme's): the proof is taken where its pairs lie in the band."""
+    pairing = importlib.import_module("precnb.analysis.align.pairing")
+    monkeypatch.setattr(match, "MAX_CELLS", 4)
+    proven = []
+    proof = pairing.certified_pairs
+
+    def watched(xs, ys, *a, **k):
+        out = proof(xs, ys, *a, **k)
+        if out is not None and len(xs) * len(ys) > 4:
+            proven.append(len(xs))
+        return out
+
+    monkeypatch.setattr(pairing, "certified_pairs", watched)
+    for b, t in ((("dp_sum", "baseline"), ("dp_sum", "target")), (("rank_shift",), ("dp_nan",)),
+                 (("healthy",), ("dp_nan",))):
+        base, targ = open_quiet(sample_path(*b)), open_quiet(sample_path(*t))
+        module = next(str(m) for m in base["module"].values if str(m))
+        mapping = {"modules": {module: module}}
+        fast = align_mod._align(base, targ, mapping=mapping)
+        slow = align_mod._align(base, targ, mapping=mapping, fast=False)  # the banded programme, every score
+        assert fast.to_dict() == slow.to_dict() and fast.target_coords == slow.target_coords
+    assert proven  # long scopes were proven, not programmed
+
+
+def test_the_cells_weighed_are_every_column_or_the_band(monkeypatch):
+    """A proof is taken only where its pairs are cells the programme weighs: the band, for a long scope."""
+    keys = [f"op{i % 3}" for i in range(40)]
+    a = b = list(range(40))
+    lo, hi = match.programme_cells(a, b, keys.__getitem__, keys.__getitem__)
+    assert lo.tolist() == [0] * 40 and hi.tolist() == [40] * 40  # a short scope: every column
+    monkeypatch.setattr(match, "MAX_CELLS", 100)
+    lo, hi = match.programme_cells(a, b, keys.__getitem__, keys.__getitem__)
+    assert all(lo[i] <= i < hi[i] for i in range(40))  # equal keys: the diagonal is inside the band
+    assert not all(lo[i] <= 39 - i < hi[i] for i in range(40))  # a pairing far off it is not
+    monkeypatch.setattr(match, "MAX_BAND_CELLS", 10)
+    assert match.programme_cells(a, b, keys.__getitem__, keys.__getitem__) is None  # paired run by run: no proof

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["pair_greedy", "pair_in_order"]
+__all__ = ["pair_greedy", "pair_in_order", "programme_cells"]
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -92,6 +92,22 @@ def pair_in_order(
                 out.append((blk.a + k, blk.b + k, s))
         pa, pb = blk.a + blk.size, blk.b + blk.size
     return out
+
+
+def programme_cells(a: Sequence[A], b: Sequence[B], key_a: Callable[[A], Hashable],
+                    key_b: Callable[[B], Hashable]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cells :func:`pair_in_order`'s programme weighs for these lists: per row of *a*, columns ``[lo, hi)``.
+
+    Every column for lists within :data:`MAX_CELLS`, the band around the anchors for longer ones; None when it
+    pairs them otherwise (a band beyond :data:`MAX_BAND_CELLS`: run by run). A pairing proven the best of every
+    pairing (:func:`precnb.analysis.align.certify.certified_pairs`) is what the programme returns when each of its
+    pairs is one of these cells: the programme finds the best pairing among them, and that one is among them.
+    """
+    n, m = len(a), len(b)
+    if n * m <= MAX_CELLS:
+        return np.zeros(n, np.int64), np.full(n, m, np.int64)
+    lo, hi = _band(_matching_blocks([key_a(x) for x in a], [key_b(y) for y in b]), n, m, BAND)
+    return (lo, hi) if int((hi - lo).sum()) <= MAX_BAND_CELLS else None
 
 
 def _matching_blocks(ka: list[Hashable], kb: list[Hashable]) -> list[difflib.Match]:
