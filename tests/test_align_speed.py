@@ -1,6 +1,8 @@
 """Shortcuts of the pairing and of the combined pair (issue #51 item 8): each answers as the general path does.
 
 * equal op-key lists anchor as one block (``match._matching_blocks``), what difflib finds, without its search;
+* a long call scope (the banded programme's) is proven by name where every proven pair lies in the band the
+  programme weighs (``match.programme_cells``): the alignment equals the banded programme's;
 * a node pair whose tensors carry the same labels in the same order pairs them label to label in one pass
   (``TensorPairing._whole_node``) only while every pair scores above what another label can: a tensor whose
   values differ sends the node back to the general path, and the alignment equals the full programme's;
