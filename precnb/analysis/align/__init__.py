@@ -175,9 +175,10 @@ def _target_coords(tt: RunTree) -> tuple[dict[str, int], dict[str, tuple[Any, ..
     """
     kept = getattr(tt, "_target_coords", None)
     if kept is None:
-        col = {name: _plain_values(tt.coords[name]) for name in _COORDS if name in tt.coords}
+        none = [None] * len(tt.labels)
+        cols = [_plain_values(tt.coords[name]) if name in tt.coords else none for name in _COORDS]
         index = {lbl: j for j, lbl in enumerate(tt.labels)}
-        every = {t: tuple(col[name][j] if name in col else None for name in _COORDS) for t, j in index.items()}
+        every = dict(zip(tt.labels, zip(*cols, strict=False), strict=False))  # a label: its row, in label order
         kept = tt._target_coords = (index, every)  # type: ignore[attr-defined]
     return kept
 
@@ -186,7 +187,8 @@ def _plain_values(values: np.ndarray) -> list[Any]:
     """Each value of a coordinate as :func:`_plain` gives it (a numeric column converted at once)."""
     if values.dtype != object:
         return values.tolist()
-    return [v.item() if isinstance(v, np.generic | np.ndarray) else v for v in values.tolist()]
+    kinds = (np.generic, np.ndarray)
+    return [v.item() if isinstance(v, kinds) else v for v in values.tolist()]
 
 
 def _plain(v: Any) -> Any:

@@ -6,6 +6,7 @@ Its steps: :mod:`~precnb.analysis.align.pair_modules`, the calls (:mod:`~precnb.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class Pairing:
     # left[side][node] = "glue: ..." | "organisation: ..." | "not captured: ..." | "unpaired: ..."
 
 
+@functools.lru_cache(maxsize=4096)  # a pairing maps a few distinct scores thousands of times
 def _confidence(score: float, threshold: float) -> float:
     """A score mapped into (0, 1): the threshold gives 0.5, twice its margin about 0.9."""
     return round(1.0 / (1.0 + math.exp(-2.2 * (score - threshold) / max(threshold, 1e-9))), 3)

@@ -324,13 +324,12 @@ class Alignment:
         out = baseline.isel(tensor=keep)
         out = out.assign_coords(tensor=np.asarray(new, dtype=object))
         coord_vals = {name: np.asarray(out.coords[name].values).copy() for name in _COORDS if name in out.coords}
-        for k, lbl in enumerate(new):
-            tc = self.target_coords.get(lbl)
-            if tc is None:
-                continue
-            for name, v in zip(_COORDS, tc, strict=True):
-                if name in coord_vals:
-                    coord_vals[name][k] = v
+        given = [(k, tc) for k, tc in enumerate(map(self.target_coords.get, new)) if tc is not None]
+        for i, name in enumerate(_COORDS):  # the renamed tensors' target coordinates, column by column
+            if name in coord_vals and given:
+                column = np.empty(len(given), dtype=object)  # each value as it is (no array of strings made first)
+                column[:] = [tc[i] for _k, tc in given]
+                coord_vals[name][[k for k, _tc in given]] = column
         out = out.assign_coords({name: ("tensor", vals) for name, vals in coord_vals.items()})
         raw = baseline.attrs.get("dtype_changes")  # entry dtypes follow their tensors' new labels
         if raw:

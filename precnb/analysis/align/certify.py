@@ -138,8 +138,10 @@ def certified_pairs(xs: Sequence[NodeInfo], ys: Sequence[NodeInfo], score: Calla
     Returns
     -------
     list of (int, int, float) or None
-        What :func:`precnb.analysis.align.match.pair_in_order` returns for these inputs when
-        ``len(xs) * len(ys)`` is within its programme's size, or None (not proven).
+        The best pairing of all (by a margin), which is what :func:`precnb.analysis.align.match.pair_in_order`
+        returns for these inputs when each pair is among the cells its programme weighs
+        (:func:`~precnb.analysis.align.match.programme_cells`: every cell of a short scope, the band around the
+        anchors of a long one), or None (not proven).
     """
     partners = name_partners([x.name for x in xs], [y.name for y in ys])
     if partners is None:

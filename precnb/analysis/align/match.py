@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["pair_greedy", "pair_in_order"]
+__all__ = ["pair_greedy", "pair_in_order", "programme_cells"]
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -74,15 +74,13 @@ def pair_in_order(
             return [(i, i, float(score(a[i], b[i]))) for i in range(min(n, m))
                     if float(score(a[i], b[i])) >= threshold]
         return _dp(a, b, score, threshold)
-    ka = [key_a(x) for x in a]
-    kb = [key_b(y) for y in b]
-    sm = difflib.SequenceMatcher(None, ka, kb, autojunk=False)
-    lo, hi = _band(sm.get_matching_blocks(), n, m, BAND)
+    blocks = _matching_blocks([key_a(x) for x in a], [key_b(y) for y in b])
+    lo, hi = _band(blocks, n, m, BAND)
     if int((hi - lo).sum()) <= MAX_BAND_CELLS:
         return _banded_dp(a, b, score, threshold, lo, hi)
     out: list[tuple[int, int, float]] = []
     pa = pb = 0
-    for blk in sm.get_matching_blocks():
+    for blk in blocks:
         # the gap before this block
         ga, gb = list(range(pa, blk.a)), list(range(pb, blk.b))
         if ga and gb:
@@ -94,6 +92,39 @@ def pair_in_order(
                 out.append((blk.a + k, blk.b + k, s))
         pa, pb = blk.a + blk.size, blk.b + blk.size
     return out
+
+
+def programme_cells(a: Sequence[A], b: Sequence[B], key_a: Callable[[A], Hashable],
+                    key_b: Callable[[B], Hashable]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cells :func:`pair_in_order`'s programme weighs for these lists: per row of *a*, columns ``[lo, hi)``.
+
+    Every column for lists within :data:`MAX_CELLS`, the band around the anchors for longer ones; None when it
+    pairs them otherwise (a band beyond :data:`MAX_BAND_CELLS`: run by run). A pairing proven the best of every
+    pairing (:func:`precnb.analysis.align.certify.certified_pairs`) is what the programme returns when each of its
+    pairs is one of these cells: the programme finds the best pairing among them, and that one is among them.
+    """
+    n, m = len(a), len(b)
+    if n * m <= MAX_CELLS:
+        return np.zeros(n, np.int64), np.full(n, m, np.int64)
+    lo, hi = _band(_matching_blocks([key_a(x) for x in a], [key_b(y) for y in b]), n, m, BAND)
+    return (lo, hi) if int((hi - lo).sum()) <= MAX_BAND_CELLS else None
+
+
+def _matching_blocks(ka: list[Hashable], kb: list[Hashable]) -> list[difflib.Match]:
+    """``difflib.SequenceMatcher(None, ka, kb, autojunk=False).get_matching_blocks()``.
+
+    Equal key lists (one codebase: the same ops in the same order) have one block, the whole list, and the
+    sentinel: what difflib finds (the longest common block is the whole list, unique) without its quadratic
+    search (0.02-0.03 s for a scope of 1,000 calls).
+
+    >>> keys = ["a", "b", "a"]
+    >>> _matching_blocks(keys, list(keys)) == difflib.SequenceMatcher(None, keys, keys).get_matching_blocks()
+    True
+    """
+    if ka == kb:
+        n = len(ka)
+        return [difflib.Match(0, 0, n), difflib.Match(n, n, 0)] if n else [difflib.Match(0, 0, 0)]
+    return difflib.SequenceMatcher(None, ka, kb, autojunk=False).get_matching_blocks()
 
 
 def _band(blocks: Sequence[Any], n: int, m: int, width: int) -> tuple[np.ndarray, np.ndarray]:
