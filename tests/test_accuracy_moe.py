@@ -42,10 +42,10 @@ def test_moe_draw_pairs_every_fault_with_its_twin_and_ep1_reference():
 def test_moe_pp_draw_injects_on_the_stage_holding_the_layer():
     """EP + PP (issue 48, "EP+PP>1 not generated"): moe_pp2ep2dp2 holds layer l on ranks 2l, 2l+1 (order
     tp-cp-ep-dp-pp), global expert g of it on EP rank g // 2 of that stage."""
-    from precnb.analysis.layout import Layout
+    from _acc_moe import LAYOUT_TEXT
     from precnb_samples._pop_moe import LAYOUTS, draw_moe
 
-    from _acc_moe import LAYOUT_TEXT
+    from precnb.analysis.layout import Layout
 
     lay = LAYOUTS["moe_pp2ep2dp2"]
     assert (lay["tp"], lay["pp"], lay["dp"], lay["ep"], lay["etp"]) == (1, 2, 2, 2, 1)
