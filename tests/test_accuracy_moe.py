@@ -39,20 +39,21 @@ def test_moe_draw_pairs_every_fault_with_its_twin_and_ep1_reference():
     assert draw_moe(1) == plan
 
 
-def test_moe_pp_draw_injects_on_the_stage_holding_the_layer():
-    """EP + PP (issue 48, "EP+PP>1 not generated"): moe_pp2ep2dp2 holds layer l on ranks 2l, 2l+1 (order
-    tp-cp-ep-dp-pp), global expert g of it on EP rank g // 2 of that stage."""
+@pytest.mark.parametrize("name", ["moe_pp2ep2dp2", "moe_tp2pp2ep2"])
+def test_moe_pp_draw_injects_on_the_stage_holding_the_layer(name):
+    """EP + PP (issue 48, "EP+PP>1 not generated"): moe_pp2ep2dp2 and moe_tp2pp2ep2 hold layer l on ranks 2l, 2l+1
+    (order tp-cp-ep-dp-pp), global expert g of it on EP rank g // 2 of that stage (EP over DP, or folded onto TP)."""
     from _acc_moe import LAYOUT_TEXT
     from precnb_samples._pop_moe import LAYOUTS, draw_moe
 
     from precnb.analysis.layout import Layout
 
-    lay = LAYOUTS["moe_pp2ep2dp2"]
-    assert (lay["tp"], lay["pp"], lay["dp"], lay["ep"], lay["etp"]) == (1, 2, 2, 2, 1)
-    layout = Layout.coerce(LAYOUT_TEXT["moe_pp2ep2dp2"], 4)
-    plan = draw_moe(2, repeat=1, layouts=["moe_pp2ep2dp2"])
-    assert plan["draw_seed"] == "moe2_pp2ep2dp2"
-    assert {s["layout"] for s in plan["runs"].values()} == {"moe_ep1", "moe_pp2ep2dp2"}
+    lay = LAYOUTS[name]
+    assert (lay["tp"] * lay["dp"], lay["pp"], lay["ep"], lay["etp"]) == (2, 2, 2, 1)
+    layout = Layout.coerce(LAYOUT_TEXT[name], 4)
+    plan = draw_moe(2, repeat=1, layouts=[name])
+    assert plan["draw_seed"] == f"moe2_{name[4:]}"
+    assert {s["layout"] for s in plan["runs"].values()} == {"moe_ep1", name}
     assert sorted(f["kind"] for f in plan["faults"]) == sorted(["expert_fc1_scale", "expert_dw_only",
                                                                 "router_logit_scale", "starved_grad_per_token"])
     for f in plan["faults"]:
@@ -60,7 +61,7 @@ def test_moe_pp_draw_injects_on_the_stage_holding_the_layer():
         coords = layout.coords(b["rank"])
         assert coords["pp"] == b["layer"], f
         if "expert" in b:
-            assert coords["ep"] == b["expert"] // 2, f
+            assert coords["ep"] == layout.expert_coords(b["rank"])["ep"] == b["expert"] // 2, f
 
 
 @cache

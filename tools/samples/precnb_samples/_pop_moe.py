@@ -5,7 +5,8 @@ layers of 4 SequentialMLP experts, top-2 sigmoid router with expert bias, ``fina
 trained, all dumped), with the model seed drawn (it seeds the initial weights and the batches). Layouts:
 ``moe_ep1`` (world 1, the reference), ``moe_tp2ep2`` (TP 2 with sequence parallelism, EP 2 / ETP 1 folded onto
 the same 2 ranks) and ``moe_tp1ep2dp2`` (EP 2 over DP 2); ``moe_pp2ep2dp2`` (PP 2 × DP 2 with EP 2 over each
-stage's DP pair, world 4, one layer per stage; drawn only when asked: ``draw_moe(..., layouts=[...])``, issue 48
+stage's DP pair, world 4, one layer per stage) and ``moe_tp2pp2ep2`` (TP 2 with sequence parallelism × PP 2, EP 2
+folded onto each stage's TP pair) are drawn only when asked (``draw_moe(..., layouts=[...])``, issue 48
 "EP+PP>1"). Fault kinds (one expert or one rank, drawn in the EP layouts; the expert faults act on the rank
 that holds the expert, global expert ``g`` of layer ``l`` on EP rank ``g // 2`` of the stage holding ``l``,
 which is global rank ``stage * 2 + g // 2`` in these layouts, :func:`expert_rank`):
@@ -50,7 +51,9 @@ LAYOUTS: dict[str, dict[str, Any]] = {"moe_ep1": M.ROOTS["moe_ep1"]["layout"],
                                       "moe_dp2": M.EDP_LAYOUTS["moe_dp2"],
                                       "moe_tp2etp1": M.EDP_LAYOUTS["moe_tp2etp1"],
                                       # pipeline parallel (not drawn by default): PP 2 x DP 2, EP 2 per stage
-                                      "moe_pp2ep2dp2": M._lay(dp=2, ep=2, pp=2)}
+                                      "moe_pp2ep2dp2": M._lay(dp=2, ep=2, pp=2),
+                                      # and TP 2 (sequence parallel) x PP 2, EP 2 folded onto each stage's TP pair
+                                      "moe_tp2pp2ep2": M._lay(tp=2, ep=2, pp=2)}
 EP = ["moe_tp2ep2", "moe_tp1ep2dp2"]
 KINDS: dict[str, list[str]] = {"expert_fc1_scale": EP, "expert_dw_only": EP, "router_logit_scale": EP,
                                "starved_grad_per_token": EP}
