@@ -86,12 +86,40 @@ def test_healthy_pp_ep_against_ep1_finds_nothing():
     assert got["kind"] == "none", got["reason"]
 
 
+def _expert_calls(ds, api: str) -> dict[str, str]:
+    """Label -> parent module of every call of *api* made inside an expert, on every rank of *ds*."""
+    out: dict[str, str] = {}
+    for i in range(ds.sizes["rank"]):
+        pres = ds["present"].values[0, i]
+        for j in np.flatnonzero(pres).tolist():
+            node, parent = str(ds["node"].values[j]), str(ds["parent"].values[j])
+            if node.startswith(api + ".") and ".local_experts." in parent:
+                assert out.setdefault(node, parent) == parent, (node, parent, out[node])
+    return out
+
+
+def test_stitched_stages_number_expert_calls_as_one_rank_holding_every_expert():
+    """TP 2 x PP 2 with EP folded onto TP: each stitched TP rank holds two of the four experts of each layer. Its
+    API calls inside experts are numbered as the EP=1 run numbers them (the other EP rank's experts counted where
+    they run, backward blocks from the last expert down), so a label names the same global expert's call."""
+    from precnb.analysis.layout.pp import relabel_pipeline
+
+    pair = _pair("moe_tp2pp2ep2")
+    ref = _expert_calls(precnb.open_run(_run(pair["reference"]), workers=1), "Tensor.t")
+    run = precnb.open_run(_run(pair["run"]), workers=1)
+    stitched, _ = relabel_pipeline(run, Layout.coerce(gt()["layouts"]["moe_tp2pp2ep2"]["text"], 4))
+    got = _expert_calls(stitched, "Tensor.t")
+    assert len(got) == len(ref) == 32
+    assert {n: p for n, p in got.items()} == {n: ref[n] for n in got}
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "defect (issue #48, EP folded onto TP with PP): with pipeline stages the API calls are numbered by the pipeline "
-    "stitch (layout.pp._global_calls), not as one rank holding every expert (layout.ep.expert_calls, used only "
-    "without PP), so the TP merge pairs a call of expert 0 on one TP rank with a call of expert 2 on the other: the "
-    "healthy moe_tp2pp2ep2 run 'departs' from moe_ep1 at step 0 (Tensor.t.3 in local_experts.0.linear_fc1)"))
+    "defect (issue #48, EP folded onto TP with PP): the collectives of Megatron's finalize_model_grads run per stage "
+    "(each stage all-reduces its sequence-parallel gradients over TP, then its routers' token counts for the expert "
+    "bias) and are paired by label with the EP=1 run's one expert-bias all-reduce: the healthy moe_tp2pp2ep2 run "
+    "'departs' from moe_ep1 at step 0 at Distributed.all_reduce.3 (stage 0's SP gradients [96] against the routers' "
+    "token counts [2, 4])"))
 def test_healthy_tp_folded_pp_ep_against_ep1_finds_nothing():
     pair = _pair("moe_tp2pp2ep2")
     got = _cli_json("diff", _run(pair["reference"]), _run(pair["run"]), "--target-layout",
