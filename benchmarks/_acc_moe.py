@@ -1,7 +1,8 @@
 """MoE cases and scoring of the accuracy benchmark (issue 48 item 6): the population's MoE draws
 (``tools/samples/precnb_samples/_pop_moe.py``, draw keys ``moe<seed>``), alltoall dispatcher, layouts ``moe_ep1``
 (world 1, the reference), ``moe_tp2ep2`` (TP 2 with sequence parallelism, EP 2 folded onto the same ranks,
-ETP 1) and ``moe_tp1ep2dp2`` (EP 2 over DP 2).
+ETP 1) and ``moe_tp1ep2dp2`` (EP 2 over DP 2); with pipeline parallelism ``moe_pp2ep2dp2`` (PP 2 × DP 2, EP 2 over
+each stage's DP pair, draw keys ``moe<seed>_pp2ep2dp2``) and ``moe_tp2pp2ep2`` (TP 2 × PP 2, EP 2 folded onto TP).
 
 **Cases.** Healthy pairs (moe_tp2ep2 and moe_tp1ep2dp2 against moe_ep1 of the same seed, and each starved
 condition's twin against its masked moe_ep1 reference): ``diff_ref`` (``--target-layout`` given),
@@ -44,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 LAYOUT_TEXT = {"moe_ep1": None, "moe_tp2ep2": "tp=2,ep=2,etp=1", "moe_tp1ep2dp2": "dp=2,ep=2", "moe_dp2": "dp=2",
-               "moe_tp2etp1": "tp=2,ep=1,etp=1"}
+               "moe_tp2etp1": "tp=2,ep=1,etp=1", "moe_pp2ep2dp2": "pp=2,dp=2,ep=2",
+               "moe_tp2pp2ep2": "tp=2,pp=2,ep=2,etp=1"}
 EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.local_experts\.)(\d+)(\.|$)")
 MLP_PART = re.compile(r"^decoder\.layers\.\d+\.mlp\.(router|experts|shared_experts)(\.|$)")
 

@@ -105,6 +105,22 @@ def _history(old_section: str, rows: list[dict[str, Any]], meta: dict[str, Any])
     return HISTORY_HEAD + kept + [row]
 
 
+def _draw_args(key: str, draw: dict[str, Any]) -> str:
+    """The generator's options of a MoE draw key (``moe<seed>`` or ``moe<seed>_<layouts>``) and its size.
+
+    >>> _draw_args("moe2_pp2ep2dp2", {"size": "moe x1"})
+    '--draw-seed 2 --moe-layout moe_pp2ep2dp2 --moe-repeat 1'
+    >>> _draw_args("moe1", {"size": "moe x2"})
+    '--draw-seed 1'
+    """
+    seed, *layouts = key[3:].split("_")
+    out = [f"--draw-seed {seed}", *(f"--moe-layout moe_{x}" for x in layouts)]
+    repeat = str(draw.get("size", "")).removeprefix("moe x")
+    if repeat.isdigit() and repeat != "2":
+        out.append(f"--moe-repeat {repeat}")
+    return " ".join(out)
+
+
 def write_moe_section(path: Path, manifest: dict[str, Any], rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     """Replace the MoE section of *path* (append it when there is none); the JSON to ``*_moe.json``."""
     healthy = [r for r in rows if r["kind"] == "healthy"]
@@ -119,8 +135,8 @@ def write_moe_section(path: Path, manifest: dict[str, Any], rows: list[dict[str,
              "`precnb` CLI with `--json --workers 1`, one subprocess per case, "
              f"{meta.get('jobs', 1)} at a time); benchmark commit `{meta['bench_commit']}`; load average "
              f"{[round(x, 2) for x in meta['loadavg']]} (2 cores, shared); scoring took {meta['seconds']} s. "
-             "Regenerate: " + "; ".join(f"`python benchmarks/bench_accuracy.py --moe --draw-seed {k[3:]} --out POP` "
-                                        f"(generate and score; `--reuse --draws {k}` scores what exists)"
+             "Regenerate: " + "; ".join(f"`python benchmarks/bench_accuracy.py --moe {_draw_args(k, draws.get(k, {}))} "
+                                        f"--out POP` (generate and score; `--reuse --draws {k}` scores what exists)"
                                         for k in meta["draw_seeds"]) + ".", "",
              "### Population", "", *_population(manifest), "",
              "### Healthy pairs: false alarms", "", *_healthy(healthy), "",

@@ -21,6 +21,8 @@ MoE draws (issue 48 item 6; ``_pop_moe.py``, draw keys ``moe<seed>``; cases and 
 
     python benchmarks/bench_accuracy.py --moe --draw-seed 1 --out /work/pop_moe           # generate + score
     python benchmarks/bench_accuracy.py --reuse --out /work/pop_moe --draws moe1 --jobs 2  # score what exists
+    python benchmarks/bench_accuracy.py --moe --draw-seed 2 --moe-layout moe_pp2ep2dp2 --moe-repeat 1 --out DIR
+                                                                                 # EP with PP (draw moe2_pp2ep2dp2)
 
 MoE draws are scored into the MoE section at the end of ``--results`` (and ``*_moe.json``); dense draws into the
 rest of the file, which keeps the MoE section.
@@ -166,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="precnb commands at a time")
     ap.add_argument("--reuse", action="store_true", help="do not generate: score the runs that exist")
     ap.add_argument("--moe", action="store_true", help="generate a MoE draw (_pop_moe.draw_moe) instead of a dense one")
+    ap.add_argument("--moe-layout", action="append", help="with --moe: EP layouts to draw in (repeatable; e.g. "
+                                                          "moe_pp2ep2dp2; default the two of _pop_moe.EP)")
+    ap.add_argument("--moe-repeat", type=int, default=2, help="with --moe: draws of each MoE fault kind")
     ap.add_argument("--smoke", action="store_true", help="score the committed subset data_samples/megatron_pop")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS_accuracy.md")
@@ -184,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             from precnb_samples._population import draw, generate
 
             kinds = None if args.only in (None, "healthy") else [args.only]
-            plan = draw_moe(args.draw_seed, kinds=kinds) if args.moe else draw(args.draw_seed, args.size, kinds)
+            plan = (draw_moe(args.draw_seed, args.moe_repeat, kinds, args.moe_layout) if args.moe
+                    else draw(args.draw_seed, args.size, kinds))
             generate(plan, out, log=lambda m: print(m, flush=True))
         manifest = load(out, "manifest.json")
     if args.draws:

@@ -39,6 +39,31 @@ def test_moe_draw_pairs_every_fault_with_its_twin_and_ep1_reference():
     assert draw_moe(1) == plan
 
 
+@pytest.mark.parametrize("name", ["moe_pp2ep2dp2", "moe_tp2pp2ep2"])
+def test_moe_pp_draw_injects_on_the_stage_holding_the_layer(name):
+    """EP + PP (issue 48, "EP+PP>1 not generated"): moe_pp2ep2dp2 and moe_tp2pp2ep2 hold layer l on ranks 2l, 2l+1
+    (order tp-cp-ep-dp-pp), global expert g of it on EP rank g // 2 of that stage (EP over DP, or folded onto TP)."""
+    from _acc_moe import LAYOUT_TEXT
+    from precnb_samples._pop_moe import LAYOUTS, draw_moe
+
+    from precnb.analysis.layout import Layout
+
+    lay = LAYOUTS[name]
+    assert (lay["tp"] * lay["dp"], lay["pp"], lay["ep"], lay["etp"]) == (2, 2, 2, 1)
+    layout = Layout.coerce(LAYOUT_TEXT[name], 4)
+    plan = draw_moe(2, repeat=1, layouts=[name])
+    assert plan["draw_seed"] == f"moe2_{name[4:]}"
+    assert {s["layout"] for s in plan["runs"].values()} == {"moe_ep1", name}
+    assert sorted(f["kind"] for f in plan["faults"]) == sorted(["expert_fc1_scale", "expert_dw_only",
+                                                                "router_logit_scale", "starved_grad_per_token"])
+    for f in plan["faults"]:
+        b = f["injection"]
+        coords = layout.coords(b["rank"])
+        assert coords["pp"] == b["layer"], f
+        if "expert" in b:
+            assert coords["ep"] == layout.expert_coords(b["rank"])["ep"] == b["expert"] // 2, f
+
+
 @cache
 def gt() -> dict:
     return json.loads((MG / "ground_truth.json").read_text(encoding="utf-8"))["moe"]

@@ -34,6 +34,8 @@ __all__ = ["expert_calls", "expert_segment"]
 _SEGMENT = re.compile(r"^(.*?(?<![A-Za-z0-9_])experts)(?:\.local_experts\.(\d+))?(?=\.)")
 
 Item = tuple[str, int, Any]  # (api, local call, segment)
+BACKWARD = "#backward"  # the segment of calls made in an expert module's backward
+Gaps = dict[tuple[int, int], dict[tuple[str, int], list[int]]]
 
 
 def expert_segment(parent: str) -> tuple[str, int | None] | None:
@@ -62,7 +64,10 @@ def _sequence(ds: xr.Dataset, si: int, i: int, rank: int, by_key: dict[str, dict
         if p.kind != "api" or p.direction != "forward" or p.call < 0:
             continue
         parent = str(by_key.get(n, {}).get(at) or parents[j] or "")
-        out.append((p.api, p.call, expert_segment(parent)))
+        seg = expert_segment(parent)
+        if seg is not None and ".backward" in parent:  # a backward block: autograd visits the experts in reverse
+            seg = (seg[0] + BACKWARD, seg[1])
+        out.append((p.api, p.call, seg))
     return out
 
 
@@ -106,12 +111,16 @@ def _blocks(items: list[Item]) -> tuple[list[Any], dict[tuple[str, int], dict[in
 
 
 def expert_calls(ds: xr.Dataset, layout: Layout, n_local: dict[int, int],
-                 by_key: dict[str, dict[str, str]]) -> dict[tuple[int, int], dict[tuple[str, int], int]]:
+                 by_key: dict[str, dict[str, str]], gaps: Gaps | None = None
+                 ) -> dict[tuple[int, int], dict[tuple[str, int], int]]:
     """Per (rank, step index): ``(api, local call) -> call`` as one rank holding every expert numbers them.
 
     *n_local*: the experts each rank holds. A rank's expert block at one MoE layer call is matched with the same
     block (layer, call) on the other ranks of its expert-parallel group; global expert ``g`` is counted from EP
-    rank ``g // n_local``. Ranks whose blocks do not line up keep their own numbering.
+    rank ``g // n_local`` (in a backward block from the last expert down, as autograd runs them). Ranks whose blocks
+    do not line up keep their own numbering. *gaps* (filled when given): per (rank, step index) and own call,
+    ``[lead, trail]``: the other EP ranks' calls of that API counted just before it and just after it (in its
+    block: before its first own call, after its last one).
     """
     ranks = [int(r) for r in ds["rank"].values]
     out: dict[tuple[int, int], dict[tuple[str, int], int]] = {}
@@ -123,20 +132,65 @@ def expert_calls(ds: xr.Dataset, layout: Layout, n_local: dict[int, int],
                 items, _ = parsed[r]
                 count: dict[str, int] = defaultdict(int)
                 mine: dict[tuple[str, int], int] = {}
+                gap: dict[tuple[str, int], list[int]] = {}
+                carry: dict[str, int] = defaultdict(int)  # other ranks' calls not yet placed next to an own call
+                state = (count, mine, gap, carry)
                 for it in items:
                     if it[0] != "block":
-                        mine[(it[0], it[1])] = count[it[0]]
-                        count[it[0]] += 1
+                        _own(state, it[0], it[1])
                         continue
                     key = it[1]
-                    for q in members:  # global experts in order: EP rank q holds n_local[q] of them
+                    back = str(key[0]).endswith(BACKWARD)
+                    last: dict[str, int] = {}
+                    for q in (members[::-1] if back else members):  # EP rank q holds n_local[q] global experts
                         block = parsed[q][1].get(key)
                         if block is None:
                             continue
-                        for loc in range(n_local.get(q, 0)):
+                        locs = range(n_local.get(q, 0))
+                        for loc in (locs[::-1] if back else locs):
                             for api, call, _seg in block.get(loc, []):
                                 if q == r:
-                                    mine[(api, call)] = count[api]
-                                count[api] += 1
+                                    _own(state, api, call)
+                                    last[api] = call
+                                else:
+                                    carry[api] += 1
+                                    count[api] += 1
+                    for api, call in last.items():  # the block's other calls after this rank's last one
+                        gap[(api, call)][1] += carry.pop(api, 0)
                 out[(r, si)] = mine
+                if gaps is not None:
+                    ends = {api: call for api, call in mine}  # the rank's last own call of each API
+                    for api, k in carry.items():
+                        if api in ends:
+                            gap[(api, ends[api])][1] += k
+                    gaps[(r, si)] = gap
+    return out
+
+
+def _own(state: tuple[Any, ...], api: str, call: int) -> None:
+    """Number one of the rank's own calls (after the other ranks' calls carried so far, its lead)."""
+    count, mine, gap, carry = state
+    mine[(api, call)] = count[api]
+    gap[(api, call)] = [carry.pop(api, 0), 0]
+    count[api] += 1
+
+
+def stitched_numbers(api: str, order: list[tuple[int, int]], si: int, gaps: Gaps | None) -> list[int]:
+    """The stitched call numbers of one API's calls *order* (``(member rank, local call)`` in stitched order).
+
+    Without *gaps* the calls are numbered in turn. With them (:func:`expert_calls`' gaps: the stages of an
+    expert-parallel run), the calls of the experts other EP ranks hold are counted where they run, as one rank
+    holding every stage and every expert counts them: just before or after the member's own calls in that block.
+
+    >>> stitched_numbers("t", [(0, 0), (0, 1), (2, 0)], 0, {(0, 0): {("t", 0): [0, 0], ("t", 1): [0, 2]}})
+    [0, 1, 4]
+    >>> stitched_numbers("t", [(1, 0), (1, 1), (3, 0)], 0, {(1, 0): {("t", 0): [2, 0], ("t", 1): [0, 0]}})
+    [2, 3, 4]
+    """
+    out, shift = [], 0
+    for i, (r, old) in enumerate(order):
+        lead, trail = (gaps or {}).get((r, si), {}).get((api, old), (0, 0))
+        shift += lead
+        out.append(i + shift)
+        shift += trail
     return out

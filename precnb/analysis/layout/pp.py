@@ -28,6 +28,7 @@ import numpy as np
 import xarray as xr
 
 from precnb.analysis.layout import Layout
+from precnb.analysis.layout.ep import stitched_numbers
 from precnb.analysis.layout.pp_l1 import L1Values, place_l1
 from precnb.analysis.layout.pp_stitch import CHUNK as _CHUNK
 from precnb.analysis.layout.pp_stitch import assemble_groups
@@ -154,7 +155,8 @@ def rename_node(node: str, *, layer_offset: int = 0, fold_chunk: bool = False, e
     return name
 
 
-def _global_calls(ds: xr.Dataset, members: list[int], layout: Layout, layers: re.Pattern[str] | None
+def _global_calls(ds: xr.Dataset, members: list[int], layout: Layout, layers: re.Pattern[str] | None,
+                  experts: Any = None
                   ) -> tuple[dict[tuple[int, int], dict[tuple[str, int], int]], dict[tuple[int, int], set[str]],
                              dict[tuple[int, int], dict[str, tuple[Any, ...]]]]:
     """Per (member rank, step index): ``(api, local call) -> call`` numbering the group's API calls as one rank would.
@@ -246,8 +248,9 @@ def _global_calls(ds: xr.Dataset, members: list[int], layout: Layout, layers: re
                     k = int(np.searchsorted(mod_q, q, side="right"))
                     nxt = mods[k][1] if k < len(mods) else None
                     keys[n] = (*keys[nxt][:3], q) if nxt is not None and nxt in keys else (1 << 30, 0, stage, q)
-        for api, calls in entries.items():
-            for new, (_, r, old) in enumerate(sorted(calls, key=lambda x: (x[0], x[1]))):
+        for api, calls in entries.items():  # with EP: the other EP ranks' expert calls counted (ep.stitched_numbers)
+            turn = [(r, old) for _, r, old in sorted(calls, key=lambda x: (x[0], x[1]))]
+            for (r, old), new in zip(turn, stitched_numbers(api, turn, si, experts), strict=True):
                 out[(r, si)][(api, old)] = new
     return out, dup, order
 
@@ -296,12 +299,13 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
     node_maps: dict[int, dict[str, str]] = {}
     orders: dict[tuple[int, int], dict[str, tuple[Any, ...]]] = {}
     member_order: dict[int, tuple[int, int]] = {}
-    n_locals, e_calls = _expert_numbering(ds, layout)
+    n_locals, e_calls, e_gaps = _expert_numbering(ds, layout)
     for members in groups.values():
         members.sort(key=lambda r: (layout.coords(r)["pp"], layout.coords(r)["ep"]))
         offsets: dict[str, int] = defaultdict(int)
         stage_offset = _stage_offsets(ds, members, layout, layers_rx, present, nodes) if not fold else {}
-        calls, dups, order = _global_calls(ds, members, layout, layers_rx) if layout.pp > 1 else ({}, {}, {})
+        calls, dups, order = (_global_calls(ds, members, layout, layers_rx, e_gaps or None)
+                              if layout.pp > 1 else ({}, {}, {}))
         orders.update(order)
         for r in members:
             c = layout.coords(r)
@@ -351,17 +355,22 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
     return stitched_meta(out, ds, groups, label_maps, node_maps), reduced
 
 
-def _expert_numbering(ds: xr.Dataset, layout: Layout) -> tuple[dict[int, int], dict[tuple[int, int], dict[Any, int]]]:
-    """(experts each rank holds, its API calls numbered as one rank holding every expert numbers them)."""
+def _expert_numbering(ds: xr.Dataset, layout: Layout) -> tuple[dict[int, int], dict[tuple[int, int], dict[Any, int]],
+                                                                Any]:
+    """Experts each rank holds, its API calls numbered as one rank holding every expert of its stage, and gaps.
+
+    The gaps are the other EP ranks' calls next to each own call (:func:`precnb.analysis.layout.ep.expert_calls`).
+    """
     ranks = [int(r) for r in ds["rank"].values]
     nodes, present = ds["node"].values, ds["present"].values
     n_locals = {r: (_max_index([str(n) for n, ok in zip(nodes, np.any(present[:, i, :], axis=0), strict=True) if ok],
                                _EXPERT) + 1 if layout.ep > 1 else 0) for i, r in enumerate(ranks)}
-    if layout.ep <= 1 or layout.pp > 1:
-        return n_locals, {}
+    gaps: dict[Any, Any] = {}
+    if layout.ep <= 1:
+        return n_locals, {}, gaps
     from precnb.analysis.layout.ep import expert_calls
 
-    return n_locals, expert_calls(ds, layout, n_locals, _construct_ranks(ds))
+    return n_locals, expert_calls(ds, layout, n_locals, _construct_ranks(ds), gaps), gaps
 
 
 def _stage_offsets(ds: xr.Dataset, members: list[int], layout: Layout, layers_rx: re.Pattern[str] | None,

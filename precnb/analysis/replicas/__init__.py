@@ -149,7 +149,7 @@ def replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] = 
     """
     def compute() -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
         got: list[dict[str, Any]] = []
-        if layout.ep > 1 and layout.pp == 1 and layout.vpp == 1:  # experts under global indices, API calls
+        if layout.ep > 1 and layout.vpp == 1:  # experts under global indices (stages stitched), API calls
             from precnb.analysis.replicas.experts import expert_parallel_mismatches
 
             return expert_parallel_mismatches(ds, layout, dims, rtol, _replica_mismatches)  # numbered across EP

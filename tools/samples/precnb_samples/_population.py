@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m precnb_samples._population --draw-seed N --size small|full --out DIR``: plan and run a draw.
 
     ``--moe`` draws MoE runs instead (:func:`precnb_samples._pop_moe.draw_moe`, draw key ``moe<N>``; ``--repeat``
-    draws of each MoE kind, ``--only`` MoE kinds); the dense draw of the same seed is unchanged.
+    draws of each MoE kind, ``--only`` MoE kinds, ``--moe-layout`` the EP layouts); the dense draw of the same seed is
+    unchanged.
     """
     import argparse
 
@@ -236,11 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("/work/pop"))
     ap.add_argument("--moe", action="store_true", help="a MoE draw (alltoall dispatcher; see _pop_moe)")
     ap.add_argument("--repeat", type=int, default=2, help="with --moe: draws of each MoE fault kind")
+    ap.add_argument("--moe-layout", action="append", help="with --moe: EP layouts to draw in (repeatable; default "
+                                                          "moe_tp2ep2 and moe_tp1ep2dp2)")
     args = ap.parse_args(argv)
     if args.moe:
         from ._pop_moe import draw_moe
 
-        plan = draw_moe(args.draw_seed, args.repeat, args.only)
+        plan = draw_moe(args.draw_seed, args.repeat, args.only, args.moe_layout)
     else:
         plan = draw(args.draw_seed, args.size, args.only)
     manifest = generate(plan, args.out, log=lambda m: print(m, flush=True))

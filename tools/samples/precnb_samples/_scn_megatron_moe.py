@@ -38,8 +38,8 @@ STARVED = {"layer": 1, "expert": 2, "rank": 1, "step": 1}
 SCALED = {"layer": 0, "expert": 1, "rank": 0, "from_step": 1, "m": 0.01}
 
 
-def _lay(tp: int = 1, dp: int = 1, ep: int = 1) -> dict[str, Any]:
-    return {"tp": tp, "pp": 1, "vpp": 1, "dp": dp, "sp": tp > 1, "ep": ep, "etp": 1}
+def _lay(tp: int = 1, dp: int = 1, ep: int = 1, pp: int = 1) -> dict[str, Any]:
+    return {"tp": tp, "pp": pp, "vpp": 1, "dp": dp, "sp": tp > 1, "ep": ep, "etp": 1}
 
 
 ROOTS: dict[str, dict[str, Any]] = {
