@@ -235,7 +235,9 @@ def test_readme_and_total_size():
     # with its twin and reference (step 0) 3.7 MB, a healthy tp2pp1 / tp1pp1 pair at dropout 0.1 (steps 0-1) 4.4 MB;
     # megatron_moe_edp (issue 48: MoE runs whose experts have one copy or two, 7 runs of 1-2 ranks x 2 steps, no
     # stack.json) adds 9.9 MB; megatron_moe_pp (issue 48, EP with PP: 4-rank PP 2 x DP 2 and TP 2 x PP 2
-    # runs and their ep1 reference, step 0, no stack.json) 1.8 MB. The sdist and the wheel carry none of
+    # runs and their ep1 reference, step 0, no stack.json) 1.8 MB; megatron_pop's draw-6 cases (issue 47: a healthy
+    # tp2 sequence-parallel L1 pair at step 0, a tp2pp2 stage-0 fault at steps 3-4 with its twin and reference at
+    # step 4) 6.6 MB. The sdist and the wheel carry none of
     # data_samples/ (issue 53): this bounds the checkout
     assert total < 165e6, f"data_samples is {total / 1e6:.1f} MB"
     # every dump root stays small (tiny model, few steps); the newer samples aim at 1 MB
