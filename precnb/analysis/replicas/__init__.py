@@ -212,11 +212,9 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
         cand = candidates(ds, dim, groups, ranks, rtol, present, families)
         mirror = np.zeros(present.shape, bool)
         if dim != "dp":  # a copy of a value replicated at that step: a candidate one step shows by itself
-            from precnb.analysis.replicas.mirrors import mirrored
+            from precnb.analysis.replicas.mirrors import copy_candidates
 
-            mirror = mirrored(ds, groups, ranks, present)
-            for g, fam in zip(groups, families, strict=True):
-                cand[fam] |= mirror[:, [ranks.index(r) for r in g], :].any(axis=1)
+            mirror = copy_candidates(ds, groups, ranks, present, families, cand)
         caused = _caused(ds, groups, ranks, rtol, present, families) if dim != "dp" else \
             np.zeros(cand.shape, bool)
         cols = np.flatnonzero(cand.any(axis=(0, 1)) | caused.any(axis=(0, 1)))
@@ -245,30 +243,36 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
             for si, k, tj in np.argwhere(bad):
                 if n == 2 and k == 0 and bad[si, 1, tj]:
                     continue  # a pair: report the later rank only
-                others = [r for r in g if r != g[k]]
                 if by_cause[si, tj] and scalar_only is None:
                     scalar_only = scalar_only_nodes(ds)  # once, and only when a row needs it
-                if by_cause[si, tj] and _no_tensor_input(ds, cols[tj], scalar_only):
-                    why = (f"differs from its {dim} replicas {others} although the op has no tensor input (it reads "
-                           f"only its scalar arguments and the random state): the op computed differently on rank "
-                           f"{g[k]}")
-                elif by_cause[si, tj]:
-                    why = (f"differs from its {dim} replicas {others} although the op's inputs are identical "
-                           f"on ranks {list(g)}: the op computed differently on rank {g[k]}")
-                else:
-                    why = f"differs from its {dim} replicas {others}"
                 held = [g[m] for m in range(n) if copy[si, m, tj]] if decided[si, tj] else []
-                if held:
-                    why += (f": rank(s) {held} hold a value identical on every rank of the group at this step (the "
-                            f"same statistics, bit for bit), rank {g[k]} does not: rank {g[k]} departs")
+                why = _why(dim, list(g), g[k], bool(by_cause[si, tj]),
+                           bool(by_cause[si, tj]) and _no_tensor_input(ds, cols[tj], scalar_only), held)
                 rows.append({"step": int(ds["step"].values[si]), "rank": g[k], "group": list(g), "dim": dim,
                              "tensor": str(ds["tensor"].values[cols[tj]]),
                              "node": str(ds["node"].values[cols[tj]]),
                              "seq": int(seq[si, idx[k], tj]), "inputs_identical": bool(by_cause[si, tj]),
-                             **({"copy_held_by": held} if held else {}),
-                             "why": why + (" (a pair: either side may be wrong)" if n == 2 and not held else "")})
+                             **({"copy_held_by": held} if held else {}), "why": why})
     rows.sort(key=lambda r: (r["step"], r["seq"], r["rank"]))
     return rows, checked
+
+
+def _why(dim: str, group: list[int], rank: int, inputs_identical: bool, no_tensor_input: bool,
+         held: list[int]) -> str:
+    """A replica mismatch row's text: whose copies it differs from, and what its inputs or copies say."""
+    others = [r for r in group if r != rank]
+    if no_tensor_input:
+        why = (f"differs from its {dim} replicas {others} although the op has no tensor input (it reads only its "
+               f"scalar arguments and the random state): the op computed differently on rank {rank}")
+    elif inputs_identical:
+        why = (f"differs from its {dim} replicas {others} although the op's inputs are identical on ranks {group}: "
+               f"the op computed differently on rank {rank}")
+    else:
+        why = f"differs from its {dim} replicas {others}"
+    if held:
+        return why + (f": rank(s) {held} hold a value identical on every rank of the group at this step (the same "
+                      f"statistics, bit for bit), rank {rank} does not: rank {rank} departs")
+    return why + (" (a pair: either side may be wrong)" if len(group) == 2 else "")
 
 
 def check_replicas(

@@ -28,7 +28,7 @@ import xarray as xr
 from precnb.dtypes import dtype_kind
 from precnb.schema import STATS
 
-__all__ = ["copies_of_replicated", "mirrored"]
+__all__ = ["copies_of_replicated", "copy_candidates", "mirrored"]
 
 
 def copies_of_replicated(stats: np.ndarray, numel: np.ndarray, usable: np.ndarray,
@@ -85,3 +85,15 @@ def mirrored(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present:
             usable = floats & present[si, idx].all(axis=0)
             out[si, idx] = copies_of_replicated(stats[si, idx], numel[si, idx], usable, parts & usable)
     return out
+
+
+def copy_candidates(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present: np.ndarray,
+                    families: list[int], cand: np.ndarray) -> np.ndarray:
+    """Add to *cand* (family, step, tensor; in place) the tensors with a copy of a replicated value on some member.
+
+    Returns the (step, rank, tensor) copies (:func:`mirrored`): they name the members that hold the value.
+    """
+    mirror = mirrored(ds, groups, ranks, present)
+    for g, fam in zip(groups, families, strict=True):
+        cand[fam] |= mirror[:, [ranks.index(r) for r in g], :].any(axis=1)
+    return mirror
