@@ -18,7 +18,8 @@ when
   within tolerance and whose Max and Min moved by less than the optimizer's ``lr``: Adam's normalisation magnifies
   a near-zero gradient element's rounding noise by up to ``1 / eps``, a fraction of one step's size; and at the
   steps after, an output whose Max or Min alone differs, by a few tolerances, in a module whose parameters moved
-  that way (one element's noise: :mod:`precnb.analysis.divergence.element_noise`);
+  that way (one element's noise: :mod:`precnb.analysis.divergence.element_noise`), and an optimizer's gradient
+  list entry whose Max or Min alone differs while its parameter's entry moved within the tolerance (level L1);
 - an op's input differs by at most :data:`CARRY` times the op output that produced it (the latest earlier
   output on the same step and rank with the same target statistics: :mod:`precnb.analysis.causal.dataflow`'s
   rule), which was itself not an origin; an input no recorded op produced, inside a module call, by at most
@@ -42,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from precnb.analysis.divergence.element_noise import one_element_noise
+from precnb.analysis.divergence.element_noise import list_entry_noise, one_element_noise
 from precnb.analysis.divergence.list_entries import is_list_entry as _is_list_entry
 from precnb.analysis.divergence.list_entries import lists_renamed as _lists_renamed
 
@@ -91,7 +92,7 @@ class _Tables:
         self.renamed_lists = not (self.roles == "grad").any() and _lists_renamed(b)  # L1, stage lists renamed
         self.products = np.flatnonzero((self.roles == "output")
                                        & np.array([_is_product(str(n)) for n in self.nodes], dtype=bool))
-        where = {lbl: k for k, lbl in enumerate(labels)}
+        where = self.where = {lbl: k for k, lbl in enumerate(labels)}
         self.adam_lr = _adam_lr(j.t)  # (first step, largest lr) of the Adam-family optimizer calls recorded
         self.params = np.flatnonzero(self.roles == "parameter")
         self.numel = np.asarray(j.t["numel"].values, np.float64) if "numel" in j.t.data_vars else None
@@ -142,7 +143,7 @@ class _Entry:
             return self._grad(c) or one_element_noise(self.tab, self.si, self.ri, c)
         if role == "parameter" or (role == "input" and self._is_weight(c)):
             return self._optimizer_step(c)
-        return role == "input" and self._input(c, factor)
+        return role == "input" and (self._input(c, factor) or list_entry_noise(self.tab, self.si, self.ri, c))
 
     def _is_weight(self, c: int) -> bool:
         """Whether input *c* holds a parameter's statistics at this entry (``Tensor.t`` of a weight)."""

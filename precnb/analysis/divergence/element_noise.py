@@ -21,6 +21,10 @@ So an output difference is that noise, not an origin, when all of these hold:
   optimizer's noise regime: in a comparison with a healthy twin the parameters agree bit for bit before a fault,
   and the rule never applies).
 
+The same holds for a fused optimizer's gradient list entry no recorded op produced (level L1 records no
+parameter gradient): its parameter's entry (list 0, same index) stands for the module's weights
+(:func:`list_entry_noise`).
+
 Examples
 --------
 >>> ELEMENT_FACTOR
@@ -33,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ELEMENT_FACTOR", "one_element_noise"]
+__all__ = ["ELEMENT_FACTOR", "list_entry_noise", "one_element_noise"]
 
 ELEMENT_FACTOR = 8.0
 _MAX, _MIN, _MEAN, _NORM = 0, 1, 2, 3
@@ -96,3 +100,25 @@ def one_element_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMEN
     params = [p for p in tab.params_under(_module_of(where)) if tab.both[si, ri, p]]
     moved = [p for p in params if 0.0 < float(tab.rel[si, ri, p]) <= float(tab.rtol[p])]
     return bool(moved) and len(moved) + sum(float(tab.rel[si, ri, p]) == 0.0 for p in params) == len(params)
+
+
+def list_entry_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMENT_FACTOR) -> bool:
+    """Whether a fused optimizer's gradient list entry *c* differs at (*si*, *ri*) by one element's Adam noise.
+
+    As :func:`one_element_noise`, with the parameter's own list entry (``...input.0.K`` for ``...input.1.K``) as
+    the weights that must have moved within the tolerance.
+    """
+    from precnb.analysis.divergence.list_entries import is_list_entry
+
+    lr = tab.adam_lr
+    label, node = str(tab.labels[c]), str(tab.nodes[c])
+    if lr is None or tab.step_values[si] <= lr[0] or tab.numel is None or not is_list_entry(label, node, lists=(1,)):
+        return False
+    rtol = float(tab.rtol[c])
+    if not float(tab.rel[si, ri, c]) <= factor * rtol:
+        return False
+    if not extremes_only(tab.stats[si, ri, c], tab.bstats[si, ri, c], float(tab.numel[si, ri, c]), rtol):
+        return False
+    head, _, entry = label.rpartition(".")
+    p = tab.where.get(f"{head.rpartition('.')[0]}.0.{entry}")
+    return p is not None and bool(tab.both[si, ri, p]) and 0.0 < float(tab.rel[si, ri, p]) <= float(tab.rtol[p])
