@@ -23,15 +23,12 @@ data_samples/megatron_moe_edp``
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from . import _pop_moe as PM  # noqa: N812
 from . import _population as P  # noqa: N812
-from ._pop_plan import copy_run, fault_lines, subset_main
-from .scrub import scrub_tree
+from ._pop_plan import export_moe_subset, fault_lines, subset_main
 
 SEED = 9650
 KEEP = [0, 1]
@@ -72,22 +69,7 @@ def plan() -> dict[str, Any]:
 
 def export(pop: Path, dest: Path) -> dict[str, Any]:
     """Copy the subset's runs from *pop* to *dest* (steps 0-1, no stack.json, no logs, relative dump_path)."""
-    p = plan()
-    manifest = P.load_manifest(pop)
-    if dest.exists():
-        shutil.rmtree(dest)
-    for rid in p["runs"]:
-        src, dst = pop / "runs" / rid, dest / "runs" / rid
-        copy_run(src, dst, lambda name, step: name == "stack.json" or step not in {f"step{s}" for s in KEEP})
-    runs = {rid: {k: v for k, v in manifest["runs"][rid].items() if k != "seconds"} for rid in p["runs"]}
-    truth = {f["run"]: manifest["truth"][f["run"]] for f in p["faults"]}
-    gt = {"runs": runs, "draws": {"moe_edp": {k: p[k] for k in ("size", "seeds", "healthy", "faults")}},
-          "truth": truth, "layouts": {k: {**PM.LAYOUTS[k], "text": v} for k, v in LAYOUT_TEXT.items()},
-          "steps_kept": KEEP}
-    (dest / "ground_truth.json").write_text(json.dumps(gt, indent=1) + "\n", encoding="utf-8")
-    (dest / "README.md").write_text(_readme(p, gt), encoding="utf-8")
-    scrub_tree(dest)
-    return gt
+    return export_moe_subset(pop, dest, plan(), draw="moe_edp", keep=KEEP, layouts=LAYOUT_TEXT, readme=_readme)
 
 
 def _readme(p: dict[str, Any], gt: dict[str, Any]) -> str:

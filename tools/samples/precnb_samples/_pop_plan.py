@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["copy_run", "fault_lines", "healthy_pairs", "run_id", "run_registry", "subset_main"]
+__all__ = ["copy_run", "export_moe_subset", "fault_lines", "healthy_pairs", "run_id", "run_registry",
+           "subset_main"]
 
 
 def run_id(spec: dict[str, Any]) -> str:
@@ -101,3 +102,34 @@ def copy_run(src: Path, dst: Path, skip: Callable[[str, str], bool]) -> None:
     cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
     cfg["dump_path"] = "./dump"
     (dst / "config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+
+
+def export_moe_subset(pop: Path, dest: Path, p: dict[str, Any], *, draw: str, keep: list[int],
+                      layouts: dict[str, str], readme: Callable[[dict[str, Any], dict[str, Any]], str]
+                      ) -> dict[str, Any]:
+    """Copy a committed MoE subset's runs of plan *p* from *pop* to *dest*: its steps *keep*, no stack.json, no logs.
+
+    Writes ``ground_truth.json`` (the manifest's runs, the faults' truth, draw *draw*, each layout of *layouts*
+    with its ``--target-layout`` text, the steps kept) and ``README.md`` (``readme(p, gt)``); returns the truth.
+    """
+    import shutil
+
+    from . import _pop_moe as PM  # noqa: N812
+    from . import _population as P  # noqa: N812
+    from .scrub import scrub_tree
+
+    manifest = P.load_manifest(pop)
+    if dest.exists():
+        shutil.rmtree(dest)
+    steps = {f"step{s}" for s in keep}
+    for rid in p["runs"]:
+        copy_run(pop / "runs" / rid, dest / "runs" / rid, lambda name, step: name == "stack.json" or step not in steps)
+    runs = {rid: {k: v for k, v in manifest["runs"][rid].items() if k != "seconds"} for rid in p["runs"]}
+    truth = {f["run"]: manifest["truth"][f["run"]] for f in p["faults"]}
+    gt = {"runs": runs, "draws": {draw: {k: p[k] for k in ("size", "seeds", "healthy", "faults")}},
+          "truth": truth, "layouts": {k: {**PM.LAYOUTS[k], "text": v} for k, v in layouts.items()},
+          "steps_kept": keep}
+    (dest / "ground_truth.json").write_text(json.dumps(gt, indent=1) + "\n", encoding="utf-8")
+    (dest / "README.md").write_text(readme(p, gt), encoding="utf-8")
+    scrub_tree(dest)
+    return gt
