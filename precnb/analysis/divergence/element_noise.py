@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from precnb.analysis.divergence.list_entries import is_list_entry
+
 __all__ = ["ELEMENT_FACTOR", "list_entry_noise", "one_element_noise"]
 
 ELEMENT_FACTOR = 8.0
@@ -108,8 +110,6 @@ def list_entry_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMENT
     As :func:`one_element_noise`, with the parameter's own list entry (``...input.0.K`` for ``...input.1.K``) as
     the weights that must have moved within the tolerance.
     """
-    from precnb.analysis.divergence.list_entries import is_list_entry
-
     lr = tab.adam_lr
     label, node = str(tab.labels[c]), str(tab.nodes[c])
     if lr is None or tab.step_values[si] <= lr[0] or tab.numel is None or not is_list_entry(label, node, lists=(1,)):

@@ -210,7 +210,7 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
                 if aside is not None:
                     aside += glue_aside(ds, glue, glue_why)
         cand = candidates(ds, dim, groups, ranks, rtol, present, families)
-        mirror = np.zeros(present.shape, bool)
+        mirror: np.ndarray | None = None
         if dim != "dp":  # a copy of a value replicated at that step: a candidate one step shows by itself
             from precnb.analysis.replicas.mirrors import copy_candidates
 
@@ -237,7 +237,8 @@ def _replica_mismatches(ds: xr.Dataset, layout: Layout, *, dims: Sequence[str] =
             bad = bad.any(axis=-1) & p[:, None, :]  # (step, n, t)
             bad &= (cand[fam][:, cols][:, None, :] | caused[fam][:, cols][:, None, :])
             n = len(g)
-            copy = mirror[:, idx][:, :, cols]  # (step, n, t): the member's copy is a value replicated on all
+            # (step, n, t): the member's copy is a value replicated on the whole group (TP/CP groups only)
+            copy = mirror[:, idx][:, :, cols] if mirror is not None else np.zeros(bad.shape, bool)
             decided = np.asarray(copy.any(axis=1) & ~copy.all(axis=1), bool)
             bad &= ~(decided[:, None, :] & copy)  # a member holding the replicated value does not depart
             for si, k, tj in np.argwhere(bad):

@@ -40,8 +40,7 @@ def departure_reason(ev: dict[str, Any], later: int, later_steps: list[int]) -> 
         head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}: on the other ranks it is a "
                 "value the whole group holds identically (a collective's result, copied), on this one it is not: "
                 "changed after the collective made the copies")
-        return f"{head}; rank {ev['wrong_side'][0]} departs" + (
-            f"; {later} later mismatch(es) follow from it (steps {', '.join(map(str, later_steps))})" if later else "")
+        who = f"rank {ev['wrong_side'][0]} departs"
     elif ev.get("own_records"):  # created where it is recorded: the rank's own records disagree
         head = (f"{ev['tensor']} departs across {dim} replicas {g} at step {ev['step']}: {ev['own_records']} "
                 "(the gradient was changed after the backward pass computed it)")

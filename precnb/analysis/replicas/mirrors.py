@@ -77,13 +77,15 @@ def mirrored(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present:
     parts = (ds["role"].values == "input") & np.fromiter((is_communication(str(n)) for n in ds["node"].values), bool,
                                                          ds.sizes["tensor"])
     floats = np.fromiter((dtype_kind(str(d)) == "float" for d in ds["dtype"].values), bool, ds.sizes["tensor"])
-    stats = np.stack([ds[s].values for s in STATS], axis=-1)  # (step, rank, tensor, 4)
-    numel = ds["numel"].values
+    values = [np.asarray(ds[s].values) for s in STATS]  # (step, rank, tensor) each: one group's slice stacked below
+    numel = np.asarray(ds["numel"].values)
+    pos = {r: k for k, r in enumerate(ranks)}
     for g in groups:
-        idx = [ranks.index(r) for r in g]
+        idx = [pos[r] for r in g]
         for si in range(ds.sizes["step"]):
             usable = floats & present[si, idx].all(axis=0)
-            out[si, idx] = copies_of_replicated(stats[si, idx], numel[si, idx], usable, parts & usable)
+            stats = np.stack([v[si, idx] for v in values], axis=-1)  # (n, tensor, 4)
+            out[si, idx] = copies_of_replicated(stats, numel[si, idx], usable, parts & usable)
     return out
 
 
@@ -94,6 +96,7 @@ def copy_candidates(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], p
     Returns the (step, rank, tensor) copies (:func:`mirrored`): they name the members that hold the value.
     """
     mirror = mirrored(ds, groups, ranks, present)
+    pos = {r: k for k, r in enumerate(ranks)}
     for g, fam in zip(groups, families, strict=True):
-        cand[fam] |= mirror[:, [ranks.index(r) for r in g], :].any(axis=1)
+        cand[fam] |= mirror[:, [pos[r] for r in g], :].any(axis=1)
     return mirror
