@@ -114,12 +114,6 @@ def test_stitched_stages_number_expert_calls_as_one_rank_holding_every_expert():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (issue #48, EP folded onto TP with PP): the collectives of Megatron's finalize_model_grads run per stage "
-    "(each stage all-reduces its sequence-parallel gradients over TP, then its routers' token counts for the expert "
-    "bias) and are paired by label with the EP=1 run's one expert-bias all-reduce: the healthy moe_tp2pp2ep2 run "
-    "'departs' from moe_ep1 at step 0 at Distributed.all_reduce.3 (stage 0's SP gradients [96] against the routers' "
-    "token counts [2, 4])"))
 def test_healthy_tp_folded_pp_ep_against_ep1_finds_nothing():
     pair = _pair("moe_tp2pp2ep2")
     got = _cli_json("diff", _run(pair["reference"]), _run(pair["run"]), "--target-layout",

@@ -59,6 +59,7 @@ from precnb.analysis.layout.merge.members import (
 )
 from precnb.analysis.layout.merge.steps import keep_like, keep_module_classes, refined, same_steps
 from precnb.analysis.layout.pp import relabel_pipeline
+from precnb.analysis.layout.pp_tails import merge_stage_tails
 from precnb.analysis.layout.rank_args import mark_rank_args
 from precnb.analysis.layout.shard_shapes import reference_shapes, shape_table
 from precnb.analysis.undefined import mark_undefined
@@ -358,7 +359,9 @@ def merge_shards(
     out = mark_rank_args(mark_undefined(ds))  # facts the reader keyed by the ranks and names as read
     lay = layout
     if layout.pp > 1 or layout.vpp > 1 or layout.ep > 1:
+        raw = out
         out, lay = relabel_pipeline(out, lay)
+        out = merge_stage_tails(out, raw, layout)  # what each stage runs once after its backward pass, made one
     if reference is not None:  # the reference's calls under this run's labels (call counters can differ)
         from precnb.analysis.layout.ref_names import in_target_names
 
