@@ -396,3 +396,16 @@ def test_one_dumped_healthy_step_where_a_rank_holds_every_maximum_is_quiet():
     f, _ = fault("row_output_scale_pp")
     answer = precnb("replicas", dump(f["twin"]), "--steps", "4")
     assert answer["kind"] == "none", answer["reason"]
+
+
+@pytest.mark.slow
+def test_a_stage_one_seed_against_the_unsharded_run_leaves_the_rank_undecided_rather_than_guessed():
+    """tp2pp2, rank 3 (stage 1) seeded apart: its dropout copies differ from rank 2's. Stage 1 draws apart from the
+    unsharded run by design (seed + 100 x pipeline rank), so the copy nearer the baseline is nearer by chance: the
+    finding must not say that rank 2's copy departs and rank 3's matches (it said so, naming the healthy rank)."""
+    f, t = fault("unsynced_seed_pp")
+    answer = precnb("diff", dump(f["reference"]), dump(f["run"]), "--target-layout", "tp=2,pp=2")
+    assert answer["kind"] == "first_divergence" and answer["step"] == t["step"] == 0, answer["reason"]
+    assert "matches it" not in answer["reason"], answer["reason"]
+    assert "dump rank undecided" in answer["reason"] and "ranks 2, 3" in answer["reason"], answer["reason"]
+    assert sorted(answer["evidence"]["dump"]["ranks_undecided"]) == [2, 3]

@@ -44,3 +44,56 @@ def test_a_scaled_gradient_or_one_before_any_update_or_with_a_parameter_that_agr
     assert not list_entry_noise(_tab(REAL, 3e-5, lr=(1, 1e-3)), 0, 0, 0)  # the step of the first update
     assert not list_entry_noise(_tab(REAL, 0.0), 0, 0, 0)  # parameters bit for bit equal (a twin)
     assert not list_entry_noise(_tab(REAL, 2 * RTOL), 0, 0, 0)  # the parameter itself departs
+
+
+# draw 7's healthy tp2 twin (seed 3471) against tp1 at step 3: the second moment (exp_avg_sq, list 3) of layer 3's
+# input layernorm weight differs in its Max alone (1.1 tolerances), its parameter bit for bit equal in both runs
+V_B = [2.51161e-09, 5.04244e-11, 5.8058e-10, 4.62887e-09]
+V_T = [2.51178e-09, 5.04229e-11, 5.80573e-10, 4.62882e-09]
+
+
+def _moment_tab(vt: list[float], param_rel: float, list_no: int = 3):
+    label, param = f"{NODE}.input.{list_no}.31", f"{NODE}.input.0.31"
+    stats, bstats = np.array([[[vt, V_B]]]), np.array([[[V_B, V_B]]])
+    rel = np.abs(stats - bstats).max(axis=-1) / np.abs(bstats).max(axis=-1)
+    rel[0, 0, 1] = param_rel
+    return SimpleNamespace(adam_lr=(0, 1e-3), step_values=[3], labels=[label, param], nodes=[NODE, NODE],
+                           numel=np.full((1, 1, 2), 32.0), rtol=np.full(2, RTOL), rel=rel, stats=stats,
+                           bstats=bstats, both=np.ones((1, 1, 2), bool), where={label: 0, param: 1})
+
+
+def test_a_moment_entry_whose_max_alone_moved_is_noise_though_its_parameter_agrees_bit_for_bit():
+    assert list_entry_noise(_moment_tab(V_T, 0.0), 0, 0, 0)
+    assert list_entry_noise(_moment_tab(V_T, 0.0, list_no=2), 0, 0, 0)  # the first moment alike
+
+
+def test_a_scaled_moment_or_one_whose_parameter_departs_is_not():
+    assert not list_entry_noise(_moment_tab([x * 1.027 for x in V_T], 0.0), 0, 0, 0)  # the optimizer-state fault
+    assert not list_entry_noise(_moment_tab(V_T, 2 * RTOL), 0, 0, 0)
+    assert not list_entry_noise(_moment_tab(V_T, 0.0, list_no=4), 0, 0, 0)  # not a moment: max_exp_avg_sqs, steps
+
+
+def test_an_op_in_a_weightless_module_is_judged_by_its_enclosing_modules_weights():
+    """Draw 7's same pair at step 2: a rotary multiply's backward under core attention (no weights) differs in its
+    Max alone, 3.5 tolerances, while self attention's weights moved within the tolerance."""
+    from precnb.analysis.divergence.element_noise import one_element_noise
+
+    b = [1.507948e-05, -1.396493e-05, -1.871974e-08, 3.335127e-05]
+    t = [1.507628e-05, -1.396501e-05, -1.871786e-08, 3.33493e-05]
+    core = "Module.0.decoder.layers.3.self_attention.core_attention.DotProductAttention.backward.0"
+    stats, bstats = np.array([[[t, b, b]]]), np.array([[[b, b, b]]])
+    rel = np.abs(stats - bstats).max(axis=-1) / np.abs(bstats).max(axis=-1)
+
+    def tab(weights_rel: float, under: str):
+        r = rel.copy()
+        r[0, 0, 1:] = weights_rel
+        return SimpleNamespace(
+            adam_lr=(0, 1e-3), step_values=[2], parents=[core, "", ""], roles=["output", "parameter", "parameter"],
+            nodes=["Tensor.__mul__.70.backward", "w", "w"], numel=np.full((1, 1, 3), 512.0), rtol=np.full(3, RTOL),
+            rel=r, stats=stats, bstats=bstats, both=np.ones((1, 1, 3), bool),
+            params_under=lambda m: [1, 2] if m == under else [])
+
+    assert one_element_noise(tab(3e-5, "Module.0.decoder.layers.3.self_attention"), 0, 0, 0)
+    assert not one_element_noise(tab(0.0, "Module.0.decoder.layers.3.self_attention"), 0, 0, 0)  # a twin
+    assert not one_element_noise(tab(2 * RTOL, "Module.0.decoder.layers.3.self_attention"), 0, 0, 0)
+    assert not one_element_noise(tab(3e-5, "Module.0.decoder.layers.4"), 0, 0, 0)  # no weights around it

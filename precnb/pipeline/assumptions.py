@@ -274,7 +274,7 @@ def _summed(merged: xr.Dataset, tensor: str) -> bool:
 
 
 def _say_undecided(f: Any, where: dict[str, Any], members: list[int], *, sharded: bool, dp: bool,
-                   summed: bool = False) -> None:
+                   summed: bool = False, copies: list[int] | None = None) -> None:
     """Say that no member of a merged entry is told apart as the one behind its difference (in place).
 
     A merged shard whose whole-tensor statistics differ, when neither extremes, copies nor the rank's own records
@@ -282,7 +282,12 @@ def _say_undecided(f: Any, where: dict[str, Any], members: list[int], *, sharded
     the value their own parts made). The dump rank named stays the entry's first member.
     """
     ranks = ", ".join(map(str, members))
-    if sharded:
+    if copies:
+        members = list(copies)
+        why = (f"ranks {', '.join(map(str, copies))} hold copies of one random draw that differ from each other, and "
+               "the baseline's layout draws it apart from both by design: which copy departs is not told by the "
+               "baseline (the healthy twin, or a third copy, decides)")
+    elif sharded:
         why = (f"the difference is in the shard of one of ranks {ranks}; the whole tensor's statistics cannot say "
                "which (a tensor dump of these ranks, or the healthy twin, decides)")
     elif dp:
@@ -358,7 +363,8 @@ def attach_layout_names(findings: list[Any], *, raw: xr.Dataset | None, merged: 
                     f.reason += f" (dump rank {int(shard)}: {f.values.get('shard_why')})"
                 elif len(members) > 1 and f.tensor and str(f.tensor).startswith(str(f.node)):
                     _say_undecided(f, where, members, sharded=_is_sharded(merged, str(f.tensor)),
-                                   dp="shard_kind_dp" in merged.coords, summed=_summed(merged, str(f.tensor)))
+                                   dp="shard_kind_dp" in merged.coords, summed=_summed(merged, str(f.tensor)),
+                                   copies=(f.values or {}).get("copies_undecided"))
             if where is not None:
                 where["ranks"] = _tp_group(layout, int(where["rank"]))  # the rank may have moved to a copy
                 f.evidence["dump"] = where

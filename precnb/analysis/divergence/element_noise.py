@@ -17,13 +17,13 @@ So an output difference is that noise, not an origin, when all of these hold:
 * only an extreme differs: the Max or the Min beyond the tolerance, the Mean and the Norm within it
   (a fault that scales, zeroes or perturbs a tensor moves its Norm or Mean too);
 * by at most :data:`ELEMENT_FACTOR` times the tolerance (a fault of 1e-3 relative and more stays an origin);
-* the module call it runs in holds parameters that differ between the runs, each within the tolerance (the
-  optimizer's noise regime: in a comparison with a healthy twin the parameters agree bit for bit before a fault,
-  and the rule never applies).
+* the module call it runs in (or, when it holds none, its nearest enclosing module) holds parameters that differ
+  between the runs, each within the tolerance (the optimizer's noise regime: in a comparison with a healthy twin
+  the parameters agree bit for bit before a fault, and the rule never applies).
 
 The same holds for a fused optimizer's gradient list entry no recorded op produced (level L1 records no
-parameter gradient): its parameter's entry (list 0, same index) stands for the module's weights
-(:func:`list_entry_noise`).
+parameter gradient) and for its moments' entries: its parameter's entry (list 0, same index) stands for the
+module's weights (:func:`list_entry_noise`).
 
 Examples
 --------
@@ -84,6 +84,29 @@ def _module_of(parent: str) -> str:
     return ""
 
 
+def _nearest_params(tab: Any, module: str, si: int, ri: int) -> list[int]:
+    """The parameters of *module*, or of its nearest enclosing module that holds any (recorded in both runs).
+
+    A module without weights (core attention, a rotary embedding's multiply) computes on what its enclosing
+    module's weights made: their moving within the tolerance is the optimizer's noise regime there too.
+
+    >>> class T:
+    ...     both = np.ones((1, 1, 2), bool)
+    ...     def params_under(self, m):
+    ...         return [0, 1] if m == "Module.0.layers.3.self_attention" else []
+    >>> _nearest_params(T(), "Module.0.layers.3.self_attention.core_attention", 0, 0)
+    [0, 1]
+    >>> _nearest_params(T(), "Module.0.layers.4", 0, 0)
+    []
+    """
+    while module.count(".") >= 2:  # up to the model's own module (``Module.0.x``), not beyond
+        params = [p for p in tab.params_under(module) if tab.both[si, ri, p]]
+        if params:
+            return params
+        module = module.rpartition(".")[0]
+    return []
+
+
 def one_element_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMENT_FACTOR) -> bool:
     """Whether output or gradient *c*'s difference at (*si*, *ri*) is one element's Adam noise (see the module).
 
@@ -99,20 +122,24 @@ def one_element_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMEN
     if not extremes_only(a, b, float(tab.numel[si, ri, c]), rtol):
         return False
     where = str(tab.nodes[c]) if tab.roles[c] == "grad" else str(tab.parents[c])  # a gradient: its own module
-    params = [p for p in tab.params_under(_module_of(where)) if tab.both[si, ri, p]]
+    params = _nearest_params(tab, _module_of(where), si, ri)
     moved = [p for p in params if 0.0 < float(tab.rel[si, ri, p]) <= float(tab.rtol[p])]
     return bool(moved) and len(moved) + sum(float(tab.rel[si, ri, p]) == 0.0 for p in params) == len(params)
 
 
 def list_entry_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMENT_FACTOR) -> bool:
-    """Whether a fused optimizer's gradient list entry *c* differs at (*si*, *ri*) by one element's Adam noise.
+    """Whether a fused optimizer's gradient or moment list entry *c* differs at (*si*, *ri*) by one element's noise.
+
+    The moments (lists 2 and 3: ``exp_avg``, ``exp_avg_sq``) are running means of the gradient: one gradient
+    element's noise at an earlier step stays in one element of them.
 
     As :func:`one_element_noise`, with the parameter's own list entry (``...input.0.K`` for ``...input.1.K``) as
     the weights that must have moved within the tolerance.
     """
     lr = tab.adam_lr
     label, node = str(tab.labels[c]), str(tab.nodes[c])
-    if lr is None or tab.step_values[si] <= lr[0] or tab.numel is None or not is_list_entry(label, node, lists=(1,)):
+    if lr is None or tab.step_values[si] <= lr[0] or tab.numel is None or not is_list_entry(label, node,
+                                                                                             lists=(1, 2, 3)):
         return False
     rtol = float(tab.rtol[c])
     if not float(tab.rel[si, ri, c]) <= factor * rtol:
@@ -121,4 +148,11 @@ def list_entry_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMENT
         return False
     head, _, entry = label.rpartition(".")
     p = tab.where.get(f"{head.rpartition('.')[0]}.0.{entry}")
-    return p is not None and bool(tab.both[si, ri, p]) and 0.0 < float(tab.rel[si, ri, p]) <= float(tab.rtol[p])
+    if p is None or not bool(tab.both[si, ri, p]):
+        return False
+    # a moment keeps an earlier step's gradient noise while its parameter may agree bit for bit (Adam's move of
+    # a layernorm weight, about lr * sign, rounds alike): within the tolerance is enough there; a gradient entry
+    # needs its parameter to have moved (the optimizer's noise regime, never a twin's before a fault)
+    moment = head.rpartition(".")[2] in ("2", "3")
+    low = 0.0 <= float(tab.rel[si, ri, p]) if moment else 0.0 < float(tab.rel[si, ri, p])
+    return low and float(tab.rel[si, ri, p]) <= float(tab.rtol[p])

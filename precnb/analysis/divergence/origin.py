@@ -91,6 +91,9 @@ def _origin_values(j: Judged, o: _Origin) -> dict[str, Any]:
     if rule:
         values["rule"] = rule
     departing = departing_copy(cmp.targ, vb, step=o.step, rank=o.rank, tensor=o.tensor)
+    if departing is not None and _drawn_apart(cmp, o, vb, values["rtol"]):
+        values["copies_undecided"] = sorted(r for r in (departing["rank"], departing["agrees"]) if r is not None)
+        departing = None
     if departing is not None:  # the copy that departs from the baseline is the one shown, with its dump rank
         values[names[1]] = {**vt, **departing["values"]}
         # the difference shown is the departing copy's (the merged entry's first copy may agree: rel_diff 0)
@@ -116,6 +119,26 @@ def _origin_values(j: Judged, o: _Origin) -> dict[str, Any]:
     return values
 
 
+def _drawn_apart(cmp: Comparison, o: _Origin, vb: dict[str, Any], rtol: float) -> bool:
+    """Whether the baseline cannot tell which copy of a random draw departs: it draws apart from both by design.
+
+    A random op of a pipeline stage the baseline's layout seeds otherwise (``seed + 100 x pipeline rank``), or of a
+    draw split another way, matches the baseline in neither copy: the nearer copy is only nearer by chance (an
+    unsynchronised seed on stage 1 against the unsharded run). Where the nearer copy agrees within tolerance (stage
+    0's first draws), the baseline does decide.
+    """
+    from precnb.analysis.divergence.random_draws import _why as drawn_differently
+    from precnb.analysis.findings.evidence import stat_distance
+    from precnb.analysis.random_ops import is_random_op
+
+    if not is_random_op(o.event.node) or drawn_differently(cmp, o.tensor) is None:
+        return False
+    e = cmp.targ.sel(step=o.step, rank=o.rank, tensor=o.tensor)
+    copies = [entry_values(cmp.targ, step=o.step, rank=o.rank, tensor=o.tensor),
+              {s: float(e[f"copy_{s}"]) for s in ("max", "min", "mean", "norm")}]
+    return min(stat_distance(c, vb) for c in copies) > rtol
+
+
 _WHY_BY_ROLE = {"output": "inputs agree, output differs: computed differently here",
                 "parameter": "a parameter differs", "grad": "a parameter gradient differs"}
 
@@ -133,6 +156,8 @@ def _why(cmp: Comparison, o: _Origin, values: dict[str, Any]) -> str:
     if replica and "departing_rank" in values:
         return (f"{replica}: rank {values['departing_rank']}'s copy departs from the baseline, rank "
                 f"{values['agreeing_rank']}'s matches it")
+    if replica and "copies_undecided" in values:
+        return f"{replica}: neither copy matches the baseline"
     return replica or why
 
 
