@@ -154,5 +154,5 @@ def list_entry_noise(tab: Any, si: int, ri: int, c: int, factor: float = ELEMENT
     # a layernorm weight, about lr * sign, rounds alike): within the tolerance is enough there; a gradient entry
     # needs its parameter to have moved (the optimizer's noise regime, never a twin's before a fault)
     moment = head.rpartition(".")[2] in ("2", "3")
-    low = 0.0 <= float(tab.rel[si, ri, p]) if moment else 0.0 < float(tab.rel[si, ri, p])
-    return low and float(tab.rel[si, ri, p]) <= float(tab.rtol[p])
+    moved = float(tab.rel[si, ri, p])
+    return (moment or moved > 0.0) and moved <= float(tab.rtol[p])
