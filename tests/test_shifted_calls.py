@@ -29,9 +29,10 @@ def _leaf(a: np.ndarray) -> dict:
 
 
 def _write(root: Path, *, extra: tuple[int, int, int] | None = None, drop: tuple[int, int, int] | None = None,
-           scale: tuple[int, int, int] | None = None) -> Path:
+           scale: tuple[int, int, int] | None = None, extra_everywhere: int | None = None) -> Path:
     """Two steps × two ranks. *extra* / *drop* / *scale* = (step, rank, k): a multiply by one after the k-th
-    ``__mul__`` call, the k-th call not made, or its output scaled by 1.01, at that step and rank only."""
+    ``__mul__`` call, the k-th call not made, or its output scaled by 1.01, at that step and rank only;
+    *extra_everywhere* = k: the multiply by one at every step and rank."""
     for step in range(2):
         for rank in range(2):
             rng = np.random.default_rng(10 * step + rank)
@@ -45,7 +46,7 @@ def _write(root: Path, *, extra: tuple[int, int, int] | None = None, drop: tuple
                     y = y * 1.01
                 if drop != (step, rank, k):
                     calls.append((x, y))
-                if extra == (step, rank, k):
+                if extra == (step, rank, k) or extra_everywhere == k:
                     calls.append((y, y))  # a multiply by one: the same values
                 x = y
             for i, (a, y) in enumerate(calls):
@@ -92,6 +93,8 @@ def test_a_call_missing_on_one_rank_is_named_in_the_baselines_names(tmp_path):
         [(1, 0, "Tensor.__mul__.2.forward", 0)]
     f = first_divergence(base, targ)
     assert "runs in baseline but not in target" in f.reason and f.baseline["node"] == "Tensor.__mul__.2.forward"
+    own = base["max"].sel(step=1, rank=0, tensor=f.tensor).item()  # its own values, not those moved to its label
+    assert f.values["baseline"]["max"] == own
 
 
 def test_a_value_fault_is_not_paired_away(tmp_path):
@@ -121,3 +124,10 @@ def test_the_baseline_side_holds_the_entries_it_is_compared_with(tmp_path):
     assert not bool(cmp.base["present"].sel(step=1, rank=1, tensor="Tensor.__mul__.2.forward.output.0"))
     assert cmp.base["max"].sel(step=0, rank=1, tensor="Tensor.__mul__.2.forward.output.0").item() == \
         base["max"].sel(step=0, rank=1, tensor="Tensor.__mul__.2.forward.output.0").item()
+
+
+def test_a_call_one_run_makes_at_every_step_and_rank_is_left_to_the_alignment(tmp_path):
+    base, targ = _runs(tmp_path, extra_everywhere=1)  # alike everywhere (a layout's glue, another codebase's op)
+    assert compare_runs(base, targ).shifted_calls == []
+    f = first_divergence(base, targ)  # the alignment pairs the calls (and sets the multiply by one aside as glue)
+    assert f.kind == "none", f.reason

@@ -61,7 +61,9 @@ def realign_shifted(b: xr.Dataset, both: xr.Dataset) -> tuple[xr.Dataset, xr.Dat
     (xarray.Dataset, xarray.Dataset, list of dict)
         The baseline and the pair (*b* and *both* themselves when nothing shifted), and one record per call made in
         one run only where it shifted its API's later labels: ``step``, ``rank``, ``api``, ``node``, ``tensor``,
-        ``only_in`` (0 baseline, 1 target), ``seq``, ``renumbered`` (the calls paired with another label there).
+        ``only_in`` (0 baseline, 1 target), ``seq``, ``renumbered`` (the calls paired with another label there),
+        ``values`` (the statistics of its first tensor there, as recorded: a baseline call's entry is overwritten
+        where another call moves to its label).
     """
     if not {"present", "node", "kind", "api", "direction"} <= set(both.variables) or both.sizes.get("run") != 2:
         return b, both, []
@@ -148,7 +150,8 @@ class _Grid:
         self.labels = [str(t) for t in labels.tolist()]
         self.pres = both["present"].transpose(*_DIMS).values
         self.seq = both["seq"].transpose(*_DIMS).values if "seq" in both else None
-        self.stats = [both[s].transpose(*_DIMS).values for s in ("max", "min", "mean", "norm") if s in both]
+        self.stat_names = [s for s in ("max", "min", "mean", "norm") if s in both]
+        self.stats = [both[s].transpose(*_DIMS).values for s in self.stat_names]
         self.steps = both["step"].values.tolist()
         self.ranks = both["rank"].values.tolist()
 
@@ -218,7 +221,9 @@ class _Grid:
                     q = min(int(self.seq[side, si, ri, c]) for c in cs) if self.seq is not None else -1
                     out.append({"step": int(self.steps[si]), "rank": int(self.ranks[ri]), "node": n,
                                 "api": str(self.both["api"].values[cs[0]]), "only_in": side, "seq": q,
-                                "tensor": self.labels[cs[0]], "renumbered": int(moved)})
+                                "tensor": self.labels[cs[0]], "renumbered": int(moved),
+                                "values": dict(zip(self.stat_names, (float(x[side, si, ri, cs[0]])
+                                                                     for x in self.stats), strict=True))})
         return moves, out
 
     def _node_moves(self, nb: str, nt: str) -> list[tuple[int, int]]:
@@ -242,15 +247,19 @@ def _weight(a: list[float]) -> float:
 
 
 def _close(a: list[float], b: list[float]) -> bool:
-    """Whether two statistics tuples agree scale-aware (NaN = NaN)."""
+    """Whether two statistics tuples agree scale-aware (NaN = NaN, inf = inf; the norm on its own scale).
+
+    >>> _close([1.0, -1.0, 0.0, 3.0], [1.0, -1.0, 1e-9, 3.000001]), _close([np.inf, 0, 0, 1], [9.0, 0, 0, 1])
+    (True, False)
+    """
     fa, fb = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    both_nan = np.isnan(fa) & np.isnan(fb)
-    scale = max(float(np.nanmax(np.abs(np.r_[fa[:3], fb[:3]]))) if np.isfinite(np.r_[fa[:3], fb[:3]]).any()
-                else 0.0, 1e-30)
+    first = np.r_[fa[:3], fb[:3]]
+    finite = np.abs(first[np.isfinite(first)])
+    scale = np.full(len(fa), max(float(finite.max()) if finite.size else 0.0, 1e-30))
+    if len(fa) > 3:
+        scale[3] = max(abs(fa[3]), abs(fb[3]), 1e-30) if np.isfinite(fa[3] + fb[3]) else 1e-30
     with np.errstate(invalid="ignore"):
-        ok = both_nan | (np.abs(fa - fb) <= RTOL * scale) | (fa == fb)
-    if len(fa) > 3 and not both_nan[3]:  # the norm on its own scale
-        ok[3] = bool(abs(fa[3] - fb[3]) <= RTOL * max(abs(fa[3]), abs(fb[3]), 1e-30))
+        ok = (np.isnan(fa) & np.isnan(fb)) | (fa == fb) | (np.abs(fa - fb) <= RTOL * scale)
     return bool(ok.all())
 
 

@@ -57,7 +57,8 @@ def shifted_call_finding(j: Judged) -> Finding | None:
             f"than in {missing} (msprobe's compare by label pairs them with their neighbours)")
     f = Finding(kind="first_divergence", reason=reason, step=x["step"], rank=x["rank"], node=x["node"],
                 tensor=tensor, module=module or None,
-                values={only_in: entry_values(own, step=x["step"], rank=x["rank"], tensor=tensor)},
+                values={only_in: entry_values(own, step=x["step"], rank=x["rank"], tensor=tensor) if x["only_in"]
+                        else {"present": True, **x.get("values", {})}},  # (the baseline's entry may be moved over)
                 structural=j.struct_out, crc_only=j.crc_only, hints=[hint, *j.hints], suspects=suspects,
                 evidence=evidence, stats=j.stats)
     if x["only_in"] == 0:  # a call only the baseline made: its name is the baseline's
