@@ -173,9 +173,6 @@ def test_an_extra_call_on_one_rank_does_not_mis_pair_calls_across_ranks(extra_ca
     assert _json("replicas", str(target))["kind"] == "none"
 
 
-@pytest.mark.xfail(strict=True, reason="the extra call shifts the labels at step 1 only, inside the same module call "
-                                       "(same parent and shape): labels are paired once for all steps, and only the "
-                                       "values could tell the shift")
 @pytest.mark.slow
 def test_an_extra_call_at_a_later_step_does_not_mis_pair_against_ep1(extra_call):
     target, _ = extra_call
@@ -185,10 +182,6 @@ def test_an_extra_call_at_a_later_step_does_not_mis_pair_against_ep1(extra_call)
         merged["reason"]
 
 
-@pytest.mark.xfail(strict=True, reason="runs compared rank by rank pair API calls by label: an extra call inside one "
-                                       "module call on one rank at one step shifts that rank's later labels of the "
-                                       "op, and the alignment (one pairing for every rank and step) cannot pair them "
-                                       "by value per rank and step")
 def test_an_extra_call_on_one_rank_is_named_as_such_against_its_twin(extra_call):
     target, extra = extra_call
     same = _json("diff", str(MG / "moe_tp2ep2"), str(target))

@@ -100,6 +100,8 @@ class Comparison:
     #: in ``differs``; ``undefined_why``: tensor label → why
     undefined: xr.DataArray | None = None
     undefined_why: dict[str, str] | None = None
+    #: calls made in one run only at one (step, rank), their API's later labels there paired by value (``shifts``)
+    shifted_calls: list[dict[str, Any]] = field(default_factory=list)
 
     def set_aside(self) -> list[dict[str, Any]]:
         """The undefined entries whose statistics differ, which the comparison set aside (by reason)."""
@@ -187,10 +189,9 @@ def _disjoint(b: xr.Dataset, t: xr.Dataset, names: tuple[str, str], off: int, to
     none = xr.zeros_like(pb, dtype=bool)
     rtol = xr.DataArray(tol.rtol_array(both_ds["dtype"].values, both_ds["tensor"].values), dims="tensor",
                         coords={"tensor": both_ds["tensor"]})
-    return Comparison(ds=both_ds, rel=xr.zeros_like(pb, dtype=np.float64), rtol=rtol, both=none,
+    return Comparison(ds=both_ds, rel=xr.zeros_like(pb, dtype=np.float64), rtol=rtol, both=none, dtype_differs=none,
                       only_baseline=pb & ~pt, only_target=pt & ~pb, differs=none, crc_differs=none, crc_only=none,
-                      dtype_changed={}, shape_changed={}, names=names, step_offset=off, base=b, targ=t,
-                      dtype_differs=none)
+                      dtype_changed={}, shape_changed={}, names=names, step_offset=off, base=b, targ=t)
 
 
 def _restrict(ds: xr.Dataset, steps: list[Any], ranks: list[Any]) -> xr.Dataset:
@@ -320,12 +321,10 @@ def compare_runs(
     return Comparison(
         ds=both_ds, rel=rel, rtol=rtol, both=both, only_baseline=pb & ~pt, only_target=pt & ~pb,
         differs=differs, crc_differs=crc_differs, crc_only=crc_only, dtype_changed=dtype_changed,
-        dtype_differs=dtype_differs, dtype_notes=dtype_notes,
-        shape_changed=shape_changed, names=names, step_offset=off, base=b, targ=t,
-        precision=precision, tensor_judged=tensor_judged, tensor_metrics=tensor_metrics,
-        replicas_differ=replicas_differ,
-        tensor_thresholds=tensor_thresholds,
-        undefined=undefined, undefined_why=why if undefined is not None else None,
+        dtype_differs=dtype_differs, dtype_notes=dtype_notes, shape_changed=shape_changed, names=names,
+        step_offset=off, base=b, targ=t, precision=precision, tensor_judged=tensor_judged,
+        tensor_metrics=tensor_metrics, replicas_differ=replicas_differ, tensor_thresholds=tensor_thresholds,
+        undefined=undefined, undefined_why=why if undefined is not None else None, shifted_calls=prep.shifted,
     )
 
 
@@ -346,6 +345,7 @@ def prepare_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, 
     The runs renamed, on their common steps and ranks, combined; shapes and dtypes compared.
     """
     from precnb.analysis.compare.prep import Prepared
+    from precnb.analysis.compare.shifts import realign_shifted
     from precnb.analysis.layout.rank_args import glue_labels
     from precnb.analysis.undefined import mark_undefined, returned_parameter_grads
 
@@ -391,10 +391,10 @@ def prepare_pair(baseline: xr.Dataset, target: xr.Dataset | None, *, runs: Any, 
         for lbl, x, y in zip(shared, sb, st, strict=True):
             if x != y and x and y and not (aligned and _numel(str(x)) == _numel(str(y))):
                 shape_changed[str(lbl)] = (str(x), str(y))  # (an aligned pair may differ by a reshape only)
-    both_ds = combine_runs({names[0]: b, names[1]: t})
+    b, both_ds, shifted = realign_shifted(b, combine_runs({names[0]: b, names[1]: t}))  # counters shifted on one
     cross = aligned and len(set(getattr(alignment, "frameworks", ()))) > 1
     dtype_notes: dict[str, tuple[str, str, str]] = {}
     dtype_differs, dtype_changed = entry_dtype_differences(b, t, both_ds, cross=cross, notes=dtype_notes)
     return Prepared(b=b, t=t, names=names, off=off, aligned=aligned, both_ds=both_ds, shape_changed=shape_changed,
                     glue=glue, cross=cross, dtype_differs=dtype_differs, dtype_changed=dtype_changed,
-                    dtype_notes=dtype_notes)
+                    dtype_notes=dtype_notes, shifted=shifted)

@@ -44,6 +44,7 @@ class Prepared:
     dtype_differs: Any = None
     dtype_changed: dict[str, tuple[str, str]] = field(default_factory=dict)
     dtype_notes: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    shifted: list[dict[str, Any]] = field(default_factory=list)  # calls whose API's labels shifted at one entry
     _rel: dict[Any, xr.DataArray] = field(default_factory=dict)
 
     def rel(self, stats: tuple[str, ...], atol: float) -> xr.DataArray:

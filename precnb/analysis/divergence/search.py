@@ -20,6 +20,7 @@ from precnb.analysis.compare.tolerance import Tolerance
 from precnb.analysis.divergence.crossfw import noise_floor, two_frameworks
 from precnb.analysis.divergence.judged import judge, no_divergence
 from precnb.analysis.divergence.origin import origin_finding
+from precnb.analysis.divergence.shifted import shifted_call_finding
 from precnb.analysis.divergence.stepwise import StepLoader, is_lazy, search_stepwise
 from precnb.analysis.findings import Finding
 
@@ -161,8 +162,8 @@ def first_divergence(
         return _nothing(b_in, t_in, pair, alignment if aligned else None, cmp.step_offset, steps, ranks)
     judged = judge(cmp, (b_in, t_in), alignment, crc)
     any_step = judged.diff.any(["rank", "tensor"])
-    if not bool(any_step.any()):
-        return no_divergence(judged)
+    if not bool(any_step.any()):  # a call made in one run only that shifted its API's labels, else nothing
+        return shifted_call_finding(judged) or no_divergence(judged)
     return origin_finding(judged, any_step)
 
 

@@ -148,6 +148,8 @@ def divergence_evidence(f: Any, target: xr.Dataset, baseline: xr.Dataset) -> Non
     """The first divergence's evidence from both runs (its ``finding.enrich`` hook): coverage gap, ratio hint."""
     from precnb.analysis.causal.coverage import gap_hint
 
+    if "shifted_calls" in f.evidence and "first_value_difference" not in f.evidence:
+        return  # a call made in one run only, no value difference (precnb.analysis.divergence.shifted)
     try:
         if f.gap is None:
             f.gap = _divergence_gap(f, baseline, target)
