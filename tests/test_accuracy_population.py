@@ -80,6 +80,7 @@ def test_healthy_tp2_vs_tp1_merged_no_finding():
     assert answer["kind"] == "none", answer["reason"]
 
 
+@pytest.mark.slow  # make test runs it; make test-fast stays under 5 minutes (RESULTS_tests.md)
 def test_healthy_tp2_vs_tp1_layout_inferred_no_finding():
     h = draw()["healthy"][0]
     answer = precnb("diff", dump(h["reference"]), dump(h["run"]))

@@ -94,6 +94,7 @@ def test_ambient_client_is_used(client, monkeypatch):
                                     precnb.open_run(root, progress=False))  # client=None: the ambient one
 
 
+@pytest.mark.slow  # make test runs it; make test-fast stays under 5 minutes (RESULTS_tests.md)
 def test_broken_file_reported_like_in_process(client, tmp_path):
     import shutil
 

@@ -691,6 +691,7 @@ def mutate_csv(text: str, data: st.DataObject) -> bytes:
     return "\n".join(lines).encode()
 
 
+@pytest.mark.slow  # make test runs it; make test-fast stays under 5 minutes (RESULTS_tests.md)
 @given(monitor_output(), st.data())
 @fuzz_settings(250)
 def test_monitor_mutated_csvs_never_crash(spec, data):

@@ -52,6 +52,7 @@ def test_report_is_written_under_a_soft_memory_cap(tmp_path):
     assert "vegaEmbed" in page and 'content="precnb' in page
 
 
+@pytest.mark.slow  # make test runs it; make test-fast stays under 5 minutes (RESULTS_tests.md)
 def test_under_a_hard_cap_the_report_fails_alone_in_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "r.html"
     p = _run(["report", DP, "-o", str(out)], hard=True)

@@ -33,7 +33,8 @@ def _fresh(t, target, base):
     return precnb.diagnose(target, baseline=base, options=t.options)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "megatron_unsync" else c
+                                  for c in sorted(CASES)])  # the slowest case runs in make test only
 def test_match_and_unmatch_rerun_only_what_the_alignment_affects(case, monkeypatch):
     from precnb.analysis import diagnoses
     from precnb.analysis.layout import infer

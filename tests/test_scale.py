@@ -348,6 +348,7 @@ def test_streaming_zarr_reopens_identical_to_in_memory_load(tree48, tmp_path):
         precnb.to_zarr(tree48, store)
 
 
+@pytest.mark.slow  # make test runs it; make test-fast stays under 5 minutes (RESULTS_tests.md)
 def test_streaming_zarr_selection_and_overwrite(tree48, tmp_path):
     eager = precnb.open_run(tree48, steps=[1, 2], ranks=list(range(0, 48, 5)), progress=False)
     store = tmp_path / "sel.zarr"
@@ -390,6 +391,7 @@ def faults(tmp_path_factory):
     return out, m, stores
 
 
+@pytest.mark.slow  # make test runs it; make test-fast stays under 5 minutes (RESULTS_tests.md)
 def test_analysis_on_lazy_zarr_matches_eager(faults):
     out, m, stores = faults
     lazy = {k: precnb.open_run(v, lazy=True) for k, v in stores.items()}

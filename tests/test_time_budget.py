@@ -36,6 +36,7 @@ def _pytest(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.slow  # make test runs it; make test-fast stays under 5 minutes (RESULTS_tests.md)
 def test_a_test_over_budget_fails_the_run_under_xdist():
     out = _pytest("-p", "xdist", "-n", "2", "--dist", "loadfile", "--max-test-cpu", "0.1")
     assert out.returncode == 1, out.stdout[-3000:]
