@@ -99,3 +99,42 @@ def test_integer_copies_agreeing_on_max_and_min_alone_stay_dispatch_bookkeeping(
     j = labels.index("Tensor.sum.12.forward.input.0")
     assert str(merged["shape"].values[j]) == "[1, 2]"
     assert "token-dispatch bookkeeping" in str(merged["shard_reason_tp"].values[j])
+
+
+def _with_a_second_step(src: Path, dst: Path) -> Path:
+    """*src* (one dumped step) with a step 1 made from step 0 as Megatron runs it: the rotary embedding cached, so its
+    ``Tensor.__add__.0`` is not called again and every later ``Tensor.__add__`` is numbered one lower, on every rank."""
+    import re
+    import shutil
+
+    shutil.copytree(src, dst)
+    pat = re.compile(r"^Tensor\.__add__\.(\d+)\.(forward|backward)$")
+
+    def renamed(k: str) -> str | None:
+        m = pat.match(k)
+        if not m:
+            return k
+        return None if m.group(1) == "0" else f"Tensor.__add__.{int(m.group(1)) - 1}.{m.group(2)}"
+
+    for rank in sorted((dst / "step0").iterdir()):
+        out = dst / "step1" / rank.name
+        out.mkdir(parents=True)
+        dump = json.loads((rank / "dump.json").read_text(encoding="utf-8"))
+        dump["data"] = {renamed(k): v for k, v in dump["data"].items() if renamed(k)}
+        construct = json.loads((rank / "construct.json").read_text(encoding="utf-8"))
+        construct = {renamed(k): v for k, v in construct.items() if renamed(k)}
+        (out / "dump.json").write_text(json.dumps(dump), encoding="utf-8")
+        (out / "construct.json").write_text(json.dumps(construct), encoding="utf-8")
+    return dst
+
+
+@pytest.mark.slow
+def test_a_later_step_numbered_otherwise_merges_its_own_tails(tmp_path):
+    """The stitch numbers each step on its own; the tails of a later step are found under that step's names (the
+    whole read of two steps found stage 0's tail add "only in the target" when they were looked up by step 0's)."""
+    gt = json.loads((PP / "ground_truth.json").read_text(encoding="utf-8"))
+    pair = next(h for h in gt["draws"]["moe_pp"]["healthy"] if h["layout"] == "moe_tp2pp2ep2")
+    ref = _with_a_second_step(PP / "runs" / pair["reference"] / "dump", tmp_path / "ref")
+    run = _with_a_second_step(PP / "runs" / pair["run"] / "dump", tmp_path / "run")
+    t = precnb.diagnose(str(run), baseline=str(ref), target_layout="tp=2,pp=2,ep=2,etp=1")
+    assert t.finding.kind == "none", t.finding.reason

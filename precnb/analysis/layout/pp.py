@@ -294,8 +294,8 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
         c = layout.coords(r)
         new = reduced.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"])
         groups[new].append(r)
-    # per-rank label maps
-    label_maps: dict[int, np.ndarray] = {}
+    label_maps: dict[int, np.ndarray] = {}  # per-rank label maps; names a later step numbers otherwise:
+    shifted: dict[str, dict[str, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
     node_maps: dict[int, dict[str, str]] = {}
     orders: dict[tuple[int, int], dict[str, tuple[Any, ...]]] = {}
     member_order: dict[int, tuple[int, int]] = {}
@@ -331,7 +331,8 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
                         layers_per_chunk=lpc, pp_stage=c["pp"], pp=layout.pp, layers=layers_rx,
                         api_calls=own_calls)
                 for n, v in step_nodes.items():
-                    new_nodes.setdefault(n, v)  # the first step's names: the module tree's
+                    if new_nodes.setdefault(n, v) != v:  # the first step's names: the module tree's
+                        shifted[str(int(ds["step"].values[si]))][v][str(r)] = n
                 cols = np.flatnonzero(pres_s)
                 mapped[si, cols] = [step_nodes[str(nodes[j])] + str(labels[j])[len(str(nodes[j])):]
                                     if str(nodes[j]) not in drop else "" for j in cols]
@@ -348,6 +349,7 @@ def relabel_pipeline(ds: xr.Dataset, layout: Layout) -> tuple[xr.Dataset, Layout
         for old_name, new_name in nm.items():
             sources[new_name].setdefault(str(r), old_name)
     out.attrs["stitch_sources"] = json.dumps(sources)
+    out.attrs["stitch_step_sources"] = json.dumps(shifted)  # step -> stitched node -> dump rank -> own name there
     if layout.ep > 1:
         out.attrs["expert_parallel"] = f"ep={layout.ep} etp={layout.etp} edp={layout.edp}"
     out = _stage_local_optimizer(out) if layout.pp > 1 else out

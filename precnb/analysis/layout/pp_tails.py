@@ -131,6 +131,7 @@ def merge_stage_tails(ds: xr.Dataset, raw: xr.Dataset, layout: Layout) -> xr.Dat
         return ds
     try:
         sources = json.loads(ds.attrs.get("stitch_sources") or "{}")
+        by_step = json.loads(ds.attrs.get("stitch_step_sources") or "{}")
     except (TypeError, ValueError):
         return ds
     back = {(int(r), str(old)): str(new) for new, by in sources.items() for r, old in by.items()}
@@ -151,8 +152,10 @@ def merge_stage_tails(ds: xr.Dataset, raw: xr.Dataset, layout: Layout) -> xr.Dat
         if step not in raw_steps:
             continue
         raw_tails = _raw_tails(raw, raw_steps.index(step))
+        here = dict(back)  # the stitch numbers each step on its own: this step's names where they differ
+        here.update({(int(r), old): new for new, by in by_step.get(str(step), {}).items() for r, old in by.items()})
         for ri in range(ds.sizes["rank"]):
-            tails = _tails(ds, si, ri, raw_tails, back, layout)
+            tails = _tails(ds, si, ri, raw_tails, here, layout)
             stages = sorted(tails)
             calls = [[n for n in tails[p] if n not in opt] for p in stages]
             if len(stages) < 2 or not calls[0] or any(
