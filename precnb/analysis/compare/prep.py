@@ -11,6 +11,7 @@ afresh (``tests/test_rerun_reuse.py``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +82,7 @@ def largest_difference(bb: xr.Dataset, tt: xr.Dataset, stats: tuple[str, ...], a
         return values if at is None else values[(slice(None),) * at + (slice(i, i + 1),)]
 
     for i in range(like.sizes["step"]):
-        part = relative_arrays(lambda name, i=i: column(bb, 0, name, i), lambda name, i=i: column(tt, 1, name, i),
+        part = relative_arrays(functools.partial(column, bb, 0, i=i), functools.partial(column, tt, 1, i=i),
                                stats, atol=atol).max(axis=0)
         np.moveaxis(out, axis, 0)[i] = np.moveaxis(part, axis, 0)[0]
     return on_grid(like, out)
