@@ -153,7 +153,10 @@ def render(
     lim = limits or Limits()
     focus = primary(findings)
     combined = comparison_dataset(data) if data.compared else None
-    charts: list[ChartSpec] = build_charts(data, focus, stat=stat, limits=lim, combined=combined)
+    from altair.utils.schemapi import debug_mode
+
+    with debug_mode(False):  # no schema check of each altair object as it is made: the builders are tested
+        charts: list[ChartSpec] = build_charts(data, focus, stat=stat, limits=lim, combined=combined)
     linked = next((c for c in charts if c.kind == "linked"), None)
     name = data.names[1]
     shown_target = data.raw_target if data.raw_target is not None else data.target

@@ -13,11 +13,14 @@ Examples
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import altair as alt
 import pandas as pd
+from altair.expr.core import Expression
 
 from precnb.viz.selections import cell_selection, pick_selection, span_selection
 
@@ -104,9 +107,40 @@ def _rect_encoding(frame: pd.DataFrame, mode: str, stat: str, legend: bool = Tru
         width = width.when(selection, empty=False).then(alt.value(2.5))
     return {
         "color": fill,
-        "stroke": stroke.when(nonfinite).then(alt.value(NONFINITE_COLOR)).otherwise(alt.value("white")),
-        "strokeWidth": width.when(nonfinite).then(alt.value(1.5)).otherwise(alt.value(0.5)),
+        "stroke": _typed(alt.StrokeValue,
+                         stroke.when(nonfinite).then(alt.value(NONFINITE_COLOR)).otherwise(alt.value("white"))),
+        "strokeWidth": _typed(alt.StrokeWidthValue,
+                              width.when(nonfinite).then(alt.value(1.5)).otherwise(alt.value(0.5))),
     }
+
+
+def _typed(channel: Any, cond: Any) -> Any:
+    """A conditional value (``alt.when(...)...otherwise(...)``) as the channel object ``encode`` makes of it.
+
+    ``encode`` makes it through altair's ``from_dict``, which indexes every schema class on each call (~5 ms a
+    channel): the same call, made once per distinct condition (a few per colour mode), then copied.
+    """
+    d = cond.to_dict() if hasattr(cond, "to_dict") else cond
+    try:
+        key = (channel, json.dumps(d, default=_expression))
+    except TypeError:  # not JSON and expressions: made as encode makes it
+        return channel.from_dict(d, validate=False)
+    made = _CHANNELS.get(key)
+    if made is None:
+        if len(_CHANNELS) >= 256:
+            _CHANNELS.clear()
+        made = _CHANNELS[key] = channel.from_dict(d, validate=False)
+    return copy.deepcopy(made)
+
+
+_CHANNELS: dict[tuple[Any, str], Any] = {}  # (channel class, its JSON) -> the channel object
+
+
+def _expression(x: Any) -> list[str]:
+    """An altair expression (``alt.datum.x > 0``) in a cache key: its text, which is what its spec holds."""
+    if isinstance(x, Expression):
+        return ["expression", repr(x)]
+    raise TypeError(type(x).__name__)
 
 
 def mark_selected(frame: pd.DataFrame, selected: Mapping[str, Any] | None) -> pd.DataFrame:
@@ -202,9 +236,10 @@ def heatmap_chart(
         rect = rect.add_params(sel)
     chart: Any = rect
     if mode == "first_bad" and len(frame):
-        ink = alt.when(alt.datum.first_bad == 1).then(alt.value("white")).otherwise(alt.value("#67000d"))
+        ink = _typed(alt.ColorValue, alt.when(alt.datum.first_bad == 1).then(alt.value("white")).otherwise(
+            alt.value("#67000d")))
         text = base.transform_filter(f"datum.first_bad > 0 && datum.first_bad <= {LABELLED}").mark_text(
-            fontSize=10, fontWeight="bold").encode(x=x, y=y, text="first_bad:Q", tooltip=tooltip, color=ink)
+            fontSize=10, fontWeight="bold").encode(x=x, y=y, text=alt.Text("first_bad:Q"), tooltip=tooltip, color=ink)
         chart = alt.layer(rect, text)
     if grouped:
         order = [g for g in ("forward", "backward", "optimizer") if g in set(frame["group"].astype(str))]
@@ -256,14 +291,14 @@ def line_chart(
                                                                  labelLimit=260))
     tip = [alt.Tooltip("series:N"), alt.Tooltip("step:Q"), alt.Tooltip("value_text:N", title=stat),
            alt.Tooltip("tensor:N"), alt.Tooltip("rank:Q"), alt.Tooltip("run:N")]
-    lines = base.mark_line(strokeWidth=1.6).encode(x=x, y=y, color=color, detail="series:N")
+    lines = base.mark_line(strokeWidth=1.6).encode(x=x, y=y, color=color, detail=alt.Detail("series:N"))
     points = base.mark_point(filled=True, size=45).encode(x=x, y=y, color=color, tooltip=tip)
     if span is not False:
         lines = lines.add_params(span_selection() if span is True else span)
     if pick is not False:
         sel = pick_selection() if pick is True else pick
         points = points.add_params(sel).encode(
-            size=alt.when(sel, empty=False).then(alt.value(140)).otherwise(alt.value(45)))
+            size=_typed(alt.SizeValue, alt.when(sel, empty=False).then(alt.value(140)).otherwise(alt.value(45))))
     layers: list[Any] = [lines, points]
     if len(series) and bool(series["nonfinite"].any()):  # an empty layer gives vega an infinite step extent
         layers.append(base.transform_filter(alt.datum.nonfinite).mark_rule(
@@ -312,7 +347,8 @@ def linked_chart(
                      height=max(60, min(15 * len(rows), 640))).mark_rect(invalid="show").encode(
         x=alt.X("step:O", title="step"),
         y=alt.Y("row:N", sort=_sort_by("row_order"), title=None, axis=alt.Axis(labelLimit=260)),
-        tooltip=["row:N", "step:O", alt.Tooltip("value_text:N", title=stat), "nonfinite:Q"],
+        tooltip=[alt.Tooltip("row:N"), alt.Tooltip("step:O"), alt.Tooltip("value_text:N", title=stat),
+                 alt.Tooltip("nonfinite:Q")],
         **_rect_encoding(heat_data, mode, stat, selection=sel),
     ).add_params(sel)
     axis = alt.Axis(tickMinStep=1, format="d", values=steps) if 0 < len(steps) <= 24 else \
@@ -320,10 +356,10 @@ def linked_chart(
     lines = alt.Chart(cube, width=max(300, min(760, 22 * len(steps))), height=200).transform_filter(
         {"param": sel.name, "empty": False}).mark_line(point=True).encode(
         x=alt.X("step:Q", axis=axis),
-        detail="row:N",  # several selected rows: one line per row and rank bucket
+        detail=alt.Detail("row:N"),  # several selected rows: one line per row and rank bucket
         y=alt.Y("value:Q", title=_COLOR_TITLES.get(mode, "value").format(stat=stat).replace(
             "log10 ", ""), scale=alt.Scale(type="symlog") if mode == "reldiff" else alt.Scale(zero=False)),
         color=alt.Color("ranks:N", title="ranks", sort=_sort_by("rank_lo")),
-        tooltip=["row:N", "step:Q", "ranks:N", "value_text:N", "tensor:N", "worst_rank:Q"],
+        tooltip=[alt.Tooltip(f) for f in ("row:N", "step:Q", "ranks:N", "value_text:N", "tensor:N", "worst_rank:Q")],
     )
     return alt.vconcat(heat, lines)

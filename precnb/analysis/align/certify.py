@@ -98,14 +98,26 @@ class ApiBound:
         return bool(outs), max((information(t) for t in outs[:3]), default=0.0), bool(x.inputs)
 
     def rows(self, xs: Sequence[NodeInfo]) -> list[dict[str, float]]:
-        """:meth:`row` of each of *xs*."""
-        return [self.row(x) for x in xs]
+        """:meth:`row` of each of *xs* (calls alike in what a row reads share one row: read-only)."""
+        made: dict[tuple[str, bool, float, bool, float], dict[str, float]] = {}
+        out = []
+        for x in xs:
+            key = (x.api, *self.features(x), self._in_hits(x))
+            row = made.get(key)
+            if row is None:
+                row = made[key] = self.row(x)
+            out.append(row)
+        return out
+
+    @staticmethod
+    def _in_hits(x: NodeInfo) -> float:
+        ins = x.inputs
+        return min(sum(information(t) for t in ins[:4]), 1.0) if ins else 0.0
 
     def row(self, x: NodeInfo) -> dict[str, float]:
         """For each API of the columns: a bound of ``api_score(x, y)`` over its columns y (names differing)."""
         has_out, info_out, has_in = self.features(x)
-        ins = x.inputs
-        in_hits = min(sum(information(t) for t in ins[:4]), 1.0) if ins else 0.0
+        in_hits = self._in_hits(x)
         glue_x = is_glue_op(x.api)
         out: dict[str, float] = {}
         for api, (c_out, c_info, c_in) in self._col.items():

@@ -23,6 +23,7 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ import xarray as xr
 
 from precnb.dtypes import canonical_dtype
 
-__all__ = ["DTYPE_RTOL", "Tolerance", "relative_difference"]
+__all__ = ["DTYPE_RTOL", "Tolerance", "relative_arrays", "relative_difference"]
 
 DTYPE_RTOL: dict[str, float] = {
     "bfloat16": 2.0 ** -8,
@@ -139,35 +140,46 @@ def relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...] = (
     *a* and *b* must be aligned (same dims and coordinates, e.g. two runs of one combined
     dataset); computed with numpy in one pass (dask-backed inputs are loaded).
     """
-    from precnb.schema import NULL_BITS
-
     if a["max"].dims != b["max"].dims or a["max"].shape != b["max"].shape:
         raise ValueError(f"relative_difference needs aligned runs, got dims {a['max'].dims} {a['max'].shape} "
                          f"and {b['max'].dims} {b['max'].shape}")
+    from precnb.analysis._arrays import on_grid
 
-    def rms(ds: xr.Dataset) -> np.ndarray:
-        n = np.asarray(ds["numel"].values)
+    out = relative_arrays(lambda name: a[name].values, lambda name: b[name].values, stats, atol=atol)
+    return on_grid(a["max"], out, stack=("stat", stats))  # (the coordinates shared, not deep-copied)
+
+
+def relative_arrays(a: Callable[[str], Any], b: Callable[[str], Any], stats: tuple[str, ...] = ("max", "min", "mean",
+                    "norm"), *, atol: float = 1e-30) -> np.ndarray:
+    """:func:`relative_difference` as a numpy array (``stat`` first), each run's variables given as ``a(name)``.
+
+    The variables read: *stats*, ``numel``, ``norm``, ``max``, ``min``, ``present``, ``null_stats``, as the
+    datasets' arrays (broadcast as numpy broadcasts them).
+    """
+    from precnb.schema import NULL_BITS
+
+    def rms(get: Callable[[str], Any]) -> np.ndarray:
+        n = np.asarray(get("numel"))
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            r = np.abs(np.asarray(ds["norm"].values, np.float64)) / np.sqrt(np.where(n > 0, n, 1).astype(np.float64))
+            r = np.abs(np.asarray(get("norm"), np.float64)) / np.sqrt(np.where(n > 0, n, 1).astype(np.float64))
         return np.where(np.isnan(r), 0.0, r)
 
-    def amax(ds: xr.Dataset) -> np.ndarray:  # max |x|: what the rounding of a sum over the tensor scales with
+    def amax(get: Callable[[str], Any]) -> np.ndarray:  # max |x|: what the rounding of a sum over a tensor scales with
         with np.errstate(invalid="ignore"):
-            m = np.fmax(np.abs(np.asarray(ds["max"].values, np.float64)), np.abs(np.asarray(ds["min"].values,
-                                                                                          np.float64)))
+            m = np.fmax(np.abs(np.asarray(get("max"), np.float64)), np.abs(np.asarray(get("min"), np.float64)))
         return np.where(np.isfinite(m), m, 0.0)
 
     # every statistic is judged against the tensor's own magnitude: a Mean that is ~0 by construction (the rows
     # of a softmax backward sum to zero) is rounding noise of the order of max |x| times the dtype's epsilon
     scale_rms = np.fmax(rms(a), rms(b))
     scale_rms = np.fmax(np.where(np.isfinite(scale_rms), scale_rms, 0.0), np.fmax(amax(a), amax(b)))
-    pa, pb = np.asarray(a["present"].values, bool), np.asarray(b["present"].values, bool)
-    na, nb = np.asarray(a["null_stats"].values), np.asarray(b["null_stats"].values)
+    pa, pb = np.asarray(a("present"), bool), np.asarray(b("present"), bool)
+    na, nb = np.asarray(a("null_stats")), np.asarray(b("null_stats"))
     out = np.empty((len(stats), *pa.shape), np.float64)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for k, s in enumerate(stats):
-            x = np.asarray(a[s].values, np.float64)
-            y = np.asarray(b[s].values, np.float64)
+            x = np.asarray(a(s), np.float64)
+            y = np.asarray(b(s), np.float64)
             bit = NULL_BITS.get(s, 0)
             both_rec = pa & pb
             if bit:
@@ -179,6 +191,4 @@ def relative_difference(a: xr.Dataset, b: xr.Dataset, stats: tuple[str, ...] = (
             rel = np.where(same_nf, 0.0, rel)
             rel = np.where(~np.isfinite(rel) & ~same_nf, np.inf, rel)
             out[k] = np.where(both_rec, rel, 0.0)
-    from precnb.analysis._arrays import on_grid
-
-    return on_grid(a["max"], out, stack=("stat", stats))  # (the coordinates shared, not deep-copied)
+    return out
