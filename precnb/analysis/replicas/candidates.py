@@ -107,6 +107,7 @@ def _voted(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present: n
     rec_steps = np.zeros((n_f, n_t), np.int64)
     first_ok = np.ones((n_f, n_t), bool)  # bit-identical at the first step that says anything
     floats = np.fromiter((dtype_kind(str(d)) == "float" for d in ds["dtype"].values), bool, n_t)
+    node_id, is_input, own_inputs = _op_inputs(ds)
     for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp = pres[:, idx, :].all(axis=1)  # (step, tensor)
@@ -130,10 +131,65 @@ def _voted(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present: n
         rec_steps[fam] += allp.sum(axis=0)
         informative = allp & ~degenerate
         first = np.argmax(informative, axis=0)
-        first_ok[fam] &= informative.any(axis=0) & np.take_along_axis(same, first[None, :], axis=0)[0]
+        # equal outputs of an op whose inputs differ on the group at that step agree by chance (a masked softmax's
+        # copies over other heads, the mask's zeros dominating): only inputs that agree make a copy of one step
+        differ = np.zeros((allp.shape[0], int(node_id.max(initial=-1)) + 1), np.int64)
+        np.add.at(differ, (slice(None), node_id[is_input]), (~(same & allp))[:, is_input].astype(np.int64))
+        inputs_agree = ~own_inputs[None, :] | (differ[:, node_id] == 0)
+        ok_first = informative.any(axis=0) & np.take_along_axis(same, first[None, :], axis=0)[0]
+        chance = ok_first & ~np.take_along_axis(inputs_agree, first[None, :], axis=0)[0]
+        for _ in range(8):  # passed on: the next op's input holds it, and that op's output agrees by chance too
+            passed = _passed_on(ds, idx[0], first, chance, is_input & ok_first & ~chance)
+            fed = np.zeros(int(node_id.max(initial=-1)) + 1, bool)
+            fed[node_id[passed]] = True
+            new = passed | (ok_first & own_inputs & fed[node_id] & ~chance)
+            if not new.any():
+                break
+            chance |= new
+        first_ok[fam] &= ok_first & ~chance
     # replicated at most steps, or (a floating-point tensor) bit-identical at the first step that shows it: a
     # replica that departs for good at a later step is still a departure there
     # a parameter gradient is a candidate like any tensor of the stage: replicated parameters' gradients are copies
     # of one computation on every TP rank (a row-parallel bias, a layernorm without sequence parallelism); a
     # sharded or partial one differs at every step and never qualifies
     return (rec_steps > 0) & ((2 * rep_steps >= rec_steps) | (first_ok & floats[None, :]))
+
+
+def _op_inputs(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per tensor: its node's index, whether it is an input, whether it is an op's output with recorded inputs.
+
+    A collective's output is left out (its inputs are the ranks' parts by design).
+
+    >>> from precnb.schema import empty_dataset
+    >>> [a.shape for a in _op_inputs(empty_dataset())]
+    [(0,), (0,), (0,)]
+    """
+    from precnb.naming import is_communication
+
+    nodes = [str(n) for n in ds["node"].values]
+    ids = {n: i for i, n in enumerate(dict.fromkeys(nodes))}
+    node_id = np.fromiter((ids[n] for n in nodes), np.int64, len(nodes))
+    roles = ds["role"].values
+    is_input = roles == "input"
+    has_inputs = np.zeros(len(ids), bool)
+    has_inputs[node_id[is_input]] = True
+    comm = np.fromiter((is_communication(n) for n in ids), bool, len(ids))
+    own = (roles == "output") & has_inputs[node_id] & ~comm[node_id]
+    return node_id, is_input, own
+
+
+def _passed_on(ds: xr.Dataset, ri: int, first: np.ndarray, chance: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+    """Per tensor: an input among *inputs* holding, at its first step, bit for bit an output that agrees by chance.
+
+    The next op's input is the value an earlier op produced (the attention dropout's input is the softmax's
+    output): when that output's copies agree only by chance, so do the input's.
+    """
+    out = np.zeros(ds.sizes["tensor"], bool)
+    if not chance.any() or not inputs.any():
+        return out
+    stats = np.stack([ds[s].values[:, ri, :] for s in STATS], axis=-1)  # (step, tensor, 4)
+    seen = {(int(first[j]), stats[first[j], j].tobytes()) for j in np.flatnonzero(chance).tolist()}
+    for j in np.flatnonzero(inputs).tolist():
+        out[j] = (int(first[j]), stats[first[j], j].tobytes()) in seen
+    return out
+
