@@ -133,9 +133,9 @@ def _voted(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present: n
         first = np.argmax(informative, axis=0)
         # equal outputs of an op whose inputs differ on the group at that step agree by chance (a masked softmax's
         # copies over other heads, the mask's zeros dominating): only inputs that agree make a copy of one step
-        differ = np.zeros((allp.shape[0], int(node_id.max(initial=-1)) + 1), np.int64)
-        np.add.at(differ, (slice(None), node_id[is_input]), (~(same & allp))[:, is_input].astype(np.int64))
-        inputs_agree = ~own_inputs[None, :] | (differ[:, node_id] == 0)
+        differ = np.zeros((int(node_id.max(initial=-1)) + 1, allp.shape[0]), np.int64)  # (node, step)
+        np.add.at(differ, node_id[is_input], (~(same & allp))[:, is_input].T.astype(np.int64))
+        inputs_agree = ~own_inputs[None, :] | (differ[node_id].T == 0)
         ok_first = informative.any(axis=0) & np.take_along_axis(same, first[None, :], axis=0)[0]
         chance = ok_first & ~np.take_along_axis(inputs_agree, first[None, :], axis=0)[0]
         for _ in range(8):  # passed on: the next op's input holds it, and that op's output agrees by chance too
