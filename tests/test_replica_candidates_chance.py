@@ -65,3 +65,18 @@ def test_copies_equal_where_their_inputs_agree_still_depart():
     v[2:, 1, j] *= 1.001
     got = check_replicas(out, Layout.coerce("tp=2", 2))
     assert (got.kind, got.step) == ("replica_mismatch", 2), got.reason
+
+
+def test_a_value_a_module_call_all_reduces_is_not_a_chance_copy():
+    """A row-parallel linear's module record has the rank's shard as input and the all-reduced output: its copies
+    agree while its inputs differ, by construction, not by chance. Counted as chance, it carried "chance" down the
+    residual stream, and a layernorm output that went NaN on one rank (draw 2's and draw 7's eps = -1 faults) was
+    no longer a replica: `replicas` said all agree."""
+    run = precnb.open_run(POP / "runs" / RUN / "dump", workers=1)
+    node = "Module.0.decoder.layers.2.pre_mlp_layernorm.RMSNorm.forward.0"
+    j = list(run["tensor"].values).index(f"{node}.output.0")
+    out = run.copy(deep=True)
+    for s in ("max", "min", "mean", "norm"):
+        out[s].values[1:, 1, j] = float("nan")  # from step 1 on, as the injected eps = -1
+    got = check_replicas(out, Layout.coerce("tp=2", 2))
+    assert (got.kind, got.step, got.node) == ("replica_mismatch", 1, node), got.reason

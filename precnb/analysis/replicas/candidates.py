@@ -108,6 +108,8 @@ def _voted(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present: n
     first_ok = np.ones((n_f, n_t), bool)  # bit-identical at the first step that says anything
     floats = np.fromiter((dtype_kind(str(d)) == "float" for d in ds["dtype"].values), bool, n_t)
     node_id, is_input, own_inputs = _op_inputs(ds)
+    # what holds an op's value after it: the next op's input, the output of the module that returns it
+    holders = is_input | ((ds["role"].values == "output") & (ds["kind"].values != "api"))
     for g, fam in zip(groups, families, strict=True):
         idx = [ranks.index(r) for r in g]
         allp = pres[:, idx, :].all(axis=1)  # (step, tensor)
@@ -139,7 +141,7 @@ def _voted(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present: n
         ok_first = informative.any(axis=0) & np.take_along_axis(same, first[None, :], axis=0)[0]
         chance = ok_first & ~np.take_along_axis(inputs_agree, first[None, :], axis=0)[0]
         for _ in range(8):  # passed on: the next op's input holds it, and that op's output agrees by chance too
-            passed = _passed_on(ds, idx[0], first, chance, is_input & ok_first & ~chance)
+            passed = _passed_on(ds, idx[0], first, chance, holders & ok_first & ~chance)
             fed = np.zeros(int(node_id.max(initial=-1)) + 1, bool)
             fed[node_id[passed]] = True
             new = passed | (ok_first & own_inputs & fed[node_id] & ~chance)
@@ -158,7 +160,8 @@ def _voted(ds: xr.Dataset, groups: list[list[int]], ranks: list[int], present: n
 def _op_inputs(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per tensor: its node's index, whether it is an input, whether it is an op's output with recorded inputs.
 
-    A collective's output is left out (its inputs are the ranks' parts by design).
+    A collective's output is left out (its inputs are the ranks' parts by design), and so is a module's: a module
+    call may run a collective inside (a row-parallel linear's sharded input, its all-reduced output).
 
     >>> from precnb.schema import empty_dataset
     >>> [a.shape for a in _op_inputs(empty_dataset())]
@@ -174,15 +177,16 @@ def _op_inputs(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     has_inputs = np.zeros(len(ids), bool)
     has_inputs[node_id[is_input]] = True
     comm = np.fromiter((is_communication(n) for n in ids), bool, len(ids))
-    own = (roles == "output") & has_inputs[node_id] & ~comm[node_id]
+    own = (roles == "output") & has_inputs[node_id] & ~comm[node_id] & (ds["kind"].values == "api")
     return node_id, is_input, own
 
 
 def _passed_on(ds: xr.Dataset, ri: int, first: np.ndarray, chance: np.ndarray, inputs: np.ndarray) -> np.ndarray:
-    """Per tensor: an input among *inputs* holding, at its first step, bit for bit an output that agrees by chance.
+    """Per tensor: a holder among *inputs* holding, at its first step, bit for bit an output that agrees by chance.
 
     The next op's input is the value an earlier op produced (the attention dropout's input is the softmax's
-    output): when that output's copies agree only by chance, so do the input's.
+    output), and so is the output of the module that returns it: when that output's copies agree only by chance,
+    so do theirs.
     """
     out = np.zeros(ds.sizes["tensor"], bool)
     if not chance.any() or not inputs.any():
