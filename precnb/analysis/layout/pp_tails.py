@@ -37,14 +37,18 @@ _MERGEABLE = frozenset({"max", "min", "mean", "norm", "present", "null_stats", "
                         "undefined", "scalar_sig", "reduce_op"})
 
 
-def _raw_tails(raw: xr.Dataset, si: int) -> dict[int, dict[str, int]]:
-    """Dump rank -> its API calls (forward records) after its last module record at step index *si*, -> seq."""
-    nodes, present, seq = raw["node"].values, raw["present"].values[si], raw["seq"].values[si]
-    parsed = [parse_node(str(n)) for n in nodes]
+def _kinds(raw: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Per tensor of the dump: an API call's record, and a forward API call's that may end a step (not P2P)."""
+    parsed = [parse_node(str(n)) for n in raw["node"].values]
     is_api = np.array([p.kind == "api" for p in parsed], bool)
     # a stage's last P2P hand-over (its input gradient to the stage before) is not part of its step's end
-    p2p = np.array([_is_p2p(p) for p in parsed], bool)
-    forward = np.array([str(n).endswith(".forward") for n in nodes], bool)
+    tail_ok = np.array([p.kind == "api" and p.direction == "forward" and not _is_p2p(p) for p in parsed], bool)
+    return is_api, tail_ok
+
+
+def _raw_tails(raw: xr.Dataset, si: int, is_api: np.ndarray, tail_ok: np.ndarray) -> dict[int, dict[str, int]]:
+    """Dump rank -> its API calls (forward records) after its last module record at step index *si*, -> seq."""
+    nodes, present, seq = raw["node"].values, raw["present"].values[si], raw["seq"].values[si]
     out: dict[int, dict[str, int]] = {}
     for ri, r in enumerate(raw["rank"].values.tolist()):
         pres = present[ri]
@@ -52,9 +56,8 @@ def _raw_tails(raw: xr.Dataset, si: int) -> dict[int, dict[str, int]]:
         if not mods.any():
             continue
         last = int(seq[ri][mods].max())
-        cols = np.flatnonzero(pres & is_api & forward & ~p2p & (seq[ri] > last))
         here: dict[str, int] = {}
-        for j in cols.tolist():
+        for j in np.flatnonzero(pres & tail_ok & (seq[ri] > last)).tolist():
             n = str(nodes[j])
             here[n] = min(here.get(n, 1 << 40), int(seq[ri, j]))
         out[int(r)] = here
@@ -146,12 +149,13 @@ def merge_stage_tails(ds: xr.Dataset, raw: xr.Dataset, layout: Layout) -> xr.Dat
     shape0 = ds["shape"].values
     shapes = shape0.copy()
     raw_steps = [int(x) for x in raw["step"].values]
+    is_api, tail_ok = _kinds(raw)  # once, not per step
     changed = False
     for si in range(ds.sizes["step"]):
         step = int(ds["step"].values[si])
         if step not in raw_steps:
             continue
-        raw_tails = _raw_tails(raw, raw_steps.index(step))
+        raw_tails = _raw_tails(raw, raw_steps.index(step), is_api, tail_ok)
         here = dict(back)  # the stitch numbers each step on its own: this step's names where they differ
         here.update({(int(r), old): new for new, by in by_step.get(str(step), {}).items() for r, old in by.items()})
         for ri in range(ds.sizes["rank"]):
